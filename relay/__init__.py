@@ -1,0 +1,27 @@
+"""outbox-relay: a transactional outbox relay for Postgres and Kafka.
+
+Applications append events inside their own transactions::
+
+    from relay import Outbox, SchemaRegistry
+
+    outbox = Outbox(SchemaRegistry.from_dir("schemas"))
+    with conn.transaction():
+        outbox.append(conn, aggregate_type="order", aggregate_id="42",
+                      event_type="OrderPlaced", payload={...})
+"""
+
+from relay.errors import ConcurrencyError, PayloadValidationError, RelayError
+from relay.outbox import Event, Outbox, StreamAppend, append, append_to_stream
+from relay.schemas import SchemaRegistry
+
+__all__ = [
+    "ConcurrencyError",
+    "Event",
+    "Outbox",
+    "PayloadValidationError",
+    "RelayError",
+    "SchemaRegistry",
+    "StreamAppend",
+    "append",
+    "append_to_stream",
+]

@@ -1,0 +1,278 @@
+"""The ``outbox-relay`` command line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, Any, Optional
+
+import psycopg
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from relay import db, logs, migrations
+from relay.errors import ConfigError, RelayError
+from relay.model import Position
+from relay.settings import Settings, load_settings
+from relay.store import OutboxStore
+from relay.subscribers import DEFAULT_TOPIC, StartFrom, Subscriber, ValueFormat
+
+logger = logging.getLogger(__name__)
+
+app = typer.Typer(
+    name="outbox-relay",
+    help="Publish committed Postgres outbox events to Kafka, in order, per subscriber.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+subscribers_app = typer.Typer(help="Create, inspect, pause and rewind subscribers.", no_args_is_help=True)
+app.add_typer(subscribers_app, name="subscribers")
+
+out = Console()
+
+# Options shared by several commands. Flags win over RELAY_* variables and the file.
+DatabaseUrl = Annotated[Optional[str], typer.Option("--database-url", help="libpq URL [RELAY_DATABASE_URL]")]  # noqa: UP045
+Schema = Annotated[Optional[str], typer.Option("--schema", help="Postgres schema [RELAY_DATABASE_SCHEMA]")]  # noqa: UP045
+Bootstrap = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--bootstrap-servers", help="Kafka HOST:PORT[,...] [RELAY_BOOTSTRAP_SERVERS]"),
+]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+@dataclass
+class Globals:
+    config: Path | None
+
+
+@app.callback()
+def _globals(
+    ctx: typer.Context,
+    config: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--config", "-c", envvar="RELAY_CONFIG", help="TOML settings file [RELAY_CONFIG]."),
+    ] = None,
+) -> None:
+    ctx.obj = Globals(config)
+
+
+def _settings(ctx: typer.Context, **flags: Any) -> Settings:
+    settings = load_settings(ctx.obj.config, **flags)
+    logs.configure(settings.log_level, settings.log_format)
+    return settings
+
+
+@contextmanager
+def _store(settings: Settings) -> Iterator[OutboxStore]:
+    with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
+        yield OutboxStore(conn, settings.database_schema)
+
+
+@app.command()
+def migrate(ctx: typer.Context, database_url: DatabaseUrl = None, schema: Schema = None) -> None:
+    """Create or upgrade the outbox tables (idempotent, safe to run concurrently)."""
+    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    with db.connect(settings.require_database_url(), application_name="outbox-relay-migrate") as conn:
+        applied = migrations.migrate(conn, settings.database_schema)
+    names = [f"{m.version:04d}_{m.name}" for m in applied]
+    out.print(f"applied {names}" if names else f"schema {settings.database_schema!r} is up to date")
+
+
+@app.command()
+def run(
+    ctx: typer.Context,
+    database_url: DatabaseUrl = None,
+    bootstrap_servers: Bootstrap = None,
+    schema: Schema = None,
+    schemas_dir: Annotated[Optional[Path], typer.Option(help="Avro schemas folder [RELAY_SCHEMAS_DIR]")] = None,  # noqa: UP045
+    migrate_first: Annotated[bool, typer.Option("--migrate", help="Apply migrations before starting.")] = False,
+) -> None:
+    """Run the relay until SIGTERM or Ctrl-C."""
+    from relay.daemon import Relay
+
+    settings = _settings(
+        ctx,
+        database_url=database_url,
+        bootstrap_servers=bootstrap_servers,
+        database_schema=schema,
+        schemas_dir=schemas_dir,
+    )
+    if migrate_first:
+        with db.connect(settings.require_database_url()) as conn:
+            migrations.migrate(conn, settings.database_schema)
+    relay = Relay(settings)
+    with _stop_on_signals(relay.stop):
+        relay.start()
+        relay.wait()
+
+
+@app.command()
+def dev(
+    workdir: Annotated[Path, typer.Option(help="Where the local Postgres cluster lives.")] = Path(".outbox-relay"),
+    rate: Annotated[float, typer.Option(help="Demo events written per second.", min=0)] = 200.0,
+    duration: Annotated[Optional[float], typer.Option(help="Stop after this many seconds.", min=0)] = None,  # noqa: UP045
+    schemas_dir: Annotated[Path, typer.Option(help="Avro schemas folder.")] = Path("schemas"),
+) -> None:
+    """The embedded stack: local Postgres and broker, migrations, relay, demo writer, live output."""
+    from relay.dev import run_dev
+
+    logs.configure("WARNING")
+    run_dev(workdir=workdir, rate=rate, duration=duration, schemas_dir=schemas_dir)
+
+
+# -- subscribers ---------------------------------------------------------------------
+
+
+@subscribers_app.command("add")
+def subscribers_add(
+    ctx: typer.Context,
+    name: str,
+    topic: Annotated[str, typer.Option(help="Topic template: {aggregate_type}, {event_type}.")] = DEFAULT_TOPIC,
+    value_format: Annotated[ValueFormat, typer.Option("--format", help="Value encoding.")] = ValueFormat.AVRO,
+    aggregate_type: Annotated[Optional[list[str]], typer.Option(help="Only these aggregate types (repeatable).")] = None,  # noqa: UP045
+    event_type: Annotated[Optional[list[str]], typer.Option(help="Only these event types (repeatable).")] = None,  # noqa: UP045
+    start: Annotated[StartFrom, typer.Option("--from", help="Where a new subscriber starts.")] = StartFrom.BEGINNING,
+    replace: Annotated[bool, typer.Option(help="Update an existing subscriber's definition.")] = False,
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
+) -> None:
+    """Add a subscriber (a running relay picks it up within seconds)."""
+    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    subscriber = Subscriber(
+        name,
+        topic=topic,
+        value_format=value_format,
+        aggregate_types=frozenset(aggregate_type) if aggregate_type else None,
+        event_types=frozenset(event_type) if event_type else None,
+    )
+    with _store(settings) as store:
+        created = store.add(subscriber, start, replace=replace)
+    out.print(f"{'added' if created else 'updated'} subscriber {name!r}")
+
+
+@subscribers_app.command("list")
+def subscribers_list(
+    ctx: typer.Context, as_json: JsonFlag = False, database_url: DatabaseUrl = None, schema: Schema = None
+) -> None:
+    """List subscribers with their checkpoints and lag."""
+    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    with _store(settings) as store:
+        rows = [
+            {
+                "name": s.subscriber.name,
+                "topic": s.subscriber.topic,
+                "format": s.subscriber.value_format.value,
+                "aggregate_types": sorted(s.subscriber.aggregate_types or []) or None,
+                "event_types": sorted(s.subscriber.event_types or []) or None,
+                "paused": s.subscriber.paused,
+                "checkpoint": str(s.checkpoint),
+                "lag_events": store.pending(s.checkpoint),
+                "updated_at": s.updated_at.isoformat(),
+            }
+            for s in store.list()
+        ]
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    table = Table("name", "topic", "format", "filter", "paused", "checkpoint", "lag (events)")
+    for r in rows:
+        flt = ", ".join(filter(None, [_join(r["aggregate_types"]), _join(r["event_types"])])) or "all"
+        table.add_row(r["name"], r["topic"], r["format"], flt, str(r["paused"]), r["checkpoint"], str(r["lag_events"]))
+    out.print(table)
+
+
+@subscribers_app.command("pause")
+def subscribers_pause(ctx: typer.Context, name: str, database_url: DatabaseUrl = None, schema: Schema = None) -> None:
+    """Stop publishing for a subscriber (others continue)."""
+    _set_paused(ctx, name, True, database_url, schema)
+
+
+@subscribers_app.command("resume")
+def subscribers_resume(ctx: typer.Context, name: str, database_url: DatabaseUrl = None, schema: Schema = None) -> None:
+    """Resume a paused subscriber from its checkpoint."""
+    _set_paused(ctx, name, False, database_url, schema)
+
+
+@subscribers_app.command("reset")
+def subscribers_reset(
+    ctx: typer.Context,
+    name: str,
+    to: Annotated[str, typer.Option(help="'beginning', 'now', or TRANSACTION_ID:POSITION (resume after it).")],
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
+) -> None:
+    """Move a subscriber's checkpoint (republishes or skips events!)."""
+    target: StartFrom | Position
+    if to in (StartFrom.BEGINNING.value, StartFrom.NOW.value):
+        target = StartFrom(to)
+    else:
+        try:
+            target = Position.parse(to)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--to") from exc
+    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    with _store(settings) as store:
+        store.reset(name, target)
+    out.print(f"subscriber {name!r} reset to {to}")
+
+
+@subscribers_app.command("remove")
+def subscribers_remove(ctx: typer.Context, name: str, database_url: DatabaseUrl = None, schema: Schema = None) -> None:
+    """Delete a subscriber and its checkpoint."""
+    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    with _store(settings) as store:
+        store.remove(name)
+    out.print(f"removed subscriber {name!r}")
+
+
+def _set_paused(ctx: typer.Context, name: str, paused: bool, database_url: str | None, schema: str | None) -> None:
+    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    with _store(settings) as store:
+        store.set_paused(name, paused)
+    out.print(f"subscriber {name!r} {'paused' if paused else 'resumed'}")
+
+
+def _join(values: list[str] | None) -> str:
+    return ",".join(values) if values else ""
+
+
+@contextmanager
+def _stop_on_signals(stop: Any) -> Iterator[None]:
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        logger.info("received %s, stopping", signal.Signals(signum).name)
+        stop()
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def main() -> None:
+    """Console-script entry point: clear errors, meaningful exit codes."""
+    try:
+        app(prog_name="outbox-relay")
+    except ConfigError as exc:
+        sys.stderr.write(f"outbox-relay: configuration error: {exc}\n")
+        sys.exit(2)
+    except RelayError as exc:
+        sys.stderr.write(f"outbox-relay: {exc}\n")
+        sys.exit(1)
+    except psycopg.Error as exc:  # should have been wrapped; never show a traceback for it
+        sys.stderr.write(f"outbox-relay: database error: {exc}\n")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""Postgres connections and the mapping of driver errors onto :mod:`relay.errors`."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from relay.errors import DatabaseError, DatabaseUnavailable, NotMigratedError, RelayError
+
+# SQLSTATE classes that a retry cannot fix: bad credentials, missing database,
+# insufficient privilege, syntax/undefined objects.
+_FATAL_CLASSES = ("28", "3D", "42")
+
+
+def classify(exc: psycopg.Error) -> RelayError:
+    """Wrap a driver error in the relay's hierarchy (the caller raises it ``from exc``)."""
+    sqlstate = exc.sqlstate or ""
+    if isinstance(exc, pg_errors.UndefinedTable):
+        return NotMigratedError(f"outbox tables are missing ({exc}); run `outbox-relay migrate`")
+    if sqlstate[:2] in _FATAL_CLASSES:
+        return DatabaseError(f"postgres refused the operation [{sqlstate}]: {exc}")
+    if isinstance(exc, psycopg.OperationalError | pg_errors.SerializationFailure):
+        return DatabaseUnavailable(f"postgres is unavailable: {exc}")
+    if sqlstate[:2] in ("08", "53", "57", "58", "40"):
+        return DatabaseUnavailable(f"postgres error [{sqlstate}], will retry: {exc}")
+    return DatabaseError(f"postgres error [{sqlstate}]: {exc}")
+
+
+@contextlib.contextmanager
+def wrap_errors() -> Iterator[None]:
+    """Re-raise psycopg errors as relay errors."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise classify(exc) from exc
+
+
+def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection[Any]:
+    """Open a connection, mapping failures onto relay errors."""
+    with wrap_errors():
+        return psycopg.connect(url, autocommit=autocommit, **kwargs)

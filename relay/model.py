@@ -1,0 +1,59 @@
+"""Plain data that flows through the relay: outbox rows, positions, Kafka records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NamedTuple
+from uuid import UUID
+
+
+class Position(NamedTuple):
+    """A point in the outbox's publication order: ``(transaction_id, position)``."""
+
+    transaction_id: int
+    position: int
+
+    def __str__(self) -> str:
+        return f"{self.transaction_id}:{self.position}"
+
+    @classmethod
+    def parse(cls, text: str) -> Position:
+        """Parse ``"<transaction_id>:<position>"``."""
+        tx, sep, pos = text.partition(":")
+        if not sep or not tx.isdigit() or not pos.isdigit():
+            raise ValueError(f"expected TRANSACTION_ID:POSITION (two integers), got {text!r}")
+        return cls(int(tx), int(pos))
+
+
+BEGINNING = Position(0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEvent:
+    """One committed outbox row."""
+
+    transaction_id: int
+    position: int
+    message_id: UUID
+    aggregate_type: str
+    aggregate_id: str
+    aggregate_version: int | None
+    event_type: str
+    payload: Any  # decoded JSON
+    headers: dict[str, Any]
+    occurred_at: datetime
+
+    @property
+    def key(self) -> Position:
+        return Position(self.transaction_id, self.position)
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaRecord:
+    """What is produced for one event."""
+
+    topic: str
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]

@@ -1,0 +1,42 @@
+"""Named SQL queries, loaded from ``relay/sql/queries.sql``.
+
+Queries are written with a ``{schema}`` placeholder; :func:`queries_for` fills it
+with a quoted :class:`psycopg.sql.Identifier`, so a configured schema name can never
+inject SQL.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from importlib import resources
+
+from psycopg import sql
+
+_NAME_LINE = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
+
+
+def read_sql(resource: str) -> str:
+    """The text of a file under ``relay/sql``."""
+    return resources.files("relay").joinpath("sql", resource).read_text(encoding="utf-8")
+
+
+def parse_named(text: str) -> dict[str, str]:
+    """Split a file of ``-- name: x`` blocks into ``{name: sql}``."""
+    parts = _NAME_LINE.split(text)
+    named: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in named:
+            raise ValueError(f"query {name!r} is defined twice")
+        named[name] = body.strip()
+    return named
+
+
+def with_schema(text: str, schema: str) -> sql.Composed:
+    return sql.SQL(text).format(schema=sql.Identifier(schema))  # type: ignore[arg-type]
+
+
+@functools.cache
+def queries_for(schema: str) -> dict[str, sql.Composed]:
+    """Every named query, bound to ``schema``."""
+    return {name: with_schema(text, schema) for name, text in parse_named(read_sql("queries.sql")).items()}

@@ -1,0 +1,157 @@
+"""The one validated settings model: flags > ``RELAY_*`` environment > TOML file > defaults."""
+
+from __future__ import annotations
+
+import contextvars
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from relay.errors import ConfigError, SubscriberError
+from relay.subscribers import DEFAULT_TOPIC, StartFrom, Subscriber, ValueFormat, validate_name, validate_topic_template
+
+KafkaValue = str | int | float | bool
+_config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("relay_config_file", default=None)
+
+
+class SubscriberSettings(BaseModel):
+    """A subscriber declared in the config file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    topic: str = DEFAULT_TOPIC
+    value_format: ValueFormat = ValueFormat.AVRO
+    aggregate_types: list[str] | None = None
+    event_types: list[str] | None = None
+    start_from: StartFrom = StartFrom.BEGINNING
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _as_value_error(validate_name, value)
+
+    @field_validator("topic")
+    @classmethod
+    def _topic(cls, value: str) -> str:
+        return _as_value_error(validate_topic_template, value)
+
+    def to_subscriber(self) -> Subscriber:
+        return Subscriber(
+            name=self.name,
+            topic=self.topic,
+            value_format=self.value_format,
+            aggregate_types=None if self.aggregate_types is None else frozenset(self.aggregate_types),
+            event_types=None if self.event_types is None else frozenset(self.event_types),
+        )
+
+
+class Settings(BaseSettings):
+    """Everything the relay can be told. Keys are the same in the file, as ``RELAY_<KEY>``
+    environment variables (``RELAY_KAFKA__SECURITY_PROTOCOL`` for nested keys) and as flags."""
+
+    model_config = SettingsConfigDict(env_prefix="RELAY_", env_nested_delimiter="__", extra="forbid")
+
+    database_url: SecretStr | None = None
+    database_schema: str = Field(default="public", min_length=1, max_length=63)
+    bootstrap_servers: str | None = None
+    # Passed verbatim to librdkafka (TLS, SASL, compression...), e.g. {"security.protocol": "SSL"}.
+    kafka: dict[str, KafkaValue] = Field(default_factory=dict)
+    schemas_dir: Path = Path("schemas")
+    batch_size: int = Field(default=1000, ge=1, le=100_000)
+    poll_interval: float = Field(default=1.0, gt=0, le=300)
+    delivery_timeout: float = Field(default=30.0, gt=0, le=3600)
+    create_topics: bool = True
+    topic_partitions: int = Field(default=3, ge=1)
+    topic_replication_factor: int = Field(default=-1, ge=-1)
+    subscribers: list[SubscriberSettings] = Field(default_factory=list)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["text", "json"] = "text"
+
+    @field_validator("kafka", mode="before")
+    @classmethod
+    def _kafka_keys(cls, value: Any) -> Any:
+        # Environment variables spell dotted librdkafka keys with underscores.
+        if isinstance(value, dict):
+            return {str(k).replace("_", ".").lower() if k.isupper() else k: v for k, v in value.items()}
+        return value
+
+    @field_validator("subscribers")
+    @classmethod
+    def _unique_names(cls, value: list[SubscriberSettings]) -> list[SubscriberSettings]:
+        names = [s.name for s in value]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"subscriber names must be unique, repeated: {duplicates}")
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, _TomlFile(settings_cls)
+
+    def require_database_url(self) -> str:
+        if self.database_url is None:
+            raise ConfigError("database_url: required (flag --database-url or RELAY_DATABASE_URL)")
+        return self.database_url.get_secret_value()
+
+    def require_bootstrap_servers(self) -> str:
+        if not self.bootstrap_servers:
+            raise ConfigError("bootstrap_servers: required (flag --bootstrap-servers or RELAY_BOOTSTRAP_SERVERS)")
+        return self.bootstrap_servers
+
+
+class _TomlFile(PydanticBaseSettingsSource):
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ returns the whole document
+
+    def __call__(self) -> dict[str, Any]:
+        path = _config_file.get()
+        if path is None:
+            return {}
+        try:
+            with path.open("rb") as handle:
+                document = tomllib.load(handle)
+        except OSError as exc:
+            raise ConfigError(f"config file {path}: cannot read it: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path}: not valid TOML: {exc}") from exc
+        # Accept a [relay] table or top-level keys.
+        relay = document.get("relay", document)
+        return dict(relay) if isinstance(relay, dict) else {}
+
+
+def load_settings(config_file: Path | None = None, **flags: Any) -> Settings:
+    """Build settings; a :class:`ConfigError` names every offending key."""
+    token = _config_file.set(config_file)
+    try:
+        return Settings(**{k: v for k, v in flags.items() if v is not None})
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from exc
+    finally:
+        _config_file.reset(token)
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors():
+        key = ".".join(str(part) for part in error["loc"]) or "settings"
+        env = f" (RELAY_{key.upper()})" if "." not in key else ""
+        lines.append(f"{key}{env}: {error['msg']}")
+    return "invalid settings:\n  " + "\n  ".join(lines)
+
+
+def _as_value_error(check: Any, value: str) -> str:
+    try:
+        return str(check(value))
+    except SubscriberError as exc:
+        raise ValueError(str(exc)) from exc

@@ -1,0 +1,1 @@
+"""Spark Structured Streaming jobs consuming the relay's topics (see issue: Spark consumers)."""
