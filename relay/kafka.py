@@ -20,9 +20,10 @@ _RECORD_ERRORS = frozenset(
     {
         KafkaError.MSG_SIZE_TOO_LARGE,
         KafkaError.INVALID_RECORD,
-        KafkaError.CORRUPT_MESSAGE,
+        KafkaError.INVALID_MSG,
+        KafkaError.INVALID_MSG_SIZE,
         KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.INVALID_TOPIC_EXCEPTION,
+        KafkaError.TOPIC_EXCEPTION,
         KafkaError.RECORD_LIST_TOO_LARGE,
     }
 )

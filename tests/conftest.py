@@ -17,10 +17,10 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
@@ -28,7 +28,12 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from relay import migrations
+from relay.daemon import Relay
 from relay.embedded import EmbeddedServerError, LocalBroker, LocalPostgres
+from relay.outbox import Outbox
+from relay.schemas import SchemaRegistry
+from relay.settings import load_settings
 
 _log = logging.getLogger(__name__)
 
@@ -196,3 +201,48 @@ def database_url(pg_server: PgServer) -> Iterator[str]:
 def topic_prefix() -> str:
     """A unique topic-name prefix such as ``t1a2b3c4d.``; the broker is shared."""
     return f"t{uuid.uuid4().hex[:8]}."
+
+
+# -- outbox-relay fixtures ---------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def registry() -> SchemaRegistry:
+    return SchemaRegistry.from_dir(REPO / "schemas")
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection to a fresh, migrated database."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        migrations.migrate(conn)
+        yield conn
+
+
+@pytest.fixture
+def outbox(registry: SchemaRegistry) -> Outbox:
+    return Outbox(registry)
+
+
+@pytest.fixture
+def start_relay(
+    db: psycopg.Connection[Any], database_url: str, kafka_bootstrap: str, registry: SchemaRegistry
+) -> Iterator[Callable[..., Relay]]:
+    """Start an in-process relay on the test database; stopped at teardown."""
+    started: list[Relay] = []
+
+    def start(**settings: Any) -> Relay:
+        settings.setdefault("poll_interval", 0.2)
+        relay = Relay(
+            load_settings(database_url=database_url, bootstrap_servers=kafka_bootstrap, **settings),
+            registry=registry,
+        )
+        relay.start()
+        started.append(relay)
+        return relay
+
+    yield start
+    for relay in started:
+        relay.stop()

@@ -1,0 +1,112 @@
+"""Test helpers: a real read_committed consumer, and the relay run in-process."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A record as a consumer of the topic sees it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: str
+    value: bytes
+    headers: dict[str, str]
+
+    @property
+    def message_id(self) -> str:
+        return self.headers["id"]
+
+
+def wait_for_topics(bootstrap: str, topics: list[str], timeout: float = 30.0) -> dict[str, int]:
+    """Partition count of each topic, once all exist."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout
+    while True:
+        metadata = admin.list_topics(timeout=5).topics
+        if all(t in metadata and metadata[t].partitions for t in topics):
+            return {t: len(metadata[t].partitions) for t in topics}
+        if time.monotonic() > deadline:
+            missing = [t for t in topics if t not in metadata]
+            raise AssertionError(f"topics never appeared: {missing}")
+        time.sleep(0.1)
+
+
+def consume(
+    bootstrap: str,
+    topics: list[str],
+    expected: int,
+    *,
+    timeout: float = 30.0,
+    quiet: float = 1.0,
+) -> list[Seen]:
+    """Read every partition of ``topics`` from the start, read_committed, until ``expected``
+    records arrived and nothing more came for ``quiet`` seconds (so duplicates show up)."""
+    partitions = wait_for_topics(bootstrap, topics, timeout)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "outbox-relay-tests",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign(
+        [TopicPartition(t, p, OFFSET_BEGINNING) for t, n in partitions.items() for p in range(n)]
+    )
+    seen: list[Seen] = []
+    deadline = time.monotonic() + timeout
+    last_arrival = time.monotonic()
+    try:
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.1)
+            now = time.monotonic()
+            if message is None:
+                if len(seen) >= expected and now - last_arrival >= quiet:
+                    break
+                continue
+            if message.error():
+                raise AssertionError(f"consumer error: {message.error()}")
+            last_arrival = now
+            seen.append(_seen(message))
+    finally:
+        consumer.close()
+    return seen
+
+
+def nothing_arrives(bootstrap: str, topics: list[str], within: float) -> list[Seen]:
+    """Whatever arrives on existing ``topics`` within ``within`` seconds (expect [])."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    existing = [t for t in topics if t in admin.list_topics(timeout=5).topics]
+    if not existing:
+        time.sleep(within)
+        return []
+    return consume(bootstrap, existing, expected=0, timeout=within, quiet=within)
+
+
+def _seen(message: Any) -> Seen:
+    headers = {k: (v.decode() if v is not None else "") for k, v in (message.headers() or [])}
+    return Seen(
+        message.topic(),
+        message.partition(),
+        message.offset(),
+        message.key().decode(),
+        message.value(),
+        headers,
+    )
+
+
+def by_key(seen: list[Seen]) -> dict[str, list[Seen]]:
+    """Records grouped by key, each group in the order a consumer of the partition sees them."""
+    groups: dict[str, list[Seen]] = {}
+    for record in sorted(seen, key=lambda s: (s.topic, s.partition, s.offset)):
+        groups.setdefault(record.key, []).append(record)
+    return groups

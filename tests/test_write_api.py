@@ -1,0 +1,294 @@
+"""The write path: plain SQL, the Python append API, event-sourced appends."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+from uuid import UUID
+
+import psycopg
+import pytest
+
+from relay import ConcurrencyError, Event, Outbox, PayloadValidationError
+
+ORDER = {"order_id": "o-1", "customer_id": "c-1", "amount_cents": 1250}
+
+
+def count(db: psycopg.Connection[Any]) -> int:
+    row = db.execute("SELECT count(*) FROM outbox").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_plain_sql_insert_fills_every_default(db: psycopg.Connection[Any]) -> None:
+    with db.transaction():
+        db.execute(
+            """INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+               VALUES ('order', '42', 'OrderPlaced', '{"order_id": "42"}')"""
+        )
+        xid = db.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
+    row = db.execute(
+        "SELECT transaction_id::text::bigint, position, message_id, headers, occurred_at FROM outbox"
+    ).fetchone()
+    assert row is not None
+    assert (row[0],) == xid
+    assert row[1] >= 1 and isinstance(row[2], UUID) and row[3] == {} and row[4] is not None
+
+
+def test_append_writes_inside_the_callers_transaction(
+    db: psycopg.Connection[Any], outbox: Outbox
+) -> None:
+    with db.transaction() as tx:  # the API takes a Transaction as well as a Connection
+        message_id = outbox.append(
+            tx, aggregate_type="order", aggregate_id="o-1", event_type="OrderPlaced", payload=ORDER
+        )
+        raise psycopg.Rollback(tx)
+    assert isinstance(message_id, UUID)
+    assert count(db) == 0  # rolled back with the caller's transaction
+
+    with db.transaction():
+        message_id = outbox.append(
+            db,
+            aggregate_type="order",
+            aggregate_id="o-1",
+            event_type="OrderPlaced",
+            payload=ORDER,
+            headers={"traceparent": "00-abc-def-01"},
+        )
+    row = db.execute(
+        "SELECT event_type, payload, headers FROM outbox WHERE message_id = %s", (message_id,)
+    ).fetchone()
+    assert row == ("OrderPlaced", ORDER, {"traceparent": "00-abc-def-01"})
+
+
+@pytest.mark.parametrize(
+    ("event_type", "payload", "problem"),
+    [
+        ("OrderPlaced", {"order_id": "o-1", "customer_id": "c-1"}, "amount_cents"),
+        ("OrderPlaced", {**ORDER, "amount_cents": "lots"}, "amount_cents"),
+        ("NoSuchEvent", ORDER, "no schema for event type"),
+    ],
+)
+def test_invalid_payload_is_rejected_and_nothing_is_written(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    event_type: str,
+    payload: dict[str, Any],
+    problem: str,
+) -> None:
+    with db.transaction():
+        outbox.append(
+            db, aggregate_type="order", aggregate_id="o-0", event_type="OrderPlaced", payload=ORDER
+        )
+        with pytest.raises(PayloadValidationError, match=problem):
+            outbox.append(
+                db,
+                aggregate_type="order",
+                aggregate_id="o-1",
+                event_type=event_type,
+                payload=payload,
+            )
+        # The caller's transaction is still usable and commits its valid event.
+        outbox.append(
+            db, aggregate_type="order", aggregate_id="o-2", event_type="OrderPlaced", payload=ORDER
+        )
+    ids = [r[0] for r in db.execute("SELECT aggregate_id FROM outbox ORDER BY position")]
+    assert ids == ["o-0", "o-2"]
+
+
+def test_bad_arguments_are_clear_errors(db: psycopg.Connection[Any], outbox: Outbox) -> None:
+    with pytest.raises(PayloadValidationError, match="aggregate_id must be a non-empty string"):
+        outbox.append(
+            db, aggregate_type="order", aggregate_id="", event_type="OrderPlaced", payload=ORDER
+        )
+    with pytest.raises(PayloadValidationError, match="headers must map strings to strings"):
+        outbox.append(
+            db,
+            aggregate_type="order",
+            aggregate_id="1",
+            event_type="OrderPlaced",
+            payload=ORDER,
+            headers={"n": 1},
+        )  # type: ignore[dict-item]
+    assert count(db) == 0
+
+
+def test_idempotency_key_makes_retries_safe(db: psycopg.Connection[Any], outbox: Outbox) -> None:
+    kwargs: dict[str, Any] = dict(
+        aggregate_type="order", aggregate_id="o-1", event_type="OrderPlaced", payload=ORDER
+    )
+    with db.transaction():
+        first = outbox.append(db, idempotency_key="req-1", **kwargs)
+    with db.transaction():
+        again = outbox.append(db, idempotency_key="req-1", **kwargs)
+        other_aggregate = outbox.append(
+            db, idempotency_key="req-1", **{**kwargs, "aggregate_id": "o-2"}
+        )
+    assert again == first
+    assert other_aggregate != first  # keys are unique per aggregate
+    assert count(db) == 2
+
+
+def test_idempotency_key_under_a_concurrent_duplicate(
+    database_url: str, db: psycopg.Connection[Any], outbox: Outbox
+) -> None:
+    kwargs: dict[str, Any] = dict(
+        aggregate_type="order",
+        aggregate_id="o-1",
+        event_type="OrderPlaced",
+        payload=ORDER,
+        idempotency_key="k",
+    )
+    with psycopg.connect(database_url) as first, psycopg.connect(database_url) as second:
+        first_id = outbox.append(first, **kwargs)  # uncommitted
+        result: list[UUID] = []
+        waiter = threading.Thread(target=lambda: result.append(outbox.append(second, **kwargs)))
+        waiter.start()  # blocks on the unique index until `first` commits
+        waiter.join(0.5)
+        first.commit()
+        waiter.join(10)
+        second.commit()
+    assert result == [first_id]
+    assert count(db) == 1
+
+
+def test_stream_append_assigns_versions(db: psycopg.Connection[Any], outbox: Outbox) -> None:
+    with db.transaction():
+        first = outbox.append_to_stream(
+            db,
+            aggregate_type="order",
+            aggregate_id="o-1",
+            expected_version=0,
+            events=[Event("OrderPlaced", ORDER)],
+        )
+    with db.transaction():
+        second = outbox.append_to_stream(
+            db,
+            aggregate_type="order",
+            aggregate_id="o-1",
+            expected_version=1,
+            events=[
+                Event("OrderShipped", {"order_id": "o-1", "carrier": "dhl"}),
+                Event("OrderShipped", {"order_id": "o-1", "carrier": "ups"}),
+            ],
+        )
+    assert (first.version, second.version) == (1, 3)
+    rows = db.execute(
+        "SELECT aggregate_version, event_type FROM outbox ORDER BY transaction_id, position"
+    ).fetchall()
+    assert rows == [(1, "OrderPlaced"), (2, "OrderShipped"), (3, "OrderShipped")]
+
+
+def test_stale_expected_version_fails_and_writes_nothing(
+    db: psycopg.Connection[Any], outbox: Outbox
+) -> None:
+    with db.transaction():
+        outbox.append_to_stream(
+            db,
+            aggregate_type="order",
+            aggregate_id="o-1",
+            expected_version=0,
+            events=[Event("OrderPlaced", ORDER)],
+        )
+    ship = Event("OrderShipped", {"order_id": "o-1", "carrier": "dhl"})
+    for stale in (0, 5):
+        with pytest.raises(ConcurrencyError), db.transaction():
+            outbox.append_to_stream(
+                db,
+                aggregate_type="order",
+                aggregate_id="o-1",
+                expected_version=stale,
+                events=[ship, ship],
+            )
+    assert db.execute("SELECT max(aggregate_version), count(*) FROM outbox").fetchone() == (1, 1)
+
+
+def test_concurrent_appends_one_wins(
+    database_url: str, db: psycopg.Connection[Any], outbox: Outbox
+) -> None:
+    ship = Event("OrderShipped", {"order_id": "o-1", "carrier": "dhl"})
+    with db.transaction():
+        outbox.append_to_stream(
+            db,
+            aggregate_type="order",
+            aggregate_id="o-1",
+            expected_version=0,
+            events=[Event("OrderPlaced", ORDER)],
+        )
+    with psycopg.connect(database_url) as a, psycopg.connect(database_url) as b:
+        outbox.append_to_stream(
+            a, aggregate_type="order", aggregate_id="o-1", expected_version=1, events=[ship]
+        )
+        failures: list[BaseException] = []
+
+        def loser() -> None:
+            try:
+                outbox.append_to_stream(
+                    b, aggregate_type="order", aggregate_id="o-1", expected_version=1, events=[ship]
+                )
+            except ConcurrencyError as exc:
+                failures.append(exc)
+
+        thread = threading.Thread(target=loser)
+        thread.start()
+        thread.join(0.3)
+        a.commit()
+        thread.join(10)
+        b.rollback()
+    assert len(failures) == 1 and "stale" in str(failures[0])
+    assert db.execute("SELECT count(*) FROM outbox").fetchone() == (2,)
+
+
+def test_early_xid_cannot_publish_a_later_version_first(
+    database_url: str, db: psycopg.Connection[Any], outbox: Outbox
+) -> None:
+    """T1 takes its xid first; T2 (younger xid) commits version 1; T1 then appends version 2.
+
+    Publishing in transaction_id order would put version 2 before version 1, so the
+    append must refuse, and a retry in a new transaction must succeed.
+    """
+    ship = Event("OrderShipped", {"order_id": "o-1", "carrier": "dhl"})
+    with psycopg.connect(database_url) as t1, psycopg.connect(database_url) as t2:
+        t1.execute(
+            "SELECT pg_current_xact_id()"
+        )  # T1 takes its xid early, e.g. through another write
+        outbox.append_to_stream(
+            t2,
+            aggregate_type="order",
+            aggregate_id="o-1",
+            expected_version=0,
+            events=[Event("OrderPlaced", ORDER)],
+        )
+        t2.commit()
+        with pytest.raises(ConcurrencyError, match="started after this one"):
+            outbox.append_to_stream(
+                t1, aggregate_type="order", aggregate_id="o-1", expected_version=1, events=[ship]
+            )
+        t1.rollback()
+        # The retry, in a new transaction with a new xid, is ordered correctly.
+        outbox.append_to_stream(
+            t1, aggregate_type="order", aggregate_id="o-1", expected_version=1, events=[ship]
+        )
+        t1.commit()
+    rows = db.execute(
+        "SELECT aggregate_version FROM outbox ORDER BY transaction_id, position"
+    ).fetchall()
+    assert rows == [(1,), (2,)]
+
+
+def test_plain_sql_gets_the_same_stream_guard(
+    database_url: str, db: psycopg.Connection[Any]
+) -> None:
+    insert = """INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload)
+                VALUES ('order', 'o-1', %s, 'OrderPlaced', '{}')"""
+    with psycopg.connect(database_url) as t1, psycopg.connect(database_url) as t2:
+        t1.execute("SELECT pg_current_xact_id()")
+        t2.execute(insert, (1,))
+        t2.commit()
+        with pytest.raises(psycopg.Error) as info:
+            t1.execute(insert, (2,))
+        assert info.value.sqlstate == "RLY02"
+        t1.rollback()
+    with pytest.raises(psycopg.Error) as gap:
+        db.execute(insert, (3,))
+    assert gap.value.sqlstate == "RLY01"
