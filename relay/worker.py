@@ -10,14 +10,14 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from relay.encoding import RecordEncoder
 from relay.errors import CheckpointConflict, RelayError, RetryableError, SubscriberError
 from relay.kafka import Publisher
-from relay.model import Position
+from relay.model import OutboxEvent, Position
 from relay.store import OutboxStore, SubscriberState
 
 logger = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ class SubscriberWorker(threading.Thread):
         """Publish until stopped; raises on errors. Returns only when stopping."""
         store = self._connect()
         state = self._load(store)
-        repolls = iter(())
+        repolls: Iterator[float] = iter(())
         while not self._stopping.is_set():
             if state.subscriber.paused:
                 self.stats.state = WorkerState.PAUSED
@@ -133,7 +133,8 @@ class SubscriberWorker(threading.Thread):
             if not events:
                 if notified:
                     repolls = iter(_HORIZON_REPOLL_S)
-                self.wakeup.wait(next(repolls, self._poll_interval))
+                if not self.wakeup.wait(next(repolls, self._poll_interval)):
+                    state = self._load(store)  # idle tick: notice pause/reset made elsewhere
                 continue
             try:
                 state = self._publish(store, state, events)
@@ -141,14 +142,23 @@ class SubscriberWorker(threading.Thread):
                 logger.info("subscriber %s: checkpoint changed elsewhere, reloading", self.subscriber_name)
                 state = self._load(store)
 
-    def _publish(self, store: OutboxStore, state: SubscriberState, events: list) -> SubscriberState:  # type: ignore[type-arg]
+    def _publish(self, store: OutboxStore, state: SubscriberState, events: list[OutboxEvent]) -> SubscriberState:
         subscriber = state.subscriber
         records = [self._encoder.encode(e, subscriber) for e in events if subscriber.matches(e)]
         end = events[-1].key
         if self._publisher is None:
             self._publisher = self._open_publisher()
         self._publisher.publish(records, end)
-        version = store.advance(subscriber.name, end, state.version)
+        try:
+            version = store.advance(subscriber.name, end, state.version)
+        except CheckpointConflict:
+            # Only the version moved (a pause, say): the batch we published is still the
+            # right one, so record it rather than publishing it again.
+            current = self._load(store)
+            if current.checkpoint != state.checkpoint:
+                raise
+            version = store.advance(subscriber.name, end, current.version)
+            subscriber = current.subscriber
         with self.stats.lock:
             self.stats.published += len(records)
             self.stats.batches += 1

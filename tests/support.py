@@ -6,8 +6,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
+
+
+_WARMUP_S = 2.5
 
 
 @dataclass(frozen=True)
@@ -63,8 +66,9 @@ def consume(
         [TopicPartition(t, p, OFFSET_BEGINNING) for t, n in partitions.items() for p in range(n)]
     )
     seen: list[Seen] = []
-    deadline = time.monotonic() + timeout
-    last_arrival = time.monotonic()
+    started = time.monotonic()
+    deadline = started + timeout
+    last_arrival = started
     try:
         while time.monotonic() < deadline:
             message = consumer.poll(0.1)
@@ -89,7 +93,7 @@ def nothing_arrives(bootstrap: str, topics: list[str], within: float) -> list[Se
     if not existing:
         time.sleep(within)
         return []
-    return consume(bootstrap, existing, expected=0, timeout=within, quiet=within)
+    return consume(bootstrap, existing, expected=0, timeout=within + 20, quiet=within)
 
 
 def _seen(message: Any) -> Seen:

@@ -1,0 +1,390 @@
+"""The relay against a real Postgres and a real broker, judged by what a consumer sees."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from relay import Event, Outbox
+from relay.daemon import Relay
+from relay.schemas import SchemaRegistry
+from relay.store import OutboxStore
+from relay.subscribers import StartFrom, Subscriber
+from relay.worker import WorkerState
+from tests.support import Seen, by_key, consume, nothing_arrives
+
+StartRelay = Callable[..., Relay]
+
+
+def order(i: int | str) -> dict[str, Any]:
+    return {"order_id": str(i), "customer_id": "c", "amount_cents": len(str(i))}
+
+
+def sub(name: str, prefix: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "topic": prefix + "outbox.event.{aggregate_type}", **extra}
+
+
+def write_orders(
+    conn: psycopg.Connection[Any], outbox: Outbox, ids: list[str], key: str | None = None
+) -> None:
+    for i in ids:
+        outbox.append(
+            conn,
+            aggregate_type="order",
+            aggregate_id=key or i,
+            event_type="OrderPlaced",
+            payload=order(i),
+        )
+
+
+def ids_of(seen: list[Seen]) -> list[str]:
+    return [s.headers["id"] for s in seen]
+
+
+def payload_ids(seen: list[Seen], registry: SchemaRegistry) -> list[str]:
+    return [registry.decode(s.value)[1]["order_id"] for s in seen]
+
+
+def test_published_records_carry_key_headers_and_self_describing_avro(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    start_relay: StartRelay,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    registry: SchemaRegistry,
+) -> None:
+    with db.transaction():
+        message_id = outbox.append(
+            db,
+            aggregate_type="order",
+            aggregate_id="o-7",
+            event_type="OrderPlaced",
+            payload=order(7),
+            headers={"traceparent": "00-1-2-01"},
+        )
+        xid = db.execute("SELECT pg_current_xact_id()::text").fetchone()
+    start_relay(subscribers=[sub("s", topic_prefix)])
+    [record] = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 1)
+    assert record.key == "o-7"
+    assert record.headers["id"] == str(message_id)
+    assert record.headers["event_type"] == "OrderPlaced"
+    assert record.headers["aggregate_type"] == "order"
+    assert record.headers["transaction_id"] == xid[0]  # type: ignore[index]
+    assert int(record.headers["position"]) >= 1
+    assert record.headers["traceparent"] == "00-1-2-01"
+    writer, value = registry.decode(record.value)
+    assert writer.full_name == "demo.orders.OrderPlaced"
+    assert value == {**order(7), "currency": "EUR", "note": None}
+
+
+def test_seed_002_race_an_older_transaction_committing_last_is_not_skipped(
+    database_url: str,
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    start_relay: StartRelay,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    registry: SchemaRegistry,
+) -> None:
+    topic = topic_prefix + "outbox.event.order"
+    start_relay(subscribers=[sub("s", topic_prefix)])
+    with psycopg.connect(database_url) as older, psycopg.connect(database_url) as younger:
+        write_orders(older, outbox, ["old-1"])  # takes the smaller xid and a position
+        write_orders(younger, outbox, ["young-1", "young-2"])
+        younger.commit()  # the younger commits first...
+        assert nothing_arrives(kafka_bootstrap, [topic], within=1.5) == []  # ...and is held back
+        older.commit()
+    seen = consume(kafka_bootstrap, [topic], 3)
+    assert sorted(payload_ids(seen, registry)) == ["old-1", "young-1", "young-2"]
+
+
+def test_rolled_back_events_are_never_published(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    start_relay: StartRelay,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    registry: SchemaRegistry,
+) -> None:
+    start_relay(subscribers=[sub("s", topic_prefix)])
+    for i in range(20):
+        with db.transaction():
+            write_orders(db, outbox, [f"kept-{i}"])
+        with db.transaction():
+            write_orders(db, outbox, [f"rolled-{i}"])
+            raise psycopg.Rollback()
+    seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 20)
+    assert sorted(payload_ids(seen, registry)) == sorted(f"kept-{i}" for i in range(20))
+
+
+def test_many_events_in_one_transaction_keep_their_order(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    start_relay: StartRelay,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    registry: SchemaRegistry,
+) -> None:
+    ids = [f"o-{i}" for i in range(2500)]
+    with db.transaction():
+        # Interleave five keys inside one large transaction (more than one relay batch).
+        for n, i in enumerate(ids):
+            outbox.append(
+                db,
+                aggregate_type="order",
+                aggregate_id=f"k{n % 5}",
+                event_type="OrderPlaced",
+                payload=order(i),
+            )
+    start_relay(subscribers=[sub("s", topic_prefix)], batch_size=400)
+    seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], len(ids), timeout=60)
+    assert len(seen) == len(ids)
+    for key, records in by_key(seen).items():
+        expected = [i for n, i in enumerate(ids) if f"k{n % 5}" == key]
+        assert payload_ids(records, registry) == expected
+
+
+def test_a_long_open_transaction_holds_the_relay_back_until_it_commits(
+    database_url: str,
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    start_relay: StartRelay,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+) -> None:
+    topic = topic_prefix + "outbox.event.order"
+    relay = start_relay(subscribers=[sub("s", topic_prefix)])
+    with psycopg.connect(database_url) as long_tx:
+        long_tx.execute("SELECT pg_current_xact_id()")  # holds the horizon, writes nothing
+        with db.transaction():
+            write_orders(db, outbox, ["a", "b", "c"])
+        assert nothing_arrives(kafka_bootstrap, [topic], within=2.0) == []
+        assert relay.workers["s"].stats.published == 0
+        long_tx.commit()  # no outbox write, so no NOTIFY: the timer must pick it up
+    seen = consume(kafka_bootstrap, [topic], 3)
+    assert len(seen) == 3
+
+
+def test_a_restarted_relay_resumes_from_its_checkpoint(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    start_relay: StartRelay,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    registry: SchemaRegistry,
+) -> None:
+    topic = topic_prefix + "outbox.event.order"
+    first = start_relay(subscribers=[sub("s", topic_prefix)])
+    with db.transaction():
+        write_orders(db, outbox, [f"first-{i}" for i in range(50)], key="same")
+    assert len(consume(kafka_bootstrap, [topic], 50, quiet=0.2)) == 50
+    first.stop()
+    with db.transaction():
+        write_orders(db, outbox, [f"second-{i}" for i in range(50)], key="same")
+    start_relay(subscribers=[sub("s", topic_prefix)])
+    seen = consume(kafka_bootstrap, [topic], 100)
+    expected = [f"first-{i}" for i in range(50)] + [f"second-{i}" for i in range(50)]
+    assert payload_ids(by_key(seen)["same"], registry) == expected  # each once, in order
+
+
+def test_two_subscribers_with_different_filters_routes_and_formats(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    start_relay: StartRelay,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+) -> None:
+    with db.transaction():
+        write_orders(db, outbox, ["o-1", "o-2"])
+        outbox.append(
+            db,
+            aggregate_type="order",
+            aggregate_id="o-1",
+            event_type="OrderShipped",
+            payload={"order_id": "o-1", "carrier": "dhl"},
+        )
+        outbox.append(
+            db,
+            aggregate_type="customer",
+            aggregate_id="c-1",
+            event_type="CustomerRegistered",
+            payload={"customer_id": "c-1", "email": "a@b.c"},
+        )
+    start_relay(
+        subscribers=[
+            sub("orders-json", topic_prefix + "a.", aggregate_types=["order"], value_format="json"),
+            {
+                "name": "shipments",
+                "topic": topic_prefix + "b.{event_type}",
+                "event_types": ["OrderShipped"],
+            },
+        ]
+    )
+    orders = consume(kafka_bootstrap, [topic_prefix + "a.outbox.event.order"], 3)
+    assert sorted(json.loads(s.value)["order_id"] for s in orders) == ["o-1", "o-1", "o-2"]
+    shipped = consume(kafka_bootstrap, [topic_prefix + "b.OrderShipped"], 1)
+    assert [s.headers["event_type"] for s in shipped] == ["OrderShipped"]
+    assert (
+        nothing_arrives(kafka_bootstrap, [topic_prefix + "a.outbox.event.customer"], within=0.5)
+        == []
+    )
+
+
+def test_event_sourced_versions_arrive_in_version_order(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    start_relay: StartRelay,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+) -> None:
+    start_relay(subscribers=[sub("s", topic_prefix)])
+    version = 0
+    for i in range(10):
+        with db.transaction():
+            events = [
+                Event("OrderShipped", {"order_id": "o-1", "carrier": f"c{i}-{j}"}) for j in range(3)
+            ]
+            version = outbox.append_to_stream(
+                db,
+                aggregate_type="order",
+                aggregate_id="o-1",
+                expected_version=version,
+                events=events,
+            ).version
+    seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 30)
+    assert [int(s.headers["aggregate_version"]) for s in by_key(seen)["o-1"]] == list(range(1, 31))
+
+
+def test_a_halted_subscriber_does_not_stall_the_others(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    start_relay: StartRelay,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+) -> None:
+    with db.transaction():
+        write_orders(db, outbox, ["o-1"])
+        # Written by plain SQL with no Avro schema: the Avro subscriber cannot encode it.
+        db.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'x', 'Unknown', '{}')"
+        )
+        write_orders(db, outbox, ["o-2"])
+    relay = start_relay(
+        subscribers=[
+            sub("avro", topic_prefix + "avro."),
+            sub("json", topic_prefix + "json.", value_format="json"),
+        ]
+    )
+    seen = consume(kafka_bootstrap, [topic_prefix + "json.outbox.event.order"], 3)
+    assert len(seen) == 3
+    deadline = time.monotonic() + 10
+    while (
+        relay.workers["avro"].stats.state is not WorkerState.HALTED and time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    stats = relay.workers["avro"].stats
+    assert stats.state is WorkerState.HALTED
+    assert "Unknown" in (stats.last_error or "")
+    # Its checkpoint stays before the poison batch, so nothing is lost when it is fixed.
+    assert (
+        nothing_arrives(kafka_bootstrap, [topic_prefix + "avro.outbox.event.order"], within=0.5)
+        == []
+    )
+    assert relay.workers["json"].stats.state is WorkerState.RUNNING
+
+
+def test_new_subscriber_from_now_skips_history_and_default_routes_everything(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    start_relay: StartRelay,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+) -> None:
+    aggregate = topic_prefix.strip(".")  # unique aggregate type: the default topic is shared
+    write = lambda i: outbox.append(
+        db,
+        aggregate_type=aggregate,
+        aggregate_id=str(i),
+        event_type="OrderPlaced",
+        payload=order(i),
+    )  # noqa: E731
+    write(1)
+    relay = start_relay()  # no subscriber configured: the default subscriber routes everything
+    consume(kafka_bootstrap, [f"outbox.event.{aggregate}"], 1, quiet=0.1)
+    # Added at run time (as `outbox-relay subscribers add --from now` does); picked up live.
+    OutboxStore(db).add(Subscriber("late", topic=topic_prefix + "outbox.event.{aggregate_type}"), StartFrom.NOW)
+    deadline = time.monotonic() + 15
+    while "late" not in relay.workers and time.monotonic() < deadline:
+        time.sleep(0.1)
+    write(2)
+    seen = consume(kafka_bootstrap, [topic_prefix + f"outbox.event.{aggregate}"], 1)
+    assert [s.key for s in seen] == ["2"]
+    everything = consume(kafka_bootstrap, [f"outbox.event.{aggregate}"], 2)
+    assert sorted(s.key for s in everything) == ["1", "2"]
+
+
+def test_pause_and_reset_take_effect_on_a_running_relay(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    start_relay: StartRelay,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+) -> None:
+    topic = topic_prefix + "outbox.event.order"
+    relay = start_relay(subscribers=[sub("s", topic_prefix)])
+    write_orders(db, outbox, ["1"])
+    consume(kafka_bootstrap, [topic], 1, quiet=0.1)
+    store = OutboxStore(db)
+    store.set_paused("s", True)
+    deadline = time.monotonic() + 5
+    while relay.workers["s"].stats.state is not WorkerState.PAUSED and time.monotonic() < deadline:
+        time.sleep(0.05)
+    write_orders(db, outbox, ["2"])
+    assert len(nothing_arrives(kafka_bootstrap, [topic], within=1.0)) == 1  # still only "1"
+    store.reset("s", StartFrom.BEGINNING)
+    store.set_paused("s", False)
+    seen = consume(kafka_bootstrap, [topic], 3)
+    assert sorted(s.key for s in seen) == ["1", "1", "2"]  # replayed from the beginning
+
+
+@pytest.mark.parametrize("writers", [4])
+def test_concurrent_writers_with_rollbacks_every_committed_event_once_in_key_order(
+    database_url: str,
+    outbox: Outbox,
+    start_relay: StartRelay,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    registry: SchemaRegistry,
+    writers: int,
+) -> None:
+    start_relay(subscribers=[sub("s", topic_prefix)], batch_size=100)
+    committed: list[list[str]] = [[] for _ in range(writers)]
+
+    def write(w: int) -> None:
+        with psycopg.connect(database_url) as conn:
+            for i in range(100):
+                ids = [f"w{w}-{i}-{j}" for j in range(3)]
+                write_orders(conn, outbox, ids, key=f"w{w}")
+                if i % 7 == 3:
+                    conn.rollback()
+                else:
+                    conn.commit()
+                    committed[w].extend(ids)
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    total = sum(len(c) for c in committed)
+    seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], total, timeout=60)
+    assert len(seen) == total
+    groups = by_key(seen)
+    for w in range(writers):
+        assert payload_ids(groups[f"w{w}"], registry) == committed[w]
