@@ -34,14 +34,20 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-subscribers_app = typer.Typer(help="Create, inspect, pause and rewind subscribers.", no_args_is_help=True)
+subscribers_app = typer.Typer(
+    help="Create, inspect, pause and rewind subscribers.", no_args_is_help=True
+)
 app.add_typer(subscribers_app, name="subscribers")
 
 out = Console()
 
 # Options shared by several commands. Flags win over RELAY_* variables and the file.
-DatabaseUrl = Annotated[Optional[str], typer.Option("--database-url", help="libpq URL [RELAY_DATABASE_URL]")]  # noqa: UP045
-Schema = Annotated[Optional[str], typer.Option("--schema", help="Postgres schema [RELAY_DATABASE_SCHEMA]")]  # noqa: UP045
+DatabaseUrl = Annotated[
+    str | None, typer.Option("--database-url", help="libpq URL [RELAY_DATABASE_URL]")
+]
+Schema = Annotated[
+    str | None, typer.Option("--schema", help="Postgres schema [RELAY_DATABASE_SCHEMA]")
+]
 Bootstrap = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option("--bootstrap-servers", help="Kafka HOST:PORT[,...] [RELAY_BOOTSTRAP_SERVERS]"),
@@ -59,7 +65,9 @@ def _globals(
     ctx: typer.Context,
     config: Annotated[
         Optional[Path],  # noqa: UP045
-        typer.Option("--config", "-c", envvar="RELAY_CONFIG", help="TOML settings file [RELAY_CONFIG]."),
+        typer.Option(
+            "--config", "-c", envvar="RELAY_CONFIG", help="TOML settings file [RELAY_CONFIG]."
+        ),
     ] = None,
 ) -> None:
     ctx.obj = Globals(config)
@@ -81,7 +89,9 @@ def _store(settings: Settings) -> Iterator[OutboxStore]:
 def migrate(ctx: typer.Context, database_url: DatabaseUrl = None, schema: Schema = None) -> None:
     """Create or upgrade the outbox tables (idempotent, safe to run concurrently)."""
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
-    with db.connect(settings.require_database_url(), application_name="outbox-relay-migrate") as conn:
+    with db.connect(
+        settings.require_database_url(), application_name="outbox-relay-migrate"
+    ) as conn:
         applied = migrations.migrate(conn, settings.database_schema)
     names = [f"{m.version:04d}_{m.name}" for m in applied]
     out.print(f"applied {names}" if names else f"schema {settings.database_schema!r} is up to date")
@@ -93,8 +103,12 @@ def run(
     database_url: DatabaseUrl = None,
     bootstrap_servers: Bootstrap = None,
     schema: Schema = None,
-    schemas_dir: Annotated[Optional[Path], typer.Option(help="Avro schemas folder [RELAY_SCHEMAS_DIR]")] = None,  # noqa: UP045
-    migrate_first: Annotated[bool, typer.Option("--migrate", help="Apply migrations before starting.")] = False,
+    schemas_dir: Annotated[
+        Path | None, typer.Option(help="Avro schemas folder [RELAY_SCHEMAS_DIR]")
+    ] = None,
+    migrate_first: Annotated[
+        bool, typer.Option("--migrate", help="Apply migrations before starting.")
+    ] = False,
 ) -> None:
     """Run the relay until SIGTERM or Ctrl-C."""
     from relay.daemon import Relay
@@ -117,9 +131,13 @@ def run(
 
 @app.command()
 def dev(
-    workdir: Annotated[Path, typer.Option(help="Where the local Postgres cluster lives.")] = Path(".outbox-relay"),
+    workdir: Annotated[Path, typer.Option(help="Where the local Postgres cluster lives.")] = Path(
+        ".outbox-relay"
+    ),
     rate: Annotated[float, typer.Option(help="Demo events written per second.", min=0)] = 200.0,
-    duration: Annotated[Optional[float], typer.Option(help="Stop after this many seconds.", min=0)] = None,  # noqa: UP045
+    duration: Annotated[
+        float | None, typer.Option(help="Stop after this many seconds.", min=0)
+    ] = None,
     schemas_dir: Annotated[Path, typer.Option(help="Avro schemas folder.")] = Path("schemas"),
 ) -> None:
     """The embedded stack: local Postgres and broker, migrations, relay, demo writer, live output."""
@@ -136,12 +154,24 @@ def dev(
 def subscribers_add(
     ctx: typer.Context,
     name: str,
-    topic: Annotated[str, typer.Option(help="Topic template: {aggregate_type}, {event_type}.")] = DEFAULT_TOPIC,
-    value_format: Annotated[ValueFormat, typer.Option("--format", help="Value encoding.")] = ValueFormat.AVRO,
-    aggregate_type: Annotated[Optional[list[str]], typer.Option(help="Only these aggregate types (repeatable).")] = None,  # noqa: UP045
-    event_type: Annotated[Optional[list[str]], typer.Option(help="Only these event types (repeatable).")] = None,  # noqa: UP045
-    start: Annotated[StartFrom, typer.Option("--from", help="Where a new subscriber starts.")] = StartFrom.BEGINNING,
-    replace: Annotated[bool, typer.Option(help="Update an existing subscriber's definition.")] = False,
+    topic: Annotated[
+        str, typer.Option(help="Topic template: {aggregate_type}, {event_type}.")
+    ] = DEFAULT_TOPIC,
+    value_format: Annotated[
+        ValueFormat, typer.Option("--format", help="Value encoding.")
+    ] = ValueFormat.AVRO,
+    aggregate_type: Annotated[
+        list[str] | None, typer.Option(help="Only these aggregate types (repeatable).")
+    ] = None,
+    event_type: Annotated[
+        list[str] | None, typer.Option(help="Only these event types (repeatable).")
+    ] = None,
+    start: Annotated[
+        StartFrom, typer.Option("--from", help="Where a new subscriber starts.")
+    ] = StartFrom.BEGINNING,
+    replace: Annotated[
+        bool, typer.Option(help="Update an existing subscriber's definition.")
+    ] = False,
     database_url: DatabaseUrl = None,
     schema: Schema = None,
 ) -> None:
@@ -161,12 +191,15 @@ def subscribers_add(
 
 @subscribers_app.command("list")
 def subscribers_list(
-    ctx: typer.Context, as_json: JsonFlag = False, database_url: DatabaseUrl = None, schema: Schema = None
+    ctx: typer.Context,
+    as_json: JsonFlag = False,
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
 ) -> None:
     """List subscribers with their checkpoints and lag."""
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with _store(settings) as store:
-        rows = [
+        rows: list[dict[str, Any]] = [
             {
                 "name": s.subscriber.name,
                 "topic": s.subscriber.topic,
@@ -185,19 +218,27 @@ def subscribers_list(
         return
     table = Table("name", "topic", "format", "filter", "paused", "checkpoint", "lag (events)")
     for r in rows:
-        flt = ", ".join(filter(None, [_join(r["aggregate_types"]), _join(r["event_types"])])) or "all"
-        table.add_row(r["name"], r["topic"], r["format"], flt, str(r["paused"]), r["checkpoint"], str(r["lag_events"]))
+        flt = [f"{k}={','.join(r[k])}" for k in ("aggregate_types", "event_types") if r[k]]
+        table.add_row(
+            *(str(r[k]) for k in ("name", "topic", "format")),
+            "; ".join(flt) or "all",
+            *(str(r[k]) for k in ("paused", "checkpoint", "lag_events")),
+        )
     out.print(table)
 
 
 @subscribers_app.command("pause")
-def subscribers_pause(ctx: typer.Context, name: str, database_url: DatabaseUrl = None, schema: Schema = None) -> None:
+def subscribers_pause(
+    ctx: typer.Context, name: str, database_url: DatabaseUrl = None, schema: Schema = None
+) -> None:
     """Stop publishing for a subscriber (others continue)."""
     _set_paused(ctx, name, True, database_url, schema)
 
 
 @subscribers_app.command("resume")
-def subscribers_resume(ctx: typer.Context, name: str, database_url: DatabaseUrl = None, schema: Schema = None) -> None:
+def subscribers_resume(
+    ctx: typer.Context, name: str, database_url: DatabaseUrl = None, schema: Schema = None
+) -> None:
     """Resume a paused subscriber from its checkpoint."""
     _set_paused(ctx, name, False, database_url, schema)
 
@@ -206,7 +247,9 @@ def subscribers_resume(ctx: typer.Context, name: str, database_url: DatabaseUrl 
 def subscribers_reset(
     ctx: typer.Context,
     name: str,
-    to: Annotated[str, typer.Option(help="'beginning', 'now', or TRANSACTION_ID:POSITION (resume after it).")],
+    to: Annotated[
+        str, typer.Option(help="'beginning', 'now', or TRANSACTION_ID:POSITION (resume after it).")
+    ],
     database_url: DatabaseUrl = None,
     schema: Schema = None,
 ) -> None:
@@ -226,7 +269,9 @@ def subscribers_reset(
 
 
 @subscribers_app.command("remove")
-def subscribers_remove(ctx: typer.Context, name: str, database_url: DatabaseUrl = None, schema: Schema = None) -> None:
+def subscribers_remove(
+    ctx: typer.Context, name: str, database_url: DatabaseUrl = None, schema: Schema = None
+) -> None:
     """Delete a subscriber and its checkpoint."""
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with _store(settings) as store:
@@ -234,15 +279,13 @@ def subscribers_remove(ctx: typer.Context, name: str, database_url: DatabaseUrl 
     out.print(f"removed subscriber {name!r}")
 
 
-def _set_paused(ctx: typer.Context, name: str, paused: bool, database_url: str | None, schema: str | None) -> None:
+def _set_paused(
+    ctx: typer.Context, name: str, paused: bool, database_url: str | None, schema: str | None
+) -> None:
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with _store(settings) as store:
         store.set_paused(name, paused)
     out.print(f"subscriber {name!r} {'paused' if paused else 'resumed'}")
-
-
-def _join(values: list[str] | None) -> str:
-    return ",".join(values) if values else ""
 
 
 @contextmanager

@@ -48,9 +48,15 @@ class Relay:
             self._start_workers(store)
         self._listener = NotifyListener(self._connect, self.settings.database_schema, self.wake_all)
         self._listener.start()
-        self._supervisor = threading.Thread(target=self._supervise, name="relay-supervisor", daemon=True)
+        self._supervisor = threading.Thread(
+            target=self._supervise, name="relay-supervisor", daemon=True
+        )
         self._supervisor.start()
-        logger.info("relay started with subscribers %s", sorted(self.workers), extra={"subscribers": sorted(self.workers)})
+        logger.info(
+            "relay started with subscribers %s",
+            sorted(self.workers),
+            extra={"subscribers": sorted(self.workers)},
+        )
 
     def stop(self, timeout: float = 30.0) -> None:
         """Finish the batch in flight (or abandon it unacknowledged) and stop."""
@@ -101,10 +107,14 @@ class Relay:
         """Upsert the subscribers the config declares; with none anywhere, add the default."""
         for declared in self.settings.subscribers:
             created = store.add(declared.to_subscriber(), declared.start_from, replace=True)
-            logger.info("%s subscriber %s from config", "created" if created else "updated", declared.name)
+            logger.info(
+                "%s subscriber %s from config", "created" if created else "updated", declared.name
+            )
         if not store.list():
             store.add(Subscriber(DEFAULT_SUBSCRIBER), StartFrom.BEGINNING)
-            logger.info("no subscriber configured: created %r routing every event", DEFAULT_SUBSCRIBER)
+            logger.info(
+                "no subscriber configured: created %r routing every event", DEFAULT_SUBSCRIBER
+            )
 
     def _start_workers(self, store: OutboxStore) -> None:
         for name, worker in list(self.workers.items()):
@@ -151,5 +161,8 @@ class Relay:
 def _load_registry(settings: Settings) -> SchemaRegistry | None:
     if settings.schemas_dir.is_dir():
         return SchemaRegistry.from_dir(settings.schemas_dir)
-    logger.warning("schemas folder %s not found: only JSON-format subscribers can publish", settings.schemas_dir)
+    logger.warning(
+        "schemas folder %s not found: only JSON-format subscribers can publish",
+        settings.schemas_dir,
+    )
     return None

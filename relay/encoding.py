@@ -18,7 +18,14 @@ HEADER_TRANSACTION_ID = "transaction_id"
 HEADER_POSITION = "position"
 HEADER_VERSION = "aggregate_version"
 RESERVED_HEADERS = frozenset(
-    {HEADER_ID, HEADER_EVENT_TYPE, HEADER_AGGREGATE_TYPE, HEADER_TRANSACTION_ID, HEADER_POSITION, HEADER_VERSION}
+    {
+        HEADER_ID,
+        HEADER_EVENT_TYPE,
+        HEADER_AGGREGATE_TYPE,
+        HEADER_TRANSACTION_ID,
+        HEADER_POSITION,
+        HEADER_VERSION,
+    }
 )
 
 
@@ -43,11 +50,13 @@ class RecordEncoder:
         try:
             return self.registry.encode(event.event_type, event.payload)
         except PayloadValidationError as exc:
-            raise EncodingError(f"event {event.message_id} cannot be encoded as Avro: {exc}") from exc
+            raise EncodingError(
+                f"event {event.message_id} cannot be encoded as Avro: {exc}"
+            ) from exc
 
 
-def headers_for(event: OutboxEvent) -> list[tuple[str, bytes]]:
-    headers = [
+def headers_for(event: OutboxEvent) -> list[tuple[str, str | bytes | None]]:
+    headers: list[tuple[str, str | bytes | None]] = [
         (HEADER_ID, str(event.message_id).encode()),
         (HEADER_EVENT_TYPE, event.event_type.encode()),
         (HEADER_AGGREGATE_TYPE, event.aggregate_type.encode()),
@@ -56,7 +65,11 @@ def headers_for(event: OutboxEvent) -> list[tuple[str, bytes]]:
     ]
     if event.aggregate_version is not None:
         headers.append((HEADER_VERSION, str(event.aggregate_version).encode()))
-    headers.extend((name, _header_bytes(value)) for name, value in event.headers.items() if name not in RESERVED_HEADERS)
+    headers.extend(
+        (name, _header_bytes(value))
+        for name, value in event.headers.items()
+        if name not in RESERVED_HEADERS
+    )
     return headers
 
 

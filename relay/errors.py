@@ -31,7 +31,9 @@ class PayloadValidationError(RelayError):
     def __init__(self, event_type: str, problems: list[str]) -> None:
         self.event_type = event_type
         self.problems = problems
-        super().__init__(f"payload for event type {event_type!r} is invalid: " + "; ".join(problems))
+        super().__init__(
+            f"payload for event type {event_type!r} is invalid: " + "; ".join(problems)
+        )
 
 
 class UnknownEventTypeError(PayloadValidationError):

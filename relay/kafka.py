@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from relay.errors import BrokerError, BrokerUnavailable, EncodingError
 from relay.model import KafkaRecord, Position
@@ -80,7 +80,9 @@ class KafkaPublisher:
             bootstrap_servers, config or {}, int(delivery_timeout_s * 1000)
         )
         self._admin_config = {
-            k: v for k, v in self._config.items() if k.startswith(("bootstrap.", "security.", "ssl.", "sasl."))
+            k: v
+            for k, v in self._config.items()
+            if k.startswith(("bootstrap.", "security.", "ssl.", "sasl."))
         }
         self._delivery_timeout_s = delivery_timeout_s
         self._create_topics = create_topics
@@ -121,7 +123,11 @@ class KafkaPublisher:
         while True:
             try:
                 self._producer.produce(
-                    record.topic, record.value, record.key, headers=record.headers, on_delivery=callback
+                    record.topic,
+                    record.value,
+                    record.key,
+                    headers=record.headers,
+                    on_delivery=callback,
                 )
                 return
             except BufferError:
@@ -136,7 +142,9 @@ class KafkaPublisher:
         while pending[0] > 0:
             if time.monotonic() > deadline:
                 self._reset()
-                raise BrokerUnavailable(f"{pending[0]} records unacknowledged after the delivery timeout")
+                raise BrokerUnavailable(
+                    f"{pending[0]} records unacknowledged after the delivery timeout"
+                )
             self._producer.flush(1.0)
 
     def _raise_for(self, failures: list[tuple[KafkaRecord, KafkaError]]) -> None:
@@ -160,7 +168,10 @@ class KafkaPublisher:
             return
         admin = AdminClient(self._admin_config)
         futures = admin.create_topics(
-            [NewTopic(t, num_partitions=self._partitions, replication_factor=self._replication) for t in missing],
+            [
+                NewTopic(t, num_partitions=self._partitions, replication_factor=self._replication)
+                for t in missing
+            ],
             operation_timeout=10,
             request_timeout=15,
         )
@@ -170,9 +181,16 @@ class KafkaPublisher:
                 logger.info("created topic %s", topic, extra={"topic": topic})
             except KafkaException as exc:
                 error = exc.args[0] if exc.args else None
-                if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                if (
+                    isinstance(error, KafkaError)
+                    and error.code() == KafkaError.TOPIC_ALREADY_EXISTS
+                ):
                     continue
-                if isinstance(error, KafkaError) and not error.retriable() and error.code() != KafkaError._TIMED_OUT:
+                if (
+                    isinstance(error, KafkaError)
+                    and not error.retriable()
+                    and error.code() != KafkaError._TIMED_OUT
+                ):
                     raise BrokerError(f"cannot create topic {topic!r}: {error.str()}") from exc
                 raise BrokerUnavailable(f"cannot create topic {topic!r}: {exc}") from exc
         self._known_topics |= missing

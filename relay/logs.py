@@ -9,7 +9,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 # Attributes every LogRecord has; anything else came in through `extra=`.
-_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+}
 
 
 class JsonFormatter(logging.Formatter):

@@ -59,7 +59,9 @@ def applied(conn: psycopg.Connection[Any], schema: str) -> set[int]:
         ).fetchone()
         if not exists or not exists[0]:
             return set()
-        rows = conn.execute(with_schema("SELECT version FROM {schema}.outbox_relay_migrations", schema))
+        rows = conn.execute(
+            with_schema("SELECT version FROM {schema}.outbox_relay_migrations", schema)
+        )
         return {row[0] for row in rows}
 
 

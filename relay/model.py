@@ -56,4 +56,4 @@ class KafkaRecord:
     topic: str
     key: bytes
     value: bytes
-    headers: list[tuple[str, bytes]]
+    headers: list[tuple[str, str | bytes | None]]

@@ -20,7 +20,9 @@ CHANNEL = "outbox_relay"
 
 
 class NotifyListener(threading.Thread):
-    def __init__(self, connect: Callable[[], psycopg.Connection[Any]], schema: str, wake: Callable[[], None]) -> None:
+    def __init__(
+        self, connect: Callable[[], psycopg.Connection[Any]], schema: str, wake: Callable[[], None]
+    ) -> None:
         super().__init__(name="outbox-notify", daemon=True)
         self._connect = connect
         self._schema = schema

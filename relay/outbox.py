@@ -99,7 +99,9 @@ class Outbox:
                 return _one(connection.execute(self._queries["append_event"], params).fetchone())
             row = connection.execute(self._queries["append_event_idempotent"], params).fetchone()
             if row is None:
-                row = connection.execute(self._queries["find_by_idempotency_key"], params).fetchone()
+                row = connection.execute(
+                    self._queries["find_by_idempotency_key"], params
+                ).fetchone()
             if row is None:
                 raise ConcurrencyError(
                     f"idempotency key {idempotency_key!r} of {aggregate_type}/{aggregate_id} is held "
@@ -126,11 +128,15 @@ class Outbox:
         roll back and retry the whole transaction.
         """
         if expected_version < 0:
-            raise PayloadValidationError("-", [f"expected_version must be >= 0, got {expected_version}"])
+            raise PayloadValidationError(
+                "-", [f"expected_version must be >= 0, got {expected_version}"]
+            )
         if not events:
             return StreamAppend(expected_version, [])
         for event in events:
-            self._check(aggregate_type, aggregate_id, event.event_type, event.payload, event.headers)
+            self._check(
+                aggregate_type, aggregate_id, event.event_type, event.payload, event.headers
+            )
         params = {
             "aggregate_type": aggregate_type,
             "aggregate_id": aggregate_id,
@@ -178,7 +184,9 @@ class Outbox:
             problems.append("aggregate_type must be a non-empty string")
         if not isinstance(aggregate_id, str) or not aggregate_id:
             problems.append("aggregate_id must be a non-empty string")
-        if headers and not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+        if headers and not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+        ):
             problems.append("headers must map strings to strings")
         if problems:
             raise PayloadValidationError(event_type, problems)

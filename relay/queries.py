@@ -33,10 +33,13 @@ def parse_named(text: str) -> dict[str, str]:
 
 
 def with_schema(text: str, schema: str) -> sql.Composed:
-    return sql.SQL(text).format(schema=sql.Identifier(schema))  # type: ignore[arg-type]
+    return sql.SQL(text).format(schema=sql.Identifier(schema))
 
 
 @functools.cache
 def queries_for(schema: str) -> dict[str, sql.Composed]:
     """Every named query, bound to ``schema``."""
-    return {name: with_schema(text, schema) for name, text in parse_named(read_sql("queries.sql")).items()}
+    return {
+        name: with_schema(text, schema)
+        for name, text in parse_named(read_sql("queries.sql")).items()
+    }

@@ -55,7 +55,9 @@ class AvroSchema:
             raise SchemaError(f"invalid Avro schema{f' in {path}' if path else ''}: {exc}") from exc
         if not isinstance(parsed, dict) or "name" not in parsed:
             raise SchemaError(f"{path or 'schema'}: must be a named Avro type (a record)")
-        return cls(parsed["name"], parsed, bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO")), path)
+        return cls(
+            parsed["name"], parsed, bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO")), path
+        )
 
 
 class SchemaRegistry:
@@ -82,7 +84,8 @@ class SchemaRegistry:
         root = Path(folder)
         if not root.is_dir():
             raise SchemaError(f"schemas folder {root} does not exist")
-        writers, history = [], []
+        writers: list[AvroSchema] = []
+        history: list[AvroSchema] = []
         for path in sorted(root.rglob("*.avsc")):
             try:
                 document = json.loads(path.read_text(encoding="utf-8"))

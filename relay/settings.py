@@ -11,10 +11,19 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from relay.errors import ConfigError, SubscriberError
-from relay.subscribers import DEFAULT_TOPIC, StartFrom, Subscriber, ValueFormat, validate_name, validate_topic_template
+from relay.subscribers import (
+    DEFAULT_TOPIC,
+    StartFrom,
+    Subscriber,
+    ValueFormat,
+    validate_name,
+    validate_topic_template,
+)
 
 KafkaValue = str | int | float | bool
-_config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("relay_config_file", default=None)
+_config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
+    "relay_config_file", default=None
+)
 
 
 class SubscriberSettings(BaseModel):
@@ -44,7 +53,9 @@ class SubscriberSettings(BaseModel):
             name=self.name,
             topic=self.topic,
             value_format=self.value_format,
-            aggregate_types=None if self.aggregate_types is None else frozenset(self.aggregate_types),
+            aggregate_types=None
+            if self.aggregate_types is None
+            else frozenset(self.aggregate_types),
             event_types=None if self.event_types is None else frozenset(self.event_types),
         )
 
@@ -53,7 +64,9 @@ class Settings(BaseSettings):
     """Everything the relay can be told. Keys are the same in the file, as ``RELAY_<KEY>``
     environment variables (``RELAY_KAFKA__SECURITY_PROTOCOL`` for nested keys) and as flags."""
 
-    model_config = SettingsConfigDict(env_prefix="RELAY_", env_nested_delimiter="__", extra="forbid")
+    model_config = SettingsConfigDict(
+        env_prefix="RELAY_", env_nested_delimiter="__", extra="forbid"
+    )
 
     database_url: SecretStr | None = None
     database_schema: str = Field(default="public", min_length=1, max_length=63)
@@ -76,7 +89,9 @@ class Settings(BaseSettings):
     def _kafka_keys(cls, value: Any) -> Any:
         # Environment variables spell dotted librdkafka keys with underscores.
         if isinstance(value, dict):
-            return {str(k).replace("_", ".").lower() if k.isupper() else k: v for k, v in value.items()}
+            return {
+                str(k).replace("_", ".").lower() if k.isupper() else k: v for k, v in value.items()
+            }
         return value
 
     @field_validator("subscribers")
@@ -106,7 +121,9 @@ class Settings(BaseSettings):
 
     def require_bootstrap_servers(self) -> str:
         if not self.bootstrap_servers:
-            raise ConfigError("bootstrap_servers: required (flag --bootstrap-servers or RELAY_BOOTSTRAP_SERVERS)")
+            raise ConfigError(
+                "bootstrap_servers: required (flag --bootstrap-servers or RELAY_BOOTSTRAP_SERVERS)"
+            )
         return self.bootstrap_servers
 
 

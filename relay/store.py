@@ -39,18 +39,29 @@ class OutboxStore:
 
     def fetch(self, after: Position, limit: int) -> list[OutboxEvent]:
         """Up to ``limit`` decided events after ``after``, in publication order."""
-        params = {"transaction_id": after.transaction_id, "position": after.position, "limit": limit}
+        params = {
+            "transaction_id": after.transaction_id,
+            "position": after.position,
+            "limit": limit,
+        }
         with wrap_errors():
             rows = self.conn.execute(self._q["fetch_batch"], params).fetchall()
         return [OutboxEvent(*row) for row in rows]
 
     def advance(self, name: str, to: Position, version: int) -> int:
         """Move ``name``'s checkpoint to ``to`` if it is still at ``version``; returns the new version."""
-        params = {"name": name, "transaction_id": to.transaction_id, "position": to.position, "version": version}
+        params = {
+            "name": name,
+            "transaction_id": to.transaction_id,
+            "position": to.position,
+            "version": version,
+        }
         with wrap_errors():
             row = self.conn.execute(self._q["advance_checkpoint"], params).fetchone()
         if row is None:
-            raise CheckpointConflict(f"checkpoint of subscriber {name!r} changed underneath this relay")
+            raise CheckpointConflict(
+                f"checkpoint of subscriber {name!r} changed underneath this relay"
+            )
         return int(row[0])
 
     def horizon(self) -> int:
@@ -72,17 +83,31 @@ class OutboxStore:
 
     def get(self, name: str) -> SubscriberState:
         with wrap_errors():
-            row = self.conn.cursor(row_factory=dict_row).execute(self._q["get_subscriber"], {"name": name}).fetchone()
+            row = (
+                self.conn.cursor(row_factory=dict_row)
+                .execute(self._q["get_subscriber"], {"name": name})
+                .fetchone()
+            )
         if row is None:
             raise SubscriberError(f"no subscriber named {name!r}")
         return _state(row)
 
     def list(self) -> list[SubscriberState]:
         with wrap_errors():
-            rows = self.conn.cursor(row_factory=dict_row).execute(self._q["list_subscribers"]).fetchall()
+            rows = (
+                self.conn.cursor(row_factory=dict_row)
+                .execute(self._q["list_subscribers"])
+                .fetchall()
+            )
         return [_state(row) for row in rows]
 
-    def add(self, subscriber: Subscriber, start: StartFrom = StartFrom.BEGINNING, *, replace: bool = False) -> bool:
+    def add(
+        self,
+        subscriber: Subscriber,
+        start: StartFrom = StartFrom.BEGINNING,
+        *,
+        replace: bool = False,
+    ) -> bool:
         """Create ``subscriber`` (returns True), or update its definition when ``replace``.
 
         An existing subscriber keeps its checkpoint: ``start`` applies to new ones only.
@@ -107,7 +132,9 @@ class OutboxStore:
 
     def set_paused(self, name: str, paused: bool) -> None:
         with wrap_errors():
-            rows = self.conn.execute(self._q["set_paused"], {"name": name, "paused": paused}).fetchall()
+            rows = self.conn.execute(
+                self._q["set_paused"], {"name": name, "paused": paused}
+            ).fetchall()
         if not rows:
             raise SubscriberError(f"no subscriber named {name!r}")
 
@@ -141,7 +168,12 @@ def _state(row: dict[str, Any]) -> SubscriberState:
         event_types=optional_set(row["event_types"]),
         paused=row["paused"],
     )
-    return SubscriberState(subscriber, Position(row["transaction_id"], row["position"]), row["version"], row["updated_at"])
+    return SubscriberState(
+        subscriber,
+        Position(row["transaction_id"], row["position"]),
+        row["version"],
+        row["updated_at"],
+    )
 
 
 def _sorted(values: frozenset[str] | None) -> Sequence[str] | None:

@@ -80,7 +80,9 @@ def validate_topic_template(template: str) -> str:
         )
     literal = re.sub(r"\{[a-z_]+\}", "x", template)
     if not _TOPIC.match(literal):
-        raise SubscriberError(f"topic template {template!r} cannot produce a legal Kafka topic name")
+        raise SubscriberError(
+            f"topic template {template!r} cannot produce a legal Kafka topic name"
+        )
     return template
 
 

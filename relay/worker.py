@@ -85,7 +85,9 @@ class SubscriberWorker(threading.Thread):
                     self._serve()
                 except RetryableError as exc:
                     failures += 1
-                    delay = min(_MAX_BACKOFF_S, 0.1 * 2 ** min(failures, 10)) * random.uniform(0.5, 1.0)
+                    delay = min(_MAX_BACKOFF_S, 0.1 * 2 ** min(failures, 10)) * random.uniform(
+                        0.5, 1.0
+                    )
                     self._record_error(WorkerState.RETRYING, exc)
                     logger.warning(
                         "subscriber %s: %s; retrying in %.1fs",
@@ -139,10 +141,14 @@ class SubscriberWorker(threading.Thread):
             try:
                 state = self._publish(store, state, events)
             except CheckpointConflict:
-                logger.info("subscriber %s: checkpoint changed elsewhere, reloading", self.subscriber_name)
+                logger.info(
+                    "subscriber %s: checkpoint changed elsewhere, reloading", self.subscriber_name
+                )
                 state = self._load(store)
 
-    def _publish(self, store: OutboxStore, state: SubscriberState, events: list[OutboxEvent]) -> SubscriberState:
+    def _publish(
+        self, store: OutboxStore, state: SubscriberState, events: list[OutboxEvent]
+    ) -> SubscriberState:
         subscriber = state.subscriber
         records = [self._encoder.encode(e, subscriber) for e in events if subscriber.matches(e)]
         end = events[-1].key

@@ -69,7 +69,7 @@ class UrlPostgres:
 def docker_available() -> bool:
     """True when a Docker engine answers a ping (checked once, quickly)."""
     try:
-        import docker  # type: ignore[import-untyped]  # noqa: PLC0415
+        import docker  # type: ignore[import-untyped]
 
         client = docker.from_env(timeout=3)
         try:
@@ -107,11 +107,11 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
 
     if docker_available():
         try:
-            from testcontainers.community.postgres import (  # noqa: PLC0415
+            from testcontainers.community.postgres import (
                 PostgresContainer,
             )
         except ImportError:  # testcontainers < 4.10
-            from testcontainers.postgres import PostgresContainer  # noqa: PLC0415
+            from testcontainers.postgres import PostgresContainer
 
         with PostgresContainer("postgres:16-alpine", driver=None) as container:
             url = container.get_connection_url()
@@ -137,9 +137,9 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     if docker_available():
         try:
-            from testcontainers.community.kafka import KafkaContainer  # noqa: PLC0415
+            from testcontainers.community.kafka import KafkaContainer
         except ImportError:  # testcontainers < 4.10
-            from testcontainers.kafka import KafkaContainer  # noqa: PLC0415
+            from testcontainers.kafka import KafkaContainer
 
         with KafkaContainer() as kafka:
             yield str(kafka.get_bootstrap_server())

@@ -307,18 +307,23 @@ def test_new_subscriber_from_now_skips_history_and_default_routes_everything(
     topic_prefix: str,
 ) -> None:
     aggregate = topic_prefix.strip(".")  # unique aggregate type: the default topic is shared
-    write = lambda i: outbox.append(
-        db,
-        aggregate_type=aggregate,
-        aggregate_id=str(i),
-        event_type="OrderPlaced",
-        payload=order(i),
-    )  # noqa: E731
+
+    def write(i: int) -> None:
+        outbox.append(
+            db,
+            aggregate_type=aggregate,
+            aggregate_id=str(i),
+            event_type="OrderPlaced",
+            payload=order(i),
+        )
+
     write(1)
     relay = start_relay()  # no subscriber configured: the default subscriber routes everything
     consume(kafka_bootstrap, [f"outbox.event.{aggregate}"], 1, quiet=0.1)
     # Added at run time (as `outbox-relay subscribers add --from now` does); picked up live.
-    OutboxStore(db).add(Subscriber("late", topic=topic_prefix + "outbox.event.{aggregate_type}"), StartFrom.NOW)
+    OutboxStore(db).add(
+        Subscriber("late", topic=topic_prefix + "outbox.event.{aggregate_type}"), StartFrom.NOW
+    )
     deadline = time.monotonic() + 15
     while "late" not in relay.workers and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -1,0 +1,654 @@
+"""``outbox-relay dev``: the embedded default stack with a demo writer and live figures.
+
+Starts a local Postgres (persistent data in ``workdir``) and an in-memory Kafka-protocol
+broker, applies the migrations, runs the relay in-process, writes demo events (some in
+transactions rolled back on purpose) and reads them back with a ``read_committed``
+consumer, showing throughput, commit→visible latency, duplicates and rolled-back leaks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, NamedTuple
+
+import psycopg
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+from psycopg import sql
+from rich import box
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from relay import db, migrations
+from relay.daemon import Relay
+from relay.embedded import LocalBroker, LocalPostgres, free_port
+from relay.encoding import HEADER_EVENT_TYPE, HEADER_ID
+from relay.errors import SchemaError
+from relay.outbox import Outbox
+from relay.schemas import SchemaRegistry
+from relay.settings import Settings, load_settings
+from relay.store import OutboxStore
+
+logger = logging.getLogger(__name__)
+
+DEMO_DATABASE = "outbox_demo"
+DEMO_TOPICS = ("outbox.event.order", "outbox.event.customer")
+ROLLBACK_SHARE = 0.05  # of demo transactions, rolled back on purpose
+LATENCY_WINDOW = 1000  # samples behind the live p50/p99
+RATE_WINDOW_S = 5.0  # published events/s is measured over this many seconds
+DRAIN_TIMEOUT_S = 5.0  # at shutdown, wait this long for committed events to arrive
+REFRESH_S = 0.5
+RECENT = 5
+_CARRIERS = ("DHL", "UPS", "FedEx", "GLS", "PostNL")
+
+SigHandler = Callable[[int, FrameType | None], Any] | int | None
+
+
+# --------------------------------------------------------------------------- shared figures
+
+
+class Consumed(NamedTuple):
+    """One consumed record, as the live view shows it."""
+
+    topic: str
+    key: str
+    event_type: str
+    payload: str
+
+
+@dataclass
+class Tally:
+    """Figures shared by the writer, the consumer and the live view (guarded by ``lock``)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    transactions: int = 0
+    events_written: int = 0
+    rolled_back_transactions: int = 0
+    rolled_back_events: int = 0
+    consumed: int = 0
+    duplicates: int = 0
+    leaks: int = 0
+    writer_error: str | None = None
+    commit_times: dict[str, float] = field(default_factory=dict)  # committed, not yet consumed
+    rolled_back_ids: set[str] = field(default_factory=set)
+    seen: set[str] = field(default_factory=set)
+    early: dict[str, float] = field(default_factory=dict)  # consumed before commit was recorded
+    recent_latencies: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+    latencies: list[float] = field(default_factory=list)
+    recent: deque[Consumed] = field(default_factory=lambda: deque(maxlen=RECENT))
+
+    def record_commit(self, ids: list[str], committed_at: float) -> None:
+        with self.lock:
+            self.transactions += 1
+            self.events_written += len(ids)
+            for message_id in ids:
+                seen_at = self.early.pop(message_id, None)
+                if seen_at is None:
+                    self.commit_times[message_id] = committed_at
+                else:
+                    self._latency(max(0.0, seen_at - committed_at))
+
+    def record_rollback(self, ids: list[str]) -> None:
+        with self.lock:
+            self.rolled_back_transactions += 1
+            self.rolled_back_events += len(ids)
+            self.rolled_back_ids.update(ids)
+            self.leaks += sum(1 for message_id in ids if message_id in self.seen)
+
+    def record_consumed(self, message_id: str, seen_at: float, record: Consumed) -> None:
+        with self.lock:
+            self.consumed += 1
+            self.recent.append(record)
+            if message_id in self.seen:
+                self.duplicates += 1
+                return
+            self.seen.add(message_id)
+            if message_id in self.rolled_back_ids:
+                self.leaks += 1
+                return
+            committed_at = self.commit_times.pop(message_id, None)
+            if committed_at is None:
+                self.early[message_id] = seen_at  # or an event of an earlier run
+            else:
+                self._latency(seen_at - committed_at)
+
+    def unconsumed(self) -> int:
+        with self.lock:
+            return len(self.commit_times)
+
+    def _latency(self, seconds: float) -> None:
+        self.recent_latencies.append(seconds)
+        self.latencies.append(seconds)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile (0..1, nearest rank) of ``values``; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
+
+
+# --------------------------------------------------------------------------- demo writer
+
+
+class DemoEvent(NamedTuple):
+    aggregate_type: str
+    aggregate_id: str
+    event_type: str
+    payload: dict[str, Any]
+
+
+class DemoData:
+    """Plausible orders and customers; ids of rolled-back transactions are forgotten."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+        self._serial = 0
+        self._customers: list[str] = []
+        self._open_orders: deque[str] = deque(maxlen=10_000)
+        self._new_customers: list[str] = []
+        self._new_orders: list[str] = []
+
+    def event(self) -> DemoEvent:
+        roll = self._rng.random()
+        if roll < 0.2 or not (self._customers or self._new_customers):
+            return self._customer()
+        if roll < 0.45 and self._open_orders:
+            order_id = self._open_orders.popleft()
+            payload = {"order_id": order_id, "carrier": self._rng.choice(_CARRIERS)}
+            return DemoEvent("order", order_id, "OrderShipped", payload)
+        return self._order()
+
+    def commit(self) -> None:
+        self._customers.extend(self._new_customers)
+        self._open_orders.extend(self._new_orders)
+        self.rollback()
+
+    def rollback(self) -> None:
+        self._new_customers.clear()
+        self._new_orders.clear()
+
+    def _next_id(self, prefix: str) -> str:
+        self._serial += 1
+        return f"{prefix}-{self._serial}"
+
+    def _customer(self) -> DemoEvent:
+        customer_id = self._next_id("c")
+        self._new_customers.append(customer_id)
+        payload = {"customer_id": customer_id, "email": f"{customer_id}@example.com"}
+        return DemoEvent("customer", customer_id, "CustomerRegistered", payload)
+
+    def _order(self) -> DemoEvent:
+        order_id = self._next_id("o")
+        self._new_orders.append(order_id)
+        payload = {
+            "order_id": order_id,
+            "customer_id": self._rng.choice(self._customers or self._new_customers),
+            "amount_cents": self._rng.randint(100, 50_000),
+            "currency": "EUR",
+            "note": None,
+        }
+        return DemoEvent("order", order_id, "OrderPlaced", payload)
+
+
+class DemoWriter(threading.Thread):
+    """Writes transactions of 1-3 events at ``rate`` events/s (0: as fast as it can)."""
+
+    def __init__(self, database_url: str, outbox: Outbox, tally: Tally, rate: float) -> None:
+        super().__init__(name="demo-writer", daemon=True)
+        self._url = database_url
+        self._outbox = outbox
+        self._tally = tally
+        self._rate = rate
+        self._rng = random.Random()
+        self._data = DemoData(self._rng)
+        self._stopping = threading.Event()
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        if self.ident is not None:
+            self.join(timeout)
+
+    def run(self) -> None:
+        try:
+            with db.connect(self._url, application_name="outbox-relay-demo-writer") as conn:
+                self._loop(conn)
+        except Exception as exc:
+            logger.exception("demo writer failed")
+            with self._tally.lock:
+                self._tally.writer_error = str(exc)
+
+    def _loop(self, conn: psycopg.Connection[Any]) -> None:
+        due = time.monotonic()
+        while not self._stopping.is_set():
+            written = self._transaction(conn)
+            if self._rate > 0:
+                due = self._pace(due + written / self._rate)
+
+    def _pace(self, due: float) -> float:
+        """Sleep until ``due``; after a stall, do not burst to catch up."""
+        now = time.monotonic()
+        if due < now - 1.0:
+            return now
+        if due > now:
+            self._stopping.wait(due - now)
+        return due
+
+    def _transaction(self, conn: psycopg.Connection[Any]) -> int:
+        events = [self._data.event() for _ in range(self._rng.randint(1, 3))]
+        roll_back = self._rng.random() < ROLLBACK_SHARE
+        ids: list[str] = []
+        with conn.transaction() as tx:
+            for event in events:
+                ids.append(str(self._append(conn, event)))
+            if roll_back:
+                raise psycopg.Rollback(tx)
+        committed_at = time.monotonic()
+        if roll_back:
+            self._data.rollback()
+            self._tally.record_rollback(ids)
+        else:
+            self._data.commit()
+            self._tally.record_commit(ids, committed_at)
+        return len(events)
+
+    def _append(self, conn: psycopg.Connection[Any], event: DemoEvent) -> object:
+        return self._outbox.append(
+            conn,
+            aggregate_type=event.aggregate_type,
+            aggregate_id=event.aggregate_id,
+            event_type=event.event_type,
+            payload=event.payload,
+        )
+
+
+# --------------------------------------------------------------------------- demo consumer
+
+
+class DemoConsumer(threading.Thread):
+    """Reads every partition of the demo topics (``read_committed``) via ``assign()``."""
+
+    def __init__(self, bootstrap_servers: str, registry: SchemaRegistry, tally: Tally) -> None:
+        super().__init__(name="demo-consumer", daemon=True)
+        self._servers = bootstrap_servers
+        self._registry = registry
+        self._tally = tally
+        self._stopping = threading.Event()
+        self._assigned: set[str] = set()
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        if self.ident is not None:
+            self.join(timeout)
+
+    def run(self) -> None:
+        try:
+            consumer = Consumer(self._config())
+        except KafkaException:
+            logger.exception("cannot create the demo consumer")
+            return
+        try:
+            self._loop(consumer)
+        except Exception:
+            logger.exception("demo consumer failed")
+        finally:
+            consumer.close()
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "bootstrap.servers": self._servers,
+            "group.id": "outbox-relay-dev",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+            "fetch.wait.max.ms": 10,
+            "logger": logging.getLogger(f"{__name__}.librdkafka"),
+        }
+
+    def _loop(self, consumer: Any) -> None:
+        next_check = 0.0
+        while not self._stopping.is_set():
+            if len(self._assigned) < len(DEMO_TOPICS) and time.monotonic() >= next_check:
+                self._assign_new_topics(consumer)
+                next_check = time.monotonic() + REFRESH_S
+            message = consumer.poll(0.1)
+            if message is not None:
+                self._handle(message)
+
+    def _assign_new_topics(self, consumer: Any) -> None:
+        """Assign every partition of demo topics that exist by now (the relay creates them)."""
+        try:
+            topics = consumer.list_topics(timeout=2).topics
+        except KafkaException as exc:
+            logger.debug("metadata request failed: %s", exc)
+            return
+        for name in DEMO_TOPICS:
+            meta = topics.get(name)
+            if name in self._assigned or meta is None or meta.error or not meta.partitions:
+                continue
+            partitions = [TopicPartition(name, p, OFFSET_BEGINNING) for p in meta.partitions]
+            consumer.incremental_assign(partitions)
+            self._assigned.add(name)
+            logger.debug("consuming %s (%s partitions)", name, len(partitions))
+
+    def _handle(self, message: Any) -> None:
+        seen_at = time.monotonic()
+        error = message.error()
+        if error is not None:
+            if error.code() != KafkaError._PARTITION_EOF:
+                logger.warning("consumer error: %s", error)
+            return
+        headers = {k: v.decode() for k, v in (message.headers() or []) if v is not None}
+        record = Consumed(
+            topic=message.topic(),
+            key=(message.key() or b"").decode(errors="replace"),
+            event_type=headers.get(HEADER_EVENT_TYPE, "?"),
+            payload=self._payload(message.value() or b""),
+        )
+        self._tally.record_consumed(headers.get(HEADER_ID, ""), seen_at, record)
+
+    def _payload(self, value: bytes) -> str:
+        try:
+            _schema, payload = self._registry.decode(value)
+        except (SchemaError, ValueError, EOFError) as exc:
+            return f"<not decodable: {exc}>"
+        text = json.dumps(payload, separators=(",", ":"), default=str)
+        return text if len(text) <= 70 else text[:67] + "..."
+
+
+# --------------------------------------------------------------------------- live view
+
+
+class Dashboard:
+    """Renders the live table; tracks the recent published rate."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self._samples: deque[tuple[float, int]] = deque()
+
+    def render(self) -> Group:
+        s = self._session
+        published = s.published()
+        rate = self._rate(time.monotonic(), published)
+        with s.tally.lock:
+            t = s.tally
+            latencies = list(t.recent_latencies)
+            recent = list(t.recent)
+            figures = [
+                ("written", f"{t.events_written} events in {t.transactions} transactions"),
+                (
+                    "rolled back",
+                    f"{t.rolled_back_events} events in {t.rolled_back_transactions} "
+                    "transactions (never published)",
+                ),
+                ("published", f"{published}  ({rate:.0f} events/s, last {RATE_WINDOW_S:.0f} s)"),
+                ("consumed", f"{t.consumed}  ({t.duplicates} duplicates, {t.leaks} leaks)"),
+                ("lag", f"{s.lag(published)} events written, not yet published"),
+            ]
+        p50, p99 = percentile(latencies, 0.50), percentile(latencies, 0.99)
+        figures.append(("latency", f"p50 {_ms(p50)}, p99 {_ms(p99)}  (commit → consumer)"))
+        figures.append(("relay", s.relay_state()))
+        return Group(_figures_table(figures), _recent_table(recent))
+
+    def _rate(self, now: float, published: int) -> float:
+        self._samples.append((now, published))
+        while len(self._samples) > 2 and now - self._samples[1][0] >= RATE_WINDOW_S:
+            self._samples.popleft()
+        then, before = self._samples[0]
+        return (published - before) / (now - then) if now > then else 0.0
+
+
+def _figures_table(figures: list[tuple[str, str]]) -> Table:
+    table = Table(box=box.SIMPLE, show_header=False, title="outbox-relay dev", title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for name, value in figures:
+        table.add_row(name, value)
+    return table
+
+
+def _recent_table(recent: list[Consumed]) -> Table:
+    table = Table("topic", "key", "event", "payload", box=box.SIMPLE, title="last consumed")
+    for record in reversed(recent):
+        table.add_row(record.topic, record.key, record.event_type, record.payload)
+    return table
+
+
+# --------------------------------------------------------------------------- the stack
+
+
+@dataclass(frozen=True)
+class DevOptions:
+    workdir: Path
+    schemas_dir: Path
+    registry: SchemaRegistry
+    rate: float
+    duration: float | None
+
+
+@dataclass
+class Session:
+    """What one ``dev`` run started, and when."""
+
+    options: DevOptions
+    console: Console
+    tally: Tally = field(default_factory=Tally)
+    postgres: LocalPostgres | None = None
+    broker: LocalBroker | None = None
+    relay: Relay | None = None
+    database_url: str = ""
+    backlog: int = 0  # events already waiting in the outbox when we started
+    started_at: float | None = None  # relay running
+    stopped_at: float | None = None  # relay stopped
+
+    def published(self) -> int:
+        total = 0
+        for worker in list(self.relay.workers.values()) if self.relay else []:
+            with worker.stats.lock:
+                total += worker.stats.published
+        return total
+
+    def lag(self, published: int) -> int:
+        return max(0, self.tally.events_written + self.backlog - published)
+
+    def relay_state(self) -> str:
+        parts = []
+        for name, worker in list(self.relay.workers.items()) if self.relay else []:
+            error = f" ({worker.stats.last_error})" if worker.stats.last_error else ""
+            parts.append(f"{name}: {worker.stats.state}{error}")
+        if self.tally.writer_error:
+            parts.append(f"writer failed: {self.tally.writer_error}")
+        return "; ".join(parts) or "starting"
+
+
+def run_dev(*, workdir: Path, rate: float, duration: float | None, schemas_dir: Path) -> None:
+    """Run the embedded stack until Ctrl-C or ``duration`` seconds after it is up."""
+    registry = SchemaRegistry.from_dir(schemas_dir)  # fail before starting anything
+    options = DevOptions(workdir, schemas_dir, registry, rate, duration)
+    session = Session(options, Console())
+    try:
+        _run(session)
+    except KeyboardInterrupt:
+        session.console.print("interrupted; everything is stopped")
+    if session.started_at is not None:
+        _summary(session)
+
+
+def _run(session: Session) -> None:
+    with ExitStack() as stack:
+        stack.callback(_set_sigint, signal.getsignal(signal.SIGINT))  # runs last
+        try:
+            _start(stack, session)
+            _banner(session)
+            _watch(session, session.options.duration)
+        finally:
+            # A second Ctrl-C must not cut the ordered shutdown short.
+            _set_sigint(signal.SIG_IGN)
+
+
+def _set_sigint(handler: SigHandler) -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, handler)
+
+
+def _start(stack: ExitStack, session: Session) -> None:
+    """Start everything, registering each stop before its start (unwound in reverse).
+
+    Servers are started from this (the main) thread: their parent-death signal is
+    tied to the thread that spawned them.
+    """
+    options = session.options
+    session.postgres = LocalPostgres(options.workdir / "pg", port=free_port(), fsync=False)
+    stack.callback(session.postgres.stop)
+    session.postgres.start()
+    session.broker = LocalBroker()
+    stack.callback(session.broker.stop)
+    session.broker.start()
+    session.database_url, session.backlog = _prepare_database(session.postgres)
+    settings = load_settings(
+        database_url=session.database_url,
+        bootstrap_servers=session.broker.bootstrap_servers,
+        schemas_dir=options.schemas_dir,
+        poll_interval=1.0,
+    )
+    _create_demo_topics(settings)
+    consumer = DemoConsumer(session.broker.bootstrap_servers, options.registry, session.tally)
+    stack.callback(consumer.close)
+    consumer.start()
+    _start_relay(stack, session, settings)
+    writer = DemoWriter(session.database_url, Outbox(options.registry), session.tally, options.rate)
+    stack.callback(_drain, session)
+    stack.callback(writer.close)
+    writer.start()
+
+
+def _create_demo_topics(settings: Settings) -> None:
+    """Create the demo topics as the relay would (same partitions), so the consumer is
+    assigned before the first event arrives (no consumer warm-up in the latencies)."""
+    config: dict[str, Any] = {
+        "bootstrap.servers": settings.require_bootstrap_servers(),
+        "logger": logging.getLogger(f"{__name__}.librdkafka"),
+    }
+    admin = AdminClient(config)
+    topics = [
+        NewTopic(
+            name,
+            num_partitions=settings.topic_partitions,
+            replication_factor=settings.topic_replication_factor,
+        )
+        for name in DEMO_TOPICS
+    ]
+    for name, future in admin.create_topics(topics, request_timeout=15).items():
+        try:
+            future.result()
+        except KafkaException as exc:  # the relay creates it on first use, then
+            logger.info("topic %s not created up front: %s", name, exc)
+
+
+def _start_relay(stack: ExitStack, session: Session, settings: Settings) -> None:
+    relay = session.relay = Relay(settings, registry=session.options.registry)
+
+    def stop() -> None:
+        relay.stop()
+        if session.started_at is not None:
+            session.stopped_at = time.monotonic()
+
+    stack.callback(stop)
+    relay.start()
+    session.started_at = time.monotonic()
+
+
+def _prepare_database(postgres: LocalPostgres) -> tuple[str, int]:
+    """Create the demo database if needed and migrate it; returns its URL and backlog."""
+    with db.connect(postgres.url, application_name="outbox-relay-dev") as conn:
+        found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DEMO_DATABASE,))
+        if found.fetchone() is None:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DEMO_DATABASE)))
+            logger.info("created database %s", DEMO_DATABASE)
+    url = postgres.url_for(DEMO_DATABASE)
+    with db.connect(url, application_name="outbox-relay-dev") as conn:
+        migrations.migrate(conn)
+        store = OutboxStore(conn)
+        backlog = sum(store.pending(state.checkpoint) for state in store.list())
+    return url, backlog
+
+
+def _drain(session: Session) -> None:
+    """Give the relay a moment to publish what the writer committed last."""
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    while session.tally.unconsumed() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _banner(session: Session) -> None:
+    assert session.broker is not None and session.postgres is not None
+    console = session.console
+    console.print("[bold]outbox-relay dev[/bold]: embedded Postgres + broker, relay, demo writer")
+    console.print(f"  postgres   psql {session.database_url}", soft_wrap=True, highlight=False)
+    console.print(
+        f"  kafka      bootstrap servers {session.broker.bootstrap_servers}, "
+        f"topics {', '.join(DEMO_TOPICS)} (in memory: fresh every run)",
+        soft_wrap=True,
+        highlight=False,
+    )
+    console.print(
+        f"  data       {session.postgres.data_dir} (log {session.postgres.log_path})",
+        soft_wrap=True,
+        highlight=False,
+    )
+    console.print("  Ctrl-C stops everything.", highlight=False)
+
+
+def _watch(session: Session, duration: float | None) -> None:
+    dashboard = Dashboard(session)
+    deadline = None if duration is None else time.monotonic() + duration
+    try:
+        with Live(dashboard.render(), console=session.console, auto_refresh=False) as live:
+            while deadline is None or time.monotonic() < deadline:
+                remaining = REFRESH_S if deadline is None else deadline - time.monotonic()
+                time.sleep(max(0.0, min(REFRESH_S, remaining)))
+                live.update(dashboard.render(), refresh=True)
+    finally:
+        if not session.console.is_terminal:
+            session.console.line()  # Live ends its final render with a newline on terminals only
+
+
+def _summary(session: Session) -> None:
+    session.console.print()
+    t = session.tally
+    published = session.published()
+    end = session.stopped_at or time.monotonic()
+    elapsed = max(1e-9, end - (session.started_at or end))
+    p50, p99 = percentile(t.latencies, 0.50), percentile(t.latencies, 0.99)
+    recent = list(t.recent_latencies)
+    r50, r99 = percentile(recent, 0.50), percentile(recent, 0.99)
+    session.console.print(
+        f"Summary: ran {elapsed:.1f} s. Wrote {t.events_written} events in {t.transactions} "
+        f"transactions; rolled back {t.rolled_back_transactions} transactions "
+        f"({t.rolled_back_events} events) on purpose. Published {published} events "
+        f"({published / elapsed:.0f} events/s on average), consumed {t.consumed}, "
+        f"{t.duplicates} duplicates, {t.leaks} rolled-back leaks, "
+        f"{session.lag(published)} unpublished at exit. Commit-to-consumer latency "
+        f"p50 {_ms(p50)}, p99 {_ms(p99)} over all {len(t.latencies)} samples "
+        f"(last {len(recent)}: p50 {_ms(r50)}, p99 {_ms(r99)}).",
+        soft_wrap=True,
+        highlight=False,
+    )

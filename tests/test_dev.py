@@ -1,0 +1,89 @@
+"""``outbox-relay dev`` end to end: the embedded stack runs, reports, and leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    # Not pytest's tmp_path: as root, Postgres runs as the `postgres` user, which
+    # cannot enter pytest's 0700 temp tree.
+    base = Path(tempfile.mkdtemp(prefix="outbox-dev-test-"))
+    base.chmod(0o755)
+    try:
+        yield base / "dev"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _cli() -> list[str]:
+    script = Path(sys.executable).with_name("outbox-relay")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "relay.cli"]
+
+
+def _number(pattern: str, text: str) -> int:
+    match = re.search(pattern, text)
+    assert match, f"{pattern!r} not in output:\n{text}"
+    return int(match[1])
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _processes_mentioning(*needles: str) -> list[str]:
+    """Command lines of live processes that contain any of ``needles``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(needle in cmdline for needle in needles):
+            found.append(f"{entry.name}: {cmdline}")
+    return found
+
+
+def test_dev_runs_reports_and_cleans_up(workdir: Path) -> None:
+    result = subprocess.run(
+        [*_cli(), "dev", "--duration", "12", "--rate", "300", "--workdir", str(workdir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+
+    summary = output[output.index("Summary:") :]
+    assert _number(r"consumed (\d+)", summary) > 0
+    assert _number(r"(\d+) duplicates", summary) == 0
+    assert _number(r"(\d+) rolled-back leaks", summary) == 0
+    assert _number(r"Published (\d+) events", summary) > 0
+
+    pg_port = _number(r"postgresql://postgres@127\.0\.0\.1:(\d+)/outbox_demo", output)
+    broker_port = _number(r"bootstrap servers 127\.0\.0\.1:(\d+)", output)
+    assert not _port_open(pg_port), "postgres still listening"
+    assert not _port_open(broker_port), "broker still listening"
+    leftovers = _processes_mentioning(str(workdir), f"tcp://127.0.0.1:{broker_port}")
+    assert not leftovers, f"processes left behind: {leftovers}"
