@@ -87,11 +87,10 @@ class Settings(BaseSettings):
     @field_validator("kafka", mode="before")
     @classmethod
     def _kafka_keys(cls, value: Any) -> Any:
-        # Environment variables spell dotted librdkafka keys with underscores.
+        # RELAY_KAFKA__SECURITY_PROTOCOL arrives as "security_protocol": librdkafka
+        # property names use dots only, so an undotted key is an environment spelling.
         if isinstance(value, dict):
-            return {
-                str(k).replace("_", ".").lower() if k.isupper() else k: v for k, v in value.items()
-            }
+            return {(k if "." in k else k.replace("_", ".")).lower(): v for k, v in value.items()}
         return value
 
     @field_validator("subscribers")

@@ -1,0 +1,119 @@
+"""The outbox-relay command as users run it: a real process, real Postgres and broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from relay import Outbox
+from tests.support import consume
+
+EXE = [sys.executable, "-m", "relay.cli"]
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*EXE, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_run_publishes_and_exits_zero_on_sigterm(
+    database_url: str, kafka_bootstrap: str, topic_prefix: str, outbox: Outbox
+) -> None:
+    assert cli("migrate", "--database-url", database_url).returncode == 0
+    added = cli(
+        "subscribers",
+        "add",
+        "cli",
+        "--topic",
+        topic_prefix + "{event_type}",
+        "--format",
+        "json",
+        "--database-url",
+        database_url,
+    )
+    assert added.returncode == 0, added.stderr
+    with psycopg.connect(database_url) as conn:
+        outbox.append(
+            conn,
+            aggregate_type="customer",
+            aggregate_id="c-1",
+            event_type="CustomerRegistered",
+            payload={"customer_id": "c-1", "email": "a@b.c"},
+        )
+    env = {"RELAY_DATABASE_URL": database_url, "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    relay = subprocess.Popen(
+        [*EXE, "run"], cwd=REPO, env={**os.environ, **env}, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        [record] = consume(kafka_bootstrap, [topic_prefix + "CustomerRegistered"], 1, quiet=0.2)
+        assert json.loads(record.value) == {"customer_id": "c-1", "email": "a@b.c"}
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        _, stderr = relay.communicate(timeout=30)
+    assert relay.returncode == 0, stderr
+    listed = json.loads(cli("subscribers", "list", "--json", "--database-url", database_url).stdout)
+    assert [(s["name"], s["lag_events"]) for s in listed] == [("cli", 0)]
+
+
+def test_subscriber_commands_round_trip(db: psycopg.Connection[Any], database_url: str) -> None:
+    url = ["--database-url", database_url]
+    assert (
+        cli(
+            "subscribers", "add", "b", "--aggregate-type", "order", "--from", "now", *url
+        ).returncode
+        == 0
+    )
+    duplicate = cli("subscribers", "add", "b", *url)
+    assert duplicate.returncode == 1 and "already exists" in duplicate.stderr
+    assert cli("subscribers", "pause", "b", *url).returncode == 0
+    assert cli("subscribers", "reset", "b", "--to", "5:7", *url).returncode == 0
+    [row] = json.loads(cli("subscribers", "list", "--json", *url).stdout)
+    assert (row["paused"], row["checkpoint"], row["aggregate_types"]) == (True, "5:7", ["order"])
+    bad = cli("subscribers", "reset", "b", "--to", "yesterday", *url)
+    assert bad.returncode == 2 and "TRANSACTION_ID:POSITION" in bad.stderr
+    assert cli("subscribers", "remove", "b", *url).returncode == 0
+    missing = cli("subscribers", "pause", "b", *url)
+    assert missing.returncode == 1 and "no subscriber named 'b'" in missing.stderr
+
+
+def test_bad_configuration_exits_2_naming_the_key(tmp_path: Path) -> None:
+    result = cli("run", env={"RELAY_BATCH_SIZE": "-3", "RELAY_DATABASE_URL": "postgresql://x/y"})
+    assert result.returncode == 2
+    assert "batch_size (RELAY_BATCH_SIZE)" in result.stderr
+    missing = cli(
+        "run", env={"RELAY_DATABASE_URL": "postgresql://x/y", "RELAY_BOOTSTRAP_SERVERS": ""}
+    )
+    assert missing.returncode == 2 and "bootstrap_servers" in missing.stderr
+
+
+def test_run_against_an_unmigrated_database_says_what_to_do(
+    database_url: str, kafka_bootstrap: str
+) -> None:
+    result = cli("run", "--database-url", database_url, "--bootstrap-servers", kafka_bootstrap)
+    assert result.returncode == 1
+    assert "outbox-relay migrate" in result.stderr
+
+
+def test_unreachable_database_is_a_clear_error() -> None:
+    port = 1  # nothing listens there
+    result = cli(
+        "subscribers", "list", "--database-url", f"postgresql://postgres@127.0.0.1:{port}/x"
+    )
+    assert result.returncode == 1
+    assert "postgres is unavailable" in result.stderr and "Traceback" not in result.stderr
+    time.sleep(0)

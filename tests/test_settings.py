@@ -1,0 +1,77 @@
+"""Settings: flags > RELAY_* environment > TOML file > defaults; errors name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from relay.errors import ConfigError
+from relay.settings import load_settings
+
+
+def test_precedence_flags_over_env_over_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "relay.toml"
+    config.write_text(
+        '[relay]\nbootstrap_servers = "file:9092"\nbatch_size = 10\npoll_interval = 3.0\n'
+        '[relay.kafka]\n"security.protocol" = "SSL"\n'
+        '[[relay.subscribers]]\nname = "billing"\naggregate_types = ["order"]\nvalue_format = "json"\n'
+    )
+    monkeypatch.setenv("RELAY_BATCH_SIZE", "20")
+    monkeypatch.setenv("RELAY_POLL_INTERVAL", "2.0")
+    settings = load_settings(config, poll_interval=1.5)
+    assert settings.bootstrap_servers == "file:9092"
+    assert settings.batch_size == 20
+    assert settings.poll_interval == 1.5
+    assert settings.kafka == {"security.protocol": "SSL"}
+    assert settings.subscribers[0].to_subscriber().aggregate_types == frozenset({"order"})
+
+
+def test_nested_kafka_options_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELAY_KAFKA__SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("RELAY_KAFKA__SASL_MECHANISM", "PLAIN")
+    assert load_settings().kafka == {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"}
+
+
+def test_database_url_is_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELAY_DATABASE_URL", "postgresql://u:hunter2@db/app")
+    settings = load_settings()
+    assert "hunter2" not in repr(settings) and "hunter2" not in str(settings)
+    assert settings.require_database_url() == "postgresql://u:hunter2@db/app"
+
+
+@pytest.mark.parametrize(
+    ("document", "key"),
+    [
+        ("batch_size = 0", "batch_size"),
+        ('batch_size = "many"', "batch_size"),
+        ("no_such_key = 1", "no_such_key"),
+        ('[[subscribers]]\nname = "bad name!"', "subscribers.0.name"),
+        ('[[subscribers]]\nname = "a"\ntopic = "x.{nope}"', "subscribers.0.topic"),
+        ('[[subscribers]]\nname = "a"\nvalue_format = "xml"', "subscribers.0.value_format"),
+        ('[[subscribers]]\nname = "a"\n[[subscribers]]\nname = "a"', "subscribers"),
+    ],
+)
+def test_errors_name_the_offending_key(tmp_path: Path, document: str, key: str) -> None:
+    config = tmp_path / "relay.toml"
+    config.write_text(document)
+    with pytest.raises(ConfigError) as info:
+        load_settings(config)
+    assert f"\n  {key}" in str(info.value)
+
+
+def test_unreadable_config_files_are_clear(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_settings(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("batch_size = = 1")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_settings(bad)
+
+
+def test_env_var_errors_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELAY_POLL_INTERVAL", "soon")
+    with pytest.raises(ConfigError, match=r"poll_interval \(RELAY_POLL_INTERVAL\)"):
+        load_settings()
