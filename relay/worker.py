@@ -101,6 +101,8 @@ class SubscriberWorker(threading.Thread):
                 else:
                     failures = 0
         except RelayError as exc:
+            if isinstance(exc, SubscriberError) and self._stopping.is_set():
+                return  # removed while we ran (the finally block still cleans up)
             # Not retryable (a poison event, a permission error...): halt this subscriber
             # only, loudly, with its checkpoint left before the offending batch.
             self._record_error(WorkerState.HALTED, exc)

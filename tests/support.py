@@ -9,7 +9,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-_WARMUP_S = 1.0
+_WARMUP_S = 2.5
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -87,15 +89,24 @@ def test_concurrent_migrations_apply_each_version_once(database_url: str) -> Non
     assert versions == [(m.version,) for m in migrations.available()]
 
 
-def test_migrate_cli_creates_tables_in_a_custom_schema(database_url: str, tmp_path: Any) -> None:
-    from typer.testing import CliRunner
-
-    from relay.cli import app
-
-    result = CliRunner().invoke(
-        app, ["migrate", "--database-url", database_url, "--schema", "My Schema"]
+def test_migrate_cli_creates_tables_in_a_custom_schema(database_url: str) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "relay.cli",
+            "migrate",
+            "--database-url",
+            database_url,
+            "--schema",
+            "My Schema",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
     )
-    assert result.exit_code == 0, result.output
+    assert result.returncode == 0, result.stderr
     with psycopg.connect(database_url) as conn:
         row = conn.execute("""SELECT count(*) FROM "My Schema".outbox""").fetchone()
     assert row == (0,)
