@@ -209,23 +209,28 @@ class DemoData:
         return DemoEvent("order", order_id, "OrderPlaced", payload)
 
 
-class DemoWriter(threading.Thread):
-    """Writes transactions of 1-3 events at ``rate`` events/s (0: as fast as it can)."""
-
-    def __init__(self, database_url: str, outbox: Outbox, tally: Tally, rate: float) -> None:
-        super().__init__(name="demo-writer", daemon=True)
-        self._url = database_url
-        self._outbox = outbox
-        self._tally = tally
-        self._rate = rate
-        self._rng = random.Random()
-        self._data = DemoData(self._rng)
+class _StoppableThread(threading.Thread):
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name, daemon=True)
         self._stopping = threading.Event()
 
     def close(self, timeout: float = 10.0) -> None:
         self._stopping.set()
         if self.ident is not None:
             self.join(timeout)
+
+
+class DemoWriter(_StoppableThread):
+    """Writes transactions of 1-3 events at ``rate`` events/s (0: as fast as it can)."""
+
+    def __init__(self, database_url: str, outbox: Outbox, tally: Tally, rate: float) -> None:
+        super().__init__("demo-writer")
+        self._url = database_url
+        self._outbox = outbox
+        self._tally = tally
+        self._rate = rate
+        self._rng = random.Random()
+        self._data = DemoData(self._rng)
 
     def run(self) -> None:
         try:
@@ -283,21 +288,15 @@ class DemoWriter(threading.Thread):
 # --------------------------------------------------------------------------- demo consumer
 
 
-class DemoConsumer(threading.Thread):
+class DemoConsumer(_StoppableThread):
     """Reads every partition of the demo topics (``read_committed``) via ``assign()``."""
 
     def __init__(self, bootstrap_servers: str, registry: SchemaRegistry, tally: Tally) -> None:
-        super().__init__(name="demo-consumer", daemon=True)
+        super().__init__("demo-consumer")
         self._servers = bootstrap_servers
         self._registry = registry
         self._tally = tally
-        self._stopping = threading.Event()
         self._assigned: set[str] = set()
-
-    def close(self, timeout: float = 10.0) -> None:
-        self._stopping.set()
-        if self.ident is not None:
-            self.join(timeout)
 
     def run(self) -> None:
         try:
