@@ -150,12 +150,18 @@ class Relay:
         )
 
     def _supervise(self) -> None:
+        conn: psycopg.Connection[Any] | None = None
         while not self._stopping.wait(_REFRESH_S):
             try:
-                with self._connect() as conn:
-                    self._start_workers(OutboxStore(conn, self.settings.database_schema))
+                conn = conn if conn is not None and not conn.closed else self._connect()
+                self._start_workers(OutboxStore(conn, self.settings.database_schema))
             except Exception as exc:  # the workers report their own errors; keep supervising
                 logger.debug("subscriber refresh failed: %s", exc)
+                if conn is not None:
+                    conn.close()
+                conn = None
+        if conn is not None:
+            conn.close()
 
 
 def _load_registry(settings: Settings) -> SchemaRegistry | None:

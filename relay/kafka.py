@@ -41,10 +41,10 @@ class Publisher(Protocol):
 class PoisonRecordError(EncodingError):
     """The broker rejected one record for what it is (too large, invalid topic...)."""
 
-    def __init__(self, record: KafkaRecord, error: KafkaError) -> None:
-        self.record = record
+    def __init__(self, topic: str, error: KafkaError) -> None:
+        self.topic = topic
         self.kafka_error = error
-        super().__init__(f"broker rejected a record for topic {record.topic!r}: {error.str()}")
+        super().__init__(f"broker rejected a record for topic {topic!r}: {error.str()}")
 
 
 def producer_config(
@@ -79,11 +79,8 @@ class KafkaPublisher:
         self._config = producer_config(
             bootstrap_servers, config or {}, int(delivery_timeout_s * 1000)
         )
-        self._admin_config = {
-            k: v
-            for k, v in self._config.items()
-            if k.startswith(("bootstrap.", "security.", "ssl.", "sasl."))
-        }
+        # The admin client needs the same connection settings (TLS, SASL...) as the producer.
+        self._admin_config = {**(config or {}), "bootstrap.servers": bootstrap_servers}
         self._delivery_timeout_s = delivery_timeout_s
         self._create_topics = create_topics
         self._partitions = topic_partitions
@@ -101,21 +98,15 @@ class KafkaPublisher:
         if not records:
             return
         self._ensure_topics({r.topic for r in records})
-        failures: list[tuple[KafkaRecord, KafkaError]] = []
-        pending = [0]
+        failures: list[tuple[str, KafkaError]] = []
 
-        def delivered(record: KafkaRecord) -> Any:
-            def callback(err: KafkaError | None, _msg: Message) -> None:
-                pending[0] -= 1
-                if err is not None:
-                    failures.append((record, err))
-
-            return callback
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                failures.append((msg.topic() or "?", err))
 
         for record in records:
-            pending[0] += 1
-            self._produce(record, delivered(record))
-        self._wait(pending)
+            self._produce(record, delivered)
+        self._wait()
         if failures:
             self._raise_for(failures)
 
@@ -135,22 +126,22 @@ class KafkaPublisher:
             except KafkaException as exc:
                 raise BrokerError(f"cannot produce to {record.topic!r}: {exc}") from exc
 
-    def _wait(self, pending: list[int]) -> None:
-        # message.timeout.ms bounds every record, so each one gets a delivery report;
-        # the guard only protects against a wedged client.
+    def _wait(self) -> None:
+        # One producer per worker, so the producer's queue is exactly this batch.
+        # message.timeout.ms bounds every record, so each gets a delivery report; the
+        # deadline only protects against a wedged client.
         deadline = time.monotonic() + self._delivery_timeout_s * 2 + 10
-        while pending[0] > 0:
+        while (remaining := self._producer.flush(1.0)) > 0:
             if time.monotonic() > deadline:
                 self._reset()
                 raise BrokerUnavailable(
-                    f"{pending[0]} records unacknowledged after the delivery timeout"
+                    f"{remaining} records unacknowledged after the delivery timeout"
                 )
-            self._producer.flush(1.0)
 
-    def _raise_for(self, failures: list[tuple[KafkaRecord, KafkaError]]) -> None:
-        record, error = failures[0]
+    def _raise_for(self, failures: list[tuple[str, KafkaError]]) -> None:
+        topic, error = failures[0]
         if error.code() in _RECORD_ERRORS:
-            raise PoisonRecordError(record, error)
+            raise PoisonRecordError(topic, error)
         if error.fatal():
             # A fatal idempotence error leaves the producer unusable: start a new one.
             self._reset()

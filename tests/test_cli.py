@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +91,7 @@ def test_subscriber_commands_round_trip(db: psycopg.Connection[Any], database_ur
     assert missing.returncode == 1 and "no subscriber named 'b'" in missing.stderr
 
 
-def test_bad_configuration_exits_2_naming_the_key(tmp_path: Path) -> None:
+def test_bad_configuration_exits_2_naming_the_key() -> None:
     result = cli("run", env={"RELAY_BATCH_SIZE": "-3", "RELAY_DATABASE_URL": "postgresql://x/y"})
     assert result.returncode == 2
     assert "batch_size (RELAY_BATCH_SIZE)" in result.stderr
@@ -117,4 +116,3 @@ def test_unreachable_database_is_a_clear_error() -> None:
     )
     assert result.returncode == 1
     assert "postgres is unavailable" in result.stderr and "Traceback" not in result.stderr
-    time.sleep(0)
