@@ -23,7 +23,14 @@ from relay.errors import ConfigError, RelayError
 from relay.model import Position
 from relay.settings import Settings, load_settings
 from relay.store import OutboxStore
-from relay.subscribers import DEFAULT_TOPIC, StartFrom, Subscriber, ValueFormat
+from relay.subscribers import (
+    DEFAULT_TOPIC,
+    MAX_PARTS,
+    PoisonPolicy,
+    StartFrom,
+    Subscriber,
+    ValueFormat,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +47,7 @@ subscribers_app = typer.Typer(
 app.add_typer(subscribers_app, name="subscribers")
 
 out = Console()
+err = Console(stderr=True)
 
 # Options shared by several commands. Flags win over RELAY_* variables and the file.
 DatabaseUrl = Annotated[
@@ -172,6 +180,18 @@ def subscribers_add(
     replace: Annotated[
         bool, typer.Option(help="Update an existing subscriber's definition.")
     ] = False,
+    parts: Annotated[
+        int,
+        typer.Option(
+            min=1, max=MAX_PARTS, help="Shard over relays by aggregate_id (fixed at creation)."
+        ),
+    ] = 1,
+    on_poison: Annotated[
+        PoisonPolicy, typer.Option(help="What to do with an event that cannot be published.")
+    ] = PoisonPolicy.HALT,
+    dead_letter_topic: Annotated[
+        str | None, typer.Option(help="Dead-letter topic [outbox.dead-letter.<name>].")
+    ] = None,
     database_url: DatabaseUrl = None,
     schema: Schema = None,
 ) -> None:
@@ -183,6 +203,9 @@ def subscribers_add(
         value_format=value_format,
         aggregate_types=frozenset(aggregate_type) if aggregate_type else None,
         event_types=frozenset(event_type) if event_type else None,
+        parts=parts,
+        on_poison=on_poison,
+        dead_letter_topic=dead_letter_topic,
     )
     with _store(settings) as store:
         created = store.add(subscriber, start, replace=replace)
@@ -207,24 +230,45 @@ def subscribers_list(
                 "aggregate_types": sorted(s.subscriber.aggregate_types or []) or None,
                 "event_types": sorted(s.subscriber.event_types or []) or None,
                 "paused": s.subscriber.paused,
+                "on_poison": s.subscriber.on_poison.value,
                 "checkpoint": str(s.checkpoint),
                 "lag_events": store.pending(s.checkpoint),
-                "updated_at": s.updated_at.isoformat(),
+                "parts": [
+                    {
+                        "part": p.part,
+                        "checkpoint": str(p.checkpoint),
+                        "owner": None if p.owner is None else str(p.owner),
+                        "halted": p.halted_error,
+                        "updated_at": p.updated_at.isoformat(),
+                    }
+                    for p in s.parts
+                ],
             }
             for s in store.list()
         ]
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
-    table = Table("name", "topic", "format", "filter", "paused", "checkpoint", "lag (events)")
+    table = Table(
+        "name", "topic", "format", "filter", "state", "parts", "checkpoint", "lag (events)"
+    )
     for r in rows:
         flt = [f"{k}={','.join(r[k])}" for k in ("aggregate_types", "event_types") if r[k]]
+        halted = [p for p in r["parts"] if p["halted"]]
+        state = "paused" if r["paused"] else ("halted" if halted else "active")
+        claimed = sum(1 for p in r["parts"] if p["owner"])
         table.add_row(
             *(str(r[k]) for k in ("name", "topic", "format")),
             "; ".join(flt) or "all",
-            *(str(r[k]) for k in ("paused", "checkpoint", "lag_events")),
+            state,
+            f"{len(r['parts'])} ({claimed} claimed)",
+            *(str(r[k]) for k in ("checkpoint", "lag_events")),
         )
     out.print(table)
+    for r in rows:
+        for p in r["parts"]:
+            if p["halted"]:
+                err.print(f"[red]{r['name']}/{p['part']} halted:[/red] {p['halted']}")
 
 
 @subscribers_app.command("pause")
@@ -239,7 +283,7 @@ def subscribers_pause(
 def subscribers_resume(
     ctx: typer.Context, name: str, database_url: DatabaseUrl = None, schema: Schema = None
 ) -> None:
-    """Resume a paused subscriber from its checkpoint."""
+    """Resume a paused subscriber, or one halted by a poison event, from its checkpoint."""
     _set_paused(ctx, name, False, database_url, schema)
 
 

@@ -1,27 +1,40 @@
-"""The relay daemon: one worker per subscriber, woken by NOTIFY, supervised."""
+"""The relay daemon: claims subscriber parts and runs one worker per claimed part.
+
+Several relay processes may run against one database. Each holds a session
+(:mod:`relay.sessions`); a supervisor thread spreads the parts over the live
+sessions, claims its share, releases what a peer should own, and starts or stops
+workers to match. NOTIFY wakes the workers; they also poll on a timer.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import psycopg
 
 from relay import db, migrations
 from relay.encoding import RecordEncoder
-from relay.errors import NotMigratedError
-from relay.kafka import KafkaPublisher, Publisher
+from relay.errors import NotMigratedError, RelayError, RetryableError
+from relay.kafka import (
+    IdempotentPublisher,
+    Publisher,
+    TopicCreator,
+    TransactionalPublisher,
+    producer_config,
+)
+from relay.model import PartId
 from relay.notify import NotifyListener
 from relay.schemas import SchemaRegistry
+from relay.sessions import SessionKeeper, assign
 from relay.settings import Settings
-from relay.store import OutboxStore
+from relay.store import OutboxStore, PartState
 from relay.subscribers import DEFAULT_SUBSCRIBER, StartFrom, Subscriber
-from relay.worker import SubscriberWorker, WorkerState
+from relay.worker import PartWorker, WorkerState
 
 logger = logging.getLogger(__name__)
-
-_REFRESH_S = 5.0  # how often to look for subscribers added or removed at run time
 
 
 class Relay:
@@ -33,10 +46,17 @@ class Relay:
         self.bootstrap_servers = settings.require_bootstrap_servers()
         self.registry = registry if registry is not None else _load_registry(settings)
         self.encoder = RecordEncoder(self.registry)
-        self.workers: dict[str, SubscriberWorker] = {}
+        self.workers: dict[PartId, PartWorker] = {}
         self._stopping = threading.Event()
         self._listener: NotifyListener | None = None
         self._supervisor: threading.Thread | None = None
+        self._keeper: SessionKeeper | None = None
+        self._topics = TopicCreator(
+            {**settings.kafka, "bootstrap.servers": self.bootstrap_servers},
+            enabled=settings.create_topics,
+            partitions=settings.topic_partitions,
+            replication_factor=settings.topic_replication_factor,
+        )
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -45,30 +65,43 @@ class Relay:
             store = OutboxStore(conn, self.settings.database_schema)
             self._check_schema(conn)
             self._sync_subscribers(store)
-            self._start_workers(store)
+        self._keeper = SessionKeeper(
+            self._open_store,
+            timeout=self.settings.session_timeout,
+            heartbeat_interval=self.settings.heartbeat_interval,
+            on_lost=self._stop_all_workers,
+        )
+        self._keeper.start()
         self._listener = NotifyListener(self._connect, self.settings.database_schema, self.wake_all)
         self._listener.start()
+        self._rebalance_safely(self._open_store())
         self._supervisor = threading.Thread(
             target=self._supervise, name="relay-supervisor", daemon=True
         )
         self._supervisor.start()
         logger.info(
-            "relay started with subscribers %s",
-            sorted(self.workers),
-            extra={"subscribers": sorted(self.workers)},
+            "relay started (session %s) with parts %s",
+            self._keeper.session.id,
+            sorted(str(p) for p in self.workers),
+            extra={"session": str(self._keeper.session.id)},
         )
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Finish the batch in flight (or abandon it unacknowledged) and stop."""
+    def stop(self, timeout: float | None = None) -> None:
+        """Finish (or abandon, unacknowledged) each batch in flight, release every
+        claim, and return within ``timeout`` seconds (``shutdown_timeout`` by default)."""
+        deadline = time.monotonic() + (
+            self.settings.shutdown_timeout if timeout is None else timeout
+        )
         self._stopping.set()
-        for worker in self.workers.values():
-            worker.stop()
+        if self._supervisor is not None:
+            self._supervisor.join(max(0.0, deadline - time.monotonic()))
+        self._stop_all_workers(deadline)
         if self._listener is not None:
             self._listener.stop()
-        for worker in self.workers.values():
-            worker.join(timeout)
+        if self._keeper is not None:
+            self._keeper.close()  # deletes the session: peers may claim at once
         if self._listener is not None:
-            self._listener.join(2.0)
+            self._listener.join(max(0.0, min(2.0, deadline - time.monotonic())))
         logger.info("relay stopped")
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -87,13 +120,122 @@ class Relay:
         self.stop()
 
     @property
+    def session_id(self) -> str | None:
+        return None if self._keeper is None else str(self._keeper.session.id)
+
+    @property
     def states(self) -> dict[str, WorkerState]:
-        return {name: w.stats.state for name, w in self.workers.items()}
+        return {str(part): w.stats.state for part, w in self.workers.items()}
+
+    def worker(self, subscriber: str, part: int = 0) -> PartWorker:
+        return self.workers[PartId(subscriber, part)]
+
+    # -- claims and workers --------------------------------------------------------------
+
+    def _supervise(self) -> None:
+        store: OutboxStore | None = None
+        while not self._stopping.wait(self.settings.heartbeat_interval):
+            try:
+                store = store if store is not None and not store.conn.closed else self._open_store()
+                self._rebalance(store)
+            except RelayError as exc:  # the workers report their own errors; keep going
+                logger.warning("rebalance failed: %s", exc)
+                if store is not None:
+                    store.conn.close()
+                store = None
+        if store is not None:
+            store.conn.close()
+
+    def _rebalance_safely(self, store: OutboxStore) -> None:
+        try:
+            self._rebalance(store)
+        except RetryableError as exc:
+            logger.warning("first rebalance failed, the supervisor retries: %s", exc)
+        finally:
+            store.conn.close()
+
+    def _rebalance(self, store: OutboxStore) -> None:
+        """Match claims and workers to this relay's share of the parts."""
+        assert self._keeper is not None
+        me = self._keeper.session.id
+        owners = {PartId(p.name, p.part): p.owner for s in store.list() for p in s.parts}
+        mine = {
+            p for p, session in assign(list(owners), store.live_sessions()).items() if session == me
+        }
+        for part, worker in list(self.workers.items()):
+            if not worker.is_alive():
+                del self.workers[part]  # stopped: lost claim, removed subscriber...
+            elif part not in mine or owners.get(part) != me:
+                worker.stop()  # a peer should own it: release once the batch is done
+        for part in list(owners):
+            running = self.workers.get(part)
+            if (
+                part not in mine
+                and owners[part] == me
+                and (running is None or not running.is_alive())
+            ):
+                store.release(part.subscriber, part.part, me)
+                logger.info("released part %s to a peer", part, extra={"part": str(part)})
+        if self._stopping.is_set() or not self._keeper.session.valid():
+            return
+        for part in sorted(mine):
+            if part in self.workers:
+                continue
+            if owners[part] is None and store.claim(part.subscriber, part.part, me):
+                logger.info("claimed part %s", part, extra={"part": str(part)})
+            elif owners[part] != me:
+                continue  # still owned by a peer, which releases it on its next round
+            self._start_worker(part)
+
+    def _start_worker(self, part: PartId) -> None:
+        assert self._keeper is not None
+        worker = PartWorker(
+            part,
+            session=self._keeper.session,
+            open_store=self._open_store,
+            open_publisher=self._new_publisher,
+            encoder=self.encoder,
+            batch_size=self.settings.batch_size,
+            poll_interval=self.settings.poll_interval,
+        )
+        self.workers[part] = worker
+        worker.start()
+
+    def _stop_all_workers(self, deadline: float | None = None) -> None:
+        workers = list(self.workers.values())
+        for worker in workers:
+            worker.stop()
+        end = (
+            deadline if deadline is not None else time.monotonic() + self.settings.shutdown_timeout
+        )
+        for worker in workers:
+            worker.join(max(0.0, end - time.monotonic()))
+            if worker.is_alive():
+                logger.warning("part %s did not finish its batch in time", worker.part)
+
+    def _new_publisher(self, state: PartState) -> Publisher:
+        s = self.settings
+        config = producer_config(self.bootstrap_servers, s.kafka, int(s.delivery_timeout * 1000))
+        if s.delivery == "idempotent":
+            return IdempotentPublisher(config, self._topics, s.delivery_timeout)
+        name = f"{s.kafka_id_prefix}.{state.name}.{state.part}"
+        return TransactionalPublisher(
+            config,
+            self._topics,
+            s.delivery_timeout,
+            transactional_id=f"{name}.{state.subscriber_id}",
+            group_prefix=name,
+            checkpoint_topic=s.checkpoint_topic,
+            consumer_config={**s.kafka, "bootstrap.servers": self.bootstrap_servers},
+        )
 
     # -- internals -------------------------------------------------------------------
 
     def _connect(self) -> psycopg.Connection[Any]:
         return db.connect(self.database_url, application_name="outbox-relay")
+
+    def _open_store(self) -> OutboxStore:
+        return OutboxStore(self._connect(), self.settings.database_schema)
 
     def _check_schema(self, conn: psycopg.Connection[Any]) -> None:
         pending = migrations.pending(conn, self.settings.database_schema)
@@ -115,53 +257,6 @@ class Relay:
             logger.info(
                 "no subscriber configured: created %r routing every event", DEFAULT_SUBSCRIBER
             )
-
-    def _start_workers(self, store: OutboxStore) -> None:
-        for name, worker in list(self.workers.items()):
-            if worker.stats.state is WorkerState.STOPPED:  # its subscriber was removed
-                del self.workers[name]
-        for state in store.list():
-            name = state.subscriber.name
-            # A halted worker stays halted (its error needs a human) until restart.
-            if name not in self.workers and not self._stopping.is_set():
-                worker = self._new_worker(name)
-                self.workers[name] = worker
-                worker.start()
-
-    def _new_worker(self, name: str) -> SubscriberWorker:
-        return SubscriberWorker(
-            name,
-            open_store=lambda: OutboxStore(self._connect(), self.settings.database_schema),
-            open_publisher=self._new_publisher,
-            encoder=self.encoder,
-            batch_size=self.settings.batch_size,
-            poll_interval=self.settings.poll_interval,
-        )
-
-    def _new_publisher(self) -> Publisher:
-        s = self.settings
-        return KafkaPublisher(
-            self.bootstrap_servers,
-            config=s.kafka,
-            delivery_timeout_s=s.delivery_timeout,
-            create_topics=s.create_topics,
-            topic_partitions=s.topic_partitions,
-            topic_replication_factor=s.topic_replication_factor,
-        )
-
-    def _supervise(self) -> None:
-        conn: psycopg.Connection[Any] | None = None
-        while not self._stopping.wait(_REFRESH_S):
-            try:
-                conn = conn if conn is not None and not conn.closed else self._connect()
-                self._start_workers(OutboxStore(conn, self.settings.database_schema))
-            except Exception as exc:  # the workers report their own errors; keep supervising
-                logger.debug("subscriber refresh failed: %s", exc)
-                if conn is not None:
-                    conn.close()
-                conn = None
-        if conn is not None:
-            conn.close()
 
 
 def _load_registry(settings: Settings) -> SchemaRegistry | None:

@@ -77,3 +77,12 @@ class SubscriberError(RelayError):
 
 class CheckpointConflict(RetryableError):
     """The checkpoint changed underneath us (reset, pause, or another owner): reload it."""
+
+
+class ClaimLost(RelayError):
+    """This relay no longer owns the subscriber part (its session expired, or another
+    relay took over). It must stop publishing that part; nothing is retried."""
+
+
+class ProducerFenced(ClaimLost):
+    """The broker fenced this part's transactional producer: a newer owner exists."""

@@ -1,19 +1,38 @@
-"""The Kafka side: publishing a batch of records and waiting for every acknowledgement."""
+"""The Kafka side: publishing one batch of records, transactionally or idempotently.
+
+Two modes:
+
+* :class:`TransactionalPublisher` (the default): each batch is one Kafka transaction
+  under a ``transactional.id`` stable per subscriber part. The transaction also
+  commits the part's checkpoint as consumer-group offsets, so after a crash between
+  the Kafka commit and the Postgres checkpoint update, :meth:`recover` tells the next
+  owner exactly where publication stopped. Exactly once, with read_committed consumers.
+* :class:`IdempotentPublisher`: for brokers without transactions. Ordered per key and
+  without duplicates while the producer lives; at-least-once across restarts.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from relay.errors import BrokerError, BrokerUnavailable, EncodingError
+from relay.errors import (
+    BrokerError,
+    BrokerUnavailable,
+    ConfigError,
+    EncodingError,
+    ProducerFenced,
+)
 from relay.model import KafkaRecord, Position
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Delivery errors that are the record's fault, not the broker's: a poison event.
 _RECORD_ERRORS = frozenset(
@@ -22,29 +41,47 @@ _RECORD_ERRORS = frozenset(
         KafkaError.INVALID_RECORD,
         KafkaError.INVALID_MSG,
         KafkaError.INVALID_MSG_SIZE,
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
         KafkaError.TOPIC_EXCEPTION,
         KafkaError.RECORD_LIST_TOO_LARGE,
     }
 )
+_FENCED = frozenset(
+    {
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    }
+)
+_UNSUPPORTED = frozenset({KafkaError.UNSUPPORTED_VERSION, KafkaError._UNSUPPORTED_FEATURE})
+# The Kafka-side checkpoint: partition 0's committed offset is the transaction id,
+# partition 1's the position (offsets are the only group state every broker keeps).
+_CHECKPOINT_PARTITIONS = 2
 
 
 class Publisher(Protocol):
-    """Publishes one batch; returns only once the broker acknowledged every record."""
+    """Publishes batches for one subscriber part."""
 
-    def publish(self, records: Sequence[KafkaRecord], end: Position) -> None:
-        """Raise :class:`BrokerUnavailable` (retry the batch) or :class:`EncodingError`."""
+    def recover(self, generation: str) -> Position | None:
+        """Take over the part: fence earlier producers, return the Kafka-side checkpoint."""
+
+    def publish(self, records: Sequence[KafkaRecord], end: Position, generation: str) -> None:
+        """Publish ``records`` (the batch ending at ``end``); return once all are durable.
+
+        Raises :class:`BrokerUnavailable` (retry), :class:`PoisonRecordError` (one record's
+        fault) or :class:`ProducerFenced` (another relay owns the part now).
+        """
 
     def close(self) -> None: ...
 
 
 class PoisonRecordError(EncodingError):
-    """The broker rejected one record for what it is (too large, invalid topic...)."""
+    """The broker (or the client, before sending) rejected one record for what it is."""
 
-    def __init__(self, topic: str, error: KafkaError) -> None:
-        self.topic = topic
-        self.kafka_error = error
-        super().__init__(f"broker rejected a record for topic {topic!r}: {error.str()}")
+    def __init__(self, record: KafkaRecord, reason: str) -> None:
+        self.record = record
+        self.reason = reason
+        super().__init__(f"broker rejected a record for topic {record.topic!r}: {reason}")
 
 
 def producer_config(
@@ -63,54 +100,94 @@ def producer_config(
     return config
 
 
-class KafkaPublisher:
-    """Idempotent-producer publishing (at-least-once across restarts, ordered per key)."""
+class TopicCreator:
+    """Creates topics the relay routes to, once per process (a no-op when disabled)."""
 
     def __init__(
         self,
-        bootstrap_servers: str,
+        admin_config: Mapping[str, Any],
         *,
-        config: Mapping[str, Any] | None = None,
-        delivery_timeout_s: float = 30.0,
-        create_topics: bool = True,
-        topic_partitions: int = 3,
-        topic_replication_factor: int = -1,
+        enabled: bool = True,
+        partitions: int = 3,
+        replication_factor: int = -1,
     ) -> None:
-        self._config = producer_config(
-            bootstrap_servers, config or {}, int(delivery_timeout_s * 1000)
+        self._admin_config = dict(admin_config)
+        self._enabled = enabled
+        self._partitions = partitions
+        self._replication = replication_factor
+        self._known: set[str] = set()
+
+    def ensure(self, topics: set[str], *, partitions: int | None = None, **config: str) -> None:
+        missing = topics - self._known
+        if not missing or not self._enabled:
+            self._known |= missing
+            return
+        admin = AdminClient(self._admin_config)
+        futures = admin.create_topics(
+            [
+                NewTopic(
+                    t,
+                    num_partitions=partitions or self._partitions,
+                    replication_factor=self._replication,
+                    config=config,
+                )
+                for t in missing
+            ],
+            operation_timeout=10,
+            request_timeout=15,
         )
-        # The admin client needs the same connection settings (TLS, SASL...) as the producer.
-        self._admin_config = {**(config or {}), "bootstrap.servers": bootstrap_servers}
+        for topic, future in futures.items():
+            try:
+                future.result()
+                logger.info("created topic %s", topic, extra={"topic": topic})
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if not isinstance(error, KafkaError):
+                    raise BrokerUnavailable(f"cannot create topic {topic!r}: {exc}") from exc
+                if error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    continue
+                if not error.retriable() and error.code() != KafkaError._TIMED_OUT:
+                    raise BrokerError(f"cannot create topic {topic!r}: {error.str()}") from exc
+                raise BrokerUnavailable(f"cannot create topic {topic!r}: {exc}") from exc
+        self._known |= missing
+
+
+class _BatchProducer:
+    """Produce a batch and wait for every delivery report (shared by both modes)."""
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        topics: TopicCreator,
+        delivery_timeout_s: float,
+    ) -> None:
+        self._config = config
+        self._topics = topics
         self._delivery_timeout_s = delivery_timeout_s
-        self._create_topics = create_topics
-        self._partitions = topic_partitions
-        self._replication = topic_replication_factor
-        self._known_topics: set[str] = set()
         self._producer = self._new_producer()
 
     def _new_producer(self) -> Producer:
         try:
             return Producer(self._config, logger=logger)
         except KafkaException as exc:
-            raise BrokerError(f"invalid Kafka producer configuration: {exc}") from exc
+            raise ConfigError(f"kafka: invalid producer configuration: {exc}") from exc
 
-    def publish(self, records: Sequence[KafkaRecord], end: Position) -> None:
-        if not records:
-            return
-        self._ensure_topics({r.topic for r in records})
-        failures: list[tuple[str, KafkaError]] = []
+    def _send(self, records: Sequence[KafkaRecord]) -> None:
+        """Produce ``records`` and wait until each is acknowledged or failed."""
+        self._topics.ensure({r.topic for r in records})
+        failures: list[tuple[Message, KafkaError]] = []
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
-                failures.append((msg.topic() or "?", err))
+                failures.append((msg, err))
 
         for record in records:
             self._produce(record, delivered)
         self._wait()
         if failures:
-            self._raise_for(failures)
+            self._raise_for(records, failures)
 
-    def _produce(self, record: KafkaRecord, callback: Any) -> None:
+    def _produce(self, record: KafkaRecord, callback: Callable[..., None]) -> None:
         while True:
             try:
                 self._producer.produce(
@@ -124,69 +201,186 @@ class KafkaPublisher:
             except BufferError:
                 self._producer.poll(0.05)  # local queue full: let deliveries drain
             except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if isinstance(error, KafkaError) and error.code() in _RECORD_ERRORS:
+                    raise PoisonRecordError(record, error.str()) from exc
                 raise BrokerError(f"cannot produce to {record.topic!r}: {exc}") from exc
 
     def _wait(self) -> None:
-        # One producer per worker, so the producer's queue is exactly this batch.
+        # One producer per part, so the producer's queue is exactly this batch.
         # message.timeout.ms bounds every record, so each gets a delivery report; the
         # deadline only protects against a wedged client.
         deadline = time.monotonic() + self._delivery_timeout_s * 2 + 10
         while (remaining := self._producer.flush(1.0)) > 0:
             if time.monotonic() > deadline:
-                self._reset()
                 raise BrokerUnavailable(
                     f"{remaining} records unacknowledged after the delivery timeout"
                 )
 
-    def _raise_for(self, failures: list[tuple[str, KafkaError]]) -> None:
-        topic, error = failures[0]
-        if error.code() in _RECORD_ERRORS:
-            raise PoisonRecordError(topic, error)
-        if error.fatal():
-            # A fatal idempotence error leaves the producer unusable: start a new one.
-            self._reset()
+    def _raise_for(
+        self, records: Sequence[KafkaRecord], failures: list[tuple[Message, KafkaError]]
+    ) -> None:
+        for msg, error in failures:
+            if error.code() in _RECORD_ERRORS:
+                raise PoisonRecordError(_matching(records, msg), error.str())
+        msg, error = failures[0]
+        if error.fatal() or error.code() in _FENCED:
+            raise ProducerFenced(f"producer fenced or failed fatally: {error.str()}")
         raise BrokerUnavailable(f"{len(failures)} records not acknowledged: {error.str()}")
 
-    def _reset(self) -> None:
-        logger.warning("recreating the Kafka producer")
-        self._producer.flush(0)
-        self._producer = self._new_producer()
-
-    def _ensure_topics(self, topics: set[str]) -> None:
-        missing = topics - self._known_topics
-        if not missing or not self._create_topics:
-            self._known_topics |= missing
-            return
-        admin = AdminClient(self._admin_config)
-        futures = admin.create_topics(
-            [
-                NewTopic(t, num_partitions=self._partitions, replication_factor=self._replication)
-                for t in missing
-            ],
-            operation_timeout=10,
-            request_timeout=15,
-        )
-        for topic, future in futures.items():
-            try:
-                future.result()
-                logger.info("created topic %s", topic, extra={"topic": topic})
-            except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                if (
-                    isinstance(error, KafkaError)
-                    and error.code() == KafkaError.TOPIC_ALREADY_EXISTS
-                ):
-                    continue
-                if (
-                    isinstance(error, KafkaError)
-                    and not error.retriable()
-                    and error.code() != KafkaError._TIMED_OUT
-                ):
-                    raise BrokerError(f"cannot create topic {topic!r}: {error.str()}") from exc
-                raise BrokerUnavailable(f"cannot create topic {topic!r}: {exc}") from exc
-        self._known_topics |= missing
-
     def close(self) -> None:
-        remaining = self._producer.flush(self._delivery_timeout_s)
+        remaining = self._producer.flush(min(self._delivery_timeout_s, 5.0))
         if remaining:
             logger.warning("closing with %s records unacknowledged", remaining)
+
+
+class IdempotentPublisher(_BatchProducer):
+    """Idempotent producer: ordered per key; at-least-once across relay restarts."""
+
+    def recover(self, generation: str) -> Position | None:
+        return None  # no Kafka-side checkpoint in this mode
+
+    def publish(self, records: Sequence[KafkaRecord], end: Position, generation: str) -> None:
+        if records:
+            self._send(records)
+
+
+class TransactionalPublisher(_BatchProducer):
+    """One Kafka transaction per batch, with the checkpoint committed inside it."""
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        topics: TopicCreator,
+        delivery_timeout_s: float,
+        *,
+        transactional_id: str,
+        group_prefix: str,
+        checkpoint_topic: str,
+        consumer_config: Mapping[str, Any],
+    ) -> None:
+        super().__init__(
+            {
+                **config,
+                "transactional.id": transactional_id,
+                # Longer than a batch can take, shorter than Kafka's cap (15 min).
+                "transaction.timeout.ms": int(max(60.0, delivery_timeout_s * 3) * 1000),
+            },
+            topics,
+            delivery_timeout_s,
+        )
+        self.transactional_id = transactional_id
+        self._group_prefix = group_prefix
+        self._checkpoint_topic = checkpoint_topic
+        self._consumer_config = dict(consumer_config)
+        self._group: tuple[str, Consumer] | None = None
+        self._initialised = False
+
+    def recover(self, generation: str) -> Position | None:
+        """Fence every earlier producer of this part (aborting its open transaction),
+        then read the checkpoint the last committed transaction recorded."""
+        self._topics.ensure(
+            {self._checkpoint_topic},
+            partitions=_CHECKPOINT_PARTITIONS,
+            **{"cleanup.policy": "compact"},
+        )
+        self._call(self._producer.init_transactions, self._delivery_timeout_s)
+        self._initialised = True
+        consumer = self._consumer(generation)
+        wanted = [TopicPartition(self._checkpoint_topic, p) for p in range(2)]
+        try:
+            committed = consumer.committed(wanted, timeout=self._delivery_timeout_s)
+        except KafkaException as exc:
+            raise BrokerUnavailable(f"cannot read the Kafka-side checkpoint: {exc}") from exc
+        tx, pos = (tp.offset for tp in sorted(committed, key=lambda tp: tp.partition))
+        return Position(tx, pos) if tx >= 0 and pos >= 0 else None
+
+    def publish(self, records: Sequence[KafkaRecord], end: Position, generation: str) -> None:
+        if not records:
+            return  # nothing to publish; the Postgres checkpoint alone moves
+        assert self._initialised, "recover() first: it fences earlier producers"
+        metadata = self._consumer(generation).consumer_group_metadata()
+        self._call(self._producer.begin_transaction)
+        try:
+            self._send(records)
+        except BaseException:
+            self._abort()
+            raise
+        offsets = [
+            TopicPartition(self._checkpoint_topic, 0, end.transaction_id),
+            TopicPartition(self._checkpoint_topic, 1, end.position),
+        ]
+        self._call(
+            self._producer.send_offsets_to_transaction,
+            offsets,
+            metadata,
+            self._delivery_timeout_s,
+        )
+        self._call(self._producer.commit_transaction, self._delivery_timeout_s)
+
+    def close(self) -> None:
+        if self._group is not None:
+            self._group[1].close()
+            self._group = None
+        super().close()
+
+    def _consumer(self, generation: str) -> Consumer:
+        # The group is named after the checkpoint generation: a reset starts a new one,
+        # so offsets from before it can never be mistaken for progress after it.
+        group_id = f"{self._group_prefix}.{generation}"
+        if self._group is None or self._group[0] != group_id:
+            if self._group is not None:
+                self._group[1].close()
+            config = {
+                **self._consumer_config,
+                "group.id": group_id,
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+            }
+            try:
+                self._group = (group_id, Consumer(config, logger=logger))
+            except KafkaException as exc:
+                raise ConfigError(f"kafka: invalid consumer configuration: {exc}") from exc
+        return self._group[1]
+
+    def _abort(self) -> None:
+        try:
+            self._producer.abort_transaction(self._delivery_timeout_s)
+        except KafkaException as exc:
+            # The next owner's init_transactions aborts it for us; we only log.
+            logger.warning("could not abort the transaction: %s", exc)
+
+    def _call(self, operation: Callable[..., T], *args: Any) -> T:
+        """Run a transaction API call, mapping librdkafka's error flags onto ours."""
+        deadline = time.monotonic() + self._delivery_timeout_s
+        while True:
+            try:
+                return operation(*args)
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if not isinstance(error, KafkaError):
+                    raise BrokerUnavailable(f"transaction failed: {exc}") from exc
+                if error.fatal() or error.code() in _FENCED:
+                    raise ProducerFenced(
+                        f"{self.transactional_id}: fenced by a newer producer ({error.str()})"
+                    ) from exc
+                if error.code() in _UNSUPPORTED:
+                    raise BrokerError(
+                        f"the broker does not support transactions ({error.str()}); "
+                        "set delivery = 'idempotent' (at-least-once across restarts)"
+                    ) from exc
+                if error.txn_requires_abort():
+                    self._abort()
+                    raise BrokerUnavailable(f"transaction aborted: {error.str()}") from exc
+                if not error.retriable() or time.monotonic() > deadline:
+                    raise BrokerUnavailable(f"transaction failed: {error.str()}") from exc
+                time.sleep(0.1)
+
+
+def _matching(records: Sequence[KafkaRecord], msg: Message) -> KafkaRecord:
+    """The record a failed delivery report is about (matched by its ``id`` header)."""
+    wanted = dict(msg.headers() or []).get("id")
+    for record in records:
+        if record.headers and record.headers[0][1] == wanted:
+            return record
+    return records[0]

@@ -57,3 +57,13 @@ class KafkaRecord:
     key: bytes
     value: bytes
     headers: list[tuple[str, str | bytes | None]]
+
+
+class PartId(NamedTuple):
+    """One part of a subscriber: the unit a relay claims and publishes."""
+
+    subscriber: str
+    part: int
+
+    def __str__(self) -> str:
+        return f"{self.subscriber}/{self.part}"

@@ -7,12 +7,22 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from relay.errors import ConfigError, SubscriberError
 from relay.subscribers import (
     DEFAULT_TOPIC,
+    MAX_PARTS,
+    PoisonPolicy,
     StartFrom,
     Subscriber,
     ValueFormat,
@@ -37,6 +47,10 @@ class SubscriberSettings(BaseModel):
     aggregate_types: list[str] | None = None
     event_types: list[str] | None = None
     start_from: StartFrom = StartFrom.BEGINNING
+    # Shard the subscriber over relays by a hash of aggregate_id (fixed at creation).
+    parts: int = Field(default=1, ge=1, le=MAX_PARTS)
+    on_poison: PoisonPolicy = PoisonPolicy.HALT
+    dead_letter_topic: str | None = None
 
     @field_validator("name")
     @classmethod
@@ -57,6 +71,9 @@ class SubscriberSettings(BaseModel):
             if self.aggregate_types is None
             else frozenset(self.aggregate_types),
             event_types=None if self.event_types is None else frozenset(self.event_types),
+            parts=self.parts,
+            on_poison=self.on_poison,
+            dead_letter_topic=self.dead_letter_topic,
         )
 
 
@@ -81,6 +98,21 @@ class Settings(BaseSettings):
     topic_partitions: int = Field(default=3, ge=1)
     topic_replication_factor: int = Field(default=-1, ge=-1)
     subscribers: list[SubscriberSettings] = Field(default_factory=list)
+    # "transactional": exactly once (Kafka transactions; the default). "idempotent": for
+    # brokers without transactions; at-least-once across relay restarts.
+    delivery: Literal["transactional", "idempotent"] = "transactional"
+    # Prefix of transactional.id and of the checkpoint consumer groups; make it unique
+    # per outbox when several share one Kafka cluster.
+    kafka_id_prefix: str = Field(default="outbox-relay", pattern=r"^[A-Za-z0-9._-]{1,100}$")
+    # Topic whose committed group offsets hold the Kafka-side checkpoints.
+    checkpoint_topic: str = Field(
+        default="outbox-relay.checkpoints", pattern=r"^[A-Za-z0-9._-]{1,249}$"
+    )
+    # HA: a relay that misses heartbeats for session_timeout loses its parts to peers.
+    session_timeout: float = Field(default=10.0, ge=1.0, le=3600)
+    heartbeat_interval: float = Field(default=2.0, gt=0, le=600)
+    # SIGTERM: how long to let batches in flight finish before exiting anyway.
+    shutdown_timeout: float = Field(default=30.0, gt=0, le=3600)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = "text"
 
@@ -92,6 +124,15 @@ class Settings(BaseSettings):
         if isinstance(value, dict):
             return {(k if "." in k else k.replace("_", ".")).lower(): v for k, v in value.items()}
         return value
+
+    @model_validator(mode="after")
+    def _heartbeat_fits(self) -> Settings:
+        if self.heartbeat_interval * 2 > self.session_timeout:
+            raise ValueError(
+                "heartbeat_interval must be at most half of session_timeout "
+                f"(got {self.heartbeat_interval}s and {self.session_timeout}s)"
+            )
+        return self
 
     @field_validator("subscribers")
     @classmethod

@@ -1,4 +1,4 @@
-"""The Postgres side of the relay: reading committed events, subscribers and checkpoints."""
+"""The Postgres side of the relay: committed events, subscribers, parts and sessions."""
 
 from __future__ import annotations
 
@@ -6,25 +6,58 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 import psycopg
 from psycopg.rows import dict_row
 
 from relay.db import wrap_errors
-from relay.errors import CheckpointConflict, SubscriberError
+from relay.errors import CheckpointConflict, ClaimLost, SubscriberError
 from relay.model import OutboxEvent, Position
 from relay.queries import queries_for
-from relay.subscribers import StartFrom, Subscriber, ValueFormat, optional_set
+from relay.subscribers import PoisonPolicy, StartFrom, Subscriber, ValueFormat, optional_set
+
+
+@dataclass(frozen=True)
+class PartState:
+    """One part of a subscriber as stored: its checkpoint, CAS version and owner."""
+
+    subscriber: Subscriber
+    subscriber_id: UUID
+    part: int
+    checkpoint: Position
+    version: int
+    generation: UUID
+    owner: UUID | None
+    halted_error: str | None
+    updated_at: datetime
+
+    @property
+    def name(self) -> str:
+        return self.subscriber.name
 
 
 @dataclass(frozen=True)
 class SubscriberState:
-    """A subscriber as stored: its definition, checkpoint and CAS version."""
+    """A subscriber with every part's state (for listings and status)."""
 
     subscriber: Subscriber
-    checkpoint: Position
-    version: int
-    updated_at: datetime
+    subscriber_id: UUID
+    parts: list[PartState]
+
+    @property
+    def checkpoint(self) -> Position:
+        """The oldest part checkpoint: every event at or before it is published."""
+        return min(p.checkpoint for p in self.parts)
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A poison event sent to the dead-letter topic, recorded with the checkpoint."""
+
+    event: OutboxEvent
+    topic: str
+    error: str
 
 
 class OutboxStore:
@@ -37,32 +70,67 @@ class OutboxStore:
 
     # -- the relay's hot path --------------------------------------------------------
 
-    def fetch(self, after: Position, limit: int) -> list[OutboxEvent]:
-        """Up to ``limit`` decided events after ``after``, in publication order."""
+    def fetch(
+        self, after: Position, limit: int, *, part: int = 0, parts: int = 1
+    ) -> list[OutboxEvent]:
+        """Up to ``limit`` decided events of ``part`` after ``after``, in publication order."""
         params = {
             "transaction_id": after.transaction_id,
             "position": after.position,
             "limit": limit,
+            "part": part,
+            "parts": parts,
         }
         with wrap_errors():
             rows = self.conn.execute(self._q["fetch_batch"], params).fetchall()
         return [OutboxEvent(*row) for row in rows]
 
-    def advance(self, name: str, to: Position, version: int) -> int:
-        """Move ``name``'s checkpoint to ``to`` if it is still at ``version``; returns the new version."""
+    def advance(
+        self,
+        state: PartState,
+        to: Position,
+        owner: UUID,
+        dead_letters: Sequence[DeadLetter] = (),
+    ) -> int:
+        """Compare-and-set ``state``'s checkpoint to ``to``; returns the new version.
+
+        Dead-letter decisions are recorded in the same transaction, so they are made once.
+        """
         params = {
-            "name": name,
+            "name": state.name,
+            "part": state.part,
             "transaction_id": to.transaction_id,
             "position": to.position,
-            "version": version,
+            "version": state.version,
+            "owner": owner,
         }
-        with wrap_errors():
+        with wrap_errors(), self.conn.transaction():
             row = self.conn.execute(self._q["advance_checkpoint"], params).fetchone()
-        if row is None:
-            raise CheckpointConflict(
-                f"checkpoint of subscriber {name!r} changed underneath this relay"
-            )
+            if row is None:
+                raise CheckpointConflict(
+                    f"checkpoint of {state.name}/{state.part} changed underneath this relay"
+                )
+            for dead in dead_letters:
+                self.conn.execute(
+                    self._q["record_dead_letter"],
+                    {
+                        "name": state.name,
+                        "part": state.part,
+                        "transaction_id": dead.event.transaction_id,
+                        "position": dead.event.position,
+                        "message_id": dead.event.message_id,
+                        "topic": dead.topic,
+                        "error": dead.error,
+                    },
+                )
         return int(row[0])
+
+    def halt(self, state: PartState, owner: UUID, error: str) -> None:
+        """Record a 'halt' poison decision: the part stays halted until resumed."""
+        params = {"name": state.name, "part": state.part, "owner": owner, "error": error}
+        with wrap_errors():
+            if self.conn.execute(self._q["halt_part"], params).fetchone() is None:
+                raise ClaimLost(f"{state.name}/{state.part} is no longer claimed by this relay")
 
     def horizon(self) -> int:
         """The oldest running transaction id: everything below it is decided."""
@@ -79,27 +147,85 @@ class OutboxStore:
         assert row is not None
         return int(row[0])
 
+    # -- sessions and claims (seed 000) ----------------------------------------------
+
+    def open_session(self, hostname: str, pid: int, timeout: float) -> UUID:
+        params = {"hostname": hostname, "pid": pid, "timeout": timeout}
+        with wrap_errors():
+            row = self.conn.execute(self._q["open_session"], params).fetchone()
+        assert row is not None
+        return UUID(str(row[0]))
+
+    def heartbeat(self, session: UUID, timeout: float) -> bool:
+        """Extend ``session``; False when it is gone (expired and deleted by a peer)."""
+        with wrap_errors():
+            row = self.conn.execute(
+                self._q["heartbeat"], {"id": session, "timeout": timeout}
+            ).fetchone()
+        return row is not None
+
+    def expire_sessions(self) -> list[tuple[UUID, str, int]]:
+        """Delete expired sessions (their claims become free); returns them."""
+        with wrap_errors():
+            rows = self.conn.execute(self._q["expire_sessions"]).fetchall()
+        return [(UUID(str(r[0])), r[1], r[2]) for r in rows]
+
+    def close_session(self, session: UUID) -> None:
+        with wrap_errors():
+            self.conn.execute(self._q["close_session"], {"id": session})
+
+    def live_sessions(self) -> list[UUID]:
+        with wrap_errors():
+            rows = self.conn.execute(self._q["live_sessions"]).fetchall()
+        return [UUID(str(r[0])) for r in rows]
+
+    def claim(self, name: str, part: int, owner: UUID) -> bool:
+        with wrap_errors():
+            row = self.conn.execute(
+                self._q["claim_part"], {"name": name, "part": part, "owner": owner}
+            ).fetchone()
+        return row is not None
+
+    def release(self, name: str, part: int, owner: UUID) -> bool:
+        with wrap_errors():
+            row = self.conn.execute(
+                self._q["release_part"], {"name": name, "part": part, "owner": owner}
+            ).fetchone()
+        return row is not None
+
     # -- subscribers -------------------------------------------------------------------
 
-    def get(self, name: str) -> SubscriberState:
+    def get_part(self, name: str, part: int) -> PartState:
         with wrap_errors():
             row = (
                 self.conn.cursor(row_factory=dict_row)
-                .execute(self._q["get_subscriber"], {"name": name})
+                .execute(self._q["get_part"], {"name": name, "part": part})
                 .fetchone()
             )
         if row is None:
-            raise SubscriberError(f"no subscriber named {name!r}")
-        return _state(row)
+            raise SubscriberError(f"no subscriber part {name}/{part}")
+        return _part(_subscriber(row), row)
 
-    def list(self) -> list[SubscriberState]:
+    def get(self, name: str) -> SubscriberState:
+        found = self.list(name)
+        if not found:
+            raise SubscriberError(f"no subscriber named {name!r}")
+        return found[0]
+
+    def list(self, name: str | None = None) -> list[SubscriberState]:
         with wrap_errors():
-            rows = (
-                self.conn.cursor(row_factory=dict_row)
-                .execute(self._q["list_subscribers"])
-                .fetchall()
-            )
-        return [_state(row) for row in rows]
+            cursor = self.conn.cursor(row_factory=dict_row)
+            subscribers = cursor.execute(self._q["list_subscribers"], {"name": name}).fetchall()
+            parts = cursor.execute(self._q["list_parts"], {"name": name}).fetchall()
+        found = []
+        for row in subscribers:
+            subscriber = _subscriber(row)
+            mine = [
+                _part(subscriber, p, row["id"]) for p in parts if p["subscriber"] == row["name"]
+            ]
+            if mine:  # a subscriber created concurrently may not have its parts yet
+                found.append(SubscriberState(subscriber, row["id"], mine))
+        return found
 
     def add(
         self,
@@ -110,7 +236,8 @@ class OutboxStore:
     ) -> bool:
         """Create ``subscriber`` (returns True), or update its definition when ``replace``.
 
-        An existing subscriber keeps its checkpoint: ``start`` applies to new ones only.
+        An existing subscriber keeps its checkpoints: ``start`` applies to new ones only,
+        and its part count cannot change.
         """
         params = {
             "name": subscriber.name,
@@ -118,14 +245,22 @@ class OutboxStore:
             "event_types": _sorted(subscriber.event_types),
             "topic": subscriber.topic,
             "value_format": subscriber.value_format.value,
+            "parts": subscriber.parts,
+            "on_poison": subscriber.on_poison.value,
+            "dead_letter_topic": subscriber.dead_letter_topic,
             "start": start.value,
         }
         with wrap_errors(), self.conn.transaction():
             created = self.conn.execute(self._q["insert_subscriber"], params).fetchone() is not None
             if created:
-                self.conn.execute(self._q["insert_checkpoint"], params)
+                self.conn.execute(self._q["insert_checkpoints"], params)
             elif replace:
-                self.conn.execute(self._q["update_subscriber"], params)
+                row = self.conn.execute(self._q["update_subscriber"], params).fetchone()
+                if row is not None and row[0] != subscriber.parts:
+                    raise SubscriberError(
+                        f"subscriber {subscriber.name!r} has {row[0]} parts; the part count is "
+                        "fixed at creation (remove the subscriber and add it again to change it)"
+                    )
             else:
                 raise SubscriberError(f"subscriber {subscriber.name!r} already exists")
         return created
@@ -159,20 +294,33 @@ class OutboxStore:
             raise SubscriberError(f"no subscriber named {name!r}")
 
 
-def _state(row: dict[str, Any]) -> SubscriberState:
-    subscriber = Subscriber(
+def _subscriber(row: dict[str, Any]) -> Subscriber:
+    return Subscriber(
         name=row["name"],
         topic=row["topic"],
         value_format=ValueFormat(row["value_format"]),
         aggregate_types=optional_set(row["aggregate_types"]),
         event_types=optional_set(row["event_types"]),
         paused=row["paused"],
+        parts=row["parts"],
+        on_poison=PoisonPolicy(row["on_poison"]),
+        dead_letter_topic=row["dead_letter_topic"],
     )
-    return SubscriberState(
-        subscriber,
-        Position(row["transaction_id"], row["position"]),
-        row["version"],
-        row["updated_at"],
+
+
+def _part(
+    subscriber: Subscriber, row: dict[str, Any], subscriber_id: UUID | None = None
+) -> PartState:
+    return PartState(
+        subscriber=subscriber,
+        subscriber_id=subscriber_id if subscriber_id is not None else row["id"],
+        part=row["part"],
+        checkpoint=Position(row["transaction_id"], row["position"]),
+        version=row["version"],
+        generation=row["generation"],
+        owner=row["owner"],
+        halted_error=row["halted_error"],
+        updated_at=row["updated_at"],
     )
 
 

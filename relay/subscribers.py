@@ -13,6 +13,7 @@ from relay.model import OutboxEvent
 
 DEFAULT_TOPIC = "outbox.event.{aggregate_type}"  # Debezium Outbox Event Router's default
 DEFAULT_SUBSCRIBER = "default"
+MAX_PARTS = 1024
 TOPIC_FIELDS = frozenset({"aggregate_type", "event_type"})
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -29,6 +30,13 @@ class StartFrom(StrEnum):
     NOW = "now"
 
 
+class PoisonPolicy(StrEnum):
+    """What to do with an event that cannot be encoded or that the broker rejects."""
+
+    HALT = "halt"  # stop this subscriber part until a human resumes it
+    DEAD_LETTER = "dead-letter"  # publish it with its error to the dead-letter topic
+
+
 @dataclass(frozen=True)
 class Subscriber:
     """A named consumer of the outbox with its own filter, routing, format and checkpoint."""
@@ -39,10 +47,23 @@ class Subscriber:
     aggregate_types: frozenset[str] | None = None  # None: every type
     event_types: frozenset[str] | None = None
     paused: bool = False
+    parts: int = 1
+    on_poison: PoisonPolicy = PoisonPolicy.HALT
+    dead_letter_topic: str | None = None  # None: "outbox.dead-letter.<name>"
 
     def __post_init__(self) -> None:
         validate_name(self.name)
         validate_topic_template(self.topic)
+        if not 1 <= self.parts <= MAX_PARTS:
+            raise SubscriberError(f"parts must be between 1 and {MAX_PARTS}, got {self.parts}")
+        if self.dead_letter_topic is not None and not _TOPIC.match(self.dead_letter_topic):
+            raise SubscriberError(
+                f"dead-letter topic {self.dead_letter_topic!r} is not a legal Kafka topic name"
+            )
+
+    @property
+    def dead_letter_topic_name(self) -> str:
+        return self.dead_letter_topic or f"outbox.dead-letter.{self.name}"
 
     def matches(self, event: OutboxEvent) -> bool:
         return (self.aggregate_types is None or event.aggregate_type in self.aggregate_types) and (

@@ -1,11 +1,15 @@
-"""One subscriber's publication loop: fetch → encode → publish → checkpoint.
+"""One subscriber part's publication loop: fetch → encode → publish → checkpoint.
 
-Each subscriber runs in its own thread with its own Postgres connection and Kafka
-producer, so a slow or halted subscriber never stalls the others.
+Each claimed part runs in its own thread with its own Postgres connection and Kafka
+producer, so a slow or halted part never stalls the others. On every (re)start the
+worker first runs recovery (seed 004): fence earlier producers of the part, then move
+the Postgres checkpoint up to the Kafka-side one if a transaction committed there
+without its checkpoint update reaching Postgres.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import threading
@@ -13,12 +17,23 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
+from uuid import UUID
 
 from relay.encoding import RecordEncoder
-from relay.errors import CheckpointConflict, RelayError, RetryableError, SubscriberError
-from relay.kafka import Publisher
-from relay.model import OutboxEvent, Position
-from relay.store import OutboxStore, SubscriberState
+from relay.errors import (
+    CheckpointConflict,
+    ClaimLost,
+    EncodingError,
+    RelayError,
+    RetryableError,
+    SubscriberError,
+)
+from relay.kafka import PoisonRecordError, Publisher
+from relay.model import KafkaRecord, OutboxEvent, PartId, Position
+from relay.poison import dead_letter_record
+from relay.sessions import Session
+from relay.store import DeadLetter, OutboxStore, PartState
+from relay.subscribers import PoisonPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +57,8 @@ class WorkerStats:
     published: int = 0
     batches: int = 0
     errors: int = 0
+    dead_lettered: int = 0
+    recovered: int = 0  # times a Kafka-side checkpoint was ahead of Postgres
     checkpoint: Position | None = None
     last_error: str | None = None
     last_published_at: float | None = None
@@ -49,19 +66,25 @@ class WorkerStats:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
-class SubscriberWorker(threading.Thread):
+class _Halted(Exception):
+    """Internal: the batch hit a poison event under the 'halt' policy."""
+
+
+class PartWorker(threading.Thread):
     def __init__(
         self,
-        name: str,
+        part: PartId,
         *,
+        session: Session,
         open_store: Callable[[], OutboxStore],
-        open_publisher: Callable[[], Publisher],
+        open_publisher: Callable[[PartState], Publisher],
         encoder: RecordEncoder,
         batch_size: int,
         poll_interval: float,
     ) -> None:
-        super().__init__(name=f"subscriber-{name}", daemon=True)
-        self.subscriber_name = name
+        super().__init__(name=f"part-{part}", daemon=True)
+        self.part = part
+        self.session = session
         self.wakeup = threading.Event()
         self.stats = WorkerStats()
         self._stopping = threading.Event()
@@ -74,8 +97,13 @@ class SubscriberWorker(threading.Thread):
         self._publisher: Publisher | None = None
 
     def stop(self) -> None:
+        """Finish the batch in flight, then stop."""
         self._stopping.set()
         self.wakeup.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
 
     def run(self) -> None:
         failures = 0
@@ -90,50 +118,59 @@ class SubscriberWorker(threading.Thread):
                     )
                     self._record_error(WorkerState.RETRYING, exc)
                     logger.warning(
-                        "subscriber %s: %s; retrying in %.1fs",
-                        self.subscriber_name,
+                        "part %s: %s; retrying in %.1fs",
+                        self.part,
                         exc,
                         delay,
-                        extra={"subscriber": self.subscriber_name, "retry_in": delay},
+                        extra={"part": str(self.part), "retry_in": delay},
                     )
-                    self._drop_store()
+                    # Start over from recovery: the transaction's fate may be unknown.
+                    self._drop_connections()
                     self._stopping.wait(delay)
                 else:
                     failures = 0
+        except ClaimLost as exc:
+            logger.warning("part %s: %s; stopping its worker", self.part, exc)
+        except SubscriberError:
+            logger.info("part %s: its subscriber was removed; stopping", self.part)
         except RelayError as exc:
-            if isinstance(exc, SubscriberError) and self._stopping.is_set():
-                return  # removed while we ran (the finally block still cleans up)
-            # Not retryable (a poison event, a permission error...): halt this subscriber
-            # only, loudly, with its checkpoint left before the offending batch.
+            # Not retryable and not an event's fault (a permission error, a bad Kafka
+            # setting...): stop this part only, loudly.
             self._record_error(WorkerState.HALTED, exc)
             logger.error(
-                "subscriber %s halted: %s",
-                self.subscriber_name,
+                "part %s stopped: %s",
+                self.part,
                 exc,
-                extra={"subscriber": self.subscriber_name, "error": str(exc)},
+                extra={"part": str(self.part), "error": str(exc)},
             )
         finally:
-            self._drop_store()
-            if self._publisher is not None:
-                self._publisher.close()
+            self._stopping.set()
+            self._drop_connections()
             if self.stats.state is not WorkerState.HALTED:
                 self.stats.state = WorkerState.STOPPED
 
+    # -- the loop ----------------------------------------------------------------------
+
     def _serve(self) -> None:
-        """Publish until stopped; raises on errors. Returns only when stopping."""
+        """Recover, then publish until stopped; raises on errors."""
         store = self._connect()
-        state = self._load(store)
+        state = self._recover(store, self._load(store))
         repolls: Iterator[float] = iter(())
         while not self._stopping.is_set():
-            if state.subscriber.paused:
-                self.stats.state = WorkerState.PAUSED
+            if state.subscriber.paused or state.halted_error is not None:
+                self.stats.state = WorkerState.HALTED if state.halted_error else WorkerState.PAUSED
                 self._stopping.wait(self._poll_interval)
                 state = self._load(store)
                 continue
             self.stats.state = WorkerState.RUNNING
             notified = self.wakeup.is_set()
             self.wakeup.clear()
-            events = store.fetch(state.checkpoint, self._batch_size)
+            events = store.fetch(
+                state.checkpoint,
+                self._batch_size,
+                part=self.part.part,
+                parts=state.subscriber.parts,
+            )
             if not events:
                 if notified:
                     repolls = iter(_HORIZON_REPOLL_S)
@@ -143,62 +180,180 @@ class SubscriberWorker(threading.Thread):
             try:
                 state = self._publish(store, state, events)
             except CheckpointConflict:
-                logger.info(
-                    "subscriber %s: checkpoint changed elsewhere, reloading", self.subscriber_name
-                )
+                state = self._after_conflict(store, state, None)
+            except _Halted:
                 state = self._load(store)
 
-    def _publish(
-        self, store: OutboxStore, state: SubscriberState, events: list[OutboxEvent]
-    ) -> SubscriberState:
-        subscriber = state.subscriber
-        records = [self._encoder.encode(e, subscriber) for e in events if subscriber.matches(e)]
-        end = events[-1].key
+    def _recover(self, store: OutboxStore, state: PartState) -> PartState:
+        """Fence earlier producers of this part and adopt a newer Kafka-side checkpoint."""
         if self._publisher is None:
-            self._publisher = self._open_publisher()
-        self._publisher.publish(records, end)
+            self._publisher = self._open_publisher(state)
+        recovered = self._publisher.recover(str(state.generation))
+        if recovered is None or recovered <= state.checkpoint:
+            return state
+        logger.warning(
+            "part %s: Kafka holds checkpoint %s, Postgres %s: the last transaction "
+            "committed without its checkpoint update; adopting it",
+            self.part,
+            recovered,
+            state.checkpoint,
+            extra={"part": str(self.part), "recovered": str(recovered)},
+        )
+        version = store.advance(state, recovered, self.session.id)
+        self.stats.recovered += 1
+        return dataclasses.replace(state, checkpoint=recovered, version=version)
+
+    def _publish(
+        self, store: OutboxStore, state: PartState, events: list[OutboxEvent]
+    ) -> PartState:
+        if not self.session.valid():
+            raise ClaimLost("this relay's session may have expired; not publishing")
+        assert self._publisher is not None
+        end = events[-1].key
+        dead: dict[UUID, DeadLetter] = {}
+        while True:
+            records = self._encode(store, state, events, dead)
+            try:
+                self._publisher.publish(records, end, str(state.generation))
+                break
+            except PoisonRecordError as exc:
+                event = _event_of(exc.record, events)
+                if event.message_id in dead:  # the dead letter itself was rejected
+                    self._halt(store, state, event, f"dead-letter record rejected: {exc.reason}")
+                self._poison(store, state, event, str(exc), dead)
         try:
-            version = store.advance(subscriber.name, end, state.version)
+            version = store.advance(state, end, self.session.id, list(dead.values()))
+            state = dataclasses.replace(state, checkpoint=end, version=version)
         except CheckpointConflict:
+            state = self._after_conflict(store, state, (end, list(dead.values())))
+        self._count(len(records), len(dead), end)
+        return state
+
+    def _encode(
+        self,
+        store: OutboxStore,
+        state: PartState,
+        events: list[OutboxEvent],
+        dead: dict[UUID, DeadLetter],
+    ) -> list[KafkaRecord]:
+        subscriber = state.subscriber
+        records = []
+        for event in events:
+            if not subscriber.matches(event):
+                continue
+            if event.message_id in dead:
+                records.append(dead_letter_record(event, subscriber, dead[event.message_id].error))
+                continue
+            try:
+                records.append(self._encoder.encode(event, subscriber))
+            except EncodingError as exc:
+                self._poison(store, state, event, str(exc), dead)
+                records.append(dead_letter_record(event, subscriber, str(exc)))
+        return records
+
+    def _poison(
+        self,
+        store: OutboxStore,
+        state: PartState,
+        event: OutboxEvent,
+        error: str,
+        dead: dict[UUID, DeadLetter],
+    ) -> None:
+        """Apply the subscriber's policy; returns only when the event is dead-lettered."""
+        if state.subscriber.on_poison is PoisonPolicy.HALT:
+            self._halt(store, state, event, error)
+        topic = state.subscriber.dead_letter_topic_name
+        logger.warning(
+            "part %s: poison event %s (%s:%s) goes to %s: %s",
+            self.part,
+            event.message_id,
+            event.transaction_id,
+            event.position,
+            topic,
+            error,
+            extra={"part": str(self.part), "message_id": str(event.message_id), "error": error},
+        )
+        dead[event.message_id] = DeadLetter(event, topic, error)
+
+    def _halt(self, store: OutboxStore, state: PartState, event: OutboxEvent, error: str) -> None:
+        message = f"poison event {event.message_id} at {event.key}: {error}"
+        store.halt(state, self.session.id, message)
+        self._record_error(WorkerState.HALTED, RelayError(message))
+        logger.error(
+            "part %s halted (policy 'halt'; `outbox-relay subscribers resume %s` retries it): %s",
+            self.part,
+            self.part.subscriber,
+            message,
+            extra={"part": str(self.part), "message_id": str(event.message_id), "error": error},
+        )
+        raise _Halted
+
+    def _after_conflict(
+        self,
+        store: OutboxStore,
+        state: PartState,
+        published: tuple[Position, list[DeadLetter]] | None,
+    ) -> PartState:
+        """The checkpoint's version moved underneath us: find out why."""
+        current = self._load(store)
+        if current.owner != self.session.id:
+            raise ClaimLost(f"part {self.part} was claimed by another relay")
+        if (
+            published is not None
+            and current.checkpoint == state.checkpoint
+            and current.generation == state.generation
+        ):
             # Only the version moved (a pause, say): the batch we published is still the
             # right one, so record it rather than publishing it again.
-            current = self._load(store)
-            if current.checkpoint != state.checkpoint:
-                raise
-            version = store.advance(subscriber.name, end, current.version)
-            subscriber = current.subscriber
-        with self.stats.lock:
-            self.stats.published += len(records)
-            self.stats.batches += 1
-            self.stats.checkpoint = end
-            if records:
-                self.stats.last_published_at = time.time()
-        return SubscriberState(subscriber, end, version, state.updated_at)
+            end, dead = published
+            version = store.advance(current, end, self.session.id, dead)
+            return dataclasses.replace(current, checkpoint=end, version=version)
+        logger.info("part %s: checkpoint moved (a reset?), reloading", self.part)
+        return current
 
-    def _load(self, store: OutboxStore) -> SubscriberState:
-        try:
-            state = store.get(self.subscriber_name)
-        except SubscriberError:
-            logger.info("subscriber %s was removed; stopping its worker", self.subscriber_name)
-            self._stopping.set()
-            raise
+    # -- helpers -----------------------------------------------------------------------
+
+    def _load(self, store: OutboxStore) -> PartState:
+        state = store.get_part(*self.part)
+        if state.owner != self.session.id:
+            raise ClaimLost(f"part {self.part} is not claimed by this relay")
         self.stats.checkpoint = state.checkpoint
         return state
+
+    def _count(self, published: int, dead_lettered: int, end: Position) -> None:
+        with self.stats.lock:
+            self.stats.published += published
+            self.stats.dead_lettered += dead_lettered
+            self.stats.batches += 1
+            self.stats.checkpoint = end
+            if published:
+                self.stats.last_published_at = time.time()
 
     def _connect(self) -> OutboxStore:
         if self._store is None:
             self._store = self._open_store()
         return self._store
 
-    def _drop_store(self) -> None:
-        if self._store is not None:
-            try:
-                self._store.conn.close()
-            finally:
-                self._store = None
+    def _drop_connections(self) -> None:
+        store, self._store = self._store, None
+        publisher, self._publisher = self._publisher, None
+        try:
+            if store is not None:
+                store.conn.close()
+        finally:
+            if publisher is not None:
+                publisher.close()
 
     def _record_error(self, state: WorkerState, exc: Exception) -> None:
         with self.stats.lock:
             self.stats.errors += 1
             self.stats.last_error = str(exc)
             self.stats.state = state
+
+
+def _event_of(record: KafkaRecord, events: list[OutboxEvent]) -> OutboxEvent:
+    wanted = record.headers[0][1] if record.headers else None
+    for event in events:
+        if str(event.message_id).encode() == wanted:
+            return event
+    raise RelayError(f"the broker rejected a record the batch does not contain: {record.topic}")

@@ -235,6 +235,9 @@ def start_relay(
 
     def start(**settings: Any) -> Relay:
         settings.setdefault("poll_interval", 0.2)
+        # Fast rebalancing, so claims (and takeovers) happen within a second in tests.
+        settings.setdefault("heartbeat_interval", 0.3)
+        settings.setdefault("session_timeout", 3.0)
         relay = Relay(
             load_settings(database_url=database_url, bootstrap_servers=kafka_bootstrap, **settings),
             registry=registry,

@@ -13,6 +13,7 @@ import pytest
 
 from relay import Event, Outbox
 from relay.daemon import Relay
+from relay.model import PartId
 from relay.schemas import SchemaRegistry
 from relay.store import OutboxStore
 from relay.subscribers import StartFrom, Subscriber
@@ -165,7 +166,7 @@ def test_a_long_open_transaction_holds_the_relay_back_until_it_commits(
         with db.transaction():
             write_orders(db, outbox, ["a", "b", "c"])
         assert nothing_arrives(kafka_bootstrap, [topic], within=2.0) == []
-        assert relay.workers["s"].stats.published == 0
+        assert relay.worker("s").stats.published == 0
         long_tx.commit()  # no outbox write, so no NOTIFY: the timer must pick it up
     seen = consume(kafka_bootstrap, [topic], 3)
     assert len(seen) == 3
@@ -285,10 +286,10 @@ def test_a_halted_subscriber_does_not_stall_the_others(
     assert len(seen) == 3
     deadline = time.monotonic() + 10
     while (
-        relay.workers["avro"].stats.state is not WorkerState.HALTED and time.monotonic() < deadline
+        relay.worker("avro").stats.state is not WorkerState.HALTED and time.monotonic() < deadline
     ):
         time.sleep(0.05)
-    stats = relay.workers["avro"].stats
+    stats = relay.worker("avro").stats
     assert stats.state is WorkerState.HALTED
     assert "Unknown" in (stats.last_error or "")
     # Its checkpoint stays before the poison batch, so nothing is lost when it is fixed.
@@ -296,7 +297,7 @@ def test_a_halted_subscriber_does_not_stall_the_others(
         nothing_arrives(kafka_bootstrap, [topic_prefix + "avro.outbox.event.order"], within=0.5)
         == []
     )
-    assert relay.workers["json"].stats.state is WorkerState.RUNNING
+    assert relay.worker("json").stats.state is WorkerState.RUNNING
 
 
 def test_new_subscriber_from_now_skips_history_and_default_routes_everything(
@@ -325,7 +326,7 @@ def test_new_subscriber_from_now_skips_history_and_default_routes_everything(
         Subscriber("late", topic=topic_prefix + "outbox.event.{aggregate_type}"), StartFrom.NOW
     )
     deadline = time.monotonic() + 15
-    while "late" not in relay.workers and time.monotonic() < deadline:
+    while PartId("late", 0) not in relay.workers and time.monotonic() < deadline:
         time.sleep(0.1)
     write(2)
     seen = consume(kafka_bootstrap, [topic_prefix + f"outbox.event.{aggregate}"], 1)
@@ -348,7 +349,7 @@ def test_pause_and_reset_take_effect_on_a_running_relay(
     store = OutboxStore(db)
     store.set_paused("s", True)
     deadline = time.monotonic() + 5
-    while relay.workers["s"].stats.state is not WorkerState.PAUSED and time.monotonic() < deadline:
+    while relay.worker("s").stats.state is not WorkerState.PAUSED and time.monotonic() < deadline:
         time.sleep(0.05)
     write_orders(db, outbox, ["2"])
     assert [s.key for s in consume(kafka_bootstrap, [topic], 1, quiet=1.5)] == ["1"]  # not "2"

@@ -35,13 +35,16 @@ SELECT coalesce(max(aggregate_version), 0) FROM {schema}.outbox
 -- name: fetch_batch
 -- The heart of the relay (seed 002): rows of transactions whose fate is decided
 -- (below the oldest running xid) after the checkpoint, in (transaction_id, position)
--- order. A keyset range scan on the primary key.
+-- order. A keyset range scan on the primary key. With several parts, each part takes
+-- the rows whose aggregate_id hashes to it, so one key always stays in one part.
 SELECT transaction_id::text::bigint AS transaction_id, position, message_id,
        aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers,
        occurred_at
   FROM {schema}.outbox
  WHERE (transaction_id, position) > (%(transaction_id)s::text::xid8, %(position)s)
    AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+   AND (%(parts)s = 1
+        OR (hashtextextended(aggregate_id, 0) & 9223372036854775807) %% %(parts)s = %(part)s)
  ORDER BY transaction_id, position
  LIMIT %(limit)s;
 
@@ -49,67 +52,105 @@ SELECT transaction_id::text::bigint AS transaction_id, position, message_id,
 SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
 
 -- name: insert_subscriber
-INSERT INTO {schema}.outbox_subscribers (name, aggregate_types, event_types, topic, value_format)
-VALUES (%(name)s, %(aggregate_types)s, %(event_types)s, %(topic)s, %(value_format)s)
+INSERT INTO {schema}.outbox_subscribers
+    (name, aggregate_types, event_types, topic, value_format, parts, on_poison, dead_letter_topic)
+VALUES (%(name)s, %(aggregate_types)s, %(event_types)s, %(topic)s, %(value_format)s,
+        %(parts)s, %(on_poison)s, %(dead_letter_topic)s)
 ON CONFLICT (name) DO NOTHING
 RETURNING name;
 
 -- name: update_subscriber
+-- The part count is fixed at creation (changing it would move keys between parts
+-- whose checkpoints differ), so it is only compared, never updated.
 UPDATE {schema}.outbox_subscribers
    SET aggregate_types = %(aggregate_types)s, event_types = %(event_types)s,
-       topic = %(topic)s, value_format = %(value_format)s, updated_at = now()
- WHERE name = %(name)s;
+       topic = %(topic)s, value_format = %(value_format)s, on_poison = %(on_poison)s,
+       dead_letter_topic = %(dead_letter_topic)s, updated_at = now()
+ WHERE name = %(name)s
+RETURNING parts;
 
--- name: insert_checkpoint
--- start 'beginning': before every row; 'now': after every transaction already decided.
+-- name: insert_checkpoints
+-- One checkpoint per part. start 'beginning': before every row; 'now': after every
+-- transaction already decided.
 INSERT INTO {schema}.outbox_checkpoints (subscriber, part, transaction_id, position)
-VALUES (%(name)s, 0,
-        CASE WHEN %(start)s = 'now' THEN pg_snapshot_xmin(pg_current_snapshot()) ELSE '0'::xid8 END,
-        0)
+SELECT %(name)s, part,
+       CASE WHEN %(start)s = 'now' THEN pg_snapshot_xmin(pg_current_snapshot()) ELSE '0'::xid8 END,
+       0
+  FROM generate_series(0, %(parts)s - 1) AS part
 ON CONFLICT (subscriber, part) DO NOTHING;
 
 -- name: list_subscribers
 SELECT s.name, s.aggregate_types, s.event_types, s.topic, s.value_format, s.paused,
-       c.transaction_id::text::bigint AS transaction_id, c.position, c.version, c.updated_at
+       s.id, s.parts, s.on_poison, s.dead_letter_topic
   FROM {schema}.outbox_subscribers s
-  JOIN {schema}.outbox_checkpoints c ON c.subscriber = s.name AND c.part = 0
+ WHERE %(name)s::text IS NULL OR s.name = %(name)s
  ORDER BY s.name;
 
--- name: get_subscriber
+-- name: list_parts
+SELECT c.subscriber, c.part, c.transaction_id::text::bigint AS transaction_id, c.position,
+       c.version, c.generation, c.owner, c.halted_error, c.updated_at
+  FROM {schema}.outbox_checkpoints c
+ WHERE %(name)s::text IS NULL OR c.subscriber = %(name)s
+ ORDER BY c.subscriber, c.part;
+
+-- name: get_part
 SELECT s.name, s.aggregate_types, s.event_types, s.topic, s.value_format, s.paused,
-       c.transaction_id::text::bigint AS transaction_id, c.position, c.version, c.updated_at
+       s.id, s.parts, s.on_poison, s.dead_letter_topic,
+       c.part, c.transaction_id::text::bigint AS transaction_id, c.position, c.version,
+       c.generation, c.owner, c.halted_error, c.updated_at
   FROM {schema}.outbox_subscribers s
-  JOIN {schema}.outbox_checkpoints c ON c.subscriber = s.name AND c.part = 0
- WHERE s.name = %(name)s;
+  JOIN {schema}.outbox_checkpoints c ON c.subscriber = s.name
+ WHERE s.name = %(name)s AND c.part = %(part)s;
 
 -- name: advance_checkpoint
--- Compare-and-set: only the holder of the current version may move the checkpoint,
--- and only forwards.
+-- Compare-and-set: only the claiming session holding the current version may move
+-- the checkpoint, and only forwards. A stale relay can neither rewind a checkpoint
+-- nor overwrite a newer owner's.
 UPDATE {schema}.outbox_checkpoints
    SET transaction_id = %(transaction_id)s::text::xid8, position = %(position)s,
        version = version + 1, updated_at = now()
- WHERE subscriber = %(name)s AND part = 0 AND version = %(version)s
+ WHERE subscriber = %(name)s AND part = %(part)s AND version = %(version)s
+   AND owner = %(owner)s
    AND (transaction_id, position) <= (%(transaction_id)s::text::xid8, %(position)s)
 RETURNING version;
 
+-- name: record_dead_letter
+INSERT INTO {schema}.outbox_dead_letters
+    (subscriber, part, transaction_id, position, message_id, topic, error)
+VALUES (%(name)s, %(part)s, %(transaction_id)s::text::xid8, %(position)s, %(message_id)s,
+        %(topic)s, %(error)s)
+ON CONFLICT DO NOTHING;
+
+-- name: halt_part
+UPDATE {schema}.outbox_checkpoints
+   SET halted_at = now(), halted_error = %(error)s, version = version + 1
+ WHERE subscriber = %(name)s AND part = %(part)s AND owner = %(owner)s
+RETURNING version;
+
 -- name: set_paused
--- Bumps the checkpoint version so a running relay notices at its next checkpoint.
+-- Resuming also clears a poison halt. Bumps the checkpoint versions so a running
+-- relay notices at its next checkpoint.
 WITH s AS (
     UPDATE {schema}.outbox_subscribers SET paused = %(paused)s, updated_at = now()
      WHERE name = %(name)s RETURNING name
 )
-UPDATE {schema}.outbox_checkpoints c SET version = version + 1
+UPDATE {schema}.outbox_checkpoints c
+   SET version = version + 1,
+       halted_at = CASE WHEN %(paused)s THEN halted_at END,
+       halted_error = CASE WHEN %(paused)s THEN halted_error END
   FROM s WHERE c.subscriber = s.name
 RETURNING c.subscriber;
 
 -- name: reset_checkpoint
+-- A new generation: Kafka-side checkpoints from before the reset no longer apply.
 UPDATE {schema}.outbox_checkpoints
    SET transaction_id = CASE %(to)s
            WHEN 'beginning' THEN '0'::xid8
            WHEN 'now' THEN pg_snapshot_xmin(pg_current_snapshot())
            ELSE %(transaction_id)s::text::xid8 END,
        position = CASE WHEN %(to)s = 'position' THEN %(position)s ELSE 0 END,
-       version = version + 1, updated_at = now()
+       version = version + 1, generation = gen_random_uuid(),
+       halted_at = NULL, halted_error = NULL, updated_at = now()
  WHERE subscriber = %(name)s
 RETURNING subscriber;
 
@@ -120,3 +161,35 @@ DELETE FROM {schema}.outbox_subscribers WHERE name = %(name)s RETURNING name;
 -- Rows after the checkpoint, committed or not yet decided: the subscriber's lag.
 SELECT count(*) FROM {schema}.outbox
  WHERE (transaction_id, position) > (%(transaction_id)s::text::xid8, %(position)s);
+
+
+-- name: open_session
+INSERT INTO {schema}.outbox_relay_sessions (hostname, pid, expires_at)
+VALUES (%(hostname)s, %(pid)s, now() + make_interval(secs => %(timeout)s))
+RETURNING id;
+
+-- name: heartbeat
+UPDATE {schema}.outbox_relay_sessions
+   SET heartbeat_at = now(), expires_at = now() + make_interval(secs => %(timeout)s)
+ WHERE id = %(id)s
+RETURNING id;
+
+-- name: expire_sessions
+DELETE FROM {schema}.outbox_relay_sessions WHERE expires_at < now() RETURNING id, hostname, pid;
+
+-- name: close_session
+DELETE FROM {schema}.outbox_relay_sessions WHERE id = %(id)s;
+
+-- name: live_sessions
+SELECT id FROM {schema}.outbox_relay_sessions WHERE expires_at >= now() ORDER BY id;
+
+-- name: claim_part
+-- Bumps the version, so a checkpoint write by any earlier owner fails its CAS.
+UPDATE {schema}.outbox_checkpoints SET owner = %(owner)s, version = version + 1
+ WHERE subscriber = %(name)s AND part = %(part)s AND owner IS NULL
+RETURNING part;
+
+-- name: release_part
+UPDATE {schema}.outbox_checkpoints SET owner = NULL, version = version + 1
+ WHERE subscriber = %(name)s AND part = %(part)s AND owner = %(owner)s
+RETURNING part;

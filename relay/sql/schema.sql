@@ -98,7 +98,27 @@ CREATE TABLE {schema}.outbox_subscribers (
     value_format    text NOT NULL CHECK (value_format IN ('avro', 'json')),
     paused          boolean NOT NULL DEFAULT false,
     created_at      timestamptz NOT NULL DEFAULT now(),
-    updated_at      timestamptz NOT NULL DEFAULT now()
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    -- Stable identity: part of the Kafka transactional.id, so a subscriber recreated
+    -- under the same name never inherits fencing state.
+    id              uuid NOT NULL DEFAULT gen_random_uuid(),
+    -- Events are sharded over parts by a hash of aggregate_id; each part has its own
+    -- checkpoint and can be published by a different relay. Fixed at creation.
+    parts           integer NOT NULL DEFAULT 1 CHECK (parts BETWEEN 1 AND 1024),
+    on_poison       text NOT NULL DEFAULT 'halt' CHECK (on_poison IN ('halt', 'dead-letter')),
+    dead_letter_topic text CHECK (dead_letter_topic <> ''),
+    CONSTRAINT outbox_subscribers_id_key UNIQUE (id)
+);
+
+-- One row per live relay process (seed 000). A relay heartbeats its row; any relay
+-- deletes rows past expires_at, which releases their claims (owner SET NULL).
+CREATE TABLE {schema}.outbox_relay_sessions (
+    id           uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    hostname     text NOT NULL,
+    pid          integer NOT NULL,
+    started_at   timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at timestamptz NOT NULL DEFAULT now(),
+    expires_at   timestamptz NOT NULL
 );
 
 CREATE TABLE {schema}.outbox_checkpoints (
@@ -110,5 +130,29 @@ CREATE TABLE {schema}.outbox_checkpoints (
     -- Compare-and-set version: every write must name the version it read.
     version        bigint NOT NULL DEFAULT 0,
     updated_at     timestamptz NOT NULL DEFAULT now(),
+    -- The session that may publish this part; NULL when unclaimed.
+    owner          uuid REFERENCES {schema}.outbox_relay_sessions (id) ON DELETE SET NULL,
+    -- Changes on every reset, so a Kafka-side checkpoint written before the reset
+    -- (a consumer group named after the generation) is never mistaken for a newer one.
+    generation     uuid NOT NULL DEFAULT gen_random_uuid(),
+    -- Set when a poison event halted this part under the 'halt' policy; cleared by resume.
+    halted_at      timestamptz,
+    halted_error   text,
     PRIMARY KEY (subscriber, part)
+);
+
+CREATE INDEX outbox_checkpoints_owner ON {schema}.outbox_checkpoints (owner);
+
+-- Poison events sent to the dead-letter topic: recorded with the checkpoint advance
+-- past them, so the decision is never made twice.
+CREATE TABLE {schema}.outbox_dead_letters (
+    subscriber     text NOT NULL REFERENCES {schema}.outbox_subscribers (name) ON DELETE CASCADE,
+    part           integer NOT NULL,
+    transaction_id xid8 NOT NULL,
+    position       bigint NOT NULL,
+    message_id     uuid NOT NULL,
+    topic          text NOT NULL,
+    error          text NOT NULL,
+    decided_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (subscriber, transaction_id, position)
 );

@@ -1,0 +1,141 @@
+"""Relay sessions (seed 000): heartbeats, expiry, and which parts each relay should own.
+
+Every relay process holds one session row and heartbeats it. Any relay deletes
+sessions past their expiry, which frees their claims. Parts are spread over the live
+sessions deterministically, so every relay computes the same assignment from the
+same table contents and the work converges without a leader.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from uuid import UUID
+
+from relay.errors import RelayError
+from relay.model import PartId
+from relay.store import OutboxStore
+
+logger = logging.getLogger(__name__)
+
+
+def assign(parts: Sequence[PartId], sessions: Sequence[UUID]) -> dict[PartId, UUID]:
+    """Round-robin the sorted parts over the sorted live sessions."""
+    if not sessions:
+        return {}
+    ordered = sorted(sessions)
+    return {part: ordered[i % len(ordered)] for i, part in enumerate(sorted(parts))}
+
+
+class Session:
+    """This process's session, as the workers see it.
+
+    :meth:`valid` is the local half of the lease: a relay whose heartbeats have not
+    succeeded for most of the expiry (a network partition, a SIGSTOP) must assume a
+    peer has expired it and stop publishing before it even learns so.
+    """
+
+    def __init__(self, session_id: UUID, timeout: float, heartbeat_interval: float) -> None:
+        self.id = session_id
+        self._timeout = timeout
+        self._margin = heartbeat_interval
+        self._renewed = time.monotonic()
+        self.lost = threading.Event()
+
+    def renewed(self) -> None:
+        self._renewed = time.monotonic()
+
+    def valid(self) -> bool:
+        if self.lost.is_set():
+            return False
+        return time.monotonic() - self._renewed < self._timeout - self._margin
+
+
+class SessionKeeper(threading.Thread):
+    """Heartbeats this relay's session and expires dead peers' sessions."""
+
+    def __init__(
+        self,
+        open_store: Callable[[], OutboxStore],
+        *,
+        timeout: float,
+        heartbeat_interval: float,
+        on_lost: Callable[[], None],
+    ) -> None:
+        super().__init__(name="relay-session", daemon=True)
+        self._open_store = open_store
+        self._timeout = timeout
+        self._interval = heartbeat_interval
+        self._on_lost = on_lost
+        self._stopping = threading.Event()
+        self._store: OutboxStore | None = None
+        self.session = self._open()
+
+    def _open(self) -> Session:
+        store = self._connect()
+        session_id = store.open_session(socket.gethostname(), os.getpid(), self._timeout)
+        logger.info("opened relay session %s", session_id, extra={"session": str(session_id)})
+        return Session(session_id, self._timeout, self._interval)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def close(self) -> None:
+        """Delete the session: every claim is released at once (cooperative release)."""
+        self.stop()
+        try:
+            self._connect().close_session(self.session.id)
+            logger.info("closed relay session %s", self.session.id)
+        except RelayError as exc:
+            logger.warning("could not close session %s: %s", self.session.id, exc)
+        finally:
+            self._disconnect()
+
+    def run(self) -> None:
+        while not self._stopping.wait(self._interval):
+            try:
+                self._beat()
+            except RelayError as exc:
+                logger.warning("session heartbeat failed: %s", exc, extra={"error": str(exc)})
+                self._disconnect()
+
+    def _beat(self) -> None:
+        store = self._connect()
+        session = self.session
+        if store.heartbeat(session.id, self._timeout):
+            session.renewed()
+        else:
+            logger.error(
+                "relay session %s expired (heartbeats stopped for longer than %.0fs); "
+                "its claims now belong to other relays",
+                session.id,
+                self._timeout,
+                extra={"session": str(session.id)},
+            )
+            session.lost.set()
+            self._on_lost()
+            self.session = self._open()
+        for expired, host, pid in store.expire_sessions():
+            logger.warning(
+                "expired the session %s of relay %s (pid %s): its parts are free",
+                expired,
+                host,
+                pid,
+                extra={"session": str(expired), "host": host, "pid": pid},
+            )
+
+    def _connect(self) -> OutboxStore:
+        if self._store is None:
+            self._store = self._open_store()
+        return self._store
+
+    def _disconnect(self) -> None:
+        if self._store is not None:
+            try:
+                self._store.conn.close()
+            finally:
+                self._store = None
