@@ -81,7 +81,7 @@ def relay_rate(url: str, bootstrap: str, events: int) -> float:
     try:
         with psycopg.connect(url, autocommit=True) as conn:
             store = OutboxStore(conn)
-            while store.pending(store.get("default").checkpoint) > 0:
+            while store.get("default").lag(store) > 0:
                 time.sleep(0.05)
     finally:
         elapsed = time.perf_counter() - start

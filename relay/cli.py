@@ -155,6 +155,80 @@ def dev(
     run_dev(workdir=workdir, rate=rate, duration=duration, schemas_dir=schemas_dir)
 
 
+@app.command()
+def verify(
+    ctx: typer.Context,
+    subscriber: Annotated[
+        list[str] | None, typer.Option(help="Only these subscribers (repeatable).")
+    ] = None,
+    as_json: JsonFlag = False,
+    timeout: Annotated[
+        float, typer.Option(min=1, help="Give up reading a topic after this many seconds.")
+    ] = 600.0,
+    database_url: DatabaseUrl = None,
+    bootstrap_servers: Bootstrap = None,
+    schema: Schema = None,
+) -> None:
+    """Check the topics against the outbox: missing, duplicated, out-of-order events.
+
+    Exits 1 when it finds any.
+    """
+    from rich.progress import Progress
+
+    from relay.verify import KafkaTopicReader
+    from relay.verify import verify as run_verify
+
+    settings = _settings(
+        ctx,
+        database_url=database_url,
+        bootstrap_servers=bootstrap_servers,
+        database_schema=schema,
+    )
+    reader = KafkaTopicReader(
+        {**settings.kafka, "bootstrap.servers": settings.require_bootstrap_servers()},
+        timeout=timeout,
+    )
+    with (
+        db.connect(settings.require_database_url(), application_name="outbox-relay-verify") as conn,
+        Progress(console=err, transient=True, disable=as_json) as progress,
+    ):
+        tasks: dict[str, Any] = {}
+
+        def advance(name: str, done: int, total: int) -> None:
+            if name not in tasks:
+                tasks[name] = progress.add_task(f"reading {name}'s topics", total=total or None)
+            progress.update(tasks[name], completed=done, total=total or None)
+
+        reports = run_verify(
+            conn, settings.database_schema, reader, subscribers=subscriber, progress=advance
+        )
+    if as_json:
+        sys.stdout.write(json.dumps([r.as_dict() for r in reports], indent=2) + "\n")
+    else:
+        _print_reports(reports)
+    if not all(r.clean for r in reports):
+        raise typer.Exit(1)
+
+
+def _print_reports(reports: list[Any]) -> None:
+    table = Table(
+        "subscriber", "expected", "found", "missing", "duplicated", "out of order", "ahead",
+        "dead-lettered", "pending", "verdict",
+    )  # fmt: skip
+    for r in reports:
+        table.add_row(
+            r.subscriber,
+            *(str(v) for v in (r.expected, r.found, r.missing, r.duplicated, r.out_of_order)),
+            *(str(v) for v in (r.ahead, r.dead_lettered, r.pending)),
+            "[green]clean[/green]" if r.clean else "[red]PROBLEMS[/red]",
+        )
+    out.print(table)
+    for r in reports:
+        for kind, examples in r.examples.items():
+            for text in examples:
+                err.print(f"{r.subscriber}: {kind}: {text}")
+
+
 # -- subscribers ---------------------------------------------------------------------
 
 
@@ -232,7 +306,7 @@ def subscribers_list(
                 "paused": s.subscriber.paused,
                 "on_poison": s.subscriber.on_poison.value,
                 "checkpoint": str(s.checkpoint),
-                "lag_events": store.pending(s.checkpoint),
+                "lag_events": s.lag(store),
                 "parts": [
                     {
                         "part": p.part,

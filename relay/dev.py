@@ -586,7 +586,7 @@ def _prepare_database(postgres: LocalPostgres) -> tuple[str, int]:
     with db.connect(url, application_name="outbox-relay-dev") as conn:
         migrations.migrate(conn)
         store = OutboxStore(conn)
-        backlog = sum(store.pending(state.checkpoint) for state in store.list())
+        backlog = sum(state.lag(store) for state in store.list())
     return url, backlog
 
 

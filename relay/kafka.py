@@ -211,11 +211,20 @@ class _BatchProducer:
         # message.timeout.ms bounds every record, so each gets a delivery report; the
         # deadline only protects against a wedged client.
         deadline = time.monotonic() + self._delivery_timeout_s * 2 + 10
-        while (remaining := self._producer.flush(1.0)) > 0:
+        while (remaining := self._flush(1.0)) > 0:
             if time.monotonic() > deadline:
                 raise BrokerUnavailable(
                     f"{remaining} records unacknowledged after the delivery timeout"
                 )
+
+    def _flush(self, timeout: float) -> int:
+        try:
+            return self._producer.flush(timeout)
+        except KafkaException as exc:  # a fatal producer error surfaces here
+            error = exc.args[0] if exc.args else None
+            if isinstance(error, KafkaError) and (error.fatal() or error.code() in _FENCED):
+                raise ProducerFenced(f"producer fenced or failed fatally: {error.str()}") from exc
+            raise BrokerUnavailable(f"waiting for acknowledgements: {exc}") from exc
 
     def _raise_for(
         self, records: Sequence[KafkaRecord], failures: list[tuple[Message, KafkaError]]
@@ -229,7 +238,11 @@ class _BatchProducer:
         raise BrokerUnavailable(f"{len(failures)} records not acknowledged: {error.str()}")
 
     def close(self) -> None:
-        remaining = self._producer.flush(min(self._delivery_timeout_s, 5.0))
+        try:
+            remaining = self._producer.flush(min(self._delivery_timeout_s, 5.0))
+        except KafkaException as exc:
+            logger.debug("closing a failed producer: %s", exc)
+            return
         if remaining:
             logger.warning("closing with %s records unacknowledged", remaining)
 

@@ -50,6 +50,11 @@ class SubscriberState:
         """The oldest part checkpoint: every event at or before it is published."""
         return min(p.checkpoint for p in self.parts)
 
+    def lag(self, store: OutboxStore) -> int:
+        """Events not yet published, over all parts."""
+        n = self.subscriber.parts
+        return sum(store.pending(p.checkpoint, part=p.part, parts=n) for p in self.parts)
+
 
 @dataclass(frozen=True)
 class DeadLetter:
@@ -139,9 +144,14 @@ class OutboxStore:
         assert row is not None
         return int(row[0])
 
-    def pending(self, after: Position) -> int:
-        """Outbox rows after ``after``, decided or not (the subscriber's lag in events)."""
-        params = {"transaction_id": after.transaction_id, "position": after.position}
+    def pending(self, after: Position, *, part: int = 0, parts: int = 1) -> int:
+        """Rows of ``part`` after ``after``, decided or not (the part's lag in events)."""
+        params = {
+            "transaction_id": after.transaction_id,
+            "position": after.position,
+            "part": part,
+            "parts": parts,
+        }
         with wrap_errors():
             row = self.conn.execute(self._q["pending_events"], params).fetchone()
         assert row is not None

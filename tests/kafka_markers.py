@@ -24,6 +24,7 @@ v2 batch header). Metadata and watermarks come from confluent-kafka.
 from __future__ import annotations
 
 import itertools
+import logging
 import socket
 import struct
 import time
@@ -42,6 +43,7 @@ _READ_UNCOMMITTED = 0  # we want the markers and every data batch up to the high
 _ABORT, _COMMIT = 0, 1  # control record key: int16 version, int16 type
 _CLIENT_ID = b"kafka-markers"
 _correlation_ids = itertools.count(1)
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -69,23 +71,31 @@ class LogSnapshot:
 
 def committed_records(bootstrap_servers: str, topic: str, timeout: float = 30.0) -> list[RawRecord]:
     """Records of ``topic`` a correct ``read_committed`` consumer would see, reading every
-    partition from its log start to its high watermark as of this call. Records of
-    still-open transactions are excluded (see :func:`read_log` to inspect them)."""
-    return read_log(bootstrap_servers, topic, timeout).committed
+    partition from its log start to its high watermark as of this call, in (partition,
+    offset) order. Records of still-open transactions are excluded, with a warning logged
+    (:func:`read_log` returns them too)."""
+    snapshot = read_log(bootstrap_servers, topic, timeout)
+    if snapshot.open:
+        _log.warning("%s: %d records of open transactions excluded", topic, len(snapshot.open))
+    return snapshot.committed
 
 
 def read_log(bootstrap_servers: str, topic: str, timeout: float = 30.0) -> LogSnapshot:
     """Read all partitions of ``topic`` and classify each data record (see module doc)."""
     deadline = time.monotonic() + timeout
-    leaders = _partition_leaders(bootstrap_servers, topic, timeout)
-    bounds = _watermarks(bootstrap_servers, topic, sorted(leaders), timeout)
+
+    def remaining() -> float:
+        return max(deadline - time.monotonic(), 0.1)
+
+    leaders = _partition_leaders(bootstrap_servers, topic, remaining())
+    bounds = _watermarks(bootstrap_servers, topic, sorted(leaders), remaining())
     snapshot = LogSnapshot()
     sockets: dict[tuple[str, int], socket.socket] = {}
     try:
         for partition in sorted(leaders):
             address = leaders[partition]
             if address not in sockets:
-                sockets[address] = socket.create_connection(address, timeout=timeout)
+                sockets[address] = socket.create_connection(address, timeout=remaining())
             low, high = bounds[partition]
             batches = _read_batches(sockets[address], topic, partition, low, high, deadline)
             _classify(topic, partition, low, batches, snapshot)
@@ -165,10 +175,12 @@ def _read_batches(
         data = _fetch(sock, topic, partition, offset, max_bytes)
         complete = [b for b in MemoryRecords(data) if _v2(b).next_offset > offset]
         if not complete:
-            # Nothing new, or the next batch is bigger than max_bytes (the broker then
-            # returns a truncated batch, which MemoryRecords leaves out): ask for more.
-            max_bytes = min(max_bytes * 2, 1 << 30) if data else max_bytes
-            time.sleep(0.0 if data else 0.05)
+            # Only a truncated batch came (Kafka and Tansu send an oversized first batch
+            # whole, so this is defensive): ask for more bytes. Nothing came: retry.
+            if data:
+                max_bytes = min(max_bytes * 2, 1 << 30)
+            else:
+                time.sleep(0.05)
             continue
         batches.extend(complete)
         offset = complete[-1].next_offset

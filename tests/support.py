@@ -6,8 +6,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
+
+from relay import Outbox
 
 _WARMUP_S = 2.5
 
@@ -113,3 +116,31 @@ def by_key(seen: list[Seen]) -> dict[str, list[Seen]]:
     for record in sorted(seen, key=lambda s: (s.topic, s.partition, s.offset)):
         groups.setdefault(record.key, []).append(record)
     return groups
+
+
+# -- writing demo events -----------------------------------------------------------
+
+
+def order(i: int | str) -> dict[str, Any]:
+    return {"order_id": str(i), "customer_id": "c", "amount_cents": len(str(i))}
+
+
+def sub(name: str, prefix: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "topic": prefix + "outbox.event.{aggregate_type}", **extra}
+
+
+def write_orders(
+    conn: psycopg.Connection[Any], outbox: Outbox, ids: list[str], key: str | None = None
+) -> None:
+    for i in ids:
+        outbox.append(
+            conn,
+            aggregate_type="order",
+            aggregate_id=key or i,
+            event_type="OrderPlaced",
+            payload=order(i),
+        )
+
+
+def ids_of(seen: list[Seen]) -> list[str]:
+    return [s.headers["id"] for s in seen]

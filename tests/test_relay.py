@@ -18,34 +18,9 @@ from relay.schemas import SchemaRegistry
 from relay.store import OutboxStore
 from relay.subscribers import StartFrom, Subscriber
 from relay.worker import WorkerState
-from tests.support import Seen, by_key, consume, nothing_arrives
+from tests.support import Seen, by_key, consume, nothing_arrives, order, sub, write_orders
 
 StartRelay = Callable[..., Relay]
-
-
-def order(i: int | str) -> dict[str, Any]:
-    return {"order_id": str(i), "customer_id": "c", "amount_cents": len(str(i))}
-
-
-def sub(name: str, prefix: str, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "topic": prefix + "outbox.event.{aggregate_type}", **extra}
-
-
-def write_orders(
-    conn: psycopg.Connection[Any], outbox: Outbox, ids: list[str], key: str | None = None
-) -> None:
-    for i in ids:
-        outbox.append(
-            conn,
-            aggregate_type="order",
-            aggregate_id=key or i,
-            event_type="OrderPlaced",
-            payload=order(i),
-        )
-
-
-def ids_of(seen: list[Seen]) -> list[str]:
-    return [s.headers["id"] for s in seen]
 
 
 def payload_ids(seen: list[Seen], registry: SchemaRegistry) -> list[str]:

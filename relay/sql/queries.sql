@@ -43,8 +43,7 @@ SELECT transaction_id::text::bigint AS transaction_id, position, message_id,
   FROM {schema}.outbox
  WHERE (transaction_id, position) > (%(transaction_id)s::text::xid8, %(position)s)
    AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())
-   AND (%(parts)s = 1
-        OR (hashtextextended(aggregate_id, 0) & 9223372036854775807) %% %(parts)s = %(part)s)
+   AND (%(parts)s = 1 OR {schema}.outbox_part(aggregate_id, %(parts)s) = %(part)s)
  ORDER BY transaction_id, position
  LIMIT %(limit)s;
 
@@ -158,9 +157,10 @@ RETURNING subscriber;
 DELETE FROM {schema}.outbox_subscribers WHERE name = %(name)s RETURNING name;
 
 -- name: pending_events
--- Rows after the checkpoint, committed or not yet decided: the subscriber's lag.
+-- A part's rows after its checkpoint, committed or not yet decided: its lag.
 SELECT count(*) FROM {schema}.outbox
- WHERE (transaction_id, position) > (%(transaction_id)s::text::xid8, %(position)s);
+ WHERE (transaction_id, position) > (%(transaction_id)s::text::xid8, %(position)s)
+   AND (%(parts)s = 1 OR {schema}.outbox_part(aggregate_id, %(parts)s) = %(part)s);
 
 
 -- name: open_session
@@ -193,3 +193,19 @@ RETURNING part;
 UPDATE {schema}.outbox_checkpoints SET owner = NULL, version = version + 1
  WHERE subscriber = %(name)s AND part = %(part)s AND owner = %(owner)s
 RETURNING part;
+
+-- name: published_events
+-- What verify expects on the topics: each subscriber part's events up to its
+-- checkpoint, matching the subscriber's filter, flagged when dead-lettered.
+SELECT o.message_id, o.position, o.aggregate_type, o.event_type,
+       d.message_id IS NOT NULL AS dead_lettered
+  FROM {schema}.outbox o
+  JOIN {schema}.outbox_subscribers s ON s.name = %(name)s
+  JOIN {schema}.outbox_checkpoints c
+    ON c.subscriber = s.name
+   AND c.part = CASE WHEN s.parts = 1 THEN 0 ELSE {schema}.outbox_part(o.aggregate_id, s.parts) END
+  LEFT JOIN {schema}.outbox_dead_letters d
+    ON d.subscriber = s.name AND d.transaction_id = o.transaction_id AND d.position = o.position
+ WHERE (o.transaction_id, o.position) <= (c.transaction_id, c.position)
+   AND (%(aggregate_types)s::text[] IS NULL OR o.aggregate_type = ANY(%(aggregate_types)s::text[]))
+   AND (%(event_types)s::text[] IS NULL OR o.event_type = ANY(%(event_types)s::text[]));

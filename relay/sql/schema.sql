@@ -110,6 +110,12 @@ CREATE TABLE {schema}.outbox_subscribers (
     CONSTRAINT outbox_subscribers_id_key UNIQUE (id)
 );
 
+-- The part an event belongs to when its subscriber has `parts` parts: by a hash of
+-- aggregate_id, so all of one key's events stay in one part (and in order).
+CREATE FUNCTION {schema}.outbox_part(aggregate_id text, parts integer) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN ((hashtextextended(aggregate_id, 0) & 9223372036854775807) % parts)::integer;
+
 -- One row per live relay process (seed 000). A relay heartbeats its row; any relay
 -- deletes rows past expires_at, which releases their claims (owner SET NULL).
 CREATE TABLE {schema}.outbox_relay_sessions (

@@ -24,6 +24,12 @@ ALTER TABLE {schema}.outbox_subscribers
 
 ALTER TABLE {schema}.outbox_subscribers ADD CONSTRAINT outbox_subscribers_id_key UNIQUE (id);
 
+-- The part an event belongs to when its subscriber has `parts` parts: by a hash of
+-- aggregate_id, so all of one key's events stay in one part (and in order).
+CREATE FUNCTION {schema}.outbox_part(aggregate_id text, parts integer) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN ((hashtextextended(aggregate_id, 0) & 9223372036854775807) % parts)::integer;
+
 ALTER TABLE {schema}.outbox_checkpoints
     -- The session that may publish this part; NULL when unclaimed.
     ADD COLUMN owner uuid REFERENCES {schema}.outbox_relay_sessions (id) ON DELETE SET NULL,
