@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from relay import db, logs, migrations
-from relay.errors import ConfigError, RelayError
+from relay.errors import ConfigError, RelayError, RetryableError
 from relay.model import Position
 from relay.settings import Settings, load_settings
 from relay.store import OutboxStore
@@ -133,8 +133,22 @@ def run(
             migrations.migrate(conn, settings.database_schema)
     relay = Relay(settings)
     with _stop_on_signals(relay.stop):
-        relay.start()
+        _start_with_retries(relay)
         relay.wait()
+
+
+def _start_with_retries(relay: Any) -> None:
+    """Postgres or Kafka down at start-up is transient: wait for them, never exit."""
+    delay = 0.5
+    while True:
+        try:
+            relay.start()
+            return
+        except RetryableError as exc:
+            logger.warning("cannot start yet: %s; retrying in %.0fs", exc, delay)
+            if relay.wait(delay):
+                return  # stopped (SIGTERM) while waiting
+            delay = min(delay * 2, 30.0)
 
 
 @app.command()

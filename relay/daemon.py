@@ -69,7 +69,7 @@ class Relay:
             self._open_store,
             timeout=self.settings.session_timeout,
             heartbeat_interval=self.settings.heartbeat_interval,
-            on_lost=self._stop_all_workers,
+            on_lost=self._abandon_workers,
         )
         self._keeper.start()
         self._listener = NotifyListener(self._connect, self.settings.database_schema, self.wake_all)
@@ -200,6 +200,12 @@ class Relay:
         )
         self.workers[part] = worker
         worker.start()
+
+    def _abandon_workers(self) -> None:
+        """The session is gone: every worker stops at once (without waiting for them,
+        so the keeper can open a new session and heartbeat it)."""
+        for worker in list(self.workers.values()):
+            worker.stop()
 
     def _stop_all_workers(self, deadline: float | None = None) -> None:
         workers = list(self.workers.values())
