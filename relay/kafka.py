@@ -175,6 +175,7 @@ class _BatchProducer:
     def _send(self, records: Sequence[KafkaRecord]) -> None:
         """Produce ``records`` and wait until each is acknowledged or failed."""
         self._topics.ensure({r.topic for r in records})
+        self._check_sizes(records)
         failures: list[tuple[Message, KafkaError]] = []
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
@@ -186,6 +187,19 @@ class _BatchProducer:
         self._wait()
         if failures:
             self._raise_for(records, failures)
+
+    def _check_sizes(self, records: Sequence[KafkaRecord]) -> None:
+        """Refuse an oversized record before producing anything, so a transaction is
+        not begun and then aborted over a rejection we can predict."""
+        limit = int(self._config.get("message.max.bytes", 1_000_000))
+        for record in records:
+            size = len(record.key) + len(record.value) + sum(
+                len(k) + len(v or b"") for k, v in record.headers
+            )
+            if size > limit:
+                raise PoisonRecordError(
+                    record, f"record too large: {size} bytes > message.max.bytes ({limit})"
+                )
 
     def _produce(self, record: KafkaRecord, callback: Callable[..., None]) -> None:
         while True:
