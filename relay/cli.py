@@ -132,9 +132,11 @@ def run(
         with db.connect(settings.require_database_url()) as conn:
             migrations.migrate(conn, settings.database_schema)
     relay = Relay(settings)
-    with _stop_on_signals(relay.stop):
+    # The handler only raises a flag; this thread does the stopping, never mid-start.
+    with _stop_on_signals(relay.request_stop):
         _start_with_retries(relay)
         relay.wait()
+        relay.stop()
 
 
 def _start_with_retries(relay: Any) -> None:

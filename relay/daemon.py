@@ -48,6 +48,7 @@ class Relay:
         self.encoder = RecordEncoder(self.registry)
         self.workers: dict[PartId, PartWorker] = {}
         self._stopping = threading.Event()
+        self._stop_requested = threading.Event()
         self._listener: NotifyListener | None = None
         self._supervisor: threading.Thread | None = None
         self._keeper: SessionKeeper | None = None
@@ -61,6 +62,15 @@ class Relay:
     # -- lifecycle -------------------------------------------------------------------
 
     def start(self) -> None:
+        """Check the schema, open a session and claim a share of the parts. On failure
+        (Postgres or Kafka unreachable, say) nothing is left running: call it again."""
+        try:
+            self._start()
+        except BaseException:
+            self._abandon_start()
+            raise
+
+    def _start(self) -> None:
         with self._connect() as conn:
             store = OutboxStore(conn, self.settings.database_schema)
             self._check_schema(conn)
@@ -74,7 +84,7 @@ class Relay:
         self._keeper.start()
         self._listener = NotifyListener(self._connect, self.settings.database_schema, self.wake_all)
         self._listener.start()
-        self._rebalance_safely(self._open_store())
+        self._rebalance_safely()
         self._supervisor = threading.Thread(
             target=self._supervise, name="relay-supervisor", daemon=True
         )
@@ -93,20 +103,25 @@ class Relay:
             self.settings.shutdown_timeout if timeout is None else timeout
         )
         self._stopping.set()
+        self._stop_requested.set()
         if self._supervisor is not None:
             self._supervisor.join(max(0.0, deadline - time.monotonic()))
         self._stop_all_workers(deadline)
         if self._listener is not None:
             self._listener.stop()
-        if self._keeper is not None:
-            self._keeper.close()  # deletes the session: peers may claim at once
+        if self._keeper is not None:  # deletes the session: peers may claim at once
+            self._keeper.close(timeout=max(1.0, deadline - time.monotonic()))
         if self._listener is not None:
             self._listener.join(max(0.0, min(2.0, deadline - time.monotonic())))
         logger.info("relay stopped")
 
+    def request_stop(self) -> None:
+        """Ask :meth:`wait` to return (safe in a signal handler: it only sets a flag)."""
+        self._stop_requested.set()
+
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until :meth:`stop`; True if stopped."""
-        return self._stopping.wait(timeout)
+        """Block until :meth:`request_stop` or :meth:`stop`; True if asked to stop."""
+        return self._stop_requested.wait(timeout)
 
     def wake_all(self) -> None:
         for worker in list(self.workers.values()):
@@ -146,13 +161,24 @@ class Relay:
         if store is not None:
             store.conn.close()
 
-    def _rebalance_safely(self, store: OutboxStore) -> None:
+    def _rebalance_safely(self) -> None:
         try:
-            self._rebalance(store)
+            store = self._open_store()
+            try:
+                self._rebalance(store)
+            finally:
+                store.conn.close()
         except RetryableError as exc:
             logger.warning("first rebalance failed, the supervisor retries: %s", exc)
-        finally:
-            store.conn.close()
+
+    def _abandon_start(self) -> None:
+        self._abandon_workers()
+        if self._listener is not None:
+            self._listener.stop()
+            self._listener = None
+        if self._keeper is not None:
+            self._keeper.close(timeout=5.0)
+            self._keeper = None
 
     def _rebalance(self, store: OutboxStore) -> None:
         """Match claims and workers to this relay's share of the parts."""

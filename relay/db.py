@@ -8,6 +8,7 @@ from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict
 
 from relay.errors import DatabaseError, DatabaseUnavailable, NotMigratedError, RelayError
 
@@ -39,7 +40,22 @@ def wrap_errors() -> Iterator[None]:
         raise classify(exc) from exc
 
 
+# Unless the URL says otherwise: fail fast on an unreachable server, and notice a dead
+# peer on an idle or half-open connection (a frozen or partitioned Postgres) within about
+# half a minute instead of hanging until the kernel gives up.
+_LIVENESS_DEFAULTS = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+
+
 def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection[Any]:
     """Open a connection, mapping failures onto relay errors."""
     with wrap_errors():
-        return psycopg.connect(url, autocommit=autocommit, **kwargs)
+        given = conninfo_to_dict(url)
+        defaults = {k: v for k, v in _LIVENESS_DEFAULTS.items() if k not in given}
+        return psycopg.connect(url, autocommit=autocommit, **{**defaults, **kwargs})

@@ -78,9 +78,12 @@ class Publisher(Protocol):
 class PoisonRecordError(EncodingError):
     """The broker (or the client, before sending) rejected one record for what it is."""
 
-    def __init__(self, record: KafkaRecord, reason: str) -> None:
+    def __init__(self, record: KafkaRecord, reason: str, *, ambiguous: bool = False) -> None:
         self.record = record
         self.reason = reason
+        # True when several records failed together (the broker rejects whole produce
+        # batches): ``record`` is only the first of them, maybe not the culprit.
+        self.ambiguous = ambiguous
         super().__init__(f"broker rejected a record for topic {record.topic!r}: {reason}")
 
 
@@ -193,8 +196,10 @@ class _BatchProducer:
         not begun and then aborted over a rejection we can predict."""
         limit = int(self._config.get("message.max.bytes", 1_000_000))
         for record in records:
-            size = len(record.key) + len(record.value) + sum(
-                len(k) + len(v or b"") for k, v in record.headers
+            size = (
+                len(record.key)
+                + len(record.value)
+                + sum(len(k) + len(v or b"") for k, v in record.headers)
             )
             if size > limit:
                 raise PoisonRecordError(
@@ -243,9 +248,12 @@ class _BatchProducer:
     def _raise_for(
         self, records: Sequence[KafkaRecord], failures: list[tuple[Message, KafkaError]]
     ) -> None:
-        for msg, error in failures:
-            if error.code() in _RECORD_ERRORS:
-                raise PoisonRecordError(_matching(records, msg), error.str())
+        rejected = [(msg, error) for msg, error in failures if error.code() in _RECORD_ERRORS]
+        if rejected:
+            msg, error = rejected[0]
+            raise PoisonRecordError(
+                _matching(records, msg), error.str(), ambiguous=len(rejected) > 1
+            )
         msg, error = failures[0]
         if error.fatal() or error.code() in _FENCED:
             raise ProducerFenced(f"producer fenced or failed fatally: {error.str()}")
@@ -290,8 +298,8 @@ class TransactionalPublisher(_BatchProducer):
             {
                 **config,
                 "transactional.id": transactional_id,
-                # Longer than a batch can take, shorter than Kafka's cap (15 min).
-                "transaction.timeout.ms": int(max(60.0, delivery_timeout_s * 3) * 1000),
+                # Longer than a batch can take, within Kafka's default cap (15 min).
+                "transaction.timeout.ms": int(min(900.0, max(60.0, delivery_timeout_s * 3)) * 1000),
             },
             topics,
             delivery_timeout_s,
@@ -319,6 +327,9 @@ class TransactionalPublisher(_BatchProducer):
             committed = consumer.committed(wanted, timeout=self._delivery_timeout_s)
         except KafkaException as exc:
             raise BrokerUnavailable(f"cannot read the Kafka-side checkpoint: {exc}") from exc
+        failed = [tp for tp in committed if tp.error is not None]
+        if failed:
+            raise BrokerUnavailable(f"cannot read the Kafka-side checkpoint: {failed[0].error}")
         tx, pos = (tp.offset for tp in sorted(committed, key=lambda tp: tp.partition))
         return Position(tx, pos) if tx >= 0 and pos >= 0 else None
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from relay.encoding import headers_for
 from relay.model import KafkaRecord, OutboxEvent
+from relay.store import DeadLetterDecision
 from relay.subscribers import Subscriber
 
 HEADER_ERROR = "outbox.error"
@@ -22,7 +23,10 @@ HEADER_ORIGINAL_SUBSCRIBER = "outbox.subscriber"
 MAX_DEAD_LETTER_PAYLOAD_BYTES = 256 * 1024
 
 
-def dead_letter_record(event: OutboxEvent, subscriber: Subscriber, error: str) -> KafkaRecord:
+def dead_letter_record(
+    event: OutboxEvent, subscriber: Subscriber, decision: DeadLetterDecision
+) -> KafkaRecord:
+    error = decision.error
     document: dict[str, Any] = {
         "error": error,
         "subscriber": subscriber.name,
@@ -42,7 +46,7 @@ def dead_letter_record(event: OutboxEvent, subscriber: Subscriber, error: str) -
     else:
         document["payload_omitted_bytes"] = len(payload.encode())
     return KafkaRecord(
-        topic=subscriber.dead_letter_topic_name,
+        topic=decision.topic,
         key=event.aggregate_id.encode(),
         value=json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode(),
         headers=[

@@ -46,8 +46,8 @@ class Session:
         self._renewed = time.monotonic()
         self.lost = threading.Event()
 
-    def renewed(self) -> None:
-        self._renewed = time.monotonic()
+    def renewed(self, at: float) -> None:
+        self._renewed = at
 
     def valid(self) -> bool:
         if self.lost.is_set():
@@ -84,30 +84,50 @@ class SessionKeeper(threading.Thread):
     def stop(self) -> None:
         self._stopping.set()
 
-    def close(self) -> None:
-        """Delete the session: every claim is released at once (cooperative release)."""
+    def close(self, timeout: float = 10.0) -> None:
+        """Delete the session: every claim is released at once (cooperative release).
+
+        Bounded by ``timeout``: with Postgres unreachable, the session simply expires.
+        """
+        deadline = time.monotonic() + timeout
         self.stop()
+        if self.is_alive():
+            self.join(timeout / 2)  # no heartbeat may reopen a session after this
+        closer = threading.Thread(target=self._close_session, name="relay-session-close")
+        closer.daemon = True
+        closer.start()
+        closer.join(max(0.5, deadline - time.monotonic()))
+        if closer.is_alive():
+            logger.warning("could not close session %s in time; it will expire", self.session.id)
+
+    def _close_session(self) -> None:
         try:
-            self._connect().close_session(self.session.id)
+            store = self._open_store()  # a fresh connection: the old one may be wedged
+            try:
+                store.close_session(self.session.id)
+            finally:
+                store.conn.close()
             logger.info("closed relay session %s", self.session.id)
         except RelayError as exc:
             logger.warning("could not close session %s: %s", self.session.id, exc)
-        finally:
-            self._disconnect()
 
     def run(self) -> None:
-        while not self._stopping.wait(self._interval):
-            try:
-                self._beat()
-            except RelayError as exc:
-                logger.warning("session heartbeat failed: %s", exc, extra={"error": str(exc)})
-                self._disconnect()
+        try:
+            while not self._stopping.wait(self._interval):
+                try:
+                    self._beat()
+                except RelayError as exc:
+                    logger.warning("session heartbeat failed: %s", exc, extra={"error": str(exc)})
+                    self._disconnect()
+        finally:
+            self._disconnect()
 
     def _beat(self) -> None:
         store = self._connect()
         session = self.session
+        sent = time.monotonic()  # the database's expiry counts from about now
         if store.heartbeat(session.id, self._timeout):
-            session.renewed()
+            session.renewed(sent)
         else:
             logger.error(
                 "relay session %s expired (heartbeats stopped for longer than %.0fs); "
@@ -118,7 +138,8 @@ class SessionKeeper(threading.Thread):
             )
             session.lost.set()
             self._on_lost()
-            self.session = self._open()
+            if not self._stopping.is_set():
+                self.session = self._open()
         for expired, host, pid in store.expire_sessions():
             logger.warning(
                 "expired the session %s of relay %s (pid %s): its parts are free",

@@ -93,7 +93,8 @@ class Settings(BaseSettings):
     schemas_dir: Path = Path("schemas")
     batch_size: int = Field(default=1000, ge=1, le=100_000)
     poll_interval: float = Field(default=1.0, gt=0, le=300)
-    delivery_timeout: float = Field(default=30.0, gt=0, le=3600)
+    # At most 300 s: a batch's transaction must fit in Kafka's 15-minute cap (3x this).
+    delivery_timeout: float = Field(default=30.0, gt=0, le=300)
     create_topics: bool = True
     topic_partitions: int = Field(default=3, ge=1)
     topic_replication_factor: int = Field(default=-1, ge=-1)

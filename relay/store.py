@@ -57,10 +57,9 @@ class SubscriberState:
 
 
 @dataclass(frozen=True)
-class DeadLetter:
-    """A poison event sent to the dead-letter topic, recorded with the checkpoint."""
+class DeadLetterDecision:
+    """A poison event goes to ``topic`` because of ``error`` (recorded in Postgres)."""
 
-    event: OutboxEvent
     topic: str
     error: str
 
@@ -90,17 +89,8 @@ class OutboxStore:
             rows = self.conn.execute(self._q["fetch_batch"], params).fetchall()
         return [OutboxEvent(*row) for row in rows]
 
-    def advance(
-        self,
-        state: PartState,
-        to: Position,
-        owner: UUID,
-        dead_letters: Sequence[DeadLetter] = (),
-    ) -> int:
-        """Compare-and-set ``state``'s checkpoint to ``to``; returns the new version.
-
-        Dead-letter decisions are recorded in the same transaction, so they are made once.
-        """
+    def advance(self, state: PartState, to: Position, owner: UUID) -> int:
+        """Compare-and-set ``state``'s checkpoint to ``to``; returns the new version."""
         params = {
             "name": state.name,
             "part": state.part,
@@ -109,26 +99,47 @@ class OutboxStore:
             "version": state.version,
             "owner": owner,
         }
-        with wrap_errors(), self.conn.transaction():
+        with wrap_errors():
             row = self.conn.execute(self._q["advance_checkpoint"], params).fetchone()
-            if row is None:
-                raise CheckpointConflict(
-                    f"checkpoint of {state.name}/{state.part} changed underneath this relay"
-                )
-            for dead in dead_letters:
-                self.conn.execute(
-                    self._q["record_dead_letter"],
-                    {
-                        "name": state.name,
-                        "part": state.part,
-                        "transaction_id": dead.event.transaction_id,
-                        "position": dead.event.position,
-                        "message_id": dead.event.message_id,
-                        "topic": dead.topic,
-                        "error": dead.error,
-                    },
-                )
+        if row is None:
+            raise CheckpointConflict(
+                f"checkpoint of {state.name}/{state.part} changed underneath this relay"
+            )
         return int(row[0])
+
+    def dead_letters(
+        self, name: str, after: Position, upto: Position
+    ) -> dict[UUID, DeadLetterDecision]:
+        """Dead-letter decisions already recorded for events in ``(after, upto]``."""
+        params = {
+            "name": name,
+            "from_tx": after.transaction_id,
+            "from_pos": after.position,
+            "to_tx": upto.transaction_id,
+            "to_pos": upto.position,
+        }
+        with wrap_errors():
+            rows = self.conn.execute(self._q["dead_letters_between"], params).fetchall()
+        return {row[0]: DeadLetterDecision(row[1], row[2]) for row in rows}
+
+    def record_dead_letter(
+        self, state: PartState, event: OutboxEvent, decision: DeadLetterDecision
+    ) -> None:
+        """Record the decision before publishing, so it is never made differently later
+        (not even by a new owner that adopts the batch from the Kafka-side checkpoint)."""
+        with wrap_errors():
+            self.conn.execute(
+                self._q["record_dead_letter"],
+                {
+                    "name": state.name,
+                    "part": state.part,
+                    "transaction_id": event.transaction_id,
+                    "position": event.position,
+                    "message_id": event.message_id,
+                    "topic": decision.topic,
+                    "error": decision.error,
+                },
+            )
 
     def halt(self, state: PartState, owner: UUID, error: str) -> None:
         """Record a 'halt' poison decision: the part stays halted until resumed."""

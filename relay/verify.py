@@ -34,6 +34,13 @@ from relay.store import OutboxStore, SubscriberState
 logger = logging.getLogger(__name__)
 
 _MAX_EXAMPLES = 20  # findings listed per kind; the counts are always complete
+_READ_FATAL = frozenset(
+    {
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+        KafkaError.OFFSET_OUT_OF_RANGE,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,8 +256,11 @@ class KafkaTopicReader:
             for msg in consumer.consume(1000, 0.2):
                 error = msg.error()
                 if error is not None:
-                    if error.code() != KafkaError._PARTITION_EOF:
+                    if error.fatal() or error.code() in _READ_FATAL:
                         raise BrokerUnavailable(f"reading {msg.topic()}: {error.str()}")
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        # Transport hiccups: librdkafka reconnects; the deadline bounds it.
+                        logger.warning("reading %s: %s", msg.topic(), error.str())
                     continue
                 last_message = time.monotonic()
                 done += 1

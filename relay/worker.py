@@ -32,7 +32,7 @@ from relay.kafka import PoisonRecordError, Publisher
 from relay.model import KafkaRecord, OutboxEvent, PartId, Position
 from relay.poison import dead_letter_record
 from relay.sessions import Session
-from relay.store import DeadLetter, OutboxStore, PartState
+from relay.store import DeadLetterDecision, OutboxStore, PartState
 from relay.subscribers import PoisonPolicy
 
 logger = logging.getLogger(__name__)
@@ -41,6 +41,7 @@ _MAX_BACKOFF_S = 30.0
 # After a notification finds nothing decided yet (an older transaction still holds the
 # horizon), re-poll soon rather than waiting out the whole poll interval.
 _HORIZON_REPOLL_S = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
+_ADVANCE_ATTEMPTS = 5
 
 
 class WorkerState(StrEnum):
@@ -179,8 +180,6 @@ class PartWorker(threading.Thread):
                 continue
             try:
                 state = self._publish(store, state, events)
-            except CheckpointConflict:
-                state = self._after_conflict(store, state, None)
             except _Halted:
                 state = self._load(store)
 
@@ -199,9 +198,8 @@ class PartWorker(threading.Thread):
             state.checkpoint,
             extra={"part": str(self.part), "recovered": str(recovered)},
         )
-        version = store.advance(state, recovered, self.session.id)
         self.stats.recovered += 1
-        return dataclasses.replace(state, checkpoint=recovered, version=version)
+        return self._advance(store, state, recovered)
 
     def _publish(
         self, store: OutboxStore, state: PartState, events: list[OutboxEvent]
@@ -210,45 +208,64 @@ class PartWorker(threading.Thread):
             raise ClaimLost("this relay's session may have expired; not publishing")
         assert self._publisher is not None
         end = events[-1].key
-        dead: dict[UUID, DeadLetter] = {}
+        dead: dict[UUID, DeadLetterDecision] = {}
+        if state.subscriber.on_poison is PoisonPolicy.DEAD_LETTER:
+            dead = store.dead_letters(state.name, state.checkpoint, end)
         while True:
             records = self._encode(store, state, events, dead)
             try:
                 self._publisher.publish(records, end, str(state.generation))
                 break
             except PoisonRecordError as exc:
+                if exc.ambiguous and len(events) > 1:
+                    # The broker failed several records together: one event per
+                    # transaction finds the culprit without blaming its neighbours.
+                    for event in events:
+                        state = self._publish(store, state, [event])
+                    return state
                 event = _event_of(exc.record, events)
                 if event.message_id in dead:  # the dead letter itself was rejected
                     self._halt(store, state, event, f"dead-letter record rejected: {exc.reason}")
                 self._poison(store, state, event, str(exc), dead)
-        try:
-            version = store.advance(state, end, self.session.id, list(dead.values()))
-            state = dataclasses.replace(state, checkpoint=end, version=version)
-        except CheckpointConflict:
-            state = self._after_conflict(store, state, (end, list(dead.values())))
-        self._count(len(records), len(dead), end)
+        state = self._advance(store, state, end)
+        self._count(len(records), sum(1 for e in events if e.message_id in dead), end)
         return state
+
+    def _advance(self, store: OutboxStore, state: PartState, end: Position) -> PartState:
+        """Record a committed batch, even if the version moved (a pause, say) meanwhile."""
+        for _ in range(_ADVANCE_ATTEMPTS):
+            try:
+                version = store.advance(state, end, self.session.id)
+                return dataclasses.replace(state, checkpoint=end, version=version)
+            except CheckpointConflict:
+                current = self._load(store)  # raises ClaimLost if a peer owns it now
+                if current.checkpoint != state.checkpoint or current.generation != state.generation:
+                    logger.info("part %s: checkpoint moved (a reset?), reloading", self.part)
+                    return current
+                state = current  # only the version moved: the batch is still the right one
+        # Still racing after several tries: start over from recovery, which adopts the
+        # Kafka-side checkpoint of the batch just committed instead of republishing it.
+        raise CheckpointConflict(f"part {self.part}: could not record the batch ending at {end}")
 
     def _encode(
         self,
         store: OutboxStore,
         state: PartState,
         events: list[OutboxEvent],
-        dead: dict[UUID, DeadLetter],
+        dead: dict[UUID, DeadLetterDecision],
     ) -> list[KafkaRecord]:
         subscriber = state.subscriber
         records = []
         for event in events:
             if not subscriber.matches(event):
                 continue
-            if event.message_id in dead:
-                records.append(dead_letter_record(event, subscriber, dead[event.message_id].error))
-                continue
-            try:
-                records.append(self._encoder.encode(event, subscriber))
-            except EncodingError as exc:
-                self._poison(store, state, event, str(exc), dead)
-                records.append(dead_letter_record(event, subscriber, str(exc)))
+            if event.message_id not in dead:
+                try:
+                    records.append(self._encoder.encode(event, subscriber))
+                    continue
+                except EncodingError as exc:
+                    self._poison(store, state, event, str(exc), dead)
+            records.append(dead_letter_record(event, subscriber, dead[event.message_id]))
         return records
 
     def _poison(
@@ -257,23 +274,24 @@ class PartWorker(threading.Thread):
         state: PartState,
         event: OutboxEvent,
         error: str,
-        dead: dict[UUID, DeadLetter],
+        dead: dict[UUID, DeadLetterDecision],
     ) -> None:
         """Apply the subscriber's policy; returns only when the event is dead-lettered."""
         if state.subscriber.on_poison is PoisonPolicy.HALT:
             self._halt(store, state, event, error)
-        topic = state.subscriber.dead_letter_topic_name
+        decision = DeadLetterDecision(state.subscriber.dead_letter_topic_name, error)
+        store.record_dead_letter(state, event, decision)
         logger.warning(
             "part %s: poison event %s (%s:%s) goes to %s: %s",
             self.part,
             event.message_id,
             event.transaction_id,
             event.position,
-            topic,
+            decision.topic,
             error,
             extra={"part": str(self.part), "message_id": str(event.message_id), "error": error},
         )
-        dead[event.message_id] = DeadLetter(event, topic, error)
+        dead[event.message_id] = decision
 
     def _halt(self, store: OutboxStore, state: PartState, event: OutboxEvent, error: str) -> None:
         message = f"poison event {event.message_id} at {event.key}: {error}"
@@ -287,29 +305,6 @@ class PartWorker(threading.Thread):
             extra={"part": str(self.part), "message_id": str(event.message_id), "error": error},
         )
         raise _Halted
-
-    def _after_conflict(
-        self,
-        store: OutboxStore,
-        state: PartState,
-        published: tuple[Position, list[DeadLetter]] | None,
-    ) -> PartState:
-        """The checkpoint's version moved underneath us: find out why."""
-        current = self._load(store)
-        if current.owner != self.session.id:
-            raise ClaimLost(f"part {self.part} was claimed by another relay")
-        if (
-            published is not None
-            and current.checkpoint == state.checkpoint
-            and current.generation == state.generation
-        ):
-            # Only the version moved (a pause, say): the batch we published is still the
-            # right one, so record it rather than publishing it again.
-            end, dead = published
-            version = store.advance(current, end, self.session.id, dead)
-            return dataclasses.replace(current, checkpoint=end, version=version)
-        logger.info("part %s: checkpoint moved (a reset?), reloading", self.part)
-        return current
 
     # -- helpers -----------------------------------------------------------------------
 

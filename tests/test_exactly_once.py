@@ -299,7 +299,8 @@ def test_verify_is_clean_after_a_run_and_finds_duplicates_and_gaps(
     start_relay: StartRelay,
 ) -> None:
     topic = topic_prefix + "outbox.event.order"
-    relay = start_relay(subscribers=[sub("s", topic_prefix, value_format="json")])
+    write_orders(db, outbox, [f"old-{i}" for i in range(5)])  # before the subscriber existed
+    relay = start_relay(subscribers=[sub("s", topic_prefix, value_format="json", start_from="now")])
     write_orders(db, outbox, [f"o-{i}" for i in range(30)])
     wait_until(lambda: caught_up(db, "s"), what="the relay to publish")
     relay.stop()
@@ -316,7 +317,10 @@ def test_verify_is_clean_after_a_run_and_finds_duplicates_and_gaps(
     producer.flush(10)
     write_orders(db, outbox, ["o-lost"])
     lost = OutboxStore(db).fetch(Position(0, 0), 100)[-1]
-    OutboxStore(db).reset("s", lost.key)  # the checkpoint claims o-lost was published
+    db.execute(  # as a buggy relay would: the checkpoint claims o-lost was published
+        "UPDATE outbox_checkpoints SET transaction_id = %s::text::xid8, position = %s",
+        (lost.transaction_id, lost.position),
+    )
     dirty = run_cli("verify", "--json", env=env)
     assert dirty.returncode == 1
     [report] = json.loads(dirty.stdout)

@@ -61,21 +61,30 @@ RETURNING name;
 -- name: update_subscriber
 -- The part count is fixed at creation (changing it would move keys between parts
 -- whose checkpoints differ), so it is only compared, never updated.
-UPDATE {schema}.outbox_subscribers
-   SET aggregate_types = %(aggregate_types)s, event_types = %(event_types)s,
-       topic = %(topic)s, value_format = %(value_format)s, on_poison = %(on_poison)s,
-       dead_letter_topic = %(dead_letter_topic)s, updated_at = now()
- WHERE name = %(name)s
-RETURNING parts;
+-- Bumps the checkpoint versions, so busy workers reload the definition at their next
+-- checkpoint write rather than only when idle.
+WITH s AS (
+    UPDATE {schema}.outbox_subscribers
+       SET aggregate_types = %(aggregate_types)s, event_types = %(event_types)s,
+           topic = %(topic)s, value_format = %(value_format)s, on_poison = %(on_poison)s,
+           dead_letter_topic = %(dead_letter_topic)s, updated_at = now()
+     WHERE name = %(name)s
+    RETURNING name, parts
+), bumped AS (
+    UPDATE {schema}.outbox_checkpoints c SET version = version + 1
+      FROM s WHERE c.subscriber = s.name
+)
+SELECT parts FROM s;
 
 -- name: insert_checkpoints
 -- One checkpoint per part. start 'beginning': before every row; 'now': after every
 -- transaction already decided.
-INSERT INTO {schema}.outbox_checkpoints (subscriber, part, transaction_id, position)
-SELECT %(name)s, part,
-       CASE WHEN %(start)s = 'now' THEN pg_snapshot_xmin(pg_current_snapshot()) ELSE '0'::xid8 END,
-       0
-  FROM generate_series(0, %(parts)s - 1) AS part
+INSERT INTO {schema}.outbox_checkpoints
+    (subscriber, part, transaction_id, position, start_transaction_id, start_position)
+SELECT %(name)s, part, start.xid, 0, start.xid, 0
+  FROM generate_series(0, %(parts)s - 1) AS part,
+       LATERAL (SELECT CASE WHEN %(start)s = 'now' THEN pg_snapshot_xmin(pg_current_snapshot())
+                            ELSE '0'::xid8 END AS xid) AS start
 ON CONFLICT (subscriber, part) DO NOTHING;
 
 -- name: list_subscribers
@@ -113,6 +122,13 @@ UPDATE {schema}.outbox_checkpoints
    AND (transaction_id, position) <= (%(transaction_id)s::text::xid8, %(position)s)
 RETURNING version;
 
+-- name: dead_letters_between
+-- Decisions already made for a batch's range (by this relay or a predecessor).
+SELECT message_id, topic, error FROM {schema}.outbox_dead_letters
+ WHERE subscriber = %(name)s
+   AND (transaction_id, position) > (%(from_tx)s::text::xid8, %(from_pos)s)
+   AND (transaction_id, position) <= (%(to_tx)s::text::xid8, %(to_pos)s);
+
 -- name: record_dead_letter
 INSERT INTO {schema}.outbox_dead_letters
     (subscriber, part, transaction_id, position, message_id, topic, error)
@@ -141,17 +157,20 @@ UPDATE {schema}.outbox_checkpoints c
 RETURNING c.subscriber;
 
 -- name: reset_checkpoint
--- A new generation: Kafka-side checkpoints from before the reset no longer apply.
-UPDATE {schema}.outbox_checkpoints
-   SET transaction_id = CASE %(to)s
-           WHEN 'beginning' THEN '0'::xid8
-           WHEN 'now' THEN pg_snapshot_xmin(pg_current_snapshot())
-           ELSE %(transaction_id)s::text::xid8 END,
-       position = CASE WHEN %(to)s = 'position' THEN %(position)s ELSE 0 END,
+-- A new generation: Kafka-side checkpoints from before the reset no longer apply, and
+-- verify expects only what is published after the new start.
+UPDATE {schema}.outbox_checkpoints c
+   SET transaction_id = t.xid, position = t.pos,
+       start_transaction_id = t.xid, start_position = t.pos,
        version = version + 1, generation = gen_random_uuid(),
        halted_at = NULL, halted_error = NULL, updated_at = now()
- WHERE subscriber = %(name)s
-RETURNING subscriber;
+  FROM (SELECT CASE %(to)s
+                   WHEN 'beginning' THEN '0'::xid8
+                   WHEN 'now' THEN pg_snapshot_xmin(pg_current_snapshot())
+                   ELSE %(transaction_id)s::text::xid8 END AS xid,
+               CASE WHEN %(to)s = 'position' THEN %(position)s::bigint ELSE 0 END AS pos) AS t
+ WHERE c.subscriber = %(name)s
+RETURNING c.subscriber;
 
 -- name: delete_subscriber
 DELETE FROM {schema}.outbox_subscribers WHERE name = %(name)s RETURNING name;
@@ -207,5 +226,6 @@ SELECT o.message_id, o.position, o.aggregate_type, o.event_type,
   LEFT JOIN {schema}.outbox_dead_letters d
     ON d.subscriber = s.name AND d.transaction_id = o.transaction_id AND d.position = o.position
  WHERE (o.transaction_id, o.position) <= (c.transaction_id, c.position)
+   AND (o.transaction_id, o.position) > (c.start_transaction_id, c.start_position)
    AND (%(aggregate_types)s::text[] IS NULL OR o.aggregate_type = ANY(%(aggregate_types)s::text[]))
    AND (%(event_types)s::text[] IS NULL OR o.event_type = ANY(%(event_types)s::text[]));

@@ -144,6 +144,10 @@ CREATE TABLE {schema}.outbox_checkpoints (
     -- Set when a poison event halted this part under the 'halt' policy; cleared by resume.
     halted_at      timestamptz,
     halted_error   text,
+    -- Where this generation started (creation or the last reset): verify expects the
+    -- events after it, up to the checkpoint.
+    start_transaction_id xid8 NOT NULL DEFAULT '0',
+    start_position bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (subscriber, part)
 );
 

@@ -38,7 +38,11 @@ ALTER TABLE {schema}.outbox_checkpoints
     ADD COLUMN generation uuid NOT NULL DEFAULT gen_random_uuid(),
     -- Set when a poison event halted this part under the 'halt' policy; cleared by resume.
     ADD COLUMN halted_at timestamptz,
-    ADD COLUMN halted_error text;
+    ADD COLUMN halted_error text,
+    -- Where this generation started (creation or the last reset): verify expects the
+    -- events after it, up to the checkpoint.
+    ADD COLUMN start_transaction_id xid8 NOT NULL DEFAULT '0',
+    ADD COLUMN start_position bigint NOT NULL DEFAULT 0;
 
 CREATE INDEX outbox_checkpoints_owner ON {schema}.outbox_checkpoints (owner);
 

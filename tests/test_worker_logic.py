@@ -1,0 +1,150 @@
+"""The part worker's decisions on their own, with in-memory stand-ins for Postgres and
+Kafka: races on the checkpoint, recovery, and blame for batch-wide broker rejections."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from relay.encoding import RecordEncoder
+from relay.errors import CheckpointConflict
+from relay.kafka import PoisonRecordError
+from relay.model import KafkaRecord, OutboxEvent, PartId, Position
+from relay.sessions import Session
+from relay.store import DeadLetterDecision, PartState
+from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
+from relay.worker import PartWorker
+
+OWNER = uuid.uuid4()
+
+
+def event(position: int, key: str = "k") -> OutboxEvent:
+    return OutboxEvent(
+        transaction_id=100 + position,
+        position=position,
+        message_id=uuid.uuid4(),
+        aggregate_type="order",
+        aggregate_id=key,
+        aggregate_version=None,
+        event_type="OrderPlaced",
+        payload={"n": position},
+        headers={},
+        occurred_at=datetime.now(UTC),
+    )
+
+
+class FakeStore:
+    """One part's checkpoint row, with a hook to bump its version before CAS writes."""
+
+    def __init__(self, subscriber: Subscriber) -> None:
+        self.state = PartState(
+            subscriber=subscriber,
+            subscriber_id=uuid.uuid4(),
+            part=0,
+            checkpoint=Position(0, 0),
+            version=0,
+            generation=uuid.uuid4(),
+            owner=OWNER,
+            halted_error=None,
+            updated_at=datetime.now(UTC),
+        )
+        self.bumps_before_advance = 0  # concurrent pause/resume commands
+        self.dead: dict[uuid.UUID, DeadLetterDecision] = {}
+
+    def get_part(self, name: str, part: int) -> PartState:
+        return self.state
+
+    def advance(self, state: PartState, to: Position, owner: uuid.UUID) -> int:
+        if self.bumps_before_advance:
+            self.bumps_before_advance -= 1
+            self.state = dataclasses.replace(self.state, version=self.state.version + 1)
+        if state.version != self.state.version or owner != self.state.owner:
+            raise CheckpointConflict("moved")
+        self.state = dataclasses.replace(self.state, checkpoint=to, version=state.version + 1)
+        return self.state.version
+
+    def dead_letters(self, name: str, after: Position, upto: Position) -> dict[Any, Any]:
+        return dict(self.dead)
+
+    def record_dead_letter(self, state: PartState, ev: OutboxEvent, d: DeadLetterDecision) -> None:
+        self.dead[ev.message_id] = d
+
+
+class FakeKafka:
+    """Committed transactions, each a list of records; rejects some records together."""
+
+    def __init__(self, checkpoint: Position | None = None) -> None:
+        self.transactions: list[list[KafkaRecord]] = []
+        self.checkpoint = checkpoint
+        self.reject_with: dict[bytes, set[bytes]] = {}  # culprit id → ids failed with it
+
+    def recover(self, generation: str) -> Position | None:
+        return self.checkpoint
+
+    def publish(self, records: Sequence[KafkaRecord], end: Position, generation: str) -> None:
+        main = [r for r in records if r.topic == "t"]  # dead letters go elsewhere
+        ids = {r.headers[0][1] for r in main}
+        for culprit, companions in self.reject_with.items():
+            if culprit in ids:
+                failed = [r for r in main if r.headers[0][1] in companions | {culprit}]
+                raise PoisonRecordError(failed[0], "too large", ambiguous=len(failed) > 1)
+        self.transactions.append(list(records))
+        self.checkpoint = end
+
+    def close(self) -> None: ...
+
+
+def worker(store: FakeStore, kafka: FakeKafka) -> PartWorker:
+    return PartWorker(
+        PartId("s", 0),
+        session=Session(OWNER, timeout=60, heartbeat_interval=1),
+        open_store=lambda: store,  # type: ignore[arg-type,return-value]
+        open_publisher=lambda state: kafka,
+        encoder=RecordEncoder(None),
+        batch_size=100,
+        poll_interval=0.1,
+    )
+
+
+def published_ids(kafka: FakeKafka) -> list[bytes]:
+    return [r.headers[0][1] for tx in kafka.transactions for r in tx if r.topic == "t"]  # type: ignore[misc]
+
+
+def test_a_batch_is_recorded_once_even_if_the_version_moves_twice_meanwhile() -> None:
+    store, kafka = FakeStore(Subscriber("s", topic="t", value_format=ValueFormat.JSON)), FakeKafka()
+    w = worker(store, kafka)
+    w._publisher = kafka
+    events = [event(1), event(2)]
+    store.bumps_before_advance = 2  # pause, then resume, while the batch was in flight
+    state = w._publish(store, store.state, events)  # type: ignore[arg-type]
+    assert state.checkpoint == events[-1].key == store.state.checkpoint
+    assert len(kafka.transactions) == 1
+
+
+def test_recovery_adopts_a_kafka_checkpoint_ahead_of_postgres() -> None:
+    store = FakeStore(Subscriber("s", topic="t", value_format=ValueFormat.JSON))
+    kafka = FakeKafka(checkpoint=Position(105, 5))
+    w = worker(store, kafka)
+    state = w._recover(store, store.state)  # type: ignore[arg-type]
+    assert state.checkpoint == Position(105, 5) == store.state.checkpoint
+    assert w.stats.recovered == 1
+
+
+def test_a_batch_wide_rejection_blames_only_the_culprit() -> None:
+    subscriber = Subscriber(
+        "s", topic="t", value_format=ValueFormat.JSON, on_poison=PoisonPolicy.DEAD_LETTER
+    )
+    store, kafka = FakeStore(subscriber), FakeKafka()
+    w = worker(store, kafka)
+    w._publisher = kafka
+    innocent, culprit, later = event(1), event(2), event(3)
+    ids = [str(e.message_id).encode() for e in (innocent, culprit, later)]
+    # The broker fails the innocent neighbour together with the culprit.
+    kafka.reject_with = {ids[1]: {ids[0]}}
+    w._publish(store, store.state, [innocent, culprit, later])  # type: ignore[arg-type]
+    assert published_ids(kafka) == [ids[0], ids[2]]
+    assert list(store.dead) == [culprit.message_id]
+    assert store.state.checkpoint == later.key
