@@ -188,6 +188,13 @@ class PartWorker(threading.Thread):
         if self._publisher is None:
             self._publisher = self._open_publisher(state)
         recovered = self._publisher.recover(str(state.generation))
+        logger.info(
+            "part %s: resuming after %s (Kafka-side checkpoint: %s)",
+            self.part,
+            state.checkpoint,
+            recovered,
+            extra={"part": str(self.part), "checkpoint": str(state.checkpoint)},
+        )
         if recovered is None or recovered <= state.checkpoint:
             return state
         logger.warning(

@@ -152,7 +152,7 @@ class Writers:
         for thread in self._threads:
             thread.join(30)
 
-    def burst(self, n: int = 600) -> None:
+    def burst(self, n: int = 4000) -> None:
         """One transaction of ``n`` events, from the chaos driver."""
         try:
             with psycopg.connect(self._url, connect_timeout=3) as conn, conn.transaction():
@@ -263,7 +263,7 @@ def _chaos_loop(
         # with a backlog: most kills land mid-batch, inside the crash windows.
         burst()
         busy = _busy_sessions(url, time.monotonic() + 1.0)
-        time.sleep(rng.uniform(0, 0.05))
+        time.sleep(rng.uniform(0, 0.1))  # somewhere inside the burst's publication
         live = relays.alive()
         if live:
             victim = next((p for p in live if relays.sessions(p) & busy), rng.choice(live))
@@ -325,7 +325,8 @@ def test_exactly_once_through_kills_freezes_restarts_and_outages(
     figures = Figures()
     relays = RelayProcesses(env, tmp_path, figures)
     writers = Writers(url, outbox, figures)
-    rng = random.Random(int(os.environ.get("OUTBOX_CHAOS_SEED", time.time())))
+    seed = int(os.environ.get("OUTBOX_CHAOS_SEED", time.time()))
+    rng = random.Random(seed)
     began = time.monotonic()
     try:
         for _ in range(RELAYS):
@@ -351,6 +352,8 @@ def test_exactly_once_through_kills_freezes_restarts_and_outages(
     aborted = sum(len(log.aborted) for log in logs)
     still_open = sum(len(log.open) for log in logs)
     summary = {
+        "seed": seed,
+        "logs": str(tmp_path),
         "duration_s": round(duration, 1),
         "events_committed": figures.events_committed,
         "outbox_rows": committed_rows[0] if committed_rows else None,
