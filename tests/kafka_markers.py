@@ -67,6 +67,9 @@ class LogSnapshot:
     committed: list[RawRecord] = field(default_factory=list)  # incl. non-transactional
     aborted: list[RawRecord] = field(default_factory=list)
     open: list[RawRecord] = field(default_factory=list)  # transaction without marker yet
+    # Log shapes a Kafka broker would not write, e.g. a marker for an epoch that was
+    # already fenced; described for diagnosis.
+    anomalies: list[str] = field(default_factory=list)
 
 
 def committed_records(bootstrap_servers: str, topic: str, timeout: float = 30.0) -> list[RawRecord]:
@@ -108,20 +111,38 @@ def read_log(bootstrap_servers: str, topic: str, timeout: float = 30.0) -> LogSn
 
 
 def _classify(topic: str, partition: int, start: int, batches: list[Any], out: LogSnapshot) -> None:
-    pending: dict[int, list[RawRecord]] = {}  # producer id -> records of its open transaction
+    # producer id -> (epoch, records) of its open transaction. A producer epoch only
+    # grows; data from a newer epoch means the older transaction was fenced, which
+    # aborts it (Kafka writes that ABORT marker; a late or missing one changes nothing).
+    pending: dict[int, tuple[int, list[RawRecord]]] = {}
     for batch in batches:
+        pid, epoch = batch.producer_id, batch.producer_epoch
         if batch.is_control_batch:
             for control in batch:
                 _version, kind = struct.unpack_from(">hh", control.key)
-                if kind in (_ABORT, _COMMIT):  # other control types do not end a transaction
-                    txn = pending.pop(batch.producer_id, [])
+                if kind not in (_ABORT, _COMMIT):  # other control types end nothing
+                    continue
+                if pid in pending and pending[pid][0] <= epoch:
+                    txn = pending.pop(pid)[1]
                     (out.committed if kind == _COMMIT else out.aborted).extend(txn)
+                elif pid in pending:
+                    out.anomalies.append(
+                        f"{topic}[{partition}]@{batch.base_offset}: marker of fenced epoch "
+                        f"{epoch} for producer {pid}, whose epoch {pending[pid][0]} is open"
+                    )
         elif batch.is_transactional:
-            txn = pending.setdefault(batch.producer_id, [])
+            if pid in pending and pending[pid][0] < epoch:
+                fenced_epoch, fenced = pending.pop(pid)
+                out.aborted.extend(fenced)
+                out.anomalies.append(
+                    f"{topic}[{partition}]@{batch.base_offset}: producer {pid} epoch {epoch} "
+                    f"writes while epoch {fenced_epoch} has no marker yet"
+                )
+            txn = pending.setdefault(pid, (epoch, []))[1]
             txn.extend(_records(topic, partition, start, batch))
         else:
             out.committed.extend(_records(topic, partition, start, batch))
-    for txn in pending.values():
+    for _epoch, txn in pending.values():
         out.open.extend(txn)
 
 

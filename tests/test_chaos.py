@@ -350,6 +350,7 @@ def test_exactly_once_through_kills_freezes_restarts_and_outages(
     # Records of transactions aborted by kills and fencing (hidden by Apache Kafka).
     logs = [read_log(local_broker.bootstrap_servers, t) for r in reports for t in r.topics]
     aborted = sum(len(log.aborted) for log in logs)
+    anomalies = [a for log in logs for a in log.anomalies]
     still_open = sum(len(log.open) for log in logs)
     summary = {
         "seed": seed,
@@ -367,6 +368,7 @@ def test_exactly_once_through_kills_freezes_restarts_and_outages(
         "writer_errors": figures.writer_errors,
         "aborted_records_on_topics": aborted,
         "open_transaction_records": still_open,
+        "broker_log_anomalies": anomalies[:20],
         "reports": [r.as_dict() for r in reports],
     }
     print(json.dumps(summary, indent=2))
