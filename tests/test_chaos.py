@@ -257,6 +257,7 @@ def _chaos_loop(
 ) -> None:
     started = time.monotonic()
     done = {"freeze": False, "postgres": False, "broker": False}
+    spared: set[int] = set()
     while (elapsed := time.monotonic() - started) < CHAOS_SECONDS:
         time.sleep(rng.uniform(1.5, 3.5))
         # A burst right before the kill, and the victim is a relay that owns a part
@@ -266,11 +267,15 @@ def _chaos_loop(
         time.sleep(rng.uniform(0, 0.1))  # somewhere inside the burst's publication
         live = relays.alive()
         if live:
-            victim = next((p for p in live if relays.sessions(p) & busy), rng.choice(live))
+            # Spare the relay thawed after SIGSTOP: it must stand down on its own.
+            candidates = [p for p in live if p.pid not in spared] or live
+            victim = next(
+                (p for p in candidates if relays.sessions(p) & busy), rng.choice(candidates)
+            )
             victim.kill()
             victim.wait()
             figures.kills += 1
-            figures.log.append(f"{elapsed:5.1f}s kill -9 pid {victim.pid}")
+            figures.log.append(f"{time.monotonic() - started:5.1f}s kill -9 pid {victim.pid}")
         relays.start()
         if elapsed > CHAOS_SECONDS * 0.2 and not done["freeze"]:
             done["freeze"] = True
@@ -280,6 +285,7 @@ def _chaos_loop(
             figures.log.append(f"{elapsed:5.1f}s SIGSTOP pid {frozen.pid}")
             time.sleep(SESSION_TIMEOUT + 3)  # its session expires; a peer takes over
             frozen.send_signal(signal.SIGCONT)
+            spared.add(frozen.pid)
             figures.log.append(f"{time.monotonic() - started:5.1f}s SIGCONT pid {frozen.pid}")
         elif elapsed > CHAOS_SECONDS * 0.45 and not done["postgres"]:
             done["postgres"] = True
