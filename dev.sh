@@ -12,7 +12,7 @@ ensure_venv() {
         "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
         "$PYTHON" -m venv .venv
         .venv/bin/python -m pip install --quiet --upgrade pip
-        .venv/bin/python -m pip install --quiet -e '.[dev]'
+        .venv/bin/python -m pip install --quiet -e '.[dev,spark]'
         touch .venv/.installed
     fi
 }
