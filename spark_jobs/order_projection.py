@@ -1,0 +1,188 @@
+"""Job (a): keep an ``orders`` read model in Postgres up to date from the order events.
+
+Exactly once end to end: the Kafka source's offsets live in the Spark checkpoint, and
+each micro-batch commits in one Postgres transaction with its batch marker
+(:class:`PostgresBatchSink`). On top of that, every upsert is guarded by the event's
+``(transaction_id, position)``, the relay's publication order, so even a replay from an
+older checkpoint can never move an order's state backwards.
+
+Run locally (embedded default) or with ``spark-submit``::
+
+    python -m spark_jobs.order_projection --bootstrap-servers 127.0.0.1:9092 \\
+        --database-url postgresql://... --checkpoint /tmp/orders-ckpt
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from pyspark.sql import DataFrame, Row
+from pyspark.sql import functions as F
+
+from spark_jobs.decoding import decode_events, split_corrupt
+from spark_jobs.postgres_sink import PostgresBatchSink
+from spark_jobs.session import local_session, read_kafka
+
+ORDERS_DDL = """
+CREATE TABLE IF NOT EXISTS orders (
+    order_id       text PRIMARY KEY,
+    customer_id    text,
+    amount_cents   bigint,
+    status         text NOT NULL,
+    carrier        text,
+    transaction_id bigint NOT NULL,
+    position       bigint NOT NULL
+)
+"""
+# Fields an event does not carry keep their value; older events never win.
+UPSERT = """
+INSERT INTO orders AS o
+    (order_id, customer_id, amount_cents, status, carrier, transaction_id, position)
+VALUES (%(order_id)s, %(customer_id)s, %(amount_cents)s, %(status)s, %(carrier)s,
+        %(transaction_id)s, %(position)s)
+ON CONFLICT (order_id) DO UPDATE SET
+    customer_id = coalesce(EXCLUDED.customer_id, o.customer_id),
+    amount_cents = coalesce(EXCLUDED.amount_cents, o.amount_cents),
+    status = EXCLUDED.status,
+    carrier = coalesce(EXCLUDED.carrier, o.carrier),
+    transaction_id = EXCLUDED.transaction_id,
+    position = EXCLUDED.position
+WHERE (o.transaction_id, o.position) < (EXCLUDED.transaction_id, EXCLUDED.position)
+"""
+_STATUS = {"OrderPlaced": "placed", "OrderShipped": "shipped"}
+
+
+def order_changes(events: DataFrame) -> DataFrame:
+    """Decoded events → one change row per order event (pure; testable on its own)."""
+    payload = F.from_json(
+        "payload", "order_id string, customer_id string, amount_cents long, carrier string"
+    )
+    status = F.coalesce(
+        *[F.when(F.col("event_type").endswith(t), F.lit(s)) for t, s in _STATUS.items()]
+    )
+    return (
+        events.where(F.col("aggregate_type") == "order")
+        .withColumn("p", payload)
+        .withColumn("status", status)
+        .where("status IS NOT NULL")
+        .select(
+            F.col("p.order_id").alias("order_id"),
+            F.col("p.customer_id").alias("customer_id"),
+            F.col("p.amount_cents").alias("amount_cents"),
+            "status",
+            F.col("p.carrier").alias("carrier"),
+            "transaction_id",
+            "position",
+        )
+    )
+
+
+def write_changes(conn: psycopg.Connection[Any], rows: Sequence[Row]) -> None:
+    ordered = sorted(rows, key=lambda r: (r.transaction_id, r.position))
+    with conn.cursor() as cursor:
+        cursor.executemany(UPSERT, [r.asDict() for r in ordered])
+
+
+def ensure_tables(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(ORDERS_DDL)
+
+
+class CorruptRecordsError(RuntimeError):
+    """Records that cannot be decoded, under the ``fail`` policy."""
+
+
+def batch_writer(sink: PostgresBatchSink, on_corrupt: str) -> Callable[[DataFrame, int], None]:
+    """The ``foreachBatch`` function: changes (and routed corrupt records) commit in one
+    Postgres transaction with the batch marker."""
+    if on_corrupt not in ("fail", "route"):
+        raise ValueError(f"on_corrupt must be 'fail' or 'route', got {on_corrupt!r}")
+
+    def write_batch(batch: DataFrame, batch_id: int) -> None:
+        batch.persist()  # two actions below: read the batch from Kafka once
+        try:
+            _write(batch, batch_id)
+        finally:
+            batch.unpersist()
+
+    def _write(batch: DataFrame, batch_id: int) -> None:
+        events, corrupt = split_corrupt(batch)
+        bad = corrupt.collect()
+        if bad and on_corrupt == "fail":
+            first = bad[0]
+            raise CorruptRecordsError(
+                f"{len(bad)} undecodable records, first {first.topic}[{first.partition}]"
+                f"@{first.offset}: {first.error} (use on_corrupt='route' to divert them)"
+            )
+        changes = order_changes(events).collect()
+
+        def write(conn: psycopg.Connection[Any]) -> int:
+            write_changes(conn, changes)
+            sink.write_corrupt(conn, batch_id, bad)
+            return len(changes) + len(bad)
+
+        sink.commit(batch_id, write)
+
+    return write_batch
+
+
+def start(
+    spark: Any,
+    *,
+    bootstrap_servers: str,
+    topic: str,
+    database_url: str,
+    checkpoint: str,
+    schemas: str,
+    available_now: bool = False,
+    on_corrupt: str = "fail",
+    sink: str = "order-projection",
+) -> Any:
+    """Start the streaming query; returns it."""
+    ensure_tables(database_url)
+    writer = PostgresBatchSink(database_url, sink)
+    writer.ensure_tables()
+    source = read_kafka(
+        spark,
+        subscribe=topic,
+        startingOffsets="earliest",
+        includeHeaders="true",
+        **{"kafka.bootstrap.servers": bootstrap_servers},
+    )
+    decoded = decode_events(source, writer_schemas=schemas)
+    stream = decoded.writeStream.foreachBatch(batch_writer(writer, on_corrupt))
+    stream = stream.option("checkpointLocation", checkpoint)
+    stream = stream.trigger(availableNow=True) if available_now else stream
+    return stream.start()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bootstrap-servers", required=True)
+    parser.add_argument("--topic", default="outbox.event.order")
+    parser.add_argument("--database-url", required=True)
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--schemas", default=str(Path("schemas")))
+    parser.add_argument("--available-now", action="store_true", help="Process what is there, stop.")
+    parser.add_argument("--on-corrupt", choices=["fail", "route"], default="fail")
+    args = parser.parse_args(argv)
+    spark = local_session("order-projection")
+    query = start(
+        spark,
+        bootstrap_servers=args.bootstrap_servers,
+        topic=args.topic,
+        database_url=args.database_url,
+        checkpoint=args.checkpoint,
+        schemas=args.schemas,
+        available_now=args.available_now,
+        on_corrupt=args.on_corrupt,
+    )
+    query.awaitTermination()
+
+
+if __name__ == "__main__":
+    main()
