@@ -141,17 +141,17 @@ def start(
     available_now: bool = False,
     on_corrupt: str = "fail",
     sink: str = "order-projection",
+    max_offsets_per_trigger: int | None = None,
 ) -> Any:
     """Start the streaming query; returns it."""
     ensure_tables(database_url)
     writer = PostgresBatchSink(database_url, sink)
     writer.ensure_tables()
+    options = {"kafka.bootstrap.servers": bootstrap_servers}
+    if max_offsets_per_trigger:
+        options["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)
     source = read_kafka(
-        spark,
-        subscribe=topic,
-        startingOffsets="earliest",
-        includeHeaders="true",
-        **{"kafka.bootstrap.servers": bootstrap_servers},
+        spark, subscribe=topic, startingOffsets="earliest", includeHeaders="true", **options
     )
     decoded = decode_events(source, writer_schemas=schemas)
     stream = decoded.writeStream.foreachBatch(batch_writer(writer, on_corrupt))
@@ -169,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--schemas", default=str(Path("schemas")))
     parser.add_argument("--available-now", action="store_true", help="Process what is there, stop.")
     parser.add_argument("--on-corrupt", choices=["fail", "route"], default="fail")
+    parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
     args = parser.parse_args(argv)
     spark = local_session("order-projection")
     query = start(
@@ -180,6 +181,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         schemas=args.schemas,
         available_now=args.available_now,
         on_corrupt=args.on_corrupt,
+        max_offsets_per_trigger=args.max_offsets_per_trigger,
     )
     query.awaitTermination()
 

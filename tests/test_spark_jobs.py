@@ -97,3 +97,101 @@ def test_projection_is_exact_and_a_replayed_batch_changes_nothing(
     assert sorted(db.execute(query).fetchall()) == sorted(expected)
     markers = db.execute("SELECT count(*), sum(rows) FROM spark_sink_batches").fetchone()
     assert markers == (1, 15)
+
+
+def last_batch(db: psycopg.Connection[Any]) -> int:
+    exists = db.execute("SELECT to_regclass('spark_sink_batches') IS NOT NULL").fetchone()
+    if not exists or not exists[0]:
+        return -1
+    row = db.execute("SELECT coalesce(max(batch_id), -1) FROM spark_sink_batches").fetchone()
+    return int(row[0]) if row else -1
+
+
+def wait_until_batch_after(db: psycopg.Connection[Any], batch: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while last_batch(db) <= batch:
+        assert time.monotonic() < deadline, "the driver committed no batch"
+        time.sleep(0.1)
+
+
+def test_driver_killed_mid_run_ends_with_the_same_result_as_a_clean_run(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: Callable[..., Relay],
+    tmp_path: Path,
+) -> None:
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    start_relay(subscribers=[sub("s", topic_prefix)])
+    topic, ckpt = topic_prefix + "outbox.event.order", tmp_path / "ckpt"
+    stop = threading.Event()
+    written: list[int] = []
+
+    def writer() -> None:  # orders keep arriving while drivers die
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            i = 0
+            while not stop.is_set() and i < 400:
+                payload = {"order_id": f"o-{i}", "customer_id": "c", "amount_cents": i}
+                outbox.append(conn, aggregate_type="order", aggregate_id=f"o-{i}",
+                              event_type="OrderPlaced", payload=payload)  # fmt: skip
+                if i % 3 == 0:
+                    outbox.append(conn, aggregate_type="order", aggregate_id=f"o-{i}",
+                                  event_type="OrderShipped",
+                                  payload={"order_id": f"o-{i}", "carrier": "ups"})  # fmt: skip
+                written.append(i)
+                i += 1
+                time.sleep(0.05)
+
+    def driver(*extra: str) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", "spark_jobs.order_projection",
+                "--bootstrap-servers", kafka_bootstrap, "--topic", topic,
+                "--database-url", database_url, "--checkpoint", str(ckpt),
+                "--schemas", str(REPO / "schemas"), "--max-offsets-per-trigger", "60",
+                *extra]  # fmt: skip
+        log = (tmp_path / f"driver-{time.monotonic_ns()}.log").open("wb")
+        # Its own process group: kill -9 takes the JVM down with the Python driver.
+        return subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=log, start_new_session=True)
+
+    feeder = threading.Thread(target=writer, daemon=True)
+    feeder.start()
+    rng = random.Random(7)
+    kills = 0
+    try:
+        for _ in range(3):
+            before = last_batch(db)
+            proc = driver()
+            # Die mid-stream: once this driver has committed a batch, at a random moment.
+            wait_until_batch_after(db, before, timeout=120)
+            time.sleep(rng.uniform(0.1, 2.0))
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            kills += 1
+    finally:
+        stop.set()
+        feeder.join(30)
+    store = OutboxStore(db)
+    deadline = time.monotonic() + 60
+    while store.get("s").lag(store) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    last = driver("--available-now")
+    assert last.wait(timeout=300) == 0
+
+    expected = sorted(
+        (f"o-{i}", "c", i, "shipped" if i % 3 == 0 else "placed", "ups" if i % 3 == 0 else None)
+        for i in written
+    )
+    rows = db.execute(
+        "SELECT order_id, customer_id, amount_cents, status, carrier FROM orders"
+    ).fetchall()
+    assert kills == 3 and len(written) > 100
+    assert sorted(rows) == expected
+    batches = db.execute("SELECT sum(rows) FROM spark_sink_batches").fetchone()
+    assert batches == (len(written) + len([i for i in written if i % 3 == 0]),)
