@@ -259,3 +259,36 @@ def test_window_average_and_counter_are_exact_and_survive_a_replay(
     (commits[-1].parent / f".{commits[-1].name}.crc").unlink(missing_ok=True)
     run()
     assert results() == (expected, crowded)
+
+
+def test_archive_holds_every_event_once_partitioned_by_date(
+    spark: SparkSession,
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: Callable[..., Relay],
+    tmp_path: Path,
+) -> None:
+    import re
+
+    from spark_jobs import archive
+
+    start_relay(subscribers=[sub("s", topic_prefix)])
+    write_order_story(db, outbox)
+    store = OutboxStore(db)
+    deadline = time.monotonic() + 30
+    while store.get("s").lag(store) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ids = {str(r[0]) for r in db.execute("SELECT message_id FROM outbox").fetchall()}
+    path, ckpt = tmp_path / "archive", tmp_path / "ckpt"
+    query = archive.start(
+        spark, bootstrap_servers=kafka_bootstrap, topics=re.escape(topic_prefix) + r".*",
+        path=str(path), checkpoint=str(ckpt), schemas=str(REPO / "schemas"), available_now=True,
+    )  # fmt: skip
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    archived = spark.read.parquet(str(path))
+    assert sorted(r.message_id for r in archived.collect()) == sorted(ids)
+    assert archived.where("error IS NOT NULL").count() == 0
+    assert [p.name for p in path.glob("date=*")]  # partitioned by date
