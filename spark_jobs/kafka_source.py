@@ -156,7 +156,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now = self._latest()
 
     def partitions(self, start: Offsets, end: Offsets) -> list[InputPartition]:
-        start = self._check_data_loss(start)
+        start = self._check_data_loss(start, end)
         return [KafkaRange(*r) for r in kafka_offsets.ranges(start, end)]
 
     def commit(self, end: Offsets) -> None:
@@ -237,14 +237,19 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _latest(self) -> Offsets:
         return {t: {p: hi for p, (_, hi) in ps.items()} for t, ps in self._watermarks().items()}
 
-    def _check_data_loss(self, start: Offsets) -> Offsets:
-        """Offsets below the log start were deleted (retention) before we read them."""
+    def _check_data_loss(self, start: Offsets, end: Offsets) -> Offsets:
+        """Offsets below the log start were deleted (retention) before we read them.
+        A partition new since the last batch starts at its log start (earliest)."""
         watermarks = self._watermarks()
         checked: Offsets = {}
-        for topic, parts in start.items():
+        for topic, parts in end.items():
             checked[topic] = {}
-            for partition, offset in parts.items():
-                low = watermarks.get(topic, {}).get(partition, (offset, offset))[0]
+            for partition in parts:
+                low = watermarks.get(topic, {}).get(partition, (0, 0))[0]
+                offset = start.get(topic, {}).get(partition)
+                if offset is None:
+                    checked[topic][partition] = low
+                    continue
                 if offset < low:
                     message = (
                         f"{topic}-{partition}: offsets {offset}..{low - 1} were deleted from "
