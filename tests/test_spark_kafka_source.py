@@ -223,3 +223,23 @@ def test_avro_values_decode_resolve_to_the_reader_schema_and_corrupt_ones_are_ke
     assert rows[0].event_type == "OrderPlaced" and rows[0].transaction_id == 1000
     [bad] = corrupt.collect()
     assert bad.key == "bad" and "fingerprint" in bad.error
+
+
+def test_assign_reads_only_the_named_partitions(
+    spark: SparkSession, kafka_bootstrap: str, topic: str, tmp_path: Path
+) -> None:
+    import json
+
+    produce(kafka_bootstrap, topic, [f"v{i}" for i in range(300)])
+    frame = read_kafka(
+        spark,
+        assign=json.dumps({topic: [0, 2]}),
+        startingOffsets="earliest",
+        **{"kafka.bootstrap.servers": kafka_bootstrap},
+    )
+    name = f"assigned_{uuid.uuid4().hex[:8]}"
+    query = frame.writeStream.format("memory").queryName(name).trigger(availableNow=True).start()
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    partitions = {r.partition for r in spark.table(name).select("partition").collect()}
+    assert partitions == {0, 2}
