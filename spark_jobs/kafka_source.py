@@ -10,6 +10,13 @@ Options: ``subscribe`` | ``subscribePattern`` | ``assign``; ``startingOffsets``
 (earliest, latest, JSON); ``maxOffsetsPerTrigger``; ``failOnDataLoss`` (default true);
 ``includeHeaders`` (default false); ``kafka.*`` passed to the client.
 
+Replays are deterministic: every batch's end offsets are in Spark's offset log before
+the batch runs, and a batch starts where the previous one ended. One exception: the
+Python API gives a source nowhere to persist its *initial* offsets, so with
+``startingOffsets=latest`` a crash before the very first batch commits re-resolves
+"latest" on restart. Jobs that need exactly-once from the first record use
+``earliest`` or explicit JSON offsets (the jobs here use ``earliest``).
+
 Which process runs what: the offset methods run in one long-lived driver-side Python
 process; ``read`` runs in executor workers, on a pickled copy of the reader. So no
 Kafka client is created in ``__init__`` or survives pickling.
