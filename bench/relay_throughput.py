@@ -73,7 +73,10 @@ def baseline(url: str, bootstrap: str, events: int) -> float:
 
 def relay_rate(url: str, bootstrap: str, events: int) -> float:
     settings = load_settings(
-        database_url=url, bootstrap_servers=bootstrap, schemas_dir=REPO / "schemas"
+        database_url=url,
+        bootstrap_servers=bootstrap,
+        schemas_dir=REPO / "schemas",
+        metrics_enabled=False,
     )
     relay = Relay(settings)
     start = time.perf_counter()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 import psycopg
@@ -25,6 +26,7 @@ from relay.kafka import (
     TransactionalPublisher,
     producer_config,
 )
+from relay.metrics import HealthServer
 from relay.model import PartId
 from relay.notify import NotifyListener
 from relay.schemas import SchemaRegistry
@@ -52,6 +54,9 @@ class Relay:
         self._listener: NotifyListener | None = None
         self._supervisor: threading.Thread | None = None
         self._keeper: SessionKeeper | None = None
+        self._http: HealthServer | None = None
+        # Statistics of workers that have stopped, so counters never go down.
+        self._retired: dict[PartId, Counter[str]] = {}
         self._topics = TopicCreator(
             {**settings.kafka, "bootstrap.servers": self.bootstrap_servers},
             enabled=settings.create_topics,
@@ -71,6 +76,11 @@ class Relay:
             raise
 
     def _start(self) -> None:
+        if self.settings.metrics_enabled and self._http is None:
+            self._http = HealthServer(
+                self, self._open_store, self.settings.metrics_host, self.settings.metrics_port
+            )
+            self._http.start()
         with self._connect() as conn:
             store = OutboxStore(conn, self.settings.database_schema)
             self._check_schema(conn)
@@ -111,6 +121,9 @@ class Relay:
             self._listener.stop()
         if self._keeper is not None:  # deletes the session: peers may claim at once
             self._keeper.close(timeout=max(1.0, deadline - time.monotonic()))
+        if self._http is not None:
+            self._http.stop()
+            self._http = None
         if self._listener is not None:
             self._listener.join(max(0.0, min(2.0, deadline - time.monotonic())))
         logger.info("relay stopped")
@@ -144,6 +157,39 @@ class Relay:
 
     def worker(self, subscriber: str, part: int = 0) -> PartWorker:
         return self.workers[PartId(subscriber, part)]
+
+    # -- observability ---------------------------------------------------------------
+
+    def part_totals(self) -> dict[PartId, Counter[str]]:
+        """Cumulative statistics per part, over every worker this process has run."""
+        totals = {part: Counter(c) for part, c in self._retired.items()}
+        for part, worker in list(self.workers.items()):
+            totals.setdefault(part, Counter()).update(_counts(worker))
+        return totals
+
+    def part_states(self) -> dict[PartId, str]:
+        return {part: w.stats.state.value for part, w in list(self.workers.items())}
+
+    def healthy(self) -> tuple[bool, str]:
+        """Liveness: the threads that keep the relay going are alive."""
+        for name, thread in (("supervisor", self._supervisor), ("session", self._keeper)):
+            if thread is not None and not thread.is_alive() and not self._stopping.is_set():
+                return False, f"the {name} thread died"
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        """Readiness: a live session, so this relay can own and publish parts."""
+        if self._stopping.is_set():
+            return False, "stopping"
+        if self._keeper is None:
+            return False, "starting (waiting for Postgres?)"
+        if not self._keeper.session.valid():
+            return False, "no live session (Postgres unreachable?)"
+        return True, f"ready: session {self._keeper.session.id}, {len(self.workers)} parts"
+
+    def _retire(self, part: PartId, worker: PartWorker) -> None:
+        self._retired.setdefault(part, Counter()).update(_counts(worker))
+        del self.workers[part]
 
     # -- claims and workers --------------------------------------------------------------
 
@@ -190,7 +236,7 @@ class Relay:
         }
         for part, worker in list(self.workers.items()):
             if not worker.is_alive():
-                del self.workers[part]  # stopped: lost claim, removed subscriber...
+                self._retire(part, worker)  # stopped: lost claim, removed subscriber...
             elif part not in mine or owners.get(part) != me:
                 worker.stop()  # a peer should own it: release once the batch is done
         for part in list(owners):
@@ -289,6 +335,19 @@ class Relay:
             logger.info(
                 "no subscriber configured: created %r routing every event", DEFAULT_SUBSCRIBER
             )
+
+
+def _counts(worker: PartWorker) -> Counter[str]:
+    stats = worker.stats
+    with stats.lock:
+        return Counter(
+            published=stats.published,
+            published_bytes=stats.published_bytes,
+            batches=stats.batches,
+            errors=stats.errors,
+            dead_lettered=stats.dead_lettered,
+            recovered=stats.recovered,
+        )
 
 
 def _load_registry(settings: Settings) -> SchemaRegistry | None:

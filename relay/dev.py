@@ -527,6 +527,7 @@ def _start(stack: ExitStack, session: Session) -> None:
         bootstrap_servers=session.broker.bootstrap_servers,
         schemas_dir=options.schemas_dir,
         poll_interval=1.0,
+        metrics_port=0,  # any free port: the demo must not fail on a busy 9187
     )
     _create_demo_topics(settings)
     consumer = DemoConsumer(session.broker.bootstrap_servers, options.registry, session.tally)

@@ -112,6 +112,10 @@ class Settings(BaseSettings):
     # HA: a relay that misses heartbeats for session_timeout loses its parts to peers.
     session_timeout: float = Field(default=10.0, ge=1.0, le=3600)
     heartbeat_interval: float = Field(default=2.0, gt=0, le=600)
+    # /metrics, /healthz and /readyz on one port (0: any free port).
+    metrics_enabled: bool = True
+    metrics_port: int = Field(default=9187, ge=0, le=65535)
+    metrics_host: str = "0.0.0.0"
     # SIGTERM: how long to let batches in flight finish before exiting anyway.
     shutdown_timeout: float = Field(default=30.0, gt=0, le=3600)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

@@ -57,6 +57,18 @@ class SubscriberState:
 
 
 @dataclass(frozen=True)
+class HorizonHolder:
+    """A backend whose open transaction keeps newer events from being published."""
+
+    pid: int
+    xid: str
+    state: str | None
+    application_name: str | None
+    age_s: float
+    query_start: datetime | None
+
+
+@dataclass(frozen=True)
 class DeadLetterDecision:
     """A poison event goes to ``topic`` because of ``error`` (recorded in Postgres)."""
 
@@ -167,6 +179,28 @@ class OutboxStore:
             row = self.conn.execute(self._q["pending_events"], params).fetchone()
         assert row is not None
         return int(row[0])
+
+    def oldest_pending_age(self, state: PartState) -> float:
+        """Seconds since the oldest unpublished event of the part was written (0: none)."""
+        params = {
+            "transaction_id": state.checkpoint.transaction_id,
+            "position": state.checkpoint.position,
+            "part": state.part,
+            "parts": state.subscriber.parts,
+        }
+        with wrap_errors():
+            row = self.conn.execute(self._q["oldest_pending_age"], params).fetchone()
+        return 0.0 if row is None else max(0.0, float(row[0]))
+
+    def horizon_holders(self) -> list[HorizonHolder]:
+        """Backends holding the publication horizon back, oldest first."""
+        with wrap_errors():
+            rows = (
+                self.conn.cursor(row_factory=dict_row)
+                .execute(self._q["horizon_holders"])
+                .fetchall()
+            )
+        return [HorizonHolder(**row) for row in rows]
 
     # -- sessions and claims (seed 000) ----------------------------------------------
 

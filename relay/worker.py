@@ -56,6 +56,7 @@ class WorkerState(StrEnum):
 @dataclass
 class WorkerStats:
     published: int = 0
+    published_bytes: int = 0
     batches: int = 0
     errors: int = 0
     dead_lettered: int = 0
@@ -235,7 +236,7 @@ class PartWorker(threading.Thread):
                     self._halt(store, state, event, f"dead-letter record rejected: {exc.reason}")
                 self._poison(store, state, event, str(exc), dead)
         state = self._advance(store, state, end)
-        self._count(len(records), sum(1 for e in events if e.message_id in dead), end)
+        self._count(records, sum(1 for e in events if e.message_id in dead), end)
         return state
 
     def _advance(self, store: OutboxStore, state: PartState, end: Position) -> PartState:
@@ -322,9 +323,12 @@ class PartWorker(threading.Thread):
         self.stats.checkpoint = state.checkpoint
         return state
 
-    def _count(self, published: int, dead_lettered: int, end: Position) -> None:
+    def _count(self, records: list[KafkaRecord], dead_lettered: int, end: Position) -> None:
+        published = len(records)
+        size = sum(len(r.value) + len(r.key) for r in records)
         with self.stats.lock:
             self.stats.published += published
+            self.stats.published_bytes += size
             self.stats.dead_lettered += dead_lettered
             self.stats.batches += 1
             self.stats.checkpoint = end

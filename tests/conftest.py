@@ -238,6 +238,7 @@ def start_relay(
         # Fast rebalancing, so claims (and takeovers) happen within a second in tests.
         settings.setdefault("heartbeat_interval", 0.3)
         settings.setdefault("session_timeout", 3.0)
+        settings.setdefault("metrics_port", 0)  # several relays share this host: any free port
         relay = Relay(
             load_settings(database_url=database_url, bootstrap_servers=kafka_bootstrap, **settings),
             registry=registry,

@@ -327,6 +327,7 @@ def test_exactly_once_through_kills_freezes_restarts_and_outages(
         "RELAY_BATCH_SIZE": "50",
         "RELAY_DELIVERY_TIMEOUT": "10",
         "RELAY_SHUTDOWN_TIMEOUT": "10",
+        "RELAY_METRICS_PORT": "0",  # three relays on one host: any free port
     }
     figures = Figures()
     relays = RelayProcesses(env, tmp_path, figures)

@@ -268,6 +268,7 @@ def test_sigterm_finishes_releases_claims_and_exits_zero(
         "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap,
         "RELAY_HEARTBEAT_INTERVAL": "0.3",
         "RELAY_SESSION_TIMEOUT": "3",
+        "RELAY_METRICS_PORT": "0",
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "relay", "run"],

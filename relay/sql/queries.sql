@@ -229,3 +229,21 @@ SELECT o.message_id, o.position, o.aggregate_type, o.event_type,
    AND (o.transaction_id, o.position) > (c.start_transaction_id, c.start_position)
    AND (%(aggregate_types)s::text[] IS NULL OR o.aggregate_type = ANY(%(aggregate_types)s::text[]))
    AND (%(event_types)s::text[] IS NULL OR o.event_type = ANY(%(event_types)s::text[]));
+
+-- name: oldest_pending_age
+-- Seconds since the oldest unpublished event of a part was written: its lag in time.
+SELECT extract(epoch FROM now() - occurred_at)::float8 FROM {schema}.outbox
+ WHERE (transaction_id, position) > (%(transaction_id)s::text::xid8, %(position)s)
+   AND (%(parts)s = 1 OR {schema}.outbox_part(aggregate_id, %(parts)s) = %(part)s)
+ ORDER BY transaction_id, position
+ LIMIT 1;
+
+-- name: horizon_holders
+-- Backends whose transaction ids hold pg_snapshot_xmin back, oldest first: no event
+-- written after their xid is published until they end.
+SELECT pid, backend_xid::text AS xid, state, application_name,
+       extract(epoch FROM now() - xact_start)::float8 AS age_s, query_start
+  FROM pg_stat_activity
+ WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
+ ORDER BY age(backend_xid) DESC
+ LIMIT 5;
