@@ -245,6 +245,72 @@ def _print_reports(reports: list[Any]) -> None:
                 err.print(f"{r.subscriber}: {kind}: {text}")
 
 
+@app.command()
+def status(
+    ctx: typer.Context,
+    as_json: JsonFlag = False,
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
+) -> None:
+    """Subscribers and their parts (checkpoint, lag, owner), relay sessions, and the
+    transactions holding publication back."""
+    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    with _store(settings) as store:
+        report = _status(store)
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
+        return
+    parts = Table("part", "checkpoint", "lag (events)", "lag (s)", "owner", "state")
+    for p in report["parts"]:
+        state = "halted" if p["halted"] else ("paused" if p["paused"] else "active")
+        parts.add_row(
+            p["part"], p["checkpoint"], str(p["lag_events"]), f"{p['lag_seconds']:.1f}",
+            p["owner"] or "-", state,
+        )  # fmt: skip
+    out.print(parts)
+    sessions = Table("session", "host", "pid", "heartbeat (s ago)", "parts")
+    for s in report["sessions"]:
+        sessions.add_row(
+            str(s["id"]), s["hostname"], str(s["pid"]), f"{s['heartbeat_age_s']:.1f}",
+            str(s["parts"]),
+        )  # fmt: skip
+    out.print(sessions)
+    if report["horizon_holders"]:
+        holders = Table("pid", "xid", "age (s)", "state", "application", "query start")
+        for h in report["horizon_holders"]:
+            holders.add_row(
+                str(h["pid"]), h["xid"], f"{h['age_s']:.1f}", str(h["state"]),
+                str(h["application_name"]), str(h["query_start"]),
+            )  # fmt: skip
+        out.print("[bold]open transactions holding publication back[/bold]")
+        out.print(holders)
+
+
+def _status(store: OutboxStore) -> dict[str, Any]:
+    sessions = store.list_sessions()
+    names = {s["id"]: f"{s['hostname']}:{s['pid']}" for s in sessions}
+    parts = []
+    for subscriber in store.list():
+        n = subscriber.subscriber.parts
+        for p in subscriber.parts:
+            parts.append(
+                {
+                    "part": f"{p.name}/{p.part}",
+                    "checkpoint": str(p.checkpoint),
+                    "lag_events": store.pending(p.checkpoint, part=p.part, parts=n),
+                    "lag_seconds": store.oldest_pending_age(p),
+                    "owner": names.get(p.owner) if p.owner else None,
+                    "paused": subscriber.subscriber.paused,
+                    "halted": p.halted_error,
+                }
+            )
+    return {
+        "parts": parts,
+        "sessions": sessions,
+        "horizon_holders": [vars(h) for h in store.horizon_holders()],
+    }
+
+
 # -- subscribers ---------------------------------------------------------------------
 
 

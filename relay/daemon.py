@@ -38,6 +38,8 @@ from relay.worker import PartWorker, WorkerState
 
 logger = logging.getLogger(__name__)
 
+_HORIZON_CHECK_EVERY_S = 30.0
+
 
 class Relay:
     """Publishes every committed outbox event for every subscriber until stopped."""
@@ -195,10 +197,14 @@ class Relay:
 
     def _supervise(self) -> None:
         store: OutboxStore | None = None
+        last_horizon_check = 0.0
         while not self._stopping.wait(self.settings.heartbeat_interval):
             try:
                 store = store if store is not None and not store.conn.closed else self._open_store()
                 self._rebalance(store)
+                if time.monotonic() - last_horizon_check > _HORIZON_CHECK_EVERY_S:
+                    last_horizon_check = time.monotonic()
+                    self._report_stalled_horizon(store)
             except RelayError as exc:  # the workers report their own errors; keep going
                 logger.warning("rebalance failed: %s", exc)
                 if store is not None:
@@ -206,6 +212,29 @@ class Relay:
                 store = None
         if store is not None:
             store.conn.close()
+
+    def _report_stalled_horizon(self, store: OutboxStore) -> None:
+        """Name the transactions that keep newer events from being published."""
+        for holder in store.horizon_holders():
+            if holder.age_s < self.settings.horizon_warn_after:
+                break  # oldest first
+            logger.warning(
+                "publication held back %.0fs by pid %s (xid %s, %s, application %r, "
+                "query started %s): events committed after it wait until it ends",
+                holder.age_s,
+                holder.pid,
+                holder.xid,
+                holder.state,
+                holder.application_name,
+                holder.query_start,
+                extra={
+                    "horizon_pid": holder.pid,
+                    "horizon_xid": holder.xid,
+                    "horizon_age_s": holder.age_s,
+                    "horizon_state": holder.state,
+                    "horizon_application": holder.application_name,
+                },
+            )
 
     def _rebalance_safely(self) -> None:
         try:

@@ -116,6 +116,8 @@ class Settings(BaseSettings):
     metrics_enabled: bool = True
     metrics_port: int = Field(default=9187, ge=0, le=65535)
     metrics_host: str = "0.0.0.0"
+    # Log the backends that hold the publication horizon back for longer than this.
+    horizon_warn_after: float = Field(default=60.0, gt=0)
     # SIGTERM: how long to let batches in flight finish before exiting anyway.
     shutdown_timeout: float = Field(default=30.0, gt=0, le=3600)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

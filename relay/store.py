@@ -234,6 +234,12 @@ class OutboxStore:
             rows = self.conn.execute(self._q["live_sessions"]).fetchall()
         return [UUID(str(r[0])) for r in rows]
 
+    def list_sessions(self) -> list[dict[str, Any]]:
+        with wrap_errors():
+            return (
+                self.conn.cursor(row_factory=dict_row).execute(self._q["list_sessions"]).fetchall()
+            )
+
     def claim(self, name: str, part: int, owner: UUID) -> bool:
         with wrap_errors():
             row = self.conn.execute(

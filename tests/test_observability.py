@@ -71,3 +71,41 @@ def test_metrics_health_and_readiness(
     assert get(relay, "/nope")[0] == 404
 
     relay.stop()
+
+
+def test_status_shows_parts_sessions_and_who_holds_the_horizon(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    database_url: str,
+    topic_prefix: str,
+    start_relay: Callable[..., Relay],
+    caplog: Any,
+) -> None:
+    import json
+    import logging
+    import os
+    import subprocess
+    import sys
+
+    relay = start_relay(subscribers=[sub("s", topic_prefix, parts=2)], horizon_warn_after=0.5)
+    write_orders(db, outbox, ["o-1"])
+    with psycopg.connect(database_url, application_name="slow-batch-job") as holder:
+        holder.execute("SELECT pg_current_xact_id()")
+        write_orders(holder, outbox, ["o-2"])  # an event of the open transaction
+        time.sleep(1.0)
+        result = subprocess.run(
+            [sys.executable, "-m", "relay", "status", "--json"],
+            env={**os.environ, "RELAY_DATABASE_URL": database_url},
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        with caplog.at_level(logging.WARNING, logger="relay.daemon"):
+            relay._report_stalled_horizon(OutboxStore(db))
+        holder.rollback()
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert sorted(p["part"] for p in report["parts"]) == ["s/0", "s/1"]
+    assert all(p["owner"] for p in report["parts"])
+    assert len(report["sessions"]) == 1 and report["sessions"][0]["parts"] == 2
+    [holder_row] = report["horizon_holders"]
+    assert holder_row["application_name"] == "slow-batch-job" and holder_row["age_s"] >= 1.0
+    assert "slow-batch-job" in caplog.text and "held back" in caplog.text

@@ -247,3 +247,11 @@ SELECT pid, backend_xid::text AS xid, state, application_name,
  WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
  ORDER BY age(backend_xid) DESC
  LIMIT 5;
+
+-- name: list_sessions
+SELECT s.id, s.hostname, s.pid, s.started_at,
+       extract(epoch FROM now() - s.heartbeat_at)::float8 AS heartbeat_age_s,
+       s.expires_at < now() AS expired,
+       (SELECT count(*) FROM {schema}.outbox_checkpoints c WHERE c.owner = s.id) AS parts
+  FROM {schema}.outbox_relay_sessions s
+ ORDER BY s.started_at;
