@@ -16,17 +16,20 @@ from spark_jobs.kafka_source import FORMAT, KafkaSource
 _JVM_DIRS = ("/usr/lib/jvm/java-21-openjdk-amd64", "/usr/lib/jvm/java-17-openjdk-amd64")
 
 
-def local_session(app_name: str, *, master: str = "local[2]", **conf: Any) -> SparkSession:
-    """A local session (the embedded default). On a cluster, spark-submit sets the master."""
+def local_session(app_name: str, *, master: str | None = None, **conf: Any) -> SparkSession:
+    """The job's session: ``local[2]`` (the embedded default) when run with ``python``,
+    or whatever master ``spark-submit`` was given (it launches us with a gateway)."""
+    if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        master = "local[2]"
     # Workers must run this interpreter: it has pyarrow and confluent-kafka.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if "JAVA_HOME" not in os.environ:
         found = next((d for d in _JVM_DIRS if Path(d, "bin", "java").exists()), None)
         if found:
             os.environ["JAVA_HOME"] = found
+    builder = SparkSession.builder if master is None else SparkSession.builder.master(master)
     builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
+        builder.appName(app_name)
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")
