@@ -311,6 +311,38 @@ def _status(store: OutboxStore) -> dict[str, Any]:
     }
 
 
+@app.command()
+def grant(
+    ctx: typer.Context,
+    relay_role: Annotated[
+        str | None, typer.Option(help="Role the relay runs as: gets only what it needs.")
+    ] = None,
+    writer_role: Annotated[
+        str | None, typer.Option(help="Role applications write events as: SELECT, INSERT.")
+    ] = None,
+    create: Annotated[
+        bool, typer.Option(help="Create the roles (LOGIN, no password) if missing.")
+    ] = False,
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
+) -> None:
+    """Grant least privileges to the relay's and the writers' roles (run as the owner)."""
+    from relay.roles import grant_roles
+
+    if relay_role is None and writer_role is None:
+        raise typer.BadParameter("name --relay-role and/or --writer-role")
+    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
+        done = grant_roles(
+            conn,
+            settings.database_schema,
+            relay_role=relay_role,
+            writer_role=writer_role,
+            create=create,
+        )
+    out.print("granted: " + ", ".join(done))
+
+
 # -- subscribers ---------------------------------------------------------------------
 
 

@@ -1,0 +1,40 @@
+"""Least-privilege roles for the relay and for applications that write events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from relay.db import wrap_errors
+from relay.queries import parse_named, read_sql
+
+_ROLE_EXISTS = "SELECT 1 FROM pg_roles WHERE rolname = %s"
+
+
+def grant_roles(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    *,
+    relay_role: str | None = None,
+    writer_role: str | None = None,
+    create: bool = False,
+) -> list[str]:
+    """Apply ``relay/sql/roles.sql`` for the given roles; returns what was granted."""
+    blocks = parse_named(read_sql("roles.sql"))
+    done = []
+    with wrap_errors(), conn.transaction():
+        for role, name in ((relay_role, "relay_grants"), (writer_role, "writer_grants")):
+            if role is None:
+                continue
+            if create and conn.execute(_ROLE_EXISTS, (role,)).fetchone() is None:
+                conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+            # One block of statements; without parameters psycopg sends it as is.
+            conn.execute(
+                sql.SQL(blocks[name]).format(
+                    schema=sql.Identifier(schema), role=sql.Identifier(role)
+                )
+            )
+            done.append(f"{name.split('_')[0]} role {role}")
+    return done

@@ -1,0 +1,17 @@
+-- Least-privilege roles (run by `outbox-relay grant`). {schema} and {role} are quoted
+-- identifiers. Each statement is idempotent.
+
+-- name: relay_grants
+GRANT USAGE ON SCHEMA {schema} TO {role};
+GRANT SELECT ON {schema}.outbox, {schema}.outbox_relay_migrations TO {role};
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.outbox_subscribers, {schema}.outbox_checkpoints TO {role};
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.outbox_relay_sessions TO {role};
+GRANT SELECT, INSERT ON {schema}.outbox_dead_letters TO {role};
+GRANT EXECUTE ON FUNCTION {schema}.outbox_part(text, integer) TO {role};
+-- pg_stat_activity shows other roles' transaction ids only to this predefined role:
+-- the relay needs them to name who holds the publication horizon back.
+GRANT pg_read_all_stats TO {role};
+
+-- name: writer_grants
+GRANT USAGE ON SCHEMA {schema} TO {role};
+GRANT SELECT, INSERT ON {schema}.outbox TO {role};
