@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextvars
+import json
+import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -31,6 +34,7 @@ from relay.subscribers import (
 )
 
 KafkaValue = str | int | float | bool
+_SECRET_KAFKA_KEY = re.compile(r"password|secret|token|oauthbearer\.config|jaas", re.IGNORECASE)
 _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
     "relay_config_file", default=None
 )
@@ -161,6 +165,15 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return init_settings, env_settings, _TomlFile(settings_cls)
 
+    def __repr_args__(self) -> Any:
+        # Kafka secrets (SASL passwords, key passwords, OAuth configs) stay out of reprs
+        # and so out of logs and tracebacks, like database_url (a SecretStr).
+        for name, value in super().__repr_args__():
+            if name == "kafka" and isinstance(value, dict):
+                yield name, {k: _mask(k, v) for k, v in value.items()}
+            else:
+                yield name, value
+
     def require_database_url(self) -> str:
         if self.database_url is None:
             raise ConfigError("database_url: required (flag --database-url or RELAY_DATABASE_URL)")
@@ -194,11 +207,37 @@ class _TomlFile(PydanticBaseSettingsSource):
         return dict(relay) if isinstance(relay, dict) else {}
 
 
+# Secrets may come from files (Docker and Kubernetes secrets): RELAY_<KEY>_FILE.
+_SECRET_FILE_KEYS = ("database_url", "kafka")
+
+
+def _secret_files(flags: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for key in _SECRET_FILE_KEYS:
+        variable = f"RELAY_{key.upper()}_FILE"
+        path = os.environ.get(variable)
+        if path is None or key in flags or f"RELAY_{key.upper()}" in os.environ:
+            continue
+        try:
+            text = Path(path).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"{key} ({variable}): cannot read {path}: {exc.strerror}") from exc
+        if key == "kafka":
+            try:
+                found[key] = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{key} ({variable}): {path} is not a JSON object") from exc
+        else:
+            found[key] = text
+    return found
+
+
 def load_settings(config_file: Path | None = None, **flags: Any) -> Settings:
     """Build settings; a :class:`ConfigError` names every offending key."""
     token = _config_file.set(config_file)
     try:
-        return Settings(**{k: v for k, v in flags.items() if v is not None})
+        given = {k: v for k, v in flags.items() if v is not None}
+        return Settings(**_secret_files(given), **given)
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from exc
     finally:
@@ -212,6 +251,10 @@ def _describe(exc: ValidationError) -> str:
         env = f" (RELAY_{key.upper()})" if "." not in key else ""
         lines.append(f"{key}{env}: {error['msg']}")
     return "invalid settings:\n  " + "\n  ".join(lines)
+
+
+def _mask(key: str, value: Any) -> Any:
+    return "**********" if _SECRET_KAFKA_KEY.search(key) else value
 
 
 def _as_value_error(check: Any, value: str) -> str:

@@ -75,3 +75,18 @@ def test_env_var_errors_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("RELAY_POLL_INTERVAL", "soon")
     with pytest.raises(ConfigError, match=r"poll_interval \(RELAY_POLL_INTERVAL\)"):
         load_settings()
+
+
+def test_secrets_can_come_from_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url, kafka = tmp_path / "url", tmp_path / "kafka.json"
+    url.write_text("postgresql://relay:s3cret@db/app\n")
+    kafka.write_text('{"sasl.password": "hunter2", "security.protocol": "SASL_SSL"}')
+    monkeypatch.setenv("RELAY_DATABASE_URL_FILE", str(url))
+    monkeypatch.setenv("RELAY_KAFKA_FILE", str(kafka))
+    settings = load_settings()
+    assert settings.require_database_url() == "postgresql://relay:s3cret@db/app"
+    assert settings.kafka["sasl.password"] == "hunter2"
+    assert "s3cret" not in repr(settings) and "hunter2" not in repr(settings)
+    monkeypatch.setenv("RELAY_KAFKA_FILE", str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="RELAY_KAFKA_FILE"):
+        load_settings()
