@@ -343,6 +343,29 @@ def grant(
     out.print("granted: " + ", ".join(done))
 
 
+@app.command()
+def prune(
+    ctx: typer.Context,
+    older_than: Annotated[
+        float, typer.Option(min=0, help="Keep published rows younger than this (seconds).")
+    ] = 86_400.0,
+    batch: Annotated[int, typer.Option(min=1, help="Rows deleted per transaction.")] = 10_000,
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
+) -> None:
+    """Delete outbox rows every subscriber has published (never an unpublished one)."""
+    from rich.progress import Progress
+
+    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    total = 0
+    with _store(settings) as store, Progress(console=err, transient=True) as progress:
+        task = progress.add_task("pruning published rows", total=None)
+        for deleted in store.prune(older_than, batch):
+            total += deleted
+            progress.update(task, completed=total)
+    out.print(f"pruned {total} published rows")
+
+
 # -- subscribers ---------------------------------------------------------------------
 
 

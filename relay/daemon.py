@@ -198,6 +198,7 @@ class Relay:
     def _supervise(self) -> None:
         store: OutboxStore | None = None
         last_horizon_check = 0.0
+        last_prune = time.monotonic()  # not right at start-up: let the relays settle
         while not self._stopping.wait(self.settings.heartbeat_interval):
             try:
                 store = store if store is not None and not store.conn.closed else self._open_store()
@@ -205,6 +206,10 @@ class Relay:
                 if time.monotonic() - last_horizon_check > _HORIZON_CHECK_EVERY_S:
                     last_horizon_check = time.monotonic()
                     self._report_stalled_horizon(store)
+                every = self.settings.prune_every
+                if every and time.monotonic() - last_prune > every:
+                    last_prune = time.monotonic()
+                    self._prune(store)
             except RelayError as exc:  # the workers report their own errors; keep going
                 logger.warning("rebalance failed: %s", exc)
                 if store is not None:
@@ -212,6 +217,16 @@ class Relay:
                 store = None
         if store is not None:
             store.conn.close()
+
+    def _prune(self, store: OutboxStore) -> None:
+        """Retention, by one relay only: the one with the oldest live session id."""
+        assert self._keeper is not None
+        sessions = store.live_sessions()
+        if not sessions or sessions[0] != self._keeper.session.id:
+            return
+        deleted = sum(store.prune(self.settings.retention))
+        if deleted:
+            logger.info("pruned %s published rows", deleted, extra={"pruned": deleted})
 
     def _report_stalled_horizon(self, store: OutboxStore) -> None:
         """Name the transactions that keep newer events from being published."""

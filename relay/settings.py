@@ -120,6 +120,10 @@ class Settings(BaseSettings):
     metrics_enabled: bool = True
     metrics_port: int = Field(default=9187, ge=0, le=65535)
     metrics_host: str = "0.0.0.0"
+    # Retention: every prune_every seconds (0: never) one relay deletes rows every
+    # subscriber has published and that are older than retention seconds.
+    prune_every: float = Field(default=3600.0, ge=0)
+    retention: float = Field(default=7 * 86_400.0, ge=0)
     # Log the backends that hold the publication horizon back for longer than this.
     horizon_warn_after: float = Field(default=60.0, gt=0)
     # SIGTERM: how long to let batches in flight finish before exiting anyway.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -201,6 +201,26 @@ class OutboxStore:
                 .fetchall()
             )
         return [HorizonHolder(**row) for row in rows]
+
+    def prune(self, older_than_s: float, batch: int = 10_000) -> Iterator[int]:
+        """Delete published rows older than ``older_than_s``, ``batch`` rows per
+        transaction; yields each batch's count. Never an unpublished row."""
+        with wrap_errors():
+            row = self.conn.execute(self._q["prune_bound"]).fetchone()
+        if row is None or row[0] is None:
+            return
+        params = {
+            "transaction_id": row[0],
+            "position": row[1],
+            "older_than": older_than_s,
+            "limit": batch,
+        }
+        while True:
+            with wrap_errors():
+                deleted = self.conn.execute(self._q["prune_batch"], params).rowcount
+            if deleted <= 0:
+                return
+            yield deleted
 
     # -- sessions and claims (seed 000) ----------------------------------------------
 

@@ -255,3 +255,27 @@ SELECT s.id, s.hostname, s.pid, s.started_at,
        (SELECT count(*) FROM {schema}.outbox_checkpoints c WHERE c.owner = s.id) AS parts
   FROM {schema}.outbox_relay_sessions s
  ORDER BY s.started_at;
+
+-- name: prune_bound
+-- The oldest part checkpoint of all subscribers: every row at or before it is
+-- published for everyone (no row when there is no subscriber: prune nothing).
+SELECT transaction_id::text::bigint, position FROM {schema}.outbox_checkpoints
+ ORDER BY transaction_id, position
+ LIMIT 1;
+
+-- name: prune_batch
+-- Published rows older than the retention, one batch at a time (short transactions,
+-- so autovacuum keeps up instead of one huge delete bloating the table). A stream's
+-- latest version stays: the next event-sourced append checks that it exists.
+WITH doomed AS (
+    SELECT o.ctid FROM {schema}.outbox o
+     WHERE (o.transaction_id, o.position) <= (%(transaction_id)s::text::xid8, %(position)s)
+       AND o.occurred_at < now() - make_interval(secs => %(older_than)s)
+       AND (o.aggregate_version IS NULL OR EXISTS (
+             SELECT 1 FROM {schema}.outbox n
+              WHERE n.aggregate_type = o.aggregate_type AND n.aggregate_id = o.aggregate_id
+                AND n.aggregate_version = o.aggregate_version + 1))
+     ORDER BY o.transaction_id, o.position
+     LIMIT %(limit)s
+)
+DELETE FROM {schema}.outbox WHERE ctid IN (SELECT ctid FROM doomed);

@@ -1,0 +1,75 @@
+"""Retention: `prune` deletes only rows every subscriber has published."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from relay import Event, Outbox
+from relay.model import Position
+from relay.store import OutboxStore
+from relay.subscribers import Subscriber
+from tests.support import write_orders
+
+
+def test_prune_keeps_unpublished_rows_and_each_streams_latest_version(
+    db: psycopg.Connection[Any], outbox: Outbox
+) -> None:
+    store = OutboxStore(db)
+    store.add(Subscriber("fast"))
+    store.add(Subscriber("slow"))
+    write_orders(db, outbox, [f"o-{i}" for i in range(6)])
+    with db.transaction():
+        outbox.append_to_stream(
+            db, aggregate_type="order", aggregate_id="s-1", expected_version=0,
+            events=[Event("OrderShipped", {"order_id": "s-1", "carrier": f"c{i}"}) for i in range(3)],
+        )  # fmt: skip
+    rows = store.fetch(Position(0, 0), 100)
+    assert len(rows) == 9
+    # "fast" published everything, "slow" only the first four rows.
+    for name, upto in (("fast", rows[-1].key), ("slow", rows[3].key)):
+        session = store.open_session(name, 1, 60)
+        store.claim(name, 0, session)
+        store.advance(store.get_part(name, 0), upto, session)
+
+    assert sum(store.prune(older_than_s=0, batch=2)) == 4
+    left = store.fetch(Position(0, 0), 100)
+    assert [r.key for r in left] == [r.key for r in rows[4:]]  # nothing "slow" still needs
+
+    store.advance(store.get_part("slow", 0), rows[-1].key, store.get_part("slow", 0).owner)  # type: ignore[arg-type]
+    assert sum(store.prune(older_than_s=0)) == 4
+    [kept] = store.fetch(Position(0, 0), 100)
+    assert (kept.aggregate_id, kept.aggregate_version) == ("s-1", 3)  # the stream's latest
+    # ...so event-sourced appends go on after pruning.
+    outbox.append_to_stream(
+        db, aggregate_type="order", aggregate_id="s-1", expected_version=3,
+        events=[Event("OrderShipped", {"order_id": "s-1", "carrier": "late"})],
+    )  # fmt: skip
+
+
+def test_prune_respects_the_minimum_age(db: psycopg.Connection[Any], outbox: Outbox) -> None:
+    store = OutboxStore(db)
+    store.add(Subscriber("s"))
+    write_orders(db, outbox, ["o-1"])
+    [row] = store.fetch(Position(0, 0), 10)
+    session = store.open_session("x", 1, 60)
+    store.claim("s", 0, session)
+    store.advance(store.get_part("s", 0), row.key, session)
+    assert sum(store.prune(older_than_s=3600)) == 0
+    assert sum(store.prune(older_than_s=0)) == 1
+
+
+def test_the_relay_prunes_on_its_own(
+    db: psycopg.Connection[Any], outbox: Outbox, topic_prefix: str, start_relay: Any
+) -> None:
+    import time
+
+    from tests.support import sub
+
+    start_relay(subscribers=[sub("s", topic_prefix)], prune_every=0.5, retention=0)
+    write_orders(db, outbox, ["o-1", "o-2"])
+    deadline = time.monotonic() + 20
+    while db.execute("SELECT count(*) FROM outbox").fetchone() != (0,):
+        assert time.monotonic() < deadline, "the relay never pruned its published rows"
+        time.sleep(0.1)
