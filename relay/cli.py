@@ -366,6 +366,29 @@ def prune(
     out.print(f"pruned {total} published rows")
 
 
+debezium_app = typer.Typer(help="Debezium Outbox Event Router compatibility.")
+app.add_typer(debezium_app, name="debezium")
+
+
+@debezium_app.command("attach")
+def debezium_attach(
+    ctx: typer.Context,
+    table: Annotated[
+        str, typer.Argument(help="The Debezium-style outbox table, e.g. public.outbox_events.")
+    ],
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
+) -> None:
+    """Publish rows apps insert into a Debezium-style table (id, aggregatetype,
+    aggregateid, type, payload), unchanged apps included."""
+    from relay.debezium import attach
+
+    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
+        attach(conn, settings.database_schema, table)
+    out.print(f"inserts into {table} now reach the relay's outbox in {settings.database_schema!r}")
+
+
 # -- subscribers ---------------------------------------------------------------------
 
 
