@@ -291,13 +291,12 @@ def _status(store: OutboxStore) -> dict[str, Any]:
     names = {s["id"]: f"{s['hostname']}:{s['pid']}" for s in sessions}
     parts = []
     for subscriber in store.list():
-        n = subscriber.subscriber.parts
         for p in subscriber.parts:
             parts.append(
                 {
                     "part": f"{p.name}/{p.part}",
                     "checkpoint": str(p.checkpoint),
-                    "lag_events": store.pending(p.checkpoint, part=p.part, parts=n),
+                    "lag_events": store.pending(p),
                     "lag_seconds": store.oldest_pending_age(p),
                     "owner": names.get(p.owner) if p.owner else None,
                     "paused": subscriber.subscriber.paused,

@@ -108,10 +108,9 @@ class RelayCollector(Collector):
         )
         now = time.time()
         for subscriber in store.list():
-            n = subscriber.subscriber.parts
             for p in subscriber.parts:
                 labels = [p.name, str(p.part)]
-                lag.add_metric(labels, store.pending(p.checkpoint, part=p.part, parts=n))
+                lag.add_metric(labels, store.pending(p))
                 lag_s.add_metric(labels, store.oldest_pending_age(p))
                 age.add_metric(labels, max(0.0, now - p.updated_at.timestamp()))
                 claimed.add_metric(labels, 1 if p.owner is not None else 0)

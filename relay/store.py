@@ -52,8 +52,7 @@ class SubscriberState:
 
     def lag(self, store: OutboxStore) -> int:
         """Events not yet published, over all parts."""
-        n = self.subscriber.parts
-        return sum(store.pending(p.checkpoint, part=p.part, parts=n) for p in self.parts)
+        return sum(store.pending(p) for p in self.parts)
 
 
 @dataclass(frozen=True)
@@ -167,29 +166,17 @@ class OutboxStore:
         assert row is not None
         return int(row[0])
 
-    def pending(self, after: Position, *, part: int = 0, parts: int = 1) -> int:
-        """Rows of ``part`` after ``after``, decided or not (the part's lag in events)."""
-        params = {
-            "transaction_id": after.transaction_id,
-            "position": after.position,
-            "part": part,
-            "parts": parts,
-        }
+    def pending(self, state: PartState) -> int:
+        """The part's rows after its checkpoint, decided or not: its lag in events."""
         with wrap_errors():
-            row = self.conn.execute(self._q["pending_events"], params).fetchone()
+            row = self.conn.execute(self._q["pending_events"], _part_params(state)).fetchone()
         assert row is not None
         return int(row[0])
 
     def oldest_pending_age(self, state: PartState) -> float:
         """Seconds since the oldest unpublished event of the part was written (0: none)."""
-        params = {
-            "transaction_id": state.checkpoint.transaction_id,
-            "position": state.checkpoint.position,
-            "part": state.part,
-            "parts": state.subscriber.parts,
-        }
         with wrap_errors():
-            row = self.conn.execute(self._q["oldest_pending_age"], params).fetchone()
+            row = self.conn.execute(self._q["oldest_pending_age"], _part_params(state)).fetchone()
         return 0.0 if row is None else max(0.0, float(row[0]))
 
     def horizon_holders(self) -> list[HorizonHolder]:
@@ -403,6 +390,15 @@ def _part(
         halted_error=row["halted_error"],
         updated_at=row["updated_at"],
     )
+
+
+def _part_params(state: PartState) -> dict[str, Any]:
+    return {
+        "transaction_id": state.checkpoint.transaction_id,
+        "position": state.checkpoint.position,
+        "part": state.part,
+        "parts": state.subscriber.parts,
+    }
 
 
 def _sorted(values: frozenset[str] | None) -> Sequence[str] | None:

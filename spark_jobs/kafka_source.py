@@ -184,17 +184,18 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Must equal what the worker expects exactly (timestamp[us, tz=UTC] and all).
         arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
         for messages in _read_range(self.options.kafka, partition):
+            stamps = [m.timestamp() for m in messages]  # (type, ms since the epoch)
             columns = [
                 pa.array([m.key() for m in messages], pa.binary()),
                 pa.array([m.value() for m in messages], pa.binary()),
                 pa.array([partition.topic] * len(messages), pa.string()),
                 pa.array([partition.partition] * len(messages), pa.int32()),
                 pa.array([m.offset() for m in messages], pa.int64()),
-                pa.array([m.timestamp()[1] * 1000 for m in messages], pa.int64()).cast(
+                pa.array([ms * 1000 for _, ms in stamps], pa.int64()).cast(
                     pa.timestamp("us", tz="UTC")
                 ),
                 # librdkafka: 1 create time, 2 log append time; Kafka/Spark: 0 and 1.
-                pa.array([max(m.timestamp()[0] - 1, -1) for m in messages], pa.int32()),
+                pa.array([max(kind - 1, -1) for kind, _ in stamps], pa.int32()),
             ]
             if self.options.include_headers:
                 columns.append(

@@ -250,3 +250,14 @@ def start_relay(
     yield start
     for relay in started:
         relay.stop()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local Spark session for every Spark test (starting one takes seconds)."""
+    pytest.importorskip("pyspark")
+    from spark_jobs.session import local_session
+
+    session = local_session("outbox-relay-tests")
+    yield session
+    session.stop()

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -144,3 +148,38 @@ def write_orders(
 
 def ids_of(seen: list[Seen]) -> list[str]:
     return [s.headers["id"] for s in seen]
+
+
+# -- the relay, from outside ----------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``outbox-relay ARGS`` in a subprocess; its exit code is part of what tests check."""
+    return subprocess.run(
+        [sys.executable, "-m", "relay", *args],
+        check=False,
+        env={**os.environ, **(env or {})},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def caught_up(db: psycopg.Connection[Any], name: str) -> bool:
+    """Every event of subscriber ``name`` is published (its lag is 0)."""
+    from relay.store import OutboxStore
+
+    store = OutboxStore(db)
+    return store.get(name).lag(store) == 0
+
+
+def wait_caught_up(db: psycopg.Connection[Any], name: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not caught_up(db, name):
+        assert time.monotonic() < deadline, f"subscriber {name} never caught up"
+        time.sleep(0.05)

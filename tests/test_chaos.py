@@ -235,8 +235,7 @@ def _busy_sessions(url: str, until: float) -> set[str]:
                     part.owner
                     for state in store.list()
                     for part in state.parts
-                    if part.owner is not None
-                    and store.pending(part.checkpoint, part=part.part, parts=state.subscriber.parts)
+                    if part.owner is not None and store.pending(part)
                 }
                 if busy:
                     return {str(b) for b in busy}

@@ -13,22 +13,14 @@ from typing import Any
 import psycopg
 
 from relay import Outbox
-from tests.support import consume
+from tests.support import consume, run_cli
 
 EXE = [sys.executable, "-m", "relay.cli"]
 REPO = Path(__file__).resolve().parent.parent
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(  # the exit code is what we test
-        [*EXE, *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        env={**os.environ, **(env or {})},
-    )
+    return run_cli(*args, env=env, timeout=60)
 
 
 def test_run_publishes_and_exits_zero_on_sigterm(

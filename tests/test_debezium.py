@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +11,7 @@ from typing import Any
 import psycopg
 
 from relay.daemon import Relay
-from tests.support import consume, sub
+from tests.support import consume, run_cli, sub
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -30,11 +27,9 @@ def test_rows_written_for_debezium_are_published_like_the_event_router_would(
         "CREATE TABLE outbox_events (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL,"
         " aggregateid varchar(255) NOT NULL, type varchar(255) NOT NULL, payload jsonb)"
     )
-    attached = subprocess.run(
-        [sys.executable, "-m", "relay", "debezium", "attach", "public.outbox_events"],
-        env={**os.environ, "RELAY_DATABASE_URL": database_url},
-        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    attached = run_cli(
+        "debezium", "attach", "public.outbox_events", env={"RELAY_DATABASE_URL": database_url}
+    )
     assert attached.returncode == 0, attached.stderr
     start_relay(subscribers=[sub("s", topic_prefix, value_format="json")])
 

@@ -26,7 +26,7 @@ from relay.settings import load_settings
 from relay.store import OutboxStore
 from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.worker import WorkerState
-from tests.support import by_key, consume, ids_of, sub, write_orders
+from tests.support import by_key, caught_up, consume, ids_of, run_cli, sub, write_orders
 
 StartRelay = Callable[..., Relay]
 REPO = Path(__file__).resolve().parent.parent
@@ -38,11 +38,6 @@ def wait_until(condition: Callable[[], bool], timeout: float = 20.0, what: str =
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or condition}")
         time.sleep(0.05)
-
-
-def caught_up(db: psycopg.Connection[Any], name: str) -> bool:
-    store = OutboxStore(db)
-    return store.get(name).lag(store) == 0
 
 
 def test_a_commit_that_reached_kafka_but_not_postgres_is_adopted_not_republished(
@@ -239,20 +234,6 @@ def test_halt_policy_is_recorded_survives_restarts_and_resume_retries(
     store.set_paused("s", False)
     seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 2)
     assert sorted(r.key for r in seen) == ["o-1", "o-2"]
-
-
-def run_cli(
-    *args: str, env: dict[str, str], timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "relay", *args],
-        check=False,
-        env={**os.environ, **env},
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def test_sigterm_finishes_releases_claims_and_exits_zero(

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,7 +14,7 @@ from psycopg import sql
 from relay import Outbox
 from relay.daemon import Relay
 from relay.settings import load_settings
-from tests.support import consume, sub, write_orders
+from tests.support import consume, run_cli, sub, write_orders
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -36,11 +33,9 @@ def test_relay_publishes_as_a_least_privilege_role(
     registry: Any,
 ) -> None:
     relay_role, writer_role = f"relay_{uuid.uuid4().hex[:6]}", f"writer_{uuid.uuid4().hex[:6]}"
-    granted = subprocess.run(
-        [sys.executable, "-m", "relay", "grant", "--relay-role", relay_role,
-         "--writer-role", writer_role, "--create"],
-        env={**os.environ, "RELAY_DATABASE_URL": database_url},
-        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    granted = run_cli(
+        "grant", "--relay-role", relay_role, "--writer-role", writer_role, "--create",
+        env={"RELAY_DATABASE_URL": database_url},
     )  # fmt: skip
     assert granted.returncode == 0, granted.stderr
     try:

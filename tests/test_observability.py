@@ -13,7 +13,7 @@ import psycopg
 from relay import Outbox
 from relay.daemon import Relay
 from relay.store import OutboxStore
-from tests.support import sub, write_orders
+from tests.support import run_cli, sub, wait_caught_up, write_orders
 
 
 def get(relay: Relay, path: str) -> tuple[int, str]:
@@ -43,10 +43,7 @@ def test_metrics_health_and_readiness(
 ) -> None:
     relay = start_relay(subscribers=[sub("s", topic_prefix)])
     write_orders(db, outbox, ["o-1", "o-2", "o-3"])
-    store = OutboxStore(db)
-    deadline = time.monotonic() + 20
-    while store.get("s").lag(store) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_caught_up(db, "s")
 
     assert get(relay, "/healthz")[0] == 200
     status, why = get(relay, "/readyz")
@@ -83,9 +80,6 @@ def test_status_shows_parts_sessions_and_who_holds_the_horizon(
 ) -> None:
     import json
     import logging
-    import os
-    import subprocess
-    import sys
 
     relay = start_relay(subscribers=[sub("s", topic_prefix, parts=2)], horizon_warn_after=0.5)
     write_orders(db, outbox, ["o-1"])
@@ -93,11 +87,7 @@ def test_status_shows_parts_sessions_and_who_holds_the_horizon(
         holder.execute("SELECT pg_current_xact_id()")
         write_orders(holder, outbox, ["o-2"])  # an event of the open transaction
         time.sleep(1.0)
-        result = subprocess.run(
-            [sys.executable, "-m", "relay", "status", "--json"],
-            env={**os.environ, "RELAY_DATABASE_URL": database_url},
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
+        result = run_cli("status", "--json", env={"RELAY_DATABASE_URL": database_url})
         with caplog.at_level(logging.WARNING, logger="relay.daemon"):
             relay._report_stalled_horizon(OutboxStore(db))
         holder.rollback()

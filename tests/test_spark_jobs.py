@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,20 +16,11 @@ from pyspark.sql import SparkSession
 
 from relay import Outbox
 from relay.daemon import Relay
-from relay.store import OutboxStore
 from spark_jobs import order_projection
-from spark_jobs.session import local_session
-from tests.support import sub
+from tests.support import sub, wait_caught_up
 
 pytestmark = pytest.mark.spark
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = local_session("outbox-relay-job-tests")
-    yield session
-    session.stop()
 
 
 def write_order_story(db: psycopg.Connection[Any], outbox: Outbox) -> None:
@@ -70,10 +61,7 @@ def test_projection_is_exact_and_a_replayed_batch_changes_nothing(
 ) -> None:
     start_relay(subscribers=[sub("s", topic_prefix)])
     write_order_story(db, outbox)
-    store = OutboxStore(db)
-    deadline = time.monotonic() + 30
-    while store.get("s").lag(store) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_caught_up(db, "s", timeout=60)
     topic, ckpt = topic_prefix + "outbox.event.order", tmp_path / "ckpt"
 
     assert run_projection(spark, database_url, kafka_bootstrap, topic, ckpt) == 15
@@ -177,10 +165,7 @@ def test_driver_killed_mid_run_ends_with_the_same_result_as_a_clean_run(
     finally:
         stop.set()
         feeder.join(30)
-    store = OutboxStore(db)
-    deadline = time.monotonic() + 60
-    while store.get("s").lag(store) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_caught_up(db, "s", timeout=60)
     last = driver("--available-now")
     assert last.wait(timeout=300) == 0
 
@@ -276,10 +261,7 @@ def test_archive_holds_every_event_once_partitioned_by_date(
 
     start_relay(subscribers=[sub("s", topic_prefix)])
     write_order_story(db, outbox)
-    store = OutboxStore(db)
-    deadline = time.monotonic() + 30
-    while store.get("s").lag(store) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_caught_up(db, "s", timeout=60)
     ids = {str(r[0]) for r in db.execute("SELECT message_id FROM outbox").fetchall()}
     path, ckpt = tmp_path / "archive", tmp_path / "ckpt"
     query = archive.start(

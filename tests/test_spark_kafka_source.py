@@ -4,7 +4,6 @@ against the behaviour documented for Spark's built-in Kafka source."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +16,10 @@ pyspark = pytest.importorskip("pyspark")
 from pyspark.sql import SparkSession  # noqa: E402
 
 from spark_jobs.kafka_source import kafka_schema  # noqa: E402
-from spark_jobs.session import local_session, read_kafka  # noqa: E402
+from spark_jobs.session import read_kafka  # noqa: E402
 
 pytestmark = pytest.mark.spark
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = local_session("outbox-relay-tests")
-    yield session
-    session.stop()
 
 
 @pytest.fixture
