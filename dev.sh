@@ -2,6 +2,7 @@
 # One entry point for a fresh machine: creates .venv, installs, then
 #   ./dev.sh demo   the embedded stack (local Postgres + broker, relay, demo writer, live output)
 #   ./dev.sh test   lint, type checks and the whole test suite (what CI runs)
+#   ./dev.sh bench  the benchmarks (bench/), each figure against a same-run baseline
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -12,7 +13,7 @@ ensure_venv() {
         "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
         "$PYTHON" -m venv .venv
         .venv/bin/python -m pip install --quiet --upgrade pip
-        .venv/bin/python -m pip install --quiet -e '.[dev,spark]'
+        .venv/bin/python -m pip install --quiet -e '.[dev,spark,bench]'
         touch .venv/.installed
     fi
 }
@@ -31,8 +32,12 @@ case "$command" in
         .venv/bin/mypy
         exec .venv/bin/python -m pytest "$@"
         ;;
+    bench)
+        ensure_venv
+        exec .venv/bin/python -m bench "$@"
+        ;;
     *)
-        echo "usage: ./dev.sh demo [outbox-relay dev options] | ./dev.sh test [pytest options]" >&2
+        echo "usage: ./dev.sh demo [outbox-relay dev options] | ./dev.sh test [pytest options] | ./dev.sh bench [--scale quick|default|full] [--only ...]" >&2
         exit 2
         ;;
 esac

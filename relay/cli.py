@@ -119,7 +119,7 @@ def run(
     ] = False,
 ) -> None:
     """Run the relay until SIGTERM or Ctrl-C."""
-    from relay.daemon import Relay
+    from relay.daemon import Relay, tune_gc
 
     settings = _settings(
         ctx,
@@ -132,6 +132,7 @@ def run(
         with db.connect(settings.require_database_url()) as conn:
             migrations.migrate(conn, settings.database_schema)
     relay = Relay(settings)
+    tune_gc()
     # The handler only raises a flag; this thread does the stopping, never mid-start.
     with _stop_on_signals(relay.request_stop):
         _start_with_retries(relay)

@@ -8,6 +8,7 @@ workers to match. NOTIFY wakes the workers; they also poll on a timer.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -402,3 +403,15 @@ def _load_registry(settings: Settings) -> SchemaRegistry | None:
         settings.schemas_dir,
     )
     return None
+
+
+def tune_gc() -> None:
+    """Make the cyclic garbage collector run less often (process-wide: the CLI's call).
+
+    Publishing allocates tens of thousands of short-lived, acyclic objects per batch,
+    which reference counting frees; at the default thresholds the collector still walks
+    the young generations every 700 allocations, about a fifth of the relay's CPU time.
+    Objects from start-up (modules, settings) are frozen out of the walks altogether.
+    """
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)

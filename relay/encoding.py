@@ -35,12 +35,11 @@ class RecordEncoder:
 
     def encode(self, event: OutboxEvent, subscriber: Subscriber) -> KafkaRecord:
         """The record for ``event``; :class:`EncodingError` marks a poison event."""
-        return KafkaRecord(
-            topic=subscriber.topic_for(event),
-            key=event.aggregate_id.encode(),
-            value=self._value(event, subscriber.value_format),
-            headers=headers_for(event),
-        )
+        key = event.aggregate_id.encode()
+        value = self._value(event, subscriber.value_format)
+        headers, headers_size = _headers(event)
+        size = len(key) + len(value) + headers_size
+        return KafkaRecord(subscriber.topic_for(event), key, value, headers, size)
 
     def _value(self, event: OutboxEvent, value_format: ValueFormat) -> bytes:
         if value_format is ValueFormat.JSON:
@@ -56,21 +55,44 @@ class RecordEncoder:
 
 
 def headers_for(event: OutboxEvent) -> list[tuple[str, str | bytes | None]]:
+    return _headers(event)[0]
+
+
+_FIXED_NAMES_SIZE = sum(
+    map(len, (HEADER_ID, HEADER_EVENT_TYPE, HEADER_AGGREGATE_TYPE, HEADER_TRANSACTION_ID))
+) + len(HEADER_POSITION)
+
+
+def _headers(event: OutboxEvent) -> tuple[list[tuple[str, str | bytes | None]], int]:
+    """The record headers and their size in bytes (this runs for every event: the size
+    is summed from the parts at hand rather than by walking the list again)."""
+    message_id = str(event.message_id).encode()
+    event_type = event.event_type.encode()
+    aggregate_type = event.aggregate_type.encode()
+    transaction_id = str(event.transaction_id).encode()
+    position = str(event.position).encode()
     headers: list[tuple[str, str | bytes | None]] = [
-        (HEADER_ID, str(event.message_id).encode()),
-        (HEADER_EVENT_TYPE, event.event_type.encode()),
-        (HEADER_AGGREGATE_TYPE, event.aggregate_type.encode()),
-        (HEADER_TRANSACTION_ID, str(event.transaction_id).encode()),
-        (HEADER_POSITION, str(event.position).encode()),
+        (HEADER_ID, message_id),
+        (HEADER_EVENT_TYPE, event_type),
+        (HEADER_AGGREGATE_TYPE, aggregate_type),
+        (HEADER_TRANSACTION_ID, transaction_id),
+        (HEADER_POSITION, position),
     ]
+    size = _FIXED_NAMES_SIZE + len(message_id) + len(event_type) + len(aggregate_type)
+    size += len(transaction_id) + len(position)
     if event.aggregate_version is not None:
-        headers.append((HEADER_VERSION, str(event.aggregate_version).encode()))
-    headers.extend(
-        (name, _header_bytes(value))
-        for name, value in event.headers.items()
-        if name not in RESERVED_HEADERS
-    )
-    return headers
+        version = str(event.aggregate_version).encode()
+        headers.append((HEADER_VERSION, version))
+        size += len(HEADER_VERSION) + len(version)
+    if event.headers:  # usually empty
+        extra = [
+            (name, _header_bytes(value))
+            for name, value in event.headers.items()
+            if name not in RESERVED_HEADERS
+        ]
+        headers.extend(extra)
+        size += sum(len(name) + len(value) for name, value in extra)
+    return headers, size
 
 
 def _header_bytes(value: Any) -> bytes:

@@ -65,14 +65,27 @@ class Publisher(Protocol):
     def recover(self, generation: str) -> Position | None:
         """Take over the part: fence earlier producers, return the Kafka-side checkpoint."""
 
-    def publish(self, records: Sequence[KafkaRecord], end: Position, generation: str) -> None:
+    def publish(
+        self,
+        records: Sequence[KafkaRecord],
+        end: Position,
+        generation: str,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> None:
         """Publish ``records`` (the batch ending at ``end``); return once all are durable.
+
+        ``meanwhile`` runs once the records are handed to the client, while they travel:
+        the caller prepares its next batch there instead of waiting idle.
 
         Raises :class:`BrokerUnavailable` (retry), :class:`PoisonRecordError` (one record's
         fault) or :class:`ProducerFenced` (another relay owns the part now).
         """
 
     def close(self) -> None: ...
+
+
+class _TransactionAborted(BrokerUnavailable):
+    """The transaction had to be aborted (a record failed, or the broker said so)."""
 
 
 class PoisonRecordError(EncodingError):
@@ -175,8 +188,16 @@ class _BatchProducer:
         except KafkaException as exc:
             raise ConfigError(f"kafka: invalid producer configuration: {exc}") from exc
 
-    def _send(self, records: Sequence[KafkaRecord]) -> None:
-        """Produce ``records`` and wait until each is acknowledged or failed."""
+    def _send(
+        self,
+        records: Sequence[KafkaRecord],
+        meanwhile: Callable[[], None] | None = None,
+        *,
+        wait: bool = True,
+    ) -> None:
+        """Produce ``records``, run ``meanwhile``, then (``wait``) wait until each record
+        is acknowledged or failed. Without ``wait`` no delivery reports are asked for:
+        the caller learns of failures otherwise (a transaction's commit fails)."""
         self._topics.ensure({r.topic for r in records})
         self._check_sizes(records)
         failures: list[tuple[Message, KafkaError]] = []
@@ -186,35 +207,31 @@ class _BatchProducer:
                 failures.append((msg, err))
 
         for record in records:
-            self._produce(record, delivered)
-        self._wait()
-        if failures:
-            self._raise_for(records, failures)
+            self._produce(record, delivered if wait else None)
+        if meanwhile is not None:
+            meanwhile()
+        if wait:
+            self._wait()
+            if failures:
+                self._raise_for(records, failures)
 
     def _check_sizes(self, records: Sequence[KafkaRecord]) -> None:
         """Refuse an oversized record before producing anything, so a transaction is
         not begun and then aborted over a rejection we can predict."""
         limit = int(self._config.get("message.max.bytes", 1_000_000))
         for record in records:
-            size = (
-                len(record.key)
-                + len(record.value)
-                + sum(len(k) + len(v or b"") for k, v in record.headers)
-            )
-            if size > limit:
+            if (size := record.byte_size()) > limit:
                 raise PoisonRecordError(
                     record, f"record too large: {size} bytes > message.max.bytes ({limit})"
                 )
 
-    def _produce(self, record: KafkaRecord, callback: Callable[..., None]) -> None:
+    def _produce(self, record: KafkaRecord, callback: Callable[..., None] | None) -> None:
+        # A delivery report costs a Python call per record: asked for only when needed.
+        report: dict[str, Any] = {"on_delivery": callback} if callback is not None else {}
         while True:
             try:
                 self._producer.produce(
-                    record.topic,
-                    record.value,
-                    record.key,
-                    headers=record.headers,
-                    on_delivery=callback,
+                    record.topic, record.value, record.key, headers=record.headers, **report
                 )
                 return
             except BufferError:
@@ -275,9 +292,17 @@ class IdempotentPublisher(_BatchProducer):
     def recover(self, generation: str) -> Position | None:
         return None  # no Kafka-side checkpoint in this mode
 
-    def publish(self, records: Sequence[KafkaRecord], end: Position, generation: str) -> None:
+    def publish(
+        self,
+        records: Sequence[KafkaRecord],
+        end: Position,
+        generation: str,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> None:
         if records:
-            self._send(records)
+            self._send(records, meanwhile)
+        elif meanwhile is not None:
+            meanwhile()
 
 
 class TransactionalPublisher(_BatchProducer):
@@ -333,14 +358,42 @@ class TransactionalPublisher(_BatchProducer):
         tx, pos = (tp.offset for tp in sorted(committed, key=lambda tp: tp.partition))
         return Position(tx, pos) if tx >= 0 and pos >= 0 else None
 
-    def publish(self, records: Sequence[KafkaRecord], end: Position, generation: str) -> None:
-        if not records:
-            return  # nothing to publish; the Postgres checkpoint alone moves
+    def publish(
+        self,
+        records: Sequence[KafkaRecord],
+        end: Position,
+        generation: str,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> None:
+        if not records:  # nothing to publish; the Postgres checkpoint alone moves
+            if meanwhile is not None:
+                meanwhile()
+            return
         assert self._initialised, "recover() first: it fences earlier producers"
+        try:
+            self._transaction(records, end, generation, meanwhile, diagnose=False)
+        except _TransactionAborted as exc:
+            # A record failed, so the commit did not happen. Run the batch again with a
+            # delivery report per record: that names the record at fault (a poison
+            # event), or succeeds if the failure was passing.
+            logger.info("transaction aborted (%s); retrying with delivery reports", exc)
+            self._transaction(records, end, generation, None, diagnose=True)
+
+    def _transaction(
+        self,
+        records: Sequence[KafkaRecord],
+        end: Position,
+        generation: str,
+        meanwhile: Callable[[], None] | None,
+        *,
+        diagnose: bool,
+    ) -> None:
+        """One transaction: the records and the checkpoint. Unless ``diagnose``, records
+        are not awaited one by one: the commit flushes them and fails if any failed."""
         metadata = self._consumer(generation).consumer_group_metadata()
         self._call(self._producer.begin_transaction)
         try:
-            self._send(records)
+            self._send(records, meanwhile, wait=diagnose)
         except BaseException:
             self._abort()
             raise
@@ -409,7 +462,7 @@ class TransactionalPublisher(_BatchProducer):
                     ) from exc
                 if error.txn_requires_abort():
                     self._abort()
-                    raise BrokerUnavailable(f"transaction aborted: {error.str()}") from exc
+                    raise _TransactionAborted(f"transaction aborted: {error.str()}") from exc
                 if not error.retriable() or time.monotonic() > deadline:
                     raise BrokerUnavailable(f"transaction failed: {error.str()}") from exc
                 time.sleep(0.1)

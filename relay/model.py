@@ -29,9 +29,9 @@ class Position(NamedTuple):
 BEGINNING = Position(0, 0)
 
 
-@dataclass(frozen=True, slots=True)
-class OutboxEvent:
-    """One committed outbox row."""
+class OutboxEvent(NamedTuple):
+    """One committed outbox row (a tuple: the relay builds thousands per batch, and a
+    frozen dataclass costs several times more to construct)."""
 
     transaction_id: int
     position: int
@@ -57,6 +57,14 @@ class KafkaRecord:
     key: bytes
     value: bytes
     headers: list[tuple[str, str | bytes | None]]
+    size: int = -1  # key + value + headers in bytes, when the encoder computed it
+
+    def byte_size(self) -> int:
+        if self.size >= 0:
+            return self.size
+        return (
+            len(self.key) + len(self.value) + sum(len(k) + len(v or b"") for k, v in self.headers)
+        )
 
 
 class PartId(NamedTuple):

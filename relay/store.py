@@ -96,9 +96,13 @@ class OutboxStore:
             "part": part,
             "parts": parts,
         }
-        with wrap_errors():
-            rows = self.conn.execute(self._q["fetch_batch"], params).fetchall()
-        return [OutboxEvent(*row) for row in rows]
+        # Binary transfer: integers, uuids and timestamps load without text parsing.
+        with wrap_errors(), self.conn.cursor(binary=True) as cur:
+            rows = cur.execute(self._q["fetch_batch"], params).fetchall()
+        return [
+            OutboxEvent(tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at)
+            for tx, pos, mid, atype, aid, version, etype, payload, headers, at in rows
+        ]
 
     def advance(self, state: PartState, to: Position, owner: UUID) -> int:
         """Compare-and-set ``state``'s checkpoint to ``to``; returns the new version."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import string
 from collections.abc import Iterable
@@ -71,11 +72,12 @@ class Subscriber:
         )
 
     def topic_for(self, event: OutboxEvent) -> str:
-        topic = self.topic.format(aggregate_type=event.aggregate_type, event_type=event.event_type)
-        if not _TOPIC.match(topic):
+        topic = _route(self.topic, event.aggregate_type, event.event_type)
+        if topic is None:
             raise EncodingError(
-                f"event {event.message_id}: routed to {topic!r}, which is not a legal Kafka topic "
-                "name (1-249 of [a-zA-Z0-9._-])"
+                f"event {event.message_id}: routed to "
+                f"{self.topic.format(aggregate_type=event.aggregate_type, event_type=event.event_type)!r}, "
+                "which is not a legal Kafka topic name (1-249 of [a-zA-Z0-9._-])"
             )
         return topic
 
@@ -109,3 +111,11 @@ def validate_topic_template(template: str) -> str:
 
 def optional_set(values: Iterable[str] | None) -> frozenset[str] | None:
     return None if values is None else frozenset(values)
+
+
+@functools.lru_cache(maxsize=4096)
+def _route(template: str, aggregate_type: str, event_type: str) -> str | None:
+    """The topic of an event, or None when it is not a legal name (cached: per event,
+    formatting and checking the name cost more than encoding its key)."""
+    topic = template.format(aggregate_type=aggregate_type, event_type=event_type)
+    return topic if _TOPIC.match(topic) else None

@@ -68,6 +68,14 @@ class WorkerStats:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
+@dataclass
+class _Batch:
+    events: list[OutboxEvent]
+    # Encoded ahead of time when every event encoded cleanly; None: encode on the slow
+    # path, which applies the poison policy.
+    records: list[KafkaRecord] | None = None
+
+
 class _Halted(Exception):
     """Internal: the batch hit a poison event under the 'halt' policy."""
 
@@ -158,31 +166,49 @@ class PartWorker(threading.Thread):
         store = self._connect()
         state = self._recover(store, self._load(store))
         repolls: Iterator[float] = iter(())
+        ahead: _Batch | None = None  # the next batch, prepared while the last one travelled
         while not self._stopping.is_set():
             if state.subscriber.paused or state.halted_error is not None:
                 self.stats.state = WorkerState.HALTED if state.halted_error else WorkerState.PAUSED
                 self._stopping.wait(self._poll_interval)
-                state = self._load(store)
+                state, ahead = self._load(store), None
                 continue
             self.stats.state = WorkerState.RUNNING
             notified = self.wakeup.is_set()
             self.wakeup.clear()
-            events = store.fetch(
-                state.checkpoint,
-                self._batch_size,
-                part=self.part.part,
-                parts=state.subscriber.parts,
-            )
-            if not events:
+            batch = ahead if ahead is not None and ahead.events else self._fetch(store, state)
+            ahead = None
+            if not batch.events:
                 if notified:
                     repolls = iter(_HORIZON_REPOLL_S)
                 if not self.wakeup.wait(next(repolls, self._poll_interval)):
                     state = self._load(store)  # idle tick: notice pause/reset made elsewhere
                 continue
             try:
-                state = self._publish(store, state, events)
+                state, ahead = self._publish(store, state, batch)
             except _Halted:
                 state = self._load(store)
+
+    def _fetch(self, store: OutboxStore, state: PartState) -> _Batch:
+        events = store.fetch(
+            state.checkpoint, self._batch_size, part=self.part.part, parts=state.subscriber.parts
+        )
+        return _Batch(events)
+
+    def _prepare(self, store: OutboxStore, state: PartState) -> _Batch:
+        """Fetch and encode the batch after ``state``'s checkpoint, leaving any poison
+        event (it needs the store, which the batch in flight is using) to the slow path."""
+        batch = self._fetch(store, state)
+        subscriber = state.subscriber
+        try:
+            batch.records = [
+                self._encoder.encode(event, subscriber)
+                for event in batch.events
+                if subscriber.matches(event)
+            ]
+        except EncodingError:
+            batch.records = None
+        return batch
 
     def _recover(self, store: OutboxStore, state: PartState) -> PartState:
         """Fence earlier producers of this part and adopt a newer Kafka-side checkpoint."""
@@ -210,34 +236,52 @@ class PartWorker(threading.Thread):
         return self._advance(store, state, recovered)
 
     def _publish(
-        self, store: OutboxStore, state: PartState, events: list[OutboxEvent]
-    ) -> PartState:
+        self, store: OutboxStore, state: PartState, batch: _Batch, *, look_ahead: bool = True
+    ) -> tuple[PartState, _Batch | None]:
+        """Publish ``batch``; returns the new state and, prepared meanwhile, the next batch."""
         if not self.session.valid():
             raise ClaimLost("this relay's session may have expired; not publishing")
         assert self._publisher is not None
+        events = batch.events
         end = events[-1].key
         dead: dict[UUID, DeadLetterDecision] = {}
         if state.subscriber.on_poison is PoisonPolicy.DEAD_LETTER:
             dead = store.dead_letters(state.name, state.checkpoint, end)
+        records = batch.records if batch.records is not None and not dead else None
+        following = dataclasses.replace(state, checkpoint=end)
+        ahead: list[_Batch] = []
+
+        def read_ahead() -> None:
+            ahead.append(self._prepare(store, following))
+
         while True:
-            records = self._encode(store, state, events, dead)
+            if records is None:
+                records = self._encode(store, state, events, dead)
             try:
-                self._publisher.publish(records, end, str(state.generation))
+                self._publisher.publish(
+                    records,
+                    end,
+                    str(state.generation),
+                    read_ahead if look_ahead else None,
+                )
                 break
             except PoisonRecordError as exc:
                 if exc.ambiguous and len(events) > 1:
                     # The broker failed several records together: one event per
                     # transaction finds the culprit without blaming its neighbours.
                     for event in events:
-                        state = self._publish(store, state, [event])
-                    return state
+                        state, _ = self._publish(store, state, _Batch([event]), look_ahead=False)
+                    return state, None
                 event = _event_of(exc.record, events)
                 if event.message_id in dead:  # the dead letter itself was rejected
                     self._halt(store, state, event, f"dead-letter record rejected: {exc.reason}")
                 self._poison(store, state, event, str(exc), dead)
+                records = None
+                ahead.clear()
         state = self._advance(store, state, end)
         self._count(records, sum(1 for e in events if e.message_id in dead), end)
-        return state
+        # A reset meanwhile moves the checkpoint elsewhere: what was read ahead is void.
+        return state, ahead[0] if ahead and state.checkpoint == end else None
 
     def _advance(self, store: OutboxStore, state: PartState, end: Position) -> PartState:
         """Record a committed batch, even if the version moved (a pause, say) meanwhile."""
@@ -325,7 +369,7 @@ class PartWorker(threading.Thread):
 
     def _count(self, records: list[KafkaRecord], dead_lettered: int, end: Position) -> None:
         published = len(records)
-        size = sum(len(r.value) + len(r.key) for r in records)
+        size = sum(r.byte_size() for r in records)
         with self.stats.lock:
             self.stats.published += published
             self.stats.published_bytes += size

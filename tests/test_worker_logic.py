@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,7 +16,7 @@ from relay.model import KafkaRecord, OutboxEvent, PartId, Position
 from relay.sessions import Session
 from relay.store import DeadLetterDecision, PartState
 from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
-from relay.worker import PartWorker
+from relay.worker import PartWorker, _Batch
 
 OWNER = uuid.uuid4()
 
@@ -53,6 +53,10 @@ class FakeStore:
         )
         self.bumps_before_advance = 0  # concurrent pause/resume commands
         self.dead: dict[uuid.UUID, DeadLetterDecision] = {}
+        self.outbox: list[OutboxEvent] = []
+
+    def fetch(self, after: Position, limit: int, *, part: int, parts: int) -> list[OutboxEvent]:
+        return [e for e in self.outbox if e.key > after][:limit]
 
     def get_part(self, name: str, part: int) -> PartState:
         return self.state
@@ -84,7 +88,15 @@ class FakeKafka:
     def recover(self, generation: str) -> Position | None:
         return self.checkpoint
 
-    def publish(self, records: Sequence[KafkaRecord], end: Position, generation: str) -> None:
+    def publish(
+        self,
+        records: Sequence[KafkaRecord],
+        end: Position,
+        generation: str,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> None:
+        if meanwhile is not None:  # as the real one: while the records travel
+            meanwhile()
         main = [r for r in records if r.topic == "t"]  # dead letters go elsewhere
         ids = {r.headers[0][1] for r in main}
         for culprit, companions in self.reject_with.items():
@@ -119,7 +131,7 @@ def test_a_batch_is_recorded_once_even_if_the_version_moves_twice_meanwhile() ->
     w._publisher = kafka
     events = [event(1), event(2)]
     store.bumps_before_advance = 2  # pause, then resume, while the batch was in flight
-    state = w._publish(store, store.state, events)  # type: ignore[arg-type]
+    state, _ = w._publish(store, store.state, _Batch(events))  # type: ignore[arg-type]
     assert state.checkpoint == events[-1].key == store.state.checkpoint
     assert len(kafka.transactions) == 1
 
@@ -144,7 +156,41 @@ def test_a_batch_wide_rejection_blames_only_the_culprit() -> None:
     ids = [str(e.message_id).encode() for e in (innocent, culprit, later)]
     # The broker fails the innocent neighbour together with the culprit.
     kafka.reject_with = {ids[1]: {ids[0]}}
-    w._publish(store, store.state, [innocent, culprit, later])  # type: ignore[arg-type]
+    w._publish(store, store.state, _Batch([innocent, culprit, later]))  # type: ignore[arg-type]
     assert published_ids(kafka) == [ids[0], ids[2]]
     assert list(store.dead) == [culprit.message_id]
     assert store.state.checkpoint == later.key
+
+
+def test_the_next_batch_is_read_and_encoded_while_the_last_one_travels() -> None:
+    store, kafka = FakeStore(Subscriber("s", topic="t", value_format=ValueFormat.JSON)), FakeKafka()
+    w = worker(store, kafka)
+    w._publisher = kafka
+    store.outbox = [event(n) for n in range(1, 6)]
+    state, ahead = w._publish(store, store.state, _Batch(store.outbox[:2]))  # type: ignore[arg-type]
+    assert ahead is not None and ahead.events == store.outbox[2:]
+    assert ahead.records is not None and len(ahead.records) == 3
+    state, ahead = w._publish(store, state, ahead)  # type: ignore[arg-type]
+    assert published_ids(kafka) == [str(e.message_id).encode() for e in store.outbox]
+    assert state.checkpoint == store.outbox[-1].key and ahead is not None and not ahead.events
+
+
+def test_a_poison_event_read_ahead_is_left_to_the_policy() -> None:
+    subscriber = Subscriber(
+        "s",
+        topic="{aggregate_type}",
+        value_format=ValueFormat.JSON,
+        on_poison=PoisonPolicy.DEAD_LETTER,
+    )
+    store, kafka = FakeStore(subscriber), FakeKafka()
+    w = worker(store, kafka)
+    w._publisher = kafka
+    good = [event(n)._replace(aggregate_type="t") for n in (1, 2, 4)]
+    poison = event(3)._replace(aggregate_type="no topic!")  # routes to an illegal name
+    store.outbox = [good[0], good[1], poison, good[2]]
+    state, ahead = w._publish(store, store.state, _Batch(store.outbox[:2]))  # type: ignore[arg-type]
+    assert ahead is not None and ahead.records is None  # not encoded: the slow path decides
+    assert not store.dead  # nothing was decided while the first batch was in flight
+    w._publish(store, state, ahead)  # type: ignore[arg-type]
+    assert list(store.dead) == [poison.message_id]
+    assert len(published_ids(kafka)) == 3

@@ -37,14 +37,17 @@ SELECT coalesce(max(aggregate_version), 0) FROM {schema}.outbox
 -- (below the oldest running xid) after the checkpoint, in (transaction_id, position)
 -- order. A keyset range scan on the primary key. With several parts, each part takes
 -- the rows whose aggregate_id hashes to it, so one key always stays in one part.
-SELECT transaction_id::text::bigint AS transaction_id, position, message_id,
-       aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers,
-       occurred_at
-  FROM {schema}.outbox
- WHERE (transaction_id, position) > (%(transaction_id)s::text::xid8, %(position)s)
-   AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())
-   AND (%(parts)s = 1 OR {schema}.outbox_part(aggregate_id, %(parts)s) = %(part)s)
- ORDER BY transaction_id, position
+-- ORDER BY names o.* columns: the bare names would be the bigint output aliases, and
+-- sorting by those is a full sort of the backlog on every poll instead of an index scan.
+-- Empty headers come back as NULL: parsing '{{}}' per row costs more than the payload.
+SELECT o.transaction_id::text::bigint AS transaction_id, o.position, o.message_id,
+       o.aggregate_type, o.aggregate_id, o.aggregate_version, o.event_type, o.payload,
+       nullif(o.headers, '{{}}'::jsonb) AS headers, o.occurred_at
+  FROM {schema}.outbox o
+ WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
+   AND o.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+   AND (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
+ ORDER BY o.transaction_id, o.position
  LIMIT %(limit)s;
 
 -- name: horizon
@@ -259,8 +262,8 @@ SELECT s.id, s.hostname, s.pid, s.started_at,
 -- name: prune_bound
 -- The oldest part checkpoint of all subscribers: every row at or before it is
 -- published for everyone (no row when there is no subscriber: prune nothing).
-SELECT transaction_id::text::bigint, position FROM {schema}.outbox_checkpoints
- ORDER BY transaction_id, position
+SELECT c.transaction_id::text::bigint, c.position FROM {schema}.outbox_checkpoints c
+ ORDER BY c.transaction_id, c.position
  LIMIT 1;
 
 -- name: prune_batch

@@ -1,0 +1,68 @@
+"""Run the benchmarks on the embedded stack and report every figure against its baseline.
+
+    ./dev.sh bench [--scale quick|default|full] [--only throughput,latency,...]
+
+Prints a table and writes bench/results/bench-<time>.json and bench/results/latest.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.harness import Figure, Scale, Stack, report
+
+logger = logging.getLogger("bench")
+BENCHMARKS = ("throughput", "latency", "writes", "growth", "memory", "spark")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--scale", choices=("quick", "default", "full"), default="default")
+    parser.add_argument(
+        "--only",
+        default=",".join(BENCHMARKS),
+        help=f"comma-separated subset of {', '.join(BENCHMARKS)}",
+    )
+    parser.add_argument(
+        "--no-fsync",
+        action="store_true",
+        help="run Postgres with fsync off (faster, less like production)",
+    )
+    args = parser.parse_args(argv)
+    chosen = [name.strip() for name in args.only.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - set(BENCHMARKS))
+    if unknown:
+        parser.error(
+            f"unknown benchmark(s): {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}"
+        )
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    scale = Scale.named(args.scale)
+    started = time.time()
+    workdir = Path(tempfile.mkdtemp(prefix="outbox-bench-"))
+    workdir.chmod(0o755)
+    figures: list[Figure] = []
+    failed: list[str] = []
+    with Stack(workdir, fsync=not args.no_fsync) as stack:
+        for name in chosen:
+            print(f"== {name}", file=sys.stderr, flush=True)
+            module = importlib.import_module(f"bench.{name}")
+            try:
+                figures.extend(module.run(stack, scale))
+            except Exception:
+                logger.exception("benchmark %s failed", name)
+                failed.append(name)
+    path = report(figures, scale=args.scale, started=started)
+    print(f"\nresults: {path}")
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+"""The benchmark harness: an embedded stack, figures with same-run baselines, a report.
+
+Every benchmark module exposes ``run(stack: Stack, scale: Scale) -> list[Figure]``.
+A figure is an absolute value measured on this machine plus, where the benchmark has
+one, the baseline measured in the same run and the ratio between the two: machines
+are noisy, ratios travel.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import platform
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from relay import migrations
+from relay.embedded import LocalBroker, LocalPostgres
+from relay.settings import Settings, load_settings
+
+REPO = Path(__file__).resolve().parent.parent
+SCHEMAS = REPO / "schemas"
+RESULTS = REPO / "bench" / "results"
+NOTE = "x" * 230  # makes an OrderPlaced Avro value about 300 bytes
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How big the runs are. ``quick`` finishes in minutes; ``full`` is the issue's size."""
+
+    events: int = 200_000  # throughput runs
+    big_backlog: int = 2_000_000  # cost growth: big against small backlog
+    small_backlog: int = 100_000
+    memory_events: int = 2_000_000  # RSS watched over this many events
+    latency_seconds: float = 20.0
+    latency_rate: int = 1000
+
+    @classmethod
+    def named(cls, name: str) -> Scale:
+        if name == "quick":
+            return cls(
+                events=50_000, big_backlog=500_000, memory_events=300_000, latency_seconds=8.0
+            )
+        if name == "full":
+            return cls(big_backlog=10_000_000, memory_events=10_000_000, latency_seconds=60.0)
+        return cls()
+
+
+@dataclass
+class Figure:
+    """One reported number: ``value`` (in ``unit``) against ``baseline`` when given."""
+
+    benchmark: str
+    name: str
+    value: float
+    unit: str
+    baseline: float | None = None
+    baseline_name: str | None = None
+    # "ratio>=0.5", "value<=5", ... checked by :attr:`met`; None when there is no target.
+    target: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float | None:
+        if self.baseline in (None, 0):
+            return None
+        assert self.baseline is not None
+        return self.value / self.baseline
+
+    @property
+    def met(self) -> bool | None:
+        if self.target is None:
+            return None
+        subject, op, bound = _parse_target(self.target)
+        actual = self.ratio if subject == "ratio" else self.value
+        if actual is None:
+            return None
+        return actual >= bound if op == ">=" else actual <= bound
+
+    def as_json(self) -> dict[str, Any]:
+        return {**asdict(self), "ratio": self.ratio, "met": self.met}
+
+
+def _parse_target(target: str) -> tuple[str, str, float]:
+    for op in (">=", "<="):
+        subject, sep, bound = target.partition(op)
+        if sep:
+            return subject.strip(), op, float(bound)
+    raise ValueError(f"bad target {target!r}: expected 'ratio>=N' or 'value<=N'")
+
+
+class Stack:
+    """One local Postgres and one broker for the whole run; a fresh database per use."""
+
+    def __init__(self, workdir: Path, *, fsync: bool) -> None:
+        self.workdir = workdir
+        self.postgres = LocalPostgres(workdir / "pg", fsync=fsync)
+        self.broker = LocalBroker(log_path=workdir / "broker.log")
+        self._names = itertools.count(1)
+
+    def __enter__(self) -> Stack:
+        self.postgres.start()
+        try:
+            self.broker.start()
+        except BaseException:
+            self.postgres.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.broker.stop()
+        finally:
+            self.postgres.stop()
+
+    @property
+    def bootstrap(self) -> str:
+        return self.broker.bootstrap_servers
+
+    def database(self, label: str) -> str:
+        """A new, migrated database; returns its URL."""
+        name = f"bench_{next(self._names)}_{label}"
+        with psycopg.connect(self.postgres.url, autocommit=True) as conn:
+            conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
+        url = self.postgres.url_for(name)
+        with psycopg.connect(url, autocommit=True) as conn:
+            migrations.migrate(conn)
+        return url
+
+    def topic_prefix(self, label: str) -> str:
+        return f"bench{next(self._names)}.{label}"
+
+
+def order_payload(i: int = 0) -> dict[str, Any]:
+    return {
+        "order_id": f"o-{i}",
+        "customer_id": f"c-{i % 1000}",
+        "amount_cents": i,
+        "currency": "EUR",
+        "note": NOTE,
+    }
+
+
+def fill_outbox(url: str, events: int, *, keys: int = 1000, chunk: int = 1_000_000) -> None:
+    """COPY ``events`` OrderPlaced rows into the outbox, a million per transaction."""
+    payload = json.dumps(order_payload())
+    with psycopg.connect(url) as conn:
+        for start in range(0, events, chunk):
+            with (
+                conn.cursor() as cur,
+                cur.copy(
+                    "COPY outbox (aggregate_type, aggregate_id, event_type, payload) FROM STDIN"
+                ) as copy,
+            ):
+                for i in range(start, min(events, start + chunk)):
+                    copy.write_row(("order", str(i % keys), "OrderPlaced", payload))
+            conn.commit()
+        conn.execute("ANALYZE outbox")
+        conn.commit()
+
+
+@contextmanager
+def stopwatch() -> Iterator[list[float]]:
+    """``with stopwatch() as elapsed:`` … ``elapsed[0]`` is the seconds taken."""
+    elapsed = [0.0]
+    start = time.perf_counter()
+    try:
+        yield elapsed
+    finally:
+        elapsed[0] = time.perf_counter() - start
+
+
+def report(figures: list[Figure], *, scale: str, started: float) -> Path:
+    """Print the table and write bench/results/<timestamp>.json (and latest.json)."""
+    header = f"{'benchmark':<12} {'figure':<44} {'value':>14} {'baseline':>14} {'ratio':>7} {'target':>12} {'met':>4}"
+    print(header)
+    print("-" * len(header))
+    for f in figures:
+        value = f"{_num(f.value)} {f.unit}"
+        base = _num(f.baseline) if f.baseline is not None else "-"
+        ratio = f"{f.ratio:.2f}x" if f.ratio is not None else "-"
+        met = {True: "yes", False: "NO", None: "-"}[f.met]
+        print(
+            f"{f.benchmark:<12} {f.name:<44} {value:>14} {base:>14} {ratio:>7} {f.target or '-':>12} {met:>4}"
+        )
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    document = {
+        "scale": scale,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "seconds": round(time.time() - started, 1),
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+        },
+        "figures": [f.as_json() for f in figures],
+    }
+    text = json.dumps(document, indent=2)
+    path = RESULTS / f"bench-{time.strftime('%Y%m%d-%H%M%S', time.localtime(started))}.json"
+    path.write_text(text)
+    (RESULTS / "latest.json").write_text(text)
+    return path
+
+
+def _num(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def relay_settings(stack: Stack, url: str, label: str, **overrides: Any) -> Settings:
+    """Settings of an in-process relay on ``url``, with Kafka ids unique to this run."""
+    prefix = stack.topic_prefix(label)
+    return load_settings(
+        database_url=url,
+        bootstrap_servers=stack.bootstrap,
+        schemas_dir=SCHEMAS,
+        metrics_enabled=False,
+        prune_every=0,
+        kafka_id_prefix=prefix,
+        checkpoint_topic=f"{prefix}.checkpoints",
+        **overrides,
+    )
+
+
+def subscriber(name: str, topic: str, **fields: Any) -> dict[str, Any]:
+    return {"name": name, "topic": topic, **fields}
+
+
+def final_positions(url: str) -> dict[tuple[str, int], tuple[int, int]]:
+    """The last outbox row of every subscriber part: where its checkpoint ends up."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            """SELECT s.name, p.part, last.tx, last.pos
+                 FROM outbox_subscribers s
+                 CROSS JOIN LATERAL generate_series(0, s.parts - 1) AS p(part)
+                 CROSS JOIN LATERAL (
+                   SELECT o.transaction_id::text::bigint AS tx, o.position AS pos
+                     FROM outbox o
+                    WHERE s.parts = 1 OR outbox_part(o.aggregate_id, s.parts) = p.part
+                    ORDER BY o.transaction_id DESC, o.position DESC LIMIT 1) AS last"""
+        ).fetchall()
+    return {(name, part): (tx, pos) for name, part, tx, pos in rows}
+
+
+def wait_published(
+    url: str, targets: dict[tuple[str, int], tuple[int, int]], timeout: float = 3600
+) -> tuple[float, float]:
+    """Poll checkpoints until every part reaches its target.
+
+    Returns (the time the first checkpoint moved, the time the last target was reached),
+    as ``time.perf_counter()`` values: the span excludes the relay's start-up.
+    """
+    first_move: float | None = None
+    deadline = time.perf_counter() + timeout
+    with psycopg.connect(url, autocommit=True) as conn:
+        while time.perf_counter() < deadline:
+            rows = conn.execute(
+                "SELECT subscriber, part, transaction_id::text::bigint, position"
+                " FROM outbox_checkpoints"
+            ).fetchall()
+            now = time.perf_counter()
+            reached = {(s, p): (tx, pos) for s, p, tx, pos in rows}
+            if first_move is None and any(tx > 0 for tx, _ in reached.values()):
+                first_move = now
+            if all(reached.get(k, (0, 0)) >= v for k, v in targets.items()):
+                return first_move if first_move is not None else now, now
+            time.sleep(0.01)
+    raise TimeoutError(f"relay did not publish everything within {timeout:.0f}s")

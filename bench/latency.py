@@ -1,0 +1,398 @@
+"""Latency from the app's COMMIT to the event being visible to a read_committed consumer.
+
+Relay run
+    A writer process commits one event per transaction through the app write API
+    (:meth:`relay.outbox.Outbox.append`) at ``scale.latency_rate`` transactions/s, paced
+    by an absolute schedule (a slow commit never pushes the later ones back), and notes
+    the time right after each COMMIT returns, keyed by the returned message id. An
+    in-process relay with production defaults (NOTIFY wake-up, one Kafka transaction
+    per batch, Avro values) publishes them. A consumer process (confluent-kafka,
+    ``isolation.level=read_committed``, ``assign()`` on every partition from the
+    beginning) notes when each record arrives, matched by the ``id`` header the relay
+    sets. Latency = arrival - commit, for the events committed after a warm-up.
+
+Baseline: the broker's floor
+    The same two processes, but the writer is a plain transactional confluent-kafka
+    producer (the relay's producer settings) writing the same Avro values and keys
+    straight to a topic: produce -> commit_transaction -> visible, no Postgres, no
+    relay. Latency runs from when each message is due on the same schedule. One
+    message per transaction while the producer is idle when it falls due; when a
+    transaction takes longer than the interval (~2 ms on Tansu, against 1 ms at 1k/s)
+    the messages due meanwhile share the next one, as they would in any producer. The
+    ratio is then the relay's overhead over what Kafka transactions cost here.
+
+Why it is fair
+    * Writer and consumer are separate processes in both runs, as an app and a consumer
+      would be: neither competes with the relay for its GIL.
+    * The consumer, value bytes, keys, partitions and rate are identical in both runs.
+    * Every timestamp is CLOCK_MONOTONIC (``time.monotonic``), one clock for every
+      process on the host. Events never seen are counted (``missing``), not dropped.
+
+Broker caveats (Tansu 0.6)
+    * A fetch waits out ``fetch.wait.max.ms`` even when data arrives meanwhile, so the
+      consumer uses 1 ms (both runs); at the default 500 ms the wait alone would be
+      ~250 ms of "latency".
+    * Its last-stable-offset can lag when transactions overlap, and it does not filter
+      aborted records for read_committed readers; neither is worked around here.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from multiprocessing.sharedctypes import Synchronized
+from multiprocessing.synchronize import Event
+from typing import Any, Protocol
+
+import psycopg
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from bench.harness import SCHEMAS, Figure, Scale, Stack, order_payload
+from relay.daemon import Relay
+from relay.kafka import producer_config
+from relay.outbox import Outbox
+from relay.schemas import SchemaRegistry
+from relay.settings import load_settings
+from relay.worker import WorkerState
+
+WARMUP_S = 2.0  # events committed in the first seconds are not measured
+DRAIN_S = 10.0  # after the last commit, how long stragglers may take
+FETCH_WAIT_MS = 1  # see "Broker caveats" above
+KEYS = 1000
+AGGREGATE_TYPE = "order"
+EVENT_TYPE = "OrderPlaced"
+_SPAWN = multiprocessing.get_context("spawn")  # librdkafka and psycopg threads: never fork
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The writer's schedule: event ``i`` is due at ``start + i / rate``."""
+
+    start: float
+    rate: int
+    total: int
+
+    def due(self, i: int) -> float:
+        return self.start + i / self.rate
+
+    def due_by(self, now: float) -> int:
+        """How many events are due at ``now``."""
+        return min(self.total, math.floor((now - self.start) * self.rate) + 1)
+
+
+@dataclass(frozen=True)
+class Samples:
+    """One run's latencies (seconds, sorted) over the measured window."""
+
+    latencies: list[float]
+    measured: int  # events committed in the window
+    window_s: float  # first to last measured commit
+    per_transaction: float  # events per Kafka transaction, over the whole run
+
+    @property
+    def missing(self) -> int:
+        return self.measured - len(self.latencies)
+
+    def ms(self, quantile: float) -> float:
+        """Nearest-rank percentile, in milliseconds."""
+        if not self.latencies:
+            return math.nan
+        rank = max(1, math.ceil(quantile * len(self.latencies)))
+        return self.latencies[rank - 1] * 1000
+
+
+# -- the benchmark ---------------------------------------------------------------------
+
+
+def run(stack: Stack, scale: Scale) -> list[Figure]:
+    floor = _broker_floor(stack, scale)
+    relay = _relay_latency(stack, scale)
+    return [
+        _figure("p50", 0.5, relay, floor, scale, "value<=5"),
+        _figure("p99", 0.99, relay, floor, scale, "value<=25"),
+    ]
+
+
+def _broker_floor(stack: Stack, scale: Scale) -> Samples:
+    topic = f"{stack.topic_prefix('latency-floor')}.{AGGREGATE_TYPE}"
+    _create_topic(stack.bootstrap, topic, partitions=3)
+    stamps, transactions, arrivals = _measure(
+        stack.bootstrap, topic, scale, ("kafka", stack.bootstrap, topic)
+    )
+    return _samples(stamps, arrivals, scale, len(stamps) / transactions)
+
+
+def _relay_latency(stack: Stack, scale: Scale) -> Samples:
+    url = stack.database("latency")
+    prefix = stack.topic_prefix("latency")
+    settings = load_settings(
+        database_url=url,
+        bootstrap_servers=stack.bootstrap,
+        schemas_dir=SCHEMAS,
+        metrics_enabled=False,
+        kafka_id_prefix=prefix,
+        checkpoint_topic=f"{prefix}.checkpoints",
+        subscribers=[{"name": "latency", "topic": prefix + ".{aggregate_type}"}],
+    )
+    topic = f"{prefix}.{AGGREGATE_TYPE}"
+    # What the relay would create on its first batch; created now so the consumer is
+    # positioned before the first event.
+    _create_topic(stack.bootstrap, topic, settings.topic_partitions)
+    relay = Relay(settings)
+    relay.start()
+    try:
+        _wait_running(relay)
+        stamps, _, arrivals = _measure(stack.bootstrap, topic, scale, ("outbox", url, topic))
+        totals = sum(relay.part_totals().values(), Counter[str]())
+    finally:
+        relay.stop()
+    return _samples(stamps, arrivals, scale, totals["published"] / max(1, totals["batches"]))
+
+
+def _figure(
+    name: str, quantile: float, relay: Samples, floor: Samples, scale: Scale, target: str
+) -> Figure:
+    return Figure(
+        benchmark="latency",
+        name=f"commit to visible {name} at {scale.latency_rate} ev/s",
+        value=relay.ms(quantile),
+        unit="ms",
+        baseline=floor.ms(quantile),
+        baseline_name=f"transactional producer to read_committed consumer {name}",
+        target=target,
+        details={
+            "relay": _summary(relay),
+            "floor": _summary(floor),
+            "fetch_wait_ms": FETCH_WAIT_MS,
+        },
+    )
+
+
+def _summary(samples: Samples) -> dict[str, Any]:
+    summary: dict[str, Any] = {
+        f"{label}_ms": round(samples.ms(q), 2)
+        for label, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999), ("max", 1.0))
+    }
+    return summary | {
+        "count": len(samples.latencies),
+        "missing": samples.missing,
+        "achieved_per_s": round(samples.measured / samples.window_s) if samples.window_s else 0,
+        "events_per_transaction": round(samples.per_transaction, 2),
+    }
+
+
+# -- one measurement: a writer process and a consumer process --------------------------
+
+Stamps = list[tuple[str, float]]  # (id, when its latency starts), in commit order
+
+
+def _measure(
+    bootstrap: str, topic: str, scale: Scale, writer: tuple[str, str, str]
+) -> tuple[Stamps, int, dict[str, float]]:
+    """Run the writer against a consumer: (stamps, transactions, arrival by id)."""
+    total = round(scale.latency_rate * (WARMUP_S + scale.latency_seconds))
+    ready, stop = _SPAWN.Event(), _SPAWN.Event()
+    received = _SPAWN.Value("q", 0)
+    consumer, from_consumer = _spawn(_consume, bootstrap, topic, ready, stop, received)
+    producer: BaseProcess | None = None
+    try:
+        _wait(ready.is_set, consumer, 30.0, "the consumer to be assigned")
+        plan = Plan(time.monotonic() + 0.5, scale.latency_rate, total)
+        producer, from_producer = _spawn(_write, *writer, plan)
+        stamps, transactions = _receive(from_producer, producer, total / plan.rate + 60.0)
+        expected = len(stamps)
+        _wait(lambda: received.value >= expected, consumer, DRAIN_S, None)
+        stop.set()
+        arrivals: dict[str, float] = _receive(from_consumer, consumer, 30.0)
+    finally:
+        stop.set()
+        _reap(consumer, producer)
+    return stamps, transactions, arrivals
+
+
+def _samples(
+    stamps: Stamps, arrivals: dict[str, float], scale: Scale, per_transaction: float
+) -> Samples:
+    measured = stamps[round(scale.latency_rate * WARMUP_S) :]
+    latencies = sorted(arrivals[key] - at for key, at in measured if key in arrivals)
+    window = measured[-1][1] - measured[0][1] if len(measured) > 1 else 0.0
+    return Samples(latencies, len(measured), window, per_transaction)
+
+
+# -- child processes -------------------------------------------------------------------
+
+
+def _consume(
+    bootstrap: str,
+    topic: str,
+    ready: Event,
+    stop: Event,
+    received: Synchronized[int],
+    out: Connection,
+) -> None:
+    """Note the arrival time of every record by its ``id`` header until ``stop``."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"{topic}.reader.{uuid.uuid4().hex[:8]}",  # never joined: assign()
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "fetch.wait.max.ms": FETCH_WAIT_MS,
+            "fetch.error.backoff.ms": 10,
+        }
+    )
+    arrivals: dict[str, float] = {}
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        consumer.poll(0.5)
+        ready.set()
+        while not stop.is_set():
+            msg = consumer.poll(0.05)  # poll(), not consume(): that waits out its timeout
+            if msg is None or msg.error() is not None:
+                continue
+            arrivals[dict(msg.headers() or [])["id"].decode()] = time.monotonic()
+            received.value = len(arrivals)
+    finally:
+        consumer.close()
+    out.send(arrivals)
+
+
+class _Writer(Protocol):
+    transactions: int
+
+    def write(self, first: int, plan: Plan, stamps: Stamps) -> int:
+        """Commit event ``first`` (and maybe more); stamp them; return the next index."""
+
+    def close(self) -> None: ...
+
+
+def _write(kind: str, target: str, topic: str, plan: Plan, out: Connection) -> None:
+    writer: _Writer = _OutboxWriter(target) if kind == "outbox" else _KafkaWriter(target, topic)
+    stamps: Stamps = []
+    try:
+        i = 0
+        while i < plan.total:
+            time.sleep(max(0.0, plan.due(i) - time.monotonic()))
+            i = writer.write(i, plan, stamps)
+    finally:
+        writer.close()
+    out.send((stamps, writer.transactions))
+
+
+class _OutboxWriter:
+    """The app: one event per transaction through the write API."""
+
+    def __init__(self, url: str) -> None:
+        self._conn = psycopg.connect(url, application_name="bench-latency-writer")
+        self._outbox = Outbox(SchemaRegistry.from_dir(SCHEMAS))
+        self.transactions = 0
+
+    def write(self, first: int, plan: Plan, stamps: Stamps) -> int:
+        message_id = self._outbox.append(
+            self._conn,
+            aggregate_type=AGGREGATE_TYPE,
+            aggregate_id=str(first % KEYS),
+            event_type=EVENT_TYPE,
+            payload=order_payload(first),
+        )
+        self._conn.commit()
+        stamps.append((str(message_id), time.monotonic()))
+        self.transactions += 1
+        return first + 1
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class _KafkaWriter:
+    """The floor: every message due now in one Kafka transaction (one, when keeping up)."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        config = producer_config(bootstrap, {}, 30_000)
+        self._producer = Producer({**config, "transactional.id": f"{topic}.writer"})
+        self._producer.init_transactions(30)
+        self._registry = SchemaRegistry.from_dir(SCHEMAS)
+        self._topic = topic
+        self.transactions = 0
+
+    def write(self, first: int, plan: Plan, stamps: Stamps) -> int:
+        end = max(first + 1, plan.due_by(time.monotonic()))
+        self._producer.begin_transaction()
+        for i in range(first, end):
+            value = self._registry.encode(EVENT_TYPE, order_payload(i))
+            self._producer.produce(
+                self._topic, value, str(i % KEYS).encode(), headers=[("id", f"b{i}".encode())]
+            )
+        self._producer.commit_transaction(30)
+        self.transactions += 1
+        stamps.extend((f"b{i}", plan.due(i)) for i in range(first, end))
+        return end
+
+    def close(self) -> None:
+        self._producer.close()
+
+
+# -- plumbing --------------------------------------------------------------------------
+
+
+def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    future = admin.create_topics(
+        [NewTopic(topic, num_partitions=partitions, replication_factor=-1)]
+    )
+    future[topic].result(15)
+
+
+def _wait_running(relay: Relay, timeout: float = 30.0) -> None:
+    """Until every part has recovered (fenced, read its Kafka-side checkpoint)."""
+    deadline = time.monotonic() + timeout
+    while not relay.states or any(s is not WorkerState.RUNNING for s in relay.states.values()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"relay parts not running after {timeout}s: {relay.states}")
+        time.sleep(0.02)
+
+
+def _spawn(target: Callable[..., None], *args: Any) -> tuple[BaseProcess, Connection]:
+    receiver, sender = _SPAWN.Pipe(duplex=False)
+    process = _SPAWN.Process(target=target, args=(*args, sender), daemon=True)
+    process.start()
+    sender.close()  # the child holds its own copy
+    return process, receiver
+
+
+def _receive(conn: Connection, process: BaseProcess, timeout: float) -> Any:
+    """The child's one result; raises if it dies or takes longer than ``timeout``."""
+    _wait(conn.poll, process, timeout, f"a result from {process.name}")
+    return conn.recv()
+
+
+def _wait(done: Callable[[], bool], process: BaseProcess, timeout: float, what: str | None) -> None:
+    """Until ``done()``; raises if ``process`` dies first, or (if ``what``) on timeout."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if not process.is_alive() and not done():
+            raise RuntimeError(f"{process.name} exited with code {process.exitcode}")
+        if time.monotonic() > deadline:
+            if what is None:
+                return
+            raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.01)
+
+
+def _reap(*processes: BaseProcess | None) -> None:
+    for process in processes:
+        if process is None:
+            continue
+        process.join(10.0)
+        if process.is_alive():
+            process.terminate()
+            process.join(5.0)

@@ -1,0 +1,384 @@
+"""Write-path benchmarks: what the append API costs an app, and how writers scale.
+
+**Append API overhead** (target ``ratio<=1.15``). One client runs N single-row
+transactions, ``BEGIN; <append one OrderPlaced>; COMMIT``, three ways on the same
+connection and table:
+
+- ``api``: :meth:`relay.Outbox.append` over ``schemas/``. This is what
+  ``relay.append`` does by default: it validates the payload against its Avro schema
+  (fastavro), then ``INSERT ... RETURNING message_id``. The headline value.
+- ``api_unvalidated``: ``Outbox(None)``, the documented opt-out; shows what the
+  validation costs (details only).
+- ``sql`` (baseline): the plain ``INSERT INTO outbox (aggregate_type, aggregate_id,
+  event_type, payload) VALUES (%s, %s, %s, %s)`` from docs/writing-events.md (a),
+  payload adapted with psycopg's ``Jsonb`` just like the API does.
+
+Both sides build the same payload, use autocommit connections with an explicit
+``conn.transaction()`` (so BEGIN and COMMIT are real round trips for both) and get
+psycopg's automatic prepared statements. The machine is noisy, so the sides run in
+rounds whose order rotates, after an untimed warm-up; each side's figure is the median
+of its rounds' time per transaction. Lower is better; ratio = api / sql.
+
+**Concurrent writers vs eventsourcing** (no target, the ratio is reported). Writers
+(threads, one connection each) loop for a fixed time, each transaction doing "a few
+milliseconds of work" -- a ``SELECT`` then a ``sleep`` of :data:`WORK_SECONDS` inside
+the open transaction, standing in for loading an aggregate and deciding -- and
+appending one event. Value: committed transactions/s of 8 outbox writers (the append
+API, validation on). Baseline: 8 writers through the ``eventsourcing`` 9.5
+``PostgresApplicationRecorder`` in its own fresh database. Ratio = outbox / es, higher
+is better.
+
+eventsourcing's public ``insert_events()`` opens and commits its own transaction, so
+an app cannot put its work in that transaction. The honest equivalent used here
+replays the body of ``PostgresApplicationRecorder.insert_events`` (pipeline mode,
+``_insert_events``, ``_insert_stored_events`` -- which runs ``SET LOCAL lock_timeout``,
+``LOCK TABLE ... IN EXCLUSIVE MODE``, ``NOTIFY`` and the ``unnest`` INSERT --, sync,
+``_fetch_ids_after_insert_events``) inside a transaction that also holds the work, on a
+connection of the recorder's own pool. The table lock serializes writers from the
+append to the commit, so where the work sits matters:
+
+- ``work_then_append`` (headline): the work comes first and the lock covers only
+  insert + commit. This is eventsourcing's best case.
+- ``append_then_work`` (details): the event is appended first -- the order
+  docs/writing-events.md recommends for stream appends -- so the lock covers the work
+  too and eventsourcing runs its writers one at a time.
+
+Details also give each side with 1 writer, i.e. how the outbox scales from 1 to 8.
+Each event is a new aggregate (a fresh id, version 1) on both sides, so neither side
+sees key conflicts. Both sides NOTIFY on every commit (the outbox via its trigger).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+from uuid import uuid4
+
+import psycopg
+from eventsourcing.persistence import StoredEvent
+from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.types.json import Jsonb
+
+from bench.harness import SCHEMAS, Figure, Scale, Stack, order_payload, stopwatch
+from relay import Outbox, SchemaRegistry
+
+BENCHMARK = "writes"
+EVENT_TYPE = "demo.orders.OrderPlaced"
+ES_TOPIC = "demo.orders:OrderPlaced"
+PLAIN_INSERT = (
+    "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES (%s, %s, %s, %s)"
+)
+ROUNDS = 6  # rounds per side in the overhead figure; the median is reported
+WARMUP_TX = 500  # per side, before the rounds: prepared statements, caches
+WRITERS = 8
+WORK_SECONDS = 0.0025  # "a few ms of work" inside each concurrent transaction
+WRITER_ROUNDS = 2  # each writer run is repeated; rates are pooled over the rounds
+# (order, writers): the headline pair, the 1-writer scaling point, the lock-covers-work case
+WRITER_RUNS = (
+    ("work_then_append", WRITERS),
+    ("work_then_append", 1),
+    ("append_then_work", WRITERS),
+)
+
+Conn = psycopg.Connection[Any]
+Append = Callable[[Conn, int], None]  # appends event number i inside the open transaction
+Transaction = Callable[[Conn, int], None]  # runs one whole transaction, numbered i
+
+
+def run(stack: Stack, scale: Scale) -> list[Figure]:
+    registry = SchemaRegistry.from_dir(SCHEMAS)
+    return [append_overhead(stack, scale, registry), concurrent_writers(stack, scale, registry)]
+
+
+# --- figure 1: append API overhead ---------------------------------------------------
+
+
+def append_overhead(stack: Stack, scale: Scale, registry: SchemaRegistry) -> Figure:
+    transactions = max(5000, scale.events // 20)  # 5,000 quick, 10,000 default
+    per_round = max(1, transactions // ROUNDS)
+    sides: dict[str, Append] = {
+        "api": _api_append(Outbox(registry)),
+        "api_unvalidated": _api_append(Outbox(None)),
+        "sql": _plain_insert,
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in sides}
+    with psycopg.connect(stack.database("writes"), autocommit=True) as conn:
+        numbers = iter(range(10**9))  # distinct aggregate ids across all rounds
+        # Untimed, and also the client's own cost: appends without a commit per row.
+        client_us = {
+            name: _one_transaction(conn, append, numbers, WARMUP_TX) / WARMUP_TX * 1e6
+            for name, append in sides.items()
+        }
+        for r in range(ROUNDS):
+            names = list(sides)
+            for name in names[r % len(names) :] + names[: r % len(names)]:  # rotate order
+                seconds[name].append(_serial(conn, sides[name], numbers, per_round))
+    return _overhead_figure(seconds, per_round, client_us, fsync=stack.postgres.fsync)
+
+
+def _overhead_figure(
+    seconds: dict[str, list[float]], per_round: int, client_us: dict[str, float], *, fsync: bool
+) -> Figure:
+    us = {name: statistics.median(times) / per_round * 1e6 for name, times in seconds.items()}
+    paired = [a / b for a, b in zip(seconds["api"], seconds["sql"], strict=True)]
+    return Figure(
+        benchmark=BENCHMARK,
+        name="append API time per 1-row transaction",
+        value=us["api"],
+        unit="us/tx",
+        baseline=us["sql"],
+        baseline_name="plain INSERT via psycopg",
+        target="ratio<=1.15",
+        details={
+            "transactions_per_side": per_round * ROUNDS,
+            "rounds": ROUNDS,
+            "us_per_tx": {name: round(v, 1) for name, v in us.items()},
+            "tx_per_s": {name: round(1e6 / v) for name, v in us.items()},
+            "ratio_unvalidated": round(us["api_unvalidated"] / us["sql"], 3),
+            "ratio_median_of_rounds": round(statistics.median(paired), 3),
+            # The same appends, many per transaction: the client's share without the commit.
+            "us_per_append_without_commit": {k: round(v, 1) for k, v in client_us.items()},
+            "round_seconds": {name: [round(t, 3) for t in ts] for name, ts in seconds.items()},
+            "fsync": fsync,
+        },
+    )
+
+
+def _api_append(outbox: Outbox) -> Append:
+    def append(conn: Conn, i: int) -> None:
+        outbox.append(
+            conn,
+            aggregate_type="order",
+            aggregate_id=str(i),
+            event_type=EVENT_TYPE,
+            payload=order_payload(i),
+        )
+
+    return append
+
+
+def _plain_insert(conn: Conn, i: int) -> None:
+    conn.execute(PLAIN_INSERT, ("order", str(i), EVENT_TYPE, Jsonb(order_payload(i))))
+
+
+def _serial(conn: Conn, append: Append, numbers: Iterator[int], count: int) -> float:
+    """Seconds taken by ``count`` transactions of one append each, one after the other."""
+    batch = [next(numbers) for _ in range(count)]
+    with stopwatch() as elapsed:
+        for i in batch:
+            with conn.transaction():
+                append(conn, i)
+    return elapsed[0]
+
+
+def _one_transaction(conn: Conn, append: Append, numbers: Iterator[int], count: int) -> float:
+    """Seconds taken by ``count`` appends in one transaction (rolled back)."""
+    batch = [next(numbers) for _ in range(count)]
+    with conn.transaction(force_rollback=True), stopwatch() as elapsed:
+        for i in batch:
+            append(conn, i)
+    return elapsed[0]
+
+
+# --- figure 2: concurrent writers against eventsourcing ------------------------------
+
+
+@dataclass(frozen=True)
+class Rate:
+    transactions: int
+    seconds: float
+
+    @property
+    def per_second(self) -> float:
+        return self.transactions / self.seconds
+
+    def __add__(self, other: Rate) -> Rate:
+        return Rate(self.transactions + other.transactions, self.seconds + other.seconds)
+
+
+@dataclass(frozen=True)
+class Side:
+    """One way of writing: how a writer gets its connection, and its transaction."""
+
+    name: str
+    connect: Callable[[], AbstractContextManager[Conn]]
+    transaction: Callable[[bool], Transaction]  # append_first -> transaction
+
+    def drive(self, order: str, writers: int, seconds: float) -> Rate:
+        return _drive(self.connect, self.transaction(order == "append_then_work"), writers, seconds)
+
+
+def concurrent_writers(stack: Stack, scale: Scale, registry: SchemaRegistry) -> Figure:
+    seconds = min(3.0, max(1.5, scale.events / 60_000))  # per run: 1.5 s quick, 3 s default
+    outbox_url = stack.database("writers")
+    datastore = _es_datastore(stack.database("es"))
+    try:
+        recorder = PostgresApplicationRecorder(datastore)
+        recorder.create_table()
+        outbox = Outbox(registry)
+        sides = [
+            Side(
+                "outbox",
+                lambda: psycopg.connect(outbox_url, autocommit=True),
+                lambda first: _outbox_tx(outbox, append_first=first),
+            ),
+            Side(
+                "es", datastore.get_connection, lambda first: _es_tx(recorder, append_first=first)
+            ),
+        ]
+        rates: dict[str, Rate] = {}
+        # Rounds, with the sides taking turns to go first, so drift hits both alike.
+        for r in range(WRITER_ROUNDS):
+            for order, writers in WRITER_RUNS:
+                for side in sides if r % 2 == 0 else sides[::-1]:
+                    key = f"{side.name}_{order}_{writers}"
+                    rate = side.drive(order, writers, seconds)
+                    rates[key] = rates[key] + rate if key in rates else rate
+    finally:
+        datastore.close()
+    return _writers_figure(rates, seconds)
+
+
+def _writers_figure(rates: dict[str, Rate], seconds: float) -> Figure:
+    per_s = {name: round(rate.per_second, 1) for name, rate in rates.items()}
+
+    def ratio(a: str, b: str) -> float:
+        return round(per_s[a] / per_s[b], 2)
+
+    head = f"work_then_append_{WRITERS}"
+    return Figure(
+        benchmark=BENCHMARK,
+        name=f"{WRITERS} writers, {WORK_SECONDS * 1e3:g} ms work/tx (vs eventsourcing)",
+        value=rates[f"outbox_{head}"].per_second,
+        unit="tx/s",
+        baseline=rates[f"es_{head}"].per_second,
+        baseline_name=f"eventsourcing PostgresApplicationRecorder, {WRITERS} writers",
+        target=None,
+        details={
+            "tx_per_s": per_s,
+            "outbox_scaling_1_to_8": ratio(f"outbox_{head}", "outbox_work_then_append_1"),
+            "es_scaling_1_to_8": ratio(f"es_{head}", "es_work_then_append_1"),
+            "ratio_append_then_work": ratio(
+                f"outbox_append_then_work_{WRITERS}", f"es_append_then_work_{WRITERS}"
+            ),
+            "work_ms_per_tx": WORK_SECONDS * 1e3,
+            "rounds": WRITER_ROUNDS,
+            "seconds_per_run": seconds,
+            "transactions": {name: rate.transactions for name, rate in rates.items()},
+        },
+    )
+
+
+def _work(conn: Conn) -> None:
+    """The app's own part of the transaction: read something, then think."""
+    conn.execute("SELECT count(*) FROM pg_class").fetchone()
+    time.sleep(WORK_SECONDS)
+
+
+def _outbox_tx(outbox: Outbox, *, append_first: bool) -> Transaction:
+    def transaction(conn: Conn, i: int) -> None:
+        with conn.transaction():
+            if not append_first:
+                _work(conn)
+            outbox.append(
+                conn,
+                aggregate_type="order",
+                aggregate_id=str(uuid4()),
+                event_type=EVENT_TYPE,
+                payload=order_payload(i),
+            )
+            if append_first:
+                _work(conn)
+
+    return transaction
+
+
+def _es_tx(recorder: PostgresApplicationRecorder, *, append_first: bool) -> Transaction:
+    def transaction(conn: Conn, i: int) -> None:
+        state = json.dumps(order_payload(i)).encode()
+        events = [StoredEvent(uuid4(), 1, ES_TOPIC, state)]
+        with conn.transaction():
+            if not append_first:
+                _work(conn)
+            _es_insert(recorder, conn, events)
+            if append_first:
+                _work(conn)
+
+    return transaction
+
+
+def _es_insert(
+    recorder: PostgresApplicationRecorder, conn: Conn, events: list[StoredEvent]
+) -> None:
+    """The body of ``PostgresApplicationRecorder.insert_events``, minus its own transaction."""
+    with conn.pipeline() as pipeline:
+        with conn.cursor() as curs:
+            recorder._insert_events(curs, events)
+        with conn.cursor() as curs:
+            recorder._insert_stored_events(curs, events)  # LOCK TABLE ... IN EXCLUSIVE MODE
+            pipeline.sync()
+            recorder._fetch_ids_after_insert_events(curs, events)
+
+
+def _es_datastore(url: str) -> PostgresDatastore:
+    params = conninfo_to_dict(url)
+    return PostgresDatastore(
+        dbname=str(params["dbname"]),
+        host=str(params["host"]),
+        port=str(params["port"]),
+        user=str(params["user"]),
+        password=str(params.get("password", "")),
+        pool_size=WRITERS,  # one connection per writer, as on the outbox side
+    )
+
+
+def _drive(
+    connect: Callable[[], AbstractContextManager[Conn]],
+    transaction: Transaction,
+    writers: int,
+    seconds: float,
+) -> Rate:
+    """``writers`` threads run ``transaction`` until ``seconds`` after they all connected."""
+    clock = [0.0, 0.0]  # start, deadline: set once every writer is connected
+
+    def release() -> None:
+        clock[0] = time.perf_counter()
+        clock[1] = clock[0] + seconds
+
+    ready = threading.Barrier(writers, action=release)
+
+    def writer(k: int) -> int:
+        try:
+            with connect() as conn:
+                ready.wait()
+                done = 0
+                while time.perf_counter() < clock[1]:
+                    transaction(conn, k * 10**9 + done)
+                    done += 1
+                return done
+        except BaseException:
+            ready.abort()  # don't leave the others waiting for a writer that failed
+            raise
+
+    with ThreadPoolExecutor(writers) as pool:
+        futures = [pool.submit(writer, k) for k in range(writers)]
+        counts = _results(futures)
+        elapsed = time.perf_counter() - clock[0]  # includes each writer's last transaction
+    return Rate(sum(counts), elapsed)
+
+
+def _results(futures: list[Future[int]]) -> list[int]:
+    """Every writer's count, or the first real error (not a broken barrier) if any failed."""
+    wait(futures)
+    errors = [e for f in futures if (e := f.exception()) is not None]
+    if errors:
+        raise min(errors, key=lambda e: isinstance(e, threading.BrokenBarrierError))
+    return [f.result() for f in futures]
