@@ -18,7 +18,7 @@ from pathlib import Path
 from bench.harness import Figure, Scale, Stack, report
 
 logger = logging.getLogger("bench")
-BENCHMARKS = ("throughput", "latency", "writes", "growth", "memory", "spark")
+BENCHMARKS = ("throughput", "latency", "writes", "growth", "fanout", "sharding", "spark")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {name}", file=sys.stderr, flush=True)
             module = importlib.import_module(f"bench.{name}")
             try:
+                stack.fresh_broker()
                 figures.extend(module.run(stack, scale))
             except Exception:
                 logger.exception("benchmark %s failed", name)

@@ -12,8 +12,10 @@ import itertools
 import json
 import os
 import platform
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,6 +26,8 @@ import psycopg
 from relay import migrations
 from relay.embedded import LocalBroker, LocalPostgres
 from relay.settings import Settings, load_settings
+from relay.store import OutboxStore
+from relay.subscribers import StartFrom, Subscriber
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMAS = REPO / "schemas"
@@ -38,7 +42,7 @@ class Scale:
     events: int = 200_000  # throughput runs
     big_backlog: int = 2_000_000  # cost growth: big against small backlog
     small_backlog: int = 100_000
-    memory_events: int = 2_000_000  # RSS watched over this many events
+    fanout_events: int = 20_000  # published once per subscriber: 100 subscribers, 2M
     latency_seconds: float = 20.0
     latency_rate: int = 1000
 
@@ -46,10 +50,10 @@ class Scale:
     def named(cls, name: str) -> Scale:
         if name == "quick":
             return cls(
-                events=50_000, big_backlog=500_000, memory_events=300_000, latency_seconds=8.0
+                events=50_000, big_backlog=500_000, fanout_events=10_000, latency_seconds=8.0
             )
         if name == "full":
-            return cls(big_backlog=10_000_000, memory_events=10_000_000, latency_seconds=60.0)
+            return cls(big_backlog=10_000_000, fanout_events=50_000, latency_seconds=60.0)
         return cls()
 
 
@@ -119,6 +123,12 @@ class Stack:
             self.broker.stop()
         finally:
             self.postgres.stop()
+
+    def fresh_broker(self) -> None:
+        """Restart the (memory-only) broker empty, so one benchmark's records do not
+        weigh on the next."""
+        self.broker.stop()
+        self.broker.start()
 
     @property
     def bootstrap(self) -> str:
@@ -249,7 +259,10 @@ def final_positions(url: str) -> dict[tuple[str, int], tuple[int, int]]:
 
 
 def wait_published(
-    url: str, targets: dict[tuple[str, int], tuple[int, int]], timeout: float = 3600
+    url: str,
+    targets: dict[tuple[str, int], tuple[int, int]],
+    timeout: float = 3600,
+    tick: Callable[[], None] | None = None,
 ) -> tuple[float, float]:
     """Poll checkpoints until every part reaches its target.
 
@@ -270,5 +283,79 @@ def wait_published(
                 first_move = now
             if all(reached.get(k, (0, 0)) >= v for k, v in targets.items()):
                 return first_move if first_move is not None else now, now
+            if tick is not None:
+                tick()  # e.g. check the relays are alive, sample their memory
             time.sleep(0.01)
     raise TimeoutError(f"relay did not publish everything within {timeout:.0f}s")
+
+
+def add_subscribers(url: str, subscribers: list[Subscriber]) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        store = OutboxStore(conn)
+        for sub in subscribers:
+            store.add(sub, StartFrom.BEGINNING)
+
+
+class RelayProcesses:
+    """``outbox-relay run`` processes, as users run them (``python -m relay run``)."""
+
+    def __init__(self, stack: Stack, url: str, label: str, count: int = 1, **env: Any) -> None:
+        prefix = stack.topic_prefix(label)
+        self.env = {
+            **os.environ,
+            "RELAY_DATABASE_URL": url,
+            "RELAY_BOOTSTRAP_SERVERS": stack.bootstrap,
+            "RELAY_SCHEMAS_DIR": str(SCHEMAS),
+            "RELAY_METRICS_ENABLED": "false",
+            "RELAY_PRUNE_EVERY": "0",
+            "RELAY_KAFKA_ID_PREFIX": prefix,
+            "RELAY_CHECKPOINT_TOPIC": f"{prefix}.checkpoints",
+            "RELAY_LOG_LEVEL": "WARNING",
+            **{f"RELAY_{key.upper()}": str(value) for key, value in env.items()},
+        }
+        self.logs = [stack.workdir / f"{prefix}.relay{i}.log" for i in range(count)]
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> RelayProcesses:
+        for log in self.logs:
+            with log.open("ab") as out:
+                self.procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "relay", "run"],
+                        env=self.env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        cwd=REPO,
+                    )
+                )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def rss_mb(self) -> list[float]:
+        """Resident memory of each process now, in MiB."""
+        return [_status_kib(p.pid, "VmRSS") / 1024 for p in self.procs]
+
+    def peak_rss_mb(self) -> list[float]:
+        """Peak resident memory of each process so far (VmHWM), in MiB."""
+        return [_status_kib(p.pid, "VmHWM") / 1024 for p in self.procs]
+
+    def check_alive(self) -> None:
+        for proc, log in zip(self.procs, self.logs, strict=True):
+            if proc.poll() is not None:
+                raise RuntimeError(f"relay exited with {proc.returncode}; see {log}")
+
+
+def _status_kib(pid: int, field_name: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field_name}:"):
+            return int(line.split()[1])
+    return 0

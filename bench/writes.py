@@ -1,51 +1,56 @@
 """Write-path benchmarks: what the append API costs an app, and how writers scale.
 
-**Append API overhead** (target ``ratio<=1.15``). One client runs N single-row
+**Append API overhead** (target ``ratio<=1.15``). One client runs single-row
 transactions, ``BEGIN; <append one OrderPlaced>; COMMIT``, three ways on the same
 connection and table:
 
-- ``api``: :meth:`relay.Outbox.append` over ``schemas/``. This is what
-  ``relay.append`` does by default: it validates the payload against its Avro schema
-  (fastavro), then ``INSERT ... RETURNING message_id``. The headline value.
-- ``api_unvalidated``: ``Outbox(None)``, the documented opt-out; shows what the
-  validation costs (details only).
+- ``api``: :meth:`relay.Outbox.append` over ``schemas/``, which is what ``relay.append``
+  does by default: validate the payload against its Avro schema (fastavro), then
+  ``INSERT ... RETURNING message_id``. The headline value.
+- ``api_unvalidated``: ``Outbox(None)``, the documented opt-out. Details only; it
+  shows what validation costs.
 - ``sql`` (baseline): the plain ``INSERT INTO outbox (aggregate_type, aggregate_id,
-  event_type, payload) VALUES (%s, %s, %s, %s)`` from docs/writing-events.md (a),
-  payload adapted with psycopg's ``Jsonb`` just like the API does.
+  event_type, payload) VALUES (%s, %s, %s, %s)`` of docs/writing-events.md (a), with
+  the payload adapted by psycopg's ``Jsonb`` exactly as the API does it.
 
-Both sides build the same payload, use autocommit connections with an explicit
-``conn.transaction()`` (so BEGIN and COMMIT are real round trips for both) and get
-psycopg's automatic prepared statements. The machine is noisy, so the sides run in
-rounds whose order rotates, after an untimed warm-up; each side's figure is the median
-of its rounds' time per transaction. Lower is better; ratio = api / sql.
+Every side builds the same payload, runs on an autocommit connection with an explicit
+``conn.transaction()`` (so BEGIN and COMMIT are real round trips for all of them), and
+gets psycopg's automatic prepared statements after an untimed warm-up. A commit costs
+an fsync, and the machine is shared and noisy. So the sides take turns in short rounds
+of :data:`ROUND_TX` transactions, rotating which side goes first. Each side's figure is
+the median over its rounds of the time per transaction. Lower is better, and
+ratio = api / sql. The details also give each side's cost per append inside one
+transaction, i.e. without the commit: the client's own share.
 
-**Concurrent writers vs eventsourcing** (no target, the ratio is reported). Writers
-(threads, one connection each) loop for a fixed time, each transaction doing "a few
-milliseconds of work" -- a ``SELECT`` then a ``sleep`` of :data:`WORK_SECONDS` inside
-the open transaction, standing in for loading an aggregate and deciding -- and
-appending one event. Value: committed transactions/s of 8 outbox writers (the append
-API, validation on). Baseline: 8 writers through the ``eventsourcing`` 9.5
-``PostgresApplicationRecorder`` in its own fresh database. Ratio = outbox / es, higher
-is better.
+**Concurrent writers vs eventsourcing** (no target; the ratio is reported). Writer
+threads, each with its own connection, loop for a fixed time. Each transaction does
+"a few milliseconds of work" inside the open transaction: a ``SELECT`` and then a
+``sleep`` of :data:`WORK_SECONDS`, standing in for loading an aggregate and deciding.
+It also appends one event. The value is committed transactions/s with 8 outbox
+writers using the append API (validation on). The baseline is 8 writers through the
+``eventsourcing`` 9.5 ``PostgresApplicationRecorder``, in a fresh database of its own.
+Ratio = outbox / eventsourcing; higher is better.
 
-eventsourcing's public ``insert_events()`` opens and commits its own transaction, so
-an app cannot put its work in that transaction. The honest equivalent used here
-replays the body of ``PostgresApplicationRecorder.insert_events`` (pipeline mode,
-``_insert_events``, ``_insert_stored_events`` -- which runs ``SET LOCAL lock_timeout``,
-``LOCK TABLE ... IN EXCLUSIVE MODE``, ``NOTIFY`` and the ``unnest`` INSERT --, sync,
-``_fetch_ids_after_insert_events``) inside a transaction that also holds the work, on a
-connection of the recorder's own pool. The table lock serializes writers from the
-append to the commit, so where the work sits matters:
+eventsourcing's public ``insert_events()`` opens and commits its own transaction, so an
+app cannot put its work inside that transaction. The honest equivalent used here
+replays the body of ``PostgresApplicationRecorder.insert_events`` inside a transaction
+that also holds the work, on a connection from the recorder's own pool: pipeline
+mode, ``_insert_events``, then ``_insert_stored_events`` (``SET LOCAL lock_timeout``,
+``LOCK TABLE ... IN EXCLUSIVE MODE``, ``NOTIFY``, the ``unnest`` INSERT), a sync, and
+``_fetch_ids_after_insert_events``. The table lock serializes writers only from the
+append to the commit, so where the work sits decides the result:
 
-- ``work_then_append`` (headline): the work comes first and the lock covers only
-  insert + commit. This is eventsourcing's best case.
-- ``append_then_work`` (details): the event is appended first -- the order
-  docs/writing-events.md recommends for stream appends -- so the lock covers the work
-  too and eventsourcing runs its writers one at a time.
+- ``work_then_append`` (headline): the work comes first, and the lock covers only the
+  insert and the commit. This is eventsourcing's best case.
+- ``append_then_work`` (details): the event is appended first, the order
+  docs/writing-events.md recommends for stream appends. The lock then covers the work
+  too, and eventsourcing runs its writers one at a time.
 
-Details also give each side with 1 writer, i.e. how the outbox scales from 1 to 8.
-Each event is a new aggregate (a fresh id, version 1) on both sides, so neither side
-sees key conflicts. Both sides NOTIFY on every commit (the outbox via its trigger).
+The details also give both sides with a single writer, i.e. how each scales from 1 to
+8 writers. On both sides every event is a new aggregate (a fresh id, version 1), so
+there are no key conflicts, and every commit sends a NOTIFY (the outbox's comes from
+its trigger). Each run is repeated :data:`WRITER_ROUNDS` times, with the sides taking
+turns to go first, and the rates are pooled over the rounds.
 """
 
 from __future__ import annotations
@@ -76,11 +81,11 @@ ES_TOPIC = "demo.orders:OrderPlaced"
 PLAIN_INSERT = (
     "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES (%s, %s, %s, %s)"
 )
-ROUNDS = 6  # rounds per side in the overhead figure; the median is reported
-WARMUP_TX = 500  # per side, before the rounds: prepared statements, caches
+ROUND_TX = 50  # transactions per side per round: short rounds, so noise bursts hit all sides
+WARMUP_TX = 300  # per side, before the rounds
 WRITERS = 8
 WORK_SECONDS = 0.0025  # "a few ms of work" inside each concurrent transaction
-WRITER_ROUNDS = 2  # each writer run is repeated; rates are pooled over the rounds
+WRITER_ROUNDS = 4  # each writer run is repeated; rates are pooled over the rounds
 # (order, writers): the headline pair, the 1-writer scaling point, the lock-covers-work case
 WRITER_RUNS = (
     ("work_then_append", WRITERS),
@@ -102,33 +107,35 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
 
 
 def append_overhead(stack: Stack, scale: Scale, registry: SchemaRegistry) -> Figure:
-    transactions = max(5000, scale.events // 20)  # 5,000 quick, 10,000 default
-    per_round = max(1, transactions // ROUNDS)
+    rounds = max(5000, scale.events // 20) // ROUND_TX  # 5,000 tx per side quick, 10,000 default
     sides: dict[str, Append] = {
         "api": _api_append(Outbox(registry)),
         "api_unvalidated": _api_append(Outbox(None)),
         "sql": _plain_insert,
     }
-    seconds: dict[str, list[float]] = {name: [] for name in sides}
+    us_per_tx: dict[str, list[float]] = {name: [] for name in sides}
     with psycopg.connect(stack.database("writes"), autocommit=True) as conn:
         numbers = iter(range(10**9))  # distinct aggregate ids across all rounds
-        # Untimed, and also the client's own cost: appends without a commit per row.
+        for append in sides.values():  # warm-up: prepared statements, caches
+            _serial(conn, append, numbers, WARMUP_TX)
+        # The client's own cost: the same appends without a commit each.
         client_us = {
             name: _one_transaction(conn, append, numbers, WARMUP_TX) / WARMUP_TX * 1e6
             for name, append in sides.items()
         }
-        for r in range(ROUNDS):
-            names = list(sides)
+        names = list(sides)
+        for r in range(rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:  # rotate order
-                seconds[name].append(_serial(conn, sides[name], numbers, per_round))
-    return _overhead_figure(seconds, per_round, client_us, fsync=stack.postgres.fsync)
+                seconds = _serial(conn, sides[name], numbers, ROUND_TX)
+                us_per_tx[name].append(seconds / ROUND_TX * 1e6)
+    return _overhead_figure(us_per_tx, client_us, fsync=stack.postgres.fsync)
 
 
 def _overhead_figure(
-    seconds: dict[str, list[float]], per_round: int, client_us: dict[str, float], *, fsync: bool
+    rounds: dict[str, list[float]], client_us: dict[str, float], *, fsync: bool
 ) -> Figure:
-    us = {name: statistics.median(times) / per_round * 1e6 for name, times in seconds.items()}
-    paired = [a / b for a, b in zip(seconds["api"], seconds["sql"], strict=True)]
+    us = {name: statistics.median(values) for name, values in rounds.items()}
+    paired = [a / b for a, b in zip(rounds["api"], rounds["sql"], strict=True)]
     return Figure(
         benchmark=BENCHMARK,
         name="append API time per 1-row transaction",
@@ -138,15 +145,17 @@ def _overhead_figure(
         baseline_name="plain INSERT via psycopg",
         target="ratio<=1.15",
         details={
-            "transactions_per_side": per_round * ROUNDS,
-            "rounds": ROUNDS,
+            "transactions_per_side": len(rounds["api"]) * ROUND_TX,
+            "rounds": len(rounds["api"]),
             "us_per_tx": {name: round(v, 1) for name, v in us.items()},
+            "us_per_tx_quartiles": {
+                name: [round(q, 1) for q in statistics.quantiles(values, n=4)]
+                for name, values in rounds.items()
+            },
             "tx_per_s": {name: round(1e6 / v) for name, v in us.items()},
             "ratio_unvalidated": round(us["api_unvalidated"] / us["sql"], 3),
             "ratio_median_of_rounds": round(statistics.median(paired), 3),
-            # The same appends, many per transaction: the client's share without the commit.
             "us_per_append_without_commit": {k: round(v, 1) for k, v in client_us.items()},
-            "round_seconds": {name: [round(t, 3) for t in ts] for name, ts in seconds.items()},
             "fsync": fsync,
         },
     )
@@ -217,7 +226,7 @@ class Side:
 
 
 def concurrent_writers(stack: Stack, scale: Scale, registry: SchemaRegistry) -> Figure:
-    seconds = min(3.0, max(1.5, scale.events / 60_000))  # per run: 1.5 s quick, 3 s default
+    seconds = min(1.5, max(0.75, scale.events / 120_000))  # per run: 0.75 s quick, 1.5 s default
     outbox_url = stack.database("writers")
     datastore = _es_datastore(stack.database("es"))
     try:
@@ -234,20 +243,20 @@ def concurrent_writers(stack: Stack, scale: Scale, registry: SchemaRegistry) -> 
                 "es", datastore.get_connection, lambda first: _es_tx(recorder, append_first=first)
             ),
         ]
-        rates: dict[str, Rate] = {}
+        runs: dict[str, list[Rate]] = {}
         # Rounds, with the sides taking turns to go first, so drift hits both alike.
         for r in range(WRITER_ROUNDS):
             for order, writers in WRITER_RUNS:
                 for side in sides if r % 2 == 0 else sides[::-1]:
                     key = f"{side.name}_{order}_{writers}"
-                    rate = side.drive(order, writers, seconds)
-                    rates[key] = rates[key] + rate if key in rates else rate
+                    runs.setdefault(key, []).append(side.drive(order, writers, seconds))
     finally:
         datastore.close()
-    return _writers_figure(rates, seconds)
+    return _writers_figure(runs, seconds)
 
 
-def _writers_figure(rates: dict[str, Rate], seconds: float) -> Figure:
+def _writers_figure(runs: dict[str, list[Rate]], seconds: float) -> Figure:
+    rates = {name: sum(rounds[1:], rounds[0]) for name, rounds in runs.items()}
     per_s = {name: round(rate.per_second, 1) for name, rate in rates.items()}
 
     def ratio(a: str, b: str) -> float:
@@ -273,6 +282,9 @@ def _writers_figure(rates: dict[str, Rate], seconds: float) -> Figure:
             "rounds": WRITER_ROUNDS,
             "seconds_per_run": seconds,
             "transactions": {name: rate.transactions for name, rate in rates.items()},
+            "tx_per_s_by_round": {
+                name: [round(r.per_second) for r in rounds] for name, rounds in runs.items()
+            },
         },
     )
 
@@ -318,7 +330,12 @@ def _es_tx(recorder: PostgresApplicationRecorder, *, append_first: bool) -> Tran
 def _es_insert(
     recorder: PostgresApplicationRecorder, conn: Conn, events: list[StoredEvent]
 ) -> None:
-    """The body of ``PostgresApplicationRecorder.insert_events``, minus its own transaction."""
+    """The body of ``PostgresApplicationRecorder.insert_events``, minus its own transaction.
+
+    Private methods, because the public one owns the transaction and the point is to
+    measure the work inside it. ``_insert_events`` is the recorder's hook for extra rows
+    (a no-op here); ``_insert_stored_events`` locks the table, NOTIFYs and inserts.
+    """
     with conn.pipeline() as pipeline:
         with conn.cursor() as curs:
             recorder._insert_events(curs, events)

@@ -1,0 +1,114 @@
+"""Cost growth with the backlog, and the relay's memory over a long run.
+
+* Throughput draining a big backlog (10M rows at ``--scale full``) against a 100k-row
+  one, each by one ``outbox-relay run`` process. If a poll cost grew with the backlog
+  (a sort, a scan from the start), the big drain would be far slower per event.
+* EXPLAIN of the poll, half-way through the big backlog: an index range scan on the
+  outbox's primary key, with no Sort node; and its execution time against the same
+  poll on the small backlog.
+* The relay's resident memory, sampled over the whole big drain: its peak (VmHWM),
+  and its value at the start and the end of the drain (bounded: flat, not growing).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+
+from bench.harness import (
+    Figure,
+    RelayProcesses,
+    Scale,
+    Stack,
+    add_subscribers,
+    fill_outbox,
+    final_positions,
+    wait_published,
+)
+from relay.queries import queries_for
+from relay.subscribers import Subscriber
+
+BATCH = 5000
+
+
+def run(stack: Stack, scale: Scale) -> list[Figure]:
+    small_url, big_url = stack.database("small"), stack.database("big")
+    fill_outbox(small_url, scale.small_backlog)
+    fill_outbox(big_url, scale.big_backlog)
+    small_plan = poll_plan(small_url, scale.small_backlog // 2)
+    big_plan = poll_plan(big_url, scale.big_backlog // 2)
+    small_rate, _ = drain(stack, small_url, scale.small_backlog, "small")
+    stack.fresh_broker()
+    big_rate, memory = drain(stack, big_url, scale.big_backlog, "big")
+    big_label = f"{scale.big_backlog / 1e6:g}M"
+    index_scan = big_plan["index_scan"] and not big_plan["sort"]
+    return [
+        Figure("growth", f"relay ev/s, {big_label} vs 100k backlog", big_rate, "ev/s",
+               small_rate, f"{scale.small_backlog:,} backlog", "ratio>=0.9"),
+        Figure("growth", "poll is an index range scan (1 = yes)", float(index_scan), "",
+               target="value>=1", details=big_plan),
+        Figure("growth", f"poll execution ms, {big_label} vs 100k", big_plan["ms"], "ms",
+               small_plan["ms"], f"{scale.small_backlog:,} backlog"),
+        Figure("growth", f"relay peak RSS over {big_label} events", memory["peak_mb"], "MiB",
+               target="value<=300", details=memory),
+    ]  # fmt: skip
+
+
+def drain(stack: Stack, url: str, events: int, label: str) -> tuple[float, dict[str, Any]]:
+    """Publish the whole backlog with one relay process; returns (ev/s, memory)."""
+    add_subscribers(url, [Subscriber("bench", topic=f"{stack.topic_prefix(label)}.orders")])
+    targets = final_positions(url)
+    samples: list[float] = []
+    with RelayProcesses(stack, url, label, batch_size=BATCH) as relays:
+
+        def tick() -> None:
+            relays.check_alive()
+            samples.extend(relays.rss_mb())
+
+        first, done = wait_published(url, targets, tick=tick)
+        peak = max(relays.peak_rss_mb())
+    quarter = max(1, len(samples) // 4)
+    memory = {
+        "peak_mb": peak,
+        "first_quarter_mean_mb": sum(samples[:quarter]) / quarter,
+        "last_quarter_mean_mb": sum(samples[-quarter:]) / quarter,
+        "samples": len(samples),
+    }
+    return (events - BATCH) / (done - first), memory
+
+
+def poll_plan(url: str, after: int) -> dict[str, Any]:
+    """EXPLAIN ANALYZE of the relay's poll from the ``after``-th row on."""
+    query = queries_for("public")["fetch_batch"]
+    with psycopg.connect(url, autocommit=True) as conn:
+        tx, pos = conn.execute(
+            "SELECT transaction_id::text::bigint, position FROM outbox o"
+            " ORDER BY o.transaction_id, o.position OFFSET %s LIMIT 1",
+            (after,),
+        ).fetchone() or (0, 0)
+        params = {"transaction_id": tx, "position": pos, "limit": BATCH, "part": 0, "parts": 1}
+        conn.execute(query, params).fetchall()  # warm the cache: measure the plan, not I/O
+        explain = psycopg.sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + query
+        (document,) = conn.execute(explain, params).fetchone() or (None,)
+    plan = (json.loads(document) if isinstance(document, str) else document)[0]
+    nodes = list(_nodes(plan["Plan"]))
+    return {
+        "index_scan": any(
+            n["Node Type"] in ("Index Scan", "Index Only Scan")
+            and n.get("Index Name") == "outbox_pkey"
+            for n in nodes
+        ),
+        "sort": any(n["Node Type"] == "Sort" for n in nodes),
+        "nodes": [f"{n['Node Type']} {n.get('Index Name', '')}".strip() for n in nodes],
+        "index_cond": next((n.get("Index Cond") for n in nodes if "Index Cond" in n), None),
+        "ms": plan["Execution Time"],
+        "shared_buffers_hit": plan["Plan"].get("Shared Hit Blocks"),
+    }
+
+
+def _nodes(node: dict[str, Any]) -> Any:
+    yield node
+    for child in node.get("Plans", []):
+        yield from _nodes(child)
