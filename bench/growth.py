@@ -90,7 +90,7 @@ def poll_plan(url: str, after: int) -> dict[str, Any]:
         ).fetchone() or (0, 0)
         params = {"transaction_id": tx, "position": pos, "limit": BATCH, "part": 0, "parts": 1}
         conn.execute(query, params).fetchall()  # warm the cache: measure the plan, not I/O
-        explain = psycopg.sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + query
+        explain = b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query
         (document,) = conn.execute(explain, params).fetchone() or (None,)
     plan = (json.loads(document) if isinstance(document, str) else document)[0]
     nodes = list(_nodes(plan["Plan"]))

@@ -20,7 +20,6 @@ from uuid import UUID
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from relay.db import classify
@@ -168,8 +167,8 @@ class Outbox:
         return StreamAppend(rows[-1][0], [row[1] for row in rows])
 
     @functools.cached_property
-    def _stream_insert(self) -> sql.Composed:
-        return with_schema(_STREAM_INSERT, self.schema)
+    def _stream_insert(self) -> bytes:
+        return with_schema(_STREAM_INSERT, self.schema).as_bytes(None)
 
     def _check(
         self,

@@ -128,6 +128,10 @@ class SchemaRegistry:
     def validate(self, event_type: str, payload: Any) -> AvroSchema:
         """Check ``payload`` (JSON-shaped) against the event type's schema."""
         schema = self.writer_for(event_type)
+        # The quiet check first: with raise_errors, fastavro builds (and formats) an
+        # error for every union branch it tries and rejects, even on valid payloads.
+        if validate(payload, schema.parsed, raise_errors=False):
+            return schema
         try:
             validate(payload, schema.parsed, raise_errors=True)
         except ValidationError as exc:
