@@ -95,7 +95,8 @@ class Settings(BaseSettings):
     # Passed verbatim to librdkafka (TLS, SASL, compression...), e.g. {"security.protocol": "SSL"}.
     kafka: dict[str, KafkaValue] = Field(default_factory=dict)
     schemas_dir: Path = Path("schemas")
-    batch_size: int = Field(default=1000, ge=1, le=100_000)
+    # 5000: per-batch costs (a transaction, a checkpoint write) amortized; see bench/.
+    batch_size: int = Field(default=5000, ge=1, le=100_000)
     poll_interval: float = Field(default=1.0, gt=0, le=300)
     # At most 300 s: a batch's transaction must fit in Kafka's 15-minute cap (3x this).
     delivery_timeout: float = Field(default=30.0, gt=0, le=300)
