@@ -7,43 +7,52 @@ Relay run
     the time right after each COMMIT returns, keyed by the returned message id. An
     in-process relay with production defaults (NOTIFY wake-up, one Kafka transaction
     per batch, Avro values) publishes them. A consumer process (confluent-kafka,
-    ``isolation.level=read_committed``, ``assign()`` on every partition from the
-    beginning) notes when each record arrives, matched by the ``id`` header the relay
-    sets. Latency = arrival - commit, for the events committed after a warm-up.
+    ``isolation.level=read_committed``, ``assign()`` from the beginning) notes when each
+    record arrives, matched by the ``id`` header the relay sets. Latency = arrival -
+    commit, for the events committed after a warm-up.
 
 Baseline: the broker's floor
     The same two processes, but the writer is a plain transactional confluent-kafka
-    producer (the relay's producer settings) writing the same Avro values and keys
-    straight to a topic: produce -> commit_transaction -> visible, no Postgres, no
-    relay. Latency runs from when each message is due on the same schedule. One
-    message per transaction while the producer is idle when it falls due; when a
-    transaction takes longer than the interval (~2 ms on Tansu, against 1 ms at 1k/s)
-    the messages due meanwhile share the next one, as they would in any producer. The
-    ratio is then the relay's overhead over what Kafka transactions cost here.
+    producer (the relay's producer settings) writing the same Avro values, keys and
+    topics straight to Kafka: produce -> commit_transaction -> visible, no Postgres, no
+    relay. Latency runs from when each message falls due on the same schedule. One
+    message per transaction while the producer keeps up; a Kafka transaction takes
+    ~2 ms on Tansu, so at 1k/s the messages due meanwhile share the next one (no single
+    producer can do better). The ratio is the relay's overhead over that floor.
 
 Why it is fair
     * Writer and consumer are separate processes in both runs, as an app and a consumer
       would be: neither competes with the relay for its GIL.
-    * The consumer, value bytes, keys, partitions and rate are identical in both runs.
-    * Every timestamp is CLOCK_MONOTONIC (``time.monotonic``), one clock for every
-      process on the host. Events never seen are counted (``missing``), not dropped.
+    * Consumer, value bytes, keys, topics, partitions and rate are the same in both runs.
+    * Every timestamp is CLOCK_MONOTONIC, one clock for every process on the host.
+      An event never seen counts as infinitely late: a lossy run cannot look fast.
+    * The relay runs with the garbage-collector settings of ``outbox-relay run``.
+    * Details report the rate achieved (``achieved_per_s``): on a busy host the app
+      writer, not the relay, can fall behind the schedule.
 
-Broker caveats (Tansu 0.6)
+Broker caveats (Tansu 0.6, memory storage)
     * A fetch waits out ``fetch.wait.max.ms`` even when data arrives meanwhile, so the
-      consumer uses 1 ms (both runs); at the default 500 ms the wait alone would be
+      consumer asks for 1 ms (both runs); at the default 500 ms that wait alone would be
       ~250 ms of "latency".
+    * Serving a fetch costs time proportional to the partition's length: at 1k records/s
+      the broker saturates a CPU after ~3 s on one topic and latency climbs to seconds.
+      So both runs rotate to a fresh topic every ``SEGMENT_S`` seconds (the relay by
+      aggregate type: its topic template is ``<prefix>.{aggregate_type}``) and the
+      consumer follows with a sliding assignment of three topics.
     * Its last-stable-offset can lag when transactions overlap, and it does not filter
       aborted records for read_committed readers; neither is worked around here.
 """
 
 from __future__ import annotations
 
+import gc
 import math
 import multiprocessing
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -52,20 +61,22 @@ from multiprocessing.synchronize import Event
 from typing import Any, Protocol
 
 import psycopg
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from bench.harness import SCHEMAS, Figure, Scale, Stack, order_payload
-from relay.daemon import Relay
+from bench.harness import SCHEMAS, Figure, Scale, Stack, order_payload, relay_settings, subscriber
+from relay.daemon import Relay, tune_gc
 from relay.kafka import producer_config
 from relay.outbox import Outbox
 from relay.schemas import SchemaRegistry
-from relay.settings import load_settings
+from relay.settings import SubscriberSettings
 from relay.worker import WorkerState
 
 WARMUP_S = 2.0  # events committed in the first seconds are not measured
 DRAIN_S = 10.0  # after the last commit, how long stragglers may take
-FETCH_WAIT_MS = 1  # see "Broker caveats" above
+SEGMENT_S = 2.0  # seconds of events per topic (see "Broker caveats")
+FETCH_WAIT_MS = 1
+PARTITIONS = 3  # the relay's default topic_partitions
 KEYS = 1000
 AGGREGATE_TYPE = "order"
 EVENT_TYPE = "OrderPlaced"
@@ -74,11 +85,13 @@ _SPAWN = multiprocessing.get_context("spawn")  # librdkafka and psycopg threads:
 
 @dataclass(frozen=True)
 class Plan:
-    """The writer's schedule: event ``i`` is due at ``start + i / rate``."""
+    """The writer's schedule: event ``i`` is due at ``start + i / rate`` and goes to
+    route (topic or aggregate type) ``i // per_route``."""
 
     start: float
     rate: int
     total: int
+    per_route: int
 
     def due(self, i: int) -> float:
         return self.start + i / self.rate
@@ -86,6 +99,9 @@ class Plan:
     def due_by(self, now: float) -> int:
         """How many events are due at ``now``."""
         return min(self.total, math.floor((now - self.start) * self.rate) + 1)
+
+    def route(self, i: int) -> int:
+        return i // self.per_route
 
 
 @dataclass(frozen=True)
@@ -102,11 +118,10 @@ class Samples:
         return self.measured - len(self.latencies)
 
     def ms(self, quantile: float) -> float:
-        """Nearest-rank percentile, in milliseconds."""
-        if not self.latencies:
-            return math.nan
-        rank = max(1, math.ceil(quantile * len(self.latencies)))
-        return self.latencies[rank - 1] * 1000
+        """Nearest-rank percentile in milliseconds, a missing event counting as never
+        arriving (infinite), so a lossy run cannot look fast."""
+        rank = max(1, math.ceil(quantile * self.measured))
+        return self.latencies[rank - 1] * 1000 if rank <= len(self.latencies) else math.inf
 
 
 # -- the benchmark ---------------------------------------------------------------------
@@ -121,40 +136,64 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
     ]
 
 
+def _routes(scale: Scale) -> list[str]:
+    """The aggregate types, one per ``SEGMENT_S`` of the run."""
+    count = math.ceil((WARMUP_S + scale.latency_seconds) / SEGMENT_S)
+    return [f"{AGGREGATE_TYPE}-{n:02d}" for n in range(count)]
+
+
 def _broker_floor(stack: Stack, scale: Scale) -> Samples:
-    topic = f"{stack.topic_prefix('latency-floor')}.{AGGREGATE_TYPE}"
-    _create_topic(stack.bootstrap, topic, partitions=3)
+    prefix = stack.topic_prefix("latency-floor")
+    topics = [f"{prefix}.{route}" for route in _routes(scale)]
+    _create_topics(stack.bootstrap, topics, PARTITIONS)
     stamps, transactions, arrivals = _measure(
-        stack.bootstrap, topic, scale, ("kafka", stack.bootstrap, topic)
+        stack.bootstrap, topics, scale, ("kafka", [stack.bootstrap, *topics])
     )
     return _samples(stamps, arrivals, scale, len(stamps) / transactions)
 
 
 def _relay_latency(stack: Stack, scale: Scale) -> Samples:
     url = stack.database("latency")
-    prefix = stack.topic_prefix("latency")
-    settings = load_settings(
-        database_url=url,
-        bootstrap_servers=stack.bootstrap,
-        schemas_dir=SCHEMAS,
-        metrics_enabled=False,
-        kafka_id_prefix=prefix,
-        checkpoint_topic=f"{prefix}.checkpoints",
-        subscribers=[{"name": "latency", "topic": prefix + ".{aggregate_type}"}],
+    routes = _routes(scale)
+    settings = relay_settings(
+        stack,
+        url,
+        "latency",
+        # Created below instead, as an operator would: the relay would create each on
+        # its first batch, an admin round trip that is not what this measures.
+        create_topics=False,
+        topic_partitions=PARTITIONS,
     )
-    topic = f"{prefix}.{AGGREGATE_TYPE}"
-    # What the relay would create on its first batch; created now so the consumer is
-    # positioned before the first event.
-    _create_topic(stack.bootstrap, topic, settings.topic_partitions)
+    prefix = settings.kafka_id_prefix
+    topics = [f"{prefix}.{route}" for route in routes]
+    route = SubscriberSettings(**subscriber("latency", prefix + ".{aggregate_type}"))
+    settings = settings.model_copy(update={"subscribers": [route]})
+    _create_topics(stack.bootstrap, topics, PARTITIONS)
+    _create_topics(stack.bootstrap, [settings.checkpoint_topic], 2, {"cleanup.policy": "compact"})
     relay = Relay(settings)
-    relay.start()
-    try:
-        _wait_running(relay)
-        stamps, _, arrivals = _measure(stack.bootstrap, topic, scale, ("outbox", url, topic))
-        totals = sum(relay.part_totals().values(), Counter[str]())
-    finally:
-        relay.stop()
+    with _production_gc():
+        relay.start()
+        try:
+            _wait_running(relay)
+            stamps, _, arrivals = _measure(
+                stack.bootstrap, topics, scale, ("outbox", [url, *routes])
+            )
+            totals = sum(relay.part_totals().values(), Counter[str]())
+        finally:
+            relay.stop()
     return _samples(stamps, arrivals, scale, totals["published"] / max(1, totals["batches"]))
+
+
+@contextmanager
+def _production_gc() -> Iterator[None]:
+    """The collector settings ``outbox-relay run`` uses, for this process while it lasts."""
+    threshold = gc.get_threshold()
+    tune_gc()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
 
 
 def _figure(
@@ -172,6 +211,7 @@ def _figure(
             "relay": _summary(relay),
             "floor": _summary(floor),
             "fetch_wait_ms": FETCH_WAIT_MS,
+            "segment_s": SEGMENT_S,
         },
     )
 
@@ -195,17 +235,18 @@ Stamps = list[tuple[str, float]]  # (id, when its latency starts), in commit ord
 
 
 def _measure(
-    bootstrap: str, topic: str, scale: Scale, writer: tuple[str, str, str]
+    bootstrap: str, topics: list[str], scale: Scale, writer: tuple[str, list[str]]
 ) -> tuple[Stamps, int, dict[str, float]]:
     """Run the writer against a consumer: (stamps, transactions, arrival by id)."""
     total = round(scale.latency_rate * (WARMUP_S + scale.latency_seconds))
+    per_route = round(scale.latency_rate * SEGMENT_S)
     ready, stop = _SPAWN.Event(), _SPAWN.Event()
     received = _SPAWN.Value("q", 0)
-    consumer, from_consumer = _spawn(_consume, bootstrap, topic, ready, stop, received)
+    consumer, from_consumer = _spawn(_consume, bootstrap, topics, ready, stop, received)
     producer: BaseProcess | None = None
     try:
         _wait(ready.is_set, consumer, 30.0, "the consumer to be assigned")
-        plan = Plan(time.monotonic() + 0.5, scale.latency_rate, total)
+        plan = Plan(time.monotonic() + 0.5, scale.latency_rate, total, per_route)
         producer, from_producer = _spawn(_write, *writer, plan)
         stamps, transactions = _receive(from_producer, producer, total / plan.rate + 60.0)
         expected = len(stamps)
@@ -232,7 +273,7 @@ def _samples(
 
 def _consume(
     bootstrap: str,
-    topic: str,
+    topics: list[str],
     ready: Event,
     stop: Event,
     received: Synchronized[int],
@@ -242,7 +283,7 @@ def _consume(
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
-            "group.id": f"{topic}.reader.{uuid.uuid4().hex[:8]}",  # never joined: assign()
+            "group.id": f"bench-latency-{uuid.uuid4().hex[:8]}",  # never joined: assign()
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "fetch.wait.max.ms": FETCH_WAIT_MS,
@@ -251,19 +292,57 @@ def _consume(
     )
     arrivals: dict[str, float] = {}
     try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        window = _Window(consumer, topics)
         consumer.poll(0.5)
         ready.set()
         while not stop.is_set():
             msg = consumer.poll(0.05)  # poll(), not consume(): that waits out its timeout
             if msg is None or msg.error() is not None:
                 continue
-            arrivals[dict(msg.headers() or [])["id"].decode()] = time.monotonic()
+            arrivals.setdefault(_id_header(msg), time.monotonic())  # first copy, if two
             received.value = len(arrivals)
+            window.follow(str(msg.topic()))
     finally:
         consumer.close()
     out.send(arrivals)
+
+
+def _id_header(msg: Message) -> str:
+    value = dict(msg.headers() or [])["id"]
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class _Window:
+    """Keeps the topic being written, its predecessor and its successor assigned."""
+
+    def __init__(self, consumer: Consumer, topics: list[str]) -> None:
+        self._consumer = consumer
+        self._topics = topics
+        self._index = {topic: n for n, topic in enumerate(topics)}
+        metadata = consumer.list_topics(topics[0], timeout=10).topics[topics[0]]
+        self._partitions = sorted(metadata.partitions)
+        self._assigned: set[int] = set()
+        self._top = -1
+        self.follow(topics[0])
+
+    def follow(self, topic: str) -> None:
+        top = self._index[topic]
+        if top <= self._top:
+            return
+        self._top = top
+        wanted = set(range(max(0, top - 1), min(len(self._topics), top + 2)))
+        if gone := self._assigned - wanted:
+            self._consumer.incremental_unassign(self._tps(gone))
+        if new := wanted - self._assigned:
+            self._consumer.incremental_assign(self._tps(new))
+        self._assigned = wanted
+
+    def _tps(self, segments: set[int]) -> list[TopicPartition]:
+        return [
+            TopicPartition(self._topics[s], p, OFFSET_BEGINNING)
+            for s in sorted(segments)
+            for p in self._partitions
+        ]
 
 
 class _Writer(Protocol):
@@ -275,8 +354,8 @@ class _Writer(Protocol):
     def close(self) -> None: ...
 
 
-def _write(kind: str, target: str, topic: str, plan: Plan, out: Connection) -> None:
-    writer: _Writer = _OutboxWriter(target) if kind == "outbox" else _KafkaWriter(target, topic)
+def _write(kind: str, args: list[str], plan: Plan, out: Connection) -> None:
+    writer: _Writer = _OutboxWriter(*args) if kind == "outbox" else _KafkaWriter(*args)
     stamps: Stamps = []
     try:
         i = 0
@@ -291,15 +370,16 @@ def _write(kind: str, target: str, topic: str, plan: Plan, out: Connection) -> N
 class _OutboxWriter:
     """The app: one event per transaction through the write API."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *aggregate_types: str) -> None:
         self._conn = psycopg.connect(url, application_name="bench-latency-writer")
         self._outbox = Outbox(SchemaRegistry.from_dir(SCHEMAS))
+        self._aggregate_types = aggregate_types
         self.transactions = 0
 
     def write(self, first: int, plan: Plan, stamps: Stamps) -> int:
         message_id = self._outbox.append(
             self._conn,
-            aggregate_type=AGGREGATE_TYPE,
+            aggregate_type=self._aggregate_types[plan.route(first)],
             aggregate_id=str(first % KEYS),
             event_type=EVENT_TYPE,
             payload=order_payload(first),
@@ -316,21 +396,23 @@ class _OutboxWriter:
 class _KafkaWriter:
     """The floor: every message due now in one Kafka transaction (one, when keeping up)."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: str, *topics: str) -> None:
         config = producer_config(bootstrap, {}, 30_000)
-        self._producer = Producer({**config, "transactional.id": f"{topic}.writer"})
+        self._producer = Producer({**config, "transactional.id": f"{topics[0]}.writer"})
         self._producer.init_transactions(30)
         self._registry = SchemaRegistry.from_dir(SCHEMAS)
-        self._topic = topic
+        self._topics = topics
         self.transactions = 0
 
     def write(self, first: int, plan: Plan, stamps: Stamps) -> int:
         end = max(first + 1, plan.due_by(time.monotonic()))
         self._producer.begin_transaction()
         for i in range(first, end):
-            value = self._registry.encode(EVENT_TYPE, order_payload(i))
             self._producer.produce(
-                self._topic, value, str(i % KEYS).encode(), headers=[("id", f"b{i}".encode())]
+                self._topics[plan.route(i)],
+                self._registry.encode(EVENT_TYPE, order_payload(i)),
+                str(i % KEYS).encode(),
+                headers=[("id", f"b{i}".encode())],
             )
         self._producer.commit_transaction(30)
         self.transactions += 1
@@ -344,12 +426,16 @@ class _KafkaWriter:
 # -- plumbing --------------------------------------------------------------------------
 
 
-def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+def _create_topics(
+    bootstrap: str, topics: list[str], partitions: int, config: dict[str, str] | None = None
+) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    future = admin.create_topics(
-        [NewTopic(topic, num_partitions=partitions, replication_factor=-1)]
-    )
-    future[topic].result(15)
+    new = [
+        NewTopic(t, num_partitions=partitions, replication_factor=-1, config=config or {})
+        for t in topics
+    ]
+    for future in admin.create_topics(new).values():
+        future.result(15)
 
 
 def _wait_running(relay: Relay, timeout: float = 30.0) -> None:
@@ -372,7 +458,11 @@ def _spawn(target: Callable[..., None], *args: Any) -> tuple[BaseProcess, Connec
 def _receive(conn: Connection, process: BaseProcess, timeout: float) -> Any:
     """The child's one result; raises if it dies or takes longer than ``timeout``."""
     _wait(conn.poll, process, timeout, f"a result from {process.name}")
-    return conn.recv()
+    try:
+        return conn.recv()
+    except EOFError:  # it died before sending
+        process.join(5.0)
+        raise RuntimeError(f"{process.name} exited with code {process.exitcode}") from None
 
 
 def _wait(done: Callable[[], bool], process: BaseProcess, timeout: float, what: str | None) -> None:

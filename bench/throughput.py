@@ -24,7 +24,7 @@ from bench.harness import (
     subscriber,
     wait_published,
 )
-from relay.daemon import Relay
+from relay.daemon import Relay, tune_gc
 
 BATCH = 5000
 
@@ -78,6 +78,7 @@ def relay_rate(stack: Stack, url: str, events: int) -> tuple[float, dict[str, fl
         stack, url, "throughput", batch_size=BATCH, subscribers=[subscriber("bench", topic)]
     )
     relay = Relay(settings)
+    tune_gc()  # as `outbox-relay run` does
     relay.start()
     try:
         first, done = wait_published(url, final_positions(url))
