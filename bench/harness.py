@@ -50,7 +50,7 @@ class Scale:
     def named(cls, name: str) -> Scale:
         if name == "quick":
             return cls(
-                events=50_000, big_backlog=500_000, fanout_events=10_000, latency_seconds=8.0
+                events=100_000, big_backlog=500_000, fanout_events=10_000, latency_seconds=8.0
             )
         if name == "full":
             return cls(big_backlog=10_000_000, fanout_events=50_000, latency_seconds=60.0)

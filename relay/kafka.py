@@ -59,6 +59,10 @@ _UNSUPPORTED = frozenset({KafkaError.UNSUPPORTED_VERSION, KafkaError._UNSUPPORTE
 _CHECKPOINT_PARTITIONS = 2
 
 
+# What ``meanwhile`` may hand back: more records for the batch in flight, and its new end.
+Extension = tuple[Sequence[KafkaRecord], Position]
+
+
 class Publisher(Protocol):
     """Publishes batches for one subscriber part."""
 
@@ -70,12 +74,13 @@ class Publisher(Protocol):
         records: Sequence[KafkaRecord],
         end: Position,
         generation: str,
-        meanwhile: Callable[[], None] | None = None,
+        meanwhile: Callable[[], Extension | None] | None = None,
     ) -> None:
         """Publish ``records`` (the batch ending at ``end``); return once all are durable.
 
         ``meanwhile`` runs once the records are handed to the client, while they travel:
-        the caller prepares its next batch there instead of waiting idle.
+        the caller prepares its next batch there. If it returns an extension, those
+        records join this batch, which then ends where the extension does.
 
         Raises :class:`BrokerUnavailable` (retry), :class:`PoisonRecordError` (one record's
         fault) or :class:`ProducerFenced` (another relay owns the part now).
@@ -191,29 +196,38 @@ class _BatchProducer:
     def _send(
         self,
         records: Sequence[KafkaRecord],
-        meanwhile: Callable[[], None] | None = None,
+        meanwhile: Callable[[], Extension | None] | None = None,
         *,
         wait: bool = True,
-    ) -> None:
-        """Produce ``records``, run ``meanwhile``, then (``wait``) wait until each record
-        is acknowledged or failed. Without ``wait`` no delivery reports are asked for:
-        the caller learns of failures otherwise (a transaction's commit fails)."""
-        self._topics.ensure({r.topic for r in records})
-        self._check_sizes(records)
+    ) -> tuple[list[KafkaRecord], Position | None]:
+        """Produce ``records``, run ``meanwhile`` (and produce its extension), then
+        (``wait``) wait until each record is acknowledged or failed. Without ``wait`` no
+        delivery reports are asked for: the caller learns of failures otherwise (a
+        transaction's commit fails). Returns every record sent and the extension's end."""
         failures: list[tuple[Message, KafkaError]] = []
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
                 failures.append((msg, err))
 
-        for record in records:
-            self._produce(record, delivered if wait else None)
-        if meanwhile is not None:
-            meanwhile()
+        sent = self._produce_all(records, delivered if wait else None)
+        extension = meanwhile() if meanwhile is not None else None
+        if extension is not None:
+            sent += self._produce_all(extension[0], delivered if wait else None)
         if wait:
             self._wait()
             if failures:
-                self._raise_for(records, failures)
+                self._raise_for(sent, failures)
+        return sent, extension[1] if extension is not None else None
+
+    def _produce_all(
+        self, records: Sequence[KafkaRecord], callback: Callable[..., None] | None
+    ) -> list[KafkaRecord]:
+        self._topics.ensure({r.topic for r in records})
+        self._check_sizes(records)
+        for record in records:
+            self._produce(record, callback)
+        return list(records)
 
     def _check_sizes(self, records: Sequence[KafkaRecord]) -> None:
         """Refuse an oversized record before producing anything, so a transaction is
@@ -297,12 +311,9 @@ class IdempotentPublisher(_BatchProducer):
         records: Sequence[KafkaRecord],
         end: Position,
         generation: str,
-        meanwhile: Callable[[], None] | None = None,
+        meanwhile: Callable[[], Extension | None] | None = None,
     ) -> None:
-        if records:
-            self._send(records, meanwhile)
-        elif meanwhile is not None:
-            meanwhile()
+        self._send(records, meanwhile)
 
 
 class TransactionalPublisher(_BatchProducer):
@@ -363,40 +374,45 @@ class TransactionalPublisher(_BatchProducer):
         records: Sequence[KafkaRecord],
         end: Position,
         generation: str,
-        meanwhile: Callable[[], None] | None = None,
+        meanwhile: Callable[[], Extension | None] | None = None,
     ) -> None:
         if not records:  # nothing to publish; the Postgres checkpoint alone moves
-            if meanwhile is not None:
-                meanwhile()
+            if meanwhile is not None and (extension := meanwhile()) is not None:
+                self.publish(*extension, generation)
             return
         assert self._initialised, "recover() first: it fences earlier producers"
+        batch: list[tuple[list[KafkaRecord], Position]] = []
         try:
-            self._transaction(records, end, generation, meanwhile, diagnose=False)
+            self._transaction(records, end, generation, meanwhile, batch)
         except _TransactionAborted as exc:
             # A record failed, so the commit did not happen. Run the batch again with a
             # delivery report per record: that names the record at fault (a poison
             # event), or succeeds if the failure was passing.
             logger.info("transaction aborted (%s); retrying with delivery reports", exc)
-            self._transaction(records, end, generation, None, diagnose=True)
+            sent, last = batch[-1] if batch else (list(records), end)
+            self._transaction(sent, last, generation, None, None)
 
     def _transaction(
         self,
         records: Sequence[KafkaRecord],
         end: Position,
         generation: str,
-        meanwhile: Callable[[], None] | None,
-        *,
-        diagnose: bool,
+        meanwhile: Callable[[], Extension | None] | None,
+        batch: list[tuple[list[KafkaRecord], Position]] | None,
     ) -> None:
-        """One transaction: the records and the checkpoint. Unless ``diagnose``, records
-        are not awaited one by one: the commit flushes them and fails if any failed."""
+        """One transaction: the records and the checkpoint. On the fast path (``batch``
+        collects what was sent) records are not awaited one by one: the commit flushes
+        them and fails if any failed. Without ``batch``, every record is awaited."""
         metadata = self._consumer(generation).consumer_group_metadata()
         self._call(self._producer.begin_transaction)
         try:
-            self._send(records, meanwhile, wait=diagnose)
+            sent, extended_to = self._send(records, meanwhile, wait=batch is None)
         except BaseException:
             self._abort()
             raise
+        end = extended_to or end
+        if batch is not None:
+            batch.append((sent, end))
         offsets = [
             TopicPartition(self._checkpoint_topic, 0, end.transaction_id),
             TopicPartition(self._checkpoint_topic, 1, end.position),

@@ -28,7 +28,7 @@ from relay.errors import (
     RetryableError,
     SubscriberError,
 )
-from relay.kafka import PoisonRecordError, Publisher
+from relay.kafka import Extension, PoisonRecordError, Publisher
 from relay.model import KafkaRecord, OutboxEvent, PartId, Position
 from relay.poison import dead_letter_record
 from relay.sessions import Session
@@ -242,27 +242,35 @@ class PartWorker(threading.Thread):
         if not self.session.valid():
             raise ClaimLost("this relay's session may have expired; not publishing")
         assert self._publisher is not None
-        events = batch.events
+        events = list(batch.events)
         end = events[-1].key
         dead: dict[UUID, DeadLetterDecision] = {}
         if state.subscriber.on_poison is PoisonPolicy.DEAD_LETTER:
             dead = store.dead_letters(state.name, state.checkpoint, end)
         records = batch.records if batch.records is not None and not dead else None
-        following = dataclasses.replace(state, checkpoint=end)
         ahead: list[_Batch] = []
+        extended: list[KafkaRecord] = []
 
-        def read_ahead() -> None:
-            ahead.append(self._prepare(store, following))
+        def read_ahead() -> Extension | None:
+            nonlocal end
+            following = self._prepare(store, dataclasses.replace(state, checkpoint=end))
+            if not _joins(following, self._batch_size, state.subscriber.on_poison):
+                ahead.append(following)
+                return None
+            # Caught up: what committed meanwhile joins the open transaction rather than
+            # waiting a whole cycle for the next one.
+            assert following.records is not None
+            events.extend(following.events)
+            extended.extend(following.records)
+            end = following.events[-1].key
+            return following.records, end
 
         while True:
             if records is None:
                 records = self._encode(store, state, events, dead)
             try:
                 self._publisher.publish(
-                    records,
-                    end,
-                    str(state.generation),
-                    read_ahead if look_ahead else None,
+                    records, end, str(state.generation), read_ahead if look_ahead else None
                 )
                 break
             except PoisonRecordError as exc:
@@ -276,10 +284,11 @@ class PartWorker(threading.Thread):
                 if event.message_id in dead:  # the dead letter itself was rejected
                     self._halt(store, state, event, f"dead-letter record rejected: {exc.reason}")
                 self._poison(store, state, event, str(exc), dead)
-                records = None
+                records, look_ahead = None, False  # `events` and `end` now include any extension
                 ahead.clear()
+                extended.clear()
         state = self._advance(store, state, end)
-        self._count(records, sum(1 for e in events if e.message_id in dead), end)
+        self._count([*records, *extended], sum(1 for e in events if e.message_id in dead), end)
         # A reset meanwhile moves the checkpoint elsewhere: what was read ahead is void.
         return state, ahead[0] if ahead and state.checkpoint == end else None
 
@@ -399,6 +408,18 @@ class PartWorker(threading.Thread):
             self.stats.errors += 1
             self.stats.last_error = str(exc)
             self.stats.state = state
+
+
+def _joins(following: _Batch, batch_size: int, policy: PoisonPolicy) -> bool:
+    """Whether a batch read ahead joins the transaction in flight: only when the relay
+    is caught up (a backlog is better served by full batches, each overlapping the
+    last one's commit), every event encoded cleanly, and no dead-letter decision (made
+    on the slow path) could apply."""
+    return (
+        following.records is not None
+        and 0 < len(following.events) < batch_size
+        and policy is not PoisonPolicy.DEAD_LETTER
+    )
 
 
 def _event_of(record: KafkaRecord, events: list[OutboxEvent]) -> OutboxEvent:

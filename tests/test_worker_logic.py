@@ -11,7 +11,7 @@ from typing import Any
 
 from relay.encoding import RecordEncoder
 from relay.errors import CheckpointConflict
-from relay.kafka import PoisonRecordError
+from relay.kafka import Extension, PoisonRecordError
 from relay.model import KafkaRecord, OutboxEvent, PartId, Position
 from relay.sessions import Session
 from relay.store import DeadLetterDecision, PartState
@@ -93,10 +93,11 @@ class FakeKafka:
         records: Sequence[KafkaRecord],
         end: Position,
         generation: str,
-        meanwhile: Callable[[], None] | None = None,
+        meanwhile: Callable[[], Extension | None] | None = None,
     ) -> None:
-        if meanwhile is not None:  # as the real one: while the records travel
-            meanwhile()
+        # As the real one: while the records travel; an extension joins the batch.
+        if meanwhile is not None and (extension := meanwhile()) is not None:
+            records, end = [*records, *extension[0]], extension[1]
         main = [r for r in records if r.topic == "t"]  # dead letters go elsewhere
         ids = {r.headers[0][1] for r in main}
         for culprit, companions in self.reject_with.items():
@@ -109,14 +110,14 @@ class FakeKafka:
     def close(self) -> None: ...
 
 
-def worker(store: FakeStore, kafka: FakeKafka) -> PartWorker:
+def worker(store: FakeStore, kafka: FakeKafka, batch_size: int = 100) -> PartWorker:
     return PartWorker(
         PartId("s", 0),
         session=Session(OWNER, timeout=60, heartbeat_interval=1),
         open_store=lambda: store,  # type: ignore[arg-type,return-value]
         open_publisher=lambda state: kafka,
         encoder=RecordEncoder(None),
-        batch_size=100,
+        batch_size=batch_size,
         poll_interval=0.1,
     )
 
@@ -162,17 +163,33 @@ def test_a_batch_wide_rejection_blames_only_the_culprit() -> None:
     assert store.state.checkpoint == later.key
 
 
-def test_the_next_batch_is_read_and_encoded_while_the_last_one_travels() -> None:
+def test_a_backlog_is_read_and_encoded_while_the_last_batch_travels() -> None:
+    store, kafka = FakeStore(Subscriber("s", topic="t", value_format=ValueFormat.JSON)), FakeKafka()
+    w = worker(store, kafka, batch_size=2)
+    w._publisher = kafka
+    store.outbox = [event(n) for n in range(1, 6)]
+    state, ahead = w._publish(store, store.state, _Batch(store.outbox[:2]))  # type: ignore[arg-type]
+    assert ahead is not None and ahead.events == store.outbox[2:4]  # a full batch: kept
+    assert ahead.records is not None and len(ahead.records) == 2
+    state, ahead = w._publish(store, state, ahead)  # type: ignore[arg-type]
+    # The last event was read ahead as a short batch (caught up): it joined the second
+    # transaction instead of waiting for a third.
+    assert [len(tx) for tx in kafka.transactions] == [2, 3]
+    assert published_ids(kafka) == [str(e.message_id).encode() for e in store.outbox]
+    assert state.checkpoint == store.outbox[-1].key and ahead is None
+
+
+def test_when_caught_up_what_commits_meanwhile_joins_the_open_transaction() -> None:
     store, kafka = FakeStore(Subscriber("s", topic="t", value_format=ValueFormat.JSON)), FakeKafka()
     w = worker(store, kafka)
     w._publisher = kafka
     store.outbox = [event(n) for n in range(1, 6)]
     state, ahead = w._publish(store, store.state, _Batch(store.outbox[:2]))  # type: ignore[arg-type]
-    assert ahead is not None and ahead.events == store.outbox[2:]
-    assert ahead.records is not None and len(ahead.records) == 3
-    state, ahead = w._publish(store, state, ahead)  # type: ignore[arg-type]
+    assert [len(tx) for tx in kafka.transactions] == [5]
     assert published_ids(kafka) == [str(e.message_id).encode() for e in store.outbox]
-    assert state.checkpoint == store.outbox[-1].key and ahead is not None and not ahead.events
+    assert state.checkpoint == store.outbox[-1].key == store.state.checkpoint
+    assert kafka.checkpoint == store.outbox[-1].key and ahead is None
+    assert w.stats.published == 5
 
 
 def test_a_poison_event_read_ahead_is_left_to_the_policy() -> None:
