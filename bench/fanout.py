@@ -10,6 +10,7 @@ each subscriber part has its own connection, producer and thread.
 from __future__ import annotations
 
 from bench.harness import (
+    BATCH,
     Figure,
     RelayProcesses,
     Scale,
@@ -22,7 +23,6 @@ from bench.harness import (
 from relay.subscribers import Subscriber
 
 MANY = 100
-BATCH = 5000
 
 
 def run(stack: Stack, scale: Scale) -> list[Figure]:

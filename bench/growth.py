@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 
 from bench.harness import (
+    BATCH,
     Figure,
     RelayProcesses,
     Scale,
@@ -29,8 +30,6 @@ from bench.harness import (
 )
 from relay.queries import queries_for
 from relay.subscribers import Subscriber
-
-BATCH = 5000
 
 
 def run(stack: Stack, scale: Scale) -> list[Figure]:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import psycopg
 
 from bench.harness import (
+    BATCH,
     Figure,
     RelayProcesses,
     Scale,
@@ -26,7 +27,6 @@ from relay.store import OutboxStore
 from relay.subscribers import Subscriber
 
 PARTS = 3
-BATCH = 5000
 
 
 def run(stack: Stack, scale: Scale) -> list[Figure]:

@@ -15,6 +15,7 @@ import psycopg
 from confluent_kafka import Producer
 
 from bench.harness import (
+    BATCH,
     Figure,
     Scale,
     Stack,
@@ -25,8 +26,6 @@ from bench.harness import (
     wait_published,
 )
 from relay.daemon import Relay, tune_gc
-
-BATCH = 5000
 
 
 def run(stack: Stack, scale: Scale) -> list[Figure]:
