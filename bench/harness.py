@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ from typing import Any
 import psycopg
 
 from relay import migrations
-from relay.embedded import LocalBroker, LocalPostgres
+from relay.localstack import LocalKafka, LocalPostgres
 from relay.settings import Settings, load_settings
 from relay.store import OutboxStore
 from relay.subscribers import StartFrom, Subscriber
@@ -109,7 +110,7 @@ class Stack:
     def __init__(self, workdir: Path, *, fsync: bool) -> None:
         self.workdir = workdir
         self.postgres = LocalPostgres(workdir / "pg", fsync=fsync)
-        self.broker = LocalBroker(log_path=workdir / "broker.log")
+        self.broker = LocalKafka(workdir / "kafka")
         self._names = itertools.count(1)
 
     def __enter__(self) -> Stack:
@@ -128,9 +129,10 @@ class Stack:
             self.postgres.stop()
 
     def fresh_broker(self) -> None:
-        """Restart the (memory-only) broker empty, so one benchmark's records do not
-        weigh on the next."""
+        """Restart the broker with an empty log, so one benchmark's records do not weigh
+        on the next."""
         self.broker.stop()
+        shutil.rmtree(self.broker.work_dir, ignore_errors=True)
         self.broker.start()
 
     @property

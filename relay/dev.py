@@ -1,7 +1,7 @@
 """``outbox-relay dev``: the embedded default stack with a demo writer and live figures.
 
-Starts a local Postgres (persistent data in ``workdir``) and an in-memory Kafka-protocol
-broker, applies the migrations, runs the relay in-process, writes demo events (some in
+Starts a local Postgres and a local Apache Kafka (both keep their data in ``workdir``),
+applies the migrations, runs the relay in-process, writes demo events (some in
 transactions rolled back on purpose) and reads them back with a ``read_committed``
 consumer, showing throughput, commit→visible latency, duplicates and rolled-back leaks.
 """
@@ -34,9 +34,9 @@ from rich.table import Table
 
 from relay import db, migrations
 from relay.daemon import Relay
-from relay.embedded import LocalBroker, LocalPostgres, free_port
 from relay.encoding import HEADER_EVENT_TYPE, HEADER_ID
 from relay.errors import SchemaError
+from relay.localstack import KAFKA_VERSION, LocalKafka, LocalPostgres, free_port
 from relay.outbox import Outbox
 from relay.schemas import SchemaRegistry
 from relay.settings import Settings, load_settings
@@ -451,7 +451,7 @@ class Session:
     console: Console
     tally: Tally = field(default_factory=Tally)
     postgres: LocalPostgres | None = None
-    broker: LocalBroker | None = None
+    broker: LocalKafka | None = None
     relay: Relay | None = None
     database_url: str = ""
     backlog: int = 0  # events already waiting in the outbox when we started
@@ -518,7 +518,7 @@ def _start(stack: ExitStack, session: Session) -> None:
     session.postgres = LocalPostgres(options.workdir / "pg", port=free_port(), fsync=False)
     stack.callback(session.postgres.stop)
     session.postgres.start()
-    session.broker = LocalBroker()
+    session.broker = LocalKafka(options.workdir / "kafka")
     stack.callback(session.broker.stop)
     session.broker.start()
     session.database_url, session.backlog = _prepare_database(session.postgres)
@@ -601,16 +601,20 @@ def _drain(session: Session) -> None:
 def _banner(session: Session) -> None:
     assert session.broker is not None and session.postgres is not None
     console = session.console
-    console.print("[bold]outbox-relay dev[/bold]: embedded Postgres + broker, relay, demo writer")
+    console.print(
+        "[bold]outbox-relay dev[/bold]: local Postgres + Apache Kafka, relay, demo writer"
+    )
     console.print(f"  postgres   psql {session.database_url}", soft_wrap=True, highlight=False)
     console.print(
-        f"  kafka      bootstrap servers {session.broker.bootstrap_servers}, "
-        f"topics {', '.join(DEMO_TOPICS)} (in memory: fresh every run)",
+        f"  kafka      Apache Kafka {KAFKA_VERSION}, bootstrap servers "
+        f"{session.broker.bootstrap_servers}, topics {', '.join(DEMO_TOPICS)}, "
+        f"started in {session.broker.startup_seconds or 0:.1f} s",
         soft_wrap=True,
         highlight=False,
     )
     console.print(
-        f"  data       {session.postgres.data_dir} (log {session.postgres.log_path})",
+        f"  data       {session.postgres.data_dir} (log {session.postgres.log_path}), "
+        f"{session.broker.work_dir} (log {session.broker.log_path})",
         soft_wrap=True,
         highlight=False,
     )

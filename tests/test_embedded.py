@@ -1,4 +1,4 @@
-"""Self-tests of the real-server fixtures and relay.embedded."""
+"""Self-tests of the real-server fixtures and relay.localstack."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from relay.embedded import LocalPostgres
+from relay.localstack import LocalPostgres
 
 
 def test_postgres_answers(database_url: str) -> None:

@@ -1,0 +1,12 @@
+"""The local stack: real PostgreSQL and Apache Kafka processes on 127.0.0.1, no Docker.
+
+Used by ``outbox-relay dev`` (``./dev.sh demo``), ``outbox-relay local`` (the stack
+without the demo), the test fixtures and the benchmarks. Nothing in the relay daemon
+depends on it.
+"""
+
+from relay.localstack.kafka import KAFKA_VERSION, LocalKafka
+from relay.localstack.postgres import LocalPostgres
+from relay.localstack.process import LocalServerError, free_port
+
+__all__ = ["KAFKA_VERSION", "LocalKafka", "LocalPostgres", "LocalServerError", "free_port"]

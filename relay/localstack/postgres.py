@@ -1,0 +1,338 @@
+"""A throw-away PostgreSQL cluster from the ``initdb`` and ``postgres`` binaries here.
+
+When we run as root (containers, CI), PostgreSQL refuses to start, so ``initdb`` and
+``postgres`` run as the ``postgres`` system user and the data directory is chowned to
+it. Every ancestor directory of the data directory must then be searchable by that user
+(``pytest``'s ``tmp_path`` is not: it lives under a 0700 directory).
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import pwd
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+from urllib.parse import quote
+
+import psycopg
+
+from relay.localstack.process import (
+    LocalServerError,
+    free_port,
+    log_tail,
+    pid_alive,
+    reaper,
+    signal_and_wait,
+    spawn,
+)
+
+__all__ = ["LocalPostgres"]
+
+_log = logging.getLogger(__name__)
+
+_PG_SYSTEM_USER = "postgres"
+_PG_START_TIMEOUT = 30.0
+_MAX_SOCKET_DIR_LEN = 80
+
+# --------------------------------------------------------------------------- Postgres
+
+
+def _find_pg_binary(name: str) -> str:
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(
+        glob.glob(f"/usr/lib/postgresql/*/bin/{name}"),
+        key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0,
+    )
+    if candidates:
+        return candidates[-1]
+    raise LocalServerError(
+        f"PostgreSQL binary {name!r} not found on PATH or in /usr/lib/postgresql/*/bin; "
+        "install PostgreSQL server binaries (e.g. apt-get install postgresql)"
+    )
+
+
+def _searchable_by(path: Path, uid: int, gids: set[int]) -> bool:
+    st = path.stat()
+    if uid == st.st_uid:
+        return bool(st.st_mode & stat.S_IXUSR)
+    if st.st_gid in gids:
+        return bool(st.st_mode & stat.S_IXGRP)
+    return bool(st.st_mode & stat.S_IXOTH)
+
+
+class LocalPostgres:
+    """A PostgreSQL server in ``data_dir``, listening on 127.0.0.1 only, trust auth.
+
+    ``fsync=False`` turns off ``fsync`` only: fast for tests, and commits still survive a
+    SIGKILL of the server (the WAL is written, just not flushed to disk); only an OS
+    crash could lose them.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        *,
+        fsync: bool = True,
+        log_path: Path | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir).absolute()
+        self.port = port if port is not None else free_port()
+        self.fsync = fsync
+        self.log_path = (
+            Path(log_path)
+            if log_path is not None
+            else self.data_dir.parent / f"{self.data_dir.name}.log"
+        )
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._tmp_socket_dir: Path | None = None
+        self._run_as: str | None = _PG_SYSTEM_USER if os.geteuid() == 0 else None
+
+    def __repr__(self) -> str:
+        return f"LocalPostgres(data_dir={str(self.data_dir)!r}, port={self.port})"
+
+    # -- public API
+
+    @property
+    def url(self) -> str:
+        """Admin URL of the ``postgres`` database (superuser ``postgres``, no password)."""
+        return self.url_for("postgres")
+
+    def url_for(self, dbname: str) -> str:
+        """URL of database ``dbname`` on this server."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{quote(dbname, safe='')}"
+
+    @property
+    def pid(self) -> int | None:
+        """Pid of the postmaster, or ``None`` when not running."""
+        return self._proc.pid if self.running and self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        """Create the cluster if needed, start the server and wait until it accepts logins."""
+        if self.running:
+            return
+        initdb = _find_pg_binary("initdb")
+        postgres = _find_pg_binary("postgres")
+        self._prepare_data_dir()
+        if not (self.data_dir / "PG_VERSION").exists():
+            self._initdb(initdb)
+        self._clear_stale_pidfile()
+        socket_dir = self._make_socket_dir()
+
+        sync = "on" if self.fsync else "off"
+        argv = [
+            postgres,
+            "-D", str(self.data_dir),
+            "-p", str(self.port),
+            "-k", str(socket_dir),
+            "-c", "listen_addresses=127.0.0.1",
+            "-c", f"fsync={sync}",
+            "-c", "max_connections=200",
+        ]  # fmt: skip
+        _log.info(
+            "starting postgres on 127.0.0.1:%s (data %s, log %s)",
+            self.port,
+            self.data_dir,
+            self.log_path,
+        )
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log_file:
+            self._proc = spawn(argv, log_file, user=self._run_as, cwd=self.data_dir)
+        reaper.add(self)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self._kill_quietly()
+            raise
+        _log.info("postgres ready on 127.0.0.1:%s (pid %s)", self.port, self._proc.pid)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Fast shutdown (SIGINT: roll back sessions, checkpoint); SIGKILL after ``timeout``."""
+        proc = self._proc
+        if proc is not None:
+            if proc.poll() is None:
+                _log.info("stopping postgres on 127.0.0.1:%s (pid %s)", self.port, proc.pid)
+            signal_and_wait(proc, signal.SIGINT, timeout, "postgres")
+            self._proc = None
+        reaper.discard(self)
+        if self._tmp_socket_dir is not None:
+            shutil.rmtree(self._tmp_socket_dir, ignore_errors=True)
+            self._tmp_socket_dir = None
+
+    def restart(self) -> None:
+        """Stop, then start again on the same port and data directory."""
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- internals
+
+    def _ids(self) -> tuple[int, int] | None:
+        if self._run_as is None:
+            return None
+        try:
+            entry = pwd.getpwnam(self._run_as)
+        except KeyError as exc:
+            raise LocalServerError(
+                f"running as root, but there is no {self._run_as!r} system user to run "
+                "PostgreSQL as (PostgreSQL refuses to run as root)"
+            ) from exc
+        return entry.pw_uid, entry.pw_gid
+
+    def _chown(self, path: Path) -> None:
+        ids = self._ids()
+        if ids is not None:
+            os.chown(path, *ids)
+
+    def _prepare_data_dir(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        ids = self._ids()
+        if ids is None:
+            if not (self.data_dir / "PG_VERSION").exists():
+                self.data_dir.chmod(0o700)
+            return
+        uid, gid = ids
+        gids = {gid, *os.getgrouplist(self._run_as or _PG_SYSTEM_USER, gid)}
+        for ancestor in reversed(self.data_dir.parents):
+            if not _searchable_by(ancestor, uid, gids):
+                raise LocalServerError(
+                    f"PostgreSQL runs as user {self._run_as!r} (uid {uid}) because we are "
+                    f"root, but it cannot enter {ancestor} (mode "
+                    f"{stat.filemode(ancestor.stat().st_mode)}); put the data directory "
+                    "somewhere that user can reach, e.g. data_dir=Path(tempfile.mkdtemp()) "
+                    "(the data directory itself is chowned to that user)"
+                )
+        if self.data_dir.stat().st_uid != uid:
+            for root, dirs, files in os.walk(self.data_dir):
+                for name in (*dirs, *files):
+                    os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
+            os.chown(self.data_dir, uid, gid)
+        self.data_dir.chmod(0o700)
+
+    def _initdb(self, initdb: str) -> None:
+        argv = [
+            initdb,
+            "-D", str(self.data_dir),
+            "-U", "postgres",
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--locale=C",
+            "--no-instructions",
+        ]  # fmt: skip
+        if not self.fsync:
+            argv.append("--no-sync")
+        _log.info("initdb %s (log %s)", self.data_dir, self.log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log_file:
+            proc = spawn(argv, log_file, user=self._run_as, cwd=self.data_dir)
+            try:
+                rc = proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                rc = -signal.SIGKILL
+        if rc != 0:
+            raise LocalServerError(
+                f"initdb {self.data_dir} failed with exit code {rc}; log {self.log_path}:\n"
+                f"{log_tail(self.log_path)}"
+            )
+
+    def _clear_stale_pidfile(self) -> None:
+        pidfile = self.data_dir / "postmaster.pid"
+        try:
+            first_line = pidfile.read_text(errors="replace").splitlines()[0]
+            pid = int(first_line.strip())
+        except FileNotFoundError:
+            return
+        except (OSError, IndexError, ValueError):
+            _log.warning("removing unreadable %s", pidfile)
+            pidfile.unlink(missing_ok=True)
+            return
+        if pid_alive(pid) and self._is_postgres(pid):
+            raise LocalServerError(
+                f"another postgres (pid {pid}) is already running on {self.data_dir}"
+            )
+        _log.info("removing stale %s (pid %s is gone)", pidfile, pid)
+        pidfile.unlink(missing_ok=True)
+
+    def _make_socket_dir(self) -> Path:
+        """The Unix-socket directory: the data dir itself, unless its path is too long."""
+        # Only reached when no server runs on this data dir: socket lock files left by a
+        # killed run are stale (and would make postgres refuse to start if their pid is
+        # still a zombie or got reused).
+        for stale in self.data_dir.glob(".s.PGSQL.*"):
+            stale.unlink(missing_ok=True)
+        # sun_path holds 107 bytes; the socket is "<dir>/.s.PGSQL.<port>".
+        if len(os.fsencode(self.data_dir)) <= _MAX_SOCKET_DIR_LEN:
+            return self.data_dir
+        self._tmp_socket_dir = Path(tempfile.mkdtemp(prefix="pgsock-"))
+        self._chown(self._tmp_socket_dir)
+        return self._tmp_socket_dir
+
+    @staticmethod
+    def _is_postgres(pid: int) -> bool:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except FileNotFoundError:
+            return not Path("/proc/self").exists()  # no procfs: cannot tell, assume it is
+        except OSError:
+            return True
+        # A zombie has an empty command line; a reused pid has someone else's.
+        return b"postgres" in cmdline
+
+    def _wait_ready(self) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + _PG_START_TIMEOUT
+        last_error: Exception | None = None
+        while True:
+            rc = self._proc.poll()
+            if rc is not None:
+                raise LocalServerError(
+                    f"postgres exited with code {rc} during startup; log {self.log_path}:\n"
+                    f"{log_tail(self.log_path)}"
+                )
+            try:
+                with psycopg.connect(self.url, connect_timeout=2, autocommit=True) as conn:
+                    conn.execute("select 1")
+                return
+            except psycopg.Error as exc:
+                last_error = exc
+            if time.monotonic() > deadline:
+                raise LocalServerError(
+                    f"postgres on 127.0.0.1:{self.port} not ready after {_PG_START_TIMEOUT:.0f}s "
+                    f"(last error: {last_error}); log {self.log_path}:\n"
+                    f"{log_tail(self.log_path)}"
+                )
+            time.sleep(0.1)
+
+    def _kill_quietly(self) -> None:
+        if self._proc is not None:
+            signal_and_wait(self._proc, signal.SIGKILL, 5.0, "postgres")
+            self._proc = None
+        self.stop()

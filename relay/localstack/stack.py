@@ -1,0 +1,67 @@
+"""``outbox-relay local``: the local Postgres and Apache Kafka for your own app.
+
+The same servers ``./dev.sh demo`` runs, without the demo writer: a database with the
+outbox migrated, and a broker, until Ctrl-C or SIGTERM. It prints the settings to
+export, so ``outbox-relay run`` and an app can use them from another terminal.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from contextlib import ExitStack
+from pathlib import Path
+from types import FrameType
+
+from psycopg import sql
+
+from relay import db, migrations
+from relay.localstack.kafka import KAFKA_VERSION, LocalKafka
+from relay.localstack.postgres import LocalPostgres
+
+__all__ = ["run_local"]
+
+logger = logging.getLogger(__name__)
+
+
+def run_local(
+    *, workdir: Path, database: str, postgres_port: int | None, kafka_port: int | None
+) -> None:
+    """Start both servers in ``workdir``, migrate ``database``, wait for a stop signal."""
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with ExitStack() as stack:
+            postgres = stack.enter_context(LocalPostgres(workdir / "pg", port=postgres_port))
+            kafka = stack.enter_context(LocalKafka(workdir / "kafka", port=kafka_port))
+            url = _migrated_database(postgres, database)
+            sys.stdout.write(
+                f"Postgres {postgres.data_dir} and Apache Kafka {KAFKA_VERSION} "
+                f"(started in {kafka.startup_seconds or 0:.1f} s) are running. Use:\n"
+                f"export RELAY_DATABASE_URL={url}\n"
+                f"export RELAY_BOOTSTRAP_SERVERS={kafka.bootstrap_servers}\n"
+                "Ctrl-C stops both; their data stays in "
+                f"{workdir}.\n"
+            )
+            sys.stdout.flush()
+            stopping.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _migrated_database(postgres: LocalPostgres, name: str) -> str:
+    with db.connect(postgres.url, application_name="outbox-relay-local") as conn:
+        found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+        if found.fetchone() is None:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = postgres.url_for(name)
+    with db.connect(url, application_name="outbox-relay-local") as conn:
+        migrations.migrate(conn)
+    return url
