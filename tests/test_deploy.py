@@ -620,6 +620,13 @@ def test_compose_file_matches_the_compose_spec(tmp_path: Path) -> None:
     assert result.returncode == 0, "check-jsonschema (compose-spec): " + _output(result)
 
 
+def test_compose_runs_the_apache_kafka_release_we_test_on() -> None:
+    from relay.localstack import KAFKA_VERSION
+
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    assert services["kafka"]["image"] == f"apache/kafka:{KAFKA_VERSION}"
+
+
 def test_compose_spec_schema_rejects_an_invalid_file(tmp_path: Path) -> None:
     bad = tmp_path / "docker-compose.yml"
     bad.write_text("services:\n  relay:\n    image: x\n    restart: sometimes\n    portz: []\n")

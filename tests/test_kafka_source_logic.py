@@ -1,6 +1,6 @@
-"""The Kafka source's driver-side decisions with the broker's answers stubbed: data loss
-(the embedded broker cannot delete records) and partitions added to a running query
-(it cannot add partitions either)."""
+"""The Kafka source's driver-side decisions as unit tests, with the broker's answers
+stubbed. The same behaviours run against Apache Kafka (DeleteRecords, CreatePartitions)
+in ``test_spark_kafka_source.py``."""
 
 from __future__ import annotations
 

@@ -369,3 +369,61 @@ def test_concurrent_writers_with_rollbacks_every_committed_event_once_in_key_ord
     groups = by_key(seen)
     for w in range(writers):
         assert payload_ids(groups[f"w{w}"], registry) == committed[w]
+
+
+def test_a_consumer_group_with_subscribe_reads_every_event_once_in_key_order(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    start_relay: StartRelay,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+) -> None:
+    """How apps consume: two members of one group, subscribe(), read_committed, committing
+    offsets. Between them they see each event once, each key in the order written."""
+    from confluent_kafka import Consumer
+
+    topic = topic_prefix + "outbox.event.order"
+    ids = [f"{k}-{i}" for i in range(30) for k in ("a", "b", "c", "d")]
+    with db.transaction():
+        for i in ids:
+            write_orders(db, outbox, [i], key=i.split("-")[0])
+    start_relay(subscribers=[sub("s", topic_prefix)])
+    consume(kafka_bootstrap, [topic], len(ids))  # published
+    group = f"app-{topic_prefix}"
+    members = [
+        Consumer(
+            {
+                "bootstrap.servers": kafka_bootstrap,
+                "group.id": group,
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+            }
+        )
+        for _ in range(2)
+    ]
+    seen: list[tuple[str, str]] = []
+    try:
+        for member in members:
+            member.subscribe([topic])
+        deadline = time.monotonic() + 60
+        while len(seen) < len(ids) and time.monotonic() < deadline:
+            for member in members:
+                message = member.poll(0.2)
+                if message is not None and message.error() is None:
+                    headers = dict(message.headers() or [])
+                    seen.append((message.key().decode(), headers["id"].decode()))
+    finally:
+        for member in members:
+            member.close()
+    written = db.execute(
+        "SELECT aggregate_id, message_id::text FROM outbox ORDER BY transaction_id, position"
+    ).fetchall()
+    assert len(seen) == len(written) == len({i for _, i in seen})
+    assert _per_key(seen) == _per_key(written)
+
+
+def _per_key(pairs: list[tuple[str, str]]) -> dict[str, list[str]]:
+    grouped: dict[str, list[str]] = {}
+    for key, message_id in pairs:
+        grouped.setdefault(key, []).append(message_id)
+    return grouped

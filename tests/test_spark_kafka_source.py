@@ -3,6 +3,7 @@ against the behaviour documented for Spark's built-in Kafka source."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,15 @@ def run_available_now(
     spark: SparkSession, bootstrap: str, topic: str, checkpoint: Path, out: Path, **options: str
 ) -> list[int]:
     """One AvailableNow run into Parquet; the rows of each micro-batch."""
+    query = start_available_now(spark, bootstrap, topic, checkpoint, out, **options)
+    assert query.exception() is None, query.exception()
+    return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+
+
+def start_available_now(
+    spark: SparkSession, bootstrap: str, topic: str, checkpoint: Path, out: Path, **options: str
+) -> Any:
+    """One AvailableNow run into Parquet, to its end; the finished query."""
     frame = read_kafka(spark, subscribe=topic, **{"kafka.bootstrap.servers": bootstrap, **options})
     query = (
         frame.selectExpr("CAST(value AS STRING) AS value", "partition", "offset")
@@ -57,9 +67,10 @@ def run_available_now(
         .trigger(availableNow=True)
         .start()
     )
-    query.awaitTermination(300)
-    assert query.exception() is None, query.exception()
-    return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    # A failed query raises here; the caller reads query.exception().
+    with contextlib.suppress(Exception):
+        query.awaitTermination(300)
+    return query
 
 
 def values_in(spark: SparkSession, out: Path) -> list[Any]:
@@ -235,3 +246,53 @@ def test_assign_reads_only_the_named_partitions(
     assert query.exception() is None, query.exception()
     partitions = {r.partition for r in spark.table(name).select("partition").collect()}
     assert partitions == {0, 2}
+
+
+def test_records_deleted_before_they_were_read_fail_the_query_unless_told_otherwise(
+    spark: SparkSession, kafka_bootstrap: str, topic: str, tmp_path: Path
+) -> None:
+    """Real retention: DeleteRecords on Apache Kafka, then failOnDataLoss either way."""
+    from confluent_kafka import TopicPartition
+
+    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
+    produce(kafka_bootstrap, topic, [f"v{i}" for i in range(90)])
+    run_available_now(spark, kafka_bootstrap, topic, checkpoint, out, startingOffsets="earliest")
+    produce(kafka_bootstrap, topic, [f"lost{i}" for i in range(90)])
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    ends = [TopicPartition(topic, p, -1) for p in range(3)]  # -1: up to the high watermark
+    for future in admin.delete_records(ends).values():
+        future.result(30)
+
+    failed = start_available_now(spark, kafka_bootstrap, topic, checkpoint, out)
+    assert "were deleted" in str(failed.exception())
+    assert "failOnDataLoss" in str(failed.exception())
+
+    produce(kafka_bootstrap, topic, ["after"])
+    run_available_now(spark, kafka_bootstrap, topic, checkpoint, out, failOnDataLoss="false")
+    assert sorted(values_in(spark, out)) == sorted([f"v{i}" for i in range(90)] + ["after"])
+
+
+def test_partitions_added_to_a_topic_are_read_from_their_start(
+    spark: SparkSession, kafka_bootstrap: str, topic: str, tmp_path: Path
+) -> None:
+    """Real CreatePartitions on Apache Kafka while the query's checkpoint knows 3."""
+    from confluent_kafka.admin import NewPartitions
+
+    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
+    produce(kafka_bootstrap, topic, ["before"])
+    run_available_now(spark, kafka_bootstrap, topic, checkpoint, out, startingOffsets="earliest")
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for future in admin.create_partitions([NewPartitions(topic, 5)]).values():
+        future.result(30)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for partition in (3, 4):
+        producer.produce(topic, f"new-{partition}".encode(), partition=partition)
+    assert producer.flush(30) == 0
+
+    run_available_now(spark, kafka_bootstrap, topic, checkpoint, out)
+    rows = spark.read.parquet(str(out)).collect()
+    assert sorted((r.value, r.partition) for r in rows if r.value.startswith("new")) == [
+        ("new-3", 3),
+        ("new-4", 4),
+    ]
+    assert len(rows) == 3
