@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from relay import migrations
 from relay.localstack import LocalKafka, LocalPostgres
@@ -151,6 +152,19 @@ class Stack:
 
     def topic_prefix(self, label: str) -> str:
         return f"bench{next(self._names)}.{label}"
+
+
+def create_topics(
+    bootstrap: str, topics: list[str], partitions: int, config: dict[str, str] | None = None
+) -> None:
+    """Create ``topics`` (the broker creates none by itself, as in production)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    new = [
+        NewTopic(t, num_partitions=partitions, replication_factor=-1, config=config or {})
+        for t in topics
+    ]
+    for future in admin.create_topics(new).values():
+        future.result(15)
 
 
 def order_payload(i: int = 0) -> dict[str, Any]:

@@ -56,9 +56,17 @@ from typing import Any, Protocol
 
 import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from bench.harness import SCHEMAS, Figure, Scale, Stack, order_payload, relay_settings, subscriber
+from bench.harness import (
+    SCHEMAS,
+    Figure,
+    Scale,
+    Stack,
+    create_topics,
+    order_payload,
+    relay_settings,
+    subscriber,
+)
 from relay.daemon import Relay, tune_gc
 from relay.kafka import producer_config
 from relay.outbox import Outbox
@@ -139,7 +147,7 @@ def _routes(scale: Scale) -> list[str]:
 def _broker_floor(stack: Stack, scale: Scale) -> Samples:
     prefix = stack.topic_prefix("latency-floor")
     topics = [f"{prefix}.{route}" for route in _routes(scale)]
-    _create_topics(stack.bootstrap, topics, PARTITIONS)
+    create_topics(stack.bootstrap, topics, PARTITIONS)
     stamps, transactions, arrivals = _measure(
         stack.bootstrap, topics, scale, ("kafka", [stack.bootstrap, *topics])
     )
@@ -162,8 +170,8 @@ def _relay_latency(stack: Stack, scale: Scale) -> Samples:
     topics = [f"{prefix}.{route}" for route in routes]
     route = SubscriberSettings(**subscriber("latency", prefix + ".{aggregate_type}"))
     settings = settings.model_copy(update={"subscribers": [route]})
-    _create_topics(stack.bootstrap, topics, PARTITIONS)
-    _create_topics(stack.bootstrap, [settings.checkpoint_topic], 2, {"cleanup.policy": "compact"})
+    create_topics(stack.bootstrap, topics, PARTITIONS)
+    create_topics(stack.bootstrap, [settings.checkpoint_topic], 2, {"cleanup.policy": "compact"})
     relay = Relay(settings)
     with _production_gc():
         relay.start()
@@ -418,18 +426,6 @@ class _KafkaWriter:
 
 
 # -- plumbing --------------------------------------------------------------------------
-
-
-def _create_topics(
-    bootstrap: str, topics: list[str], partitions: int, config: dict[str, str] | None = None
-) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    new = [
-        NewTopic(t, num_partitions=partitions, replication_factor=-1, config=config or {})
-        for t in topics
-    ]
-    for future in admin.create_topics(new).values():
-        future.result(15)
 
 
 def _wait_running(relay: Relay, timeout: float = 30.0) -> None:

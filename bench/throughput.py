@@ -19,6 +19,7 @@ from bench.harness import (
     Figure,
     Scale,
     Stack,
+    create_topics,
     fill_outbox,
     final_positions,
     relay_settings,
@@ -41,6 +42,7 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
 
 
 def baseline(url: str, bootstrap: str, topic: str) -> float:
+    create_topics(bootstrap, [topic], 3)  # as many partitions as the relay's topics
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     produced = 0
     start = time.perf_counter()

@@ -84,5 +84,9 @@ class ClaimLost(RelayError):
     relay took over). It must stop publishing that part; nothing is retried."""
 
 
-class ProducerFenced(ClaimLost):
-    """The broker fenced this part's transactional producer: a newer owner exists."""
+class ProducerFenced(BrokerUnavailable):
+    """The broker fenced this part's transactional producer, or the producer failed
+    fatally. A newer owner may exist, or the broker aborted a transaction that outlived
+    ``transaction.timeout.ms`` (it bumps the epoch, which fences us too). So the worker
+    starts over: it reloads its claim (a peer's claim stops it) and recovers with a new
+    producer."""

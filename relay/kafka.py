@@ -54,6 +54,7 @@ _FENCED = frozenset(
     }
 )
 _UNSUPPORTED = frozenset({KafkaError.UNSUPPORTED_VERSION, KafkaError._UNSUPPORTED_FEATURE})
+_BAD_TIMEOUT = KafkaError.INVALID_TRANSACTION_TIMEOUT
 # The Kafka-side checkpoint: partition 0's committed offset is the transaction id,
 # partition 1's the position (offsets are the only group state every broker keeps).
 _CHECKPOINT_PARTITIONS = 2
@@ -269,7 +270,7 @@ class _BatchProducer:
 
     def _flush(self, timeout: float) -> int:
         try:
-            return self._producer.flush(timeout)
+            return _flush_unwrapped(self._producer, timeout)
         except KafkaException as exc:  # a fatal producer error surfaces here
             error = exc.args[0] if exc.args else None
             if isinstance(error, KafkaError) and (error.fatal() or error.code() in _FENCED):
@@ -292,7 +293,7 @@ class _BatchProducer:
 
     def close(self) -> None:
         try:
-            remaining = self._producer.flush(min(self._delivery_timeout_s, 5.0))
+            remaining = _flush_unwrapped(self._producer, min(self._delivery_timeout_s, 5.0))
         except KafkaException as exc:
             logger.debug("closing a failed producer: %s", exc)
             return
@@ -413,6 +414,8 @@ class TransactionalPublisher(_BatchProducer):
         end = extended_to or end
         if batch is not None:
             batch.append((sent, end))
+        # librdkafka silently drops a negative offset from the commit: never send one.
+        assert end.transaction_id >= 0 and end.position >= 0, end
         offsets = [
             TopicPartition(self._checkpoint_topic, 0, end.transaction_id),
             TopicPartition(self._checkpoint_topic, 1, end.position),
@@ -467,9 +470,17 @@ class TransactionalPublisher(_BatchProducer):
                 error = exc.args[0] if exc.args else None
                 if not isinstance(error, KafkaError):
                     raise BrokerUnavailable(f"transaction failed: {exc}") from exc
+                if error.code() == _BAD_TIMEOUT:
+                    raise ConfigError(
+                        f"the broker refuses transaction.timeout.ms="
+                        f"{self._config['transaction.timeout.ms']} ({error.str()}): lower "
+                        "delivery_timeout (the relay uses 3 x delivery_timeout, at least "
+                        "60 s) or raise the brokers' transaction.max.timeout.ms"
+                    ) from exc
                 if error.fatal() or error.code() in _FENCED:
                     raise ProducerFenced(
-                        f"{self.transactional_id}: fenced by a newer producer ({error.str()})"
+                        f"{self.transactional_id}: producer fenced (a newer owner, or the "
+                        f"broker aborted a transaction past its timeout): {error.str()}"
                     ) from exc
                 if error.code() in _UNSUPPORTED:
                     raise BrokerError(
@@ -482,6 +493,18 @@ class TransactionalPublisher(_BatchProducer):
                 if not error.retriable() or time.monotonic() > deadline:
                     raise BrokerUnavailable(f"transaction failed: {error.str()}") from exc
                 time.sleep(0.1)
+
+
+def _flush_unwrapped(producer: Producer, timeout: float) -> int:
+    """``producer.flush``, with one client quirk undone: when a fenced producer runs a
+    Python delivery callback during flush, confluent-kafka 2.16 raises ``SystemError``
+    chained from the real ``KafkaException``."""
+    try:
+        return producer.flush(timeout)
+    except SystemError as exc:
+        if isinstance(exc.__cause__, KafkaException):
+            raise exc.__cause__ from exc
+        raise
 
 
 def _matching(records: Sequence[KafkaRecord], msg: Message) -> KafkaRecord:
