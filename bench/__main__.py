@@ -18,7 +18,16 @@ from pathlib import Path
 from bench.harness import Figure, Scale, Stack, report
 
 logger = logging.getLogger("bench")
-BENCHMARKS = ("throughput", "latency", "writes", "growth", "fanout", "sharding", "spark")
+BENCHMARKS = (
+    "throughput",
+    "latency",
+    "writes",
+    "write_path",
+    "growth",
+    "fanout",
+    "sharding",
+    "spark",
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@
 Several relay processes may run against one database. Each holds a session
 (:mod:`relay.sessions`); a supervisor thread spreads the parts over the live
 sessions, claims its share, releases what a peer should own, and starts or stops
-workers to match. NOTIFY wakes the workers; they also poll on a timer.
+workers to match. The commit probe wakes the workers; they also poll on a timer.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from relay.kafka import (
 )
 from relay.metrics import HealthServer
 from relay.model import PartId
-from relay.notify import NotifyListener
+from relay.probe import CommitProbe
 from relay.schemas import SchemaRegistry
 from relay.sessions import SessionKeeper, assign
 from relay.settings import Settings
@@ -54,7 +54,7 @@ class Relay:
         self.workers: dict[PartId, PartWorker] = {}
         self._stopping = threading.Event()
         self._stop_requested = threading.Event()
-        self._listener: NotifyListener | None = None
+        self._probe: CommitProbe | None = None
         self._supervisor: threading.Thread | None = None
         self._keeper: SessionKeeper | None = None
         self._http: HealthServer | None = None
@@ -95,8 +95,14 @@ class Relay:
             on_lost=self._abandon_workers,
         )
         self._keeper.start()
-        self._listener = NotifyListener(self._connect, self.settings.database_schema, self.wake_all)
-        self._listener.start()
+        self._probe = CommitProbe(
+            self._connect,
+            self.settings.database_schema,
+            self.wake_all,
+            interval=self.settings.probe_interval,
+            idle_interval=self.settings.probe_idle_interval,
+        )
+        self._probe.start()
         self._rebalance_safely()
         self._supervisor = threading.Thread(
             target=self._supervise, name="relay-supervisor", daemon=True
@@ -120,15 +126,15 @@ class Relay:
         if self._supervisor is not None:
             self._supervisor.join(max(0.0, deadline - time.monotonic()))
         self._stop_all_workers(deadline)
-        if self._listener is not None:
-            self._listener.stop()
+        if self._probe is not None:
+            self._probe.stop()
         if self._keeper is not None:  # deletes the session: peers may claim at once
             self._keeper.close(timeout=max(1.0, deadline - time.monotonic()))
         if self._http is not None:
             self._http.stop()
             self._http = None
-        if self._listener is not None:
-            self._listener.join(max(0.0, min(2.0, deadline - time.monotonic())))
+        if self._probe is not None:
+            self._probe.join(max(0.0, min(2.0, deadline - time.monotonic())))
         logger.info("relay stopped")
 
     def request_stop(self) -> None:
@@ -264,9 +270,9 @@ class Relay:
 
     def _abandon_start(self) -> None:
         self._abandon_workers()
-        if self._listener is not None:
-            self._listener.stop()
-            self._listener = None
+        if self._probe is not None:
+            self._probe.stop()
+            self._probe = None
         if self._keeper is not None:
             self._keeper.close(timeout=5.0)
             self._keeper = None
@@ -362,10 +368,20 @@ class Relay:
 
     def _check_schema(self, conn: psycopg.Connection[Any]) -> None:
         pending = migrations.pending(conn, self.settings.database_schema)
-        if pending:
+        names = [f"{m.version:04d}_{m.name}" for m in pending]
+        if any(m.version <= migrations.RELAY_NEEDS for m in pending):
             raise NotMigratedError(
-                f"schema {self.settings.database_schema!r} lacks migrations "
-                f"{[f'{m.version:04d}_{m.name}' for m in pending]}; run `outbox-relay migrate`"
+                f"schema {self.settings.database_schema!r} lacks migrations {names}; "
+                "run `outbox-relay migrate`"
+            )
+        if pending:
+            # A rolling deploy: the relay runs on the older schema; the migration brings
+            # per-key database order and an untaxed write path.
+            logger.warning(
+                "schema %r lacks migrations %s; the relay runs on it, but apply them "
+                "(`outbox-relay migrate`)",
+                self.settings.database_schema,
+                names,
             )
 
     def _sync_subscribers(self, store: OutboxStore) -> None:

@@ -13,7 +13,13 @@ from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import set_json_loads
 
-from relay.errors import DatabaseError, DatabaseUnavailable, NotMigratedError, RelayError
+from relay.errors import (
+    ConcurrencyError,
+    DatabaseError,
+    DatabaseUnavailable,
+    NotMigratedError,
+    RelayError,
+)
 
 # SQLSTATE classes that a retry cannot fix: bad credentials, missing database,
 # insufficient privilege, syntax/undefined objects.
@@ -27,9 +33,13 @@ def classify(exc: psycopg.Error) -> RelayError:
         return NotMigratedError(f"outbox tables are missing ({exc}); run `outbox-relay migrate`")
     if sqlstate[:2] in _FATAL_CLASSES:
         return DatabaseError(f"postgres refused the operation [{sqlstate}]: {exc}")
-    if isinstance(exc, psycopg.OperationalError | pg_errors.SerializationFailure):
+    if sqlstate[:2] == "40":  # serialization failure, deadlock: the transaction is lost
+        return ConcurrencyError(
+            f"postgres rolled the transaction back [{sqlstate}]: {exc}; retry the whole transaction"
+        )
+    if isinstance(exc, psycopg.OperationalError):
         return DatabaseUnavailable(f"postgres is unavailable: {exc}")
-    if sqlstate[:2] in ("08", "53", "57", "58", "40"):
+    if sqlstate[:2] in ("08", "53", "57", "58"):
         return DatabaseUnavailable(f"postgres error [{sqlstate}], will retry: {exc}")
     return DatabaseError(f"postgres error [{sqlstate}]: {exc}")
 

@@ -44,7 +44,8 @@ class UnknownEventTypeError(PayloadValidationError):
 
 
 class ConcurrencyError(RetryableError):
-    """An event-sourced append lost a race: retry the whole application transaction."""
+    """An append lost a race (a stale stream version, a serialization failure, a
+    deadlock): the transaction is rolled back; retry the whole application transaction."""
 
 
 class DatabaseError(RelayError):

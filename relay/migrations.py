@@ -65,11 +65,16 @@ def applied(conn: psycopg.Connection[Any], schema: str) -> set[int]:
         return {row[0] for row in rows}
 
 
-def migrate(conn: psycopg.Connection[Any], schema: str = "public") -> list[Migration]:
-    """Apply pending migrations; returns those applied by this call."""
+def migrate(
+    conn: psycopg.Connection[Any], schema: str = "public", *, up_to: int | None = None
+) -> list[Migration]:
+    """Apply pending migrations (those numbered ``up_to`` at most, if given); returns
+    those applied by this call."""
     done: list[Migration] = []
     with wrap_errors():
         for migration in available():
+            if up_to is not None and migration.version > up_to:
+                break
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
                 if migration.version in applied(conn, schema):
@@ -92,6 +97,11 @@ def migrate(conn: psycopg.Connection[Any], schema: str = "public") -> list[Migra
             )
             done.append(migration)
     return done
+
+
+# The oldest schema this relay runs on. Later migrations are applied by the migrate step
+# of a deploy, before or after the relays roll: both versions of the relay run on both.
+RELAY_NEEDS = 2
 
 
 def pending(conn: psycopg.Connection[Any], schema: str = "public") -> list[Migration]:

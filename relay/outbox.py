@@ -157,11 +157,6 @@ class Outbox:
                 raise ConcurrencyError(
                     f"stream {stream}: expected version {expected_version} is ahead of the stream"
                 ) from exc
-            if exc.sqlstate == "RLY02":
-                raise ConcurrencyError(
-                    f"stream {stream}: version {expected_version} was committed by a transaction that "
-                    "started after this one; retry in a new transaction to keep version order"
-                ) from exc
             raise classify(exc) from exc
         rows.sort()
         return StreamAppend(rows[-1][0], [row[1] for row in rows])

@@ -98,6 +98,10 @@ class Settings(BaseSettings):
     # 5000: per-batch costs (a transaction, a checkpoint write) amortized; see bench/.
     batch_size: int = Field(default=5000, ge=1, le=100_000)
     poll_interval: float = Field(default=1.0, gt=0, le=300)
+    # The commit probe (relay/probe.py): how often to look for newly decided rows, and
+    # how often once nothing has changed for 10 s.
+    probe_interval: float = Field(default=0.005, gt=0, le=10)
+    probe_idle_interval: float = Field(default=0.05, gt=0, le=60)
     # At most 300 s: a batch's transaction must fit in Kafka's 15-minute cap (3x this).
     delivery_timeout: float = Field(default=30.0, gt=0, le=300)
     create_topics: bool = True

@@ -239,19 +239,14 @@ def test_concurrent_appends_one_wins(
     assert db.execute("SELECT count(*) FROM outbox").fetchone() == (2,)
 
 
-def test_early_xid_cannot_publish_a_later_version_first(
+def test_an_early_xid_appends_its_later_version_and_sorts_after_the_earlier_one(
     database_url: str, db: psycopg.Connection[Any], outbox: Outbox
 ) -> None:
-    """T1 takes its xid first; T2 (younger xid) commits version 1; T1 then appends version 2.
-
-    Publishing in transaction_id order would put version 2 before version 1, so the
-    append must refuse, and a retry in a new transaction must succeed.
-    """
+    """T1 takes its xid first; T2 (younger xid) commits version 1; T1 then appends
+    version 2. It succeeds, and version 2 sorts after version 1 in the relay's order."""
     ship = Event("OrderShipped", {"order_id": "o-1", "carrier": "dhl"})
     with psycopg.connect(database_url) as t1, psycopg.connect(database_url) as t2:
-        t1.execute(
-            "SELECT pg_current_xact_id()"
-        )  # T1 takes its xid early, e.g. through another write
+        t1.execute("SELECT pg_current_xact_id()")  # T1 takes its xid early
         outbox.append_to_stream(
             t2,
             aggregate_type="order",
@@ -260,12 +255,6 @@ def test_early_xid_cannot_publish_a_later_version_first(
             events=[Event("OrderPlaced", ORDER)],
         )
         t2.commit()
-        with pytest.raises(ConcurrencyError, match="started after this one"):
-            outbox.append_to_stream(
-                t1, aggregate_type="order", aggregate_id="o-1", expected_version=1, events=[ship]
-            )
-        t1.rollback()
-        # The retry, in a new transaction with a new xid, is ordered correctly.
         outbox.append_to_stream(
             t1, aggregate_type="order", aggregate_id="o-1", expected_version=1, events=[ship]
         )
@@ -281,14 +270,7 @@ def test_plain_sql_gets_the_same_stream_guard(
 ) -> None:
     insert = """INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload)
                 VALUES ('order', 'o-1', %s, 'OrderPlaced', '{}')"""
-    with psycopg.connect(database_url) as t1, psycopg.connect(database_url) as t2:
-        t1.execute("SELECT pg_current_xact_id()")
-        t2.execute(insert, (1,))
-        t2.commit()
-        with pytest.raises(psycopg.Error) as info:
-            t1.execute(insert, (2,))
-        assert info.value.sqlstate == "RLY02"
-        t1.rollback()
+    db.execute(insert, (1,))
     with pytest.raises(psycopg.Error) as gap:
         db.execute(insert, (3,))
     assert gap.value.sqlstate == "RLY01"

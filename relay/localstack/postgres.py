@@ -46,7 +46,7 @@ _MAX_SOCKET_DIR_LEN = 80
 # --------------------------------------------------------------------------- Postgres
 
 
-def _find_pg_binary(name: str) -> str:
+def find_pg_binary(name: str) -> str:
     found = shutil.which(name)
     if found:
         return found
@@ -126,8 +126,8 @@ class LocalPostgres:
         """Create the cluster if needed, start the server and wait until it accepts logins."""
         if self.running:
             return
-        initdb = _find_pg_binary("initdb")
-        postgres = _find_pg_binary("postgres")
+        initdb = find_pg_binary("initdb")
+        postgres = find_pg_binary("postgres")
         self._prepare_data_dir()
         if not (self.data_dir / "PG_VERSION").exists():
             self._initdb(initdb)

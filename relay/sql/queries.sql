@@ -50,6 +50,15 @@ SELECT o.transaction_id::text::bigint AS transaction_id, o.position, o.message_i
  ORDER BY o.transaction_id, o.position
  LIMIT %(limit)s;
 
+-- name: newest_decided
+-- The commit probe (relay/probe.py): the newest row below the horizon. A backward
+-- range scan of the primary key that stops at its first visible row.
+SELECT o.transaction_id, o.position
+  FROM {schema}.outbox o
+ WHERE o.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+ ORDER BY o.transaction_id DESC, o.position DESC
+ LIMIT 1;
+
 -- name: horizon
 SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
 

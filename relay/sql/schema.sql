@@ -7,8 +7,9 @@ CREATE TABLE {schema}.outbox (
     -- Order within a transaction; identity, so gaps and commit races are harmless:
     -- the relay orders by (transaction_id, position), never by position alone.
     position          bigint GENERATED ALWAYS AS IDENTITY,
-    -- The writer's transaction id. Leave it to its default: the relay only reads rows
-    -- whose transaction_id is below pg_snapshot_xmin, i.e. whose fate is decided.
+    -- The ordering key: the writer's xid8, raised to the aggregate's latest row it can
+    -- see (outbox_order_key below). The relay only reads rows whose transaction_id is
+    -- below pg_snapshot_xmin, i.e. whose fate is decided. Set by the trigger, always.
     transaction_id    xid8 NOT NULL DEFAULT pg_current_xact_id(),
     message_id        uuid NOT NULL DEFAULT gen_random_uuid(),
     aggregate_type    text NOT NULL CHECK (aggregate_type <> ''),
@@ -37,33 +38,49 @@ CREATE UNIQUE INDEX outbox_stream_version
     ON {schema}.outbox (aggregate_type, aggregate_id, aggregate_version)
     WHERE aggregate_version IS NOT NULL;
 
--- A stream's versions must reach Kafka in version order, and the relay publishes in
--- transaction_id order. A transaction that took its xid early could otherwise append
--- version N+1 after a younger transaction committed version N, and N+1 would be
--- published first. Refuse that (and version gaps) so the writer retries.
+-- Serves outbox_order_key's look-up of an aggregate's latest row.
+CREATE INDEX outbox_aggregate_order
+    ON {schema}.outbox (aggregate_type, aggregate_id, transaction_id);
+
+-- Per-key order is the database's order (docs/design.md, "Ordering"). A writer that
+-- waited for another one (a row lock, a unique or version constraint) inserts after it
+-- committed, sees its rows, and so sorts after them even if it took its xid earlier.
+-- Never below the writer's own xid (the horizon proof), never above an xid handed out.
+CREATE FUNCTION {schema}.outbox_order_key() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.transaction_id := greatest(
+        pg_current_xact_id(),
+        (SELECT o.transaction_id
+           FROM {schema}.outbox o
+          WHERE o.aggregate_type = NEW.aggregate_type
+            AND o.aggregate_id = NEW.aggregate_id
+          ORDER BY o.transaction_id DESC
+          LIMIT 1));
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER outbox_order_key
+    BEFORE INSERT ON {schema}.outbox
+    FOR EACH ROW
+    EXECUTE FUNCTION {schema}.outbox_order_key();
+
+-- Event-sourced appends: a version must follow the one before it (no gaps).
 CREATE FUNCTION {schema}.outbox_check_stream_order() RETURNS trigger
 LANGUAGE plpgsql AS $$
-DECLARE
-    previous_xid xid8;
 BEGIN
     IF NEW.aggregate_version = 1 THEN
         RETURN NEW;
     END IF;
-    SELECT o.transaction_id INTO previous_xid
-      FROM {schema}.outbox o
-     WHERE o.aggregate_type = NEW.aggregate_type
-       AND o.aggregate_id = NEW.aggregate_id
-       AND o.aggregate_version = NEW.aggregate_version - 1;
+    PERFORM FROM {schema}.outbox o
+      WHERE o.aggregate_type = NEW.aggregate_type
+        AND o.aggregate_id = NEW.aggregate_id
+        AND o.aggregate_version = NEW.aggregate_version - 1;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'stream %/% has no version %, cannot append version %',
             NEW.aggregate_type, NEW.aggregate_id, NEW.aggregate_version - 1, NEW.aggregate_version
             USING ERRCODE = 'RLY01';
-    END IF;
-    IF previous_xid > NEW.transaction_id THEN
-        RAISE EXCEPTION 'stream %/% version % was written by transaction %, which started after this transaction %',
-            NEW.aggregate_type, NEW.aggregate_id, NEW.aggregate_version - 1, previous_xid, NEW.transaction_id
-            USING ERRCODE = 'RLY02',
-                  HINT = 'retry the whole transaction: its events would otherwise be published before earlier versions';
     END IF;
     RETURN NEW;
 END
@@ -73,21 +90,6 @@ CREATE TRIGGER outbox_check_stream_order
     BEFORE INSERT ON {schema}.outbox
     FOR EACH ROW WHEN (NEW.aggregate_version IS NOT NULL)
     EXECUTE FUNCTION {schema}.outbox_check_stream_order();
-
--- NOTIFY is only a wake-up hint, delivered at commit; the relay also polls on a timer.
--- Statement-level so a bulk insert sends one notification.
-CREATE FUNCTION {schema}.outbox_notify() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('outbox_relay', TG_TABLE_SCHEMA);
-    RETURN NULL;
-END
-$$;
-
-CREATE TRIGGER outbox_notify
-    AFTER INSERT ON {schema}.outbox
-    FOR EACH STATEMENT
-    EXECUTE FUNCTION {schema}.outbox_notify();
 
 CREATE TABLE {schema}.outbox_subscribers (
     name            text PRIMARY KEY CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}$'),

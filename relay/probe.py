@@ -1,0 +1,80 @@
+"""Find newly decided outbox rows quickly, without asking writers for anything.
+
+Writers used to send ``NOTIFY`` from a trigger; PostgreSQL serialises every notifying
+commit cluster-wide, which capped the application's write rate. Instead, one thread per
+relay asks, every ``probe_interval``, for the newest row below the horizon: a backward
+range scan of the primary key, ending at its first visible row. Rows become decided
+only as the horizon passes them, and every row it passes sorts after every row it had
+already passed (docs/design.md, "Ordering"), so that key changes exactly when
+something new can be published. Then the workers are woken; they also poll on a timer.
+
+After ``idle_after`` seconds without news the probe slows to ``idle_interval``: an idle
+relay costs the database a few queries per second, not hundreds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from relay.queries import queries_for
+
+logger = logging.getLogger(__name__)
+
+
+class CommitProbe(threading.Thread):
+    """Wakes the workers when the newest decided row changes."""
+
+    def __init__(
+        self,
+        connect: Callable[[], psycopg.Connection[Any]],
+        schema: str,
+        wake: Callable[[], None],
+        *,
+        interval: float,
+        idle_interval: float,
+        idle_after: float = 10.0,
+    ) -> None:
+        super().__init__(name="outbox-probe", daemon=True)
+        self._connect = connect
+        self._query = queries_for(schema)["newest_decided"]
+        self._wake = wake
+        self._interval = interval
+        self._idle_interval = max(idle_interval, interval)
+        self._idle_after = idle_after
+        self._stopping = threading.Event()
+        self.probes = 0
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def run(self) -> None:
+        delay = 0.5
+        while not self._stopping.is_set():
+            try:
+                self._probe_until_stopped()
+                delay = 0.5
+            except psycopg.Error as exc:  # reconnect later; the workers' timer covers the gap
+                logger.warning("commit probe: %s; reconnecting in %.1fs", exc, delay)
+                self._stopping.wait(delay)
+                delay = min(delay * 2, 30.0)
+
+    def _probe_until_stopped(self) -> None:
+        with self._connect() as conn:
+            conn.autocommit = True
+            last: object = None
+            changed_at = time.monotonic()
+            while not self._stopping.is_set():
+                newest = conn.execute(self._query, prepare=True).fetchone()
+                self.probes += 1
+                now = time.monotonic()
+                if newest != last:
+                    last, changed_at = newest, now
+                    self._wake()
+                idle = now - changed_at > self._idle_after
+                self._stopping.wait(self._idle_interval if idle else self._interval)

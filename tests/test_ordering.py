@@ -1,0 +1,155 @@
+"""Per-key order is the order Postgres applied the writes (docs/design.md, "Ordering").
+
+The pattern that broke it: each app transaction writes something first (an audit row,
+which takes its xid), then locks its aggregate's row, bumps the aggregate's counter and
+appends the event. The counter is the database's own order of the aggregate's writes;
+the relay's order, ``(transaction_id, position)``, must follow it under every isolation
+level. On the schema before migration 0003 the same workload inverts pairs.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import errors as pg_errors
+
+from relay import Outbox, migrations
+from relay.daemon import Relay
+from relay.errors import ConcurrencyError
+from relay.subscribers import ValueFormat
+from tests.support import by_key, consume
+
+HOT_KEYS = 5
+WRITERS = 8
+
+APP_TABLES = """
+CREATE TABLE audit (id bigserial PRIMARY KEY, note text NOT NULL);
+CREATE TABLE orders (id text PRIMARY KEY, counter bigint NOT NULL);
+INSERT INTO orders SELECT 'o-' || n, 0 FROM generate_series(1, %s) n;
+"""
+
+
+def _app_transaction(conn: psycopg.Connection[Any], outbox: Outbox, key: str) -> None:
+    with conn.transaction():
+        conn.execute("INSERT INTO audit (note) VALUES (%s)", (f"touch {key}",))  # xid now
+        conn.execute("SELECT counter FROM orders WHERE id = %s FOR UPDATE", (key,))
+        (counter,) = conn.execute(  # type: ignore[misc]
+            "UPDATE orders SET counter = counter + 1 WHERE id = %s RETURNING counter", (key,)
+        ).fetchone()
+        outbox.append(
+            conn,
+            aggregate_type="order",
+            aggregate_id=key,
+            event_type="OrderCounted",
+            payload={"counter": counter},
+        )
+
+
+def _run_writers(url: str, isolation: str, transactions: int) -> int:
+    """WRITERS threads commit ``transactions`` app transactions on HOT_KEYS keys;
+    returns how many serialization failures were retried."""
+    outbox = Outbox(None)
+    retried = [0]
+    lock = threading.Lock()
+
+    def writer(seed: int) -> None:
+        rng = random.Random(seed)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"SET default_transaction_isolation = '{isolation}'")
+            for _ in range(transactions // WRITERS):
+                key = f"o-{rng.randint(1, HOT_KEYS)}"
+                while True:
+                    try:
+                        _app_transaction(conn, outbox, key)
+                        break
+                    except (
+                        pg_errors.SerializationFailure,
+                        pg_errors.DeadlockDetected,
+                        ConcurrencyError,
+                    ):
+                        with lock:
+                            retried[0] += 1
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(WRITERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return retried[0]
+
+
+def _inversions(conn: psycopg.Connection[Any]) -> int:
+    """Consecutive pairs of one key whose relay order contradicts the counter."""
+    rows = conn.execute(
+        "SELECT aggregate_id, (payload->>'counter')::bigint FROM outbox"
+        " ORDER BY transaction_id, position"
+    ).fetchall()
+    last: dict[str, int] = {}
+    inverted = 0
+    for key, counter in rows:
+        inverted += counter < last.get(key, 0)
+        last[key] = counter
+    return inverted
+
+
+@pytest.fixture
+def app_db(database_url: str) -> Callable[[int | None], psycopg.Connection[Any]]:
+    conns: list[psycopg.Connection[Any]] = []
+
+    def make(up_to: int | None = None) -> psycopg.Connection[Any]:
+        conn = psycopg.connect(database_url, autocommit=True)
+        conns.append(conn)
+        migrations.migrate(conn, up_to=up_to)
+        conn.execute(APP_TABLES % HOT_KEYS)
+        return conn
+
+    yield make  # type: ignore[misc]
+    for conn in conns:
+        conn.close()
+
+
+@pytest.mark.parametrize("isolation", ["read committed", "repeatable read", "serializable"])
+def test_lock_after_a_first_write_keeps_each_keys_database_order(
+    app_db: Callable[[int | None], psycopg.Connection[Any]], database_url: str, isolation: str
+) -> None:
+    conn = app_db(None)
+    _run_writers(database_url, isolation, 400)
+    assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (400,)
+    assert _inversions(conn) == 0
+
+
+def test_the_schema_before_migration_3_inverts_that_pattern(
+    app_db: Callable[[int | None], psycopg.Connection[Any]], database_url: str
+) -> None:
+    """The workload above can fail: on the old schema it does."""
+    conn = app_db(2)
+    _run_writers(database_url, "read committed", 400)
+    assert _inversions(conn) > 0
+
+
+def test_published_order_follows_the_counter_on_kafka(
+    app_db: Callable[[int | None], psycopg.Connection[Any]],
+    database_url: str,
+    start_relay: Callable[..., Relay],
+    kafka_bootstrap: str,
+    topic_prefix: str,
+) -> None:
+    app_db(None)
+    subscriber = {
+        "name": "s",
+        "topic": topic_prefix + "{aggregate_type}",
+        "value_format": ValueFormat.JSON.value,
+    }
+    start_relay(subscribers=[subscriber])
+    _run_writers(database_url, "read committed", 1200)
+    seen = consume(kafka_bootstrap, [topic_prefix + "order"], 1200, timeout=90)
+    assert len(seen) == 1200
+    for key, records in by_key(seen).items():
+        counters = [json.loads(r.value)["counter"] for r in records]
+        assert counters == list(range(1, len(counters) + 1)), key
