@@ -112,6 +112,11 @@ def producer_config(
     config: dict[str, Any] = {
         "bootstrap.servers": bootstrap_servers,
         "linger.ms": 5,
+        # librdkafka speaks the pre-KIP-890 transaction protocol: a transaction begun
+        # right after a commit gets CONCURRENT_TRANSACTIONS until the broker has written
+        # the last one's markers, and the default 100 ms backoff then dominated latency
+        # (Kafka 4.1, 1k ev/s: p90 83 ms at 100, 10 ms at 10).
+        "retry.backoff.ms": 10,
         # Same key → partition mapping as the Java client (and so Kafka Connect/Debezium).
         "partitioner": "murmur2_random",
         "message.timeout.ms": delivery_timeout_ms,
