@@ -23,6 +23,7 @@ BENCHMARKS = (
     "latency",
     "writes",
     "write_path",
+    "probe_load",
     "growth",
     "fanout",
     "sharding",

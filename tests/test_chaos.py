@@ -201,6 +201,30 @@ def _caught_up(url: str, names: list[str]) -> bool:
         return False
 
 
+def _stall_report(url: str, logs: Path) -> str:
+    """Where publication stands, for a failure message: parts, sessions, horizon."""
+    lines = [f"\nrelay logs: {logs}"]
+    with psycopg.connect(url, autocommit=True, connect_timeout=3) as conn:
+        store = OutboxStore(conn)
+        for state in store.list():
+            for part in state.parts:
+                lines.append(
+                    f"part {state.subscriber.name}/{part.part}: checkpoint {part.checkpoint} "
+                    f"owner {part.owner} halted {part.halted_error} pending {store.pending(part)}"
+                )
+        for row in conn.execute(
+            "SELECT pg_snapshot_xmin(pg_current_snapshot()), (SELECT max(transaction_id) FROM"
+            " outbox), (SELECT count(*) FROM outbox_relay_sessions)"
+        ):
+            lines.append(f"horizon, newest key, sessions: {row}")
+        for row in conn.execute(
+            "SELECT pid, state, backend_xid, backend_xmin, left(query, 80) FROM pg_stat_activity"
+            " WHERE backend_xid IS NOT NULL OR backend_xmin IS NOT NULL"
+        ):
+            lines.append(f"backend: {row}")
+    return "\n".join(lines)
+
+
 def _busy_sessions(url: str, until: float) -> set[str]:
     """Sessions owning a part with unpublished events (polled until ``until``)."""
     while time.monotonic() < until:
@@ -334,7 +358,9 @@ def test_exactly_once_through_kills_freezes_restarts_and_outages(
         writers.stop()
         deadline = time.monotonic() + 120
         while not _caught_up(url, ["sharded", "json"]):
-            assert time.monotonic() < deadline, "relays never caught up:\n" + "\n".join(figures.log)
+            assert time.monotonic() < deadline, (
+                "relays never caught up:\n" + "\n".join(figures.log) + _stall_report(url, tmp_path)
+            )
             time.sleep(0.5)
         codes = relays.stop_all()
     finally:

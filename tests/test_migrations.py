@@ -110,3 +110,38 @@ def test_migrate_cli_creates_tables_in_a_custom_schema(database_url: str) -> Non
     with psycopg.connect(database_url) as conn:
         row = conn.execute("""SELECT count(*) FROM "My Schema".outbox""").fetchone()
     assert row == (0,)
+
+
+def test_a_rolling_deploy_publishes_everything_across_migration_3(
+    database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """The relay runs on the schema before 0003 (NOTIFY trigger, raw xids); 0003 is then
+    applied under it while writers go on: every row is published once, in order."""
+    from relay import Outbox
+    from relay.daemon import Relay
+    from relay.settings import load_settings
+    from tests.support import consume, ids_of, write_orders
+
+    outbox = Outbox(None)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        migrations.migrate(conn, up_to=2)
+        write_orders(conn, outbox, ["before-1", "before-2"], key="k")
+        relay = Relay(
+            load_settings(
+                database_url=database_url,
+                bootstrap_servers=kafka_bootstrap,
+                subscribers=[{"name": "s", "topic": topic_prefix + "{aggregate_type}"}],
+                poll_interval=0.2,
+                metrics_port=0,
+            )
+        )
+        relay.start()
+        try:
+            write_orders(conn, outbox, ["old-schema"], key="k")
+            assert migrations.migrate(conn)  # 0003, under the running relay
+            write_orders(conn, outbox, ["new-schema-1", "new-schema-2"], key="k")
+            seen = consume(kafka_bootstrap, [topic_prefix + "order"], 5)
+        finally:
+            relay.stop()
+        written = conn.execute("SELECT message_id::text FROM outbox ORDER BY position").fetchall()
+    assert ids_of(seen) == [w[0] for w in written]

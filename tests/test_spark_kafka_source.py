@@ -136,10 +136,10 @@ def test_columns_match_the_builtin_source_and_headers_are_opt_in(
 def test_bad_options_fail_with_a_message_naming_them(
     spark: SparkSession, kafka_bootstrap: str, topic: str, tmp_path: Path
 ) -> None:
-    with pytest.raises(Exception, match="maxOffsetsPerTrigger must be a positive integer"):
-        run_available_now(
-            spark, kafka_bootstrap, topic, tmp_path / "c", tmp_path / "o", maxOffsetsPerTrigger="x"
-        )
+    failed = start_available_now(
+        spark, kafka_bootstrap, topic, tmp_path / "c", tmp_path / "o", maxOffsetsPerTrigger="x"
+    )
+    assert "maxOffsetsPerTrigger must be a positive integer" in str(failed.exception())
 
 
 def relay_records(registry: Any, count: int) -> list[Any]:

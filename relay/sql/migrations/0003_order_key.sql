@@ -12,7 +12,8 @@
 -- 3. The NOTIFY trigger goes: pg_notify made every writer's commit take one global
 --    lock. The relay probes for newly decided rows instead.
 
-CREATE INDEX outbox_aggregate_order
+-- IF NOT EXISTS: on a big outbox, operators build it CONCURRENTLY beforehand.
+CREATE INDEX IF NOT EXISTS outbox_aggregate_order
     ON {schema}.outbox (aggregate_type, aggregate_id, transaction_id);
 
 CREATE FUNCTION {schema}.outbox_order_key() RETURNS trigger
