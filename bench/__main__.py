@@ -24,6 +24,7 @@ BENCHMARKS = (
     "writes",
     "write_path",
     "probe_load",
+    "write_costs",
     "growth",
     "fanout",
     "sharding",

@@ -64,13 +64,13 @@ def _point(pgbench: str, url: str, script: Path, clients: int, seconds: int) -> 
     results: dict[bool, float] = {}
     for triggers in (True, False):
         _set_triggers(url, enabled=triggers)
-        results[triggers] = _pgbench(pgbench, url, script, clients, seconds)
+        results[triggers] = pgbench_tps(pgbench, url, script, clients, seconds)
         _truncate(url)
     _set_triggers(url, enabled=True)
     return results[True], results[False]
 
 
-def _pgbench(pgbench: str, url: str, script: Path, clients: int, seconds: int) -> float:
+def pgbench_tps(pgbench: str, url: str, script: Path, clients: int, seconds: int) -> float:
     argv = [pgbench, "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 4)),
             "-T", str(seconds), "-f", str(script), url]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, check=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import signal
@@ -133,6 +134,8 @@ def run(
             migrations.migrate(conn, settings.database_schema)
     relay = Relay(settings)
     tune_gc()
+    # `kill -USR1 <pid>` prints every thread's stack to stderr: what a stuck part waits on.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # The handler only raises a flag; this thread does the stopping, never mid-start.
     with _stop_on_signals(relay.request_stop):
         _start_with_retries(relay)

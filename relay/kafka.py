@@ -14,6 +14,7 @@ Two modes:
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
@@ -55,6 +56,10 @@ _FENCED = frozenset(
 )
 _UNSUPPORTED = frozenset({KafkaError.UNSUPPORTED_VERSION, KafkaError._UNSUPPORTED_FEATURE})
 _BAD_TIMEOUT = KafkaError.INVALID_TRANSACTION_TIMEOUT
+# How long past its own timeout a transactional call may block before it is given up.
+_CALL_GRACE_S = 15.0
+# Producers whose call hung: kept referenced, because destroying one would block too.
+_abandoned: list[Producer] = []
 # The Kafka-side checkpoint: partition 0's committed offset is the transaction id,
 # partition 1's the position (offsets are the only group state every broker keeps).
 _CHECKPOINT_PARTITIONS = 2
@@ -352,6 +357,7 @@ class TransactionalPublisher(_BatchProducer):
         self._consumer_config = dict(consumer_config)
         self._group: tuple[str, Consumer] | None = None
         self._initialised = False
+        self._wedged = False
 
     def recover(self, generation: str) -> Position | None:
         """Fence every earlier producer of this part (aborting its open transaction),
@@ -437,7 +443,8 @@ class TransactionalPublisher(_BatchProducer):
         if self._group is not None:
             self._group[1].close()
             self._group = None
-        super().close()
+        if not self._wedged:  # a wedged producer's flush would hang as well
+            super().close()
 
     def _consumer(self, generation: str) -> Consumer:
         # The group is named after the checkpoint generation: a reset starts a new one,
@@ -458,9 +465,48 @@ class TransactionalPublisher(_BatchProducer):
                 raise ConfigError(f"kafka: invalid consumer configuration: {exc}") from exc
         return self._group[1]
 
+    def _watched(self, operation: Callable[..., T], *args: Any) -> T:
+        """``operation(*args)``, given up on when it outlives its own timeout.
+
+        librdkafka's transactional calls take a timeout but do not always honour it:
+        after the broker (the coordinator) restarts, send_offsets_to_transaction and
+        commit_transaction can block for good (librdkafka issues 5511, 3779; seen here in
+        the chaos suite). The call then runs on a helper thread; past its timeout plus a
+        grace period the producer is abandoned, and the part starts over with a new one
+        (whose init_transactions fences the stuck one).
+        """
+        if self._wedged:
+            raise ProducerFenced(f"{self.transactional_id}: producer abandoned (a call hung)")
+        result: list[T] = []
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                result.append(operation(*args))
+            except BaseException as exc:
+                failure.append(exc)
+
+        thread = threading.Thread(target=run, name="kafka-txn-call", daemon=True)
+        thread.start()
+        thread.join(self._delivery_timeout_s + _CALL_GRACE_S)
+        if thread.is_alive():
+            self._wedged = True
+            _abandoned.append(self._producer)  # never destroyed: that would block too
+            raise ProducerFenced(
+                f"{self.transactional_id}: {getattr(operation, '__name__', 'a call')} did not "
+                f"return within {self._delivery_timeout_s + _CALL_GRACE_S:.0f}s; starting the "
+                "part over with a new producer"
+            )
+        if failure:
+            raise failure[0]
+        return result[0]
+
     def _abort(self) -> None:
         try:
-            self._producer.abort_transaction(self._delivery_timeout_s)
+            self._watched(self._producer.abort_transaction, self._delivery_timeout_s)
+        except ProducerFenced as exc:
+            logger.warning("could not abort the transaction: %s", exc)
+            return
         except KafkaException as exc:
             # The next owner's init_transactions aborts it for us; we only log.
             logger.warning("could not abort the transaction: %s", exc)
@@ -470,7 +516,7 @@ class TransactionalPublisher(_BatchProducer):
         deadline = time.monotonic() + self._delivery_timeout_s
         while True:
             try:
-                return operation(*args)
+                return self._watched(operation, *args)
             except KafkaException as exc:
                 error = exc.args[0] if exc.args else None
                 if not isinstance(error, KafkaError):

@@ -358,9 +358,15 @@ def test_exactly_once_through_kills_freezes_restarts_and_outages(
         writers.stop()
         deadline = time.monotonic() + 120
         while not _caught_up(url, ["sharded", "json"]):
-            assert time.monotonic() < deadline, (
-                "relays never caught up:\n" + "\n".join(figures.log) + _stall_report(url, tmp_path)
-            )
+            if time.monotonic() > deadline:
+                for proc in relays.alive():  # their thread stacks, into their logs
+                    proc.send_signal(signal.SIGUSR1)
+                time.sleep(1)
+                raise AssertionError(
+                    "relays never caught up:\n"
+                    + "\n".join(figures.log)
+                    + _stall_report(url, tmp_path)
+                )
             time.sleep(0.5)
         codes = relays.stop_all()
     finally:

@@ -154,6 +154,38 @@ def test_relays_share_parts_and_survive_the_loss_of_one(
         )
 
 
+def test_a_record_the_broker_itself_rejects_is_named_and_dead_lettered(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    """Apache Kafka refuses a record over the topic's max.message.bytes (the producer's
+    own limit is higher): the transaction fails, the batch is re-run with delivery
+    reports, and only the record at fault goes aside."""
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    topic, dlq = topic_prefix + "outbox.event.order", topic_prefix + "dead"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    small = NewTopic(topic, 3, 1, config={"max.message.bytes": "4000"})
+    admin.create_topics([small])[topic].result(30)
+    with db.transaction():
+        write_orders(db, outbox, ["o-1"])
+        db.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+            "VALUES ('order', 'big', 'Note', jsonb_build_object('blob', repeat('x', 20000)))"
+        )
+        write_orders(db, outbox, ["o-2"])
+    sub_json = sub("s", topic_prefix, value_format="json", on_poison="dead-letter")
+    start_relay(subscribers=[{**sub_json, "dead_letter_topic": dlq}])
+    good = consume(kafka_bootstrap, [topic], 2)
+    assert sorted(r.key for r in good) == ["o-1", "o-2"]
+    [dead] = consume(kafka_bootstrap, [dlq], 1)
+    assert dead.key == "big"
+    assert "too large" in dead.headers["outbox.error"].lower()
+
+
 def test_dead_letter_policy_publishes_poison_events_aside_and_goes_on(
     db: psycopg.Connection[Any],
     outbox: Outbox,

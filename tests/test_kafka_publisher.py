@@ -1,17 +1,21 @@
 """The transactional publisher's fast path and its diagnosis, against a stand-in client.
 
 Records are produced without a delivery report each; a failed record makes the commit
-fail, and the batch is run again with reports to name the record at fault. The real
-broker here (Tansu) never rejects a record, so the client is a stand-in.
+fail, and the batch is run again with reports to name the record at fault. A stand-in
+client makes each case exact; ``test_exactly_once.py`` has the same path against
+Apache Kafka refusing a record over a topic's ``max.message.bytes``.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+import relay.kafka
+from relay.errors import ProducerFenced
 from relay.kafka import PoisonRecordError, TopicCreator, TransactionalPublisher
 from relay.model import KafkaRecord, Position
 
@@ -106,3 +110,33 @@ def test_the_fast_path_asks_for_no_delivery_reports() -> None:
     producer = FakeProducer(reject=b"never")
     publisher(producer).publish(records(b"a", b"b", b"c"), Position(1, 1), "gen")
     assert producer.committed == [[b"a", b"b", b"c"]] and producer.reports_asked == 0
+
+
+class HangingProducer(FakeProducer):
+    """commit_transaction ignores its timeout and never returns (librdkafka #5511)."""
+
+    def __init__(self) -> None:
+        super().__init__(reject=b"never")
+        self.release = threading.Event()
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.release.wait()
+
+
+def test_a_call_that_outlives_its_timeout_abandons_the_producer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(relay.kafka, "_CALL_GRACE_S", 0.2)
+    producer = HangingProducer()
+    pub = publisher(producer)
+    pub._delivery_timeout_s = 0.1
+    try:
+        with pytest.raises(ProducerFenced, match="did not return within"):
+            pub.publish(records(b"a"), Position(1, 1), "gen")
+        # Abandoned: no further call reaches it, and closing does not flush it.
+        with pytest.raises(ProducerFenced, match="abandoned"):
+            pub.publish(records(b"b"), Position(1, 2), "gen")
+        pub.close()
+    finally:
+        producer.release.set()
+    assert producer.committed == []

@@ -1,0 +1,79 @@
+"""Per-row write costs beyond the relay's triggers, on a big outbox.
+
+* ``message_id``: a unique index on random UUIDs (``gen_random_uuid()``) puts every
+  insert on a random leaf page; once the index outgrows memory, that is a read and a
+  dirty page per row. Measured: 16 pgbench writers on an outbox already holding
+  ``scale.big_backlog`` rows (10M at ``--scale full``), the default against a
+  time-ordered UUIDv7 default (same column, same index).
+* ``aggregate_version``: event-sourced appends fire the stream-order trigger (a version
+  must follow the one before it). Measured: the same append with and without it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import psycopg
+
+from bench.harness import Figure, Scale, Stack, fill_outbox
+from bench.write_path import pgbench_tps
+from relay.localstack.postgres import find_pg_binary
+
+WRITERS = 16
+PLAIN = """INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+VALUES ('order', 'k', 'OrderPlaced', '{"order_id": "1"}');
+"""
+APPEND = """\\set k random(1, 1000000)
+INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload)
+SELECT 'stream', :k, coalesce(max(aggregate_version), 0) + 1, 'Appended', '{}'
+  FROM outbox WHERE aggregate_type = 'stream' AND aggregate_id = :k::text;
+"""
+# Time-ordered UUID (RFC 9562 version 7): 48 bits of Unix milliseconds, then random
+# bits, with the version and variant bits set. Consecutive ids land on the same leaf.
+UUID_V7 = """
+CREATE OR REPLACE FUNCTION bench_uuid_v7() RETURNS uuid LANGUAGE sql VOLATILE AS $$
+  SELECT encode(
+           set_bit(set_bit(
+             overlay(uuid_send(gen_random_uuid())
+                     PLACING substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
+                     FROM 1 FOR 6),
+             52, 1), 53, 1),
+           'hex')::uuid
+$$;
+"""
+
+
+def run(stack: Stack, scale: Scale) -> list[Figure]:
+    pgbench = shutil.which("pgbench") or find_pg_binary("pgbench")
+    seconds = max(3, int(scale.latency_seconds / 2))
+    url = stack.database("write_costs")
+    fill_outbox(url, scale.big_backlog)
+    with tempfile.TemporaryDirectory() as tmp:
+        plain, append = Path(tmp) / "plain.sql", Path(tmp) / "append.sql"
+        plain.write_text(PLAIN)
+        append.write_text(APPEND)
+        random_ids = pgbench_tps(pgbench, url, plain, WRITERS, seconds)
+        _execute(
+            url, UUID_V7, "ALTER TABLE outbox ALTER COLUMN message_id SET DEFAULT bench_uuid_v7()"
+        )
+        ordered_ids = pgbench_tps(pgbench, url, plain, WRITERS, seconds)
+        _execute(url, "ALTER TABLE outbox ALTER COLUMN message_id SET DEFAULT gen_random_uuid()")
+        with_check = pgbench_tps(pgbench, url, append, WRITERS, seconds)
+        _execute(url, "ALTER TABLE outbox DISABLE TRIGGER outbox_check_stream_order")
+        without_check = pgbench_tps(pgbench, url, append, WRITERS, seconds)
+        _execute(url, "ALTER TABLE outbox ENABLE TRIGGER outbox_check_stream_order")
+    rows = {"rows": scale.big_backlog, "writers": WRITERS, "seconds": seconds}
+    return [
+        Figure("write_costs", f"INSERT tx/s, random message_id, {scale.big_backlog:,} rows",
+               random_ids, "tx/s", ordered_ids, "UUIDv7 message_id", None, rows),
+        Figure("write_costs", "stream append tx/s with the stream-order trigger", with_check,
+               "tx/s", without_check, "trigger disabled", None, rows),
+    ]  # fmt: skip
+
+
+def _execute(url: str, *statements: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)
