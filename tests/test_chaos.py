@@ -316,6 +316,7 @@ def _signal_broker(broker: LocalKafka, signum: int) -> None:
         time.sleep(0.01)
 
 
+@pytest.mark.timeout(CHAOS_SECONDS + 600)  # the chaos, then catching up and verifying
 def test_exactly_once_through_kills_freezes_restarts_and_outages(
     local_postgres: LocalPostgres,
     local_kafka: LocalKafka,
