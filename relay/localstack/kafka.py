@@ -26,11 +26,11 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from relay.localstack.maven import Lock, fetch_lock
 from relay.localstack.process import (
+    LocalServer,
     LocalServerError,
     free_port,
     log_tail,
@@ -121,7 +121,7 @@ def find_java() -> tuple[str, int]:
     return java, major
 
 
-class LocalKafka:
+class LocalKafka(LocalServer):
     """Apache Kafka on 127.0.0.1, its data and configuration kept in ``work_dir``."""
 
     def __init__(
@@ -147,14 +147,6 @@ class LocalKafka:
     @property
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self.running and self._proc is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
 
     def start(self) -> None:
         """Start the broker (formatting ``work_dir`` the first time); wait until it answers."""
@@ -200,18 +192,6 @@ class LocalKafka:
             signal_and_wait(self._proc, signal.SIGTERM, timeout, "kafka")
             self._proc = None
         reaper.discard(self)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- internals
 

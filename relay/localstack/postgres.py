@@ -19,13 +19,12 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 from urllib.parse import quote
 
 import psycopg
 
 from relay.localstack.process import (
+    LocalServer,
     LocalServerError,
     free_port,
     log_tail,
@@ -71,7 +70,7 @@ def _searchable_by(path: Path, uid: int, gids: set[int]) -> bool:
     return bool(st.st_mode & stat.S_IXOTH)
 
 
-class LocalPostgres:
+class LocalPostgres(LocalServer):
     """A PostgreSQL server in ``data_dir``, listening on 127.0.0.1 only, trust auth.
 
     ``fsync=False`` turns off ``fsync`` only: fast for tests, and commits still survive a
@@ -112,15 +111,6 @@ class LocalPostgres:
     def url_for(self, dbname: str) -> str:
         """URL of database ``dbname`` on this server."""
         return f"postgresql://postgres@127.0.0.1:{self.port}/{quote(dbname, safe='')}"
-
-    @property
-    def pid(self) -> int | None:
-        """Pid of the postmaster, or ``None`` when not running."""
-        return self._proc.pid if self.running and self._proc is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
 
     def start(self) -> None:
         """Create the cluster if needed, start the server and wait until it accepts logins."""
@@ -178,18 +168,6 @@ class LocalPostgres:
         """Stop, then start again on the same port and data directory."""
         self.stop()
         self.start()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- internals
 

@@ -26,11 +26,13 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Protocol
+from types import TracebackType
+from typing import IO, Protocol, Self
 
 from relay.errors import RelayError
 
 __all__ = [
+    "LocalServer",
     "LocalServerError",
     "free_port",
     "log_tail",
@@ -53,6 +55,39 @@ class LocalServerError(RelayError):
 
 class Stoppable(Protocol):
     def stop(self) -> None: ...
+
+
+class LocalServer:
+    """A server process of ours: ``start()`` it (or use ``with``), ``stop()`` it."""
+
+    _proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The server's pid, or ``None`` when it is not running."""
+        return self._proc.pid if self.running and self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
 
 
 # --------------------------------------------------------------------------- helpers
