@@ -87,3 +87,57 @@ def test_dev_runs_reports_and_cleans_up(workdir: Path) -> None:
     assert not _port_open(broker_port), "broker still listening"
     leftovers = _processes_mentioning(str(workdir), f"tcp://127.0.0.1:{broker_port}")
     assert not leftovers, f"processes left behind: {leftovers}"
+
+
+def test_local_runs_postgres_and_kafka_for_your_own_app(workdir: Path) -> None:
+    """``outbox-relay local``: the servers only, with the settings to export printed;
+    an app writes, ``outbox-relay run`` publishes, and SIGTERM stops it all cleanly."""
+    import signal
+    import time
+
+    import psycopg
+
+    proc = subprocess.Popen(
+        [*_cli(), "local", "--workdir", str(workdir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        settings: dict[str, str] = {}
+        deadline = time.monotonic() + 120
+        assert proc.stdout is not None
+        while len(settings) < 2 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, "outbox-relay local exited early"
+            if line.startswith("export "):
+                key, _, value = line.removeprefix("export ").strip().partition("=")
+                settings[key] = value
+        assert set(settings) == {"RELAY_DATABASE_URL", "RELAY_BOOTSTRAP_SERVERS"}
+        with psycopg.connect(settings["RELAY_DATABASE_URL"], autocommit=True) as conn:
+            conn.execute(  # migrated: the app can write at once
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
+                " VALUES ('order', '1', 'OrderPlaced',"
+                """ '{"order_id": "1", "customer_id": "c", "amount_cents": 1}')"""
+            )
+        from tests.support import consume
+
+        relay = subprocess.Popen(
+            [*_cli(), "run"],
+            cwd=ROOT,  # its schemas/ folder
+            env={**os.environ, **settings, "RELAY_METRICS_PORT": "0"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            [record] = consume(
+                settings["RELAY_BOOTSTRAP_SERVERS"], ["outbox.event.order"], 1, timeout=60
+            )
+            assert record.key == "1"
+        finally:
+            relay.send_signal(signal.SIGTERM)
+            assert relay.wait(60) == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    assert code == 0
