@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -153,3 +154,43 @@ def test_published_order_follows_the_counter_on_kafka(
     for key, records in by_key(seen).items():
         counters = [json.loads(r.value)["counter"] for r in records]
         assert counters == list(range(1, len(counters) + 1)), key
+
+
+def test_a_key_ahead_of_every_xid_is_released_by_the_probe_on_an_idle_database(
+    db: psycopg.Connection[Any], database_url: str
+) -> None:
+    """A transaction takes its xid; a younger one commits; the first then inserts its
+    event. Its key is its snapshot's xmax, the next xid, which nobody holds yet. With no
+    other transaction to take it, the commit probe takes one itself, and the row falls
+    below the horizon."""
+    from relay.probe import CommitProbe
+
+    with psycopg.connect(database_url) as writer:
+        writer.execute("SELECT pg_current_xact_id()")
+        db.execute("SELECT pg_current_xact_id()")  # younger, and committed (autocommit)
+        writer.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
+            " VALUES ('order', 'k', 'OrderPlaced', '{}')"
+        )
+        writer.commit()
+    decided = "SELECT transaction_id < pg_snapshot_xmin(pg_current_snapshot()) FROM outbox"
+    assert db.execute(decided).fetchone() == (False,)
+    woken = threading.Event()
+    probe = CommitProbe(
+        lambda: psycopg.connect(database_url),
+        "public",
+        woken.set,
+        interval=0.01,
+        idle_interval=0.01,
+    )
+    probe.start()
+    try:
+        for _ in range(500):
+            if db.execute(decided).fetchone() == (True,):
+                break
+            time.sleep(0.01)
+    finally:
+        probe.stop()
+        probe.join(5)
+    assert db.execute(decided).fetchone() == (True,)
+    assert woken.is_set()

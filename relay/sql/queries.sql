@@ -51,13 +51,20 @@ SELECT o.transaction_id::text::bigint AS transaction_id, o.position, o.message_i
  LIMIT %(limit)s;
 
 -- name: newest_decided
--- The commit probe (relay/probe.py): the newest row below the horizon. A backward
--- range scan of the primary key that stops at its first visible row.
-SELECT o.transaction_id, o.position
-  FROM {schema}.outbox o
- WHERE o.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
- ORDER BY o.transaction_id DESC, o.position DESC
- LIMIT 1;
+-- The commit probe (relay/probe.py): the newest row below the horizon (a backward
+-- range scan of the primary key that stops at its first visible row), and whether
+-- committed rows wait at or above the horizon while no transaction runs. Their key is
+-- then an xid not handed out yet (docs/design.md, "Ordering"): taking one releases them.
+SELECT newest.transaction_id, newest.position,
+       pg_snapshot_xmin(s) = pg_snapshot_xmax(s)
+       AND EXISTS (SELECT FROM {schema}.outbox w WHERE w.transaction_id >= pg_snapshot_xmin(s))
+  FROM pg_current_snapshot() AS s
+  LEFT JOIN LATERAL (
+       SELECT o.transaction_id, o.position
+         FROM {schema}.outbox o
+        WHERE o.transaction_id < pg_snapshot_xmin(s)
+        ORDER BY o.transaction_id DESC, o.position DESC
+        LIMIT 1) AS newest ON true;
 
 -- name: horizon
 SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint;

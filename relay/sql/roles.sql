@@ -14,4 +14,9 @@ GRANT pg_read_all_stats TO {role};
 
 -- name: writer_grants
 GRANT USAGE ON SCHEMA {schema} TO {role};
-GRANT SELECT, INSERT ON {schema}.outbox TO {role};
+-- Every column but the ordering key and the position: writers cannot forge either.
+GRANT SELECT ON {schema}.outbox TO {role};
+REVOKE INSERT ON {schema}.outbox FROM {role};
+GRANT INSERT (message_id, aggregate_type, aggregate_id, aggregate_version, event_type,
+              payload, headers, idempotency_key, occurred_at)
+    ON {schema}.outbox TO {role};

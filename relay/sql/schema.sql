@@ -7,10 +7,12 @@ CREATE TABLE {schema}.outbox (
     -- Order within a transaction; identity, so gaps and commit races are harmless:
     -- the relay orders by (transaction_id, position), never by position alone.
     position          bigint GENERATED ALWAYS AS IDENTITY,
-    -- The ordering key: the writer's xid8, raised to the aggregate's latest row it can
-    -- see (outbox_order_key below). The relay only reads rows whose transaction_id is
-    -- below pg_snapshot_xmin, i.e. whose fate is decided. Set by the trigger, always.
-    transaction_id    xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    -- The ordering key (docs/design.md, "Ordering"): the writer's xid8, or the xmax of
+    -- the inserting statement's snapshot if that is higher, so a writer that waited for
+    -- another sorts after it. Never below the writer's xid: the relay only reads rows
+    -- below pg_snapshot_xmin, i.e. whose fate is decided. Writers leave it to default.
+    transaction_id    xid8 NOT NULL
+                      DEFAULT greatest(pg_current_xact_id(), pg_snapshot_xmax(pg_current_snapshot())),
     message_id        uuid NOT NULL DEFAULT gen_random_uuid(),
     aggregate_type    text NOT NULL CHECK (aggregate_type <> ''),
     aggregate_id      text NOT NULL,
@@ -37,34 +39,6 @@ CREATE UNIQUE INDEX outbox_idempotency_key
 CREATE UNIQUE INDEX outbox_stream_version
     ON {schema}.outbox (aggregate_type, aggregate_id, aggregate_version)
     WHERE aggregate_version IS NOT NULL;
-
--- Serves outbox_order_key's look-up of an aggregate's latest row.
-CREATE INDEX outbox_aggregate_order
-    ON {schema}.outbox (aggregate_type, aggregate_id, transaction_id);
-
--- Per-key order is the database's order (docs/design.md, "Ordering"). A writer that
--- waited for another one (a row lock, a unique or version constraint) inserts after it
--- committed, sees its rows, and so sorts after them even if it took its xid earlier.
--- Never below the writer's own xid (the horizon proof), never above an xid handed out.
-CREATE FUNCTION {schema}.outbox_order_key() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    NEW.transaction_id := greatest(
-        pg_current_xact_id(),
-        (SELECT o.transaction_id
-           FROM {schema}.outbox o
-          WHERE o.aggregate_type = NEW.aggregate_type
-            AND o.aggregate_id = NEW.aggregate_id
-          ORDER BY o.transaction_id DESC
-          LIMIT 1));
-    RETURN NEW;
-END
-$$;
-
-CREATE TRIGGER outbox_order_key
-    BEFORE INSERT ON {schema}.outbox
-    FOR EACH ROW
-    EXECUTE FUNCTION {schema}.outbox_order_key();
 
 -- Event-sourced appends: a version must follow the one before it (no gaps).
 CREATE FUNCTION {schema}.outbox_check_stream_order() RETURNS trigger

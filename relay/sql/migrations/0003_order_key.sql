@@ -1,40 +1,21 @@
--- Per-key order is the database's order, and no commit-time lock on the write path.
+-- Per-key order is the database's order, and nothing on the write path but the INSERT.
 --
--- 1. transaction_id becomes the row's ordering key: the writer's xid, raised to the
---    largest transaction_id among the aggregate's rows the insert can see. A writer
---    that waited for another (a row lock, a unique or version constraint) inserts after
---    that one committed, so it sees its rows and sorts after them, even when it took
---    its own xid earlier. The key is never below the writer's xid, so the relay's
---    horizon (transaction_id below pg_snapshot_xmin) still proves nothing is skipped;
---    it is never above an xid already handed out, so the horizon always passes it.
---    The key cannot be forged: the trigger sets it whatever the INSERT says.
+-- 1. transaction_id becomes the row's ordering key:
+--      greatest(the writer's xid, the xmax of the inserting statement's snapshot)
+--    A writer that waited for another (a row lock, a unique or version constraint)
+--    inserts in a statement that starts after the other committed, so its snapshot's
+--    xmax is above every xid the other's rows could carry: it sorts after them, even
+--    when it took its own xid earlier (ties go to the later position). The key is never
+--    below the writer's xid, so the relay's horizon (transaction_id below
+--    pg_snapshot_xmin) still proves nothing is skipped. A column default of built-in
+--    functions: no trigger, no index, no extra read per row.
 -- 2. The stream-order refusal (RLY02) goes: appends are now ordered by (1) instead.
 -- 3. The NOTIFY trigger goes: pg_notify made every writer's commit take one global
 --    lock. The relay probes for newly decided rows instead.
 
--- IF NOT EXISTS: on a big outbox, operators build it CONCURRENTLY beforehand.
-CREATE INDEX IF NOT EXISTS outbox_aggregate_order
-    ON {schema}.outbox (aggregate_type, aggregate_id, transaction_id);
-
-CREATE FUNCTION {schema}.outbox_order_key() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    NEW.transaction_id := greatest(
-        pg_current_xact_id(),
-        (SELECT o.transaction_id
-           FROM {schema}.outbox o
-          WHERE o.aggregate_type = NEW.aggregate_type
-            AND o.aggregate_id = NEW.aggregate_id
-          ORDER BY o.transaction_id DESC
-          LIMIT 1));
-    RETURN NEW;
-END
-$$;
-
-CREATE TRIGGER outbox_order_key
-    BEFORE INSERT ON {schema}.outbox
-    FOR EACH ROW
-    EXECUTE FUNCTION {schema}.outbox_order_key();
+ALTER TABLE {schema}.outbox
+    ALTER COLUMN transaction_id
+    SET DEFAULT greatest(pg_current_xact_id(), pg_snapshot_xmax(pg_current_snapshot()));
 
 CREATE OR REPLACE FUNCTION {schema}.outbox_check_stream_order() RETURNS trigger
 LANGUAGE plpgsql AS $$
