@@ -62,12 +62,20 @@ def _lock(tmp_path: Path, sha256: str) -> Lock:
     return Lock.read(path)
 
 
-def test_jars_are_fetched_once_verified_and_then_served_from_the_cache(
+@pytest.fixture
+def served(
     tmp_path: Path, repository: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    url, served = repository
+) -> list[str]:
+    """Jars come from ``repository`` into a cache of this test's own; the paths asked for."""
+    url, paths = repository
     monkeypatch.setenv("RELAY_MAVEN_REPOSITORY", url)
     monkeypatch.setenv("RELAY_CACHE_DIR", str(tmp_path / "cache"))
+    return paths
+
+
+def test_jars_are_fetched_once_verified_and_then_served_from_the_cache(
+    tmp_path: Path, served: list[str]
+) -> None:
     lock = _lock(tmp_path, hashlib.sha256(JAR).hexdigest())
     lines: list[str] = []
 
@@ -81,11 +89,8 @@ def test_jars_are_fetched_once_verified_and_then_served_from_the_cache(
 
 
 def test_a_jar_with_the_wrong_checksum_is_refused_and_not_cached(
-    tmp_path: Path, repository: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, served: list[str]
 ) -> None:
-    url, _ = repository
-    monkeypatch.setenv("RELAY_MAVEN_REPOSITORY", url)
-    monkeypatch.setenv("RELAY_CACHE_DIR", str(tmp_path / "cache"))
     lock = _lock(tmp_path, "0" * 64)
 
     with pytest.raises(ArtifactFetchError, match=r"checksum mismatch for org\.example:demo:1\.0"):
