@@ -154,7 +154,8 @@ class TopicCreator:
         if not missing or not self._enabled:
             self._known |= missing
             return
-        admin = AdminClient(self._admin_config)
+        client: dict[str, Any] = {**self._admin_config, "logger": logger}
+        admin = AdminClient(client)
         futures = admin.create_topics(
             [
                 NewTopic(
