@@ -26,6 +26,7 @@ from typing import Any
 
 import psycopg
 
+from relay.errors import RelayError
 from relay.queries import queries_for
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,6 @@ class CommitProbe(threading.Thread):
         self._idle_interval = max(idle_interval, interval)
         self._idle_after = idle_after
         self._stopping = threading.Event()
-        self.probes = 0
 
     def stop(self) -> None:
         self._stopping.set()
@@ -63,7 +63,9 @@ class CommitProbe(threading.Thread):
             try:
                 self._probe_until_stopped()
                 delay = 0.5
-            except psycopg.Error as exc:  # reconnect later; the workers' timer covers the gap
+            # psycopg's own errors while probing, and the relay's (db.connect wraps them)
+            # while connecting: reconnect later; the workers' timer covers the gap.
+            except (psycopg.Error, RelayError) as exc:
                 logger.warning("commit probe: %s; reconnecting in %.1fs", exc, delay)
                 self._stopping.wait(delay)
                 delay = min(delay * 2, 30.0)
@@ -77,7 +79,6 @@ class CommitProbe(threading.Thread):
                 row = conn.execute(self._query, prepare=True).fetchone()
                 assert row is not None
                 newest, waiting = row[:2], row[2]
-                self.probes += 1
                 if waiting:
                     # Rows keyed to the next xid, on a database where no transaction
                     # runs: take that xid (and commit at once) so the horizon passes them.

@@ -194,3 +194,32 @@ def test_a_key_ahead_of_every_xid_is_released_by_the_probe_on_an_idle_database(
         probe.join(5)
     assert db.execute(decided).fetchone() == (True,)
     assert woken.is_set()
+
+
+def test_the_probe_survives_a_database_it_cannot_reach_yet(
+    db: psycopg.Connection[Any], database_url: str
+) -> None:
+    """Connecting fails with the relay's own error (db.connect wraps psycopg's) while
+    Postgres restarts; the probe retries instead of dying, and wakes once it connects."""
+    from relay import db as relay_db
+    from relay.errors import DatabaseUnavailable
+    from relay.probe import CommitProbe
+
+    attempts: list[int] = []
+
+    def connect() -> psycopg.Connection[Any]:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise DatabaseUnavailable("postgres is unavailable: restarting")
+        return relay_db.connect(database_url)
+
+    woken = threading.Event()
+    probe = CommitProbe(connect, "public", woken.set, interval=0.01, idle_interval=0.01)
+    probe.start()
+    try:
+        assert woken.wait(10), "the probe never woke the workers after reconnecting"
+        assert probe.is_alive()
+    finally:
+        probe.stop()
+        probe.join(5)
+    assert len(attempts) >= 2

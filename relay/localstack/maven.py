@@ -31,6 +31,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from relay.errors import RelayError
 
@@ -191,7 +192,7 @@ def _download(artifact: Artifact, path: Path, label: str, progress: Progress | N
 
 
 def _copy_url(
-    url: str, out: object, artifact: Artifact, label: str, progress: Progress | None
+    url: str, out: BinaryIO, artifact: Artifact, label: str, progress: Progress | None
 ) -> int:
     try:
         response = urllib.request.urlopen(url, timeout=_TIMEOUT_S)
@@ -206,9 +207,8 @@ def _copy_url(
         total = int(response.headers.get("Content-Length") or 0)
         copied = 0
         last_report = 0.0
-        write = out.write  # type: ignore[attr-defined]
         while chunk := response.read(_CHUNK):
-            write(chunk)
+            out.write(chunk)
             copied += len(chunk)
             now = time.monotonic()
             if progress and (now - last_report > 1.0 or copied == total):

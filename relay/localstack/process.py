@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Protocol, Self
+from typing import IO, Self
 
 from relay.errors import RelayError
 
@@ -51,10 +51,6 @@ _LOG_TAIL_BYTES = 4000
 
 class LocalServerError(RelayError):
     """A local server is missing, failed to start, or did not become ready."""
-
-
-class Stoppable(Protocol):
-    def stop(self) -> None: ...
 
 
 class LocalServer:
@@ -206,15 +202,15 @@ class _Reaper:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._servers: list[Stoppable] = []
+        self._servers: list[LocalServer] = []
         atexit.register(self._stop_all)
 
-    def add(self, server: Stoppable) -> None:
+    def add(self, server: LocalServer) -> None:
         with self._lock:
             if server not in self._servers:
                 self._servers.append(server)
 
-    def discard(self, server: Stoppable) -> None:
+    def discard(self, server: LocalServer) -> None:
         with self._lock, contextlib.suppress(ValueError):
             self._servers.remove(server)
 
