@@ -26,17 +26,17 @@ import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
-from psycopg import sql
 from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from relay import db, migrations
+from relay import db
 from relay.daemon import Relay
 from relay.encoding import HEADER_EVENT_TYPE, HEADER_ID
 from relay.errors import SchemaError
 from relay.localstack import KAFKA_VERSION, LocalKafka, LocalPostgres, free_port
+from relay.localstack.stack import migrated_database
 from relay.outbox import Outbox
 from relay.schemas import SchemaRegistry
 from relay.settings import Settings, load_settings
@@ -578,14 +578,8 @@ def _start_relay(stack: ExitStack, session: Session, settings: Settings) -> None
 
 def _prepare_database(postgres: LocalPostgres) -> tuple[str, int]:
     """Create the demo database if needed and migrate it; returns its URL and backlog."""
-    with db.connect(postgres.url, application_name="outbox-relay-dev") as conn:
-        found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DEMO_DATABASE,))
-        if found.fetchone() is None:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DEMO_DATABASE)))
-            logger.info("created database %s", DEMO_DATABASE)
-    url = postgres.url_for(DEMO_DATABASE)
+    url = migrated_database(postgres, DEMO_DATABASE, application_name="outbox-relay-dev")
     with db.connect(url, application_name="outbox-relay-dev") as conn:
-        migrations.migrate(conn)
         store = OutboxStore(conn)
         backlog = sum(state.lag(store) for state in store.list())
     return url, backlog

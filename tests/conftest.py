@@ -144,14 +144,28 @@ def _apache_kafka_container() -> Any:
     from testcontainers.core.container import DockerContainer
 
     port = free_port()
-    return (
-        DockerContainer(f"apache/kafka:{KAFKA_VERSION}")
-        .with_bind_ports(9092, port)
-        .with_env("KAFKA_LISTENERS", "PLAINTEXT://:9092,CONTROLLER://:9093")
-        .with_env("KAFKA_ADVERTISED_LISTENERS", f"PLAINTEXT://127.0.0.1:{port}")
-        .with_env("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
-        .with_env("KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS", "0")
-    ), port
+    container = DockerContainer(f"apache/kafka:{KAFKA_VERSION}").with_bind_ports(9092, port)
+    # The image takes either no KAFKA_* variables or a whole configuration: the latter,
+    # as deploy/docker-compose.yml does.
+    env = {
+        "KAFKA_NODE_ID": "1",
+        "KAFKA_PROCESS_ROLES": "broker,controller",
+        "KAFKA_CONTROLLER_QUORUM_VOTERS": "1@localhost:9093",
+        "KAFKA_CONTROLLER_LISTENER_NAMES": "CONTROLLER",
+        "KAFKA_LISTENERS": "PLAINTEXT://:9092,CONTROLLER://:9093",
+        "KAFKA_ADVERTISED_LISTENERS": f"PLAINTEXT://127.0.0.1:{port}",
+        "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "KAFKA_AUTO_CREATE_TOPICS_ENABLE": "false",
+        "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
+        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1",
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
+        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
+        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR": "1",
+        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR": "1",
+    }
+    for key, value in env.items():
+        container = container.with_env(key, value)
+    return container, port
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ from relay import db, migrations
 from relay.localstack.kafka import KAFKA_VERSION, LocalKafka
 from relay.localstack.postgres import LocalPostgres
 
-__all__ = ["run_local"]
+__all__ = ["migrated_database", "run_local"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def run_local(
         with ExitStack() as stack:
             postgres = stack.enter_context(LocalPostgres(workdir / "pg", port=postgres_port))
             kafka = stack.enter_context(LocalKafka(workdir / "kafka", port=kafka_port))
-            url = _migrated_database(postgres, database)
+            url = migrated_database(postgres, database, application_name="outbox-relay-local")
             sys.stdout.write(
                 f"Postgres {postgres.data_dir} and Apache Kafka {KAFKA_VERSION} "
                 f"(started in {kafka.startup_seconds or 0:.1f} s) are running. Use:\n"
@@ -56,12 +56,14 @@ def run_local(
             signal.signal(signum, handler)
 
 
-def _migrated_database(postgres: LocalPostgres, name: str) -> str:
-    with db.connect(postgres.url, application_name="outbox-relay-local") as conn:
+def migrated_database(postgres: LocalPostgres, name: str, *, application_name: str) -> str:
+    """Database ``name`` on ``postgres``, created if missing and migrated; its URL."""
+    with db.connect(postgres.url, application_name=application_name) as conn:
         found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
         if found.fetchone() is None:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            logger.info("created database %s", name)
     url = postgres.url_for(name)
-    with db.connect(url, application_name="outbox-relay-local") as conn:
+    with db.connect(url, application_name=application_name) as conn:
         migrations.migrate(conn)
     return url
