@@ -432,8 +432,9 @@ def subscribers_add(
         str, typer.Option(help="Topic template: {aggregate_type}, {event_type}.")
     ] = DEFAULT_TOPIC,
     value_format: Annotated[
-        ValueFormat, typer.Option("--format", help="Value encoding.")
-    ] = ValueFormat.AVRO,
+        ValueFormat,
+        typer.Option("--format", help="Value encoding (avro needs the relay's schemas folder)."),
+    ] = ValueFormat.JSON,
     aggregate_type: Annotated[
         list[str] | None, typer.Option(help="Only these aggregate types (repeatable).")
     ] = None,

@@ -18,8 +18,9 @@ from typing import Any
 import psycopg
 
 from relay import db, migrations
+from relay.broker_watch import BrokerWatch
 from relay.encoding import RecordEncoder
-from relay.errors import NotMigratedError, RelayError, RetryableError
+from relay.errors import ConfigError, NotMigratedError, RelayError, RetryableError
 from relay.kafka import (
     IdempotentPublisher,
     Publisher,
@@ -35,10 +36,13 @@ from relay.schemas import SchemaRegistry
 from relay.sessions import SessionKeeper, assign
 from relay.settings import Settings
 from relay.store import OutboxStore, PartState
-from relay.subscribers import DEFAULT_SUBSCRIBER, StartFrom, Subscriber
+from relay.subscribers import DEFAULT_SUBSCRIBER, StartFrom, Subscriber, ValueFormat
 from relay.worker import PartWorker, WorkerState
 
 logger = logging.getLogger(__name__)
+
+# How long a metadata request may take before Kafka counts as unreachable.
+_BROKER_TIMEOUT_S = 5.0
 
 _HORIZON_CHECK_EVERY_S = 30.0
 
@@ -58,6 +62,7 @@ class Relay:
         self._probe: CommitProbe | None = None
         self._supervisor: threading.Thread | None = None
         self._keeper: SessionKeeper | None = None
+        self._broker: BrokerWatch | None = None
         self._http: HealthServer | None = None
         # Statistics of workers that have stopped, so counters never go down.
         self._retired: dict[PartId, Counter[str]] = {}
@@ -91,13 +96,16 @@ class Relay:
             self._check_schema(conn)
             self._check_key_space(store, "start-up")
             self._sync_subscribers(store)
-        self._keeper = SessionKeeper(
-            self._open_store,
-            timeout=self.settings.session_timeout,
-            heartbeat_interval=self.settings.heartbeat_interval,
-            on_lost=self._abandon_workers,
+        self._broker = BrokerWatch(
+            {**self.settings.kafka, "bootstrap.servers": self.bootstrap_servers},
+            interval=max(1.0, min(self.settings.heartbeat_interval, 5.0)),
+            timeout=_BROKER_TIMEOUT_S,
         )
-        self._keeper.start()
+        self._broker.start()
+        if self._broker.wait_first(_BROKER_TIMEOUT_S + 2.0):
+            self._open_session()
+        # Otherwise no session yet: peers keep every part; the supervisor opens one once
+        # Kafka answers.
         self._probe = CommitProbe(
             self._connect,
             self.settings.database_schema,
@@ -113,10 +121,42 @@ class Relay:
         self._supervisor.start()
         logger.info(
             "relay started (session %s) with parts %s",
-            self._keeper.session.id,
+            self.session_id,
             sorted(str(p) for p in self.workers),
-            extra={"session": str(self._keeper.session.id)},
+            extra={"session": str(self.session_id)},
         )
+
+    def _open_session(self) -> None:
+        self._keeper = SessionKeeper(
+            self._open_store,
+            timeout=self.settings.session_timeout,
+            heartbeat_interval=self.settings.heartbeat_interval,
+            on_lost=self._abandon_workers,
+        )
+        self._keeper.start()
+
+    def _mind_broker(self) -> None:
+        """Hold a session (and so parts) only while Kafka answers."""
+        broker = self._broker
+        if broker is None or self._stopping.is_set():
+            return
+        if self._keeper is None:
+            if broker.reachable:
+                logger.info("Kafka answers: this relay takes its share of the parts")
+                self._open_session()
+            return
+        down = broker.unreachable_for()
+        if down >= self.settings.session_timeout:
+            logger.error(
+                "%s (%.0fs): giving this relay's parts to its peers",
+                broker.describe(),
+                down,
+                extra={"unreachable_s": down},
+            )
+            keeper, self._keeper = self._keeper, None
+            keeper.session.lost.set()  # workers stop before publishing anything more
+            self._stop_all_workers(time.monotonic() + 5.0)
+            keeper.close(timeout=5.0)  # deletes the session: every claim is free at once
 
     def stop(self, timeout: float | None = None) -> None:
         """Finish (or abandon, unacknowledged) each batch in flight, release every
@@ -131,6 +171,8 @@ class Relay:
         self._stop_all_workers(deadline)
         if self._probe is not None:
             self._probe.stop()
+        if self._broker is not None:
+            self._broker.stop()
         if self._keeper is not None:  # deletes the session: peers may claim at once
             self._keeper.close(timeout=max(1.0, deadline - time.monotonic()))
         if self._http is not None:
@@ -202,7 +244,9 @@ class Relay:
         if self._stopping.is_set():
             return False, "stopping"
         if self._keeper is None:
-            return False, "starting (waiting for Postgres?)"
+            if self._broker is not None and self._broker.reachable is False:
+                return False, f"no parts: {self._broker.describe()}"
+            return False, "starting (waiting for Postgres or Kafka?)"
         if not self._keeper.session.valid():
             return False, "no live session (Postgres unreachable?)"
         return True, f"ready: session {self._keeper.session.id}, {len(self.workers)} parts"
@@ -219,6 +263,7 @@ class Relay:
         last_prune = time.monotonic()  # not right at start-up: let the relays settle
         while not self._stopping.wait(self.settings.heartbeat_interval):
             try:
+                self._mind_broker()
                 store = store if store is not None and not store.conn.closed else self._open_store()
                 self._rebalance(store)
                 if time.monotonic() - last_horizon_check > _HORIZON_CHECK_EVERY_S:
@@ -238,7 +283,8 @@ class Relay:
 
     def _prune(self, store: OutboxStore) -> None:
         """Retention, by one relay only: the one with the oldest live session id."""
-        assert self._keeper is not None
+        if self._keeper is None:
+            return
         sessions = store.live_sessions()
         if not sessions or sessions[0] != self._keeper.session.id:
             return
@@ -283,6 +329,9 @@ class Relay:
 
     def _abandon_start(self) -> None:
         self._abandon_workers()
+        if self._broker is not None:
+            self._broker.stop()
+            self._broker = None
         if self._probe is not None:
             self._probe.stop()
             self._probe = None
@@ -292,16 +341,18 @@ class Relay:
 
     def _rebalance(self, store: OutboxStore) -> None:
         """Match claims and workers to this relay's share of the parts."""
-        assert self._keeper is not None
+        for part, worker in list(self.workers.items()):
+            if not worker.is_alive():
+                self._retire(part, worker)  # stopped: lost claim, removed subscriber...
+        if self._keeper is None:  # no session (Kafka unreachable): no share
+            return
         me = self._keeper.session.id
         owners = {PartId(p.name, p.part): p.owner for s in store.list() for p in s.parts}
         mine = {
             p for p, session in assign(list(owners), store.live_sessions()).items() if session == me
         }
         for part, worker in list(self.workers.items()):
-            if not worker.is_alive():
-                self._retire(part, worker)  # stopped: lost claim, removed subscriber...
-            elif part not in mine or owners.get(part) != me:
+            if part not in mine or owners.get(part) != me:
                 worker.stop()  # a peer should own it: release once the batch is done
         for part in list(owners):
             running = self.workers.get(part)
@@ -403,17 +454,42 @@ class Relay:
             report(check, where)
             self._key_space_changes[check.action.value] += 1
 
+    @property
+    def default_format(self) -> ValueFormat:
+        """Subscribers that name no format: Avro only when there are writer schemas."""
+        return ValueFormat.AVRO if self.registry is not None else ValueFormat.JSON
+
     def _sync_subscribers(self, store: OutboxStore) -> None:
         """Upsert the subscribers the config declares; with none anywhere, add the default."""
         for declared in self.settings.subscribers:
-            created = store.add(declared.to_subscriber(), declared.start_from, replace=True)
+            subscriber = declared.to_subscriber(self.default_format)
+            created = store.add(subscriber, declared.start_from, replace=True)
             logger.info(
                 "%s subscriber %s from config", "created" if created else "updated", declared.name
             )
         if not store.list():
-            store.add(Subscriber(DEFAULT_SUBSCRIBER), StartFrom.BEGINNING)
+            default = Subscriber(DEFAULT_SUBSCRIBER, value_format=self.default_format)
+            store.add(default, StartFrom.BEGINNING)
             logger.info(
-                "no subscriber configured: created %r routing every event", DEFAULT_SUBSCRIBER
+                "no subscriber configured: created %r routing every event as %s",
+                DEFAULT_SUBSCRIBER,
+                default.value_format,
+            )
+        self._refuse_avro_without_schemas(store)
+
+    def _refuse_avro_without_schemas(self, store: OutboxStore) -> None:
+        if self.registry is not None:
+            return
+        avro = [
+            s.subscriber.name
+            for s in store.list()
+            if s.subscriber.value_format is ValueFormat.AVRO and not s.subscriber.paused
+        ]
+        if avro:
+            raise ConfigError(
+                f"subscribers {avro} publish Avro, but no schemas folder is configured "
+                "(schemas_dir, RELAY_SCHEMAS_DIR or --schemas-dir); configure it, or switch "
+                "them to JSON: outbox-relay subscribers add NAME --format json --replace"
             )
 
 
@@ -434,13 +510,18 @@ def _counts(worker: PartWorker) -> Counter[str]:
 
 
 def _load_registry(settings: Settings) -> SchemaRegistry | None:
-    if settings.schemas_dir.is_dir():
-        return SchemaRegistry.from_dir(settings.schemas_dir)
-    logger.warning(
-        "schemas folder %s not found: only JSON-format subscribers can publish",
-        settings.schemas_dir,
-    )
-    return None
+    """The configured writer schemas; a configured folder that is missing is an error
+    now, not a halt at the first event."""
+    folder = settings.schemas_dir
+    if folder is None:
+        return None
+    if not folder.is_dir():
+        raise ConfigError(
+            f"schemas_dir: {str(folder)!r} is not a folder (from the config file, "
+            "RELAY_SCHEMAS_DIR or --schemas-dir); point it at your .avsc files, or unset it "
+            "to publish JSON"
+        )
+    return SchemaRegistry.from_dir(folder)
 
 
 def tune_gc() -> None:

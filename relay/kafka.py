@@ -24,6 +24,7 @@ from uuid import UUID
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from relay.client_logs import client_logger
 from relay.errors import (
     BrokerError,
     BrokerUnavailable,
@@ -34,6 +35,8 @@ from relay.errors import (
 from relay.model import KafkaCheckpoint, KafkaRecord, Position
 
 logger = logging.getLogger(__name__)
+# librdkafka's own lines: deduplicated, at most one of a kind a minute.
+_client_log = client_logger()
 
 T = TypeVar("T")
 
@@ -157,7 +160,7 @@ class TopicCreator:
         if not missing or not self._enabled:
             self._known |= missing
             return
-        client: dict[str, Any] = {**self._admin_config, "logger": logger}
+        client: dict[str, Any] = {**self._admin_config, "logger": _client_log}
         admin = AdminClient(client)
         futures = admin.create_topics(
             [
@@ -204,7 +207,7 @@ class _BatchProducer:
 
     def _new_producer(self) -> Producer:
         try:
-            return Producer(self._config, logger=logger)
+            return Producer(self._config, logger=_client_log)
         except KafkaException as exc:
             raise ConfigError(f"kafka: invalid producer configuration: {exc}") from exc
 
@@ -478,7 +481,7 @@ class TransactionalPublisher(_BatchProducer):
                 "isolation.level": "read_committed",
             }
             try:
-                self._group = (group_id, Consumer(config, logger=logger))
+                self._group = (group_id, Consumer(config, logger=_client_log))
             except KafkaException as exc:
                 raise ConfigError(f"kafka: invalid consumer configuration: {exc}") from exc
         return self._group[1]

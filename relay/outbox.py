@@ -204,9 +204,10 @@ def _one(row: tuple[Any, ...] | None) -> UUID:
 
 @functools.cache
 def default_outbox() -> Outbox:
-    """An :class:`Outbox` over ``$RELAY_SCHEMAS_DIR`` (default ``./schemas``), schema ``public``
-    (or ``$RELAY_DATABASE_SCHEMA``)."""
-    registry = SchemaRegistry.from_dir(os.environ.get("RELAY_SCHEMAS_DIR", "schemas"))
+    """An :class:`Outbox` validating against ``$RELAY_SCHEMAS_DIR`` (unset: no validation,
+    as the relay then publishes JSON), schema ``public`` (or ``$RELAY_DATABASE_SCHEMA``)."""
+    folder = os.environ.get("RELAY_SCHEMAS_DIR")
+    registry = SchemaRegistry.from_dir(folder) if folder else None
     return Outbox(registry, schema=os.environ.get("RELAY_DATABASE_SCHEMA", "public"))
 
 

@@ -47,7 +47,8 @@ class SubscriberSettings(BaseModel):
 
     name: str
     topic: str = DEFAULT_TOPIC
-    value_format: ValueFormat = ValueFormat.AVRO
+    # None: Avro when a schemas folder is configured, JSON otherwise.
+    value_format: ValueFormat | None = None
     aggregate_types: list[str] | None = None
     event_types: list[str] | None = None
     start_from: StartFrom = StartFrom.BEGINNING
@@ -66,11 +67,11 @@ class SubscriberSettings(BaseModel):
     def _topic(cls, value: str) -> str:
         return _as_value_error(validate_topic_template, value)
 
-    def to_subscriber(self) -> Subscriber:
+    def to_subscriber(self, default_format: ValueFormat) -> Subscriber:
         return Subscriber(
             name=self.name,
             topic=self.topic,
-            value_format=self.value_format,
+            value_format=self.value_format or default_format,
             aggregate_types=None
             if self.aggregate_types is None
             else frozenset(self.aggregate_types),
@@ -94,7 +95,9 @@ class Settings(BaseSettings):
     bootstrap_servers: str | None = None
     # Passed verbatim to librdkafka (TLS, SASL, compression...), e.g. {"security.protocol": "SSL"}.
     kafka: dict[str, KafkaValue] = Field(default_factory=dict)
-    schemas_dir: Path = Path("schemas")
+    # Writer schemas for Avro subscribers. None (the default): no Avro; subscribers that
+    # do not name a format publish JSON, so plain-SQL rows of any event type go out.
+    schemas_dir: Path | None = None
     # 5000: per-batch costs (a transaction, a checkpoint write) amortized; see bench/.
     batch_size: int = Field(default=5000, ge=1, le=100_000)
     poll_interval: float = Field(default=1.0, gt=0, le=300)

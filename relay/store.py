@@ -16,7 +16,14 @@ from relay.errors import CheckpointConflict, ClaimLost, SubscriberError
 from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.model import OutboxEvent, Position
 from relay.queries import queries_for
-from relay.subscribers import PoisonPolicy, StartFrom, Subscriber, ValueFormat, optional_set
+from relay.subscribers import (
+    PoisonPolicy,
+    StartFrom,
+    Subscriber,
+    ValueFormat,
+    collision,
+    optional_set,
+)
 
 
 @dataclass(frozen=True)
@@ -344,8 +351,19 @@ class OutboxStore:
         """Create ``subscriber`` (returns True), or update its definition when ``replace``.
 
         An existing subscriber keeps its checkpoints: ``start`` applies to new ones only,
-        and its part count cannot change.
+        and its part count cannot change. Refused when it could publish an event to a
+        topic another subscriber publishes it to.
         """
+        for other in self.list():
+            reason = other.subscriber.name != subscriber.name and collision(
+                subscriber, other.subscriber
+            )
+            if reason:
+                raise SubscriberError(
+                    f"subscriber {subscriber.name!r} collides with {other.subscriber.name!r}: "
+                    f"{reason}; give it a topic of its own (--topic / topic) or filters "
+                    "that do not overlap"
+                )
         params = {
             "name": subscriber.name,
             "aggregate_types": _sorted(subscriber.aggregate_types),

@@ -109,6 +109,74 @@ def validate_topic_template(template: str) -> str:
     return template
 
 
+def collision(a: Subscriber, b: Subscriber) -> str | None:
+    """Why ``a`` and ``b`` could put one event on one topic (each would publish it: a
+    duplicate for its consumers), or put events where the other's dead letters go;
+    None when they cannot. Identical templates and a fixed topic against a template are
+    decided exactly; two different templates are compared over finite filters only."""
+    aggregates = _both(a.aggregate_types, b.aggregate_types)
+    events = _both(a.event_types, b.event_types)
+    if aggregates != frozenset() and events != frozenset():
+        if a.topic == b.topic:
+            return f"both route matching events to {a.topic!r}"
+        for first, second in ((a, b), (b, a)):
+            topic = _shared_topic(first.topic, second.topic, aggregates, events)
+            if topic is not None:
+                return f"both can route an event to {topic!r}"
+    for first, second in ((a, b), (b, a)):
+        dead = first.dead_letter_topic_name
+        if dead == second.dead_letter_topic_name or _renders(
+            second.topic, dead, second.aggregate_types, second.event_types
+        ):
+            return f"{second.name!r} can publish to {first.name!r}'s dead-letter topic {dead!r}"
+    return None
+
+
+def _both(x: frozenset[str] | None, y: frozenset[str] | None) -> frozenset[str] | None:
+    """The values both filters let through (None: any)."""
+    if x is None:
+        return y
+    return x if y is None else x & y
+
+
+def _shared_topic(
+    fixed: str,
+    template: str,
+    aggregates: frozenset[str] | None,
+    events: frozenset[str] | None,
+) -> str | None:
+    """A topic both templates produce for one event, if ``fixed`` has no fields (then
+    exactly) or the filters are finite (then by trying each event kind)."""
+    if "{" not in fixed:
+        return fixed if _renders(template, fixed, aggregates, events) else None
+    if aggregates is None or events is None or len(aggregates) * len(events) > 10_000:
+        return None
+    for aggregate in aggregates:
+        for event in events:
+            topic = fixed.format(aggregate_type=aggregate, event_type=event)
+            if topic == template.format(aggregate_type=aggregate, event_type=event):
+                return topic
+    return None
+
+
+def _renders(
+    template: str, topic: str, aggregates: frozenset[str] | None, events: frozenset[str] | None
+) -> bool:
+    """Whether ``template`` yields ``topic`` for an event the filters let through."""
+    pattern, fields = "", []
+    for literal, name, _, _ in string.Formatter().parse(template):
+        pattern += re.escape(literal)
+        if name is not None:
+            # A field used twice must take the same value both times.
+            pattern += f"(?P={name})" if name in fields else f"(?P<{name}>[A-Za-z0-9._-]+)"
+            fields.append(name)
+    match = re.fullmatch(pattern, topic)
+    if match is None:
+        return False
+    allowed = {"aggregate_type": aggregates, "event_type": events}
+    return all(allowed[f] is None or match[f] in allowed[f] for f in set(fields))  # type: ignore[operator]
+
+
 def optional_set(values: Iterable[str] | None) -> frozenset[str] | None:
     return None if values is None else frozenset(values)
 

@@ -24,6 +24,7 @@ from uuid import UUID
 import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from relay.client_logs import client_logger
 from relay.db import wrap_errors
 from relay.encoding import HEADER_ID, HEADER_POSITION, HEADER_TRANSACTION_ID
 from relay.errors import BrokerUnavailable, SubscriberError
@@ -32,6 +33,8 @@ from relay.queries import queries_for
 from relay.store import OutboxStore, SubscriberState
 
 logger = logging.getLogger(__name__)
+# librdkafka's own lines: deduplicated, at most one of a kind a minute.
+_client_log = client_logger()
 
 _MAX_EXAMPLES = 20  # findings listed per kind; the counts are always complete
 _READ_FATAL = frozenset(
@@ -238,7 +241,7 @@ class KafkaTopicReader:
     ) -> Iterator[ConsumedRecord]:
         if not topics:
             return
-        consumer = Consumer(self._config, logger=logger)
+        consumer = Consumer(self._config, logger=_client_log)
         try:
             yield from self._read(consumer, topics, progress)
         finally:

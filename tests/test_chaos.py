@@ -337,6 +337,7 @@ def test_exactly_once_through_kills_freezes_restarts_and_outages(
     env = {
         "RELAY_DATABASE_URL": url,
         "RELAY_BOOTSTRAP_SERVERS": local_kafka.bootstrap_servers,
+        "RELAY_SCHEMAS_DIR": str(REPO / "schemas"),  # the "sharded" subscriber is Avro
         "RELAY_SESSION_TIMEOUT": str(SESSION_TIMEOUT),
         "RELAY_HEARTBEAT_INTERVAL": "0.5",
         "RELAY_POLL_INTERVAL": "0.2",

@@ -50,7 +50,11 @@ def test_a_commit_that_reached_kafka_but_not_postgres_is_adopted_not_republished
 ) -> None:
     """The crash window between the Kafka commit and the checkpoint update (seed 004)."""
     store = OutboxStore(db)
-    store.add(Subscriber("s", topic=topic_prefix + "outbox.event.{aggregate_type}"))
+    store.add(
+        Subscriber(
+            "s", topic=topic_prefix + "outbox.event.{aggregate_type}", value_format=ValueFormat.JSON
+        )
+    )
     write_orders(db, outbox, [f"o-{i}" for i in range(5)])
     # Play a relay that commits one batch to Kafka and dies before touching Postgres.
     settings = load_settings(database_url=database_url, bootstrap_servers=kafka_bootstrap)
@@ -83,9 +87,16 @@ def test_a_new_owner_fences_the_old_producer(
     topic_prefix: str,
 ) -> None:
     store = OutboxStore(db)
-    store.add(Subscriber("s", topic=topic_prefix + "outbox.event.{aggregate_type}"))
+    store.add(
+        Subscriber(
+            "s", topic=topic_prefix + "outbox.event.{aggregate_type}", value_format=ValueFormat.JSON
+        )
+    )
     write_orders(db, outbox, ["o-1"])
-    relay = Relay(load_settings(database_url=database_url, bootstrap_servers=kafka_bootstrap))
+    settings = load_settings(
+        database_url=database_url, bootstrap_servers=kafka_bootstrap, schemas_dir=REPO / "schemas"
+    )
+    relay = Relay(settings)
     state = store.get_part("s", 0)
     old, new = relay._new_publisher(state), relay._new_publisher(state)
     try:
@@ -275,7 +286,11 @@ def test_sigterm_finishes_releases_claims_and_exits_zero(
     kafka_bootstrap: str,
     topic_prefix: str,
 ) -> None:
-    OutboxStore(db).add(Subscriber("s", topic=topic_prefix + "outbox.event.{aggregate_type}"))
+    OutboxStore(db).add(
+        Subscriber(
+            "s", topic=topic_prefix + "outbox.event.{aggregate_type}", value_format=ValueFormat.JSON
+        )
+    )
     env = {
         "RELAY_DATABASE_URL": database_url,
         "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap,

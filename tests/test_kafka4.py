@@ -18,7 +18,7 @@ from relay.errors import ConfigError
 from relay.localstack import LocalKafka
 from relay.settings import load_settings
 from relay.store import OutboxStore
-from relay.subscribers import Subscriber
+from relay.subscribers import Subscriber, ValueFormat
 from relay.worker import WorkerState
 from tests.support import consume, ids_of, write_orders
 
@@ -69,7 +69,9 @@ def test_an_expired_transactional_id_costs_a_retry_not_an_event(
     tmp_path: Path,
 ) -> None:
     store = OutboxStore(db)
-    store.add(Subscriber("s", topic=topic_prefix + "{aggregate_type}"))
+    store.add(
+        Subscriber("s", topic=topic_prefix + "{aggregate_type}", value_format=ValueFormat.JSON)
+    )
     settings = load_settings(
         database_url=database_url,
         bootstrap_servers=strict_kafka.bootstrap_servers,

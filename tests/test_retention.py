@@ -17,8 +17,8 @@ def test_prune_keeps_unpublished_rows_and_each_streams_latest_version(
     db: psycopg.Connection[Any], outbox: Outbox
 ) -> None:
     store = OutboxStore(db)
-    store.add(Subscriber("fast"))
-    store.add(Subscriber("slow"))
+    store.add(Subscriber("fast", topic="fast.{aggregate_type}"))
+    store.add(Subscriber("slow", topic="slow.{aggregate_type}"))
     write_orders(db, outbox, [f"o-{i}" for i in range(6)])
     with db.transaction():
         outbox.append_to_stream(

@@ -8,6 +8,7 @@ import pytest
 
 from relay.errors import ConfigError
 from relay.settings import load_settings
+from relay.subscribers import ValueFormat
 
 
 def test_precedence_flags_over_env_over_file(
@@ -26,7 +27,9 @@ def test_precedence_flags_over_env_over_file(
     assert settings.batch_size == 20
     assert settings.poll_interval == 1.5
     assert settings.kafka == {"security.protocol": "SSL"}
-    assert settings.subscribers[0].to_subscriber().aggregate_types == frozenset({"order"})
+    assert settings.subscribers[0].to_subscriber(ValueFormat.AVRO).aggregate_types == frozenset(
+        {"order"}
+    )
 
 
 def test_nested_kafka_options_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -220,7 +220,7 @@ class LocalKafka(LocalServer):
     def _format(self, java: str, classpath: str, properties: Path) -> None:
         if (self.work_dir / "data" / "meta.properties").exists():
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = _cluster_id()
         argv = [java, "-cp", classpath, "kafka.tools.StorageTool", "format",
                 "-t", cluster_id, "-c", str(properties)]  # fmt: skip
         done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
@@ -311,3 +311,12 @@ def _read_properties(path: Path) -> dict[str, str]:
             key, value = line.split("=", 1)
             result[key.strip()] = value.strip()
     return result
+
+
+def _cluster_id() -> str:
+    """A random KRaft cluster id (base64url of 16 bytes). One that starts with '-' would
+    be read as an option by the storage tool (about 1 start in 64): draw again."""
+    while True:
+        candidate = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not candidate.startswith("-"):
+            return candidate

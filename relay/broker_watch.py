@@ -1,0 +1,97 @@
+"""Whether this relay can reach Kafka: only a relay that can takes (and keeps) parts.
+
+Sessions spread the parts over every live relay. A relay with a wrong broker address
+that opened a session would take parts away from healthy peers and then fail to
+publish them. So the relay holds a session only while a metadata request to Kafka
+answers (relay/daemon.py), and this thread asks one every few seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from relay.client_logs import client_logger
+
+logger = logging.getLogger(__name__)
+
+_REMIND_EVERY_S = 60.0
+
+
+class BrokerWatch(threading.Thread):
+    """Asks Kafka for metadata every ``interval`` seconds, each answer within ``timeout``."""
+
+    def __init__(self, config: dict[str, Any], *, interval: float, timeout: float) -> None:
+        super().__init__(name="relay-broker-watch", daemon=True)
+        client: dict[str, Any] = {**config, "logger": client_logger()}
+        self._admin = AdminClient(client)
+        self._servers = config.get("bootstrap.servers", "?")
+        self._interval = interval
+        self._timeout = timeout
+        self._stopping = threading.Event()
+        self._answered = threading.Event()
+        self.reachable: bool | None = None  # None until the first answer or failure
+        self.error: str | None = None
+        self._since = time.monotonic()
+        self._since_wall = datetime.now(UTC)
+        self._reminded: float | None = None
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def wait_first(self, timeout: float) -> bool | None:
+        """The first verdict, waiting at most ``timeout`` seconds for it."""
+        self._answered.wait(timeout)
+        return self.reachable
+
+    def unreachable_for(self) -> float:
+        """Seconds Kafka has not answered for (0 while it answers)."""
+        return 0.0 if self.reachable is not False else time.monotonic() - self._since
+
+    def describe(self) -> str:
+        if self.reachable is False:
+            return (
+                f"Kafka at {self._servers} unreachable since "
+                f"{self._since_wall.isoformat(timespec='seconds')}: {self.error}"
+            )
+        return f"Kafka at {self._servers} answers" if self.reachable else "Kafka not asked yet"
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            self._ask()
+            self._stopping.wait(self._interval)
+
+    def _ask(self) -> None:
+        try:
+            self._admin.list_topics(timeout=self._timeout)
+        except KafkaException as exc:
+            self._failed(str(exc.args[0]) if exc.args else str(exc))
+        else:
+            self._answered_ok()
+        self._answered.set()
+
+    def _answered_ok(self) -> None:
+        if self.reachable is False:
+            logger.info("Kafka at %s answers again", self._servers)
+        if self.reachable is not True:
+            self._since, self._since_wall = time.monotonic(), datetime.now(UTC)
+        self.reachable, self.error = True, None
+
+    def _failed(self, error: str) -> None:
+        now = time.monotonic()
+        if self.reachable is not False:
+            self._since, self._since_wall = now, datetime.now(UTC)
+        self.reachable, self.error = False, error
+        if self._reminded is None or now - self._reminded >= _REMIND_EVERY_S:
+            self._reminded = now
+            logger.error(
+                "%s; this relay takes no parts until it answers",
+                self.describe(),
+                extra={"bootstrap_servers": self._servers, "error": error},
+            )

@@ -1,0 +1,90 @@
+"""A new user's first run: only a database URL and bootstrap servers, no Avro schemas,
+rows written with the README's plain SQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from relay.errors import ConfigError
+from relay.settings import load_settings
+from tests.support import REPO, consume, run_cli, wait_caught_up
+
+
+def test_plain_sql_rows_of_any_event_type_are_published_without_schemas(
+    db: psycopg.Connection[Any], database_url: str, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    aggregate = f"shop{uuid.uuid4().hex[:8]}"
+    env = {
+        **os.environ,
+        "RELAY_DATABASE_URL": database_url,
+        "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "RELAY_METRICS_PORT": "0",
+        "PYTHONPATH": str(REPO),
+    }
+    env.pop("RELAY_SCHEMAS_DIR", None)
+    # From a folder without schemas/, as a user's own project would be.
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "relay", "run"],
+        cwd=tmp_path,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for event_type in ("OrderPlaced", "SomethingNobodyDeclared"):
+            db.execute(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+                'VALUES (%s, \'42\', %s, \'{"order_id": "42", "amount_cents": 1250}\')',
+                (aggregate, event_type),
+            )
+        seen = consume(kafka_bootstrap, [f"outbox.event.{aggregate}"], 2, timeout=60)
+        wait_caught_up(db, "default")
+    finally:
+        relay.terminate()
+        _, stderr = relay.communicate(timeout=60)
+    assert relay.returncode == 0, stderr
+    assert [json.loads(s.value)["amount_cents"] for s in seen] == [1250, 1250]
+    assert "created 'default' routing every event as json" in stderr
+
+
+def test_a_configured_schemas_folder_that_is_missing_is_an_error_at_start(
+    db: psycopg.Connection[Any], database_url: str, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    result = run_cli(
+        "run",
+        env={
+            "RELAY_DATABASE_URL": database_url,
+            "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap,
+            "RELAY_METRICS_PORT": "0",
+            "RELAY_SCHEMAS_DIR": str(tmp_path / "no-such-folder"),
+        },
+    )
+    assert result.returncode == 2
+    assert "schemas_dir" in result.stderr and "no-such-folder" in result.stderr
+
+
+def test_avro_subscribers_without_schemas_are_an_error_at_start(
+    db: psycopg.Connection[Any], database_url: str, kafka_bootstrap: str
+) -> None:
+    from relay.daemon import Relay
+
+    added = run_cli(
+        "subscribers", "add", "typed", "--format", "avro", env={"RELAY_DATABASE_URL": database_url}
+    )
+    assert added.returncode == 0, added.stderr
+    settings = load_settings(
+        database_url=database_url, bootstrap_servers=kafka_bootstrap, metrics_enabled=False
+    )
+    relay = Relay(settings)
+    with pytest.raises(ConfigError, match=r"subscribers \['typed'\] publish Avro"):
+        relay.start()
+    relay.stop()
