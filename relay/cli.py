@@ -22,6 +22,7 @@ from rich.table import Table
 from relay import db, logs, migrations
 from relay.errors import ConfigError, RelayError, RetryableError
 from relay.model import Position
+from relay.redact import redact
 from relay.settings import Settings, load_settings
 from relay.store import OutboxStore
 from relay.subscribers import (
@@ -610,14 +611,15 @@ def main() -> None:
     """Console-script entry point: clear errors, meaningful exit codes."""
     try:
         app(prog_name="outbox-relay")
+    # Redacted once more here: whatever path a URL took into a message, it is masked.
     except ConfigError as exc:
-        sys.stderr.write(f"outbox-relay: configuration error: {exc}\n")
+        sys.stderr.write(f"outbox-relay: configuration error: {redact(str(exc))}\n")
         sys.exit(2)
     except RelayError as exc:
-        sys.stderr.write(f"outbox-relay: {exc}\n")
+        sys.stderr.write(f"outbox-relay: {redact(str(exc))}\n")
         sys.exit(1)
     except psycopg.Error as exc:  # should have been wrapped; never show a traceback for it
-        sys.stderr.write(f"outbox-relay: database error: {exc}\n")
+        sys.stderr.write(f"outbox-relay: database error: {redact(str(exc))}\n")
         sys.exit(1)
 
 

@@ -20,8 +20,10 @@ from pydantic import (
     model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings.exceptions import SettingsError
 
 from relay.errors import ConfigError, SubscriberError
+from relay.redact import redact
 from relay.subscribers import (
     DEFAULT_TOPIC,
     MAX_PARTS,
@@ -145,6 +147,20 @@ class Settings(BaseSettings):
             return {(k if "." in k else k.replace("_", ".")).lower(): v for k, v in value.items()}
         return value
 
+    @field_validator("database_url")
+    @classmethod
+    def _libpq_url(cls, value: SecretStr | None) -> SecretStr | None:
+        # Fail at start-up naming the key, not at the first connection; libpq quotes
+        # the whole string in its error, so the password is masked.
+        if value is not None:
+            from relay.db import parse_url
+
+            try:
+                parse_url(value.get_secret_value())
+            except ConfigError as exc:
+                raise ValueError(str(exc).removeprefix("database_url: ")) from exc
+        return value
+
     @model_validator(mode="after")
     def _heartbeat_fits(self) -> Settings:
         if self.heartbeat_interval * 2 > self.session_timeout:
@@ -249,6 +265,8 @@ def load_settings(config_file: Path | None = None, **flags: Any) -> Settings:
         return Settings(**_secret_files(given), **given)
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from exc
+    except SettingsError as exc:  # a RELAY_* variable that should hold JSON does not
+        raise ConfigError(redact(f"{exc}: {exc.__cause__}")) from exc
     finally:
         _config_file.reset(token)
 

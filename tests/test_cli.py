@@ -108,3 +108,28 @@ def test_unreachable_database_is_a_clear_error() -> None:
     )
     assert result.returncode == 1
     assert "postgres is unavailable" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_mistyped_database_url_never_prints_the_password() -> None:
+    url = "postgresq://user:SECRET@127.0.0.1:1/db"
+    for args, env in (
+        (("status", "--database-url", url), None),
+        (("subscribers", "list"), {"RELAY_DATABASE_URL": url}),
+        (("run", "--bootstrap-servers", "127.0.0.1:1"), {"RELAY_DATABASE_URL": url}),
+    ):
+        result = cli(*args, env=env)
+        assert result.returncode == 2, result.stderr
+        assert "database_url" in result.stderr and "user:***@127.0.0.1" in result.stderr
+        assert "SECRET" not in result.stderr + result.stdout
+        assert "Traceback" not in result.stderr
+
+
+def test_a_refused_connection_never_prints_the_password() -> None:
+    for url in (
+        "postgresql://user:SECRET@127.0.0.1:1/db",
+        "host=127.0.0.1 port=1 dbname=db user=user password=SECRET",
+    ):
+        result = cli("status", "--database-url", url)
+        assert result.returncode == 1
+        assert "postgres is unavailable" in result.stderr
+        assert "SECRET" not in result.stderr + result.stdout
