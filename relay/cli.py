@@ -18,6 +18,7 @@ import psycopg
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from relay import db, logs, migrations
 from relay.errors import ConfigError, RelayError, RetryableError
@@ -48,8 +49,11 @@ subscribers_app = typer.Typer(
 )
 app.add_typer(subscribers_app, name="subscribers")
 
-out = Console()
-err = Console(stderr=True)
+# Everything printed comes from data that writers, operators and other database clients
+# control (event types, aggregate types, halt errors, application names): none of it is
+# parsed as rich markup or emoji codes. Styling is given explicitly, with rich Text.
+out = Console(markup=False, emoji=False, highlight=False)
+err = Console(stderr=True, markup=False, emoji=False, highlight=False)
 
 # Options shared by several commands. Flags win over RELAY_* variables and the file.
 DatabaseUrl = Annotated[
@@ -264,7 +268,7 @@ def _print_reports(reports: list[Any]) -> None:
             r.subscriber,
             *(str(v) for v in (r.expected, r.found, r.missing, r.duplicated, r.out_of_order)),
             *(str(v) for v in (r.ahead, r.dead_lettered, r.pending)),
-            "[green]clean[/green]" if r.clean else "[red]PROBLEMS[/red]",
+            Text("clean", style="green") if r.clean else Text("PROBLEMS", style="red"),
         )
     out.print(table)
     for r in reports:
@@ -310,7 +314,7 @@ def status(
                 str(h["pid"]), h["xid"], f"{h['age_s']:.1f}", str(h["state"]),
                 str(h["application_name"]), str(h["query_start"]),
             )  # fmt: skip
-        out.print("[bold]open transactions holding publication back[/bold]")
+        out.print(Text("open transactions holding publication back", style="bold"))
         out.print(holders)
 
 
@@ -529,7 +533,9 @@ def subscribers_list(
     for r in rows:
         for p in r["parts"]:
             if p["halted"]:
-                err.print(f"[red]{r['name']}/{p['part']} halted:[/red] {p['halted']}")
+                err.print(
+                    Text.assemble((f"{r['name']}/{p['part']} halted:", "red"), " ", p["halted"])
+                )
 
 
 @subscribers_app.command("pause")
