@@ -51,13 +51,16 @@ ARG RELAY_UID=10001
 # PYTHONDONTWRITEBYTECODE: the root filesystem may be read-only (the venv's .pyc files
 # were compiled in the builder). HOME/TMPDIR: the only writable place is /tmp.
 # RELAY_SCHEMAS_DIR: absolute, so it does not depend on the working directory.
+# RELAY_METRICS_HOST: the relay listens on loopback by default; a container must listen
+# on every interface for probes and scrapes to reach it (see deploy/README.md, Security).
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PYTHONFAULTHANDLER=1 \
     HOME=/tmp \
     TMPDIR=/tmp \
-    RELAY_SCHEMAS_DIR=/app/schemas
+    RELAY_SCHEMAS_DIR=/app/schemas \
+    RELAY_METRICS_HOST=0.0.0.0
 
 RUN groupadd --system --gid ${RELAY_UID} relay \
  && useradd --system --uid ${RELAY_UID} --gid ${RELAY_UID} --home-dir /tmp \

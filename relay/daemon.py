@@ -80,8 +80,9 @@ class Relay:
 
     def _start(self) -> None:
         if self.settings.metrics_enabled and self._http is None:
+            s = self.settings
             self._http = HealthServer(
-                self, self._open_store, self.settings.metrics_host, self.settings.metrics_port
+                self, self._open_store, s.metrics_host, s.metrics_port, s.metrics_cache_ttl
             )
             self._http.start()
         with self._connect() as conn:

@@ -123,10 +123,14 @@ class Settings(BaseSettings):
     # HA: a relay that misses heartbeats for session_timeout loses its parts to peers.
     session_timeout: float = Field(default=10.0, ge=1.0, le=3600)
     heartbeat_interval: float = Field(default=2.0, gt=0, le=600)
-    # /metrics, /healthz and /readyz on one port (0: any free port).
+    # /metrics, /healthz and /readyz on one port (0: any free port). Loopback unless
+    # told otherwise: the endpoints have no authentication. The container image sets
+    # RELAY_METRICS_HOST=0.0.0.0 so that probes and Prometheus reach the pod or container.
     metrics_enabled: bool = True
     metrics_port: int = Field(default=9187, ge=0, le=65535)
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = Field(default="127.0.0.1", min_length=1)
+    # Scrapes within this many seconds share one read of the Postgres-derived figures.
+    metrics_cache_ttl: float = Field(default=5.0, ge=0, le=300)
     # Retention: every prune_every seconds (0: never) one relay deletes rows every
     # subscriber has published and that are older than retention seconds.
     prune_every: float = Field(default=3600.0, ge=0)

@@ -718,3 +718,16 @@ def test_k8s_spark_example_runs_the_archive(monkeypatch: pytest.MonkeyPatch) -> 
     assert args["available_now"] is True
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert {"/tmp", "/data"} <= mounts
+
+
+def test_containers_listen_for_probes_on_every_interface(runtime: Stage) -> None:
+    """The relay binds loopback by default (its HTTP port has no authentication); the
+    image, compose and Kubernetes must say 0.0.0.0, or probes and scrapes cannot reach it."""
+    assert Settings().metrics_host == "127.0.0.1"
+    assert runtime.env.get("RELAY_METRICS_HOST") == "0.0.0.0"
+    assert compose()["services"]["relay"]["environment"]["RELAY_METRICS_HOST"] == "0.0.0.0"
+    assert k8s_one("ConfigMap", "outbox-relay")["data"]["RELAY_METRICS_HOST"] == "0.0.0.0"
+    policy = k8s_one("NetworkPolicy", "outbox-relay")["spec"]
+    deployment = k8s_one("Deployment", "outbox-relay")["spec"]["template"]["metadata"]
+    assert policy["podSelector"]["matchLabels"].items() <= deployment["labels"].items()
+    assert [p["port"] for rule in policy["ingress"] for p in rule["ports"]] == ["metrics"]
