@@ -294,12 +294,12 @@ def status(
         return
     parts = Table("part", "checkpoint", "lag (events)", "lag (s)", "owner", "state")
     for p in report["parts"]:
-        state = "halted" if p["halted"] else ("paused" if p["paused"] else "active")
         parts.add_row(
             p["part"], p["checkpoint"], str(p["lag_events"]), f"{p['lag_seconds']:.1f}",
-            p["owner"] or "-", state,
+            p["owner"] or "-", _part_state(p),
         )  # fmt: skip
     out.print(parts)
+    _print_halts(report["parts"])
     sessions = Table("session", "host", "pid", "heartbeat (s ago)", "parts")
     for s in report["sessions"]:
         sessions.add_row(
@@ -316,6 +316,25 @@ def status(
             )  # fmt: skip
         out.print(Text("open transactions holding publication back", style="bold"))
         out.print(holders)
+
+
+def _part_state(part: dict[str, Any]) -> Text:
+    if part["halted"] is not None:
+        return Text("HALTED", style="bold red")
+    return Text("paused", style="yellow") if part["paused"] else Text("active")
+
+
+def _print_halts(parts: list[dict[str, Any]]) -> None:
+    """Halted parts publish nothing until resumed: say so where it cannot be missed."""
+    halted = [p for p in parts if p["halted"] is not None]
+    if not halted:
+        return
+    out.print(
+        Text(f"{len(halted)} halted part(s): nothing is published for them until "
+             "`outbox-relay subscribers resume NAME`", style="bold red")
+    )  # fmt: skip
+    for p in halted:
+        out.print(Text.assemble((f"  {p['part']}: ", "red"), p["halted"]))
 
 
 def _status(store: OutboxStore) -> dict[str, Any]:

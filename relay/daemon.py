@@ -60,6 +60,8 @@ class Relay:
         self._http: HealthServer | None = None
         # Statistics of workers that have stopped, so counters never go down.
         self._retired: dict[PartId, Counter[str]] = {}
+        # Workers this relay told to stop; any other that ends did so on its own.
+        self._told_to_stop: set[PartWorker] = set()
         self._topics = TopicCreator(
             {**settings.kafka, "bootstrap.servers": self.bootstrap_servers},
             enabled=settings.create_topics,
@@ -188,18 +190,56 @@ class Relay:
         return True, "ok"
 
     def ready(self) -> tuple[bool, str]:
-        """Readiness: a live session, so this relay can own and publish parts."""
+        """Readiness: a live session, so this relay can own and publish parts.
+
+        A halted part leaves the relay ready: the halt is in Postgres, so every replica
+        (and a new one rolled out with the fix) would be unready too, blocking the
+        rollout that could fix it. Halts are alerted on from /metrics instead
+        (deploy/README.md); the reply names them for whoever looks.
+        """
         if self._stopping.is_set():
             return False, "stopping"
         if self._keeper is None:
             return False, "starting (waiting for Postgres?)"
         if not self._keeper.session.valid():
             return False, "no live session (Postgres unreachable?)"
-        return True, f"ready: session {self._keeper.session.id}, {len(self.workers)} parts"
+        halted = sorted(str(p) for p, s in self.part_states().items() if s == WorkerState.HALTED)
+        return True, (
+            f"ready: session {self._keeper.session.id}, {len(self.workers)} parts"
+            + (f"; halted: {', '.join(halted)}" if halted else "")
+        )
 
-    def _retire(self, part: PartId, worker: PartWorker) -> None:
-        self._retired.setdefault(part, Counter()).update(_counts(worker))
+    def _retire(self, part: PartId, worker: PartWorker, store: OutboxStore) -> None:
+        failed = worker not in self._told_to_stop and worker.stats.state is WorkerState.HALTED
+        self._told_to_stop.discard(worker)
+        self._retired.setdefault(part, Counter()).update(_counts(worker), failures=int(failed))
         del self.workers[part]
+        if failed:
+            self._record_failure(store, part, worker)
+
+    def _record_failure(self, store: OutboxStore, part: PartId, worker: PartWorker) -> None:
+        """A worker stopped on an error that retrying cannot fix (a missing privilege, a
+        refused Kafka setting). Halt the part in Postgres, as a poison event does: the
+        next worker waits for `subscribers resume` instead of failing in a silent loop,
+        and `status`, /metrics and every relay show why."""
+        assert self._keeper is not None
+        error = f"part worker stopped: {worker.stats.last_error}"
+        try:
+            store.halt(store.get_part(*part), self._keeper.session.id, error)
+        except RelayError as exc:
+            logger.warning("part %s stopped, and its halt cannot be recorded: %s", part, exc)
+            return
+        logger.error(
+            "part %s halted (`outbox-relay subscribers resume %s` retries it): %s",
+            part,
+            part.subscriber,
+            error,
+            extra={"part": str(part), "error": error},
+        )
+
+    def _stop_worker(self, worker: PartWorker) -> None:
+        self._told_to_stop.add(worker)
+        worker.stop()
 
     # -- claims and workers --------------------------------------------------------------
 
@@ -288,9 +328,9 @@ class Relay:
         }
         for part, worker in list(self.workers.items()):
             if not worker.is_alive():
-                self._retire(part, worker)  # stopped: lost claim, removed subscriber...
+                self._retire(part, worker, store)  # lost claim, removed subscriber, failed
             elif part not in mine or owners.get(part) != me:
-                worker.stop()  # a peer should own it: release once the batch is done
+                self._stop_worker(worker)  # a peer should own it: release after the batch
         for part in list(owners):
             running = self.workers.get(part)
             if (
@@ -329,12 +369,12 @@ class Relay:
         """The session is gone: every worker stops at once (without waiting for them,
         so the keeper can open a new session and heartbeat it)."""
         for worker in list(self.workers.values()):
-            worker.stop()
+            self._stop_worker(worker)
 
     def _stop_all_workers(self, deadline: float | None = None) -> None:
         workers = list(self.workers.values())
         for worker in workers:
-            worker.stop()
+            self._stop_worker(worker)
         end = (
             deadline if deadline is not None else time.monotonic() + self.settings.shutdown_timeout
         )
@@ -409,7 +449,7 @@ def _counts(worker: PartWorker) -> Counter[str]:
             errors=stats.errors,
             dead_lettered=stats.dead_lettered,
             recovered=stats.recovered,
-        )
+        )  # "failures" is counted when a worker is retired
 
 
 def _load_registry(settings: Settings) -> SchemaRegistry | None:

@@ -42,6 +42,10 @@ _COUNTERS = {
     "errors": ("outbox_relay_errors", "Errors (retried or halting)"),
     "dead_lettered": ("outbox_relay_dead_lettered_events", "Poison events dead-lettered"),
     "recovered": ("outbox_relay_recoveries", "Kafka-side checkpoints adopted on takeover"),
+    "failures": (
+        "outbox_relay_worker_failures",
+        "Part workers that stopped on an error retrying cannot fix (the part is then halted)",
+    ),
 }
 
 
@@ -142,7 +146,7 @@ class RelayCollector(Collector):
                 lag_s.add_metric(labels, store.oldest_pending_age(p))
                 age.add_metric(labels, max(0.0, now - p.updated_at.timestamp()))
                 claimed.add_metric(labels, 1 if p.owner is not None else 0)
-                halted.add_metric(labels, 1 if p.halted_error else 0)
+                halted.add_metric(labels, 0 if p.halted_error is None else 1)
         yield from (lag, lag_s, age, claimed, halted)
         holders = store.horizon_holders()
         yield GaugeMetricFamily(

@@ -731,3 +731,16 @@ def test_containers_listen_for_probes_on_every_interface(runtime: Stage) -> None
     deployment = k8s_one("Deployment", "outbox-relay")["spec"]["template"]["metadata"]
     assert policy["podSelector"]["matchLabels"].items() <= deployment["labels"].items()
     assert [p["port"] for rule in policy["ingress"] for p in rule["ports"]] == ["metrics"]
+
+
+def test_alert_rules_watch_metrics_the_relay_serves() -> None:
+    rules = yaml.safe_load((REPO / "deploy" / "prometheus" / "alerts.yml").read_text())
+    alerts = {r["alert"]: r for g in rules["groups"] for r in g["rules"]}
+    assert {"OutboxRelayPartHalted", "OutboxRelayWorkerFailed"} <= set(alerts)
+    served = (REPO / "relay" / "metrics.py").read_text()
+    for name, rule in alerts.items():
+        metrics = re.findall(r"\boutbox_relay_\w+", rule["expr"])
+        assert metrics, f"{name} watches no relay metric"
+        for metric in metrics:  # a counter is served as NAME_total
+            assert f'"{metric.removesuffix("_total")}"' in served, f"{name}: {metric}"
+    assert "outbox_relay_part_halted" in alerts["OutboxRelayPartHalted"]["expr"]

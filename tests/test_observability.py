@@ -16,6 +16,7 @@ import pytest
 
 from relay import Outbox
 from relay.daemon import Relay
+from relay.model import PartId
 from relay.store import OutboxStore
 from tests.support import run_cli, sub, wait_caught_up, write_orders
 
@@ -193,3 +194,67 @@ def test_the_metrics_port_listens_where_metrics_host_says(
         assert r.status == 200
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", relay._http.port), timeout=10)
+
+
+def _wait_halted(db: psycopg.Connection[Any], name: str, timeout: float = 60.0) -> str:
+    store = OutboxStore(db)
+    deadline = time.monotonic() + timeout
+    while (error := store.get_part(name, 0).halted_error) is None:
+        assert time.monotonic() < deadline, f"part {name}/0 never halted"
+        time.sleep(0.1)
+    return error
+
+
+def _status_text(database_url: str) -> str:
+    result = run_cli("status", env={"RELAY_DATABASE_URL": database_url, "COLUMNS": "300"})
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_a_poison_halt_shows_in_metrics_readiness_and_status(
+    db: psycopg.Connection[Any],
+    database_url: str,
+    topic_prefix: str,
+    start_relay: Callable[..., Relay],
+) -> None:
+    # Written by plain SQL with no Avro schema: the Avro subscriber cannot encode it.
+    db.execute(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+        "VALUES ('order', 'x', 'Unknown', '{}')"
+    )
+    relay = start_relay(subscribers=[sub("s", topic_prefix)], metrics_cache_ttl=0)
+    error = _wait_halted(db, "s")
+    metrics = get(relay, "/metrics")[1]
+    assert sample(metrics, "outbox_relay_part_halted", subscriber="s", part="0") == 1
+    deadline = time.monotonic() + 30  # the worker records its own state just after
+    while relay.part_states()[PartId("s", 0)] != "halted":
+        assert time.monotonic() < deadline, relay.part_states()
+        time.sleep(0.05)
+    status, why = get(relay, "/readyz")
+    assert status == 200 and "halted: s/0" in why  # ready, yet naming it (see Relay.ready)
+    text = _status_text(database_url)
+    assert "HALTED" in text and "1 halted part(s)" in text and "subscribers resume" in text
+    assert f"s/0: {error}" in text and "Unknown" in error
+
+
+def test_a_worker_that_stops_on_a_fatal_error_halts_its_part_visibly(
+    db: psycopg.Connection[Any],
+    database_url: str,
+    topic_prefix: str,
+    start_relay: Callable[..., Relay],
+) -> None:
+    """A worker that stops on an error retrying cannot fix (here a producer setting
+    librdkafka refuses) must not vanish into a silent restart loop."""
+    relay = start_relay(
+        subscribers=[sub("s", topic_prefix)],
+        kafka={"compression.type": "bogus"},
+        metrics_cache_ttl=0,
+    )
+    error = _wait_halted(db, "s")
+    assert error.startswith("part worker stopped:") and "compression" in error
+    metrics = get(relay, "/metrics")[1]
+    assert sample(metrics, "outbox_relay_part_halted", subscriber="s", part="0") == 1
+    failures = sample(metrics, "outbox_relay_worker_failures_total", subscriber="s", part="0")
+    assert failures is not None and failures >= 1
+    text = _status_text(database_url)
+    assert "HALTED" in text and f"s/0: {error}" in text
