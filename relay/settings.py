@@ -240,22 +240,42 @@ class _TomlFile(PydanticBaseSettingsSource):
 _SECRET_FILE_KEYS = ("database_url", "kafka")
 
 
+def secret_from_environment(key: str) -> str | None:
+    """A secret setting as the environment gives it: ``RELAY_<KEY>``, else the contents
+    of the file ``RELAY_<KEY>_FILE`` names, else None. Keeps secrets out of argv (``ps``,
+    pod specs); the Spark jobs use it for their database URL."""
+    variable = f"RELAY_{key.upper()}"
+    if variable in os.environ:
+        return os.environ[variable]
+    return _secret_file(key)
+
+
+def _secret_file(key: str) -> str | None:
+    variable = f"RELAY_{key.upper()}_FILE"
+    path = os.environ.get(variable)
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"{key} ({variable}): cannot read {path}: {exc.strerror}") from exc
+
+
 def _secret_files(flags: dict[str, Any]) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for key in _SECRET_FILE_KEYS:
-        variable = f"RELAY_{key.upper()}_FILE"
-        path = os.environ.get(variable)
-        if path is None or key in flags or f"RELAY_{key.upper()}" in os.environ:
+        if key in flags or f"RELAY_{key.upper()}" in os.environ:
             continue
-        try:
-            text = Path(path).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise ConfigError(f"{key} ({variable}): cannot read {path}: {exc.strerror}") from exc
+        text = _secret_file(key)
+        if text is None:
+            continue
         if key == "kafka":
             try:
                 found[key] = json.loads(text)
             except json.JSONDecodeError as exc:
-                raise ConfigError(f"{key} ({variable}): {path} is not a JSON object") from exc
+                raise ConfigError(
+                    f"{key} (RELAY_KAFKA_FILE): {os.environ['RELAY_KAFKA_FILE']} is not a JSON object"
+                ) from exc
         else:
             found[key] = text
     return found
