@@ -307,15 +307,27 @@ def status(
             str(s["parts"]),
         )  # fmt: skip
     out.print(sessions)
+    if not report["horizon_holders_complete"]:
+        err.print(
+            Text("the details of other roles' sessions are hidden from this role (it lacks "
+                 "pg_read_all_stats): a transaction holding publication back shows "
+                 "without its age, state and query start; run status as the owner, or see "
+                 "`outbox-relay grant --read-all-stats`", style="yellow")
+        )  # fmt: skip
     if report["horizon_holders"]:
         holders = Table("pid", "xid", "age (s)", "state", "application", "query start")
         for h in report["horizon_holders"]:
             holders.add_row(
-                str(h["pid"]), h["xid"], f"{h['age_s']:.1f}", str(h["state"]),
-                str(h["application_name"]), str(h["query_start"]),
+                str(h["pid"]), h["xid"], _hidden_or(h["age_s"], "{:.1f}"), _hidden_or(h["state"]),
+                _hidden_or(h["application_name"]), _hidden_or(h["query_start"]),
             )  # fmt: skip
         out.print(Text("open transactions holding publication back", style="bold"))
         out.print(holders)
+
+
+def _hidden_or(value: Any, fmt: str = "{}") -> str:
+    """A pg_stat_activity detail, or 'hidden' where this role may not see it."""
+    return "hidden" if value is None else fmt.format(value)
 
 
 def _part_state(part: dict[str, Any]) -> Text:
@@ -358,6 +370,8 @@ def _status(store: OutboxStore) -> dict[str, Any]:
         "parts": parts,
         "sessions": sessions,
         "horizon_holders": [vars(h) for h in store.horizon_holders()],
+        # False: other roles' sessions are hidden from this role (no pg_read_all_stats).
+        "horizon_holders_complete": store.sees_all_sessions(),
     }
 
 
@@ -372,6 +386,14 @@ def grant(
     ] = None,
     create: Annotated[
         bool, typer.Option(help="Create the roles (LOGIN, no password) if missing.")
+    ] = False,
+    read_all_stats: Annotated[
+        bool,
+        typer.Option(
+            help="Also grant the relay role pg_read_all_stats, so it can name the sessions "
+            "holding publication back (it then sees every session's query text too). "
+            "Without it, the role is left without pg_read_all_stats."
+        ),
     ] = False,
     database_url: DatabaseUrl = None,
     schema: Schema = None,
@@ -389,6 +411,7 @@ def grant(
             relay_role=relay_role,
             writer_role=writer_role,
             create=create,
+            read_all_stats=read_all_stats,
         )
     out.print("granted: " + ", ".join(done))
 

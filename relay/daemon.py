@@ -60,6 +60,7 @@ class Relay:
         self._http: HealthServer | None = None
         # Statistics of workers that have stopped, so counters never go down.
         self._retired: dict[PartId, Counter[str]] = {}
+        self._warned_horizon_blind = False
         # Workers this relay told to stop; any other that ends did so on its own.
         self._told_to_stop: set[PartWorker] = set()
         self._topics = TopicCreator(
@@ -278,7 +279,18 @@ class Relay:
 
     def _report_stalled_horizon(self, store: OutboxStore) -> None:
         """Name the transactions that keep newer events from being published."""
+        if not self._warned_horizon_blind and not store.sees_all_sessions():
+            self._warned_horizon_blind = True
+            logger.warning(
+                "this relay's role cannot see other roles' transactions in pg_stat_activity "
+                "(it lacks pg_read_all_stats): how long another role's transaction has held "
+                "publication back is unknown, so it is not logged, and /metrics leaves out "
+                "outbox_relay_horizon_held_seconds. `outbox-relay grant --relay-role ROLE "
+                "--read-all-stats` allows it (the role then sees every session's query text)"
+            )
         for holder in store.horizon_holders():
+            if holder.age_s is None:
+                continue  # another role's session, hidden from this one (warned above)
             if holder.age_s < self.settings.horizon_warn_after:
                 break  # oldest first
             logger.warning(

@@ -148,12 +148,20 @@ class RelayCollector(Collector):
                 claimed.add_metric(labels, 1 if p.owner is not None else 0)
                 halted.add_metric(labels, 0 if p.halted_error is None else 1)
         yield from (lag, lag_s, age, claimed, halted)
-        holders = store.horizon_holders()
+        sees_all = store.sees_all_sessions()
         yield GaugeMetricFamily(
-            "outbox_relay_horizon_held_seconds",
-            "Age of the oldest open transaction holding back publication",
-            value=holders[0].age_s if holders else 0.0,
+            "outbox_relay_horizon_visible",
+            "1 when the relay's role sees every session's transaction (pg_read_all_stats); "
+            "0: outbox_relay_horizon_held_seconds is left out",
+            value=1 if sees_all else 0,
         )
+        if sees_all:  # else a 0 would only mean 'none of my own role's sessions'
+            ages = [h.age_s for h in store.horizon_holders() if h.age_s is not None]
+            yield GaugeMetricFamily(
+                "outbox_relay_horizon_held_seconds",
+                "Age of the oldest open transaction holding back publication",
+                value=max(ages, default=0.0),
+            )
         yield GaugeMetricFamily(
             "outbox_relay_live_sessions",
             "Relay sessions alive in this database",

@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -744,3 +745,41 @@ def test_alert_rules_watch_metrics_the_relay_serves() -> None:
         for metric in metrics:  # a counter is served as NAME_total
             assert f'"{metric.removesuffix("_total")}"' in served, f"{name}: {metric}"
     assert "outbox_relay_part_halted" in alerts["OutboxRelayPartHalted"]["expr"]
+
+
+def _published(port: Any) -> tuple[str | None, str | None]:
+    """(host ip, host port) of a compose port entry, short or long syntax."""
+    if isinstance(port, dict):
+        return port.get("host_ip"), port.get("published")
+    parts = str(port).split(":")
+    if len(parts) == 3:
+        return parts[0], parts[1] or None
+    return None, parts[0] if len(parts) == 2 else None
+
+
+def test_compose_publishes_ports_on_loopback_only() -> None:
+    """Postgres (a superuser), PLAINTEXT Kafka and the metrics port are for this host."""
+    for name, service in compose()["services"].items():
+        for port in service.get("ports", []):
+            host_ip, _ = _published(port)
+            assert host_ip == "127.0.0.1", f"{name} publishes {port} on every interface"
+
+
+def test_compose_relay_runs_as_the_least_privilege_role() -> None:
+    services = compose()["services"]
+    owner = services["postgres"]["environment"]["POSTGRES_USER"]
+    relay_user = urlsplit(services["relay"]["environment"]["RELAY_DATABASE_URL"]).username
+    assert relay_user and relay_user != owner, "the relay must not run as the owner/superuser"
+    grant = services["relay-grant"]
+    assert grant["command"][:3] == ["grant", "--relay-role", relay_user]
+    assert urlsplit(grant["environment"]["RELAY_DATABASE_URL"]).username == owner
+    assert grant["depends_on"]["relay-migrate"]["condition"] == "service_completed_successfully"
+    assert services["relay"]["depends_on"]["relay-grant"]["condition"] == (
+        "service_completed_successfully"
+    )
+    init = [v for v in services["postgres"]["volumes"] if "docker-entrypoint-initdb.d" in v]
+    assert init, "nothing creates the relay's login role"
+    folder = COMPOSE.parent / init[0].split(":")[0]
+    scripts = " ".join(p.read_text() for p in folder.glob("*.sql"))
+    assert re.search(rf"CREATE ROLE {relay_user} LOGIN", scripts)
+    assert "SUPERUSER" not in scripts.upper().replace("NOSUPERUSER", "")

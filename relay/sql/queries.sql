@@ -298,3 +298,9 @@ WITH doomed AS (
      LIMIT %(limit)s
 )
 DELETE FROM {schema}.outbox WHERE ctid IN (SELECT ctid FROM doomed);
+
+-- name: sees_all_sessions
+-- Whether pg_stat_activity shows this role the transaction ids of every role's sessions
+-- (a superuser, or a member of pg_read_all_stats). Without it, horizon_holders sees
+-- only the sessions of its own role.
+SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE');
