@@ -414,7 +414,7 @@ def test_spark_target(stages: dict[str, Stage]) -> None:
     spark = stages["spark"]
     assert any("openjdk-" in run and "jre-headless" in run for run in spark.runs)
     assert ("spark-builder", ["/opt/venv"], "/opt/venv") in spark.copies
-    assert any("[spark]" in run for run in stages["spark-builder"].runs)
+    assert any("requirements-spark.lock" in run for run in stages["spark-builder"].runs)
     assert spark.entrypoint == ["python", "-m"]
     assert spark.env.get("HOME") == "/tmp"
 
@@ -783,3 +783,36 @@ def test_compose_relay_runs_as_the_least_privilege_role() -> None:
     scripts = " ".join(p.read_text() for p in folder.glob("*.sql"))
     assert re.search(rf"CREATE ROLE {relay_user} LOGIN", scripts)
     assert "SUPERUSER" not in scripts.upper().replace("NOSUPERUSER", "")
+
+
+def _locked(path: Path) -> dict[str, str]:
+    """name -> pinned version of a hashed lock file, names normalized."""
+    pins = re.findall(r"^([A-Za-z0-9._-]+)==([^\s;\\]+)", path.read_text(), re.MULTILINE)
+    return {re.sub(r"[-_.]+", "-", n).lower(): v for n, v in pins}
+
+
+@pytest.mark.parametrize(
+    ("lock", "extra"), [("requirements.lock", None), ("requirements-spark.lock", "spark")]
+)
+def test_lock_files_pin_every_dependency_with_hashes(
+    stages: dict[str, Stage], lock: str, extra: str | None
+) -> None:
+    """The images install from hashed lock files; each pin must satisfy pyproject.toml,
+    or a dependency change was not re-locked."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = [Requirement(r) for r in project["dependencies"]]
+    wanted += [Requirement(r) for r in project["optional-dependencies"].get(extra or "", [])]
+    pins = _locked(REPO / lock)
+    for requirement in wanted:
+        name = re.sub(r"[-_.]+", "-", requirement.name).lower()
+        assert name in pins, f"{lock} lacks {requirement.name}"
+        assert requirement.specifier.contains(pins[name]), f"{lock}: {name}=={pins[name]}"
+    text = (REPO / lock).read_text()
+    blocks = re.split(r"\n(?=[A-Za-z])", text)[1:]  # one per pinned package
+    assert len(blocks) == len(pins) and all("--hash=sha256:" in block for block in blocks)
+    installs = " ".join(" ".join(run.split()) for s in stages.values() for run in s.runs)
+    assert f"--require-hashes --no-deps -r {lock}" in installs
