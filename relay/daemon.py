@@ -210,8 +210,14 @@ class Relay:
             + (f"; halted: {', '.join(halted)}" if halted else "")
         )
 
-    def _retire(self, part: PartId, worker: PartWorker, store: OutboxStore) -> None:
-        failed = worker not in self._told_to_stop and worker.stats.state is WorkerState.HALTED
+    def _retire(self, part: PartId, worker: PartWorker, store: OutboxStore, halted: bool) -> None:
+        # Ended on its own in state HALTED: a fatal error, unless the part was already
+        # halted in Postgres (a poison event), whose worker then lost its claim.
+        failed = (
+            worker not in self._told_to_stop
+            and worker.stats.state is WorkerState.HALTED
+            and not halted
+        )
         self._told_to_stop.discard(worker)
         self._retired.setdefault(part, Counter()).update(_counts(worker), failures=int(failed))
         del self.workers[part]
@@ -334,13 +340,15 @@ class Relay:
         """Match claims and workers to this relay's share of the parts."""
         assert self._keeper is not None
         me = self._keeper.session.id
-        owners = {PartId(p.name, p.part): p.owner for s in store.list() for p in s.parts}
+        parts = {PartId(p.name, p.part): p for s in store.list() for p in s.parts}
+        owners = {part: p.owner for part, p in parts.items()}
         mine = {
             p for p, session in assign(list(owners), store.live_sessions()).items() if session == me
         }
         for part, worker in list(self.workers.items()):
             if not worker.is_alive():
-                self._retire(part, worker, store)  # lost claim, removed subscriber, failed
+                halted = part in parts and parts[part].halted_error is not None
+                self._retire(part, worker, store, halted)  # lost claim, removed subscriber...
             elif part not in mine or owners.get(part) != me:
                 self._stop_worker(worker)  # a peer should own it: release after the batch
         for part in list(owners):

@@ -236,6 +236,17 @@ def test_a_poison_halt_shows_in_metrics_readiness_and_status(
     assert "HALTED" in text and "1 halted part(s)" in text and "subscribers resume" in text
     assert f"s/0: {error}" in text and "Unknown" in error
 
+    # The halted worker loses its claim and ends on its own: not a worker failure.
+    halted_worker = relay.worker("s")
+    db.execute("UPDATE outbox_checkpoints SET owner = NULL WHERE subscriber = 's'")
+    deadline = time.monotonic() + 30
+    while relay.workers.get(PartId("s", 0)) in (None, halted_worker):
+        assert time.monotonic() < deadline, "the part was never claimed again"
+        time.sleep(0.05)
+    metrics = get(relay, "/metrics")[1]
+    assert not sample(metrics, "outbox_relay_worker_failures_total", subscriber="s", part="0")
+    assert OutboxStore(db).get_part("s", 0).halted_error == error
+
 
 def test_a_worker_that_stops_on_a_fatal_error_halts_its_part_visibly(
     db: psycopg.Connection[Any],
