@@ -22,6 +22,7 @@ from rich.text import Text
 
 from relay import db, logs, migrations
 from relay.errors import ConfigError, RelayError, RetryableError
+from relay.key_space import KeySpaceAction, report
 from relay.model import Position
 from relay.redact import redact
 from relay.settings import Settings, load_settings
@@ -107,6 +108,11 @@ def migrate(ctx: typer.Context, database_url: DatabaseUrl = None, schema: Schema
         settings.require_database_url(), application_name="outbox-relay-migrate"
     ) as conn:
         applied = migrations.migrate(conn, settings.database_schema)
+        # A restore procedure migrates before writers start: the best moment to rebase.
+        moved = OutboxStore(conn, settings.database_schema).check_key_space()
+    if moved is not None and moved.action is not KeySpaceAction.UNCHANGED:
+        report(moved, "migrate")
+        out.print(f"key space {moved.action}: {moved.detail}", markup=False)
     names = [f"{m.version:04d}_{m.name}" for m in applied]
     out.print(f"applied {names}" if names else f"schema {settings.database_schema!r} is up to date")
 

@@ -27,6 +27,7 @@ from relay.kafka import (
     TransactionalPublisher,
     producer_config,
 )
+from relay.key_space import KeySpaceAction, report
 from relay.metrics import HealthServer
 from relay.model import PartId
 from relay.probe import CommitProbe
@@ -60,6 +61,7 @@ class Relay:
         self._http: HealthServer | None = None
         # Statistics of workers that have stopped, so counters never go down.
         self._retired: dict[PartId, Counter[str]] = {}
+        self._key_space_changes: Counter[str] = Counter(rebased=0, continued=0)
         self._warned_horizon_blind = False
         # Workers this relay told to stop; any other that ends did so on its own.
         self._told_to_stop: set[PartWorker] = set()
@@ -91,6 +93,7 @@ class Relay:
         with self._connect() as conn:
             store = OutboxStore(conn, self.settings.database_schema)
             self._check_schema(conn)
+            self._check_key_space(store, "start-up")
             self._sync_subscribers(store)
         self._keeper = SessionKeeper(
             self._open_store,
@@ -179,6 +182,14 @@ class Relay:
         for part, worker in list(self.workers.items()):
             totals.setdefault(part, Counter()).update(_counts(worker))
         return totals
+
+    def key_space_changes(self) -> Counter[str]:
+        """Moves of the database found by this process, by what was done about them."""
+        found = Counter(self._key_space_changes)
+        for totals in self.part_totals().values():
+            found["rebased"] += totals["key_space_rebased"]
+            found["continued"] += totals["key_space_continued"]
+        return found
 
     def part_states(self) -> dict[PartId, str]:
         return {part: w.stats.state.value for part, w in list(self.workers.items())}
@@ -279,6 +290,8 @@ class Relay:
         sessions = store.live_sessions()
         if not sessions or sessions[0] != self._keeper.session.id:
             return
+        # A moved database's checkpoints are of the old key space until rebased.
+        self._check_key_space(store, "retention")
         deleted = sum(store.prune(self.settings.retention))
         if deleted:
             logger.info("pruned %s published rows", deleted, extra={"pruned": deleted})
@@ -445,6 +458,12 @@ class Relay:
                 names,
             )
 
+    def _check_key_space(self, store: OutboxStore, where: str) -> None:
+        check = store.check_key_space()
+        if check is not None and check.action is not KeySpaceAction.UNCHANGED:
+            report(check, where)
+            self._key_space_changes[check.action.value] += 1
+
     def _sync_subscribers(self, store: OutboxStore) -> None:
         """Upsert the subscribers the config declares; with none anywhere, add the default."""
         for declared in self.settings.subscribers:
@@ -469,6 +488,9 @@ def _counts(worker: PartWorker) -> Counter[str]:
             errors=stats.errors,
             dead_lettered=stats.dead_lettered,
             recovered=stats.recovered,
+            recoveries_refused=stats.recoveries_refused,
+            key_space_rebased=stats.key_space_rebased,
+            key_space_continued=stats.key_space_continued,
         )  # "failures" is counted when a worker is retired
 
 

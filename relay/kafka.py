@@ -13,11 +13,13 @@ Two modes:
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
+from uuid import UUID
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
@@ -29,7 +31,7 @@ from relay.errors import (
     EncodingError,
     ProducerFenced,
 )
-from relay.model import KafkaRecord, Position
+from relay.model import KafkaCheckpoint, KafkaRecord, Position
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +74,9 @@ Extension = tuple[Sequence[KafkaRecord], Position]
 class Publisher(Protocol):
     """Publishes batches for one subscriber part."""
 
-    def recover(self, generation: str) -> Position | None:
-        """Take over the part: fence earlier producers, return the Kafka-side checkpoint."""
+    def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
+        """Take over the part: fence earlier producers, return the Kafka-side checkpoint.
+        Checkpoints written from now on are tagged with ``key_space``."""
 
     def publish(
         self,
@@ -315,7 +318,7 @@ class _BatchProducer:
 class IdempotentPublisher(_BatchProducer):
     """Idempotent producer: ordered per key; at-least-once across relay restarts."""
 
-    def recover(self, generation: str) -> Position | None:
+    def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
         return None  # no Kafka-side checkpoint in this mode
 
     def publish(
@@ -359,8 +362,9 @@ class TransactionalPublisher(_BatchProducer):
         self._group: tuple[str, Consumer] | None = None
         self._initialised = False
         self._wedged = False
+        self._key_space: UUID | None = None
 
-    def recover(self, generation: str) -> Position | None:
+    def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
         """Fence every earlier producer of this part (aborting its open transaction),
         then read the checkpoint the last committed transaction recorded."""
         self._topics.ensure(
@@ -379,8 +383,11 @@ class TransactionalPublisher(_BatchProducer):
         failed = [tp for tp in committed if tp.error is not None]
         if failed:
             raise BrokerUnavailable(f"cannot read the Kafka-side checkpoint: {failed[0].error}")
-        tx, pos = (tp.offset for tp in sorted(committed, key=lambda tp: tp.partition))
-        return Position(tx, pos) if tx >= 0 and pos >= 0 else None
+        self._key_space = key_space
+        first, second = sorted(committed, key=lambda tp: tp.partition)
+        if first.offset < 0 or second.offset < 0:
+            return None
+        return _checkpoint(Position(first.offset, second.offset), first.metadata)
 
     def publish(
         self,
@@ -429,7 +436,7 @@ class TransactionalPublisher(_BatchProducer):
         # librdkafka silently drops a negative offset from the commit: never send one.
         assert end.transaction_id >= 0 and end.position >= 0, end
         offsets = [
-            TopicPartition(self._checkpoint_topic, 0, end.transaction_id),
+            TopicPartition(self._checkpoint_topic, 0, end.transaction_id, metadata=self._tag(sent)),
             TopicPartition(self._checkpoint_topic, 1, end.position),
         ]
         self._call(
@@ -439,6 +446,16 @@ class TransactionalPublisher(_BatchProducer):
             self._delivery_timeout_s,
         )
         self._call(self._producer.commit_transaction, self._delivery_timeout_s)
+
+    def _tag(self, sent: Sequence[KafkaRecord]) -> str:
+        """The checkpoint's provenance: its key space and the last message published
+        (every record's first header is its message id), so a later owner can tell
+        whether the checkpoint belongs to the database it serves."""
+        message = sent[-1].headers[0][1] if sent and sent[-1].headers else None
+        if isinstance(message, bytes):
+            message = message.decode()
+        space = str(self._key_space) if self._key_space is not None else None
+        return json.dumps({"key_space": space, "message_id": message}, separators=(",", ":"))
 
     def close(self) -> None:
         if self._group is not None:
@@ -557,6 +574,19 @@ def _flush_unwrapped(producer: Producer, timeout: float) -> int:
         if isinstance(exc.__cause__, KafkaException):
             raise exc.__cause__ from exc
         raise
+
+
+def _checkpoint(position: Position, metadata: str | None) -> KafkaCheckpoint:
+    """A Kafka-side checkpoint with its provenance; an unreadable tag (an older relay
+    wrote none) reads as unknown."""
+    try:
+        tag = json.loads(metadata or "{}")
+        space, message = tag.get("key_space"), tag.get("message_id")
+        return KafkaCheckpoint(
+            position, UUID(space) if space else None, UUID(message) if message else None
+        )
+    except (ValueError, TypeError, AttributeError):
+        return KafkaCheckpoint(position)
 
 
 def _matching(records: Sequence[KafkaRecord], msg: Message) -> KafkaRecord:

@@ -42,6 +42,10 @@ _COUNTERS = {
     "errors": ("outbox_relay_errors", "Errors (retried or halting)"),
     "dead_lettered": ("outbox_relay_dead_lettered_events", "Poison events dead-lettered"),
     "recovered": ("outbox_relay_recoveries", "Kafka-side checkpoints adopted on takeover"),
+    "recoveries_refused": (
+        "outbox_relay_recoveries_refused",
+        "Kafka-side checkpoints ahead of Postgres not shown to belong to this database",
+    ),
     "failures": (
         "outbox_relay_worker_failures",
         "Part workers that stopped on an error retrying cannot fix (the part is then halted)",
@@ -110,6 +114,15 @@ class RelayCollector(Collector):
         for part, worker_state in sorted(self._relay.part_states().items()):
             state.add_metric([part.subscriber, str(part.part), worker_state], 1)
         yield state
+        moves = CounterMetricFamily(
+            "outbox_relay_key_space_changes",
+            "Database moves this relay found: 'rebased' (keys rewritten below the new "
+            "cluster's transaction ids) or 'continued' (new cluster, same id space)",
+            labels=["action"],
+        )
+        for action, count in sorted(self._relay.key_space_changes().items()):
+            moves.add_metric([action], count)
+        yield moves
 
     def _database(self) -> Iterator[Metric]:
         if self._store is None or self._store.conn.closed:

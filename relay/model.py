@@ -29,6 +29,15 @@ class Position(NamedTuple):
 BEGINNING = Position(0, 0)
 
 
+class KafkaCheckpoint(NamedTuple):
+    """What the last committed Kafka transaction of a part recorded: where it ended, in
+    which key space, and the last message it published (None: an older relay wrote it)."""
+
+    position: Position
+    key_space: UUID | None = None
+    message_id: UUID | None = None
+
+
 class OutboxEvent(NamedTuple):
     """One committed outbox row (a tuple: the relay builds thousands per batch, and a
     frozen dataclass costs several times more to construct)."""

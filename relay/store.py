@@ -13,6 +13,7 @@ from psycopg.rows import dict_row
 
 from relay.db import wrap_errors
 from relay.errors import CheckpointConflict, ClaimLost, SubscriberError
+from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.model import OutboxEvent, Position
 from relay.queries import queries_for
 from relay.subscribers import PoisonPolicy, StartFrom, Subscriber, ValueFormat, optional_set
@@ -221,6 +222,40 @@ class OutboxStore:
             if deleted <= 0:
                 return
             yield deleted
+
+    # -- the key space (restore safety) -----------------------------------------------
+
+    def check_key_space(self) -> KeySpaceCheck | None:
+        """Check (and repair) that the stored keys fit this cluster's transaction ids;
+        None on a schema from before migration 0004 (a rolling deploy)."""
+        with wrap_errors():
+            try:
+                row = self.conn.execute(self._q["check_key_space"]).fetchone()
+            except psycopg.errors.UndefinedFunction:
+                return None
+        assert row is not None
+        return KeySpaceCheck(KeySpaceAction(row[0]), row[1], row[2], row[3])
+
+    def key_space(self) -> KeySpace:
+        with wrap_errors():
+            row = self.conn.execute(self._q["key_space"]).fetchone()
+        assert row is not None, "outbox_key_space has its one row from migration 0004"
+        return KeySpace(row[0], row[1], row[2])
+
+    def key_of(self, message_id: UUID) -> Position | None:
+        with wrap_errors():
+            row = self.conn.execute(
+                self._q["key_of_message"], {"message_id": message_id}
+            ).fetchone()
+        return Position(*row) if row is not None else None
+
+    def translate(self, key_space: UUID, key: Position) -> Position:
+        """A key of ``key_space`` as a key of the space rebased from it."""
+        params = {"key_space": key_space, **key._asdict()}
+        with wrap_errors():
+            row = self.conn.execute(self._q["translate_key"], params).fetchone()
+        assert row is not None
+        return Position(*row)
 
     # -- sessions and claims (seed 000) ----------------------------------------------
 

@@ -105,9 +105,9 @@ class SubscriberReport:
 
 @dataclass
 class _Expected:
-    """Compact expectations: message id bytes → global position (unique per row)."""
+    """Compact expectations: message id bytes → its key in the outbox."""
 
-    positions: dict[bytes, int] = field(default_factory=dict)
+    positions: dict[bytes, Position] = field(default_factory=dict)
     topics: set[str] = field(default_factory=set)
 
 
@@ -158,7 +158,7 @@ def _expectations(
     with wrap_errors(), conn.transaction(), conn.cursor(name="verify") as cursor:
         cursor.itersize = 10_000
         cursor.execute(query, params)
-        for message_id, position, aggregate_type, event_type, dead in cursor:
+        for message_id, transaction_id, position, aggregate_type, event_type, dead in cursor:
             if dead:
                 report.dead_lettered += 1
                 continue
@@ -168,7 +168,7 @@ def _expectations(
                     aggregate_type=aggregate_type, event_type=event_type
                 )
             expected.topics.add(topic_cache[pair])
-            expected.positions[message_id.bytes] = position
+            expected.positions[message_id.bytes] = Position(transaction_id, position)
     report.expected = len(expected.positions)
     report.topics = sorted(expected.topics)
     return report, expected
@@ -186,16 +186,21 @@ def _compare(
             mid = UUID(record.message_id).bytes
         except ValueError:
             continue
+        # Order by the event's key in the database, not the one in its headers: after a
+        # move to another xid space (docs/design.md) the database rebased its keys, and
+        # records published before the move carry the old ones.
+        at = expected.positions.get(mid)
         key = (record.topic, record.partition, record.key)
         previous = last_by_key.get(key)
-        if previous is not None and record.position <= previous:
+        if at is not None and previous is not None and at <= previous:
             report.out_of_order += 1
             report.example(
                 "out_of_order",
                 f"{record.topic}[{record.partition}]@{record.offset} key {record.key!r}: "
-                f"{record.position} after {previous}",
+                f"{at} after {previous}",
             )
-        last_by_key[key] = record.position
+        if at is not None:
+            last_by_key[key] = at
         if mid not in expected.positions:
             report.ahead += 1
             continue

@@ -29,6 +29,7 @@ from relay.errors import (
     SubscriberError,
 )
 from relay.kafka import Extension, PoisonRecordError, Publisher
+from relay.key_space import KeySpace, KeySpaceAction, adoptable, report
 from relay.model import KafkaRecord, OutboxEvent, PartId, Position
 from relay.poison import dead_letter_record
 from relay.sessions import Session
@@ -61,6 +62,11 @@ class WorkerStats:
     errors: int = 0
     dead_lettered: int = 0
     recovered: int = 0  # times a Kafka-side checkpoint was ahead of Postgres
+    # Kafka-side checkpoints ahead of Postgres that could not be shown to belong to this
+    # database (a restore): not adopted, so what they cover may be published again.
+    recoveries_refused: int = 0
+    key_space_rebased: int = 0  # times this part's connection found and rebased a move
+    key_space_continued: int = 0  # ... found a cluster change that kept the key space
     checkpoint: Position | None = None
     last_error: str | None = None
     last_published_at: float | None = None
@@ -164,7 +170,8 @@ class PartWorker(threading.Thread):
     def _serve(self) -> None:
         """Recover, then publish until stopped; raises on errors."""
         store = self._connect()
-        state = self._recover(store, self._load(store))
+        space = self._check_key_space(store)
+        state = self._recover(store, self._load(store), space)
         repolls: Iterator[float] = iter(())
         ahead: _Batch | None = None  # the next batch, prepared while the last one travelled
         while not self._stopping.is_set():
@@ -210,30 +217,70 @@ class PartWorker(threading.Thread):
             batch.records = None
         return batch
 
-    def _recover(self, store: OutboxStore, state: PartState) -> PartState:
-        """Fence earlier producers of this part and adopt a newer Kafka-side checkpoint."""
+    def _check_key_space(self, store: OutboxStore) -> KeySpace | None:
+        """Before anything is published on this connection: are the stored keys this
+        cluster's? (A restore elsewhere may have moved the database under us.)"""
+        check = store.check_key_space()
+        if check is None:
+            return None  # schema before migration 0004
+        if check.action is not KeySpaceAction.UNCHANGED:
+            report(check, f"part {self.part}")
+            with self.stats.lock:
+                if check.action is KeySpaceAction.REBASED:
+                    self.stats.key_space_rebased += 1
+                else:
+                    self.stats.key_space_continued += 1
+        return store.key_space()
+
+    def _recover(self, store: OutboxStore, state: PartState, space: KeySpace | None) -> PartState:
+        """Fence earlier producers of this part and adopt a newer Kafka-side checkpoint,
+        if it provably belongs to this database's history."""
         if self._publisher is None:
             self._publisher = self._open_publisher(state)
-        recovered = self._publisher.recover(str(state.generation))
+        recovered = self._publisher.recover(
+            str(state.generation), space.id if space is not None else None
+        )
         logger.info(
             "part %s: resuming after %s (Kafka-side checkpoint: %s)",
             self.part,
             state.checkpoint,
-            recovered,
+            recovered.position if recovered is not None else None,
             extra={"part": str(self.part), "checkpoint": str(state.checkpoint)},
         )
-        if recovered is None or recovered <= state.checkpoint:
+        if recovered is None or recovered.position <= state.checkpoint:
+            return state
+        adopted: Position | None = recovered.position
+        why = "no key space recorded"  # schema before migration 0004: no provenance
+        if space is not None:
+            adopted, why = adoptable(recovered, space, store.key_of, store.translate)
+        if adopted is None:
+            logger.warning(
+                "part %s: Kafka holds checkpoint %s, Postgres %s, but it is not adopted: %s "
+                "(the database was restored?); events after %s are published again",
+                self.part,
+                recovered.position,
+                state.checkpoint,
+                why,
+                state.checkpoint,
+                extra={"part": str(self.part), "recovered": str(recovered.position)},
+            )
+            with self.stats.lock:
+                self.stats.recoveries_refused += 1
+            return state
+        if adopted <= state.checkpoint:
             return state
         logger.warning(
             "part %s: Kafka holds checkpoint %s, Postgres %s: the last transaction "
-            "committed without its checkpoint update; adopting it",
+            "committed without its checkpoint update; adopting %s (%s)",
             self.part,
-            recovered,
+            recovered.position,
             state.checkpoint,
-            extra={"part": str(self.part), "recovered": str(recovered)},
+            adopted,
+            why,
+            extra={"part": str(self.part), "recovered": str(adopted)},
         )
         self.stats.recovered += 1
-        return self._advance(store, state, recovered)
+        return self._advance(store, state, adopted)
 
     def _publish(
         self, store: OutboxStore, state: PartState, batch: _Batch, *, look_ahead: bool = True

@@ -224,6 +224,28 @@ def local_postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPo
 
 
 @pytest.fixture
+def new_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], LocalPostgres]]:
+    """Start fresh PostgreSQL clusters of the test's own (a restore target, a replica's
+    primary...); each is stopped and deleted at teardown."""
+    made: list[tuple[LocalPostgres, Path | None]] = []
+
+    def make() -> LocalPostgres:
+        server, cleanup = _new_local_postgres(tmp_path_factory, fsync=False)
+        made.append((server, cleanup))
+        try:
+            server.start()
+        except LocalServerError as exc:
+            pytest.skip(f"cannot start a local PostgreSQL server: {exc}")
+        return server
+
+    yield make
+    for server, cleanup in made:
+        server.stop()
+        if cleanup is not None:
+            shutil.rmtree(cleanup, ignore_errors=True)
+
+
+@pytest.fixture
 def database_url(pg_server: PgServer) -> Iterator[str]:
     """URL of a fresh, empty database on ``pg_server``; dropped after the test."""
     name = f"t_{uuid.uuid4().hex[:12]}"

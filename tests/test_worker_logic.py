@@ -12,7 +12,8 @@ from typing import Any
 from relay.encoding import RecordEncoder
 from relay.errors import CheckpointConflict
 from relay.kafka import Extension, PoisonRecordError
-from relay.model import KafkaRecord, OutboxEvent, PartId, Position
+from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
+from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position
 from relay.sessions import Session
 from relay.store import DeadLetterDecision, PartState
 from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
@@ -54,6 +55,7 @@ class FakeStore:
         self.bumps_before_advance = 0  # concurrent pause/resume commands
         self.dead: dict[uuid.UUID, DeadLetterDecision] = {}
         self.outbox: list[OutboxEvent] = []
+        self.key_space_id = uuid.uuid4()
 
     def fetch(self, after: Position, limit: int, *, part: int, parts: int) -> list[OutboxEvent]:
         return [e for e in self.outbox if e.key > after][:limit]
@@ -76,6 +78,18 @@ class FakeStore:
     def record_dead_letter(self, state: PartState, ev: OutboxEvent, d: DeadLetterDecision) -> None:
         self.dead[ev.message_id] = d
 
+    def check_key_space(self) -> KeySpaceCheck:
+        return KeySpaceCheck(KeySpaceAction.UNCHANGED, self.key_space_id, 0, None)
+
+    def key_space(self) -> KeySpace:
+        return KeySpace(self.key_space_id, None, None)
+
+    def key_of(self, message_id: uuid.UUID) -> Position | None:
+        return next((e.key for e in self.outbox if e.message_id == message_id), None)
+
+    def translate(self, key_space: uuid.UUID, key: Position) -> Position:
+        raise AssertionError("no rebase in these tests")
+
 
 class FakeKafka:
     """Committed transactions, each a list of records; rejects some records together."""
@@ -85,8 +99,15 @@ class FakeKafka:
         self.checkpoint = checkpoint
         self.reject_with: dict[bytes, set[bytes]] = {}  # culprit id → ids failed with it
 
-    def recover(self, generation: str) -> Position | None:
-        return self.checkpoint
+    def recover(
+        self, generation: str, key_space: uuid.UUID | None = None
+    ) -> KafkaCheckpoint | None:
+        if self.checkpoint is None:
+            return None
+        # The last message published: proof that the checkpoint is this outbox's.
+        last = self.transactions[-1][-1].headers[0][1] if self.transactions else None
+        message = uuid.UUID(last.decode()) if isinstance(last, bytes) else None
+        return KafkaCheckpoint(self.checkpoint, key_space, message)
 
     def publish(
         self,
@@ -141,9 +162,24 @@ def test_recovery_adopts_a_kafka_checkpoint_ahead_of_postgres() -> None:
     store = FakeStore(Subscriber("s", topic="t", value_format=ValueFormat.JSON))
     kafka = FakeKafka(checkpoint=Position(105, 5))
     w = worker(store, kafka)
-    state = w._recover(store, store.state)  # type: ignore[arg-type]
+    state = w._recover(store, store.state, store.key_space())  # type: ignore[arg-type]
     assert state.checkpoint == Position(105, 5) == store.state.checkpoint
     assert w.stats.recovered == 1
+
+
+def test_recovery_refuses_a_kafka_checkpoint_whose_last_event_is_not_in_the_outbox() -> None:
+    """A restored older backup: Kafka's checkpoint names an event this database lacks."""
+    store = FakeStore(Subscriber("s", topic="t", value_format=ValueFormat.JSON))
+    kafka = FakeKafka()
+    store.outbox = [event(1), event(2)]
+    w = worker(store, kafka)
+    w._publisher = kafka
+    w._publish(store, store.state, _Batch(list(store.outbox)))  # type: ignore[arg-type]
+    store.outbox = store.outbox[:1]  # the restore lost the second event's transaction
+    store.state = dataclasses.replace(store.state, checkpoint=Position(0, 0))
+    state = w._recover(store, store.state, store.key_space())  # type: ignore[arg-type]
+    assert state.checkpoint == Position(0, 0)
+    assert (w.stats.recovered, w.stats.recoveries_refused) == (0, 1)
 
 
 def test_a_batch_wide_rejection_blames_only_the_culprit() -> None:

@@ -235,8 +235,8 @@ RETURNING part;
 -- name: published_events
 -- What verify expects on the topics: each subscriber part's events up to its
 -- checkpoint, matching the subscriber's filter, flagged when dead-lettered.
-SELECT o.message_id, o.position, o.aggregate_type, o.event_type,
-       d.message_id IS NOT NULL AS dead_lettered
+SELECT o.message_id, o.transaction_id::text::bigint, o.position, o.aggregate_type,
+       o.event_type, d.message_id IS NOT NULL AS dead_lettered
   FROM {schema}.outbox o
   JOIN {schema}.outbox_subscribers s ON s.name = %(name)s
   JOIN {schema}.outbox_checkpoints c
@@ -298,6 +298,20 @@ WITH doomed AS (
      LIMIT %(limit)s
 )
 DELETE FROM {schema}.outbox WHERE ctid IN (SELECT ctid FROM doomed);
+
+-- name: check_key_space
+-- Run by every relay connection before it publishes or prunes (relay/key_space.py).
+SELECT action, key_space, rebased_rows, detail FROM {schema}.outbox_check_key_space();
+
+-- name: key_space
+SELECT id, previous_id, moved_high::text::bigint AS moved_high FROM {schema}.outbox_key_space;
+
+-- name: key_of_message
+SELECT transaction_id::text::bigint, position FROM {schema}.outbox WHERE message_id = %(message_id)s;
+
+-- name: translate_key
+SELECT xid::text::bigint, pos
+  FROM {schema}.outbox_translate_key(%(key_space)s, %(transaction_id)s::text::xid8, %(position)s);
 
 -- name: sees_all_sessions
 -- Whether pg_stat_activity shows this role the transaction ids of every role's sessions

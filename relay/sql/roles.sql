@@ -8,6 +8,11 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.outbox_subscribers, {schema}.ou
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.outbox_relay_sessions TO {role};
 GRANT SELECT, INSERT ON {schema}.outbox_dead_letters TO {role};
 GRANT EXECUTE ON FUNCTION {schema}.outbox_part(text, integer) TO {role};
+-- Restore safety: the key-space check (it may rebase keys: SECURITY DEFINER) and what
+-- recovery reads to judge a Kafka-side checkpoint.
+GRANT SELECT ON {schema}.outbox_key_space TO {role};
+GRANT EXECUTE ON FUNCTION {schema}.outbox_check_key_space(),
+    {schema}.outbox_translate_key(uuid, xid8, bigint) TO {role};
 
 -- name: relay_read_all_stats
 -- Only when asked (`grant --read-all-stats`): pg_stat_activity shows other roles'
