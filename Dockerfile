@@ -17,7 +17,12 @@
 # Stages: builder -> spark-builder (build only); base -> spark, base -> runtime. The
 # runtime stage is last, so it is what a plain `docker build` produces.
 
-# Pinned to a Debian release so that the JRE package name below stays valid.
+# Pinned to a Debian release so that the JRE package name below stays valid. Pin it by
+# digest too where you build (the tag moves with every rebuild of the base image):
+#   docker buildx imagetools inspect python:3.11-slim-trixie --format '{{json .Manifest.Digest}}'
+#   docker build --build-arg PYTHON_IMAGE=python:3.11-slim-trixie@sha256:<digest> .
+# This repository does not carry a digest: none could be looked up where it is written,
+# and an unverified one would be worse than the tag.
 ARG PYTHON_IMAGE=python:3.11-slim-trixie
 
 # --- builder: wheel from pyproject.toml, installed with its dependencies into a venv ---
@@ -30,19 +35,23 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 WORKDIR /src
 # Every runtime dependency ships manylinux wheels (psycopg[binary] bundles libpq,
 # confluent-kafka bundles librdkafka), so no compiler or -dev packages are needed.
-COPY pyproject.toml README.md ./
+# The dependencies come from requirements.lock: exact versions, each file checked
+# against its hash (regenerate it with the command at its top when pyproject.toml's
+# dependencies change; tests/test_deploy.py checks that they agree).
+COPY pyproject.toml README.md requirements.lock requirements-spark.lock ./
 COPY relay ./relay
 COPY spark_jobs ./spark_jobs
 # The venv gets no pip/setuptools of its own: the builder's pip installs into it.
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv --without-pip /opt/venv \
- && python -m pip --python /opt/venv/bin/python install /wheels/*.whl
+ && python -m pip --python /opt/venv/bin/python install --require-hashes --no-deps \
+        -r requirements.lock \
+ && python -m pip --python /opt/venv/bin/python install --no-deps /wheels/*.whl
 
 # --- spark-builder: the same venv plus the `spark` extra (pyspark, pyarrow, pandas) ---
 FROM builder AS spark-builder
-RUN for wheel in /wheels/*.whl; do \
-        python -m pip --python /opt/venv/bin/python install "${wheel}[spark]" || exit 1; \
-    done
+RUN python -m pip --python /opt/venv/bin/python install --require-hashes --no-deps \
+        -r requirements-spark.lock
 
 # --- base: what both images share (user, environment, schemas); no venv yet ---
 FROM ${PYTHON_IMAGE} AS base
@@ -51,13 +60,16 @@ ARG RELAY_UID=10001
 # PYTHONDONTWRITEBYTECODE: the root filesystem may be read-only (the venv's .pyc files
 # were compiled in the builder). HOME/TMPDIR: the only writable place is /tmp.
 # RELAY_SCHEMAS_DIR: absolute, so it does not depend on the working directory.
+# RELAY_METRICS_HOST: the relay listens on loopback by default; a container must listen
+# on every interface for probes and scrapes to reach it (see deploy/README.md, Security).
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PYTHONFAULTHANDLER=1 \
     HOME=/tmp \
     TMPDIR=/tmp \
-    RELAY_SCHEMAS_DIR=/app/schemas
+    RELAY_SCHEMAS_DIR=/app/schemas \
+    RELAY_METRICS_HOST=0.0.0.0
 
 RUN groupadd --system --gid ${RELAY_UID} relay \
  && useradd --system --uid ${RELAY_UID} --gid ${RELAY_UID} --home-dir /tmp \

@@ -22,6 +22,12 @@ from relay.client_logs import client_logger
 logger = logging.getLogger(__name__)
 
 _REMIND_EVERY_S = 60.0
+# What a metadata request needs from the relay's Kafka settings: where the brokers are
+# and how to connect. Producer settings stay out (a bad one is the producer's to report).
+_CONNECTION_KEYS = (
+    "bootstrap.", "security.", "sasl.", "ssl.", "socket.", "broker.", "client.",
+    "reconnect.", "api.version", "enable.ssl", "enable.sasl", "metadata.", "topic.metadata",
+)  # fmt: skip
 
 
 class BrokerWatch(threading.Thread):
@@ -29,7 +35,8 @@ class BrokerWatch(threading.Thread):
 
     def __init__(self, config: dict[str, Any], *, interval: float, timeout: float) -> None:
         super().__init__(name="relay-broker-watch", daemon=True)
-        client: dict[str, Any] = {**config, "logger": client_logger()}
+        client: dict[str, Any] = {k: v for k, v in config.items() if k.startswith(_CONNECTION_KEYS)}
+        client["logger"] = client_logger()
         self._admin = AdminClient(client)
         self._servers = config.get("bootstrap.servers", "?")
         self._interval = interval

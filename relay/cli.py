@@ -18,11 +18,13 @@ import psycopg
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from relay import db, logs, migrations
 from relay.errors import ConfigError, RelayError, RetryableError
 from relay.key_space import KeySpaceAction, report
 from relay.model import Position
+from relay.redact import redact
 from relay.settings import Settings, load_settings
 from relay.store import OutboxStore
 from relay.subscribers import (
@@ -48,8 +50,11 @@ subscribers_app = typer.Typer(
 )
 app.add_typer(subscribers_app, name="subscribers")
 
-out = Console()
-err = Console(stderr=True)
+# Everything printed comes from data that writers, operators and other database clients
+# control (event types, aggregate types, halt errors, application names): none of it is
+# parsed as rich markup or emoji codes. Styling is given explicitly, with rich Text.
+out = Console(markup=False, emoji=False, highlight=False)
+err = Console(stderr=True, markup=False, emoji=False, highlight=False)
 
 # Options shared by several commands. Flags win over RELAY_* variables and the file.
 DatabaseUrl = Annotated[
@@ -269,7 +274,7 @@ def _print_reports(reports: list[Any]) -> None:
             r.subscriber,
             *(str(v) for v in (r.expected, r.found, r.missing, r.duplicated, r.out_of_order)),
             *(str(v) for v in (r.ahead, r.dead_lettered, r.pending)),
-            "[green]clean[/green]" if r.clean else "[red]PROBLEMS[/red]",
+            Text("clean", style="green") if r.clean else Text("PROBLEMS", style="red"),
         )
     out.print(table)
     for r in reports:
@@ -295,12 +300,12 @@ def status(
         return
     parts = Table("part", "checkpoint", "lag (events)", "lag (s)", "owner", "state")
     for p in report["parts"]:
-        state = "halted" if p["halted"] else ("paused" if p["paused"] else "active")
         parts.add_row(
             p["part"], p["checkpoint"], str(p["lag_events"]), f"{p['lag_seconds']:.1f}",
-            p["owner"] or "-", state,
+            p["owner"] or "-", _part_state(p),
         )  # fmt: skip
     out.print(parts)
+    _print_halts(report["parts"])
     sessions = Table("session", "host", "pid", "heartbeat (s ago)", "parts")
     for s in report["sessions"]:
         sessions.add_row(
@@ -308,15 +313,46 @@ def status(
             str(s["parts"]),
         )  # fmt: skip
     out.print(sessions)
+    if not report["horizon_holders_complete"]:
+        err.print(
+            Text("the details of other roles' sessions are hidden from this role (it lacks "
+                 "pg_read_all_stats): a transaction holding publication back shows "
+                 "without its age, state and query start; run status as the owner, or see "
+                 "`outbox-relay grant --read-all-stats`", style="yellow")
+        )  # fmt: skip
     if report["horizon_holders"]:
         holders = Table("pid", "xid", "age (s)", "state", "application", "query start")
         for h in report["horizon_holders"]:
             holders.add_row(
-                str(h["pid"]), h["xid"], f"{h['age_s']:.1f}", str(h["state"]),
-                str(h["application_name"]), str(h["query_start"]),
+                str(h["pid"]), h["xid"], _hidden_or(h["age_s"], "{:.1f}"), _hidden_or(h["state"]),
+                _hidden_or(h["application_name"]), _hidden_or(h["query_start"]),
             )  # fmt: skip
-        out.print("[bold]open transactions holding publication back[/bold]")
+        out.print(Text("open transactions holding publication back", style="bold"))
         out.print(holders)
+
+
+def _hidden_or(value: Any, fmt: str = "{}") -> str:
+    """A pg_stat_activity detail, or 'hidden' where this role may not see it."""
+    return "hidden" if value is None else fmt.format(value)
+
+
+def _part_state(part: dict[str, Any]) -> Text:
+    if part["halted"] is not None:
+        return Text("HALTED", style="bold red")
+    return Text("paused", style="yellow") if part["paused"] else Text("active")
+
+
+def _print_halts(parts: list[dict[str, Any]]) -> None:
+    """Halted parts publish nothing until resumed: say so where it cannot be missed."""
+    halted = [p for p in parts if p["halted"] is not None]
+    if not halted:
+        return
+    out.print(
+        Text(f"{len(halted)} halted part(s): nothing is published for them until "
+             "`outbox-relay subscribers resume NAME`", style="bold red")
+    )  # fmt: skip
+    for p in halted:
+        out.print(Text.assemble((f"  {p['part']}: ", "red"), p["halted"]))
 
 
 def _status(store: OutboxStore) -> dict[str, Any]:
@@ -340,6 +376,8 @@ def _status(store: OutboxStore) -> dict[str, Any]:
         "parts": parts,
         "sessions": sessions,
         "horizon_holders": [vars(h) for h in store.horizon_holders()],
+        # False: other roles' sessions are hidden from this role (no pg_read_all_stats).
+        "horizon_holders_complete": store.sees_all_sessions(),
     }
 
 
@@ -354,6 +392,14 @@ def grant(
     ] = None,
     create: Annotated[
         bool, typer.Option(help="Create the roles (LOGIN, no password) if missing.")
+    ] = False,
+    read_all_stats: Annotated[
+        bool,
+        typer.Option(
+            help="Also grant the relay role pg_read_all_stats, so it can name the sessions "
+            "holding publication back (it then sees every session's query text too). "
+            "Without it, the role is left without pg_read_all_stats."
+        ),
     ] = False,
     database_url: DatabaseUrl = None,
     schema: Schema = None,
@@ -371,6 +417,7 @@ def grant(
             relay_role=relay_role,
             writer_role=writer_role,
             create=create,
+            read_all_stats=read_all_stats,
         )
     out.print("granted: " + ", ".join(done))
 
@@ -535,7 +582,9 @@ def subscribers_list(
     for r in rows:
         for p in r["parts"]:
             if p["halted"]:
-                err.print(f"[red]{r['name']}/{p['part']} halted:[/red] {p['halted']}")
+                err.print(
+                    Text.assemble((f"{r['name']}/{p['part']} halted:", "red"), " ", p["halted"])
+                )
 
 
 @subscribers_app.command("pause")
@@ -617,14 +666,15 @@ def main() -> None:
     """Console-script entry point: clear errors, meaningful exit codes."""
     try:
         app(prog_name="outbox-relay")
+    # Redacted once more here: whatever path a URL took into a message, it is masked.
     except ConfigError as exc:
-        sys.stderr.write(f"outbox-relay: configuration error: {exc}\n")
+        sys.stderr.write(f"outbox-relay: configuration error: {redact(str(exc))}\n")
         sys.exit(2)
     except RelayError as exc:
-        sys.stderr.write(f"outbox-relay: {exc}\n")
+        sys.stderr.write(f"outbox-relay: {redact(str(exc))}\n")
         sys.exit(1)
     except psycopg.Error as exc:  # should have been wrapped; never show a traceback for it
-        sys.stderr.write(f"outbox-relay: database error: {exc}\n")
+        sys.stderr.write(f"outbox-relay: database error: {redact(str(exc))}\n")
         sys.exit(1)
 
 

@@ -67,6 +67,9 @@ class Relay:
         # Statistics of workers that have stopped, so counters never go down.
         self._retired: dict[PartId, Counter[str]] = {}
         self._key_space_changes: Counter[str] = Counter(rebased=0, continued=0)
+        self._warned_horizon_blind = False
+        # Workers this relay told to stop; any other that ends did so on its own.
+        self._told_to_stop: set[PartWorker] = set()
         self._topics = TopicCreator(
             {**settings.kafka, "bootstrap.servers": self.bootstrap_servers},
             enabled=settings.create_topics,
@@ -87,8 +90,9 @@ class Relay:
 
     def _start(self) -> None:
         if self.settings.metrics_enabled and self._http is None:
+            s = self.settings
             self._http = HealthServer(
-                self, self._open_store, self.settings.metrics_host, self.settings.metrics_port
+                self, self._open_store, s.metrics_host, s.metrics_port, s.metrics_cache_ttl
             )
             self._http.start()
         with self._connect() as conn:
@@ -240,7 +244,13 @@ class Relay:
         return True, "ok"
 
     def ready(self) -> tuple[bool, str]:
-        """Readiness: a live session, so this relay can own and publish parts."""
+        """Readiness: a live session, so this relay can own and publish parts.
+
+        A halted part leaves the relay ready: the halt is in Postgres, so every replica
+        (and a new one rolled out with the fix) would be unready too, blocking the
+        rollout that could fix it. Halts are alerted on from /metrics instead
+        (deploy/README.md); the reply names them for whoever looks.
+        """
         if self._stopping.is_set():
             return False, "stopping"
         if self._keeper is None:
@@ -249,11 +259,51 @@ class Relay:
             return False, "starting (waiting for Postgres or Kafka?)"
         if not self._keeper.session.valid():
             return False, "no live session (Postgres unreachable?)"
-        return True, f"ready: session {self._keeper.session.id}, {len(self.workers)} parts"
+        halted = sorted(str(p) for p, s in self.part_states().items() if s == WorkerState.HALTED)
+        return True, (
+            f"ready: session {self._keeper.session.id}, {len(self.workers)} parts"
+            + (f"; halted: {', '.join(halted)}" if halted else "")
+        )
 
-    def _retire(self, part: PartId, worker: PartWorker) -> None:
-        self._retired.setdefault(part, Counter()).update(_counts(worker))
+    def _retire(self, part: PartId, worker: PartWorker, store: OutboxStore, halted: bool) -> None:
+        # Ended on its own in state HALTED: a fatal error, unless the part was already
+        # halted in Postgres (a poison event), whose worker then lost its claim.
+        failed = (
+            worker not in self._told_to_stop
+            and worker.stats.state is WorkerState.HALTED
+            and not halted
+        )
+        self._told_to_stop.discard(worker)
+        self._retired.setdefault(part, Counter()).update(_counts(worker), failures=int(failed))
         del self.workers[part]
+        if failed:
+            self._record_failure(store, part, worker)
+
+    def _record_failure(self, store: OutboxStore, part: PartId, worker: PartWorker) -> None:
+        """A worker stopped on an error that retrying cannot fix (a missing privilege, a
+        refused Kafka setting). Halt the part in Postgres, as a poison event does: the
+        next worker waits for `subscribers resume` instead of failing in a silent loop,
+        and `status`, /metrics and every relay show why."""
+        error = f"part worker stopped: {worker.stats.last_error}"
+        if self._keeper is None:  # gave its session up meanwhile: the claim is gone too
+            logger.warning("part %s stopped: %s (not recorded: no session)", part, error)
+            return
+        try:
+            store.halt(store.get_part(*part), self._keeper.session.id, error)
+        except RelayError as exc:
+            logger.warning("part %s stopped, and its halt cannot be recorded: %s", part, exc)
+            return
+        logger.error(
+            "part %s halted (`outbox-relay subscribers resume %s` retries it): %s",
+            part,
+            part.subscriber,
+            error,
+            extra={"part": str(part), "error": error},
+        )
+
+    def _stop_worker(self, worker: PartWorker) -> None:
+        self._told_to_stop.add(worker)
+        worker.stop()
 
     # -- claims and workers --------------------------------------------------------------
 
@@ -296,7 +346,18 @@ class Relay:
 
     def _report_stalled_horizon(self, store: OutboxStore) -> None:
         """Name the transactions that keep newer events from being published."""
+        if not self._warned_horizon_blind and not store.sees_all_sessions():
+            self._warned_horizon_blind = True
+            logger.warning(
+                "this relay's role cannot see other roles' transactions in pg_stat_activity "
+                "(it lacks pg_read_all_stats): how long another role's transaction has held "
+                "publication back is unknown, so it is not logged, and /metrics leaves out "
+                "outbox_relay_horizon_held_seconds. `outbox-relay grant --relay-role ROLE "
+                "--read-all-stats` allows it (the role then sees every session's query text)"
+            )
         for holder in store.horizon_holders():
+            if holder.age_s is None:
+                continue  # another role's session, hidden from this one (warned above)
             if holder.age_s < self.settings.horizon_warn_after:
                 break  # oldest first
             logger.warning(
@@ -341,19 +402,21 @@ class Relay:
 
     def _rebalance(self, store: OutboxStore) -> None:
         """Match claims and workers to this relay's share of the parts."""
+        parts = {PartId(p.name, p.part): p for s in store.list() for p in s.parts}
         for part, worker in list(self.workers.items()):
             if not worker.is_alive():
-                self._retire(part, worker)  # stopped: lost claim, removed subscriber...
+                halted = part in parts and parts[part].halted_error is not None
+                self._retire(part, worker, store, halted)  # lost claim, removed subscriber...
         if self._keeper is None:  # no session (Kafka unreachable): no share
             return
         me = self._keeper.session.id
-        owners = {PartId(p.name, p.part): p.owner for s in store.list() for p in s.parts}
+        owners = {part: p.owner for part, p in parts.items()}
         mine = {
             p for p, session in assign(list(owners), store.live_sessions()).items() if session == me
         }
         for part, worker in list(self.workers.items()):
             if part not in mine or owners.get(part) != me:
-                worker.stop()  # a peer should own it: release once the batch is done
+                self._stop_worker(worker)  # a peer should own it: release after the batch
         for part in list(owners):
             running = self.workers.get(part)
             if (
@@ -392,12 +455,12 @@ class Relay:
         """The session is gone: every worker stops at once (without waiting for them,
         so the keeper can open a new session and heartbeat it)."""
         for worker in list(self.workers.values()):
-            worker.stop()
+            self._stop_worker(worker)
 
     def _stop_all_workers(self, deadline: float | None = None) -> None:
         workers = list(self.workers.values())
         for worker in workers:
-            worker.stop()
+            self._stop_worker(worker)
         end = (
             deadline if deadline is not None else time.monotonic() + self.settings.shutdown_timeout
         )
@@ -506,7 +569,7 @@ def _counts(worker: PartWorker) -> Counter[str]:
             recoveries_refused=stats.recoveries_refused,
             key_space_rebased=stats.key_space_rebased,
             key_space_continued=stats.key_space_continued,
-        )
+        )  # "failures" is counted when a worker is retired
 
 
 def _load_registry(settings: Settings) -> SchemaRegistry | None:

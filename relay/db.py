@@ -15,42 +15,46 @@ from psycopg.types.json import set_json_loads
 
 from relay.errors import (
     ConcurrencyError,
+    ConfigError,
     DatabaseError,
     DatabaseUnavailable,
     NotMigratedError,
     RelayError,
 )
+from relay.redact import redact
 
 # SQLSTATE classes that a retry cannot fix: bad credentials, missing database,
 # insufficient privilege, syntax/undefined objects.
 _FATAL_CLASSES = ("28", "3D", "42")
 
 
-def classify(exc: psycopg.Error) -> RelayError:
-    """Wrap a driver error in the relay's hierarchy (the caller raises it ``from exc``)."""
+def classify(exc: psycopg.Error, secrets: tuple[str | None, ...] = ()) -> RelayError:
+    """Wrap a driver error in the relay's hierarchy (the caller raises it ``from exc``).
+    Its text is redacted: a connection error may quote the whole URL, password included."""
     sqlstate = exc.sqlstate or ""
+    text = redact(str(exc), secrets)
     if isinstance(exc, pg_errors.UndefinedTable):
-        return NotMigratedError(f"outbox tables are missing ({exc}); run `outbox-relay migrate`")
+        return NotMigratedError(f"outbox tables are missing ({text}); run `outbox-relay migrate`")
     if sqlstate[:2] in _FATAL_CLASSES:
-        return DatabaseError(f"postgres refused the operation [{sqlstate}]: {exc}")
+        return DatabaseError(f"postgres refused the operation [{sqlstate}]: {text}")
     if sqlstate[:2] == "40":  # serialization failure, deadlock: the transaction is lost
         return ConcurrencyError(
-            f"postgres rolled the transaction back [{sqlstate}]: {exc}; retry the whole transaction"
+            f"postgres rolled the transaction back [{sqlstate}]: {text}; retry the whole transaction"
         )
     if isinstance(exc, psycopg.OperationalError):
-        return DatabaseUnavailable(f"postgres is unavailable: {exc}")
+        return DatabaseUnavailable(f"postgres is unavailable: {text}")
     if sqlstate[:2] in ("08", "53", "57", "58"):
-        return DatabaseUnavailable(f"postgres error [{sqlstate}], will retry: {exc}")
-    return DatabaseError(f"postgres error [{sqlstate}]: {exc}")
+        return DatabaseUnavailable(f"postgres error [{sqlstate}], will retry: {text}")
+    return DatabaseError(f"postgres error [{sqlstate}]: {text}")
 
 
 @contextlib.contextmanager
-def wrap_errors() -> Iterator[None]:
-    """Re-raise psycopg errors as relay errors."""
+def wrap_errors(*secrets: str | None) -> Iterator[None]:
+    """Re-raise psycopg errors as relay errors (``secrets`` masked in their message)."""
     try:
         yield
     except psycopg.Error as exc:
-        raise classify(exc) from exc
+        raise classify(exc, secrets) from exc
 
 
 # Unless the URL says otherwise: fail fast on an unreachable server, and notice a dead
@@ -76,10 +80,19 @@ def load_json(data: bytes | bytearray | memoryview | str) -> Any:
         return json.loads(bytes(data) if isinstance(data, memoryview) else data)
 
 
+def parse_url(url: str) -> dict[str, Any]:
+    """The parameters of a libpq URL or conninfo string; a :class:`ConfigError` (with the
+    password masked: libpq quotes the whole string) when it is not one."""
+    try:
+        return conninfo_to_dict(url)
+    except psycopg.Error as exc:
+        raise ConfigError(f"database_url: not a libpq URL or conninfo: {redact(str(exc))}") from exc
+
+
 def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection[Any]:
     """Open a connection, mapping failures onto relay errors."""
-    with wrap_errors():
-        given = conninfo_to_dict(url)
+    given = parse_url(url)
+    with wrap_errors(given.get("password")):
         defaults = {k: v for k, v in _LIVENESS_DEFAULTS.items() if k not in given}
         conn = psycopg.connect(url, autocommit=autocommit, **{**defaults, **kwargs})
     set_json_loads(load_json, conn)

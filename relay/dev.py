@@ -30,6 +30,7 @@ from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from relay import db
 from relay.daemon import Relay
@@ -427,7 +428,8 @@ def _figures_table(figures: list[tuple[str, str]]) -> Table:
 def _recent_table(recent: list[Consumed]) -> Table:
     table = Table("topic", "key", "event", "payload", box=box.SIMPLE, title="last consumed")
     for record in reversed(recent):
-        table.add_row(record.topic, record.key, record.event_type, record.payload)
+        # Consumed data, whoever wrote it: plain text, never rich markup.
+        table.add_row(*(Text(field) for field in record))
     return table
 
 

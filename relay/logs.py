@@ -8,11 +8,21 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from relay.redact import redact
+
 # Attributes every LogRecord has; anything else came in through `extra=`.
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
     "message",
     "asctime",
 }
+
+
+class RedactingFormatter(logging.Formatter):
+    """Masks passwords in every line, tracebacks included: a driver error chained under
+    a relay error may quote a whole database URL."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
 
 
 class JsonFormatter(logging.Formatter):
@@ -26,7 +36,10 @@ class JsonFormatter(logging.Formatter):
         entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+        # Masked before encoding, so JSON escapes cannot hide a password from the patterns.
+        return json.dumps(
+            {k: redact(str(v)) if isinstance(v, str) else v for k, v in entry.items()}, default=str
+        )
 
 
 def configure(level: str = "INFO", fmt: str = "text") -> None:
@@ -34,7 +47,9 @@ def configure(level: str = "INFO", fmt: str = "text") -> None:
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+        handler.setFormatter(
+            RedactingFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -2,7 +2,8 @@
 
 Everything is collected at scrape time: counters from the workers' statistics (plus the
 totals of workers that have stopped, so counters never go down), and lag, checkpoint
-age, horizon and claims from Postgres. The hot path is not instrumented.
+age, horizon and claims from Postgres (cached for ``metrics_cache_ttl`` seconds). The
+hot path is not instrumented.
 
 * ``/healthz`` (liveness): the relay's threads are alive. A relay that only waits for
   Postgres or Kafka is healthy: restarting it would not help.
@@ -15,18 +16,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Iterable, Iterator
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from waitress.server import create_server  # type: ignore[import-untyped]
 
 from relay.errors import ConfigError, RelayError
 from relay.store import OutboxStore
 
 if TYPE_CHECKING:
+    from wsgiref.types import StartResponse
+
     from relay.daemon import Relay
 
 logger = logging.getLogger(__name__)
@@ -42,30 +46,58 @@ _COUNTERS = {
         "outbox_relay_recoveries_refused",
         "Kafka-side checkpoints ahead of Postgres not shown to belong to this database",
     ),
+    "failures": (
+        "outbox_relay_worker_failures",
+        "Part workers that stopped on an error retrying cannot fix (the part is then halted)",
+    ),
 }
 
 
 class RelayCollector(Collector):
-    """Reads the relay's state when Prometheus scrapes."""
+    """Reads the relay's state when Prometheus scrapes.
 
-    def __init__(self, relay: Relay, open_store: Callable[[], OutboxStore]) -> None:
+    The counters are read live (they are in memory). The figures from Postgres cost a
+    few queries per part, so they are cached for ``ttl`` seconds: a storm of scrapes
+    costs one query set per ``ttl``, and concurrent scrapes wait for the one that reads.
+    """
+
+    def __init__(
+        self, relay: Relay, open_store: Callable[[], OutboxStore], ttl: float = 0.0
+    ) -> None:
         self._relay = relay
         self._open_store = open_store
+        self._ttl = ttl
         self._store: OutboxStore | None = None
         self._lock = threading.Lock()
+        self._read_at: float | None = None
+        self._cached: list[Metric] = []
         self.last_database_ok: float | None = None
 
     def collect(self) -> Iterator[Metric]:
         yield from self._counters()
+        yield from self._database_cached()
+
+    def _database_cached(self) -> list[Metric]:
         with self._lock:
-            try:
-                yield from self._database()
-                self.last_database_ok = time.monotonic()
-            except RelayError as exc:
-                logger.warning("metrics: cannot read Postgres: %s", exc)
-                if self._store is not None:
-                    self._store.conn.close()
-                self._store = None
+            now = time.monotonic()
+            if self._read_at is None or now - self._read_at >= self._ttl:
+                # A failure is cached too: a scrape storm against a down database
+                # must not become a connection storm.
+                self._cached = self._database_or_nothing()
+                self._read_at = time.monotonic()
+            return self._cached
+
+    def _database_or_nothing(self) -> list[Metric]:
+        try:
+            metrics = list(self._database())
+        except RelayError as exc:
+            logger.warning("metrics: cannot read Postgres: %s", exc)
+            if self._store is not None:
+                self._store.conn.close()
+            self._store = None
+            return []
+        self.last_database_ok = time.monotonic()
+        return metrics
 
     def _counters(self) -> Iterator[Metric]:
         totals = self._relay.part_totals()
@@ -127,14 +159,22 @@ class RelayCollector(Collector):
                 lag_s.add_metric(labels, store.oldest_pending_age(p))
                 age.add_metric(labels, max(0.0, now - p.updated_at.timestamp()))
                 claimed.add_metric(labels, 1 if p.owner is not None else 0)
-                halted.add_metric(labels, 1 if p.halted_error else 0)
+                halted.add_metric(labels, 0 if p.halted_error is None else 1)
         yield from (lag, lag_s, age, claimed, halted)
-        holders = store.horizon_holders()
+        sees_all = store.sees_all_sessions()
         yield GaugeMetricFamily(
-            "outbox_relay_horizon_held_seconds",
-            "Age of the oldest open transaction holding back publication",
-            value=holders[0].age_s if holders else 0.0,
+            "outbox_relay_horizon_visible",
+            "1 when the relay's role sees every session's transaction (pg_read_all_stats); "
+            "0: outbox_relay_horizon_held_seconds is left out",
+            value=1 if sees_all else 0,
         )
+        if sees_all:  # else a 0 would only mean 'none of my own role's sessions'
+            ages = [h.age_s for h in store.horizon_holders() if h.age_s is not None]
+            yield GaugeMetricFamily(
+                "outbox_relay_horizon_held_seconds",
+                "Age of the oldest open transaction holding back publication",
+                value=max(ages, default=0.0),
+            )
         yield GaugeMetricFamily(
             "outbox_relay_live_sessions",
             "Relay sessions alive in this database",
@@ -142,65 +182,84 @@ class RelayCollector(Collector):
         )
 
 
+# The HTTP server: waitress multiplexes connections on one I/O thread and hands
+# complete requests to a fixed pool, so idle or slow clients cost a socket each, never a
+# thread; a client silent for CLIENT_TIMEOUT_S is disconnected, and past
+# MAX_CONNECTIONS new ones wait in the listen backlog.
+HTTP_THREADS = 2
+MAX_CONNECTIONS = 100
+CLIENT_TIMEOUT_S = 10
+
+
 class HealthServer:
-    """``/metrics``, ``/healthz`` and ``/readyz`` on one port, in a daemon thread."""
+    """``/metrics``, ``/healthz`` and ``/readyz`` on one port, served by waitress."""
 
-    def __init__(self, relay: Relay, open_store: Callable[[], OutboxStore], host: str, port: int):
+    def __init__(
+        self,
+        relay: Relay,
+        open_store: Callable[[], OutboxStore],
+        host: str,
+        port: int,
+        cache_ttl: float = 0.0,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.collector = RelayCollector(relay, open_store)
+        self.collector = RelayCollector(relay, open_store, cache_ttl)
         self.registry.register(self.collector)
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                server.handle(self)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                logger.debug("http: %s", format % args)
-
         self._relay = relay
+        self._metrics = make_wsgi_app(self.registry)
         try:
-            self._httpd = ThreadingHTTPServer((host, port), Handler)
+            self._server = create_server(
+                self._app,
+                host=host,
+                port=port,
+                threads=HTTP_THREADS,
+                connection_limit=MAX_CONNECTIONS,
+                channel_timeout=CLIENT_TIMEOUT_S,
+                cleanup_interval=1,
+                ident="outbox-relay",
+                clear_untrusted_proxy_headers=True,
+            )
         except OSError as exc:
             raise ConfigError(
                 f"metrics_port: cannot listen on {host}:{port}: {exc.strerror} "
                 "(RELAY_METRICS_PORT=0 picks a free port, RELAY_METRICS_ENABLED=false turns it off)"
             ) from exc
-        self.port = self._httpd.server_address[1]
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="relay-http", daemon=True
-        )
+        self.host = host
+        self.port = int(self._server.effective_port)
+        self._thread = threading.Thread(target=self._server.run, name="relay-http", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
-        logger.info("serving /metrics, /healthz and /readyz on port %s", self.port)
+        logger.info("serving /metrics, /healthz and /readyz on %s:%s", self.host, self.port)
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        # Close every socket from the I/O thread itself (a trigger runs it there), so
+        # its poll never sees a descriptor closed underneath it; then its loop ends.
+        self._server.trigger.pull_trigger(self._close_all)
+        self._thread.join(5.0)
+        self._server.task_dispatcher.shutdown(timeout=5)
 
-    def handle(self, request: BaseHTTPRequestHandler) -> None:
-        path = request.path.split("?", 1)[0]
+    def _close_all(self) -> None:
+        for dispatcher in list(self._server._map.values()):
+            dispatcher.close()
+
+    def _app(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
         if path == "/metrics":
-            self._reply(request, 200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
-        elif path == "/healthz":
-            ok, why = self._relay.healthy()
-            self._reply(request, 200 if ok else 503, why.encode())
-        elif path == "/readyz":
-            ok, why = self._relay.ready()
-            self._reply(request, 200 if ok else 503, why.encode())
-        else:
-            self._reply(request, 404, b"not found: try /metrics, /healthz or /readyz")
+            body: Iterable[bytes] = self._metrics(environ, start_response)
+            return body
+        if path == "/healthz":
+            return _text(start_response, *self._relay.healthy())
+        if path == "/readyz":
+            return _text(start_response, *self._relay.ready())
+        return _text(start_response, False, "not found: try /metrics, /healthz or /readyz", 404)
 
-    @staticmethod
-    def _reply(
-        request: BaseHTTPRequestHandler,
-        status: int,
-        body: bytes,
-        content_type: str = "text/plain; charset=utf-8",
-    ) -> None:
-        request.send_response(status)
-        request.send_header("Content-Type", content_type)
-        request.send_header("Content-Length", str(len(body)))
-        request.end_headers()
-        request.wfile.write(body)
+
+def _text(start_response: StartResponse, ok: bool, body: str, failure: int = 503) -> list[bytes]:
+    data = body.encode()
+    status = "200 OK" if ok else f"{failure} {HTTPStatus(failure).phrase}"
+    start_response(
+        status,
+        [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(data)))],
+    )
+    return [data]

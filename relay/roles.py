@@ -20,21 +20,36 @@ def grant_roles(
     relay_role: str | None = None,
     writer_role: str | None = None,
     create: bool = False,
+    read_all_stats: bool = False,
 ) -> list[str]:
-    """Apply ``relay/sql/roles.sql`` for the given roles; returns what was granted."""
+    """Apply ``relay/sql/roles.sql`` for the given roles; returns what was granted.
+
+    ``read_all_stats`` also gives the relay role ``pg_read_all_stats`` (to name the
+    sessions holding publication back; it shows every session's query text too);
+    without it, the relay role is left without that role."""
     blocks = parse_named(read_sql("roles.sql"))
     done = []
     with wrap_errors(), conn.transaction():
-        for role, name in ((relay_role, "relay_grants"), (writer_role, "writer_grants")):
+        for role, names in (
+            (relay_role, ["relay_grants", _stats_block(read_all_stats)]),
+            (writer_role, ["writer_grants"]),
+        ):
             if role is None:
                 continue
             if create and conn.execute(_ROLE_EXISTS, (role,)).fetchone() is None:
                 conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-            # One block of statements; without parameters psycopg sends it as is.
-            conn.execute(
-                sql.SQL(blocks[name]).format(
-                    schema=sql.Identifier(schema), role=sql.Identifier(role)
+            for name in names:
+                # One block of statements; without parameters psycopg sends it as is.
+                conn.execute(
+                    sql.SQL(blocks[name]).format(
+                        schema=sql.Identifier(schema), role=sql.Identifier(role)
+                    )
                 )
-            )
-            done.append(f"{name.split('_')[0]} role {role}")
+            done.append(f"{names[0].split('_')[0]} role {role}")
+    if relay_role is not None and read_all_stats:
+        done.append(f"pg_read_all_stats to {relay_role}")
     return done
+
+
+def _stats_block(read_all_stats: bool) -> str:
+    return "relay_read_all_stats" if read_all_stats else "relay_no_read_all_stats"

@@ -20,8 +20,10 @@ from pydantic import (
     model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings.exceptions import SettingsError
 
 from relay.errors import ConfigError, SubscriberError
+from relay.redact import redact
 from relay.subscribers import (
     DEFAULT_TOPIC,
     MAX_PARTS,
@@ -124,10 +126,14 @@ class Settings(BaseSettings):
     # HA: a relay that misses heartbeats for session_timeout loses its parts to peers.
     session_timeout: float = Field(default=10.0, ge=1.0, le=3600)
     heartbeat_interval: float = Field(default=2.0, gt=0, le=600)
-    # /metrics, /healthz and /readyz on one port (0: any free port).
+    # /metrics, /healthz and /readyz on one port (0: any free port). Loopback unless
+    # told otherwise: the endpoints have no authentication. The container image sets
+    # RELAY_METRICS_HOST=0.0.0.0 so that probes and Prometheus reach the pod or container.
     metrics_enabled: bool = True
     metrics_port: int = Field(default=9187, ge=0, le=65535)
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = Field(default="127.0.0.1", min_length=1)
+    # Scrapes within this many seconds share one read of the Postgres-derived figures.
+    metrics_cache_ttl: float = Field(default=5.0, ge=0, le=300)
     # Retention: every prune_every seconds (0: never) one relay deletes rows every
     # subscriber has published and that are older than retention seconds.
     prune_every: float = Field(default=3600.0, ge=0)
@@ -146,6 +152,20 @@ class Settings(BaseSettings):
         # property names use dots only, so an undotted key is an environment spelling.
         if isinstance(value, dict):
             return {(k if "." in k else k.replace("_", ".")).lower(): v for k, v in value.items()}
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _libpq_url(cls, value: SecretStr | None) -> SecretStr | None:
+        # Fail at start-up naming the key, not at the first connection; libpq quotes
+        # the whole string in its error, so the password is masked.
+        if value is not None:
+            from relay.db import parse_url
+
+            try:
+                parse_url(value.get_secret_value())
+            except ConfigError as exc:
+                raise ValueError(str(exc).removeprefix("database_url: ")) from exc
         return value
 
     @model_validator(mode="after")
@@ -223,22 +243,42 @@ class _TomlFile(PydanticBaseSettingsSource):
 _SECRET_FILE_KEYS = ("database_url", "kafka")
 
 
+def secret_from_environment(key: str) -> str | None:
+    """A secret setting as the environment gives it: ``RELAY_<KEY>``, else the contents
+    of the file ``RELAY_<KEY>_FILE`` names, else None. Keeps secrets out of argv (``ps``,
+    pod specs); the Spark jobs use it for their database URL."""
+    variable = f"RELAY_{key.upper()}"
+    if variable in os.environ:
+        return os.environ[variable]
+    return _secret_file(key)
+
+
+def _secret_file(key: str) -> str | None:
+    variable = f"RELAY_{key.upper()}_FILE"
+    path = os.environ.get(variable)
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"{key} ({variable}): cannot read {path}: {exc.strerror}") from exc
+
+
 def _secret_files(flags: dict[str, Any]) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for key in _SECRET_FILE_KEYS:
-        variable = f"RELAY_{key.upper()}_FILE"
-        path = os.environ.get(variable)
-        if path is None or key in flags or f"RELAY_{key.upper()}" in os.environ:
+        if key in flags or f"RELAY_{key.upper()}" in os.environ:
             continue
-        try:
-            text = Path(path).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise ConfigError(f"{key} ({variable}): cannot read {path}: {exc.strerror}") from exc
+        text = _secret_file(key)
+        if text is None:
+            continue
         if key == "kafka":
             try:
                 found[key] = json.loads(text)
             except json.JSONDecodeError as exc:
-                raise ConfigError(f"{key} ({variable}): {path} is not a JSON object") from exc
+                raise ConfigError(
+                    f"{key} (RELAY_KAFKA_FILE): {os.environ['RELAY_KAFKA_FILE']} is not a JSON object"
+                ) from exc
         else:
             found[key] = text
     return found
@@ -252,6 +292,8 @@ def load_settings(config_file: Path | None = None, **flags: Any) -> Settings:
         return Settings(**_secret_files(given), **given)
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from exc
+    except SettingsError as exc:  # a RELAY_* variable that should hold JSON does not
+        raise ConfigError(redact(f"{exc}: {exc.__cause__}")) from exc
     finally:
         _config_file.reset(token)
 

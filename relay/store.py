@@ -71,7 +71,9 @@ class HorizonHolder:
     xid: str
     state: str | None
     application_name: str | None
-    age_s: float
+    # None, like state and query_start: another role's session, whose details this role
+    # may not see (it lacks pg_read_all_stats).
+    age_s: float | None
     query_start: datetime | None
 
 
@@ -200,6 +202,13 @@ class OutboxStore:
                 .fetchall()
             )
         return [HorizonHolder(**row) for row in rows]
+
+    def sees_all_sessions(self) -> bool:
+        """Whether :meth:`horizon_holders` can see every role's sessions, or only its own
+        role's (no ``pg_read_all_stats``: see ``outbox-relay grant --read-all-stats``)."""
+        with wrap_errors():
+            row = self.conn.execute(self._q["sees_all_sessions"]).fetchone()
+        return bool(row and row[0])
 
     def prune(self, older_than_s: float, batch: int = 10_000) -> Iterator[int]:
         """Delete published rows older than ``older_than_s``, ``batch`` rows per

@@ -8,8 +8,11 @@ older checkpoint can never move an order's state backwards.
 
 Run locally (embedded default) or with ``spark-submit``::
 
+    RELAY_DATABASE_URL_FILE=/run/secrets/db-url \\
     python -m spark_jobs.order_projection --bootstrap-servers 127.0.0.1:9092 \\
-        --database-url postgresql://... --checkpoint /tmp/orders-ckpt
+        --checkpoint /tmp/orders-ckpt
+
+(``--database-url`` works too, but shows the password in ``ps``.)
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs.decoding import decode_events, split_corrupt
 from spark_jobs.postgres_sink import PostgresBatchSink
+from spark_jobs.secrets import DATABASE_URL_HELP, resolve_database_url
 from spark_jobs.session import local_session, read_kafka
 
 ORDERS_DDL = """
@@ -164,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bootstrap-servers", required=True)
     parser.add_argument("--topic", default="outbox.event.order")
-    parser.add_argument("--database-url", required=True)
+    parser.add_argument("--database-url", help=DATABASE_URL_HELP)
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--schemas", default=str(Path("schemas")))
     parser.add_argument("--available-now", action="store_true", help="Process what is there, stop.")
@@ -176,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         spark,
         bootstrap_servers=args.bootstrap_servers,
         topic=args.topic,
-        database_url=args.database_url,
+        database_url=resolve_database_url(parser, args.database_url),
         checkpoint=args.checkpoint,
         schemas=args.schemas,
         available_now=args.available_now,

@@ -26,6 +26,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from spark_jobs.postgres_sink import PostgresBatchSink
+from spark_jobs.secrets import DATABASE_URL_HELP, resolve_database_url
 from spark_jobs.session import local_session, read_kafka
 
 TABLES_DDL = (
@@ -130,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bootstrap-servers", required=True)
     parser.add_argument("--topics", required=True, help="Two (or more) comma-separated topics.")
-    parser.add_argument("--database-url", required=True)
+    parser.add_argument("--database-url", help=DATABASE_URL_HELP)
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--length", default="10 seconds")
     parser.add_argument("--slide", default="5 seconds")
@@ -141,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         local_session("window-average"),
         bootstrap_servers=args.bootstrap_servers,
         topics=args.topics.split(","),
-        database_url=args.database_url,
+        database_url=resolve_database_url(parser, args.database_url),
         checkpoint=args.checkpoint,
         length=args.length,
         slide=args.slide,

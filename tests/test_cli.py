@@ -108,3 +108,56 @@ def test_unreachable_database_is_a_clear_error() -> None:
     )
     assert result.returncode == 1
     assert "postgres is unavailable" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_mistyped_database_url_never_prints_the_password() -> None:
+    url = "postgresq://user:SECRET@127.0.0.1:1/db"
+    for args, env in (
+        (("status", "--database-url", url), None),
+        (("subscribers", "list"), {"RELAY_DATABASE_URL": url}),
+        (("run", "--bootstrap-servers", "127.0.0.1:1"), {"RELAY_DATABASE_URL": url}),
+    ):
+        result = cli(*args, env=env)
+        assert result.returncode == 2, result.stderr
+        assert "database_url" in result.stderr and "user:***@127.0.0.1" in result.stderr
+        assert "SECRET" not in result.stderr + result.stdout
+        assert "Traceback" not in result.stderr
+
+
+def test_a_refused_connection_never_prints_the_password() -> None:
+    for url in (
+        "postgresql://user:SECRET@127.0.0.1:1/db",
+        "host=127.0.0.1 port=1 dbname=db user=user password=SECRET",
+    ):
+        result = cli("status", "--database-url", url)
+        assert result.returncode == 1
+        assert "postgres is unavailable" in result.stderr
+        assert "SECRET" not in result.stderr + result.stdout
+
+
+def test_listings_print_writer_and_client_text_verbatim(
+    db: psycopg.Connection[Any], database_url: str, outbox: Outbox
+) -> None:
+    """Event types, aggregate types, halt errors and application names are data: text
+    that looks like rich markup ([/], [bold]) is printed as is, never parsed."""
+    url = ["--database-url", database_url]
+    added = cli(
+        "subscribers", "add", "m", "--format", "json", "--aggregate-type", "[/]",
+        "--event-type", "[bold]Placed", *url,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    db.execute(
+        "UPDATE outbox_checkpoints SET halted_at = now(), halted_error = %s WHERE subscriber = 'm'",
+        ("bad payload [/] in [bold]Placed[/bold]",),
+    )
+    wide = {"COLUMNS": "400"}
+    listed = cli("subscribers", "list", *url, env=wide)
+    assert listed.returncode == 0, listed.stderr
+    assert "aggregate_types=[/]; event_types=[bold]Placed" in listed.stdout
+    assert "m/0 halted: bad payload [/] in [bold]Placed[/bold]" in listed.stderr
+    with psycopg.connect(database_url, application_name="[/] [bold]etl") as holder:
+        holder.execute("SELECT pg_current_xact_id()")
+        status = cli("status", *url, env=wide)
+        holder.rollback()
+    assert status.returncode == 0, status.stderr
+    assert "[/] [bold]etl" in status.stdout

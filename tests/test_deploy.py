@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -413,7 +414,7 @@ def test_spark_target(stages: dict[str, Stage]) -> None:
     spark = stages["spark"]
     assert any("openjdk-" in run and "jre-headless" in run for run in spark.runs)
     assert ("spark-builder", ["/opt/venv"], "/opt/venv") in spark.copies
-    assert any("[spark]" in run for run in stages["spark-builder"].runs)
+    assert any("requirements-spark.lock" in run for run in stages["spark-builder"].runs)
     assert spark.entrypoint == ["python", "-m"]
     assert spark.env.get("HOME") == "/tmp"
 
@@ -718,3 +719,100 @@ def test_k8s_spark_example_runs_the_archive(monkeypatch: pytest.MonkeyPatch) -> 
     assert args["available_now"] is True
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert {"/tmp", "/data"} <= mounts
+
+
+def test_containers_listen_for_probes_on_every_interface(runtime: Stage) -> None:
+    """The relay binds loopback by default (its HTTP port has no authentication); the
+    image, compose and Kubernetes must say 0.0.0.0, or probes and scrapes cannot reach it."""
+    assert Settings().metrics_host == "127.0.0.1"
+    assert runtime.env.get("RELAY_METRICS_HOST") == "0.0.0.0"
+    assert compose()["services"]["relay"]["environment"]["RELAY_METRICS_HOST"] == "0.0.0.0"
+    assert k8s_one("ConfigMap", "outbox-relay")["data"]["RELAY_METRICS_HOST"] == "0.0.0.0"
+    policy = k8s_one("NetworkPolicy", "outbox-relay")["spec"]
+    deployment = k8s_one("Deployment", "outbox-relay")["spec"]["template"]["metadata"]
+    assert policy["podSelector"]["matchLabels"].items() <= deployment["labels"].items()
+    assert [p["port"] for rule in policy["ingress"] for p in rule["ports"]] == ["metrics"]
+
+
+def test_alert_rules_watch_metrics_the_relay_serves() -> None:
+    rules = yaml.safe_load((REPO / "deploy" / "prometheus" / "alerts.yml").read_text())
+    alerts = {r["alert"]: r for g in rules["groups"] for r in g["rules"]}
+    assert {"OutboxRelayPartHalted", "OutboxRelayWorkerFailed"} <= set(alerts)
+    served = (REPO / "relay" / "metrics.py").read_text()
+    for name, rule in alerts.items():
+        metrics = re.findall(r"\boutbox_relay_\w+", rule["expr"])
+        assert metrics, f"{name} watches no relay metric"
+        for metric in metrics:  # a counter is served as NAME_total
+            assert f'"{metric.removesuffix("_total")}"' in served, f"{name}: {metric}"
+    assert "outbox_relay_part_halted" in alerts["OutboxRelayPartHalted"]["expr"]
+
+
+def _published(port: Any) -> tuple[str | None, str | None]:
+    """(host ip, host port) of a compose port entry, short or long syntax."""
+    if isinstance(port, dict):
+        return port.get("host_ip"), port.get("published")
+    parts = str(port).split(":")
+    if len(parts) == 3:
+        return parts[0], parts[1] or None
+    return None, parts[0] if len(parts) == 2 else None
+
+
+def test_compose_publishes_ports_on_loopback_only() -> None:
+    """Postgres (a superuser), PLAINTEXT Kafka and the metrics port are for this host."""
+    for name, service in compose()["services"].items():
+        for port in service.get("ports", []):
+            host_ip, _ = _published(port)
+            assert host_ip == "127.0.0.1", f"{name} publishes {port} on every interface"
+
+
+def test_compose_relay_runs_as_the_least_privilege_role() -> None:
+    services = compose()["services"]
+    owner = services["postgres"]["environment"]["POSTGRES_USER"]
+    relay_user = urlsplit(services["relay"]["environment"]["RELAY_DATABASE_URL"]).username
+    assert relay_user and relay_user != owner, "the relay must not run as the owner/superuser"
+    grant = services["relay-grant"]
+    assert grant["command"][:3] == ["grant", "--relay-role", relay_user]
+    assert urlsplit(grant["environment"]["RELAY_DATABASE_URL"]).username == owner
+    assert grant["depends_on"]["relay-migrate"]["condition"] == "service_completed_successfully"
+    assert services["relay"]["depends_on"]["relay-grant"]["condition"] == (
+        "service_completed_successfully"
+    )
+    init = [v for v in services["postgres"]["volumes"] if "docker-entrypoint-initdb.d" in v]
+    assert init, "nothing creates the relay's login role"
+    folder = COMPOSE.parent / init[0].split(":")[0]
+    scripts = " ".join(p.read_text() for p in folder.glob("*.sql"))
+    assert re.search(rf"CREATE ROLE {relay_user} LOGIN", scripts)
+    assert "SUPERUSER" not in scripts.upper().replace("NOSUPERUSER", "")
+
+
+def _locked(path: Path) -> dict[str, str]:
+    """name -> pinned version of a hashed lock file, names normalized."""
+    pins = re.findall(r"^([A-Za-z0-9._-]+)==([^\s;\\]+)", path.read_text(), re.MULTILINE)
+    return {re.sub(r"[-_.]+", "-", n).lower(): v for n, v in pins}
+
+
+@pytest.mark.parametrize(
+    ("lock", "extra"), [("requirements.lock", None), ("requirements-spark.lock", "spark")]
+)
+def test_lock_files_pin_every_dependency_with_hashes(
+    stages: dict[str, Stage], lock: str, extra: str | None
+) -> None:
+    """The images install from hashed lock files; each pin must satisfy pyproject.toml,
+    or a dependency change was not re-locked."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = [Requirement(r) for r in project["dependencies"]]
+    wanted += [Requirement(r) for r in project["optional-dependencies"].get(extra or "", [])]
+    pins = _locked(REPO / lock)
+    for requirement in wanted:
+        name = re.sub(r"[-_.]+", "-", requirement.name).lower()
+        assert name in pins, f"{lock} lacks {requirement.name}"
+        assert requirement.specifier.contains(pins[name]), f"{lock}: {name}=={pins[name]}"
+    text = (REPO / lock).read_text()
+    blocks = re.split(r"\n(?=[A-Za-z])", text)[1:]  # one per pinned package
+    assert len(blocks) == len(pins) and all("--hash=sha256:" in block for block in blocks)
+    installs = " ".join(" ".join(run.split()) for s in stages.values() for run in s.runs)
+    assert f"--require-hashes --no-deps -r {lock}" in installs

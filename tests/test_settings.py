@@ -93,3 +93,45 @@ def test_secrets_can_come_from_files(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("RELAY_KAFKA_FILE", str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="RELAY_KAFKA_FILE"):
         load_settings()
+
+
+def test_a_mistyped_database_url_names_the_key_and_hides_the_password(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RELAY_DATABASE_URL", "postgresq://user:SECRET@host/db")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    message = str(info.value)
+    assert "database_url (RELAY_DATABASE_URL)" in message
+    assert "postgresq://user:***@host/db" in message and "SECRET" not in message
+
+
+def test_malformed_json_in_a_variable_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELAY_KAFKA", '{"sasl.password": "SECRET", oops}')
+    with pytest.raises(ConfigError, match='field "kafka"') as info:
+        load_settings()
+    assert "SECRET" not in str(info.value)
+
+
+def test_log_lines_and_tracebacks_mask_passwords(capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    import psycopg
+
+    from relay import logs
+    from relay.db import wrap_errors
+    from relay.errors import RelayError
+
+    for fmt in ("text", "json"):
+        logs.configure("INFO", fmt)
+        try:
+            with wrap_errors():
+                raise psycopg.OperationalError('no route to "postgresql://app:SECRET@db/app"')
+        except RelayError:
+            logging.getLogger("relay.test").exception(
+                "cannot reach %s", "host=db password='SEC RET' user=app"
+            )
+        written = capsys.readouterr().err
+        assert "postgresql://app:***@db/app" in written and "password=***" in written
+        assert "SECRET" not in written and "SEC RET" not in written
+        assert "Traceback" in written or '"exception"' in written

@@ -274,3 +274,54 @@ def test_archive_holds_every_event_once_partitioned_by_date(
     assert sorted(r.message_id for r in archived.collect()) == sorted(ids)
     assert archived.where("error IS NOT NULL").count() == 0
     assert [p.name for p in path.glob("date=*")]  # partitioned by date
+
+
+@pytest.mark.parametrize("job", ["order_projection", "window_average"])
+def test_jobs_read_the_database_url_from_the_environment(
+    job: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Secrets stay out of argv (`ps`, pod specs): RELAY_DATABASE_URL or a _FILE, as the
+    relay reads its own; a flag still wins."""
+    import importlib
+
+    module = importlib.import_module(f"spark_jobs.{job}")
+    seen: list[str] = []
+
+    class Query:
+        def awaitTermination(self) -> None:
+            pass
+
+    def start(spark: Any, **kwargs: Any) -> Query:
+        seen.append(kwargs["database_url"])
+        return Query()
+
+    monkeypatch.setattr(module, "local_session", lambda name: None)
+    monkeypatch.setattr(module, "start", start)
+    argv = ["--bootstrap-servers", "k:9092", "--checkpoint", str(tmp_path / "c")]
+    argv += ["--topics", "a,b"] if job == "window_average" else []
+    monkeypatch.delenv("RELAY_DATABASE_URL", raising=False)
+    monkeypatch.delenv("RELAY_DATABASE_URL_FILE", raising=False)
+
+    with pytest.raises(SystemExit) as missing:
+        module.main(argv)
+    assert missing.value.code == 2
+    assert "RELAY_DATABASE_URL_FILE" in capsys.readouterr().err
+
+    secret = tmp_path / "database-url"
+    secret.write_text("postgresql://job:from-file@db/app\n")
+    monkeypatch.setenv("RELAY_DATABASE_URL_FILE", str(secret))
+    module.main(argv)
+    monkeypatch.setenv("RELAY_DATABASE_URL", "postgresql://job:from-env@db/app")
+    module.main(argv)
+    module.main([*argv, "--database-url", "postgresql://job:from-flag@db/app"])
+    assert seen == [
+        "postgresql://job:from-file@db/app",
+        "postgresql://job:from-env@db/app",
+        "postgresql://job:from-flag@db/app",
+    ]
+
+    monkeypatch.delenv("RELAY_DATABASE_URL")
+    monkeypatch.setenv("RELAY_DATABASE_URL_FILE", str(tmp_path / "absent"))
+    with pytest.raises(SystemExit):
+        module.main(argv)
+    assert "cannot read" in capsys.readouterr().err

@@ -13,9 +13,16 @@ GRANT EXECUTE ON FUNCTION {schema}.outbox_part(text, integer) TO {role};
 GRANT SELECT ON {schema}.outbox_key_space TO {role};
 GRANT EXECUTE ON FUNCTION {schema}.outbox_check_key_space(),
     {schema}.outbox_translate_key(uuid, xid8, bigint) TO {role};
--- pg_stat_activity shows other roles' transaction ids only to this predefined role:
--- the relay needs them to name who holds the publication horizon back.
+
+-- name: relay_read_all_stats
+-- Only when asked (`grant --read-all-stats`): pg_stat_activity shows other roles'
+-- transaction ids only to this predefined role, so the relay can name who holds the
+-- publication horizon back. It also shows every session's query text.
 GRANT pg_read_all_stats TO {role};
+
+-- name: relay_no_read_all_stats
+-- Without --read-all-stats, take back what earlier versions of `grant` gave.
+REVOKE pg_read_all_stats FROM {role};
 
 -- name: writer_grants
 GRANT USAGE ON SCHEMA {schema} TO {role};

@@ -1,0 +1,29 @@
+"""The jobs' database URL: a flag, or (better: argv shows in ``ps`` and in pod specs) the
+environment, with the relay's convention for secrets."""
+
+from __future__ import annotations
+
+import argparse
+
+from relay.errors import ConfigError
+from relay.settings import secret_from_environment
+
+DATABASE_URL_HELP = (
+    "libpq URL of the database written to; default: $RELAY_DATABASE_URL, or the contents "
+    "of the file $RELAY_DATABASE_URL_FILE names (a mounted secret): keeps the password "
+    "out of argv"
+)
+
+
+def resolve_database_url(parser: argparse.ArgumentParser, given: str | None) -> str:
+    """``--database-url`` if given, else the environment's; exits with a usage error
+    (code 2) naming all three ways when there is none."""
+    try:
+        url = given or secret_from_environment("database_url")
+    except ConfigError as exc:
+        parser.error(str(exc))
+    if not url:
+        parser.error(
+            "a database URL is required: --database-url, RELAY_DATABASE_URL or RELAY_DATABASE_URL_FILE"
+        )
+    return url
