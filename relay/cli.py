@@ -5,6 +5,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -53,7 +54,12 @@ app.add_typer(subscribers_app, name="subscribers")
 # Everything printed comes from data that writers, operators and other database clients
 # control (event types, aggregate types, halt errors, application names): none of it is
 # parsed as rich markup or emoji codes. Styling is given explicitly, with rich Text.
-out = Console(markup=False, emoji=False, highlight=False)
+# verify's exit code when Postgres or Kafka could not be read (1 means findings).
+_COULD_NOT_CHECK = 3
+# Piped or redirected output is not cut to 80 columns (rich's default off a terminal).
+_COLUMNS = os.environ.get("COLUMNS", "")
+_WIDTH = None if sys.stdout.isatty() else int(_COLUMNS) if _COLUMNS.isdigit() else 250
+out = Console(markup=False, emoji=False, highlight=False, width=_WIDTH)
 err = Console(stderr=True, markup=False, emoji=False, highlight=False)
 
 # Options shared by several commands. Flags win over RELAY_* variables and the file.
@@ -225,10 +231,9 @@ def verify(
 ) -> None:
     """Check the topics against the outbox: missing, duplicated, out-of-order events.
 
-    Exits 1 when it finds any.
+    Exits 0 when clean, 1 when it finds any, 2 on a configuration error, and 3 when it
+    could not check (Postgres or Kafka unreachable, a topic unreadable in time).
     """
-    from rich.progress import Progress
-
     from relay.verify import KafkaTopicReader
     from relay.verify import verify as run_verify
 
@@ -242,6 +247,30 @@ def verify(
         {**settings.kafka, "bootstrap.servers": settings.require_bootstrap_servers()},
         timeout=timeout,
     )
+    try:
+        reports = _verify_all(settings, reader, subscriber, as_json, run_verify)
+    except ConfigError:
+        raise
+    except RelayError as exc:
+        err.print(f"outbox-relay: could not check: {exc}")
+        raise typer.Exit(_COULD_NOT_CHECK) from exc
+    if as_json:
+        sys.stdout.write(json.dumps([r.as_dict() for r in reports], indent=2) + "\n")
+    else:
+        _print_reports(reports)
+    if not all(r.clean for r in reports):
+        raise typer.Exit(1)
+
+
+def _verify_all(
+    settings: Settings,
+    reader: Any,
+    subscriber: list[str] | None,
+    as_json: bool,
+    run_verify: Any,
+) -> list[Any]:
+    from rich.progress import Progress
+
     with (
         db.connect(settings.require_database_url(), application_name="outbox-relay-verify") as conn,
         Progress(console=err, transient=True, disable=as_json) as progress,
@@ -253,15 +282,10 @@ def verify(
                 tasks[name] = progress.add_task(f"reading {name}'s topics", total=total or None)
             progress.update(tasks[name], completed=done, total=total or None)
 
-        reports = run_verify(
+        reports: list[Any] = run_verify(
             conn, settings.database_schema, reader, subscribers=subscriber, progress=advance
         )
-    if as_json:
-        sys.stdout.write(json.dumps([r.as_dict() for r in reports], indent=2) + "\n")
-    else:
-        _print_reports(reports)
-    if not all(r.clean for r in reports):
-        raise typer.Exit(1)
+    return reports
 
 
 def _print_reports(reports: list[Any]) -> None:
@@ -278,6 +302,11 @@ def _print_reports(reports: list[Any]) -> None:
         )
     out.print(table)
     for r in reports:
+        if r.checked_after:
+            err.print(
+                f"{r.subscriber}: checked only events after {', '.join(r.checked_after)}, "
+                "where the subscriber was created or last reset (subscribers reset)"
+            )
         for kind, examples in r.examples.items():
             for text in examples:
                 err.print(f"{r.subscriber}: {kind}: {text}")
@@ -297,6 +326,12 @@ def status(
         report = _status(store)
     if as_json:
         sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
+        return
+    if not report["parts"] and not report["sessions"]:
+        out.print(
+            "No subscriber and no relay yet: `outbox-relay run` creates the default "
+            "subscriber and publishes; `outbox-relay subscribers add` declares others."
+        )
         return
     parts = Table("part", "checkpoint", "lag (events)", "lag (s)", "owner", "state")
     for p in report["parts"]:

@@ -485,12 +485,27 @@ def run_dev(*, workdir: Path, rate: float, duration: float | None, schemas_dir: 
     registry = SchemaRegistry.from_dir(schemas_dir)  # fail before starting anything
     options = DevOptions(workdir, schemas_dir, registry, rate, duration)
     session = Session(options, Console())
+    # SIGTERM (a process manager, `timeout`, `kill`) stops the demo as Ctrl-C does: in
+    # order, with the summary, and leaving no temporary files behind.
+    previous = _set_signal(signal.SIGTERM, _interrupt)
     try:
         _run(session)
     except KeyboardInterrupt:
         session.console.print("interrupted; everything is stopped")
+    finally:
+        _set_signal(signal.SIGTERM, previous)
     if session.started_at is not None:
         _summary(session)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _set_signal(which: int, handler: Any) -> Any:
+    if threading.current_thread() is threading.main_thread() and handler is not None:
+        return signal.signal(which, handler)
+    return None
 
 
 def _run(session: Session) -> None:
@@ -501,8 +516,9 @@ def _run(session: Session) -> None:
             _banner(session)
             _watch(session, session.options.duration)
         finally:
-            # A second Ctrl-C must not cut the ordered shutdown short.
+            # A second Ctrl-C (or SIGTERM) must not cut the ordered shutdown short.
             _set_sigint(signal.SIG_IGN)
+            _set_signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _set_sigint(handler: SigHandler) -> None:

@@ -79,6 +79,8 @@ class SubscriberReport:
     ahead: int = 0  # published past the Postgres checkpoint (recovery adopts them)
     dead_lettered: int = 0
     pending: int = 0  # not yet published: after the checkpoint
+    # Parts created with --from now or reset since: events before these are not checked.
+    checked_after: list[str] = field(default_factory=list)
     examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
 
     @property
@@ -101,6 +103,7 @@ class SubscriberReport:
             "ahead": self.ahead,
             "dead_lettered": self.dead_lettered,
             "pending": self.pending,
+            "checked_after": self.checked_after,
             "clean": self.clean,
             "examples": dict(self.examples),
         }
@@ -172,6 +175,9 @@ def _expectations(
                 )
             expected.topics.add(topic_cache[pair])
             expected.positions[message_id.bytes] = Position(transaction_id, position)
+    with wrap_errors():
+        starts = conn.execute(queries_for(schema)["part_starts"], {"name": subscriber.name})
+        report.checked_after = [f"part {part} at {tx}:{pos}" for part, tx, pos in starts]
     report.expected = len(expected.positions)
     report.topics = sorted(expected.topics)
     return report, expected

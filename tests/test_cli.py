@@ -161,3 +161,66 @@ def test_listings_print_writer_and_client_text_verbatim(
         holder.rollback()
     assert status.returncode == 0, status.stderr
     assert "[/] [bold]etl" in status.stdout
+
+
+def test_verify_tells_findings_from_could_not_check(
+    db: psycopg.Connection[Any], database_url: str, kafka_bootstrap: str
+) -> None:
+    from relay.localstack import free_port
+
+    assert (
+        run_cli("subscribers", "add", "s", env={"RELAY_DATABASE_URL": database_url}).returncode == 0
+    )
+    db.execute(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+        "VALUES ('order', '1', 'OrderPlaced', '{}')"
+    )
+    db.execute("UPDATE outbox_checkpoints SET transaction_id = '999999999', position = 1")
+    env = {"RELAY_DATABASE_URL": database_url, "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    findings = run_cli("verify", "--timeout", "20", env=env)
+    assert findings.returncode == 1, findings.stderr  # the event is missing from Kafka
+    broker_down = run_cli(
+        "verify",
+        "--timeout",
+        "5",
+        env={**env, "RELAY_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}"},
+    )
+    assert broker_down.returncode == 3, broker_down.stderr
+    assert "could not check" in broker_down.stderr
+    db_down = run_cli(
+        "verify", env={**env, "RELAY_DATABASE_URL": f"postgresql://x@127.0.0.1:{free_port()}/x"}
+    )
+    assert db_down.returncode == 3 and "could not check" in db_down.stderr
+
+
+def test_verify_says_when_a_reset_narrowed_its_check(
+    db: psycopg.Connection[Any], database_url: str, kafka_bootstrap: str
+) -> None:
+    env = {"RELAY_DATABASE_URL": database_url, "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    assert (
+        run_cli("subscribers", "add", "s", "--topic", "v.{aggregate_type}", env=env).returncode == 0
+    )
+    assert run_cli("subscribers", "reset", "s", "--to", "now", env=env).returncode == 0
+    result = run_cli("verify", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "s: checked only events after part 0 at" in result.stderr
+    [report] = json.loads(run_cli("verify", "--json", env=env).stdout)
+    assert len(report["checked_after"]) == 1
+
+
+def test_status_before_any_relay_says_what_to_do(
+    db: psycopg.Connection[Any], database_url: str
+) -> None:
+    result = run_cli("status", env={"RELAY_DATABASE_URL": database_url})
+    assert result.returncode == 0
+    assert "`outbox-relay run` creates the default subscriber" in result.stdout
+
+
+def test_piped_tables_keep_long_values_whole(
+    db: psycopg.Connection[Any], database_url: str
+) -> None:
+    topic = "a-rather-long-topic-prefix.for-a-team-with-long-names.outbox.event.{aggregate_type}"
+    env = {"RELAY_DATABASE_URL": database_url}
+    assert run_cli("subscribers", "add", "s", "--topic", topic, env=env).returncode == 0
+    listing = run_cli("subscribers", "list", env={**env, "COLUMNS": ""})
+    assert topic in listing.stdout

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -74,7 +76,36 @@ def test_dev_runs_reports_and_cleans_up(workdir: Path) -> None:
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
+    _assert_reported_and_cleaned_up(output, workdir)
 
+
+def test_sigterm_stops_dev_as_ctrl_c_does(workdir: Path) -> None:
+    """A process manager's SIGTERM: the ordered shutdown, the summary, nothing left."""
+    proc = subprocess.Popen(
+        [*_cli(), "dev", "--rate", "300", "--workdir", str(workdir)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        assert line, "outbox-relay dev exited early:\n" + "".join(lines)
+        lines.append(line)
+        if "bootstrap servers" in line:
+            break
+    time.sleep(5)  # events flow
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=120)
+    output = "".join(lines) + rest
+    assert proc.returncode == 0, output
+    _assert_reported_and_cleaned_up(output, workdir)
+
+
+def _assert_reported_and_cleaned_up(output: str, workdir: Path) -> None:
     summary = output[output.index("Summary:") :]
     assert _number(r"consumed (\d+)", summary) > 0
     assert _number(r"(\d+) duplicates", summary) == 0

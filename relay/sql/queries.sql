@@ -249,6 +249,13 @@ SELECT o.message_id, o.transaction_id::text::bigint, o.position, o.aggregate_typ
    AND (%(aggregate_types)s::text[] IS NULL OR o.aggregate_type = ANY(%(aggregate_types)s::text[]))
    AND (%(event_types)s::text[] IS NULL OR o.event_type = ANY(%(event_types)s::text[]));
 
+-- name: part_starts
+-- Parts whose generation starts after the beginning (created "now", or reset): verify
+-- checks only what follows, and says so.
+SELECT part, start_transaction_id::text::bigint, start_position FROM {schema}.outbox_checkpoints
+ WHERE subscriber = %(name)s AND (start_transaction_id, start_position) > ('0'::xid8, 0)
+ ORDER BY part;
+
 -- name: oldest_pending_age
 -- Seconds since the oldest unpublished event of a part was written: its lag in time.
 SELECT extract(epoch FROM now() - occurred_at)::float8 FROM {schema}.outbox
