@@ -407,6 +407,8 @@ def _counts(worker: PartWorker) -> Counter[str]:
             batches=stats.batches,
             errors=stats.errors,
             dead_lettered=stats.dead_lettered,
+            poisoned=stats.poisoned,
+            unexpected=stats.unexpected,
             recovered=stats.recovered,
         )
 

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from relay.errors import EncodingError, PayloadValidationError
-from relay.model import KafkaRecord, OutboxEvent
+from relay.model import KafkaRecord, OutboxEvent, Unreadable
 from relay.schemas import SchemaRegistry
 from relay.subscribers import Subscriber, ValueFormat
 
@@ -35,6 +35,9 @@ class RecordEncoder:
 
     def encode(self, event: OutboxEvent, subscriber: Subscriber) -> KafkaRecord:
         """The record for ``event``; :class:`EncodingError` marks a poison event."""
+        for column, value in (("payload", event.payload), ("headers", event.headers)):
+            if isinstance(value, Unreadable):
+                raise EncodingError(f"event {event.message_id}: its {column} is {value}")
         key = event.aggregate_id.encode()
         value = self._value(event, subscriber.value_format)
         headers, headers_size = _headers(event)
@@ -43,7 +46,13 @@ class RecordEncoder:
 
     def _value(self, event: OutboxEvent, value_format: ValueFormat) -> bytes:
         if value_format is ValueFormat.JSON:
-            return json.dumps(event.payload, separators=(",", ":"), ensure_ascii=False).encode()
+            try:
+                return json.dumps(event.payload, separators=(",", ":"), ensure_ascii=False).encode()
+            except (ValueError, TypeError, RecursionError) as exc:
+                raise EncodingError(
+                    f"event {event.message_id}: payload cannot be written as JSON "
+                    f"({type(exc).__name__}: {exc})"
+                ) from exc
         if self.registry is None:
             raise EncodingError("avro value format needs a schema registry (set schemas_dir)")
         try:

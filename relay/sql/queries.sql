@@ -42,7 +42,9 @@ SELECT coalesce(max(aggregate_version), 0) FROM {schema}.outbox
 -- Empty headers come back as NULL: parsing '{{}}' per row costs more than the payload.
 SELECT o.transaction_id::text::bigint AS transaction_id, o.position, o.message_id,
        o.aggregate_type, o.aggregate_id, o.aggregate_version, o.event_type, o.payload,
-       nullif(o.headers, '{{}}'::jsonb) AS headers, o.occurred_at
+       nullif(o.headers, '{{}}'::jsonb) AS headers,
+       -- Clamped into what Python's datetime holds: a writer may store 'infinity'.
+       least(greatest(o.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at
   FROM {schema}.outbox o
  WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
    AND o.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
