@@ -19,7 +19,7 @@ from relay.model import OutboxEvent, Position
 from relay.store import OutboxStore
 from relay.subscribers import Subscriber, ValueFormat
 from relay.worker import WorkerState
-from tests.support import consume, sub, write_orders
+from tests.support import consume, sub, wait_caught_up, write_orders
 from tests.test_exactly_once import wait_until
 from tests.test_worker_logic import FakeKafka, FakeStore
 from tests.test_worker_logic import event as logic_event
@@ -117,3 +117,32 @@ def test_an_unexpected_exception_is_counted_logged_and_the_worker_lives_on(
         w.join(10)
     [logged] = [r for r in caplog.records if "unexpected RuntimeError" in r.getMessage()]
     assert logged.exc_info is not None  # with its traceback
+
+
+def test_forged_ordering_keys_are_replaced_so_every_row_is_published(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    """The table's owner may name transaction_id and position (OVERRIDING SYSTEM VALUE).
+    A key below the checkpoint used to be skipped; one of 2^62 or 2^64-1 kept its row
+    pending for ever. The outbox now assigns both, whatever the writer says."""
+    start_relay(subscribers=[sub("s", topic_prefix, value_format="json")])
+    write_orders(db, outbox, ["first"])
+    wait_caught_up(db, "s")  # the checkpoint is past transaction id 5 now
+    for key, forged in (("below", 5), ("far", 2**62), ("last", 2**64 - 1)):
+        db.execute(
+            "INSERT INTO outbox (transaction_id, position, aggregate_type, aggregate_id,"
+            " event_type, payload) OVERRIDING SYSTEM VALUE"
+            " VALUES (%s::text::xid8, 1, 'order', %s, 'Note', '{}')",
+            (str(forged), key),
+        )
+    write_orders(db, outbox, ["after"])
+
+    seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 5)
+    assert sorted(r.key for r in seen) == ["after", "below", "far", "first", "last"]
+    wait_caught_up(db, "s")  # nothing left pending: no false lag
+    positions = db.execute("SELECT position FROM outbox ORDER BY transaction_id, position")
+    assert len({p for (p,) in positions}) == 5  # no forged position 1 left
