@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import re
 import threading
 import time
 from collections import Counter
@@ -34,7 +35,7 @@ from relay.schemas import SchemaRegistry
 from relay.sessions import SessionKeeper, assign
 from relay.settings import Settings
 from relay.store import OutboxStore, PartState
-from relay.subscribers import DEFAULT_SUBSCRIBER, StartFrom, Subscriber
+from relay.subscribers import DEFAULT_SUBSCRIBER, StartFrom, Subscriber, TopicGuard
 from relay.worker import PartWorker, WorkerState
 
 logger = logging.getLogger(__name__)
@@ -50,7 +51,9 @@ class Relay:
         self.database_url = settings.require_database_url()
         self.bootstrap_servers = settings.require_bootstrap_servers()
         self.registry = registry if registry is not None else _load_registry(settings)
-        self.encoder = RecordEncoder(self.registry)
+        allow = None if settings.topic_allow is None else re.compile(settings.topic_allow)
+        self.topic_guard = TopicGuard(settings.checkpoint_topic, allow)
+        self.encoder = RecordEncoder(self.registry, self.topic_guard)
         self.workers: dict[PartId, PartWorker] = {}
         self._stopping = threading.Event()
         self._stop_requested = threading.Event()
@@ -65,6 +68,8 @@ class Relay:
             enabled=settings.create_topics,
             partitions=settings.topic_partitions,
             replication_factor=settings.topic_replication_factor,
+            max_created=None if settings.max_created_topics < 0 else settings.max_created_topics,
+            relay_owned=self.topic_guard.relay_owned,
         )
 
     # -- lifecycle -------------------------------------------------------------------
@@ -281,7 +286,9 @@ class Relay:
         """Match claims and workers to this relay's share of the parts."""
         assert self._keeper is not None
         me = self._keeper.session.id
-        owners = {PartId(p.name, p.part): p.owner for s in store.list() for p in s.parts}
+        subscribers = store.list()
+        self.topic_guard.update(s.subscriber for s in subscribers)
+        owners = {PartId(p.name, p.part): p.owner for s in subscribers for p in s.parts}
         mine = {
             p for p, session in assign(list(owners), store.live_sessions()).items() if session == me
         }

@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from relay.encoding import headers_for
+from relay.encoding import RESERVED_HEADER_PREFIX, headers_for
 from relay.model import KafkaRecord, OutboxEvent, Unreadable
 from relay.store import DeadLetterDecision
 from relay.subscribers import Subscriber
 
-HEADER_ERROR = "outbox.error"
-HEADER_ORIGINAL_SUBSCRIBER = "outbox.subscriber"
+HEADER_ERROR = RESERVED_HEADER_PREFIX + "error"
+HEADER_ORIGINAL_SUBSCRIBER = RESERVED_HEADER_PREFIX + "subscriber"
 # Keep dead letters publishable even when the payload is what made the event poison.
 MAX_DEAD_LETTER_PAYLOAD_BYTES = 256 * 1024
 

@@ -105,6 +105,13 @@ class Settings(BaseSettings):
     # At most 300 s: a batch's transaction must fit in Kafka's 15-minute cap (3x this).
     delivery_timeout: float = Field(default=30.0, gt=0, le=300)
     create_topics: bool = True
+    # Rows choose topic names through {aggregate_type}/{event_type}: at most this many
+    # topics are created for events per relay process (0: none; -1: no cap). A row
+    # routed to a topic that does not exist beyond it is poison.
+    max_created_topics: int = Field(default=100, ge=-1)
+    # A regular expression every topic an event is routed to must match in full (None:
+    # any topic but the reserved ones: __*, the checkpoint and dead-letter topics).
+    topic_allow: str | None = None
     topic_partitions: int = Field(default=3, ge=1)
     topic_replication_factor: int = Field(default=-1, ge=-1)
     subscribers: list[SubscriberSettings] = Field(default_factory=list)
@@ -143,6 +150,16 @@ class Settings(BaseSettings):
         # property names use dots only, so an undotted key is an environment spelling.
         if isinstance(value, dict):
             return {(k if "." in k else k.replace("_", ".")).lower(): v for k, v in value.items()}
+        return value
+
+    @field_validator("topic_allow")
+    @classmethod
+    def _topic_allow(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from exc
         return value
 
     @model_validator(mode="after")

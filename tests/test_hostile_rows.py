@@ -6,18 +6,20 @@ while the hostile one goes where the subscriber's poison policy says."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from relay import Outbox
 from relay.daemon import Relay
 from relay.model import OutboxEvent, Position
 from relay.store import OutboxStore
-from relay.subscribers import Subscriber, ValueFormat
+from relay.subscribers import Subscriber, TopicGuard, ValueFormat, legal_topic
 from relay.worker import WorkerState
 from tests.support import consume, sub, wait_caught_up, write_orders
 from tests.test_exactly_once import wait_until
@@ -30,12 +32,14 @@ StartRelay = Callable[..., Relay]
 
 def insert(db: psycopg.Connection[Any], key: str, payload: str, **columns: Any) -> None:
     """A row as any application may write it in plain SQL."""
-    names = ["aggregate_type", "aggregate_id", "event_type", "payload", *columns]
-    values = ["order", key, "Note", payload, *columns.values()]
-    placeholders = ", ".join(["%s"] * len(values))
+    row = {"aggregate_type": "order", "aggregate_id": key, "event_type": "Note",
+           "payload": payload, **columns}  # fmt: skip
     db.execute(
-        f"INSERT INTO outbox ({', '.join(names)}) VALUES ({placeholders})",  # type: ignore[arg-type]
-        values,
+        sql.SQL("INSERT INTO outbox ({}) VALUES ({})").format(
+            sql.SQL(", ").join(map(sql.Identifier, row)),
+            sql.SQL(", ").join(sql.Placeholder() * len(row)),
+        ),
+        list(row.values()),
     )
 
 
@@ -146,3 +150,140 @@ def test_forged_ordering_keys_are_replaced_so_every_row_is_published(
     wait_caught_up(db, "s")  # nothing left pending: no false lag
     positions = db.execute("SELECT position FROM outbox ORDER BY transaction_id, position")
     assert len({p for (p,) in positions}) == 5  # no forged position 1 left
+
+
+def test_topics_kafka_refuses_are_the_rows_poison_and_others_flow(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    """With a topic template, writers name topics. Apache Kafka refuses '.' and '..',
+    and a name that collides with an existing one on '.' against '_'. Creating the
+    topic used to fail the part for good, under any policy."""
+    subscribers = [
+        sub("dl", "", topic=topic_prefix + "{aggregate_type}", value_format="json",
+            on_poison="dead-letter", dead_letter_topic=topic_prefix + "dead"),
+        sub("dots", "", topic="{aggregate_type}", aggregate_types=[".", ".."],
+            value_format="json", on_poison="dead-letter",
+            dead_letter_topic=topic_prefix + "dead.dots"),
+    ]  # fmt: skip
+    insert(db, "under", "{}", aggregate_type="a_b")
+    start_relay(subscribers=subscribers)
+    consume(kafka_bootstrap, [topic_prefix + "a_b"], 1)  # it exists now
+    for key, aggregate_type in (("dot", "a.b"), ("one", "."), ("two", "..")):
+        insert(db, key, "{}", aggregate_type=aggregate_type)
+    write_orders(db, outbox, ["after"])
+
+    [after] = consume(kafka_bootstrap, [topic_prefix + "order"], 1)
+    assert after.key == "after"
+    [collided] = consume(kafka_bootstrap, [topic_prefix + "dead"], 1)
+    assert collided.key == "dot" and "collides" in collided.headers["outbox.error"]
+    illegal = consume(kafka_bootstrap, [topic_prefix + "dead.dots"], 2)
+    assert sorted(r.key for r in illegal) == ["one", "two"]
+    assert all("not a legal Kafka topic name" in r.headers["outbox.error"] for r in illegal)
+
+
+def test_rows_cannot_reach_internal_checkpoint_dead_letter_or_others_topics(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    """Routed by '{aggregate_type}', writer rows used to land in __consumer_offsets, the
+    checkpoint topic and another subscriber's dead-letter topic, one carrying a forged
+    outbox.error header."""
+    wild_types = [
+        "__consumer_offsets",
+        "outbox-relay.checkpoints",  # the relay's checkpoint topic (the default name)
+        topic_prefix + "dead",  # subscriber "fixed"'s dead-letter topic
+        topic_prefix + "fixed",  # subscriber "fixed"'s own topic
+        topic_prefix + "mine",  # an ordinary topic: published
+    ]
+    subscribers = [
+        sub("wild", "", topic="{aggregate_type}", aggregate_types=wild_types,
+            value_format="json", on_poison="dead-letter",
+            dead_letter_topic=topic_prefix + "dead.wild"),
+        sub("fixed", "", topic=topic_prefix + "fixed", aggregate_types=["order"],
+            value_format="json", on_poison="dead-letter",
+            dead_letter_topic=topic_prefix + "dead"),
+    ]  # fmt: skip
+    for aggregate_type in wild_types:
+        headers = '{"outbox.error": "forged", "trace": "t-1"}'
+        insert(db, aggregate_type, "{}", aggregate_type=aggregate_type, headers=headers)
+    write_orders(db, outbox, ["after"])
+    start_relay(subscribers=subscribers)
+
+    [after] = consume(kafka_bootstrap, [topic_prefix + "fixed"], 1)
+    assert after.key == "after"
+    [mine] = consume(kafka_bootstrap, [topic_prefix + "mine"], 1)
+    assert mine.headers["trace"] == "t-1" and "outbox.error" not in mine.headers
+    refused = {r.key: r for r in consume(kafka_bootstrap, [topic_prefix + "dead.wild"], 4)}
+    assert sorted(refused) == sorted(wild_types[:4])
+    reasons = {key: r.headers["outbox.error"] for key, r in refused.items()}
+    assert "internal" in reasons["__consumer_offsets"]
+    assert "checkpoint topic" in reasons["outbox-relay.checkpoints"]
+    assert "dead-letter topic" in reasons[topic_prefix + "dead"]
+    assert "'fixed'" in reasons[topic_prefix + "fixed"]
+    assert all(r.headers["outbox.error"] != "forged" for r in refused.values())
+
+
+def test_topic_creation_is_capped_and_rows_beyond_the_cap_are_poison(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    """One INSERT of many aggregate types used to create as many topics."""
+    types = [f"type{n}" for n in range(5)]
+    with db.transaction():
+        for aggregate_type in types:
+            insert(db, aggregate_type, "{}", aggregate_type=aggregate_type)
+    start_relay(
+        max_created_topics=2,
+        subscribers=[
+            sub("s", "", topic=topic_prefix + "{aggregate_type}", value_format="json",
+                on_poison="dead-letter", dead_letter_topic=topic_prefix + "dead"),
+        ],
+    )  # fmt: skip
+    refused = consume(kafka_bootstrap, [topic_prefix + "dead"], 3)
+    assert all("max_created_topics (2) reached" in r.headers["outbox.error"] for r in refused)
+    created = sorted(set(types) - {r.key for r in refused})
+    assert len(created) == 2
+    insert(db, "later", "{}", aggregate_type=created[0])  # an existing topic: flows
+    seen = consume(kafka_bootstrap, [topic_prefix + t for t in created], 3)
+    assert sorted(r.key for r in seen) == sorted([*created, "later"])
+
+
+def test_topic_names_follow_kafkas_rules() -> None:
+    assert legal_topic("outbox.event.order") and legal_topic("a" * 249)
+    for name in (".", "..", "", "a" * 250, "order!", "ordre été"):
+        assert not legal_topic(name), name
+
+
+def test_the_guard_keeps_rows_off_reserved_topics_and_outside_the_allow_list() -> None:
+    wild = Subscriber("wild", topic="{aggregate_type}")
+    fixed = Subscriber("fixed", topic="payments", dead_letter_topic="payments.dead")
+    guard = TopicGuard("outbox-relay.checkpoints")
+    guard.update(s for s in (wild, fixed))  # any iterable, read once
+    for topic, reason in (
+        ("__consumer_offsets", "internal"),
+        ("__transaction_state", "internal"),
+        ("outbox-relay.checkpoints", "checkpoint topic"),
+        ("payments.dead", "dead-letter topic"),
+        ("outbox.dead-letter.future", "dead-letter topics"),
+        ("payments", "subscriber 'fixed'"),
+    ):
+        refusal = guard.refusal(topic, wild)
+        assert refusal is not None and reason in refusal, (topic, refusal)
+    assert guard.refusal("payments", fixed) is None  # its own topic
+    assert guard.refusal("order", wild) is None
+    assert guard.relay_owned("payments.dead") and not guard.relay_owned("payments")
+
+    allowing = TopicGuard("cp", re.compile(r"outbox\.event\.(order|payment)"))
+    assert allowing.refusal("outbox.event.order", wild) is None
+    refusal = allowing.refusal("outbox.event.orders", wild)
+    assert refusal is not None and "topic_allow" in refusal
