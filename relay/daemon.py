@@ -326,6 +326,7 @@ class Relay:
             open_publisher=self._new_publisher,
             encoder=self.encoder,
             batch_size=self.settings.batch_size,
+            batch_max_bytes=self.settings.batch_max_bytes,
             poll_interval=self.settings.poll_interval,
         )
         self.workers[part] = worker

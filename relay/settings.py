@@ -97,6 +97,9 @@ class Settings(BaseSettings):
     schemas_dir: Path = Path("schemas")
     # 5000: per-batch costs (a transaction, a checkpoint write) amortized; see bench/.
     batch_size: int = Field(default=5000, ge=1, le=100_000)
+    # And at most this many bytes of payloads and headers, as Postgres stores them
+    # (compressed), per batch; at least one row. Bounds memory under large rows.
+    batch_max_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=2**40)
     poll_interval: float = Field(default=1.0, gt=0, le=300)
     # The commit probe (relay/probe.py): how often to look for newly decided rows, and
     # how often once nothing has changed for 10 s.

@@ -87,13 +87,22 @@ class OutboxStore:
     # -- the relay's hot path --------------------------------------------------------
 
     def fetch(
-        self, after: Position, limit: int, *, part: int = 0, parts: int = 1
+        self,
+        after: Position,
+        limit: int,
+        *,
+        max_bytes: int = 2**62,
+        part: int = 0,
+        parts: int = 1,
     ) -> list[OutboxEvent]:
-        """Up to ``limit`` decided events of ``part`` after ``after``, in publication order."""
+        """Up to ``limit`` decided events of ``part`` after ``after``, in publication
+        order, and no more once their stored payloads and headers reach ``max_bytes``
+        (at least one)."""
         params = {
             "transaction_id": after.transaction_id,
             "position": after.position,
             "limit": limit,
+            "max_bytes": max_bytes,
             "part": part,
             "parts": parts,
         }
@@ -102,8 +111,8 @@ class OutboxStore:
             set_json_loads(_load_row_json, cur)
             rows = cur.execute(self._q["fetch_batch"], params).fetchall()
         return [
-            OutboxEvent(tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at)
-            for tx, pos, mid, atype, aid, version, etype, payload, headers, at in rows
+            OutboxEvent(tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at, size)
+            for tx, pos, mid, atype, aid, version, etype, payload, headers, at, size in rows
         ]
 
     def advance(self, state: PartState, to: Position, owner: UUID) -> int:

@@ -97,6 +97,7 @@ class PartWorker(threading.Thread):
         encoder: RecordEncoder,
         batch_size: int,
         poll_interval: float,
+        batch_max_bytes: int = 2**62,
     ) -> None:
         super().__init__(name=f"part-{part}", daemon=True)
         self.part = part
@@ -108,6 +109,7 @@ class PartWorker(threading.Thread):
         self._open_publisher = open_publisher
         self._encoder = encoder
         self._batch_size = batch_size
+        self._batch_max_bytes = batch_max_bytes
         self._poll_interval = poll_interval
         self._store: OutboxStore | None = None
         self._publisher: Publisher | None = None
@@ -210,7 +212,11 @@ class PartWorker(threading.Thread):
 
     def _fetch(self, store: OutboxStore, state: PartState) -> _Batch:
         events = store.fetch(
-            state.checkpoint, self._batch_size, part=self.part.part, parts=state.subscriber.parts
+            state.checkpoint,
+            self._batch_size,
+            max_bytes=self._batch_max_bytes,
+            part=self.part.part,
+            parts=state.subscriber.parts,
         )
         return _Batch(events)
 
@@ -273,7 +279,7 @@ class PartWorker(threading.Thread):
         def read_ahead() -> Extension | None:
             nonlocal end
             following = self._prepare(store, dataclasses.replace(state, checkpoint=end))
-            if not _joins(following, self._batch_size, state.subscriber.on_poison):
+            if not _joins(following, self._batch_size, self._batch_max_bytes, state):
                 ahead.append(following)
                 return None
             # Caught up: what committed meanwhile joins the open transaction rather than
@@ -441,15 +447,16 @@ class PartWorker(threading.Thread):
             self.stats.state = state
 
 
-def _joins(following: _Batch, batch_size: int, policy: PoisonPolicy) -> bool:
+def _joins(following: _Batch, batch_size: int, max_bytes: int, state: PartState) -> bool:
     """Whether a batch read ahead joins the transaction in flight: only when the relay
     is caught up (a backlog is better served by full batches, each overlapping the
-    last one's commit), every event encoded cleanly, and no dead-letter decision (made
-    on the slow path) could apply."""
+    last one's commit; a batch cut at ``max_bytes`` is full too), every event encoded
+    cleanly, and no dead-letter decision (made on the slow path) could apply."""
     return (
         following.records is not None
         and 0 < len(following.events) < batch_size
-        and policy is not PoisonPolicy.DEAD_LETTER
+        and sum(e.stored_bytes for e in following.events) < max_bytes
+        and state.subscriber.on_poison is not PoisonPolicy.DEAD_LETTER
     )
 
 

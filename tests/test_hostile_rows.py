@@ -17,7 +17,7 @@ from psycopg import sql
 
 from relay import Outbox
 from relay.daemon import Relay
-from relay.model import OutboxEvent, Position
+from relay.model import BEGINNING, OutboxEvent, Position
 from relay.store import OutboxStore
 from relay.subscribers import Subscriber, TopicGuard, ValueFormat, legal_topic
 from relay.worker import WorkerState
@@ -287,3 +287,39 @@ def test_the_guard_keeps_rows_off_reserved_topics_and_outside_the_allow_list() -
     assert allowing.refusal("outbox.event.order", wild) is None
     refusal = allowing.refusal("outbox.event.orders", wild)
     assert refusal is not None and "topic_allow" in refusal
+
+
+def test_a_batch_stops_once_its_rows_reach_batch_max_bytes_and_holds_at_least_one(
+    db: psycopg.Connection[Any],
+) -> None:
+    for n in range(5):  # about 100 KB each, incompressible: stored at full size
+        db.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
+            " SELECT 'order', %s, 'Note', jsonb_build_object('blob',"
+            " (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 3200)))",
+            (f"big-{n}",),
+        )
+    store = OutboxStore(db)
+    every = store.fetch(BEGINNING, 100)
+    sizes = [e.stored_bytes for e in every]
+    assert len(every) == 5 and all(size > 100_000 for size in sizes)
+
+    two = store.fetch(BEGINNING, 100, max_bytes=sizes[0] + sizes[1])
+    assert [e.aggregate_id for e in two] == ["big-0", "big-1"]
+    rest = store.fetch(two[-1].key, 100, max_bytes=sizes[2] + 1)
+    assert [e.aggregate_id for e in rest] == ["big-2", "big-3"]  # the one that crosses it
+    assert [e.aggregate_id for e in store.fetch(BEGINNING, 100, max_bytes=1)] == ["big-0"]
+    assert len(store.fetch(BEGINNING, 3, max_bytes=2**40)) == 3  # the row cap still holds
+
+
+def test_a_batch_cut_at_batch_max_bytes_is_full_and_does_not_join_the_one_in_flight() -> None:
+    store, kafka = FakeStore(Subscriber("s", topic="t", value_format=ValueFormat.JSON)), FakeKafka()
+    w = logic_worker(store, kafka, batch_size=100, batch_max_bytes=1000)
+    w._publisher = kafka
+    store.outbox = [logic_event(n)._replace(stored_bytes=600) for n in range(1, 6)]
+    batch = w._fetch(store, store.state)  # type: ignore[arg-type]
+    assert len(batch.events) == 2  # 600, then 1,200: the cap is reached
+    _, ahead = w._publish(store, store.state, batch)  # type: ignore[arg-type]
+    # Read ahead meanwhile: a batch cut by bytes is a backlog, not a caught-up tail.
+    assert [len(tx) for tx in kafka.transactions] == [2]
+    assert ahead is not None and len(ahead.events) == 2
