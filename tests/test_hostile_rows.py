@@ -312,6 +312,31 @@ def test_a_batch_stops_once_its_rows_reach_batch_max_bytes_and_holds_at_least_on
     assert len(store.fetch(BEGINNING, 3, max_bytes=2**40)) == 3  # the row cap still holds
 
 
+def test_large_rows_go_out_in_batches_under_batch_max_bytes_and_others_follow(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    """Legal rows of 300 KB each, six of them: one batch of six used to hold them all in
+    memory at once; under a 700 KB cap they go out in batches of three."""
+    for n in range(6):
+        db.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
+            " SELECT 'order', %s, 'Note', jsonb_build_object('blob',"
+            " (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 9400)))",
+            (f"big-{n}",),
+        )
+    write_orders(db, outbox, ["after"])
+    relay = start_relay(
+        batch_max_bytes=700_000, subscribers=[sub("s", topic_prefix, value_format="json")]
+    )
+    seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 7)
+    assert sorted(r.key for r in seen) == sorted([f"big-{n}" for n in range(6)] + ["after"])
+    assert relay.worker("s").stats.batches >= 2  # 1 without the byte cap
+
+
 def test_a_batch_cut_at_batch_max_bytes_is_full_and_does_not_join_the_one_in_flight() -> None:
     store, kafka = FakeStore(Subscriber("s", topic="t", value_format=ValueFormat.JSON)), FakeKafka()
     w = logic_worker(store, kafka, batch_size=100, batch_max_bytes=1000)
