@@ -51,7 +51,7 @@ class RecordEncoder:
         value = self._value(event, subscriber.value_format)
         headers, headers_size = _headers(event)
         size = len(key) + len(value) + headers_size
-        return KafkaRecord(topic, key, value, headers, size)
+        return KafkaRecord(topic, key, value, headers, size, subscriber.fixed_topic is None)
 
     def _value(self, event: OutboxEvent, value_format: ValueFormat) -> bytes:
         if value_format is ValueFormat.JSON:

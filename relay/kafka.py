@@ -178,18 +178,45 @@ class TopicCreator:
     def ensure(self, topics: set[str], *, partitions: int | None = None, **config: str) -> None:
         """Create what is missing of ``topics``. Raises :class:`TopicRefused` for the
         first topic refused for good, after creating the others."""
+        self._ensure(topics, set(), partitions, config)
+
+    def ensure_for_records(self, topics: set[str], routed: set[str]) -> None:
+        """:meth:`ensure` for the topics of records, ``routed`` those that rows named.
+        When creation is disabled, a missing topic that rows named is refused; any other
+        missing topic is the operator's to create, and producing to it retries until it
+        exists."""
+        self._ensure(topics, routed, None, {})
+
+    def _ensure(
+        self, topics: set[str], routed: set[str], partitions: int | None, config: dict[str, str]
+    ) -> None:
         missing = topics - self._known
-        if not missing or not self._enabled:
-            self._known |= missing
+        if not missing:
             return
         with self._lock:
             missing -= self._known
-            if missing:
+            if not missing:
+                return
+            if self._enabled:
                 self._create(missing, partitions, config)
+            else:
+                self._check_routed(missing, routed)
+
+    def _check_routed(self, missing: set[str], routed: set[str]) -> None:
+        if missing & routed:
+            existing = self._existing(self._admin())
+            absent = sorted(missing & routed - existing)
+            self._known |= missing - set(absent)
+            if absent:
+                raise TopicRefused(absent[0], "it does not exist and create_topics is false")
+        self._known |= missing
+
+    def _admin(self) -> AdminClient:
+        client: dict[str, Any] = {**self._admin_config, "logger": logger}
+        return AdminClient(client)
 
     def _create(self, missing: set[str], partitions: int | None, config: dict[str, str]) -> None:
-        client: dict[str, Any] = {**self._admin_config, "logger": logger}
-        admin = AdminClient(client)
+        admin = self._admin()
         wanted, over_cap = self._within_cap(admin, missing)
         refused: list[TopicRefused] = [
             TopicRefused(t, f"max_created_topics ({self._max_created}) reached") for t in over_cap
@@ -303,7 +330,9 @@ class _BatchProducer:
         self, records: Sequence[KafkaRecord], callback: Callable[..., None] | None
     ) -> list[KafkaRecord]:
         try:
-            self._topics.ensure({r.topic for r in records})
+            self._topics.ensure_for_records(
+                {r.topic for r in records}, {r.topic for r in records if r.routed}
+            )
         except TopicRefused as exc:
             # The first record bound for it takes the blame; the poison policy decides.
             record = next(r for r in records if r.topic == exc.topic)

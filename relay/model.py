@@ -73,6 +73,9 @@ class KafkaRecord:
     value: bytes
     headers: list[tuple[str, str | bytes | None]]
     size: int = -1  # key + value + headers in bytes, when the encoder computed it
+    # The row's own fields named the topic (a template with fields): when the topic
+    # does not exist and the relay may not create it, that is the row's poison.
+    routed: bool = False
 
     def byte_size(self) -> int:
         if self.size >= 0:

@@ -71,7 +71,7 @@ class Subscriber:
     def dead_letter_topic_name(self) -> str:
         return self.dead_letter_topic or f"{DEAD_LETTER_PREFIX}{self.name}"
 
-    @property
+    @functools.cached_property
     def fixed_topic(self) -> str | None:
         """The one topic of a template without fields; None when rows choose it."""
         return None if _TEMPLATE_FIELD.search(self.topic) else self.topic.format()

@@ -258,6 +258,48 @@ def test_topic_creation_is_capped_and_rows_beyond_the_cap_are_poison(
     assert sorted(r.key for r in seen) == sorted([*created, "later"])
 
 
+def test_without_topic_creation_a_row_naming_a_missing_topic_is_poison_not_a_stall(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    """With create_topics = false, a row whose aggregate type names no existing topic
+    used to fail its batch until the delivery timeout, then again, for ever, holding
+    back every later row of the part."""
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    checkpoints, existing, dead = (
+        "outbox-relay.checkpoints",
+        topic_prefix + "order",
+        topic_prefix + "dead",
+    )
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    wanted = [NewTopic(checkpoints, 2, 1, config={"cleanup.policy": "compact"}),
+              NewTopic(existing, 1, 1), NewTopic(dead, 1, 1)]  # fmt: skip
+    for future in admin.create_topics(wanted).values():
+        try:
+            future.result(30)
+        except Exception as exc:  # the session's broker may have the checkpoint topic
+            assert "already exists" in str(exc)
+    insert(db, "nowhere", "{}", aggregate_type="no-such-type")
+    write_orders(db, outbox, ["after"])
+    start_relay(
+        create_topics=False,
+        delivery_timeout=5,
+        subscribers=[
+            sub("s", "", topic=topic_prefix + "{aggregate_type}", value_format="json",
+                on_poison="dead-letter", dead_letter_topic=dead),
+        ],
+    )  # fmt: skip
+    [after] = consume(kafka_bootstrap, [existing], 1)
+    assert after.key == "after"
+    [refused] = consume(kafka_bootstrap, [dead], 1)
+    assert refused.key == "nowhere"
+    assert "does not exist and create_topics is false" in refused.headers["outbox.error"]
+
+
 def test_topic_names_follow_kafkas_rules() -> None:
     assert legal_topic("outbox.event.order") and legal_topic("a" * 249)
     for name in (".", "..", "", "a" * 250, "order!", "ordre été"):
