@@ -29,6 +29,7 @@ BENCHMARKS = (
     "fanout",
     "sharding",
     "spark",
+    "large_rows",
 )
 
 

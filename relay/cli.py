@@ -332,7 +332,12 @@ def status(
             "No subscriber and no relay yet: `outbox-relay run` creates the default "
             "subscriber and publishes; `outbox-relay subscribers add` declares others."
         )
-        return
+    else:
+        _print_parts_and_sessions(report)
+    _print_horizon(report)
+
+
+def _print_parts_and_sessions(report: dict[str, Any]) -> None:
     parts = Table("part", "checkpoint", "lag (events)", "lag (s)", "owner", "state")
     for p in report["parts"]:
         parts.add_row(
@@ -348,6 +353,9 @@ def status(
             str(s["parts"]),
         )  # fmt: skip
     out.print(sessions)
+
+
+def _print_horizon(report: dict[str, Any]) -> None:
     if not report["horizon_holders_complete"]:
         err.print(
             Text("the details of other roles' sessions are hidden from this role (it lacks "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import re
 import threading
 import time
 from collections import Counter
@@ -36,7 +37,7 @@ from relay.schemas import SchemaRegistry
 from relay.sessions import SessionKeeper, assign
 from relay.settings import Settings
 from relay.store import OutboxStore, PartState
-from relay.subscribers import DEFAULT_SUBSCRIBER, StartFrom, Subscriber, ValueFormat
+from relay.subscribers import DEFAULT_SUBSCRIBER, StartFrom, Subscriber, TopicGuard, ValueFormat
 from relay.worker import PartWorker, WorkerState
 
 logger = logging.getLogger(__name__)
@@ -55,7 +56,9 @@ class Relay:
         self.database_url = settings.require_database_url()
         self.bootstrap_servers = settings.require_bootstrap_servers()
         self.registry = registry if registry is not None else _load_registry(settings)
-        self.encoder = RecordEncoder(self.registry)
+        allow = None if settings.topic_allow is None else re.compile(settings.topic_allow)
+        self.topic_guard = TopicGuard(settings.checkpoint_topic, allow)
+        self.encoder = RecordEncoder(self.registry, self.topic_guard)
         self.workers: dict[PartId, PartWorker] = {}
         self._stopping = threading.Event()
         self._stop_requested = threading.Event()
@@ -75,6 +78,8 @@ class Relay:
             enabled=settings.create_topics,
             partitions=settings.topic_partitions,
             replication_factor=settings.topic_replication_factor,
+            max_created=None if settings.max_created_topics < 0 else settings.max_created_topics,
+            relay_owned=self.topic_guard.relay_owned,
         )
 
     # -- lifecycle -------------------------------------------------------------------
@@ -402,7 +407,9 @@ class Relay:
 
     def _rebalance(self, store: OutboxStore) -> None:
         """Match claims and workers to this relay's share of the parts."""
-        parts = {PartId(p.name, p.part): p for s in store.list() for p in s.parts}
+        subscribers = store.list()
+        self.topic_guard.update(s.subscriber for s in subscribers)
+        parts = {PartId(p.name, p.part): p for s in subscribers for p in s.parts}
         for part, worker in list(self.workers.items()):
             if not worker.is_alive():
                 halted = part in parts and parts[part].halted_error is not None
@@ -446,6 +453,7 @@ class Relay:
             open_publisher=self._new_publisher,
             encoder=self.encoder,
             batch_size=self.settings.batch_size,
+            batch_max_bytes=self.settings.batch_max_bytes,
             poll_interval=self.settings.poll_interval,
         )
         self.workers[part] = worker
@@ -565,6 +573,8 @@ def _counts(worker: PartWorker) -> Counter[str]:
             batches=stats.batches,
             errors=stats.errors,
             dead_lettered=stats.dead_lettered,
+            poisoned=stats.poisoned,
+            unexpected=stats.unexpected,
             recovered=stats.recovered,
             recoveries_refused=stats.recoveries_refused,
             key_space_rebased=stats.key_space_rebased,

@@ -6,9 +6,9 @@ import json
 from typing import Any
 
 from relay.errors import EncodingError, PayloadValidationError
-from relay.model import KafkaRecord, OutboxEvent
+from relay.model import KafkaRecord, OutboxEvent, Unreadable
 from relay.schemas import SchemaRegistry
-from relay.subscribers import Subscriber, ValueFormat
+from relay.subscribers import Subscriber, TopicGuard, ValueFormat
 
 # Header names: "id" as Debezium's Outbox Event Router; the rest spelled out.
 HEADER_ID = "id"
@@ -29,21 +29,39 @@ RESERVED_HEADERS = frozenset(
 )
 
 
+# Header names the relay writes on dead letters (relay/poison.py); a writer's own header
+# under this prefix is dropped, so no consumer can mistake it for the relay's.
+RESERVED_HEADER_PREFIX = "outbox."
+
+
 class RecordEncoder:
-    def __init__(self, registry: SchemaRegistry | None) -> None:
+    def __init__(self, registry: SchemaRegistry | None, guard: TopicGuard | None = None) -> None:
         self.registry = registry
+        self.guard = guard
 
     def encode(self, event: OutboxEvent, subscriber: Subscriber) -> KafkaRecord:
         """The record for ``event``; :class:`EncodingError` marks a poison event."""
+        for column, value in (("payload", event.payload), ("headers", event.headers)):
+            if isinstance(value, Unreadable):
+                raise EncodingError(f"event {event.message_id}: its {column} is {value}")
+        topic = subscriber.topic_for(event)
+        if self.guard is not None and (refusal := self.guard.refusal(topic, subscriber)):
+            raise EncodingError(f"event {event.message_id}: not routed to {topic!r}: {refusal}")
         key = event.aggregate_id.encode()
         value = self._value(event, subscriber.value_format)
         headers, headers_size = _headers(event)
         size = len(key) + len(value) + headers_size
-        return KafkaRecord(subscriber.topic_for(event), key, value, headers, size)
+        return KafkaRecord(topic, key, value, headers, size, subscriber.fixed_topic is None)
 
     def _value(self, event: OutboxEvent, value_format: ValueFormat) -> bytes:
         if value_format is ValueFormat.JSON:
-            return json.dumps(event.payload, separators=(",", ":"), ensure_ascii=False).encode()
+            try:
+                return json.dumps(event.payload, separators=(",", ":"), ensure_ascii=False).encode()
+            except (ValueError, TypeError, RecursionError) as exc:
+                raise EncodingError(
+                    f"event {event.message_id}: payload cannot be written as JSON "
+                    f"({type(exc).__name__}: {exc})"
+                ) from exc
         if self.registry is None:
             raise EncodingError("avro value format needs a schema registry (set schemas_dir)")
         try:
@@ -88,7 +106,7 @@ def _headers(event: OutboxEvent) -> tuple[list[tuple[str, str | bytes | None]], 
         extra = [
             (name, _header_bytes(value))
             for name, value in event.headers.items()
-            if name not in RESERVED_HEADERS
+            if name not in RESERVED_HEADERS and not name.startswith(RESERVED_HEADER_PREFIX)
         ]
         headers.extend(extra)
         size += sum(len(name) + len(value) for name, value in extra)

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 from uuid import UUID
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -59,6 +59,10 @@ _FENCED = frozenset(
         KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     }
 )
+# Topic-creation errors about the name itself ('.', '..', one colliding with an existing
+# topic on '.' against '_', a creation policy): the routed row's fault, so its poison.
+# Other refusals (authorization, replication factor) are the relay's configuration.
+_TOPIC_NAME_ERRORS = frozenset({KafkaError.TOPIC_EXCEPTION, KafkaError.POLICY_VIOLATION})
 _UNSUPPORTED = frozenset({KafkaError.UNSUPPORTED_VERSION, KafkaError._UNSUPPORTED_FEATURE})
 _BAD_TIMEOUT = KafkaError.INVALID_TRANSACTION_TIMEOUT
 # How long past its own timeout a transactional call may block before it is given up.
@@ -138,8 +142,24 @@ def producer_config(
     return config
 
 
+class TopicRefused(BrokerError):
+    """A topic could not be created, for good (an illegal or colliding name, a policy, the
+    cap on created topics). Publishing a row to it is that row's poison."""
+
+    def __init__(self, topic: str, reason: str) -> None:
+        self.topic = topic
+        self.reason = reason
+        super().__init__(f"cannot create topic {topic!r}: {reason}")
+
+
 class TopicCreator:
-    """Creates topics the relay routes to, once per process (a no-op when disabled)."""
+    """Creates topics the relay routes to, once per process (a no-op when disabled).
+
+    ``max_created`` caps how many topics this process creates for events (issue #17,
+    item 7): rows choose topic names, so without a cap one INSERT of many aggregate
+    types creates as many topics. The relay's own topics (``relay_owned``: checkpoint
+    and dead-letter topics) do not count. Beyond the cap, a topic that does not exist
+    yet is refused (:class:`TopicRefused`)."""
 
     def __init__(
         self,
@@ -148,20 +168,92 @@ class TopicCreator:
         enabled: bool = True,
         partitions: int = 3,
         replication_factor: int = -1,
+        max_created: int | None = None,
+        relay_owned: Callable[[str], bool] = lambda topic: False,
     ) -> None:
         self._admin_config = dict(admin_config)
         self._enabled = enabled
         self._partitions = partitions
         self._replication = replication_factor
+        self._max_created = max_created
+        self._relay_owned = relay_owned
         self._known: set[str] = set()
+        self._created = 0  # topics created for events, against max_created
+        self._lock = threading.Lock()  # shared by every worker of the relay
 
     def ensure(self, topics: set[str], *, partitions: int | None = None, **config: str) -> None:
+        """Create what is missing of ``topics``. Raises :class:`TopicRefused` for the
+        first topic refused for good, after creating the others."""
+        self._ensure(topics, set(), partitions, config)
+
+    def ensure_for_records(self, topics: set[str], routed: set[str]) -> None:
+        """:meth:`ensure` for the topics of records, ``routed`` those that rows named.
+        When creation is disabled, a missing topic that rows named is refused; any other
+        missing topic is the operator's to create, and producing to it retries until it
+        exists."""
+        self._ensure(topics, routed, None, {})
+
+    def _ensure(
+        self, topics: set[str], routed: set[str], partitions: int | None, config: dict[str, str]
+    ) -> None:
         missing = topics - self._known
-        if not missing or not self._enabled:
-            self._known |= missing
+        if not missing:
             return
+        with self._lock:
+            missing -= self._known
+            if not missing:
+                return
+            if self._enabled:
+                self._create(missing, partitions, config)
+            else:
+                self._check_routed(missing, routed)
+
+    def _check_routed(self, missing: set[str], routed: set[str]) -> None:
+        if missing & routed:
+            existing = self._existing(self._admin())
+            absent = sorted(missing & routed - existing)
+            self._known |= missing - set(absent)
+            if absent:
+                raise TopicRefused(absent[0], "it does not exist and create_topics is false")
+        self._known |= missing
+
+    def _admin(self) -> AdminClient:
         client: dict[str, Any] = {**self._admin_config, "logger": _client_log}
-        admin = AdminClient(client)
+        return AdminClient(client)
+
+    def _create(self, missing: set[str], partitions: int | None, config: dict[str, str]) -> None:
+        admin = self._admin()
+        wanted, over_cap = self._within_cap(admin, missing)
+        refused: list[TopicRefused] = [
+            TopicRefused(t, f"max_created_topics ({self._max_created}) reached") for t in over_cap
+        ]
+        if wanted:
+            refused += self._create_topics(admin, wanted, partitions, config)
+        if refused:
+            raise refused[0]
+
+    def _within_cap(self, admin: AdminClient, missing: set[str]) -> tuple[set[str], set[str]]:
+        """Split ``missing`` into topics to create and topics over the cap (a topic
+        that exists already is no creation: it is only marked known)."""
+        counted = sorted(t for t in missing if not self._relay_owned(t))
+        room = len(counted) if self._max_created is None else self._max_created - self._created
+        if len(counted) <= room:
+            return missing, set()
+        existing = self._existing(admin)
+        self._known |= missing & existing
+        beyond = [t for t in counted if t not in existing][max(room, 0) :]
+        return missing - existing - set(beyond), set(beyond)
+
+    def _existing(self, admin: AdminClient) -> set[str]:
+        try:
+            return set(admin.list_topics(timeout=10).topics)
+        except KafkaException as exc:
+            raise BrokerUnavailable(f"cannot list topics: {exc}") from exc
+
+    def _create_topics(
+        self, admin: AdminClient, missing: set[str], partitions: int | None, config: dict[str, str]
+    ) -> list[TopicRefused]:
+        refused: list[TopicRefused] = []
         futures = admin.create_topics(
             [
                 NewTopic(
@@ -179,16 +271,18 @@ class TopicCreator:
             try:
                 future.result()
                 logger.info("created topic %s", topic, extra={"topic": topic})
+                self._created += 0 if self._relay_owned(topic) else 1
             except KafkaException as exc:
                 error = exc.args[0] if exc.args else None
                 if not isinstance(error, KafkaError):
                     raise BrokerUnavailable(f"cannot create topic {topic!r}: {exc}") from exc
-                if error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                if error.code() in _TOPIC_NAME_ERRORS:
+                    refused.append(TopicRefused(topic, error.str()))
                     continue
-                if not error.retriable() and error.code() != KafkaError._TIMED_OUT:
-                    raise BrokerError(f"cannot create topic {topic!r}: {error.str()}") from exc
-                raise BrokerUnavailable(f"cannot create topic {topic!r}: {exc}") from exc
-        self._known |= missing
+                if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    _raise_creation_error(topic, error, exc)
+            self._known.add(topic)
+        return refused
 
 
 class _BatchProducer:
@@ -241,7 +335,14 @@ class _BatchProducer:
     def _produce_all(
         self, records: Sequence[KafkaRecord], callback: Callable[..., None] | None
     ) -> list[KafkaRecord]:
-        self._topics.ensure({r.topic for r in records})
+        try:
+            self._topics.ensure_for_records(
+                {r.topic for r in records}, {r.topic for r in records if r.routed}
+            )
+        except TopicRefused as exc:
+            # The first record bound for it takes the blame; the poison policy decides.
+            record = next(r for r in records if r.topic == exc.topic)
+            raise PoisonRecordError(record, f"topic refused: {exc.reason}") from exc
         self._check_sizes(records)
         for record in records:
             self._produce(record, callback)
@@ -565,6 +666,12 @@ class TransactionalPublisher(_BatchProducer):
                 if not error.retriable() or time.monotonic() > deadline:
                     raise BrokerUnavailable(f"transaction failed: {error.str()}") from exc
                 time.sleep(0.1)
+
+
+def _raise_creation_error(topic: str, error: KafkaError, exc: KafkaException) -> NoReturn:
+    if not error.retriable() and error.code() != KafkaError._TIMED_OUT:
+        raise BrokerError(f"cannot create topic {topic!r}: {error.str()}") from exc
+    raise BrokerUnavailable(f"cannot create topic {topic!r}: {exc}") from exc
 
 
 def _flush_unwrapped(producer: Producer, timeout: float) -> int:

@@ -46,6 +46,14 @@ _COUNTERS = {
         "outbox_relay_recoveries_refused",
         "Kafka-side checkpoints ahead of Postgres not shown to belong to this database",
     ),
+    "poisoned": (
+        "outbox_relay_poison_events",
+        "Events the part could not publish (dead-lettered, or halting the part)",
+    ),
+    "unexpected": (
+        "outbox_relay_unexpected_errors",
+        "Errors of no known kind in a part worker (logged with a traceback, then retried)",
+    ),
     "failures": (
         "outbox_relay_worker_failures",
         "Part workers that stopped on an error retrying cannot fix (the part is then halted)",

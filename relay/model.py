@@ -38,6 +38,18 @@ class KafkaCheckpoint(NamedTuple):
     message_id: UUID | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """A JSON column of a row the relay could not load (an integer beyond Python's
+    4,300-digit limit, nesting deeper than its recursion limit...). It stands in for the
+    value so that one row's defect is that row's poison, not the whole batch's."""
+
+    error: str
+
+    def __str__(self) -> str:
+        return f"unreadable JSON ({self.error})"
+
+
 class OutboxEvent(NamedTuple):
     """One committed outbox row (a tuple: the relay builds thousands per batch, and a
     frozen dataclass costs several times more to construct)."""
@@ -49,9 +61,12 @@ class OutboxEvent(NamedTuple):
     aggregate_id: str
     aggregate_version: int | None
     event_type: str
-    payload: Any  # decoded JSON
-    headers: dict[str, Any]
+    payload: Any  # decoded JSON, or Unreadable
+    headers: dict[str, Any]  # or Unreadable
     occurred_at: datetime
+    # The row's payload and headers as Postgres stores them (possibly compressed): what
+    # the fetch counts against batch_max_bytes.
+    stored_bytes: int = 0
 
     @property
     def key(self) -> Position:
@@ -67,6 +82,9 @@ class KafkaRecord:
     value: bytes
     headers: list[tuple[str, str | bytes | None]]
     size: int = -1  # key + value + headers in bytes, when the encoder computed it
+    # The row's own fields named the topic (a template with fields): when the topic
+    # does not exist and the relay may not create it, that is the row's poison.
+    routed: bool = False
 
     def byte_size(self) -> int:
         if self.size >= 0:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from relay.encoding import headers_for
-from relay.model import KafkaRecord, OutboxEvent
+from relay.encoding import RESERVED_HEADER_PREFIX, headers_for
+from relay.model import KafkaRecord, OutboxEvent, Unreadable
 from relay.store import DeadLetterDecision
 from relay.subscribers import Subscriber
 
-HEADER_ERROR = "outbox.error"
-HEADER_ORIGINAL_SUBSCRIBER = "outbox.subscriber"
+HEADER_ERROR = RESERVED_HEADER_PREFIX + "error"
+HEADER_ORIGINAL_SUBSCRIBER = RESERVED_HEADER_PREFIX + "subscriber"
 # Keep dead letters publishable even when the payload is what made the event poison.
 MAX_DEAD_LETTER_PAYLOAD_BYTES = 256 * 1024
 
@@ -26,6 +26,8 @@ MAX_DEAD_LETTER_PAYLOAD_BYTES = 256 * 1024
 def dead_letter_record(
     event: OutboxEvent, subscriber: Subscriber, decision: DeadLetterDecision
 ) -> KafkaRecord:
+    """The dead letter of ``event``. Never raises: whatever made the event poison (an
+    unreadable or unwritable payload or header) is left out of it and named instead."""
     error = decision.error
     document: dict[str, Any] = {
         "error": error,
@@ -38,20 +40,44 @@ def dead_letter_record(
         "aggregate_version": event.aggregate_version,
         "event_type": event.event_type,
         "occurred_at": event.occurred_at.isoformat(),
-        "headers": event.headers,
     }
-    payload = json.dumps(event.payload, separators=(",", ":"), ensure_ascii=False)
-    if len(payload.encode()) <= MAX_DEAD_LETTER_PAYLOAD_BYTES:
+    headers = _json_or_reason(event.headers)
+    if isinstance(headers, bytes):
+        document["headers"] = event.headers
+    else:
+        document["headers_omitted"] = headers
+    payload = _json_or_reason(event.payload)
+    if isinstance(payload, str):
+        document["payload_omitted"] = payload
+    elif len(payload) <= MAX_DEAD_LETTER_PAYLOAD_BYTES:
         document["payload"] = event.payload
     else:
-        document["payload_omitted_bytes"] = len(payload.encode())
+        document["payload_omitted_bytes"] = len(payload)
     return KafkaRecord(
         topic=decision.topic,
         key=event.aggregate_id.encode(),
         value=json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode(),
         headers=[
-            *headers_for(event),
+            *_safe_headers(event),
             (HEADER_ERROR, error.encode()),
             (HEADER_ORIGINAL_SUBSCRIBER, subscriber.name.encode()),
         ],
     )
+
+
+def _json_or_reason(value: Any) -> bytes | str:
+    """``value`` as compact JSON, or why it cannot be written."""
+    if isinstance(value, Unreadable):
+        return str(value)
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    except (ValueError, TypeError, RecursionError) as exc:
+        return f"cannot be written as JSON ({type(exc).__name__}: {exc})"
+
+
+def _safe_headers(event: OutboxEvent) -> list[tuple[str, str | bytes | None]]:
+    """The event's record headers; the relay's own only when the writer's are at fault."""
+    try:
+        return headers_for(event)
+    except Exception:  # the writer's headers made the event poison: keep ours
+        return headers_for(event._replace(headers={}))

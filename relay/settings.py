@@ -102,6 +102,9 @@ class Settings(BaseSettings):
     schemas_dir: Path | None = None
     # 5000: per-batch costs (a transaction, a checkpoint write) amortized; see bench/.
     batch_size: int = Field(default=5000, ge=1, le=100_000)
+    # And at most this many bytes of payloads and headers, as Postgres stores them
+    # (compressed), per batch; at least one row. Bounds memory under large rows.
+    batch_max_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=2**40)
     poll_interval: float = Field(default=1.0, gt=0, le=300)
     # The commit probe (relay/probe.py): how often to look for newly decided rows, and
     # how often once nothing has changed for 10 s.
@@ -110,6 +113,13 @@ class Settings(BaseSettings):
     # At most 300 s: a batch's transaction must fit in Kafka's 15-minute cap (3x this).
     delivery_timeout: float = Field(default=30.0, gt=0, le=300)
     create_topics: bool = True
+    # Rows choose topic names through {aggregate_type}/{event_type}: at most this many
+    # topics are created for events per relay process (0: none; -1: no cap). A row
+    # routed to a topic that does not exist beyond it is poison.
+    max_created_topics: int = Field(default=100, ge=-1)
+    # A regular expression every topic an event is routed to must match in full (None:
+    # any topic but the reserved ones: __*, the checkpoint and dead-letter topics).
+    topic_allow: str | None = None
     topic_partitions: int = Field(default=3, ge=1)
     topic_replication_factor: int = Field(default=-1, ge=-1)
     subscribers: list[SubscriberSettings] = Field(default_factory=list)
@@ -166,6 +176,16 @@ class Settings(BaseSettings):
                 parse_url(value.get_secret_value())
             except ConfigError as exc:
                 raise ValueError(str(exc).removeprefix("database_url: ")) from exc
+        return value
+
+    @field_validator("topic_allow")
+    @classmethod
+    def _topic_allow(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from exc
         return value
 
     @model_validator(mode="after")

@@ -10,11 +10,12 @@ from uuid import UUID
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg.types.json import set_json_loads
 
-from relay.db import wrap_errors
+from relay.db import load_json, wrap_errors
 from relay.errors import CheckpointConflict, ClaimLost, SubscriberError
 from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
-from relay.model import OutboxEvent, Position
+from relay.model import OutboxEvent, Position, Unreadable
 from relay.queries import queries_for
 from relay.subscribers import (
     PoisonPolicy,
@@ -96,22 +97,32 @@ class OutboxStore:
     # -- the relay's hot path --------------------------------------------------------
 
     def fetch(
-        self, after: Position, limit: int, *, part: int = 0, parts: int = 1
+        self,
+        after: Position,
+        limit: int,
+        *,
+        max_bytes: int = 2**62,
+        part: int = 0,
+        parts: int = 1,
     ) -> list[OutboxEvent]:
-        """Up to ``limit`` decided events of ``part`` after ``after``, in publication order."""
+        """Up to ``limit`` decided events of ``part`` after ``after``, in publication
+        order, and no more once their stored payloads and headers reach ``max_bytes``
+        (at least one)."""
         params = {
             "transaction_id": after.transaction_id,
             "position": after.position,
             "limit": limit,
+            "max_bytes": max_bytes,
             "part": part,
             "parts": parts,
         }
         # Binary transfer: integers, uuids and timestamps load without text parsing.
         with wrap_errors(), self.conn.cursor(binary=True) as cur:
+            set_json_loads(_load_row_json, cur)
             rows = cur.execute(self._q["fetch_batch"], params).fetchall()
         return [
-            OutboxEvent(tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at)
-            for tx, pos, mid, atype, aid, version, etype, payload, headers, at in rows
+            OutboxEvent(tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at, size)
+            for tx, pos, mid, atype, aid, version, etype, payload, headers, at, size in rows
         ]
 
     def advance(self, state: PartState, to: Position, owner: UUID) -> int:
@@ -426,6 +437,16 @@ class OutboxStore:
             rows = self.conn.execute(self._q["delete_subscriber"], {"name": name}).fetchall()
         if not rows:
             raise SubscriberError(f"no subscriber named {name!r}")
+
+
+def _load_row_json(data: bytes | bytearray | memoryview | str) -> Any:
+    """A row's payload or headers; never raises. Whatever Postgres accepted but Python
+    cannot load becomes :class:`Unreadable`, which the encoder treats as that row's
+    poison: raising here would fail the whole batch, for ever (docs/design.md §6)."""
+    try:
+        return load_json(data)
+    except Exception as exc:  # any failure: ValueError, RecursionError, MemoryError...
+        return Unreadable(f"{type(exc).__name__}: {str(exc)[:200]}")
 
 
 def _subscriber(row: dict[str, Any]) -> Subscriber:

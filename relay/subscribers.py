@@ -17,8 +17,13 @@ DEFAULT_SUBSCRIBER = "default"
 MAX_PARTS = 1024
 TOPIC_FIELDS = frozenset({"aggregate_type", "event_type"})
 
+DEAD_LETTER_PREFIX = "outbox.dead-letter."
+MAX_TOPIC_LENGTH = 249
+
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_TEMPLATE_FIELD = re.compile(r"\{[a-z_]+\}")
+_MAX_CACHED_REFUSALS = 4096
 
 
 class ValueFormat(StrEnum):
@@ -57,14 +62,19 @@ class Subscriber:
         validate_topic_template(self.topic)
         if not 1 <= self.parts <= MAX_PARTS:
             raise SubscriberError(f"parts must be between 1 and {MAX_PARTS}, got {self.parts}")
-        if self.dead_letter_topic is not None and not _TOPIC.match(self.dead_letter_topic):
+        if self.dead_letter_topic is not None and not legal_topic(self.dead_letter_topic):
             raise SubscriberError(
                 f"dead-letter topic {self.dead_letter_topic!r} is not a legal Kafka topic name"
             )
 
     @property
     def dead_letter_topic_name(self) -> str:
-        return self.dead_letter_topic or f"outbox.dead-letter.{self.name}"
+        return self.dead_letter_topic or f"{DEAD_LETTER_PREFIX}{self.name}"
+
+    @functools.cached_property
+    def fixed_topic(self) -> str | None:
+        """The one topic of a template without fields; None when rows choose it."""
+        return None if _TEMPLATE_FIELD.search(self.topic) else self.topic.format()
 
     def matches(self, event: OutboxEvent) -> bool:
         return (self.aggregate_types is None or event.aggregate_type in self.aggregate_types) and (
@@ -77,7 +87,7 @@ class Subscriber:
             raise EncodingError(
                 f"event {event.message_id}: routed to "
                 f"{self.topic.format(aggregate_type=event.aggregate_type, event_type=event.event_type)!r}, "
-                "which is not a legal Kafka topic name (1-249 of [a-zA-Z0-9._-])"
+                "which is not a legal Kafka topic name (1-249 of [a-zA-Z0-9._-], not '.' or '..')"
             )
         return topic
 
@@ -101,8 +111,8 @@ def validate_topic_template(template: str) -> str:
             f"topic template {template!r} uses unknown field(s) {sorted(unknown)}; "
             f"allowed: {sorted(TOPIC_FIELDS)}"
         )
-    literal = re.sub(r"\{[a-z_]+\}", "x", template)
-    if not _TOPIC.match(literal):
+    literal = _TEMPLATE_FIELD.sub("x", template)
+    if not legal_topic(literal):
         raise SubscriberError(
             f"topic template {template!r} cannot produce a legal Kafka topic name"
         )
@@ -111,8 +121,7 @@ def validate_topic_template(template: str) -> str:
 
 def collision(a: Subscriber, b: Subscriber) -> str | None:
     """Why ``a`` and ``b`` could put one event on one topic (each would publish it: a
-    duplicate for its consumers), or put events where the other's dead letters go;
-    None when they cannot. Identical templates and a fixed topic against a template are
+    duplicate for its consumers), or share a dead-letter topic; None when they cannot. Identical templates and a fixed topic against a template are
     decided exactly; two different templates are compared over finite filters only."""
     aggregates = _both(a.aggregate_types, b.aggregate_types)
     events = _both(a.event_types, b.event_types)
@@ -123,12 +132,10 @@ def collision(a: Subscriber, b: Subscriber) -> str | None:
             topic = _shared_topic(first.topic, second.topic, aggregates, events)
             if topic is not None:
                 return f"both can route an event to {topic!r}"
-    for first, second in ((a, b), (b, a)):
-        dead = first.dead_letter_topic_name
-        if dead == second.dead_letter_topic_name or _renders(
-            second.topic, dead, second.aggregate_types, second.event_types
-        ):
-            return f"{second.name!r} can publish to {first.name!r}'s dead-letter topic {dead!r}"
+    if a.dead_letter_topic_name == b.dead_letter_topic_name:
+        return f"both dead-letter to {a.dead_letter_topic_name!r}"
+    # Events routed into another subscriber's fixed or dead-letter topic are refused as
+    # they are routed (TopicGuard): a writer's aggregate type is not a configuration.
     return None
 
 
@@ -145,18 +152,27 @@ def _shared_topic(
     aggregates: frozenset[str] | None,
     events: frozenset[str] | None,
 ) -> str | None:
-    """A topic both templates produce for one event, if ``fixed`` has no fields (then
-    exactly) or the filters are finite (then by trying each event kind)."""
+    """A topic both templates produce for one event: exactly when ``fixed`` has no
+    fields; otherwise by trying the event kinds the filters allow, or, where a filter
+    allows any, values taken from the templates' own words (the usual way two
+    templates meet: "{aggregate_type}.{event_type}" and "order.{event_type}")."""
     if "{" not in fixed:
         return fixed if _renders(template, fixed, aggregates, events) else None
-    if aggregates is None or events is None or len(aggregates) * len(events) > 10_000:
+    words = _words(fixed) | _words(template) | {"x"}
+    candidates = [aggregates or words, events or words]
+    if len(candidates[0]) * len(candidates[1]) > 10_000:
         return None
-    for aggregate in aggregates:
-        for event in events:
+    for aggregate in candidates[0]:
+        for event in candidates[1]:
             topic = fixed.format(aggregate_type=aggregate, event_type=event)
             if topic == template.format(aggregate_type=aggregate, event_type=event):
                 return topic
     return None
+
+
+def _words(template: str) -> set[str]:
+    literals = "".join(literal for literal, _, _, _ in string.Formatter().parse(template))
+    return {w for w in re.split(r"[^A-Za-z0-9_-]+", literals) if w}
 
 
 def _renders(
@@ -177,6 +193,13 @@ def _renders(
     return all(allowed[f] is None or match[f] in allowed[f] for f in set(fields))  # type: ignore[operator]
 
 
+def legal_topic(name: str) -> bool:
+    """Apache Kafka's rules for a topic name: 1-249 of [a-zA-Z0-9._-], but not '.' or
+    '..'. (Names that differ only in '.' against '_' collide too; only the broker knows
+    which exist, so that refusal comes from it.)"""
+    return bool(_TOPIC.match(name)) and name not in (".", "..")
+
+
 def optional_set(values: Iterable[str] | None) -> frozenset[str] | None:
     return None if values is None else frozenset(values)
 
@@ -186,4 +209,61 @@ def _route(template: str, aggregate_type: str, event_type: str) -> str | None:
     """The topic of an event, or None when it is not a legal name (cached: per event,
     formatting and checking the name cost more than encoding its key)."""
     topic = template.format(aggregate_type=aggregate_type, event_type=event_type)
-    return topic if _TOPIC.match(topic) else None
+    return topic if legal_topic(topic) else None
+
+
+class TopicGuard:
+    """Topics no row may be routed to (issue #17, item 6): Kafka's internal topics
+    (``__*``), the relay's checkpoint topic, every dead-letter topic, and the fixed
+    topic of another subscriber; with ``allow``, every topic it does not match in full.
+
+    One per relay, shared by its workers; the supervisor refreshes it from the
+    subscriber list (:meth:`update`). A refusal is the row's poison.
+    """
+
+    def __init__(self, checkpoint_topic: str, allow: re.Pattern[str] | None = None) -> None:
+        self._checkpoint = checkpoint_topic
+        self._allow = allow
+        # topic -> (the subscriber it belongs to, or "" for the relay's own, what it is)
+        self._reserved: dict[str, tuple[str, str]] = {}
+        self._refusals: dict[tuple[str, str], str | None] = {}  # cache, per subscriber
+        self.update(())
+
+    def update(self, subscribers: Iterable[Subscriber]) -> None:
+        subscribers = list(subscribers)
+        reserved = {self._checkpoint: ("", "the relay's checkpoint topic")}
+        for s in subscribers:
+            if s.fixed_topic is not None:
+                reserved.setdefault(s.fixed_topic, (s.name, f"subscriber {s.name!r}'s topic"))
+        for s in subscribers:  # dead-letter topics take precedence: nobody routes there
+            reserved[s.dead_letter_topic_name] = ("", f"subscriber {s.name!r}'s dead-letter topic")
+        if reserved != self._reserved:
+            # Swapped whole, never mutated: workers read them without a lock.
+            self._reserved, self._refusals = reserved, {}
+
+    def relay_owned(self, topic: str) -> bool:
+        """The checkpoint topic or a dead-letter topic: the relay's own, not a row's."""
+        owner = self._reserved.get(topic)
+        return (owner is not None and owner[0] == "") or topic.startswith(DEAD_LETTER_PREFIX)
+
+    def refusal(self, topic: str, subscriber: Subscriber) -> str | None:
+        """Why events of ``subscriber`` may not go to ``topic``; None when they may."""
+        refusals = self._refusals
+        key = (subscriber.name, topic)
+        if key not in refusals:
+            if len(refusals) >= _MAX_CACHED_REFUSALS:  # writers choose topics: stay bounded
+                refusals.clear()
+            refusals[key] = self._judge(topic, subscriber.name)
+        return refusals[key]
+
+    def _judge(self, topic: str, subscriber: str) -> str | None:
+        if topic.startswith("__"):
+            return "topics starting with '__' are Kafka's internal topics"
+        owner = self._reserved.get(topic)
+        if owner is not None and owner[0] != subscriber:
+            return f"it is {owner[1]}"
+        if topic.startswith(DEAD_LETTER_PREFIX):
+            return f"topics starting with {DEAD_LETTER_PREFIX!r} are dead-letter topics"
+        if self._allow is not None and not self._allow.fullmatch(topic):
+            return f"topic_allow ({self._allow.pattern!r}) does not match it"
+        return None

@@ -61,6 +61,12 @@ class WorkerStats:
     batches: int = 0
     errors: int = 0
     dead_lettered: int = 0
+    # Events the poison policy handled (dead-lettered or halted on), whatever the cause:
+    # unreadable, unencodable, unroutable, or refused by the broker.
+    poisoned: int = 0
+    # Exceptions outside the relay's error tree (a bug, or a failure nobody foresaw):
+    # each is logged with its traceback and the part starts over with backoff.
+    unexpected: int = 0
     recovered: int = 0  # times a Kafka-side checkpoint was ahead of Postgres
     # Kafka-side checkpoints ahead of Postgres that could not be shown to belong to this
     # database (a restore): not adopted, so what they cover may be published again.
@@ -97,6 +103,7 @@ class PartWorker(threading.Thread):
         encoder: RecordEncoder,
         batch_size: int,
         poll_interval: float,
+        batch_max_bytes: int = 2**62,
     ) -> None:
         super().__init__(name=f"part-{part}", daemon=True)
         self.part = part
@@ -108,6 +115,7 @@ class PartWorker(threading.Thread):
         self._open_publisher = open_publisher
         self._encoder = encoder
         self._batch_size = batch_size
+        self._batch_max_bytes = batch_max_bytes
         self._poll_interval = poll_interval
         self._store: OutboxStore | None = None
         self._publisher: Publisher | None = None
@@ -129,20 +137,16 @@ class PartWorker(threading.Thread):
                     self._serve()
                 except RetryableError as exc:
                     failures += 1
-                    delay = min(_MAX_BACKOFF_S, 0.1 * 2 ** min(failures, 10)) * random.uniform(
-                        0.5, 1.0
-                    )
-                    self._record_error(WorkerState.RETRYING, exc)
-                    logger.warning(
-                        "part %s: %s; retrying in %.1fs",
-                        self.part,
-                        exc,
-                        delay,
-                        extra={"part": str(self.part), "retry_in": delay},
-                    )
-                    # Start over from recovery: the transaction's fate may be unknown.
-                    self._drop_connections()
-                    self._stopping.wait(delay)
+                    self._retry_later(exc, failures)
+                except RelayError:
+                    raise  # not retryable: the part stops (below)
+                except Exception as exc:
+                    # Not ours: a bug, or a failure no one foresaw. The thread must not
+                    # die of it (the supervisor would restart it in a silent loop).
+                    failures += 1
+                    with self.stats.lock:
+                        self.stats.unexpected += 1
+                    self._retry_later(exc, failures, unexpected=True)
                 else:
                     failures = 0
         except ClaimLost as exc:
@@ -164,6 +168,23 @@ class PartWorker(threading.Thread):
             self._drop_connections()
             if self.stats.state is not WorkerState.HALTED:
                 self.stats.state = WorkerState.STOPPED
+
+    def _retry_later(self, exc: Exception, failures: int, *, unexpected: bool = False) -> None:
+        delay = min(_MAX_BACKOFF_S, 0.1 * 2 ** min(failures, 10)) * random.uniform(0.5, 1.0)
+        self._record_error(WorkerState.RETRYING, exc)
+        logger.log(
+            logging.ERROR if unexpected else logging.WARNING,
+            "part %s: %s%s; retrying in %.1fs",
+            self.part,
+            f"unexpected {type(exc).__name__}: " if unexpected else "",
+            exc,
+            delay,
+            exc_info=exc if unexpected else None,
+            extra={"part": str(self.part), "retry_in": delay, "error": str(exc)},
+        )
+        # Start over from recovery: the transaction's fate may be unknown.
+        self._drop_connections()
+        self._stopping.wait(delay)
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -198,7 +219,11 @@ class PartWorker(threading.Thread):
 
     def _fetch(self, store: OutboxStore, state: PartState) -> _Batch:
         events = store.fetch(
-            state.checkpoint, self._batch_size, part=self.part.part, parts=state.subscriber.parts
+            state.checkpoint,
+            self._batch_size,
+            max_bytes=self._batch_max_bytes,
+            part=self.part.part,
+            parts=state.subscriber.parts,
         )
         return _Batch(events)
 
@@ -213,7 +238,7 @@ class PartWorker(threading.Thread):
                 for event in batch.events
                 if subscriber.matches(event)
             ]
-        except EncodingError:
+        except Exception:  # whatever it is, the slow path names the event and its error
             batch.records = None
         return batch
 
@@ -301,7 +326,7 @@ class PartWorker(threading.Thread):
         def read_ahead() -> Extension | None:
             nonlocal end
             following = self._prepare(store, dataclasses.replace(state, checkpoint=end))
-            if not _joins(following, self._batch_size, state.subscriber.on_poison):
+            if not _joins(following, self._batch_size, self._batch_max_bytes, state):
                 ahead.append(following)
                 return None
             # Caught up: what committed meanwhile joins the open transaction rather than
@@ -373,6 +398,16 @@ class PartWorker(threading.Thread):
                     continue
                 except EncodingError as exc:
                     self._poison(store, state, event, str(exc), dead)
+                except Exception as exc:  # a row the encoder did not foresee: still its poison
+                    logger.warning(
+                        "part %s: encoding event %s raised %s",
+                        self.part,
+                        event.message_id,
+                        type(exc).__name__,
+                        exc_info=exc,
+                        extra={"part": str(self.part), "message_id": str(event.message_id)},
+                    )
+                    self._poison(store, state, event, f"{type(exc).__name__}: {exc}", dead)
             records.append(dead_letter_record(event, subscriber, dead[event.message_id]))
         return records
 
@@ -385,6 +420,8 @@ class PartWorker(threading.Thread):
         dead: dict[UUID, DeadLetterDecision],
     ) -> None:
         """Apply the subscriber's policy; returns only when the event is dead-lettered."""
+        with self.stats.lock:
+            self.stats.poisoned += 1
         if state.subscriber.on_poison is PoisonPolicy.HALT:
             self._halt(store, state, event, error)
         decision = DeadLetterDecision(state.subscriber.dead_letter_topic_name, error)
@@ -457,15 +494,16 @@ class PartWorker(threading.Thread):
             self.stats.state = state
 
 
-def _joins(following: _Batch, batch_size: int, policy: PoisonPolicy) -> bool:
+def _joins(following: _Batch, batch_size: int, max_bytes: int, state: PartState) -> bool:
     """Whether a batch read ahead joins the transaction in flight: only when the relay
     is caught up (a backlog is better served by full batches, each overlapping the
-    last one's commit), every event encoded cleanly, and no dead-letter decision (made
-    on the slow path) could apply."""
+    last one's commit; a batch cut at ``max_bytes`` is full too), every event encoded
+    cleanly, and no dead-letter decision (made on the slow path) could apply."""
     return (
         following.records is not None
         and 0 < len(following.events) < batch_size
-        and policy is not PoisonPolicy.DEAD_LETTER
+        and sum(e.stored_bytes for e in following.events) < max_bytes
+        and state.subscriber.on_poison is not PoisonPolicy.DEAD_LETTER
     )
 
 

@@ -57,8 +57,15 @@ class FakeStore:
         self.outbox: list[OutboxEvent] = []
         self.key_space_id = uuid.uuid4()
 
-    def fetch(self, after: Position, limit: int, *, part: int, parts: int) -> list[OutboxEvent]:
-        return [e for e in self.outbox if e.key > after][:limit]
+    def fetch(
+        self, after: Position, limit: int, *, max_bytes: int, part: int, parts: int
+    ) -> list[OutboxEvent]:
+        batch: list[OutboxEvent] = []
+        for e in (e for e in self.outbox if e.key > after):
+            if len(batch) == limit or sum(b.stored_bytes for b in batch) >= max_bytes:
+                break
+            batch.append(e)
+        return batch
 
     def get_part(self, name: str, part: int) -> PartState:
         return self.state
@@ -131,7 +138,9 @@ class FakeKafka:
     def close(self) -> None: ...
 
 
-def worker(store: FakeStore, kafka: FakeKafka, batch_size: int = 100) -> PartWorker:
+def worker(
+    store: FakeStore, kafka: FakeKafka, batch_size: int = 100, batch_max_bytes: int = 2**62
+) -> PartWorker:
     return PartWorker(
         PartId("s", 0),
         session=Session(OWNER, timeout=60, heartbeat_interval=1),
@@ -139,6 +148,7 @@ def worker(store: FakeStore, kafka: FakeKafka, batch_size: int = 100) -> PartWor
         open_publisher=lambda state: kafka,
         encoder=RecordEncoder(None),
         batch_size=batch_size,
+        batch_max_bytes=batch_max_bytes,
         poll_interval=0.1,
     )
 

@@ -37,18 +37,30 @@ SELECT coalesce(max(aggregate_version), 0) FROM {schema}.outbox
 -- (below the oldest running xid) after the checkpoint, in (transaction_id, position)
 -- order. A keyset range scan on the primary key. With several parts, each part takes
 -- the rows whose aggregate_id hashes to it, so one key always stays in one part.
--- ORDER BY names o.* columns: the bare names would be the bigint output aliases, and
--- sorting by those is a full sort of the backlog on every poll instead of an index scan.
+-- At most %(limit)s rows, and no more once the payloads and headers so far reach
+-- %(max_bytes)s as stored (compressed sizes, from the TOAST pointers: nothing is
+-- read or decompressed to measure it); always at least one row.
+-- ORDER BY names the xid8 column: sorting by the bigint output would be a full sort of
+-- the backlog on every poll instead of an index scan.
 -- Empty headers come back as NULL: parsing '{{}}' per row costs more than the payload.
-SELECT o.transaction_id::text::bigint AS transaction_id, o.position, o.message_id,
-       o.aggregate_type, o.aggregate_id, o.aggregate_version, o.event_type, o.payload,
-       nullif(o.headers, '{{}}'::jsonb) AS headers, o.occurred_at
-  FROM {schema}.outbox o
- WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
-   AND o.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
-   AND (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
- ORDER BY o.transaction_id, o.position
- LIMIT %(limit)s;
+SELECT b.transaction_id::text::bigint AS transaction_id, b.position, b.message_id,
+       b.aggregate_type, b.aggregate_id, b.aggregate_version, b.event_type, b.payload,
+       nullif(b.headers, '{{}}'::jsonb) AS headers,
+       -- Clamped into what Python's datetime holds: a writer may store 'infinity'.
+       least(greatest(b.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
+       b.stored_bytes
+  FROM (SELECT o.*, pg_column_size(o.payload) + pg_column_size(o.headers) AS stored_bytes,
+               sum(pg_column_size(o.payload) + pg_column_size(o.headers))
+                   OVER (ORDER BY o.transaction_id, o.position ROWS UNBOUNDED PRECEDING)
+                   AS running_bytes
+          FROM {schema}.outbox o
+         WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
+           AND o.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+           AND (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
+         ORDER BY o.transaction_id, o.position
+         LIMIT %(limit)s) AS b
+ WHERE b.running_bytes - b.stored_bytes < %(max_bytes)s
+ ORDER BY b.transaction_id, b.position;
 
 -- name: newest_decided
 -- The commit probe (relay/probe.py): the newest row below the horizon (a backward

@@ -10,7 +10,8 @@ CREATE TABLE {schema}.outbox (
     -- The ordering key (docs/design.md, "Ordering"): the writer's xid8, or the xmax of
     -- the inserting statement's snapshot if that is higher, so a writer that waited for
     -- another sorts after it. Never below the writer's xid: the relay only reads rows
-    -- below pg_snapshot_xmin, i.e. whose fate is decided. Writers leave it to default.
+    -- below pg_snapshot_xmin, i.e. whose fate is decided. The trigger
+    -- outbox_assign_order_key overwrites whatever a writer gives, here and in position.
     transaction_id    xid8 NOT NULL
                       DEFAULT greatest(pg_current_xact_id(), pg_snapshot_xmax(pg_current_snapshot())),
     message_id        uuid NOT NULL DEFAULT gen_random_uuid(),
@@ -64,6 +65,31 @@ CREATE TRIGGER outbox_check_stream_order
     BEFORE INSERT ON {schema}.outbox
     FOR EACH ROW WHEN (NEW.aggregate_version IS NOT NULL)
     EXECUTE FUNCTION {schema}.outbox_check_stream_order();
+
+-- The outbox assigns every row's ordering key and position itself (migration 0005):
+-- when a writer gave other values than the defaults would, the trigger replaces them.
+-- currval (in WHEN) needs SELECT on the sequence; nextval (in the function) more, hence
+-- SECURITY DEFINER.
+GRANT SELECT ON SEQUENCE {schema}.outbox_position_seq TO PUBLIC;
+
+CREATE FUNCTION {schema}.outbox_assign_order_key() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    NEW.transaction_id := greatest(pg_current_xact_id(), pg_snapshot_xmax(pg_current_snapshot()));
+    NEW.position := nextval(format('%I.outbox_position_seq', TG_TABLE_SCHEMA)::regclass);
+    RETURN NEW;
+END
+$$;
+
+REVOKE ALL ON FUNCTION {schema}.outbox_assign_order_key() FROM PUBLIC;
+
+CREATE TRIGGER outbox_assign_order_key
+    BEFORE INSERT ON {schema}.outbox
+    FOR EACH ROW
+    WHEN (NEW.transaction_id IS DISTINCT FROM
+              greatest(pg_current_xact_id(), pg_snapshot_xmax(pg_current_snapshot()))
+          OR NEW.position IS DISTINCT FROM currval('{schema}.outbox_position_seq'))
+    EXECUTE FUNCTION {schema}.outbox_assign_order_key();
 
 CREATE TABLE {schema}.outbox_subscribers (
     name            text PRIMARY KEY CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}$'),

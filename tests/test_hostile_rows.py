@@ -1,0 +1,392 @@
+"""Issue #17: an application that may only INSERT into the outbox must not be able to
+harm publication for everyone else. Each test writes a hostile row, then an ordinary
+one, against a real Postgres and Apache Kafka, and checks the ordinary one is published
+while the hostile one goes where the subscriber's poison policy says."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from relay import Outbox
+from relay.daemon import Relay
+from relay.model import BEGINNING, OutboxEvent, Position
+from relay.store import OutboxStore
+from relay.subscribers import Subscriber, TopicGuard, ValueFormat, legal_topic
+from relay.worker import WorkerState
+from tests.support import consume, sub, wait_caught_up, write_orders
+from tests.test_exactly_once import wait_until
+from tests.test_worker_logic import FakeKafka, FakeStore
+from tests.test_worker_logic import event as logic_event
+from tests.test_worker_logic import worker as logic_worker
+
+StartRelay = Callable[..., Relay]
+
+
+def insert(db: psycopg.Connection[Any], key: str, payload: str, **columns: Any) -> None:
+    """A row as any application may write it in plain SQL."""
+    row = {"aggregate_type": "order", "aggregate_id": key, "event_type": "Note",
+           "payload": payload, **columns}  # fmt: skip
+    db.execute(
+        sql.SQL("INSERT INTO outbox ({}) VALUES ({})").format(
+            sql.SQL(", ").join(map(sql.Identifier, row)),
+            sql.SQL(", ").join(sql.Placeholder() * len(row)),
+        ),
+        list(row.values()),
+    )
+
+
+def json_subscribers(prefix: str) -> list[dict[str, Any]]:
+    """One dead-letter and one halting subscriber, JSON values, routed by aggregate type."""
+    return [
+        sub("dl", prefix, value_format="json", on_poison="dead-letter",
+            dead_letter_topic=prefix + "dead"),
+        sub("halt", prefix + "h.", value_format="json"),
+    ]  # fmt: skip
+
+
+def test_rows_python_cannot_load_or_write_are_poison_not_a_silent_crash_loop(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    """Postgres accepts an integer of 5,001 digits and 1,020 levels of nesting; Python
+    refuses to load the first and to write the second. Each is its row's poison."""
+    write_orders(db, outbox, ["before"])
+    insert(db, "huge", '{"n": 1e5000}')
+    insert(db, "deep", "[" * 1020 + "]" * 1020)
+    insert(db, "deep-header", "{}", headers='{"h": ' + "[" * 1020 + "]" * 1020 + "}")
+    insert(db, "forever", '{"ok": true}', occurred_at="infinity")  # legal: published
+    write_orders(db, outbox, ["after"])
+    relay = start_relay(subscribers=json_subscribers(topic_prefix))
+
+    seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 3)
+    assert sorted(r.key for r in seen) == ["after", "before", "forever"]
+    dead = {r.key: r for r in consume(kafka_bootstrap, [topic_prefix + "dead"], 3)}
+    assert sorted(dead) == ["deep", "deep-header", "huge"]
+    assert "digits" in dead["huge"].headers["outbox.error"]
+    assert "Recursion" in dead["deep"].headers["outbox.error"]
+    assert "Recursion" in dead["deep-header"].headers["outbox.error"]
+    assert "payload_omitted" in json.loads(dead["huge"].value)
+
+    wait_until(lambda: relay.worker("halt").stats.state is WorkerState.HALTED, what="halt")
+    halted = OutboxStore(db).get_part("halt", 0)
+    assert halted.halted_error is not None and "digits" in halted.halted_error
+    for name in ("dl", "halt"):
+        stats = relay.worker(name).stats
+        assert stats.unexpected == 0 and stats.poisoned >= 1
+        assert relay.worker(name).is_alive() or stats.state is WorkerState.HALTED
+
+
+class _FailingStore(FakeStore):
+    """A store whose fetch fails the way no one foresaw, once."""
+
+    conn = SimpleNamespace(close=lambda: None)
+
+    def __init__(self, subscriber: Subscriber) -> None:
+        super().__init__(subscriber)
+        self.failures = 1
+
+    def fetch(self, after: Position, limit: int, **part: Any) -> list[OutboxEvent]:
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("nobody saw this coming")
+        return super().fetch(after, limit, **part)
+
+
+def test_an_unexpected_exception_is_counted_logged_and_the_worker_lives_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = _FailingStore(Subscriber("s", topic="t", value_format=ValueFormat.JSON))
+    store.outbox = [logic_event(1)]
+    kafka = FakeKafka()
+    w = logic_worker(store, kafka)
+    w.start()
+    try:
+        wait_until(lambda: kafka.transactions != [], what="the event, after the failure")
+        assert w.is_alive()
+        assert w.stats.unexpected == 1 and w.stats.errors == 1
+        assert w.stats.last_error == "nobody saw this coming"
+    finally:
+        w.stop()
+        w.join(10)
+    [logged] = [r for r in caplog.records if "unexpected RuntimeError" in r.getMessage()]
+    assert logged.exc_info is not None  # with its traceback
+
+
+def test_forged_ordering_keys_are_replaced_so_every_row_is_published(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    """The table's owner may name transaction_id and position (OVERRIDING SYSTEM VALUE).
+    A key below the checkpoint used to be skipped; one of 2^62 or 2^64-1 kept its row
+    pending for ever. The outbox now assigns both, whatever the writer says."""
+    start_relay(subscribers=[sub("s", topic_prefix, value_format="json")])
+    write_orders(db, outbox, ["first"])
+    wait_caught_up(db, "s")  # the checkpoint is past transaction id 5 now
+    for key, forged in (("below", 5), ("far", 2**62), ("last", 2**64 - 1)):
+        db.execute(
+            "INSERT INTO outbox (transaction_id, position, aggregate_type, aggregate_id,"
+            " event_type, payload) OVERRIDING SYSTEM VALUE"
+            " VALUES (%s::text::xid8, 1, 'order', %s, 'Note', '{}')",
+            (str(forged), key),
+        )
+    write_orders(db, outbox, ["after"])
+
+    seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 5)
+    assert sorted(r.key for r in seen) == ["after", "below", "far", "first", "last"]
+    wait_caught_up(db, "s")  # nothing left pending: no false lag
+    positions = db.execute("SELECT position FROM outbox ORDER BY transaction_id, position")
+    assert len({p for (p,) in positions}) == 5  # no forged position 1 left
+
+
+def test_topics_kafka_refuses_are_the_rows_poison_and_others_flow(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    """With a topic template, writers name topics. Apache Kafka refuses '.' and '..',
+    and a name that collides with an existing one on '.' against '_'. Creating the
+    topic used to fail the part for good, under any policy."""
+    subscribers = [
+        sub("dl", "", topic=topic_prefix + "{aggregate_type}", value_format="json",
+            on_poison="dead-letter", dead_letter_topic=topic_prefix + "dead"),
+        sub("dots", "", topic="{aggregate_type}", aggregate_types=[".", ".."],
+            value_format="json", on_poison="dead-letter",
+            dead_letter_topic=topic_prefix + "dead.dots"),
+    ]  # fmt: skip
+    insert(db, "under", "{}", aggregate_type="a_b")
+    start_relay(subscribers=subscribers)
+    consume(kafka_bootstrap, [topic_prefix + "a_b"], 1)  # it exists now
+    for key, aggregate_type in (("dot", "a.b"), ("one", "."), ("two", "..")):
+        insert(db, key, "{}", aggregate_type=aggregate_type)
+    write_orders(db, outbox, ["after"])
+
+    [after] = consume(kafka_bootstrap, [topic_prefix + "order"], 1)
+    assert after.key == "after"
+    [collided] = consume(kafka_bootstrap, [topic_prefix + "dead"], 1)
+    assert collided.key == "dot" and "collides" in collided.headers["outbox.error"]
+    illegal = consume(kafka_bootstrap, [topic_prefix + "dead.dots"], 2)
+    assert sorted(r.key for r in illegal) == ["one", "two"]
+    assert all("not a legal Kafka topic name" in r.headers["outbox.error"] for r in illegal)
+
+
+def test_rows_cannot_reach_internal_checkpoint_dead_letter_or_others_topics(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    """Routed by '{aggregate_type}', writer rows used to land in __consumer_offsets, the
+    checkpoint topic and another subscriber's dead-letter topic, one carrying a forged
+    outbox.error header."""
+    wild_types = [
+        "__consumer_offsets",
+        "outbox-relay.checkpoints",  # the relay's checkpoint topic (the default name)
+        topic_prefix + "dead",  # subscriber "fixed"'s dead-letter topic
+        topic_prefix + "fixed",  # subscriber "fixed"'s own topic
+        topic_prefix + "mine",  # an ordinary topic: published
+    ]
+    subscribers = [
+        sub("wild", "", topic="{aggregate_type}", aggregate_types=wild_types,
+            value_format="json", on_poison="dead-letter",
+            dead_letter_topic=topic_prefix + "dead.wild"),
+        sub("fixed", "", topic=topic_prefix + "fixed", aggregate_types=["order"],
+            value_format="json", on_poison="dead-letter",
+            dead_letter_topic=topic_prefix + "dead"),
+    ]  # fmt: skip
+    for aggregate_type in wild_types:
+        headers = '{"outbox.error": "forged", "trace": "t-1"}'
+        insert(db, aggregate_type, "{}", aggregate_type=aggregate_type, headers=headers)
+    write_orders(db, outbox, ["after"])
+    start_relay(subscribers=subscribers)
+
+    [after] = consume(kafka_bootstrap, [topic_prefix + "fixed"], 1)
+    assert after.key == "after"
+    [mine] = consume(kafka_bootstrap, [topic_prefix + "mine"], 1)
+    assert mine.headers["trace"] == "t-1" and "outbox.error" not in mine.headers
+    refused = {r.key: r for r in consume(kafka_bootstrap, [topic_prefix + "dead.wild"], 4)}
+    assert sorted(refused) == sorted(wild_types[:4])
+    reasons = {key: r.headers["outbox.error"] for key, r in refused.items()}
+    assert "internal" in reasons["__consumer_offsets"]
+    assert "checkpoint topic" in reasons["outbox-relay.checkpoints"]
+    assert "dead-letter topic" in reasons[topic_prefix + "dead"]
+    assert "'fixed'" in reasons[topic_prefix + "fixed"]
+    assert all(r.headers["outbox.error"] != "forged" for r in refused.values())
+
+
+def test_topic_creation_is_capped_and_rows_beyond_the_cap_are_poison(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    """One INSERT of many aggregate types used to create as many topics."""
+    types = [f"type{n}" for n in range(5)]
+    with db.transaction():
+        for aggregate_type in types:
+            insert(db, aggregate_type, "{}", aggregate_type=aggregate_type)
+    start_relay(
+        max_created_topics=2,
+        subscribers=[
+            sub("s", "", topic=topic_prefix + "{aggregate_type}", value_format="json",
+                on_poison="dead-letter", dead_letter_topic=topic_prefix + "dead"),
+        ],
+    )  # fmt: skip
+    refused = consume(kafka_bootstrap, [topic_prefix + "dead"], 3)
+    assert all("max_created_topics (2) reached" in r.headers["outbox.error"] for r in refused)
+    created = sorted(set(types) - {r.key for r in refused})
+    assert len(created) == 2
+    insert(db, "later", "{}", aggregate_type=created[0])  # an existing topic: flows
+    seen = consume(kafka_bootstrap, [topic_prefix + t for t in created], 3)
+    assert sorted(r.key for r in seen) == sorted([*created, "later"])
+
+
+def test_without_topic_creation_a_row_naming_a_missing_topic_is_poison_not_a_stall(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    """With create_topics = false, a row whose aggregate type names no existing topic
+    used to fail its batch until the delivery timeout, then again, for ever, holding
+    back every later row of the part."""
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    checkpoints, existing, dead = (
+        "outbox-relay.checkpoints",
+        topic_prefix + "order",
+        topic_prefix + "dead",
+    )
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    wanted = [NewTopic(checkpoints, 2, 1, config={"cleanup.policy": "compact"}),
+              NewTopic(existing, 1, 1), NewTopic(dead, 1, 1)]  # fmt: skip
+    for future in admin.create_topics(wanted).values():
+        try:
+            future.result(30)
+        except Exception as exc:  # the session's broker may have the checkpoint topic
+            assert "already exists" in str(exc)
+    insert(db, "nowhere", "{}", aggregate_type="no-such-type")
+    write_orders(db, outbox, ["after"])
+    start_relay(
+        create_topics=False,
+        delivery_timeout=5,
+        subscribers=[
+            sub("s", "", topic=topic_prefix + "{aggregate_type}", value_format="json",
+                on_poison="dead-letter", dead_letter_topic=dead),
+        ],
+    )  # fmt: skip
+    [after] = consume(kafka_bootstrap, [existing], 1)
+    assert after.key == "after"
+    [refused] = consume(kafka_bootstrap, [dead], 1)
+    assert refused.key == "nowhere"
+    assert "does not exist and create_topics is false" in refused.headers["outbox.error"]
+
+
+def test_topic_names_follow_kafkas_rules() -> None:
+    assert legal_topic("outbox.event.order") and legal_topic("a" * 249)
+    for name in (".", "..", "", "a" * 250, "order!", "ordre été"):
+        assert not legal_topic(name), name
+
+
+def test_the_guard_keeps_rows_off_reserved_topics_and_outside_the_allow_list() -> None:
+    wild = Subscriber("wild", topic="{aggregate_type}")
+    fixed = Subscriber("fixed", topic="payments", dead_letter_topic="payments.dead")
+    guard = TopicGuard("outbox-relay.checkpoints")
+    guard.update(s for s in (wild, fixed))  # any iterable, read once
+    for topic, reason in (
+        ("__consumer_offsets", "internal"),
+        ("__transaction_state", "internal"),
+        ("outbox-relay.checkpoints", "checkpoint topic"),
+        ("payments.dead", "dead-letter topic"),
+        ("outbox.dead-letter.future", "dead-letter topics"),
+        ("payments", "subscriber 'fixed'"),
+    ):
+        refusal = guard.refusal(topic, wild)
+        assert refusal is not None and reason in refusal, (topic, refusal)
+    assert guard.refusal("payments", fixed) is None  # its own topic
+    assert guard.refusal("order", wild) is None
+    assert guard.relay_owned("payments.dead") and not guard.relay_owned("payments")
+
+    allowing = TopicGuard("cp", re.compile(r"outbox\.event\.(order|payment)"))
+    assert allowing.refusal("outbox.event.order", wild) is None
+    refusal = allowing.refusal("outbox.event.orders", wild)
+    assert refusal is not None and "topic_allow" in refusal
+
+
+def test_a_batch_stops_once_its_rows_reach_batch_max_bytes_and_holds_at_least_one(
+    db: psycopg.Connection[Any],
+) -> None:
+    for n in range(5):  # about 100 KB each, incompressible: stored at full size
+        db.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
+            " SELECT 'order', %s, 'Note', jsonb_build_object('blob',"
+            " (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 3200)))",
+            (f"big-{n}",),
+        )
+    store = OutboxStore(db)
+    every = store.fetch(BEGINNING, 100)
+    sizes = [e.stored_bytes for e in every]
+    assert len(every) == 5 and all(size > 100_000 for size in sizes)
+
+    two = store.fetch(BEGINNING, 100, max_bytes=sizes[0] + sizes[1])
+    assert [e.aggregate_id for e in two] == ["big-0", "big-1"]
+    rest = store.fetch(two[-1].key, 100, max_bytes=sizes[2] + 1)
+    assert [e.aggregate_id for e in rest] == ["big-2", "big-3"]  # the one that crosses it
+    assert [e.aggregate_id for e in store.fetch(BEGINNING, 100, max_bytes=1)] == ["big-0"]
+    assert len(store.fetch(BEGINNING, 3, max_bytes=2**40)) == 3  # the row cap still holds
+
+
+def test_large_rows_go_out_in_batches_under_batch_max_bytes_and_others_follow(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    """Legal rows of 300 KB each, six of them: one batch of six used to hold them all in
+    memory at once; under a 700 KB cap they go out in batches of three."""
+    for n in range(6):
+        db.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
+            " SELECT 'order', %s, 'Note', jsonb_build_object('blob',"
+            " (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 9400)))",
+            (f"big-{n}",),
+        )
+    write_orders(db, outbox, ["after"])
+    relay = start_relay(
+        batch_max_bytes=700_000, subscribers=[sub("s", topic_prefix, value_format="json")]
+    )
+    seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 7)
+    assert sorted(r.key for r in seen) == sorted([f"big-{n}" for n in range(6)] + ["after"])
+    assert relay.worker("s").stats.batches >= 2  # 1 without the byte cap
+
+
+def test_a_batch_cut_at_batch_max_bytes_is_full_and_does_not_join_the_one_in_flight() -> None:
+    store, kafka = FakeStore(Subscriber("s", topic="t", value_format=ValueFormat.JSON)), FakeKafka()
+    w = logic_worker(store, kafka, batch_size=100, batch_max_bytes=1000)
+    w._publisher = kafka
+    store.outbox = [logic_event(n)._replace(stored_bytes=600) for n in range(1, 6)]
+    batch = w._fetch(store, store.state)  # type: ignore[arg-type]
+    assert len(batch.events) == 2  # 600, then 1,200: the cap is reached
+    _, ahead = w._publish(store, store.state, batch)  # type: ignore[arg-type]
+    # Read ahead meanwhile: a batch cut by bytes is a backlog, not a caught-up tail.
+    assert [len(tx) for tx in kafka.transactions] == [2]
+    assert ahead is not None and len(ahead.events) == 2
