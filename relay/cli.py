@@ -408,16 +408,31 @@ def debezium_attach(
     table: Annotated[
         str, typer.Argument(help="The Debezium-style outbox table, e.g. public.outbox_events.")
     ],
+    option: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--option",
+            "-o",
+            help="An Event Router or converter option by its Debezium name, NAME=VALUE "
+            "(repeatable): table.field.event.id|key|type|payload|timestamp, route.by.field, "
+            "route.topic.replacement, table.fields.additional.placement, "
+            "route.tombstone.on.empty.payload, table.op.invalid.behavior, "
+            "table.expand.json.payload, key.converter, value.converter (+ .schemas.enable). "
+            "A 'transforms.<name>.' prefix is accepted, so connector settings paste as they are.",
+        ),
+    ] = None,
     database_url: DatabaseUrl = None,
     schema: Schema = None,
 ) -> None:
     """Publish rows apps insert into a Debezium-style table (id, aggregatetype,
-    aggregateid, type, payload), unchanged apps included."""
-    from relay.debezium import attach
+    aggregateid, type, payload), unchanged apps included; subscribe with
+    `--format debezium` for the Event Router's records."""
+    from relay.debezium import attach, parse_options
 
+    options = parse_options(option or [])
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
-        attach(conn, settings.database_schema, table)
+        attach(conn, settings.database_schema, table, options)
     out.print(f"inserts into {table} now reach the relay's outbox in {settings.database_schema!r}")
 
 

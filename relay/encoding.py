@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from relay.debezium_format import debezium_record
 from relay.errors import EncodingError, PayloadValidationError
 from relay.model import KafkaRecord, OutboxEvent
 from relay.schemas import SchemaRegistry
@@ -35,6 +36,8 @@ class RecordEncoder:
 
     def encode(self, event: OutboxEvent, subscriber: Subscriber) -> KafkaRecord:
         """The record for ``event``; :class:`EncodingError` marks a poison event."""
+        if subscriber.value_format is ValueFormat.DEBEZIUM:
+            return debezium_record(event, subscriber)
         key = event.aggregate_id.encode()
         value = self._value(event, subscriber.value_format)
         headers, headers_size = _headers(event)

@@ -101,8 +101,8 @@ class OutboxStore:
         with wrap_errors(), self.conn.cursor(binary=True) as cur:
             rows = cur.execute(self._q["fetch_batch"], params).fetchall()
         return [
-            OutboxEvent(tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at)
-            for tx, pos, mid, atype, aid, version, etype, payload, headers, at in rows
+            OutboxEvent(tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at, dbz)
+            for tx, pos, mid, atype, aid, version, etype, payload, headers, at, dbz in rows
         ]
 
     def advance(self, state: PartState, to: Position, owner: UUID) -> int:

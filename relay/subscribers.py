@@ -24,6 +24,7 @@ _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 class ValueFormat(StrEnum):
     AVRO = "avro"
     JSON = "json"
+    DEBEZIUM = "debezium"  # as Debezium's Outbox Event Router (relay/debezium_format.py)
 
 
 class StartFrom(StrEnum):

@@ -42,7 +42,7 @@ SELECT coalesce(max(aggregate_version), 0) FROM {schema}.outbox
 -- Empty headers come back as NULL: parsing '{{}}' per row costs more than the payload.
 SELECT o.transaction_id::text::bigint AS transaction_id, o.position, o.message_id,
        o.aggregate_type, o.aggregate_id, o.aggregate_version, o.event_type, o.payload,
-       nullif(o.headers, '{{}}'::jsonb) AS headers, o.occurred_at
+       nullif(o.headers, '{{}}'::jsonb) AS headers, o.occurred_at, o.debezium
   FROM {schema}.outbox o
  WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
    AND o.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
