@@ -31,6 +31,7 @@ DEFAULT_REPLACEMENT = "outbox.event.${routedByValue}"
 DEFAULT_REGEX = "(?<routedByValue>.*)"
 STRING_CONVERTER = "org.apache.kafka.connect.storage.StringConverter"
 JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
+SIMPLE_HEADER_CONVERTER = "org.apache.kafka.connect.storage.SimpleHeaderConverter"
 _CONVERTERS = {
     STRING_CONVERTER: "string",
     JSON_CONVERTER: "json",
@@ -80,6 +81,7 @@ class RouterOptions:
     tracing_field: str = "tracingspancontext"
     key_converter: str = "string"
     value_converter: str = "string"
+    header_converter: str = "simple"
 
     def required_columns(self) -> list[str]:
         """Columns without which the Event Router fails on a row."""
@@ -112,6 +114,7 @@ class RouterOptions:
                 "converters": {
                     "key": self.key_converter,
                     "value": self.value_converter,
+                    "header": self.header_converter,
                     "expand": self.expand_json_payload,
                     "tombstone": self.tombstone_on_empty_payload,
                 },
@@ -169,6 +172,7 @@ def options_from(values: Mapping[str, str]) -> RouterOptions:
         tracing_field=_column(take("tracing.span.context.field", "tracingspancontext")),
         key_converter=_converter("key", remaining),
         value_converter=_converter("value", remaining),
+        header_converter=_header_converter(remaining),
     )
     remaining.pop("type", None)  # transforms.outbox.type=io.debezium.transforms.outbox.EventRouter
     if remaining:
@@ -241,6 +245,22 @@ def _converter(which: str, remaining: dict[str, str]) -> str:
             f"{which}.converter.schemas.enable=false only"
         )
     return converter
+
+
+def _header_converter(remaining: dict[str, str]) -> str:
+    """header.converter: Kafka Connect's SimpleHeaderConverter (its default: text as is),
+    or JsonConverter without schemas (Debezium Server: debezium.format.header=json with
+    debezium.format.header.schemas.enable=false)."""
+    name = remaining.pop("header.converter", SIMPLE_HEADER_CONVERTER)
+    schemas = remaining.pop("header.converter.schemas.enable", "true")
+    if name in (SIMPLE_HEADER_CONVERTER, "SimpleHeaderConverter"):
+        return "simple"
+    if _CONVERTERS.get(name) == "json" and not _boolean("header.converter.schemas.enable", schemas):
+        return "json"
+    raise ConfigError(
+        f"header.converter={name!r} is not supported: use {SIMPLE_HEADER_CONVERTER}, or "
+        f"{JSON_CONVERTER} with header.converter.schemas.enable=false"
+    )
 
 
 # -- attach ------------------------------------------------------------------------------

@@ -164,13 +164,17 @@ def _payload(event: OutboxEvent, text: str | None, bytea: bool, expand: bool) ->
 
 
 def _headers(found: dict[str, Any]) -> list[Header]:
-    headers: list[Header] = [(HEADER_ID, _header_value(found.get("id")))]
-    headers += [(alias, _header_value(value)) for alias, value in found.get("headers") or []]
+    json_headers = found["converters"].get("header") == "json"
+    fields = [(HEADER_ID, found.get("id")), *(found.get("headers") or [])]
+    headers: list[Header] = [(name, _header_value(value, json_headers)) for name, value in fields]
     headers += _trace_headers(found.get("trace"))
     return headers
 
 
-def _header_value(value: Any) -> bytes | None:
+def _header_value(value: Any, as_json: bool) -> bytes | None:
+    """SimpleHeaderConverter writes text as is (null: no value); JsonConverter, JSON."""
+    if as_json:
+        return _json(value)
     return None if value is None else _java_string(value).encode()
 
 

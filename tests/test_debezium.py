@@ -68,6 +68,7 @@ class Raw:
 
     topic: str
     partition: int
+    offset: int
     key: bytes | None
     value: bytes | None
     headers: list[tuple[str, bytes | None]]
@@ -108,6 +109,7 @@ def consume_raw(bootstrap: str, topics: list[str], expected: int) -> list[Raw]:
                 Raw(
                     msg.topic(),
                     msg.partition(),
+                    msg.offset(),
                     msg.key(),
                     msg.value(),
                     list(msg.headers() or []),
