@@ -421,6 +421,13 @@ def debezium_attach(
             "A 'transforms.<name>.' prefix is accepted, so connector settings paste as they are.",
         ),
     ] = None,
+    cut_over: Annotated[
+        str | None,
+        typer.Option(
+            help="Switch over from a running Debezium: the name of its publication, which "
+            "the table leaves in the same transaction (see deploy/README.md).",
+        ),
+    ] = None,
     database_url: DatabaseUrl = None,
     schema: Schema = None,
 ) -> None:
@@ -432,8 +439,17 @@ def debezium_attach(
     options = parse_options(option or [])
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
-        attach(conn, settings.database_schema, table, options)
+        switched_at = attach(
+            conn, settings.database_schema, table, options, cut_over_publication=cut_over
+        )
     out.print(f"inserts into {table} now reach the relay's outbox in {settings.database_schema!r}")
+    if switched_at is not None:
+        out.print(
+            f"{table} left publication {cut_over!r} at WAL position {switched_at}: once "
+            "Debezium's slot has confirmed_flush_lsn >= that position, stop Debezium and "
+            "resume the relay's subscriber"
+        )
+        typer.echo(f"cut-over-lsn={switched_at}")
 
 
 # -- subscribers ---------------------------------------------------------------------

@@ -271,8 +271,15 @@ def attach(
     schema: str,
     table: str,
     options: RouterOptions | None = None,
-) -> str:
-    """Copy inserts into ``table`` (``name`` or ``schema.name``) to the relay's outbox."""
+    *,
+    cut_over_publication: str | None = None,
+) -> str | None:
+    """Copy inserts into ``table`` (``name`` or ``schema.name``) to the relay's outbox.
+
+    With ``cut_over_publication`` (a running Debezium's publication), the same transaction
+    takes the table out of it; returns the WAL position of the switch: once Debezium's
+    slot has confirmed it, Debezium has published everything that is not the relay's.
+    """
     options = options or RouterOptions()
     source_schema, _, name = table.rpartition(".")
     source = sql.Identifier(source_schema, name) if source_schema else sql.Identifier(name)
@@ -287,13 +294,45 @@ def attach(
     }
     with wrap_errors(), conn.transaction():
         kind = _payload_kind(conn, source, options)
+        if cut_over_publication is not None:
+            _leave_publication(conn, queries, names, source, cut_over_publication)
         names["options"] = sql.Literal(options.trigger_argument(kind))
         for query in ("function", "attach", "drop_old_function"):
             conn.execute(sql.SQL(queries[query]).format(**names))
         if options.invalid_op is InvalidOpBehavior.FATAL:
             conn.execute(sql.SQL(queries["attach_fatal_updates"]).format(**names))
     logger.info("attached %s (payload %s, options %s)", table, kind, options)
-    return suffix
+    if cut_over_publication is None:
+        return None
+    with wrap_errors():
+        row = conn.execute(queries["wal_position"]).fetchone()
+    return str(row[0]) if row else None
+
+
+def _leave_publication(
+    conn: psycopg.Connection[Any],
+    queries: dict[str, str],
+    names: dict[str, sql.Composable],
+    source: sql.Identifier,
+    publication: str,
+) -> None:
+    table = source.as_string(conn)
+    found = conn.execute(
+        queries["publication"], {"table": table, "publication": publication}
+    ).fetchone()
+    if found is None:
+        raise ConfigError(f"there is no publication {publication!r}")
+    all_tables, listed = found
+    if all_tables:
+        raise ConfigError(
+            f"publication {publication!r} is FOR ALL TABLES, so {table} cannot leave it: "
+            "give Debezium a publication that lists its tables first "
+            "(publication.autocreate.mode=filtered), see deploy/README.md"
+        )
+    if not listed:
+        raise ConfigError(f"{table} is not in publication {publication!r}")
+    names = {**names, "publication": sql.Identifier(publication)}
+    conn.execute(sql.SQL(queries["cut_over"]).format(**names))
 
 
 def _payload_kind(

@@ -260,17 +260,7 @@ def test_the_debezium_format_is_byte_identical_to_the_outbox_event_router(
             }
         )
         server.wait_streaming(url)
-        relay = Relay(
-            load_settings(
-                database_url=url,
-                bootstrap_servers=kafka_bootstrap,
-                subscribers=[{"name": "dbz", "value_format": "debezium"}],
-                poll_interval=0.2,
-                metrics_port=0,
-            ),
-            registry=registry,
-        )
-        relay.start()
+        relay = start_relay_on(url, kafka_bootstrap, registry)
         try:
             expected = insert_rows(conn, setup.shapes)
             seen = consume_raw(kafka_bootstrap, topics, 2 * expected)
@@ -280,6 +270,22 @@ def test_the_debezium_format_is_byte_identical_to_the_outbox_event_router(
     debezium = records(seen, theirs)
     assert sum(map(len, debezium.values())) == expected, "Debezium Server missed rows"
     assert mine == debezium
+
+
+def start_relay_on(url: str, bootstrap: str, registry: SchemaRegistry) -> Relay:
+    """A relay on ``url`` with one subscriber in the debezium format."""
+    relay = Relay(
+        load_settings(
+            database_url=url,
+            bootstrap_servers=bootstrap,
+            subscribers=[{"name": "dbz", "value_format": "debezium"}],
+            poll_interval=0.2,
+            metrics_port=0,
+        ),
+        registry=registry,
+    )
+    relay.start()
+    return relay
 
 
 def create_topics(

@@ -104,3 +104,23 @@ CREATE TRIGGER {update_trigger} AFTER UPDATE ON {source}
 -- name: drop_old_function
 -- Before 0.2, attach made one function per table; the shared one replaces it.
 DROP FUNCTION IF EXISTS {schema}.{old_function}();
+
+-- name: publication
+-- The Debezium connector's publication: does it list tables (it must, for a cut-over)?
+SELECT p.puballtables,
+       EXISTS (SELECT FROM pg_publication_rel r
+                WHERE r.prpubid = p.oid AND r.prrelid = %(table)s::regclass)
+  FROM pg_publication p WHERE p.pubname = %(publication)s;
+
+-- name: cut_over
+-- The cut-over from a running Debezium (deploy/README.md): in the transaction that
+-- creates the trigger, wait for the app's writers in flight and hold new ones back for a
+-- moment, then take the table out of Debezium's publication. Every row committed before
+-- is Debezium's (its changes precede this commit in the WAL, where the table was still
+-- published); every row committed after is copied to the relay, and Debezium's decoder,
+-- reading past this commit, no longer sends it: none is lost, none is published twice.
+LOCK TABLE {source} IN SHARE ROW EXCLUSIVE MODE;
+ALTER PUBLICATION {publication} DROP TABLE {source};
+
+-- name: wal_position
+SELECT pg_current_wal_lsn()::text;
