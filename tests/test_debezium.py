@@ -51,6 +51,14 @@ def test_rows_written_for_debezium_are_published_like_the_event_router_would(
             "INSERT INTO outbox_events VALUES (%s, 'Order', 'x', 'OrderCreated', '{}')",
             (uuid.uuid4(),),
         )
+    db.execute("CREATE TABLE text_events (id text, aggregatetype text, aggregateid text,"
+               " type text, payload text)")  # fmt: skip
+    attach(database_url, "text_events")
+    db.execute("INSERT INTO text_events VALUES ('t-1', 'Note', 'n', 'Noted', '{\"n\": 9}')")
+    db.execute("INSERT INTO text_events VALUES ('t-2', 'Note', 'n', 'Noted', 'plain')")
+    notes = consume(kafka_bootstrap, [topic_prefix + "outbox.event.Note"], 2)
+    # The json format: text holding JSON is JSON, other text a JSON string.
+    assert [json.loads(r.value) for r in notes] == [{"n": 9}, "plain"]
     seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.Order"], 3)
     assert sorted(r.key for r in seen) == ["420", "421", "422"]
     by_id = {r.headers["id"]: r for r in seen}

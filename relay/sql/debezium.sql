@@ -41,9 +41,19 @@ BEGIN
         payload := CASE WHEN opts ->> 'payload_kind' IN ('json', 'jsonb')
                         THEN payload_json::text ELSE r ->> payload_column END;
     END IF;
-    body := CASE WHEN payload IS NULL THEN 'null'::jsonb
-                 WHEN opts ->> 'payload_kind' = 'jsonb' THEN payload_json::jsonb
-                 ELSE to_jsonb(payload) END;
+    -- The payload for the relay's own formats (json, avro): JSON when it is JSON.
+    body := 'null'::jsonb;
+    IF payload IS NOT NULL AND opts ->> 'payload_kind' = 'jsonb' THEN
+        body := payload_json::jsonb;
+    ELSIF payload IS NOT NULL AND opts ->> 'payload_kind' <> 'bytea' THEN
+        BEGIN  -- json, or text holding JSON (this block writes nothing: no subxid)
+            body := payload::jsonb;
+        EXCEPTION WHEN others THEN
+            body := to_jsonb(payload);
+        END;
+    ELSIF payload IS NOT NULL THEN
+        body := to_jsonb(payload);
+    END IF;
     descriptor := jsonb_build_object(
         'topic', CASE WHEN json_typeof(route) = 'string'
                       THEN replace(opts ->> 'replacement', '${{routedByValue}}', route #>> '{{}}') END,
