@@ -335,6 +335,27 @@ def _leave_publication(
     conn.execute(sql.SQL(queries["cut_over"]).format(**names))
 
 
+# Column types whose values the relay writes as Debezium does (row_to_json's JSON is
+# the connector's value): ids, keys, header and envelope fields must be one of them.
+# Not, for example, numeric (Debezium: scaled bytes), floats (Java's formatting) or
+# timestamps (Debezium: epoch microseconds).
+_RENDERED_TYPES = frozenset(
+    {"text", "varchar", "bpchar", "uuid", "int2", "int4", "int8", "bool", "json", "jsonb"}
+)
+
+
+def _check_rendered_types(options: RouterOptions, types: dict[str, str]) -> None:
+    fields = [options.event_id, *(f.column for f in options.additional)]
+    if options.event_key in types:
+        fields.append(options.event_key)
+    odd = sorted({f"{c} ({types[c]})" for c in fields if types[c] not in _RENDERED_TYPES})
+    if odd:
+        raise ConfigError(
+            f"column(s) {odd} are not supported as id, key, header or envelope fields: "
+            f"the relay renders {sorted(_RENDERED_TYPES)} as Debezium does"
+        )
+
+
 def _payload_kind(
     conn: psycopg.Connection[Any], source: sql.Identifier, options: RouterOptions
 ) -> str:
@@ -358,5 +379,6 @@ def _payload_kind(
             f"{types[options.timestamp]}: Debezium takes the record timestamp from a "
             "`timestamp` (without time zone) column only"
         )
+    _check_rendered_types(options, types)
     kind = types[options.payload]
     return kind if kind in {"json", "jsonb", "bytea"} else "text"

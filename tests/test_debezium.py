@@ -305,12 +305,14 @@ def test_an_update_halts_the_subscriber_when_invalid_ops_are_fatal(
         (["table.fields.additional.placement=type:partition"], "placement must be header"),
         (["value.converter=org.apache.kafka.connect.json.JsonConverter"], "schemas.enable=false"),
         (["no.such.option=1"], "unsupported Event Router option(s) ['no.such.option']"),
+        (["table.field.event.key=created"], "['created (timestamp)'] are not supported"),
     ],
 )
 def test_attach_refuses_options_it_cannot_honour(
     db: psycopg.Connection[Any], database_url: str, options: list[str], message: str
 ) -> None:
     db.execute(DEBEZIUM_TABLE)
+    db.execute("ALTER TABLE outbox_events ADD COLUMN created timestamp")
     args = [a for o in options for a in ("-o", o)]
     done = run_cli(
         "debezium", "attach", "outbox_events", *args, env={"RELAY_DATABASE_URL": database_url}
