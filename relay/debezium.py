@@ -91,7 +91,7 @@ class RouterOptions:
         needed += [f.column for f in self.additional]
         return list(dict.fromkeys(needed))
 
-    def trigger_argument(self, payload_kind: str) -> str:
+    def trigger_argument(self, payload_kind: str, header_schemas: list[str] | None) -> str:
         """What the trigger is given (relay/sql/debezium.sql reads these names)."""
         return json.dumps(
             {
@@ -115,6 +115,8 @@ class RouterOptions:
                     "key": self.key_converter,
                     "value": self.value_converter,
                     "header": self.header_converter,
+                    # JsonConverter with schemas: each header's Connect schema, id first.
+                    "header_schemas": header_schemas,
                     "expand": self.expand_json_payload,
                     "tombstone": self.tombstone_on_empty_payload,
                 },
@@ -249,18 +251,18 @@ def _converter(which: str, remaining: dict[str, str]) -> str:
 
 def _header_converter(remaining: dict[str, str]) -> str:
     """header.converter: Kafka Connect's SimpleHeaderConverter (its default: text as is),
-    or JsonConverter without schemas (Debezium Server: debezium.format.header=json with
-    debezium.format.header.schemas.enable=false)."""
+    or JsonConverter, with schemas (Debezium Server's default, debezium.format.header=json)
+    or without (debezium.format.header.schemas.enable=false)."""
     name = remaining.pop("header.converter", SIMPLE_HEADER_CONVERTER)
     schemas = remaining.pop("header.converter.schemas.enable", "true")
     if name in (SIMPLE_HEADER_CONVERTER, "SimpleHeaderConverter"):
         return "simple"
-    if _CONVERTERS.get(name) == "json" and not _boolean("header.converter.schemas.enable", schemas):
-        return "json"
-    raise ConfigError(
-        f"header.converter={name!r} is not supported: use {SIMPLE_HEADER_CONVERTER}, or "
-        f"{JSON_CONVERTER} with header.converter.schemas.enable=false"
-    )
+    if _CONVERTERS.get(name) != "json":
+        raise ConfigError(
+            f"header.converter={name!r} is not supported: use {SIMPLE_HEADER_CONVERTER} or "
+            f"{JSON_CONVERTER}"
+        )
+    return "json-schema" if _boolean("header.converter.schemas.enable", schemas) else "json"
 
 
 # -- attach ------------------------------------------------------------------------------
@@ -293,10 +295,10 @@ def attach(
         "old_function": sql.Identifier(f"outbox_from_debezium_{suffix}"[:63]),
     }
     with wrap_errors(), conn.transaction():
-        kind = _payload_kind(conn, source, options)
+        kind, schemas = _inspect(conn, source, options)
         if cut_over_publication is not None:
             _leave_publication(conn, queries, names, source, cut_over_publication)
-        names["options"] = sql.Literal(options.trigger_argument(kind))
+        names["options"] = sql.Literal(options.trigger_argument(kind, schemas))
         for query in ("function", "attach", "drop_old_function"):
             conn.execute(sql.SQL(queries[query]).format(**names))
         if options.invalid_op is InvalidOpBehavior.FATAL:
@@ -356,17 +358,19 @@ def _check_rendered_types(options: RouterOptions, types: dict[str, str]) -> None
         )
 
 
-def _payload_kind(
+def _inspect(
     conn: psycopg.Connection[Any], source: sql.Identifier, options: RouterOptions
-) -> str:
-    """How the payload column reads (json, jsonb, bytea or text), once the options are
-    checked against the table: a missing column would fail every row in Debezium."""
+) -> tuple[str, list[str] | None]:
+    """How the payload column reads (json, jsonb, bytea or text), and the headers' Connect
+    schemas when the header converter writes them, once the options are checked against
+    the table: a missing column would fail every row in Debezium."""
     query = parse_named(read_sql("debezium.sql"))["columns"]
     try:
         rows = conn.execute(query, {"table": source.as_string(conn)}).fetchall()
     except psycopg.errors.UndefinedTable as exc:
         raise ConfigError(f"table {source.as_string(conn)} does not exist") from exc
     types = {column: typname for column, _, typname in rows}
+    not_null = {column for column, required, _ in rows if required}
     missing = [c for c in options.required_columns() if c not in types]
     if missing:
         raise ConfigError(
@@ -381,4 +385,36 @@ def _payload_kind(
         )
     _check_rendered_types(options, types)
     kind = types[options.payload]
-    return kind if kind in {"json", "jsonb", "bytea"} else "text"
+    schemas = None
+    if options.header_converter == "json-schema":
+        headers = [
+            options.event_id,
+            *(f.column for f in options.additional if f.placement == "header"),
+        ]
+        schemas = [_connect_schema(types[c], c in not_null) for c in headers]
+    return kind if kind in {"json", "jsonb", "bytea"} else "text", schemas
+
+
+# The Connect schema Debezium's PostgreSQL connector gives a column of these types.
+_CONNECT_TYPES = {
+    "text": ("string", None),
+    "varchar": ("string", None),
+    "bpchar": ("string", None),
+    "uuid": ("string", "io.debezium.data.Uuid"),
+    "json": ("string", "io.debezium.data.Json"),
+    "jsonb": ("string", "io.debezium.data.Json"),
+    "int2": ("int16", None),
+    "int4": ("int32", None),
+    "int8": ("int64", None),
+    "bool": ("boolean", None),
+}
+
+
+def _connect_schema(typname: str, not_null: bool) -> str:
+    """As JsonConverter writes it: type, optional, then name and version if named (as
+    text: the copy is jsonb, which would reorder an object's keys)."""
+    connect_type, name = _CONNECT_TYPES[typname]
+    schema: dict[str, Any] = {"type": connect_type, "optional": not not_null}
+    if name is not None:
+        schema.update(name=name, version=1)
+    return json.dumps(schema, separators=(",", ":"))

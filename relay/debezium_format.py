@@ -164,18 +164,22 @@ def _payload(event: OutboxEvent, text: str | None, bytea: bool, expand: bool) ->
 
 
 def _headers(found: dict[str, Any]) -> list[Header]:
-    json_headers = found["converters"].get("header") == "json"
+    converters = found["converters"]
     fields = [(HEADER_ID, found.get("id")), *(found.get("headers") or [])]
-    headers: list[Header] = [(name, _header_value(value, json_headers)) for name, value in fields]
+    values: list[bytes | None]
+    if converters.get("header") == "json-schema":
+        schemas = converters["header_schemas"]
+        values = [
+            b'{"schema":%s,"payload":%s}' % (schema.encode(), _json(value))
+            for (_, value), schema in zip(fields, schemas, strict=True)
+        ]
+    elif converters.get("header") == "json":
+        values = [_json(value) for _, value in fields]
+    else:  # SimpleHeaderConverter: text as is, null as no value
+        values = [None if v is None else _java_string(v).encode() for _, v in fields]
+    headers: list[Header] = [(name, value) for (name, _), value in zip(fields, values, strict=True)]
     headers += _trace_headers(found.get("trace"))
     return headers
-
-
-def _header_value(value: Any, as_json: bool) -> bytes | None:
-    """SimpleHeaderConverter writes text as is (null: no value); JsonConverter, JSON."""
-    if as_json:
-        return _json(value)
-    return None if value is None else _java_string(value).encode()
 
 
 def _trace_headers(context: str | None) -> list[Header]:

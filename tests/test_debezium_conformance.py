@@ -128,9 +128,15 @@ STRING = "org.apache.kafka.connect.storage.StringConverter"
 JSON = "org.apache.kafka.connect.json.JsonConverter"
 
 
+_HEADERS_SCHEMALESS = {"debezium.format.header.schemas.enable": "false"}
+_HEADERS_RELAY_SCHEMALESS = (f"header.converter={JSON}", "header.converter.schemas.enable=false")
+
+
 @dataclass(frozen=True)
 class Setup:
-    """A converter setup: Debezium Server's format settings, and the same for attach."""
+    """A converter setup: Debezium Server's format settings, and the same for attach.
+    Headers: Debezium Server's default (JSON with schemas) with StringConverter, JSON
+    without schemas with JsonConverter."""
 
     name: str
     server: dict[str, str]
@@ -142,7 +148,7 @@ SETUPS = [
     Setup(
         "string",
         {"debezium.format.key": "simplestring", "debezium.format.value": "simplestring"},
-        (f"key.converter={STRING}", f"value.converter={STRING}"),
+        (f"key.converter={STRING}", f"value.converter={STRING}", f"header.converter={JSON}"),
         (STANDARD, LOOSE, RENAMED),
     ),
     Setup(
@@ -152,18 +158,18 @@ SETUPS = [
             "debezium.format.value": "json",
             "debezium.format.key.schemas.enable": "false",
             "debezium.format.value.schemas.enable": "false",
+            **_HEADERS_SCHEMALESS,
         },
         (
             f"key.converter={JSON}",
             "key.converter.schemas.enable=false",
             f"value.converter={JSON}",
             "value.converter.schemas.enable=false",
+            *_HEADERS_RELAY_SCHEMALESS,
         ),
         (STANDARD, LOOSE, RENAMED, ENVELOPE, BYTES),
     ),
 ]
-_HEADERS = {"debezium.format.header": "json", "debezium.format.header.schemas.enable": "false"}
-_HEADERS_RELAY = (f"header.converter={JSON}", "header.converter.schemas.enable=false")
 
 
 @pytest.fixture
@@ -210,7 +216,7 @@ def server_properties(
         "debezium.source.table.include.list": ",".join(f"public.{s.name}" for s in shapes),
         "debezium.transforms": ",".join(s.name for s in shapes),
         "debezium.predicates": ",".join(s.name for s in shapes),
-        **_HEADERS,
+        "debezium.format.header": "json",
     }
     for shape in shapes:
         props[f"debezium.predicates.{shape.name}.type"] = (
@@ -248,8 +254,7 @@ def test_the_debezium_format_is_byte_identical_to_the_outbox_event_router(
         migrations.migrate(conn)
         for shape in setup.shapes:
             conn.execute(f"CREATE TABLE {shape.name} ({shape.columns})")
-            attach(url, shape.name, *shape.options, *setup.relay, *_HEADERS_RELAY,
-                   replacement(ours))  # fmt: skip
+            attach(url, shape.name, *shape.options, *setup.relay, replacement(ours))
         topics = create_topics(kafka_bootstrap, setup.shapes, (ours, theirs))
         server = debezium_server(
             {

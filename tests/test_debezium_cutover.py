@@ -21,7 +21,6 @@ from relay.schemas import SchemaRegistry
 from tests.support import run_cli
 from tests.test_debezium import consume_raw
 from tests.test_debezium_conformance import (
-    JSON,
     SETUPS,
     STANDARD,
     create_topics,
@@ -117,8 +116,7 @@ def test_cut_over_from_a_running_debezium_loses_and_duplicates_nothing(
         # 1. The switch, while the app writes: one transaction.
         switched = run_cli(
             "debezium", "attach", "standard", "--cut-over", "dbz_cutover",
-            *[a for o in (*STANDARD.options, *json_setup.relay, f"header.converter={JSON}",
-                          "header.converter.schemas.enable=false",
+            *[a for o in (*STANDARD.options, *json_setup.relay,
                           f"route.topic.replacement={prefix}outbox.event.${{routedByValue}}")
               for a in ("-o", o)],
             env={"RELAY_DATABASE_URL": url},

@@ -8,7 +8,7 @@
 
 -- name: columns
 -- The source table's columns and their types (attach checks the options against them).
-SELECT a.attname, format_type(a.atttypid, a.atttypmod), t.typname
+SELECT a.attname, a.attnotnull, t.typname
   FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
  WHERE a.attrelid = %(table)s::regclass AND a.attnum > 0 AND NOT a.attisdropped
  ORDER BY a.attnum;
