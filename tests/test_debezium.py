@@ -319,3 +319,19 @@ def test_attach_refuses_options_it_cannot_honour(
     )
     assert done.returncode != 0
     assert message in done.stderr
+
+
+def test_verify_says_it_cannot_check_a_debezium_subscriber(
+    db: psycopg.Connection[Any], database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    added = run_cli(
+        "subscribers", "add", "dbz", "--format", "debezium",
+        env={"RELAY_DATABASE_URL": database_url},
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    env = {"RELAY_DATABASE_URL": database_url, "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    named = run_cli("verify", "--subscriber", "dbz", env=env)
+    assert named.returncode != 0
+    assert "cannot verify ['dbz']: the debezium format carries no relay headers" in named.stderr
+    everything = run_cli("verify", env=env)
+    assert "not verified: subscriber dbz" in everything.stderr
