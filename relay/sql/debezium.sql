@@ -64,13 +64,25 @@ BEGIN
         'payload_kind', opts -> 'payload_kind',
         'timestamp', r -> (opts ->> 'timestamp'),
         'trace', r ->> (opts ->> 'tracing'),
-        'headers', (SELECT jsonb_agg(jsonb_build_array(h ->> 1, r -> (h ->> 0)))
-                      FROM jsonb_array_elements(opts -> 'headers') h),
-        'envelope', (SELECT jsonb_agg(jsonb_build_array(e ->> 1, r -> (e ->> 0)))
-                       FROM jsonb_array_elements(opts -> 'envelope') e),
-        'missing', (SELECT jsonb_agg(c) FROM jsonb_array_elements_text(opts -> 'required') c
-                     WHERE r -> c IS NULL),
         'converters', opts -> 'converters');
+    -- The subqueries below run only when they have something to do: this runs per row.
+    IF opts -> 'headers' <> '[]' THEN
+        descriptor := descriptor || jsonb_build_object('headers',
+            (SELECT jsonb_agg(jsonb_build_array(h ->> 1, r -> (h ->> 0)))
+               FROM jsonb_array_elements(opts -> 'headers') h));
+    END IF;
+    IF opts -> 'envelope' <> '[]' THEN
+        descriptor := descriptor || jsonb_build_object('envelope',
+            (SELECT jsonb_agg(jsonb_build_array(e ->> 1, r -> (e ->> 0)))
+               FROM jsonb_array_elements(opts -> 'envelope') e));
+    END IF;
+    -- A column that is gone reads as SQL NULL (a NULL value reads as JSON null).
+    IF event_id IS NULL OR payload_json IS NULL OR route IS NULL
+       OR jsonb_array_length(opts -> 'required') > 3 THEN
+        descriptor := descriptor || jsonb_build_object('missing',
+            (SELECT jsonb_agg(c) FROM jsonb_array_elements_text(opts -> 'required') c
+              WHERE r -> c IS NULL));
+    END IF;
     IF TG_OP = 'UPDATE' THEN
         -- table.op.invalid.behavior=fatal: Debezium stops on an UPDATE of its outbox;
         -- the relay stops the subscriber here, by its poison policy.
