@@ -307,8 +307,9 @@ def create_topics(
 
 
 def insert_rows(conn: psycopg.Connection[Any], shapes: tuple[Shape, ...]) -> int:
-    """The rows, one transaction each, interleaved over the tables; the last transaction
-    inserts and deletes its row, as many apps do. Returns how many were inserted."""
+    """The rows, one transaction each, interleaved over the tables; then a transaction
+    inserts and deletes its row, as many apps do, and the rows left are updated. Returns
+    how many were inserted."""
     count = 0
     longest = max(len(s.rows) for s in shapes)
     for i in range(longest):
@@ -319,6 +320,9 @@ def insert_rows(conn: psycopg.Connection[Any], shapes: tuple[Shape, ...]) -> int
     with conn.transaction():
         conn.execute(f"INSERT INTO {shapes[0].name} VALUES ({shapes[0].rows[1]})")
         conn.execute(f"DELETE FROM {shapes[0].name}")
+    for shape in shapes:  # table.op.invalid.behavior=warn: an UPDATE publishes nothing
+        column = shape.columns.split()[0]
+        conn.execute(f"UPDATE {shape.name} SET {column} = {column}")
     return count + 1
 
 
