@@ -59,8 +59,9 @@ _COULD_NOT_CHECK = 3
 # Piped or redirected output is not cut to 80 columns (rich's default off a terminal).
 _COLUMNS = os.environ.get("COLUMNS", "")
 _WIDTH = None if sys.stdout.isatty() else int(_COLUMNS) if _COLUMNS.isdigit() else 250
+_ERR_WIDTH = None if sys.stderr.isatty() else int(_COLUMNS) if _COLUMNS.isdigit() else 250
 out = Console(markup=False, emoji=False, highlight=False, width=_WIDTH)
-err = Console(stderr=True, markup=False, emoji=False, highlight=False)
+err = Console(stderr=True, markup=False, emoji=False, highlight=False, width=_ERR_WIDTH)
 
 # Options shared by several commands. Flags win over RELAY_* variables and the file.
 DatabaseUrl = Annotated[
@@ -498,17 +499,48 @@ def debezium_attach(
     table: Annotated[
         str, typer.Argument(help="The Debezium-style outbox table, e.g. public.outbox_events.")
     ],
+    option: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--option",
+            "-o",
+            help="An Event Router or converter option by its Debezium name, NAME=VALUE "
+            "(repeatable): table.field.event.id|key|type|payload|timestamp, route.by.field, "
+            "route.topic.replacement, table.fields.additional.placement, "
+            "route.tombstone.on.empty.payload, table.op.invalid.behavior, "
+            "table.expand.json.payload, key.converter, value.converter (+ .schemas.enable). "
+            "A 'transforms.<name>.' prefix is accepted, so connector settings paste as they are.",
+        ),
+    ] = None,
+    cut_over: Annotated[
+        str | None,
+        typer.Option(
+            help="Switch over from a running Debezium: the name of its publication, which "
+            "the table leaves in the same transaction (see deploy/README.md).",
+        ),
+    ] = None,
     database_url: DatabaseUrl = None,
     schema: Schema = None,
 ) -> None:
     """Publish rows apps insert into a Debezium-style table (id, aggregatetype,
-    aggregateid, type, payload), unchanged apps included."""
-    from relay.debezium import attach
+    aggregateid, type, payload), unchanged apps included; subscribe with
+    `--format debezium` for the Event Router's records."""
+    from relay.debezium import attach, parse_options
 
+    options = parse_options(option or [])
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
-        attach(conn, settings.database_schema, table)
+        switched_at = attach(
+            conn, settings.database_schema, table, options, cut_over_publication=cut_over
+        )
     out.print(f"inserts into {table} now reach the relay's outbox in {settings.database_schema!r}")
+    if switched_at is not None:
+        out.print(
+            f"{table} left publication {cut_over!r} at WAL position {switched_at}: once "
+            "Debezium's slot has confirmed_flush_lsn >= that position, stop Debezium and "
+            "resume the relay's subscriber"
+        )
+        typer.echo(f"cut-over-lsn={switched_at}")
 
 
 # -- subscribers ---------------------------------------------------------------------

@@ -1,35 +1,420 @@
 """Debezium Outbox Event Router compatibility: read a Debezium-style outbox table.
 
-The relay's guarantees rest on each row's writer transaction id, which a Debezium table
-(``id``, ``aggregatetype``, ``aggregateid``, ``type``, ``payload``) does not carry. So
+The relay's guarantees rest on each row's ordering key, which a Debezium table (``id``,
+``aggregatetype``, ``aggregateid``, ``type``, ``payload``, ...) does not carry. So
 ``attach`` adds a trigger that copies every insert into the relay's outbox, inside the
-writer's transaction: apps keep writing exactly what they wrote for Debezium, and the
-records come out with the Event Router's key (``aggregateid``), topic
-(``outbox.event.<aggregatetype>``) and ``id`` header.
+writer's transaction: apps keep writing exactly what they wrote for Debezium. The copy
+records what the Event Router would publish for the row (relay/debezium_format.py
+renders it under the ``debezium`` value format); the router's options are taken by their
+Debezium names, so a connector's configuration carries over as it is.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from relay.db import wrap_errors
+from relay.errors import ConfigError
 from relay.queries import parse_named, read_sql
 
+logger = logging.getLogger(__name__)
 
-def attach(conn: psycopg.Connection[Any], schema: str, table: str) -> str:
-    """Copy inserts into ``table`` (``name`` or ``schema.name``) to the relay's outbox."""
+DEFAULT_REPLACEMENT = "outbox.event.${routedByValue}"
+DEFAULT_REGEX = "(?<routedByValue>.*)"
+STRING_CONVERTER = "org.apache.kafka.connect.storage.StringConverter"
+JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
+SIMPLE_HEADER_CONVERTER = "org.apache.kafka.connect.storage.SimpleHeaderConverter"
+_CONVERTERS = {
+    STRING_CONVERTER: "string",
+    JSON_CONVERTER: "json",
+    "StringConverter": "string",
+    "JsonConverter": "json",
+}
+# A connector's settings name the transform (transforms.outbox.route.by.field): the part
+# after "transforms.<name>." is the router's option.
+_TRANSFORM_PREFIX = "transforms."
+
+
+class Placement(StrEnum):
+    HEADER = "header"
+    ENVELOPE = "envelope"
+
+
+class InvalidOpBehavior(StrEnum):
+    """table.op.invalid.behavior: what an UPDATE of the outbox table does."""
+
+    WARN = "warn"  # Debezium skips it with a warning; the relay never sees it
+    ERROR = "error"  # likewise, logged as an error by Debezium
+    FATAL = "fatal"  # Debezium stops; the relay stops the subscriber (poison policy)
+
+
+@dataclass(frozen=True)
+class AdditionalField:
+    column: str
+    placement: Placement
+    alias: str
+
+
+@dataclass(frozen=True)
+class RouterOptions:
+    """The Event Router options ``attach`` honours, by their Debezium meaning."""
+
+    event_id: str = "id"
+    event_key: str = "aggregateid"
+    event_type: str = "type"
+    payload: str = "payload"
+    timestamp: str | None = None
+    route_by: str = "aggregatetype"
+    replacement: str = DEFAULT_REPLACEMENT
+    additional: tuple[AdditionalField, ...] = ()
+    tombstone_on_empty_payload: bool = False
+    invalid_op: InvalidOpBehavior = InvalidOpBehavior.WARN
+    expand_json_payload: bool = False
+    tracing_field: str = "tracingspancontext"
+    key_converter: str = "string"
+    value_converter: str = "string"
+    header_converter: str = "simple"
+
+    def required_columns(self) -> list[str]:
+        """Columns without which the Event Router fails on a row."""
+        needed = [self.event_id, self.payload, self.route_by]
+        if self.timestamp:
+            needed.append(self.timestamp)
+        needed += [f.column for f in self.additional]
+        return list(dict.fromkeys(needed))
+
+    def trigger_argument(self, payload_kind: str, header_schemas: list[str] | None) -> str:
+        """What the trigger is given (relay/sql/debezium.sql reads these names)."""
+        return json.dumps(
+            {
+                "id": self.event_id,
+                "key": self.event_key,
+                "type": self.event_type,
+                "payload": self.payload,
+                "payload_kind": payload_kind,
+                "timestamp": self.timestamp,
+                "route": self.route_by,
+                "replacement": self.replacement,
+                "tracing": self.tracing_field,
+                "headers": [
+                    [f.column, f.alias] for f in self.additional if f.placement == "header"
+                ],
+                "envelope": [
+                    [f.column, f.alias] for f in self.additional if f.placement == "envelope"
+                ],
+                "required": self.required_columns(),
+                "converters": {
+                    "key": self.key_converter,
+                    "value": self.value_converter,
+                    "header": self.header_converter,
+                    # JsonConverter with schemas: each header's Connect schema, id first.
+                    "header_schemas": header_schemas,
+                    "expand": self.expand_json_payload,
+                    "tombstone": self.tombstone_on_empty_payload,
+                },
+            },
+            separators=(",", ":"),
+        )
+
+
+def parse_options(pairs: Iterable[str]) -> RouterOptions:
+    """Options given as ``NAME=VALUE`` with Debezium's names, e.g.
+    ``route.by.field=aggregate_type`` or ``transforms.outbox.table.field.event.id=uid``."""
+    values: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"option {pair!r}: expected NAME=VALUE")
+        values[_option_name(name.strip())] = value.strip()
+    return options_from(values)
+
+
+def _option_name(name: str) -> str:
+    if name.startswith(_TRANSFORM_PREFIX):
+        return name.split(".", 2)[2] if name.count(".") >= 2 else name
+    return name
+
+
+def options_from(values: Mapping[str, str]) -> RouterOptions:
+    remaining = dict(values)
+
+    def take(name: str, default: str | None = None) -> str | None:
+        return remaining.pop(name, default)
+
+    regex = take("route.topic.regex", DEFAULT_REGEX)
+    if regex != DEFAULT_REGEX:
+        raise ConfigError(
+            f"route.topic.regex={regex!r} is not supported: the relay routes with "
+            f"{DEFAULT_REGEX} (Debezium's default); use route.topic.replacement"
+        )
+    options = RouterOptions(
+        event_id=_column(take("table.field.event.id", "id")),
+        event_key=_column(take("table.field.event.key", "aggregateid")),
+        event_type=_column(take("table.field.event.type", "type")),
+        payload=_column(take("table.field.event.payload", "payload")),
+        timestamp=take("table.field.event.timestamp") or None,
+        route_by=_column(take("route.by.field", "aggregatetype")),
+        replacement=take("route.topic.replacement", DEFAULT_REPLACEMENT) or DEFAULT_REPLACEMENT,
+        additional=_placements(take("table.fields.additional.placement", "") or ""),
+        tombstone_on_empty_payload=_boolean(
+            "route.tombstone.on.empty.payload", take("route.tombstone.on.empty.payload", "false")
+        ),
+        invalid_op=_invalid_op(take("table.op.invalid.behavior", "warn")),
+        expand_json_payload=_boolean(
+            "table.expand.json.payload", take("table.expand.json.payload", "false")
+        ),
+        tracing_field=_column(take("tracing.span.context.field", "tracingspancontext")),
+        key_converter=_converter("key", remaining),
+        value_converter=_converter("value", remaining),
+        header_converter=_header_converter(remaining),
+    )
+    remaining.pop("type", None)  # transforms.outbox.type=io.debezium.transforms.outbox.EventRouter
+    if remaining:
+        raise ConfigError(
+            f"unsupported Event Router option(s) {sorted(remaining)}; see deploy/README.md, "
+            "'Coming from Debezium's Outbox Event Router'"
+        )
+    return options
+
+
+def _column(name: str | None) -> str:
+    if not name:
+        raise ConfigError("an Event Router column option is empty")
+    return name
+
+
+def _boolean(name: str, value: str | None) -> bool:
+    text = (value or "").lower()
+    if text not in {"true", "false"}:
+        raise ConfigError(f"{name} must be true or false, got {value!r}")
+    return text == "true"
+
+
+def _invalid_op(value: str | None) -> InvalidOpBehavior:
+    # Debezium's own spellings: warn, error, fatal (older: skip-and-warn...).
+    text = (value or "").lower().removeprefix("skip-and-").removeprefix("skip_and_")
+    try:
+        return InvalidOpBehavior(text)
+    except ValueError as exc:
+        raise ConfigError(
+            f"table.op.invalid.behavior must be warn, error or fatal, got {value!r}"
+        ) from exc
+
+
+def _placements(text: str) -> tuple[AdditionalField, ...]:
+    """``column:placement[:alias],...`` as Debezium writes it."""
+    found = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        parts = item.split(":")
+        if len(parts) not in (2, 3) or not parts[0]:
+            raise ConfigError(
+                f"table.fields.additional.placement item {item!r}: expected column:placement[:alias]"
+            )
+        try:
+            placement = Placement(parts[1])
+        except ValueError as exc:
+            raise ConfigError(
+                f"table.fields.additional.placement item {item!r}: placement must be header "
+                "or envelope (partition is not supported)"
+            ) from exc
+        found.append(
+            AdditionalField(parts[0], placement, parts[2] if len(parts) == 3 else parts[0])
+        )
+    return tuple(found)
+
+
+def _converter(which: str, remaining: dict[str, str]) -> str:
+    """key.converter / value.converter: StringConverter, or JsonConverter without schemas."""
+    name = remaining.pop(f"{which}.converter", STRING_CONVERTER)
+    schemas = remaining.pop(f"{which}.converter.schemas.enable", "true")
+    converter = _CONVERTERS.get(name)
+    if converter is None:
+        raise ConfigError(
+            f"{which}.converter={name!r} is not supported: use {STRING_CONVERTER} or "
+            f"{JSON_CONVERTER} (with {which}.converter.schemas.enable=false)"
+        )
+    if converter == "json" and _boolean(f"{which}.converter.schemas.enable", schemas):
+        raise ConfigError(
+            f"{which}.converter: JsonConverter is supported with "
+            f"{which}.converter.schemas.enable=false only"
+        )
+    return converter
+
+
+def _header_converter(remaining: dict[str, str]) -> str:
+    """header.converter: Kafka Connect's SimpleHeaderConverter (its default: text as is),
+    or JsonConverter, with schemas (Debezium Server's default, debezium.format.header=json)
+    or without (debezium.format.header.schemas.enable=false)."""
+    name = remaining.pop("header.converter", SIMPLE_HEADER_CONVERTER)
+    schemas = remaining.pop("header.converter.schemas.enable", "true")
+    if name in (SIMPLE_HEADER_CONVERTER, "SimpleHeaderConverter"):
+        return "simple"
+    if _CONVERTERS.get(name) != "json":
+        raise ConfigError(
+            f"header.converter={name!r} is not supported: use {SIMPLE_HEADER_CONVERTER} or "
+            f"{JSON_CONVERTER}"
+        )
+    return "json-schema" if _boolean("header.converter.schemas.enable", schemas) else "json"
+
+
+# -- attach ------------------------------------------------------------------------------
+
+
+def attach(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    table: str,
+    options: RouterOptions | None = None,
+    *,
+    cut_over_publication: str | None = None,
+) -> str | None:
+    """Copy inserts into ``table`` (``name`` or ``schema.name``) to the relay's outbox.
+
+    With ``cut_over_publication`` (a running Debezium's publication), the same transaction
+    takes the table out of it; returns the WAL position of the switch: once Debezium's
+    slot has confirmed it, Debezium has published everything that is not the relay's.
+    """
+    options = options or RouterOptions()
     source_schema, _, name = table.rpartition(".")
     source = sql.Identifier(source_schema, name) if source_schema else sql.Identifier(name)
     suffix = f"{source_schema}_{name}" if source_schema else name
-    statement = sql.SQL(parse_named(read_sql("debezium.sql"))["attach"]).format(
-        schema=sql.Identifier(schema),
-        source=source,
-        function=sql.Identifier(f"outbox_from_debezium_{suffix}"[:63]),
-        trigger=sql.Identifier(f"outbox_relay_copy_{suffix}"[:63]),
-    )
+    queries = parse_named(read_sql("debezium.sql"))
+    names: dict[str, sql.Composable] = {
+        "schema": sql.Identifier(schema),
+        "source": source,
+        "trigger": sql.Identifier(f"outbox_relay_copy_{suffix}"[:63]),
+        "update_trigger": sql.Identifier(f"outbox_relay_update_{suffix}"[:63]),
+        "old_function": sql.Identifier(f"outbox_from_debezium_{suffix}"[:63]),
+    }
     with wrap_errors(), conn.transaction():
-        conn.execute(statement)
-    return suffix
+        kind, schemas = _inspect(conn, source, options)
+        if cut_over_publication is not None:
+            _leave_publication(conn, queries, names, source, cut_over_publication)
+        names["options"] = sql.Literal(options.trigger_argument(kind, schemas))
+        for query in ("function", "attach", "drop_old_function"):
+            conn.execute(sql.SQL(queries[query]).format(**names))
+        if options.invalid_op is InvalidOpBehavior.FATAL:
+            conn.execute(sql.SQL(queries["attach_fatal_updates"]).format(**names))
+    logger.info("attached %s (payload %s, options %s)", table, kind, options)
+    if cut_over_publication is None:
+        return None
+    with wrap_errors():
+        row = conn.execute(queries["wal_position"]).fetchone()
+    return str(row[0]) if row else None
+
+
+def _leave_publication(
+    conn: psycopg.Connection[Any],
+    queries: dict[str, str],
+    names: dict[str, sql.Composable],
+    source: sql.Identifier,
+    publication: str,
+) -> None:
+    table = source.as_string(conn)
+    found = conn.execute(
+        queries["publication"], {"table": table, "publication": publication}
+    ).fetchone()
+    if found is None:
+        raise ConfigError(f"there is no publication {publication!r}")
+    all_tables, listed = found
+    if all_tables:
+        raise ConfigError(
+            f"publication {publication!r} is FOR ALL TABLES, so {table} cannot leave it: "
+            "give Debezium a publication that lists its tables first "
+            "(publication.autocreate.mode=filtered), see deploy/README.md"
+        )
+    if not listed:
+        raise ConfigError(f"{table} is not in publication {publication!r}")
+    names = {**names, "publication": sql.Identifier(publication)}
+    conn.execute(sql.SQL(queries["cut_over"]).format(**names))
+
+
+# Column types whose values the relay writes as Debezium does (row_to_json's JSON is
+# the connector's value): ids, keys, header and envelope fields must be one of them.
+# Not, for example, numeric (Debezium: scaled bytes), floats (Java's formatting) or
+# timestamps (Debezium: epoch microseconds).
+_RENDERED_TYPES = frozenset(
+    {"text", "varchar", "bpchar", "uuid", "int2", "int4", "int8", "bool", "json", "jsonb"}
+)
+
+
+def _check_rendered_types(options: RouterOptions, types: dict[str, str]) -> None:
+    fields = [options.event_id, *(f.column for f in options.additional)]
+    if options.event_key in types:
+        fields.append(options.event_key)
+    odd = sorted({f"{c} ({types[c]})" for c in fields if types[c] not in _RENDERED_TYPES})
+    if odd:
+        raise ConfigError(
+            f"column(s) {odd} are not supported as id, key, header or envelope fields: "
+            f"the relay renders {sorted(_RENDERED_TYPES)} as Debezium does"
+        )
+
+
+def _inspect(
+    conn: psycopg.Connection[Any], source: sql.Identifier, options: RouterOptions
+) -> tuple[str, list[str] | None]:
+    """How the payload column reads (json, jsonb, bytea or text), and the headers' Connect
+    schemas when the header converter writes them, once the options are checked against
+    the table: a missing column would fail every row in Debezium."""
+    query = parse_named(read_sql("debezium.sql"))["columns"]
+    try:
+        rows = conn.execute(query, {"table": source.as_string(conn)}).fetchall()
+    except psycopg.errors.UndefinedTable as exc:
+        raise ConfigError(f"table {source.as_string(conn)} does not exist") from exc
+    types = {column: typname for column, _, typname in rows}
+    not_null = {column for column, required, _ in rows if required}
+    missing = [c for c in options.required_columns() if c not in types]
+    if missing:
+        raise ConfigError(
+            f"table {source.as_string(conn)} has no column(s) {missing}; its columns are "
+            f"{sorted(types)} (set table.field.event.* / route.by.field to their names)"
+        )
+    if options.timestamp and types[options.timestamp] != "timestamp":
+        raise ConfigError(
+            f"table.field.event.timestamp={options.timestamp} is of type "
+            f"{types[options.timestamp]}: Debezium takes the record timestamp from a "
+            "`timestamp` (without time zone) column only"
+        )
+    _check_rendered_types(options, types)
+    kind = types[options.payload]
+    schemas = None
+    if options.header_converter == "json-schema":
+        headers = [
+            options.event_id,
+            *(f.column for f in options.additional if f.placement == "header"),
+        ]
+        schemas = [_connect_schema(types[c], c in not_null) for c in headers]
+    return kind if kind in {"json", "jsonb", "bytea"} else "text", schemas
+
+
+# The Connect schema Debezium's PostgreSQL connector gives a column of these types.
+_CONNECT_TYPES = {
+    "text": ("string", None),
+    "varchar": ("string", None),
+    "bpchar": ("string", None),
+    "uuid": ("string", "io.debezium.data.Uuid"),
+    "json": ("string", "io.debezium.data.Json"),
+    "jsonb": ("string", "io.debezium.data.Json"),
+    "int2": ("int16", None),
+    "int4": ("int32", None),
+    "int8": ("int64", None),
+    "bool": ("boolean", None),
+}
+
+
+def _connect_schema(typname: str, not_null: bool) -> str:
+    """As JsonConverter writes it: type, optional, then name and version if named (as
+    text: the copy is jsonb, which would reorder an object's keys)."""
+    connect_type, name = _CONNECT_TYPES[typname]
+    schema: dict[str, Any] = {"type": connect_type, "optional": not not_null}
+    if name is not None:
+        schema.update(name=name, version=1)
+    return json.dumps(schema, separators=(",", ":"))

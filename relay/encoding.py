@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from relay.debezium_format import debezium_record
 from relay.errors import EncodingError, PayloadValidationError
 from relay.model import KafkaRecord, OutboxEvent, Unreadable
 from relay.schemas import SchemaRegistry
@@ -44,14 +45,21 @@ class RecordEncoder:
         for column, value in (("payload", event.payload), ("headers", event.headers)):
             if isinstance(value, Unreadable):
                 raise EncodingError(f"event {event.message_id}: its {column} is {value}")
+        if subscriber.value_format is ValueFormat.DEBEZIUM:
+            record = debezium_record(event, subscriber)
+            self._check_route(record.topic, subscriber, event)
+            return record
         topic = subscriber.topic_for(event)
-        if self.guard is not None and (refusal := self.guard.refusal(topic, subscriber)):
-            raise EncodingError(f"event {event.message_id}: not routed to {topic!r}: {refusal}")
+        self._check_route(topic, subscriber, event)
         key = event.aggregate_id.encode()
         value = self._value(event, subscriber.value_format)
         headers, headers_size = _headers(event)
         size = len(key) + len(value) + headers_size
         return KafkaRecord(topic, key, value, headers, size, subscriber.fixed_topic is None)
+
+    def _check_route(self, topic: str, subscriber: Subscriber, event: OutboxEvent) -> None:
+        if self.guard is not None and (refusal := self.guard.refusal(topic, subscriber)):
+            raise EncodingError(f"event {event.message_id}: not routed to {topic!r}: {refusal}")
 
     def _value(self, event: OutboxEvent, value_format: ValueFormat) -> bytes:
         if value_format is ValueFormat.JSON:

@@ -363,6 +363,8 @@ class _BatchProducer:
         report: dict[str, Any] = {"on_delivery": callback} if callback is not None else {}
         while True:
             try:
+                if record.timestamp_ms is not None:
+                    report["timestamp"] = record.timestamp_ms
                 self._producer.produce(
                     record.topic, record.value, record.key, headers=record.headers, **report
                 )
@@ -556,6 +558,8 @@ class TransactionalPublisher(_BatchProducer):
         (every record's first header is its message id), so a later owner can tell
         whether the checkpoint belongs to the database it serves."""
         message = sent[-1].headers[0][1] if sent and sent[-1].headers else None
+        if sent and sent[-1].message_id is not None:
+            message = sent[-1].message_id
         if isinstance(message, bytes):
             message = message.decode()
         space = str(self._key_space) if self._key_space is not None else None

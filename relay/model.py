@@ -67,6 +67,9 @@ class OutboxEvent(NamedTuple):
     # The row's payload and headers as Postgres stores them (possibly compressed): what
     # the fetch counts against batch_max_bytes.
     stored_bytes: int = 0
+    # What Debezium's Outbox Event Router would publish for a row copied by
+    # `debezium attach` (relay/debezium_format.py); None for every other row.
+    debezium: dict[str, Any] | None = None
 
     @property
     def key(self) -> Position:
@@ -78,19 +81,25 @@ class KafkaRecord:
     """What is produced for one event."""
 
     topic: str
-    key: bytes
-    value: bytes
+    key: bytes | None  # None: only in the debezium format (a row without a key)
+    value: bytes | None  # None: a tombstone (the debezium format only)
     headers: list[tuple[str, str | bytes | None]]
     size: int = -1  # key + value + headers in bytes, when the encoder computed it
     # The row's own fields named the topic (a template with fields): when the topic
     # does not exist and the relay may not create it, that is the row's poison.
     routed: bool = False
+    timestamp_ms: int | None = None  # None: the producer's clock
+    # The outbox row's message id when the first header does not carry it (the debezium
+    # format's "id" header is the app's id): Kafka-side checkpoints record it.
+    message_id: str | None = None
 
     def byte_size(self) -> int:
         if self.size >= 0:
             return self.size
         return (
-            len(self.key) + len(self.value) + sum(len(k) + len(v or b"") for k, v in self.headers)
+            len(self.key or b"")
+            + len(self.value or b"")
+            + sum(len(k) + len(v or b"") for k, v in self.headers)
         )
 
 

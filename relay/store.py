@@ -121,8 +121,10 @@ class OutboxStore:
             set_json_loads(_load_row_json, cur)
             rows = cur.execute(self._q["fetch_batch"], params).fetchall()
         return [
-            OutboxEvent(tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at, size)
-            for tx, pos, mid, atype, aid, version, etype, payload, headers, at, size in rows
+            OutboxEvent(
+                tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at, size, dbz
+            )
+            for tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz in rows
         ]
 
     def advance(self, state: PartState, to: Position, owner: UUID) -> int:

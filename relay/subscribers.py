@@ -29,6 +29,7 @@ _MAX_CACHED_REFUSALS = 4096
 class ValueFormat(StrEnum):
     AVRO = "avro"
     JSON = "json"
+    DEBEZIUM = "debezium"  # as Debezium's Outbox Event Router (relay/debezium_format.py)
 
 
 class StartFrom(StrEnum):

@@ -131,6 +131,7 @@ def verify(
     unknown = set(subscribers or ()) - {s.subscriber.name for s in states}
     if unknown:
         raise SubscriberError(f"no subscriber named {sorted(unknown)}")
+    states = _checkable(states, named=subscribers is not None)
     reports = []
     for state in states:
         name = state.subscriber.name
@@ -144,6 +145,21 @@ def verify(
         _compare(report, expected, reader.read(sorted(expected.topics), tick))
         reports.append(report)
     return reports
+
+
+def _checkable(states: list[SubscriberState], *, named: bool) -> list[SubscriberState]:
+    """Records of the debezium format carry Debezium's headers only (no message id or
+    position of the relay's), so verify cannot tell them apart: it says so."""
+    debezium = [s.subscriber.name for s in states if s.subscriber.value_format == "debezium"]
+    if debezium and named:
+        raise SubscriberError(
+            f"cannot verify {debezium}: the debezium format carries no relay headers"
+        )
+    for name in debezium:
+        logger.warning(
+            "not verified: subscriber %s (the debezium format carries no relay headers)", name
+        )
+    return [s for s in states if s.subscriber.name not in debezium]
 
 
 def _expectations(

@@ -86,7 +86,10 @@ def docker_available() -> bool:
 
 
 def _new_local_postgres(
-    tmp_path_factory: pytest.TempPathFactory, *, fsync: bool
+    tmp_path_factory: pytest.TempPathFactory,
+    *,
+    fsync: bool,
+    settings: dict[str, str] | None = None,
 ) -> tuple[LocalPostgres, Path | None]:
     """A (not yet started) LocalPostgres, plus a directory to delete afterwards.
 
@@ -97,8 +100,11 @@ def _new_local_postgres(
     base = tmp_path_factory.mktemp("pg")
     if os.geteuid() == 0:
         data_dir = Path(tempfile.mkdtemp(prefix="outbox-test-pg-"))
-        return LocalPostgres(data_dir, fsync=fsync, log_path=base / "postgres.log"), data_dir
-    return LocalPostgres(base / "data", fsync=fsync, log_path=base / "postgres.log"), None
+        data = data_dir
+    else:
+        data, data_dir = base / "data", None
+    server = LocalPostgres(data, fsync=fsync, log_path=base / "postgres.log", settings=settings)
+    return server, data_dir
 
 
 @pytest.fixture(scope="session")
@@ -210,7 +216,17 @@ def local_kafka(kafka: TestKafka) -> LocalKafka:
 @pytest.fixture
 def local_postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPostgres]:
     """A started LocalPostgres of the test's own, safe to restart()/stop() (fsync on)."""
-    server, cleanup = _new_local_postgres(tmp_path_factory, fsync=True)
+    yield from _started(*_new_local_postgres(tmp_path_factory, fsync=True))
+
+
+@pytest.fixture
+def logical_postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPostgres]:
+    """A started LocalPostgres of the test's own with wal_level=logical (Debezium)."""
+    server = _new_local_postgres(tmp_path_factory, fsync=False, settings={"wal_level": "logical"})
+    yield from _started(*server)
+
+
+def _started(server: LocalPostgres, cleanup: Path | None) -> Iterator[LocalPostgres]:
     try:
         try:
             server.start()

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from relay.daemon import Relay
-from tests.support import consume, run_cli, sub
+from relay.store import OutboxStore
+from tests.support import consume, run_cli, sub, wait_for_topics
 
-REPO = Path(__file__).resolve().parent.parent
+DEBEZIUM_TABLE = (
+    "CREATE TABLE outbox_events (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL,"
+    " aggregateid varchar(255) NOT NULL, type varchar(255) NOT NULL, payload jsonb)"
+)
 
 
 def test_rows_written_for_debezium_are_published_like_the_event_router_would(
@@ -23,10 +31,7 @@ def test_rows_written_for_debezium_are_published_like_the_event_router_would(
     topic_prefix: str,
     start_relay: Callable[..., Relay],
 ) -> None:
-    db.execute(
-        "CREATE TABLE outbox_events (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL,"
-        " aggregateid varchar(255) NOT NULL, type varchar(255) NOT NULL, payload jsonb)"
-    )
+    db.execute(DEBEZIUM_TABLE)
     attached = run_cli(
         "debezium", "attach", "public.outbox_events", env={"RELAY_DATABASE_URL": database_url}
     )
@@ -46,9 +51,287 @@ def test_rows_written_for_debezium_are_published_like_the_event_router_would(
             "INSERT INTO outbox_events VALUES (%s, 'Order', 'x', 'OrderCreated', '{}')",
             (uuid.uuid4(),),
         )
+    db.execute("CREATE TABLE text_events (id text, aggregatetype text, aggregateid text,"
+               " type text, payload text)")  # fmt: skip
+    attach(database_url, "text_events")
+    db.execute("INSERT INTO text_events VALUES ('t-1', 'Note', 'n', 'Noted', '{\"n\": 9}')")
+    db.execute("INSERT INTO text_events VALUES ('t-2', 'Note', 'n', 'Noted', 'plain')")
+    notes = consume(kafka_bootstrap, [topic_prefix + "outbox.event.Note"], 2)
+    # The json format: text holding JSON is JSON, other text a JSON string.
+    assert [json.loads(r.value) for r in notes] == [{"n": 9}, "plain"]
     seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.Order"], 3)
     assert sorted(r.key for r in seen) == ["420", "421", "422"]
     by_id = {r.headers["id"]: r for r in seen}
     assert set(by_id) == {str(i) for i in ids}
     assert json.loads(by_id[str(ids[1])].value) == {"n": 1}
     assert by_id[str(ids[0])].headers["event_type"] == "OrderCreated"
+
+
+# -- the debezium format -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Raw:
+    """A record exactly as a consumer receives it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    timestamp: int
+
+    def header(self, name: str) -> bytes | None:
+        return dict(self.headers)[name]
+
+
+def consume_raw(bootstrap: str, topics: list[str], expected: int) -> list[Raw]:
+    """Every record of ``topics`` (read_committed), once ``expected`` arrived and a
+    second passed without more, so duplicates would show."""
+    partitions = wait_for_topics(bootstrap, topics)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"debezium-tests-{uuid.uuid4()}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign(
+        [TopicPartition(t, p, OFFSET_BEGINNING) for t, n in partitions.items() for p in range(n)]
+    )
+    seen: list[Raw] = []
+    deadline = time.monotonic() + 60
+    last = time.monotonic()
+    try:
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.1)
+            if msg is None:
+                if len(seen) >= expected and time.monotonic() - last > 1.0:
+                    break
+                continue
+            assert not msg.error(), msg.error()
+            last = time.monotonic()
+            seen.append(
+                Raw(
+                    msg.topic(),
+                    msg.partition(),
+                    msg.offset(),
+                    msg.key(),
+                    msg.value(),
+                    list(msg.headers() or []),
+                    msg.timestamp()[1],
+                )
+            )
+    finally:
+        consumer.close()
+    return seen
+
+
+@pytest.fixture
+def debezium_relay(start_relay: Callable[..., Relay], topic_prefix: str) -> Callable[[], Relay]:
+    """Starts a relay whose one subscriber publishes in the debezium format."""
+    return lambda: start_relay(subscribers=[sub("s", topic_prefix, value_format="debezium")])
+
+
+def attach(database_url: str, table: str, *options: str) -> None:
+    args = [a for o in options for a in ("-o", o)]
+    done = run_cli("debezium", "attach", table, *args, env={"RELAY_DATABASE_URL": database_url})
+    assert done.returncode == 0, done.stderr
+
+
+def route(prefix: str) -> str:
+    return f"route.topic.replacement={prefix}outbox.event.${{routedByValue}}"
+
+
+def test_attach_never_fails_an_insert_debezium_accepts(
+    db: psycopg.Connection[Any],
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    debezium_relay: Callable[[], Relay],
+) -> None:
+    # Everything nullable and of other types than the relay's own outbox: ids that are
+    # not uuids, a text payload, and a second table with bytes.
+    db.execute(
+        "CREATE TABLE events (id varchar(64) PRIMARY KEY, aggregatetype text,"
+        " aggregateid text, type text, payload text)"
+    )
+    db.execute(
+        "CREATE TABLE blobs (id bigint PRIMARY KEY, aggregatetype text,"
+        " aggregateid bigint, type text, payload bytea)"
+    )
+    attach(database_url, "events", route(topic_prefix))
+    attach(database_url, "blobs", route(topic_prefix), "value.converter=JsonConverter",
+           "value.converter.schemas.enable=false")  # fmt: skip
+    debezium_relay()
+
+    with db.transaction():
+        db.execute("INSERT INTO events VALUES ('evt-42', 'Order', 'o-1', 'Created', 'not json')")
+        db.execute("INSERT INTO events VALUES ('evt-43', 'Order', NULL, 'Created', '{\"a\":1}')")
+        db.execute("INSERT INTO events VALUES ('evt-44', 'Order', 'o-1', NULL, NULL)")
+        db.execute("INSERT INTO events VALUES ('evt-45', '', 'o-2', '', '[]')")
+        db.execute("INSERT INTO blobs VALUES (7, 'Blob', 99, 'Stored', '\\x00ff10'::bytea)")
+        db.execute("DELETE FROM events WHERE id = 'evt-44'")  # inserted and deleted: kept
+
+    seen = consume_raw(
+        kafka_bootstrap,
+        [f"{topic_prefix}outbox.event.Order", f"{topic_prefix}outbox.event.Blob",
+         f"{topic_prefix}outbox.event."],
+        5,
+    )  # fmt: skip
+    by_id = {r.header("id"): r for r in seen}
+    assert set(by_id) == {b"evt-42", b"evt-43", b"evt-44", b"evt-45", b"7"}
+    assert (by_id[b"evt-42"].key, by_id[b"evt-42"].value) == (b"o-1", b"not json")
+    assert by_id[b"evt-43"].key is None  # no aggregateid: no key, as Debezium
+    assert by_id[b"evt-44"].value is None  # NULL payload
+    assert by_id[b"evt-45"].topic == f"{topic_prefix}outbox.event."
+    blob = by_id[b"7"]
+    assert (blob.key, blob.topic) == (b"99", f"{topic_prefix}outbox.event.Blob")
+    assert json.loads(blob.value or b"") == base64.b64encode(b"\x00\xff\x10").decode()
+    # Each key's events keep their order within its partition.
+    o1 = [r.header("id") for r in seen if r.key == b"o-1"]
+    assert o1 == [b"evt-42", b"evt-44"]
+
+
+def test_router_options_renamed_columns_headers_envelope_tracing_and_timestamp(
+    db: psycopg.Connection[Any],
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    debezium_relay: Callable[[], Relay],
+) -> None:
+    db.execute(
+        "CREATE TABLE shop_outbox (uid uuid PRIMARY KEY, kind text, entity text, stream text,"
+        " body jsonb, created timestamp, tenant text, tracingspancontext text)"
+    )
+    attach(
+        database_url,
+        "public.shop_outbox",
+        "transforms.outbox.table.field.event.id=uid",
+        "transforms.outbox.table.field.event.key=entity",
+        "transforms.outbox.table.field.event.type=kind",
+        "transforms.outbox.table.field.event.payload=body",
+        "transforms.outbox.table.field.event.timestamp=created",
+        "transforms.outbox.route.by.field=stream",
+        f"transforms.outbox.route.topic.replacement={topic_prefix}shop.${{routedByValue}}.events",
+        "transforms.outbox.table.fields.additional.placement=kind:header:eventType,"
+        "tenant:envelope:tenant,kind:envelope",
+        "transforms.outbox.table.expand.json.payload=true",
+        "transforms.outbox.route.tombstone.on.empty.payload=true",
+        "key.converter=org.apache.kafka.connect.json.JsonConverter",
+        "key.converter.schemas.enable=false",
+        "value.converter=org.apache.kafka.connect.json.JsonConverter",
+        "value.converter.schemas.enable=false",
+    )
+    debezium_relay()
+    first, gone = uuid.uuid4(), uuid.uuid4()
+    trace = "traceparent=00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\n"
+    db.execute(
+        "INSERT INTO shop_outbox VALUES (%s, 'Placed', 'c-9', 'Cart',"
+        ' \'{"total": 12, "items": [{"sku": "x"}]}\', \'2024-05-01 10:00:00.123456\','
+        " 'acme', %s)",
+        (first, trace),
+    )
+    db.execute(
+        "INSERT INTO shop_outbox (uid, kind, entity, stream, body) VALUES"
+        " (%s, 'Removed', 'c-9', 'Cart', NULL)",
+        (gone,),
+    )
+    topic = f"{topic_prefix}shop.Cart.events"
+    placed, removed = consume_raw(kafka_bootstrap, [topic], 2)
+    assert placed.key == b'"c-9"'  # JsonConverter keys are JSON
+    assert json.loads(placed.value or b"") == {
+        "payload": {"items": [{"sku": "x"}], "total": 12},
+        "tenant": "acme",
+        "kind": "Placed",
+    }
+    assert placed.headers == [
+        ("id", str(first).encode()),
+        ("eventType", b"Placed"),
+        ("traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+    ]
+    assert placed.timestamp == 1714557600123  # 2024-05-01T10:00:00.123Z
+    assert removed.value is None  # a tombstone for the empty payload
+    assert removed.header("id") == str(gone).encode()
+
+
+def halted_error(db: psycopg.Connection[Any], name: str) -> str | None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        errors = [p.halted_error for p in OutboxStore(db).get(name).parts if p.halted_error]
+        if errors:
+            return errors[0]
+        time.sleep(0.1)
+    return None
+
+
+def test_a_row_the_router_cannot_route_is_inserted_and_halts_the_subscriber_with_the_reason(
+    db: psycopg.Connection[Any], database_url: str, topic_prefix: str, debezium_relay: Any
+) -> None:
+    db.execute(
+        "CREATE TABLE events (id uuid PRIMARY KEY, aggregatetype text, aggregateid text,"
+        " type text, payload jsonb)"
+    )
+    attach(database_url, "events", route(topic_prefix))
+    debezium_relay()
+    event_id = uuid.uuid4()
+    # The app's INSERT succeeds; Debezium would stop on this row, the relay halts.
+    db.execute("INSERT INTO events VALUES (%s, NULL, 'k', 't', '{}')", (event_id,))
+    error = halted_error(db, "s")
+    assert error is not None and str(event_id) in error
+    assert "route.by.field is null" in error
+
+
+def test_an_update_halts_the_subscriber_when_invalid_ops_are_fatal(
+    db: psycopg.Connection[Any], database_url: str, topic_prefix: str, debezium_relay: Any
+) -> None:
+    db.execute(DEBEZIUM_TABLE)
+    attach(database_url, "outbox_events", route(topic_prefix), "table.op.invalid.behavior=fatal")
+    debezium_relay()
+    event_id = uuid.uuid4()
+    db.execute("INSERT INTO outbox_events VALUES (%s, 'Order', 'k', 't', '{}')", (event_id,))
+    db.execute("UPDATE outbox_events SET payload = '{\"x\": 1}'")
+    error = halted_error(db, "s")
+    assert error is not None and "table.op.invalid.behavior is fatal" in error
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["route.topic.regex=(.*)"], "route.topic.regex"),
+        (["table.field.event.payload=body"], "has no column(s) ['body']"),
+        (["table.fields.additional.placement=type:partition"], "placement must be header"),
+        (["value.converter=org.apache.kafka.connect.json.JsonConverter"], "schemas.enable=false"),
+        (["no.such.option=1"], "unsupported Event Router option(s) ['no.such.option']"),
+        (["table.field.event.key=created"], "['created (timestamp)'] are not supported"),
+    ],
+)
+def test_attach_refuses_options_it_cannot_honour(
+    db: psycopg.Connection[Any], database_url: str, options: list[str], message: str
+) -> None:
+    db.execute(DEBEZIUM_TABLE)
+    db.execute("ALTER TABLE outbox_events ADD COLUMN created timestamp")
+    args = [a for o in options for a in ("-o", o)]
+    done = run_cli(
+        "debezium", "attach", "outbox_events", *args, env={"RELAY_DATABASE_URL": database_url}
+    )
+    assert done.returncode != 0
+    assert message in done.stderr
+
+
+def test_verify_says_it_cannot_check_a_debezium_subscriber(
+    db: psycopg.Connection[Any], database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    added = run_cli(
+        "subscribers", "add", "dbz", "--format", "debezium",
+        env={"RELAY_DATABASE_URL": database_url},
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    env = {"RELAY_DATABASE_URL": database_url, "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    named = run_cli("verify", "--subscriber", "dbz", env=env)
+    assert named.returncode != 0
+    assert "cannot verify ['dbz']: the debezium format carries no relay headers" in named.stderr
+    everything = run_cli("verify", env=env)
+    assert "not verified: subscriber dbz" in everything.stderr

@@ -40,7 +40,7 @@ from relay.localstack.process import (
     spawn,
 )
 
-__all__ = ["KAFKA_VERSION", "LocalKafka", "find_java", "wait_until_answers"]
+__all__ = ["KAFKA_VERSION", "LocalKafka", "find_java", "java_major", "wait_until_answers"]
 
 _log = logging.getLogger(__name__)
 
@@ -106,6 +106,17 @@ def find_java() -> tuple[str, int]:
             "apt-get install openjdk-17-jre-headless) or set JAVA_HOME; or point at a Kafka "
             "you already run with --bootstrap-servers"
         )
+    major = java_major(java)
+    if major < MIN_JAVA:
+        raise LocalServerError(
+            f"{java} is Java {major}; Apache Kafka {KAFKA_VERSION} needs Java {MIN_JAVA} or "
+            "newer. Install one, or set JAVA_HOME to it"
+        )
+    return java, major
+
+
+def java_major(java: str) -> int:
+    """The major version of the ``java`` executable at ``java``."""
     out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
     match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
     if match is None:
@@ -113,12 +124,7 @@ def find_java() -> tuple[str, int]:
     major = int(match.group(1))
     if major == 1 and match.group(2):  # "1.8.0" is Java 8
         major = int(match.group(2))
-    if major < MIN_JAVA:
-        raise LocalServerError(
-            f"{java} is Java {major}; Apache Kafka {KAFKA_VERSION} needs Java {MIN_JAVA} or "
-            "newer. Install one, or set JAVA_HOME to it"
-        )
-    return java, major
+    return major
 
 
 class LocalKafka(LocalServer):

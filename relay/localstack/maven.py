@@ -66,15 +66,21 @@ class Artifact:
     name: str
     version: str
     sha256: str
+    extension: str = "jar"  # a distribution archive: "tar.gz" (group:name:tar.gz:version)
 
     @property
     def coordinates(self) -> str:
+        if self.extension != "jar":
+            return f"{self.group}:{self.name}:{self.extension}:{self.version}"
         return f"{self.group}:{self.name}:{self.version}"
 
     @property
     def path(self) -> str:
         """The file's path in a Maven repository layout."""
-        return f"{self.group.replace('.', '/')}/{self.name}/{self.version}/{self.name}-{self.version}.jar"
+        return (
+            f"{self.group.replace('.', '/')}/{self.name}/{self.version}/"
+            f"{self.name}-{self.version}.{self.extension}"
+        )
 
 
 @dataclass(frozen=True)
@@ -102,10 +108,11 @@ class Lock:
                 continue
             try:
                 coordinates, sha256 = line.split()
-                group, artifact, version = coordinates.split(":")
+                group, artifact, *extension, version = coordinates.split(":")
+                (extension_name,) = extension or ["jar"]
             except ValueError as exc:
                 raise ArtifactFetchError(f"{path}:{number}: malformed line {raw!r}") from exc
-            artifacts.append(Artifact(group, artifact, version, sha256.lower()))
+            artifacts.append(Artifact(group, artifact, version, sha256.lower(), extension_name))
         return cls(path.stem, tuple(roots), tuple(artifacts))
 
     def version_of(self, group: str, artifact: str) -> str:

@@ -18,6 +18,7 @@ import stat
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import quote
 
@@ -85,8 +86,11 @@ class LocalPostgres(LocalServer):
         *,
         fsync: bool = True,
         log_path: Path | None = None,
+        settings: Mapping[str, str] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).absolute()
+        # Extra server settings, e.g. {"wal_level": "logical"} for a Debezium connector.
+        self.settings = dict(settings or {})
         self.port = port if port is not None else free_port()
         self.fsync = fsync
         self.log_path = (
@@ -133,6 +137,7 @@ class LocalPostgres(LocalServer):
             "-c", "listen_addresses=127.0.0.1",
             "-c", f"fsync={sync}",
             "-c", "max_connections=200",
+            *[arg for n, v in self.settings.items() for arg in ("-c", f"{n}={v}")],
         ]  # fmt: skip
         _log.info(
             "starting postgres on 127.0.0.1:%s (data %s, log %s)",

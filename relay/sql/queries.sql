@@ -48,7 +48,7 @@ SELECT b.transaction_id::text::bigint AS transaction_id, b.position, b.message_i
        nullif(b.headers, '{{}}'::jsonb) AS headers,
        -- Clamped into what Python's datetime holds: a writer may store 'infinity'.
        least(greatest(b.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
-       b.stored_bytes
+       b.stored_bytes, b.debezium
   FROM (SELECT o.*, pg_column_size(o.payload) + pg_column_size(o.headers) AS stored_bytes,
                sum(pg_column_size(o.payload) + pg_column_size(o.headers))
                    OVER (ORDER BY o.transaction_id, o.position ROWS UNBOUNDED PRECEDING)

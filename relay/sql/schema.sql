@@ -24,6 +24,9 @@ CREATE TABLE {schema}.outbox (
     headers           jsonb NOT NULL DEFAULT '{{}}'::jsonb CHECK (jsonb_typeof(headers) = 'object'),
     idempotency_key   text,
     occurred_at       timestamptz NOT NULL DEFAULT now(),
+    -- Set only on rows copied by `outbox-relay debezium attach` (migration 0006): what
+    -- Debezium's Outbox Event Router would publish for them (relay/debezium_format.py).
+    debezium          jsonb,
     -- Serves the relay's keyset scan: ORDER BY transaction_id, position.
     CONSTRAINT outbox_pkey PRIMARY KEY (transaction_id, position)
 );
@@ -97,7 +100,7 @@ CREATE TABLE {schema}.outbox_subscribers (
     aggregate_types text[],
     event_types     text[],
     topic           text NOT NULL CHECK (topic <> ''),
-    value_format    text NOT NULL CHECK (value_format IN ('avro', 'json')),
+    value_format    text NOT NULL CHECK (value_format IN ('avro', 'json', 'debezium')),
     paused          boolean NOT NULL DEFAULT false,
     created_at      timestamptz NOT NULL DEFAULT now(),
     updated_at      timestamptz NOT NULL DEFAULT now(),

@@ -1,0 +1,211 @@
+"""The ``debezium`` value format: records as Debezium's Outbox Event Router publishes them.
+
+For a row copied by ``outbox-relay debezium attach``, the trigger recorded what the
+router reads from it (relay/sql/debezium.sql); this renders the record a Debezium
+connector with those router options and converters would produce: the routed topic,
+the key (its bytes decide the partition: the relay's producers use Kafka's Java
+partitioner, murmur2), the payload as the value (or an envelope with the router's
+``envelope`` fields), the ``id`` and ``header`` fields as headers, and the record
+timestamp from ``table.field.event.timestamp``. Converters: StringConverter, and
+JsonConverter with ``schemas.enable=false`` (deploy/README.md lists what else differs).
+
+What the router would refuse (no routing value, a column gone) is an
+:class:`EncodingError`, so the subscriber's poison policy applies, with the reason.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections import OrderedDict
+from datetime import UTC, datetime
+from typing import Any
+
+from relay.errors import EncodingError
+from relay.model import KafkaRecord, OutboxEvent
+from relay.subscribers import Subscriber
+
+HEADER_ID = "id"
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+# Java's String.trim() drops code points up to U+0020 (the router's "empty payload").
+_JAVA_BLANK = "".join(map(chr, range(33)))
+# A properties line: name, then = or : (comments start with # or !).
+_PROPERTY = re.compile(r"^\s*([^#!=:\s][^=:\s]*)\s*[=:](.*)$")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+Header = tuple[str, str | bytes | None]
+
+
+def debezium_record(event: OutboxEvent, subscriber: Subscriber) -> KafkaRecord:
+    """The record Debezium's Outbox Event Router would publish for ``event``."""
+    found = event.debezium
+    if found is None:
+        return _native_record(event, subscriber)
+    _check(event, found)
+    converters: dict[str, Any] = found["converters"]
+    key = _key(found.get("key"), converters["key"])
+    value = _value(event, found, converters)
+    headers = _headers(found)
+    size = len(key or b"") + len(value or b"") + sum(len(n) + len(v or b"") for n, v in headers)
+    return KafkaRecord(
+        found["topic"],
+        key,
+        value,
+        headers,
+        size,
+        routed=True,  # the row's own fields name the topic (route.by.field)
+        timestamp_ms=_timestamp(event, found.get("timestamp")),
+        message_id=str(event.message_id),
+    )
+
+
+def _native_record(event: OutboxEvent, subscriber: Subscriber) -> KafkaRecord:
+    """A row written through the relay's own API: as the router would publish it from a
+    table of the same columns (key aggregate_id, value the payload, header id)."""
+    key = event.aggregate_id.encode()
+    value = json.dumps(event.payload, separators=(",", ":"), ensure_ascii=False).encode()
+    message_id = str(event.message_id).encode()
+    headers: list[Header] = [(HEADER_ID, message_id)]
+    size = len(key) + len(value) + len(HEADER_ID) + len(message_id)
+    return KafkaRecord(
+        subscriber.topic_for(event), key, value, headers, size, subscriber.fixed_topic is None
+    )
+
+
+def _check(event: OutboxEvent, found: dict[str, Any]) -> None:
+    """Refuse what the Event Router would stop on, saying why."""
+    where = f"event {event.message_id} (id {json.dumps(found.get('id'))})"
+    if found.get("error"):
+        raise EncodingError(f"{where}: {found['error']}")
+    if found.get("missing"):
+        raise EncodingError(
+            f"{where}: the outbox table has no column(s) {found['missing']} (renamed or "
+            "dropped after attach?); run `outbox-relay debezium attach` again with their names"
+        )
+    if not isinstance(found.get("route"), str):
+        raise EncodingError(
+            f"{where}: route.by.field is {json.dumps(found.get('route'))}, not a string: "
+            "Debezium cannot route this row either"
+        )
+    topic = found.get("topic")
+    if not isinstance(topic, str) or not _TOPIC.match(topic):
+        raise EncodingError(
+            f"{where}: routed to {topic!r}, which is not a legal Kafka topic name "
+            "(1-249 of [a-zA-Z0-9._-])"
+        )
+
+
+# -- key ---------------------------------------------------------------------------------
+
+
+def _key(key: Any, converter: str) -> bytes | None:
+    if key is None:
+        return b"null" if converter == "json" else None
+    if converter == "json":
+        return _json(key)
+    return _java_string(key).encode()
+
+
+def _java_string(value: Any) -> str:
+    """What StringConverter writes: the value's toString()."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _json(value: Any) -> bytes:
+    """Compact JSON, as Kafka Connect's JsonConverter (through Jackson) writes it."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+# -- value -------------------------------------------------------------------------------
+
+
+def _value(event: OutboxEvent, found: dict[str, Any], converters: dict[str, Any]) -> bytes | None:
+    text: str | None = found.get("payload")
+    bytea = found.get("payload_kind") == "bytea"
+    if converters["tombstone"] and (text is None or (not bytea and not text.strip(_JAVA_BLANK))):
+        return None
+    payload, expanded = _payload(event, text, bytea, converters["expand"])
+    envelope = found.get("envelope") or []
+    if converters["value"] == "json":
+        if envelope:
+            fields = OrderedDict([("payload", payload)])
+            fields.update((alias, value) for alias, value in envelope)
+            return _json(fields)
+        return _json(payload)
+    if envelope or expanded or bytea:
+        what = "an envelope" if envelope else "an expanded payload" if expanded else "bytes"
+        raise EncodingError(
+            f"event {event.message_id}: StringConverter would write {what} as Java's "
+            "toString(); use value.converter=JsonConverter (schemas.enable=false)"
+        )
+    return None if text is None else text.encode()
+
+
+def _payload(event: OutboxEvent, text: str | None, bytea: bool, expand: bool) -> tuple[Any, bool]:
+    """The payload as a Connect value, and whether expand.json.payload turned it into a
+    structure (the router expands text that starts with { or [ and parses)."""
+    if text is None:
+        return None, False
+    if bytea:
+        try:
+            raw = bytes.fromhex(text.removeprefix("\\x"))
+        except ValueError as exc:
+            raise EncodingError(f"event {event.message_id}: unreadable bytea payload") from exc
+        return base64.b64encode(raw).decode(), False
+    if expand and text.startswith(("{", "[")):
+        try:
+            return json.loads(text, object_pairs_hook=OrderedDict), True
+        except ValueError:
+            return text, False  # the router logs a warning and keeps the string
+    return text, False
+
+
+# -- headers and timestamp ---------------------------------------------------------------
+
+
+def _headers(found: dict[str, Any]) -> list[Header]:
+    converters = found["converters"]
+    fields = [(HEADER_ID, found.get("id")), *(found.get("headers") or [])]
+    values: list[bytes | None]
+    if converters.get("header") == "json-schema":
+        schemas = converters["header_schemas"]
+        values = [
+            b'{"schema":%s,"payload":%s}' % (schema.encode(), _json(value))
+            for (_, value), schema in zip(fields, schemas, strict=True)
+        ]
+    elif converters.get("header") == "json":
+        values = [_json(value) for _, value in fields]
+    else:  # SimpleHeaderConverter: text as is, null as no value
+        values = [None if v is None else _java_string(v).encode() for _, v in fields]
+    headers: list[Header] = [(name, value) for (name, _), value in zip(fields, values, strict=True)]
+    headers += _trace_headers(found.get("trace"))
+    return headers
+
+
+def _trace_headers(context: str | None) -> list[Header]:
+    """tracingspancontext holds the span context in Java properties form
+    (``traceparent=00-...``, as Debezium's tracing writes it): each entry is a header."""
+    if not context:
+        return []
+    entries = (_PROPERTY.match(line) for line in context.splitlines())
+    return [(m[1], m[2].strip().encode()) for m in entries if m]
+
+
+def _timestamp(event: OutboxEvent, value: Any) -> int | None:
+    """table.field.event.timestamp: a `timestamp` column, in milliseconds as the router
+    reads it (micro- to milliseconds truncated toward zero); None: the producer's clock."""
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value).replace(tzinfo=UTC)
+    except (TypeError, ValueError) as exc:
+        raise EncodingError(
+            f"event {event.message_id}: table.field.event.timestamp {value!r} is not a "
+            "finite timestamp"
+        ) from exc
+    delta = moment - _EPOCH
+    micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return -(-micros // 1000) if micros < 0 else micros // 1000
