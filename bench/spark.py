@@ -1,7 +1,7 @@
-"""The Spark Kafka source's throughput (``spark_jobs.kafka_source``, Arrow batches).
+"""The throughput of Spark's Kafka connector (``format("kafka")``).
 
 Baseline: one plain confluent-kafka consumer (read_committed, assign) reading every
-partition of the topic. Source: a streaming query over ``spark_jobs.kafka_source``
+partition of the topic. Source: a streaming query over ``format("kafka")``
 with Trigger.AvailableNow into Spark's ``noop`` sink, on local[2]; its time excludes
 the session start but includes query planning. Records are 300 bytes, written
 transactionally to a 3-partition topic on the embedded broker.
@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from bench.harness import Figure, Scale, Stack
-from spark_jobs.session import local_session, read_kafka
+from spark_jobs.session import kafka_options, local_session
 
 PARTITIONS = 3
 
@@ -69,11 +69,12 @@ def source(bootstrap: str, topic: str, records: int, workdir: Path) -> float:
     try:
         rates = []
         for run in ("warm-up", "measured"):
-            frame = read_kafka(
-                spark,
-                subscribe=topic,
-                startingOffsets="earliest",
-                **{"kafka.bootstrap.servers": bootstrap},
+            frame = (
+                spark.readStream.format("kafka")
+                .options(**kafka_options(bootstrap))
+                .option("subscribe", topic)
+                .option("startingOffsets", "earliest")
+                .load()
             )
             start = time.perf_counter()
             query = (

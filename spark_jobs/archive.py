@@ -15,7 +15,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from spark_jobs.decoding import decode_events
-from spark_jobs.session import local_session, read_kafka
+from spark_jobs.session import kafka_options, local_session
 
 
 def archive_rows(decoded: DataFrame) -> DataFrame:
@@ -34,12 +34,13 @@ def start(
     value_format: str = "avro",
     available_now: bool = False,
 ) -> Any:
-    source = read_kafka(
-        spark,
-        subscribePattern=topics,
-        startingOffsets="earliest",
-        includeHeaders="true",
-        **{"kafka.bootstrap.servers": bootstrap_servers},
+    source = (
+        spark.readStream.format("kafka")
+        .options(**kafka_options(bootstrap_servers))
+        .option("subscribePattern", topics)
+        .option("startingOffsets", "earliest")
+        .option("includeHeaders", "true")
+        .load()
     )
     decoded = decode_events(source, writer_schemas=schemas, value_format=value_format)
     stream = (

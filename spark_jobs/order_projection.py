@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 from spark_jobs.decoding import decode_events, split_corrupt
 from spark_jobs.postgres_sink import PostgresBatchSink
 from spark_jobs.secrets import DATABASE_URL_HELP, resolve_database_url
-from spark_jobs.session import local_session, read_kafka
+from spark_jobs.session import kafka_options, local_session
 
 ORDERS_DDL = """
 CREATE TABLE IF NOT EXISTS orders (
@@ -151,11 +151,13 @@ def start(
     ensure_tables(database_url)
     writer = PostgresBatchSink(database_url, sink)
     writer.ensure_tables()
-    options = {"kafka.bootstrap.servers": bootstrap_servers}
+    options = kafka_options(bootstrap_servers)
     if max_offsets_per_trigger:
         options["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)
-    source = read_kafka(
-        spark, subscribe=topic, startingOffsets="earliest", includeHeaders="true", **options
+    source = (
+        spark.readStream.format("kafka")
+        .options(subscribe=topic, startingOffsets="earliest", includeHeaders="true", **options)
+        .load()
     )
     decoded = decode_events(source, writer_schemas=schemas)
     stream = decoded.writeStream.foreachBatch(batch_writer(writer, on_corrupt))

@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs.postgres_sink import PostgresBatchSink
 from spark_jobs.secrets import DATABASE_URL_HELP, resolve_database_url
-from spark_jobs.session import local_session, read_kafka
+from spark_jobs.session import kafka_options, local_session
 
 TABLES_DDL = (
     """CREATE TABLE IF NOT EXISTS window_averages (
@@ -111,11 +111,12 @@ def start(
             conn.execute(ddl)
     sink = PostgresBatchSink(database_url, f"window-average:{counter}")
     sink.ensure_tables()
-    numbers = read_kafka(
-        spark,
-        subscribe=",".join(topics),
-        startingOffsets="earliest",
-        **{"kafka.bootstrap.servers": bootstrap_servers},
+    numbers = (
+        spark.readStream.format("kafka")
+        .options(**kafka_options(bootstrap_servers))
+        .option("subscribe", ",".join(topics))
+        .option("startingOffsets", "earliest")
+        .load()
     )
     stream = (
         window_averages(numbers, length=length, slide=slide)
