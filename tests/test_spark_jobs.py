@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -182,23 +183,30 @@ def test_driver_killed_mid_run_ends_with_the_same_result_as_a_clean_run(
     assert batches == (len(written) + len([i for i in written if i % 3 == 0]),)
 
 
-def test_archive_holds_every_event_once_partitioned_by_date(
-    spark: SparkSession,
+@pytest.fixture
+def published_story(
     db: psycopg.Connection[Any],
     outbox: Outbox,
-    kafka_bootstrap: str,
     topic_prefix: str,
     start_relay: Callable[..., Relay],
-    tmp_path: Path,
-) -> None:
-    import re
-
-    from spark_jobs import archive
-
+) -> set[str]:
+    """The order story, published by a relay; the message ids."""
     start_relay(subscribers=[sub("s", topic_prefix)])
     write_order_story(db, outbox)
     wait_caught_up(db, "s", timeout=60)
-    ids = {str(r[0]) for r in db.execute("SELECT message_id FROM outbox").fetchall()}
+    return {str(r[0]) for r in db.execute("SELECT message_id FROM outbox").fetchall()}
+
+
+def test_archive_holds_every_event_once_partitioned_by_date(
+    spark: SparkSession,
+    published_story: set[str],
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    tmp_path: Path,
+) -> None:
+    from spark_jobs import archive
+
+    ids = published_story
     path, ckpt = tmp_path / "archive", tmp_path / "ckpt"
     query = archive.start(
         spark, bootstrap_servers=kafka_bootstrap, topics=re.escape(topic_prefix) + r".*",
@@ -261,3 +269,45 @@ def test_jobs_read_the_database_url_from_the_environment(
     with pytest.raises(SystemExit):
         module.main(argv)
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_archive_backfill_reads_exactly_the_offset_range_once(
+    spark: SparkSession,
+    published_story: set[str],
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    tmp_path: Path,
+) -> None:
+    import json
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    from spark_jobs import archive
+
+    topic = topic_prefix + "outbox.event.order"
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": "backfill-test"})
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    ends = {str(p): consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1]
+            for p in partitions}  # fmt: skip
+    consumer.close()
+    placed = published_story
+    for i in range(3):  # after the range's end: not backfilled
+        outbox.append(db, aggregate_type="order", aggregate_id=f"late-{i}",
+                      event_type="OrderPlaced",
+                      payload={"order_id": f"late-{i}", "customer_id": "c", "amount_cents": 1})  # fmt: skip
+    wait_caught_up(db, "s", timeout=60)
+
+    path = tmp_path / "backfill"
+    run = dict(spark=spark, bootstrap_servers=kafka_bootstrap, topics=re.escape(topic),
+               path=str(path), schemas=str(REPO / "schemas"),
+               ending_offsets=json.dumps({topic: ends}))  # fmt: skip
+    archive.backfill(**run)  # type: ignore[arg-type]
+
+    archived = spark.read.parquet(str(path))
+    assert sorted(r.message_id for r in archived.collect()) == sorted(placed)
+    assert archived.where("error IS NOT NULL").count() == 0
+    with pytest.raises(Exception, match="already exists"):
+        archive.backfill(**run)  # type: ignore[arg-type]
+    assert spark.read.parquet(str(path)).count() == len(placed)
