@@ -21,6 +21,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from relay.errors import RelayError
 from spark_jobs.decoding import decode_events
 from spark_jobs.session import kafka_options, local_session
 
@@ -56,6 +57,7 @@ def start(
     value_format: str = "avro",
     available_now: bool = False,
 ) -> Any:
+    refuse_reused_path(spark, path, checkpoint)
     source = (
         spark.readStream.format("kafka")
         .options(**kafka_options(bootstrap_servers))
@@ -74,6 +76,34 @@ def start(
     )
     stream = stream.trigger(availableNow=True) if available_now else stream
     return stream.start()
+
+
+class ReusedArchivePathError(RelayError):
+    """The archive folder holds another streaming query's files, and the checkpoint is new."""
+
+
+def refuse_reused_path(spark: Any, path: str, checkpoint: str) -> None:
+    """A new checkpoint starts its batch ids over at 0, and Spark's file sink skips every
+    batch id its ``_spark_metadata`` log already has: the new query's first batches
+    would be dropped without a word. So a folder with a sink log takes only the
+    checkpoint that wrote it."""
+    if _has_entries(spark, f"{path}/_spark_metadata") and not _has_entries(
+        spark, f"{checkpoint}/offsets"
+    ):
+        raise ReusedArchivePathError(
+            f"the archive folder {path} was written by a streaming query of another "
+            f"checkpoint, and {checkpoint} is new: its batches would be skipped as already "
+            "written. Use a new --path (readers can read both folders), or the checkpoint "
+            "that wrote this one"
+        )
+
+
+def _has_entries(spark: Any, folder: str) -> bool:
+    # Through Hadoop's FileSystem, so HDFS and S3 folders are checked like local ones.
+    jvm, conf = spark.sparkContext._jvm, spark.sparkContext._jsc.hadoopConfiguration()
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(folder)
+    fs = hadoop_path.getFileSystem(conf)
+    return bool(fs.exists(hadoop_path) and len(fs.listStatus(hadoop_path)) > 0)
 
 
 def backfill(

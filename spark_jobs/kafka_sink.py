@@ -2,8 +2,9 @@
 
 Each micro-batch's records are produced in one Kafka transaction, and the same
 transaction records the batch id: it commits offset ``batch_id + 1`` for partition 0 of
-the output topic under a consumer group of the sink's own (``send_offsets_to_transaction``,
-the mechanism Kafka's consume-transform-produce loops use). Records and marker become
+the output topic under a consumer group of the sink and the streaming query
+(``spark-sink.<sink>.<query id>``, with ``send_offsets_to_transaction``, the mechanism
+Kafka's consume-transform-produce loops use). Records and marker become
 visible together or not at all, so:
 
 * a replayed batch (Spark runs it again after a driver crash) finds its id committed
@@ -13,8 +14,11 @@ visible together or not at all, so:
   dead driver, should it come back), so read_committed consumers never see its records.
 
 The group's "offset" is a batch marker, not a position in the topic: no consumer reads
-with that group. The sink name must stay the same for as long as the query's checkpoint
-lives (it names the transactional id and the group).
+with that group. Batch ids only mean something within one streaming query, and the query
+id (kept in the checkpoint's ``metadata``) is in the group's name: a query started from a
+new checkpoint has no marker, so it writes its batches instead of skipping them on
+another query's marker. The sink name names the transactional id, so drivers of the
+same sink fence each other whatever their query.
 """
 
 from __future__ import annotations
@@ -57,17 +61,18 @@ class KafkaBatchSink:
         self._marker = TopicPartition(topic, 0)
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
+        self._consumer_group = ""
 
-    @property
-    def group(self) -> str:
-        """The consumer group whose committed offset is the next batch id."""
-        return f"spark-sink.{self.sink}"
+    def group(self, query_id: str) -> str:
+        """The consumer group whose committed offset is the query's next batch id."""
+        return f"spark-sink.{self.sink}.{query_id}"
 
-    def commit(self, batch_id: int, records: Sequence[Record]) -> bool:
-        """Produce ``records`` and mark ``batch_id``, in one transaction; False if the
-        batch was already committed (a replay), in which case nothing is written."""
+    def commit(self, batch_id: int, records: Sequence[Record], query_id: str) -> bool:
+        """Produce ``records`` and mark ``batch_id`` of query ``query_id``, in one
+        transaction; False if the batch was already committed (a replay), in which case
+        nothing is written."""
         producer = self._ready_producer()
-        done = self.committed_batches()
+        done = self.committed_batches(query_id)
         if batch_id < done:
             logger.info("sink %s: batch %s already written, skipping", self.sink, batch_id)
             return False
@@ -76,7 +81,7 @@ class KafkaBatchSink:
             for key, value in records:
                 self._produce(producer, key, value)
             marker = TopicPartition(self.topic, 0, batch_id + 1)
-            metadata = self._group_consumer().consumer_group_metadata()
+            metadata = self._group_consumer(query_id).consumer_group_metadata()
             producer.send_offsets_to_transaction([marker], metadata, _TIMEOUT_S)
             producer.commit_transaction(_TIMEOUT_S)
         except KafkaException as exc:
@@ -86,12 +91,13 @@ class KafkaBatchSink:
             ) from exc
         return True
 
-    def committed_batches(self) -> int:
-        """How many batches (ids 0..n-1) are committed: the marker offset, or 0."""
+    def committed_batches(self, query_id: str) -> int:
+        """How many batches (ids 0..n-1) of the query are committed: its marker, or 0."""
         deadline = time.monotonic() + _TIMEOUT_S
         while True:
             try:
-                [marker] = self._group_consumer().committed([self._marker], timeout=_TIMEOUT_S)
+                consumer = self._group_consumer(query_id)
+                [marker] = consumer.committed([self._marker], timeout=_TIMEOUT_S)
                 break
             except KafkaException as exc:
                 # The group's coordinator is being found or loaded, or a commit of the
@@ -126,12 +132,16 @@ class KafkaBatchSink:
             self._producer = producer
         return self._producer
 
-    def _group_consumer(self) -> Consumer:
+    def _group_consumer(self, query_id: str) -> Consumer:
+        if self._consumer is not None and self._consumer_group != self.group(query_id):
+            self._consumer.close()  # another query of the same sink (rare): its own group
+            self._consumer = None
         if self._consumer is None:
+            self._consumer_group = self.group(query_id)
             self._consumer = Consumer(
                 {
                     "bootstrap.servers": self._bootstrap,
-                    "group.id": self.group,
+                    "group.id": self._consumer_group,
                     "isolation.level": "read_committed",
                     "enable.auto.commit": False,
                 }

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pyspark
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from relay.errors import RelayError
 from relay.localstack.maven import Lock, fetch_lock
@@ -85,3 +85,13 @@ def kafka_options(bootstrap_servers: str) -> dict[str, str]:
         "kafka.bootstrap.servers": bootstrap_servers,
         "kafka.isolation.level": "read_committed",
     }
+
+
+def streaming_query_id(batch: DataFrame) -> str:
+    """The id of the streaming query a ``foreachBatch`` batch belongs to. Spark keeps it
+    in the checkpoint's ``metadata``: a restart keeps it, a new checkpoint gets a new
+    one, which is what tells a sink's replayed batch from another query's batch."""
+    query_id = batch.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+    if not query_id:
+        raise RelayError("not in a streaming query's foreachBatch: no query id to key a sink on")
+    return query_id

@@ -35,9 +35,9 @@ from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
 from spark_jobs.kafka_sink import KafkaBatchSink, Record
-from spark_jobs.postgres_sink import PostgresBatchSink
+from spark_jobs.postgres_sink import RESET_SINK_HELP, PostgresBatchSink
 from spark_jobs.secrets import DATABASE_URL_HELP, resolve_database_url
-from spark_jobs.session import kafka_options, local_session
+from spark_jobs.session import kafka_options, local_session, streaming_query_id
 
 COUNTERS_DDL = """CREATE TABLE IF NOT EXISTS window_counters (
     name  text PRIMARY KEY,
@@ -81,8 +81,12 @@ def batch_writer(
     averages: KafkaBatchSink, counters: PostgresBatchSink, threshold: int, counter: str
 ) -> Callable[[DataFrame, int], None]:
     def write_batch(batch: DataFrame, batch_id: int) -> None:
+        query_id = streaming_query_id(batch)
+        # Before anything is written: a query of a new checkpoint fails here unless told
+        # to take the counter over (its averages' marker is per query, see KafkaBatchSink).
+        counters.claim(query_id)
         windows = batch.collect()  # runs the aggregation: the batch's state is saved here
-        averages.commit(batch_id, [average_record(w) for w in windows])
+        averages.commit(batch_id, [average_record(w) for w in windows], query_id)
         crowded = sum(1 for w in windows if w.numbers > threshold)
 
         def increment(conn: psycopg.Connection[Any]) -> int:
@@ -93,7 +97,7 @@ def batch_writer(
             )
             return crowded
 
-        counters.commit(batch_id, increment)
+        counters.commit(batch_id, increment, query_id)
 
     return write_batch
 
@@ -108,14 +112,16 @@ def start(
     checkpoint: str,
     length: str = "10 seconds",
     slide: str = "5 seconds",
+    lateness: str = "0 seconds",
     threshold: int = 10,
     counter: str = "crowded_windows",
     available_now: bool = False,
     max_offsets_per_trigger: int | None = None,
+    reset_sink: bool = False,
 ) -> Any:
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(COUNTERS_DDL)
-    counters = PostgresBatchSink(database_url, f"window-average:{counter}")
+    counters = PostgresBatchSink(database_url, f"window-average:{counter}", take_over=reset_sink)
     counters.ensure_tables()
     averages = KafkaBatchSink(bootstrap_servers, output_topic, f"window-average.{output_topic}")
     limit = (
@@ -130,7 +136,7 @@ def start(
         .load()
     )
     stream = (
-        window_averages(numbers, length=length, slide=slide)
+        window_averages(numbers, length=length, slide=slide, lateness=lateness)
         .writeStream.outputMode("append")
         .foreachBatch(batch_writer(averages, counters, threshold, counter))
         .option("checkpointLocation", checkpoint)
@@ -148,9 +154,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--length", default="10 seconds")
     parser.add_argument("--slide", default="5 seconds")
+    parser.add_argument(
+        "--lateness",
+        default="0 seconds",
+        help="How far behind the newest number (over both topics) a number may arrive and "
+        "still count; later ones are dropped. Cover the skew between the two topics.",
+    )
     parser.add_argument("--threshold", type=int, default=10)
     parser.add_argument("--available-now", action="store_true")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
+    parser.add_argument("--reset-sink", action="store_true", help=RESET_SINK_HELP)
     args = parser.parse_args(argv)
     query = start(
         local_session("window-average"),
@@ -161,9 +174,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         checkpoint=args.checkpoint,
         length=args.length,
         slide=args.slide,
+        lateness=args.lateness,
         threshold=args.threshold,
         available_now=args.available_now,
         max_offsets_per_trigger=args.max_offsets_per_trigger,
+        reset_sink=args.reset_sink,
     )
     query.awaitTermination()
 

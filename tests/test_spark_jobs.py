@@ -88,6 +88,44 @@ def test_projection_is_exact_and_a_replayed_batch_changes_nothing(
     assert markers == (1, 15)
 
 
+def test_projection_from_a_new_checkpoint_fails_unless_told_to_take_the_sink_over(
+    spark: SparkSession,
+    published_story: set[str],
+    db: psycopg.Connection[Any],
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    tmp_path: Path,
+) -> None:
+    import shutil
+
+    topic, ckpt = topic_prefix + "outbox.event.order", tmp_path / "ckpt"
+    assert run_projection(spark, database_url, kafka_bootstrap, topic, ckpt) == 15
+    shutil.rmtree(ckpt)  # its batch ids start over at 0: the old markers would skip them
+    db.execute("DELETE FROM orders WHERE order_id = 'o-1'")  # to see whether it is written
+
+    query = order_projection.start(
+        spark, bootstrap_servers=kafka_bootstrap, topic=topic, database_url=database_url,
+        checkpoint=str(ckpt), schemas=str(REPO / "schemas"), available_now=True,
+    )  # fmt: skip
+    with pytest.raises(Exception, match="holds the batches of streaming query"):
+        query.awaitTermination(300)
+    assert "--reset-sink" in str(query.exception())
+    assert db.execute("SELECT count(*) FROM orders").fetchone() == (9,)
+
+    shutil.rmtree(ckpt)
+    query = order_projection.start(
+        spark, bootstrap_servers=kafka_bootstrap, topic=topic, database_url=database_url,
+        checkpoint=str(ckpt), schemas=str(REPO / "schemas"), available_now=True,
+        reset_sink=True,
+    )  # fmt: skip
+    query.awaitTermination(300)
+    assert query.exception() is None
+    assert db.execute("SELECT count(*) FROM orders").fetchone() == (10,)
+    markers = db.execute("SELECT count(*), sum(rows) FROM spark_sink_batches").fetchone()
+    assert markers == (1, 15)  # the new query's batch only
+
+
 def last_batch(db: psycopg.Connection[Any]) -> int:
     exists = db.execute("SELECT to_regclass('spark_sink_batches') IS NOT NULL").fetchone()
     if not exists or not exists[0]:
@@ -269,6 +307,29 @@ def test_jobs_read_the_database_url_from_the_environment(
     with pytest.raises(SystemExit):
         module.main(argv)
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_archive_refuses_its_folder_with_a_new_checkpoint(
+    spark: SparkSession,
+    published_story: set[str],
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    tmp_path: Path,
+) -> None:
+    import shutil
+
+    from spark_jobs import archive
+
+    path, ckpt = tmp_path / "archive", tmp_path / "ckpt"
+    run = dict(spark=spark, bootstrap_servers=kafka_bootstrap, topics=re.escape(topic_prefix) + ".*",
+               path=str(path), checkpoint=str(ckpt), schemas=str(REPO / "schemas"),
+               available_now=True)  # fmt: skip
+    archive.start(**run).awaitTermination(300)  # type: ignore[arg-type]
+    shutil.rmtree(ckpt)
+
+    with pytest.raises(archive.ReusedArchivePathError, match="Use a new --path"):
+        archive.start(**run)  # type: ignore[arg-type]
+    assert spark.read.parquet(str(path)).count() == len(published_story)
 
 
 def test_archive_backfill_reads_exactly_the_offset_range_once(

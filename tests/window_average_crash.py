@@ -44,18 +44,20 @@ def install(point: str) -> None:
 
         return write_batch
 
-    def commit_averages(self: KafkaBatchSink, batch_id: int, records: Sequence[Record]) -> bool:
+    def commit_averages(
+        self: KafkaBatchSink, batch_id: int, records: Sequence[Record], query_id: str
+    ) -> bool:
         if records and not emitting:
             emitting.append(batch_id)
         if point == "C" and emitting == [batch_id]:
             die()
-        done = kafka_commit(self, batch_id, records)
+        done = kafka_commit(self, batch_id, records, query_id)
         if point == "A" and emitting == [batch_id]:
             die()
         return done
 
-    def commit_counter(self: PostgresBatchSink, batch_id: int, write: Write) -> bool:
-        done = pg_commit(self, batch_id, write)
+    def commit_counter(self: PostgresBatchSink, batch_id: int, write: Write, query_id: str) -> bool:
+        done = pg_commit(self, batch_id, write, query_id)
         if point == "B" and emitting == [batch_id]:
             die()
         return done
