@@ -1,24 +1,37 @@
-"""The Spark Kafka source's throughput (``spark_jobs.kafka_source``, Arrow batches).
+"""Spark's Kafka connector (``format("kafka")``) reading the relay's records, all in one run.
 
-Baseline: one plain confluent-kafka consumer (read_committed, assign) reading every
-partition of the topic. Source: a streaming query over ``spark_jobs.kafka_source``
-with Trigger.AvailableNow into Spark's ``noop`` sink, on local[2]; its time excludes
-the session start but includes query planning. Records are 300 bytes, written
-transactionally to a 3-partition topic on the embedded broker.
+Records are what the relay writes (Avro single-object encoded ``OrderPlaced`` values,
+the relay's headers), written transactionally to a 3-partition topic on the embedded
+broker. Three readers, each reading every record once:
+
+* baseline: one plain confluent-kafka consumer (read_committed, assign), no decoding;
+* the connector alone: a streaming query, Trigger.AvailableNow into Spark's ``noop``
+  sink, on local[2];
+* the connector with decoding: the same query through ``spark_jobs.decoding``
+  (fastavro in Arrow batches, writer schema by fingerprint).
+
+Spark's times exclude the session start but include query planning, and each is the
+second of two identical queries: the first warms the JVM and the Python workers, which
+a long-running job pays once.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from pyspark.sql import DataFrame, SparkSession
 
-from bench.harness import Figure, Scale, Stack
-from spark_jobs.session import local_session, read_kafka
+from bench.harness import SCHEMAS, Figure, Scale, Stack, order_payload
+from relay.schemas import SchemaRegistry
+from spark_jobs.decoding import decode_events
+from spark_jobs.session import kafka_options, local_session
 
 PARTITIONS = 3
+TRANSACTION = 10_000
 
 
 def fill(bootstrap: str, topic: str, records: int) -> None:
@@ -29,13 +42,17 @@ def fill(bootstrap: str, topic: str, records: int) -> None:
         {"bootstrap.servers": bootstrap, "transactional.id": f"bench-{topic}", "linger.ms": 20}
     )
     producer.init_transactions(30)
-    value = b"x" * 300
-    for start in range(0, records, 10_000):
+    registry = SchemaRegistry.from_dir(SCHEMAS)
+    for start in range(0, records, TRANSACTION):
         producer.begin_transaction()
-        for i in range(start, min(records, start + 10_000)):
+        for i in range(start, min(records, start + TRANSACTION)):
+            value = registry.encode("OrderPlaced", order_payload(i))
+            headers = [("id", f"m{i}".encode()), ("event_type", b"OrderPlaced"),
+                       ("aggregate_type", b"order"), ("transaction_id", str(start).encode()),
+                       ("position", str(i).encode())]  # fmt: skip
             while True:
                 try:
-                    producer.produce(topic, value, str(i % 1000).encode())
+                    producer.produce(topic, value, str(i % 1000).encode(), headers=headers)
                     break
                 except BufferError:
                     producer.poll(0.05)
@@ -62,35 +79,40 @@ def baseline(bootstrap: str, topic: str, records: int) -> float:
     return records / elapsed
 
 
-def source(bootstrap: str, topic: str, records: int, workdir: Path) -> float:
-    """Records/s of the second of two identical queries: the first warms the JVM and
-    the Python workers, which a long-running job pays once."""
-    spark = local_session("bench-spark-source")
-    try:
-        rates = []
-        for run in ("warm-up", "measured"):
-            frame = read_kafka(
-                spark,
-                subscribe=topic,
-                startingOffsets="earliest",
-                **{"kafka.bootstrap.servers": bootstrap},
-            )
-            start = time.perf_counter()
-            query = (
-                frame.writeStream.format("noop")
-                .option("checkpointLocation", str(workdir / run))
-                .trigger(availableNow=True)
-                .start()
-            )
-            query.awaitTermination()
-            elapsed = time.perf_counter() - start
-            read = sum(p["numInputRows"] for p in query.recentProgress)
-            if read != records:
-                raise RuntimeError(f"the source read {read} records, expected {records}")
-            rates.append(records / elapsed)
-        return rates[-1]
-    finally:
-        spark.stop()
+def connector_rate(
+    spark: SparkSession,
+    bootstrap: str,
+    topic: str,
+    records: int,
+    workdir: Path,
+    transform: Callable[[DataFrame], DataFrame],
+) -> float:
+    """Records/s of the second of two identical AvailableNow queries."""
+    rates = []
+    for run in ("warm-up", "measured"):
+        frame = (
+            spark.readStream.format("kafka")
+            .options(**kafka_options(bootstrap))
+            .option("subscribe", topic)
+            .option("startingOffsets", "earliest")
+            .option("includeHeaders", "true")
+            .load()
+        )
+        start = time.perf_counter()
+        query = (
+            transform(frame)
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(workdir / run))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        elapsed = time.perf_counter() - start
+        read = sum(p["numInputRows"] for p in query.recentProgress)
+        if read != records:
+            raise RuntimeError(f"the connector read {read} records, expected {records}")
+        rates.append(records / elapsed)
+    return rates[-1]
 
 
 def run(stack: Stack, scale: Scale) -> list[Figure]:
@@ -98,8 +120,19 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
     topic = f"{stack.topic_prefix('spark')}.source"
     fill(stack.bootstrap, topic, records)
     base = baseline(stack.bootstrap, topic, records)
-    ours = source(stack.bootstrap, topic, records, stack.workdir / "spark")
+    spark = local_session("bench-spark-connector")
+    try:
+        workdir = stack.workdir / "spark"
+        plain = connector_rate(spark, stack.bootstrap, topic, records, workdir / "plain",
+                               lambda frame: frame)  # fmt: skip
+        decoded = connector_rate(spark, stack.bootstrap, topic, records, workdir / "decoded",
+                                 lambda frame: decode_events(frame, writer_schemas=SCHEMAS))  # fmt: skip
+    finally:
+        spark.stop()
+    details = {"records": records}
     return [
-        Figure("spark", "Kafka source rec/s (AvailableNow, noop sink)", ours, "rec/s", base,
-               "one confluent-kafka consumer", None, {"records": records}),
+        Figure("spark", "Kafka connector rec/s (AvailableNow, noop sink)", plain, "rec/s", base,
+               "one confluent-kafka consumer", None, details),
+        Figure("spark", "Kafka connector + Avro decoding rec/s", decoded, "rec/s", base,
+               "one confluent-kafka consumer", None, details),
     ]  # fmt: skip

@@ -3,6 +3,13 @@
 Spark's file sink is exactly once by itself: each micro-batch's files are listed in the
 sink's ``_spark_metadata`` log only when the batch commits, and readers of the folder
 through Spark use that log, so files of a batch that died half-way are never seen.
+
+``--backfill`` is a one-off batch job instead: ``spark.read.format("kafka")`` over a
+fixed offset range (``--starting-offsets`` to ``--ending-offsets``, each ``earliest``,
+``latest`` or Spark's per-partition JSON) into a folder of its own. Not the streaming
+archive's folder: readers there see only the files its ``_spark_metadata`` log lists,
+so backfilled files would be invisible. The folder must not exist yet, so running the
+same backfill twice fails instead of archiving its events twice.
 """
 
 from __future__ import annotations
@@ -11,11 +18,27 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from relay.errors import RelayError
 from spark_jobs.decoding import decode_events
-from spark_jobs.session import local_session, read_kafka
+from spark_jobs.session import kafka_options, local_session
+
+
+def read_range(
+    spark: SparkSession, bootstrap_servers: str, topics: str, starting: str, ending: str
+) -> DataFrame:
+    """The records of ``topics`` (a regex) between two offset specs, as one batch."""
+    return (
+        spark.read.format("kafka")
+        .options(**kafka_options(bootstrap_servers))
+        .option("subscribePattern", topics)
+        .option("startingOffsets", starting)
+        .option("endingOffsets", ending)
+        .option("includeHeaders", "true")
+        .load()
+    )
 
 
 def archive_rows(decoded: DataFrame) -> DataFrame:
@@ -34,12 +57,14 @@ def start(
     value_format: str = "avro",
     available_now: bool = False,
 ) -> Any:
-    source = read_kafka(
-        spark,
-        subscribePattern=topics,
-        startingOffsets="earliest",
-        includeHeaders="true",
-        **{"kafka.bootstrap.servers": bootstrap_servers},
+    refuse_reused_path(spark, path, checkpoint)
+    source = (
+        spark.readStream.format("kafka")
+        .options(**kafka_options(bootstrap_servers))
+        .option("subscribePattern", topics)
+        .option("startingOffsets", "earliest")
+        .option("includeHeaders", "true")
+        .load()
     )
     decoded = decode_events(source, writer_schemas=schemas, value_format=value_format)
     stream = (
@@ -53,25 +78,83 @@ def start(
     return stream.start()
 
 
+class ReusedArchivePathError(RelayError):
+    """The archive folder holds another streaming query's files, and the checkpoint is new."""
+
+
+def refuse_reused_path(spark: Any, path: str, checkpoint: str) -> None:
+    """A new checkpoint starts its batch ids over at 0, and Spark's file sink skips every
+    batch id its ``_spark_metadata`` log already has: the new query's first batches
+    would be dropped without a word. So a folder with a sink log takes only the
+    checkpoint that wrote it."""
+    if _has_entries(spark, f"{path}/_spark_metadata") and not _has_entries(
+        spark, f"{checkpoint}/offsets"
+    ):
+        raise ReusedArchivePathError(
+            f"the archive folder {path} was written by a streaming query of another "
+            f"checkpoint, and {checkpoint} is new: its batches would be skipped as already "
+            "written. Use a new --path (readers can read both folders), or the checkpoint "
+            "that wrote this one"
+        )
+
+
+def _has_entries(spark: Any, folder: str) -> bool:
+    # Through Hadoop's FileSystem, so HDFS and S3 folders are checked like local ones.
+    jvm, conf = spark.sparkContext._jvm, spark.sparkContext._jsc.hadoopConfiguration()
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(folder)
+    fs = hadoop_path.getFileSystem(conf)
+    return bool(fs.exists(hadoop_path) and len(fs.listStatus(hadoop_path)) > 0)
+
+
+def backfill(
+    spark: Any,
+    *,
+    bootstrap_servers: str,
+    topics: str,
+    path: str,
+    schemas: str,
+    starting_offsets: str = "earliest",
+    ending_offsets: str = "latest",
+    value_format: str = "avro",
+) -> None:
+    """Archive one offset range to ``path`` (which must not exist) and return."""
+    records = read_range(spark, bootstrap_servers, topics, starting_offsets, ending_offsets)
+    decoded = decode_events(records, writer_schemas=schemas, value_format=value_format)
+    archive_rows(decoded).write.mode("errorifexists").partitionBy("date").parquet(path)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bootstrap-servers", required=True)
     parser.add_argument("--topics", default=r"outbox\.event\..*", help="A topic regex.")
     parser.add_argument("--path", required=True, help="Archive folder (local, HDFS, S3...).")
-    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--checkpoint", help="Required unless --backfill.")
     parser.add_argument("--schemas", default="schemas")
     parser.add_argument("--format", dest="value_format", choices=["avro", "json"], default="avro")
     parser.add_argument("--available-now", action="store_true")
+    parser.add_argument(
+        "--backfill", action="store_true", help="One batch read of an offset range, then stop."
+    )
+    parser.add_argument("--starting-offsets", default="earliest", help="With --backfill.")
+    parser.add_argument("--ending-offsets", default="latest", help="With --backfill.")
     args = parser.parse_args(argv)
+    common = {"bootstrap_servers": args.bootstrap_servers, "topics": args.topics,
+              "path": args.path, "schemas": args.schemas, "value_format": args.value_format}  # fmt: skip
+    if args.backfill:
+        backfill(
+            local_session("outbox-archive-backfill"),
+            starting_offsets=args.starting_offsets,
+            ending_offsets=args.ending_offsets,
+            **common,
+        )
+        return
+    if args.checkpoint is None:
+        parser.error("--checkpoint is required (or pass --backfill)")
     query = start(
         local_session("outbox-archive"),
-        bootstrap_servers=args.bootstrap_servers,
-        topics=args.topics,
-        path=args.path,
         checkpoint=args.checkpoint,
-        schemas=args.schemas,
-        value_format=args.value_format,
         available_now=args.available_now,
+        **common,
     )
     query.awaitTermination()
 

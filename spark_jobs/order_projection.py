@@ -27,9 +27,9 @@ from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
 from spark_jobs.decoding import decode_events, split_corrupt
-from spark_jobs.postgres_sink import PostgresBatchSink
+from spark_jobs.postgres_sink import RESET_SINK_HELP, PostgresBatchSink
 from spark_jobs.secrets import DATABASE_URL_HELP, resolve_database_url
-from spark_jobs.session import local_session, read_kafka
+from spark_jobs.session import kafka_options, local_session, streaming_query_id
 
 ORDERS_DDL = """
 CREATE TABLE IF NOT EXISTS orders (
@@ -129,7 +129,7 @@ def batch_writer(sink: PostgresBatchSink, on_corrupt: str) -> Callable[[DataFram
             sink.write_corrupt(conn, batch_id, bad)
             return len(changes) + len(bad)
 
-        sink.commit(batch_id, write)
+        sink.commit(batch_id, write, streaming_query_id(batch))
 
     return write_batch
 
@@ -146,16 +146,20 @@ def start(
     on_corrupt: str = "fail",
     sink: str = "order-projection",
     max_offsets_per_trigger: int | None = None,
+    reset_sink: bool = False,
 ) -> Any:
-    """Start the streaming query; returns it."""
+    """Start the streaming query; returns it. ``reset_sink``: take the sink over from the
+    query of an earlier checkpoint (see :mod:`spark_jobs.postgres_sink`)."""
     ensure_tables(database_url)
-    writer = PostgresBatchSink(database_url, sink)
+    writer = PostgresBatchSink(database_url, sink, take_over=reset_sink)
     writer.ensure_tables()
-    options = {"kafka.bootstrap.servers": bootstrap_servers}
+    options = kafka_options(bootstrap_servers)
     if max_offsets_per_trigger:
         options["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)
-    source = read_kafka(
-        spark, subscribe=topic, startingOffsets="earliest", includeHeaders="true", **options
+    source = (
+        spark.readStream.format("kafka")
+        .options(subscribe=topic, startingOffsets="earliest", includeHeaders="true", **options)
+        .load()
     )
     decoded = decode_events(source, writer_schemas=schemas)
     stream = decoded.writeStream.foreachBatch(batch_writer(writer, on_corrupt))
@@ -174,6 +178,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--available-now", action="store_true", help="Process what is there, stop.")
     parser.add_argument("--on-corrupt", choices=["fail", "route"], default="fail")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
+    parser.add_argument("--reset-sink", action="store_true", help=RESET_SINK_HELP)
     args = parser.parse_args(argv)
     spark = local_session("order-projection")
     query = start(
@@ -186,6 +191,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         available_now=args.available_now,
         on_corrupt=args.on_corrupt,
         max_offsets_per_trigger=args.max_offsets_per_trigger,
+        reset_sink=args.reset_sink,
     )
     query.awaitTermination()
 

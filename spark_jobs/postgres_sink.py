@@ -4,7 +4,16 @@ Each micro-batch's rows commit in one Postgres transaction together with a
 ``(sink, batch_id)`` marker row. Spark replays a batch after a driver or executor
 crash with the same id and the same data (the source's offsets are in the checkpoint),
 so a batch whose marker exists is skipped: the table sees every batch exactly once.
-``sink`` names the query; keep it stable for as long as its checkpoint lives.
+
+Batch ids only identify a batch within one streaming query, and a query started from a
+new checkpoint (a deleted or corrupt checkpoint, a reprocess) is a new query whose ids
+start over at 0: skipping them on the old query's markers would silently drop its
+rows. So a sink belongs to one query, by the query id Spark keeps in the checkpoint's
+``metadata``: the first batch claims an unowned sink (markers from before ownership
+was recorded are adopted), and a batch of any other query fails with
+:class:`SinkOwnedError`, before anything is written, unless the sink was made with
+``take_over=True`` (``--reset-sink``), which drops the old query's markers and claims
+the sink. What the old query wrote stays.
 """
 
 from __future__ import annotations
@@ -17,6 +26,8 @@ import psycopg
 from psycopg import sql
 from pyspark.sql import Row
 
+from relay.errors import RelayError
+
 logger = logging.getLogger(__name__)
 
 MARKERS_DDL = """
@@ -26,6 +37,14 @@ CREATE TABLE IF NOT EXISTS {table} (
     rows       bigint NOT NULL,
     written_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (sink, batch_id)
+)
+"""
+
+OWNERS_DDL = """
+CREATE TABLE IF NOT EXISTS {table} (
+    sink      text PRIMARY KEY,
+    query_id  text NOT NULL,
+    since     timestamptz NOT NULL DEFAULT now()
 )
 """
 
@@ -44,6 +63,15 @@ CREATE TABLE IF NOT EXISTS {table} (
 
 Write = Callable[[psycopg.Connection[Any]], int]
 
+RESET_SINK_HELP = (
+    "Take the sink over from the query of an earlier checkpoint (after deleting or "
+    "replacing the checkpoint): its batch markers are dropped, what it wrote stays."
+)
+
+
+class SinkOwnedError(RelayError):
+    """A sink holds the batches of another streaming query (a new checkpoint?)."""
+
 
 class PostgresBatchSink:
     """Commits what ``write`` does for a micro-batch exactly once (see module doc)."""
@@ -53,23 +81,35 @@ class PostgresBatchSink:
         url: str,
         sink: str,
         *,
+        take_over: bool = False,
         markers_table: str = "spark_sink_batches",
+        owners_table: str = "spark_sink_owners",
         corrupt_table: str = "spark_corrupt_records",
     ) -> None:
         self.url = url
         self.sink = sink
+        self.take_over = take_over
         self.markers = sql.Identifier(markers_table)
+        self.owners = sql.Identifier(owners_table)
         self.corrupt = sql.Identifier(corrupt_table)
 
     def ensure_tables(self) -> None:
         with psycopg.connect(self.url, autocommit=True) as conn:
             conn.execute(sql.SQL(MARKERS_DDL).format(table=self.markers))
+            conn.execute(sql.SQL(OWNERS_DDL).format(table=self.owners))
             conn.execute(sql.SQL(CORRUPT_DDL).format(table=self.corrupt))
 
-    def commit(self, batch_id: int, write: Write) -> bool:
-        """Run ``write`` and record the batch, in one transaction; False if the batch
-        was already committed (a replay), in which case nothing is written."""
+    def claim(self, query_id: str) -> None:
+        """Make ``query_id`` the sink's owner, or raise :class:`SinkOwnedError`."""
         with psycopg.connect(self.url) as conn, conn.transaction():
+            self._claim(conn, query_id)
+
+    def commit(self, batch_id: int, write: Write, query_id: str) -> bool:
+        """Run ``write`` and record the batch of query ``query_id``, in one transaction;
+        False if the batch was already committed (a replay), in which case nothing is
+        written."""
+        with psycopg.connect(self.url) as conn, conn.transaction():
+            self._claim(conn, query_id)
             claimed = conn.execute(
                 sql.SQL(
                     "INSERT INTO {} (sink, batch_id, rows) VALUES (%s, %s, 0) "
@@ -88,6 +128,34 @@ class PostgresBatchSink:
                 (rows, self.sink, batch_id),
             )
         return True
+
+    def _claim(self, conn: psycopg.Connection[Any], query_id: str) -> None:
+        row = conn.execute(
+            sql.SQL("SELECT query_id FROM {} WHERE sink = %s FOR UPDATE").format(self.owners),
+            (self.sink,),
+        ).fetchone()
+        if row is not None and row[0] == query_id:
+            return
+        if row is not None and not self.take_over:
+            raise SinkOwnedError(
+                f"sink {self.sink} holds the batches of streaming query {row[0]}, but this "
+                f"query is {query_id}: its checkpoint is new, and its batch ids, which start "
+                "over at 0, would be skipped as already written. Pass --reset-sink to take "
+                "the sink over (the old query's batch markers are dropped; what it wrote "
+                "stays), or restore the old checkpoint"
+            )
+        if row is not None:
+            logger.warning("sink %s: taken over from query %s by %s", self.sink, row[0], query_id)
+            conn.execute(
+                sql.SQL("DELETE FROM {} WHERE sink = %s").format(self.markers), (self.sink,)
+            )
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (sink, query_id) VALUES (%s, %s) ON CONFLICT (sink) "
+                "DO UPDATE SET query_id = EXCLUDED.query_id, since = now()"
+            ).format(self.owners),
+            (self.sink, query_id),
+        )
 
     def write_corrupt(
         self, conn: psycopg.Connection[Any], batch_id: int, rows: Sequence[Row]

@@ -1,25 +1,59 @@
-"""Spark sessions for the jobs, and the Kafka reader that works with or without the jar."""
+"""Spark sessions for the jobs, with Spark's own Kafka connector on the classpath.
+
+The connector (``spark-sql-kafka-0-10_2.13``) must be the same version as pyspark. A
+local session loads it, and the jars it needs that pyspark does not ship, from the
+pinned-jar cache (:mod:`relay.localstack.maven`, lock ``spark-kafka``): downloaded and
+checksum-verified on first use, offline after that. Under ``spark-submit`` the cluster
+provides it instead (``--packages``, see the README).
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from pyspark.errors import AnalysisException
+import pyspark
 from pyspark.sql import DataFrame, SparkSession
 
-from spark_jobs.kafka_source import FORMAT, KafkaSource
+from relay.errors import RelayError
+from relay.localstack.maven import Lock, fetch_lock
+
+logger = logging.getLogger(__name__)
+
+CONNECTOR_LOCK = "spark-kafka"
+CONNECTOR = ("org.apache.spark", "spark-sql-kafka-0-10_2.13")
 
 # Java versions Spark 4 runs on, newest first.
 _JVM_DIRS = ("/usr/lib/jvm/java-21-openjdk-amd64", "/usr/lib/jvm/java-17-openjdk-amd64")
 
 
+class ConnectorVersionError(RelayError):
+    """pyspark and the pinned Kafka connector are not the same Spark version."""
+
+
+def connector_jars() -> list[Path]:
+    """The Kafka connector's jars for the installed pyspark, fetched into the cache if
+    missing. Spark refuses a connector of another version at query time, with an
+    obscure error; this says what is wrong up front."""
+    lock = Lock.load(CONNECTOR_LOCK)
+    pinned = lock.version_of(*CONNECTOR)
+    if pinned != pyspark.__version__:
+        raise ConnectorVersionError(
+            f"pyspark is {pyspark.__version__} but the pinned Kafka connector is {pinned}: "
+            f"install pyspark=={pinned} (pyproject.toml pins it), or re-lock "
+            f"relay/localstack/{CONNECTOR_LOCK}.lock for a version Maven Central serves"
+        )
+    return fetch_lock(lock)
+
+
 def local_session(app_name: str, *, master: str | None = None, **conf: Any) -> SparkSession:
     """The job's session: ``local[2]`` (the embedded default) when run with ``python``,
     or whatever master ``spark-submit`` was given (it launches us with a gateway)."""
-    if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    if master is None and not submitted:
         master = "local[2]"
     # Workers must run this interpreter: it has pyarrow and confluent-kafka.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -34,22 +68,30 @@ def local_session(app_name: str, *, master: str | None = None, **conf: Any) -> S
         .config("spark.ui.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")
     )
+    if not submitted:  # spark-submit's JVM is already up: --packages brings the connector
+        jars = connector_jars()
+        logger.debug("Kafka connector jars: %s", jars)
+        builder = builder.config("spark.jars", ",".join(str(p) for p in jars))
     for key, value in conf.items():
         builder = builder.config(key, value)
-    return register(builder.getOrCreate())
+    return builder.getOrCreate()
 
 
-def register(spark: SparkSession) -> SparkSession:
-    spark.dataSource.register(KafkaSource)
-    return spark
+def kafka_options(bootstrap_servers: str) -> dict[str, str]:
+    """Options every job gives ``format("kafka")``. The connector's consumers default to
+    ``read_uncommitted``, which would hand a job the records of transactions the relay
+    aborted: the relay writes in transactions, so its readers must read committed."""
+    return {
+        "kafka.bootstrap.servers": bootstrap_servers,
+        "kafka.isolation.level": "read_committed",
+    }
 
 
-def read_kafka(spark: SparkSession, **options: str) -> DataFrame:
-    """``readStream`` of Kafka: Spark's own connector when its jar is on the classpath,
-    else this package's Python source, with the same options and the same columns."""
-    try:
-        return spark.readStream.format("kafka").options(**options).load()
-    except AnalysisException as exc:
-        if exc.getCondition() != "KAFKA_DATA_SOURCE_NOT_ENABLED":
-            raise
-    return spark.readStream.format(FORMAT).options(**options).load()
+def streaming_query_id(batch: DataFrame) -> str:
+    """The id of the streaming query a ``foreachBatch`` batch belongs to. Spark keeps it
+    in the checkpoint's ``metadata``: a restart keeps it, a new checkpoint gets a new
+    one, which is what tells a sink's replayed batch from another query's batch."""
+    query_id = batch.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+    if not query_id:
+        raise RelayError("not in a streaming query's foreachBatch: no query id to key a sink on")
+    return query_id

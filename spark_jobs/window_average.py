@@ -1,8 +1,8 @@
 """Job (b), the seed-001 task, exactly once.
 
 Two streams of numbers; over a sliding time window, the average of the numbers goes to
-the output (a Postgres table), and each window that holds more numbers than a threshold
-increments a counter in an external Postgres database by one.
+the output stream (a Kafka topic), and each window that holds more numbers than a
+threshold increments a counter in an external Postgres database by one.
 
 Why it is exactly once, and deterministic despite the seed's two sources of
 nondeterminism:
@@ -11,36 +11,38 @@ nondeterminism:
   so a replayed micro-batch reads exactly the same records.
 * Time: windows are on *event time* (the record's timestamp), not on processing time,
   and a window is emitted once, when the watermark closes it (append mode).
-* The external effects (the window's row and the counter increment) commit in one
-  Postgres transaction together with the batch marker, so a replay writes nothing.
+* Each sink is exactly once on its own, so it does not matter which of them committed
+  before a crash: the averages go out in one Kafka transaction per micro-batch that also
+  records the batch id (:class:`KafkaBatchSink`), and the counter's increment commits in
+  one Postgres transaction with its own batch marker (:class:`PostgresBatchSink`). A
+  replayed batch (same id, same input, same state) skips whichever sink already has it.
+
+Crash points of the seed, as they fall here (the tests kill -9 the driver at each):
+(D) the batch's offsets are logged, nothing else; (C) the window state of the batch is
+saved, no sink written; (A) the averages' transaction committed, the counter not;
+(B) both sinks committed, Spark's commit log not. Each restart ends in the same state.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
-from spark_jobs.postgres_sink import PostgresBatchSink
+from spark_jobs.kafka_sink import KafkaBatchSink, Record
+from spark_jobs.postgres_sink import RESET_SINK_HELP, PostgresBatchSink
 from spark_jobs.secrets import DATABASE_URL_HELP, resolve_database_url
-from spark_jobs.session import local_session, read_kafka
+from spark_jobs.session import kafka_options, local_session, streaming_query_id
 
-TABLES_DDL = (
-    """CREATE TABLE IF NOT EXISTS window_averages (
-        window_start timestamptz PRIMARY KEY,
-        window_end   timestamptz NOT NULL,
-        average      double precision NOT NULL,
-        numbers      bigint NOT NULL
-    )""",
-    """CREATE TABLE IF NOT EXISTS window_counters (
-        name  text PRIMARY KEY,
-        value bigint NOT NULL DEFAULT 0
-    )""",
-)
+COUNTERS_DDL = """CREATE TABLE IF NOT EXISTS window_counters (
+    name  text PRIMARY KEY,
+    value bigint NOT NULL DEFAULT 0
+)"""
 
 
 def window_averages(
@@ -67,28 +69,35 @@ def window_averages(
     )
 
 
+def average_record(window: Row) -> Record:
+    """A closed window as an output record: keyed by its start, a JSON value."""
+    start, end = window.window_start.isoformat(), window.window_end.isoformat()
+    value = {"window_start": start, "window_end": end, "average": window.average,
+             "numbers": window.numbers}  # fmt: skip
+    return start.encode(), json.dumps(value).encode()
+
+
 def batch_writer(
-    sink: PostgresBatchSink, threshold: int, counter: str
+    averages: KafkaBatchSink, counters: PostgresBatchSink, threshold: int, counter: str
 ) -> Callable[[DataFrame, int], None]:
     def write_batch(batch: DataFrame, batch_id: int) -> None:
-        windows = batch.collect()
+        query_id = streaming_query_id(batch)
+        # Before anything is written: a query of a new checkpoint fails here unless told
+        # to take the counter over (its averages' marker is per query, see KafkaBatchSink).
+        counters.claim(query_id)
+        windows = batch.collect()  # runs the aggregation: the batch's state is saved here
+        averages.commit(batch_id, [average_record(w) for w in windows], query_id)
+        crowded = sum(1 for w in windows if w.numbers > threshold)
 
-        def write(conn: psycopg.Connection[Any]) -> int:
-            with conn.cursor() as cursor:
-                cursor.executemany(
-                    "INSERT INTO window_averages VALUES (%s, %s, %s, %s) "
-                    "ON CONFLICT (window_start) DO NOTHING",
-                    [(w.window_start, w.window_end, w.average, w.numbers) for w in windows],
-                )
-            crowded = sum(1 for w in windows if w.numbers > threshold)
+        def increment(conn: psycopg.Connection[Any]) -> int:
             conn.execute(
                 "INSERT INTO window_counters (name, value) VALUES (%s, %s) "
                 "ON CONFLICT (name) DO UPDATE SET value = window_counters.value + EXCLUDED.value",
                 (counter, crowded),
             )
-            return len(windows)
+            return crowded
 
-        sink.commit(batch_id, write)
+        counters.commit(batch_id, increment, query_id)
 
     return write_batch
 
@@ -98,29 +107,38 @@ def start(
     *,
     bootstrap_servers: str,
     topics: Sequence[str],
+    output_topic: str,
     database_url: str,
     checkpoint: str,
     length: str = "10 seconds",
     slide: str = "5 seconds",
+    lateness: str = "0 seconds",
     threshold: int = 10,
     counter: str = "crowded_windows",
     available_now: bool = False,
+    max_offsets_per_trigger: int | None = None,
+    reset_sink: bool = False,
 ) -> Any:
     with psycopg.connect(database_url, autocommit=True) as conn:
-        for ddl in TABLES_DDL:
-            conn.execute(ddl)
-    sink = PostgresBatchSink(database_url, f"window-average:{counter}")
-    sink.ensure_tables()
-    numbers = read_kafka(
-        spark,
-        subscribe=",".join(topics),
-        startingOffsets="earliest",
-        **{"kafka.bootstrap.servers": bootstrap_servers},
+        conn.execute(COUNTERS_DDL)
+    counters = PostgresBatchSink(database_url, f"window-average:{counter}", take_over=reset_sink)
+    counters.ensure_tables()
+    averages = KafkaBatchSink(bootstrap_servers, output_topic, f"window-average.{output_topic}")
+    limit = (
+        {"maxOffsetsPerTrigger": str(max_offsets_per_trigger)} if max_offsets_per_trigger else {}
+    )
+    numbers = (
+        spark.readStream.format("kafka")
+        .options(**kafka_options(bootstrap_servers))
+        .option("subscribe", ",".join(topics))
+        .option("startingOffsets", "earliest")
+        .options(**limit)
+        .load()
     )
     stream = (
-        window_averages(numbers, length=length, slide=slide)
+        window_averages(numbers, length=length, slide=slide, lateness=lateness)
         .writeStream.outputMode("append")
-        .foreachBatch(batch_writer(sink, threshold, counter))
+        .foreachBatch(batch_writer(averages, counters, threshold, counter))
         .option("checkpointLocation", checkpoint)
     )
     stream = stream.trigger(availableNow=True) if available_now else stream
@@ -131,23 +149,36 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bootstrap-servers", required=True)
     parser.add_argument("--topics", required=True, help="Two (or more) comma-separated topics.")
+    parser.add_argument("--output-topic", default="window-averages", help="Where averages go.")
     parser.add_argument("--database-url", help=DATABASE_URL_HELP)
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--length", default="10 seconds")
     parser.add_argument("--slide", default="5 seconds")
+    parser.add_argument(
+        "--lateness",
+        default="0 seconds",
+        help="How far behind the newest number (over both topics) a number may arrive and "
+        "still count; later ones are dropped. Cover the skew between the two topics.",
+    )
     parser.add_argument("--threshold", type=int, default=10)
     parser.add_argument("--available-now", action="store_true")
+    parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
+    parser.add_argument("--reset-sink", action="store_true", help=RESET_SINK_HELP)
     args = parser.parse_args(argv)
     query = start(
         local_session("window-average"),
         bootstrap_servers=args.bootstrap_servers,
         topics=args.topics.split(","),
+        output_topic=args.output_topic,
         database_url=resolve_database_url(parser, args.database_url),
         checkpoint=args.checkpoint,
         length=args.length,
         slide=args.slide,
+        lateness=args.lateness,
         threshold=args.threshold,
         available_now=args.available_now,
+        max_offsets_per_trigger=args.max_offsets_per_trigger,
+        reset_sink=args.reset_sink,
     )
     query.awaitTermination()
 

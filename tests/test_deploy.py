@@ -417,6 +417,9 @@ def test_spark_target(stages: dict[str, Stage]) -> None:
     assert any("requirements-spark.lock" in run for run in stages["spark-builder"].runs)
     assert spark.entrypoint == ["python", "-m"]
     assert spark.env.get("HOME") == "/tmp"
+    # The Kafka connector is in the image, so a job starts without reaching Maven.
+    assert any("relay.localstack.maven fetch spark-kafka" in run for run in spark.runs)
+    assert spark.env.get("RELAY_CACHE_DIR", "").startswith("/opt/")
 
 
 def test_dockerignore_keeps_the_build_context_small_but_complete(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -85,6 +86,44 @@ def test_projection_is_exact_and_a_replayed_batch_changes_nothing(
     assert sorted(db.execute(query).fetchall()) == sorted(expected)
     markers = db.execute("SELECT count(*), sum(rows) FROM spark_sink_batches").fetchone()
     assert markers == (1, 15)
+
+
+def test_projection_from_a_new_checkpoint_fails_unless_told_to_take_the_sink_over(
+    spark: SparkSession,
+    published_story: set[str],
+    db: psycopg.Connection[Any],
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    tmp_path: Path,
+) -> None:
+    import shutil
+
+    topic, ckpt = topic_prefix + "outbox.event.order", tmp_path / "ckpt"
+    assert run_projection(spark, database_url, kafka_bootstrap, topic, ckpt) == 15
+    shutil.rmtree(ckpt)  # its batch ids start over at 0: the old markers would skip them
+    db.execute("DELETE FROM orders WHERE order_id = 'o-1'")  # to see whether it is written
+
+    query = order_projection.start(
+        spark, bootstrap_servers=kafka_bootstrap, topic=topic, database_url=database_url,
+        checkpoint=str(ckpt), schemas=str(REPO / "schemas"), available_now=True,
+    )  # fmt: skip
+    with pytest.raises(Exception, match="holds the batches of streaming query"):
+        query.awaitTermination(300)
+    assert "--reset-sink" in str(query.exception())
+    assert db.execute("SELECT count(*) FROM orders").fetchone() == (9,)
+
+    shutil.rmtree(ckpt)
+    query = order_projection.start(
+        spark, bootstrap_servers=kafka_bootstrap, topic=topic, database_url=database_url,
+        checkpoint=str(ckpt), schemas=str(REPO / "schemas"), available_now=True,
+        reset_sink=True,
+    )  # fmt: skip
+    query.awaitTermination(300)
+    assert query.exception() is None
+    assert db.execute("SELECT count(*) FROM orders").fetchone() == (10,)
+    markers = db.execute("SELECT count(*), sum(rows) FROM spark_sink_batches").fetchone()
+    assert markers == (1, 15)  # the new query's batch only
 
 
 def last_batch(db: psycopg.Connection[Any]) -> int:
@@ -182,87 +221,30 @@ def test_driver_killed_mid_run_ends_with_the_same_result_as_a_clean_run(
     assert batches == (len(written) + len([i for i in written if i % 3 == 0]),)
 
 
-def test_window_average_and_counter_are_exact_and_survive_a_replay(
-    spark: SparkSession, database_url: str, kafka_bootstrap: str, tmp_path: Path
-) -> None:
-    import json
-    import uuid
-
-    from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
-
-    from spark_jobs import window_average
-
-    topics = [f"numbers-{uuid.uuid4().hex[:6]}-{n}" for n in ("a", "b")]
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    for future in admin.create_topics([NewTopic(t, 2, -1) for t in topics]).values():
-        future.result()
-    t0 = 1_700_000_000_000  # ms, on a 5 s boundary
-    readings = [(topics[0], t0 + 700 * i, float(i)) for i in range(86)]
-    readings += [(topics[1], t0 + 1300 * i, 100.0 + i) for i in range(46)]
-    producer = Producer(
-        {"bootstrap.servers": kafka_bootstrap, "transactional.id": str(uuid.uuid4())}
-    )
-    producer.init_transactions(30)
-    producer.begin_transaction()
-    for topic, ts, number in readings:
-        producer.produce(topic, json.dumps({"value": number}).encode(), timestamp=ts)
-    # Moves the watermark past every window above, which closes them.
-    producer.produce(topics[0], b"0", timestamp=t0 + 1_000_000)
-    producer.commit_transaction(30)
-
-    expected = []
-    for start in range(-5_000, 60_000, 5_000):
-        inside = [n for _, ts, n in readings if start <= ts - t0 < start + 10_000]
-        if inside:
-            expected.append((start, round(sum(inside) / len(inside), 6), len(inside)))
-    crowded = sum(1 for _, _, count in expected if count > 10)
-    ckpt = tmp_path / "ckpt"
-
-    def run() -> None:
-        query = window_average.start(
-            spark, bootstrap_servers=kafka_bootstrap, topics=topics,
-            database_url=database_url, checkpoint=str(ckpt), threshold=10, available_now=True,
-        )  # fmt: skip
-        query.awaitTermination(300)
-        assert query.exception() is None, query.exception()
-
-    def results() -> tuple[list[tuple[int, float, int]], int]:
-        with psycopg.connect(database_url) as conn:
-            rows = conn.execute(
-                "SELECT (extract(epoch FROM window_start) * 1000)::bigint, average, numbers "
-                "FROM window_averages ORDER BY window_start"
-            ).fetchall()
-            counter = conn.execute("SELECT value FROM window_counters").fetchone()
-        return [(int(s) - t0, round(a, 6), n) for s, a, n in rows], counter[0] if counter else 0
-
-    run()
-    assert results() == (expected, crowded)
-    assert crowded > 3  # the test means something
-    commits = sorted((ckpt / "commits").glob("[0-9]*"), key=lambda p: int(p.name))
-    commits[-1].unlink()  # a crash after the sink's commit: Spark replays that batch
-    (commits[-1].parent / f".{commits[-1].name}.crc").unlink(missing_ok=True)
-    run()
-    assert results() == (expected, crowded)
+@pytest.fixture
+def published_story(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    topic_prefix: str,
+    start_relay: Callable[..., Relay],
+) -> set[str]:
+    """The order story, published by a relay; the message ids."""
+    start_relay(subscribers=[sub("s", topic_prefix)])
+    write_order_story(db, outbox)
+    wait_caught_up(db, "s", timeout=60)
+    return {str(r[0]) for r in db.execute("SELECT message_id FROM outbox").fetchall()}
 
 
 def test_archive_holds_every_event_once_partitioned_by_date(
     spark: SparkSession,
-    db: psycopg.Connection[Any],
-    outbox: Outbox,
+    published_story: set[str],
     kafka_bootstrap: str,
     topic_prefix: str,
-    start_relay: Callable[..., Relay],
     tmp_path: Path,
 ) -> None:
-    import re
-
     from spark_jobs import archive
 
-    start_relay(subscribers=[sub("s", topic_prefix)])
-    write_order_story(db, outbox)
-    wait_caught_up(db, "s", timeout=60)
-    ids = {str(r[0]) for r in db.execute("SELECT message_id FROM outbox").fetchall()}
+    ids = published_story
     path, ckpt = tmp_path / "archive", tmp_path / "ckpt"
     query = archive.start(
         spark, bootstrap_servers=kafka_bootstrap, topics=re.escape(topic_prefix) + r".*",
@@ -325,3 +307,68 @@ def test_jobs_read_the_database_url_from_the_environment(
     with pytest.raises(SystemExit):
         module.main(argv)
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_archive_refuses_its_folder_with_a_new_checkpoint(
+    spark: SparkSession,
+    published_story: set[str],
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    tmp_path: Path,
+) -> None:
+    import shutil
+
+    from spark_jobs import archive
+
+    path, ckpt = tmp_path / "archive", tmp_path / "ckpt"
+    run = dict(spark=spark, bootstrap_servers=kafka_bootstrap, topics=re.escape(topic_prefix) + ".*",
+               path=str(path), checkpoint=str(ckpt), schemas=str(REPO / "schemas"),
+               available_now=True)  # fmt: skip
+    archive.start(**run).awaitTermination(300)  # type: ignore[arg-type]
+    shutil.rmtree(ckpt)
+
+    with pytest.raises(archive.ReusedArchivePathError, match="Use a new --path"):
+        archive.start(**run)  # type: ignore[arg-type]
+    assert spark.read.parquet(str(path)).count() == len(published_story)
+
+
+def test_archive_backfill_reads_exactly_the_offset_range_once(
+    spark: SparkSession,
+    published_story: set[str],
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    tmp_path: Path,
+) -> None:
+    import json
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    from spark_jobs import archive
+
+    topic = topic_prefix + "outbox.event.order"
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": "backfill-test"})
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    ends = {str(p): consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1]
+            for p in partitions}  # fmt: skip
+    consumer.close()
+    placed = published_story
+    for i in range(3):  # after the range's end: not backfilled
+        outbox.append(db, aggregate_type="order", aggregate_id=f"late-{i}",
+                      event_type="OrderPlaced",
+                      payload={"order_id": f"late-{i}", "customer_id": "c", "amount_cents": 1})  # fmt: skip
+    wait_caught_up(db, "s", timeout=60)
+
+    path = tmp_path / "backfill"
+    run = dict(spark=spark, bootstrap_servers=kafka_bootstrap, topics=re.escape(topic),
+               path=str(path), schemas=str(REPO / "schemas"),
+               ending_offsets=json.dumps({topic: ends}))  # fmt: skip
+    archive.backfill(**run)  # type: ignore[arg-type]
+
+    archived = spark.read.parquet(str(path))
+    assert sorted(r.message_id for r in archived.collect()) == sorted(placed)
+    assert archived.where("error IS NOT NULL").count() == 0
+    with pytest.raises(Exception, match="already exists"):
+        archive.backfill(**run)  # type: ignore[arg-type]
+    assert spark.read.parquet(str(path)).count() == len(placed)

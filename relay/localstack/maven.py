@@ -8,7 +8,9 @@ file, so a user needs neither Maven nor any resolution at run time, and the chec
 come from this repository, not from the server that serves the jars.
 
 ``python -m relay.localstack.maven lock NAME`` re-resolves a lock file from the root
-coordinates in its header, with Maven (``dependency:copy-dependencies``).
+coordinates in its header, with Maven (``dependency:copy-dependencies``). A header line
+``# exclude group:artifact`` leaves that artifact (and what only it pulls in) out: jars
+the program that loads the lock already ships, such as those in pyspark's ``jars/``.
 
 Files are cached under ``$XDG_CACHE_HOME/outbox-relay/maven`` (default
 ``~/.cache/outbox-relay/maven``) in Maven's repository layout. Once every file of a
@@ -90,6 +92,7 @@ class Lock:
     name: str
     roots: tuple[str, ...]
     artifacts: tuple[Artifact, ...]
+    excludes: tuple[str, ...] = ()
 
     @classmethod
     def load(cls, name: str) -> Lock:
@@ -99,11 +102,14 @@ class Lock:
     @classmethod
     def read(cls, path: Path) -> Lock:
         roots: list[str] = []
+        excludes: list[str] = []
         artifacts: list[Artifact] = []
         for number, raw in enumerate(path.read_text().splitlines(), start=1):
             line = raw.strip()
             if line.startswith("# root "):
                 roots.append(line.removeprefix("# root ").strip())
+            if line.startswith("# exclude "):
+                excludes.append(line.removeprefix("# exclude ").strip())
             if not line or line.startswith("#"):
                 continue
             try:
@@ -113,7 +119,7 @@ class Lock:
             except ValueError as exc:
                 raise ArtifactFetchError(f"{path}:{number}: malformed line {raw!r}") from exc
             artifacts.append(Artifact(group, artifact, version, sha256.lower(), extension_name))
-        return cls(path.stem, tuple(roots), tuple(artifacts))
+        return cls(path.stem, tuple(roots), tuple(artifacts), tuple(excludes))
 
     def version_of(self, group: str, artifact: str) -> str:
         for a in self.artifacts:
@@ -236,7 +242,7 @@ def relock(name: str) -> Path:
         raise ArtifactFetchError("re-locking needs Maven (mvn) on PATH")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        (work / "pom.xml").write_text(_pom(lock.roots))
+        (work / "pom.xml").write_text(_pom(lock.roots, lock.excludes))
         subprocess.run(
             [mvn, "-B", "-q", "-C", "-Dstyle.color=never", "dependency:copy-dependencies",
              f"-DoutputDirectory={work / 'libs'}", "-DincludeScope=runtime",
@@ -249,6 +255,7 @@ def relock(name: str) -> Path:
     path = _LOCK_DIR / f"{name}.lock"
     header = [f"# {name}: resolved by `python -m relay.localstack.maven lock {name}`"]
     header += [f"# root {r}" for r in lock.roots]
+    header += [f"# exclude {e}" for e in lock.excludes]
     body = [f"{a.coordinates} {a.sha256}" for a in sorted(artifacts, key=lambda a: a.coordinates)]
     path.write_text("\n".join(header + body) + "\n")
     return path
@@ -260,13 +267,17 @@ def _artifact_of(libs: Path, jar: Path) -> Artifact:
     return Artifact(group, name, version, _sha256(jar))
 
 
-def _pom(roots: tuple[str, ...]) -> str:
+def _pom(roots: tuple[str, ...], excludes: tuple[str, ...] = ()) -> str:
+    exclusions = "".join(
+        f"<exclusion><groupId>{group}</groupId><artifactId>{artifact}</artifactId></exclusion>"
+        for group, artifact in (e.split(":") for e in excludes)
+    )
     deps = []
     for root in roots:
         group, artifact, version = root.split(":")
         deps.append(
             f"<dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId>"
-            f"<version>{version}</version></dependency>"
+            f"<version>{version}</version><exclusions>{exclusions}</exclusions></dependency>"
         )
     return (
         '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'

@@ -1,0 +1,165 @@
+"""An exactly-once Kafka sink for ``foreachBatch``: one transaction per micro-batch.
+
+Each micro-batch's records are produced in one Kafka transaction, and the same
+transaction records the batch id: it commits offset ``batch_id + 1`` for partition 0 of
+the output topic under a consumer group of the sink and the streaming query
+(``spark-sink.<sink>.<query id>``, with ``send_offsets_to_transaction``, the mechanism
+Kafka's consume-transform-produce loops use). Records and marker become
+visible together or not at all, so:
+
+* a replayed batch (Spark runs it again after a driver crash) finds its id committed
+  and writes nothing;
+* a driver that died inside a transaction left it open: the next driver's
+  ``init_transactions`` under the same ``transactional.id`` aborts it (and fences the
+  dead driver, should it come back), so read_committed consumers never see its records.
+
+The group's "offset" is a batch marker, not a position in the topic: no consumer reads
+with that group. Batch ids only mean something within one streaming query, and the query
+id (kept in the checkpoint's ``metadata``) is in the group's name: a query started from a
+new checkpoint has no marker, so it writes its batches instead of skipping them on
+another query's marker. The sink name names the transactional id, so drivers of the
+same sink fence each other whatever their query.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from relay.errors import RelayError
+
+logger = logging.getLogger(__name__)
+
+Record = tuple[bytes | None, bytes]  # key, value
+
+_TIMEOUT_S = 60.0
+_TRANSIENT = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.UNSTABLE_OFFSET_COMMIT,
+        KafkaError._TIMED_OUT,
+    }
+)
+
+
+class KafkaSinkError(RelayError):
+    """The Kafka sink could not commit a micro-batch."""
+
+
+class KafkaBatchSink:
+    """Commits a micro-batch's records to ``topic`` exactly once (see module doc)."""
+
+    def __init__(self, bootstrap_servers: str, topic: str, sink: str) -> None:
+        self.topic = topic
+        self.sink = sink
+        self._bootstrap = bootstrap_servers
+        self._marker = TopicPartition(topic, 0)
+        self._producer: Producer | None = None
+        self._consumer: Consumer | None = None
+        self._consumer_group = ""
+
+    def group(self, query_id: str) -> str:
+        """The consumer group whose committed offset is the query's next batch id."""
+        return f"spark-sink.{self.sink}.{query_id}"
+
+    def commit(self, batch_id: int, records: Sequence[Record], query_id: str) -> bool:
+        """Produce ``records`` and mark ``batch_id`` of query ``query_id``, in one
+        transaction; False if the batch was already committed (a replay), in which case
+        nothing is written."""
+        producer = self._ready_producer()
+        done = self.committed_batches(query_id)
+        if batch_id < done:
+            logger.info("sink %s: batch %s already written, skipping", self.sink, batch_id)
+            return False
+        try:
+            producer.begin_transaction()
+            for key, value in records:
+                self._produce(producer, key, value)
+            marker = TopicPartition(self.topic, 0, batch_id + 1)
+            metadata = self._group_consumer(query_id).consumer_group_metadata()
+            producer.send_offsets_to_transaction([marker], metadata, _TIMEOUT_S)
+            producer.commit_transaction(_TIMEOUT_S)
+        except KafkaException as exc:
+            self._abandon(producer)
+            raise KafkaSinkError(
+                f"sink {self.sink}: batch {batch_id} not committed: {exc}"
+            ) from exc
+        return True
+
+    def committed_batches(self, query_id: str) -> int:
+        """How many batches (ids 0..n-1) of the query are committed: its marker, or 0."""
+        deadline = time.monotonic() + _TIMEOUT_S
+        while True:
+            try:
+                consumer = self._group_consumer(query_id)
+                [marker] = consumer.committed([self._marker], timeout=_TIMEOUT_S)
+                break
+            except KafkaException as exc:
+                # The group's coordinator is being found or loaded, or a commit of the
+                # marker is still pending: all pass; anything else is an answer.
+                if exc.args[0].code() not in _TRANSIENT or time.monotonic() > deadline:
+                    raise KafkaSinkError(
+                        f"sink {self.sink}: cannot read its marker: {exc}"
+                    ) from exc
+                time.sleep(0.2)
+        if marker.error is not None:
+            raise KafkaSinkError(f"sink {self.sink}: cannot read its batch marker: {marker.error}")
+        return max(marker.offset, 0)  # a negative offset means none committed
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+        self._producer = self._consumer = None
+
+    def _ready_producer(self) -> Producer:
+        # init_transactions first: it aborts what a dead driver left open, so the marker
+        # read next is final (read_committed offset fetches wait for pending commits).
+        if self._producer is None:
+            producer = Producer(
+                {
+                    "bootstrap.servers": self._bootstrap,
+                    "transactional.id": f"spark-sink.{self.sink}",
+                    "enable.idempotence": True,
+                    "linger.ms": 5,
+                }
+            )
+            producer.init_transactions(_TIMEOUT_S)
+            self._producer = producer
+        return self._producer
+
+    def _group_consumer(self, query_id: str) -> Consumer:
+        if self._consumer is not None and self._consumer_group != self.group(query_id):
+            self._consumer.close()  # another query of the same sink (rare): its own group
+            self._consumer = None
+        if self._consumer is None:
+            self._consumer_group = self.group(query_id)
+            self._consumer = Consumer(
+                {
+                    "bootstrap.servers": self._bootstrap,
+                    "group.id": self._consumer_group,
+                    "isolation.level": "read_committed",
+                    "enable.auto.commit": False,
+                }
+            )
+        return self._consumer
+
+    def _produce(self, producer: Producer, key: bytes | None, value: bytes) -> None:
+        while True:
+            try:
+                producer.produce(self.topic, value, key)
+                return
+            except BufferError:  # the local queue is full: let deliveries drain it
+                producer.poll(0.1)
+
+    def _abandon(self, producer: Producer) -> None:
+        # A fresh producer re-runs init_transactions, which aborts whatever is open.
+        try:
+            producer.abort_transaction(_TIMEOUT_S)
+        except KafkaException:
+            logger.warning("sink %s: abort failed; a new producer will fence it", self.sink)
+        self._producer = None
