@@ -64,6 +64,16 @@ _FENCED = frozenset(
 # Other refusals (authorization, replication factor) are the relay's configuration.
 _TOPIC_NAME_ERRORS = frozenset({KafkaError.TOPIC_EXCEPTION, KafkaError.POLICY_VIOLATION})
 _UNSUPPORTED = frozenset({KafkaError.UNSUPPORTED_VERSION, KafkaError._UNSUPPORTED_FEATURE})
+_CREATION_FATAL = frozenset(
+    {
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.INVALID_CONFIG,
+        KafkaError.INVALID_PARTITIONS,
+        KafkaError.INVALID_REQUEST,
+        *_UNSUPPORTED,
+    }
+)
 _BAD_TIMEOUT = KafkaError.INVALID_TRANSACTION_TIMEOUT
 # How long past its own timeout a transactional call may block before it is given up.
 _CALL_GRACE_S = 15.0
@@ -673,9 +683,16 @@ class TransactionalPublisher(_BatchProducer):
 
 
 def _raise_creation_error(topic: str, error: KafkaError, exc: KafkaException) -> NoReturn:
-    if not error.retriable() and error.code() != KafkaError._TIMED_OUT:
+    """Fatal only when the broker says the relay's own setup is wrong (no right to create
+    topics, a topic config or partition count it refuses): anything else, a broker going
+    away mid-request included, passes, so the part retries instead of halting."""
+    if error.code() in _CREATION_FATAL:
         raise BrokerError(f"cannot create topic {topic!r}: {error.str()}") from exc
-    raise BrokerUnavailable(f"cannot create topic {topic!r}: {exc}") from exc
+    hint = ""
+    if error.code() == KafkaError.INVALID_REPLICATION_FACTOR:
+        # Also what a starting broker answers while it is still fenced.
+        hint = " (if this persists, check topic_replication_factor against the brokers)"
+    raise BrokerUnavailable(f"cannot create topic {topic!r}: {error.str()}{hint}") from exc
 
 
 def _flush_unwrapped(producer: Producer, timeout: float) -> int:
