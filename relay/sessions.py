@@ -1,4 +1,4 @@
-"""Relay sessions (seed 000): heartbeats, expiry, and which parts each relay should own.
+"""Relay sessions (docs/design.md §4): heartbeats, expiry, and which parts each relay should own.
 
 Every relay process holds one session row and heartbeats it. Any relay deletes
 sessions past their expiry, which frees their claims. Parts are spread over the live

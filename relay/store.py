@@ -277,7 +277,7 @@ class OutboxStore:
         assert row is not None
         return Position(*row)
 
-    # -- sessions and claims (seed 000) ----------------------------------------------
+    # -- sessions and claims (design §4) ------------------------------------------------
 
     def open_session(self, hostname: str, pid: int, timeout: float) -> UUID:
         params = {"hostname": hostname, "pid": pid, "timeout": timeout}

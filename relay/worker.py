@@ -2,7 +2,7 @@
 
 Each claimed part runs in its own thread with its own Postgres connection and Kafka
 producer, so a slow or halted part never stalls the others. On every (re)start the
-worker first runs recovery (seed 004): fence earlier producers of the part, then move
+worker first runs recovery (docs/design.md §5): fence earlier producers of the part, then move
 the Postgres checkpoint up to the Kafka-side one if a transaction committed there
 without its checkpoint update reaching Postgres.
 """

@@ -1,10 +1,10 @@
-"""Job (b), the seed-001 task, exactly once.
+"""Job (b), the sliding-window task (docs/design.md §8), exactly once.
 
 Two streams of numbers; over a sliding time window, the average of the numbers goes to
 the output stream (a Kafka topic), and each window that holds more numbers than a
 threshold increments a counter in an external Postgres database by one.
 
-Why it is exactly once, and deterministic despite the seed's two sources of
+Why it is exactly once, and deterministic despite the task's two sources of
 nondeterminism:
 
 * Reading order: both topics are one source whose offsets live in the Spark checkpoint,
@@ -17,7 +17,7 @@ nondeterminism:
   one Postgres transaction with its own batch marker (:class:`PostgresBatchSink`). A
   replayed batch (same id, same input, same state) skips whichever sink already has it.
 
-Crash points of the seed, as they fall here (the tests kill -9 the driver at each):
+The task's crash points, as they fall here (the tests kill -9 the driver at each):
 (D) the batch's offsets are logged, nothing else; (C) the window state of the batch is
 saved, no sink written; (A) the averages' transaction committed, the counter not;
 (B) both sinks committed, Spark's commit log not. Each restart ends in the same state.

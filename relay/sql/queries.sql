@@ -33,7 +33,7 @@ SELECT coalesce(max(aggregate_version), 0) FROM {schema}.outbox
    AND aggregate_version IS NOT NULL;
 
 -- name: fetch_batch
--- The heart of the relay (seed 002): rows of transactions whose fate is decided
+-- The heart of the relay (docs/design.md §1): rows of transactions whose fate is decided
 -- (below the oldest running xid) after the checkpoint, in (transaction_id, position)
 -- order. A keyset range scan on the primary key. With several parts, each part takes
 -- the rows whose aggregate_id hashes to it, so one key always stays in one part.

@@ -33,7 +33,7 @@ CREATE TABLE {schema}.outbox (
 
 CREATE UNIQUE INDEX outbox_message_id_key ON {schema}.outbox (message_id);
 
--- A retried request with the same key writes nothing (seed 003). Partial, so rows
+-- A retried request with the same key writes nothing (docs/design.md §7). Partial, so rows
 -- without a key cost nothing here.
 CREATE UNIQUE INDEX outbox_idempotency_key
     ON {schema}.outbox (aggregate_type, aggregate_id, idempotency_key)
@@ -121,7 +121,7 @@ CREATE FUNCTION {schema}.outbox_part(aggregate_id text, parts integer) RETURNS i
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN ((hashtextextended(aggregate_id, 0) & 9223372036854775807) % parts)::integer;
 
--- One row per live relay process (seed 000). A relay heartbeats its row; any relay
+-- One row per live relay process (docs/design.md §4). A relay heartbeats its row; any relay
 -- deletes rows past expires_at, which releases their claims (owner SET NULL).
 CREATE TABLE {schema}.outbox_relay_sessions (
     id           uuid PRIMARY KEY DEFAULT gen_random_uuid(),
