@@ -24,7 +24,6 @@ from relay.encoding import RecordEncoder
 from relay.errors import ConfigError, NotMigratedError, RelayError, RetryableError
 from relay.kafka import (
     IdempotentPublisher,
-    Publisher,
     TopicCreator,
     TransactionalPublisher,
     producer_config,
@@ -32,11 +31,12 @@ from relay.kafka import (
 from relay.key_space import KeySpaceAction, report
 from relay.metrics import HealthServer
 from relay.model import PartId
+from relay.ports import PartState, Publisher
 from relay.probe import CommitProbe
 from relay.schemas import SchemaRegistry
 from relay.sessions import SessionKeeper, assign
 from relay.settings import Settings
-from relay.store import OutboxStore, PartState
+from relay.store import OutboxStore
 from relay.subscribers import DEFAULT_SUBSCRIBER, StartFrom, Subscriber, TopicGuard, ValueFormat
 from relay.worker import PartWorker, WorkerState
 

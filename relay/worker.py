@@ -28,12 +28,18 @@ from relay.errors import (
     RetryableError,
     SubscriberError,
 )
-from relay.kafka import Extension, PoisonRecordError, Publisher
 from relay.key_space import KeySpace, KeySpaceAction, adoptable, report
 from relay.model import KafkaRecord, OutboxEvent, PartId, Position
 from relay.poison import dead_letter_record
+from relay.ports import (
+    DeadLetterDecision,
+    Extension,
+    PartState,
+    PartStore,
+    PoisonRecordError,
+    Publisher,
+)
 from relay.sessions import Session
-from relay.store import DeadLetterDecision, OutboxStore, PartState
 from relay.subscribers import PoisonPolicy
 
 logger = logging.getLogger(__name__)
@@ -98,7 +104,7 @@ class PartWorker(threading.Thread):
         part: PartId,
         *,
         session: Session,
-        open_store: Callable[[], OutboxStore],
+        open_store: Callable[[], PartStore],
         open_publisher: Callable[[PartState], Publisher],
         encoder: RecordEncoder,
         batch_size: int,
@@ -117,7 +123,7 @@ class PartWorker(threading.Thread):
         self._batch_size = batch_size
         self._batch_max_bytes = batch_max_bytes
         self._poll_interval = poll_interval
-        self._store: OutboxStore | None = None
+        self._store: PartStore | None = None
         self._publisher: Publisher | None = None
 
     def stop(self) -> None:
@@ -217,7 +223,7 @@ class PartWorker(threading.Thread):
             except _Halted:
                 state = self._load(store)
 
-    def _fetch(self, store: OutboxStore, state: PartState) -> _Batch:
+    def _fetch(self, store: PartStore, state: PartState) -> _Batch:
         events = store.fetch(
             state.checkpoint,
             self._batch_size,
@@ -227,7 +233,7 @@ class PartWorker(threading.Thread):
         )
         return _Batch(events)
 
-    def _prepare(self, store: OutboxStore, state: PartState) -> _Batch:
+    def _prepare(self, store: PartStore, state: PartState) -> _Batch:
         """Fetch and encode the batch after ``state``'s checkpoint, leaving any poison
         event (it needs the store, which the batch in flight is using) to the slow path."""
         batch = self._fetch(store, state)
@@ -242,7 +248,7 @@ class PartWorker(threading.Thread):
             batch.records = None
         return batch
 
-    def _check_key_space(self, store: OutboxStore) -> KeySpace | None:
+    def _check_key_space(self, store: PartStore) -> KeySpace | None:
         """Before anything is published on this connection: are the stored keys this
         cluster's? (A restore elsewhere may have moved the database under us.)"""
         check = store.check_key_space()
@@ -257,7 +263,7 @@ class PartWorker(threading.Thread):
                     self.stats.key_space_continued += 1
         return store.key_space()
 
-    def _recover(self, store: OutboxStore, state: PartState, space: KeySpace | None) -> PartState:
+    def _recover(self, store: PartStore, state: PartState, space: KeySpace | None) -> PartState:
         """Fence earlier producers of this part and adopt a newer Kafka-side checkpoint,
         if it provably belongs to this database's history."""
         if self._publisher is None:
@@ -308,7 +314,7 @@ class PartWorker(threading.Thread):
         return self._advance(store, state, adopted)
 
     def _publish(
-        self, store: OutboxStore, state: PartState, batch: _Batch, *, look_ahead: bool = True
+        self, store: PartStore, state: PartState, batch: _Batch, *, look_ahead: bool = True
     ) -> tuple[PartState, _Batch | None]:
         """Publish ``batch``; returns the new state and, prepared meanwhile, the next batch."""
         if not self.session.valid():
@@ -364,7 +370,7 @@ class PartWorker(threading.Thread):
         # A reset meanwhile moves the checkpoint elsewhere: what was read ahead is void.
         return state, ahead[0] if ahead and state.checkpoint == end else None
 
-    def _advance(self, store: OutboxStore, state: PartState, end: Position) -> PartState:
+    def _advance(self, store: PartStore, state: PartState, end: Position) -> PartState:
         """Record a committed batch, even if the version moved (a pause, say) meanwhile."""
         for _ in range(_ADVANCE_ATTEMPTS):
             try:
@@ -382,7 +388,7 @@ class PartWorker(threading.Thread):
 
     def _encode(
         self,
-        store: OutboxStore,
+        store: PartStore,
         state: PartState,
         events: list[OutboxEvent],
         dead: dict[UUID, DeadLetterDecision],
@@ -413,7 +419,7 @@ class PartWorker(threading.Thread):
 
     def _poison(
         self,
-        store: OutboxStore,
+        store: PartStore,
         state: PartState,
         event: OutboxEvent,
         error: str,
@@ -438,7 +444,7 @@ class PartWorker(threading.Thread):
         )
         dead[event.message_id] = decision
 
-    def _halt(self, store: OutboxStore, state: PartState, event: OutboxEvent, error: str) -> None:
+    def _halt(self, store: PartStore, state: PartState, event: OutboxEvent, error: str) -> None:
         message = f"poison event {event.message_id} at {event.key}: {error}"
         store.halt(state, self.session.id, message)
         self._record_error(WorkerState.HALTED, RelayError(message))
@@ -453,7 +459,7 @@ class PartWorker(threading.Thread):
 
     # -- helpers -----------------------------------------------------------------------
 
-    def _load(self, store: OutboxStore) -> PartState:
+    def _load(self, store: PartStore) -> PartState:
         state = store.get_part(*self.part)
         if state.owner != self.session.id:
             raise ClaimLost(f"part {self.part} is not claimed by this relay")
@@ -472,7 +478,7 @@ class PartWorker(threading.Thread):
             if published:
                 self.stats.last_published_at = time.time()
 
-    def _connect(self) -> OutboxStore:
+    def _connect(self) -> PartStore:
         if self._store is None:
             self._store = self._open_store()
         return self._store
@@ -482,7 +488,7 @@ class PartWorker(threading.Thread):
         publisher, self._publisher = self._publisher, None
         try:
             if store is not None:
-                store.conn.close()
+                store.close()
         finally:
             if publisher is not None:
                 publisher.close()
