@@ -10,6 +10,7 @@ without its checkpoint update reaching Postgres.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import random
 import threading
@@ -92,6 +93,66 @@ class _Batch:
     # Encoded ahead of time when every event encoded cleanly; None: encode on the slow
     # path, which applies the poison policy.
     records: list[KafkaRecord] | None = None
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """A batch as handed to the publisher, or as committed: then grown by what joined it
+    while it travelled, with the batch read meanwhile that did not join."""
+
+    events: list[OutboxEvent]
+    records: list[KafkaRecord]
+    end: Position
+    ahead: _Batch | None = None
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """The broker refused a record of the batch (grown as it was when refused)."""
+
+    events: list[OutboxEvent]
+    end: Position
+    error: PoisonRecordError
+
+
+class _ReadAhead:
+    """The publisher's ``meanwhile``: reads and encodes the batch after the one in
+    flight while it travels. When the relay is caught up, that batch joins the open
+    transaction rather than waiting a whole cycle for the next one."""
+
+    def __init__(
+        self,
+        prepare: Callable[[PartState], _Batch],
+        limits: tuple[int, int],
+        state: PartState,
+        end: Position,
+    ) -> None:
+        self._prepare, self._limits, self._state, self._end = prepare, limits, state, end
+        self._following: _Batch | None = None
+        self._joined = False
+
+    def __call__(self) -> Extension | None:
+        following = self._prepare(dataclasses.replace(self._state, checkpoint=self._end))
+        self._following = following
+        if not _joins(following, *self._limits, self._state):
+            return None
+        assert following.records is not None
+        self._joined = True
+        return following.records, following.events[-1].key
+
+    def grown(self, batch: _Sent) -> _Sent:
+        """``batch`` with what joined it, or with what was read ahead for later."""
+        following = self._following
+        if following is None:
+            return batch
+        if not self._joined:
+            return dataclasses.replace(batch, ahead=following)
+        assert following.records is not None
+        return _Sent(
+            [*batch.events, *following.events],
+            [*batch.records, *following.records],
+            following.events[-1].key,
+        )
 
 
 class _Halted(Exception):
@@ -319,56 +380,72 @@ class PartWorker(threading.Thread):
         """Publish ``batch``; returns the new state and, prepared meanwhile, the next batch."""
         if not self.session.valid():
             raise ClaimLost("this relay's session may have expired; not publishing")
-        assert self._publisher is not None
-        events = list(batch.events)
-        end = events[-1].key
+        events, end = list(batch.events), batch.events[-1].key
         dead: dict[UUID, DeadLetterDecision] = {}
         if state.subscriber.on_poison is PoisonPolicy.DEAD_LETTER:
             dead = store.dead_letters(state.name, state.checkpoint, end)
         records = batch.records if batch.records is not None and not dead else None
-        ahead: list[_Batch] = []
-        extended: list[KafkaRecord] = []
-
-        def read_ahead() -> Extension | None:
-            nonlocal end
-            following = self._prepare(store, dataclasses.replace(state, checkpoint=end))
-            if not _joins(following, self._batch_size, self._batch_max_bytes, state):
-                ahead.append(following)
-                return None
-            # Caught up: what committed meanwhile joins the open transaction rather than
-            # waiting a whole cycle for the next one.
-            assert following.records is not None
-            events.extend(following.events)
-            extended.extend(following.records)
-            end = following.events[-1].key
-            return following.records, end
-
         while True:
             if records is None:
                 records = self._encode(store, state, events, dead)
-            try:
-                self._publisher.publish(
-                    records, end, str(state.generation), read_ahead if look_ahead else None
-                )
-                break
-            except PoisonRecordError as exc:
-                if exc.ambiguous and len(events) > 1:
-                    # The broker failed several records together: one event per
-                    # transaction finds the culprit without blaming its neighbours.
-                    for event in events:
-                        state, _ = self._publish(store, state, _Batch([event]), look_ahead=False)
-                    return state, None
-                event = _event_of(exc.record, events)
-                if event.message_id in dead:  # the dead letter itself was rejected
-                    self._halt(store, state, event, f"dead-letter record rejected: {exc.reason}")
-                self._poison(store, state, event, str(exc), dead)
-                records, look_ahead = None, False  # `events` and `end` now include any extension
-                ahead.clear()
-                extended.clear()
-        state = self._advance(store, state, end)
-        self._count([*records, *extended], sum(1 for e in events if e.message_id in dead), end)
+            reader = None
+            if look_ahead:
+                prepare = functools.partial(self._prepare, store)
+                reader = _ReadAhead(prepare, (self._batch_size, self._batch_max_bytes), state, end)
+            outcome = self._send(state, _Sent(events, records, end), reader)
+            if isinstance(outcome, _Sent):
+                return self._record(store, state, outcome, dead)
+            if outcome.error.ambiguous and len(outcome.events) > 1:
+                # The broker failed several records together: one event per transaction
+                # finds the culprit without blaming its neighbours.
+                return self._one_by_one(store, state, outcome.events), None
+            self._blame(store, state, outcome, dead)
+            # Encoded again with the decision; what joined the batch stays in it.
+            events, end, records, look_ahead = outcome.events, outcome.end, None, False
+
+    def _send(self, state: PartState, batch: _Sent, reader: _ReadAhead | None) -> _Sent | _Refused:
+        """One attempt at publishing ``batch``; what joined it meanwhile, if anything, is
+        part of the outcome."""
+        assert self._publisher is not None
+        try:
+            self._publisher.publish(batch.records, batch.end, str(state.generation), reader)
+        except PoisonRecordError as exc:
+            grown = reader.grown(batch) if reader is not None else batch
+            return _Refused(grown.events, grown.end, exc)
+        return reader.grown(batch) if reader is not None else batch
+
+    def _record(
+        self,
+        store: PartStore,
+        state: PartState,
+        sent: _Sent,
+        dead: dict[UUID, DeadLetterDecision],
+    ) -> tuple[PartState, _Batch | None]:
+        """Checkpoint and count a committed batch; returns the state and the next batch."""
+        state = self._advance(store, state, sent.end)
+        self._count(sent.records, sum(1 for e in sent.events if e.message_id in dead), sent.end)
         # A reset meanwhile moves the checkpoint elsewhere: what was read ahead is void.
-        return state, ahead[0] if ahead and state.checkpoint == end else None
+        return state, sent.ahead if state.checkpoint == sent.end else None
+
+    def _one_by_one(
+        self, store: PartStore, state: PartState, events: list[OutboxEvent]
+    ) -> PartState:
+        for event in events:
+            state, _ = self._publish(store, state, _Batch([event]), look_ahead=False)
+        return state
+
+    def _blame(
+        self,
+        store: PartStore,
+        state: PartState,
+        refused: _Refused,
+        dead: dict[UUID, DeadLetterDecision],
+    ) -> None:
+        """Apply the poison policy to the event whose record the broker refused."""
+        event = _event_of(refused.error.record, refused.events)
+        if event.message_id in dead:  # the dead letter itself was rejected
+            self._halt(store, state, event, f"dead-letter record rejected: {refused.error.reason}")
+        self._poison(store, state, event, str(refused.error), dead)
 
     def _advance(self, store: PartStore, state: PartState, end: Position) -> PartState:
         """Record a committed batch, even if the version moved (a pause, say) meanwhile."""

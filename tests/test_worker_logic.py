@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from relay.encoding import RecordEncoder
 from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position
@@ -159,11 +160,25 @@ def test_a_batch_wide_rejection_blames_only_the_culprit() -> None:
     assert list(store.dead["s"]) == [culprit.message_id]
 
 
+class CountingStore(InMemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fetches = 0
+
+    def fetch(self, after: Position, limit: int, **part: Any) -> list[OutboxEvent]:
+        self.fetches += 1
+        return super().fetch(after, limit, **part)
+
+
 def test_a_backlog_is_published_in_full_batches_and_a_short_tail_joins_the_last() -> None:
-    store = claimed()
+    store = claimed(store=CountingStore())
     written = [store.append(event(n)) for n in range(1, 6)]
     kafka = InMemoryPublisher()
+    fetched_before_send: list[int] = []
+    kafka.on_send = lambda: fetched_before_send.append(store.fetches)
     run_until_published(worker(store, kafka, batch_size=2), store)
+    # The second batch is the one read while the first travelled, not fetched again.
+    assert fetched_before_send == [1, 2]
     # The second batch was read while the first travelled; the fifth event, read ahead
     # as a short batch (caught up), joined the second transaction instead of waiting.
     assert [len(tx) for tx in kafka.transactions] == [2, 3]
