@@ -71,6 +71,11 @@ class OutboxStore:
     def close(self) -> None:
         self.conn.close()
 
+    @property
+    def closed(self) -> bool:
+        """Whether the connection is closed (by :meth:`close`, or broken)."""
+        return self.conn.closed
+
     # -- the relay's hot path --------------------------------------------------------
 
     def fetch(
