@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 from uuid import UUID
 
 from relay.encoding import RecordEncoder
@@ -95,6 +96,14 @@ class _Batch:
     records: list[KafkaRecord] | None = None
 
 
+class _Published(NamedTuple):
+    """A published batch's outcome: the part's new state, and the next batch if it was
+    read while this one travelled."""
+
+    state: PartState
+    ahead: _Batch | None
+
+
 @dataclass(frozen=True)
 class _Sent:
     """A batch as handed to the publisher, or as committed: then grown by what joined it
@@ -153,10 +162,6 @@ class _ReadAhead:
             [*batch.records, *following.records],
             following.events[-1].key,
         )
-
-
-class _Halted(Exception):
-    """Internal: the batch hit a poison event under the 'halt' policy."""
 
 
 class PartWorker(threading.Thread):
@@ -279,10 +284,11 @@ class PartWorker(threading.Thread):
                 if not self.wakeup.wait(next(repolls, self._poll_interval)):
                     state = self._load(store)  # idle tick: notice pause/reset made elsewhere
                 continue
-            try:
-                state, ahead = self._publish(store, state, batch)
-            except _Halted:
+            published = self._publish(store, state, batch)
+            if published is None:  # halted on a poison event
                 state = self._load(store)
+            else:
+                state, ahead = published
 
     def _fetch(self, store: PartStore, state: PartState) -> _Batch:
         events = store.fetch(
@@ -376,8 +382,9 @@ class PartWorker(threading.Thread):
 
     def _publish(
         self, store: PartStore, state: PartState, batch: _Batch, *, look_ahead: bool = True
-    ) -> tuple[PartState, _Batch | None]:
-        """Publish ``batch``; returns the new state and, prepared meanwhile, the next batch."""
+    ) -> _Published | None:
+        """Publish ``batch``; returns the new state and, prepared meanwhile, the next batch
+        (None: the part halted on a poison event, under the 'halt' policy)."""
         if not self.session.valid():
             raise ClaimLost("this relay's session may have expired; not publishing")
         events, end = list(batch.events), batch.events[-1].key
@@ -388,6 +395,8 @@ class PartWorker(threading.Thread):
         while True:
             if records is None:
                 records = self._encode(store, state, events, dead)
+                if records is None:
+                    return None
             reader = None
             if look_ahead:
                 prepare = functools.partial(self._prepare, store)
@@ -398,8 +407,9 @@ class PartWorker(threading.Thread):
             if outcome.error.ambiguous and len(outcome.events) > 1:
                 # The broker failed several records together: one event per transaction
                 # finds the culprit without blaming its neighbours.
-                return self._one_by_one(store, state, outcome.events), None
-            self._blame(store, state, outcome, dead)
+                return self._one_by_one(store, state, outcome.events)
+            if not self._blame(store, state, outcome, dead):
+                return None
             # Encoded again with the decision; what joined the batch stays in it.
             events, end, records, look_ahead = outcome.events, outcome.end, None, False
 
@@ -420,19 +430,22 @@ class PartWorker(threading.Thread):
         state: PartState,
         sent: _Sent,
         dead: dict[UUID, DeadLetterDecision],
-    ) -> tuple[PartState, _Batch | None]:
+    ) -> _Published:
         """Checkpoint and count a committed batch; returns the state and the next batch."""
         state = self._advance(store, state, sent.end)
         self._count(sent.records, sum(1 for e in sent.events if e.message_id in dead), sent.end)
         # A reset meanwhile moves the checkpoint elsewhere: what was read ahead is void.
-        return state, sent.ahead if state.checkpoint == sent.end else None
+        return _Published(state, sent.ahead if state.checkpoint == sent.end else None)
 
     def _one_by_one(
         self, store: PartStore, state: PartState, events: list[OutboxEvent]
-    ) -> PartState:
+    ) -> _Published | None:
         for event in events:
-            state, _ = self._publish(store, state, _Batch([event]), look_ahead=False)
-        return state
+            published = self._publish(store, state, _Batch([event]), look_ahead=False)
+            if published is None:
+                return None
+            state = published.state
+        return _Published(state, None)
 
     def _blame(
         self,
@@ -440,12 +453,14 @@ class PartWorker(threading.Thread):
         state: PartState,
         refused: _Refused,
         dead: dict[UUID, DeadLetterDecision],
-    ) -> None:
-        """Apply the poison policy to the event whose record the broker refused."""
+    ) -> bool:
+        """Apply the poison policy to the event whose record the broker refused; False
+        when the part halted."""
         event = _event_of(refused.error.record, refused.events)
         if event.message_id in dead:  # the dead letter itself was rejected
             self._halt(store, state, event, f"dead-letter record rejected: {refused.error.reason}")
-        self._poison(store, state, event, str(refused.error), dead)
+            return False
+        return self._poison(store, state, event, str(refused.error), dead)
 
     def _advance(self, store: PartStore, state: PartState, end: Position) -> PartState:
         """Record a committed batch, even if the version moved (a pause, say) meanwhile."""
@@ -469,7 +484,8 @@ class PartWorker(threading.Thread):
         state: PartState,
         events: list[OutboxEvent],
         dead: dict[UUID, DeadLetterDecision],
-    ) -> list[KafkaRecord]:
+    ) -> list[KafkaRecord] | None:
+        """The batch's records, poison events dead-lettered; None when the part halted."""
         subscriber = state.subscriber
         records = []
         for event in events:
@@ -480,7 +496,8 @@ class PartWorker(threading.Thread):
                     records.append(self._encoder.encode(event, subscriber))
                     continue
                 except EncodingError as exc:
-                    self._poison(store, state, event, str(exc), dead)
+                    if not self._poison(store, state, event, str(exc), dead):
+                        return None
                 except Exception as exc:  # a row the encoder did not foresee: still its poison
                     logger.warning(
                         "part %s: encoding event %s raised %s",
@@ -490,7 +507,8 @@ class PartWorker(threading.Thread):
                         exc_info=exc,
                         extra={"part": str(self.part), "message_id": str(event.message_id)},
                     )
-                    self._poison(store, state, event, f"{type(exc).__name__}: {exc}", dead)
+                    if not self._poison(store, state, event, f"{type(exc).__name__}: {exc}", dead):
+                        return None
             records.append(dead_letter_record(event, subscriber, dead[event.message_id]))
         return records
 
@@ -501,12 +519,14 @@ class PartWorker(threading.Thread):
         event: OutboxEvent,
         error: str,
         dead: dict[UUID, DeadLetterDecision],
-    ) -> None:
-        """Apply the subscriber's policy; returns only when the event is dead-lettered."""
+    ) -> bool:
+        """Apply the subscriber's policy: True when the event is dead-lettered, False when
+        the part halted."""
         with self.stats.lock:
             self.stats.poisoned += 1
         if state.subscriber.on_poison is PoisonPolicy.HALT:
             self._halt(store, state, event, error)
+            return False
         decision = DeadLetterDecision(state.subscriber.dead_letter_topic_name, error)
         store.record_dead_letter(state, event, decision)
         logger.warning(
@@ -520,6 +540,7 @@ class PartWorker(threading.Thread):
             extra={"part": str(self.part), "message_id": str(event.message_id), "error": error},
         )
         dead[event.message_id] = decision
+        return True
 
     def _halt(self, store: PartStore, state: PartState, event: OutboxEvent, error: str) -> None:
         message = f"poison event {event.message_id} at {event.key}: {error}"
@@ -532,7 +553,6 @@ class PartWorker(threading.Thread):
             message,
             extra={"part": str(self.part), "message_id": str(event.message_id), "error": error},
         )
-        raise _Halted
 
     # -- helpers -----------------------------------------------------------------------
 

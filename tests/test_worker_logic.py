@@ -16,7 +16,7 @@ from relay.ports import PoisonRecordError
 from relay.sessions import Session
 from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.testing import InMemoryPublisher, InMemoryStore, message_id
-from relay.worker import PartWorker
+from relay.worker import PartWorker, WorkerState
 from tests.test_exactly_once import wait_until
 
 OWNER = uuid.uuid4()
@@ -239,3 +239,55 @@ def test_a_batch_cut_at_batch_max_bytes_is_full_and_does_not_join_the_one_in_fli
     # backlog, not a caught-up tail; only the fifth event, alone, joins.
     assert [len(tx) for tx in kafka.transactions] == [2, 3]
     assert published_ids(kafka) == ids(written)
+
+
+def test_a_poison_event_under_the_halt_policy_halts_the_part_before_its_batch() -> None:
+    subscriber = Subscriber(
+        "s", topic="{aggregate_type}", value_format=ValueFormat.JSON, on_poison=PoisonPolicy.HALT
+    )
+    store = claimed(subscriber)
+    store.append(event(1, "t"))
+    poison = store.append(event(2, "no topic!"))  # routes to an illegal name
+    store.append(event(3, "t"))
+    kafka = InMemoryPublisher()
+    w = run_until_halted(worker(store, kafka), store)
+    halted = store.get_part("s", 0).halted_error
+    assert halted is not None and str(poison.message_id) in halted
+    # Nothing of the batch is published, so nothing after the poison event either.
+    assert kafka.transactions == []
+    assert store.get_part("s", 0).checkpoint == Position(0, 0)
+    assert w.stats.poisoned == 1 and w.stats.state is WorkerState.HALTED
+
+
+def test_a_dead_letter_the_broker_refuses_halts_the_part() -> None:
+    subscriber = Subscriber(
+        "s", topic="t", value_format=ValueFormat.JSON, on_poison=PoisonPolicy.DEAD_LETTER
+    )
+    store = claimed(subscriber)
+    good, culprit = store.append(event(1)), store.append(event(2))
+    kafka = InMemoryPublisher()
+
+    def refuse(records: Sequence[KafkaRecord]) -> None:  # the record and its dead letter
+        for record in records:
+            if message_id(record) == str(culprit.message_id):
+                raise PoisonRecordError(record, "too large")
+
+    kafka.refuse = refuse
+    run_until_halted(worker(store, kafka), store)
+    halted = store.get_part("s", 0).halted_error
+    assert halted is not None and "dead-letter record rejected" in halted
+    assert kafka.transactions == []
+    assert list(store.dead["s"]) == [culprit.message_id]
+    assert store.get_part("s", 0).checkpoint == Position(0, 0) != good.key
+
+
+def run_until_halted(w: PartWorker, store: InMemoryStore) -> PartWorker:
+    w.start()
+    try:
+        wait_until(lambda: store.get_part("s", 0).halted_error is not None, what="a halt")
+        wait_until(lambda: w.stats.state is WorkerState.HALTED, what="the worker to notice")
+    finally:
+        w.stop()
+        w.join(10)
+    assert not w.is_alive()  # halted: idle until resumed, so it stops when told
+    return w
