@@ -24,7 +24,6 @@ from relay.encoding import RecordEncoder
 from relay.errors import ConfigError, NotMigratedError, RelayError, RetryableError
 from relay.kafka import (
     IdempotentPublisher,
-    Publisher,
     TopicCreator,
     TransactionalPublisher,
     producer_config,
@@ -32,11 +31,12 @@ from relay.kafka import (
 from relay.key_space import KeySpaceAction, report
 from relay.metrics import HealthServer
 from relay.model import PartId
+from relay.ports import PartState, Publisher
 from relay.probe import CommitProbe
 from relay.schemas import SchemaRegistry
 from relay.sessions import SessionKeeper, assign
 from relay.settings import Settings
-from relay.store import OutboxStore, PartState
+from relay.store import OutboxStore
 from relay.subscribers import DEFAULT_SUBSCRIBER, StartFrom, Subscriber, TopicGuard, ValueFormat
 from relay.worker import PartWorker, WorkerState
 
@@ -319,7 +319,7 @@ class Relay:
         while not self._stopping.wait(self.settings.heartbeat_interval):
             try:
                 self._mind_broker()
-                store = store if store is not None and not store.conn.closed else self._open_store()
+                store = store if store is not None and not store.closed else self._open_store()
                 self._rebalance(store)
                 if time.monotonic() - last_horizon_check > _HORIZON_CHECK_EVERY_S:
                     last_horizon_check = time.monotonic()
@@ -331,10 +331,10 @@ class Relay:
             except RelayError as exc:  # the workers report their own errors; keep going
                 logger.warning("rebalance failed: %s", exc)
                 if store is not None:
-                    store.conn.close()
+                    store.close()
                 store = None
         if store is not None:
-            store.conn.close()
+            store.close()
 
     def _prune(self, store: OutboxStore) -> None:
         """Retention, by one relay only: the one with the oldest live session id."""
@@ -389,7 +389,7 @@ class Relay:
             try:
                 self._rebalance(store)
             finally:
-                store.conn.close()
+                store.close()
         except RetryableError as exc:
             logger.warning("first rebalance failed, the supervisor retries: %s", exc)
 

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import Any, NoReturn, TypeVar
 from uuid import UUID
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -29,10 +29,10 @@ from relay.errors import (
     BrokerError,
     BrokerUnavailable,
     ConfigError,
-    EncodingError,
     ProducerFenced,
 )
 from relay.model import KafkaCheckpoint, KafkaRecord, Position
+from relay.ports import Extension, PoisonRecordError
 
 logger = logging.getLogger(__name__)
 # librdkafka's own lines: deduplicated, at most one of a kind a minute.
@@ -84,51 +84,8 @@ _abandoned: list[Producer] = []
 _CHECKPOINT_PARTITIONS = 2
 
 
-# What ``meanwhile`` may hand back: more records for the batch in flight, and its new end.
-Extension = tuple[Sequence[KafkaRecord], Position]
-
-
-class Publisher(Protocol):
-    """Publishes batches for one subscriber part."""
-
-    def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
-        """Take over the part: fence earlier producers, return the Kafka-side checkpoint.
-        Checkpoints written from now on are tagged with ``key_space``."""
-
-    def publish(
-        self,
-        records: Sequence[KafkaRecord],
-        end: Position,
-        generation: str,
-        meanwhile: Callable[[], Extension | None] | None = None,
-    ) -> None:
-        """Publish ``records`` (the batch ending at ``end``); return once all are durable.
-
-        ``meanwhile`` runs once the records are handed to the client, while they travel:
-        the caller prepares its next batch there. If it returns an extension, those
-        records join this batch, which then ends where the extension does.
-
-        Raises :class:`BrokerUnavailable` (retry), :class:`PoisonRecordError` (one record's
-        fault) or :class:`ProducerFenced` (another relay owns the part now).
-        """
-
-    def close(self) -> None: ...
-
-
 class _TransactionAborted(BrokerUnavailable):
     """The transaction had to be aborted (a record failed, or the broker said so)."""
-
-
-class PoisonRecordError(EncodingError):
-    """The broker (or the client, before sending) rejected one record for what it is."""
-
-    def __init__(self, record: KafkaRecord, reason: str, *, ambiguous: bool = False) -> None:
-        self.record = record
-        self.reason = reason
-        # True when several records failed together (the broker rejects whole produce
-        # batches): ``record`` is only the first of them, maybe not the culprit.
-        self.ambiguous = ambiguous
-        super().__init__(f"broker rejected a record for topic {record.topic!r}: {reason}")
 
 
 def producer_config(

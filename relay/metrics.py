@@ -101,7 +101,7 @@ class RelayCollector(Collector):
         except RelayError as exc:
             logger.warning("metrics: cannot read Postgres: %s", exc)
             if self._store is not None:
-                self._store.conn.close()
+                self._store.close()
             self._store = None
             return []
         self.last_database_ok = time.monotonic()
@@ -133,7 +133,7 @@ class RelayCollector(Collector):
         yield moves
 
     def _database(self) -> Iterator[Metric]:
-        if self._store is None or self._store.conn.closed:
+        if self._store is None or self._store.closed:
             self._store = self._open_store()
         store = self._store
         lag = GaugeMetricFamily(

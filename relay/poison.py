@@ -14,7 +14,7 @@ from typing import Any
 
 from relay.encoding import RESERVED_HEADER_PREFIX, headers_for
 from relay.model import KafkaRecord, OutboxEvent, Unreadable
-from relay.store import DeadLetterDecision
+from relay.ports import DeadLetterDecision
 from relay.subscribers import Subscriber
 
 HEADER_ERROR = RESERVED_HEADER_PREFIX + "error"

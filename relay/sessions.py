@@ -106,7 +106,7 @@ class SessionKeeper(threading.Thread):
             try:
                 store.close_session(self.session.id)
             finally:
-                store.conn.close()
+                store.close()
             logger.info("closed relay session %s", self.session.id)
         except RelayError as exc:
             logger.warning("could not close session %s: %s", self.session.id, exc)
@@ -157,6 +157,6 @@ class SessionKeeper(threading.Thread):
     def _disconnect(self) -> None:
         if self._store is not None:
             try:
-                self._store.conn.close()
+                self._store.close()
             finally:
                 self._store = None

@@ -16,6 +16,7 @@ from relay.db import load_json, wrap_errors
 from relay.errors import CheckpointConflict, ClaimLost, SubscriberError
 from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.model import OutboxEvent, Position, Unreadable
+from relay.ports import DeadLetterDecision, PartState
 from relay.queries import queries_for
 from relay.subscribers import (
     PoisonPolicy,
@@ -25,25 +26,6 @@ from relay.subscribers import (
     collision,
     optional_set,
 )
-
-
-@dataclass(frozen=True)
-class PartState:
-    """One part of a subscriber as stored: its checkpoint, CAS version and owner."""
-
-    subscriber: Subscriber
-    subscriber_id: UUID
-    part: int
-    checkpoint: Position
-    version: int
-    generation: UUID
-    owner: UUID | None
-    halted_error: str | None
-    updated_at: datetime
-
-    @property
-    def name(self) -> str:
-        return self.subscriber.name
 
 
 @dataclass(frozen=True)
@@ -78,14 +60,6 @@ class HorizonHolder:
     query_start: datetime | None
 
 
-@dataclass(frozen=True)
-class DeadLetterDecision:
-    """A poison event goes to ``topic`` because of ``error`` (recorded in Postgres)."""
-
-    topic: str
-    error: str
-
-
 class OutboxStore:
     """Queries over one outbox schema, on one connection (autocommit)."""
 
@@ -93,6 +67,14 @@ class OutboxStore:
         self.conn = conn
         self.schema = schema
         self._q = queries_for(schema)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether the connection is closed (by :meth:`close`, or broken)."""
+        return self.conn.closed
 
     # -- the relay's hot path --------------------------------------------------------
 

@@ -10,6 +10,7 @@ without its checkpoint update reaching Postgres.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import random
 import threading
@@ -17,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 from uuid import UUID
 
 from relay.encoding import RecordEncoder
@@ -28,12 +30,18 @@ from relay.errors import (
     RetryableError,
     SubscriberError,
 )
-from relay.kafka import Extension, PoisonRecordError, Publisher
 from relay.key_space import KeySpace, KeySpaceAction, adoptable, report
 from relay.model import KafkaRecord, OutboxEvent, PartId, Position
 from relay.poison import dead_letter_record
+from relay.ports import (
+    DeadLetterDecision,
+    Extension,
+    PartState,
+    PartStore,
+    PoisonRecordError,
+    Publisher,
+)
 from relay.sessions import Session
-from relay.store import DeadLetterDecision, OutboxStore, PartState
 from relay.subscribers import PoisonPolicy
 
 logger = logging.getLogger(__name__)
@@ -88,8 +96,72 @@ class _Batch:
     records: list[KafkaRecord] | None = None
 
 
-class _Halted(Exception):
-    """Internal: the batch hit a poison event under the 'halt' policy."""
+class _Published(NamedTuple):
+    """A published batch's outcome: the part's new state, and the next batch if it was
+    read while this one travelled."""
+
+    state: PartState
+    ahead: _Batch | None
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """A batch as handed to the publisher, or as committed: then grown by what joined it
+    while it travelled, with the batch read meanwhile that did not join."""
+
+    events: list[OutboxEvent]
+    records: list[KafkaRecord]
+    end: Position
+    ahead: _Batch | None = None
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """The broker refused a record of the batch (grown as it was when refused)."""
+
+    events: list[OutboxEvent]
+    end: Position
+    error: PoisonRecordError
+
+
+class _ReadAhead:
+    """The publisher's ``meanwhile``: reads and encodes the batch after the one in
+    flight while it travels. When the relay is caught up, that batch joins the open
+    transaction rather than waiting a whole cycle for the next one."""
+
+    def __init__(
+        self,
+        prepare: Callable[[PartState], _Batch],
+        limits: tuple[int, int],
+        state: PartState,
+        end: Position,
+    ) -> None:
+        self._prepare, self._limits, self._state, self._end = prepare, limits, state, end
+        self._following: _Batch | None = None
+        self._joined = False
+
+    def __call__(self) -> Extension | None:
+        following = self._prepare(dataclasses.replace(self._state, checkpoint=self._end))
+        self._following = following
+        if not _joins(following, *self._limits, self._state):
+            return None
+        assert following.records is not None
+        self._joined = True
+        return following.records, following.events[-1].key
+
+    def grown(self, batch: _Sent) -> _Sent:
+        """``batch`` with what joined it, or with what was read ahead for later."""
+        following = self._following
+        if following is None:
+            return batch
+        if not self._joined:
+            return dataclasses.replace(batch, ahead=following)
+        assert following.records is not None
+        return _Sent(
+            [*batch.events, *following.events],
+            [*batch.records, *following.records],
+            following.events[-1].key,
+        )
 
 
 class PartWorker(threading.Thread):
@@ -98,7 +170,7 @@ class PartWorker(threading.Thread):
         part: PartId,
         *,
         session: Session,
-        open_store: Callable[[], OutboxStore],
+        open_store: Callable[[], PartStore],
         open_publisher: Callable[[PartState], Publisher],
         encoder: RecordEncoder,
         batch_size: int,
@@ -117,7 +189,7 @@ class PartWorker(threading.Thread):
         self._batch_size = batch_size
         self._batch_max_bytes = batch_max_bytes
         self._poll_interval = poll_interval
-        self._store: OutboxStore | None = None
+        self._store: PartStore | None = None
         self._publisher: Publisher | None = None
 
     def stop(self) -> None:
@@ -212,12 +284,13 @@ class PartWorker(threading.Thread):
                 if not self.wakeup.wait(next(repolls, self._poll_interval)):
                     state = self._load(store)  # idle tick: notice pause/reset made elsewhere
                 continue
-            try:
-                state, ahead = self._publish(store, state, batch)
-            except _Halted:
+            published = self._publish(store, state, batch)
+            if published is None:  # halted on a poison event
                 state = self._load(store)
+            else:
+                state, ahead = published
 
-    def _fetch(self, store: OutboxStore, state: PartState) -> _Batch:
+    def _fetch(self, store: PartStore, state: PartState) -> _Batch:
         events = store.fetch(
             state.checkpoint,
             self._batch_size,
@@ -227,7 +300,7 @@ class PartWorker(threading.Thread):
         )
         return _Batch(events)
 
-    def _prepare(self, store: OutboxStore, state: PartState) -> _Batch:
+    def _prepare(self, store: PartStore, state: PartState) -> _Batch:
         """Fetch and encode the batch after ``state``'s checkpoint, leaving any poison
         event (it needs the store, which the batch in flight is using) to the slow path."""
         batch = self._fetch(store, state)
@@ -242,7 +315,7 @@ class PartWorker(threading.Thread):
             batch.records = None
         return batch
 
-    def _check_key_space(self, store: OutboxStore) -> KeySpace | None:
+    def _check_key_space(self, store: PartStore) -> KeySpace | None:
         """Before anything is published on this connection: are the stored keys this
         cluster's? (A restore elsewhere may have moved the database under us.)"""
         check = store.check_key_space()
@@ -257,7 +330,7 @@ class PartWorker(threading.Thread):
                     self.stats.key_space_continued += 1
         return store.key_space()
 
-    def _recover(self, store: OutboxStore, state: PartState, space: KeySpace | None) -> PartState:
+    def _recover(self, store: PartStore, state: PartState, space: KeySpace | None) -> PartState:
         """Fence earlier producers of this part and adopt a newer Kafka-side checkpoint,
         if it provably belongs to this database's history."""
         if self._publisher is None:
@@ -308,63 +381,88 @@ class PartWorker(threading.Thread):
         return self._advance(store, state, adopted)
 
     def _publish(
-        self, store: OutboxStore, state: PartState, batch: _Batch, *, look_ahead: bool = True
-    ) -> tuple[PartState, _Batch | None]:
-        """Publish ``batch``; returns the new state and, prepared meanwhile, the next batch."""
+        self, store: PartStore, state: PartState, batch: _Batch, *, look_ahead: bool = True
+    ) -> _Published | None:
+        """Publish ``batch``; returns the new state and, prepared meanwhile, the next batch
+        (None: the part halted on a poison event, under the 'halt' policy)."""
         if not self.session.valid():
             raise ClaimLost("this relay's session may have expired; not publishing")
-        assert self._publisher is not None
-        events = list(batch.events)
-        end = events[-1].key
+        events, end = list(batch.events), batch.events[-1].key
         dead: dict[UUID, DeadLetterDecision] = {}
         if state.subscriber.on_poison is PoisonPolicy.DEAD_LETTER:
             dead = store.dead_letters(state.name, state.checkpoint, end)
         records = batch.records if batch.records is not None and not dead else None
-        ahead: list[_Batch] = []
-        extended: list[KafkaRecord] = []
-
-        def read_ahead() -> Extension | None:
-            nonlocal end
-            following = self._prepare(store, dataclasses.replace(state, checkpoint=end))
-            if not _joins(following, self._batch_size, self._batch_max_bytes, state):
-                ahead.append(following)
-                return None
-            # Caught up: what committed meanwhile joins the open transaction rather than
-            # waiting a whole cycle for the next one.
-            assert following.records is not None
-            events.extend(following.events)
-            extended.extend(following.records)
-            end = following.events[-1].key
-            return following.records, end
-
         while True:
             if records is None:
                 records = self._encode(store, state, events, dead)
-            try:
-                self._publisher.publish(
-                    records, end, str(state.generation), read_ahead if look_ahead else None
-                )
-                break
-            except PoisonRecordError as exc:
-                if exc.ambiguous and len(events) > 1:
-                    # The broker failed several records together: one event per
-                    # transaction finds the culprit without blaming its neighbours.
-                    for event in events:
-                        state, _ = self._publish(store, state, _Batch([event]), look_ahead=False)
-                    return state, None
-                event = _event_of(exc.record, events)
-                if event.message_id in dead:  # the dead letter itself was rejected
-                    self._halt(store, state, event, f"dead-letter record rejected: {exc.reason}")
-                self._poison(store, state, event, str(exc), dead)
-                records, look_ahead = None, False  # `events` and `end` now include any extension
-                ahead.clear()
-                extended.clear()
-        state = self._advance(store, state, end)
-        self._count([*records, *extended], sum(1 for e in events if e.message_id in dead), end)
-        # A reset meanwhile moves the checkpoint elsewhere: what was read ahead is void.
-        return state, ahead[0] if ahead and state.checkpoint == end else None
+                if records is None:
+                    return None
+            reader = None
+            if look_ahead:
+                prepare = functools.partial(self._prepare, store)
+                reader = _ReadAhead(prepare, (self._batch_size, self._batch_max_bytes), state, end)
+            outcome = self._send(state, _Sent(events, records, end), reader)
+            if isinstance(outcome, _Sent):
+                return self._record(store, state, outcome, dead)
+            if outcome.error.ambiguous and len(outcome.events) > 1:
+                # The broker failed several records together: one event per transaction
+                # finds the culprit without blaming its neighbours.
+                return self._one_by_one(store, state, outcome.events)
+            if not self._blame(store, state, outcome, dead):
+                return None
+            # Encoded again with the decision; what joined the batch stays in it.
+            events, end, records, look_ahead = outcome.events, outcome.end, None, False
 
-    def _advance(self, store: OutboxStore, state: PartState, end: Position) -> PartState:
+    def _send(self, state: PartState, batch: _Sent, reader: _ReadAhead | None) -> _Sent | _Refused:
+        """One attempt at publishing ``batch``; what joined it meanwhile, if anything, is
+        part of the outcome."""
+        assert self._publisher is not None
+        try:
+            self._publisher.publish(batch.records, batch.end, str(state.generation), reader)
+        except PoisonRecordError as exc:
+            grown = reader.grown(batch) if reader is not None else batch
+            return _Refused(grown.events, grown.end, exc)
+        return reader.grown(batch) if reader is not None else batch
+
+    def _record(
+        self,
+        store: PartStore,
+        state: PartState,
+        sent: _Sent,
+        dead: dict[UUID, DeadLetterDecision],
+    ) -> _Published:
+        """Checkpoint and count a committed batch; returns the state and the next batch."""
+        state = self._advance(store, state, sent.end)
+        self._count(sent.records, sum(1 for e in sent.events if e.message_id in dead), sent.end)
+        # A reset meanwhile moves the checkpoint elsewhere: what was read ahead is void.
+        return _Published(state, sent.ahead if state.checkpoint == sent.end else None)
+
+    def _one_by_one(
+        self, store: PartStore, state: PartState, events: list[OutboxEvent]
+    ) -> _Published | None:
+        for event in events:
+            published = self._publish(store, state, _Batch([event]), look_ahead=False)
+            if published is None:
+                return None
+            state = published.state
+        return _Published(state, None)
+
+    def _blame(
+        self,
+        store: PartStore,
+        state: PartState,
+        refused: _Refused,
+        dead: dict[UUID, DeadLetterDecision],
+    ) -> bool:
+        """Apply the poison policy to the event whose record the broker refused; False
+        when the part halted."""
+        event = _event_of(refused.error.record, refused.events)
+        if event.message_id in dead:  # the dead letter itself was rejected
+            self._halt(store, state, event, f"dead-letter record rejected: {refused.error.reason}")
+            return False
+        return self._poison(store, state, event, str(refused.error), dead)
+
+    def _advance(self, store: PartStore, state: PartState, end: Position) -> PartState:
         """Record a committed batch, even if the version moved (a pause, say) meanwhile."""
         for _ in range(_ADVANCE_ATTEMPTS):
             try:
@@ -382,11 +480,12 @@ class PartWorker(threading.Thread):
 
     def _encode(
         self,
-        store: OutboxStore,
+        store: PartStore,
         state: PartState,
         events: list[OutboxEvent],
         dead: dict[UUID, DeadLetterDecision],
-    ) -> list[KafkaRecord]:
+    ) -> list[KafkaRecord] | None:
+        """The batch's records, poison events dead-lettered; None when the part halted."""
         subscriber = state.subscriber
         records = []
         for event in events:
@@ -397,7 +496,8 @@ class PartWorker(threading.Thread):
                     records.append(self._encoder.encode(event, subscriber))
                     continue
                 except EncodingError as exc:
-                    self._poison(store, state, event, str(exc), dead)
+                    if not self._poison(store, state, event, str(exc), dead):
+                        return None
                 except Exception as exc:  # a row the encoder did not foresee: still its poison
                     logger.warning(
                         "part %s: encoding event %s raised %s",
@@ -407,23 +507,26 @@ class PartWorker(threading.Thread):
                         exc_info=exc,
                         extra={"part": str(self.part), "message_id": str(event.message_id)},
                     )
-                    self._poison(store, state, event, f"{type(exc).__name__}: {exc}", dead)
+                    if not self._poison(store, state, event, f"{type(exc).__name__}: {exc}", dead):
+                        return None
             records.append(dead_letter_record(event, subscriber, dead[event.message_id]))
         return records
 
     def _poison(
         self,
-        store: OutboxStore,
+        store: PartStore,
         state: PartState,
         event: OutboxEvent,
         error: str,
         dead: dict[UUID, DeadLetterDecision],
-    ) -> None:
-        """Apply the subscriber's policy; returns only when the event is dead-lettered."""
+    ) -> bool:
+        """Apply the subscriber's policy: True when the event is dead-lettered, False when
+        the part halted."""
         with self.stats.lock:
             self.stats.poisoned += 1
         if state.subscriber.on_poison is PoisonPolicy.HALT:
             self._halt(store, state, event, error)
+            return False
         decision = DeadLetterDecision(state.subscriber.dead_letter_topic_name, error)
         store.record_dead_letter(state, event, decision)
         logger.warning(
@@ -437,8 +540,9 @@ class PartWorker(threading.Thread):
             extra={"part": str(self.part), "message_id": str(event.message_id), "error": error},
         )
         dead[event.message_id] = decision
+        return True
 
-    def _halt(self, store: OutboxStore, state: PartState, event: OutboxEvent, error: str) -> None:
+    def _halt(self, store: PartStore, state: PartState, event: OutboxEvent, error: str) -> None:
         message = f"poison event {event.message_id} at {event.key}: {error}"
         store.halt(state, self.session.id, message)
         self._record_error(WorkerState.HALTED, RelayError(message))
@@ -449,11 +553,10 @@ class PartWorker(threading.Thread):
             message,
             extra={"part": str(self.part), "message_id": str(event.message_id), "error": error},
         )
-        raise _Halted
 
     # -- helpers -----------------------------------------------------------------------
 
-    def _load(self, store: OutboxStore) -> PartState:
+    def _load(self, store: PartStore) -> PartState:
         state = store.get_part(*self.part)
         if state.owner != self.session.id:
             raise ClaimLost(f"part {self.part} is not claimed by this relay")
@@ -472,7 +575,7 @@ class PartWorker(threading.Thread):
             if published:
                 self.stats.last_published_at = time.time()
 
-    def _connect(self) -> OutboxStore:
+    def _connect(self) -> PartStore:
         if self._store is None:
             self._store = self._open_store()
         return self._store
@@ -482,7 +585,7 @@ class PartWorker(threading.Thread):
         publisher, self._publisher = self._publisher, None
         try:
             if store is not None:
-                store.conn.close()
+                store.close()
         finally:
             if publisher is not None:
                 publisher.close()

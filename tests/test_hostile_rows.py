@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 import psycopg
@@ -19,11 +18,12 @@ from relay import Outbox
 from relay.daemon import Relay
 from relay.model import BEGINNING, OutboxEvent, Position
 from relay.store import OutboxStore
-from relay.subscribers import Subscriber, TopicGuard, ValueFormat, legal_topic
+from relay.subscribers import Subscriber, TopicGuard, legal_topic
+from relay.testing import InMemoryPublisher, InMemoryStore
 from relay.worker import WorkerState
 from tests.support import consume, sub, wait_caught_up, write_orders
 from tests.test_exactly_once import wait_until
-from tests.test_worker_logic import FakeKafka, FakeStore
+from tests.test_worker_logic import claimed
 from tests.test_worker_logic import event as logic_event
 from tests.test_worker_logic import worker as logic_worker
 
@@ -87,13 +87,11 @@ def test_rows_python_cannot_load_or_write_are_poison_not_a_silent_crash_loop(
         assert relay.worker(name).is_alive() or stats.state is WorkerState.HALTED
 
 
-class _FailingStore(FakeStore):
+class _FailingStore(InMemoryStore):
     """A store whose fetch fails the way no one foresaw, once."""
 
-    conn = SimpleNamespace(close=lambda: None)
-
-    def __init__(self, subscriber: Subscriber) -> None:
-        super().__init__(subscriber)
+    def __init__(self) -> None:
+        super().__init__()
         self.failures = 1
 
     def fetch(self, after: Position, limit: int, **part: Any) -> list[OutboxEvent]:
@@ -106,9 +104,9 @@ class _FailingStore(FakeStore):
 def test_an_unexpected_exception_is_counted_logged_and_the_worker_lives_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    store = _FailingStore(Subscriber("s", topic="t", value_format=ValueFormat.JSON))
-    store.outbox = [logic_event(1)]
-    kafka = FakeKafka()
+    store = claimed(store=_FailingStore())
+    store.append(logic_event(1))
+    kafka = InMemoryPublisher()
     w = logic_worker(store, kafka)
     w.start()
     try:
@@ -377,16 +375,3 @@ def test_large_rows_go_out_in_batches_under_batch_max_bytes_and_others_follow(
     seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 7)
     assert sorted(r.key for r in seen) == sorted([f"big-{n}" for n in range(6)] + ["after"])
     assert relay.worker("s").stats.batches >= 2  # 1 without the byte cap
-
-
-def test_a_batch_cut_at_batch_max_bytes_is_full_and_does_not_join_the_one_in_flight() -> None:
-    store, kafka = FakeStore(Subscriber("s", topic="t", value_format=ValueFormat.JSON)), FakeKafka()
-    w = logic_worker(store, kafka, batch_size=100, batch_max_bytes=1000)
-    w._publisher = kafka
-    store.outbox = [logic_event(n)._replace(stored_bytes=600) for n in range(1, 6)]
-    batch = w._fetch(store, store.state)  # type: ignore[arg-type]
-    assert len(batch.events) == 2  # 600, then 1,200: the cap is reached
-    _, ahead = w._publish(store, store.state, batch)  # type: ignore[arg-type]
-    # Read ahead meanwhile: a batch cut by bytes is a backlog, not a caught-up tail.
-    assert [len(tx) for tx in kafka.transactions] == [2]
-    assert ahead is not None and len(ahead.events) == 2

@@ -16,8 +16,9 @@ from confluent_kafka import KafkaError, KafkaException
 
 import relay.kafka
 from relay.errors import ProducerFenced
-from relay.kafka import PoisonRecordError, TopicCreator, TransactionalPublisher
+from relay.kafka import TopicCreator, TransactionalPublisher
 from relay.model import KafkaRecord, Position
+from relay.ports import PoisonRecordError
 
 
 class FakeMessage:

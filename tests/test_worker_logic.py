@@ -1,194 +1,140 @@
-"""The part worker's decisions on their own, with in-memory stand-ins for Postgres and
-Kafka: races on the checkpoint, recovery, and blame for batch-wide broker rejections."""
+"""The part worker's decisions on their own, over the in-memory store and publisher of
+``relay.testing``: races on the checkpoint, recovery, read-ahead, and blame for
+batch-wide broker rejections. Each test runs a real worker thread until the outbox
+is published, then looks at what reached Kafka and Postgres."""
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from relay.encoding import RecordEncoder
-from relay.errors import CheckpointConflict
-from relay.kafka import Extension, PoisonRecordError
-from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position
+from relay.ports import PoisonRecordError
 from relay.sessions import Session
-from relay.store import DeadLetterDecision, PartState
 from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
-from relay.worker import PartWorker, _Batch
+from relay.testing import InMemoryPublisher, InMemoryStore, message_id
+from relay.worker import PartWorker, WorkerState
+from tests.test_exactly_once import wait_until
 
 OWNER = uuid.uuid4()
+JSON = Subscriber("s", topic="t", value_format=ValueFormat.JSON)
 
 
-def event(position: int, key: str = "k") -> OutboxEvent:
+def event(n: int, aggregate_type: str = "order", stored_bytes: int = 0) -> OutboxEvent:
+    """An event as an application writes it (the store gives it its key)."""
     return OutboxEvent(
-        transaction_id=100 + position,
-        position=position,
+        transaction_id=0,
+        position=0,
         message_id=uuid.uuid4(),
-        aggregate_type="order",
-        aggregate_id=key,
+        aggregate_type=aggregate_type,
+        aggregate_id=f"k{n}",
         aggregate_version=None,
         event_type="OrderPlaced",
-        payload={"n": position},
+        payload={"n": n},
         headers={},
         occurred_at=datetime.now(UTC),
+        stored_bytes=stored_bytes,
     )
 
 
-class FakeStore:
-    """One part's checkpoint row, with a hook to bump its version before CAS writes."""
-
-    def __init__(self, subscriber: Subscriber) -> None:
-        self.state = PartState(
-            subscriber=subscriber,
-            subscriber_id=uuid.uuid4(),
-            part=0,
-            checkpoint=Position(0, 0),
-            version=0,
-            generation=uuid.uuid4(),
-            owner=OWNER,
-            halted_error=None,
-            updated_at=datetime.now(UTC),
-        )
-        self.bumps_before_advance = 0  # concurrent pause/resume commands
-        self.dead: dict[uuid.UUID, DeadLetterDecision] = {}
-        self.outbox: list[OutboxEvent] = []
-        self.key_space_id = uuid.uuid4()
-
-    def fetch(
-        self, after: Position, limit: int, *, max_bytes: int, part: int, parts: int
-    ) -> list[OutboxEvent]:
-        batch: list[OutboxEvent] = []
-        for e in (e for e in self.outbox if e.key > after):
-            if len(batch) == limit or sum(b.stored_bytes for b in batch) >= max_bytes:
-                break
-            batch.append(e)
-        return batch
-
-    def get_part(self, name: str, part: int) -> PartState:
-        return self.state
-
-    def advance(self, state: PartState, to: Position, owner: uuid.UUID) -> int:
-        if self.bumps_before_advance:
-            self.bumps_before_advance -= 1
-            self.state = dataclasses.replace(self.state, version=self.state.version + 1)
-        if state.version != self.state.version or owner != self.state.owner:
-            raise CheckpointConflict("moved")
-        self.state = dataclasses.replace(self.state, checkpoint=to, version=state.version + 1)
-        return self.state.version
-
-    def dead_letters(self, name: str, after: Position, upto: Position) -> dict[Any, Any]:
-        return dict(self.dead)
-
-    def record_dead_letter(self, state: PartState, ev: OutboxEvent, d: DeadLetterDecision) -> None:
-        self.dead[ev.message_id] = d
-
-    def check_key_space(self) -> KeySpaceCheck:
-        return KeySpaceCheck(KeySpaceAction.UNCHANGED, self.key_space_id, 0, None)
-
-    def key_space(self) -> KeySpace:
-        return KeySpace(self.key_space_id, None, None)
-
-    def key_of(self, message_id: uuid.UUID) -> Position | None:
-        return next((e.key for e in self.outbox if e.message_id == message_id), None)
-
-    def translate(self, key_space: uuid.UUID, key: Position) -> Position:
-        raise AssertionError("no rebase in these tests")
-
-
-class FakeKafka:
-    """Committed transactions, each a list of records; rejects some records together."""
-
-    def __init__(self, checkpoint: Position | None = None) -> None:
-        self.transactions: list[list[KafkaRecord]] = []
-        self.checkpoint = checkpoint
-        self.reject_with: dict[bytes, set[bytes]] = {}  # culprit id → ids failed with it
-
-    def recover(
-        self, generation: str, key_space: uuid.UUID | None = None
-    ) -> KafkaCheckpoint | None:
-        if self.checkpoint is None:
-            return None
-        # The last message published: proof that the checkpoint is this outbox's.
-        last = self.transactions[-1][-1].headers[0][1] if self.transactions else None
-        message = uuid.UUID(last.decode()) if isinstance(last, bytes) else None
-        return KafkaCheckpoint(self.checkpoint, key_space, message)
-
-    def publish(
-        self,
-        records: Sequence[KafkaRecord],
-        end: Position,
-        generation: str,
-        meanwhile: Callable[[], Extension | None] | None = None,
-    ) -> None:
-        # As the real one: while the records travel; an extension joins the batch.
-        if meanwhile is not None and (extension := meanwhile()) is not None:
-            records, end = [*records, *extension[0]], extension[1]
-        main = [r for r in records if r.topic == "t"]  # dead letters go elsewhere
-        ids = {r.headers[0][1] for r in main}
-        for culprit, companions in self.reject_with.items():
-            if culprit in ids:
-                failed = [r for r in main if r.headers[0][1] in companions | {culprit}]
-                raise PoisonRecordError(failed[0], "too large", ambiguous=len(failed) > 1)
-        self.transactions.append(list(records))
-        self.checkpoint = end
-
-    def close(self) -> None: ...
+def claimed(subscriber: Subscriber = JSON, store: InMemoryStore | None = None) -> InMemoryStore:
+    """A store whose one part is claimed by this relay's session."""
+    store = store if store is not None else InMemoryStore()
+    store.add(subscriber)
+    assert store.claim(subscriber.name, 0, OWNER)
+    return store
 
 
 def worker(
-    store: FakeStore, kafka: FakeKafka, batch_size: int = 100, batch_max_bytes: int = 2**62
+    store: InMemoryStore,
+    kafka: InMemoryPublisher,
+    batch_size: int = 100,
+    batch_max_bytes: int = 2**62,
 ) -> PartWorker:
     return PartWorker(
         PartId("s", 0),
         session=Session(OWNER, timeout=60, heartbeat_interval=1),
-        open_store=lambda: store,  # type: ignore[arg-type,return-value]
+        open_store=lambda: store,
         open_publisher=lambda state: kafka,
         encoder=RecordEncoder(None),
         batch_size=batch_size,
         batch_max_bytes=batch_max_bytes,
-        poll_interval=0.1,
+        poll_interval=0.05,
     )
 
 
-def published_ids(kafka: FakeKafka) -> list[bytes]:
-    return [r.headers[0][1] for tx in kafka.transactions for r in tx if r.topic == "t"]  # type: ignore[misc]
+def run_until_published(w: PartWorker, store: InMemoryStore) -> None:
+    """Run the worker until the part's checkpoint reaches the last event, then stop it."""
+    last = store.events[-1].key
+    w.start()
+    try:
+        wait_until(lambda: store.get_part("s", 0).checkpoint == last, what=f"checkpoint {last}")
+    finally:
+        w.stop()
+        w.join(10)
+    assert not w.is_alive()
+
+
+def generation(store: InMemoryStore) -> str:
+    return str(store.get_part("s", 0).generation)
+
+
+def published_ids(kafka: InMemoryPublisher, topic: str = "t") -> list[str | None]:
+    return [message_id(r) for r in kafka.published() if r.topic == topic]
+
+
+def ids(events: Sequence[OutboxEvent]) -> list[str | None]:
+    return [str(e.message_id) for e in events]
 
 
 def test_a_batch_is_recorded_once_even_if_the_version_moves_twice_meanwhile() -> None:
-    store, kafka = FakeStore(Subscriber("s", topic="t", value_format=ValueFormat.JSON)), FakeKafka()
+    store = claimed()
+    written = [store.append(event(n)) for n in (1, 2)]
+    kafka = InMemoryPublisher()
+
+    def pause_and_resume() -> None:  # an operator, while the first batch travels
+        if not kafka.transactions:
+            store.set_paused("s", True)
+            store.set_paused("s", False)
+
+    kafka.on_send = pause_and_resume
     w = worker(store, kafka)
-    w._publisher = kafka
-    events = [event(1), event(2)]
-    store.bumps_before_advance = 2  # pause, then resume, while the batch was in flight
-    state, _ = w._publish(store, store.state, _Batch(events))  # type: ignore[arg-type]
-    assert state.checkpoint == events[-1].key == store.state.checkpoint
+    run_until_published(w, store)
     assert len(kafka.transactions) == 1
+    # Recorded on the spot, not after a failure and a recovery from the Kafka side.
+    assert (w.stats.errors, w.stats.recovered) == (0, 0)
+    assert published_ids(kafka) == ids(written)
 
 
 def test_recovery_adopts_a_kafka_checkpoint_ahead_of_postgres() -> None:
-    store = FakeStore(Subscriber("s", topic="t", value_format=ValueFormat.JSON))
-    kafka = FakeKafka(checkpoint=Position(105, 5))
+    """The last transaction committed in Kafka, but its checkpoint never reached
+    Postgres: its events are not published again."""
+    store = claimed()
+    written = [store.append(event(n)) for n in range(1, 6)]
+    kafka = InMemoryPublisher()
+    kafka.checkpoints[generation(store)] = KafkaCheckpoint(
+        written[-1].key, store.key_space_id, written[-1].message_id
+    )
     w = worker(store, kafka)
-    state = w._recover(store, store.state, store.key_space())  # type: ignore[arg-type]
-    assert state.checkpoint == Position(105, 5) == store.state.checkpoint
-    assert w.stats.recovered == 1
+    run_until_published(w, store)
+    assert kafka.transactions == []
+    assert (w.stats.recovered, w.stats.recoveries_refused) == (1, 0)
 
 
 def test_recovery_refuses_a_kafka_checkpoint_whose_last_event_is_not_in_the_outbox() -> None:
-    """A restored older backup: Kafka's checkpoint names an event this database lacks."""
-    store = FakeStore(Subscriber("s", topic="t", value_format=ValueFormat.JSON))
-    kafka = FakeKafka()
-    store.outbox = [event(1), event(2)]
+    """A restored older backup: Kafka's checkpoint names an event this database lacks,
+    so what the database holds is published again rather than skipped."""
+    store = claimed()
+    kept = store.append(event(1))
+    kafka = InMemoryPublisher()
+    lost = Position(kept.transaction_id + 1, 1)  # the restore lost this transaction
+    kafka.checkpoints[generation(store)] = KafkaCheckpoint(lost, store.key_space_id, uuid.uuid4())
     w = worker(store, kafka)
-    w._publisher = kafka
-    w._publish(store, store.state, _Batch(list(store.outbox)))  # type: ignore[arg-type]
-    store.outbox = store.outbox[:1]  # the restore lost the second event's transaction
-    store.state = dataclasses.replace(store.state, checkpoint=Position(0, 0))
-    state = w._recover(store, store.state, store.key_space())  # type: ignore[arg-type]
-    assert state.checkpoint == Position(0, 0)
+    run_until_published(w, store)
+    assert published_ids(kafka) == ids([kept])
     assert (w.stats.recovered, w.stats.recoveries_refused) == (0, 1)
 
 
@@ -196,46 +142,71 @@ def test_a_batch_wide_rejection_blames_only_the_culprit() -> None:
     subscriber = Subscriber(
         "s", topic="t", value_format=ValueFormat.JSON, on_poison=PoisonPolicy.DEAD_LETTER
     )
-    store, kafka = FakeStore(subscriber), FakeKafka()
-    w = worker(store, kafka)
-    w._publisher = kafka
-    innocent, culprit, later = event(1), event(2), event(3)
-    ids = [str(e.message_id).encode() for e in (innocent, culprit, later)]
-    # The broker fails the innocent neighbour together with the culprit.
-    kafka.reject_with = {ids[1]: {ids[0]}}
-    w._publish(store, store.state, _Batch([innocent, culprit, later]))  # type: ignore[arg-type]
-    assert published_ids(kafka) == [ids[0], ids[2]]
-    assert list(store.dead) == [culprit.message_id]
-    assert store.state.checkpoint == later.key
+    store = claimed(subscriber)
+    innocent, culprit, later = (store.append(event(n)) for n in (1, 2, 3))
+    kafka = InMemoryPublisher()
+
+    def refuse(records: Sequence[KafkaRecord]) -> None:
+        # The broker fails the innocent neighbour together with the culprit.
+        main = [r for r in records if r.topic == "t"]
+        failed = [r for r in main if message_id(r) in ids([innocent, culprit])]
+        if str(culprit.message_id) in [message_id(r) for r in failed]:
+            raise PoisonRecordError(failed[0], "too large", ambiguous=len(failed) > 1)
+
+    kafka.refuse = refuse
+    run_until_published(worker(store, kafka), store)
+    assert published_ids(kafka) == ids([innocent, later])
+    assert published_ids(kafka, subscriber.dead_letter_topic_name) == ids([culprit])
+    assert list(store.dead["s"]) == [culprit.message_id]
 
 
-def test_a_backlog_is_read_and_encoded_while_the_last_batch_travels() -> None:
-    store, kafka = FakeStore(Subscriber("s", topic="t", value_format=ValueFormat.JSON)), FakeKafka()
-    w = worker(store, kafka, batch_size=2)
-    w._publisher = kafka
-    store.outbox = [event(n) for n in range(1, 6)]
-    state, ahead = w._publish(store, store.state, _Batch(store.outbox[:2]))  # type: ignore[arg-type]
-    assert ahead is not None and ahead.events == store.outbox[2:4]  # a full batch: kept
-    assert ahead.records is not None and len(ahead.records) == 2
-    state, ahead = w._publish(store, state, ahead)  # type: ignore[arg-type]
-    # The last event was read ahead as a short batch (caught up): it joined the second
-    # transaction instead of waiting for a third.
+class CountingStore(InMemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fetches = 0
+
+    def fetch(self, after: Position, limit: int, **part: Any) -> list[OutboxEvent]:
+        self.fetches += 1
+        return super().fetch(after, limit, **part)
+
+
+def test_a_backlog_is_published_in_full_batches_and_a_short_tail_joins_the_last() -> None:
+    store = claimed(store=CountingStore())
+    written = [store.append(event(n)) for n in range(1, 6)]
+    kafka = InMemoryPublisher()
+    fetched_before_send: list[int] = []
+    kafka.on_send = lambda: fetched_before_send.append(store.fetches)
+    run_until_published(worker(store, kafka, batch_size=2), store)
+    # The second batch is the one read while the first travelled, not fetched again.
+    assert fetched_before_send == [1, 2]
+    # The second batch was read while the first travelled; the fifth event, read ahead
+    # as a short batch (caught up), joined the second transaction instead of waiting.
     assert [len(tx) for tx in kafka.transactions] == [2, 3]
-    assert published_ids(kafka) == [str(e.message_id).encode() for e in store.outbox]
-    assert state.checkpoint == store.outbox[-1].key and ahead is None
+    assert published_ids(kafka) == ids(written)
 
 
 def test_when_caught_up_what_commits_meanwhile_joins_the_open_transaction() -> None:
-    store, kafka = FakeStore(Subscriber("s", topic="t", value_format=ValueFormat.JSON)), FakeKafka()
+    store = claimed()
+    first = [store.append(event(n)) for n in (1, 2)]
+    kafka = InMemoryPublisher()
+
+    def commit_more() -> None:  # applications, while the first batch travels
+        if not kafka.transactions:
+            for n in range(3, 6):
+                store.append(event(n))
+
+    kafka.on_send = commit_more
     w = worker(store, kafka)
-    w._publisher = kafka
-    store.outbox = [event(n) for n in range(1, 6)]
-    state, ahead = w._publish(store, store.state, _Batch(store.outbox[:2]))  # type: ignore[arg-type]
+    w.start()
+    try:
+        wait_until(lambda: w.stats.published == 5, what="five events published")
+    finally:
+        w.stop()
+        w.join(10)
     assert [len(tx) for tx in kafka.transactions] == [5]
-    assert published_ids(kafka) == [str(e.message_id).encode() for e in store.outbox]
-    assert state.checkpoint == store.outbox[-1].key == store.state.checkpoint
-    assert kafka.checkpoint == store.outbox[-1].key and ahead is None
-    assert w.stats.published == 5
+    assert published_ids(kafka)[:2] == ids(first)
+    assert store.get_part("s", 0).checkpoint == store.events[-1].key
+    assert kafka.checkpoints[generation(store)].position == store.events[-1].key
 
 
 def test_a_poison_event_read_ahead_is_left_to_the_policy() -> None:
@@ -245,15 +216,78 @@ def test_a_poison_event_read_ahead_is_left_to_the_policy() -> None:
         value_format=ValueFormat.JSON,
         on_poison=PoisonPolicy.DEAD_LETTER,
     )
-    store, kafka = FakeStore(subscriber), FakeKafka()
-    w = worker(store, kafka)
-    w._publisher = kafka
-    good = [event(n)._replace(aggregate_type="t") for n in (1, 2, 4)]
-    poison = event(3)._replace(aggregate_type="no topic!")  # routes to an illegal name
-    store.outbox = [good[0], good[1], poison, good[2]]
-    state, ahead = w._publish(store, store.state, _Batch(store.outbox[:2]))  # type: ignore[arg-type]
-    assert ahead is not None and ahead.records is None  # not encoded: the slow path decides
-    assert not store.dead  # nothing was decided while the first batch was in flight
-    w._publish(store, state, ahead)  # type: ignore[arg-type]
-    assert list(store.dead) == [poison.message_id]
-    assert len(published_ids(kafka)) == 3
+    store = claimed(subscriber)
+    good1, good2 = store.append(event(1, "t")), store.append(event(2, "t"))
+    poison = store.append(event(3, "no topic!"))  # routes to an illegal name
+    good4 = store.append(event(4, "t"))
+    kafka = InMemoryPublisher()
+    # batch_size=2: the poison event is read ahead while the first batch travels.
+    w = worker(store, kafka, batch_size=2)
+    run_until_published(w, store)
+    assert published_ids(kafka) == ids([good1, good2, good4])
+    assert published_ids(kafka, subscriber.dead_letter_topic_name) == ids([poison])
+    assert list(store.dead["s"]) == [poison.message_id]
+    assert (w.stats.poisoned, w.stats.dead_lettered) == (1, 1)
+
+
+def test_a_batch_cut_at_batch_max_bytes_is_full_and_does_not_join_the_one_in_flight() -> None:
+    store = claimed()
+    written = [store.append(event(n, stored_bytes=600)) for n in range(1, 6)]
+    kafka = InMemoryPublisher()
+    run_until_published(worker(store, kafka, batch_max_bytes=1000), store)
+    # 600, then 1,200: each batch of two reaches the cap, so the one read ahead is a
+    # backlog, not a caught-up tail; only the fifth event, alone, joins.
+    assert [len(tx) for tx in kafka.transactions] == [2, 3]
+    assert published_ids(kafka) == ids(written)
+
+
+def test_a_poison_event_under_the_halt_policy_halts_the_part_before_its_batch() -> None:
+    subscriber = Subscriber(
+        "s", topic="{aggregate_type}", value_format=ValueFormat.JSON, on_poison=PoisonPolicy.HALT
+    )
+    store = claimed(subscriber)
+    store.append(event(1, "t"))
+    poison = store.append(event(2, "no topic!"))  # routes to an illegal name
+    store.append(event(3, "t"))
+    kafka = InMemoryPublisher()
+    w = run_until_halted(worker(store, kafka), store)
+    halted = store.get_part("s", 0).halted_error
+    assert halted is not None and str(poison.message_id) in halted
+    # Nothing of the batch is published, so nothing after the poison event either.
+    assert kafka.transactions == []
+    assert store.get_part("s", 0).checkpoint == Position(0, 0)
+    assert w.stats.poisoned == 1 and w.stats.state is WorkerState.HALTED
+
+
+def test_a_dead_letter_the_broker_refuses_halts_the_part() -> None:
+    subscriber = Subscriber(
+        "s", topic="t", value_format=ValueFormat.JSON, on_poison=PoisonPolicy.DEAD_LETTER
+    )
+    store = claimed(subscriber)
+    good, culprit = store.append(event(1)), store.append(event(2))
+    kafka = InMemoryPublisher()
+
+    def refuse(records: Sequence[KafkaRecord]) -> None:  # the record and its dead letter
+        for record in records:
+            if message_id(record) == str(culprit.message_id):
+                raise PoisonRecordError(record, "too large")
+
+    kafka.refuse = refuse
+    run_until_halted(worker(store, kafka), store)
+    halted = store.get_part("s", 0).halted_error
+    assert halted is not None and "dead-letter record rejected" in halted
+    assert kafka.transactions == []
+    assert list(store.dead["s"]) == [culprit.message_id]
+    assert store.get_part("s", 0).checkpoint == Position(0, 0) != good.key
+
+
+def run_until_halted(w: PartWorker, store: InMemoryStore) -> PartWorker:
+    w.start()
+    try:
+        wait_until(lambda: store.get_part("s", 0).halted_error is not None, what="a halt")
+        wait_until(lambda: w.stats.state is WorkerState.HALTED, what="the worker to notice")
+    finally:
+        w.stop()
+        w.join(10)
+    assert not w.is_alive()  # halted: idle until resumed, so it stops when told
+    return w
