@@ -79,7 +79,6 @@ class RelayCollector(Collector):
         self._lock = threading.Lock()
         self._read_at: float | None = None
         self._cached: list[Metric] = []
-        self.last_database_ok: float | None = None
 
     def collect(self) -> Iterator[Metric]:
         yield from self._counters()
@@ -104,7 +103,6 @@ class RelayCollector(Collector):
                 self._store.close()
             self._store = None
             return []
-        self.last_database_ok = time.monotonic()
         return metrics
 
     def _counters(self) -> Iterator[Metric]:

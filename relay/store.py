@@ -168,13 +168,6 @@ class OutboxStore:
             if self.conn.execute(self._q["halt_part"], params).fetchone() is None:
                 raise ClaimLost(f"{state.name}/{state.part} is no longer claimed by this relay")
 
-    def horizon(self) -> int:
-        """The oldest running transaction id: everything below it is decided."""
-        with wrap_errors():
-            row = self.conn.execute(self._q["horizon"]).fetchone()
-        assert row is not None
-        return int(row[0])
-
     def pending(self, state: PartState) -> int:
         """The part's rows after its checkpoint, decided or not: its lag in events."""
         with wrap_errors():

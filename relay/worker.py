@@ -197,10 +197,6 @@ class PartWorker(threading.Thread):
         self._stopping.set()
         self.wakeup.set()
 
-    @property
-    def stopping(self) -> bool:
-        return self._stopping.is_set()
-
     def run(self) -> None:
         failures = 0
         try:

@@ -26,12 +26,6 @@ SELECT message_id FROM {schema}.outbox
    AND aggregate_id = %(aggregate_id)s
    AND idempotency_key = %(idempotency_key)s;
 
--- name: stream_version
-SELECT coalesce(max(aggregate_version), 0) FROM {schema}.outbox
- WHERE aggregate_type = %(aggregate_type)s
-   AND aggregate_id = %(aggregate_id)s
-   AND aggregate_version IS NOT NULL;
-
 -- name: fetch_batch
 -- The heart of the relay (docs/design.md §1): rows of transactions whose fate is decided
 -- (below the oldest running xid) after the checkpoint, in (transaction_id, position)
@@ -77,9 +71,6 @@ SELECT newest.transaction_id, newest.position,
         WHERE o.transaction_id < pg_snapshot_xmin(s)
         ORDER BY o.transaction_id DESC, o.position DESC
         LIMIT 1) AS newest ON true;
-
--- name: horizon
-SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
 
 -- name: insert_subscriber
 INSERT INTO {schema}.outbox_subscribers
