@@ -2,8 +2,8 @@
 
 Sessions spread the parts over every live relay. A relay with a wrong broker address
 that opened a session would take parts away from healthy peers and then fail to
-publish them. So the relay holds a session only while a metadata request to Kafka
-answers (relay/daemon.py), and this thread asks one every few seconds.
+publish them. So the relay holds a session only while Kafka answers a request to
+describe its cluster (relay/daemon.py), and this thread asks one every few seconds.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from relay.client_logs import client_logger
 logger = logging.getLogger(__name__)
 
 _REMIND_EVERY_S = 60.0
-# What a metadata request needs from the relay's Kafka settings: where the brokers are
+# What that request needs from the relay's Kafka settings: where the brokers are
 # and how to connect. Producer settings stay out (a bad one is the producer's to report).
 _CONNECTION_KEYS = (
     "bootstrap.", "security.", "sasl.", "ssl.", "socket.", "broker.", "client.",
@@ -31,7 +31,8 @@ _CONNECTION_KEYS = (
 
 
 class BrokerWatch(threading.Thread):
-    """Asks Kafka for metadata every ``interval`` seconds, each answer within ``timeout``."""
+    """Asks Kafka to describe its cluster every ``interval`` seconds, each answer within
+    ``timeout``."""
 
     def __init__(self, config: dict[str, Any], *, interval: float, timeout: float) -> None:
         super().__init__(name="relay-broker-watch", daemon=True)
@@ -76,7 +77,9 @@ class BrokerWatch(threading.Thread):
 
     def _ask(self) -> None:
         try:
-            self._admin.list_topics(timeout=self._timeout)
+            # The cluster's id and brokers only: listing topics would fetch every
+            # topic's metadata every few seconds on a large cluster.
+            self._admin.describe_cluster(request_timeout=self._timeout).result()
         except KafkaException as exc:
             self._failed(str(exc.args[0]) if exc.args else str(exc))
         else:

@@ -56,12 +56,18 @@ app.add_typer(subscribers_app, name="subscribers")
 # parsed as rich markup or emoji codes. Styling is given explicitly, with rich Text.
 # verify's exit code when Postgres or Kafka could not be read (1 means findings).
 _COULD_NOT_CHECK = 3
+
+
 # Piped or redirected output is not cut to 80 columns (rich's default off a terminal).
-_COLUMNS = os.environ.get("COLUMNS", "")
-_WIDTH = None if sys.stdout.isatty() else int(_COLUMNS) if _COLUMNS.isdigit() else 250
-_ERR_WIDTH = None if sys.stderr.isatty() else int(_COLUMNS) if _COLUMNS.isdigit() else 250
-out = Console(markup=False, emoji=False, highlight=False, width=_WIDTH)
-err = Console(stderr=True, markup=False, emoji=False, highlight=False, width=_ERR_WIDTH)
+def _width(stream: Any) -> int | None:
+    if stream.isatty():
+        return None
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() else 250
+
+
+out = Console(markup=False, emoji=False, highlight=False, width=_width(sys.stdout))
+err = Console(stderr=True, markup=False, emoji=False, highlight=False, width=_width(sys.stderr))
 
 # Options shared by several commands. Flags win over RELAY_* variables and the file.
 DatabaseUrl = Annotated[

@@ -42,7 +42,7 @@ from relay.worker import PartWorker, WorkerState
 
 logger = logging.getLogger(__name__)
 
-# How long a metadata request may take before Kafka counts as unreachable.
+# How long the broker watch's request may take before Kafka counts as unreachable.
 _BROKER_TIMEOUT_S = 5.0
 
 _HORIZON_CHECK_EVERY_S = 30.0
