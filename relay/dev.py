@@ -36,6 +36,7 @@ from relay import db
 from relay.daemon import Relay
 from relay.encoding import HEADER_EVENT_TYPE, HEADER_ID
 from relay.errors import SchemaError
+from relay.lag import subscriber_statuses
 from relay.localstack import KAFKA_VERSION, LocalKafka, LocalPostgres, free_port
 from relay.localstack.stack import migrated_database
 from relay.outbox import Outbox
@@ -598,8 +599,7 @@ def _prepare_database(postgres: LocalPostgres) -> tuple[str, int]:
     """Create the demo database if needed and migrate it; returns its URL and backlog."""
     url = migrated_database(postgres, DEMO_DATABASE, application_name="outbox-relay-dev")
     with db.connect(url, application_name="outbox-relay-dev") as conn:
-        store = OutboxStore(conn)
-        backlog = sum(state.lag(store) for state in store.list())
+        backlog = sum(s.lag.events for s in subscriber_statuses(OutboxStore(conn)))
     return url, backlog
 
 

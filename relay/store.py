@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import psycopg
@@ -18,14 +18,7 @@ from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.model import OutboxEvent, Position, Unreadable
 from relay.ports import DeadLetterDecision, PartState
 from relay.queries import queries_for
-from relay.subscribers import (
-    PoisonPolicy,
-    StartFrom,
-    Subscriber,
-    ValueFormat,
-    collision,
-    optional_set,
-)
+from relay.subscribers import StartFrom, Subscriber, collision
 
 
 @dataclass(frozen=True)
@@ -41,9 +34,15 @@ class SubscriberState:
         """The oldest part checkpoint: every event at or before it is published."""
         return min(p.checkpoint for p in self.parts)
 
-    def lag(self, store: OutboxStore) -> int:
-        """Events not yet published, over all parts."""
-        return sum(store.pending(p) for p in self.parts)
+
+class LagSample(NamedTuple):
+    """What the ``part_lag`` query reads of one part; relay/lag.py makes its lag of it."""
+
+    scanned: int  # rows after the checkpoint scanned, any part's: at most the scan
+    counted: int  # of those, the part's own
+    first_position: int | None  # position of the first row scanned
+    last_position: int | None  # position of the newest row of the outbox
+    age_s: float | None  # age of the part's oldest row after its checkpoint
 
 
 @dataclass(frozen=True)
@@ -168,18 +167,14 @@ class OutboxStore:
             if self.conn.execute(self._q["halt_part"], params).fetchone() is None:
                 raise ClaimLost(f"{state.name}/{state.part} is no longer claimed by this relay")
 
-    def pending(self, state: PartState) -> int:
-        """The part's rows after its checkpoint, decided or not: its lag in events."""
+    def lag_sample(self, state: PartState, scan: int) -> LagSample:
+        """The part's rows after its checkpoint, decided or not, scanned up to ``scan``."""
         with wrap_errors():
-            row = self.conn.execute(self._q["pending_events"], _part_params(state)).fetchone()
+            row = self.conn.execute(
+                self._q["part_lag"], {**_part_params(state), "scan": scan}
+            ).fetchone()
         assert row is not None
-        return int(row[0])
-
-    def oldest_pending_age(self, state: PartState) -> float:
-        """Seconds since the oldest unpublished event of the part was written (0: none)."""
-        with wrap_errors():
-            row = self.conn.execute(self._q["oldest_pending_age"], _part_params(state)).fetchone()
-        return 0.0 if row is None else max(0.0, float(row[0]))
+        return LagSample(*row)
 
     def horizon_holders(self) -> list[HorizonHolder]:
         """Backends holding the publication horizon back, oldest first."""
@@ -315,7 +310,7 @@ class OutboxStore:
             )
         if row is None:
             raise SubscriberError(f"no subscriber part {name}/{part}")
-        return _part(_subscriber(row), row)
+        return _part(Subscriber.from_dict(row), row)
 
     def get(self, name: str) -> SubscriberState:
         found = self.list(name)
@@ -330,7 +325,7 @@ class OutboxStore:
             parts = cursor.execute(self._q["list_parts"], {"name": name}).fetchall()
         found = []
         for row in subscribers:
-            subscriber = _subscriber(row)
+            subscriber = Subscriber.from_dict(row)
             mine = [
                 _part(subscriber, p, row["id"]) for p in parts if p["subscriber"] == row["name"]
             ]
@@ -361,17 +356,7 @@ class OutboxStore:
                     f"{reason}; give it a topic of its own (--topic / topic) or filters "
                     "that do not overlap"
                 )
-        params = {
-            "name": subscriber.name,
-            "aggregate_types": _sorted(subscriber.aggregate_types),
-            "event_types": _sorted(subscriber.event_types),
-            "topic": subscriber.topic,
-            "value_format": subscriber.value_format.value,
-            "parts": subscriber.parts,
-            "on_poison": subscriber.on_poison.value,
-            "dead_letter_topic": subscriber.dead_letter_topic,
-            "start": start.value,
-        }
+        params = {**subscriber.as_dict(), "start": start.value}
         with wrap_errors(), self.conn.transaction():
             created = self.conn.execute(self._q["insert_subscriber"], params).fetchone() is not None
             if created:
@@ -426,20 +411,6 @@ def _load_row_json(data: bytes | bytearray | memoryview | str) -> Any:
         return Unreadable(f"{type(exc).__name__}: {str(exc)[:200]}")
 
 
-def _subscriber(row: dict[str, Any]) -> Subscriber:
-    return Subscriber(
-        name=row["name"],
-        topic=row["topic"],
-        value_format=ValueFormat(row["value_format"]),
-        aggregate_types=optional_set(row["aggregate_types"]),
-        event_types=optional_set(row["event_types"]),
-        paused=row["paused"],
-        parts=row["parts"],
-        on_poison=PoisonPolicy(row["on_poison"]),
-        dead_letter_topic=row["dead_letter_topic"],
-    )
-
-
 def _part(
     subscriber: Subscriber, row: dict[str, Any], subscriber_id: UUID | None = None
 ) -> PartState:
@@ -463,7 +434,3 @@ def _part_params(state: PartState) -> dict[str, Any]:
         "part": state.part,
         "parts": state.subscriber.parts,
     }
-
-
-def _sorted(values: frozenset[str] | None) -> Sequence[str] | None:
-    return None if values is None else sorted(values)

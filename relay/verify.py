@@ -28,6 +28,7 @@ from relay.client_logs import client_logger
 from relay.db import wrap_errors
 from relay.encoding import HEADER_ID, HEADER_POSITION, HEADER_TRANSACTION_ID
 from relay.errors import BrokerUnavailable, SubscriberError
+from relay.lag import subscriber_lag
 from relay.model import Position
 from relay.queries import queries_for
 from relay.store import OutboxStore, SubscriberState
@@ -136,7 +137,7 @@ def verify(
     for state in states:
         name = state.subscriber.name
         report, expected = _expectations(conn, schema, state)
-        report.pending = state.lag(store)
+        report.pending = subscriber_lag(store, state).events
 
         def tick(done: int, total: int, name: str = name) -> None:
             if progress is not None:
@@ -168,14 +169,7 @@ def _expectations(
     subscriber = state.subscriber
     expected = _Expected()
     report = SubscriberReport(subscriber.name, [])
-    params = {
-        "name": subscriber.name,
-        "aggregate_types": None
-        if subscriber.aggregate_types is None
-        else sorted(subscriber.aggregate_types),
-        "event_types": None if subscriber.event_types is None else sorted(subscriber.event_types),
-    }
-    topic_cache: dict[tuple[str, str], str] = {}
+    params = subscriber.as_dict()  # its name and filters
     query = queries_for(schema)["published_events"]
     with wrap_errors(), conn.transaction(), conn.cursor(name="verify") as cursor:
         cursor.itersize = 10_000
@@ -184,12 +178,10 @@ def _expectations(
             if dead:
                 report.dead_lettered += 1
                 continue
-            pair = (aggregate_type, event_type)
-            if pair not in topic_cache:
-                topic_cache[pair] = subscriber.topic.format(
-                    aggregate_type=aggregate_type, event_type=event_type
-                )
-            expected.topics.add(topic_cache[pair])
+            # None: no legal topic, so nothing was published (and the event is missing).
+            topic = subscriber.route(aggregate_type, event_type)
+            if topic is not None:
+                expected.topics.add(topic)
             expected.positions[message_id.bytes] = Position(transaction_id, position)
     with wrap_errors():
         starts = conn.execute(queries_for(schema)["part_starts"], {"name": subscriber.name})

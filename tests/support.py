@@ -173,10 +173,11 @@ def run_cli(
 
 def caught_up(db: psycopg.Connection[Any], name: str) -> bool:
     """Every event of subscriber ``name`` is published (its lag is 0)."""
+    from relay.lag import subscriber_lag
     from relay.store import OutboxStore
 
     store = OutboxStore(db)
-    return store.get(name).lag(store) == 0
+    return subscriber_lag(store, store.get(name)).events == 0
 
 
 def wait_caught_up(db: psycopg.Connection[Any], name: str, timeout: float = 30.0) -> None:

@@ -197,13 +197,6 @@ RETURNING c.subscriber;
 -- name: delete_subscriber
 DELETE FROM {schema}.outbox_subscribers WHERE name = %(name)s RETURNING name;
 
--- name: pending_events
--- A part's rows after its checkpoint, committed or not yet decided: its lag.
-SELECT count(*) FROM {schema}.outbox
- WHERE (transaction_id, position) > (%(transaction_id)s::text::xid8, %(position)s)
-   AND (%(parts)s = 1 OR {schema}.outbox_part(aggregate_id, %(parts)s) = %(part)s);
-
-
 -- name: open_session
 INSERT INTO {schema}.outbox_relay_sessions (hostname, pid, expires_at)
 VALUES (%(hostname)s, %(pid)s, now() + make_interval(secs => %(timeout)s))
@@ -258,14 +251,6 @@ SELECT o.message_id, o.transaction_id::text::bigint, o.position, o.aggregate_typ
 SELECT part, start_transaction_id::text::bigint, start_position FROM {schema}.outbox_checkpoints
  WHERE subscriber = %(name)s AND (start_transaction_id, start_position) > ('0'::xid8, 0)
  ORDER BY part;
-
--- name: oldest_pending_age
--- Seconds since the oldest unpublished event of a part was written: its lag in time.
-SELECT extract(epoch FROM now() - occurred_at)::float8 FROM {schema}.outbox
- WHERE (transaction_id, position) > (%(transaction_id)s::text::xid8, %(position)s)
-   AND (%(parts)s = 1 OR {schema}.outbox_part(aggregate_id, %(parts)s) = %(part)s)
- ORDER BY transaction_id, position
- LIMIT 1;
 
 -- name: horizon_holders
 -- Backends whose transaction ids hold pg_snapshot_xmin back, oldest first: no event
@@ -328,3 +313,30 @@ SELECT xid::text::bigint, pos
 -- (a superuser, or a member of pg_read_all_stats). Without it, horizon_holders sees
 -- only the sessions of its own role.
 SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE');
+
+-- name: part_lag
+-- What a part's lag is computed from (relay/lag.py), however long its backlog: the rows
+-- after its checkpoint, decided or not, scanned in key order up to %(scan)s (an index
+-- range scan that stops there), how many of them are the part's, the position of the
+-- first and of the newest row (positions come from one identity sequence: beyond the
+-- scan, their difference estimates the rows), and the age of the part's oldest row.
+WITH scanned AS (
+    SELECT o.transaction_id, o.position, o.aggregate_id
+      FROM {schema}.outbox o
+     WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
+     ORDER BY o.transaction_id, o.position
+     LIMIT %(scan)s
+)
+SELECT (SELECT count(*) FROM scanned) AS scanned,
+       (SELECT count(*) FROM scanned s
+         WHERE %(parts)s = 1 OR {schema}.outbox_part(s.aggregate_id, %(parts)s) = %(part)s)
+           AS counted,
+       (SELECT s.position FROM scanned s ORDER BY s.transaction_id, s.position LIMIT 1)
+           AS first_position,
+       (SELECT n.position FROM {schema}.outbox n
+         ORDER BY n.transaction_id DESC, n.position DESC LIMIT 1) AS last_position,
+       (SELECT extract(epoch FROM now() - o.occurred_at)::float8 FROM {schema}.outbox o
+         WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
+           AND (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
+         ORDER BY o.transaction_id, o.position
+         LIMIT 1) AS age_s;
