@@ -242,7 +242,7 @@ def verify(
     Exits 0 when clean, 1 when it finds any, 2 on a configuration error, and 3 when it
     could not check (Postgres or Kafka unreachable, a topic unreadable in time).
     """
-    from relay.verify import KafkaTopicReader
+    from relay.topic_reader import KafkaTopicReader
     from relay.verify import verify as run_verify
 
     settings = _settings(

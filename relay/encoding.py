@@ -7,17 +7,20 @@ from typing import Any
 
 from relay.debezium_format import debezium_record
 from relay.errors import EncodingError, PayloadValidationError
-from relay.model import KafkaRecord, OutboxEvent, Unreadable
+from relay.model import (
+    HEADER_AGGREGATE_TYPE,
+    HEADER_EVENT_TYPE,
+    HEADER_ID,
+    HEADER_POSITION,
+    HEADER_TRANSACTION_ID,
+    HEADER_VERSION,
+    KafkaRecord,
+    OutboxEvent,
+    Unreadable,
+)
 from relay.schemas import SchemaRegistry
 from relay.subscribers import Subscriber, TopicGuard, ValueFormat
 
-# Header names: "id" as Debezium's Outbox Event Router; the rest spelled out.
-HEADER_ID = "id"
-HEADER_EVENT_TYPE = "event_type"
-HEADER_AGGREGATE_TYPE = "aggregate_type"
-HEADER_TRANSACTION_ID = "transaction_id"
-HEADER_POSITION = "position"
-HEADER_VERSION = "aggregate_version"
 RESERVED_HEADERS = frozenset(
     {
         HEADER_ID,

@@ -31,7 +31,7 @@ from relay.errors import (
     ConfigError,
     ProducerFenced,
 )
-from relay.model import KafkaCheckpoint, KafkaRecord, Position
+from relay.model import HEADER_ID, KafkaCheckpoint, KafkaRecord, Position
 from relay.ports import Extension, PoisonRecordError
 
 logger = logging.getLogger(__name__)
@@ -521,14 +521,9 @@ class TransactionalPublisher(_BatchProducer):
         self._call(self._producer.commit_transaction, self._delivery_timeout_s)
 
     def _tag(self, sent: Sequence[KafkaRecord]) -> str:
-        """The checkpoint's provenance: its key space and the last message published
-        (every record's first header is its message id), so a later owner can tell
-        whether the checkpoint belongs to the database it serves."""
-        message = sent[-1].headers[0][1] if sent and sent[-1].headers else None
-        if sent and sent[-1].message_id is not None:
-            message = sent[-1].message_id
-        if isinstance(message, bytes):
-            message = message.decode()
+        """The checkpoint's provenance: its key space and the last message published,
+        so a later owner can tell whether the checkpoint belongs to the database it serves."""
+        message = sent[-1].outbox_message_id if sent else None
         space = str(self._key_space) if self._key_space is not None else None
         return json.dumps({"key_space": space, "message_id": message}, separators=(",", ":"))
 
@@ -679,8 +674,8 @@ def _checkpoint(position: Position, metadata: str | None) -> KafkaCheckpoint:
 
 def _matching(records: Sequence[KafkaRecord], msg: Message) -> KafkaRecord:
     """The record a failed delivery report is about (matched by its ``id`` header)."""
-    wanted = dict(msg.headers() or []).get("id")
+    wanted = dict(msg.headers() or []).get(HEADER_ID)
     for record in records:
-        if record.headers and record.headers[0][1] == wanted:
+        if record.header(HEADER_ID) == wanted:
             return record
     return records[0]

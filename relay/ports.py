@@ -1,15 +1,18 @@
-"""The worker's two ports, and the types that cross them.
+"""The relay's ports, and the types that cross them.
 
 A part worker reads and checkpoints events through a :class:`PartStore` (Postgres:
 ``relay.store.OutboxStore``) and publishes them through a :class:`Publisher` (Kafka:
-``relay.kafka.TransactionalPublisher`` or ``IdempotentPublisher``). In-memory
-adapters of both live in ``relay.testing``; ``tests/test_*_contract.py`` hold each
-port to the same contract, whichever adapter is behind it.
+``relay.kafka.TransactionalPublisher`` or ``IdempotentPublisher``). What is on the
+topics is read back through a :class:`TopicReader` (Kafka:
+``relay.topic_reader.KafkaTopicReader``): by ``verify``, the ``dev`` live view, the
+tests and the benchmarks. In-memory adapters of all three live in ``relay.testing``;
+``tests/test_*_contract.py`` hold each port to the same contract, whichever adapter is
+behind it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -17,7 +20,7 @@ from uuid import UUID
 
 from relay.errors import EncodingError
 from relay.key_space import KeySpace, KeySpaceCheck
-from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
+from relay.model import ConsumedRecord, KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
 from relay.subscribers import Subscriber
 
 
@@ -128,6 +131,29 @@ class Publisher(Protocol):
         """
 
     def close(self) -> None: ...
+
+
+# What a reader reports while it reads: (records read, records to read).
+Progress = Callable[[int, int], None]
+
+
+class TopicReader(Protocol):
+    """Reads back what is committed on topics (read_committed), partition by partition
+    from the start of the log: every record of a partition in its order."""
+
+    def read(
+        self, topics: Sequence[str], progress: Progress | None = None
+    ) -> Iterator[ConsumedRecord]:
+        """Every record committed to ``topics`` up to their end as of the call (a topic
+        that does not exist has none); ``progress`` is told how far it got.
+        Raises :class:`BrokerUnavailable` when the topics cannot be read to their end."""
+
+    def follow(
+        self, topics: Sequence[str], idle: float = 0.1
+    ) -> Generator[ConsumedRecord | None, None, None]:
+        """Every record committed to ``topics``, then each one as it is committed, for
+        as long as the caller iterates (close the iterator to stop); None each time
+        ``idle`` seconds pass without one. A topic is read once it exists."""
 
 
 class PoisonRecordError(EncodingError):

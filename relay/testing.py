@@ -1,20 +1,22 @@
-"""In-memory adapters of the worker's ports (``relay.ports``), for tests of the logic
-above them: no Postgres, no Kafka. ``tests/test_store_contract.py`` and
-``tests/test_publisher_contract.py`` hold them to what the real adapters do."""
+"""In-memory adapters of the relay's ports (``relay.ports``), for tests of the logic
+above them: no Postgres, no Kafka. ``tests/test_store_contract.py``,
+``tests/test_publisher_contract.py`` and ``tests/test_topic_reader_contract.py`` hold
+them to what the real adapters do."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from datetime import UTC, datetime
 from uuid import UUID
 
 from relay.errors import CheckpointConflict, ClaimLost, SubscriberError
 from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
-from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
-from relay.ports import DeadLetterDecision, Extension, PartState
+from relay.model import ConsumedRecord, KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
+from relay.ports import DeadLetterDecision, Extension, PartState, Progress
 from relay.subscribers import Subscriber
 
 
@@ -204,7 +206,7 @@ class InMemoryPublisher:
         if self.refuse is not None:
             self.refuse(records)
         self.transactions.append(list(records))
-        last = message_id(records[-1])
+        last = records[-1].outbox_message_id
         self.checkpoints[generation] = KafkaCheckpoint(
             end, self._key_space, UUID(last) if last else None
         )
@@ -217,11 +219,46 @@ class InMemoryPublisher:
         return [record for transaction in self.transactions for record in transaction]
 
 
-def message_id(record: KafkaRecord) -> str | None:
-    """The outbox message id a record was published for."""
-    if record.message_id is not None:
-        return record.message_id
-    if not record.headers:
-        return None
-    value = record.headers[0][1]
-    return value.decode() if isinstance(value, bytes) else value
+class InMemoryTopicReader:
+    """A :class:`relay.ports.TopicReader` of what an :class:`InMemoryPublisher`
+    committed: one partition per topic, offsets counted per topic."""
+
+    def __init__(self, broker: InMemoryPublisher) -> None:
+        self._broker = broker
+
+    def read(
+        self, topics: Sequence[str], progress: Progress | None = None
+    ) -> Iterator[ConsumedRecord]:
+        records = self._committed(topics)
+        yield from records
+        if progress is not None:
+            progress(len(records), len(records))
+
+    def follow(
+        self, topics: Sequence[str], idle: float = 0.1
+    ) -> Generator[ConsumedRecord | None, None, None]:
+        done = 0
+        while True:
+            records = self._committed(topics)
+            if len(records) == done:
+                time.sleep(idle)  # as a consumer's poll waits for one
+                yield None
+            yield from records[done:]
+            done = len(records)
+
+    def _committed(self, topics: Sequence[str]) -> list[ConsumedRecord]:
+        offsets: dict[str, int] = {}
+        records = []
+        for record in self._broker.published():
+            offset = offsets[record.topic] = offsets.get(record.topic, -1) + 1
+            if record.topic in topics:
+                records.append(_consumed(record, offset))
+        return records
+
+
+def _consumed(record: KafkaRecord, offset: int) -> ConsumedRecord:
+    """``record`` as a consumer reads it: header values are bytes on the wire."""
+    headers = [(k, v.encode() if isinstance(v, str) else v) for k, v in record.headers]
+    return ConsumedRecord(
+        record.topic, 0, offset, record.key, record.value, headers, record.timestamp_ms
+    )

@@ -14,58 +14,25 @@ duplicates by design; verify a fresh subscriber instead.
 from __future__ import annotations
 
 import logging
-import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 from uuid import UUID
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from relay.client_logs import client_logger
 from relay.db import wrap_errors
-from relay.encoding import HEADER_ID, HEADER_POSITION, HEADER_TRANSACTION_ID
-from relay.errors import BrokerUnavailable, SubscriberError
+from relay.errors import SubscriberError
 from relay.lag import subscriber_lag
-from relay.model import Position
+from relay.model import ConsumedRecord, Position
+from relay.ports import TopicReader
 from relay.queries import queries_for
 from relay.store import OutboxStore, SubscriberState
 
 logger = logging.getLogger(__name__)
-# librdkafka's own lines: deduplicated, at most one of a kind a minute.
-_client_log = client_logger()
 
 _MAX_EXAMPLES = 20  # findings listed per kind; the counts are always complete
-_READ_FATAL = frozenset(
-    {
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.GROUP_AUTHORIZATION_FAILED,
-        KafkaError.OFFSET_OUT_OF_RANGE,
-    }
-)
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumedRecord:
-    """What verify needs from a record read off a topic."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    message_id: str | None
-    position: Position | None
-
-
-class TopicReader(Protocol):
-    """Reads whole topics, read_committed, up to their end as of the call."""
-
-    def read(
-        self, topics: Sequence[str], progress: Callable[[int, int], None]
-    ) -> Iterator[ConsumedRecord]:
-        """Yield every committed record; ``progress(done, total)`` reports offsets."""
 
 
 @dataclass
@@ -234,106 +201,3 @@ def _compare(
         if mid not in seen:
             report.missing += 1
             report.example("missing", f"{UUID(bytes=mid)} (position {position})")
-
-
-class KafkaTopicReader:
-    """Reads topics with confluent-kafka, read_committed, by partition assignment."""
-
-    def __init__(self, config: dict[str, Any], *, timeout: float = 120.0, settle: float = 1.0):
-        self._config = {
-            **config,
-            "group.id": "outbox-relay-verify",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "fetch.wait.max.ms": 50,
-        }
-        self._timeout = timeout
-        self._settle = settle
-
-    def read(
-        self, topics: Sequence[str], progress: Callable[[int, int], None]
-    ) -> Iterator[ConsumedRecord]:
-        if not topics:
-            return
-        consumer = Consumer(self._config, logger=_client_log)
-        try:
-            yield from self._read(consumer, topics, progress)
-        finally:
-            consumer.close()
-
-    def _read(
-        self, consumer: Consumer, topics: Sequence[str], progress: Callable[[int, int], None]
-    ) -> Iterator[ConsumedRecord]:
-        ends = self._ends(consumer, topics)
-        total = sum(end - start for start, end in ends.values())
-        consumer.assign([TopicPartition(t, p, start) for (t, p), (start, _) in ends.items()])
-        done = 0
-        deadline = time.monotonic() + self._timeout
-        last_message = time.monotonic()
-        while not self._finished(consumer, ends, last_message):
-            if time.monotonic() > deadline:
-                raise BrokerUnavailable(
-                    f"verify could not read {sorted(topics)} to their end within {self._timeout}s"
-                )
-            for msg in consumer.consume(1000, 0.2):
-                error = msg.error()
-                if error is not None:
-                    if error.fatal() or error.code() in _READ_FATAL:
-                        raise BrokerUnavailable(f"reading {msg.topic()}: {error.str()}")
-                    if error.code() != KafkaError._PARTITION_EOF:
-                        # Transport hiccups: librdkafka reconnects; the deadline bounds it.
-                        logger.warning("reading %s: %s", msg.topic(), error.str())
-                    continue
-                last_message = time.monotonic()
-                done += 1
-                yield _consumed(msg)
-            progress(done, total)
-
-    def _finished(
-        self,
-        consumer: Consumer,
-        ends: dict[tuple[str, int], tuple[int, int]],
-        last_message: float,
-    ) -> bool:
-        if time.monotonic() - last_message < self._settle:
-            return False
-        positions = consumer.position([TopicPartition(t, p) for t, p in ends])
-        return all(
-            tp.offset >= ends[(tp.topic, tp.partition)][1]
-            or (ends[(tp.topic, tp.partition)][0] == ends[(tp.topic, tp.partition)][1])
-            for tp in positions
-        )
-
-    def _ends(
-        self, consumer: Consumer, topics: Sequence[str]
-    ) -> dict[tuple[str, int], tuple[int, int]]:
-        try:
-            metadata = consumer.list_topics(timeout=self._timeout)
-        except KafkaException as exc:
-            raise BrokerUnavailable(f"cannot list topics: {exc}") from exc
-        ends = {}
-        for topic in topics:
-            info = metadata.topics.get(topic)
-            if info is None or info.error is not None:
-                continue  # nothing was ever published there: every event is missing
-            for partition in info.partitions:
-                low, high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=self._timeout
-                )
-                ends[(topic, partition)] = (low, high)
-        return ends
-
-
-def _consumed(msg: Any) -> ConsumedRecord:
-    headers = dict(msg.headers() or [])
-    message_id = headers.get(HEADER_ID)
-    tx, pos = headers.get(HEADER_TRANSACTION_ID), headers.get(HEADER_POSITION)
-    position = Position(int(tx), int(pos)) if tx and pos else None
-    return ConsumedRecord(
-        topic=msg.topic(),
-        partition=msg.partition(),
-        offset=msg.offset(),
-        key=msg.key(),
-        message_id=message_id.decode() if isinstance(message_id, bytes) else None,
-        position=position,
-    )

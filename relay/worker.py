@@ -607,8 +607,8 @@ def _joins(following: _Batch, batch_size: int, max_bytes: int, state: PartState)
 
 
 def _event_of(record: KafkaRecord, events: list[OutboxEvent]) -> OutboxEvent:
-    wanted = record.headers[0][1] if record.headers else None
+    wanted = record.outbox_message_id
     for event in events:
-        if str(event.message_id).encode() == wanted:
+        if str(event.message_id) == wanted:
             return event
     raise RelayError(f"the broker rejected a record the batch does not contain: {record.topic}")

@@ -32,7 +32,8 @@ from relay.lag import part_lag, subscriber_lag
 from relay.localstack import LocalKafka, LocalPostgres
 from relay.store import OutboxStore
 from relay.subscribers import Subscriber, ValueFormat
-from relay.verify import KafkaTopicReader, SubscriberReport, verify
+from relay.topic_reader import KafkaTopicReader
+from relay.verify import SubscriberReport, verify
 from tests.support import consume, order
 
 pytestmark = pytest.mark.chaos

@@ -177,11 +177,10 @@ def take_over(open_publisher: OpenPublisher, generation: str) -> TakenOver:
 
 
 def record(topic: str, n: int) -> KafkaRecord:
-    """A record as the encoder makes it: the message id is the first header."""
+    """A record as the encoder makes it: the message id in the ``id`` header."""
     return KafkaRecord(topic, f"k{n}".encode(), b"{}", [("id", str(uuid.uuid4()).encode())])
 
 
 def message_of(record: KafkaRecord) -> UUID:
-    value = record.headers[0][1]
-    assert isinstance(value, bytes)
-    return UUID(value.decode())
+    assert record.outbox_message_id is not None
+    return UUID(record.outbox_message_id)

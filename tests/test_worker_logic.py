@@ -15,7 +15,7 @@ from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Posit
 from relay.ports import PoisonRecordError
 from relay.sessions import Session
 from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
-from relay.testing import InMemoryPublisher, InMemoryStore, message_id
+from relay.testing import InMemoryPublisher, InMemoryStore
 from relay.worker import PartWorker, WorkerState
 from tests.test_exactly_once import wait_until
 
@@ -83,7 +83,7 @@ def generation(store: InMemoryStore) -> str:
 
 
 def published_ids(kafka: InMemoryPublisher, topic: str = "t") -> list[str | None]:
-    return [message_id(r) for r in kafka.published() if r.topic == topic]
+    return [r.outbox_message_id for r in kafka.published() if r.topic == topic]
 
 
 def ids(events: Sequence[OutboxEvent]) -> list[str | None]:
@@ -149,8 +149,8 @@ def test_a_batch_wide_rejection_blames_only_the_culprit() -> None:
     def refuse(records: Sequence[KafkaRecord]) -> None:
         # The broker fails the innocent neighbour together with the culprit.
         main = [r for r in records if r.topic == "t"]
-        failed = [r for r in main if message_id(r) in ids([innocent, culprit])]
-        if str(culprit.message_id) in [message_id(r) for r in failed]:
+        failed = [r for r in main if r.outbox_message_id in ids([innocent, culprit])]
+        if str(culprit.message_id) in [r.outbox_message_id for r in failed]:
             raise PoisonRecordError(failed[0], "too large", ambiguous=len(failed) > 1)
 
     kafka.refuse = refuse
@@ -269,7 +269,7 @@ def test_a_dead_letter_the_broker_refuses_halts_the_part() -> None:
 
     def refuse(records: Sequence[KafkaRecord]) -> None:  # the record and its dead letter
         for record in records:
-            if message_id(record) == str(culprit.message_id):
+            if record.outbox_message_id == str(culprit.message_id):
                 raise PoisonRecordError(record, "too large")
 
     kafka.refuse = refuse
