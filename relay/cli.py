@@ -305,7 +305,9 @@ def _print_reports(reports: list[Any]) -> None:
         table.add_row(
             r.subscriber,
             *(str(v) for v in (r.expected, r.found, r.missing, r.duplicated, r.out_of_order)),
-            *(str(v) for v in (r.ahead, r.dead_lettered, r.pending)),
+            str(r.ahead),
+            str(r.dead_lettered),
+            f"~{r.pending}" if r.pending_estimated else str(r.pending),
             Text("clean", style="green") if r.clean else Text("PROBLEMS", style="red"),
         )
     out.print(table)

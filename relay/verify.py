@@ -47,6 +47,7 @@ class SubscriberReport:
     ahead: int = 0  # published past the Postgres checkpoint (recovery adopts them)
     dead_lettered: int = 0
     pending: int = 0  # not yet published: after the checkpoint
+    pending_estimated: bool = False  # pending is an estimate (relay/lag.py)
     # Parts created with --from now or reset since: events before these are not checked.
     checked_after: list[str] = field(default_factory=list)
     examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
@@ -71,6 +72,7 @@ class SubscriberReport:
             "ahead": self.ahead,
             "dead_lettered": self.dead_lettered,
             "pending": self.pending,
+            "pending_estimated": self.pending_estimated,
             "checked_after": self.checked_after,
             "clean": self.clean,
             "examples": dict(self.examples),
@@ -104,7 +106,8 @@ def verify(
     for state in states:
         name = state.subscriber.name
         report, expected = _expectations(conn, schema, state)
-        report.pending = subscriber_lag(store, state).events
+        lag = subscriber_lag(store, state)
+        report.pending, report.pending_estimated = lag.events, lag.estimated
 
         def tick(done: int, total: int, name: str = name) -> None:
             if progress is not None:

@@ -164,7 +164,7 @@ def test_local_runs_postgres_and_kafka_for_your_own_app(workdir: Path) -> None:
             [record] = consume(
                 settings["RELAY_BOOTSTRAP_SERVERS"], ["outbox.event.order"], 1, timeout=60
             )
-            assert record.key == "1"
+            assert record.key == b"1"
         finally:
             relay.send_signal(signal.SIGTERM)
             assert relay.wait(60) == 0

@@ -18,7 +18,7 @@ from relay.kafka import TopicCreator, TransactionalPublisher
 from relay.model import KafkaCheckpoint, KafkaRecord, Position
 from relay.ports import Extension, Publisher
 from relay.testing import InMemoryPublisher
-from tests.support import consume
+from tests.support import consume, keys
 
 SPACE = uuid.uuid4()
 
@@ -156,7 +156,7 @@ class TestTransactionalPublisher(PublisherContract):
     @pytest.fixture
     def read(self, kafka_bootstrap: str, topic: str) -> Read:
         def read(expected: int) -> list[str]:
-            return [seen.key for seen in consume(kafka_bootstrap, [topic], expected)]
+            return keys(consume(kafka_bootstrap, [topic], expected))
 
         return read
 
