@@ -116,12 +116,17 @@ class Publisher(Protocol):
         end: Position,
         generation: str,
         meanwhile: Callable[[], Extension | None] | None = None,
+        *,
+        may_extend: bool = True,
     ) -> None:
         """Publish ``records`` (the batch ending at ``end``); return once all are durable.
 
         ``meanwhile`` runs once the records are handed to the client, while they travel:
         the caller prepares its next batch there. If it returns an extension, those
-        records join this batch, which then ends where the extension does.
+        records join this batch, which then ends where the extension does. With
+        ``may_extend=False`` the caller promises it returns None: the publisher may then
+        run it while the batch commits, so the next batch's reading overlaps the commit's
+        round trips too (docs/design.md §5).
 
         Raises :class:`BrokerUnavailable` (retry), :class:`PoisonRecordError` (one record's
         fault) or :class:`ProducerFenced` (another relay owns the part now).

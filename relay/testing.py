@@ -189,9 +189,17 @@ class InMemoryPublisher:
         end: Position,
         generation: str,
         meanwhile: Callable[[], Extension | None] | None = None,
+        *,
+        may_extend: bool = True,
     ) -> None:
         if self.on_send is not None:
             self.on_send()
+        if records and not may_extend:
+            # As the real one: the batch commits as given while the callback runs.
+            self._commit(records, end, generation)
+            if meanwhile is not None and meanwhile() is not None:
+                raise AssertionError("meanwhile extended a batch after promising not to")
+            return
         # As the real one: the callback runs while the records travel, and an
         # extension joins the transaction.
         extension = meanwhile() if meanwhile is not None else None
@@ -201,6 +209,9 @@ class InMemoryPublisher:
             return
         if extension is not None:
             records, end = [*records, *extension[0]], extension[1]
+        self._commit(records, end, generation)
+
+    def _commit(self, records: Sequence[KafkaRecord], end: Position, generation: str) -> None:
         if self.refuse is not None:
             self.refuse(records)
         self.transactions.append(list(records))

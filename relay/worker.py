@@ -134,16 +134,19 @@ class _ReadAhead:
         prepare: Callable[[PartState], _Batch],
         limits: tuple[int, int],
         state: PartState,
-        end: Position,
+        sent: _Sent,
     ) -> None:
-        self._prepare, self._limits, self._state, self._end = prepare, limits, state, end
+        self._prepare, self._limits, self._state, self._end = prepare, limits, state, sent.end
         self._following: _Batch | None = None
         self._joined = False
+        # A full batch means a backlog: what follows goes in its own full transaction,
+        # so it is read while this one commits rather than offered to join it.
+        self.may_join = not _full(sent.events, *limits)
 
     def __call__(self) -> Extension | None:
         following = self._prepare(dataclasses.replace(self._state, checkpoint=self._end))
         self._following = following
-        if not _joins(following, *self._limits, self._state):
+        if not self.may_join or not _joins(following, *self._limits, self._state):
             return None
         assert following.records is not None
         self._joined = True
@@ -393,11 +396,11 @@ class PartWorker(threading.Thread):
                 records = self._encode(store, state, events, dead)
                 if records is None:
                     return None
-            reader = None
+            sent, reader = _Sent(events, records, end), None
             if look_ahead:
                 prepare = functools.partial(self._prepare, store)
-                reader = _ReadAhead(prepare, (self._batch_size, self._batch_max_bytes), state, end)
-            outcome = self._send(state, _Sent(events, records, end), reader)
+                reader = _ReadAhead(prepare, (self._batch_size, self._batch_max_bytes), state, sent)
+            outcome = self._send(state, sent, reader)
             if isinstance(outcome, _Sent):
                 return self._record(store, state, outcome, dead)
             if outcome.error.ambiguous and len(outcome.events) > 1:
@@ -414,7 +417,13 @@ class PartWorker(threading.Thread):
         part of the outcome."""
         assert self._publisher is not None
         try:
-            self._publisher.publish(batch.records, batch.end, str(state.generation), reader)
+            self._publisher.publish(
+                batch.records,
+                batch.end,
+                str(state.generation),
+                reader,
+                may_extend=reader is None or reader.may_join,
+            )
         except PoisonRecordError as exc:
             grown = reader.grown(batch) if reader is not None else batch
             return _Refused(grown.events, grown.end, exc)
@@ -596,14 +605,19 @@ class PartWorker(threading.Thread):
 def _joins(following: _Batch, batch_size: int, max_bytes: int, state: PartState) -> bool:
     """Whether a batch read ahead joins the transaction in flight: only when the relay
     is caught up (a backlog is better served by full batches, each overlapping the
-    last one's commit; a batch cut at ``max_bytes`` is full too), every event encoded
-    cleanly, and no dead-letter decision (made on the slow path) could apply."""
+    last one's commit), every event encoded cleanly, and no dead-letter decision (made
+    on the slow path) could apply."""
     return (
         following.records is not None
-        and 0 < len(following.events) < batch_size
-        and sum(e.stored_bytes for e in following.events) < max_bytes
+        and bool(following.events)
+        and not _full(following.events, batch_size, max_bytes)
         and state.subscriber.on_poison is not PoisonPolicy.DEAD_LETTER
     )
+
+
+def _full(events: list[OutboxEvent], batch_size: int, max_bytes: int) -> bool:
+    """Whether a fetch came back full: ``batch_size`` events, or cut at ``max_bytes``."""
+    return len(events) >= batch_size or sum(e.stored_bytes for e in events) >= max_bytes
 
 
 def _event_of(record: KafkaRecord, events: list[OutboxEvent]) -> OutboxEvent:
