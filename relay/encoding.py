@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NoReturn
 
 from relay.debezium_format import debezium_record
 from relay.errors import EncodingError, PayloadValidationError
@@ -42,9 +42,8 @@ class RecordEncoder:
 
     def encode(self, event: OutboxEvent, subscriber: Subscriber) -> KafkaRecord:
         """The record for ``event``; :class:`EncodingError` marks a poison event."""
-        for column, value in (("payload", event.payload), ("headers", event.headers)):
-            if isinstance(value, Unreadable):
-                raise EncodingError(f"event {event.message_id}: its {column} is {value}")
+        if type(event.payload) is Unreadable or not isinstance(event.headers, dict):
+            _refuse_unreadable(event)
         if subscriber.value_format is ValueFormat.DEBEZIUM:
             record = debezium_record(event, subscriber)
             self._check_route(record.topic, subscriber, event)
@@ -78,6 +77,13 @@ class RecordEncoder:
             raise EncodingError(
                 f"event {event.message_id} cannot be encoded as Avro: {exc}"
             ) from exc
+
+
+def _refuse_unreadable(event: OutboxEvent) -> NoReturn:
+    for column, value in (("payload", event.payload), ("headers", event.headers)):
+        if isinstance(value, Unreadable):
+            raise EncodingError(f"event {event.message_id}: its {column} is {value}")
+    raise AssertionError("no unreadable column")
 
 
 def headers_for(event: OutboxEvent) -> list[tuple[str, str | bytes | None]]:
