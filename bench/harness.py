@@ -177,8 +177,11 @@ def order_payload(i: int = 0) -> dict[str, Any]:
     }
 
 
-def fill_outbox(url: str, events: int, *, keys: int = 1000, chunk: int = 1_000_000) -> None:
-    """COPY ``events`` OrderPlaced rows into the outbox, a million per transaction."""
+def fill_outbox(
+    url: str, events: int, *, keys: int = 1000, types: int = 1, chunk: int = 1_000_000
+) -> None:
+    """COPY ``events`` OrderPlaced rows into the outbox, a million per transaction; with
+    ``types`` > 1, their aggregate types take turns: order0, order1, ..."""
     payload = json.dumps(order_payload())
     with psycopg.connect(url) as conn:
         for start in range(0, events, chunk):
@@ -189,7 +192,8 @@ def fill_outbox(url: str, events: int, *, keys: int = 1000, chunk: int = 1_000_0
                 ) as copy,
             ):
                 for i in range(start, min(events, start + chunk)):
-                    copy.write_row(("order", str(i % keys), "OrderPlaced", payload))
+                    aggregate_type = f"order{i % types}" if types > 1 else "order"
+                    copy.write_row((aggregate_type, str(i % keys), "OrderPlaced", payload))
             conn.commit()
         conn.execute("ANALYZE outbox")
         conn.commit()

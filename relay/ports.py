@@ -59,10 +59,13 @@ class PartStore(Protocol):
         max_bytes: int = 2**62,
         part: int = 0,
         parts: int = 1,
+        aggregate_types: frozenset[str] | None = None,
+        event_types: frozenset[str] | None = None,
     ) -> list[OutboxEvent]:
         """Up to ``limit`` decided events of ``part`` after ``after``, in publication
         order, and no more once their stored payloads and headers reach ``max_bytes``
-        (at least one)."""
+        (at least one). Of those, the events the type filters (None: any) drop are left
+        out, except the last one read: it marks how far the fetch read."""
 
     def get_part(self, name: str, part: int) -> PartState:
         """The part as stored; raises ``SubscriberError`` when there is none."""

@@ -86,10 +86,13 @@ class OutboxStore:
         max_bytes: int = 2**62,
         part: int = 0,
         parts: int = 1,
+        aggregate_types: frozenset[str] | None = None,
+        event_types: frozenset[str] | None = None,
     ) -> list[OutboxEvent]:
         """Up to ``limit`` decided events of ``part`` after ``after``, in publication
         order, and no more once their stored payloads and headers reach ``max_bytes``
-        (at least one)."""
+        (at least one). Of those, the events the type filters (None: any) drop are left
+        out, except the last one read: it marks how far the fetch read."""
         params = {
             "transaction_id": after.transaction_id,
             "position": after.position,
@@ -97,6 +100,8 @@ class OutboxStore:
             "max_bytes": max_bytes,
             "part": part,
             "parts": parts,
+            "aggregate_types": sorted(aggregate_types) if aggregate_types is not None else None,
+            "event_types": sorted(event_types) if event_types is not None else None,
         }
         # Binary transfer: integers, uuids and timestamps load without text parsing.
         with wrap_errors(), self.conn.cursor(binary=True) as cur:

@@ -93,17 +93,27 @@ class InMemoryStore:
         max_bytes: int = 2**62,
         part: int = 0,
         parts: int = 1,
+        aggregate_types: frozenset[str] | None = None,
+        event_types: frozenset[str] | None = None,
     ) -> list[OutboxEvent]:
-        batch: list[OutboxEvent] = []
+        read: list[OutboxEvent] = []
         size = 0
         for event in self.events:
             if event.key <= after:
                 continue
-            if len(batch) == limit or (batch and size >= max_bytes):
+            if len(read) == limit or (read and size >= max_bytes):
                 break
-            batch.append(event)
+            read.append(event)
             size += event.stored_bytes
-        return batch
+        return [
+            e
+            for e in read
+            if e is read[-1]
+            or (
+                (aggregate_types is None or e.aggregate_type in aggregate_types)
+                and (event_types is None or e.event_type in event_types)
+            )
+        ]
 
     def get_part(self, name: str, part: int) -> PartState:
         state = self.parts.get((name, part))

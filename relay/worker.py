@@ -296,6 +296,10 @@ class PartWorker(threading.Thread):
             max_bytes=self._batch_max_bytes,
             part=self.part.part,
             parts=state.subscriber.parts,
+            # Rows the subscriber drops stay in Postgres (all but the last read, which
+            # carries the checkpoint past them); matches() below still decides.
+            aggregate_types=state.subscriber.aggregate_types,
+            event_types=state.subscriber.event_types,
         )
         return _Batch(events)
 

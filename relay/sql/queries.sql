@@ -31,30 +31,38 @@ SELECT message_id FROM {schema}.outbox
 -- (below the oldest running xid) after the checkpoint, in (transaction_id, position)
 -- order. A keyset range scan on the primary key. With several parts, each part takes
 -- the rows whose aggregate_id hashes to it, so one key always stays in one part.
--- At most %(limit)s rows, and no more once the payloads and headers so far reach
+-- At most %(limit)s rows are read, and no more once the payloads and headers so far reach
 -- %(max_bytes)s as stored (compressed sizes, from the TOAST pointers: nothing is
 -- read or decompressed to measure it); always at least one row.
+-- Of those, only the rows the subscriber's filters keep come back, plus the last row
+-- read whatever it is: it tells the relay how far the fetch read, so the checkpoint
+-- moves past rows the filters drop without sending them to the relay.
 -- ORDER BY names the xid8 column: sorting by the bigint output would be a full sort of
 -- the backlog on every poll instead of an index scan.
 -- Empty headers come back as NULL: parsing '{{}}' per row costs more than the payload.
-SELECT b.transaction_id::text::bigint AS transaction_id, b.position, b.message_id,
-       b.aggregate_type, b.aggregate_id, b.aggregate_version, b.event_type, b.payload,
-       nullif(b.headers, '{{}}'::jsonb) AS headers,
+SELECT c.transaction_id::text::bigint AS transaction_id, c.position, c.message_id,
+       c.aggregate_type, c.aggregate_id, c.aggregate_version, c.event_type, c.payload,
+       nullif(c.headers, '{{}}'::jsonb) AS headers,
        -- Clamped into what Python's datetime holds: a writer may store 'infinity'.
-       least(greatest(b.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
-       b.stored_bytes, b.debezium
-  FROM (SELECT o.*, pg_column_size(o.payload) + pg_column_size(o.headers) AS stored_bytes,
-               sum(pg_column_size(o.payload) + pg_column_size(o.headers))
-                   OVER (ORDER BY o.transaction_id, o.position ROWS UNBOUNDED PRECEDING)
-                   AS running_bytes
-          FROM {schema}.outbox o
-         WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
-           AND o.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
-           AND (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
-         ORDER BY o.transaction_id, o.position
-         LIMIT %(limit)s) AS b
- WHERE b.running_bytes - b.stored_bytes < %(max_bytes)s
- ORDER BY b.transaction_id, b.position;
+       least(greatest(c.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
+       c.stored_bytes, c.debezium
+  FROM (SELECT b.*,
+               row_number() OVER (ORDER BY b.transaction_id DESC, b.position DESC) = 1 AS last
+          FROM (SELECT o.*, pg_column_size(o.payload) + pg_column_size(o.headers) AS stored_bytes,
+                       sum(pg_column_size(o.payload) + pg_column_size(o.headers))
+                           OVER (ORDER BY o.transaction_id, o.position ROWS UNBOUNDED PRECEDING)
+                           AS running_bytes
+                  FROM {schema}.outbox o
+                 WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
+                   AND o.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+                   AND (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
+                 ORDER BY o.transaction_id, o.position
+                 LIMIT %(limit)s) AS b
+         WHERE b.running_bytes - b.stored_bytes < %(max_bytes)s) AS c
+ WHERE c.last
+    OR ((%(aggregate_types)s::text[] IS NULL OR c.aggregate_type = ANY(%(aggregate_types)s::text[]))
+        AND (%(event_types)s::text[] IS NULL OR c.event_type = ANY(%(event_types)s::text[])))
+ ORDER BY c.transaction_id, c.position;
 
 -- name: newest_decided
 -- The commit probe (relay/probe.py): the newest row below the horizon (a backward
