@@ -47,7 +47,7 @@ class Scale:
     events: int = 200_000  # throughput runs
     big_backlog: int = 2_000_000  # cost growth: big against small backlog
     small_backlog: int = 100_000
-    fanout_events: int = 20_000  # published once per subscriber: 100 subscribers, 2M
+    fanout_events: int = 200_000  # in all: each of 100 filtered subscribers takes 1/100
     latency_seconds: float = 20.0
     latency_rate: int = 1000
 
@@ -55,10 +55,10 @@ class Scale:
     def named(cls, name: str) -> Scale:
         if name == "quick":
             return cls(
-                events=100_000, big_backlog=500_000, fanout_events=10_000, latency_seconds=8.0
+                events=100_000, big_backlog=500_000, fanout_events=100_000, latency_seconds=8.0
             )
         if name == "full":
-            return cls(big_backlog=10_000_000, fanout_events=50_000, latency_seconds=60.0)
+            return cls(big_backlog=10_000_000, fanout_events=1_000_000, latency_seconds=60.0)
         return cls()
 
 
