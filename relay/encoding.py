@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any, NoReturn
 
+import orjson
+
 from relay.debezium_format import debezium_record
 from relay.errors import EncodingError, PayloadValidationError
 from relay.model import KafkaRecord, OutboxEvent, Unreadable
@@ -62,6 +64,12 @@ class RecordEncoder:
 
     def _value(self, event: OutboxEvent, value_format: ValueFormat) -> bytes:
         if value_format is ValueFormat.JSON:
+            try:
+                # The same compact UTF-8 JSON as the standard library's, at a tenth of
+                # the cost per event (exponents aside: 1e-7, not 1e-07).
+                return orjson.dumps(event.payload)
+            except orjson.JSONEncodeError:
+                pass  # integers beyond 64 bits, nesting beyond 255: the standard library
             try:
                 return json.dumps(event.payload, separators=(",", ":"), ensure_ascii=False).encode()
             except (ValueError, TypeError, RecursionError) as exc:
