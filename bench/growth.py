@@ -95,6 +95,8 @@ def poll_plan(url: str, after: int, *, part: int = 0, parts: int = 1) -> dict[st
             "max_bytes": 2**62,
             "part": part,
             "parts": parts,
+            "aggregate_types": None,
+            "event_types": None,
         }
         conn.execute(query, params).fetchall()  # warm the cache: measure the plan, not I/O
         explain = b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query
