@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import NamedTuple, Protocol
 from uuid import UUID
 
 from relay.errors import EncodingError
@@ -48,6 +48,16 @@ class DeadLetterDecision:
     error: str
 
 
+class Fetched(NamedTuple):
+    """What one fetch read: the events to publish, in order; how far the read went
+    (past the rows the subscriber's filters dropped; None: nothing new was read); and
+    whether it came back full, a backlog with more to read."""
+
+    events: list[OutboxEvent]
+    read_to: Position | None
+    full: bool = False
+
+
 class PartStore(Protocol):
     """What a part worker needs of the outbox: its part's events and checkpoint."""
 
@@ -61,11 +71,11 @@ class PartStore(Protocol):
         parts: int = 1,
         aggregate_types: frozenset[str] | None = None,
         event_types: frozenset[str] | None = None,
-    ) -> list[OutboxEvent]:
+    ) -> Fetched:
         """Up to ``limit`` decided events of ``part`` after ``after``, in publication
         order, and no more once their stored payloads and headers reach ``max_bytes``
         (at least one). Of those, the events the type filters (None: any) drop are left
-        out, except the last one read: it marks how far the fetch read."""
+        out; ``read_to`` goes past them."""
 
     def get_part(self, name: str, part: int) -> PartState:
         """The part as stored; raises ``SubscriberError`` when there is none."""

@@ -14,7 +14,7 @@ from uuid import UUID
 from relay.errors import CheckpointConflict, ClaimLost, SubscriberError
 from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
-from relay.ports import DeadLetterDecision, Extension, PartState
+from relay.ports import DeadLetterDecision, Extension, Fetched, PartState
 from relay.subscribers import Subscriber
 
 
@@ -95,7 +95,7 @@ class InMemoryStore:
         parts: int = 1,
         aggregate_types: frozenset[str] | None = None,
         event_types: frozenset[str] | None = None,
-    ) -> list[OutboxEvent]:
+    ) -> Fetched:
         read: list[OutboxEvent] = []
         size = 0
         for event in self.events:
@@ -105,15 +105,15 @@ class InMemoryStore:
                 break
             read.append(event)
             size += event.stored_bytes
-        return [
+        if not read:
+            return Fetched([], None)
+        kept = [
             e
             for e in read
-            if e is read[-1]
-            or (
-                (aggregate_types is None or e.aggregate_type in aggregate_types)
-                and (event_types is None or e.event_type in event_types)
-            )
+            if (aggregate_types is None or e.aggregate_type in aggregate_types)
+            and (event_types is None or e.event_type in event_types)
         ]
+        return Fetched(kept, read[-1].key, len(read) == limit or size >= max_bytes)
 
     def get_part(self, name: str, part: int) -> PartState:
         state = self.parts.get((name, part))

@@ -12,7 +12,7 @@ from typing import Any
 
 from relay.encoding import RecordEncoder
 from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position
-from relay.ports import PoisonRecordError
+from relay.ports import Fetched, PoisonRecordError
 from relay.sessions import Session
 from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.testing import InMemoryPublisher, InMemoryStore, message_id
@@ -165,7 +165,7 @@ class CountingStore(InMemoryStore):
         super().__init__()
         self.fetches = 0
 
-    def fetch(self, after: Position, limit: int, **part: Any) -> list[OutboxEvent]:
+    def fetch(self, after: Position, limit: int, **part: Any) -> Fetched:
         self.fetches += 1
         return super().fetch(after, limit, **part)
 
