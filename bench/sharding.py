@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 
@@ -70,13 +71,13 @@ def rate(stack: Stack, events: int, *, parts: int, relays: int) -> float:
     return (events - parts * BATCH) / (done - first)
 
 
-def scan_per_row(stack: Stack, events: int) -> dict[str, float]:
+def scan_per_row(stack: Stack, events: int) -> dict[str, Any]:
     url = stack.database("sharded_plan")
     fill_outbox(url, events)
     plan = poll_plan(url, events // 2, part=1, parts=PARTS)
     kept = min(BATCH, events // 2 // PARTS)
     return {"scanned": plan["scanned"], "kept": kept, "per_row": plan["scanned"] / kept,
-            "ms": plan["ms"]}  # fmt: skip
+            "ms": plan["ms"], "nodes": plan["nodes"]}  # fmt: skip
 
 
 def set_paused(url: str, name: str, *, paused: bool) -> None:
