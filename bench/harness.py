@@ -313,10 +313,12 @@ def wait_published(
 
 
 def add_subscribers(url: str, subscribers: list[Subscriber]) -> None:
+    """As `outbox-relay subscribers add` does: part indexes included."""
     with psycopg.connect(url, autocommit=True) as conn:
         store = OutboxStore(conn)
         for sub in subscribers:
             store.add(sub, StartFrom.BEGINNING)
+        store.index_parts()
 
 
 class RelayProcesses:

@@ -74,6 +74,7 @@ def rate(stack: Stack, events: int, *, parts: int, relays: int) -> float:
 def scan_per_row(stack: Stack, events: int) -> dict[str, Any]:
     url = stack.database("sharded_plan")
     fill_outbox(url, events)
+    add_subscribers(url, [Subscriber("sharded", topic="plan", parts=PARTS)])  # its indexes
     plan = poll_plan(url, events // 2, part=1, parts=PARTS)
     kept = min(BATCH, events // 2 // PARTS)
     return {"scanned": plan["scanned"], "kept": kept, "per_row": plan["scanned"] / kept,

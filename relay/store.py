@@ -12,6 +12,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 
+from relay import part_index
 from relay.db import load_json, wrap_errors
 from relay.errors import CheckpointConflict, ClaimLost, SubscriberError
 from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
@@ -113,7 +114,9 @@ class OutboxStore:
         # Binary transfer: integers, uuids and timestamps load without text parsing.
         with wrap_errors(), self.conn.cursor(binary=True) as cur:
             set_json_loads(_load_row_json, cur)
-            rows = cur.execute(query, params).fetchall()
+            # A part's poll is planned with its part as a constant (never a prepared,
+            # generic plan): only then may the planner use the part's index.
+            rows = cur.execute(query, params, prepare=parts == 1).fetchall()
         if not rows:
             return Fetched([], None)
         events = [
@@ -410,6 +413,13 @@ class OutboxStore:
                 raise SubscriberError(f"subscriber {subscriber.name!r} already exists")
         return created
 
+    def index_parts(self) -> None:
+        """Build the part indexes of every part count in use (relay/part_index.py):
+        run by `migrate` and `subscribers add`, never by a relay (building one waits
+        for every transaction open on the outbox to end)."""
+        for parts in sorted({s.subscriber.parts for s in self.list()}):
+            part_index.ensure(self.conn, self.schema, parts)
+
     def set_paused(self, name: str, paused: bool) -> None:
         with wrap_errors():
             rows = self.conn.execute(
@@ -437,6 +447,8 @@ class OutboxStore:
             rows = self.conn.execute(self._q["delete_subscriber"], {"name": name}).fetchall()
         if not rows:
             raise SubscriberError(f"no subscriber named {name!r}")
+        in_use = [s.subscriber.parts for s in self.list()]
+        part_index.drop_unused(self.conn, self.schema, rows[0][1], in_use)
 
 
 def _load_row_json(data: bytes | bytearray | memoryview | str) -> Any:

@@ -249,7 +249,7 @@ UPDATE {schema}.outbox_checkpoints c
 RETURNING c.subscriber;
 
 -- name: delete_subscriber
-DELETE FROM {schema}.outbox_subscribers WHERE name = %(name)s RETURNING name;
+DELETE FROM {schema}.outbox_subscribers WHERE name = %(name)s RETURNING name, parts;
 
 -- name: pending_events
 -- A part's rows after its checkpoint, committed or not yet decided: its lag.
