@@ -122,8 +122,10 @@ def migrate(ctx: typer.Context, database_url: DatabaseUrl = None, schema: Schema
         settings.require_database_url(), application_name="outbox-relay-migrate"
     ) as conn:
         applied = migrations.migrate(conn, settings.database_schema)
+        store = OutboxStore(conn, settings.database_schema)
         # A restore procedure migrates before writers start: the best moment to rebase.
-        moved = OutboxStore(conn, settings.database_schema).check_key_space()
+        moved = store.check_key_space()
+        store.index_parts()  # the owner's run: a relay's role may not build them
     if moved is not None and moved.action is not KeySpaceAction.UNCHANGED:
         report(moved, "migrate")
         out.print(f"key space {moved.action}: {moved.detail}", markup=False)
@@ -624,6 +626,9 @@ def subscribers_add(
     )
     with _store(settings) as store:
         created = store.add(subscriber, start, replace=replace)
+        if parts > 1:
+            out.print(f"indexing its {parts} parts (waits for open transactions to end)")
+            store.index_parts()
     out.print(f"{'added' if created else 'updated'} subscriber {name!r}")
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import NamedTuple, Protocol
 from uuid import UUID
 
 from relay.errors import EncodingError
@@ -51,6 +51,16 @@ class DeadLetterDecision:
     error: str
 
 
+class Fetched(NamedTuple):
+    """What one fetch read: the events to publish, in order; how far the read went
+    (past the rows the subscriber's filters dropped; None: nothing new was read); and
+    whether it came back full, a backlog with more to read."""
+
+    events: list[OutboxEvent]
+    read_to: Position | None
+    full: bool = False
+
+
 class PartStore(Protocol):
     """What a part worker needs of the outbox: its part's events and checkpoint."""
 
@@ -62,10 +72,13 @@ class PartStore(Protocol):
         max_bytes: int = 2**62,
         part: int = 0,
         parts: int = 1,
-    ) -> list[OutboxEvent]:
+        aggregate_types: frozenset[str] | None = None,
+        event_types: frozenset[str] | None = None,
+    ) -> Fetched:
         """Up to ``limit`` decided events of ``part`` after ``after``, in publication
         order, and no more once their stored payloads and headers reach ``max_bytes``
-        (at least one)."""
+        (at least one). Of those, the events the type filters (None: any) drop are left
+        out; ``read_to`` goes past them."""
 
     def get_part(self, name: str, part: int) -> PartState:
         """The part as stored; raises ``SubscriberError`` when there is none."""
@@ -119,12 +132,17 @@ class Publisher(Protocol):
         end: Position,
         generation: str,
         meanwhile: Callable[[], Extension | None] | None = None,
+        *,
+        may_extend: bool = True,
     ) -> None:
         """Publish ``records`` (the batch ending at ``end``); return once all are durable.
 
         ``meanwhile`` runs once the records are handed to the client, while they travel:
         the caller prepares its next batch there. If it returns an extension, those
-        records join this batch, which then ends where the extension does.
+        records join this batch, which then ends where the extension does. With
+        ``may_extend=False`` the caller promises it returns None: the publisher may then
+        run it while the batch commits, so the next batch's reading overlaps the commit's
+        round trips too (docs/design.md §5).
 
         Raises :class:`BrokerUnavailable` (retry), :class:`PoisonRecordError` (one record's
         fault) or :class:`ProducerFenced` (another relay owns the part now).

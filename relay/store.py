@@ -12,11 +12,12 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 
+from relay import part_index
 from relay.db import load_json, wrap_errors
 from relay.errors import CheckpointConflict, ClaimLost, SubscriberError
 from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.model import OutboxEvent, Position, Unreadable
-from relay.ports import DeadLetterDecision, PartState
+from relay.ports import DeadLetterDecision, Fetched, PartState
 from relay.queries import queries_for
 from relay.subscribers import StartFrom, Subscriber, collision
 
@@ -85,10 +86,18 @@ class OutboxStore:
         max_bytes: int = 2**62,
         part: int = 0,
         parts: int = 1,
-    ) -> list[OutboxEvent]:
+        aggregate_types: frozenset[str] | None = None,
+        event_types: frozenset[str] | None = None,
+    ) -> Fetched:
         """Up to ``limit`` decided events of ``part`` after ``after``, in publication
         order, and no more once their stored payloads and headers reach ``max_bytes``
-        (at least one)."""
+        (at least one). Of those, the events the type filters (None: any) drop are left
+        out; ``read_to`` goes past them. A subscriber of one aggregate type reads only
+        its own rows (fetch_batch_of_type); any other reads them all and leaves behind
+        what its filters drop."""
+        one_type = (
+            next(iter(aggregate_types)) if aggregate_types and len(aggregate_types) == 1 else None
+        )
         params = {
             "transaction_id": after.transaction_id,
             "position": after.position,
@@ -96,17 +105,34 @@ class OutboxStore:
             "max_bytes": max_bytes,
             "part": part,
             "parts": parts,
+            "aggregate_types": sorted(aggregate_types) if aggregate_types is not None else None,
+            "event_types": sorted(event_types) if event_types is not None else None,
+            "aggregate_type": one_type,
         }
+        query = self._q["fetch_batch" if one_type is None else "fetch_batch_of_type"]
         # Binary transfer: integers, uuids and timestamps load without text parsing.
         with wrap_errors(), self.conn.cursor(binary=True) as cur:
             set_json_loads(_load_row_json, cur)
-            rows = cur.execute(self._q["fetch_batch"], params).fetchall()
-        return [
+            # A part's poll is planned with its part as a constant (never a prepared,
+            # generic plan): only then may the planner use the part's index.
+            rows = cur.execute(query, params, prepare=parts == 1).fetchall()
+        if not rows:
+            return Fetched([], None)
+        events = [
             OutboxEvent(
                 tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at, size, dbz
             )
-            for tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz in rows
-        ]
+            for _, _, _, tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz
+            in rows
+            if tx is not None
+        ]  # fmt: skip
+        read_tx, read_pos, full = rows[0][:3]
+        if one_type is None:
+            return Fetched(events, Position(read_tx, read_pos), full)
+        # Of one type: a full fetch read up to its last event; a short one, everything
+        # decided below the horizon.
+        full = len(events) >= limit or sum(e.stored_bytes for e in events) >= max_bytes
+        return Fetched(events, events[-1].key if full else Position(read_tx, read_pos), full)
 
     def advance(self, state: PartState, to: Position, owner: UUID) -> int:
         """Compare-and-set ``state``'s checkpoint to ``to``; returns the new version."""
@@ -372,6 +398,13 @@ class OutboxStore:
                 raise SubscriberError(f"subscriber {subscriber.name!r} already exists")
         return created
 
+    def index_parts(self) -> None:
+        """Build the part indexes of every part count in use (relay/part_index.py):
+        run by `migrate` and `subscribers add`, never by a relay (building one waits
+        for every transaction open on the outbox to end)."""
+        for parts in sorted({s.subscriber.parts for s in self.list()}):
+            part_index.ensure(self.conn, self.schema, parts)
+
     def set_paused(self, name: str, paused: bool) -> None:
         with wrap_errors():
             rows = self.conn.execute(
@@ -399,6 +432,8 @@ class OutboxStore:
             rows = self.conn.execute(self._q["delete_subscriber"], {"name": name}).fetchall()
         if not rows:
             raise SubscriberError(f"no subscriber named {name!r}")
+        in_use = [s.subscriber.parts for s in self.list()]
+        part_index.drop_unused(self.conn, self.schema, rows[0][1], in_use)
 
 
 def _load_row_json(data: bytes | bytearray | memoryview | str) -> Any:

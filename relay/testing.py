@@ -16,7 +16,7 @@ from uuid import UUID
 from relay.errors import CheckpointConflict, ClaimLost, SubscriberError
 from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.model import ConsumedRecord, KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
-from relay.ports import DeadLetterDecision, Extension, PartState, Progress
+from relay.ports import DeadLetterDecision, Extension, Fetched, PartState, Progress
 from relay.subscribers import Subscriber
 
 
@@ -95,17 +95,27 @@ class InMemoryStore:
         max_bytes: int = 2**62,
         part: int = 0,
         parts: int = 1,
-    ) -> list[OutboxEvent]:
-        batch: list[OutboxEvent] = []
+        aggregate_types: frozenset[str] | None = None,
+        event_types: frozenset[str] | None = None,
+    ) -> Fetched:
+        read: list[OutboxEvent] = []
         size = 0
         for event in self.events:
             if event.key <= after:
                 continue
-            if len(batch) == limit or (batch and size >= max_bytes):
+            if len(read) == limit or (read and size >= max_bytes):
                 break
-            batch.append(event)
+            read.append(event)
             size += event.stored_bytes
-        return batch
+        if not read:
+            return Fetched([], None)
+        kept = [
+            e
+            for e in read
+            if (aggregate_types is None or e.aggregate_type in aggregate_types)
+            and (event_types is None or e.event_type in event_types)
+        ]
+        return Fetched(kept, read[-1].key, len(read) == limit or size >= max_bytes)
 
     def get_part(self, name: str, part: int) -> PartState:
         state = self.parts.get((name, part))
@@ -191,9 +201,17 @@ class InMemoryPublisher:
         end: Position,
         generation: str,
         meanwhile: Callable[[], Extension | None] | None = None,
+        *,
+        may_extend: bool = True,
     ) -> None:
         if self.on_send is not None:
             self.on_send()
+        if records and not may_extend:
+            # As the real one: the batch commits as given while the callback runs.
+            self._commit(records, end, generation)
+            if meanwhile is not None and meanwhile() is not None:
+                raise AssertionError("meanwhile extended a batch after promising not to")
+            return
         # As the real one: the callback runs while the records travel, and an
         # extension joins the transaction.
         extension = meanwhile() if meanwhile is not None else None
@@ -203,6 +221,9 @@ class InMemoryPublisher:
             return
         if extension is not None:
             records, end = [*records, *extension[0]], extension[1]
+        self._commit(records, end, generation)
+
+    def _commit(self, records: Sequence[KafkaRecord], end: Position, generation: str) -> None:
         if self.refuse is not None:
             self.refuse(records)
         self.transactions.append(list(records))

@@ -16,7 +16,8 @@ from psycopg import sql
 
 from relay import Outbox
 from relay.daemon import Relay
-from relay.model import BEGINNING, OutboxEvent, Position
+from relay.model import BEGINNING, Position
+from relay.ports import Fetched
 from relay.store import OutboxStore
 from relay.subscribers import Subscriber, TopicGuard, legal_topic
 from relay.testing import InMemoryPublisher, InMemoryStore
@@ -94,7 +95,7 @@ class _FailingStore(InMemoryStore):
         super().__init__()
         self.failures = 1
 
-    def fetch(self, after: Position, limit: int, **part: Any) -> list[OutboxEvent]:
+    def fetch(self, after: Position, limit: int, **part: Any) -> Fetched:
         if self.failures:
             self.failures -= 1
             raise RuntimeError("nobody saw this coming")
@@ -340,16 +341,16 @@ def test_a_batch_stops_once_its_rows_reach_batch_max_bytes_and_holds_at_least_on
             (f"big-{n}",),
         )
     store = OutboxStore(db)
-    every = store.fetch(BEGINNING, 100)
+    every = store.fetch(BEGINNING, 100).events
     sizes = [e.stored_bytes for e in every]
     assert len(every) == 5 and all(size > 100_000 for size in sizes)
 
-    two = store.fetch(BEGINNING, 100, max_bytes=sizes[0] + sizes[1])
+    two = store.fetch(BEGINNING, 100, max_bytes=sizes[0] + sizes[1]).events
     assert [e.aggregate_id for e in two] == ["big-0", "big-1"]
-    rest = store.fetch(two[-1].key, 100, max_bytes=sizes[2] + 1)
+    rest = store.fetch(two[-1].key, 100, max_bytes=sizes[2] + 1).events
     assert [e.aggregate_id for e in rest] == ["big-2", "big-3"]  # the one that crosses it
-    assert [e.aggregate_id for e in store.fetch(BEGINNING, 100, max_bytes=1)] == ["big-0"]
-    assert len(store.fetch(BEGINNING, 3, max_bytes=2**40)) == 3  # the row cap still holds
+    assert [e.aggregate_id for e in store.fetch(BEGINNING, 100, max_bytes=1).events] == ["big-0"]
+    assert len(store.fetch(BEGINNING, 3, max_bytes=2**40).events) == 3  # the row cap still holds
 
 
 def test_large_rows_go_out_in_batches_under_batch_max_bytes_and_others_follow(

@@ -82,6 +82,43 @@ class PublisherContract:
         assert checkpoint is not None and checkpoint.position == Position(10, 1)
         assert read(1) == ["k0"]
 
+    def test_a_batch_that_may_not_grow_commits_as_given_and_runs_meanwhile_once(
+        self, open_publisher: OpenPublisher, topic: str, read: Read, generation: str
+    ) -> None:
+        """A full batch: the next one is read while it commits (may_extend=False)."""
+        publisher = take_over(open_publisher, generation).publisher
+        calls: list[int] = []
+
+        def meanwhile() -> Extension | None:
+            calls.append(1)
+            return None
+
+        records = [record(topic, n) for n in range(2)]
+        publisher.publish(records, Position(10, 2), generation, meanwhile, may_extend=False)
+        assert calls == [1]
+        assert take_over(open_publisher, generation).checkpoint == KafkaCheckpoint(
+            Position(10, 2), SPACE, message_of(records[-1])
+        )
+        assert sorted(read(2)) == ["k0", "k1"]
+
+    def test_a_failure_while_the_batch_commits_does_not_undo_the_commit(
+        self, open_publisher: OpenPublisher, topic: str, read: Read, generation: str
+    ) -> None:
+        """Reading the next batch failed (Postgres went away, say) while this one
+        committed: the error reaches the caller, and recovery finds the batch committed."""
+        publisher = take_over(open_publisher, generation).publisher
+
+        def meanwhile() -> Extension | None:
+            raise BrokerUnavailable("the next batch could not be read")
+
+        with pytest.raises(BrokerUnavailable, match="next batch"):
+            publisher.publish(
+                [record(topic, 0)], Position(10, 1), generation, meanwhile, may_extend=False
+            )
+        checkpoint = take_over(open_publisher, generation).checkpoint
+        assert checkpoint is not None and checkpoint.position == Position(10, 1)
+        assert read(1) == ["k0"]
+
     def test_a_checkpoint_belongs_to_its_generation(
         self, open_publisher: OpenPublisher, topic: str, generation: str
     ) -> None:

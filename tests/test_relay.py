@@ -212,6 +212,39 @@ def test_two_subscribers_with_different_filters_routes_and_formats(
     )
 
 
+def test_a_subscriber_of_one_type_reads_past_other_types_and_rests_when_idle(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    start_relay: StartRelay,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+) -> None:
+    """Its fetch reads only its own rows (an index), yet its checkpoint moves past the
+    rows of other types, and once everything is read it writes no checkpoint at all."""
+    start_relay(subscribers=[sub("orders", topic_prefix, aggregate_types=["order"])])
+    write_orders(db, outbox, ["o-1"])
+    for n in range(3):  # later rows, none of them the subscriber's
+        outbox.append(
+            db,
+            aggregate_type="customer",
+            aggregate_id=f"c-{n}",
+            event_type="CustomerRegistered",
+            payload={"customer_id": f"c-{n}", "email": "a@b.c"},
+        )
+    assert keys(consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 1)) == ["o-1"]
+    last = db.execute(
+        "SELECT transaction_id, position FROM outbox"
+        " ORDER BY transaction_id DESC, position DESC LIMIT 1"
+    ).fetchone()
+    past = "SELECT (transaction_id, position) >= (%s, %s), version FROM outbox_checkpoints"
+    deadline = time.monotonic() + 30
+    while not (row := db.execute(past, last).fetchone())[0]:
+        assert time.monotonic() < deadline, "the checkpoint never passed the other types' rows"
+        time.sleep(0.1)
+    time.sleep(3)  # idle: polls and probe ticks, no new rows
+    assert db.execute(past, last).fetchone() == row
+
+
 def test_event_sourced_versions_arrive_in_version_order(
     db: psycopg.Connection[Any],
     outbox: Outbox,

@@ -12,7 +12,7 @@ from typing import Any
 
 from relay.encoding import RecordEncoder
 from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position
-from relay.ports import PoisonRecordError
+from relay.ports import Fetched, PoisonRecordError
 from relay.sessions import Session
 from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.testing import InMemoryPublisher, InMemoryStore
@@ -165,23 +165,23 @@ class CountingStore(InMemoryStore):
         super().__init__()
         self.fetches = 0
 
-    def fetch(self, after: Position, limit: int, **part: Any) -> list[OutboxEvent]:
+    def fetch(self, after: Position, limit: int, **part: Any) -> Fetched:
         self.fetches += 1
         return super().fetch(after, limit, **part)
 
 
-def test_a_backlog_is_published_in_full_batches_and_a_short_tail_joins_the_last() -> None:
+def test_a_backlog_is_published_in_full_batches_each_read_while_the_last_commits() -> None:
     store = claimed(store=CountingStore())
     written = [store.append(event(n)) for n in range(1, 6)]
     kafka = InMemoryPublisher()
     fetched_before_send: list[int] = []
     kafka.on_send = lambda: fetched_before_send.append(store.fetches)
     run_until_published(worker(store, kafka, batch_size=2), store)
-    # The second batch is the one read while the first travelled, not fetched again.
-    assert fetched_before_send == [1, 2]
-    # The second batch was read while the first travelled; the fifth event, read ahead
-    # as a short batch (caught up), joined the second transaction instead of waiting.
-    assert [len(tx) for tx in kafka.transactions] == [2, 3]
+    # Each batch is the one read while the one before committed, not fetched again.
+    assert fetched_before_send == [1, 2, 3]
+    # A full batch takes nothing more: what was read during its commit is the next
+    # transaction, the short tail included.
+    assert [len(tx) for tx in kafka.transactions] == [2, 2, 1]
     assert published_ids(kafka) == ids(written)
 
 
@@ -235,9 +235,9 @@ def test_a_batch_cut_at_batch_max_bytes_is_full_and_does_not_join_the_one_in_fli
     written = [store.append(event(n, stored_bytes=600)) for n in range(1, 6)]
     kafka = InMemoryPublisher()
     run_until_published(worker(store, kafka, batch_max_bytes=1000), store)
-    # 600, then 1,200: each batch of two reaches the cap, so the one read ahead is a
-    # backlog, not a caught-up tail; only the fifth event, alone, joins.
-    assert [len(tx) for tx in kafka.transactions] == [2, 3]
+    # 600, then 1,200: each batch of two reaches the cap, so it is full: what is read
+    # while it commits, the fifth event alone included, is a transaction of its own.
+    assert [len(tx) for tx in kafka.transactions] == [2, 2, 1]
     assert published_ids(kafka) == ids(written)
 
 

@@ -31,30 +31,84 @@ SELECT message_id FROM {schema}.outbox
 -- (below the oldest running xid) after the checkpoint, in (transaction_id, position)
 -- order. A keyset range scan on the primary key. With several parts, each part takes
 -- the rows whose aggregate_id hashes to it, so one key always stays in one part.
--- At most %(limit)s rows, and no more once the payloads and headers so far reach
+-- At most %(limit)s rows are read, and no more once the payloads and headers so far reach
 -- %(max_bytes)s as stored (compressed sizes, from the TOAST pointers: nothing is
 -- read or decompressed to measure it); always at least one row.
+-- Of those, only the rows the subscriber's filters keep come back. Every row says how
+-- far the read went (read_*) and whether it came back full; when the filters keep none,
+-- one row of NULLs says it. Nothing read: no row.
 -- ORDER BY names the xid8 column: sorting by the bigint output would be a full sort of
 -- the backlog on every poll instead of an index scan.
 -- Empty headers come back as NULL: parsing '{{}}' per row costs more than the payload.
-SELECT b.transaction_id::text::bigint AS transaction_id, b.position, b.message_id,
-       b.aggregate_type, b.aggregate_id, b.aggregate_version, b.event_type, b.payload,
-       nullif(b.headers, '{{}}'::jsonb) AS headers,
+WITH w AS (
+    SELECT o.*, pg_column_size(o.payload) + pg_column_size(o.headers) AS stored_bytes,
+           sum(pg_column_size(o.payload) + pg_column_size(o.headers))
+               OVER (ORDER BY o.transaction_id, o.position ROWS UNBOUNDED PRECEDING)
+               AS running_bytes,
+           row_number() OVER (ORDER BY o.transaction_id, o.position) AS n
+      FROM {schema}.outbox o
+     WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
+       AND o.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+       AND (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
+     ORDER BY o.transaction_id, o.position
+     LIMIT %(limit)s
+), r AS (
+    SELECT * FROM w WHERE w.running_bytes - w.stored_bytes < %(max_bytes)s
+)
+SELECT last.transaction_id::text::bigint AS read_transaction_id, last.position AS read_position,
+       last.n = %(limit)s OR last.n < (SELECT count(*) FROM w) AS read_full,
+       c.transaction_id::text::bigint AS transaction_id, c.position, c.message_id,
+       c.aggregate_type, c.aggregate_id, c.aggregate_version, c.event_type, c.payload,
+       nullif(c.headers, '{{}}'::jsonb) AS headers,
        -- Clamped into what Python's datetime holds: a writer may store 'infinity'.
-       least(greatest(b.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
-       b.stored_bytes, b.debezium
-  FROM (SELECT o.*, pg_column_size(o.payload) + pg_column_size(o.headers) AS stored_bytes,
-               sum(pg_column_size(o.payload) + pg_column_size(o.headers))
-                   OVER (ORDER BY o.transaction_id, o.position ROWS UNBOUNDED PRECEDING)
-                   AS running_bytes
-          FROM {schema}.outbox o
-         WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
-           AND o.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
-           AND (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
-         ORDER BY o.transaction_id, o.position
-         LIMIT %(limit)s) AS b
- WHERE b.running_bytes - b.stored_bytes < %(max_bytes)s
- ORDER BY b.transaction_id, b.position;
+       least(greatest(c.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
+       c.stored_bytes, c.debezium
+  FROM (SELECT r.transaction_id, r.position, r.n FROM r
+         ORDER BY r.transaction_id DESC, r.position DESC LIMIT 1) AS last
+  LEFT JOIN LATERAL (
+       SELECT * FROM r
+        WHERE (%(aggregate_types)s::text[] IS NULL OR r.aggregate_type = ANY(%(aggregate_types)s::text[]))
+          AND (%(event_types)s::text[] IS NULL OR r.event_type = ANY(%(event_types)s::text[]))) AS c
+    ON true
+ ORDER BY c.transaction_id, c.position;
+
+-- name: fetch_batch_of_type
+-- fetch_batch for a subscriber of one aggregate type: a range scan of
+-- outbox_aggregate_type_order reads only that type's rows. A fetch that comes back short
+-- has read every decided row of the type, so the read went up to the horizon
+-- (read_transaction_id, position 0) if any row at all was written in between; no row of
+-- NULLs otherwise, so an idle part writes no checkpoint.
+SELECT h.horizon::text::bigint AS read_transaction_id, 0::bigint AS read_position,
+       h.anything AS read_any,
+       c.transaction_id::text::bigint AS transaction_id, c.position, c.message_id,
+       c.aggregate_type, c.aggregate_id, c.aggregate_version, c.event_type, c.payload,
+       nullif(c.headers, '{{}}'::jsonb) AS headers,
+       least(greatest(c.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
+       c.stored_bytes, c.debezium
+  FROM (SELECT pg_snapshot_xmin(s) AS horizon,
+               EXISTS (SELECT FROM {schema}.outbox a
+                        WHERE (a.transaction_id, a.position)
+                              > (%(transaction_id)s::text::xid8, %(position)s)
+                          AND a.transaction_id < pg_snapshot_xmin(s)) AS anything
+          FROM pg_current_snapshot() AS s) AS h
+  LEFT JOIN LATERAL (
+       SELECT b.* FROM (
+           SELECT o.*, pg_column_size(o.payload) + pg_column_size(o.headers) AS stored_bytes,
+                  sum(pg_column_size(o.payload) + pg_column_size(o.headers))
+                      OVER (ORDER BY o.transaction_id, o.position ROWS UNBOUNDED PRECEDING)
+                      AS running_bytes
+             FROM {schema}.outbox o
+            WHERE o.aggregate_type = %(aggregate_type)s
+              AND (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
+              AND o.transaction_id < h.horizon
+              AND (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
+              AND (%(event_types)s::text[] IS NULL OR o.event_type = ANY(%(event_types)s::text[]))
+            ORDER BY o.transaction_id, o.position
+            LIMIT %(limit)s) AS b
+        WHERE b.running_bytes - b.stored_bytes < %(max_bytes)s) AS c
+    ON true
+ WHERE h.anything
+ ORDER BY c.transaction_id, c.position;
 
 -- name: newest_decided
 -- The commit probe (relay/probe.py): the newest row below the horizon (a backward
@@ -195,7 +249,7 @@ UPDATE {schema}.outbox_checkpoints c
 RETURNING c.subscriber;
 
 -- name: delete_subscriber
-DELETE FROM {schema}.outbox_subscribers WHERE name = %(name)s RETURNING name;
+DELETE FROM {schema}.outbox_subscribers WHERE name = %(name)s RETURNING name, parts;
 
 -- name: open_session
 INSERT INTO {schema}.outbox_relay_sessions (hostname, pid, expires_at)
