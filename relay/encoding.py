@@ -8,7 +8,7 @@ from typing import Any
 from relay.debezium_format import debezium_record
 from relay.errors import EncodingError, PayloadValidationError
 from relay.model import KafkaRecord, OutboxEvent, Unreadable
-from relay.schemas import SchemaRegistry
+from relay.schemas import SchemaFolder
 from relay.subscribers import Subscriber, TopicGuard, ValueFormat
 
 # Header names: "id" as Debezium's Outbox Event Router; the rest spelled out.
@@ -36,7 +36,7 @@ RESERVED_HEADER_PREFIX = "outbox."
 
 
 class RecordEncoder:
-    def __init__(self, registry: SchemaRegistry | None, guard: TopicGuard | None = None) -> None:
+    def __init__(self, registry: SchemaFolder | None, guard: TopicGuard | None = None) -> None:
         self.registry = registry
         self.guard = guard
 

@@ -177,7 +177,7 @@ def test_local_runs_postgres_and_kafka_for_your_own_app(workdir: Path) -> None:
 def test_the_live_view_prints_consumed_records_verbatim() -> None:
     from rich.console import Console
 
-    from relay.dev import Consumed, _recent_table
+    from relay.localstack.demo import Consumed, _recent_table
 
     console = Console(width=200, record=True)
     console.print(_recent_table([Consumed("t", "[/]", "[bold]Placed", '{"note": "[/red]"}')]))
