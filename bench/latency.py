@@ -71,7 +71,7 @@ from relay.daemon import Relay, tune_gc
 from relay.kafka import producer_config
 from relay.model import HEADER_ID
 from relay.outbox import Outbox
-from relay.schemas import SchemaRegistry
+from relay.schemas import SchemaFolder
 from relay.settings import SubscriberSettings
 from relay.worker import WorkerState
 
@@ -375,7 +375,7 @@ class _OutboxWriter:
 
     def __init__(self, url: str, *aggregate_types: str) -> None:
         self._conn = psycopg.connect(url, application_name="bench-latency-writer")
-        self._outbox = Outbox(SchemaRegistry.from_dir(SCHEMAS))
+        self._outbox = Outbox(SchemaFolder.from_dir(SCHEMAS))
         self._aggregate_types = aggregate_types
         self.transactions = 0
 
@@ -403,7 +403,7 @@ class _KafkaWriter:
         config = producer_config(bootstrap, {}, 30_000)
         self._producer = Producer({**config, "transactional.id": f"{topics[0]}.writer"})
         self._producer.init_transactions(30)
-        self._registry = SchemaRegistry.from_dir(SCHEMAS)
+        self._registry = SchemaFolder.from_dir(SCHEMAS)
         self._topics = topics
         self.transactions = 0
 
@@ -432,9 +432,11 @@ class _KafkaWriter:
 def _wait_running(relay: Relay, timeout: float = 30.0) -> None:
     """Until every part has recovered (fenced, read its Kafka-side checkpoint)."""
     deadline = time.monotonic() + timeout
-    while not relay.states or any(s is not WorkerState.RUNNING for s in relay.states.values()):
+    while not relay.part_states() or any(
+        s != WorkerState.RUNNING for s in relay.part_states().values()
+    ):
         if time.monotonic() > deadline:
-            raise RuntimeError(f"relay parts not running after {timeout}s: {relay.states}")
+            raise RuntimeError(f"relay parts not running after {timeout}s: {relay.part_states()}")
         time.sleep(0.02)
 
 

@@ -36,7 +36,7 @@ from relay.daemon import Relay
 from relay.localstack import KAFKA_VERSION, LocalKafka, LocalPostgres, LocalServerError, free_port
 from relay.localstack.kafka import wait_until_answers
 from relay.outbox import Outbox
-from relay.schemas import SchemaRegistry
+from relay.schemas import SchemaFolder
 from relay.settings import load_settings
 
 _log = logging.getLogger(__name__)
@@ -287,8 +287,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
-def registry() -> SchemaRegistry:
-    return SchemaRegistry.from_dir(REPO / "schemas")
+def registry() -> SchemaFolder:
+    return SchemaFolder.from_dir(REPO / "schemas")
 
 
 @pytest.fixture
@@ -300,13 +300,13 @@ def db(database_url: str) -> Iterator[psycopg.Connection[Any]]:
 
 
 @pytest.fixture
-def outbox(registry: SchemaRegistry) -> Outbox:
+def outbox(registry: SchemaFolder) -> Outbox:
     return Outbox(registry)
 
 
 @pytest.fixture
 def start_relay(
-    db: psycopg.Connection[Any], database_url: str, kafka_bootstrap: str, registry: SchemaRegistry
+    db: psycopg.Connection[Any], database_url: str, kafka_bootstrap: str, registry: SchemaFolder
 ) -> Iterator[Callable[..., Relay]]:
     """Start an in-process relay on the test database; stopped at teardown."""
     started: list[Relay] = []
@@ -334,8 +334,8 @@ def start_relay(
 def spark() -> Iterator[Any]:
     """One local Spark session for every Spark test (starting one takes seconds)."""
     pytest.importorskip("pyspark")
-    from spark_jobs.session import local_session
+    from spark_jobs.spark_session import local_spark_session
 
-    session = local_session("outbox-relay-tests")
+    session = local_spark_session("outbox-relay-tests")
     yield session
     session.stop()

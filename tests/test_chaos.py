@@ -34,7 +34,7 @@ from relay.store import OutboxStore
 from relay.subscribers import Subscriber, ValueFormat
 from relay.topic_reader import KafkaTopicReader
 from relay.verify import SubscriberReport, verify
-from tests.support import consume, order
+from tests.support import consume, order, restart
 
 pytestmark = pytest.mark.chaos
 
@@ -290,7 +290,7 @@ def _chaos_loop(
             figures.log.append(f"{time.monotonic() - started:5.1f}s SIGCONT pid {frozen.pid}")
         elif elapsed > CHAOS_SECONDS * 0.45 and not done["postgres"]:
             done["postgres"] = True
-            postgres.restart()
+            restart(postgres)
             figures.postgres_restarts += 1
             figures.log.append(f"{elapsed:5.1f}s postgres restarted")
         elif elapsed > CHAOS_SECONDS * 0.6 and not done["broker"]:

@@ -26,7 +26,7 @@ from relay.daemon import Relay
 from relay.localstack.debezium import LocalDebeziumServer
 from relay.localstack.postgres import LocalPostgres
 from relay.model import ConsumedRecord
-from relay.schemas import SchemaRegistry
+from relay.schemas import SchemaFolder
 from relay.settings import load_settings
 from tests.support import consume
 from tests.test_debezium import attach
@@ -244,7 +244,7 @@ def test_the_debezium_format_is_byte_identical_to_the_outbox_event_router(
     logical_postgres: LocalPostgres,
     kafka_bootstrap: str,
     debezium_server: Callable[[dict[str, str]], LocalDebeziumServer],
-    registry: SchemaRegistry,
+    registry: SchemaFolder,
 ) -> None:
     dbname = f"conf_{setup.name}"
     tag = uuid.uuid4().hex[:8]
@@ -279,7 +279,7 @@ def test_the_debezium_format_is_byte_identical_to_the_outbox_event_router(
     assert mine == debezium
 
 
-def start_relay_on(url: str, bootstrap: str, registry: SchemaRegistry) -> Relay:
+def start_relay_on(url: str, bootstrap: str, registry: SchemaFolder) -> Relay:
     """A relay on ``url`` with one subscriber in the debezium format."""
     relay = Relay(
         load_settings(

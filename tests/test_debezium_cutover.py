@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from relay import migrations
 from relay.localstack.debezium import LocalDebeziumServer
 from relay.localstack.postgres import LocalPostgres
-from relay.schemas import SchemaRegistry
+from relay.schemas import SchemaFolder
 from tests.support import consume, run_cli
 from tests.test_debezium_conformance import (
     SETUPS,
@@ -75,7 +75,7 @@ def test_cut_over_from_a_running_debezium_loses_and_duplicates_nothing(
     logical_postgres: LocalPostgres,
     kafka_bootstrap: str,
     tmp_path: Any,
-    registry: SchemaRegistry,
+    registry: SchemaFolder,
 ) -> None:
     with psycopg.connect(logical_postgres.url, autocommit=True) as admin:
         admin.execute("CREATE DATABASE cutover")

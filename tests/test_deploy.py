@@ -691,7 +691,7 @@ def _archive_arguments(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> dict
         seen.update(kwargs)
         return Query()
 
-    monkeypatch.setattr(archive, "local_session", lambda name: None)
+    monkeypatch.setattr(archive, "local_spark_session", lambda name: None)
     monkeypatch.setattr(archive, "start", start)
     archive.main(argv)
     return seen

@@ -177,11 +177,11 @@ def test_local_runs_postgres_and_kafka_for_your_own_app(workdir: Path) -> None:
 def test_the_live_view_prints_consumed_records_verbatim() -> None:
     from rich.console import Console
 
-    from relay.dev import _recent_table, _shown
+    from relay.localstack.demo import _recent_table, _shown
     from relay.model import ConsumedRecord
-    from relay.schemas import SchemaRegistry
+    from relay.schemas import SchemaFolder
 
-    registry = SchemaRegistry.from_dir(ROOT / "schemas")
+    registry = SchemaFolder.from_dir(ROOT / "schemas")
     payload = {"order_id": "[/red]", "customer_id": "c", "amount_cents": 1}
     value = registry.encode("OrderPlaced", payload)
     record = ConsumedRecord("t", 0, 0, b"[/]", value, [("event_type", b"[bold]Placed")])

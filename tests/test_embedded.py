@@ -17,6 +17,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from relay.localstack import LocalPostgres
+from tests.support import restart
 
 
 def test_postgres_answers(database_url: str) -> None:
@@ -91,7 +92,7 @@ def test_local_postgres_restart_keeps_data(local_postgres: LocalPostgres) -> Non
         conn.execute("insert into kept values (1, 'survives restart')")
     old_pid = local_postgres.pid
 
-    local_postgres.restart()
+    restart(local_postgres)
 
     assert local_postgres.pid is not None
     assert local_postgres.pid != old_pid

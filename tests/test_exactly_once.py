@@ -26,7 +26,7 @@ from relay.settings import load_settings
 from relay.store import OutboxStore
 from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.worker import WorkerState
-from tests.support import by_key, caught_up, consume, ids_of, run_cli, sub, write_orders
+from tests.support import by_key, caught_up, consume, ids_of, run_cli, sub, worker, write_orders
 
 StartRelay = Callable[..., Relay]
 REPO = Path(__file__).resolve().parent.parent
@@ -48,7 +48,7 @@ def test_a_commit_that_reached_kafka_but_not_postgres_is_adopted_not_republished
     topic_prefix: str,
     start_relay: StartRelay,
 ) -> None:
-    """The crash window between the Kafka commit and the checkpoint update (seed 004)."""
+    """The crash window between the Kafka commit and the checkpoint update (docs/design.md §5)."""
     store = OutboxStore(db)
     store.add(
         Subscriber(
@@ -62,7 +62,7 @@ def test_a_commit_that_reached_kafka_but_not_postgres_is_adopted_not_republished
     session = store.open_session("doomed", 1, 30)
     assert store.claim("s", 0, session)
     state = store.get_part("s", 0)
-    publisher = doomed._new_publisher(state)
+    publisher = doomed.publishers(state)
     assert publisher.recover(str(state.generation)) is None
     events = store.fetch(state.checkpoint, 100).events
     records = [doomed.encoder.encode(e, state.subscriber) for e in events]
@@ -76,7 +76,7 @@ def test_a_commit_that_reached_kafka_but_not_postgres_is_adopted_not_republished
     seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 7)
     assert Counter(ids_of(seen)).most_common(1)[0][1] == 1, "an event was published twice"
     assert len(seen) == 7
-    assert relay.worker("s").stats.recovered == 1
+    assert worker(relay, "s").stats.recovered == 1
 
 
 def test_a_new_owner_fences_the_old_producer(
@@ -98,7 +98,7 @@ def test_a_new_owner_fences_the_old_producer(
     )
     relay = Relay(settings)
     state = store.get_part("s", 0)
-    old, new = relay._new_publisher(state), relay._new_publisher(state)
+    old, new = relay.publishers(state), relay.publishers(state)
     try:
         old.recover(str(state.generation))
         new.recover(str(state.generation))  # same transactional.id: the broker fences `old`
@@ -237,7 +237,7 @@ def test_dead_letter_policy_publishes_poison_events_aside_and_goes_on(
     [too_big] = consume(kafka_bootstrap, [dlq + ".json"], 1)
     assert too_big.key == b"big"
     assert "too large" in str(too_big.header_text("outbox.error")).lower()
-    wait_until(lambda: relay.worker("s").stats.dead_lettered == 2, what="the decisions")
+    wait_until(lambda: worker(relay, "s").stats.dead_lettered == 2, what="the decisions")
     recorded = db.execute(
         "SELECT subscriber, count(*) FROM outbox_dead_letters GROUP BY 1 ORDER BY 1"
     ).fetchall()
@@ -259,14 +259,14 @@ def test_halt_policy_is_recorded_survives_restarts_and_resume_retries(
         )
         write_orders(db, outbox, ["o-2"])
     relay = start_relay(subscribers=[sub("s", topic_prefix)])
-    wait_until(lambda: relay.worker("s").stats.state is WorkerState.HALTED, what="the halt")
+    wait_until(lambda: worker(relay, "s").stats.state is WorkerState.HALTED, what="the halt")
     store = OutboxStore(db)
     halted = store.get_part("s", 0)
     assert halted.halted_error is not None and "Unknown" in halted.halted_error
     relay.stop()
 
     again = start_relay(subscribers=[sub("s", topic_prefix)])
-    wait_until(lambda: again.worker("s").stats.state is WorkerState.HALTED, what="halted again")
+    wait_until(lambda: worker(again, "s").stats.state is WorkerState.HALTED, what="halted again")
     after = store.get_part("s", 0)
     assert after.halted_error == halted.halted_error
     assert after.checkpoint == Position(0, 0)

@@ -19,7 +19,7 @@ from relay.daemon import Relay
 from relay.localstack import LocalKafka, free_port
 from relay.settings import load_settings
 from relay.store import OutboxStore
-from tests.support import consume, ids_of, sub, wait_caught_up, write_orders
+from tests.support import consume, ids_of, session_id, sub, wait_caught_up, write_orders
 
 StartRelay = Callable[..., Relay]
 
@@ -61,8 +61,8 @@ def test_a_relay_with_a_wrong_broker_takes_no_part_from_a_healthy_one(
             write_orders(db, outbox, [f"o-{batch}-{i}" for i in range(25)])
             wait_caught_up(db, "s", timeout=30)
             time.sleep(1.0)
-        assert wrong.workers == {} and wrong.session_id is None
-        assert owners(db) == {healthy.session_id}
+        assert wrong.workers == {} and session_id(wrong) is None
+        assert owners(db) == {session_id(healthy)}
         ready, why = wrong.ready()
         assert not ready and "unreachable since" in why
     finally:
@@ -102,8 +102,8 @@ def test_a_relay_whose_broker_goes_away_gives_its_parts_to_its_peer(
         try:
             wait_until(lambda: len(owners(db)) == 2, "the two relays to share the parts")
             other.stop()
-            wait_until(lambda: owners(db) == {healthy.session_id}, "the handover", timeout=60)
-            assert doomed.session_id is None
+            wait_until(lambda: owners(db) == {session_id(healthy)}, "the handover", timeout=60)
+            assert session_id(doomed) is None
             # Its workers stop too (one may first wait out a Kafka call in flight).
             wait_until(lambda: doomed.workers == {}, "its workers to stop", timeout=60)
         finally:

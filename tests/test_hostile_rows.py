@@ -22,7 +22,7 @@ from relay.store import OutboxStore
 from relay.subscribers import Subscriber, TopicGuard, legal_topic
 from relay.testing import InMemoryPublisher, InMemoryStore
 from relay.worker import WorkerState
-from tests.support import consume, keyed, keys, sub, wait_caught_up, write_orders
+from tests.support import consume, keyed, keys, sub, wait_caught_up, worker, write_orders
 from tests.test_exactly_once import wait_until
 from tests.test_worker_logic import claimed
 from tests.test_worker_logic import event as logic_event
@@ -79,13 +79,13 @@ def test_rows_python_cannot_load_or_write_are_poison_not_a_silent_crash_loop(
     assert "Recursion" in dead["deep-header"].header_text("outbox.error")
     assert "payload_omitted" in json.loads(dead["huge"].value or b"")
 
-    wait_until(lambda: relay.worker("halt").stats.state is WorkerState.HALTED, what="halt")
+    wait_until(lambda: worker(relay, "halt").stats.state is WorkerState.HALTED, what="halt")
     halted = OutboxStore(db).get_part("halt", 0)
     assert halted.halted_error is not None and "digits" in halted.halted_error
     for name in ("dl", "halt"):
-        stats = relay.worker(name).stats
+        stats = worker(relay, name).stats
         assert stats.unexpected == 0 and stats.poisoned >= 1
-        assert relay.worker(name).is_alive() or stats.state is WorkerState.HALTED
+        assert worker(relay, name).is_alive() or stats.state is WorkerState.HALTED
 
 
 class _FailingStore(InMemoryStore):
@@ -375,4 +375,4 @@ def test_large_rows_go_out_in_batches_under_batch_max_bytes_and_others_follow(
     )
     seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 7)
     assert keys(seen) == sorted([f"big-{n}" for n in range(6)] + ["after"])
-    assert relay.worker("s").stats.batches >= 2  # 1 without the byte cap
+    assert worker(relay, "s").stats.batches >= 2  # 1 without the byte cap

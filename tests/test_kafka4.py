@@ -49,7 +49,7 @@ def test_a_transaction_timeout_above_the_brokers_cap_is_a_config_error_naming_th
         bootstrap_servers=strict_kafka.bootstrap_servers,
         delivery_timeout=40,
     )
-    publisher = Relay(settings)._new_publisher(store.get_part("s", 0))
+    publisher = Relay(settings).publishers(store.get_part("s", 0))
     try:
         with pytest.raises(ConfigError) as refused:
             publisher.recover("g")
@@ -86,7 +86,7 @@ def test_an_expired_transactional_id_costs_a_retry_not_an_event(
         time.sleep(6)  # idle: the broker expires the part's transactional id meanwhile
         write_orders(db, outbox, ["after-1", "after-2"])
         seen = consume(strict_kafka.bootstrap_servers, [topic_prefix + "order"], 3)
-        assert all(state is WorkerState.RUNNING for state in relay.states.values())
+        assert all(state == WorkerState.RUNNING for state in relay.part_states().values())
     finally:
         relay.stop()
     written = [str(r[0]) for r in db.execute("SELECT message_id FROM outbox ORDER BY position")]

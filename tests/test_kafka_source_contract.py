@@ -28,7 +28,7 @@ pytest.importorskip("pyspark")
 
 from pyspark.sql import DataFrame, SparkSession
 
-from spark_jobs.session import kafka_options
+from spark_jobs.spark_session import kafka_options
 
 pytestmark = pytest.mark.spark
 

@@ -63,8 +63,8 @@ def test_relay_publishes_as_a_least_privilege_role(
         )
         with relay:
             seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 2)
-            assert relay._http is not None
-            port = relay._http.port
+            assert relay.http is not None
+            port = relay.http.port
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
                 metrics = r.read().decode()
         assert keys(seen) == ["o-1", "o-2"]

@@ -18,12 +18,12 @@ from relay import Outbox
 from relay.daemon import Relay
 from relay.model import PartId
 from relay.store import OutboxStore
-from tests.support import run_cli, sub, wait_caught_up, write_orders
+from tests.support import run_cli, sub, wait_caught_up, worker, write_orders
 
 
 def get(relay: Relay, path: str) -> tuple[int, str]:
-    assert relay._http is not None
-    url = f"http://127.0.0.1:{relay._http.port}{path}"
+    assert relay.http is not None
+    url = f"http://127.0.0.1:{relay.http.port}{path}"
     try:
         with urllib.request.urlopen(url, timeout=10) as response:
             return response.status, response.read().decode()
@@ -94,7 +94,7 @@ def test_status_shows_parts_sessions_and_who_holds_the_horizon(
         time.sleep(1.0)
         result = run_cli("status", "--json", env={"RELAY_DATABASE_URL": database_url})
         with caplog.at_level(logging.WARNING, logger="relay.daemon"):
-            relay._report_stalled_horizon(OutboxStore(db))
+            relay.horizon.check(OutboxStore(db))
         holder.rollback()
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
@@ -123,8 +123,8 @@ def test_idle_and_slow_clients_cost_no_threads_and_the_server_still_answers(
     topic_prefix: str, start_relay: Callable[..., Relay]
 ) -> None:
     relay = start_relay(subscribers=[sub("s", topic_prefix)])
-    assert relay._http is not None
-    port = relay._http.port
+    assert relay.http is not None
+    port = relay.http.port
     assert get(relay, "/healthz")[0] == 200
     threads_before = threading.active_count()
     stalled = _open_idle(port, 60) + _open_slow(port, 30)
@@ -189,11 +189,11 @@ def test_the_metrics_port_listens_where_metrics_host_says(
 
     assert load_settings().metrics_host == "127.0.0.1"  # loopback unless told otherwise
     relay = start_relay(subscribers=[sub("s", topic_prefix)], metrics_host="127.0.0.2")
-    assert relay._http is not None
-    with urllib.request.urlopen(f"http://127.0.0.2:{relay._http.port}/healthz", timeout=10) as r:
+    assert relay.http is not None
+    with urllib.request.urlopen(f"http://127.0.0.2:{relay.http.port}/healthz", timeout=10) as r:
         assert r.status == 200
     with pytest.raises(ConnectionRefusedError):
-        socket.create_connection(("127.0.0.1", relay._http.port), timeout=10)
+        socket.create_connection(("127.0.0.1", relay.http.port), timeout=10)
 
 
 def _wait_halted(db: psycopg.Connection[Any], name: str, timeout: float = 60.0) -> str:
@@ -237,7 +237,7 @@ def test_a_poison_halt_shows_in_metrics_readiness_and_status(
     assert f"s/0: {error}" in text and "Unknown" in error
 
     # The halted worker loses its claim and ends on its own: not a worker failure.
-    halted_worker = relay.worker("s")
+    halted_worker = worker(relay, "s")
     db.execute("UPDATE outbox_checkpoints SET owner = NULL WHERE subscriber = 's'")
     deadline = time.monotonic() + 30
     while relay.workers.get(PartId("s", 0)) in (None, halted_worker):

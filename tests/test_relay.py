@@ -14,16 +14,16 @@ import pytest
 from relay import Event, Outbox
 from relay.daemon import Relay
 from relay.model import ConsumedRecord, PartId
-from relay.schemas import SchemaRegistry
+from relay.schemas import SchemaFolder
 from relay.store import OutboxStore
 from relay.subscribers import StartFrom, Subscriber
 from relay.worker import WorkerState
-from tests.support import by_key, consume, keys, nothing_arrives, order, sub, write_orders
+from tests.support import by_key, consume, keys, nothing_arrives, order, sub, worker, write_orders
 
 StartRelay = Callable[..., Relay]
 
 
-def payload_ids(seen: list[ConsumedRecord], registry: SchemaRegistry) -> list[str]:
+def payload_ids(seen: list[ConsumedRecord], registry: SchemaFolder) -> list[str]:
     return [registry.decode(s.value or b"")[1]["order_id"] for s in seen]
 
 
@@ -33,7 +33,7 @@ def test_published_records_carry_key_headers_and_self_describing_avro(
     start_relay: StartRelay,
     kafka_bootstrap: str,
     topic_prefix: str,
-    registry: SchemaRegistry,
+    registry: SchemaFolder,
 ) -> None:
     with db.transaction():
         message_id = outbox.append(
@@ -59,14 +59,14 @@ def test_published_records_carry_key_headers_and_self_describing_avro(
     assert value == {**order(7), "currency": "EUR", "note": None}
 
 
-def test_seed_002_race_an_older_transaction_committing_last_is_not_skipped(
+def test_an_older_transaction_committing_last_is_not_skipped(
     database_url: str,
     db: psycopg.Connection[Any],
     outbox: Outbox,
     start_relay: StartRelay,
     kafka_bootstrap: str,
     topic_prefix: str,
-    registry: SchemaRegistry,
+    registry: SchemaFolder,
 ) -> None:
     topic = topic_prefix + "outbox.event.order"
     start_relay(subscribers=[sub("s", topic_prefix)])
@@ -86,7 +86,7 @@ def test_rolled_back_events_are_never_published(
     start_relay: StartRelay,
     kafka_bootstrap: str,
     topic_prefix: str,
-    registry: SchemaRegistry,
+    registry: SchemaFolder,
 ) -> None:
     start_relay(subscribers=[sub("s", topic_prefix)])
     for i in range(20):
@@ -105,7 +105,7 @@ def test_many_events_in_one_transaction_keep_their_order(
     start_relay: StartRelay,
     kafka_bootstrap: str,
     topic_prefix: str,
-    registry: SchemaRegistry,
+    registry: SchemaFolder,
 ) -> None:
     ids = [f"o-{i}" for i in range(2500)]
     with db.transaction():
@@ -141,7 +141,7 @@ def test_a_long_open_transaction_holds_the_relay_back_until_it_commits(
         with db.transaction():
             write_orders(db, outbox, ["a", "b", "c"])
         assert nothing_arrives(kafka_bootstrap, [topic], within=2.0) == []
-        assert relay.worker("s").stats.published == 0
+        assert worker(relay, "s").stats.published == 0
         long_tx.commit()  # no outbox write, so no NOTIFY: the timer must pick it up
     seen = consume(kafka_bootstrap, [topic], 3)
     assert len(seen) == 3
@@ -153,7 +153,7 @@ def test_a_restarted_relay_resumes_from_its_checkpoint(
     start_relay: StartRelay,
     kafka_bootstrap: str,
     topic_prefix: str,
-    registry: SchemaRegistry,
+    registry: SchemaFolder,
 ) -> None:
     topic = topic_prefix + "outbox.event.order"
     first = start_relay(subscribers=[sub("s", topic_prefix)])
@@ -296,10 +296,10 @@ def test_a_halted_subscriber_does_not_stall_the_others(
     assert len(seen) == 3
     deadline = time.monotonic() + 10
     while (
-        relay.worker("avro").stats.state is not WorkerState.HALTED and time.monotonic() < deadline
+        worker(relay, "avro").stats.state is not WorkerState.HALTED and time.monotonic() < deadline
     ):
         time.sleep(0.05)
-    stats = relay.worker("avro").stats
+    stats = worker(relay, "avro").stats
     assert stats.state is WorkerState.HALTED
     assert "Unknown" in (stats.last_error or "")
     # Its checkpoint stays before the poison batch, so nothing is lost when it is fixed.
@@ -307,7 +307,7 @@ def test_a_halted_subscriber_does_not_stall_the_others(
         nothing_arrives(kafka_bootstrap, [topic_prefix + "avro.outbox.event.order"], within=0.5)
         == []
     )
-    assert relay.worker("json").stats.state is WorkerState.RUNNING
+    assert worker(relay, "json").stats.state is WorkerState.RUNNING
 
 
 def test_new_subscriber_from_now_skips_history_and_default_routes_everything(
@@ -359,7 +359,7 @@ def test_pause_and_reset_take_effect_on_a_running_relay(
     store = OutboxStore(db)
     store.set_paused("s", True)
     deadline = time.monotonic() + 5
-    while relay.worker("s").stats.state is not WorkerState.PAUSED and time.monotonic() < deadline:
+    while worker(relay, "s").stats.state is not WorkerState.PAUSED and time.monotonic() < deadline:
         time.sleep(0.05)
     write_orders(db, outbox, ["2"])
     assert [s.key for s in consume(kafka_bootstrap, [topic], 1, quiet=1.5)] == [b"1"]  # not "2"
@@ -376,7 +376,7 @@ def test_concurrent_writers_with_rollbacks_every_committed_event_once_in_key_ord
     start_relay: StartRelay,
     kafka_bootstrap: str,
     topic_prefix: str,
-    registry: SchemaRegistry,
+    registry: SchemaFolder,
     writers: int,
 ) -> None:
     start_relay(subscribers=[sub("s", topic_prefix)], batch_size=100)

@@ -22,7 +22,7 @@ from relay import Outbox, migrations
 from relay.daemon import Relay
 from relay.localstack import LocalPostgres
 from relay.localstack.postgres import find_pg_binary
-from relay.schemas import SchemaRegistry
+from relay.schemas import SchemaFolder
 from relay.settings import load_settings
 from tests.support import by_key, consume, ids_of, run_cli, sub, wait_caught_up
 
@@ -61,7 +61,7 @@ class Writer:
 
 
 @pytest.fixture
-def relays(kafka_bootstrap: str, registry: SchemaRegistry) -> Iterator[Callable[..., Relay]]:
+def relays(kafka_bootstrap: str, registry: SchemaFolder) -> Iterator[Callable[..., Relay]]:
     started: list[Relay] = []
 
     def start(url: str, prefix: str) -> Relay:

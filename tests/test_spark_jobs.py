@@ -277,7 +277,7 @@ def test_jobs_read_the_database_url_from_the_environment(
         seen.append(kwargs["database_url"])
         return Query()
 
-    monkeypatch.setattr(module, "local_session", lambda name: None)
+    monkeypatch.setattr(module, "local_spark_session", lambda name: None)
     monkeypatch.setattr(module, "start", start)
     argv = ["--bootstrap-servers", "k:9092", "--checkpoint", str(tmp_path / "c")]
     argv += ["--topics", "a,b"] if job == "window_average" else []

@@ -1,4 +1,4 @@
-"""Job (b), the seed-001 task: averages to a Kafka topic and a counter in Postgres, each
+"""Job (b) (docs/design.md §8): averages to a Kafka topic and a counter in Postgres, each
 exactly once, checked after a replayed batch and after kill -9 at each crash point."""
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def driver(story: Story, url: str, ckpt: Path, log: Path, *crash: str) -> subpro
 
 
 @pytest.mark.parametrize("point", ["A", "B", "C", "D"])
-def test_kill_9_at_each_crash_point_of_the_seed_ends_in_the_exact_state(
+def test_kill_9_at_each_crash_point_ends_in_the_exact_state(
     point: str, database_url: str, kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     story = Story(kafka_bootstrap)

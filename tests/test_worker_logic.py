@@ -13,7 +13,7 @@ from typing import Any
 from relay.encoding import RecordEncoder
 from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position
 from relay.ports import Fetched, PoisonRecordError
-from relay.sessions import Session
+from relay.sessions import RelaySession
 from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.testing import InMemoryPublisher, InMemoryStore
 from relay.worker import PartWorker, WorkerState
@@ -56,7 +56,7 @@ def worker(
 ) -> PartWorker:
     return PartWorker(
         PartId("s", 0),
-        session=Session(OWNER, timeout=60, heartbeat_interval=1),
+        session=RelaySession(OWNER, timeout=60, heartbeat_interval=1),
         open_store=lambda: store,
         open_publisher=lambda state: kafka,
         encoder=RecordEncoder(None),

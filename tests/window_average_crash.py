@@ -1,6 +1,6 @@
 """``python -m tests.window_average_crash POINT ARGS...``: job (b)'s driver, which kills
 its own process group (the Python driver and its JVM) with SIGKILL at one crash point of
-seed 001, in the first micro-batch that emits windows:
+job (b) (docs/design.md §8), in the first micro-batch that emits windows:
 
 * ``D``: the batch's offsets are logged, nothing else is done (kill on entering the
   batch, batch 1);

@@ -1,4 +1,4 @@
-"""``outbox-relay dev``: the embedded default stack with a demo writer and live figures.
+"""``outbox-relay dev``: the local stack with a demo writer and live figures.
 
 Starts a local Postgres and a local Apache Kafka (both keep their data in ``workdir``),
 applies the migrations, runs the relay in-process, writes demo events (some in
@@ -38,7 +38,7 @@ from relay.localstack import KAFKA_VERSION, LocalKafka, LocalPostgres, free_port
 from relay.localstack.stack import migrated_database
 from relay.model import HEADER_EVENT_TYPE, ConsumedRecord
 from relay.outbox import Outbox
-from relay.schemas import SchemaRegistry
+from relay.schemas import SchemaFolder
 from relay.settings import Settings, load_settings
 from relay.store import OutboxStore
 from relay.topic_reader import KafkaTopicReader
@@ -309,12 +309,12 @@ class DemoConsumer(_StoppableThread):
 class Dashboard:
     """Renders the live table; tracks the recent published rate."""
 
-    def __init__(self, session: Session) -> None:
-        self._session = session
+    def __init__(self, demo: DemoRun) -> None:
+        self._demo = demo
         self._samples: deque[tuple[float, int]] = deque()
 
     def render(self) -> Group:
-        s = self._session
+        s = self._demo
         published = s.published()
         rate = self._rate(time.monotonic(), published)
         with s.tally.lock:
@@ -354,7 +354,7 @@ def _figures_table(figures: list[tuple[str, str]]) -> Table:
     return table
 
 
-def _shown(record: ConsumedRecord, registry: SchemaRegistry) -> tuple[str, str, str, str]:
+def _shown(record: ConsumedRecord, registry: SchemaFolder) -> tuple[str, str, str, str]:
     """A consumed record as the live view shows it: topic, key, event type, payload."""
     key = (record.key or b"").decode(errors="replace")
     return (
@@ -365,7 +365,7 @@ def _shown(record: ConsumedRecord, registry: SchemaRegistry) -> tuple[str, str, 
     )
 
 
-def _payload(record: ConsumedRecord, registry: SchemaRegistry) -> str:
+def _payload(record: ConsumedRecord, registry: SchemaFolder) -> str:
     try:
         _schema, payload = registry.decode(record.value or b"")
     except (SchemaError, ValueError, EOFError) as exc:
@@ -389,13 +389,13 @@ def _recent_table(recent: list[tuple[str, str, str, str]]) -> Table:
 class DevOptions:
     workdir: Path
     schemas_dir: Path
-    registry: SchemaRegistry
+    registry: SchemaFolder
     rate: float
     duration: float | None
 
 
 @dataclass
-class Session:
+class DemoRun:
     """What one ``dev`` run started, and when."""
 
     options: DevOptions
@@ -431,20 +431,20 @@ class Session:
 
 def run_dev(*, workdir: Path, rate: float, duration: float | None, schemas_dir: Path) -> None:
     """Run the embedded stack until Ctrl-C or ``duration`` seconds after it is up."""
-    registry = SchemaRegistry.from_dir(schemas_dir)  # fail before starting anything
+    registry = SchemaFolder.from_dir(schemas_dir)  # fail before starting anything
     options = DevOptions(workdir, schemas_dir, registry, rate, duration)
-    session = Session(options, Console())
+    demo = DemoRun(options, Console())
     # SIGTERM (a process manager, `timeout`, `kill`) stops the demo as Ctrl-C does: in
     # order, with the summary, and leaving no temporary files behind.
     previous = _set_signal(signal.SIGTERM, _interrupt)
     try:
-        _run(session)
+        _run(demo)
     except KeyboardInterrupt:
-        session.console.print("interrupted; everything is stopped")
+        demo.console.print("interrupted; everything is stopped")
     finally:
         _set_signal(signal.SIGTERM, previous)
-    if session.started_at is not None:
-        _summary(session)
+    if demo.started_at is not None:
+        _summary(demo)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -457,13 +457,13 @@ def _set_signal(which: int, handler: Any) -> Any:
     return None
 
 
-def _run(session: Session) -> None:
+def _run(demo: DemoRun) -> None:
     with ExitStack() as stack:
         stack.callback(_set_sigint, signal.getsignal(signal.SIGINT))  # runs last
         try:
-            _start(stack, session)
-            _banner(session)
-            _watch(session, session.options.duration)
+            _start(stack, demo)
+            _banner(demo)
+            _watch(demo, demo.options.duration)
         finally:
             # A second Ctrl-C (or SIGTERM) must not cut the ordered shutdown short.
             _set_sigint(signal.SIG_IGN)
@@ -475,34 +475,34 @@ def _set_sigint(handler: SigHandler) -> None:
         signal.signal(signal.SIGINT, handler)
 
 
-def _start(stack: ExitStack, session: Session) -> None:
+def _start(stack: ExitStack, demo: DemoRun) -> None:
     """Start everything, registering each stop before its start (unwound in reverse).
 
     Servers are started from this (the main) thread: their parent-death signal is
     tied to the thread that spawned them.
     """
-    options = session.options
-    session.postgres = LocalPostgres(options.workdir / "pg", port=free_port(), fsync=False)
-    stack.callback(session.postgres.stop)
-    session.postgres.start()
-    session.broker = LocalKafka(options.workdir / "kafka")
-    stack.callback(session.broker.stop)
-    session.broker.start()
-    session.database_url, session.backlog = _prepare_database(session.postgres)
+    options = demo.options
+    demo.postgres = LocalPostgres(options.workdir / "pg", port=free_port(), fsync=False)
+    stack.callback(demo.postgres.stop)
+    demo.postgres.start()
+    demo.broker = LocalKafka(options.workdir / "kafka")
+    stack.callback(demo.broker.stop)
+    demo.broker.start()
+    demo.database_url, demo.backlog = _prepare_database(demo.postgres)
     settings = load_settings(
-        database_url=session.database_url,
-        bootstrap_servers=session.broker.bootstrap_servers,
+        database_url=demo.database_url,
+        bootstrap_servers=demo.broker.bootstrap_servers,
         schemas_dir=options.schemas_dir,
         poll_interval=1.0,
         metrics_port=0,  # any free port: the demo must not fail on a busy 9187
     )
     _create_demo_topics(settings)
-    consumer = DemoConsumer(session.broker.bootstrap_servers, session.tally)
+    consumer = DemoConsumer(demo.broker.bootstrap_servers, demo.tally)
     stack.callback(consumer.close)
     consumer.start()
-    _start_relay(stack, session, settings)
-    writer = DemoWriter(session.database_url, Outbox(options.registry), session.tally, options.rate)
-    stack.callback(_drain, session)
+    _start_relay(stack, demo, settings)
+    writer = DemoWriter(demo.database_url, Outbox(options.registry), demo.tally, options.rate)
+    stack.callback(_drain, demo)
     stack.callback(writer.close)
     writer.start()
 
@@ -521,17 +521,17 @@ def _create_demo_topics(settings: Settings) -> None:
         logger.info("demo topics not created up front: %s", exc)
 
 
-def _start_relay(stack: ExitStack, session: Session, settings: Settings) -> None:
-    relay = session.relay = Relay(settings, registry=session.options.registry)
+def _start_relay(stack: ExitStack, demo: DemoRun, settings: Settings) -> None:
+    relay = demo.relay = Relay(settings, registry=demo.options.registry)
 
     def stop() -> None:
         relay.stop()
-        if session.started_at is not None:
-            session.stopped_at = time.monotonic()
+        if demo.started_at is not None:
+            demo.stopped_at = time.monotonic()
 
     stack.callback(stop)
     relay.start()
-    session.started_at = time.monotonic()
+    demo.started_at = time.monotonic()
 
 
 def _prepare_database(postgres: LocalPostgres) -> tuple[str, int]:
@@ -542,66 +542,66 @@ def _prepare_database(postgres: LocalPostgres) -> tuple[str, int]:
     return url, backlog
 
 
-def _drain(session: Session) -> None:
+def _drain(demo: DemoRun) -> None:
     """Give the relay a moment to publish what the writer committed last."""
     deadline = time.monotonic() + DRAIN_TIMEOUT_S
-    while session.tally.unconsumed() and time.monotonic() < deadline:
+    while demo.tally.unconsumed() and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
-def _banner(session: Session) -> None:
-    assert session.broker is not None and session.postgres is not None
-    console = session.console
+def _banner(demo: DemoRun) -> None:
+    assert demo.broker is not None and demo.postgres is not None
+    console = demo.console
     console.print(
         "[bold]outbox-relay dev[/bold]: local Postgres + Apache Kafka, relay, demo writer"
     )
-    console.print(f"  postgres   psql {session.database_url}", soft_wrap=True, highlight=False)
+    console.print(f"  postgres   psql {demo.database_url}", soft_wrap=True, highlight=False)
     console.print(
         f"  kafka      Apache Kafka {KAFKA_VERSION}, bootstrap servers "
-        f"{session.broker.bootstrap_servers}, topics {', '.join(DEMO_TOPICS)}, "
-        f"started in {session.broker.startup_seconds or 0:.1f} s",
+        f"{demo.broker.bootstrap_servers}, topics {', '.join(DEMO_TOPICS)}, "
+        f"started in {demo.broker.startup_seconds or 0:.1f} s",
         soft_wrap=True,
         highlight=False,
     )
     console.print(
-        f"  data       {session.postgres.data_dir} (log {session.postgres.log_path}), "
-        f"{session.broker.work_dir} (log {session.broker.log_path})",
+        f"  data       {demo.postgres.data_dir} (log {demo.postgres.log_path}), "
+        f"{demo.broker.work_dir} (log {demo.broker.log_path})",
         soft_wrap=True,
         highlight=False,
     )
     console.print("  Ctrl-C stops everything.", highlight=False)
 
 
-def _watch(session: Session, duration: float | None) -> None:
-    dashboard = Dashboard(session)
+def _watch(demo: DemoRun, duration: float | None) -> None:
+    dashboard = Dashboard(demo)
     deadline = None if duration is None else time.monotonic() + duration
     try:
-        with Live(dashboard.render(), console=session.console, auto_refresh=False) as live:
+        with Live(dashboard.render(), console=demo.console, auto_refresh=False) as live:
             while deadline is None or time.monotonic() < deadline:
                 remaining = REFRESH_S if deadline is None else deadline - time.monotonic()
                 time.sleep(max(0.0, min(REFRESH_S, remaining)))
                 live.update(dashboard.render(), refresh=True)
     finally:
-        if not session.console.is_terminal:
-            session.console.line()  # Live ends its final render with a newline on terminals only
+        if not demo.console.is_terminal:
+            demo.console.line()  # Live ends its final render with a newline on terminals only
 
 
-def _summary(session: Session) -> None:
-    session.console.print()
-    t = session.tally
-    published = session.published()
-    end = session.stopped_at or time.monotonic()
-    elapsed = max(1e-9, end - (session.started_at or end))
+def _summary(demo: DemoRun) -> None:
+    demo.console.print()
+    t = demo.tally
+    published = demo.published()
+    end = demo.stopped_at or time.monotonic()
+    elapsed = max(1e-9, end - (demo.started_at or end))
     p50, p99 = percentile(t.latencies, 0.50), percentile(t.latencies, 0.99)
     recent = list(t.recent_latencies)
     r50, r99 = percentile(recent, 0.50), percentile(recent, 0.99)
-    session.console.print(
+    demo.console.print(
         f"Summary: ran {elapsed:.1f} s. Wrote {t.events_written} events in {t.transactions} "
         f"transactions; rolled back {t.rolled_back_transactions} transactions "
         f"({t.rolled_back_events} events) on purpose. Published {published} events "
         f"({published / elapsed:.0f} events/s on average), consumed {t.consumed}, "
         f"{t.duplicates} duplicates, {t.leaks} rolled-back leaks, "
-        f"{session.lag(published)} unpublished at exit. Commit-to-consumer latency "
+        f"{demo.lag(published)} unpublished at exit. Commit-to-consumer latency "
         f"p50 {_ms(p50)}, p99 {_ms(p99)} over all {len(t.latencies)} samples "
         f"(last {len(recent)}: p50 {_ms(r50)}, p99 {_ms(r99)}).",
         soft_wrap=True,

@@ -49,7 +49,7 @@ def connector_jars() -> list[Path]:
     return fetch_lock(lock)
 
 
-def local_session(app_name: str, *, master: str | None = None, **conf: Any) -> SparkSession:
+def local_spark_session(app_name: str, *, master: str | None = None, **conf: Any) -> SparkSession:
     """The job's session: ``local[2]`` (the embedded default) when run with ``python``,
     or whatever master ``spark-submit`` was given (it launches us with a gateway)."""
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
