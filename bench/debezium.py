@@ -22,9 +22,11 @@ Backlog throughput
     publishes them first (a new subscriber from the beginning, in-process):
     its rate runs from its first checkpoint to its last, as in bench/throughput.py. Then
     Debezium is started again and publishes the same rows from its slot: its rate runs
-    from the first record a read_committed consumer sees to the last. That consumer (its
-    own process) counts the relay's records too, so both sides share the host with it;
-    ``consumer_ev_s`` in the details is each side's rate as it saw it.
+    from the moment a read_committed consumer has seen 5000 records (the relay's batch:
+    the relay's rate leaves its first batch out too) to the last; from the first record
+    is in the details (``from_first_record_ev_s``). That consumer (its own process)
+    counts the relay's records too, so both sides share the host with it;
+    ``consumer_ev_s`` is the relay's rate as it saw it.
 
 Latency at 1k ev/s
     bench/latency.py's app writer and read_committed consumer (separate processes): one
@@ -64,6 +66,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from bench import latency, throughput
 from bench.harness import (
+    BATCH,
     SPAWN,
     Figure,
     Scale,
@@ -185,8 +188,8 @@ def _backlog(
     with _counting(stack.bootstrap, backlog, scale.events) as debezium_seen:
         debezium.start()
         debezium_span = debezium_seen(timeout)
-    relay = Rate(rate, {**details, "consumer_ev_s": round(relay_span.ev_s)})
-    return relay, Rate(debezium_span.ev_s, debezium_span.details())
+    relay = Rate(rate, {**details, "consumer_ev_s": round(relay_span.ev_s(BATCH))})
+    return relay, Rate(debezium_span.ev_s(BATCH), debezium_span.details())
 
 
 def _create_slot(stack: Stack, url: str, debezium: LocalDebeziumServer, primer: str) -> None:
@@ -207,21 +210,24 @@ def _create_slot(stack: Stack, url: str, debezium: LocalDebeziumServer, primer: 
 
 @dataclass(frozen=True)
 class Span:
-    """What a counting consumer saw: the first batch of records at ``first``, the last
-    of ``count`` at ``last`` (CLOCK_MONOTONIC)."""
+    """What a counting consumer saw: (CLOCK_MONOTONIC time, records so far) after every
+    batch it received."""
 
-    first: float
-    first_batch: int
-    last: float
-    count: int
+    points: list[tuple[float, int]]
 
-    @property
-    def ev_s(self) -> float:
-        """Records per second after the first batch seen."""
-        return (self.count - self.first_batch) / (self.last - self.first)
+    def ev_s(self, skip: int = 1) -> float:
+        """Records per second from the batch that brought the count to ``skip`` to the
+        last: with ``skip=BATCH``, the window of the relay's checkpoint-based rate."""
+        start, before = next(p for p in self.points if p[1] >= skip)
+        end, count = self.points[-1]
+        return (count - before) / (end - start)
 
     def details(self) -> dict[str, Any]:
-        return {"records": self.count, "seconds": round(self.last - self.first, 3)}
+        return {
+            "records": self.points[-1][1],
+            "seconds": round(self.points[-1][0] - self.points[0][0], 3),
+            "from_first_record_ev_s": round(self.ev_s()),
+        }
 
 
 @contextmanager
@@ -234,7 +240,7 @@ def _counting(bootstrap: str, topic: str, expected: int) -> Iterator[Any]:
         wait_until(ready.is_set, consumer, 30.0, "the consumer to be assigned")
 
         def seen(timeout: float) -> Span:
-            return Span(*receive(results, consumer, timeout))
+            return Span(receive(results, consumer, timeout))
 
         yield seen
     finally:
@@ -247,22 +253,20 @@ def _count(
 ) -> None:
     """Count records on every partition of ``topic`` until ``expected``; send the span."""
     consumer = latency.committed_reader(bootstrap, "debezium")
+    points: list[tuple[float, int]] = []
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         count = sum(m.error() is None for m in consumer.consume(1000, 0.5))  # joins
         ready.set()
-        first, first_batch, last = time.monotonic(), count, time.monotonic()
         while count < expected and not stop.is_set():
-            batch = sum(m.error() is None for m in consumer.consume(10_000, 0.05))
-            last = time.monotonic()
-            if batch and not count:
-                first, first_batch = last, batch
-            count += batch
+            if batch := sum(m.error() is None for m in consumer.consume(10_000, 0.05)):
+                count += batch
+                points.append((time.monotonic(), count))
     finally:
         consumer.close()
     if count >= expected:
-        out.send((first, first_batch, last, count))
+        out.send(points)
 
 
 # -- latency ---------------------------------------------------------------------------
