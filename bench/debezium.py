@@ -6,13 +6,14 @@ Set-up
     decodes the WAL; the stack's cluster runs at the default level), fsync as the stack's;
     both sides use it. Debezium Server (relay/localstack/debezium.py): the PostgreSQL
     connector (pgoutput, a publication of the outbox table only, no snapshot, only the
-    columns the router reads), the Outbox
-    Event Router mapped onto the project's outbox columns (``message_id`` → the ``id``
-    header, ``aggregate_id`` → key, ``payload`` → value, ``aggregate_type`` → topic,
-    ``event_type`` and ``aggregate_type`` → headers), the Kafka sink. Values: Debezium
-    passes the jsonb payload through as its text (``simplestring``); the relay uses its
-    ``json`` value format. Both publish the JSON payload keyed by the aggregate id, to
-    topics of 3 partitions.
+    columns the router reads), the Outbox Event Router mapped onto the project's outbox
+    columns (``message_id`` → the ``id`` header, ``aggregate_id`` → key, ``payload`` →
+    value, ``aggregate_type`` → topic, ``event_type`` and ``aggregate_type`` → headers),
+    the Kafka sink. Values: Debezium passes the jsonb payload through as its text
+    (``simplestring``); the relay uses its ``json`` value format (it parses and
+    re-serialises each payload). Both publish the JSON payload keyed by the aggregate id,
+    to topics of 3 partitions. The relay's records are in Kafka transactions, with its
+    checkpoints; Debezium Server's sink has no transactions.
 
 Backlog throughput
     Debezium streams only what is written after its slot exists, and the router handles
@@ -45,8 +46,8 @@ Debezium's settings (``DEBEZIUM_TUNING``, also in every figure's details)
       latency lowers it. A backlog fills every batch, so throughput does not depend on it.
     * The Kafka producer as the relay's: ``linger.ms`` 5 and ``batch.size`` 1000000
       (librdkafka's default, which the relay keeps; the Java client's 16 KiB would split
-      each batch into many requests), ``acks=all`` and idempotence (both defaults), no
-      compression on either side.
+      each batch into many requests); ``acks=all`` and idempotence on both sides (the
+      relay always sets them, the Java client has them by default); no compression.
     * Offsets flushed at Debezium Server's default interval (60 s): no cost per batch.
 """
 
@@ -54,7 +55,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -187,7 +188,7 @@ def _backlog(
         relay_span = relay_seen(timeout)
     with _counting(stack.bootstrap, backlog, scale.events) as debezium_seen:
         debezium.start()
-        debezium_span = debezium_seen(timeout)
+        debezium_span = _published(debezium_seen, timeout, debezium)
     relay = Rate(rate, {**details, "consumer_ev_s": round(relay_span.ev_s(BATCH))})
     return relay, Rate(debezium_span.ev_s(BATCH), debezium_span.details())
 
@@ -204,8 +205,18 @@ def _create_slot(stack: Stack, url: str, debezium: LocalDebeziumServer, primer: 
                 " VALUES (%s, '0', 'OrderPlaced', %s)",
                 (PRIMER_TYPE, json.dumps(order_payload())),
             )
-        seen(120)
+        _published(seen, 120, debezium)
     debezium.stop()
+
+
+def _published(
+    seen: Callable[[float], Span], timeout: float, debezium: LocalDebeziumServer
+) -> Span:
+    """What the consumer saw Debezium publish; names Debezium Server's log if it fails."""
+    try:
+        return seen(timeout)
+    except RuntimeError as exc:
+        raise RuntimeError(f"{exc}; Debezium Server's log: {debezium.log_path}") from exc
 
 
 @dataclass(frozen=True)
@@ -231,7 +242,7 @@ class Span:
 
 
 @contextmanager
-def _counting(bootstrap: str, topic: str, expected: int) -> Iterator[Any]:
+def _counting(bootstrap: str, topic: str, expected: int) -> Iterator[Callable[[float], Span]]:
     """A read_committed consumer process on ``topic``, assigned before the block runs;
     the block calls the yielded function (with a timeout) for its :class:`Span`."""
     ready, stop = SPAWN.Event(), SPAWN.Event()
