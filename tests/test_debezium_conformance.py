@@ -23,7 +23,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from relay import migrations
 from relay.daemon import Relay
-from relay.localstack.debezium import LocalDebeziumServer
+from relay.localstack.debezium import LocalDebeziumServer, postgres_to_kafka
 from relay.localstack.postgres import LocalPostgres
 from relay.model import ConsumedRecord
 from relay.schemas import SchemaFolder
@@ -197,23 +197,8 @@ def server_properties(
     """Debezium Server: the PostgreSQL connector on ``dbname``, one Event Router per table
     (each chosen by a predicate on the table's topic), the Kafka sink."""
     props = {
-        "debezium.sink.type": "kafka",
-        "debezium.sink.kafka.producer.bootstrap.servers": bootstrap,
-        "debezium.sink.kafka.producer.key.serializer": "org.apache.kafka.common.serialization.StringSerializer",
-        "debezium.sink.kafka.producer.value.serializer": "org.apache.kafka.common.serialization.StringSerializer",
-        "debezium.source.connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        **postgres_to_kafka(pg, dbname, bootstrap),
         "debezium.source.offset.flush.interval.ms": "0",
-        "debezium.source.database.hostname": "127.0.0.1",
-        "debezium.source.database.port": str(pg.port),
-        "debezium.source.database.user": "postgres",
-        "debezium.source.database.password": "unused",
-        "debezium.source.database.dbname": dbname,
-        "debezium.source.topic.prefix": "dbz",
-        "debezium.source.plugin.name": "pgoutput",
-        "debezium.source.slot.name": f"dbz_{dbname}",
-        "debezium.source.publication.name": f"dbz_{dbname}",
-        "debezium.source.publication.autocreate.mode": "filtered",
-        "debezium.source.snapshot.mode": "no_data",
         "debezium.source.extended.headers.enabled": "false",
         "debezium.source.table.include.list": ",".join(f"public.{s.name}" for s in shapes),
         "debezium.transforms": ",".join(s.name for s in shapes),
