@@ -3,8 +3,8 @@
 A part worker reads and checkpoints events through a :class:`PartStore` (Postgres:
 ``relay.store.OutboxStore``) and publishes them through a :class:`Publisher` (Kafka:
 ``relay.kafka.TransactionalPublisher`` or ``IdempotentPublisher``). In-memory
-adapters of both live in ``relay.testing``; ``tests/test_*_contract.py`` hold each
-port to the same contract, whichever adapter is behind it.
+adapters of both live in ``relay.testing``; ``tests/contracts/`` holds each port to
+the same contract, whichever adapter is behind it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """In-memory adapters of the worker's ports (``relay.ports``), for tests of the logic
-above them: no Postgres, no Kafka. ``tests/test_store_contract.py`` and
-``tests/test_publisher_contract.py`` hold them to what the real adapters do."""
+above them: no Postgres, no Kafka. ``tests/contracts/store.py`` and
+``tests/contracts/publisher.py`` hold them to what the real adapters do."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,14 @@ def caught_up(db: psycopg.Connection[Any], name: str) -> bool:
 
     store = OutboxStore(db)
     return store.get(name).lag(store) == 0
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or condition}")
+        time.sleep(0.05)
 
 
 def wait_caught_up(db: psycopg.Connection[Any], name: str, timeout: float = 30.0) -> None:

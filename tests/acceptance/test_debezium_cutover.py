@@ -18,15 +18,15 @@ from relay import migrations
 from relay.localstack.debezium import LocalDebeziumServer
 from relay.localstack.postgres import LocalPostgres
 from relay.schemas import SchemaRegistry
-from tests.support import run_cli
-from tests.test_debezium import consume_raw
-from tests.test_debezium_conformance import (
+from tests.acceptance.test_debezium import consume_raw
+from tests.acceptance.test_debezium_conformance import (
     SETUPS,
     STANDARD,
     create_topics,
     server_properties,
     start_relay_on,
 )
+from tests.support import run_cli
 
 pytestmark = pytest.mark.debezium
 
