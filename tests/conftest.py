@@ -12,6 +12,10 @@ from pathlib import Path
 
 import pytest
 
+# The contracts' test methods run from tests/unit and tests/integration: their asserts
+# deserve pytest's failure messages too.
+pytest.register_assert_rewrite("tests.contracts")
+
 pytest_plugins = [
     "tests.plugins.postgres",
     "tests.plugins.kafka",
