@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -152,6 +153,14 @@ def caught_up(db: psycopg.Connection[Any], name: str) -> bool:
 
     store = OutboxStore(db)
     return subscriber_lag(store, store.get(name)).events == 0
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or condition}")
+        time.sleep(0.05)
 
 
 def wait_caught_up(db: psycopg.Connection[Any], name: str, timeout: float = 30.0) -> None:

@@ -1,6 +1,6 @@
 """Debezium Server as a local process: the reference the relay's ``debezium`` format is
-checked against (tests/test_debezium_conformance.py), and the "running Debezium" of the
-documented cut-over.
+checked against (tests/acceptance/test_debezium_conformance.py), and the "running
+Debezium" of the documented cut-over.
 
 The distribution archive is pinned in ``debezium-server.lock``, fetched once into the
 user's cache (checksum-verified, like every jar of the local stack) and unpacked beside

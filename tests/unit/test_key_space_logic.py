@@ -1,5 +1,5 @@
 """Which Kafka-side checkpoint recovery may adopt after the database moved (pure logic;
-tests/test_restore.py runs the moves on real clusters)."""
+tests/acceptance/test_restore.py runs the moves on real clusters)."""
 
 from __future__ import annotations
 

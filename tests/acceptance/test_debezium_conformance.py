@@ -2,8 +2,8 @@
 pgoutput, Outbox Event Router) and the relay publish the same rows to the same Kafka;
 every record must match in topic, partition, key, value and headers. Not the record
 timestamp: Debezium Server's Kafka sink leaves it to the producer's clock, even with
-table.field.event.timestamp (tests/test_debezium.py checks the relay's, which follows
-the router as Kafka Connect runs it).
+table.field.event.timestamp (tests/acceptance/test_debezium.py checks the relay's, which
+follows the router as Kafka Connect runs it).
 
 Debezium Server is fetched through the project's pinned fetcher (relay/localstack) on
 first use: about 780 MB, cached.
@@ -28,8 +28,8 @@ from relay.localstack.postgres import LocalPostgres
 from relay.model import ConsumedRecord
 from relay.schemas import SchemaFolder
 from relay.settings import load_settings
+from tests.acceptance.test_debezium import attach
 from tests.support import consume
-from tests.test_debezium import attach
 
 pytestmark = pytest.mark.debezium
 

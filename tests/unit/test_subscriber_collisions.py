@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import psycopg
 import pytest
 
 from relay.subscribers import Subscriber, collision
-from tests.support import run_cli
 
 
 def s(name: str, **kwargs: Any) -> Subscriber:
@@ -52,29 +50,3 @@ def test_overlapping_subscribers_collide(a: Subscriber, b: Subscriber) -> None:
 def test_disjoint_subscribers_do_not(a: Subscriber, b: Subscriber) -> None:
     assert collision(a, b) is None
     assert collision(b, a) is None
-
-
-def test_adding_a_colliding_subscriber_is_refused_with_the_fix(
-    db: psycopg.Connection[Any], database_url: str
-) -> None:
-    env = {"RELAY_DATABASE_URL": database_url}
-    assert run_cli("subscribers", "add", "default", env=env).returncode == 0
-    refused = run_cli(
-        "subscribers", "add", "billing", "--aggregate-type", "order", "--from", "now", env=env
-    )
-    assert refused.returncode == 1
-    assert "collides with 'default'" in refused.stderr
-    assert "topic of its own" in refused.stderr
-    fixed = run_cli(
-        "subscribers",
-        "add",
-        "billing",
-        "--aggregate-type",
-        "order",
-        "--topic",
-        "billing.{aggregate_type}",
-        "--from",
-        "now",
-        env=env,
-    )
-    assert fixed.returncode == 0, fixed.stderr

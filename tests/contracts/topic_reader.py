@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextlib import closing
 
 import pytest
 
-from relay.kafka import TopicCreator, TransactionalPublisher
 from relay.model import ConsumedRecord, KafkaRecord, Position
 from relay.ports import PoisonRecordError, Publisher, TopicReader
-from relay.testing import InMemoryPublisher, InMemoryTopicReader
-from tests.test_publisher_contract import take_over
 
 TOO_LARGE = 1_000_001  # bytes: beyond Kafka's default message.max.bytes
 
@@ -94,60 +91,6 @@ class TopicReaderContract:
                     break
         assert [r.message_id for r in seen] == [before.outbox_message_id, later.outbox_message_id]
         assert idle > 0
-
-
-class TestInMemoryTopicReader(TopicReaderContract):
-    @pytest.fixture
-    def broker(self) -> InMemoryPublisher:
-        broker = InMemoryPublisher()
-        broker.refuse = refuse_oversized  # as Kafka does, by message.max.bytes
-        return broker
-
-    @pytest.fixture
-    def publisher(self, broker: InMemoryPublisher) -> Publisher:
-        return broker
-
-    @pytest.fixture
-    def reader(self, broker: InMemoryPublisher) -> TopicReader:
-        return InMemoryTopicReader(broker)
-
-    @pytest.fixture
-    def topics(self) -> list[str]:
-        return ["t0", "t1"]
-
-
-class TestKafkaTopicReader(TopicReaderContract):
-    @pytest.fixture
-    def topics(self, topic_prefix: str) -> list[str]:
-        return [f"{topic_prefix}t0", f"{topic_prefix}t1"]
-
-    @pytest.fixture
-    def publisher(self, kafka_bootstrap: str, topic_prefix: str) -> Iterator[Publisher]:
-        config = {"bootstrap.servers": kafka_bootstrap}
-        opened: list[Publisher] = []
-
-        def open_publisher() -> Publisher:
-            publisher = TransactionalPublisher(
-                config,
-                TopicCreator(config),
-                10.0,
-                transactional_id=f"{topic_prefix}reader",
-                group_prefix=f"{topic_prefix}reader",
-                checkpoint_topic=f"{topic_prefix}checkpoints",
-                consumer_config=config,
-            )
-            opened.append(publisher)
-            return publisher
-
-        yield take_over(open_publisher, "g").publisher
-        for publisher in opened:
-            publisher.close()
-
-    @pytest.fixture
-    def reader(self, kafka_bootstrap: str) -> TopicReader:
-        from relay.topic_reader import KafkaTopicReader
-
-        return KafkaTopicReader({"bootstrap.servers": kafka_bootstrap}, timeout=30.0)
 
 
 def event(topic: str, key: str, n: int) -> KafkaRecord:

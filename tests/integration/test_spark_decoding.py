@@ -17,7 +17,7 @@ pytest.importorskip("pyspark")
 from pyspark.sql import SparkSession
 
 pytestmark = pytest.mark.spark
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

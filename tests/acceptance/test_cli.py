@@ -16,7 +16,7 @@ from relay import Outbox
 from tests.support import consume, run_cli
 
 EXE = [sys.executable, "-m", "relay.cli"]
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

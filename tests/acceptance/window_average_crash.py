@@ -1,4 +1,4 @@
-"""``python -m tests.window_average_crash POINT ARGS...``: job (b)'s driver, which kills
+"""``python -m tests.acceptance.window_average_crash POINT ARGS...``: job (b)'s driver, which kills
 its own process group (the Python driver and its JVM) with SIGKILL at one crash point of
 job (b) (docs/design.md §8), in the first micro-batch that emits windows:
 

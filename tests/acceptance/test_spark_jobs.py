@@ -21,7 +21,7 @@ from spark_jobs import order_projection
 from tests.support import sub, wait_caught_up
 
 pytestmark = pytest.mark.spark
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write_order_story(db: psycopg.Connection[Any], outbox: Outbox) -> None:

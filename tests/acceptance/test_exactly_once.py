@@ -26,18 +26,20 @@ from relay.settings import load_settings
 from relay.store import OutboxStore
 from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.worker import WorkerState
-from tests.support import by_key, caught_up, consume, ids_of, run_cli, sub, worker, write_orders
+from tests.support import (
+    by_key,
+    caught_up,
+    consume,
+    ids_of,
+    run_cli,
+    sub,
+    wait_until,
+    worker,
+    write_orders,
+)
 
 StartRelay = Callable[..., Relay]
-REPO = Path(__file__).resolve().parent.parent
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or condition}")
-        time.sleep(0.05)
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_commit_that_reached_kafka_but_not_postgres_is_adopted_not_republished(

@@ -17,7 +17,7 @@ from relay.sessions import RelaySession
 from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.testing import InMemoryPublisher, InMemoryStore
 from relay.worker import PartWorker, WorkerState
-from tests.test_exactly_once import wait_until
+from tests.support import wait_until
 
 OWNER = uuid.uuid4()
 JSON = Subscriber("s", topic="t", value_format=ValueFormat.JSON)

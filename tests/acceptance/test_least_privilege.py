@@ -18,7 +18,7 @@ from relay.daemon import Relay
 from relay.settings import load_settings
 from tests.support import consume, keys, run_cli, sub, write_orders
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def as_user(url: str, user: str) -> str:

@@ -1,25 +1,23 @@
 """The store port's contract (``relay.ports.PartStore``): what a part worker relies on
 of the outbox, held against the Postgres store and the in-memory one alike, so tests
-of the worker's logic over the in-memory store say something about the real one."""
+of the worker's logic over the in-memory store say something about the real one.
+``tests/unit/test_store_contract.py`` and ``tests/integration/test_store_contract.py``
+subclass it once per adapter."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Protocol
 from uuid import UUID
 
-import psycopg
 import pytest
 
-from relay import Outbox
 from relay.errors import CheckpointConflict, ClaimLost, SubscriberError
 from relay.model import OutboxEvent, Position
 from relay.ports import DeadLetterDecision, Fetched, PartStore
-from relay.store import OutboxStore
 from relay.subscribers import Subscriber, ValueFormat
-from relay.testing import InMemoryStore
 
 SUBSCRIBER = Subscriber("s", topic="t", value_format=ValueFormat.JSON)
 
@@ -175,46 +173,6 @@ class StoreContract:
     def test_the_key_space_checked_is_the_one_stored(self, store: AdminStore) -> None:
         check = store.check_key_space()
         assert check is not None and check.key_space == store.key_space().id
-
-
-class TestInMemoryStore(StoreContract):
-    @pytest.fixture
-    def store(self) -> InMemoryStore:
-        return InMemoryStore()
-
-    @pytest.fixture
-    def session(self) -> UUID:
-        return uuid.uuid4()
-
-    @pytest.fixture
-    def write(self, store: InMemoryStore) -> Write:
-        def write(aggregate_id: str) -> UUID:
-            return store.append(event(aggregate_id)).message_id
-
-        return write
-
-
-class TestPostgresStore(StoreContract):
-    @pytest.fixture
-    def store(self, db: psycopg.Connection[Any]) -> Iterator[OutboxStore]:
-        yield OutboxStore(db)
-
-    @pytest.fixture
-    def session(self, store: OutboxStore) -> UUID:
-        # Postgres lets live sessions only claim a part.
-        return store.open_session("contract", 1, 60)
-
-    @pytest.fixture
-    def write(self, db: psycopg.Connection[Any]) -> Write:
-        outbox = Outbox(None)
-
-        def write(aggregate_id: str) -> UUID:
-            return outbox.append(
-                db, aggregate_type="order", aggregate_id=aggregate_id, event_type="Placed",
-                payload={"id": aggregate_id},
-            )  # fmt: skip
-
-        return write
 
 
 def event(aggregate_id: str) -> OutboxEvent:

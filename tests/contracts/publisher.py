@@ -1,24 +1,22 @@
 """The publisher port's contract (``relay.ports.Publisher``): what a part worker relies
 on of Kafka, held against the transactional publisher on Apache Kafka and against the
 in-memory one, so tests of the worker's logic over the in-memory one say something
-about the real one."""
+about the real one. ``tests/unit/test_publisher_contract.py`` and
+``tests/integration/test_publisher_contract.py`` subclass it once per adapter."""
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import NamedTuple
 from uuid import UUID
 
 import pytest
 
 from relay.errors import BrokerUnavailable
-from relay.kafka import TopicCreator, TransactionalPublisher
 from relay.model import KafkaCheckpoint, KafkaRecord, Position
 from relay.ports import Extension, Publisher
-from relay.testing import InMemoryPublisher
-from tests.support import consume, keys
 
 SPACE = uuid.uuid4()
 
@@ -136,66 +134,6 @@ class PublisherContract:
         publisher.publish([], Position(30, 1), generation)
         checkpoint = take_over(open_publisher, generation).checkpoint
         assert checkpoint is not None and checkpoint.position == Position(10, 1)
-
-
-class TestInMemoryPublisher(PublisherContract):
-    @pytest.fixture
-    def broker(self) -> InMemoryPublisher:
-        return InMemoryPublisher()
-
-    @pytest.fixture
-    def open_publisher(self, broker: InMemoryPublisher) -> OpenPublisher:
-        # Its state is the broker's: every owner of the part sees the same one.
-        return lambda: broker
-
-    @pytest.fixture
-    def topic(self) -> str:
-        return "t"
-
-    @pytest.fixture
-    def read(self, broker: InMemoryPublisher, topic: str) -> Read:
-        def read(expected: int) -> list[str]:
-            keys = [(r.key or b"").decode() for r in broker.published() if r.topic == topic]
-            assert len(keys) == expected
-            return keys
-
-        return read
-
-
-class TestTransactionalPublisher(PublisherContract):
-    @pytest.fixture
-    def topic(self, topic_prefix: str) -> str:
-        return f"{topic_prefix}events"
-
-    @pytest.fixture
-    def open_publisher(self, kafka_bootstrap: str, topic_prefix: str) -> Iterator[OpenPublisher]:
-        config = {"bootstrap.servers": kafka_bootstrap}
-        part = uuid.uuid4().hex
-        opened: list[Publisher] = []
-
-        def open_publisher() -> Publisher:
-            publisher = TransactionalPublisher(
-                config,
-                TopicCreator(config),
-                10.0,
-                transactional_id=f"{topic_prefix}{part}",
-                group_prefix=f"{topic_prefix}{part}",
-                checkpoint_topic=f"{topic_prefix}checkpoints",
-                consumer_config=config,
-            )
-            opened.append(publisher)
-            return publisher
-
-        yield open_publisher
-        for publisher in opened:
-            publisher.close()
-
-    @pytest.fixture
-    def read(self, kafka_bootstrap: str, topic: str) -> Read:
-        def read(expected: int) -> list[str]:
-            return keys(consume(kafka_bootstrap, [topic], expected))
-
-        return read
 
 
 def take_over(open_publisher: OpenPublisher, generation: str) -> TakenOver:

@@ -38,7 +38,7 @@ from tests.support import consume, order, restart
 
 pytestmark = pytest.mark.chaos
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CHAOS_SECONDS = float(os.environ.get("OUTBOX_CHAOS_SECONDS", "60"))
 RELAYS = 3
 SESSION_TIMEOUT = 3.0

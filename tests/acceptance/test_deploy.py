@@ -40,7 +40,7 @@ import yaml
 
 from relay.settings import Settings
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 K8S = REPO / "deploy" / "k8s"

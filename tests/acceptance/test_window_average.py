@@ -27,7 +27,7 @@ from spark_jobs import window_average
 from spark_jobs.kafka_sink import KafkaBatchSink
 
 pytestmark = pytest.mark.spark
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000_000  # ms, on a 5 s boundary
 Window = tuple[int, float, int]  # start - T0 (ms), average, numbers
 
@@ -143,7 +143,11 @@ def test_averages_and_counter_are_exact_and_a_replayed_batch_writes_nothing(
 
 
 def driver(story: Story, url: str, ckpt: Path, log: Path, *crash: str) -> subprocess.Popen[bytes]:
-    module = ["tests.window_average_crash", *crash] if crash else ["spark_jobs.window_average"]
+    module = (
+        ["tests.acceptance.window_average_crash", *crash]
+        if crash
+        else ["spark_jobs.window_average"]
+    )
     argv = [sys.executable, "-m", *module, "--bootstrap-servers", story.bootstrap,
             "--topics", ",".join(story.inputs), "--output-topic", story.output,
             "--database-url", url, "--checkpoint", str(ckpt), "--threshold", "10",

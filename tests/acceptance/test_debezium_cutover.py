@@ -18,14 +18,14 @@ from relay import migrations
 from relay.localstack.debezium import LocalDebeziumServer
 from relay.localstack.postgres import LocalPostgres
 from relay.schemas import SchemaFolder
-from tests.support import consume, run_cli
-from tests.test_debezium_conformance import (
+from tests.acceptance.test_debezium_conformance import (
     SETUPS,
     STANDARD,
     create_topics,
     server_properties,
     start_relay_on,
 )
+from tests.support import consume, run_cli
 
 pytestmark = pytest.mark.debezium
 
