@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -93,8 +93,8 @@ class OutboxStore:
         order, and no more once their stored payloads and headers reach ``max_bytes``
         (at least one). Of those, the events the type filters (None: any) drop are left
         out; ``read_to`` goes past them. A subscriber of one aggregate type reads only
-        its own rows (fetch_batch_of_type); any other reads them all and leaves behind
-        what its filters drop."""
+        its own rows (fetch_batch_of_type); other filters read every row and leave
+        behind what they drop (fetch_batch_filtered)."""
         one_type = (
             next(iter(aggregate_types)) if aggregate_types and len(aggregate_types) == 1 else None
         )
@@ -109,29 +109,38 @@ class OutboxStore:
             "event_types": sorted(event_types) if event_types is not None else None,
             "aggregate_type": one_type,
         }
-        query = self._q["fetch_batch" if one_type is None else "fetch_batch_of_type"]
+        if one_type is not None:
+            name = "fetch_batch_of_type"
+        elif aggregate_types is not None or event_types is not None:
+            name = "fetch_batch_filtered"
+        else:
+            name = "fetch_batch"
         # Binary transfer: integers, uuids and timestamps load without text parsing.
         with wrap_errors(), self.conn.cursor(binary=True) as cur:
             set_json_loads(_load_row_json, cur)
             # A part's poll is planned with its part as a constant (never a prepared,
             # generic plan): only then may the planner use the part's index.
-            rows = cur.execute(query, params, prepare=parts == 1).fetchall()
+            rows = cur.execute(self._q[name], params, prepare=parts == 1).fetchall()
+        if name == "fetch_batch":  # the hot path: no call per row
+            events = [
+                OutboxEvent(
+                    tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at, size, dbz
+                )
+                for tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz in rows
+            ]
+            if not events:
+                return Fetched([], None)
+            return Fetched(events, events[-1].key, _full(events, limit, max_bytes))
         if not rows:
             return Fetched([], None)
-        events = [
-            OutboxEvent(
-                tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at, size, dbz
-            )
-            for _, _, _, tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz
-            in rows
-            if tx is not None
-        ]  # fmt: skip
+        # The read's extent leads every row; a row of NULLs after it when none was kept.
+        events = [_event(row[3:]) for row in rows if row[3] is not None]
         read_tx, read_pos, full = rows[0][:3]
-        if one_type is None:
+        if name == "fetch_batch_filtered":
             return Fetched(events, Position(read_tx, read_pos), full)
         # Of one type: a full fetch read up to its last event; a short one, everything
         # decided below the horizon.
-        full = len(events) >= limit or sum(e.stored_bytes for e in events) >= max_bytes
+        full = _full(events, limit, max_bytes)
         return Fetched(events, events[-1].key if full else Position(read_tx, read_pos), full)
 
     def advance(self, state: PartState, to: Position, owner: UUID) -> int:
@@ -434,6 +443,18 @@ class OutboxStore:
             raise SubscriberError(f"no subscriber named {name!r}")
         in_use = [s.subscriber.parts for s in self.list()]
         part_index.drop_unused(self.conn, self.schema, rows[0][1], in_use)
+
+
+def _event(row: Sequence[Any]) -> OutboxEvent:
+    tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz = row
+    return OutboxEvent(
+        tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at, size, dbz
+    )
+
+
+def _full(events: list[OutboxEvent], limit: int, max_bytes: int) -> bool:
+    """Whether a fetch came back full: ``limit`` events, or cut at ``max_bytes``."""
+    return len(events) >= limit or sum(e.stored_bytes for e in events) >= max_bytes
 
 
 def _load_row_json(data: bytes | bytearray | memoryview | str) -> Any:

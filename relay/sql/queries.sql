@@ -31,15 +31,39 @@ SELECT message_id FROM {schema}.outbox
 -- (below the oldest running xid) after the checkpoint, in (transaction_id, position)
 -- order. A keyset range scan on the primary key. With several parts, each part takes
 -- the rows whose aggregate_id hashes to it, so one key always stays in one part.
--- At most %(limit)s rows are read, and no more once the payloads and headers so far reach
+-- At most %(limit)s rows, and no more once the payloads and headers so far reach
 -- %(max_bytes)s as stored (compressed sizes, from the TOAST pointers: nothing is
--- read or decompressed to measure it); always at least one row.
--- Of those, only the rows the subscriber's filters keep come back. Every row says how
--- far the read went (read_*) and whether it came back full; when the filters keep none,
--- one row of NULLs says it. Nothing read: no row.
+-- read or decompressed to measure it); always at least one row. For a subscriber
+-- without filters; fetch_batch_filtered and fetch_batch_of_type serve the others.
 -- ORDER BY names the xid8 column: sorting by the bigint output would be a full sort of
 -- the backlog on every poll instead of an index scan.
 -- Empty headers come back as NULL: parsing '{{}}' per row costs more than the payload.
+SELECT b.transaction_id::text::bigint AS transaction_id, b.position, b.message_id,
+       b.aggregate_type, b.aggregate_id, b.aggregate_version, b.event_type, b.payload,
+       nullif(b.headers, '{{}}'::jsonb) AS headers,
+       -- Clamped into what Python's datetime holds: a writer may store 'infinity'.
+       least(greatest(b.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
+       b.stored_bytes, b.debezium
+  FROM (SELECT o.*, pg_column_size(o.payload) + pg_column_size(o.headers) AS stored_bytes,
+               sum(pg_column_size(o.payload) + pg_column_size(o.headers))
+                   OVER (ORDER BY o.transaction_id, o.position ROWS UNBOUNDED PRECEDING)
+                   AS running_bytes
+          FROM {schema}.outbox o
+         WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
+           AND o.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+           AND (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
+         ORDER BY o.transaction_id, o.position
+         LIMIT %(limit)s) AS b
+ WHERE b.running_bytes - b.stored_bytes < %(max_bytes)s
+ ORDER BY b.transaction_id, b.position;
+
+-- name: fetch_batch_filtered
+-- fetch_batch for a subscriber with filters that the index of fetch_batch_of_type does
+-- not serve (event types, several aggregate types). It reads what fetch_batch reads; of
+-- those, only the rows the subscriber's filters keep come back. Every row says how
+-- far the read went (read_*) and whether it came back full; when the filters keep none,
+-- one row of NULLs says it. Nothing read: no row. (Slower than fetch_batch per row
+-- read, about 3x on the server, so subscribers without filters do not use it.)
 WITH w AS (
     SELECT o.*, pg_column_size(o.payload) + pg_column_size(o.headers) AS stored_bytes,
            sum(pg_column_size(o.payload) + pg_column_size(o.headers))
