@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any, NamedTuple
 
 import psycopg
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from rich import box
@@ -36,6 +36,7 @@ from relay import db
 from relay.daemon import Relay
 from relay.encoding import HEADER_EVENT_TYPE, HEADER_ID
 from relay.errors import SchemaError
+from relay.kafka_errors import Stage, classify
 from relay.localstack import KAFKA_VERSION, LocalKafka, LocalPostgres, free_port
 from relay.localstack.stack import migrated_database
 from relay.outbox import Outbox
@@ -353,8 +354,8 @@ class DemoConsumer(_StoppableThread):
         seen_at = time.monotonic()
         error = message.error()
         if error is not None:
-            if error.code() != KafkaError._PARTITION_EOF:
-                logger.warning("consumer error: %s", error)
+            if (failure := classify(error, "consumer error", Stage.READ)) is not None:
+                logger.warning("%s", failure)
             return
         headers = {k: v.decode() for k, v in (message.headers() or []) if v is not None}
         record = Consumed(

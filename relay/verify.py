@@ -22,12 +22,13 @@ from typing import Any, Protocol
 from uuid import UUID
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from relay.client_logs import client_logger
 from relay.db import wrap_errors
 from relay.encoding import HEADER_ID, HEADER_POSITION, HEADER_TRANSACTION_ID
-from relay.errors import BrokerUnavailable, SubscriberError
+from relay.errors import BrokerUnavailable, ConsumerHiccup, SubscriberError
+from relay.kafka_errors import Stage, classify
 from relay.model import Position
 from relay.queries import queries_for
 from relay.store import OutboxStore, SubscriberState
@@ -37,13 +38,6 @@ logger = logging.getLogger(__name__)
 _client_log = client_logger()
 
 _MAX_EXAMPLES = 20  # findings listed per kind; the counts are always complete
-_READ_FATAL = frozenset(
-    {
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.GROUP_AUTHORIZATION_FAILED,
-        KafkaError.OFFSET_OUT_OF_RANGE,
-    }
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,11 +280,11 @@ class KafkaTopicReader:
             for msg in consumer.consume(1000, 0.2):
                 error = msg.error()
                 if error is not None:
-                    if error.fatal() or error.code() in _READ_FATAL:
-                        raise BrokerUnavailable(f"reading {msg.topic()}: {error.str()}")
-                    if error.code() != KafkaError._PARTITION_EOF:
-                        # Transport hiccups: librdkafka reconnects; the deadline bounds it.
-                        logger.warning("reading %s: %s", msg.topic(), error.str())
+                    failure = classify(error, f"reading {msg.topic()}", Stage.READ)
+                    if isinstance(failure, ConsumerHiccup):  # the deadline bounds these
+                        logger.warning("%s", failure)
+                    elif failure is not None:
+                        raise failure
                     continue
                 last_message = time.monotonic()
                 done += 1

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from relay.encoding import RecordEncoder
+from relay.errors import PoisonRecordError
 from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position
-from relay.ports import PoisonRecordError
 from relay.sessions import Session
 from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.testing import InMemoryPublisher, InMemoryStore, message_id
