@@ -115,7 +115,11 @@ class DatabaseUnavailable(RetryableError):
         super().__init__(message)
 
 
-class NotMigratedError(DatabaseError):
+class UndefinedTableError(DatabaseError):
+    """A statement named a table the database does not have."""
+
+
+class NotMigratedError(UndefinedTableError):
     """The outbox tables are missing or older than this code: run ``outbox-relay migrate``."""
 
 
