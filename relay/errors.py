@@ -149,8 +149,9 @@ class TopicRefused(BrokerError):
 
 class BrokerUnavailable(RetryableError):
     """Kafka is unreachable or timed out; the batch was not acknowledged. ``code`` is the
-    client's error code when it gave one; ``retry_call`` is the client's word that the
-    same call may be repeated at once (librdkafka's ``retriable``)."""
+    client's error code when it gave one; ``retry_call`` says the same call may be
+    repeated at once, within the caller's deadline (librdkafka's ``retriable`` flag on a
+    transactional call, or a consumer group's coordinator still settling)."""
 
     def __init__(self, message: str, *, code: int | None = None, retry_call: bool = False) -> None:
         self.code = code

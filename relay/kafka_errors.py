@@ -97,7 +97,8 @@ GROUP_TRANSIENT = frozenset(
 )
 
 
-_Total = Literal[
+# The stages at which every client error is a failure (typing: classify returns no None).
+_AlwaysAnError = Literal[
     Stage.REQUEST, Stage.PRODUCE, Stage.DELIVERY, Stage.TRANSACTION, Stage.GROUP_OFFSETS
 ]
 
@@ -117,7 +118,7 @@ def classify(
 def classify(
     failure: KafkaException | KafkaError,
     context: str,
-    stage: _Total = Stage.REQUEST,
+    stage: _AlwaysAnError = Stage.REQUEST,
     *,
     record: KafkaRecord | None = None,
     config: Mapping[str, Any] | None = None,
@@ -158,7 +159,7 @@ def classify(
 
 
 def retry_now(failure: RelayError) -> bool:
-    """Whether the client says the failed call may be repeated at once."""
+    """Whether the failed call may be repeated at once (see ``BrokerUnavailable``)."""
     return isinstance(failure, BrokerUnavailable) and failure.retry_call
 
 
