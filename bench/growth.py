@@ -78,8 +78,9 @@ def drain(stack: Stack, url: str, events: int, label: str) -> tuple[float, dict[
     return (events - BATCH) / (done - first), memory
 
 
-def poll_plan(url: str, after: int) -> dict[str, Any]:
-    """EXPLAIN ANALYZE of the relay's poll from the ``after``-th row on."""
+def poll_plan(url: str, after: int, *, part: int = 0, parts: int = 1) -> dict[str, Any]:
+    """EXPLAIN ANALYZE of the relay's poll (of ``part`` of ``parts``) from the
+    ``after``-th row on; ``scanned`` counts the rows its scan read, its own or not."""
     query = queries_for("public")["fetch_batch"]
     with psycopg.connect(url, autocommit=True) as conn:
         tx, pos = conn.execute(
@@ -87,7 +88,16 @@ def poll_plan(url: str, after: int) -> dict[str, Any]:
             " ORDER BY o.transaction_id, o.position OFFSET %s LIMIT 1",
             (after,),
         ).fetchone() or (0, 0)
-        params = {"transaction_id": tx, "position": pos, "limit": BATCH, "part": 0, "parts": 1}
+        params = {
+            "transaction_id": tx,
+            "position": pos,
+            "limit": BATCH,
+            "max_bytes": 2**62,
+            "part": part,
+            "parts": parts,
+            "aggregate_types": None,
+            "event_types": None,
+        }
         conn.execute(query, params).fetchall()  # warm the cache: measure the plan, not I/O
         explain = b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query
         (document,) = conn.execute(explain, params).fetchone() or (None,)
@@ -103,6 +113,11 @@ def poll_plan(url: str, after: int) -> dict[str, Any]:
         "nodes": [f"{n['Node Type']} {n.get('Index Name', '')}".strip() for n in nodes],
         "index_cond": next((n.get("Index Cond") for n in nodes if "Index Cond" in n), None),
         "ms": plan["Execution Time"],
+        "scanned": sum(
+            n.get("Actual Rows", 0) + n.get("Rows Removed by Filter", 0)
+            for n in nodes
+            if n.get("Relation Name") == "outbox"
+        ),
         "shared_buffers_hit": plan["Plan"].get("Shared Hit Blocks"),
     }
 

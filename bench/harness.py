@@ -47,7 +47,7 @@ class Scale:
     events: int = 200_000  # throughput runs
     big_backlog: int = 2_000_000  # cost growth: big against small backlog
     small_backlog: int = 100_000
-    fanout_events: int = 20_000  # published once per subscriber: 100 subscribers, 2M
+    fanout_events: int = 200_000  # in all: each of 100 filtered subscribers takes 1/100
     latency_seconds: float = 20.0
     latency_rate: int = 1000
 
@@ -55,10 +55,10 @@ class Scale:
     def named(cls, name: str) -> Scale:
         if name == "quick":
             return cls(
-                events=100_000, big_backlog=500_000, fanout_events=10_000, latency_seconds=8.0
+                events=100_000, big_backlog=500_000, fanout_events=100_000, latency_seconds=8.0
             )
         if name == "full":
-            return cls(big_backlog=10_000_000, fanout_events=50_000, latency_seconds=60.0)
+            return cls(big_backlog=10_000_000, fanout_events=1_000_000, latency_seconds=60.0)
         return cls()
 
 
@@ -177,8 +177,11 @@ def order_payload(i: int = 0) -> dict[str, Any]:
     }
 
 
-def fill_outbox(url: str, events: int, *, keys: int = 1000, chunk: int = 1_000_000) -> None:
-    """COPY ``events`` OrderPlaced rows into the outbox, a million per transaction."""
+def fill_outbox(
+    url: str, events: int, *, keys: int = 1000, types: int = 1, chunk: int = 1_000_000
+) -> None:
+    """COPY ``events`` OrderPlaced rows into the outbox, a million per transaction; with
+    ``types`` > 1, their aggregate types take turns: order0, order1, ..."""
     payload = json.dumps(order_payload())
     with psycopg.connect(url) as conn:
         for start in range(0, events, chunk):
@@ -189,7 +192,8 @@ def fill_outbox(url: str, events: int, *, keys: int = 1000, chunk: int = 1_000_0
                 ) as copy,
             ):
                 for i in range(start, min(events, start + chunk)):
-                    copy.write_row(("order", str(i % keys), "OrderPlaced", payload))
+                    aggregate_type = f"order{i % types}" if types > 1 else "order"
+                    copy.write_row((aggregate_type, str(i % keys), "OrderPlaced", payload))
             conn.commit()
         conn.execute("ANALYZE outbox")
         conn.commit()
@@ -309,10 +313,12 @@ def wait_published(
 
 
 def add_subscribers(url: str, subscribers: list[Subscriber]) -> None:
+    """As `outbox-relay subscribers add` does: part indexes included."""
     with psycopg.connect(url, autocommit=True) as conn:
         store = OutboxStore(conn)
         for sub in subscribers:
             store.add(sub, StartFrom.BEGINNING)
+        store.index_parts()
 
 
 class RelayProcesses:

@@ -69,6 +69,7 @@ from bench.harness import (
 )
 from relay.daemon import Relay, tune_gc
 from relay.kafka import producer_config
+from relay.model import HEADER_ID
 from relay.outbox import Outbox
 from relay.schemas import SchemaRegistry
 from relay.settings import SubscriberSettings
@@ -310,7 +311,7 @@ def _consume(
 
 
 def _id_header(msg: Message) -> str:
-    value = dict(msg.headers() or [])["id"]
+    value = dict(msg.headers() or [])[HEADER_ID]
     return value.decode() if isinstance(value, bytes) else str(value)
 
 

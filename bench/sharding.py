@@ -1,17 +1,24 @@
-"""A sharded subscriber (3 parts) published by 1 relay process against 3.
+"""A sharded subscriber: its parts on one relay process, and on several.
 
-Parts are assigned round-robin over live relays, so 3 processes take one part each
-where 1 process runs all 3. On a 2-core machine shared with Postgres and the broker,
-the gain is bounded by the cores, not by the relay.
+* One process: a 4-part subscriber against a 1-part one, same rows. Each part has its
+  own thread, connection and producer, so their waits on Postgres and Kafka overlap; the
+  Python work of all of them shares one interpreter lock (target: >= 1.6x).
+* Rows a part's poll reads per row it keeps (EXPLAIN ANALYZE, half-way through the
+  backlog): 1.0 when no part scans the rows of others (target).
+* Several processes: parts are assigned round-robin over live relays, so 4 processes
+  take one part each where 1 process runs all 4. On a 2-core machine shared with
+  Postgres and the broker, that gain is bounded by the cores, not by the relay.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 
+from bench.growth import poll_plan
 from bench.harness import (
     BATCH,
     Figure,
@@ -26,35 +33,52 @@ from bench.harness import (
 from relay.store import OutboxStore
 from relay.subscribers import Subscriber
 
-PARTS = 3
+PARTS = 4
 
 
 def run(stack: Stack, scale: Scale) -> list[Figure]:
-    one = rate(stack, scale.events, relays=1)
+    single = rate(stack, scale.events, parts=1, relays=1)
     stack.fresh_broker()
-    three = rate(stack, scale.events, relays=3)
+    one = rate(stack, scale.events, parts=PARTS, relays=1)
+    stack.fresh_broker()
+    several = rate(stack, scale.events, parts=PARTS, relays=PARTS)
+    plan = scan_per_row(stack, scale.events)
     return [
-        Figure("sharding", f"{PARTS}-part subscriber ev/s, 3 relays vs 1", three, "ev/s", one,
-               "1 relay process", None, {"events": scale.events}),
+        Figure("sharding", f"{PARTS}-part subscriber ev/s vs 1 part, one process", one,
+               "ev/s", single, "1-part subscriber", "ratio>=1.6", {"events": scale.events}),
+        Figure("sharding", "rows a part's poll reads per row it keeps", plan["per_row"], "",
+               target="value<=1.0", details=plan),
+        Figure("sharding", f"{PARTS}-part subscriber ev/s, {PARTS} processes vs 1", several,
+               "ev/s", one, "1 relay process", None, {"events": scale.events}),
     ]  # fmt: skip
 
 
-def rate(stack: Stack, events: int, *, relays: int) -> float:
-    url = stack.database(f"sharded{relays}")
+def rate(stack: Stack, events: int, *, parts: int, relays: int) -> float:
+    url = stack.database(f"sharded{parts}x{relays}")
     fill_outbox(url, events)
     topic = f"{stack.topic_prefix('sharded')}.orders"
-    add_subscribers(url, [Subscriber("sharded", topic=topic, parts=PARTS)])
+    add_subscribers(url, [Subscriber("sharded", topic=topic, parts=parts)])
     targets = final_positions(url)
     # Paused until the parts have spread over the relays: steady state is measured,
     # not the hand-overs of the first seconds (the first relay up claims every part).
     set_paused(url, "sharded", paused=True)
     with RelayProcesses(
-        stack, url, f"sharded{relays}", relays, batch_size=BATCH, heartbeat_interval=0.5
+        stack, url, f"sharded{parts}x{relays}", relays, batch_size=BATCH, heartbeat_interval=0.5
     ) as procs:
-        wait_spread(url, relays, procs.check_alive)
+        wait_spread(url, parts, relays, procs.check_alive)
         set_paused(url, "sharded", paused=False)
         first, done = wait_published(url, targets, tick=procs.check_alive)
-    return (events - PARTS * BATCH) / (done - first)
+    return (events - parts * BATCH) / (done - first)
+
+
+def scan_per_row(stack: Stack, events: int) -> dict[str, Any]:
+    url = stack.database("sharded_plan")
+    fill_outbox(url, events)
+    add_subscribers(url, [Subscriber("sharded", topic="plan", parts=PARTS)])  # its indexes
+    plan = poll_plan(url, events // 2, part=1, parts=PARTS)
+    kept = min(BATCH, events // 2 // PARTS)
+    return {"scanned": plan["scanned"], "kept": kept, "per_row": plan["scanned"] / kept,
+            "ms": plan["ms"], "nodes": plan["nodes"]}  # fmt: skip
 
 
 def set_paused(url: str, name: str, *, paused: bool) -> None:
@@ -62,7 +86,9 @@ def set_paused(url: str, name: str, *, paused: bool) -> None:
         OutboxStore(conn).set_paused(name, paused)
 
 
-def wait_spread(url: str, relays: int, check: Callable[[], None], timeout: float = 60) -> None:
+def wait_spread(
+    url: str, parts: int, relays: int, check: Callable[[], None], timeout: float = 60
+) -> None:
     """Wait until every part is claimed and by ``relays`` distinct relays."""
     deadline = time.monotonic() + timeout
     with psycopg.connect(url, autocommit=True) as conn:
@@ -70,7 +96,7 @@ def wait_spread(url: str, relays: int, check: Callable[[], None], timeout: float
             owned, owners = conn.execute(
                 "SELECT count(owner), count(DISTINCT owner) FROM outbox_checkpoints"
             ).fetchone() or (0, 0)
-            if owned == PARTS and owners == min(relays, PARTS):
+            if owned == parts and owners == min(relays, parts):
                 return
             check()
             time.sleep(0.1)

@@ -24,6 +24,7 @@ from rich.text import Text
 from relay import db, logs, migrations
 from relay.errors import ConfigError, RelayError, RetryableError
 from relay.key_space import KeySpaceAction, report
+from relay.lag import EXACT_UP_TO, SubscriberStatus, subscriber_statuses
 from relay.model import Position
 from relay.redact import redact
 from relay.settings import Settings, load_settings
@@ -121,8 +122,10 @@ def migrate(ctx: typer.Context, database_url: DatabaseUrl = None, schema: Schema
         settings.require_database_url(), application_name="outbox-relay-migrate"
     ) as conn:
         applied = migrations.migrate(conn, settings.database_schema)
+        store = OutboxStore(conn, settings.database_schema)
         # A restore procedure migrates before writers start: the best moment to rebase.
-        moved = OutboxStore(conn, settings.database_schema).check_key_space()
+        moved = store.check_key_space()
+        store.index_parts()  # the owner's run: a relay's role may not build them
     if moved is not None and moved.action is not KeySpaceAction.UNCHANGED:
         report(moved, "migrate")
         out.print(f"key space {moved.action}: {moved.detail}", markup=False)
@@ -241,7 +244,7 @@ def verify(
     Exits 0 when clean, 1 when it finds any, 2 on a configuration error, and 3 when it
     could not check (Postgres or Kafka unreachable, a topic unreadable in time).
     """
-    from relay.verify import KafkaTopicReader
+    from relay.topic_reader import KafkaTopicReader
     from relay.verify import verify as run_verify
 
     settings = _settings(
@@ -304,7 +307,9 @@ def _print_reports(reports: list[Any]) -> None:
         table.add_row(
             r.subscriber,
             *(str(v) for v in (r.expected, r.found, r.missing, r.duplicated, r.out_of_order)),
-            *(str(v) for v in (r.ahead, r.dead_lettered, r.pending)),
+            str(r.ahead),
+            str(r.dead_lettered),
+            f"~{r.pending}" if r.pending_estimated else str(r.pending),
             Text("clean", style="green") if r.clean else Text("PROBLEMS", style="red"),
         )
     out.print(table)
@@ -348,10 +353,11 @@ def _print_parts_and_sessions(report: dict[str, Any]) -> None:
     parts = Table("part", "checkpoint", "lag (events)", "lag (s)", "owner", "state")
     for p in report["parts"]:
         parts.add_row(
-            p["part"], p["checkpoint"], str(p["lag_events"]), f"{p['lag_seconds']:.1f}",
+            p["part"], p["checkpoint"], _events(p), f"{p['lag_seconds']:.1f}",
             p["owner"] or "-", _part_state(p),
         )  # fmt: skip
     out.print(parts)
+    _print_estimate_note(report["parts"])
     _print_halts(report["parts"])
     sessions = Table("session", "host", "pid", "heartbeat (s ago)", "parts")
     for s in report["sessions"]:
@@ -379,6 +385,19 @@ def _print_horizon(report: dict[str, Any]) -> None:
             )  # fmt: skip
         out.print(Text("open transactions holding publication back", style="bold"))
         out.print(holders)
+
+
+def _events(row: dict[str, Any]) -> str:
+    """A lag in events as printed: ``~`` marks an estimate."""
+    return f"~{row['lag_events']}" if row["lag_estimated"] else str(row["lag_events"])
+
+
+def _print_estimate_note(rows: list[dict[str, Any]]) -> None:
+    if any(r["lag_estimated"] for r in rows):
+        out.print(
+            f"~: an estimate (past {EXACT_UP_TO} events behind, a part's lag is estimated "
+            "from the outbox's positions, not counted)"
+        )
 
 
 def _hidden_or(value: Any, fmt: str = "{}") -> str:
@@ -409,17 +428,18 @@ def _status(store: OutboxStore) -> dict[str, Any]:
     sessions = store.list_sessions()
     names = {s["id"]: f"{s['hostname']}:{s['pid']}" for s in sessions}
     parts = []
-    for subscriber in store.list():
+    for subscriber in subscriber_statuses(store):
         for p in subscriber.parts:
             parts.append(
                 {
-                    "part": f"{p.name}/{p.part}",
-                    "checkpoint": str(p.checkpoint),
-                    "lag_events": store.pending(p),
-                    "lag_seconds": store.oldest_pending_age(p),
-                    "owner": names.get(p.owner) if p.owner else None,
-                    "paused": subscriber.subscriber.paused,
-                    "halted": p.halted_error,
+                    "part": f"{p.state.name}/{p.state.part}",
+                    "checkpoint": str(p.state.checkpoint),
+                    "lag_events": p.lag.events,
+                    "lag_estimated": p.lag.estimated,
+                    "lag_seconds": p.lag.seconds,
+                    "owner": names.get(p.state.owner) if p.state.owner else None,
+                    "paused": subscriber.state.subscriber.paused,
+                    "halted": p.state.halted_error,
                 }
             )
     return {
@@ -592,18 +612,23 @@ def subscribers_add(
 ) -> None:
     """Add a subscriber (a running relay picks it up within seconds)."""
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
-    subscriber = Subscriber(
-        name,
-        topic=topic,
-        value_format=value_format,
-        aggregate_types=frozenset(aggregate_type) if aggregate_type else None,
-        event_types=frozenset(event_type) if event_type else None,
-        parts=parts,
-        on_poison=on_poison,
-        dead_letter_topic=dead_letter_topic,
+    subscriber = Subscriber.from_dict(
+        {
+            "name": name,
+            "topic": topic,
+            "value_format": value_format,
+            "aggregate_types": aggregate_type or None,  # no option given: every type
+            "event_types": event_type or None,
+            "parts": parts,
+            "on_poison": on_poison,
+            "dead_letter_topic": dead_letter_topic,
+        }
     )
     with _store(settings) as store:
         created = store.add(subscriber, start, replace=replace)
+        if parts > 1:
+            out.print(f"indexing its {parts} parts (waits for open transactions to end)")
+            store.index_parts()
     out.print(f"{'added' if created else 'updated'} subscriber {name!r}")
 
 
@@ -617,30 +642,7 @@ def subscribers_list(
     """List subscribers with their checkpoints and lag."""
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with _store(settings) as store:
-        rows: list[dict[str, Any]] = [
-            {
-                "name": s.subscriber.name,
-                "topic": s.subscriber.topic,
-                "format": s.subscriber.value_format.value,
-                "aggregate_types": sorted(s.subscriber.aggregate_types or []) or None,
-                "event_types": sorted(s.subscriber.event_types or []) or None,
-                "paused": s.subscriber.paused,
-                "on_poison": s.subscriber.on_poison.value,
-                "checkpoint": str(s.checkpoint),
-                "lag_events": s.lag(store),
-                "parts": [
-                    {
-                        "part": p.part,
-                        "checkpoint": str(p.checkpoint),
-                        "owner": None if p.owner is None else str(p.owner),
-                        "halted": p.halted_error,
-                        "updated_at": p.updated_at.isoformat(),
-                    }
-                    for p in s.parts
-                ],
-            }
-            for s in store.list()
-        ]
+        rows = [_listed(status) for status in subscriber_statuses(store)]
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
@@ -657,15 +659,44 @@ def subscribers_list(
             "; ".join(flt) or "all",
             state,
             f"{len(r['parts'])} ({claimed} claimed)",
-            *(str(r[k]) for k in ("checkpoint", "lag_events")),
+            r["checkpoint"],
+            _events(r),
         )
     out.print(table)
+    _print_estimate_note(rows)
     for r in rows:
         for p in r["parts"]:
             if p["halted"]:
                 err.print(
                     Text.assemble((f"{r['name']}/{p['part']} halted:", "red"), " ", p["halted"])
                 )
+
+
+def _listed(status: SubscriberStatus) -> dict[str, Any]:
+    """A subscriber as ``subscribers list`` shows it."""
+    definition = status.state.subscriber.as_dict()
+    return {
+        "name": definition["name"],
+        "topic": definition["topic"],
+        "format": definition["value_format"],
+        "aggregate_types": definition["aggregate_types"] or None,
+        "event_types": definition["event_types"] or None,
+        "paused": definition["paused"],
+        "on_poison": definition["on_poison"],
+        "checkpoint": str(status.state.checkpoint),
+        "lag_events": status.lag.events,
+        "lag_estimated": status.lag.estimated,
+        "parts": [
+            {
+                "part": p.part,
+                "checkpoint": str(p.checkpoint),
+                "owner": None if p.owner is None else str(p.owner),
+                "halted": p.halted_error,
+                "updated_at": p.updated_at.isoformat(),
+            }
+            for p in status.state.parts
+        ],
+    }
 
 
 @subscribers_app.command("pause")

@@ -23,10 +23,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from relay.errors import EncodingError
-from relay.model import KafkaRecord, OutboxEvent
+from relay.model import HEADER_ID, KafkaRecord, OutboxEvent
 from relay.subscribers import Subscriber
 
-HEADER_ID = "id"
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 # Java's String.trim() drops code points up to U+0020 (the router's "empty payload").
 _JAVA_BLANK = "".join(map(chr, range(33)))

@@ -16,16 +16,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
 
 import psycopg
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 from rich import box
 from rich.console import Console, Group
 from rich.live import Live
@@ -34,15 +31,17 @@ from rich.text import Text
 
 from relay import db
 from relay.daemon import Relay
-from relay.encoding import HEADER_EVENT_TYPE, HEADER_ID
-from relay.errors import SchemaError
-from relay.kafka_errors import Stage, classify
+from relay.errors import RelayError, SchemaError
+from relay.kafka import TopicCreator
+from relay.lag import subscriber_statuses
 from relay.localstack import KAFKA_VERSION, LocalKafka, LocalPostgres, free_port
 from relay.localstack.stack import migrated_database
+from relay.model import HEADER_EVENT_TYPE, ConsumedRecord
 from relay.outbox import Outbox
 from relay.schemas import SchemaRegistry
 from relay.settings import Settings, load_settings
 from relay.store import OutboxStore
+from relay.topic_reader import KafkaTopicReader
 
 logger = logging.getLogger(__name__)
 
@@ -60,15 +59,6 @@ SigHandler = Callable[[int, FrameType | None], Any] | int | None
 
 
 # --------------------------------------------------------------------------- shared figures
-
-
-class Consumed(NamedTuple):
-    """One consumed record, as the live view shows it."""
-
-    topic: str
-    key: str
-    event_type: str
-    payload: str
 
 
 @dataclass
@@ -90,7 +80,7 @@ class Tally:
     early: dict[str, float] = field(default_factory=dict)  # consumed before commit was recorded
     recent_latencies: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     latencies: list[float] = field(default_factory=list)
-    recent: deque[Consumed] = field(default_factory=lambda: deque(maxlen=RECENT))
+    recent: deque[ConsumedRecord] = field(default_factory=lambda: deque(maxlen=RECENT))
 
     def record_commit(self, ids: list[str], committed_at: float) -> None:
         with self.lock:
@@ -110,7 +100,8 @@ class Tally:
             self.rolled_back_ids.update(ids)
             self.leaks += sum(1 for message_id in ids if message_id in self.seen)
 
-    def record_consumed(self, message_id: str, seen_at: float, record: Consumed) -> None:
+    def record_consumed(self, record: ConsumedRecord, seen_at: float) -> None:
+        message_id = record.message_id or ""
         with self.lock:
             self.consumed += 1
             self.recent.append(record)
@@ -291,88 +282,25 @@ class DemoWriter(_StoppableThread):
 
 
 class DemoConsumer(_StoppableThread):
-    """Reads every partition of the demo topics (``read_committed``) via ``assign()``."""
+    """Reads every partition of the demo topics (``read_committed``) as they appear."""
 
-    def __init__(self, bootstrap_servers: str, registry: SchemaRegistry, tally: Tally) -> None:
+    def __init__(self, bootstrap_servers: str, tally: Tally) -> None:
         super().__init__("demo-consumer")
-        self._servers = bootstrap_servers
-        self._registry = registry
+        # fetch.wait.max.ms: the broker answers within 10 ms, for the latency figures.
+        config = {"bootstrap.servers": bootstrap_servers, "fetch.wait.max.ms": 10}
+        self._reader = KafkaTopicReader(config, group="outbox-relay-dev")
         self._tally = tally
-        self._assigned: set[str] = set()
 
     def run(self) -> None:
         try:
-            consumer = Consumer(self._config())
-        except KafkaException:
-            logger.exception("cannot create the demo consumer")
-            return
-        try:
-            self._loop(consumer)
+            with closing(self._reader.follow(DEMO_TOPICS, idle=0.1)) as records:
+                for record in records:
+                    if self._stopping.is_set():
+                        return
+                    if record is not None:
+                        self._tally.record_consumed(record, time.monotonic())
         except Exception:
             logger.exception("demo consumer failed")
-        finally:
-            consumer.close()
-
-    def _config(self) -> dict[str, Any]:
-        return {
-            "bootstrap.servers": self._servers,
-            "group.id": "outbox-relay-dev",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.partition.eof": False,
-            "fetch.wait.max.ms": 10,
-            "logger": logging.getLogger(f"{__name__}.librdkafka"),
-        }
-
-    def _loop(self, consumer: Any) -> None:
-        next_check = 0.0
-        while not self._stopping.is_set():
-            if len(self._assigned) < len(DEMO_TOPICS) and time.monotonic() >= next_check:
-                self._assign_new_topics(consumer)
-                next_check = time.monotonic() + REFRESH_S
-            message = consumer.poll(0.1)
-            if message is not None:
-                self._handle(message)
-
-    def _assign_new_topics(self, consumer: Any) -> None:
-        """Assign every partition of demo topics that exist by now (the relay creates them)."""
-        try:
-            topics = consumer.list_topics(timeout=2).topics
-        except KafkaException as exc:
-            logger.debug("metadata request failed: %s", exc)
-            return
-        for name in DEMO_TOPICS:
-            meta = topics.get(name)
-            if name in self._assigned or meta is None or meta.error or not meta.partitions:
-                continue
-            partitions = [TopicPartition(name, p, OFFSET_BEGINNING) for p in meta.partitions]
-            consumer.incremental_assign(partitions)
-            self._assigned.add(name)
-            logger.debug("consuming %s (%s partitions)", name, len(partitions))
-
-    def _handle(self, message: Any) -> None:
-        seen_at = time.monotonic()
-        error = message.error()
-        if error is not None:
-            if (failure := classify(error, "consumer error", Stage.READ)) is not None:
-                logger.warning("%s", failure)
-            return
-        headers = {k: v.decode() for k, v in (message.headers() or []) if v is not None}
-        record = Consumed(
-            topic=message.topic(),
-            key=(message.key() or b"").decode(errors="replace"),
-            event_type=headers.get(HEADER_EVENT_TYPE, "?"),
-            payload=self._payload(message.value() or b""),
-        )
-        self._tally.record_consumed(headers.get(HEADER_ID, ""), seen_at, record)
-
-    def _payload(self, value: bytes) -> str:
-        try:
-            _schema, payload = self._registry.decode(value)
-        except (SchemaError, ValueError, EOFError) as exc:
-            return f"<not decodable: {exc}>"
-        text = json.dumps(payload, separators=(",", ":"), default=str)
-        return text if len(text) <= 70 else text[:67] + "..."
 
 
 # --------------------------------------------------------------------------- live view
@@ -392,7 +320,7 @@ class Dashboard:
         with s.tally.lock:
             t = s.tally
             latencies = list(t.recent_latencies)
-            recent = list(t.recent)
+            recent = [_shown(r, s.options.registry) for r in t.recent]
             figures = [
                 ("written", f"{t.events_written} events in {t.transactions} transactions"),
                 (
@@ -426,11 +354,31 @@ def _figures_table(figures: list[tuple[str, str]]) -> Table:
     return table
 
 
-def _recent_table(recent: list[Consumed]) -> Table:
+def _shown(record: ConsumedRecord, registry: SchemaRegistry) -> tuple[str, str, str, str]:
+    """A consumed record as the live view shows it: topic, key, event type, payload."""
+    key = (record.key or b"").decode(errors="replace")
+    return (
+        record.topic,
+        key,
+        record.header_text(HEADER_EVENT_TYPE) or "?",
+        _payload(record, registry),
+    )
+
+
+def _payload(record: ConsumedRecord, registry: SchemaRegistry) -> str:
+    try:
+        _schema, payload = registry.decode(record.value or b"")
+    except (SchemaError, ValueError, EOFError) as exc:
+        return f"<not decodable: {exc}>"
+    text = json.dumps(payload, separators=(",", ":"), default=str)
+    return text if len(text) <= 70 else text[:67] + "..."
+
+
+def _recent_table(recent: list[tuple[str, str, str, str]]) -> Table:
     table = Table("topic", "key", "event", "payload", box=box.SIMPLE, title="last consumed")
-    for record in reversed(recent):
+    for row in reversed(recent):
         # Consumed data, whoever wrote it: plain text, never rich markup.
-        table.add_row(*(Text(field) for field in record))
+        table.add_row(*(Text(field) for field in row))
     return table
 
 
@@ -549,7 +497,7 @@ def _start(stack: ExitStack, session: Session) -> None:
         metrics_port=0,  # any free port: the demo must not fail on a busy 9187
     )
     _create_demo_topics(settings)
-    consumer = DemoConsumer(session.broker.bootstrap_servers, options.registry, session.tally)
+    consumer = DemoConsumer(session.broker.bootstrap_servers, session.tally)
     stack.callback(consumer.close)
     consumer.start()
     _start_relay(stack, session, settings)
@@ -562,24 +510,15 @@ def _start(stack: ExitStack, session: Session) -> None:
 def _create_demo_topics(settings: Settings) -> None:
     """Create the demo topics as the relay would (same partitions), so the consumer is
     assigned before the first event arrives (no consumer warm-up in the latencies)."""
-    config: dict[str, Any] = {
-        "bootstrap.servers": settings.require_bootstrap_servers(),
-        "logger": logging.getLogger(f"{__name__}.librdkafka"),
-    }
-    admin = AdminClient(config)
-    topics = [
-        NewTopic(
-            name,
-            num_partitions=settings.topic_partitions,
-            replication_factor=settings.topic_replication_factor,
-        )
-        for name in DEMO_TOPICS
-    ]
-    for name, future in admin.create_topics(topics, request_timeout=15).items():
-        try:
-            future.result()
-        except KafkaException as exc:  # the relay creates it on first use, then
-            logger.info("topic %s not created up front: %s", name, exc)
+    topics = TopicCreator(
+        {"bootstrap.servers": settings.require_bootstrap_servers()},
+        partitions=settings.topic_partitions,
+        replication_factor=settings.topic_replication_factor,
+    )
+    try:
+        topics.ensure(set(DEMO_TOPICS))
+    except RelayError as exc:  # the relay creates them on first use, then
+        logger.info("demo topics not created up front: %s", exc)
 
 
 def _start_relay(stack: ExitStack, session: Session, settings: Settings) -> None:
@@ -599,8 +538,7 @@ def _prepare_database(postgres: LocalPostgres) -> tuple[str, int]:
     """Create the demo database if needed and migrate it; returns its URL and backlog."""
     url = migrated_database(postgres, DEMO_DATABASE, application_name="outbox-relay-dev")
     with db.connect(url, application_name="outbox-relay-dev") as conn:
-        store = OutboxStore(conn)
-        backlog = sum(state.lag(store) for state in store.list())
+        backlog = sum(s.lag.events for s in subscriber_statuses(OutboxStore(conn)))
     return url, backlog
 
 

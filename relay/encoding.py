@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NoReturn
+
+import orjson
 
 from relay.debezium_format import debezium_record
 from relay.errors import EncodingError, PayloadValidationError
-from relay.model import KafkaRecord, OutboxEvent, Unreadable
+from relay.model import (
+    HEADER_AGGREGATE_TYPE,
+    HEADER_EVENT_TYPE,
+    HEADER_ID,
+    HEADER_POSITION,
+    HEADER_TRANSACTION_ID,
+    HEADER_VERSION,
+    KafkaRecord,
+    OutboxEvent,
+    Unreadable,
+)
 from relay.schemas import SchemaRegistry
 from relay.subscribers import Subscriber, TopicGuard, ValueFormat
 
-# Header names: "id" as Debezium's Outbox Event Router; the rest spelled out.
-HEADER_ID = "id"
-HEADER_EVENT_TYPE = "event_type"
-HEADER_AGGREGATE_TYPE = "aggregate_type"
-HEADER_TRANSACTION_ID = "transaction_id"
-HEADER_POSITION = "position"
-HEADER_VERSION = "aggregate_version"
 RESERVED_HEADERS = frozenset(
     {
         HEADER_ID,
@@ -42,9 +47,8 @@ class RecordEncoder:
 
     def encode(self, event: OutboxEvent, subscriber: Subscriber) -> KafkaRecord:
         """The record for ``event``; :class:`EncodingError` marks a poison event."""
-        for column, value in (("payload", event.payload), ("headers", event.headers)):
-            if isinstance(value, Unreadable):
-                raise EncodingError(f"event {event.message_id}: its {column} is {value}")
+        if type(event.payload) is Unreadable or not isinstance(event.headers, dict):
+            _refuse_unreadable(event)
         if subscriber.value_format is ValueFormat.DEBEZIUM:
             record = debezium_record(event, subscriber)
             self._check_route(record.topic, subscriber, event)
@@ -64,6 +68,12 @@ class RecordEncoder:
     def _value(self, event: OutboxEvent, value_format: ValueFormat) -> bytes:
         if value_format is ValueFormat.JSON:
             try:
+                # The same compact UTF-8 JSON as the standard library's, at a tenth of
+                # the cost per event (exponents aside: 1e-7, not 1e-07).
+                return orjson.dumps(event.payload)
+            except orjson.JSONEncodeError:
+                pass  # integers beyond 64 bits, nesting beyond 255: the standard library
+            try:
                 return json.dumps(event.payload, separators=(",", ":"), ensure_ascii=False).encode()
             except (ValueError, TypeError, RecursionError) as exc:
                 raise EncodingError(
@@ -78,6 +88,13 @@ class RecordEncoder:
             raise EncodingError(
                 f"event {event.message_id} cannot be encoded as Avro: {exc}"
             ) from exc
+
+
+def _refuse_unreadable(event: OutboxEvent) -> NoReturn:
+    for column, value in (("payload", event.payload), ("headers", event.headers)):
+        if isinstance(value, Unreadable):
+            raise EncodingError(f"event {event.message_id}: its {column} is {value}")
+    raise AssertionError("no unreadable column")
 
 
 def headers_for(event: OutboxEvent) -> list[tuple[str, str | bytes | None]]:

@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -34,7 +35,7 @@ from relay.errors import (
     TransactionAborted,
 )
 from relay.kafka_errors import Stage, classify, rejects_record, retry_now
-from relay.model import KafkaCheckpoint, KafkaRecord, Position
+from relay.model import HEADER_ID, KafkaCheckpoint, KafkaRecord, Position
 from relay.ports import Extension
 
 logger = logging.getLogger(__name__)
@@ -345,6 +346,8 @@ class IdempotentPublisher(_BatchProducer):
         end: Position,
         generation: str,
         meanwhile: Callable[[], Extension | None] | None = None,
+        *,
+        may_extend: bool = True,
     ) -> None:
         self._send(records, meanwhile)
 
@@ -381,6 +384,7 @@ class TransactionalPublisher(_BatchProducer):
         self._initialised = False
         self._wedged = False
         self._key_space: UUID | None = None
+        self._commit_pool: ThreadPoolExecutor | None = None
 
     def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
         """Fence every earlier producer of this part (aborting its open transaction),
@@ -413,6 +417,8 @@ class TransactionalPublisher(_BatchProducer):
         end: Position,
         generation: str,
         meanwhile: Callable[[], Extension | None] | None = None,
+        *,
+        may_extend: bool = True,
     ) -> None:
         if not records:  # nothing to publish; the Postgres checkpoint alone moves
             if meanwhile is not None and (extension := meanwhile()) is not None:
@@ -421,7 +427,10 @@ class TransactionalPublisher(_BatchProducer):
         assert self._initialised, "recover() first: it fences earlier producers"
         batch: list[tuple[list[KafkaRecord], Position]] = []
         try:
-            self._transaction(records, end, generation, meanwhile, batch)
+            if may_extend or meanwhile is None:
+                self._transaction(records, end, generation, meanwhile, batch)
+            else:
+                self._transaction(records, end, generation, None, batch, during_commit=meanwhile)
         except TransactionAborted as exc:
             # A record failed, so the commit did not happen. Run the batch again with a
             # delivery report per record: that names the record at fault (a poison
@@ -437,10 +446,13 @@ class TransactionalPublisher(_BatchProducer):
         generation: str,
         meanwhile: Callable[[], Extension | None] | None,
         batch: list[tuple[list[KafkaRecord], Position]] | None,
+        *,
+        during_commit: Callable[[], object] | None = None,
     ) -> None:
         """One transaction: the records and the checkpoint. On the fast path (``batch``
         collects what was sent) records are not awaited one by one: the commit flushes
-        them and fails if any failed. Without ``batch``, every record is awaited."""
+        them and fails if any failed. Without ``batch``, every record is awaited.
+        ``during_commit`` runs here while the commit travels on a helper thread."""
         metadata = self._consumer(generation).consumer_group_metadata()
         self._call(self._producer.begin_transaction)
         try:
@@ -457,6 +469,12 @@ class TransactionalPublisher(_BatchProducer):
             TopicPartition(self._checkpoint_topic, 0, end.transaction_id, metadata=self._tag(sent)),
             TopicPartition(self._checkpoint_topic, 1, end.position),
         ]
+        if during_commit is None:
+            self._commit(offsets, metadata)
+        else:
+            self._commit_overlapping(offsets, metadata, during_commit)
+
+    def _commit(self, offsets: list[TopicPartition], metadata: Any) -> None:
         self._call(
             self._producer.send_offsets_to_transaction,
             offsets,
@@ -465,19 +483,36 @@ class TransactionalPublisher(_BatchProducer):
         )
         self._call(self._producer.commit_transaction, self._delivery_timeout_s)
 
+    def _commit_overlapping(
+        self, offsets: list[TopicPartition], metadata: Any, during: Callable[[], object]
+    ) -> None:
+        """Commit on a helper thread while ``during`` runs on this one. A backlog's
+        batches then cost the larger of the two, not their sum: the commit's round trips
+        (offsets to the group coordinator, then EndTxn) mostly wait on the broker. The
+        commit's outcome wins: a failed commit is raised even if ``during`` failed too."""
+        committing = self._committer().submit(self._commit, offsets, metadata)
+        try:
+            during()
+        finally:
+            committing.result()
+
+    def _committer(self) -> ThreadPoolExecutor:
+        if self._commit_pool is None:
+            self._commit_pool = ThreadPoolExecutor(1, thread_name_prefix="kafka-commit")
+        return self._commit_pool
+
     def _tag(self, sent: Sequence[KafkaRecord]) -> str:
-        """The checkpoint's provenance: its key space and the last message published
-        (every record's first header is its message id), so a later owner can tell
-        whether the checkpoint belongs to the database it serves."""
-        message = sent[-1].headers[0][1] if sent and sent[-1].headers else None
-        if sent and sent[-1].message_id is not None:
-            message = sent[-1].message_id
-        if isinstance(message, bytes):
-            message = message.decode()
+        """The checkpoint's provenance: its key space and the last message published,
+        so a later owner can tell whether the checkpoint belongs to the database it serves."""
+        message = sent[-1].outbox_message_id if sent else None
         space = str(self._key_space) if self._key_space is not None else None
         return json.dumps({"key_space": space, "message_id": message}, separators=(",", ":"))
 
     def close(self) -> None:
+        if self._commit_pool is not None:
+            # A wedged commit (see _watched) is given up on there, never waited for here.
+            self._commit_pool.shutdown(wait=False)
+            self._commit_pool = None
         if self._group is not None:
             self._group[1].close()
             self._group = None
@@ -593,8 +628,8 @@ def _checkpoint(position: Position, metadata: str | None) -> KafkaCheckpoint:
 
 def _matching(records: Sequence[KafkaRecord], msg: Message) -> KafkaRecord:
     """The record a failed delivery report is about (matched by its ``id`` header)."""
-    wanted = dict(msg.headers() or []).get("id")
+    wanted = dict(msg.headers() or []).get(HEADER_ID)
     for record in records:
-        if record.headers and record.headers[0][1] == wanted:
+        if record.header(HEADER_ID) == wanted:
             return record
     return records[0]

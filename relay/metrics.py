@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from waitress.server import create_server  # type: ignore[import-untyped]
 
 from relay.errors import ConfigError, RelayError
+from relay.lag import EXACT_UP_TO, subscriber_statuses
 from relay.store import OutboxStore
 
 if TYPE_CHECKING:
@@ -135,7 +136,9 @@ class RelayCollector(Collector):
             self._store = self._open_store()
         store = self._store
         lag = GaugeMetricFamily(
-            "outbox_relay_lag_events", "Events not yet published", labels=["subscriber", "part"]
+            "outbox_relay_lag_events",
+            f"Events not yet published (counted up to {EXACT_UP_TO}, estimated beyond)",
+            labels=["subscriber", "part"],
         )
         lag_s = GaugeMetricFamily(
             "outbox_relay_lag_seconds",
@@ -158,14 +161,14 @@ class RelayCollector(Collector):
             labels=["subscriber", "part"],
         )
         now = time.time()
-        for subscriber in store.list():
+        for subscriber in subscriber_statuses(store):
             for p in subscriber.parts:
-                labels = [p.name, str(p.part)]
-                lag.add_metric(labels, store.pending(p))
-                lag_s.add_metric(labels, store.oldest_pending_age(p))
-                age.add_metric(labels, max(0.0, now - p.updated_at.timestamp()))
-                claimed.add_metric(labels, 1 if p.owner is not None else 0)
-                halted.add_metric(labels, 0 if p.halted_error is None else 1)
+                labels = [p.state.name, str(p.state.part)]
+                lag.add_metric(labels, p.lag.events)
+                lag_s.add_metric(labels, p.lag.seconds)
+                age.add_metric(labels, max(0.0, now - p.state.updated_at.timestamp()))
+                claimed.add_metric(labels, 1 if p.state.owner is not None else 0)
+                halted.add_metric(labels, 0 if p.state.halted_error is None else 1)
         yield from (lag, lag_s, age, claimed, halted)
         sees_all = store.sees_all_sessions()
         yield GaugeMetricFamily(

@@ -1,22 +1,25 @@
-"""The worker's two ports, and the types that cross them.
+"""The relay's ports, and the types that cross them.
 
 A part worker reads and checkpoints events through a :class:`PartStore` (Postgres:
 ``relay.store.OutboxStore``) and publishes them through a :class:`Publisher` (Kafka:
-``relay.kafka.TransactionalPublisher`` or ``IdempotentPublisher``). In-memory
-adapters of both live in ``relay.testing``; ``tests/test_*_contract.py`` hold each
-port to the same contract, whichever adapter is behind it.
+``relay.kafka.TransactionalPublisher`` or ``IdempotentPublisher``). What is on the
+topics is read back through a :class:`TopicReader` (Kafka:
+``relay.topic_reader.KafkaTopicReader``): by ``verify``, the ``dev`` live view, the
+tests and the benchmarks. In-memory adapters of all three live in ``relay.testing``;
+``tests/test_*_contract.py`` hold each port to the same contract, whichever adapter is
+behind it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import NamedTuple, Protocol
 from uuid import UUID
 
 from relay.key_space import KeySpace, KeySpaceCheck
-from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
+from relay.model import ConsumedRecord, KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
 from relay.subscribers import Subscriber
 
 
@@ -47,6 +50,16 @@ class DeadLetterDecision:
     error: str
 
 
+class Fetched(NamedTuple):
+    """What one fetch read: the events to publish, in order; how far the read went
+    (past the rows the subscriber's filters dropped; None: nothing new was read); and
+    whether it came back full, a backlog with more to read."""
+
+    events: list[OutboxEvent]
+    read_to: Position | None
+    full: bool = False
+
+
 class PartStore(Protocol):
     """What a part worker needs of the outbox: its part's events and checkpoint."""
 
@@ -58,10 +71,13 @@ class PartStore(Protocol):
         max_bytes: int = 2**62,
         part: int = 0,
         parts: int = 1,
-    ) -> list[OutboxEvent]:
+        aggregate_types: frozenset[str] | None = None,
+        event_types: frozenset[str] | None = None,
+    ) -> Fetched:
         """Up to ``limit`` decided events of ``part`` after ``after``, in publication
         order, and no more once their stored payloads and headers reach ``max_bytes``
-        (at least one)."""
+        (at least one). Of those, the events the type filters (None: any) drop are left
+        out; ``read_to`` goes past them."""
 
     def get_part(self, name: str, part: int) -> PartState:
         """The part as stored; raises ``SubscriberError`` when there is none."""
@@ -115,15 +131,43 @@ class Publisher(Protocol):
         end: Position,
         generation: str,
         meanwhile: Callable[[], Extension | None] | None = None,
+        *,
+        may_extend: bool = True,
     ) -> None:
         """Publish ``records`` (the batch ending at ``end``); return once all are durable.
 
         ``meanwhile`` runs once the records are handed to the client, while they travel:
         the caller prepares its next batch there. If it returns an extension, those
-        records join this batch, which then ends where the extension does.
+        records join this batch, which then ends where the extension does. With
+        ``may_extend=False`` the caller promises it returns None: the publisher may then
+        run it while the batch commits, so the next batch's reading overlaps the commit's
+        round trips too (docs/design.md §5).
 
         Raises :class:`BrokerUnavailable` (retry), :class:`PoisonRecordError` (one record's
         fault) or :class:`ProducerFenced` (another relay owns the part now).
         """
 
     def close(self) -> None: ...
+
+
+# What a reader reports while it reads: (records read, records to read).
+Progress = Callable[[int, int], None]
+
+
+class TopicReader(Protocol):
+    """Reads back what is committed on topics (read_committed), partition by partition
+    from the start of the log: every record of a partition in its order."""
+
+    def read(
+        self, topics: Sequence[str], progress: Progress | None = None
+    ) -> Iterator[ConsumedRecord]:
+        """Every record committed to ``topics`` up to their end as of the call (a topic
+        that does not exist has none); ``progress`` is told how far it got.
+        Raises :class:`BrokerUnavailable` when the topics cannot be read to their end."""
+
+    def follow(
+        self, topics: Sequence[str], idle: float = 0.1
+    ) -> Generator[ConsumedRecord | None, None, None]:
+        """Every record committed to ``topics``, then each one as it is committed, for
+        as long as the caller iterates (close the iterator to stop); None each time
+        ``idle`` seconds pass without one. A topic is read once it exists."""

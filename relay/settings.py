@@ -70,17 +70,8 @@ class SubscriberSettings(BaseModel):
         return _as_value_error(validate_topic_template, value)
 
     def to_subscriber(self, default_format: ValueFormat) -> Subscriber:
-        return Subscriber(
-            name=self.name,
-            topic=self.topic,
-            value_format=self.value_format or default_format,
-            aggregate_types=None
-            if self.aggregate_types is None
-            else frozenset(self.aggregate_types),
-            event_types=None if self.event_types is None else frozenset(self.event_types),
-            parts=self.parts,
-            on_poison=self.on_poison,
-            dead_letter_topic=self.dead_letter_topic,
+        return Subscriber.from_dict(
+            {**self.model_dump(), "value_format": self.value_format or default_format}
         )
 
 

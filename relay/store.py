@@ -2,30 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 
+from relay import part_index
 from relay.db import load_json, wrap_errors
 from relay.errors import CheckpointConflict, ClaimLost, SubscriberError, UndefinedFunctionError
 from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.model import OutboxEvent, Position, Unreadable
-from relay.ports import DeadLetterDecision, PartState
+from relay.ports import DeadLetterDecision, Fetched, PartState
 from relay.queries import queries_for
-from relay.subscribers import (
-    PoisonPolicy,
-    StartFrom,
-    Subscriber,
-    ValueFormat,
-    collision,
-    optional_set,
-)
+from relay.subscribers import StartFrom, Subscriber, collision
 
 
 @dataclass(frozen=True)
@@ -41,9 +35,15 @@ class SubscriberState:
         """The oldest part checkpoint: every event at or before it is published."""
         return min(p.checkpoint for p in self.parts)
 
-    def lag(self, store: OutboxStore) -> int:
-        """Events not yet published, over all parts."""
-        return sum(store.pending(p) for p in self.parts)
+
+class LagSample(NamedTuple):
+    """What the ``part_lag`` query reads of one part; relay/lag.py makes its lag of it."""
+
+    scanned: int  # rows after the checkpoint scanned, any part's: at most the scan
+    counted: int  # of those, the part's own
+    first_position: int | None  # position of the first row scanned
+    last_position: int | None  # position of the newest row of the outbox
+    age_s: float | None  # age of the part's oldest row after its checkpoint
 
 
 @dataclass(frozen=True)
@@ -86,10 +86,18 @@ class OutboxStore:
         max_bytes: int = 2**62,
         part: int = 0,
         parts: int = 1,
-    ) -> list[OutboxEvent]:
+        aggregate_types: frozenset[str] | None = None,
+        event_types: frozenset[str] | None = None,
+    ) -> Fetched:
         """Up to ``limit`` decided events of ``part`` after ``after``, in publication
         order, and no more once their stored payloads and headers reach ``max_bytes``
-        (at least one)."""
+        (at least one). Of those, the events the type filters (None: any) drop are left
+        out; ``read_to`` goes past them. A subscriber of one aggregate type reads only
+        its own rows (fetch_batch_of_type); any other reads them all and leaves behind
+        what its filters drop."""
+        one_type = (
+            next(iter(aggregate_types)) if aggregate_types and len(aggregate_types) == 1 else None
+        )
         params = {
             "transaction_id": after.transaction_id,
             "position": after.position,
@@ -97,17 +105,34 @@ class OutboxStore:
             "max_bytes": max_bytes,
             "part": part,
             "parts": parts,
+            "aggregate_types": sorted(aggregate_types) if aggregate_types is not None else None,
+            "event_types": sorted(event_types) if event_types is not None else None,
+            "aggregate_type": one_type,
         }
+        query = self._q["fetch_batch" if one_type is None else "fetch_batch_of_type"]
         # Binary transfer: integers, uuids and timestamps load without text parsing.
         with wrap_errors(), self.conn.cursor(binary=True) as cur:
             set_json_loads(_load_row_json, cur)
-            rows = cur.execute(self._q["fetch_batch"], params).fetchall()
-        return [
+            # A part's poll is planned with its part as a constant (never a prepared,
+            # generic plan): only then may the planner use the part's index.
+            rows = cur.execute(query, params, prepare=parts == 1).fetchall()
+        if not rows:
+            return Fetched([], None)
+        events = [
             OutboxEvent(
                 tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at, size, dbz
             )
-            for tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz in rows
-        ]
+            for _, _, _, tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz
+            in rows
+            if tx is not None
+        ]  # fmt: skip
+        read_tx, read_pos, full = rows[0][:3]
+        if one_type is None:
+            return Fetched(events, Position(read_tx, read_pos), full)
+        # Of one type: a full fetch read up to its last event; a short one, everything
+        # decided below the horizon.
+        full = len(events) >= limit or sum(e.stored_bytes for e in events) >= max_bytes
+        return Fetched(events, events[-1].key if full else Position(read_tx, read_pos), full)
 
     def advance(self, state: PartState, to: Position, owner: UUID) -> int:
         """Compare-and-set ``state``'s checkpoint to ``to``; returns the new version."""
@@ -168,18 +193,14 @@ class OutboxStore:
             if self.conn.execute(self._q["halt_part"], params).fetchone() is None:
                 raise ClaimLost(f"{state.name}/{state.part} is no longer claimed by this relay")
 
-    def pending(self, state: PartState) -> int:
-        """The part's rows after its checkpoint, decided or not: its lag in events."""
+    def lag_sample(self, state: PartState, scan: int) -> LagSample:
+        """The part's rows after its checkpoint, decided or not, scanned up to ``scan``."""
         with wrap_errors():
-            row = self.conn.execute(self._q["pending_events"], _part_params(state)).fetchone()
+            row = self.conn.execute(
+                self._q["part_lag"], {**_part_params(state), "scan": scan}
+            ).fetchone()
         assert row is not None
-        return int(row[0])
-
-    def oldest_pending_age(self, state: PartState) -> float:
-        """Seconds since the oldest unpublished event of the part was written (0: none)."""
-        with wrap_errors():
-            row = self.conn.execute(self._q["oldest_pending_age"], _part_params(state)).fetchone()
-        return 0.0 if row is None else max(0.0, float(row[0]))
+        return LagSample(*row)
 
     def horizon_holders(self) -> list[HorizonHolder]:
         """Backends holding the publication horizon back, oldest first."""
@@ -315,7 +336,7 @@ class OutboxStore:
             )
         if row is None:
             raise SubscriberError(f"no subscriber part {name}/{part}")
-        return _part(_subscriber(row), row)
+        return _part(Subscriber.from_dict(row), row)
 
     def get(self, name: str) -> SubscriberState:
         found = self.list(name)
@@ -330,7 +351,7 @@ class OutboxStore:
             parts = cursor.execute(self._q["list_parts"], {"name": name}).fetchall()
         found = []
         for row in subscribers:
-            subscriber = _subscriber(row)
+            subscriber = Subscriber.from_dict(row)
             mine = [
                 _part(subscriber, p, row["id"]) for p in parts if p["subscriber"] == row["name"]
             ]
@@ -361,17 +382,7 @@ class OutboxStore:
                     f"{reason}; give it a topic of its own (--topic / topic) or filters "
                     "that do not overlap"
                 )
-        params = {
-            "name": subscriber.name,
-            "aggregate_types": _sorted(subscriber.aggregate_types),
-            "event_types": _sorted(subscriber.event_types),
-            "topic": subscriber.topic,
-            "value_format": subscriber.value_format.value,
-            "parts": subscriber.parts,
-            "on_poison": subscriber.on_poison.value,
-            "dead_letter_topic": subscriber.dead_letter_topic,
-            "start": start.value,
-        }
+        params = {**subscriber.as_dict(), "start": start.value}
         with wrap_errors(), self.conn.transaction():
             created = self.conn.execute(self._q["insert_subscriber"], params).fetchone() is not None
             if created:
@@ -386,6 +397,13 @@ class OutboxStore:
             else:
                 raise SubscriberError(f"subscriber {subscriber.name!r} already exists")
         return created
+
+    def index_parts(self) -> None:
+        """Build the part indexes of every part count in use (relay/part_index.py):
+        run by `migrate` and `subscribers add`, never by a relay (building one waits
+        for every transaction open on the outbox to end)."""
+        for parts in sorted({s.subscriber.parts for s in self.list()}):
+            part_index.ensure(self.conn, self.schema, parts)
 
     def set_paused(self, name: str, paused: bool) -> None:
         with wrap_errors():
@@ -414,6 +432,8 @@ class OutboxStore:
             rows = self.conn.execute(self._q["delete_subscriber"], {"name": name}).fetchall()
         if not rows:
             raise SubscriberError(f"no subscriber named {name!r}")
+        in_use = [s.subscriber.parts for s in self.list()]
+        part_index.drop_unused(self.conn, self.schema, rows[0][1], in_use)
 
 
 def _load_row_json(data: bytes | bytearray | memoryview | str) -> Any:
@@ -424,20 +444,6 @@ def _load_row_json(data: bytes | bytearray | memoryview | str) -> Any:
         return load_json(data)
     except Exception as exc:  # any failure: ValueError, RecursionError, MemoryError...
         return Unreadable(f"{type(exc).__name__}: {str(exc)[:200]}")
-
-
-def _subscriber(row: dict[str, Any]) -> Subscriber:
-    return Subscriber(
-        name=row["name"],
-        topic=row["topic"],
-        value_format=ValueFormat(row["value_format"]),
-        aggregate_types=optional_set(row["aggregate_types"]),
-        event_types=optional_set(row["event_types"]),
-        paused=row["paused"],
-        parts=row["parts"],
-        on_poison=PoisonPolicy(row["on_poison"]),
-        dead_letter_topic=row["dead_letter_topic"],
-    )
 
 
 def _part(
@@ -463,7 +469,3 @@ def _part_params(state: PartState) -> dict[str, Any]:
         "part": state.part,
         "parts": state.subscriber.parts,
     }
-
-
-def _sorted(values: frozenset[str] | None) -> Sequence[str] | None:
-    return None if values is None else sorted(values)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import string
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from relay.errors import EncodingError, SubscriberError
 from relay.model import OutboxEvent
@@ -68,6 +70,35 @@ class Subscriber:
                 f"dead-letter topic {self.dead_letter_topic!r} is not a legal Kafka topic name"
             )
 
+    @classmethod
+    def from_dict(cls, fields: Mapping[str, Any]) -> Subscriber:
+        """A subscriber from plain values, as :meth:`as_dict` gives them: a stored row,
+        validated settings, the command line's options. Keys that are not fields are
+        ignored; a field missing or None takes its default."""
+        given = {f.name: fields[f.name] for f in _FIELDS if fields.get(f.name) is not None}
+        for name, kind in (("value_format", ValueFormat), ("on_poison", PoisonPolicy)):
+            if name in given:
+                given[name] = kind(given[name])
+        for name in ("aggregate_types", "event_types"):
+            if name in given:
+                given[name] = frozenset(given[name])
+        return cls(**given)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The definition as plain values (text for enums, sorted lists for filters), as
+        the store writes it and the command line shows it."""
+        return {
+            **{f.name: getattr(self, f.name) for f in _FIELDS},
+            "value_format": self.value_format.value,
+            "on_poison": self.on_poison.value,
+            "aggregate_types": _sorted(self.aggregate_types),
+            "event_types": _sorted(self.event_types),
+        }
+
+    def route(self, aggregate_type: str, event_type: str) -> str | None:
+        """The topic of events of this kind; None when that is not a legal topic name."""
+        return _route(self.topic, aggregate_type, event_type)
+
     @property
     def dead_letter_topic_name(self) -> str:
         return self.dead_letter_topic or f"{DEAD_LETTER_PREFIX}{self.name}"
@@ -91,6 +122,13 @@ class Subscriber:
                 "which is not a legal Kafka topic name (1-249 of [a-zA-Z0-9._-], not '.' or '..')"
             )
         return topic
+
+
+_FIELDS = dataclasses.fields(Subscriber)
+
+
+def _sorted(values: frozenset[str] | None) -> list[str] | None:
+    return None if values is None else sorted(values)
 
 
 def validate_name(name: str) -> str:
@@ -199,10 +237,6 @@ def legal_topic(name: str) -> bool:
     '..'. (Names that differ only in '.' against '_' collide too; only the broker knows
     which exist, so that refusal comes from it.)"""
     return bool(_TOPIC.match(name)) and name not in (".", "..")
-
-
-def optional_set(values: Iterable[str] | None) -> frozenset[str] | None:
-    return None if values is None else frozenset(values)
 
 
 @functools.lru_cache(maxsize=4096)

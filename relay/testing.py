@@ -1,20 +1,22 @@
-"""In-memory adapters of the worker's ports (``relay.ports``), for tests of the logic
-above them: no Postgres, no Kafka. ``tests/test_store_contract.py`` and
-``tests/test_publisher_contract.py`` hold them to what the real adapters do."""
+"""In-memory adapters of the relay's ports (``relay.ports``), for tests of the logic
+above them: no Postgres, no Kafka. ``tests/test_store_contract.py``,
+``tests/test_publisher_contract.py`` and ``tests/test_topic_reader_contract.py`` hold
+them to what the real adapters do."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from datetime import UTC, datetime
 from uuid import UUID
 
 from relay.errors import CheckpointConflict, ClaimLost, SubscriberError
 from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
-from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
-from relay.ports import DeadLetterDecision, Extension, PartState
+from relay.model import ConsumedRecord, KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
+from relay.ports import DeadLetterDecision, Extension, Fetched, PartState, Progress
 from relay.subscribers import Subscriber
 
 
@@ -93,17 +95,27 @@ class InMemoryStore:
         max_bytes: int = 2**62,
         part: int = 0,
         parts: int = 1,
-    ) -> list[OutboxEvent]:
-        batch: list[OutboxEvent] = []
+        aggregate_types: frozenset[str] | None = None,
+        event_types: frozenset[str] | None = None,
+    ) -> Fetched:
+        read: list[OutboxEvent] = []
         size = 0
         for event in self.events:
             if event.key <= after:
                 continue
-            if len(batch) == limit or (batch and size >= max_bytes):
+            if len(read) == limit or (read and size >= max_bytes):
                 break
-            batch.append(event)
+            read.append(event)
             size += event.stored_bytes
-        return batch
+        if not read:
+            return Fetched([], None)
+        kept = [
+            e
+            for e in read
+            if (aggregate_types is None or e.aggregate_type in aggregate_types)
+            and (event_types is None or e.event_type in event_types)
+        ]
+        return Fetched(kept, read[-1].key, len(read) == limit or size >= max_bytes)
 
     def get_part(self, name: str, part: int) -> PartState:
         state = self.parts.get((name, part))
@@ -189,9 +201,17 @@ class InMemoryPublisher:
         end: Position,
         generation: str,
         meanwhile: Callable[[], Extension | None] | None = None,
+        *,
+        may_extend: bool = True,
     ) -> None:
         if self.on_send is not None:
             self.on_send()
+        if records and not may_extend:
+            # As the real one: the batch commits as given while the callback runs.
+            self._commit(records, end, generation)
+            if meanwhile is not None and meanwhile() is not None:
+                raise AssertionError("meanwhile extended a batch after promising not to")
+            return
         # As the real one: the callback runs while the records travel, and an
         # extension joins the transaction.
         extension = meanwhile() if meanwhile is not None else None
@@ -201,10 +221,13 @@ class InMemoryPublisher:
             return
         if extension is not None:
             records, end = [*records, *extension[0]], extension[1]
+        self._commit(records, end, generation)
+
+    def _commit(self, records: Sequence[KafkaRecord], end: Position, generation: str) -> None:
         if self.refuse is not None:
             self.refuse(records)
         self.transactions.append(list(records))
-        last = message_id(records[-1])
+        last = records[-1].outbox_message_id
         self.checkpoints[generation] = KafkaCheckpoint(
             end, self._key_space, UUID(last) if last else None
         )
@@ -217,11 +240,46 @@ class InMemoryPublisher:
         return [record for transaction in self.transactions for record in transaction]
 
 
-def message_id(record: KafkaRecord) -> str | None:
-    """The outbox message id a record was published for."""
-    if record.message_id is not None:
-        return record.message_id
-    if not record.headers:
-        return None
-    value = record.headers[0][1]
-    return value.decode() if isinstance(value, bytes) else value
+class InMemoryTopicReader:
+    """A :class:`relay.ports.TopicReader` of what an :class:`InMemoryPublisher`
+    committed: one partition per topic, offsets counted per topic."""
+
+    def __init__(self, broker: InMemoryPublisher) -> None:
+        self._broker = broker
+
+    def read(
+        self, topics: Sequence[str], progress: Progress | None = None
+    ) -> Iterator[ConsumedRecord]:
+        records = self._committed(topics)
+        yield from records
+        if progress is not None:
+            progress(len(records), len(records))
+
+    def follow(
+        self, topics: Sequence[str], idle: float = 0.1
+    ) -> Generator[ConsumedRecord | None, None, None]:
+        done = 0
+        while True:
+            records = self._committed(topics)
+            if len(records) == done:
+                time.sleep(idle)  # as a consumer's poll waits for one
+                yield None
+            yield from records[done:]
+            done = len(records)
+
+    def _committed(self, topics: Sequence[str]) -> list[ConsumedRecord]:
+        offsets: dict[str, int] = {}
+        records = []
+        for record in self._broker.published():
+            offset = offsets[record.topic] = offsets.get(record.topic, -1) + 1
+            if record.topic in topics:
+                records.append(_consumed(record, offset))
+        return records
+
+
+def _consumed(record: KafkaRecord, offset: int) -> ConsumedRecord:
+    """``record`` as a consumer reads it: header values are bytes on the wire."""
+    headers = [(k, v.encode() if isinstance(v, str) else v) for k, v in record.headers]
+    return ConsumedRecord(
+        record.topic, 0, offset, record.key, record.value, headers, record.timestamp_ms
+    )

@@ -14,51 +14,25 @@ duplicates by design; verify a fresh subscriber instead.
 from __future__ import annotations
 
 import logging
-import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 from uuid import UUID
 
 import psycopg
-from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from relay.client_logs import client_logger
 from relay.db import wrap_errors
-from relay.encoding import HEADER_ID, HEADER_POSITION, HEADER_TRANSACTION_ID
-from relay.errors import BrokerUnavailable, ConsumerHiccup, SubscriberError
-from relay.kafka_errors import Stage, classify
-from relay.model import Position
+from relay.errors import SubscriberError
+from relay.lag import subscriber_lag
+from relay.model import ConsumedRecord, Position
+from relay.ports import TopicReader
 from relay.queries import queries_for
 from relay.store import OutboxStore, SubscriberState
 
 logger = logging.getLogger(__name__)
-# librdkafka's own lines: deduplicated, at most one of a kind a minute.
-_client_log = client_logger()
 
 _MAX_EXAMPLES = 20  # findings listed per kind; the counts are always complete
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumedRecord:
-    """What verify needs from a record read off a topic."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    message_id: str | None
-    position: Position | None
-
-
-class TopicReader(Protocol):
-    """Reads whole topics, read_committed, up to their end as of the call."""
-
-    def read(
-        self, topics: Sequence[str], progress: Callable[[int, int], None]
-    ) -> Iterator[ConsumedRecord]:
-        """Yield every committed record; ``progress(done, total)`` reports offsets."""
 
 
 @dataclass
@@ -73,6 +47,7 @@ class SubscriberReport:
     ahead: int = 0  # published past the Postgres checkpoint (recovery adopts them)
     dead_lettered: int = 0
     pending: int = 0  # not yet published: after the checkpoint
+    pending_estimated: bool = False  # pending is an estimate (relay/lag.py)
     # Parts created with --from now or reset since: events before these are not checked.
     checked_after: list[str] = field(default_factory=list)
     examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
@@ -97,6 +72,7 @@ class SubscriberReport:
             "ahead": self.ahead,
             "dead_lettered": self.dead_lettered,
             "pending": self.pending,
+            "pending_estimated": self.pending_estimated,
             "checked_after": self.checked_after,
             "clean": self.clean,
             "examples": dict(self.examples),
@@ -130,7 +106,8 @@ def verify(
     for state in states:
         name = state.subscriber.name
         report, expected = _expectations(conn, schema, state)
-        report.pending = state.lag(store)
+        lag = subscriber_lag(store, state)
+        report.pending, report.pending_estimated = lag.events, lag.estimated
 
         def tick(done: int, total: int, name: str = name) -> None:
             if progress is not None:
@@ -162,14 +139,7 @@ def _expectations(
     subscriber = state.subscriber
     expected = _Expected()
     report = SubscriberReport(subscriber.name, [])
-    params = {
-        "name": subscriber.name,
-        "aggregate_types": None
-        if subscriber.aggregate_types is None
-        else sorted(subscriber.aggregate_types),
-        "event_types": None if subscriber.event_types is None else sorted(subscriber.event_types),
-    }
-    topic_cache: dict[tuple[str, str], str] = {}
+    params = subscriber.as_dict()  # its name and filters
     query = queries_for(schema)["published_events"]
     with wrap_errors(), conn.transaction(), conn.cursor(name="verify") as cursor:
         cursor.itersize = 10_000
@@ -178,12 +148,10 @@ def _expectations(
             if dead:
                 report.dead_lettered += 1
                 continue
-            pair = (aggregate_type, event_type)
-            if pair not in topic_cache:
-                topic_cache[pair] = subscriber.topic.format(
-                    aggregate_type=aggregate_type, event_type=event_type
-                )
-            expected.topics.add(topic_cache[pair])
+            # None: no legal topic, so nothing was published (and the event is missing).
+            topic = subscriber.route(aggregate_type, event_type)
+            if topic is not None:
+                expected.topics.add(topic)
             expected.positions[message_id.bytes] = Position(transaction_id, position)
     with wrap_errors():
         starts = conn.execute(queries_for(schema)["part_starts"], {"name": subscriber.name})
@@ -236,106 +204,3 @@ def _compare(
         if mid not in seen:
             report.missing += 1
             report.example("missing", f"{UUID(bytes=mid)} (position {position})")
-
-
-class KafkaTopicReader:
-    """Reads topics with confluent-kafka, read_committed, by partition assignment."""
-
-    def __init__(self, config: dict[str, Any], *, timeout: float = 120.0, settle: float = 1.0):
-        self._config = {
-            **config,
-            "group.id": "outbox-relay-verify",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "fetch.wait.max.ms": 50,
-        }
-        self._timeout = timeout
-        self._settle = settle
-
-    def read(
-        self, topics: Sequence[str], progress: Callable[[int, int], None]
-    ) -> Iterator[ConsumedRecord]:
-        if not topics:
-            return
-        consumer = Consumer(self._config, logger=_client_log)
-        try:
-            yield from self._read(consumer, topics, progress)
-        finally:
-            consumer.close()
-
-    def _read(
-        self, consumer: Consumer, topics: Sequence[str], progress: Callable[[int, int], None]
-    ) -> Iterator[ConsumedRecord]:
-        ends = self._ends(consumer, topics)
-        total = sum(end - start for start, end in ends.values())
-        consumer.assign([TopicPartition(t, p, start) for (t, p), (start, _) in ends.items()])
-        done = 0
-        deadline = time.monotonic() + self._timeout
-        last_message = time.monotonic()
-        while not self._finished(consumer, ends, last_message):
-            if time.monotonic() > deadline:
-                raise BrokerUnavailable(
-                    f"verify could not read {sorted(topics)} to their end within {self._timeout}s"
-                )
-            for msg in consumer.consume(1000, 0.2):
-                error = msg.error()
-                if error is not None:
-                    failure = classify(error, f"reading {msg.topic()}", Stage.READ)
-                    if isinstance(failure, ConsumerHiccup):  # the deadline bounds these
-                        logger.warning("%s", failure)
-                    elif failure is not None:
-                        raise failure
-                    continue
-                last_message = time.monotonic()
-                done += 1
-                yield _consumed(msg)
-            progress(done, total)
-
-    def _finished(
-        self,
-        consumer: Consumer,
-        ends: dict[tuple[str, int], tuple[int, int]],
-        last_message: float,
-    ) -> bool:
-        if time.monotonic() - last_message < self._settle:
-            return False
-        positions = consumer.position([TopicPartition(t, p) for t, p in ends])
-        return all(
-            tp.offset >= ends[(tp.topic, tp.partition)][1]
-            or (ends[(tp.topic, tp.partition)][0] == ends[(tp.topic, tp.partition)][1])
-            for tp in positions
-        )
-
-    def _ends(
-        self, consumer: Consumer, topics: Sequence[str]
-    ) -> dict[tuple[str, int], tuple[int, int]]:
-        try:
-            metadata = consumer.list_topics(timeout=self._timeout)
-        except KafkaException as exc:
-            raise BrokerUnavailable(f"cannot list topics: {exc}") from exc
-        ends = {}
-        for topic in topics:
-            info = metadata.topics.get(topic)
-            if info is None or info.error is not None:
-                continue  # nothing was ever published there: every event is missing
-            for partition in info.partitions:
-                low, high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=self._timeout
-                )
-                ends[(topic, partition)] = (low, high)
-        return ends
-
-
-def _consumed(msg: Any) -> ConsumedRecord:
-    headers = dict(msg.headers() or [])
-    message_id = headers.get(HEADER_ID)
-    tx, pos = headers.get(HEADER_TRANSACTION_ID), headers.get(HEADER_POSITION)
-    position = Position(int(tx), int(pos)) if tx and pos else None
-    return ConsumedRecord(
-        topic=msg.topic(),
-        partition=msg.partition(),
-        offset=msg.offset(),
-        key=msg.key(),
-        message_id=message_id.decode() if isinstance(message_id, bytes) else None,
-        position=position,
-    )

@@ -91,6 +91,9 @@ class WorkerStats:
 @dataclass
 class _Batch:
     events: list[OutboxEvent]
+    # How far the fetch read (past events the subscriber drops); None: nothing new.
+    read_to: Position | None
+    full: bool = False  # a backlog: the fetch came back full
     # Encoded ahead of time when every event encoded cleanly; None: encode on the slow
     # path, which applies the poison policy.
     records: list[KafkaRecord] | None = None
@@ -113,6 +116,7 @@ class _Sent:
     records: list[KafkaRecord]
     end: Position
     ahead: _Batch | None = None
+    full: bool = False
 
 
 @dataclass(frozen=True)
@@ -130,24 +134,23 @@ class _ReadAhead:
     transaction rather than waiting a whole cycle for the next one."""
 
     def __init__(
-        self,
-        prepare: Callable[[PartState], _Batch],
-        limits: tuple[int, int],
-        state: PartState,
-        end: Position,
+        self, prepare: Callable[[PartState], _Batch], state: PartState, sent: _Sent
     ) -> None:
-        self._prepare, self._limits, self._state, self._end = prepare, limits, state, end
+        self._prepare, self._state, self._end = prepare, state, sent.end
         self._following: _Batch | None = None
         self._joined = False
+        # A full batch means a backlog: what follows goes in its own full transaction,
+        # so it is read while this one commits rather than offered to join it.
+        self.may_join = not sent.full
 
     def __call__(self) -> Extension | None:
         following = self._prepare(dataclasses.replace(self._state, checkpoint=self._end))
         self._following = following
-        if not _joins(following, *self._limits, self._state):
+        if not self.may_join or not _joins(following, self._state):
             return None
-        assert following.records is not None
+        assert following.records is not None and following.read_to is not None
         self._joined = True
-        return following.records, following.events[-1].key
+        return following.records, following.read_to
 
     def grown(self, batch: _Sent) -> _Sent:
         """``batch`` with what joined it, or with what was read ahead for later."""
@@ -156,11 +159,11 @@ class _ReadAhead:
             return batch
         if not self._joined:
             return dataclasses.replace(batch, ahead=following)
-        assert following.records is not None
+        assert following.records is not None and following.read_to is not None
         return _Sent(
             [*batch.events, *following.events],
             [*batch.records, *following.records],
-            following.events[-1].key,
+            following.read_to,
         )
 
 
@@ -272,9 +275,9 @@ class PartWorker(threading.Thread):
             self.stats.state = WorkerState.RUNNING
             notified = self.wakeup.is_set()
             self.wakeup.clear()
-            batch = ahead if ahead is not None and ahead.events else self._fetch(store, state)
+            batch = ahead if ahead is not None and ahead.read_to else self._fetch(store, state)
             ahead = None
-            if not batch.events:
+            if batch.read_to is None:
                 if notified:
                     repolls = iter(_HORIZON_REPOLL_S)
                 if not self.wakeup.wait(next(repolls, self._poll_interval)):
@@ -287,14 +290,18 @@ class PartWorker(threading.Thread):
                 state, ahead = published
 
     def _fetch(self, store: PartStore, state: PartState) -> _Batch:
-        events = store.fetch(
+        fetched = store.fetch(
             state.checkpoint,
             self._batch_size,
             max_bytes=self._batch_max_bytes,
             part=self.part.part,
             parts=state.subscriber.parts,
+            # Rows the subscriber drops stay in Postgres (all but the last read, which
+            # carries the checkpoint past them); matches() below still decides.
+            aggregate_types=state.subscriber.aggregate_types,
+            event_types=state.subscriber.event_types,
         )
-        return _Batch(events)
+        return _Batch(fetched.events, fetched.read_to, fetched.full)
 
     def _prepare(self, store: PartStore, state: PartState) -> _Batch:
         """Fetch and encode the batch after ``state``'s checkpoint, leaving any poison
@@ -383,7 +390,8 @@ class PartWorker(threading.Thread):
         (None: the part halted on a poison event, under the 'halt' policy)."""
         if not self.session.valid():
             raise ClaimLost("this relay's session may have expired; not publishing")
-        events, end = list(batch.events), batch.events[-1].key
+        assert batch.read_to is not None
+        events, end = list(batch.events), batch.read_to
         dead: dict[UUID, DeadLetterDecision] = {}
         if state.subscriber.on_poison is PoisonPolicy.DEAD_LETTER:
             dead = store.dead_letters(state.name, state.checkpoint, end)
@@ -393,11 +401,10 @@ class PartWorker(threading.Thread):
                 records = self._encode(store, state, events, dead)
                 if records is None:
                     return None
-            reader = None
+            sent, reader = _Sent(events, records, end, full=batch.full), None
             if look_ahead:
-                prepare = functools.partial(self._prepare, store)
-                reader = _ReadAhead(prepare, (self._batch_size, self._batch_max_bytes), state, end)
-            outcome = self._send(state, _Sent(events, records, end), reader)
+                reader = _ReadAhead(functools.partial(self._prepare, store), state, sent)
+            outcome = self._send(state, sent, reader)
             if isinstance(outcome, _Sent):
                 return self._record(store, state, outcome, dead)
             if outcome.error.ambiguous and len(outcome.events) > 1:
@@ -414,7 +421,13 @@ class PartWorker(threading.Thread):
         part of the outcome."""
         assert self._publisher is not None
         try:
-            self._publisher.publish(batch.records, batch.end, str(state.generation), reader)
+            self._publisher.publish(
+                batch.records,
+                batch.end,
+                str(state.generation),
+                reader,
+                may_extend=reader is None or reader.may_join,
+            )
         except PoisonRecordError as exc:
             grown = reader.grown(batch) if reader is not None else batch
             return _Refused(grown.events, grown.end, exc)
@@ -437,7 +450,7 @@ class PartWorker(threading.Thread):
         self, store: PartStore, state: PartState, events: list[OutboxEvent]
     ) -> _Published | None:
         for event in events:
-            published = self._publish(store, state, _Batch([event]), look_ahead=False)
+            published = self._publish(store, state, _Batch([event], event.key), look_ahead=False)
             if published is None:
                 return None
             state = published.state
@@ -593,22 +606,22 @@ class PartWorker(threading.Thread):
             self.stats.state = state
 
 
-def _joins(following: _Batch, batch_size: int, max_bytes: int, state: PartState) -> bool:
+def _joins(following: _Batch, state: PartState) -> bool:
     """Whether a batch read ahead joins the transaction in flight: only when the relay
     is caught up (a backlog is better served by full batches, each overlapping the
-    last one's commit; a batch cut at ``max_bytes`` is full too), every event encoded
-    cleanly, and no dead-letter decision (made on the slow path) could apply."""
+    last one's commit), every event encoded cleanly, and no dead-letter decision (made
+    on the slow path) could apply."""
     return (
         following.records is not None
-        and 0 < len(following.events) < batch_size
-        and sum(e.stored_bytes for e in following.events) < max_bytes
+        and following.read_to is not None
+        and not following.full
         and state.subscriber.on_poison is not PoisonPolicy.DEAD_LETTER
     )
 
 
 def _event_of(record: KafkaRecord, events: list[OutboxEvent]) -> OutboxEvent:
-    wanted = record.headers[0][1] if record.headers else None
+    wanted = record.outbox_message_id
     for event in events:
-        if str(event.message_id).encode() == wanted:
+        if str(event.message_id) == wanted:
             return event
     raise RelayError(f"the broker rejected a record the batch does not contain: {record.topic}")

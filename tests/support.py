@@ -6,33 +6,18 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from relay import Outbox
+from relay.model import ConsumedRecord
+from relay.topic_reader import KafkaTopicReader
 
 _WARMUP_S = 2.5
-
-
-@dataclass(frozen=True)
-class Seen:
-    """A record as a consumer of the topic sees it."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: str
-    value: bytes
-    headers: dict[str, str]
-
-    @property
-    def message_id(self) -> str:
-        return self.headers["id"]
 
 
 def wait_for_topics(bootstrap: str, topics: list[str], timeout: float = 30.0) -> dict[str, int]:
@@ -57,43 +42,30 @@ def consume(
     timeout: float = 30.0,
     quiet: float = 1.0,
     isolation: str = "read_committed",
-) -> list[Seen]:
+) -> list[ConsumedRecord]:
     """Read every partition of ``topics`` from the start, read_committed, until ``expected``
     records arrived and nothing more came for ``quiet`` seconds (so duplicates show up)."""
-    partitions = wait_for_topics(bootstrap, topics, timeout)
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "outbox-relay-tests",
-            "isolation.level": isolation,
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.assign(
-        [TopicPartition(t, p, OFFSET_BEGINNING) for t, n in partitions.items() for p in range(n)]
-    )
-    seen: list[Seen] = []
+    wait_for_topics(bootstrap, topics, timeout)
+    config = {"bootstrap.servers": bootstrap}
+    reader = KafkaTopicReader(config, group="outbox-relay-tests", isolation=isolation)
+    seen: list[ConsumedRecord] = []
     started = time.monotonic()
     deadline = started + timeout
     last_arrival = started
-    try:
-        while time.monotonic() < deadline:
-            message = consumer.poll(0.1)
+    with closing(reader.follow(topics)) as records:
+        for record in records:
             now = time.monotonic()
-            if message is None:
-                if len(seen) >= expected and now - last_arrival >= quiet:
-                    break
-                continue
-            if message.error():
-                raise AssertionError(f"consumer error: {message.error()}")
-            last_arrival = now
-            seen.append(_seen(message))
-    finally:
-        consumer.close()
+            if record is not None:
+                seen.append(record)
+                last_arrival = now
+            elif len(seen) >= expected and now - last_arrival >= quiet:
+                break
+            if now >= deadline:
+                break
     return seen
 
 
-def nothing_arrives(bootstrap: str, topics: list[str], within: float) -> list[Seen]:
+def nothing_arrives(bootstrap: str, topics: list[str], within: float) -> list[ConsumedRecord]:
     """Whatever arrives on existing ``topics`` within ``within`` seconds (expect [])."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     existing = [t for t in topics if t in admin.list_topics(timeout=5).topics]
@@ -103,23 +75,12 @@ def nothing_arrives(bootstrap: str, topics: list[str], within: float) -> list[Se
     return consume(bootstrap, existing, expected=0, timeout=within + 20, quiet=within)
 
 
-def _seen(message: Any) -> Seen:
-    headers = {k: (v.decode() if v is not None else "") for k, v in (message.headers() or [])}
-    return Seen(
-        message.topic(),
-        message.partition(),
-        message.offset(),
-        message.key().decode(),
-        message.value(),
-        headers,
-    )
-
-
-def by_key(seen: list[Seen]) -> dict[str, list[Seen]]:
-    """Records grouped by key, each group in the order a consumer of the partition sees them."""
-    groups: dict[str, list[Seen]] = {}
+def by_key(seen: list[ConsumedRecord]) -> dict[str, list[ConsumedRecord]]:
+    """Records grouped by key (as text), each group in the order a consumer of the
+    partition sees them."""
+    groups: dict[str, list[ConsumedRecord]] = {}
     for record in sorted(seen, key=lambda s: (s.topic, s.partition, s.offset)):
-        groups.setdefault(record.key, []).append(record)
+        groups.setdefault((record.key or b"").decode(), []).append(record)
     return groups
 
 
@@ -147,8 +108,18 @@ def write_orders(
         )
 
 
-def ids_of(seen: list[Seen]) -> list[str]:
-    return [s.headers["id"] for s in seen]
+def keys(seen: list[ConsumedRecord]) -> list[str]:
+    """The records' keys, as text, sorted."""
+    return sorted((r.key or b"").decode() for r in seen)
+
+
+def keyed(seen: list[ConsumedRecord]) -> dict[str, ConsumedRecord]:
+    """The records by key, as text (the last one of a key)."""
+    return {(r.key or b"").decode(): r for r in seen}
+
+
+def ids_of(seen: list[ConsumedRecord]) -> list[str]:
+    return [s.message_id or "" for s in seen]
 
 
 # -- the relay, from outside ----------------------------------------------------------
@@ -173,10 +144,11 @@ def run_cli(
 
 def caught_up(db: psycopg.Connection[Any], name: str) -> bool:
     """Every event of subscriber ``name`` is published (its lag is 0)."""
+    from relay.lag import subscriber_lag
     from relay.store import OutboxStore
 
     store = OutboxStore(db)
-    return store.get(name).lag(store) == 0
+    return subscriber_lag(store, store.get(name)).events == 0
 
 
 def wait_caught_up(db: psycopg.Connection[Any], name: str, timeout: float = 30.0) -> None:

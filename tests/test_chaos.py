@@ -28,10 +28,12 @@ import pytest
 
 from relay import Outbox, migrations
 from relay.errors import RelayError
+from relay.lag import part_lag, subscriber_lag
 from relay.localstack import LocalKafka, LocalPostgres
 from relay.store import OutboxStore
 from relay.subscribers import Subscriber, ValueFormat
-from relay.verify import KafkaTopicReader, SubscriberReport, verify
+from relay.topic_reader import KafkaTopicReader
+from relay.verify import SubscriberReport, verify
 from tests.support import consume, order
 
 pytestmark = pytest.mark.chaos
@@ -196,7 +198,7 @@ def _caught_up(url: str, names: list[str]) -> bool:
     try:
         with psycopg.connect(url, autocommit=True, connect_timeout=3) as conn:
             store = OutboxStore(conn)
-            return all(store.get(n).lag(store) == 0 for n in names)
+            return all(subscriber_lag(store, store.get(n)).events == 0 for n in names)
     except psycopg.Error:
         return False
 
@@ -210,7 +212,7 @@ def _stall_report(url: str, logs: Path) -> str:
             for part in state.parts:
                 lines.append(
                     f"part {state.subscriber.name}/{part.part}: checkpoint {part.checkpoint} "
-                    f"owner {part.owner} halted {part.halted_error} pending {store.pending(part)}"
+                    f"owner {part.owner} halted {part.halted_error} pending {part_lag(store, part)}"
                 )
         for row in conn.execute(
             "SELECT pg_snapshot_xmin(pg_current_snapshot()), (SELECT max(transaction_id) FROM"
@@ -235,7 +237,7 @@ def _busy_sessions(url: str, until: float) -> set[str]:
                     part.owner
                     for state in store.list()
                     for part in state.parts
-                    if part.owner is not None and store.pending(part)
+                    if part.owner is not None and part_lag(store, part).events
                 }
                 if busy:
                     return {str(b) for b in busy}

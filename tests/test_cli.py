@@ -224,3 +224,39 @@ def test_piped_tables_keep_long_values_whole(
     assert run_cli("subscribers", "add", "s", "--topic", topic, env=env).returncode == 0
     listing = run_cli("subscribers", "list", env={**env, "COLUMNS": ""})
     assert topic in listing.stdout
+
+
+def test_status_counts_a_small_lag_and_estimates_a_huge_one(
+    db: psycopg.Connection[Any], database_url: str
+) -> None:
+    """A lag is counted exactly up to 10,000 events; beyond, it is estimated from the
+    outbox's positions (no count over the backlog) and shown as one."""
+    env = {"RELAY_DATABASE_URL": database_url, "COLUMNS": "200"}
+    for name, parts in (("one", "1"), ("two", "2")):
+        added = run_cli("subscribers", "add", name, "--topic", name, "--parts", parts, env=env)
+        assert added.returncode == 0, added.stderr
+    insert = (
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+        "SELECT 'order', n::text, 'OrderPlaced', '{}' FROM generate_series(1, %s) AS n"
+    )
+    db.execute(insert, (3,))
+    small = _lags(run_cli("status", "--json", env=env))
+    assert small["one/0"] == (3, False)
+    assert small["two/0"][0] + small["two/1"][0] == 3 and not small["two/0"][1]
+
+    db.execute(insert, (12_000,))
+    huge = _lags(run_cli("status", "--json", env=env))
+    assert huge["one/0"] == (12_003, True)  # no gaps in the positions: the estimate is exact
+    split = huge["two/0"][0] + huge["two/1"][0]
+    assert abs(split - 12_003) <= 2 and huge["two/0"][1] and huge["two/1"][1]
+    table = run_cli("status", env=env).stdout
+    assert "~12003" in table and "~: an estimate" in table
+    listed = json.loads(run_cli("subscribers", "list", "--json", env=env).stdout)
+    one = next(s for s in listed if s["name"] == "one")
+    assert (one["lag_events"], one["lag_estimated"]) == (12_003, True)
+
+
+def _lags(result: subprocess.CompletedProcess[str]) -> dict[str, tuple[int, bool]]:
+    assert result.returncode == 0, result.stderr
+    parts = json.loads(result.stdout)["parts"]
+    return {p["part"]: (p["lag_events"], p["lag_estimated"]) for p in parts}

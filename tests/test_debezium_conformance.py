@@ -25,9 +25,11 @@ from relay import migrations
 from relay.daemon import Relay
 from relay.localstack.debezium import LocalDebeziumServer
 from relay.localstack.postgres import LocalPostgres
+from relay.model import ConsumedRecord
 from relay.schemas import SchemaRegistry
 from relay.settings import load_settings
-from tests.test_debezium import Raw, attach, consume_raw
+from tests.support import consume
+from tests.test_debezium import attach
 
 pytestmark = pytest.mark.debezium
 
@@ -268,7 +270,7 @@ def test_the_debezium_format_is_byte_identical_to_the_outbox_event_router(
         relay = start_relay_on(url, kafka_bootstrap, registry)
         try:
             expected = insert_rows(conn, setup.shapes)
-            seen = consume_raw(kafka_bootstrap, topics, 2 * expected)
+            seen = consume(kafka_bootstrap, topics, 2 * expected, timeout=60)
         finally:
             relay.stop()
     mine = records(seen, ours)
@@ -326,7 +328,7 @@ def insert_rows(conn: psycopg.Connection[Any], shapes: tuple[Shape, ...]) -> int
     return count + 1
 
 
-def records(seen: list[Raw], prefix: str) -> dict[tuple[str, int | None], list[Any]]:
+def records(seen: list[ConsumedRecord], prefix: str) -> dict[tuple[str, int | None], list[Any]]:
     """One side's records without its topic prefix, by topic and partition, each in its
     partition's order. Records without a key go to a partition picked at random (on both
     sides): they are compared by topic only."""

@@ -18,8 +18,7 @@ from relay import migrations
 from relay.localstack.debezium import LocalDebeziumServer
 from relay.localstack.postgres import LocalPostgres
 from relay.schemas import SchemaRegistry
-from tests.support import run_cli
-from tests.test_debezium import consume_raw
+from tests.support import consume, run_cli
 from tests.test_debezium_conformance import (
     SETUPS,
     STANDARD,
@@ -135,7 +134,7 @@ def test_cut_over_from_a_running_debezium_loses_and_duplicates_nothing(
             app.wait_for(len(app.written) + 100)
             app.stopping.set()
             app.join()
-            seen = consume_raw(kafka_bootstrap, [topic], len(app.written))
+            seen = consume(kafka_bootstrap, [topic], len(app.written), timeout=60)
             with psycopg.connect(url) as conn:
                 copied = conn.execute("SELECT count(*) FROM outbox").fetchone()
         finally:

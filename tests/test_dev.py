@@ -164,7 +164,7 @@ def test_local_runs_postgres_and_kafka_for_your_own_app(workdir: Path) -> None:
             [record] = consume(
                 settings["RELAY_BOOTSTRAP_SERVERS"], ["outbox.event.order"], 1, timeout=60
             )
-            assert record.key == "1"
+            assert record.key == b"1"
         finally:
             relay.send_signal(signal.SIGTERM)
             assert relay.wait(60) == 0
@@ -177,9 +177,15 @@ def test_local_runs_postgres_and_kafka_for_your_own_app(workdir: Path) -> None:
 def test_the_live_view_prints_consumed_records_verbatim() -> None:
     from rich.console import Console
 
-    from relay.dev import Consumed, _recent_table
+    from relay.dev import _recent_table, _shown
+    from relay.model import ConsumedRecord
+    from relay.schemas import SchemaRegistry
 
+    registry = SchemaRegistry.from_dir(ROOT / "schemas")
+    payload = {"order_id": "[/red]", "customer_id": "c", "amount_cents": 1}
+    value = registry.encode("OrderPlaced", payload)
+    record = ConsumedRecord("t", 0, 0, b"[/]", value, [("event_type", b"[bold]Placed")])
     console = Console(width=200, record=True)
-    console.print(_recent_table([Consumed("t", "[/]", "[bold]Placed", '{"note": "[/red]"}')]))
+    console.print(_recent_table([_shown(record, registry)]))
     shown = console.export_text()
-    assert "[/]" in shown and "[bold]Placed" in shown and '{"note": "[/red]"}' in shown
+    assert "[/]" in shown and "[bold]Placed" in shown and '"order_id":"[/red]"' in shown

@@ -16,12 +16,13 @@ from psycopg import sql
 
 from relay import Outbox
 from relay.daemon import Relay
-from relay.model import BEGINNING, OutboxEvent, Position
+from relay.model import BEGINNING, Position
+from relay.ports import Fetched
 from relay.store import OutboxStore
 from relay.subscribers import Subscriber, TopicGuard, legal_topic
 from relay.testing import InMemoryPublisher, InMemoryStore
 from relay.worker import WorkerState
-from tests.support import consume, sub, wait_caught_up, write_orders
+from tests.support import consume, keyed, keys, sub, wait_caught_up, write_orders
 from tests.test_exactly_once import wait_until
 from tests.test_worker_logic import claimed
 from tests.test_worker_logic import event as logic_event
@@ -70,13 +71,13 @@ def test_rows_python_cannot_load_or_write_are_poison_not_a_silent_crash_loop(
     relay = start_relay(subscribers=json_subscribers(topic_prefix))
 
     seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 3)
-    assert sorted(r.key for r in seen) == ["after", "before", "forever"]
-    dead = {r.key: r for r in consume(kafka_bootstrap, [topic_prefix + "dead"], 3)}
+    assert keys(seen) == ["after", "before", "forever"]
+    dead = keyed(consume(kafka_bootstrap, [topic_prefix + "dead"], 3))
     assert sorted(dead) == ["deep", "deep-header", "huge"]
-    assert "digits" in dead["huge"].headers["outbox.error"]
-    assert "Recursion" in dead["deep"].headers["outbox.error"]
-    assert "Recursion" in dead["deep-header"].headers["outbox.error"]
-    assert "payload_omitted" in json.loads(dead["huge"].value)
+    assert "digits" in dead["huge"].header_text("outbox.error")
+    assert "Recursion" in dead["deep"].header_text("outbox.error")
+    assert "Recursion" in dead["deep-header"].header_text("outbox.error")
+    assert "payload_omitted" in json.loads(dead["huge"].value or b"")
 
     wait_until(lambda: relay.worker("halt").stats.state is WorkerState.HALTED, what="halt")
     halted = OutboxStore(db).get_part("halt", 0)
@@ -94,7 +95,7 @@ class _FailingStore(InMemoryStore):
         super().__init__()
         self.failures = 1
 
-    def fetch(self, after: Position, limit: int, **part: Any) -> list[OutboxEvent]:
+    def fetch(self, after: Position, limit: int, **part: Any) -> Fetched:
         if self.failures:
             self.failures -= 1
             raise RuntimeError("nobody saw this coming")
@@ -144,7 +145,7 @@ def test_forged_ordering_keys_are_replaced_so_every_row_is_published(
     write_orders(db, outbox, ["after"])
 
     seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 5)
-    assert sorted(r.key for r in seen) == ["after", "below", "far", "first", "last"]
+    assert keys(seen) == ["after", "below", "far", "first", "last"]
     wait_caught_up(db, "s")  # nothing left pending: no false lag
     positions = db.execute("SELECT position FROM outbox ORDER BY transaction_id, position")
     assert len({p for (p,) in positions}) == 5  # no forged position 1 left
@@ -175,12 +176,12 @@ def test_topics_kafka_refuses_are_the_rows_poison_and_others_flow(
     write_orders(db, outbox, ["after"])
 
     [after] = consume(kafka_bootstrap, [topic_prefix + "order"], 1)
-    assert after.key == "after"
+    assert after.key == b"after"
     [collided] = consume(kafka_bootstrap, [topic_prefix + "dead"], 1)
-    assert collided.key == "dot" and "collides" in collided.headers["outbox.error"]
+    assert collided.key == b"dot" and "collides" in collided.header_text("outbox.error")
     illegal = consume(kafka_bootstrap, [topic_prefix + "dead.dots"], 2)
-    assert sorted(r.key for r in illegal) == ["one", "two"]
-    assert all("not a legal Kafka topic name" in r.headers["outbox.error"] for r in illegal)
+    assert keys(illegal) == ["one", "two"]
+    assert all("not a legal Kafka topic name" in r.header_text("outbox.error") for r in illegal)
 
 
 def test_rows_cannot_reach_internal_checkpoint_dead_letter_or_others_topics(
@@ -215,17 +216,17 @@ def test_rows_cannot_reach_internal_checkpoint_dead_letter_or_others_topics(
     start_relay(subscribers=subscribers)
 
     [after] = consume(kafka_bootstrap, [topic_prefix + "fixed"], 1)
-    assert after.key == "after"
+    assert after.key == b"after"
     [mine] = consume(kafka_bootstrap, [topic_prefix + "mine"], 1)
-    assert mine.headers["trace"] == "t-1" and "outbox.error" not in mine.headers
-    refused = {r.key: r for r in consume(kafka_bootstrap, [topic_prefix + "dead.wild"], 4)}
+    assert mine.header_text("trace") == "t-1" and mine.header("outbox.error") is None
+    refused = keyed(consume(kafka_bootstrap, [topic_prefix + "dead.wild"], 4))
     assert sorted(refused) == sorted(wild_types[:4])
-    reasons = {key: r.headers["outbox.error"] for key, r in refused.items()}
+    reasons = {key: r.header_text("outbox.error") for key, r in refused.items()}
     assert "internal" in reasons["__consumer_offsets"]
     assert "checkpoint topic" in reasons["outbox-relay.checkpoints"]
     assert "dead-letter topic" in reasons[topic_prefix + "dead"]
     assert "'fixed'" in reasons[topic_prefix + "fixed"]
-    assert all(r.headers["outbox.error"] != "forged" for r in refused.values())
+    assert all(r.header_text("outbox.error") != "forged" for r in refused.values())
 
 
 def test_topic_creation_is_capped_and_rows_beyond_the_cap_are_poison(
@@ -248,12 +249,12 @@ def test_topic_creation_is_capped_and_rows_beyond_the_cap_are_poison(
         ],
     )  # fmt: skip
     refused = consume(kafka_bootstrap, [topic_prefix + "dead"], 3)
-    assert all("max_created_topics (2) reached" in r.headers["outbox.error"] for r in refused)
-    created = sorted(set(types) - {r.key for r in refused})
+    assert all("max_created_topics (2) reached" in r.header_text("outbox.error") for r in refused)
+    created = sorted(set(types) - set(keys(refused)))
     assert len(created) == 2
     insert(db, "later", "{}", aggregate_type=created[0])  # an existing topic: flows
     seen = consume(kafka_bootstrap, [topic_prefix + t for t in created], 3)
-    assert sorted(r.key for r in seen) == sorted([*created, "later"])
+    assert keys(seen) == sorted([*created, "later"])
 
 
 def test_without_topic_creation_a_row_naming_a_missing_topic_is_poison_not_a_stall(
@@ -292,10 +293,10 @@ def test_without_topic_creation_a_row_naming_a_missing_topic_is_poison_not_a_sta
         ],
     )  # fmt: skip
     [after] = consume(kafka_bootstrap, [existing], 1)
-    assert after.key == "after"
+    assert after.key == b"after"
     [refused] = consume(kafka_bootstrap, [dead], 1)
-    assert refused.key == "nowhere"
-    assert "does not exist and create_topics is false" in refused.headers["outbox.error"]
+    assert refused.key == b"nowhere"
+    assert "does not exist and create_topics is false" in refused.header_text("outbox.error")
 
 
 def test_topic_names_follow_kafkas_rules() -> None:
@@ -340,16 +341,16 @@ def test_a_batch_stops_once_its_rows_reach_batch_max_bytes_and_holds_at_least_on
             (f"big-{n}",),
         )
     store = OutboxStore(db)
-    every = store.fetch(BEGINNING, 100)
+    every = store.fetch(BEGINNING, 100).events
     sizes = [e.stored_bytes for e in every]
     assert len(every) == 5 and all(size > 100_000 for size in sizes)
 
-    two = store.fetch(BEGINNING, 100, max_bytes=sizes[0] + sizes[1])
+    two = store.fetch(BEGINNING, 100, max_bytes=sizes[0] + sizes[1]).events
     assert [e.aggregate_id for e in two] == ["big-0", "big-1"]
-    rest = store.fetch(two[-1].key, 100, max_bytes=sizes[2] + 1)
+    rest = store.fetch(two[-1].key, 100, max_bytes=sizes[2] + 1).events
     assert [e.aggregate_id for e in rest] == ["big-2", "big-3"]  # the one that crosses it
-    assert [e.aggregate_id for e in store.fetch(BEGINNING, 100, max_bytes=1)] == ["big-0"]
-    assert len(store.fetch(BEGINNING, 3, max_bytes=2**40)) == 3  # the row cap still holds
+    assert [e.aggregate_id for e in store.fetch(BEGINNING, 100, max_bytes=1).events] == ["big-0"]
+    assert len(store.fetch(BEGINNING, 3, max_bytes=2**40).events) == 3  # the row cap still holds
 
 
 def test_large_rows_go_out_in_batches_under_batch_max_bytes_and_others_follow(
@@ -373,5 +374,5 @@ def test_large_rows_go_out_in_batches_under_batch_max_bytes_and_others_follow(
         batch_max_bytes=700_000, subscribers=[sub("s", topic_prefix, value_format="json")]
     )
     seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 7)
-    assert sorted(r.key for r in seen) == sorted([f"big-{n}" for n in range(6)] + ["after"])
+    assert keys(seen) == sorted([f"big-{n}" for n in range(6)] + ["after"])
     assert relay.worker("s").stats.batches >= 2  # 1 without the byte cap

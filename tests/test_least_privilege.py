@@ -16,7 +16,7 @@ from psycopg import sql
 from relay import Outbox
 from relay.daemon import Relay
 from relay.settings import load_settings
-from tests.support import consume, run_cli, sub, write_orders
+from tests.support import consume, keys, run_cli, sub, write_orders
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -67,7 +67,7 @@ def test_relay_publishes_as_a_least_privilege_role(
             port = relay._http.port
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
                 metrics = r.read().decode()
-        assert sorted(r.key for r in seen) == ["o-1", "o-2"]
+        assert keys(seen) == ["o-1", "o-2"]
         # Without pg_read_all_stats the horizon figure would be a false 0: it is left out.
         assert "\noutbox_relay_horizon_visible 0.0" in metrics
         assert "\noutbox_relay_horizon_held_seconds " not in metrics

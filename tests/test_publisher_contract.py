@@ -18,7 +18,7 @@ from relay.kafka import TopicCreator, TransactionalPublisher
 from relay.model import KafkaCheckpoint, KafkaRecord, Position
 from relay.ports import Extension, Publisher
 from relay.testing import InMemoryPublisher
-from tests.support import consume
+from tests.support import consume, keys
 
 SPACE = uuid.uuid4()
 
@@ -78,6 +78,43 @@ class PublisherContract:
     ) -> None:
         publisher = take_over(open_publisher, generation).publisher
         publisher.publish([record(topic, 0)], Position(10, 1), generation, lambda: None)
+        checkpoint = take_over(open_publisher, generation).checkpoint
+        assert checkpoint is not None and checkpoint.position == Position(10, 1)
+        assert read(1) == ["k0"]
+
+    def test_a_batch_that_may_not_grow_commits_as_given_and_runs_meanwhile_once(
+        self, open_publisher: OpenPublisher, topic: str, read: Read, generation: str
+    ) -> None:
+        """A full batch: the next one is read while it commits (may_extend=False)."""
+        publisher = take_over(open_publisher, generation).publisher
+        calls: list[int] = []
+
+        def meanwhile() -> Extension | None:
+            calls.append(1)
+            return None
+
+        records = [record(topic, n) for n in range(2)]
+        publisher.publish(records, Position(10, 2), generation, meanwhile, may_extend=False)
+        assert calls == [1]
+        assert take_over(open_publisher, generation).checkpoint == KafkaCheckpoint(
+            Position(10, 2), SPACE, message_of(records[-1])
+        )
+        assert sorted(read(2)) == ["k0", "k1"]
+
+    def test_a_failure_while_the_batch_commits_does_not_undo_the_commit(
+        self, open_publisher: OpenPublisher, topic: str, read: Read, generation: str
+    ) -> None:
+        """Reading the next batch failed (Postgres went away, say) while this one
+        committed: the error reaches the caller, and recovery finds the batch committed."""
+        publisher = take_over(open_publisher, generation).publisher
+
+        def meanwhile() -> Extension | None:
+            raise BrokerUnavailable("the next batch could not be read")
+
+        with pytest.raises(BrokerUnavailable, match="next batch"):
+            publisher.publish(
+                [record(topic, 0)], Position(10, 1), generation, meanwhile, may_extend=False
+            )
         checkpoint = take_over(open_publisher, generation).checkpoint
         assert checkpoint is not None and checkpoint.position == Position(10, 1)
         assert read(1) == ["k0"]
@@ -156,7 +193,7 @@ class TestTransactionalPublisher(PublisherContract):
     @pytest.fixture
     def read(self, kafka_bootstrap: str, topic: str) -> Read:
         def read(expected: int) -> list[str]:
-            return [seen.key for seen in consume(kafka_bootstrap, [topic], expected)]
+            return keys(consume(kafka_bootstrap, [topic], expected))
 
         return read
 
@@ -177,11 +214,10 @@ def take_over(open_publisher: OpenPublisher, generation: str) -> TakenOver:
 
 
 def record(topic: str, n: int) -> KafkaRecord:
-    """A record as the encoder makes it: the message id is the first header."""
+    """A record as the encoder makes it: the message id in the ``id`` header."""
     return KafkaRecord(topic, f"k{n}".encode(), b"{}", [("id", str(uuid.uuid4()).encode())])
 
 
 def message_of(record: KafkaRecord) -> UUID:
-    value = record.headers[0][1]
-    assert isinstance(value, bytes)
-    return UUID(value.decode())
+    assert record.outbox_message_id is not None
+    return UUID(record.outbox_message_id)

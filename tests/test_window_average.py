@@ -8,7 +8,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from datetime import datetime
 from pathlib import Path
@@ -16,13 +15,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 pytest.importorskip("pyspark")
 
 from pyspark.sql import SparkSession
 
+from relay.topic_reader import KafkaTopicReader
 from spark_jobs import window_average
 from spark_jobs.kafka_sink import KafkaBatchSink
 
@@ -78,19 +78,8 @@ class Story:
 
     def averages(self) -> list[Window]:
         """Every committed record of the output topic, in topic order (read_committed)."""
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "check",
-                             "isolation.level": "read_committed"})  # fmt: skip
-        partition = TopicPartition(self.output, 0)
-        _, end = consumer.get_watermark_offsets(partition, timeout=10)
-        consumer.assign([TopicPartition(self.output, 0, 0)])
-        values: list[dict[str, Any]] = []
-        deadline = time.monotonic() + 60
-        while consumer.position([partition])[0].offset < end:
-            assert time.monotonic() < deadline, "the output topic could not be read to its end"
-            message = consumer.poll(0.5)
-            if message is not None and message.error() is None:
-                values.append(json.loads(message.value()))
-        consumer.close()
+        reader = KafkaTopicReader({"bootstrap.servers": self.bootstrap}, timeout=60)
+        values = [json.loads(r.value or b"") for r in reader.read([self.output])]
         return [(int(datetime.fromisoformat(v["window_start"]).timestamp() * 1000) - T0,
                  round(v["average"], 6), v["numbers"]) for v in values]  # fmt: skip
 

@@ -13,9 +13,10 @@ from typing import Any
 from relay.encoding import RecordEncoder
 from relay.errors import PoisonRecordError
 from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position
+from relay.ports import Fetched
 from relay.sessions import Session
 from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
-from relay.testing import InMemoryPublisher, InMemoryStore, message_id
+from relay.testing import InMemoryPublisher, InMemoryStore
 from relay.worker import PartWorker, WorkerState
 from tests.test_exactly_once import wait_until
 
@@ -83,7 +84,7 @@ def generation(store: InMemoryStore) -> str:
 
 
 def published_ids(kafka: InMemoryPublisher, topic: str = "t") -> list[str | None]:
-    return [message_id(r) for r in kafka.published() if r.topic == topic]
+    return [r.outbox_message_id for r in kafka.published() if r.topic == topic]
 
 
 def ids(events: Sequence[OutboxEvent]) -> list[str | None]:
@@ -149,8 +150,8 @@ def test_a_batch_wide_rejection_blames_only_the_culprit() -> None:
     def refuse(records: Sequence[KafkaRecord]) -> None:
         # The broker fails the innocent neighbour together with the culprit.
         main = [r for r in records if r.topic == "t"]
-        failed = [r for r in main if message_id(r) in ids([innocent, culprit])]
-        if str(culprit.message_id) in [message_id(r) for r in failed]:
+        failed = [r for r in main if r.outbox_message_id in ids([innocent, culprit])]
+        if str(culprit.message_id) in [r.outbox_message_id for r in failed]:
             raise PoisonRecordError(failed[0], "too large", ambiguous=len(failed) > 1)
 
     kafka.refuse = refuse
@@ -165,23 +166,23 @@ class CountingStore(InMemoryStore):
         super().__init__()
         self.fetches = 0
 
-    def fetch(self, after: Position, limit: int, **part: Any) -> list[OutboxEvent]:
+    def fetch(self, after: Position, limit: int, **part: Any) -> Fetched:
         self.fetches += 1
         return super().fetch(after, limit, **part)
 
 
-def test_a_backlog_is_published_in_full_batches_and_a_short_tail_joins_the_last() -> None:
+def test_a_backlog_is_published_in_full_batches_each_read_while_the_last_commits() -> None:
     store = claimed(store=CountingStore())
     written = [store.append(event(n)) for n in range(1, 6)]
     kafka = InMemoryPublisher()
     fetched_before_send: list[int] = []
     kafka.on_send = lambda: fetched_before_send.append(store.fetches)
     run_until_published(worker(store, kafka, batch_size=2), store)
-    # The second batch is the one read while the first travelled, not fetched again.
-    assert fetched_before_send == [1, 2]
-    # The second batch was read while the first travelled; the fifth event, read ahead
-    # as a short batch (caught up), joined the second transaction instead of waiting.
-    assert [len(tx) for tx in kafka.transactions] == [2, 3]
+    # Each batch is the one read while the one before committed, not fetched again.
+    assert fetched_before_send == [1, 2, 3]
+    # A full batch takes nothing more: what was read during its commit is the next
+    # transaction, the short tail included.
+    assert [len(tx) for tx in kafka.transactions] == [2, 2, 1]
     assert published_ids(kafka) == ids(written)
 
 
@@ -235,9 +236,9 @@ def test_a_batch_cut_at_batch_max_bytes_is_full_and_does_not_join_the_one_in_fli
     written = [store.append(event(n, stored_bytes=600)) for n in range(1, 6)]
     kafka = InMemoryPublisher()
     run_until_published(worker(store, kafka, batch_max_bytes=1000), store)
-    # 600, then 1,200: each batch of two reaches the cap, so the one read ahead is a
-    # backlog, not a caught-up tail; only the fifth event, alone, joins.
-    assert [len(tx) for tx in kafka.transactions] == [2, 3]
+    # 600, then 1,200: each batch of two reaches the cap, so it is full: what is read
+    # while it commits, the fifth event alone included, is a transaction of its own.
+    assert [len(tx) for tx in kafka.transactions] == [2, 2, 1]
     assert published_ids(kafka) == ids(written)
 
 
@@ -269,7 +270,7 @@ def test_a_dead_letter_the_broker_refuses_halts_the_part() -> None:
 
     def refuse(records: Sequence[KafkaRecord]) -> None:  # the record and its dead letter
         for record in records:
-            if message_id(record) == str(culprit.message_id):
+            if record.outbox_message_id == str(culprit.message_id):
                 raise PoisonRecordError(record, "too large")
 
     kafka.refuse = refuse

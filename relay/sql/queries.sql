@@ -31,30 +31,84 @@ SELECT message_id FROM {schema}.outbox
 -- (below the oldest running xid) after the checkpoint, in (transaction_id, position)
 -- order. A keyset range scan on the primary key. With several parts, each part takes
 -- the rows whose aggregate_id hashes to it, so one key always stays in one part.
--- At most %(limit)s rows, and no more once the payloads and headers so far reach
+-- At most %(limit)s rows are read, and no more once the payloads and headers so far reach
 -- %(max_bytes)s as stored (compressed sizes, from the TOAST pointers: nothing is
 -- read or decompressed to measure it); always at least one row.
+-- Of those, only the rows the subscriber's filters keep come back. Every row says how
+-- far the read went (read_*) and whether it came back full; when the filters keep none,
+-- one row of NULLs says it. Nothing read: no row.
 -- ORDER BY names the xid8 column: sorting by the bigint output would be a full sort of
 -- the backlog on every poll instead of an index scan.
 -- Empty headers come back as NULL: parsing '{{}}' per row costs more than the payload.
-SELECT b.transaction_id::text::bigint AS transaction_id, b.position, b.message_id,
-       b.aggregate_type, b.aggregate_id, b.aggregate_version, b.event_type, b.payload,
-       nullif(b.headers, '{{}}'::jsonb) AS headers,
+WITH w AS (
+    SELECT o.*, pg_column_size(o.payload) + pg_column_size(o.headers) AS stored_bytes,
+           sum(pg_column_size(o.payload) + pg_column_size(o.headers))
+               OVER (ORDER BY o.transaction_id, o.position ROWS UNBOUNDED PRECEDING)
+               AS running_bytes,
+           row_number() OVER (ORDER BY o.transaction_id, o.position) AS n
+      FROM {schema}.outbox o
+     WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
+       AND o.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+       AND (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
+     ORDER BY o.transaction_id, o.position
+     LIMIT %(limit)s
+), r AS (
+    SELECT * FROM w WHERE w.running_bytes - w.stored_bytes < %(max_bytes)s
+)
+SELECT last.transaction_id::text::bigint AS read_transaction_id, last.position AS read_position,
+       last.n = %(limit)s OR last.n < (SELECT count(*) FROM w) AS read_full,
+       c.transaction_id::text::bigint AS transaction_id, c.position, c.message_id,
+       c.aggregate_type, c.aggregate_id, c.aggregate_version, c.event_type, c.payload,
+       nullif(c.headers, '{{}}'::jsonb) AS headers,
        -- Clamped into what Python's datetime holds: a writer may store 'infinity'.
-       least(greatest(b.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
-       b.stored_bytes, b.debezium
-  FROM (SELECT o.*, pg_column_size(o.payload) + pg_column_size(o.headers) AS stored_bytes,
-               sum(pg_column_size(o.payload) + pg_column_size(o.headers))
-                   OVER (ORDER BY o.transaction_id, o.position ROWS UNBOUNDED PRECEDING)
-                   AS running_bytes
-          FROM {schema}.outbox o
-         WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
-           AND o.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
-           AND (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
-         ORDER BY o.transaction_id, o.position
-         LIMIT %(limit)s) AS b
- WHERE b.running_bytes - b.stored_bytes < %(max_bytes)s
- ORDER BY b.transaction_id, b.position;
+       least(greatest(c.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
+       c.stored_bytes, c.debezium
+  FROM (SELECT r.transaction_id, r.position, r.n FROM r
+         ORDER BY r.transaction_id DESC, r.position DESC LIMIT 1) AS last
+  LEFT JOIN LATERAL (
+       SELECT * FROM r
+        WHERE (%(aggregate_types)s::text[] IS NULL OR r.aggregate_type = ANY(%(aggregate_types)s::text[]))
+          AND (%(event_types)s::text[] IS NULL OR r.event_type = ANY(%(event_types)s::text[]))) AS c
+    ON true
+ ORDER BY c.transaction_id, c.position;
+
+-- name: fetch_batch_of_type
+-- fetch_batch for a subscriber of one aggregate type: a range scan of
+-- outbox_aggregate_type_order reads only that type's rows. A fetch that comes back short
+-- has read every decided row of the type, so the read went up to the horizon
+-- (read_transaction_id, position 0) if any row at all was written in between; no row of
+-- NULLs otherwise, so an idle part writes no checkpoint.
+SELECT h.horizon::text::bigint AS read_transaction_id, 0::bigint AS read_position,
+       h.anything AS read_any,
+       c.transaction_id::text::bigint AS transaction_id, c.position, c.message_id,
+       c.aggregate_type, c.aggregate_id, c.aggregate_version, c.event_type, c.payload,
+       nullif(c.headers, '{{}}'::jsonb) AS headers,
+       least(greatest(c.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
+       c.stored_bytes, c.debezium
+  FROM (SELECT pg_snapshot_xmin(s) AS horizon,
+               EXISTS (SELECT FROM {schema}.outbox a
+                        WHERE (a.transaction_id, a.position)
+                              > (%(transaction_id)s::text::xid8, %(position)s)
+                          AND a.transaction_id < pg_snapshot_xmin(s)) AS anything
+          FROM pg_current_snapshot() AS s) AS h
+  LEFT JOIN LATERAL (
+       SELECT b.* FROM (
+           SELECT o.*, pg_column_size(o.payload) + pg_column_size(o.headers) AS stored_bytes,
+                  sum(pg_column_size(o.payload) + pg_column_size(o.headers))
+                      OVER (ORDER BY o.transaction_id, o.position ROWS UNBOUNDED PRECEDING)
+                      AS running_bytes
+             FROM {schema}.outbox o
+            WHERE o.aggregate_type = %(aggregate_type)s
+              AND (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
+              AND o.transaction_id < h.horizon
+              AND (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
+              AND (%(event_types)s::text[] IS NULL OR o.event_type = ANY(%(event_types)s::text[]))
+            ORDER BY o.transaction_id, o.position
+            LIMIT %(limit)s) AS b
+        WHERE b.running_bytes - b.stored_bytes < %(max_bytes)s) AS c
+    ON true
+ WHERE h.anything
+ ORDER BY c.transaction_id, c.position;
 
 -- name: newest_decided
 -- The commit probe (relay/probe.py): the newest row below the horizon (a backward
@@ -195,14 +249,7 @@ UPDATE {schema}.outbox_checkpoints c
 RETURNING c.subscriber;
 
 -- name: delete_subscriber
-DELETE FROM {schema}.outbox_subscribers WHERE name = %(name)s RETURNING name;
-
--- name: pending_events
--- A part's rows after its checkpoint, committed or not yet decided: its lag.
-SELECT count(*) FROM {schema}.outbox
- WHERE (transaction_id, position) > (%(transaction_id)s::text::xid8, %(position)s)
-   AND (%(parts)s = 1 OR {schema}.outbox_part(aggregate_id, %(parts)s) = %(part)s);
-
+DELETE FROM {schema}.outbox_subscribers WHERE name = %(name)s RETURNING name, parts;
 
 -- name: open_session
 INSERT INTO {schema}.outbox_relay_sessions (hostname, pid, expires_at)
@@ -258,14 +305,6 @@ SELECT o.message_id, o.transaction_id::text::bigint, o.position, o.aggregate_typ
 SELECT part, start_transaction_id::text::bigint, start_position FROM {schema}.outbox_checkpoints
  WHERE subscriber = %(name)s AND (start_transaction_id, start_position) > ('0'::xid8, 0)
  ORDER BY part;
-
--- name: oldest_pending_age
--- Seconds since the oldest unpublished event of a part was written: its lag in time.
-SELECT extract(epoch FROM now() - occurred_at)::float8 FROM {schema}.outbox
- WHERE (transaction_id, position) > (%(transaction_id)s::text::xid8, %(position)s)
-   AND (%(parts)s = 1 OR {schema}.outbox_part(aggregate_id, %(parts)s) = %(part)s)
- ORDER BY transaction_id, position
- LIMIT 1;
 
 -- name: horizon_holders
 -- Backends whose transaction ids hold pg_snapshot_xmin back, oldest first: no event
@@ -328,3 +367,30 @@ SELECT xid::text::bigint, pos
 -- (a superuser, or a member of pg_read_all_stats). Without it, horizon_holders sees
 -- only the sessions of its own role.
 SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE');
+
+-- name: part_lag
+-- What a part's lag is computed from (relay/lag.py), however long its backlog: the rows
+-- after its checkpoint, decided or not, scanned in key order up to %(scan)s (an index
+-- range scan that stops there), how many of them are the part's, the position of the
+-- first and of the newest row (positions come from one identity sequence: beyond the
+-- scan, their difference estimates the rows), and the age of the part's oldest row.
+WITH scanned AS (
+    SELECT o.transaction_id, o.position, o.aggregate_id
+      FROM {schema}.outbox o
+     WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
+     ORDER BY o.transaction_id, o.position
+     LIMIT %(scan)s
+)
+SELECT (SELECT count(*) FROM scanned) AS scanned,
+       (SELECT count(*) FROM scanned s
+         WHERE %(parts)s = 1 OR {schema}.outbox_part(s.aggregate_id, %(parts)s) = %(part)s)
+           AS counted,
+       (SELECT s.position FROM scanned s ORDER BY s.transaction_id, s.position LIMIT 1)
+           AS first_position,
+       (SELECT n.position FROM {schema}.outbox n
+         ORDER BY n.transaction_id DESC, n.position DESC LIMIT 1) AS last_position,
+       (SELECT extract(epoch FROM now() - o.occurred_at)::float8 FROM {schema}.outbox o
+         WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
+           AND (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
+         ORDER BY o.transaction_id, o.position
+         LIMIT 1) AS age_s;

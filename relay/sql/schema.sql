@@ -39,6 +39,11 @@ CREATE UNIQUE INDEX outbox_idempotency_key
     ON {schema}.outbox (aggregate_type, aggregate_id, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 
+-- Serves subscribers of one aggregate type: their poll reads only their own rows, in
+-- publication order (migration 0007).
+CREATE INDEX outbox_aggregate_type_order
+    ON {schema}.outbox (aggregate_type, transaction_id, position);
+
 -- Optimistic concurrency for event-sourced appends: one event per stream version.
 CREATE UNIQUE INDEX outbox_stream_version
     ON {schema}.outbox (aggregate_type, aggregate_id, aggregate_version)
