@@ -37,7 +37,7 @@ WORKDIR /src
 # confluent-kafka bundles librdkafka), so no compiler or -dev packages are needed.
 # The dependencies come from requirements.lock: exact versions, each file checked
 # against its hash (regenerate it with the command at its top when pyproject.toml's
-# dependencies change; tests/test_deploy.py checks that they agree).
+# dependencies change; tests/acceptance/test_deploy.py checks that they agree).
 COPY pyproject.toml README.md requirements.lock requirements-spark.lock ./
 COPY relay ./relay
 COPY spark_jobs ./spark_jobs

@@ -2,6 +2,7 @@
 # One entry point for a fresh machine: creates .venv, installs, then
 #   ./dev.sh demo   the embedded stack (local Postgres + broker, relay, demo writer, live output)
 #   ./dev.sh test   lint, type checks and the whole test suite (what CI runs)
+#                   (./dev.sh test -m unit: only the tests that need no server; tests/README.md)
 #   ./dev.sh bench  the benchmarks (bench/), each figure against a same-run baseline
 set -euo pipefail
 cd "$(dirname "$0")"

@@ -21,6 +21,7 @@ logger = logging.getLogger("bench")
 BENCHMARKS = (
     "throughput",
     "latency",
+    "debezium",
     "writes",
     "write_path",
     "probe_load",

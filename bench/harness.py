@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import multiprocessing
 import os
 import platform
 import shutil
@@ -19,6 +20,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -140,12 +143,14 @@ class Stack:
     def bootstrap(self) -> str:
         return self.broker.bootstrap_servers
 
-    def database(self, label: str) -> str:
-        """A new, migrated database; returns its URL."""
+    def database(self, label: str, server: LocalPostgres | None = None) -> str:
+        """A new, migrated database on ``server`` (the stack's Postgres by default);
+        returns its URL."""
+        server = server or self.postgres
         name = f"bench_{next(self._names)}_{label}"
-        with psycopg.connect(self.postgres.url, autocommit=True) as conn:
+        with psycopg.connect(server.url, autocommit=True) as conn:
             conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
-        url = self.postgres.url_for(name)
+        url = server.url_for(name)
         with psycopg.connect(url, autocommit=True) as conn:
             migrations.migrate(conn)
         return url
@@ -384,3 +389,53 @@ def _status_kib(pid: int, field_name: str) -> int:
         if line.startswith(f"{field_name}:"):
             return int(line.split()[1])
     return 0
+
+
+# -- child processes (writers, consumers): spawned, as librdkafka and psycopg run threads
+
+SPAWN = multiprocessing.get_context("spawn")  # never fork
+
+
+def spawn_child(target: Callable[..., None], *args: Any) -> tuple[BaseProcess, Connection]:
+    """Start ``target(*args, out)`` in a child process; returns it and the end of ``out``
+    the parent reads (see :func:`receive`)."""
+    receiver, sender = SPAWN.Pipe(duplex=False)
+    process = SPAWN.Process(target=target, args=(*args, sender), daemon=True)
+    process.start()
+    sender.close()  # the child holds its own copy
+    return process, receiver
+
+
+def receive(conn: Connection, process: BaseProcess, timeout: float) -> Any:
+    """The child's one result; raises if it dies or takes longer than ``timeout``."""
+    wait_until(conn.poll, process, timeout, f"a result from {process.name}")
+    try:
+        return conn.recv()
+    except EOFError:  # it died before sending
+        process.join(5.0)
+        raise RuntimeError(f"{process.name} exited with code {process.exitcode}") from None
+
+
+def wait_until(
+    done: Callable[[], bool], process: BaseProcess, timeout: float, what: str | None
+) -> None:
+    """Until ``done()``; raises if ``process`` dies first, or (if ``what``) on timeout."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if not process.is_alive() and not done():
+            raise RuntimeError(f"{process.name} exited with code {process.exitcode}")
+        if time.monotonic() > deadline:
+            if what is None:
+                return
+            raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.01)
+
+
+def reap(*processes: BaseProcess | None) -> None:
+    for process in processes:
+        if process is None:
+            continue
+        process.join(10.0)
+        if process.is_alive():
+            process.terminate()
+            process.join(5.0)

@@ -41,11 +41,10 @@ from __future__ import annotations
 
 import gc
 import math
-import multiprocessing
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -59,19 +58,24 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, Topic
 
 from bench.harness import (
     SCHEMAS,
+    SPAWN,
     Figure,
     Scale,
     Stack,
     create_topics,
     order_payload,
+    reap,
+    receive,
     relay_settings,
+    spawn_child,
     subscriber,
+    wait_until,
 )
 from relay.daemon import Relay, tune_gc
 from relay.kafka import producer_config
 from relay.model import HEADER_ID
 from relay.outbox import Outbox
-from relay.schemas import SchemaRegistry
+from relay.schemas import SchemaFolder
 from relay.settings import SubscriberSettings
 from relay.worker import WorkerState
 
@@ -83,7 +87,6 @@ PARTITIONS = 3  # the relay's default topic_partitions
 KEYS = 1000
 AGGREGATE_TYPE = "order"
 EVENT_TYPE = "OrderPlaced"
-_SPAWN = multiprocessing.get_context("spawn")  # librdkafka and psycopg threads: never fork
 
 
 @dataclass(frozen=True)
@@ -132,14 +135,14 @@ class Samples:
 
 def run(stack: Stack, scale: Scale) -> list[Figure]:
     floor = _broker_floor(stack, scale)
-    relay = _relay_latency(stack, scale)
+    relay = relay_latency(stack, scale)
     return [
         _figure("p50", 0.5, relay, floor, scale, "value<=5"),
         _figure("p99", 0.99, relay, floor, scale, "value<=25"),
     ]
 
 
-def _routes(scale: Scale) -> list[str]:
+def aggregate_types(scale: Scale) -> list[str]:
     """The aggregate types, one per ``SEGMENT_S`` of the run."""
     count = math.ceil((WARMUP_S + scale.latency_seconds) / SEGMENT_S)
     return [f"{AGGREGATE_TYPE}-{n:02d}" for n in range(count)]
@@ -147,17 +150,19 @@ def _routes(scale: Scale) -> list[str]:
 
 def _broker_floor(stack: Stack, scale: Scale) -> Samples:
     prefix = stack.topic_prefix("latency-floor")
-    topics = [f"{prefix}.{route}" for route in _routes(scale)]
+    topics = [f"{prefix}.{route}" for route in aggregate_types(scale)]
     create_topics(stack.bootstrap, topics, PARTITIONS)
-    stamps, transactions, arrivals = _measure(
+    stamps, transactions, arrivals = measure(
         stack.bootstrap, topics, scale, ("kafka", [stack.bootstrap, *topics])
     )
-    return _samples(stamps, arrivals, scale, len(stamps) / transactions)
+    return samples_of(stamps, arrivals, scale, len(stamps) / transactions)
 
 
-def _relay_latency(stack: Stack, scale: Scale) -> Samples:
-    url = stack.database("latency")
-    routes = _routes(scale)
+def relay_latency(stack: Stack, scale: Scale, url: str | None = None, **fields: Any) -> Samples:
+    """The relay's run on ``url`` (a new database by default); ``fields`` go to its
+    subscriber (e.g. ``value_format``)."""
+    url = url or stack.database("latency")
+    routes = aggregate_types(scale)
     settings = relay_settings(
         stack,
         url,
@@ -169,7 +174,7 @@ def _relay_latency(stack: Stack, scale: Scale) -> Samples:
     )
     prefix = settings.kafka_id_prefix
     topics = [f"{prefix}.{route}" for route in routes]
-    route = SubscriberSettings(**subscriber("latency", prefix + ".{aggregate_type}"))
+    route = SubscriberSettings(**subscriber("latency", prefix + ".{aggregate_type}", **fields))
     settings = settings.model_copy(update={"subscribers": [route]})
     create_topics(stack.bootstrap, topics, PARTITIONS)
     create_topics(stack.bootstrap, [settings.checkpoint_topic], 2, {"cleanup.policy": "compact"})
@@ -178,13 +183,13 @@ def _relay_latency(stack: Stack, scale: Scale) -> Samples:
         relay.start()
         try:
             _wait_running(relay)
-            stamps, _, arrivals = _measure(
+            stamps, _, arrivals = measure(
                 stack.bootstrap, topics, scale, ("outbox", [url, *routes])
             )
             totals = sum(relay.part_totals().values(), Counter[str]())
         finally:
             relay.stop()
-    return _samples(stamps, arrivals, scale, totals["published"] / max(1, totals["batches"]))
+    return samples_of(stamps, arrivals, scale, totals["published"] / max(1, totals["batches"]))
 
 
 @contextmanager
@@ -211,15 +216,15 @@ def _figure(
         baseline_name=f"transactional producer to read_committed consumer {name}",
         target=target,
         details={
-            "relay": _summary(relay),
-            "floor": _summary(floor),
+            "relay": summary(relay),
+            "floor": summary(floor),
             "fetch_wait_ms": FETCH_WAIT_MS,
             "segment_s": SEGMENT_S,
         },
     )
 
 
-def _summary(samples: Samples) -> dict[str, Any]:
+def summary(samples: Samples) -> dict[str, Any]:
     summary: dict[str, Any] = {
         f"{label}_ms": round(samples.ms(q), 2)
         for label, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999), ("max", 1.0))
@@ -237,32 +242,32 @@ def _summary(samples: Samples) -> dict[str, Any]:
 Stamps = list[tuple[str, float]]  # (id, when its latency starts), in commit order
 
 
-def _measure(
+def measure(
     bootstrap: str, topics: list[str], scale: Scale, writer: tuple[str, list[str]]
 ) -> tuple[Stamps, int, dict[str, float]]:
     """Run the writer against a consumer: (stamps, transactions, arrival by id)."""
     total = round(scale.latency_rate * (WARMUP_S + scale.latency_seconds))
     per_route = round(scale.latency_rate * SEGMENT_S)
-    ready, stop = _SPAWN.Event(), _SPAWN.Event()
-    received = _SPAWN.Value("q", 0)
-    consumer, from_consumer = _spawn(_consume, bootstrap, topics, ready, stop, received)
+    ready, stop = SPAWN.Event(), SPAWN.Event()
+    received = SPAWN.Value("q", 0)
+    consumer, from_consumer = spawn_child(_consume, bootstrap, topics, ready, stop, received)
     producer: BaseProcess | None = None
     try:
-        _wait(ready.is_set, consumer, 30.0, "the consumer to be assigned")
+        wait_until(ready.is_set, consumer, 30.0, "the consumer to be assigned")
         plan = Plan(time.monotonic() + 0.5, scale.latency_rate, total, per_route)
-        producer, from_producer = _spawn(_write, *writer, plan)
-        stamps, transactions = _receive(from_producer, producer, total / plan.rate + 60.0)
+        producer, from_producer = spawn_child(_write, *writer, plan)
+        stamps, transactions = receive(from_producer, producer, total / plan.rate + 60.0)
         expected = len(stamps)
-        _wait(lambda: received.value >= expected, consumer, DRAIN_S, None)
+        wait_until(lambda: received.value >= expected, consumer, DRAIN_S, None)
         stop.set()
-        arrivals: dict[str, float] = _receive(from_consumer, consumer, 30.0)
+        arrivals: dict[str, float] = receive(from_consumer, consumer, 30.0)
     finally:
         stop.set()
-        _reap(consumer, producer)
+        reap(consumer, producer)
     return stamps, transactions, arrivals
 
 
-def _samples(
+def samples_of(
     stamps: Stamps, arrivals: dict[str, float], scale: Scale, per_transaction: float
 ) -> Samples:
     measured = stamps[round(scale.latency_rate * WARMUP_S) :]
@@ -283,16 +288,7 @@ def _consume(
     out: Connection,
 ) -> None:
     """Note the arrival time of every record by its ``id`` header until ``stop``."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"bench-latency-{uuid.uuid4().hex[:8]}",  # never joined: assign()
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "fetch.wait.max.ms": FETCH_WAIT_MS,
-            "fetch.error.backoff.ms": 10,
-        }
-    )
+    consumer = committed_reader(bootstrap, "latency")
     arrivals: dict[str, float] = {}
     try:
         window = _Window(consumer, topics)
@@ -310,9 +306,25 @@ def _consume(
     out.send(arrivals)
 
 
+def committed_reader(bootstrap: str, label: str) -> Consumer:
+    """A read_committed consumer, to be given its partitions with ``assign()``."""
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{label}-{uuid.uuid4().hex[:8]}",  # never joined: assign()
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "fetch.wait.max.ms": FETCH_WAIT_MS,
+            "fetch.error.backoff.ms": 10,
+        }
+    )
+
+
 def _id_header(msg: Message) -> str:
     value = dict(msg.headers() or [])[HEADER_ID]
-    return value.decode() if isinstance(value, bytes) else str(value)
+    text = value.decode() if isinstance(value, bytes) else str(value)
+    # Debezium Server writes header values as JSON (bench/debezium.py): "<id>", quoted.
+    return text.strip('"')
 
 
 class _Window:
@@ -375,7 +387,7 @@ class _OutboxWriter:
 
     def __init__(self, url: str, *aggregate_types: str) -> None:
         self._conn = psycopg.connect(url, application_name="bench-latency-writer")
-        self._outbox = Outbox(SchemaRegistry.from_dir(SCHEMAS))
+        self._outbox = Outbox(SchemaFolder.from_dir(SCHEMAS))
         self._aggregate_types = aggregate_types
         self.transactions = 0
 
@@ -403,7 +415,7 @@ class _KafkaWriter:
         config = producer_config(bootstrap, {}, 30_000)
         self._producer = Producer({**config, "transactional.id": f"{topics[0]}.writer"})
         self._producer.init_transactions(30)
-        self._registry = SchemaRegistry.from_dir(SCHEMAS)
+        self._registry = SchemaFolder.from_dir(SCHEMAS)
         self._topics = topics
         self.transactions = 0
 
@@ -432,48 +444,9 @@ class _KafkaWriter:
 def _wait_running(relay: Relay, timeout: float = 30.0) -> None:
     """Until every part has recovered (fenced, read its Kafka-side checkpoint)."""
     deadline = time.monotonic() + timeout
-    while not relay.states or any(s is not WorkerState.RUNNING for s in relay.states.values()):
+    while not relay.part_states() or any(
+        s != WorkerState.RUNNING for s in relay.part_states().values()
+    ):
         if time.monotonic() > deadline:
-            raise RuntimeError(f"relay parts not running after {timeout}s: {relay.states}")
+            raise RuntimeError(f"relay parts not running after {timeout}s: {relay.part_states()}")
         time.sleep(0.02)
-
-
-def _spawn(target: Callable[..., None], *args: Any) -> tuple[BaseProcess, Connection]:
-    receiver, sender = _SPAWN.Pipe(duplex=False)
-    process = _SPAWN.Process(target=target, args=(*args, sender), daemon=True)
-    process.start()
-    sender.close()  # the child holds its own copy
-    return process, receiver
-
-
-def _receive(conn: Connection, process: BaseProcess, timeout: float) -> Any:
-    """The child's one result; raises if it dies or takes longer than ``timeout``."""
-    _wait(conn.poll, process, timeout, f"a result from {process.name}")
-    try:
-        return conn.recv()
-    except EOFError:  # it died before sending
-        process.join(5.0)
-        raise RuntimeError(f"{process.name} exited with code {process.exitcode}") from None
-
-
-def _wait(done: Callable[[], bool], process: BaseProcess, timeout: float, what: str | None) -> None:
-    """Until ``done()``; raises if ``process`` dies first, or (if ``what``) on timeout."""
-    deadline = time.monotonic() + timeout
-    while not done():
-        if not process.is_alive() and not done():
-            raise RuntimeError(f"{process.name} exited with code {process.exitcode}")
-        if time.monotonic() > deadline:
-            if what is None:
-                return
-            raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.01)
-
-
-def _reap(*processes: BaseProcess | None) -> None:
-    for process in processes:
-        if process is None:
-            continue
-        process.join(10.0)
-        if process.is_alive():
-            process.terminate()
-            process.join(5.0)

@@ -26,9 +26,9 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from pyspark.sql import DataFrame, SparkSession
 
 from bench.harness import SCHEMAS, Figure, Scale, Stack, order_payload
-from relay.schemas import SchemaRegistry
+from relay.schemas import SchemaFolder
 from spark_jobs.decoding import decode_events
-from spark_jobs.session import kafka_options, local_session
+from spark_jobs.spark_session import kafka_options, local_spark_session
 
 PARTITIONS = 3
 TRANSACTION = 10_000
@@ -42,7 +42,7 @@ def fill(bootstrap: str, topic: str, records: int) -> None:
         {"bootstrap.servers": bootstrap, "transactional.id": f"bench-{topic}", "linger.ms": 20}
     )
     producer.init_transactions(30)
-    registry = SchemaRegistry.from_dir(SCHEMAS)
+    registry = SchemaFolder.from_dir(SCHEMAS)
     for start in range(0, records, TRANSACTION):
         producer.begin_transaction()
         for i in range(start, min(records, start + TRANSACTION)):
@@ -120,7 +120,7 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
     topic = f"{stack.topic_prefix('spark')}.source"
     fill(stack.bootstrap, topic, records)
     base = baseline(stack.bootstrap, topic, records)
-    spark = local_session("bench-spark-connector")
+    spark = local_spark_session("bench-spark-connector")
     try:
         workdir = stack.workdir / "spark"
         plain = connector_rate(spark, stack.bootstrap, topic, records, workdir / "plain",

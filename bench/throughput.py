@@ -10,6 +10,7 @@ start-up (connections, fencing, recovery) is left out as it is for the baseline.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import psycopg
 from confluent_kafka import Producer
@@ -73,10 +74,17 @@ def _produce(producer: Producer, topic: str, value: bytes, key: bytes) -> None:
             producer.poll(0.005)
 
 
-def relay_rate(stack: Stack, url: str, events: int) -> tuple[float, dict[str, float]]:
-    topic = f"{stack.topic_prefix('relay')}.orders"
+def relay_rate(
+    stack: Stack, url: str, events: int, topic: str | None = None, **fields: Any
+) -> tuple[float, dict[str, float]]:
+    """The relay's rate on the backlog of ``url``; ``fields`` go to its subscriber."""
+    topic = topic or f"{stack.topic_prefix('relay')}.orders"
     settings = relay_settings(
-        stack, url, "throughput", batch_size=BATCH, subscribers=[subscriber("bench", topic)]
+        stack,
+        url,
+        "throughput",
+        batch_size=BATCH,
+        subscribers=[subscriber("bench", topic, **fields)],
     )
     relay = Relay(settings)
     tune_gc()  # as `outbox-relay run` does

@@ -73,7 +73,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import Jsonb
 
 from bench.harness import SCHEMAS, Figure, Scale, Stack, order_payload, stopwatch
-from relay import Outbox, SchemaRegistry
+from relay import Outbox, SchemaFolder
 
 BENCHMARK = "writes"
 EVENT_TYPE = "demo.orders.OrderPlaced"
@@ -99,14 +99,14 @@ Transaction = Callable[[Conn, int], None]  # runs one whole transaction, numbere
 
 
 def run(stack: Stack, scale: Scale) -> list[Figure]:
-    registry = SchemaRegistry.from_dir(SCHEMAS)
+    registry = SchemaFolder.from_dir(SCHEMAS)
     return [append_overhead(stack, scale, registry), concurrent_writers(stack, scale, registry)]
 
 
 # --- figure 1: append API overhead ---------------------------------------------------
 
 
-def append_overhead(stack: Stack, scale: Scale, registry: SchemaRegistry) -> Figure:
+def append_overhead(stack: Stack, scale: Scale, registry: SchemaFolder) -> Figure:
     rounds = max(5000, scale.events // 20) // ROUND_TX  # 5,000 tx per side quick, 10,000 default
     sides: dict[str, Append] = {
         "api": _api_append(Outbox(registry)),
@@ -226,7 +226,7 @@ class Side:
         return _drive(self.connect, self.transaction(order == "append_then_work"), writers, seconds)
 
 
-def concurrent_writers(stack: Stack, scale: Scale, registry: SchemaRegistry) -> Figure:
+def concurrent_writers(stack: Stack, scale: Scale, registry: SchemaFolder) -> Figure:
     seconds = min(1.5, max(0.75, scale.events / 120_000))  # per run: 0.75 s quick, 1.5 s default
     outbox_url = stack.database("writers")
     datastore = _es_datastore(stack.database("es"))

@@ -2,9 +2,9 @@
 
 Applications append events inside their own transactions::
 
-    from relay import Outbox, SchemaRegistry
+    from relay import Outbox, SchemaFolder
 
-    outbox = Outbox(SchemaRegistry.from_dir("schemas"))
+    outbox = Outbox(SchemaFolder.from_dir("schemas"))
     with conn.transaction():
         outbox.append(conn, aggregate_type="order", aggregate_id="42",
                       event_type="OrderPlaced", payload={...})
@@ -12,7 +12,7 @@ Applications append events inside their own transactions::
 
 from relay.errors import ConcurrencyError, PayloadValidationError, RelayError
 from relay.outbox import Event, Outbox, StreamAppend, append, append_to_stream
-from relay.schemas import SchemaRegistry
+from relay.schemas import SchemaFolder
 
 __all__ = [
     "ConcurrencyError",
@@ -20,7 +20,7 @@ __all__ = [
     "Outbox",
     "PayloadValidationError",
     "RelayError",
-    "SchemaRegistry",
+    "SchemaFolder",
     "StreamAppend",
     "append",
     "append_to_stream",

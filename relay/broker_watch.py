@@ -3,7 +3,7 @@
 Sessions spread the parts over every live relay. A relay with a wrong broker address
 that opened a session would take parts away from healthy peers and then fail to
 publish them. So the relay holds a session only while Kafka answers a request to
-describe its cluster (relay/daemon.py), and this thread asks one every few seconds.
+describe its cluster (relay/daemon/membership.py), and this thread asks one every few seconds.
 """
 
 from __future__ import annotations

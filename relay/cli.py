@@ -196,7 +196,7 @@ def dev(
     schemas_dir: Annotated[Path, typer.Option(help="Avro schemas folder.")] = Path("schemas"),
 ) -> None:
     """The embedded stack: local Postgres and Apache Kafka, migrations, relay, demo writer, live output."""
-    from relay.dev import run_dev
+    from relay.localstack.demo import run_dev
 
     logs.configure("WARNING")
     run_dev(workdir=workdir, rate=rate, duration=duration, schemas_dir=schemas_dir)

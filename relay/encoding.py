@@ -20,7 +20,7 @@ from relay.model import (
     OutboxEvent,
     Unreadable,
 )
-from relay.schemas import SchemaRegistry
+from relay.schemas import SchemaFolder
 from relay.subscribers import Subscriber, TopicGuard, ValueFormat
 
 RESERVED_HEADERS = frozenset(
@@ -41,7 +41,7 @@ RESERVED_HEADER_PREFIX = "outbox."
 
 
 class RecordEncoder:
-    def __init__(self, registry: SchemaRegistry | None, guard: TopicGuard | None = None) -> None:
+    def __init__(self, registry: SchemaFolder | None, guard: TopicGuard | None = None) -> None:
         self.registry = registry
         self.guard = guard
 

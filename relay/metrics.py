@@ -7,8 +7,9 @@ hot path is not instrumented.
 
 * ``/healthz`` (liveness): the relay's threads are alive. A relay that only waits for
   Postgres or Kafka is healthy: restarting it would not help.
-* ``/readyz`` (readiness): the relay holds a live session and its last look at Postgres
-  succeeded.
+* ``/readyz`` (readiness): the relay holds a session, which it opens only while Kafka
+  answers, and its heartbeats to Postgres renewed it within the session timeout (less
+  one heartbeat interval). A halted part leaves it ready (``Relay.ready`` says why).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from psycopg.types.json import Jsonb
 from relay.db import StreamRef, wrap_errors
 from relay.errors import ConcurrencyError, PayloadValidationError, RelayError
 from relay.queries import queries_for, with_schema
-from relay.schemas import SchemaRegistry
+from relay.schemas import SchemaFolder
 
 Connectable = psycopg.Connection[Any] | psycopg.Transaction
 
@@ -59,7 +59,7 @@ class StreamAppend:
 class Outbox:
     """Appends events, validated against their Avro schemas, to one outbox table."""
 
-    def __init__(self, registry: SchemaRegistry | None, *, schema: str = "public") -> None:
+    def __init__(self, registry: SchemaFolder | None, *, schema: str = "public") -> None:
         # registry=None skips validation: for apps that publish JSON-only events.
         self.registry = registry
         self.schema = schema
@@ -192,7 +192,7 @@ def default_outbox() -> Outbox:
     """An :class:`Outbox` validating against ``$RELAY_SCHEMAS_DIR`` (unset: no validation,
     as the relay then publishes JSON), schema ``public`` (or ``$RELAY_DATABASE_SCHEMA``)."""
     folder = os.environ.get("RELAY_SCHEMAS_DIR")
-    registry = SchemaRegistry.from_dir(folder) if folder else None
+    registry = SchemaFolder.from_dir(folder) if folder else None
     return Outbox(registry, schema=os.environ.get("RELAY_DATABASE_SCHEMA", "public"))
 
 

@@ -6,8 +6,8 @@ A part worker reads and checkpoints events through a :class:`PartStore` (Postgre
 topics is read back through a :class:`TopicReader` (Kafka:
 ``relay.topic_reader.KafkaTopicReader``): by ``verify``, the ``dev`` live view, the
 tests and the benchmarks. In-memory adapters of all three live in ``relay.testing``;
-``tests/test_*_contract.py`` hold each port to the same contract, whichever adapter is
-behind it.
+``tests/contracts/`` holds each port to the same contract, whichever adapter is behind
+it.
 """
 
 from __future__ import annotations

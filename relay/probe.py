@@ -37,7 +37,7 @@ class CommitProbe(threading.Thread):
 
     def __init__(
         self,
-        connect: Callable[[], psycopg.Connection[Any]],
+        open_connection: Callable[[], psycopg.Connection[Any]],
         schema: str,
         wake: Callable[[], None],
         *,
@@ -46,7 +46,7 @@ class CommitProbe(threading.Thread):
         idle_after: float = 10.0,
     ) -> None:
         super().__init__(name="outbox-probe", daemon=True)
-        self._connect = connect
+        self._open_connection = open_connection
         self._query = queries_for(schema)["newest_decided"]
         self._wake = wake
         self._interval = interval
@@ -71,7 +71,7 @@ class CommitProbe(threading.Thread):
                 delay = min(delay * 2, 30.0)
 
     def _probe_until_stopped(self) -> None:
-        with self._connect() as conn:
+        with self._open_connection() as conn:
             conn.autocommit = True
             last: object = None
             changed_at = time.monotonic()

@@ -76,8 +76,9 @@ class AvroSchema:
         )
 
 
-class SchemaRegistry:
-    """Event type → writer schema, and fingerprint → any known schema."""
+class SchemaFolder:
+    """The ``.avsc`` files of one folder: event type → writer schema, fingerprint → any
+    known schema. Local files only; not a Confluent-style schema registry service."""
 
     def __init__(self, writers: Sequence[AvroSchema], history: Sequence[AvroSchema] = ()) -> None:
         self._by_fingerprint = {s.fingerprint: s for s in [*history, *writers]}
@@ -96,7 +97,7 @@ class SchemaRegistry:
                 self._by_name.setdefault(name, candidates[0])
 
     @classmethod
-    def from_dir(cls, folder: Path | str) -> SchemaRegistry:
+    def from_dir(cls, folder: Path | str) -> SchemaFolder:
         root = Path(folder)
         if not root.is_dir():
             raise SchemaError(f"schemas folder {root} does not exist")

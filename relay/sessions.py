@@ -31,8 +31,10 @@ def assign(parts: Sequence[PartId], sessions: Sequence[UUID]) -> dict[PartId, UU
     return {part: ordered[i % len(ordered)] for i, part in enumerate(sorted(parts))}
 
 
-class Session:
-    """This process's session, as the workers see it.
+class RelaySession:
+    """This relay process's row in the sessions table (its lease), as the workers see it.
+
+    Not a Postgres connection (a "session" in ``pg_stat_activity``), nor a Spark session.
 
     :meth:`valid` is the local half of the lease: a relay whose heartbeats have not
     succeeded for most of the expiry (a network partition, a SIGSTOP) must assume a
@@ -75,11 +77,11 @@ class SessionKeeper(threading.Thread):
         self._store: OutboxStore | None = None
         self.session = self._open()
 
-    def _open(self) -> Session:
-        store = self._connect()
+    def _open(self) -> RelaySession:
+        store = self._held_store()
         session_id = store.open_session(socket.gethostname(), os.getpid(), self._timeout)
         logger.info("opened relay session %s", session_id, extra={"session": str(session_id)})
-        return Session(session_id, self._timeout, self._interval)
+        return RelaySession(session_id, self._timeout, self._interval)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -123,7 +125,7 @@ class SessionKeeper(threading.Thread):
             self._disconnect()
 
     def _beat(self) -> None:
-        store = self._connect()
+        store = self._held_store()
         session = self.session
         sent = time.monotonic()  # the database's expiry counts from about now
         if store.heartbeat(session.id, self._timeout):
@@ -149,7 +151,7 @@ class SessionKeeper(threading.Thread):
                 extra={"session": str(expired), "host": host, "pid": pid},
             )
 
-    def _connect(self) -> OutboxStore:
+    def _held_store(self) -> OutboxStore:
         if self._store is None:
             self._store = self._open_store()
         return self._store

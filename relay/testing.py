@@ -1,7 +1,6 @@
 """In-memory adapters of the relay's ports (``relay.ports``), for tests of the logic
-above them: no Postgres, no Kafka. ``tests/test_store_contract.py``,
-``tests/test_publisher_contract.py`` and ``tests/test_topic_reader_contract.py`` hold
-them to what the real adapters do."""
+above them: no Postgres, no Kafka. ``tests/contracts/`` holds them to what the real
+adapters do."""
 
 from __future__ import annotations
 

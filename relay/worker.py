@@ -41,7 +41,7 @@ from relay.ports import (
     PartStore,
     Publisher,
 )
-from relay.sessions import Session
+from relay.sessions import RelaySession
 from relay.subscribers import PoisonPolicy
 
 logger = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ class PartWorker(threading.Thread):
         self,
         part: PartId,
         *,
-        session: Session,
+        session: RelaySession,
         open_store: Callable[[], PartStore],
         open_publisher: Callable[[PartState], Publisher],
         encoder: RecordEncoder,
@@ -261,7 +261,7 @@ class PartWorker(threading.Thread):
 
     def _serve(self) -> None:
         """Recover, then publish until stopped; raises on errors."""
-        store = self._connect()
+        store = self._held_store()
         space = self._check_key_space(store)
         state = self._recover(store, self._load(store), space)
         repolls: Iterator[float] = iter(())
@@ -584,7 +584,7 @@ class PartWorker(threading.Thread):
             if published:
                 self.stats.last_published_at = time.time()
 
-    def _connect(self) -> PartStore:
+    def _held_store(self) -> PartStore:
         if self._store is None:
             self._store = self._open_store()
         return self._store

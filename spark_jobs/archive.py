@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 
 from relay.errors import RelayError
 from spark_jobs.decoding import decode_events
-from spark_jobs.session import kafka_options, local_session
+from spark_jobs.spark_session import kafka_options, local_spark_session
 
 
 def read_range(
@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> None:
               "path": args.path, "schemas": args.schemas, "value_format": args.value_format}  # fmt: skip
     if args.backfill:
         backfill(
-            local_session("outbox-archive-backfill"),
+            local_spark_session("outbox-archive-backfill"),
             starting_offsets=args.starting_offsets,
             ending_offsets=args.ending_offsets,
             **common,
@@ -151,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.checkpoint is None:
         parser.error("--checkpoint is required (or pass --backfill)")
     query = start(
-        local_session("outbox-archive"),
+        local_spark_session("outbox-archive"),
         checkpoint=args.checkpoint,
         available_now=args.available_now,
         **common,

@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from relay.errors import RelayError
-from relay.schemas import SchemaRegistry
+from relay.schemas import SchemaFolder
 
 DECODED = StructType(
     [
@@ -117,9 +117,9 @@ def _payload(value: bytes | None, value_format: str, writers: str, readers: str 
 
 
 @cache
-def _registry(folder: str) -> SchemaRegistry:
+def _registry(folder: str) -> SchemaFolder:
     # Once per Python worker: the folder is read on first use, then kept.
-    return SchemaRegistry.from_dir(folder)
+    return SchemaFolder.from_dir(folder)
 
 
 def _reader_for(readers: str | None, full_name: str) -> Any:

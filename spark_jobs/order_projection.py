@@ -30,7 +30,7 @@ from relay.errors import RelayError
 from spark_jobs.decoding import decode_events, split_corrupt
 from spark_jobs.postgres_sink import RESET_SINK_HELP, PostgresBatchSink
 from spark_jobs.secrets import DATABASE_URL_HELP, resolve_database_url
-from spark_jobs.session import kafka_options, local_session, streaming_query_id
+from spark_jobs.spark_session import kafka_options, local_spark_session, streaming_query_id
 
 ORDERS_DDL = """
 CREATE TABLE IF NOT EXISTS orders (
@@ -181,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
     parser.add_argument("--reset-sink", action="store_true", help=RESET_SINK_HELP)
     args = parser.parse_args(argv)
-    spark = local_session("order-projection")
+    spark = local_spark_session("order-projection")
     query = start(
         spark,
         bootstrap_servers=args.bootstrap_servers,

@@ -37,7 +37,7 @@ from pyspark.sql import functions as F
 from spark_jobs.kafka_sink import KafkaBatchSink, Record
 from spark_jobs.postgres_sink import RESET_SINK_HELP, PostgresBatchSink
 from spark_jobs.secrets import DATABASE_URL_HELP, resolve_database_url
-from spark_jobs.session import kafka_options, local_session, streaming_query_id
+from spark_jobs.spark_session import kafka_options, local_spark_session, streaming_query_id
 
 COUNTERS_DDL = """CREATE TABLE IF NOT EXISTS window_counters (
     name  text PRIMARY KEY,
@@ -166,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--reset-sink", action="store_true", help=RESET_SINK_HELP)
     args = parser.parse_args(argv)
     query = start(
-        local_session("window-average"),
+        local_spark_session("window-average"),
         bootstrap_servers=args.bootstrap_servers,
         topics=args.topics.split(","),
         output_topic=args.output_topic,

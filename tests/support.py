@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,11 @@ import psycopg
 from confluent_kafka.admin import AdminClient
 
 from relay import Outbox
-from relay.model import ConsumedRecord
+from relay.daemon import Relay
+from relay.localstack.process import LocalServer
+from relay.model import ConsumedRecord, PartId
 from relay.topic_reader import KafkaTopicReader
+from relay.worker import PartWorker
 
 _WARMUP_S = 2.5
 
@@ -151,8 +155,33 @@ def caught_up(db: psycopg.Connection[Any], name: str) -> bool:
     return subscriber_lag(store, store.get(name)).events == 0
 
 
+def wait_until(condition: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or condition}")
+        time.sleep(0.05)
+
+
 def wait_caught_up(db: psycopg.Connection[Any], name: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not caught_up(db, name):
         assert time.monotonic() < deadline, f"subscriber {name} never caught up"
         time.sleep(0.05)
+
+
+def worker(relay: Relay, subscriber: str, part: int = 0) -> PartWorker:
+    """The relay's running worker of part ``subscriber``/``part``."""
+    return relay.workers[PartId(subscriber, part)]
+
+
+def session_id(relay: Relay) -> str | None:
+    """The id of the session ``relay`` holds (None: it holds none, so no part)."""
+    session = relay.membership.session
+    return None if session is None else str(session.id)
+
+
+def restart(server: LocalServer) -> None:
+    """Stop a local server, then start it again on the same port and data directory."""
+    server.stop()
+    server.start()

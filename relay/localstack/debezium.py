@@ -1,6 +1,6 @@
 """Debezium Server as a local process: the reference the relay's ``debezium`` format is
-checked against (tests/test_debezium_conformance.py), and the "running Debezium" of the
-documented cut-over.
+checked against (tests/acceptance/test_debezium_conformance.py), and the "running
+Debezium" of the documented cut-over.
 
 The distribution archive is pinned in ``debezium-server.lock``, fetched once into the
 user's cache (checksum-verified, like every jar of the local stack) and unpacked beside
@@ -27,6 +27,7 @@ import psycopg
 
 from relay.localstack.kafka import java_major
 from relay.localstack.maven import Lock, fetch_lock
+from relay.localstack.postgres import LocalPostgres
 from relay.localstack.process import (
     LocalServer,
     LocalServerError,
@@ -37,7 +38,7 @@ from relay.localstack.process import (
     spawn,
 )
 
-__all__ = ["DEBEZIUM_VERSION", "LocalDebeziumServer", "debezium_home"]
+__all__ = ["DEBEZIUM_VERSION", "LocalDebeziumServer", "debezium_home", "postgres_to_kafka"]
 
 _log = logging.getLogger(__name__)
 
@@ -88,6 +89,32 @@ def find_java21() -> str:
         f"{candidates or ['(no java found)']}. Install one (e.g. a Temurin 21 JDK) or set "
         "JAVA_HOME to it"
     )
+
+
+def postgres_to_kafka(postgres: LocalPostgres, dbname: str, bootstrap: str) -> dict[str, str]:
+    """Properties for the PostgreSQL connector on ``dbname`` of ``postgres`` (pgoutput,
+    slot and publication ``dbz_<dbname>``, the publication of the captured tables only, no
+    snapshot of existing rows, topic prefix ``dbz``) and the Kafka sink with string keys
+    and values. Add the tables, transforms and formats."""
+    string = "org.apache.kafka.common.serialization.StringSerializer"
+    return {
+        "debezium.sink.type": "kafka",
+        "debezium.sink.kafka.producer.bootstrap.servers": bootstrap,
+        "debezium.sink.kafka.producer.key.serializer": string,
+        "debezium.sink.kafka.producer.value.serializer": string,
+        "debezium.source.connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "debezium.source.database.hostname": "127.0.0.1",
+        "debezium.source.database.port": str(postgres.port),
+        "debezium.source.database.user": "postgres",
+        "debezium.source.database.password": "unused",
+        "debezium.source.database.dbname": dbname,
+        "debezium.source.topic.prefix": "dbz",
+        "debezium.source.plugin.name": "pgoutput",
+        "debezium.source.slot.name": f"dbz_{dbname}",
+        "debezium.source.publication.name": f"dbz_{dbname}",
+        "debezium.source.publication.autocreate.mode": "filtered",
+        "debezium.source.snapshot.mode": "no_data",
+    }
 
 
 class LocalDebeziumServer(LocalServer):

@@ -169,11 +169,6 @@ class LocalPostgres(LocalServer):
             shutil.rmtree(self._tmp_socket_dir, ignore_errors=True)
             self._tmp_socket_dir = None
 
-    def restart(self) -> None:
-        """Stop, then start again on the same port and data directory."""
-        self.stop()
-        self.start()
-
     # -- internals
 
     def _ids(self) -> tuple[int, int] | None:

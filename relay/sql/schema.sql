@@ -1,5 +1,5 @@
--- The current schema, as the migrations leave it (tests/test_migrations.py checks
--- that applying every migration reproduces exactly this). Reference for DBAs.
+-- The current schema, as the migrations leave it (tests/integration/test_migrations.py
+-- checks that applying every migration reproduces exactly this). Reference for DBAs.
 
 CREATE SCHEMA IF NOT EXISTS {schema};
 

@@ -26,7 +26,7 @@ CREATE TABLE {schema}.outbox (
 
 CREATE UNIQUE INDEX outbox_message_id_key ON {schema}.outbox (message_id);
 
--- A retried request with the same key writes nothing (seed 003). Partial, so rows
+-- A retried request with the same key writes nothing (docs/design.md §7). Partial, so rows
 -- without a key cost nothing here.
 CREATE UNIQUE INDEX outbox_idempotency_key
     ON {schema}.outbox (aggregate_type, aggregate_id, idempotency_key)

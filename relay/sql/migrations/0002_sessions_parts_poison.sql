@@ -1,7 +1,7 @@
 -- Exactly-once and HA: relay sessions, claimed subscriber parts, Kafka-side
 -- checkpoint generations, and the poison-event policy with its recorded decisions.
 
--- One row per live relay process (seed 000). A relay heartbeats its row; any relay
+-- One row per live relay process (docs/design.md §4). A relay heartbeats its row; any relay
 -- deletes rows past expires_at, which releases their claims (owner SET NULL).
 CREATE TABLE {schema}.outbox_relay_sessions (
     id           uuid PRIMARY KEY DEFAULT gen_random_uuid(),

@@ -1,0 +1,277 @@
+"""The relay's lifecycle: start, stop, the supervisor thread, and health for /healthz and
+/readyz. The concerns it supervises live in the sibling modules; :class:`Relay` composes
+them."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import re
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import psycopg
+
+from relay import db
+from relay.daemon.membership import Membership
+from relay.daemon.parts import ClaimedParts
+from relay.daemon.publishers import PublisherFactory
+from relay.daemon.startup import KeySpaceChecks, SubscriberSync, check_schema, load_schemas
+from relay.daemon.upkeep import HorizonWatch, Retention
+from relay.encoding import RecordEncoder
+from relay.errors import RelayError, RetryableError
+from relay.metrics import HealthServer
+from relay.model import PartId
+from relay.probe import CommitProbe
+from relay.schemas import SchemaFolder
+from relay.settings import Settings
+from relay.store import OutboxStore
+from relay.subscribers import TopicGuard
+from relay.worker import PartWorker, WorkerState
+
+logger = logging.getLogger(__name__)
+
+_HORIZON_CHECK_EVERY_S = 30.0
+
+
+class Relay:
+    """Publishes every committed outbox event for every subscriber until stopped."""
+
+    def __init__(self, settings: Settings, *, registry: SchemaFolder | None = None) -> None:
+        self.settings = settings
+        self.database_url = settings.require_database_url()
+        self.bootstrap_servers = settings.require_bootstrap_servers()
+        self.registry = registry if registry is not None else load_schemas(settings)
+        allow = None if settings.topic_allow is None else re.compile(settings.topic_allow)
+        self.topic_guard = TopicGuard(settings.checkpoint_topic, allow)
+        self.encoder = RecordEncoder(self.registry, self.topic_guard)
+        self._stopping = threading.Event()
+        self._stop_requested = threading.Event()
+        self._probe: CommitProbe | None = None
+        self._supervisor: threading.Thread | None = None
+        self.http: HealthServer | None = None
+        self.publishers = PublisherFactory(settings, self.topic_guard)
+        self.membership = Membership(
+            settings,
+            self._open_store,
+            self._stopping,
+            on_lost=self._abandon_workers,
+            stop_workers=self._stop_all_workers,
+        )
+        self.parts = ClaimedParts(
+            settings,
+            self.membership,
+            self._stopping,
+            topic_guard=self.topic_guard,
+            encoder=self.encoder,
+            open_store=self._open_store,
+            open_publisher=self.publishers,
+        )
+        self.key_space = KeySpaceChecks()
+        self.subscriber_sync = SubscriberSync(settings, self.registry)
+        self.retention = Retention(settings, self.membership, self.key_space)
+        self.horizon = HorizonWatch(settings)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Check the schema, open a session and claim a share of the parts. On failure
+        (Postgres or Kafka unreachable, say) nothing is left running: call it again."""
+        try:
+            self._start()
+        except BaseException:
+            self._abandon_start()
+            raise
+
+    def _start(self) -> None:
+        if self.settings.metrics_enabled and self.http is None:
+            s = self.settings
+            self.http = HealthServer(
+                self, self._open_store, s.metrics_host, s.metrics_port, s.metrics_cache_ttl
+            )
+            self.http.start()
+        with self._open_connection() as conn:
+            store = OutboxStore(conn, self.settings.database_schema)
+            check_schema(conn, self.settings.database_schema)
+            self.key_space.check(store, "start-up")
+            self.subscriber_sync.sync(store)
+        self.membership.start()
+        self._probe = CommitProbe(
+            self._open_connection,
+            self.settings.database_schema,
+            self.parts.wake_all,
+            interval=self.settings.probe_interval,
+            idle_interval=self.settings.probe_idle_interval,
+        )
+        self._probe.start()
+        self._rebalance_safely()
+        self._supervisor = threading.Thread(
+            target=self._supervise, name="relay-supervisor", daemon=True
+        )
+        self._supervisor.start()
+        session = self.membership.session
+        session_id = None if session is None else str(session.id)
+        logger.info(
+            "relay started (session %s) with parts %s",
+            session_id,
+            sorted(str(p) for p in self.workers),
+            extra={"session": str(session_id)},
+        )
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Finish (or abandon, unacknowledged) each batch in flight, release every
+        claim, and return within ``timeout`` seconds (``shutdown_timeout`` by default)."""
+        deadline = time.monotonic() + (
+            self.settings.shutdown_timeout if timeout is None else timeout
+        )
+        self._stopping.set()
+        self._stop_requested.set()
+        if self._supervisor is not None:
+            self._supervisor.join(max(0.0, deadline - time.monotonic()))
+        self._stop_all_workers(deadline)
+        if self._probe is not None:
+            self._probe.stop()
+        self.membership.stop(deadline)
+        if self.http is not None:
+            self.http.stop()
+            self.http = None
+        if self._probe is not None:
+            self._probe.join(max(0.0, min(2.0, deadline - time.monotonic())))
+        logger.info("relay stopped")
+
+    def request_stop(self) -> None:
+        """Ask :meth:`wait` to return (safe in a signal handler: it only sets a flag)."""
+        self._stop_requested.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until :meth:`request_stop` or :meth:`stop`; True if asked to stop."""
+        return self._stop_requested.wait(timeout)
+
+    def __enter__(self) -> Relay:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    # -- observability ---------------------------------------------------------------
+
+    @property
+    def workers(self) -> dict[PartId, PartWorker]:
+        """The running worker of each part this relay claims."""
+        return self.parts.workers
+
+    def part_totals(self) -> dict[PartId, Counter[str]]:
+        """Cumulative statistics per part, over every worker this process has run."""
+        return self.parts.totals()
+
+    def key_space_changes(self) -> Counter[str]:
+        """Moves of the database found by this process, by what was done about them."""
+        found = Counter(self.key_space.changes)
+        for totals in self.part_totals().values():
+            found["rebased"] += totals["key_space_rebased"]
+            found["continued"] += totals["key_space_continued"]
+        return found
+
+    def part_states(self) -> dict[PartId, str]:
+        return self.parts.states()
+
+    def healthy(self) -> tuple[bool, str]:
+        """Liveness: the threads that keep the relay going are alive."""
+        threads = (("supervisor", self._supervisor), ("session", self.membership.keeper))
+        for name, thread in threads:
+            if thread is not None and not thread.is_alive() and not self._stopping.is_set():
+                return False, f"the {name} thread died"
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        """Readiness: a live session, so this relay can own and publish parts.
+
+        A halted part leaves the relay ready: the halt is in Postgres, so every replica
+        (and a new one rolled out with the fix) would be unready too, blocking the
+        rollout that could fix it. Halts are alerted on from /metrics instead
+        (deploy/README.md); the reply names them for whoever looks.
+        """
+        if self._stopping.is_set():
+            return False, "stopping"
+        broker, session = self.membership.broker, self.membership.session
+        if session is None:
+            if broker is not None and broker.reachable is False:
+                return False, f"no parts: {broker.describe()}"
+            return False, "starting (waiting for Postgres or Kafka?)"
+        if not session.valid():
+            return False, "no live session (Postgres unreachable?)"
+        halted = sorted(str(p) for p, s in self.part_states().items() if s == WorkerState.HALTED)
+        return True, (
+            f"ready: session {session.id}, {len(self.workers)} parts"
+            + (f"; halted: {', '.join(halted)}" if halted else "")
+        )
+
+    # -- supervision -------------------------------------------------------------------
+
+    def _supervise(self) -> None:
+        store: OutboxStore | None = None
+        last_horizon_check = 0.0
+        last_prune = time.monotonic()  # not right at start-up: let the relays settle
+        while not self._stopping.wait(self.settings.heartbeat_interval):
+            try:
+                self.membership.mind_broker()
+                store = store if store is not None and not store.closed else self._open_store()
+                self.parts.rebalance(store)
+                if time.monotonic() - last_horizon_check > _HORIZON_CHECK_EVERY_S:
+                    last_horizon_check = time.monotonic()
+                    self.horizon.check(store)
+                every = self.settings.prune_every
+                if every and time.monotonic() - last_prune > every:
+                    last_prune = time.monotonic()
+                    self.retention.prune(store)
+            except RelayError as exc:  # the workers report their own errors; keep going
+                logger.warning("rebalance failed: %s", exc)
+                if store is not None:
+                    store.close()
+                store = None
+        if store is not None:
+            store.close()
+
+    def _rebalance_safely(self) -> None:
+        try:
+            store = self._open_store()
+            try:
+                self.parts.rebalance(store)
+            finally:
+                store.close()
+        except RetryableError as exc:
+            logger.warning("first rebalance failed, the supervisor retries: %s", exc)
+
+    def _abandon_start(self) -> None:
+        self._abandon_workers()
+        if self._probe is not None:
+            self._probe.stop()
+            self._probe = None
+        self.membership.abandon()
+
+    def _abandon_workers(self) -> None:
+        self.parts.abandon()
+
+    def _stop_all_workers(self, deadline: float | None = None) -> None:
+        self.parts.stop_all(deadline)
+
+    def _open_connection(self) -> psycopg.Connection[Any]:
+        return db.connect(self.database_url, application_name="outbox-relay")
+
+    def _open_store(self) -> OutboxStore:
+        return OutboxStore(self._open_connection(), self.settings.database_schema)
+
+
+def tune_gc() -> None:
+    """Make the cyclic garbage collector run less often (process-wide: the CLI's call).
+
+    Publishing allocates tens of thousands of short-lived, acyclic objects per batch,
+    which reference counting frees; at the default thresholds the collector still walks
+    the young generations every 700 allocations, about a fifth of the relay's CPU time.
+    Objects from start-up (modules, settings) are frozen out of the walks altogether.
+    """
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)

@@ -1,0 +1,108 @@
+"""This relay's membership among its peers: a session held only while Kafka answers."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from relay.broker_watch import BrokerWatch
+from relay.sessions import RelaySession, SessionKeeper
+from relay.settings import Settings
+from relay.store import OutboxStore
+
+logger = logging.getLogger(__name__)
+
+# How long the broker watch's request may take before Kafka counts as unreachable.
+_BROKER_TIMEOUT_S = 5.0
+
+
+class Membership:
+    """Opens the relay's session once Kafka answers, and gives it (with every part) up
+    when Kafka stays unreachable for a session timeout (docs/design.md §4)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        open_store: Callable[[], OutboxStore],
+        stopping: threading.Event,
+        *,
+        on_lost: Callable[[], None],
+        stop_workers: Callable[[float], None],
+    ) -> None:
+        self._settings = settings
+        self._open_store = open_store
+        self._stopping = stopping
+        self._on_lost = on_lost
+        self._stop_workers = stop_workers
+        self.broker: BrokerWatch | None = None
+        self.keeper: SessionKeeper | None = None
+
+    @property
+    def session(self) -> RelaySession | None:
+        """The live session, or None while this relay holds none (and so no part)."""
+        return None if self.keeper is None else self.keeper.session
+
+    def start(self) -> None:
+        """Watch the broker; open the session if Kafka answers in time."""
+        s = self._settings
+        self.broker = BrokerWatch(
+            {**s.kafka, "bootstrap.servers": s.require_bootstrap_servers()},
+            interval=max(1.0, min(s.heartbeat_interval, 5.0)),
+            timeout=_BROKER_TIMEOUT_S,
+        )
+        self.broker.start()
+        if self.broker.wait_first(_BROKER_TIMEOUT_S + 2.0):
+            self._open_session()
+        # Otherwise no session yet: peers keep every part; the supervisor opens one once
+        # Kafka answers.
+
+    def mind_broker(self) -> None:
+        """Hold a session (and so parts) only while Kafka answers."""
+        broker = self.broker
+        if broker is None or self._stopping.is_set():
+            return
+        if self.keeper is None:
+            if broker.reachable:
+                logger.info("Kafka answers: this relay takes its share of the parts")
+                self._open_session()
+            return
+        down = broker.unreachable_for()
+        if down >= self._settings.session_timeout:
+            logger.error(
+                "%s (%.0fs): giving this relay's parts to its peers",
+                broker.describe(),
+                down,
+                extra={"unreachable_s": down},
+            )
+            keeper, self.keeper = self.keeper, None
+            keeper.session.lost.set()  # workers stop before publishing anything more
+            self._stop_workers(time.monotonic() + 5.0)
+            keeper.close(timeout=5.0)  # deletes the session: every claim is free at once
+
+    def stop(self, deadline: float) -> None:
+        """Stop watching the broker and delete the session: peers may claim at once."""
+        if self.broker is not None:
+            self.broker.stop()
+        if self.keeper is not None:
+            self.keeper.close(timeout=max(1.0, deadline - time.monotonic()))
+
+    def abandon(self) -> None:
+        """A start that failed: stop and forget the broker watch and the session."""
+        if self.broker is not None:
+            self.broker.stop()
+            self.broker = None
+        if self.keeper is not None:
+            self.keeper.close(timeout=5.0)
+            self.keeper = None
+
+    def _open_session(self) -> None:
+        s = self._settings
+        self.keeper = SessionKeeper(
+            self._open_store,
+            timeout=s.session_timeout,
+            heartbeat_interval=s.heartbeat_interval,
+            on_lost=self._on_lost,
+        )
+        self.keeper.start()

@@ -1,0 +1,214 @@
+"""Claims and workers: this relay's share of the parts, with one worker per claimed part."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from uuid import UUID
+
+from relay.daemon.membership import Membership
+from relay.encoding import RecordEncoder
+from relay.errors import RelayError
+from relay.model import PartId
+from relay.ports import PartState, Publisher
+from relay.sessions import assign
+from relay.settings import Settings
+from relay.store import OutboxStore
+from relay.subscribers import TopicGuard
+from relay.worker import PartWorker, WorkerState
+
+logger = logging.getLogger(__name__)
+
+
+class ClaimedParts:
+    """Claims this relay's share of the parts, runs a worker per claim, releases the rest
+    (docs/design.md §4), and keeps every worker's statistics, stopped ones included."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        membership: Membership,
+        stopping: threading.Event,
+        *,
+        topic_guard: TopicGuard,
+        encoder: RecordEncoder,
+        open_store: Callable[[], OutboxStore],
+        open_publisher: Callable[[PartState], Publisher],
+    ) -> None:
+        self._settings = settings
+        self._membership = membership
+        self._stopping = stopping
+        self._topic_guard = topic_guard
+        self._encoder = encoder
+        self._open_store = open_store
+        self._open_publisher = open_publisher
+        self.workers: dict[PartId, PartWorker] = {}
+        # Statistics of workers that have stopped, so counters never go down.
+        self._retired: dict[PartId, Counter[str]] = {}
+        # Workers this relay told to stop; any other that ends did so on its own.
+        self._told_to_stop: set[PartWorker] = set()
+
+    # -- statistics --------------------------------------------------------------------
+
+    def totals(self) -> dict[PartId, Counter[str]]:
+        """Cumulative statistics per part, over every worker this process has run."""
+        totals = {part: Counter(c) for part, c in self._retired.items()}
+        for part, worker in list(self.workers.items()):
+            totals.setdefault(part, Counter()).update(_counts(worker))
+        return totals
+
+    def states(self) -> dict[PartId, str]:
+        return {part: w.stats.state.value for part, w in list(self.workers.items())}
+
+    def wake_all(self) -> None:
+        for worker in list(self.workers.values()):
+            worker.wakeup.set()
+
+    # -- rebalancing -------------------------------------------------------------------
+
+    def rebalance(self, store: OutboxStore) -> None:
+        """Match claims and workers to this relay's share of the parts."""
+        subscribers = store.list()
+        self._topic_guard.update(s.subscriber for s in subscribers)
+        parts = {PartId(p.name, p.part): p for s in subscribers for p in s.parts}
+        for part, worker in list(self.workers.items()):
+            if not worker.is_alive():
+                halted = part in parts and parts[part].halted_error is not None
+                self._retire(part, worker, store, halted)  # lost claim, removed subscriber...
+        session = self._membership.session
+        if session is None:  # no session (Kafka unreachable): no share
+            return
+        me = session.id
+        owners = {part: p.owner for part, p in parts.items()}
+        mine = {
+            p for p, owner in assign(list(owners), store.live_sessions()).items() if owner == me
+        }
+        self._release(store, owners, mine, me)
+        current = self._membership.session  # the keeper may have opened a new one
+        if self._stopping.is_set() or current is None or not current.valid():
+            return
+        for part in sorted(mine):
+            if part in self.workers:
+                continue
+            if owners[part] is None and store.claim(part.subscriber, part.part, me):
+                logger.info("claimed part %s", part, extra={"part": str(part)})
+            elif owners[part] != me:
+                continue  # still owned by a peer, which releases it on its next round
+            self._start_worker(part)
+
+    def _release(
+        self, store: OutboxStore, owners: dict[PartId, UUID | None], mine: set[PartId], me: UUID
+    ) -> None:
+        """Stop the workers of parts a peer should own; release those claims once the
+        worker is gone."""
+        for part, worker in list(self.workers.items()):
+            if part not in mine or owners.get(part) != me:
+                self._stop_worker(worker)  # a peer should own it: release after the batch
+        for part in list(owners):
+            running = self.workers.get(part)
+            if (
+                part not in mine
+                and owners[part] == me
+                and (running is None or not running.is_alive())
+            ):
+                store.release(part.subscriber, part.part, me)
+                logger.info("released part %s to a peer", part, extra={"part": str(part)})
+
+    # -- workers -----------------------------------------------------------------------
+
+    def _start_worker(self, part: PartId) -> None:
+        session = self._membership.session
+        assert session is not None
+        worker = PartWorker(
+            part,
+            session=session,
+            open_store=self._open_store,
+            open_publisher=self._open_publisher,
+            encoder=self._encoder,
+            batch_size=self._settings.batch_size,
+            batch_max_bytes=self._settings.batch_max_bytes,
+            poll_interval=self._settings.poll_interval,
+        )
+        self.workers[part] = worker
+        worker.start()
+
+    def abandon(self) -> None:
+        """The session is gone: every worker stops at once (without waiting for them,
+        so the keeper can open a new session and heartbeat it)."""
+        for worker in list(self.workers.values()):
+            self._stop_worker(worker)
+
+    def stop_all(self, deadline: float | None = None) -> None:
+        """Stop every worker; wait for each until ``deadline`` (shutdown_timeout from now)."""
+        workers = list(self.workers.values())
+        for worker in workers:
+            self._stop_worker(worker)
+        end = (
+            deadline if deadline is not None else time.monotonic() + self._settings.shutdown_timeout
+        )
+        for worker in workers:
+            worker.join(max(0.0, end - time.monotonic()))
+            if worker.is_alive():
+                logger.warning("part %s did not finish its batch in time", worker.part)
+
+    def _stop_worker(self, worker: PartWorker) -> None:
+        self._told_to_stop.add(worker)
+        worker.stop()
+
+    def _retire(self, part: PartId, worker: PartWorker, store: OutboxStore, halted: bool) -> None:
+        # Ended on its own in state HALTED: a fatal error, unless the part was already
+        # halted in Postgres (a poison event), whose worker then lost its claim.
+        failed = (
+            worker not in self._told_to_stop
+            and worker.stats.state is WorkerState.HALTED
+            and not halted
+        )
+        self._told_to_stop.discard(worker)
+        self._retired.setdefault(part, Counter()).update(_counts(worker), failures=int(failed))
+        del self.workers[part]
+        if failed:
+            self._record_failure(store, part, worker)
+
+    def _record_failure(self, store: OutboxStore, part: PartId, worker: PartWorker) -> None:
+        """A worker stopped on an error that retrying cannot fix (a missing privilege, a
+        refused Kafka setting). Halt the part in Postgres, as a poison event does: the
+        next worker waits for `subscribers resume` instead of failing in a silent loop,
+        and `status`, /metrics and every relay show why."""
+        error = f"part worker stopped: {worker.stats.last_error}"
+        session = self._membership.session
+        if session is None:  # gave its session up meanwhile: the claim is gone too
+            logger.warning("part %s stopped: %s (not recorded: no session)", part, error)
+            return
+        try:
+            store.halt(store.get_part(*part), session.id, error)
+        except RelayError as exc:
+            logger.warning("part %s stopped, and its halt cannot be recorded: %s", part, exc)
+            return
+        logger.error(
+            "part %s halted (`outbox-relay subscribers resume %s` retries it): %s",
+            part,
+            part.subscriber,
+            error,
+            extra={"part": str(part), "error": error},
+        )
+
+
+def _counts(worker: PartWorker) -> Counter[str]:
+    stats = worker.stats
+    with stats.lock:
+        return Counter(
+            published=stats.published,
+            published_bytes=stats.published_bytes,
+            batches=stats.batches,
+            errors=stats.errors,
+            dead_lettered=stats.dead_lettered,
+            poisoned=stats.poisoned,
+            unexpected=stats.unexpected,
+            recovered=stats.recovered,
+            recoveries_refused=stats.recoveries_refused,
+            key_space_rebased=stats.key_space_rebased,
+            key_space_continued=stats.key_space_continued,
+        )  # "failures" is counted when a worker is retired

@@ -1,0 +1,40 @@
+"""The publisher factory: one Kafka publisher per part, as the delivery setting asks."""
+
+from __future__ import annotations
+
+from relay.kafka import IdempotentPublisher, TopicCreator, TransactionalPublisher, producer_config
+from relay.ports import PartState, Publisher
+from relay.settings import Settings
+from relay.subscribers import TopicGuard
+
+
+class PublisherFactory:
+    """Opens a part's publisher; every publisher shares one topic creator."""
+
+    def __init__(self, settings: Settings, topic_guard: TopicGuard) -> None:
+        self._settings = settings
+        self._bootstrap_servers = settings.require_bootstrap_servers()
+        self._topics = TopicCreator(
+            {**settings.kafka, "bootstrap.servers": self._bootstrap_servers},
+            enabled=settings.create_topics,
+            partitions=settings.topic_partitions,
+            replication_factor=settings.topic_replication_factor,
+            max_created=None if settings.max_created_topics < 0 else settings.max_created_topics,
+            relay_owned=topic_guard.relay_owned,
+        )
+
+    def __call__(self, state: PartState) -> Publisher:
+        s = self._settings
+        config = producer_config(self._bootstrap_servers, s.kafka, int(s.delivery_timeout * 1000))
+        if s.delivery == "idempotent":
+            return IdempotentPublisher(config, self._topics, s.delivery_timeout)
+        name = f"{s.kafka_id_prefix}.{state.name}.{state.part}"
+        return TransactionalPublisher(
+            config,
+            self._topics,
+            s.delivery_timeout,
+            transactional_id=f"{name}.{state.subscriber_id}",
+            group_prefix=name,
+            checkpoint_topic=s.checkpoint_topic,
+            consumer_config={**s.kafka, "bootstrap.servers": self._bootstrap_servers},
+        )

@@ -1,0 +1,114 @@
+"""What the relay checks and sets up before it publishes: the schema's migrations, the
+writer schemas, the declared subscribers, and whether the database moved."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+import psycopg
+
+from relay import migrations
+from relay.errors import ConfigError, NotMigratedError
+from relay.key_space import KeySpaceAction, report
+from relay.schemas import SchemaFolder
+from relay.settings import Settings
+from relay.store import OutboxStore
+from relay.subscribers import DEFAULT_SUBSCRIBER, StartFrom, Subscriber, ValueFormat
+
+logger = logging.getLogger(__name__)
+
+
+def check_schema(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Refuse a schema without the migrations the relay needs; warn about newer ones."""
+    pending = migrations.pending(conn, schema)
+    names = [f"{m.version:04d}_{m.name}" for m in pending]
+    if any(m.version <= migrations.RELAY_NEEDS for m in pending):
+        raise NotMigratedError(
+            f"schema {schema!r} lacks migrations {names}; run `outbox-relay migrate`"
+        )
+    if pending:
+        # A rolling deploy: the relay runs on the older schema; the migration brings
+        # per-key database order and an untaxed write path.
+        logger.warning(
+            "schema %r lacks migrations %s; the relay runs on it, but apply them "
+            "(`outbox-relay migrate`)",
+            schema,
+            names,
+        )
+
+
+class KeySpaceChecks:
+    """Checks whether the database moved to another xid space (docs/design.md §6), and
+    counts what was done about each move found."""
+
+    def __init__(self) -> None:
+        self.changes: Counter[str] = Counter(rebased=0, continued=0)
+
+    def check(self, store: OutboxStore, where: str) -> None:
+        found = store.check_key_space()
+        if found is not None and found.action is not KeySpaceAction.UNCHANGED:
+            report(found, where)
+            self.changes[found.action.value] += 1
+
+
+def load_schemas(settings: Settings) -> SchemaFolder | None:
+    """The configured writer schemas; a configured folder that is missing is an error
+    now, not a halt at the first event."""
+    folder = settings.schemas_dir
+    if folder is None:
+        return None
+    if not folder.is_dir():
+        raise ConfigError(
+            f"schemas_dir: {str(folder)!r} is not a folder (from the config file, "
+            "RELAY_SCHEMAS_DIR or --schemas-dir); point it at your .avsc files, or unset it "
+            "to publish JSON"
+        )
+    return SchemaFolder.from_dir(folder)
+
+
+class SubscriberSync:
+    """Writes the subscribers the config declares into the store."""
+
+    def __init__(self, settings: Settings, schemas: SchemaFolder | None) -> None:
+        self._settings = settings
+        self._schemas = schemas
+
+    @property
+    def default_format(self) -> ValueFormat:
+        """Subscribers that name no format: Avro only when there are writer schemas."""
+        return ValueFormat.AVRO if self._schemas is not None else ValueFormat.JSON
+
+    def sync(self, store: OutboxStore) -> None:
+        """Upsert the subscribers the config declares; with none anywhere, add the default."""
+        for declared in self._settings.subscribers:
+            subscriber = declared.to_subscriber(self.default_format)
+            created = store.add(subscriber, declared.start_from, replace=True)
+            logger.info(
+                "%s subscriber %s from config", "created" if created else "updated", declared.name
+            )
+        if not store.list():
+            default = Subscriber(DEFAULT_SUBSCRIBER, value_format=self.default_format)
+            store.add(default, StartFrom.BEGINNING)
+            logger.info(
+                "no subscriber configured: created %r routing every event as %s",
+                DEFAULT_SUBSCRIBER,
+                default.value_format,
+            )
+        self._refuse_avro_without_schemas(store)
+
+    def _refuse_avro_without_schemas(self, store: OutboxStore) -> None:
+        if self._schemas is not None:
+            return
+        avro = [
+            s.subscriber.name
+            for s in store.list()
+            if s.subscriber.value_format is ValueFormat.AVRO and not s.subscriber.paused
+        ]
+        if avro:
+            raise ConfigError(
+                f"subscribers {avro} publish Avro, but no schemas folder is configured "
+                "(schemas_dir, RELAY_SCHEMAS_DIR or --schemas-dir); configure it, or switch "
+                "them to JSON: outbox-relay subscribers add NAME --format json --replace"
+            )

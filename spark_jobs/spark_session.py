@@ -1,0 +1,97 @@
+"""Spark sessions for the jobs, with Spark's own Kafka connector on the classpath.
+
+The connector (``spark-sql-kafka-0-10_2.13``) must be the same version as pyspark. A
+local session loads it, and the jars it needs that pyspark does not ship, from the
+pinned-jar cache (:mod:`relay.localstack.maven`, lock ``spark-kafka``): downloaded and
+checksum-verified on first use, offline after that. Under ``spark-submit`` the cluster
+provides it instead (``--packages``, see the README).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyspark
+from pyspark.sql import DataFrame, SparkSession
+
+from relay.errors import RelayError
+from relay.localstack.maven import Lock, fetch_lock
+
+logger = logging.getLogger(__name__)
+
+CONNECTOR_LOCK = "spark-kafka"
+CONNECTOR = ("org.apache.spark", "spark-sql-kafka-0-10_2.13")
+
+# Java versions Spark 4 runs on, newest first.
+_JVM_DIRS = ("/usr/lib/jvm/java-21-openjdk-amd64", "/usr/lib/jvm/java-17-openjdk-amd64")
+
+
+class ConnectorVersionError(RelayError):
+    """pyspark and the pinned Kafka connector are not the same Spark version."""
+
+
+def connector_jars() -> list[Path]:
+    """The Kafka connector's jars for the installed pyspark, fetched into the cache if
+    missing. Spark refuses a connector of another version at query time, with an
+    obscure error; this says what is wrong up front."""
+    lock = Lock.load(CONNECTOR_LOCK)
+    pinned = lock.version_of(*CONNECTOR)
+    if pinned != pyspark.__version__:
+        raise ConnectorVersionError(
+            f"pyspark is {pyspark.__version__} but the pinned Kafka connector is {pinned}: "
+            f"install pyspark=={pinned} (pyproject.toml pins it), or re-lock "
+            f"relay/localstack/{CONNECTOR_LOCK}.lock for a version Maven Central serves"
+        )
+    return fetch_lock(lock)
+
+
+def local_spark_session(app_name: str, *, master: str | None = None, **conf: Any) -> SparkSession:
+    """The job's session: ``local[2]`` (the embedded default) when run with ``python``,
+    or whatever master ``spark-submit`` was given (it launches us with a gateway)."""
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    if master is None and not submitted:
+        master = "local[2]"
+    # Workers must run this interpreter: it has pyarrow and confluent-kafka.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if "JAVA_HOME" not in os.environ:
+        found = next((d for d in _JVM_DIRS if Path(d, "bin", "java").exists()), None)
+        if found:
+            os.environ["JAVA_HOME"] = found
+    builder = SparkSession.builder if master is None else SparkSession.builder.master(master)
+    builder = (
+        builder.appName(app_name)
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    if not submitted:  # spark-submit's JVM is already up: --packages brings the connector
+        jars = connector_jars()
+        logger.debug("Kafka connector jars: %s", jars)
+        builder = builder.config("spark.jars", ",".join(str(p) for p in jars))
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def kafka_options(bootstrap_servers: str) -> dict[str, str]:
+    """Options every job gives ``format("kafka")``. The connector's consumers default to
+    ``read_uncommitted``, which would hand a job the records of transactions the relay
+    aborted: the relay writes in transactions, so its readers must read committed."""
+    return {
+        "kafka.bootstrap.servers": bootstrap_servers,
+        "kafka.isolation.level": "read_committed",
+    }
+
+
+def streaming_query_id(batch: DataFrame) -> str:
+    """The id of the streaming query a ``foreachBatch`` batch belongs to. Spark keeps it
+    in the checkpoint's ``metadata``: a restart keeps it, a new checkpoint gets a new
+    one, which is what tells a sink's replayed batch from another query's batch."""
+    query_id = batch.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+    if not query_id:
+        raise RelayError("not in a streaming query's foreachBatch: no query id to key a sink on")
+    return query_id

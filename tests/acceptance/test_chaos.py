@@ -1,0 +1,433 @@
+"""Chaos: relay processes killed, frozen past their session, Postgres restarted, and the
+Apache Kafka broker paused and killed with ``kill -9`` while writers commit out of
+order, roll back and hold long transactions. Every run must end with verify clean (0
+lost, 0 duplicated, 0 out of order), and an independent read_committed consumer must
+count exactly one record per outbox row on each subscriber's topics.
+
+Run alone with ``pytest -m chaos -s`` to see the figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import psycopg
+import pytest
+
+from relay import Outbox, migrations
+from relay.errors import RelayError
+from relay.lag import part_lag, subscriber_lag
+from relay.localstack import LocalKafka, LocalPostgres
+from relay.store import OutboxStore
+from relay.subscribers import Subscriber, ValueFormat
+from relay.topic_reader import KafkaTopicReader
+from relay.verify import SubscriberReport, verify
+from tests.support import consume, order, restart
+
+pytestmark = pytest.mark.chaos
+
+REPO = Path(__file__).resolve().parents[2]
+CHAOS_SECONDS = float(os.environ.get("OUTBOX_CHAOS_SECONDS", "60"))
+RELAYS = 3
+SESSION_TIMEOUT = 3.0
+KEYS = [f"k{i}" for i in range(40)]
+_SESSION_LINE = re.compile(r"opened relay session ([0-9a-f-]{36})")
+
+
+@dataclass
+class Figures:
+    committed_transactions: int = 0
+    rolled_back: int = 0
+    events_committed: int = 0
+    writer_errors: int = 0
+    kills: int = 0
+    freezes: int = 0
+    postgres_restarts: int = 0
+    broker_pauses: int = 0
+    broker_kills: int = 0
+    relays_started: int = 0
+    log: list[str] = field(default_factory=list)
+
+
+class RelayProcesses:
+    """``outbox-relay run`` subprocesses, each logging to its own file."""
+
+    def __init__(self, env: dict[str, str], logs: Path, figures: Figures) -> None:
+        self._env = {**os.environ, **env}
+        self._logs = logs
+        self._figures = figures
+        self.procs: list[tuple[subprocess.Popen[bytes], IO[bytes]]] = []
+
+    def start(self) -> subprocess.Popen[bytes]:
+        self._figures.relays_started += 1
+        log = (self._logs / f"relay-{self._figures.relays_started}.log").open("wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "relay", "run"],
+            env=self._env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        self.procs.append((proc, log))
+        return proc
+
+    def sessions(self, proc: subprocess.Popen[bytes]) -> set[str]:
+        """Session ids a relay logged (its pid may be namespaced differently)."""
+        log = next(log for p, log in self.procs if p is proc)
+        return set(_SESSION_LINE.findall(Path(log.name).read_text(errors="replace")))
+
+    def alive(self) -> list[subprocess.Popen[bytes]]:
+        return [p for p, _ in self.procs if p.poll() is None]
+
+    def stop_all(self) -> list[int]:
+        """SIGTERM every live relay; their exit codes."""
+        live = self.alive()
+        for proc in live:
+            proc.send_signal(signal.SIGCONT)  # in case one is frozen
+            proc.send_signal(signal.SIGTERM)
+        codes = [proc.wait(timeout=60) for proc in live]
+        for _, log in self.procs:
+            log.close()
+        return codes
+
+    def kill_all(self) -> None:
+        for proc in self.alive():
+            proc.kill()
+            proc.wait()
+
+
+class Writers:
+    """Concurrent app transactions: several events each, random rollbacks, some long."""
+
+    def __init__(self, url: str, outbox: Outbox, figures: Figures, threads: int = 4) -> None:
+        self._url = url
+        self._outbox = outbox
+        self._figures = figures
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+    def burst(self, n: int = 4000) -> None:
+        """One transaction of ``n`` events, from the chaos driver."""
+        try:
+            with psycopg.connect(self._url, connect_timeout=3) as conn, conn.transaction():
+                for i in range(n):
+                    key = KEYS[i % len(KEYS)]
+                    self._outbox.append(
+                        conn,
+                        aggregate_type="order",
+                        aggregate_id=key,
+                        event_type="OrderPlaced",
+                        payload=order(f"{key}-burst-{i}"),
+                    )
+        except (psycopg.Error, RelayError):
+            with self._lock:
+                self._figures.writer_errors += 1
+
+    def _run(self, seed: int) -> None:
+        rng = random.Random(seed)
+        conn: psycopg.Connection[Any] | None = None
+        while not self._stop.is_set():
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(self._url, autocommit=True, connect_timeout=3)
+                self._transaction(conn, rng)
+            except (psycopg.Error, RelayError):  # Postgres restarts are expected
+                with self._lock:
+                    self._figures.writer_errors += 1
+                if conn is not None:
+                    conn.close()
+                conn = None
+                time.sleep(0.2)
+            time.sleep(rng.uniform(0, 0.02))
+        if conn is not None:
+            conn.close()
+
+    def _transaction(self, conn: psycopg.Connection[Any], rng: random.Random) -> None:
+        # Mostly small transactions, sometimes a burst that gives the relays a backlog,
+        # so kills often land mid-batch.
+        n = rng.randint(100, 300) if rng.random() < 0.04 else rng.randint(1, 5)
+        rollback = rng.random() < 0.1
+        with conn.transaction(force_rollback=rollback):
+            conn.execute("SELECT pg_current_xact_id()")  # take the xid early: commits reorder
+            for _ in range(n):
+                key = rng.choice(KEYS)
+                self._outbox.append(
+                    conn,
+                    aggregate_type="order",
+                    aggregate_id=key,
+                    event_type="OrderPlaced",
+                    payload=order(f"{key}-{rng.randrange(10**6)}"),
+                )
+                if n <= 5:
+                    time.sleep(rng.uniform(0, 0.005))
+            if rng.random() < 0.03:
+                time.sleep(rng.uniform(1.0, 2.5))  # a long transaction holds the horizon
+        with self._lock:
+            if rollback:
+                self._figures.rolled_back += 1
+            else:
+                self._figures.committed_transactions += 1
+                self._figures.events_committed += n
+
+
+def _caught_up(url: str, names: list[str]) -> bool:
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=3) as conn:
+            store = OutboxStore(conn)
+            return all(subscriber_lag(store, store.get(n)).events == 0 for n in names)
+    except psycopg.Error:
+        return False
+
+
+def _stall_report(url: str, logs: Path) -> str:
+    """Where publication stands, for a failure message: parts, sessions, horizon."""
+    lines = [f"\nrelay logs: {logs}"]
+    with psycopg.connect(url, autocommit=True, connect_timeout=3) as conn:
+        store = OutboxStore(conn)
+        for state in store.list():
+            for part in state.parts:
+                lines.append(
+                    f"part {state.subscriber.name}/{part.part}: checkpoint {part.checkpoint} "
+                    f"owner {part.owner} halted {part.halted_error} pending {part_lag(store, part)}"
+                )
+        for row in conn.execute(
+            "SELECT pg_snapshot_xmin(pg_current_snapshot()), (SELECT max(transaction_id) FROM"
+            " outbox), (SELECT count(*) FROM outbox_relay_sessions)"
+        ):
+            lines.append(f"horizon, newest key, sessions: {row}")
+        for row in conn.execute(
+            "SELECT pid, state, backend_xid, backend_xmin, left(query, 80) FROM pg_stat_activity"
+            " WHERE backend_xid IS NOT NULL OR backend_xmin IS NOT NULL"
+        ):
+            lines.append(f"backend: {row}")
+    return "\n".join(lines)
+
+
+def _busy_sessions(url: str, until: float) -> set[str]:
+    """Sessions owning a part with unpublished events (polled until ``until``)."""
+    while time.monotonic() < until:
+        try:
+            with psycopg.connect(url, autocommit=True, connect_timeout=2) as conn:
+                store = OutboxStore(conn)
+                busy = {
+                    part.owner
+                    for state in store.list()
+                    for part in state.parts
+                    if part.owner is not None and part_lag(store, part).events
+                }
+                if busy:
+                    return {str(b) for b in busy}
+        except psycopg.Error:
+            pass
+        time.sleep(0.01)
+    return set()
+
+
+def _chaos_loop(
+    relays: RelayProcesses,
+    postgres: LocalPostgres,
+    broker: LocalKafka,
+    figures: Figures,
+    rng: random.Random,
+    burst: Callable[[], None],
+    url: str,
+) -> None:
+    started = time.monotonic()
+    done = {"freeze": False, "postgres": False, "broker": False, "broker-kill": False}
+    spared: set[int] = set()
+    while (elapsed := time.monotonic() - started) < CHAOS_SECONDS:
+        time.sleep(rng.uniform(1.5, 3.5))
+        # A burst right before the kill, and the victim is a relay that owns a part
+        # with a backlog: most kills land mid-batch, inside the crash windows.
+        burst()
+        busy = _busy_sessions(url, time.monotonic() + 1.0)
+        time.sleep(rng.uniform(0, 0.1))  # somewhere inside the burst's publication
+        live = relays.alive()
+        if live:
+            # Spare the relay thawed after SIGSTOP: it must stand down on its own.
+            candidates = [p for p in live if p.pid not in spared] or live
+            victim = next(
+                (p for p in candidates if relays.sessions(p) & busy), rng.choice(candidates)
+            )
+            victim.kill()
+            victim.wait()
+            figures.kills += 1
+            figures.log.append(f"{time.monotonic() - started:5.1f}s kill -9 pid {victim.pid}")
+        relays.start()
+        if elapsed > CHAOS_SECONDS * 0.2 and not done["freeze"]:
+            done["freeze"] = True
+            frozen = rng.choice(relays.alive())
+            frozen.send_signal(signal.SIGSTOP)
+            figures.freezes += 1
+            figures.log.append(f"{elapsed:5.1f}s SIGSTOP pid {frozen.pid}")
+            time.sleep(SESSION_TIMEOUT + 3)  # its session expires; a peer takes over
+            frozen.send_signal(signal.SIGCONT)
+            spared.add(frozen.pid)
+            figures.log.append(f"{time.monotonic() - started:5.1f}s SIGCONT pid {frozen.pid}")
+        elif elapsed > CHAOS_SECONDS * 0.45 and not done["postgres"]:
+            done["postgres"] = True
+            restart(postgres)
+            figures.postgres_restarts += 1
+            figures.log.append(f"{elapsed:5.1f}s postgres restarted")
+        elif elapsed > CHAOS_SECONDS * 0.6 and not done["broker"]:
+            done["broker"] = True
+            _signal_broker(broker, signal.SIGSTOP)
+            time.sleep(3)
+            _signal_broker(broker, signal.SIGCONT)
+            figures.broker_pauses += 1
+            figures.log.append(f"{elapsed:5.1f}s broker paused 3s")
+        elif elapsed > CHAOS_SECONDS * 0.75 and not done["broker-kill"]:
+            done["broker-kill"] = True
+            _signal_broker(broker, signal.SIGKILL)
+            time.sleep(rng.uniform(0.5, 2.0))
+            broker.start()  # same ports, same log directory
+            figures.broker_kills += 1
+            figures.log.append(
+                f"{elapsed:5.1f}s broker kill -9, back after {time.monotonic() - started - elapsed:.1f}s"
+            )
+
+
+def _signal_broker(broker: LocalKafka, signum: int) -> None:
+    assert broker.pid is not None, "the broker is not running"
+    os.kill(broker.pid, signum)
+    while signum == signal.SIGKILL and broker.running:
+        time.sleep(0.01)
+
+
+@pytest.mark.timeout(CHAOS_SECONDS + 600)  # the chaos, then catching up and verifying
+def test_exactly_once_through_kills_freezes_restarts_and_outages(
+    local_postgres: LocalPostgres,
+    local_kafka: LocalKafka,
+    tmp_path: Path,
+    topic_prefix: str,
+    outbox: Outbox,
+) -> None:
+    url = local_postgres.url
+    with psycopg.connect(url, autocommit=True) as conn:
+        migrations.migrate(conn)
+        store = OutboxStore(conn)
+        store.add(Subscriber("sharded", topic=topic_prefix + "avro.{aggregate_type}", parts=3))
+        store.add(
+            Subscriber(
+                "json", topic=topic_prefix + "json.{aggregate_type}", value_format=ValueFormat.JSON
+            )
+        )
+    env = {
+        "RELAY_DATABASE_URL": url,
+        "RELAY_BOOTSTRAP_SERVERS": local_kafka.bootstrap_servers,
+        "RELAY_SCHEMAS_DIR": str(REPO / "schemas"),  # the "sharded" subscriber is Avro
+        "RELAY_SESSION_TIMEOUT": str(SESSION_TIMEOUT),
+        "RELAY_HEARTBEAT_INTERVAL": "0.5",
+        "RELAY_POLL_INTERVAL": "0.2",
+        "RELAY_BATCH_SIZE": "50",
+        "RELAY_DELIVERY_TIMEOUT": "10",
+        "RELAY_SHUTDOWN_TIMEOUT": "10",
+        "RELAY_METRICS_PORT": "0",  # three relays on one host: any free port
+    }
+    figures = Figures()
+    relays = RelayProcesses(env, tmp_path, figures)
+    writers = Writers(url, outbox, figures)
+    seed = int(os.environ.get("OUTBOX_CHAOS_SEED", time.time()))
+    rng = random.Random(seed)
+    began = time.monotonic()
+    try:
+        for _ in range(RELAYS):
+            relays.start()
+        writers.start()
+        _chaos_loop(relays, local_postgres, local_kafka, figures, rng, writers.burst, url)
+        writers.stop()
+        deadline = time.monotonic() + 120
+        while not _caught_up(url, ["sharded", "json"]):
+            if time.monotonic() > deadline:
+                for proc in relays.alive():  # their thread stacks, into their logs
+                    proc.send_signal(signal.SIGUSR1)
+                time.sleep(1)
+                raise AssertionError(
+                    "relays never caught up:\n"
+                    + "\n".join(figures.log)
+                    + _stall_report(url, tmp_path)
+                )
+            time.sleep(0.5)
+        codes = relays.stop_all()
+    finally:
+        writers.stop()
+        relays.kill_all()
+    duration = time.monotonic() - began
+
+    bootstrap = local_kafka.bootstrap_servers
+    with psycopg.connect(url, autocommit=True) as conn:
+        reports = verify(conn, "public", KafkaTopicReader({"bootstrap.servers": bootstrap}))
+        rows = conn.execute("SELECT count(*) FROM outbox").fetchone()
+        outbox_rows = rows[0] if rows else 0
+    # An independent consumer per subscriber: plain read_committed, trusting the broker.
+    committed = {r.subscriber: consume(bootstrap, r.topics, outbox_rows) for r in reports}
+    # Records of transactions aborted by kills and fencing: on the log, hidden above.
+    uncommitted = sum(
+        len(consume(bootstrap, r.topics, outbox_rows, isolation="read_uncommitted"))
+        for r in reports
+    )
+    aborted = uncommitted - sum(len(records) for records in committed.values())
+    summary = {
+        "seed": seed,
+        "logs": str(tmp_path),
+        "duration_s": round(duration, 1),
+        "events_committed": figures.events_committed,
+        "outbox_rows": outbox_rows,
+        "transactions_committed": figures.committed_transactions,
+        "transactions_rolled_back": figures.rolled_back,
+        "relay_kills": figures.kills,
+        "relay_freezes": figures.freezes,
+        "postgres_restarts": figures.postgres_restarts,
+        "broker_pauses": figures.broker_pauses,
+        "broker_kills": figures.broker_kills,
+        "relays_started": figures.relays_started,
+        "writer_errors": figures.writer_errors,
+        "aborted_records_on_topics": aborted,
+        "independent_consumer": {name: len(records) for name, records in committed.items()},
+        "reports": [r.as_dict() for r in reports],
+    }
+    print(json.dumps(summary, indent=2))
+    print("\n".join(figures.log))
+    assert codes and all(code == 0 for code in codes), f"SIGTERM exit codes {codes}"
+    assert figures.kills >= 5 and figures.postgres_restarts
+    assert figures.broker_pauses and figures.broker_kills
+    _assert_clean(reports, outbox_rows)
+    for name, records in committed.items():
+        ids = [r.message_id for r in records]
+        assert len(ids) == outbox_rows == len(set(ids)), (
+            f"{name}: {len(ids)} records, {len(set(ids))} distinct, {outbox_rows} rows"
+        )
+
+
+def _assert_clean(reports: list[SubscriberReport], outbox_rows: int) -> None:
+    for report in reports:
+        assert report.expected == outbox_rows, report.as_dict()
+        assert (report.missing, report.duplicated, report.out_of_order) == (0, 0, 0), (
+            report.as_dict()
+        )
+        assert report.found == outbox_rows
+        assert report.ahead == 0

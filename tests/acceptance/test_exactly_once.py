@@ -1,0 +1,372 @@
+"""Exactly-once publication: Kafka-side recovery, fencing, CAS checkpoints, HA, poison
+events, graceful shutdown and ``verify``, against a real Postgres and a real broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import Producer
+
+from relay import Outbox
+from relay.daemon import Relay
+from relay.errors import CheckpointConflict, ProducerFenced
+from relay.model import PartId, Position
+from relay.settings import load_settings
+from relay.store import OutboxStore
+from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
+from relay.worker import WorkerState
+from tests.support import (
+    by_key,
+    caught_up,
+    consume,
+    ids_of,
+    run_cli,
+    sub,
+    wait_until,
+    worker,
+    write_orders,
+)
+
+StartRelay = Callable[..., Relay]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_a_commit_that_reached_kafka_but_not_postgres_is_adopted_not_republished(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    """The crash window between the Kafka commit and the checkpoint update (docs/design.md §5)."""
+    store = OutboxStore(db)
+    store.add(
+        Subscriber(
+            "s", topic=topic_prefix + "outbox.event.{aggregate_type}", value_format=ValueFormat.JSON
+        )
+    )
+    write_orders(db, outbox, [f"o-{i}" for i in range(5)])
+    # Play a relay that commits one batch to Kafka and dies before touching Postgres.
+    settings = load_settings(database_url=database_url, bootstrap_servers=kafka_bootstrap)
+    doomed = Relay(settings)
+    session = store.open_session("doomed", 1, 30)
+    assert store.claim("s", 0, session)
+    state = store.get_part("s", 0)
+    publisher = doomed.publishers(state)
+    assert publisher.recover(str(state.generation)) is None
+    events = store.fetch(state.checkpoint, 100).events
+    records = [doomed.encoder.encode(e, state.subscriber) for e in events]
+    publisher.publish(records, events[-1].key, str(state.generation))
+    publisher.close()
+    store.close_session(session)  # its claim is free; Postgres still says "nothing published"
+    assert store.get_part("s", 0).checkpoint == Position(0, 0)
+
+    relay = start_relay()
+    write_orders(db, outbox, ["o-5", "o-6"])
+    seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 7)
+    assert Counter(ids_of(seen)).most_common(1)[0][1] == 1, "an event was published twice"
+    assert len(seen) == 7
+    assert worker(relay, "s").stats.recovered == 1
+
+
+def test_a_new_owner_fences_the_old_producer(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+) -> None:
+    store = OutboxStore(db)
+    store.add(
+        Subscriber(
+            "s", topic=topic_prefix + "outbox.event.{aggregate_type}", value_format=ValueFormat.JSON
+        )
+    )
+    write_orders(db, outbox, ["o-1"])
+    settings = load_settings(
+        database_url=database_url, bootstrap_servers=kafka_bootstrap, schemas_dir=REPO / "schemas"
+    )
+    relay = Relay(settings)
+    state = store.get_part("s", 0)
+    old, new = relay.publishers(state), relay.publishers(state)
+    try:
+        old.recover(str(state.generation))
+        new.recover(str(state.generation))  # same transactional.id: the broker fences `old`
+        [event] = store.fetch(state.checkpoint, 10).events
+        record = relay.encoder.encode(event, state.subscriber)
+        with pytest.raises(ProducerFenced):
+            old.publish([record], event.key, str(state.generation))
+        new.publish([record], event.key, str(state.generation))
+    finally:
+        old.close()
+        new.close()
+    seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 1)
+    assert len(seen) == 1
+
+
+def test_checkpoint_writes_are_compare_and_set_and_owner_checked(
+    db: psycopg.Connection[Any], outbox: Outbox
+) -> None:
+    store = OutboxStore(db)
+    store.add(Subscriber("s"))
+    write_orders(db, outbox, ["a", "b"])
+    first, second = store.fetch(Position(0, 0), 10).events
+    me, other = store.open_session("me", 1, 30), store.open_session("other", 2, 30)
+    assert store.claim("s", 0, me)
+    assert not store.claim("s", 0, other), "a claimed part cannot be claimed again"
+    state = store.get_part("s", 0)
+    store.advance(state, second.key, me)
+    with pytest.raises(CheckpointConflict):  # stale version
+        store.advance(state, second.key, me)
+    fresh = store.get_part("s", 0)
+    with pytest.raises(CheckpointConflict):  # never backwards
+        store.advance(fresh, first.key, me)
+    with pytest.raises(CheckpointConflict):  # never for a relay that does not own it
+        store.advance(fresh, second.key, other)
+    assert store.get_part("s", 0).checkpoint == second.key
+
+
+def test_relays_share_parts_and_survive_the_loss_of_one(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    subscribers = [sub("s", topic_prefix, parts=4)]
+    first = start_relay(subscribers=subscribers)
+    second = start_relay(subscribers=subscribers)
+    wait_until(lambda: len(first.workers) == 2 and len(second.workers) == 2, what="a 2/2 split")
+    assert set(first.workers).isdisjoint(second.workers)
+
+    keys = [f"k{i}" for i in range(20)]
+    write_orders(db, outbox, keys)
+    wait_until(lambda: caught_up(db, "s"), what="both relays to publish")
+    second.stop()  # releases its claims: the survivor takes them over
+    wait_until(lambda: len(first.workers) == 4, what="the survivor to take every part")
+    write_orders(db, outbox, keys)
+    seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 40)
+    assert len(seen) == 40
+    assert Counter(ids_of(seen)).most_common(1)[0][1] == 1
+    for key, records in by_key(seen).items():
+        assert len(records) == 2, key
+        assert [r.position for r in records] == sorted(r.position for r in records)
+
+
+def test_a_record_the_broker_itself_rejects_is_named_and_dead_lettered(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    """Apache Kafka refuses a record over the topic's max.message.bytes (the producer's
+    own limit is higher): the transaction fails, the batch is re-run with delivery
+    reports, and only the record at fault goes aside."""
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    topic, dlq = topic_prefix + "outbox.event.order", topic_prefix + "dead"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    small = NewTopic(topic, 3, 1, config={"max.message.bytes": "4000"})
+    admin.create_topics([small])[topic].result(30)
+    with db.transaction():
+        write_orders(db, outbox, ["o-1"])
+        db.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+            "VALUES ('order', 'big', 'Note', jsonb_build_object('blob', repeat('x', 20000)))"
+        )
+        write_orders(db, outbox, ["o-2"])
+    sub_json = sub("s", topic_prefix, value_format="json", on_poison="dead-letter")
+    start_relay(subscribers=[{**sub_json, "dead_letter_topic": dlq}])
+    good = consume(kafka_bootstrap, [topic], 2)
+    assert sorted(r.key for r in good) == [b"o-1", b"o-2"]
+    [dead] = consume(kafka_bootstrap, [dlq], 1)
+    assert dead.key == b"big"
+    assert "too large" in str(dead.header_text("outbox.error")).lower()
+
+
+def test_dead_letter_policy_publishes_poison_events_aside_and_goes_on(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    dlq = topic_prefix + "dead"
+    with db.transaction():
+        write_orders(db, outbox, ["o-1"])
+        db.execute(  # no Avro schema for this type: it cannot be encoded
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+            "VALUES ('order', 'x', 'Unknown', '{}')"
+        )
+        db.execute(  # 2 MB: larger than the producer's message.max.bytes
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+            "VALUES ('order', 'big', 'OrderPlaced', jsonb_build_object('blob', repeat('x', 2000000)))"
+        )
+        write_orders(db, outbox, ["o-2"])
+    relay = start_relay(
+        subscribers=[
+            sub("s", topic_prefix, on_poison="dead-letter", dead_letter_topic=dlq),
+            sub(
+                "j",
+                topic_prefix + "json.",
+                value_format="json",
+                on_poison="dead-letter",
+                dead_letter_topic=dlq + ".json",
+            ),
+        ]
+    )
+    good = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 2)
+    assert sorted(r.key for r in good) == [b"o-1", b"o-2"]
+    dead = consume(kafka_bootstrap, [dlq], 2)
+    assert sorted(r.key for r in dead) == [b"big", b"x"]
+    documents = {(r.key or b"").decode(): json.loads(r.value or b"") for r in dead}
+    assert "Unknown" in documents["x"]["error"]
+    assert documents["big"]["payload_omitted_bytes"] > 2_000_000
+    # The JSON subscriber can encode "Unknown"; only the oversized record is poison to it.
+    [too_big] = consume(kafka_bootstrap, [dlq + ".json"], 1)
+    assert too_big.key == b"big"
+    assert "too large" in str(too_big.header_text("outbox.error")).lower()
+    wait_until(lambda: worker(relay, "s").stats.dead_lettered == 2, what="the decisions")
+    recorded = db.execute(
+        "SELECT subscriber, count(*) FROM outbox_dead_letters GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    assert recorded == [("j", 1), ("s", 2)]
+
+
+def test_halt_policy_is_recorded_survives_restarts_and_resume_retries(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    with db.transaction():
+        write_orders(db, outbox, ["o-1"])
+        db.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+            "VALUES ('order', 'x', 'Unknown', '{}')"
+        )
+        write_orders(db, outbox, ["o-2"])
+    relay = start_relay(subscribers=[sub("s", topic_prefix)])
+    wait_until(lambda: worker(relay, "s").stats.state is WorkerState.HALTED, what="the halt")
+    store = OutboxStore(db)
+    halted = store.get_part("s", 0)
+    assert halted.halted_error is not None and "Unknown" in halted.halted_error
+    relay.stop()
+
+    again = start_relay(subscribers=[sub("s", topic_prefix)])
+    wait_until(lambda: worker(again, "s").stats.state is WorkerState.HALTED, what="halted again")
+    after = store.get_part("s", 0)
+    assert after.halted_error == halted.halted_error
+    assert after.checkpoint == Position(0, 0)
+
+    # The fix (here: the app deletes the bad row), then resume.
+    db.execute("DELETE FROM outbox WHERE event_type = 'Unknown'")
+    store.set_paused("s", False)
+    seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 2)
+    assert sorted(r.key for r in seen) == [b"o-1", b"o-2"]
+
+
+def test_sigterm_finishes_releases_claims_and_exits_zero(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+) -> None:
+    OutboxStore(db).add(
+        Subscriber(
+            "s", topic=topic_prefix + "outbox.event.{aggregate_type}", value_format=ValueFormat.JSON
+        )
+    )
+    env = {
+        "RELAY_DATABASE_URL": database_url,
+        "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "RELAY_HEARTBEAT_INTERVAL": "0.3",
+        "RELAY_SESSION_TIMEOUT": "3",
+        "RELAY_METRICS_PORT": "0",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relay", "run"],
+        env={**os.environ, **env},
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        write_orders(db, outbox, [f"o-{i}" for i in range(50)])
+        wait_until(lambda: caught_up(db, "s"), what="the relay to publish")
+        proc.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        assert proc.wait(timeout=30) == 0
+        assert time.monotonic() - started < 30
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert db.execute("SELECT count(*) FROM outbox_relay_sessions").fetchone() == (0,)
+    assert OutboxStore(db).get_part("s", 0).owner is None
+
+
+def test_verify_is_clean_after_a_run_and_finds_duplicates_and_gaps(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    topic = topic_prefix + "outbox.event.order"
+    write_orders(db, outbox, [f"old-{i}" for i in range(5)])  # before the subscriber existed
+    relay = start_relay(subscribers=[sub("s", topic_prefix, value_format="json", start_from="now")])
+    write_orders(db, outbox, [f"o-{i}" for i in range(30)])
+    wait_until(lambda: caught_up(db, "s"), what="the relay to publish")
+    relay.stop()
+    env = {"RELAY_DATABASE_URL": database_url, "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    clean = run_cli("verify", "--json", env=env)
+    assert clean.returncode == 0, clean.stderr
+    [report] = json.loads(clean.stdout)
+    assert (report["expected"], report["found"], report["missing"]) == (30, 30, 0)
+
+    # A duplicate (as an at-least-once relay would leave) and a gap (a skipped event).
+    [victim] = consume(kafka_bootstrap, [topic], 30)[:1]
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer.produce(topic, b"{}", victim.key, headers=victim.headers)
+    producer.flush(10)
+    write_orders(db, outbox, ["o-lost"])
+    lost = OutboxStore(db).fetch(Position(0, 0), 100).events[-1]
+    db.execute(  # as a buggy relay would: the checkpoint claims o-lost was published
+        "UPDATE outbox_checkpoints SET transaction_id = %s::text::xid8, position = %s",
+        (lost.transaction_id, lost.position),
+    )
+    dirty = run_cli("verify", "--json", env=env)
+    assert dirty.returncode == 1
+    [report] = json.loads(dirty.stdout)
+    assert (report["duplicated"], report["missing"]) == (1, 1)
+    assert victim.message_id in report["examples"]["duplicated"][0]
+
+
+def test_store_lists_parts_with_owner_and_generation(db: psycopg.Connection[Any]) -> None:
+    store = OutboxStore(db)
+    store.add(
+        Subscriber("s", parts=3, value_format=ValueFormat.JSON, on_poison=PoisonPolicy.DEAD_LETTER)
+    )
+    [state] = store.list()
+    assert [p.part for p in state.parts] == [0, 1, 2]
+    generations = {p.generation for p in state.parts}
+    store.reset("s", Position(0, 0))
+    assert generations.isdisjoint(p.generation for p in store.get("s").parts)
+    assert state.subscriber.on_poison is PoisonPolicy.DEAD_LETTER
+    assert PartId("s", 2) in {PartId(p.name, p.part) for p in state.parts}

@@ -1,0 +1,93 @@
+"""Kafka 4 specifics, on a broker of their own with tight transaction limits: a
+transaction timeout the broker refuses, and transactional ids that expire while a relay
+idles. (The checkpoint's group coordinator and fencing are exercised everywhere else.)"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from relay import Outbox
+from relay.daemon import Relay
+from relay.errors import ConfigError
+from relay.localstack import LocalKafka
+from relay.settings import load_settings
+from relay.store import OutboxStore
+from relay.subscribers import Subscriber, ValueFormat
+from relay.worker import WorkerState
+from tests.support import consume, ids_of, write_orders
+
+
+@pytest.fixture(scope="module")
+def strict_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    broker = LocalKafka(
+        tmp_path_factory.mktemp("strict-kafka"),
+        config={
+            "transaction.max.timeout.ms": "100000",
+            # Expire idle transactional ids within seconds, and look for them every second.
+            "transactional.id.expiration.ms": "2000",
+            "transaction.remove.expired.transaction.cleanup.interval.ms": "1000",
+        },
+    )
+    with broker:
+        yield broker
+
+
+def test_a_transaction_timeout_above_the_brokers_cap_is_a_config_error_naming_the_fix(
+    db: psycopg.Connection[Any], database_url: str, strict_kafka: LocalKafka
+) -> None:
+    store = OutboxStore(db)
+    store.add(Subscriber("s"))
+    # 3 x 40 s = 120 s of transaction.timeout.ms, above the broker's 100 s.
+    settings = load_settings(
+        database_url=database_url,
+        bootstrap_servers=strict_kafka.bootstrap_servers,
+        delivery_timeout=40,
+    )
+    publisher = Relay(settings).publishers(store.get_part("s", 0))
+    try:
+        with pytest.raises(ConfigError) as refused:
+            publisher.recover("g")
+    finally:
+        publisher.close()
+    message = str(refused.value)
+    assert "transaction.timeout.ms=120000" in message
+    assert "delivery_timeout" in message and "transaction.max.timeout.ms" in message
+
+
+def test_an_expired_transactional_id_costs_a_retry_not_an_event(
+    db: psycopg.Connection[Any],
+    database_url: str,
+    outbox: Outbox,
+    strict_kafka: LocalKafka,
+    topic_prefix: str,
+    tmp_path: Path,
+) -> None:
+    store = OutboxStore(db)
+    store.add(
+        Subscriber("s", topic=topic_prefix + "{aggregate_type}", value_format=ValueFormat.JSON)
+    )
+    settings = load_settings(
+        database_url=database_url,
+        bootstrap_servers=strict_kafka.bootstrap_servers,
+        poll_interval=0.2,
+        metrics_port=0,
+    )
+    relay = Relay(settings)
+    relay.start()
+    try:
+        write_orders(db, outbox, ["before"])
+        consume(strict_kafka.bootstrap_servers, [topic_prefix + "order"], 1)
+        time.sleep(6)  # idle: the broker expires the part's transactional id meanwhile
+        write_orders(db, outbox, ["after-1", "after-2"])
+        seen = consume(strict_kafka.bootstrap_servers, [topic_prefix + "order"], 3)
+        assert all(state == WorkerState.RUNNING for state in relay.part_states().values())
+    finally:
+        relay.stop()
+    written = [str(r[0]) for r in db.execute("SELECT message_id FROM outbox ORDER BY position")]
+    assert sorted(ids_of(seen)) == sorted(written)  # each once (3 keys, 3 partitions)

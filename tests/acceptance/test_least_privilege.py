@@ -1,0 +1,115 @@
+"""The relay runs without superuser rights, on the grants `outbox-relay grant` gives."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from relay import Outbox
+from relay.daemon import Relay
+from relay.settings import load_settings
+from tests.support import consume, keys, run_cli, sub, write_orders
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def as_user(url: str, user: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{user}@{parts.hostname}:{parts.port}"))
+
+
+def test_relay_publishes_as_a_least_privilege_role(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    registry: Any,
+) -> None:
+    relay_role, writer_role = f"relay_{uuid.uuid4().hex[:6]}", f"writer_{uuid.uuid4().hex[:6]}"
+    granted = run_cli(
+        "grant", "--relay-role", relay_role, "--writer-role", writer_role, "--create",
+        env={"RELAY_DATABASE_URL": database_url},
+    )  # fmt: skip
+    assert granted.returncode == 0, granted.stderr
+    try:
+        with psycopg.connect(as_user(database_url, writer_role), autocommit=True) as app:
+            write_orders(app, outbox, ["o-1", "o-2"])  # the app's role can write events
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                app.execute("DELETE FROM outbox")
+        relay_url = as_user(database_url, relay_role)
+        with psycopg.connect(relay_url) as conn:
+            assert conn.execute(
+                "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
+            ).fetchone() == (False,)
+        relay = Relay(
+            load_settings(
+                database_url=relay_url,
+                bootstrap_servers=kafka_bootstrap,
+                subscribers=[sub("s", topic_prefix)],
+                metrics_port=0,
+                heartbeat_interval=0.3,
+                session_timeout=3.0,
+            ),
+            registry=registry,
+        )
+        with relay:
+            seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 2)
+            assert relay.http is not None
+            port = relay.http.port
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                metrics = r.read().decode()
+        assert keys(seen) == ["o-1", "o-2"]
+        # Without pg_read_all_stats the horizon figure would be a false 0: it is left out.
+        assert "\noutbox_relay_horizon_visible 0.0" in metrics
+        assert "\noutbox_relay_horizon_held_seconds " not in metrics
+    finally:
+        for role in (relay_role, writer_role):
+            name = sql.Identifier(role)
+            db.execute(sql.SQL("DROP OWNED BY {}; DROP ROLE IF EXISTS {}").format(name, name))
+
+
+def test_pg_read_all_stats_only_when_asked_and_status_says_what_is_hidden(
+    db: psycopg.Connection[Any], database_url: str
+) -> None:
+    role = f"relay_{uuid.uuid4().hex[:6]}"
+    member = "SELECT pg_has_role(%s, 'pg_read_all_stats', 'MEMBER')"
+    env = {"RELAY_DATABASE_URL": database_url}
+    try:
+        granted = run_cli("grant", "--relay-role", role, "--create", env=env)
+        assert granted.returncode == 0, granted.stderr
+        assert db.execute(member, (role,)).fetchone() == (False,)
+        as_relay = {"RELAY_DATABASE_URL": as_user(database_url, role), "COLUMNS": "300"}
+        with psycopg.connect(database_url, application_name="long-report") as holder:
+            holder.execute("SELECT pg_current_xact_id()")  # the owner's open transaction
+            blind = run_cli("status", env=as_relay)
+            blind_json = json.loads(run_cli("status", "--json", env=as_relay).stdout)
+            assert (
+                run_cli("grant", "--relay-role", role, "--read-all-stats", env=env).returncode == 0
+            )
+            seeing = json.loads(run_cli("status", "--json", env=as_relay).stdout)
+            holder.rollback()
+        assert blind.returncode == 0, blind.stderr
+        assert "hidden from this role" in blind.stderr and "--read-all-stats" in blind.stderr
+        assert blind_json["horizon_holders_complete"] is False
+        [hidden] = blind_json["horizon_holders"]  # there, but without its details
+        assert (hidden["age_s"], hidden["state"]) == (None, None)
+        assert hidden["application_name"] == "long-report"
+        assert f"{hidden['pid']} " in blind.stdout and "hidden" in blind.stdout
+        assert seeing["horizon_holders_complete"] is True
+        assert [h["application_name"] for h in seeing["horizon_holders"]] == ["long-report"]
+        assert db.execute(member, (role,)).fetchone() == (True,)
+        # Granting again without the flag takes it back.
+        assert run_cli("grant", "--relay-role", role, env=env).returncode == 0
+        assert db.execute(member, (role,)).fetchone() == (False,)
+    finally:
+        name = sql.Identifier(role)
+        db.execute(sql.SQL("DROP OWNED BY {}; DROP ROLE IF EXISTS {}").format(name, name))

@@ -1,0 +1,374 @@
+"""Spark jobs end to end: outbox → relay → Kafka → Spark → Postgres, exactly once."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+pytest.importorskip("pyspark")
+
+from pyspark.sql import SparkSession
+
+from relay import Outbox
+from relay.daemon import Relay
+from spark_jobs import order_projection
+from tests.support import sub, wait_caught_up
+
+pytestmark = pytest.mark.spark
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write_order_story(db: psycopg.Connection[Any], outbox: Outbox) -> None:
+    for i in range(10):
+        with db.transaction():
+            payload = {"order_id": f"o-{i}", "customer_id": f"c-{i % 3}", "amount_cents": 100 * i}
+            outbox.append(db, aggregate_type="order", aggregate_id=f"o-{i}",
+                          event_type="OrderPlaced", payload=payload)  # fmt: skip
+    for i in range(0, 10, 2):
+        outbox.append(db, aggregate_type="order", aggregate_id=f"o-{i}",
+                      event_type="OrderShipped", payload={"order_id": f"o-{i}", "carrier": "dhl"})  # fmt: skip
+
+
+def run_projection(spark: SparkSession, url: str, bootstrap: str, topic: str, ckpt: Path) -> int:
+    query = order_projection.start(
+        spark,
+        bootstrap_servers=bootstrap,
+        topic=topic,
+        database_url=url,
+        checkpoint=str(ckpt),
+        schemas=str(REPO / "schemas"),
+        available_now=True,
+    )
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    return sum(p["numInputRows"] for p in query.recentProgress)
+
+
+def test_projection_is_exact_and_a_replayed_batch_changes_nothing(
+    spark: SparkSession,
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: Callable[..., Relay],
+    tmp_path: Path,
+) -> None:
+    start_relay(subscribers=[sub("s", topic_prefix)])
+    write_order_story(db, outbox)
+    wait_caught_up(db, "s", timeout=60)
+    topic, ckpt = topic_prefix + "outbox.event.order", tmp_path / "ckpt"
+
+    assert run_projection(spark, database_url, kafka_bootstrap, topic, ckpt) == 15
+    expected = [
+        (f"o-{i}", f"c-{i % 3}", 100 * i, "shipped" if i % 2 == 0 else "placed",
+         "dhl" if i % 2 == 0 else None)
+        for i in range(10)
+    ]  # fmt: skip
+    query = (
+        "SELECT order_id, customer_id, amount_cents, status, carrier FROM orders ORDER BY position"
+    )
+    rows = db.execute(query).fetchall()
+    assert sorted(rows) == sorted(expected)
+
+    # A driver crash after the sink committed but before Spark logged the batch: Spark
+    # runs the batch again on restart. The marker makes the sink skip it.
+    commits = sorted((ckpt / "commits").glob("[0-9]*"), key=lambda p: int(p.name))
+    commits[-1].unlink()
+    (commits[-1].parent / f".{commits[-1].name}.crc").unlink(missing_ok=True)
+    assert run_projection(spark, database_url, kafka_bootstrap, topic, ckpt) == 15
+    assert sorted(db.execute(query).fetchall()) == sorted(expected)
+    markers = db.execute("SELECT count(*), sum(rows) FROM spark_sink_batches").fetchone()
+    assert markers == (1, 15)
+
+
+def test_projection_from_a_new_checkpoint_fails_unless_told_to_take_the_sink_over(
+    spark: SparkSession,
+    published_story: set[str],
+    db: psycopg.Connection[Any],
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    tmp_path: Path,
+) -> None:
+    import shutil
+
+    topic, ckpt = topic_prefix + "outbox.event.order", tmp_path / "ckpt"
+    assert run_projection(spark, database_url, kafka_bootstrap, topic, ckpt) == 15
+    shutil.rmtree(ckpt)  # its batch ids start over at 0: the old markers would skip them
+    db.execute("DELETE FROM orders WHERE order_id = 'o-1'")  # to see whether it is written
+
+    query = order_projection.start(
+        spark, bootstrap_servers=kafka_bootstrap, topic=topic, database_url=database_url,
+        checkpoint=str(ckpt), schemas=str(REPO / "schemas"), available_now=True,
+    )  # fmt: skip
+    with pytest.raises(Exception, match="holds the batches of streaming query"):
+        query.awaitTermination(300)
+    assert "--reset-sink" in str(query.exception())
+    assert db.execute("SELECT count(*) FROM orders").fetchone() == (9,)
+
+    shutil.rmtree(ckpt)
+    query = order_projection.start(
+        spark, bootstrap_servers=kafka_bootstrap, topic=topic, database_url=database_url,
+        checkpoint=str(ckpt), schemas=str(REPO / "schemas"), available_now=True,
+        reset_sink=True,
+    )  # fmt: skip
+    query.awaitTermination(300)
+    assert query.exception() is None
+    assert db.execute("SELECT count(*) FROM orders").fetchone() == (10,)
+    markers = db.execute("SELECT count(*), sum(rows) FROM spark_sink_batches").fetchone()
+    assert markers == (1, 15)  # the new query's batch only
+
+
+def last_batch(db: psycopg.Connection[Any]) -> int:
+    exists = db.execute("SELECT to_regclass('spark_sink_batches') IS NOT NULL").fetchone()
+    if not exists or not exists[0]:
+        return -1
+    row = db.execute("SELECT coalesce(max(batch_id), -1) FROM spark_sink_batches").fetchone()
+    return int(row[0]) if row else -1
+
+
+def wait_until_batch_after(db: psycopg.Connection[Any], batch: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while last_batch(db) <= batch:
+        assert time.monotonic() < deadline, "the driver committed no batch"
+        time.sleep(0.1)
+
+
+def test_driver_killed_mid_run_ends_with_the_same_result_as_a_clean_run(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: Callable[..., Relay],
+    tmp_path: Path,
+) -> None:
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    start_relay(subscribers=[sub("s", topic_prefix)])
+    topic, ckpt = topic_prefix + "outbox.event.order", tmp_path / "ckpt"
+    stop = threading.Event()
+    written: list[int] = []
+
+    def writer() -> None:  # orders keep arriving while drivers die
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            i = 0
+            while not stop.is_set() and i < 400:
+                payload = {"order_id": f"o-{i}", "customer_id": "c", "amount_cents": i}
+                outbox.append(conn, aggregate_type="order", aggregate_id=f"o-{i}",
+                              event_type="OrderPlaced", payload=payload)  # fmt: skip
+                if i % 3 == 0:
+                    outbox.append(conn, aggregate_type="order", aggregate_id=f"o-{i}",
+                                  event_type="OrderShipped",
+                                  payload={"order_id": f"o-{i}", "carrier": "ups"})  # fmt: skip
+                written.append(i)
+                i += 1
+                time.sleep(0.05)
+
+    def driver(*extra: str) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", "spark_jobs.order_projection",
+                "--bootstrap-servers", kafka_bootstrap, "--topic", topic,
+                "--database-url", database_url, "--checkpoint", str(ckpt),
+                "--schemas", str(REPO / "schemas"), "--max-offsets-per-trigger", "60",
+                *extra]  # fmt: skip
+        log = (tmp_path / f"driver-{time.monotonic_ns()}.log").open("wb")
+        # Its own process group: kill -9 takes the JVM down with the Python driver.
+        return subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=log, start_new_session=True)
+
+    feeder = threading.Thread(target=writer, daemon=True)
+    feeder.start()
+    rng = random.Random(7)
+    kills = 0
+    try:
+        for _ in range(3):
+            before = last_batch(db)
+            proc = driver()
+            # Die mid-stream: once this driver has committed a batch, at a random moment.
+            wait_until_batch_after(db, before, timeout=120)
+            time.sleep(rng.uniform(0.1, 2.0))
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            kills += 1
+    finally:
+        stop.set()
+        feeder.join(30)
+    wait_caught_up(db, "s", timeout=60)
+    last = driver("--available-now")
+    assert last.wait(timeout=300) == 0
+
+    expected = sorted(
+        (f"o-{i}", "c", i, "shipped" if i % 3 == 0 else "placed", "ups" if i % 3 == 0 else None)
+        for i in written
+    )
+    rows = db.execute(
+        "SELECT order_id, customer_id, amount_cents, status, carrier FROM orders"
+    ).fetchall()
+    assert kills == 3 and len(written) > 100
+    assert sorted(rows) == expected
+    batches = db.execute("SELECT sum(rows) FROM spark_sink_batches").fetchone()
+    assert batches == (len(written) + len([i for i in written if i % 3 == 0]),)
+
+
+@pytest.fixture
+def published_story(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    topic_prefix: str,
+    start_relay: Callable[..., Relay],
+) -> set[str]:
+    """The order story, published by a relay; the message ids."""
+    start_relay(subscribers=[sub("s", topic_prefix)])
+    write_order_story(db, outbox)
+    wait_caught_up(db, "s", timeout=60)
+    return {str(r[0]) for r in db.execute("SELECT message_id FROM outbox").fetchall()}
+
+
+def test_archive_holds_every_event_once_partitioned_by_date(
+    spark: SparkSession,
+    published_story: set[str],
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    tmp_path: Path,
+) -> None:
+    from spark_jobs import archive
+
+    ids = published_story
+    path, ckpt = tmp_path / "archive", tmp_path / "ckpt"
+    query = archive.start(
+        spark, bootstrap_servers=kafka_bootstrap, topics=re.escape(topic_prefix) + r".*",
+        path=str(path), checkpoint=str(ckpt), schemas=str(REPO / "schemas"), available_now=True,
+    )  # fmt: skip
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    archived = spark.read.parquet(str(path))
+    assert sorted(r.message_id for r in archived.collect()) == sorted(ids)
+    assert archived.where("error IS NOT NULL").count() == 0
+    assert [p.name for p in path.glob("date=*")]  # partitioned by date
+
+
+@pytest.mark.parametrize("job", ["order_projection", "window_average"])
+def test_jobs_read_the_database_url_from_the_environment(
+    job: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Secrets stay out of argv (`ps`, pod specs): RELAY_DATABASE_URL or a _FILE, as the
+    relay reads its own; a flag still wins."""
+    import importlib
+
+    module = importlib.import_module(f"spark_jobs.{job}")
+    seen: list[str] = []
+
+    class Query:
+        def awaitTermination(self) -> None:
+            pass
+
+    def start(spark: Any, **kwargs: Any) -> Query:
+        seen.append(kwargs["database_url"])
+        return Query()
+
+    monkeypatch.setattr(module, "local_spark_session", lambda name: None)
+    monkeypatch.setattr(module, "start", start)
+    argv = ["--bootstrap-servers", "k:9092", "--checkpoint", str(tmp_path / "c")]
+    argv += ["--topics", "a,b"] if job == "window_average" else []
+    monkeypatch.delenv("RELAY_DATABASE_URL", raising=False)
+    monkeypatch.delenv("RELAY_DATABASE_URL_FILE", raising=False)
+
+    with pytest.raises(SystemExit) as missing:
+        module.main(argv)
+    assert missing.value.code == 2
+    assert "RELAY_DATABASE_URL_FILE" in capsys.readouterr().err
+
+    secret = tmp_path / "database-url"
+    secret.write_text("postgresql://job:from-file@db/app\n")
+    monkeypatch.setenv("RELAY_DATABASE_URL_FILE", str(secret))
+    module.main(argv)
+    monkeypatch.setenv("RELAY_DATABASE_URL", "postgresql://job:from-env@db/app")
+    module.main(argv)
+    module.main([*argv, "--database-url", "postgresql://job:from-flag@db/app"])
+    assert seen == [
+        "postgresql://job:from-file@db/app",
+        "postgresql://job:from-env@db/app",
+        "postgresql://job:from-flag@db/app",
+    ]
+
+    monkeypatch.delenv("RELAY_DATABASE_URL")
+    monkeypatch.setenv("RELAY_DATABASE_URL_FILE", str(tmp_path / "absent"))
+    with pytest.raises(SystemExit):
+        module.main(argv)
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_archive_refuses_its_folder_with_a_new_checkpoint(
+    spark: SparkSession,
+    published_story: set[str],
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    tmp_path: Path,
+) -> None:
+    import shutil
+
+    from spark_jobs import archive
+
+    path, ckpt = tmp_path / "archive", tmp_path / "ckpt"
+    run = dict(spark=spark, bootstrap_servers=kafka_bootstrap, topics=re.escape(topic_prefix) + ".*",
+               path=str(path), checkpoint=str(ckpt), schemas=str(REPO / "schemas"),
+               available_now=True)  # fmt: skip
+    archive.start(**run).awaitTermination(300)  # type: ignore[arg-type]
+    shutil.rmtree(ckpt)
+
+    with pytest.raises(archive.ReusedArchivePathError, match="Use a new --path"):
+        archive.start(**run)  # type: ignore[arg-type]
+    assert spark.read.parquet(str(path)).count() == len(published_story)
+
+
+def test_archive_backfill_reads_exactly_the_offset_range_once(
+    spark: SparkSession,
+    published_story: set[str],
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    tmp_path: Path,
+) -> None:
+    import json
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    from spark_jobs import archive
+
+    topic = topic_prefix + "outbox.event.order"
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": "backfill-test"})
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    ends = {str(p): consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1]
+            for p in partitions}  # fmt: skip
+    consumer.close()
+    placed = published_story
+    for i in range(3):  # after the range's end: not backfilled
+        outbox.append(db, aggregate_type="order", aggregate_id=f"late-{i}",
+                      event_type="OrderPlaced",
+                      payload={"order_id": f"late-{i}", "customer_id": "c", "amount_cents": 1})  # fmt: skip
+    wait_caught_up(db, "s", timeout=60)
+
+    path = tmp_path / "backfill"
+    run = dict(spark=spark, bootstrap_servers=kafka_bootstrap, topics=re.escape(topic),
+               path=str(path), schemas=str(REPO / "schemas"),
+               ending_offsets=json.dumps({topic: ends}))  # fmt: skip
+    archive.backfill(**run)  # type: ignore[arg-type]
+
+    archived = spark.read.parquet(str(path))
+    assert sorted(r.message_id for r in archived.collect()) == sorted(placed)
+    assert archived.where("error IS NOT NULL").count() == 0
+    with pytest.raises(Exception, match="already exists"):
+        archive.backfill(**run)  # type: ignore[arg-type]
+    assert spark.read.parquet(str(path)).count() == len(placed)

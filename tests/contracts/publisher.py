@@ -1,0 +1,161 @@
+"""The publisher port's contract (``relay.ports.Publisher``): what a part worker relies
+on of Kafka, held against the transactional publisher on Apache Kafka and against the
+in-memory one, so tests of the worker's logic over the in-memory one say something
+about the real one. ``tests/unit/test_publisher_contract.py`` and
+``tests/integration/test_publisher_contract.py`` subclass it once per adapter."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import NamedTuple
+from uuid import UUID
+
+import pytest
+
+from relay.errors import BrokerUnavailable
+from relay.model import KafkaCheckpoint, KafkaRecord, Position
+from relay.ports import Extension, Publisher
+
+SPACE = uuid.uuid4()
+
+# A producer for the part under test: each call stands for a new owner of the part.
+OpenPublisher = Callable[[], Publisher]
+
+
+class TakenOver(NamedTuple):
+    publisher: Publisher
+    checkpoint: KafkaCheckpoint | None
+
+
+# The keys of the records committed to the topic, once ``expected`` of them arrived.
+Read = Callable[[int], list[str]]
+
+
+class PublisherContract:
+    """Subclassed once per adapter, with ``open_publisher``, ``topic`` and ``read``."""
+
+    @pytest.fixture
+    def generation(self) -> str:
+        return str(uuid.uuid4())
+
+    def test_a_part_never_published_has_no_kafka_side_checkpoint(
+        self, open_publisher: OpenPublisher, generation: str
+    ) -> None:
+        assert take_over(open_publisher, generation).checkpoint is None
+
+    def test_a_published_batch_leaves_its_checkpoint_to_the_next_owner(
+        self, open_publisher: OpenPublisher, topic: str, read: Read, generation: str
+    ) -> None:
+        first = take_over(open_publisher, generation).publisher
+        records = [record(topic, n) for n in range(3)]
+        first.publish(records, Position(10, 3), generation)
+        assert take_over(open_publisher, generation).checkpoint == KafkaCheckpoint(
+            Position(10, 3), SPACE, message_of(records[-1])
+        )
+        assert sorted(read(3)) == ["k0", "k1", "k2"]
+
+    def test_an_extension_joins_the_transaction_and_moves_its_end(
+        self, open_publisher: OpenPublisher, topic: str, read: Read, generation: str
+    ) -> None:
+        publisher = take_over(open_publisher, generation).publisher
+        extension = [record(topic, n) for n in (1, 2)]
+
+        def meanwhile() -> Extension | None:
+            return extension, Position(20, 2)
+
+        publisher.publish([record(topic, 0)], Position(10, 1), generation, meanwhile)
+        assert take_over(open_publisher, generation).checkpoint == KafkaCheckpoint(
+            Position(20, 2), SPACE, message_of(extension[-1])
+        )
+        assert sorted(read(3)) == ["k0", "k1", "k2"]
+
+    def test_no_extension_leaves_the_batch_as_it_was(
+        self, open_publisher: OpenPublisher, topic: str, read: Read, generation: str
+    ) -> None:
+        publisher = take_over(open_publisher, generation).publisher
+        publisher.publish([record(topic, 0)], Position(10, 1), generation, lambda: None)
+        checkpoint = take_over(open_publisher, generation).checkpoint
+        assert checkpoint is not None and checkpoint.position == Position(10, 1)
+        assert read(1) == ["k0"]
+
+    def test_a_batch_that_may_not_grow_commits_as_given_and_runs_meanwhile_once(
+        self, open_publisher: OpenPublisher, topic: str, read: Read, generation: str
+    ) -> None:
+        """A full batch: the next one is read while it commits (may_extend=False)."""
+        publisher = take_over(open_publisher, generation).publisher
+        calls: list[int] = []
+
+        def meanwhile() -> Extension | None:
+            calls.append(1)
+            return None
+
+        records = [record(topic, n) for n in range(2)]
+        publisher.publish(records, Position(10, 2), generation, meanwhile, may_extend=False)
+        assert calls == [1]
+        assert take_over(open_publisher, generation).checkpoint == KafkaCheckpoint(
+            Position(10, 2), SPACE, message_of(records[-1])
+        )
+        assert sorted(read(2)) == ["k0", "k1"]
+
+    def test_a_failure_while_the_batch_commits_does_not_undo_the_commit(
+        self, open_publisher: OpenPublisher, topic: str, read: Read, generation: str
+    ) -> None:
+        """Reading the next batch failed (Postgres went away, say) while this one
+        committed: the error reaches the caller, and recovery finds the batch committed."""
+        publisher = take_over(open_publisher, generation).publisher
+
+        def meanwhile() -> Extension | None:
+            raise BrokerUnavailable("the next batch could not be read")
+
+        with pytest.raises(BrokerUnavailable, match="next batch"):
+            publisher.publish(
+                [record(topic, 0)], Position(10, 1), generation, meanwhile, may_extend=False
+            )
+        checkpoint = take_over(open_publisher, generation).checkpoint
+        assert checkpoint is not None and checkpoint.position == Position(10, 1)
+        assert read(1) == ["k0"]
+
+    def test_a_checkpoint_belongs_to_its_generation(
+        self, open_publisher: OpenPublisher, topic: str, generation: str
+    ) -> None:
+        """A reset starts a new generation: the old one's progress is not the new one's."""
+        publisher = take_over(open_publisher, generation).publisher
+        publisher.publish([record(topic, 0)], Position(10, 1), generation)
+        assert take_over(open_publisher, str(uuid.uuid4())).checkpoint is None
+
+    def test_a_batch_of_nothing_leaves_the_kafka_side_checkpoint_alone(
+        self, open_publisher: OpenPublisher, topic: str, generation: str
+    ) -> None:
+        """Every event of the batch was filtered out: only the Postgres checkpoint moves."""
+        publisher = take_over(open_publisher, generation).publisher
+        publisher.publish([record(topic, 0)], Position(10, 1), generation)
+        publisher.publish([], Position(30, 1), generation)
+        checkpoint = take_over(open_publisher, generation).checkpoint
+        assert checkpoint is not None and checkpoint.position == Position(10, 1)
+
+
+def take_over(open_publisher: OpenPublisher, generation: str) -> TakenOver:
+    """Take the part over as the worker does: with a new producer after a failure
+    (a fresh broker's transaction coordinator may still be loading)."""
+    for attempt in range(1, 11):
+        publisher = open_publisher()
+        try:
+            return TakenOver(publisher, publisher.recover(generation, SPACE))
+        except BrokerUnavailable:
+            if attempt == 10:
+                raise
+            publisher.close()
+            time.sleep(1)
+    raise AssertionError("unreachable")
+
+
+def record(topic: str, n: int) -> KafkaRecord:
+    """A record as the encoder makes it: the message id in the ``id`` header."""
+    return KafkaRecord(topic, f"k{n}".encode(), b"{}", [("id", str(uuid.uuid4()).encode())])
+
+
+def message_of(record: KafkaRecord) -> UUID:
+    assert record.outbox_message_id is not None
+    return UUID(record.outbox_message_id)

@@ -1,0 +1,114 @@
+"""Decoding the relay's records (Avro single-object encoding, headers) read by Spark's
+built-in Kafka connector, on a real local Spark session and a real broker."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+pytest.importorskip("pyspark")
+
+from pyspark.sql import SparkSession
+
+pytestmark = pytest.mark.spark
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def topic(kafka_bootstrap: str) -> str:
+    name = f"spark-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for future in admin.create_topics([NewTopic(name, 3, -1)]).values():
+        future.result()
+    return name
+
+
+def relay_records(registry: Any, count: int) -> list[Any]:
+    """Records exactly as the relay encodes them (Avro single-object + headers)."""
+    from datetime import UTC, datetime
+
+    from relay.encoding import RecordEncoder
+    from relay.model import OutboxEvent
+    from relay.subscribers import Subscriber
+
+    encoder, subscriber = RecordEncoder(registry), Subscriber("s", topic="unused")
+    return [
+        encoder.encode(
+            OutboxEvent(
+                transaction_id=1000 + i,
+                position=i + 1,
+                message_id=uuid.uuid4(),
+                aggregate_type="order",
+                aggregate_id=f"o-{i}",
+                aggregate_version=None,
+                event_type="OrderPlaced",
+                payload={"order_id": f"o-{i}", "customer_id": "c", "amount_cents": i},
+                headers={},
+                occurred_at=datetime.now(UTC),
+            ),
+            subscriber,
+        )
+        for i in range(count)
+    ]
+
+
+def test_avro_values_decode_resolve_to_the_reader_schema_and_corrupt_ones_are_kept(
+    spark: SparkSession, kafka_bootstrap: str, topic: str, tmp_path: Path, registry: Any
+) -> None:
+    from spark_jobs.decoding import decode_events, split_corrupt
+
+    producer = Producer(
+        {"bootstrap.servers": kafka_bootstrap, "transactional.id": str(uuid.uuid4())}
+    )
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for record in relay_records(registry, 20):
+        producer.produce(topic, record.value, record.key, headers=record.headers)
+    producer.produce(topic, b"\xc3\x01garbage!", b"bad", headers=[("id", b"x")])
+    producer.commit_transaction(30)
+    # The job's reader schema has evolved: a new field with a default, one field gone.
+    readers = tmp_path / "readers"
+    readers.mkdir()
+    (readers / "OrderPlaced.avsc").write_text(
+        json.dumps(
+            {
+                "type": "record",
+                "name": "OrderPlaced",
+                "namespace": "demo.orders",
+                "fields": [
+                    {"name": "order_id", "type": "string"},
+                    {"name": "amount_cents", "type": "long"},
+                    {"name": "channel", "type": "string", "default": "web"},
+                ],
+            }
+        )
+    )
+    source = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", kafka_bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("includeHeaders", "true")
+        .load()
+    )
+    decoded = decode_events(source, writer_schemas=REPO / "schemas", reader_schemas=readers)
+    name = f"decoded_{uuid.uuid4().hex[:8]}"
+    query = decoded.writeStream.format("memory").queryName(name).trigger(availableNow=True).start()
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    events, corrupt = split_corrupt(spark.table(name))
+    rows = events.orderBy("position").collect()
+    assert len(rows) == 20
+    assert [json.loads(r.payload) for r in rows][:2] == [
+        {"order_id": "o-0", "amount_cents": 0, "channel": "web"},
+        {"order_id": "o-1", "amount_cents": 1, "channel": "web"},
+    ]
+    assert rows[0].event_type == "OrderPlaced" and rows[0].transaction_id == 1000
+    [bad] = corrupt.collect()
+    assert bad.key == "bad" and "fingerprint" in bad.error

@@ -1,0 +1,37 @@
+"""The store port's contract (tests/contracts/store.py) held against the Postgres store."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+from uuid import UUID
+
+import psycopg
+import pytest
+
+from relay import Outbox
+from relay.store import OutboxStore
+from tests.contracts.store import StoreContract, Write
+
+
+class TestPostgresStore(StoreContract):
+    @pytest.fixture
+    def store(self, db: psycopg.Connection[Any]) -> Iterator[OutboxStore]:
+        yield OutboxStore(db)
+
+    @pytest.fixture
+    def session(self, store: OutboxStore) -> UUID:
+        # Postgres lets live sessions only claim a part.
+        return store.open_session("contract", 1, 60)
+
+    @pytest.fixture
+    def write(self, db: psycopg.Connection[Any]) -> Write:
+        outbox = Outbox(None)
+
+        def write(aggregate_id: str) -> UUID:
+            return outbox.append(
+                db, aggregate_type="order", aggregate_id=aggregate_id, event_type="Placed",
+                payload={"id": aggregate_id},
+            )  # fmt: skip
+
+        return write

@@ -1,0 +1,294 @@
+"""The part worker's decisions on their own, over the in-memory store and publisher of
+``relay.testing``: races on the checkpoint, recovery, read-ahead, and blame for
+batch-wide broker rejections. Each test runs a real worker thread until the outbox
+is published, then looks at what reached Kafka and Postgres."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from relay.encoding import RecordEncoder
+from relay.errors import PoisonRecordError
+from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position
+from relay.ports import Fetched
+from relay.sessions import RelaySession
+from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
+from relay.testing import InMemoryPublisher, InMemoryStore
+from relay.worker import PartWorker, WorkerState
+from tests.support import wait_until
+
+OWNER = uuid.uuid4()
+JSON = Subscriber("s", topic="t", value_format=ValueFormat.JSON)
+
+
+def event(n: int, aggregate_type: str = "order", stored_bytes: int = 0) -> OutboxEvent:
+    """An event as an application writes it (the store gives it its key)."""
+    return OutboxEvent(
+        transaction_id=0,
+        position=0,
+        message_id=uuid.uuid4(),
+        aggregate_type=aggregate_type,
+        aggregate_id=f"k{n}",
+        aggregate_version=None,
+        event_type="OrderPlaced",
+        payload={"n": n},
+        headers={},
+        occurred_at=datetime.now(UTC),
+        stored_bytes=stored_bytes,
+    )
+
+
+def claimed(subscriber: Subscriber = JSON, store: InMemoryStore | None = None) -> InMemoryStore:
+    """A store whose one part is claimed by this relay's session."""
+    store = store if store is not None else InMemoryStore()
+    store.add(subscriber)
+    assert store.claim(subscriber.name, 0, OWNER)
+    return store
+
+
+def worker(
+    store: InMemoryStore,
+    kafka: InMemoryPublisher,
+    batch_size: int = 100,
+    batch_max_bytes: int = 2**62,
+) -> PartWorker:
+    return PartWorker(
+        PartId("s", 0),
+        session=RelaySession(OWNER, timeout=60, heartbeat_interval=1),
+        open_store=lambda: store,
+        open_publisher=lambda state: kafka,
+        encoder=RecordEncoder(None),
+        batch_size=batch_size,
+        batch_max_bytes=batch_max_bytes,
+        poll_interval=0.05,
+    )
+
+
+def run_until_published(w: PartWorker, store: InMemoryStore) -> None:
+    """Run the worker until the part's checkpoint reaches the last event, then stop it."""
+    last = store.events[-1].key
+    w.start()
+    try:
+        wait_until(lambda: store.get_part("s", 0).checkpoint == last, what=f"checkpoint {last}")
+    finally:
+        w.stop()
+        w.join(10)
+    assert not w.is_alive()
+
+
+def generation(store: InMemoryStore) -> str:
+    return str(store.get_part("s", 0).generation)
+
+
+def published_ids(kafka: InMemoryPublisher, topic: str = "t") -> list[str | None]:
+    return [r.outbox_message_id for r in kafka.published() if r.topic == topic]
+
+
+def ids(events: Sequence[OutboxEvent]) -> list[str | None]:
+    return [str(e.message_id) for e in events]
+
+
+def test_a_batch_is_recorded_once_even_if_the_version_moves_twice_meanwhile() -> None:
+    store = claimed()
+    written = [store.append(event(n)) for n in (1, 2)]
+    kafka = InMemoryPublisher()
+
+    def pause_and_resume() -> None:  # an operator, while the first batch travels
+        if not kafka.transactions:
+            store.set_paused("s", True)
+            store.set_paused("s", False)
+
+    kafka.on_send = pause_and_resume
+    w = worker(store, kafka)
+    run_until_published(w, store)
+    assert len(kafka.transactions) == 1
+    # Recorded on the spot, not after a failure and a recovery from the Kafka side.
+    assert (w.stats.errors, w.stats.recovered) == (0, 0)
+    assert published_ids(kafka) == ids(written)
+
+
+def test_recovery_adopts_a_kafka_checkpoint_ahead_of_postgres() -> None:
+    """The last transaction committed in Kafka, but its checkpoint never reached
+    Postgres: its events are not published again."""
+    store = claimed()
+    written = [store.append(event(n)) for n in range(1, 6)]
+    kafka = InMemoryPublisher()
+    kafka.checkpoints[generation(store)] = KafkaCheckpoint(
+        written[-1].key, store.key_space_id, written[-1].message_id
+    )
+    w = worker(store, kafka)
+    run_until_published(w, store)
+    assert kafka.transactions == []
+    assert (w.stats.recovered, w.stats.recoveries_refused) == (1, 0)
+
+
+def test_recovery_refuses_a_kafka_checkpoint_whose_last_event_is_not_in_the_outbox() -> None:
+    """A restored older backup: Kafka's checkpoint names an event this database lacks,
+    so what the database holds is published again rather than skipped."""
+    store = claimed()
+    kept = store.append(event(1))
+    kafka = InMemoryPublisher()
+    lost = Position(kept.transaction_id + 1, 1)  # the restore lost this transaction
+    kafka.checkpoints[generation(store)] = KafkaCheckpoint(lost, store.key_space_id, uuid.uuid4())
+    w = worker(store, kafka)
+    run_until_published(w, store)
+    assert published_ids(kafka) == ids([kept])
+    assert (w.stats.recovered, w.stats.recoveries_refused) == (0, 1)
+
+
+def test_a_batch_wide_rejection_blames_only_the_culprit() -> None:
+    subscriber = Subscriber(
+        "s", topic="t", value_format=ValueFormat.JSON, on_poison=PoisonPolicy.DEAD_LETTER
+    )
+    store = claimed(subscriber)
+    innocent, culprit, later = (store.append(event(n)) for n in (1, 2, 3))
+    kafka = InMemoryPublisher()
+
+    def refuse(records: Sequence[KafkaRecord]) -> None:
+        # The broker fails the innocent neighbour together with the culprit.
+        main = [r for r in records if r.topic == "t"]
+        failed = [r for r in main if r.outbox_message_id in ids([innocent, culprit])]
+        if str(culprit.message_id) in [r.outbox_message_id for r in failed]:
+            raise PoisonRecordError(failed[0], "too large", ambiguous=len(failed) > 1)
+
+    kafka.refuse = refuse
+    run_until_published(worker(store, kafka), store)
+    assert published_ids(kafka) == ids([innocent, later])
+    assert published_ids(kafka, subscriber.dead_letter_topic_name) == ids([culprit])
+    assert list(store.dead["s"]) == [culprit.message_id]
+
+
+class CountingStore(InMemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fetches = 0
+
+    def fetch(self, after: Position, limit: int, **part: Any) -> Fetched:
+        self.fetches += 1
+        return super().fetch(after, limit, **part)
+
+
+def test_a_backlog_is_published_in_full_batches_each_read_while_the_last_commits() -> None:
+    store = claimed(store=CountingStore())
+    written = [store.append(event(n)) for n in range(1, 6)]
+    kafka = InMemoryPublisher()
+    fetched_before_send: list[int] = []
+    kafka.on_send = lambda: fetched_before_send.append(store.fetches)
+    run_until_published(worker(store, kafka, batch_size=2), store)
+    # Each batch is the one read while the one before committed, not fetched again.
+    assert fetched_before_send == [1, 2, 3]
+    # A full batch takes nothing more: what was read during its commit is the next
+    # transaction, the short tail included.
+    assert [len(tx) for tx in kafka.transactions] == [2, 2, 1]
+    assert published_ids(kafka) == ids(written)
+
+
+def test_when_caught_up_what_commits_meanwhile_joins_the_open_transaction() -> None:
+    store = claimed()
+    first = [store.append(event(n)) for n in (1, 2)]
+    kafka = InMemoryPublisher()
+
+    def commit_more() -> None:  # applications, while the first batch travels
+        if not kafka.transactions:
+            for n in range(3, 6):
+                store.append(event(n))
+
+    kafka.on_send = commit_more
+    w = worker(store, kafka)
+    w.start()
+    try:
+        wait_until(lambda: w.stats.published == 5, what="five events published")
+    finally:
+        w.stop()
+        w.join(10)
+    assert [len(tx) for tx in kafka.transactions] == [5]
+    assert published_ids(kafka)[:2] == ids(first)
+    assert store.get_part("s", 0).checkpoint == store.events[-1].key
+    assert kafka.checkpoints[generation(store)].position == store.events[-1].key
+
+
+def test_a_poison_event_read_ahead_is_left_to_the_policy() -> None:
+    subscriber = Subscriber(
+        "s",
+        topic="{aggregate_type}",
+        value_format=ValueFormat.JSON,
+        on_poison=PoisonPolicy.DEAD_LETTER,
+    )
+    store = claimed(subscriber)
+    good1, good2 = store.append(event(1, "t")), store.append(event(2, "t"))
+    poison = store.append(event(3, "no topic!"))  # routes to an illegal name
+    good4 = store.append(event(4, "t"))
+    kafka = InMemoryPublisher()
+    # batch_size=2: the poison event is read ahead while the first batch travels.
+    w = worker(store, kafka, batch_size=2)
+    run_until_published(w, store)
+    assert published_ids(kafka) == ids([good1, good2, good4])
+    assert published_ids(kafka, subscriber.dead_letter_topic_name) == ids([poison])
+    assert list(store.dead["s"]) == [poison.message_id]
+    assert (w.stats.poisoned, w.stats.dead_lettered) == (1, 1)
+
+
+def test_a_batch_cut_at_batch_max_bytes_is_full_and_does_not_join_the_one_in_flight() -> None:
+    store = claimed()
+    written = [store.append(event(n, stored_bytes=600)) for n in range(1, 6)]
+    kafka = InMemoryPublisher()
+    run_until_published(worker(store, kafka, batch_max_bytes=1000), store)
+    # 600, then 1,200: each batch of two reaches the cap, so it is full: what is read
+    # while it commits, the fifth event alone included, is a transaction of its own.
+    assert [len(tx) for tx in kafka.transactions] == [2, 2, 1]
+    assert published_ids(kafka) == ids(written)
+
+
+def test_a_poison_event_under_the_halt_policy_halts_the_part_before_its_batch() -> None:
+    subscriber = Subscriber(
+        "s", topic="{aggregate_type}", value_format=ValueFormat.JSON, on_poison=PoisonPolicy.HALT
+    )
+    store = claimed(subscriber)
+    store.append(event(1, "t"))
+    poison = store.append(event(2, "no topic!"))  # routes to an illegal name
+    store.append(event(3, "t"))
+    kafka = InMemoryPublisher()
+    w = run_until_halted(worker(store, kafka), store)
+    halted = store.get_part("s", 0).halted_error
+    assert halted is not None and str(poison.message_id) in halted
+    # Nothing of the batch is published, so nothing after the poison event either.
+    assert kafka.transactions == []
+    assert store.get_part("s", 0).checkpoint == Position(0, 0)
+    assert w.stats.poisoned == 1 and w.stats.state is WorkerState.HALTED
+
+
+def test_a_dead_letter_the_broker_refuses_halts_the_part() -> None:
+    subscriber = Subscriber(
+        "s", topic="t", value_format=ValueFormat.JSON, on_poison=PoisonPolicy.DEAD_LETTER
+    )
+    store = claimed(subscriber)
+    good, culprit = store.append(event(1)), store.append(event(2))
+    kafka = InMemoryPublisher()
+
+    def refuse(records: Sequence[KafkaRecord]) -> None:  # the record and its dead letter
+        for record in records:
+            if record.outbox_message_id == str(culprit.message_id):
+                raise PoisonRecordError(record, "too large")
+
+    kafka.refuse = refuse
+    run_until_halted(worker(store, kafka), store)
+    halted = store.get_part("s", 0).halted_error
+    assert halted is not None and "dead-letter record rejected" in halted
+    assert kafka.transactions == []
+    assert list(store.dead["s"]) == [culprit.message_id]
+    assert store.get_part("s", 0).checkpoint == Position(0, 0) != good.key
+
+
+def run_until_halted(w: PartWorker, store: InMemoryStore) -> PartWorker:
+    w.start()
+    try:
+        wait_until(lambda: store.get_part("s", 0).halted_error is not None, what="a halt")
+        wait_until(lambda: w.stats.state is WorkerState.HALTED, what="the worker to notice")
+    finally:
+        w.stop()
+        w.join(10)
+    assert not w.is_alive()  # halted: idle until resumed, so it stops when told
+    return w
