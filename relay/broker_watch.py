@@ -18,6 +18,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from relay.client_logs import client_logger
+from relay.kafka_errors import classify
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class BrokerWatch(threading.Thread):
             # topic's metadata every few seconds on a large cluster.
             self._admin.describe_cluster(request_timeout=self._timeout).result()
         except KafkaException as exc:
-            self._failed(str(exc.args[0]) if exc.args else str(exc))
+            self._failed(str(classify(exc, "describing the cluster")))
         else:
             self._answered_ok()
         self._answered.set()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import psycopg
@@ -20,41 +20,119 @@ from relay.errors import (
     DatabaseUnavailable,
     NotMigratedError,
     RelayError,
+    StaleStreamVersion,
+    StreamConflict,
+    StreamVersionAhead,
+    UndefinedFunctionError,
 )
 from relay.redact import redact
 
-# SQLSTATE classes that a retry cannot fix: bad credentials, missing database,
-# insufficient privilege, syntax/undefined objects.
-_FATAL_CLASSES = ("28", "3D", "42")
+
+class SqlState:
+    """The SQLSTATEs the relay tells apart: whole codes, and classes (a code's first two
+    characters, see the PostgreSQL manual's appendix "PostgreSQL Error Codes")."""
+
+    # Raised by the outbox's stream-order trigger (relay/sql/schema.sql): the version
+    # before the appended one is missing. (RLY02, "an earlier version was written by a
+    # younger transaction", was retired by migration 0003 and is no longer raised.)
+    STREAM_GAP = "RLY01"
+    # Classes a retry cannot fix: bad credentials, missing database, insufficient
+    # privilege, syntax or undefined objects.
+    INVALID_AUTHORIZATION = "28"
+    INVALID_CATALOG_NAME = "3D"
+    SYNTAX_ERROR_OR_ACCESS_RULE = "42"
+    # The transaction is lost (serialization failure, deadlock): retry all of it.
+    TRANSACTION_ROLLBACK = "40"
+    # Classes that pass: the connection, the server's resources, an administrator's
+    # shutdown or cancel, an I/O error.
+    CONNECTION_EXCEPTION = "08"
+    INSUFFICIENT_RESOURCES = "53"
+    OPERATOR_INTERVENTION = "57"
+    SYSTEM_ERROR = "58"
 
 
-def classify(exc: psycopg.Error, secrets: tuple[str | None, ...] = ()) -> RelayError:
-    """Wrap a driver error in the relay's hierarchy (the caller raises it ``from exc``).
-    Its text is redacted: a connection error may quote the whole URL, password included."""
-    sqlstate = exc.sqlstate or ""
-    text = redact(str(exc), secrets)
-    if isinstance(exc, pg_errors.UndefinedTable):
-        return NotMigratedError(f"outbox tables are missing ({text}); run `outbox-relay migrate`")
-    if sqlstate[:2] in _FATAL_CLASSES:
-        return DatabaseError(f"postgres refused the operation [{sqlstate}]: {text}")
-    if sqlstate[:2] == "40":  # serialization failure, deadlock: the transaction is lost
-        return ConcurrencyError(
-            f"postgres rolled the transaction back [{sqlstate}]: {text}; retry the whole transaction"
-        )
-    if isinstance(exc, psycopg.OperationalError):
-        return DatabaseUnavailable(f"postgres is unavailable: {text}")
-    if sqlstate[:2] in ("08", "53", "57", "58"):
-        return DatabaseUnavailable(f"postgres error [{sqlstate}], will retry: {text}")
-    return DatabaseError(f"postgres error [{sqlstate}]: {text}")
+_FATAL_CLASSES = (
+    SqlState.INVALID_AUTHORIZATION,
+    SqlState.INVALID_CATALOG_NAME,
+    SqlState.SYNTAX_ERROR_OR_ACCESS_RULE,
+)
+_PASSING_CLASSES = (
+    SqlState.CONNECTION_EXCEPTION,
+    SqlState.INSUFFICIENT_RESOURCES,
+    SqlState.OPERATOR_INTERVENTION,
+    SqlState.SYSTEM_ERROR,
+)
+
+
+class StreamRef(NamedTuple):
+    """The stream an event-sourced append writes to, and the version it expects there."""
+
+    aggregate_type: str
+    aggregate_id: str
+    expected_version: int
 
 
 @contextlib.contextmanager
-def wrap_errors(*secrets: str | None) -> Iterator[None]:
-    """Re-raise psycopg errors as relay errors (``secrets`` masked in their message)."""
+def wrap_errors(*secrets: str | None, stream: StreamRef | None = None) -> Iterator[None]:
+    """The one place psycopg errors become relay errors: re-raised ``from`` the driver's,
+    with ``secrets`` masked in their message. Inside an append to ``stream``, a version
+    conflict is a :class:`StreamConflict` naming it."""
     try:
         yield
     except psycopg.Error as exc:
-        raise classify(exc, secrets) from exc
+        raise _classify(exc, secrets, stream) from exc
+
+
+def _classify(
+    exc: psycopg.Error, secrets: tuple[str | None, ...], stream: StreamRef | None
+) -> RelayError:
+    """The relay error for a driver error. Its text is redacted: a connection error may
+    quote the whole URL, password included."""
+    if stream is not None and (conflict := _stream_conflict(exc, stream)) is not None:
+        return conflict
+    sqlstate = exc.sqlstate or ""
+    text = redact(str(exc), secrets)
+    if isinstance(exc, pg_errors.UndefinedTable):
+        return NotMigratedError(
+            f"outbox tables are missing ({text}); run `outbox-relay migrate`", sqlstate=exc.sqlstate
+        )
+    if isinstance(exc, pg_errors.UndefinedFunction):
+        return UndefinedFunctionError(
+            f"postgres refused the operation [{sqlstate}]: {text}", sqlstate=exc.sqlstate
+        )
+    return _by_class(exc, sqlstate, text)
+
+
+def _by_class(exc: psycopg.Error, sqlstate: str, text: str) -> RelayError:
+    """Fatal, retry the transaction, or retry later: by the SQLSTATE's class."""
+    error_class = sqlstate[:2]
+    if error_class in _FATAL_CLASSES:
+        return DatabaseError(
+            f"postgres refused the operation [{sqlstate}]: {text}", sqlstate=exc.sqlstate
+        )
+    if error_class == SqlState.TRANSACTION_ROLLBACK:
+        return ConcurrencyError(
+            f"postgres rolled the transaction back [{sqlstate}]: {text}; "
+            "retry the whole transaction",
+            sqlstate=exc.sqlstate,
+        )
+    if isinstance(exc, psycopg.OperationalError):
+        return DatabaseUnavailable(f"postgres is unavailable: {text}", sqlstate=exc.sqlstate)
+    if error_class in _PASSING_CLASSES:
+        return DatabaseUnavailable(
+            f"postgres error [{sqlstate}], will retry: {text}", sqlstate=exc.sqlstate
+        )
+    return DatabaseError(f"postgres error [{sqlstate}]: {text}", sqlstate=exc.sqlstate)
+
+
+def _stream_conflict(exc: psycopg.Error, stream: StreamRef) -> StreamConflict | None:
+    """A unique violation (the stream's version index: a concurrent append wrote the
+    next version first) or the stream-order trigger's refusal (no expected version)."""
+    if isinstance(exc, pg_errors.UniqueViolation):
+        return StaleStreamVersion(*stream, sqlstate=exc.sqlstate)
+    if exc.sqlstate == SqlState.STREAM_GAP:
+        return StreamVersionAhead(*stream, sqlstate=exc.sqlstate)
+    return None
 
 
 # Unless the URL says otherwise: fail fast on an unreachable server, and notice a dead

@@ -22,7 +22,7 @@ import psycopg
 from psycopg import sql
 
 from relay.db import wrap_errors
-from relay.errors import ConfigError
+from relay.errors import ConfigError, UndefinedTableError
 from relay.queries import parse_named, read_sql
 
 logger = logging.getLogger(__name__)
@@ -366,8 +366,9 @@ def _inspect(
     the table: a missing column would fail every row in Debezium."""
     query = parse_named(read_sql("debezium.sql"))["columns"]
     try:
-        rows = conn.execute(query, {"table": source.as_string(conn)}).fetchall()
-    except psycopg.errors.UndefinedTable as exc:
+        with wrap_errors():
+            rows = conn.execute(query, {"table": source.as_string(conn)}).fetchall()
+    except UndefinedTableError as exc:
         raise ConfigError(f"table {source.as_string(conn)} does not exist") from exc
     types = {column: typname for column, _, typname in rows}
     not_null = {column for column, required, _ in rows if required}

@@ -3,10 +3,18 @@
 Every error the package raises derives from :class:`RelayError`. Errors that a
 caller (or the relay's own loop) may retry after a pause derive from
 :class:`RetryableError`; everything else is fatal for the operation at hand.
-Driver errors are wrapped with ``raise ... from exc`` so the cause stays visible.
+Driver errors are wrapped with ``raise ... from exc`` so the cause stays visible, each
+driver at one place: :func:`relay.db.wrap_errors` for Postgres (psycopg), and
+:func:`relay.kafka_errors.classify` for Kafka (confluent-kafka). See "Errors" in
+docs/design.md.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from relay.model import KafkaRecord
 
 
 class RelayError(Exception):
@@ -45,31 +53,135 @@ class UnknownEventTypeError(PayloadValidationError):
 
 class ConcurrencyError(RetryableError):
     """An append lost a race (a stale stream version, a serialization failure, a
-    deadlock): the transaction is rolled back; retry the whole application transaction."""
+    deadlock): the transaction is rolled back; retry the whole application transaction.
+    ``sqlstate`` is Postgres's code when Postgres said so, None when the relay did."""
+
+    def __init__(self, message: str, *, sqlstate: str | None = None) -> None:
+        self.sqlstate = sqlstate
+        super().__init__(message)
+
+
+class StreamConflict(ConcurrencyError):
+    """An event-sourced append to one stream (``aggregate_type``/``aggregate_id``) did not
+    fit the stream's versions: ``expected_version`` was stale or ahead of it."""
+
+    problem = "does not fit the stream"
+
+    def __init__(
+        self,
+        aggregate_type: str,
+        aggregate_id: str,
+        expected_version: int,
+        *,
+        sqlstate: str | None = None,
+    ) -> None:
+        self.aggregate_type = aggregate_type
+        self.aggregate_id = aggregate_id
+        self.expected_version = expected_version
+        super().__init__(
+            f"stream {aggregate_type}/{aggregate_id}: expected version {expected_version} "
+            f"{self.problem}",
+            sqlstate=sqlstate,
+        )
+
+
+class StaleStreamVersion(StreamConflict):
+    """A concurrent append wrote the version after ``expected_version`` first."""
+
+    problem = "is stale, a concurrent append wrote the next version first"
+
+
+class StreamVersionAhead(StreamConflict):
+    """The stream has no version ``expected_version`` (the outbox's stream-order trigger
+    refused the append)."""
+
+    problem = "is ahead of the stream"
 
 
 class DatabaseError(RelayError):
-    """A Postgres error that retrying will not fix (permissions, missing schema, ...)."""
+    """A Postgres error that retrying will not fix (permissions, missing schema, ...).
+    ``sqlstate`` is Postgres's code for it (None when the driver gave none)."""
+
+    def __init__(self, message: str, *, sqlstate: str | None = None) -> None:
+        self.sqlstate = sqlstate
+        super().__init__(message)
 
 
 class DatabaseUnavailable(RetryableError):
     """Postgres is unreachable or the connection broke."""
 
+    def __init__(self, message: str, *, sqlstate: str | None = None) -> None:
+        self.sqlstate = sqlstate
+        super().__init__(message)
 
-class NotMigratedError(DatabaseError):
+
+class UndefinedTableError(DatabaseError):
+    """A statement named a table the database does not have."""
+
+
+class NotMigratedError(UndefinedTableError):
     """The outbox tables are missing or older than this code: run ``outbox-relay migrate``."""
 
 
+class UndefinedFunctionError(DatabaseError):
+    """A statement called a function the database does not have (on the relay's own
+    functions: a schema from before the migration that added it)."""
+
+
 class BrokerError(RelayError):
-    """A Kafka error that retrying will not fix."""
+    """A Kafka error that retrying will not fix. ``code`` is the client's error code
+    (``confluent_kafka.KafkaError``), None when the relay itself refused."""
+
+    def __init__(self, message: str, *, code: int | None = None) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+class TopicRefused(BrokerError):
+    """A topic could not be created, for good (an illegal or colliding name, a policy, the
+    cap on created topics). Publishing a row to it is that row's poison."""
+
+    def __init__(self, topic: str, reason: str, *, code: int | None = None) -> None:
+        self.topic = topic
+        self.reason = reason
+        super().__init__(f"cannot create topic {topic!r}: {reason}", code=code)
 
 
 class BrokerUnavailable(RetryableError):
-    """Kafka is unreachable or timed out; the batch was not acknowledged."""
+    """Kafka is unreachable or timed out; the batch was not acknowledged. ``code`` is the
+    client's error code when it gave one; ``retry_call`` says the same call may be
+    repeated at once, within the caller's deadline (librdkafka's ``retriable`` flag on a
+    transactional call, or a consumer group's coordinator still settling)."""
+
+    def __init__(self, message: str, *, code: int | None = None, retry_call: bool = False) -> None:
+        self.code = code
+        self.retry_call = retry_call
+        super().__init__(message)
+
+
+class TransactionAborted(BrokerUnavailable):
+    """The transaction had to be aborted (a record failed, or the broker said so)."""
+
+
+class ConsumerHiccup(BrokerUnavailable):
+    """A consumer error the client recovers from by itself (it reconnects): readers log
+    it and read on, within their own deadline."""
 
 
 class EncodingError(RelayError):
     """An outbox row cannot be turned into a Kafka record (a poison event)."""
+
+
+class PoisonRecordError(EncodingError):
+    """The broker (or the client, before sending) rejected one record for what it is."""
+
+    def __init__(self, record: KafkaRecord, reason: str, *, ambiguous: bool = False) -> None:
+        self.record = record
+        self.reason = reason
+        # True when several records failed together (the broker rejects whole produce
+        # batches): ``record`` is only the first of them, maybe not the culprit.
+        self.ambiguous = ambiguous
+        super().__init__(f"broker rejected a record for topic {record.topic!r}: {reason}")
 
 
 class SubscriberError(RelayError):
@@ -91,3 +203,12 @@ class ProducerFenced(BrokerUnavailable):
     ``transaction.timeout.ms`` (it bumps the epoch, which fences us too). So the worker
     starts over: it reloads its claim (a peer's claim stops it) and recovers with a new
     producer."""
+
+
+class LocalServerError(RelayError):
+    """A local server (the dev and test stack) is missing, failed to start, or did not
+    become ready."""
+
+
+class ArtifactFetchError(RelayError):
+    """A pinned jar could not be downloaded, or its checksum did not match."""

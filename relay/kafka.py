@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 from uuid import UUID
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -27,13 +27,16 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from relay.client_logs import client_logger
 from relay.errors import (
-    BrokerError,
     BrokerUnavailable,
     ConfigError,
+    PoisonRecordError,
     ProducerFenced,
+    TopicRefused,
+    TransactionAborted,
 )
+from relay.kafka_errors import Stage, classify, rejects_record, retry_now
 from relay.model import HEADER_ID, KafkaCheckpoint, KafkaRecord, Position
-from relay.ports import Extension, PoisonRecordError
+from relay.ports import Extension
 
 logger = logging.getLogger(__name__)
 # librdkafka's own lines: deduplicated, at most one of a kind a minute.
@@ -41,41 +44,6 @@ _client_log = client_logger()
 
 T = TypeVar("T")
 
-# Delivery errors that are the record's fault, not the broker's: a poison event.
-_RECORD_ERRORS = frozenset(
-    {
-        KafkaError.MSG_SIZE_TOO_LARGE,
-        KafkaError.INVALID_RECORD,
-        KafkaError.INVALID_MSG,
-        KafkaError.INVALID_MSG_SIZE,
-        KafkaError.TOPIC_EXCEPTION,
-        KafkaError.RECORD_LIST_TOO_LARGE,
-    }
-)
-_FENCED = frozenset(
-    {
-        KafkaError._FENCED,
-        KafkaError.PRODUCER_FENCED,
-        KafkaError.INVALID_PRODUCER_EPOCH,
-        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-    }
-)
-# Topic-creation errors about the name itself ('.', '..', one colliding with an existing
-# topic on '.' against '_', a creation policy): the routed row's fault, so its poison.
-# Other refusals (authorization, replication factor) are the relay's configuration.
-_TOPIC_NAME_ERRORS = frozenset({KafkaError.TOPIC_EXCEPTION, KafkaError.POLICY_VIOLATION})
-_UNSUPPORTED = frozenset({KafkaError.UNSUPPORTED_VERSION, KafkaError._UNSUPPORTED_FEATURE})
-_CREATION_FATAL = frozenset(
-    {
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
-        KafkaError.INVALID_CONFIG,
-        KafkaError.INVALID_PARTITIONS,
-        KafkaError.INVALID_REQUEST,
-        *_UNSUPPORTED,
-    }
-)
-_BAD_TIMEOUT = KafkaError.INVALID_TRANSACTION_TIMEOUT
 # How long past its own timeout a transactional call may block before it is given up.
 _CALL_GRACE_S = 15.0
 # Producers whose call hung: kept referenced, because destroying one would block too.
@@ -83,10 +51,6 @@ _abandoned: list[Producer] = []
 # The Kafka-side checkpoint: partition 0's committed offset is the transaction id,
 # partition 1's the position (offsets are the only group state every broker keeps).
 _CHECKPOINT_PARTITIONS = 2
-
-
-class _TransactionAborted(BrokerUnavailable):
-    """The transaction had to be aborted (a record failed, or the broker said so)."""
 
 
 def producer_config(
@@ -108,16 +72,6 @@ def producer_config(
     # Not negotiable: without these, retries may reorder or duplicate within a key.
     config.update({"enable.idempotence": True, "acks": "all"})
     return config
-
-
-class TopicRefused(BrokerError):
-    """A topic could not be created, for good (an illegal or colliding name, a policy, the
-    cap on created topics). Publishing a row to it is that row's poison."""
-
-    def __init__(self, topic: str, reason: str) -> None:
-        self.topic = topic
-        self.reason = reason
-        super().__init__(f"cannot create topic {topic!r}: {reason}")
 
 
 class TopicCreator:
@@ -241,14 +195,12 @@ class TopicCreator:
                 logger.info("created topic %s", topic, extra={"topic": topic})
                 self._created += 0 if self._relay_owned(topic) else 1
             except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                if not isinstance(error, KafkaError):
-                    raise BrokerUnavailable(f"cannot create topic {topic!r}: {exc}") from exc
-                if error.code() in _TOPIC_NAME_ERRORS:
-                    refused.append(TopicRefused(topic, error.str()))
+                failure = classify(exc, topic, Stage.CREATE_TOPIC)
+                if isinstance(failure, TopicRefused):
+                    refused.append(failure)
                     continue
-                if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    _raise_creation_error(topic, error, exc)
+                if failure is not None:
+                    raise failure from exc
             self._known.add(topic)
         return refused
 
@@ -340,10 +292,8 @@ class _BatchProducer:
             except BufferError:
                 self._producer.poll(0.05)  # local queue full: let deliveries drain
             except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                if isinstance(error, KafkaError) and error.code() in _RECORD_ERRORS:
-                    raise PoisonRecordError(record, error.str()) from exc
-                raise BrokerError(f"cannot produce to {record.topic!r}: {exc}") from exc
+                context = f"cannot produce to {record.topic!r}"
+                raise classify(exc, context, Stage.PRODUCE, record=record) from exc
 
     def _wait(self) -> None:
         # One producer per part, so the producer's queue is exactly this batch.
@@ -360,24 +310,19 @@ class _BatchProducer:
         try:
             return _flush_unwrapped(self._producer, timeout)
         except KafkaException as exc:  # a fatal producer error surfaces here
-            error = exc.args[0] if exc.args else None
-            if isinstance(error, KafkaError) and (error.fatal() or error.code() in _FENCED):
-                raise ProducerFenced(f"producer fenced or failed fatally: {error.str()}") from exc
-            raise BrokerUnavailable(f"waiting for acknowledgements: {exc}") from exc
+            raise classify(exc, "waiting for acknowledgements", Stage.DELIVERY) from exc
 
     def _raise_for(
         self, records: Sequence[KafkaRecord], failures: list[tuple[Message, KafkaError]]
     ) -> None:
-        rejected = [(msg, error) for msg, error in failures if error.code() in _RECORD_ERRORS]
+        rejected = [(msg, error) for msg, error in failures if rejects_record(error)]
         if rejected:
             msg, error = rejected[0]
             raise PoisonRecordError(
                 _matching(records, msg), error.str(), ambiguous=len(rejected) > 1
             )
-        msg, error = failures[0]
-        if error.fatal() or error.code() in _FENCED:
-            raise ProducerFenced(f"producer fenced or failed fatally: {error.str()}")
-        raise BrokerUnavailable(f"{len(failures)} records not acknowledged: {error.str()}")
+        context = f"{len(failures)} records not acknowledged"
+        raise classify(failures[0][1], context, Stage.DELIVERY)
 
     def close(self) -> None:
         try:
@@ -486,7 +431,7 @@ class TransactionalPublisher(_BatchProducer):
                 self._transaction(records, end, generation, meanwhile, batch)
             else:
                 self._transaction(records, end, generation, None, batch, during_commit=meanwhile)
-        except _TransactionAborted as exc:
+        except TransactionAborted as exc:
             # A record failed, so the commit did not happen. Run the batch again with a
             # delivery report per record: that names the record at fault (a poison
             # event), or succeeds if the failure was passing.
@@ -646,45 +591,14 @@ class TransactionalPublisher(_BatchProducer):
             try:
                 return self._watched(operation, *args)
             except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                if not isinstance(error, KafkaError):
-                    raise BrokerUnavailable(f"transaction failed: {exc}") from exc
-                if error.code() == _BAD_TIMEOUT:
-                    raise ConfigError(
-                        f"the broker refuses transaction.timeout.ms="
-                        f"{self._config['transaction.timeout.ms']} ({error.str()}): lower "
-                        "delivery_timeout (the relay uses 3 x delivery_timeout, at least "
-                        "60 s) or raise the brokers' transaction.max.timeout.ms"
-                    ) from exc
-                if error.fatal() or error.code() in _FENCED:
-                    raise ProducerFenced(
-                        f"{self.transactional_id}: producer fenced (a newer owner, or the "
-                        f"broker aborted a transaction past its timeout): {error.str()}"
-                    ) from exc
-                if error.code() in _UNSUPPORTED:
-                    raise BrokerError(
-                        f"the broker does not support transactions ({error.str()}); "
-                        "set delivery = 'idempotent' (at-least-once across restarts)"
-                    ) from exc
-                if error.txn_requires_abort():
+                failure = classify(
+                    exc, self.transactional_id, Stage.TRANSACTION, config=self._config
+                )
+                if isinstance(failure, TransactionAborted):
                     self._abort()
-                    raise _TransactionAborted(f"transaction aborted: {error.str()}") from exc
-                if not error.retriable() or time.monotonic() > deadline:
-                    raise BrokerUnavailable(f"transaction failed: {error.str()}") from exc
+                if not retry_now(failure) or time.monotonic() > deadline:
+                    raise failure from exc
                 time.sleep(0.1)
-
-
-def _raise_creation_error(topic: str, error: KafkaError, exc: KafkaException) -> NoReturn:
-    """Fatal only when the broker says the relay's own setup is wrong (no right to create
-    topics, a topic config or partition count it refuses): anything else, a broker going
-    away mid-request included, passes, so the part retries instead of halting."""
-    if error.code() in _CREATION_FATAL:
-        raise BrokerError(f"cannot create topic {topic!r}: {error.str()}") from exc
-    hint = ""
-    if error.code() == KafkaError.INVALID_REPLICATION_FACTOR:
-        # Also what a starting broker answers while it is still fenced.
-        hint = " (if this persists, check topic_replication_factor against the brokers)"
-    raise BrokerUnavailable(f"cannot create topic {topic!r}: {error.str()}{hint}") from exc
 
 
 def _flush_unwrapped(producer: Producer, timeout: float) -> int:

@@ -19,10 +19,9 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
 
-from relay.db import classify
+from relay.db import StreamRef, wrap_errors
 from relay.errors import ConcurrencyError, PayloadValidationError, RelayError
 from relay.queries import queries_for, with_schema
 from relay.schemas import SchemaFolder
@@ -93,7 +92,7 @@ class Outbox:
             "idempotency_key": idempotency_key,
         }
         connection = _connection(conn)
-        try:
+        with wrap_errors():
             if idempotency_key is None:
                 return _one(connection.execute(self._queries["append_event"], params).fetchone())
             row = connection.execute(self._queries["append_event_idempotent"], params).fetchone()
@@ -107,8 +106,6 @@ class Outbox:
                     "by a transaction this snapshot cannot see; retry the transaction"
                 )
             return _one(row)
-        except psycopg.Error as exc:
-            raise classify(exc) from exc
 
     def append_to_stream(
         self,
@@ -144,20 +141,8 @@ class Outbox:
             "payloads": [Jsonb(e.payload) for e in events],
             "headers": [Jsonb(dict(e.headers)) for e in events],
         }
-        stream = f"{aggregate_type}/{aggregate_id}"
-        try:
+        with wrap_errors(stream=StreamRef(aggregate_type, aggregate_id, expected_version)):
             rows = _connection(conn).execute(self._stream_insert, params).fetchall()
-        except pg_errors.UniqueViolation as exc:
-            raise ConcurrencyError(
-                f"stream {stream}: expected version {expected_version} is stale, "
-                "a concurrent append wrote the next version first"
-            ) from exc
-        except psycopg.Error as exc:
-            if exc.sqlstate == "RLY01":
-                raise ConcurrencyError(
-                    f"stream {stream}: expected version {expected_version} is ahead of the stream"
-                ) from exc
-            raise classify(exc) from exc
         rows.sort()
         return StreamAppend(rows[-1][0], [row[1] for row in rows])
 

@@ -18,7 +18,6 @@ from datetime import datetime
 from typing import NamedTuple, Protocol
 from uuid import UUID
 
-from relay.errors import EncodingError
 from relay.key_space import KeySpace, KeySpaceCheck
 from relay.model import ConsumedRecord, KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
 from relay.subscribers import Subscriber
@@ -172,15 +171,3 @@ class TopicReader(Protocol):
         """Every record committed to ``topics``, then each one as it is committed, for
         as long as the caller iterates (close the iterator to stop); None each time
         ``idle`` seconds pass without one. A topic is read once it exists."""
-
-
-class PoisonRecordError(EncodingError):
-    """The broker (or the client, before sending) rejected one record for what it is."""
-
-    def __init__(self, record: KafkaRecord, reason: str, *, ambiguous: bool = False) -> None:
-        self.record = record
-        self.reason = reason
-        # True when several records failed together (the broker rejects whole produce
-        # batches): ``record`` is only the first of them, maybe not the culprit.
-        self.ambiguous = ambiguous
-        super().__init__(f"broker rejected a record for topic {record.topic!r}: {reason}")

@@ -14,7 +14,7 @@ from psycopg.types.json import set_json_loads
 
 from relay import part_index
 from relay.db import load_json, wrap_errors
-from relay.errors import CheckpointConflict, ClaimLost, SubscriberError
+from relay.errors import CheckpointConflict, ClaimLost, SubscriberError, UndefinedFunctionError
 from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.model import OutboxEvent, Position, Unreadable
 from relay.ports import DeadLetterDecision, Fetched, PartState
@@ -253,11 +253,11 @@ class OutboxStore:
     def check_key_space(self) -> KeySpaceCheck | None:
         """Check (and repair) that the stored keys fit this cluster's transaction ids;
         None on a schema from before migration 0004 (a rolling deploy)."""
-        with wrap_errors():
-            try:
+        try:
+            with wrap_errors():
                 row = self.conn.execute(self._q["check_key_space"]).fetchone()
-            except psycopg.errors.UndefinedFunction:
-                return None
+        except UndefinedFunctionError:
+            return None
         assert row is not None
         return KeySpaceCheck(KeySpaceAction(row[0]), row[1], row[2], row[3])
 

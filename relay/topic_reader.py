@@ -15,13 +15,13 @@ from confluent_kafka import (
     OFFSET_BEGINNING,
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
-    KafkaError,
     KafkaException,
     TopicPartition,
 )
 
 from relay.client_logs import client_logger
-from relay.errors import BrokerUnavailable, ConfigError
+from relay.errors import BrokerUnavailable, ConfigError, ConsumerHiccup
+from relay.kafka_errors import Stage, classify
 from relay.model import ConsumedRecord
 from relay.ports import Progress
 
@@ -29,14 +29,6 @@ logger = logging.getLogger(__name__)
 # librdkafka's own lines: deduplicated, at most one of a kind a minute.
 _client_log = client_logger()
 
-# Errors no retry mends: reading stops with BrokerUnavailable.
-_READ_FATAL = frozenset(
-    {
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.GROUP_AUTHORIZATION_FAILED,
-        KafkaError.OFFSET_OUT_OF_RANGE,
-    }
-)
 # How often follow() looks for topics that did not exist yet.
 _LOOK_FOR_TOPICS_S = 0.5
 
@@ -184,11 +176,11 @@ def _readable(message: Any) -> bool:
     error = message.error()
     if error is None:
         return True
-    if error.fatal() or error.code() in _READ_FATAL:
-        raise BrokerUnavailable(f"reading {message.topic()}: {error.str()}")
-    if error.code() != KafkaError._PARTITION_EOF:
-        # Transport hiccups: librdkafka reconnects; the caller's deadline bounds it.
-        logger.warning("reading %s: %s", message.topic(), error.str())
+    failure = classify(error, f"reading {message.topic()}", Stage.READ)
+    if isinstance(failure, ConsumerHiccup):  # the caller's deadline bounds these
+        logger.warning("%s", failure)
+    elif failure is not None:
+        raise failure
     return False
 
 

@@ -26,6 +26,7 @@ from relay.errors import (
     CheckpointConflict,
     ClaimLost,
     EncodingError,
+    PoisonRecordError,
     RelayError,
     RetryableError,
     SubscriberError,
@@ -38,7 +39,6 @@ from relay.ports import (
     Extension,
     PartState,
     PartStore,
-    PoisonRecordError,
     Publisher,
 )
 from relay.sessions import RelaySession

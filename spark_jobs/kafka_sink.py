@@ -27,24 +27,16 @@ import logging
 import time
 from collections.abc import Sequence
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from relay.errors import RelayError
+from relay.kafka_errors import Stage, classify, retry_now
 
 logger = logging.getLogger(__name__)
 
 Record = tuple[bytes | None, bytes]  # key, value
 
 _TIMEOUT_S = 60.0
-_TRANSIENT = frozenset(
-    {
-        KafkaError.NOT_COORDINATOR,
-        KafkaError.COORDINATOR_NOT_AVAILABLE,
-        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.UNSTABLE_OFFSET_COMMIT,
-        KafkaError._TIMED_OUT,
-    }
-)
 
 
 class KafkaSinkError(RelayError):
@@ -102,10 +94,10 @@ class KafkaBatchSink:
             except KafkaException as exc:
                 # The group's coordinator is being found or loaded, or a commit of the
                 # marker is still pending: all pass; anything else is an answer.
-                if exc.args[0].code() not in _TRANSIENT or time.monotonic() > deadline:
-                    raise KafkaSinkError(
-                        f"sink {self.sink}: cannot read its marker: {exc}"
-                    ) from exc
+                context = f"sink {self.sink}: cannot read its marker"
+                failure = classify(exc, context, Stage.GROUP_OFFSETS)
+                if not retry_now(failure) or time.monotonic() > deadline:
+                    raise KafkaSinkError(str(failure)) from exc
                 time.sleep(0.2)
         if marker.error is not None:
             raise KafkaSinkError(f"sink {self.sink}: cannot read its batch marker: {marker.error}")

@@ -26,6 +26,7 @@ import psycopg
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
+from relay.errors import RelayError
 from spark_jobs.decoding import decode_events, split_corrupt
 from spark_jobs.postgres_sink import RESET_SINK_HELP, PostgresBatchSink
 from spark_jobs.secrets import DATABASE_URL_HELP, resolve_database_url
@@ -96,7 +97,7 @@ def ensure_tables(url: str) -> None:
         conn.execute(ORDERS_DDL)
 
 
-class CorruptRecordsError(RuntimeError):
+class CorruptRecordsError(RelayError):
     """Records that cannot be decoded, under the ``fail`` policy."""
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from relay.errors import RelayError
+from relay.errors import ArtifactFetchError
 
 __all__ = [
     "Artifact",
@@ -54,10 +54,6 @@ _CHUNK = 256 * 1024
 _TIMEOUT_S = 60.0
 
 Progress = Callable[[str], None]
-
-
-class ArtifactFetchError(RelayError):
-    """A pinned jar could not be downloaded, or its checksum did not match."""
 
 
 @dataclass(frozen=True)

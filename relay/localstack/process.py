@@ -29,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
-from relay.errors import RelayError
+from relay.errors import LocalServerError
 
 __all__ = [
     "LocalServer",
@@ -47,10 +47,6 @@ _log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 _LOG_TAIL_BYTES = 4000
-
-
-class LocalServerError(RelayError):
-    """A local server is missing, failed to start, or did not become ready."""
 
 
 class LocalServer:

@@ -261,6 +261,14 @@ def test_attach_refuses_options_it_cannot_honour(
     assert message in done.stderr
 
 
+def test_attach_to_a_missing_table_is_a_configuration_error_naming_it(
+    db: psycopg.Connection[Any], database_url: str
+) -> None:
+    done = run_cli("debezium", "attach", "no_such_table", env={"RELAY_DATABASE_URL": database_url})
+    assert done.returncode == 2
+    assert 'configuration error: table "no_such_table" does not exist' in done.stderr
+
+
 def test_verify_says_it_cannot_check_a_debezium_subscriber(
     db: psycopg.Connection[Any], database_url: str, kafka_bootstrap: str, topic_prefix: str
 ) -> None:

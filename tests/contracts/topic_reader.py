@@ -13,8 +13,9 @@ from contextlib import closing
 
 import pytest
 
+from relay.errors import PoisonRecordError
 from relay.model import ConsumedRecord, KafkaRecord, Position
-from relay.ports import PoisonRecordError, Publisher, TopicReader
+from relay.ports import Publisher, TopicReader
 
 TOO_LARGE = 1_000_001  # bytes: beyond Kafka's default message.max.bytes
 

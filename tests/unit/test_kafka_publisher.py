@@ -15,10 +15,9 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 import relay.kafka
-from relay.errors import ProducerFenced
+from relay.errors import PoisonRecordError, ProducerFenced
 from relay.kafka import TopicCreator, TransactionalPublisher
 from relay.model import KafkaRecord, Position
-from relay.ports import PoisonRecordError
 
 
 class FakeMessage:

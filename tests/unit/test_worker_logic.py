@@ -11,8 +11,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from relay.encoding import RecordEncoder
+from relay.errors import PoisonRecordError
 from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position
-from relay.ports import Fetched, PoisonRecordError
+from relay.ports import Fetched
 from relay.sessions import RelaySession
 from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.testing import InMemoryPublisher, InMemoryStore

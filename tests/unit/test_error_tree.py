@@ -1,0 +1,358 @@
+"""One error tree (#16 item 3): every error class lives in relay.errors under RelayError,
+and each driver's errors are classified at one place, as each call site decided before.
+No servers: driver errors are built by hand."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+from psycopg import errors as pg_errors
+
+import relay
+import relay.errors
+from relay.db import StreamRef, wrap_errors
+from relay.errors import (
+    BrokerError,
+    BrokerUnavailable,
+    ConcurrencyError,
+    ConfigError,
+    ConsumerHiccup,
+    DatabaseError,
+    DatabaseUnavailable,
+    NotMigratedError,
+    PoisonRecordError,
+    ProducerFenced,
+    RelayError,
+    RetryableError,
+    StaleStreamVersion,
+    StreamVersionAhead,
+    TopicRefused,
+    TransactionAborted,
+    UndefinedFunctionError,
+)
+from relay.kafka_errors import Stage, classify, rejects_record, retry_now
+from relay.model import KafkaRecord
+
+RECORD = KafkaRecord("orders", b"k", b"v", [("id", b"1")])
+
+
+def _modules(package: Any) -> list[Any]:
+    found = pkgutil.walk_packages(package.__path__, f"{package.__name__}.")
+    return [importlib.import_module(m.name) for m in found if not m.name.endswith("__main__")]
+
+
+def test_every_exception_class_of_relay_is_defined_in_relay_errors_under_relay_error() -> None:
+    strays = [
+        f"{module.__name__}.{name}"
+        for module in _modules(relay)
+        for name, cls in inspect.getmembers(module, inspect.isclass)
+        if issubclass(cls, BaseException)
+        and cls.__module__.startswith("relay.")
+        and cls.__module__ != "relay.errors"
+    ]
+    assert strays == []
+    outside = [
+        name
+        for name, cls in inspect.getmembers(relay.errors, inspect.isclass)
+        if issubclass(cls, BaseException) and not issubclass(cls, RelayError)
+    ]
+    assert outside == []
+
+
+def test_every_exception_class_of_the_spark_jobs_derives_from_relay_error() -> None:
+    pytest.importorskip("pyspark")
+    import spark_jobs
+
+    classes = [
+        cls
+        for module in _modules(spark_jobs)
+        for _, cls in inspect.getmembers(module, inspect.isclass)
+        if issubclass(cls, BaseException) and cls.__module__.startswith("spark_jobs.")
+    ]
+    assert classes, "the spark jobs define errors of their own"
+    assert [c.__name__ for c in classes if not issubclass(c, RelayError)] == []
+
+
+# -- Kafka ---------------------------------------------------------------------------
+
+
+def kafka(code: int, *, fatal: bool = False, retriable: bool = False, abort: bool = False) -> Any:
+    error = KafkaError(code, "the broker says no", fatal, retriable, abort)
+    return KafkaException(error)
+
+
+# Each call site's decision before the classifier existed (relay/kafka.py, verify.py,
+# dev.py, broker_watch.py, spark_jobs/kafka_sink.py), one row per code or flag.
+PRODUCE = [
+    (KafkaError.MSG_SIZE_TOO_LARGE, {}, PoisonRecordError),
+    (KafkaError.INVALID_RECORD, {}, PoisonRecordError),
+    (KafkaError.INVALID_MSG, {}, PoisonRecordError),
+    (KafkaError.INVALID_MSG_SIZE, {}, PoisonRecordError),
+    (KafkaError.TOPIC_EXCEPTION, {}, PoisonRecordError),
+    (KafkaError.RECORD_LIST_TOO_LARGE, {}, PoisonRecordError),
+    (KafkaError._UNKNOWN_TOPIC, {}, BrokerError),
+    (KafkaError._FENCED, {}, BrokerError),
+    (KafkaError._TRANSPORT, {"retriable": True}, BrokerError),
+]
+DELIVERY = [
+    (KafkaError._FENCED, {}, ProducerFenced),
+    (KafkaError.PRODUCER_FENCED, {}, ProducerFenced),
+    (KafkaError.INVALID_PRODUCER_EPOCH, {}, ProducerFenced),
+    (KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, {}, ProducerFenced),
+    (KafkaError._MSG_TIMED_OUT, {"fatal": True}, ProducerFenced),
+    (KafkaError._MSG_TIMED_OUT, {}, BrokerUnavailable),
+    (KafkaError._TRANSPORT, {}, BrokerUnavailable),
+    (KafkaError.NOT_ENOUGH_REPLICAS, {"retriable": True}, BrokerUnavailable),
+]
+TRANSACTION = [
+    (KafkaError.INVALID_TRANSACTION_TIMEOUT, {}, ConfigError),
+    (KafkaError.PRODUCER_FENCED, {"abort": True}, ProducerFenced),
+    (KafkaError._FENCED, {}, ProducerFenced),
+    (KafkaError.INVALID_PRODUCER_EPOCH, {}, ProducerFenced),
+    (KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, {}, ProducerFenced),
+    (KafkaError._TIMED_OUT, {"fatal": True}, ProducerFenced),
+    (KafkaError.UNSUPPORTED_VERSION, {}, BrokerError),
+    (KafkaError._UNSUPPORTED_FEATURE, {"abort": True}, BrokerError),
+    (KafkaError.INVALID_TXN_STATE, {"abort": True, "retriable": True}, TransactionAborted),
+    (KafkaError.CONCURRENT_TRANSACTIONS, {"retriable": True}, BrokerUnavailable),
+    (KafkaError._TIMED_OUT, {}, BrokerUnavailable),
+]
+CREATE_TOPIC = [
+    (KafkaError.TOPIC_EXCEPTION, {}, TopicRefused),
+    (KafkaError.POLICY_VIOLATION, {}, TopicRefused),
+    (KafkaError.TOPIC_ALREADY_EXISTS, {}, None),
+    (KafkaError.TOPIC_AUTHORIZATION_FAILED, {}, BrokerError),
+    (KafkaError.CLUSTER_AUTHORIZATION_FAILED, {}, BrokerError),
+    (KafkaError.INVALID_CONFIG, {}, BrokerError),
+    (KafkaError.INVALID_PARTITIONS, {}, BrokerError),
+    (KafkaError.INVALID_REQUEST, {}, BrokerError),
+    (KafkaError.UNSUPPORTED_VERSION, {}, BrokerError),
+    (KafkaError._UNSUPPORTED_FEATURE, {}, BrokerError),
+    (KafkaError.INVALID_REPLICATION_FACTOR, {}, BrokerUnavailable),
+    (KafkaError._TIMED_OUT, {}, BrokerUnavailable),
+    (KafkaError.NOT_CONTROLLER, {"retriable": True}, BrokerUnavailable),
+]
+READ = [
+    (KafkaError._PARTITION_EOF, {}, None),
+    (KafkaError.TOPIC_AUTHORIZATION_FAILED, {}, BrokerUnavailable),
+    (KafkaError.GROUP_AUTHORIZATION_FAILED, {}, BrokerUnavailable),
+    (KafkaError.OFFSET_OUT_OF_RANGE, {}, BrokerUnavailable),
+    (KafkaError._TRANSPORT, {"fatal": True}, BrokerUnavailable),
+    (KafkaError._TRANSPORT, {}, ConsumerHiccup),
+    (KafkaError._ALL_BROKERS_DOWN, {}, ConsumerHiccup),
+]
+TABLE = [
+    (stage, code, flags, expected)
+    for stage, rows in [
+        (Stage.PRODUCE, PRODUCE),
+        (Stage.DELIVERY, DELIVERY),
+        (Stage.TRANSACTION, TRANSACTION),
+        (Stage.CREATE_TOPIC, CREATE_TOPIC),
+        (Stage.READ, READ),
+    ]
+    for code, flags, expected in rows
+]
+
+
+@pytest.mark.parametrize(
+    ("stage", "code", "flags", "expected"),
+    TABLE,
+    ids=[f"{s.name}-{KafkaError(c).name()}-{'-'.join(f) or 'plain'}" for s, c, f, _ in TABLE],
+)
+def test_each_kafka_error_code_maps_as_its_call_site_decided(
+    stage: Stage, code: int, flags: dict[str, bool], expected: type[RelayError] | None
+) -> None:
+    failure = classify(kafka(code, **flags), "orders", stage, record=RECORD)
+    if expected is None:
+        assert failure is None
+        return
+    assert type(failure) is expected
+    assert "the broker says no" in str(failure)
+    assert getattr(failure, "code", code) == code
+
+
+def test_a_poison_record_names_the_record_and_the_brokers_reason() -> None:
+    failure = classify(kafka(KafkaError.MSG_SIZE_TOO_LARGE), "x", Stage.PRODUCE, record=RECORD)
+    assert isinstance(failure, PoisonRecordError)
+    assert failure.record is RECORD and failure.reason == "the broker says no"
+    assert rejects_record(KafkaError(KafkaError.INVALID_RECORD))
+    assert not rejects_record(KafkaError(KafkaError._TRANSPORT))
+
+
+def test_a_refused_topic_name_carries_the_topic() -> None:
+    failure = classify(kafka(KafkaError.POLICY_VIOLATION), "bad..name", Stage.CREATE_TOPIC)
+    assert isinstance(failure, TopicRefused)
+    assert (failure.topic, failure.reason) == ("bad..name", "the broker says no")
+    assert str(failure) == "cannot create topic 'bad..name': the broker says no"
+
+
+def test_a_replication_factor_refusal_hints_at_the_setting() -> None:
+    failure = classify(kafka(KafkaError.INVALID_REPLICATION_FACTOR), "t", Stage.CREATE_TOPIC)
+    assert "check topic_replication_factor" in str(failure)
+
+
+def test_a_refused_transaction_timeout_quotes_the_setting_and_the_fix() -> None:
+    config = {"transaction.timeout.ms": 120000}
+    failure = classify(
+        kafka(KafkaError.INVALID_TRANSACTION_TIMEOUT), "txn", Stage.TRANSACTION, config=config
+    )
+    assert "transaction.timeout.ms=120000" in str(failure)
+    assert "delivery_timeout" in str(failure) and "transaction.max.timeout.ms" in str(failure)
+
+
+def test_a_fenced_transactional_producer_is_named() -> None:
+    failure = classify(kafka(KafkaError.PRODUCER_FENCED), "relay.s.0", Stage.TRANSACTION)
+    assert str(failure).startswith("relay.s.0: producer fenced")
+
+
+@pytest.mark.parametrize(
+    ("stage", "flags", "retry"),
+    [
+        (Stage.TRANSACTION, {"retriable": True}, True),
+        (Stage.TRANSACTION, {}, False),
+        (Stage.TRANSACTION, {"retriable": True, "abort": True}, False),
+        (Stage.DELIVERY, {"retriable": True}, False),
+    ],
+)
+def test_only_a_retriable_transactional_call_is_repeated_at_once(
+    stage: Stage, flags: dict[str, bool], retry: bool
+) -> None:
+    assert (
+        retry_now(classify(kafka(KafkaError.CONCURRENT_TRANSACTIONS, **flags), "t", stage)) is retry
+    )
+
+
+@pytest.mark.parametrize(
+    ("code", "retry"),
+    [
+        (KafkaError.NOT_COORDINATOR, True),
+        (KafkaError.COORDINATOR_NOT_AVAILABLE, True),
+        (KafkaError.COORDINATOR_LOAD_IN_PROGRESS, True),
+        (KafkaError.UNSTABLE_OFFSET_COMMIT, True),
+        (KafkaError._TIMED_OUT, True),
+        (KafkaError.GROUP_AUTHORIZATION_FAILED, False),
+        (KafkaError._TRANSPORT, False),
+    ],
+)
+def test_reading_group_offsets_retries_only_while_the_coordinator_settles(
+    code: int, retry: bool
+) -> None:
+    failure = classify(kafka(code), "sink s: cannot read its marker", Stage.GROUP_OFFSETS)
+    assert isinstance(failure, BrokerUnavailable)
+    assert retry_now(failure) is retry
+
+
+@pytest.mark.parametrize(
+    ("stage", "expected", "message"),
+    [
+        (Stage.PRODUCE, BrokerError, "ctx: weird"),
+        (Stage.DELIVERY, BrokerUnavailable, "ctx: weird"),
+        (Stage.TRANSACTION, BrokerUnavailable, "transaction failed: weird"),
+        (Stage.CREATE_TOPIC, BrokerUnavailable, "cannot create topic 'ctx': weird"),
+        (Stage.REQUEST, BrokerUnavailable, "ctx: weird"),
+    ],
+)
+def test_an_exception_without_a_kafka_error_is_judged_by_its_stage(
+    stage: Stage, expected: type[RelayError], message: str
+) -> None:
+    failure = classify(KafkaException("weird"), "ctx", stage)
+    assert type(failure) is expected
+    assert str(failure) == message
+
+
+def test_any_other_request_failure_is_retried_later() -> None:
+    failure = classify(kafka(KafkaError.TOPIC_AUTHORIZATION_FAILED), "describing the cluster")
+    assert type(failure) is BrokerUnavailable
+    assert str(failure) == "describing the cluster: the broker says no"
+
+
+# -- Postgres ------------------------------------------------------------------------
+
+
+def pg(cls: type[psycopg.Error] = psycopg.errors.DatabaseError, sqlstate: str = "") -> Any:
+    """A driver error as psycopg raises it for ``sqlstate`` (unknown codes, such as the
+    relay's own, get a class of their own)."""
+    if sqlstate:
+        cls = type("PgError", (cls,), {"sqlstate": sqlstate})
+    return cls("server says no (postgresql://app:hunter2@db/app)")
+
+
+def classified(exc: psycopg.Error, stream: StreamRef | None = None) -> RelayError:
+    with pytest.raises(RelayError) as caught, wrap_errors("hunter2", stream=stream):
+        raise exc
+    assert caught.value.__cause__ is exc
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected", "message"),
+    [
+        (pg(pg_errors.UndefinedTable), NotMigratedError, "run `outbox-relay migrate`"),
+        (pg(pg_errors.UndefinedFunction), UndefinedFunctionError, "refused the operation [42883]"),
+        (pg(pg_errors.InsufficientPrivilege), DatabaseError, "refused the operation [42501]"),
+        (pg(pg_errors.InvalidPassword), DatabaseError, "refused the operation [28P01]"),
+        (pg(pg_errors.InvalidCatalogName), DatabaseError, "refused the operation [3D000]"),
+        (pg(pg_errors.SerializationFailure), ConcurrencyError, "rolled the transaction back"),
+        (pg(pg_errors.DeadlockDetected), ConcurrencyError, "retry the whole transaction"),
+        (pg(psycopg.OperationalError), DatabaseUnavailable, "postgres is unavailable"),
+        (pg(pg_errors.AdminShutdown), DatabaseUnavailable, "postgres is unavailable"),
+        (pg(pg_errors.DiskFull), DatabaseUnavailable, "postgres is unavailable"),
+        (pg(sqlstate="08006"), DatabaseUnavailable, "[08006], will retry"),
+        (pg(sqlstate="57P01"), DatabaseUnavailable, "[57P01], will retry"),
+        (pg(pg_errors.UniqueViolation), DatabaseError, "postgres error [23505]"),
+        (pg(sqlstate="RLY01"), DatabaseError, "postgres error [RLY01]"),
+        (pg(psycopg.InterfaceError), DatabaseError, "postgres error []"),
+    ],
+)
+def test_each_sqlstate_maps_as_before(
+    exc: psycopg.Error, expected: type[RelayError], message: str
+) -> None:
+    error = classified(exc)
+    assert type(error) is expected
+    assert message in str(error)
+    assert "hunter2" not in str(error)  # the secret is masked
+    assert getattr(error, "sqlstate", None) == exc.sqlstate
+
+
+def test_retryable_and_fatal_postgres_errors_are_told_apart_by_type() -> None:
+    assert isinstance(classified(pg(pg_errors.SerializationFailure)), RetryableError)
+    assert isinstance(classified(pg(sqlstate="08006")), RetryableError)
+    assert not isinstance(classified(pg(pg_errors.InsufficientPrivilege)), RetryableError)
+
+
+STREAM = StreamRef("order", "42", 3)
+
+
+def test_a_unique_violation_in_a_stream_append_is_a_stale_version() -> None:
+    error = classified(pg(pg_errors.UniqueViolation), STREAM)
+    assert isinstance(error, StaleStreamVersion) and isinstance(error, ConcurrencyError)
+    assert (error.aggregate_type, error.aggregate_id, error.expected_version) == STREAM
+    assert str(error) == (
+        "stream order/42: expected version 3 is stale, a concurrent append wrote the next "
+        "version first"
+    )
+
+
+def test_the_stream_order_triggers_refusal_is_a_version_ahead_of_the_stream() -> None:
+    error = classified(pg(sqlstate="RLY01"), STREAM)
+    assert isinstance(error, StreamVersionAhead) and isinstance(error, ConcurrencyError)
+    assert (error.aggregate_type, error.aggregate_id, error.expected_version) == STREAM
+    assert error.sqlstate == "RLY01"
+    assert str(error) == "stream order/42: expected version 3 is ahead of the stream"
+
+
+def test_other_errors_in_a_stream_append_map_as_anywhere() -> None:
+    assert type(classified(pg(pg_errors.SerializationFailure), STREAM)) is ConcurrencyError
+    assert type(classified(pg(pg_errors.UndefinedTable), STREAM)) is NotMigratedError
+
+
+def test_relay_errors_pass_the_wrap_point_untouched() -> None:
+    with pytest.raises(ConfigError) as caught, wrap_errors():
+        raise ConfigError("bad")
+    assert caught.value.__cause__ is None
