@@ -136,41 +136,24 @@ class RelayCollector(Collector):
         if self._store is None or self._store.closed:
             self._store = self._open_store()
         store = self._store
-        lag = GaugeMetricFamily(
-            "outbox_relay_lag_events",
-            f"Events not yet published (counted up to {EXACT_UP_TO}, estimated beyond)",
-            labels=["subscriber", "part"],
-        )
-        lag_s = GaugeMetricFamily(
-            "outbox_relay_lag_seconds",
-            "Age of the oldest event not yet published",
-            labels=["subscriber", "part"],
-        )
-        age = GaugeMetricFamily(
-            "outbox_relay_checkpoint_age_seconds",
-            "Seconds since the part's checkpoint last changed",
-            labels=["subscriber", "part"],
-        )
-        claimed = GaugeMetricFamily(
-            "outbox_relay_part_claimed",
-            "1 when a live relay owns the part",
-            labels=["subscriber", "part"],
-        )
-        halted = GaugeMetricFamily(
-            "outbox_relay_part_halted",
-            "1 when a poison event halted the part",
-            labels=["subscriber", "part"],
-        )
+        gauges = [
+            GaugeMetricFamily(name, help_text, labels=["subscriber", "part"])
+            for name, help_text in _PART_GAUGES
+        ]
         now = time.time()
         for subscriber in subscriber_statuses(store):
             for p in subscriber.parts:
                 labels = [p.state.name, str(p.state.part)]
-                lag.add_metric(labels, p.lag.events)
-                lag_s.add_metric(labels, p.lag.seconds)
-                age.add_metric(labels, max(0.0, now - p.state.updated_at.timestamp()))
-                claimed.add_metric(labels, 1 if p.state.owner is not None else 0)
-                halted.add_metric(labels, 0 if p.state.halted_error is None else 1)
-        yield from (lag, lag_s, age, claimed, halted)
+                values = (
+                    p.lag.events,
+                    p.lag.seconds,
+                    max(0.0, now - p.state.updated_at.timestamp()),
+                    1 if p.state.owner is not None else 0,
+                    0 if p.state.halted_error is None else 1,
+                )
+                for gauge, value in zip(gauges, values, strict=True):
+                    gauge.add_metric(labels, value)
+        yield from gauges
         sees_all = store.sees_all_sessions()
         yield GaugeMetricFamily(
             "outbox_relay_horizon_visible",
@@ -190,6 +173,19 @@ class RelayCollector(Collector):
             "Relay sessions alive in this database",
             value=len(store.live_sessions()),
         )
+
+
+# Per subscriber part, in the order _database computes their values.
+_PART_GAUGES = (
+    (
+        "outbox_relay_lag_events",
+        f"Events not yet published (counted up to {EXACT_UP_TO}, estimated beyond)",
+    ),
+    ("outbox_relay_lag_seconds", "Age of the oldest event not yet published"),
+    ("outbox_relay_checkpoint_age_seconds", "Seconds since the part's checkpoint last changed"),
+    ("outbox_relay_part_claimed", "1 when a live relay owns the part"),
+    ("outbox_relay_part_halted", "1 when a poison event halted the part"),
+)
 
 
 # The HTTP server: waitress multiplexes connections on one I/O thread and hands
