@@ -447,7 +447,7 @@ def _status(store: OutboxStore) -> dict[str, Any]:
         "sessions": sessions,
         "horizon_holders": [vars(h) for h in store.horizon_holders()],
         # False: other roles' sessions are hidden from this role (no pg_read_all_stats).
-        "horizon_holders_complete": store.sees_all_sessions(),
+        "horizon_holders_complete": store.sees_all_backends(),
     }
 
 

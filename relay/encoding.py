@@ -81,7 +81,7 @@ class RecordEncoder:
                     f"({type(exc).__name__}: {exc})"
                 ) from exc
         if self.registry is None:
-            raise EncodingError("avro value format needs a schema registry (set schemas_dir)")
+            raise EncodingError("the avro value format needs Avro schemas (set schemas_dir)")
         try:
             return self.registry.encode(event.event_type, event.payload)
         except PayloadValidationError as exc:

@@ -154,7 +154,7 @@ class RelayCollector(Collector):
                 for gauge, value in zip(gauges, values, strict=True):
                     gauge.add_metric(labels, value)
         yield from gauges
-        sees_all = store.sees_all_sessions()
+        sees_all = store.sees_all_backends()
         yield GaugeMetricFamily(
             "outbox_relay_horizon_visible",
             "1 when the relay's role sees every session's transaction (pg_read_all_stats); "

@@ -221,11 +221,11 @@ class OutboxStore:
             )
         return [HorizonHolder(**row) for row in rows]
 
-    def sees_all_sessions(self) -> bool:
+    def sees_all_backends(self) -> bool:
         """Whether :meth:`horizon_holders` can see every role's sessions, or only its own
         role's (no ``pg_read_all_stats``: see ``outbox-relay grant --read-all-stats``)."""
         with wrap_errors():
-            row = self.conn.execute(self._q["sees_all_sessions"]).fetchone()
+            row = self.conn.execute(self._q["sees_all_backends"]).fetchone()
         return bool(row and row[0])
 
     def prune(self, older_than_s: float, batch: int = 10_000) -> Iterator[int]:

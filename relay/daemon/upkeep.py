@@ -45,7 +45,7 @@ class HorizonWatch:
         self._warned_blind = False
 
     def check(self, store: OutboxStore) -> None:
-        if not self._warned_blind and not store.sees_all_sessions():
+        if not self._warned_blind and not store.sees_all_backends():
             self._warned_blind = True
             logger.warning(
                 "this relay's role cannot see other roles' transactions in pg_stat_activity "

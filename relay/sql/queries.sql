@@ -386,10 +386,10 @@ SELECT transaction_id::text::bigint, position FROM {schema}.outbox WHERE message
 SELECT xid::text::bigint, pos
   FROM {schema}.outbox_translate_key(%(key_space)s, %(transaction_id)s::text::xid8, %(position)s);
 
--- name: sees_all_sessions
--- Whether pg_stat_activity shows this role the transaction ids of every role's sessions
+-- name: sees_all_backends
+-- Whether pg_stat_activity shows this role the transaction ids of every role's backends
 -- (a superuser, or a member of pg_read_all_stats). Without it, horizon_holders sees
--- only the sessions of its own role.
+-- only the backends of its own role.
 SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE');
 
 -- name: part_lag

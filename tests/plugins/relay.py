@@ -1,4 +1,4 @@
-"""outbox-relay on the test servers: the schema registry, a migrated database (``db``),
+"""outbox-relay on the test servers: the Avro schemas, a migrated database (``db``),
 the write API (``outbox``) and in-process relays (``start_relay``)."""
 
 from __future__ import annotations
