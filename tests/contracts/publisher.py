@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import NamedTuple
 from uuid import UUID
 
 import pytest
 
 from relay.errors import BrokerUnavailable
+from relay.kafka import TopicCreator, TransactionalPublisher
 from relay.model import KafkaCheckpoint, KafkaRecord, Position
 from relay.ports import Extension, Publisher
 
@@ -159,3 +161,30 @@ def record(topic: str, n: int) -> KafkaRecord:
 def message_of(record: KafkaRecord) -> UUID:
     assert record.outbox_message_id is not None
     return UUID(record.outbox_message_id)
+
+
+@contextmanager
+def kafka_publishers(bootstrap: str, prefix: str, part: str) -> Iterator[OpenPublisher]:
+    """Opens transactional publishers of one part on Apache Kafka, each a new owner of
+    it; closes them all on exit."""
+    config = {"bootstrap.servers": bootstrap}
+    opened: list[Publisher] = []
+
+    def open_publisher() -> Publisher:
+        publisher = TransactionalPublisher(
+            config,
+            TopicCreator(config),
+            10.0,
+            transactional_id=f"{prefix}{part}",
+            group_prefix=f"{prefix}{part}",
+            checkpoint_topic=f"{prefix}checkpoints",
+            consumer_config=config,
+        )
+        opened.append(publisher)
+        return publisher
+
+    try:
+        yield open_publisher
+    finally:
+        for publisher in opened:
+            publisher.close()

@@ -8,9 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from relay.kafka import TopicCreator, TransactionalPublisher
-from relay.ports import Publisher
-from tests.contracts.publisher import OpenPublisher, PublisherContract, Read
+from tests.contracts.publisher import OpenPublisher, PublisherContract, Read, kafka_publishers
 from tests.support import consume, keys
 
 
@@ -21,26 +19,8 @@ class TestTransactionalPublisher(PublisherContract):
 
     @pytest.fixture
     def open_publisher(self, kafka_bootstrap: str, topic_prefix: str) -> Iterator[OpenPublisher]:
-        config = {"bootstrap.servers": kafka_bootstrap}
-        part = uuid.uuid4().hex
-        opened: list[Publisher] = []
-
-        def open_publisher() -> Publisher:
-            publisher = TransactionalPublisher(
-                config,
-                TopicCreator(config),
-                10.0,
-                transactional_id=f"{topic_prefix}{part}",
-                group_prefix=f"{topic_prefix}{part}",
-                checkpoint_topic=f"{topic_prefix}checkpoints",
-                consumer_config=config,
-            )
-            opened.append(publisher)
-            return publisher
-
-        yield open_publisher
-        for publisher in opened:
-            publisher.close()
+        with kafka_publishers(kafka_bootstrap, topic_prefix, uuid.uuid4().hex) as opener:
+            yield opener
 
     @pytest.fixture
     def read(self, kafka_bootstrap: str, topic: str) -> Read:

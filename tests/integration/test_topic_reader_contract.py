@@ -7,9 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from relay.kafka import TopicCreator, TransactionalPublisher
 from relay.ports import Publisher, TopicReader
-from tests.contracts.publisher import take_over
+from tests.contracts.publisher import kafka_publishers, take_over
 from tests.contracts.topic_reader import TopicReaderContract
 
 
@@ -20,25 +19,8 @@ class TestKafkaTopicReader(TopicReaderContract):
 
     @pytest.fixture
     def publisher(self, kafka_bootstrap: str, topic_prefix: str) -> Iterator[Publisher]:
-        config = {"bootstrap.servers": kafka_bootstrap}
-        opened: list[Publisher] = []
-
-        def open_publisher() -> Publisher:
-            publisher = TransactionalPublisher(
-                config,
-                TopicCreator(config),
-                10.0,
-                transactional_id=f"{topic_prefix}reader",
-                group_prefix=f"{topic_prefix}reader",
-                checkpoint_topic=f"{topic_prefix}checkpoints",
-                consumer_config=config,
-            )
-            opened.append(publisher)
-            return publisher
-
-        yield take_over(open_publisher, "g").publisher
-        for publisher in opened:
-            publisher.close()
+        with kafka_publishers(kafka_bootstrap, topic_prefix, "reader") as opener:
+            yield take_over(opener, "g").publisher
 
     @pytest.fixture
     def reader(self, kafka_bootstrap: str) -> TopicReader:
