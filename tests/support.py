@@ -185,3 +185,19 @@ def restart(server: LocalServer) -> None:
     """Stop a local server, then start it again on the same port and data directory."""
     server.stop()
     server.start()
+
+
+def outbox_rows_read(db: psycopg.Connection[Any], query: bytes, params: Any = None) -> int:
+    """Rows of the outbox table ``query`` reads (EXPLAIN ANALYZE, sub-plans included),
+    whether it keeps them or filters them out."""
+    explain = b"EXPLAIN (ANALYZE, FORMAT JSON) " + query
+    [[plan]] = db.execute(explain, params, prepare=False).fetchone() or [[{}]]
+
+    def scans(node: dict[str, Any]) -> Any:
+        if node.get("Relation Name") == "outbox":
+            yield node["Actual Rows"] * node.get("Actual Loops", 1)
+            yield node.get("Rows Removed by Filter", 0)
+        for child in node.get("Plans", []):
+            yield from scans(child)
+
+    return sum(scans(plan["Plan"]))

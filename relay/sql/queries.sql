@@ -110,10 +110,14 @@ SELECT h.horizon::text::bigint AS read_transaction_id, 0::bigint AS read_positio
        least(greatest(c.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
        c.stored_bytes, c.debezium
   FROM (SELECT pg_snapshot_xmin(s) AS horizon,
-               EXISTS (SELECT FROM {schema}.outbox a
-                        WHERE (a.transaction_id, a.position)
-                              > (%(transaction_id)s::text::xid8, %(position)s)
-                          AND a.transaction_id < pg_snapshot_xmin(s)) AS anything
+               -- The newest decided row, by a backward scan (not EXISTS: see
+               -- newest_decided), lies after the checkpoint.
+               coalesce((SELECT (a.transaction_id, a.position)
+                                  > (%(transaction_id)s::text::xid8, %(position)s)
+                           FROM {schema}.outbox a
+                          WHERE a.transaction_id < pg_snapshot_xmin(s)
+                          ORDER BY a.transaction_id DESC, a.position DESC LIMIT 1),
+                        false) AS anything
           FROM pg_current_snapshot() AS s) AS h
   LEFT JOIN LATERAL (
        SELECT b.* FROM (
@@ -139,9 +143,13 @@ SELECT h.horizon::text::bigint AS read_transaction_id, 0::bigint AS read_positio
 -- range scan of the primary key that stops at its first visible row), and whether
 -- committed rows wait at or above the horizon while no transaction runs. Their key is
 -- then an xid not handed out yet (docs/design.md, "Ordering"): taking one releases them.
+-- Both are backward scans that stop at the newest visible row. Not EXISTS: the planner
+-- guesses that a third of the table qualifies and serves it with a sequential scan,
+-- which reads the whole table whenever nothing does, as on every idle probe.
 SELECT newest.transaction_id, newest.position,
        pg_snapshot_xmin(s) = pg_snapshot_xmax(s)
-       AND EXISTS (SELECT FROM {schema}.outbox w WHERE w.transaction_id >= pg_snapshot_xmin(s))
+       AND (SELECT w.transaction_id FROM {schema}.outbox w
+             ORDER BY w.transaction_id DESC, w.position DESC LIMIT 1) >= pg_snapshot_xmin(s)
   FROM pg_current_snapshot() AS s
   LEFT JOIN LATERAL (
        SELECT o.transaction_id, o.position

@@ -11,7 +11,7 @@ from relay.model import Position
 from relay.queries import queries_for
 from relay.store import OutboxStore
 from relay.subscribers import StartFrom, Subscriber
-from tests.support import run_cli
+from tests.support import outbox_rows_read, run_cli
 
 ROWS = 2000
 
@@ -34,19 +34,10 @@ def fill(db: psycopg.Connection[Any]) -> None:
 
 
 def rows_read(db: psycopg.Connection[Any], part: int, parts: int) -> int:
-    """Rows of the outbox the poll of ``part`` reads (EXPLAIN ANALYZE), its own or not."""
+    """Rows of the outbox the poll of ``part`` reads, its own or not."""
     params = {"transaction_id": 0, "position": 0, "limit": 100, "max_bytes": 2**40,
               "part": part, "parts": parts, "aggregate_types": None, "event_types": None}  # fmt: skip
-    query = b"EXPLAIN (ANALYZE, FORMAT JSON) " + queries_for("public")["fetch_batch"]
-    [[plan]] = db.execute(query, params, prepare=False).fetchone() or [[{}]]
-
-    def scans(node: dict[str, Any]) -> Any:
-        if node.get("Relation Name") == "outbox":
-            yield node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
-        for child in node.get("Plans", []):
-            yield from scans(child)
-
-    return sum(scans(plan["Plan"]))
+    return outbox_rows_read(db, queries_for("public")["fetch_batch"], params)
 
 
 def test_adding_a_sharded_subscriber_indexes_its_parts_and_each_reads_only_its_own(
