@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from relay import db, logs, migrations
-from relay.errors import ConfigError, RelayError, RetryableError
+from relay.errors import ConfigError, RelayError
 from relay.key_space import KeySpaceAction, report
 from relay.lag import EXACT_UP_TO, SubscriberStatus, subscriber_statuses
 from relay.model import Position
@@ -145,9 +145,13 @@ def run(
     migrate_first: Annotated[
         bool, typer.Option("--migrate", help="Apply migrations before starting.")
     ] = False,
+    workers: Annotated[
+        int | None,
+        typer.Option(help="Member processes, to publish on several cores [RELAY_WORKERS]."),
+    ] = None,
 ) -> None:
     """Run the relay until SIGTERM or Ctrl-C."""
-    from relay.daemon import Relay, tune_gc
+    from relay.daemon import Relay, RelayProcesses, start_with_retries, tune_gc
 
     settings = _settings(
         ctx,
@@ -155,33 +159,20 @@ def run(
         bootstrap_servers=bootstrap_servers,
         database_schema=schema,
         schemas_dir=schemas_dir,
+        workers=workers,
     )
     if migrate_first:
         with db.connect(settings.require_database_url()) as conn:
             migrations.migrate(conn, settings.database_schema)
-    relay = Relay(settings)
+    relay = Relay(settings) if settings.workers == 1 else RelayProcesses(settings)
     tune_gc()
     # `kill -USR1 <pid>` prints every thread's stack to stderr: what a stuck part waits on.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     # The handler only raises a flag; this thread does the stopping, never mid-start.
     with _stop_on_signals(relay.request_stop):
-        _start_with_retries(relay)
+        start_with_retries(relay)
         relay.wait()
         relay.stop()
-
-
-def _start_with_retries(relay: Any) -> None:
-    """Postgres or Kafka down at start-up is transient: wait for them, never exit."""
-    delay = 0.5
-    while True:
-        try:
-            relay.start()
-            return
-        except RetryableError as exc:
-            logger.warning("cannot start yet: %s; retrying in %.0fs", exc, delay)
-            if relay.wait(delay):
-                return  # stopped (SIGTERM) while waiting
-            delay = min(delay * 2, 30.0)
 
 
 @app.command()

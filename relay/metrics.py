@@ -17,9 +17,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -28,12 +29,11 @@ from waitress.server import create_server  # type: ignore[import-untyped]
 
 from relay.errors import ConfigError, RelayError
 from relay.lag import EXACT_UP_TO, subscriber_statuses
+from relay.model import PartId
 from relay.store import OutboxStore
 
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse
-
-    from relay.daemon import Relay
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,21 @@ _COUNTERS = {
 }
 
 
+class RelayView(Protocol):
+    """What the endpoints read of a relay: one process (``Relay``) or several
+    (``RelayProcesses``)."""
+
+    def healthy(self) -> tuple[bool, str]: ...
+
+    def ready(self) -> tuple[bool, str]: ...
+
+    def part_totals(self) -> dict[PartId, Counter[str]]: ...
+
+    def part_states(self) -> dict[PartId, str]: ...
+
+    def key_space_changes(self) -> Counter[str]: ...
+
+
 class RelayCollector(Collector):
     """Reads the relay's state when Prometheus scrapes.
 
@@ -72,7 +87,7 @@ class RelayCollector(Collector):
     """
 
     def __init__(
-        self, relay: Relay, open_store: Callable[[], OutboxStore], ttl: float = 0.0
+        self, relay: RelayView, open_store: Callable[[], OutboxStore], ttl: float = 0.0
     ) -> None:
         self._relay = relay
         self._open_store = open_store
@@ -202,7 +217,7 @@ class HealthServer:
 
     def __init__(
         self,
-        relay: Relay,
+        relay: RelayView,
         open_store: Callable[[], OutboxStore],
         host: str,
         port: int,

@@ -124,6 +124,10 @@ class Settings(BaseSettings):
     checkpoint_topic: str = Field(
         default="outbox-relay.checkpoints", pattern=r"^[A-Za-z0-9._-]{1,249}$"
     )
+    # Member processes of this relay, each with its own session (relay/daemon/processes.py):
+    # one process publishes on about one core, so a relay with parts to spread over
+    # several cores runs several. 1: the relay is one process.
+    workers: int = Field(default=1, ge=1, le=64)
     # HA: a relay that misses heartbeats for session_timeout loses its parts to peers.
     session_timeout: float = Field(default=10.0, ge=1.0, le=3600)
     heartbeat_interval: float = Field(default=2.0, gt=0, le=600)

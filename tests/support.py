@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
@@ -201,3 +203,12 @@ def outbox_rows_read(db: psycopg.Connection[Any], query: bytes, params: Any = No
             yield from scans(child)
 
     return sum(scans(plan["Plan"]))
+
+
+def http_get(url: str, timeout: float = 15.0) -> tuple[int, str]:
+    """Status and body of a GET, error statuses included."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()

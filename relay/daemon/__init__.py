@@ -9,8 +9,10 @@ workers to match. The commit probe wakes the workers; they also poll on a timer.
 session, held while Kafka answers), ``parts`` (claims and their workers),
 ``publishers`` (a Kafka publisher per part), ``upkeep`` (retention and horizon
 warnings) and ``startup`` (schema check, subscriber sync, key-space checks).
+:class:`RelayProcesses` (``processes``) runs several of them as member processes.
 """
 
-from relay.daemon.lifecycle import Relay, tune_gc
+from relay.daemon.lifecycle import Relay, start_with_retries, tune_gc
+from relay.daemon.processes import RelayProcesses
 
-__all__ = ["Relay", "tune_gc"]
+__all__ = ["Relay", "RelayProcesses", "start_with_retries", "tune_gc"]

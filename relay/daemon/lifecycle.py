@@ -10,7 +10,7 @@ import re
 import threading
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
@@ -263,6 +263,26 @@ class Relay:
 
     def _open_store(self) -> OutboxStore:
         return OutboxStore(self._open_connection(), self.settings.database_schema)
+
+
+class Startable(Protocol):
+    def start(self) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+def start_with_retries(relay: Startable) -> None:
+    """Postgres or Kafka down at start-up is transient: wait for them, never give up."""
+    delay = 0.5
+    while True:
+        try:
+            relay.start()
+            return
+        except RetryableError as exc:
+            logger.warning("cannot start yet: %s; retrying in %.0fs", exc, delay)
+            if relay.wait(delay):
+                return  # stopped (SIGTERM) while waiting
+            delay = min(delay * 2, 30.0)
 
 
 def tune_gc() -> None:

@@ -18,17 +18,12 @@ from relay import Outbox
 from relay.daemon import Relay
 from relay.model import PartId
 from relay.store import OutboxStore
-from tests.support import run_cli, sub, wait_caught_up, worker, write_orders
+from tests.support import http_get, run_cli, sub, wait_caught_up, worker, write_orders
 
 
 def get(relay: Relay, path: str) -> tuple[int, str]:
     assert relay.http is not None
-    url = f"http://127.0.0.1:{relay.http.port}{path}"
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
+    return http_get(f"http://127.0.0.1:{relay.http.port}{path}", timeout=10)
 
 
 def sample(metrics: str, name: str, **labels: str) -> float | None:
