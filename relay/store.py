@@ -321,18 +321,18 @@ class OutboxStore:
             )
 
     def claim(self, name: str, part: int, owner: UUID) -> bool:
-        with wrap_errors():
-            row = self.conn.execute(
-                self._q["claim_part"], {"name": name, "part": part, "owner": owner}
-            ).fetchone()
-        return row is not None
+        """Claim the free part for ``owner``; False when someone holds it."""
+        return self._set_owner("claim_part", name, part, owner)
 
     def release(self, name: str, part: int, owner: UUID) -> bool:
+        """Free the part; False when ``owner`` does not hold it."""
+        return self._set_owner("release_part", name, part, owner)
+
+    def _set_owner(self, query: str, name: str, part: int, owner: UUID) -> bool:
+        """Run ``query`` (claim_part, release_part); whether it changed the owner."""
+        params = {"name": name, "part": part, "owner": owner}
         with wrap_errors():
-            row = self.conn.execute(
-                self._q["release_part"], {"name": name, "part": part, "owner": owner}
-            ).fetchone()
-        return row is not None
+            return self.conn.execute(self._q[query], params).fetchone() is not None
 
     # -- subscribers -------------------------------------------------------------------
 
