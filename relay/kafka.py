@@ -36,7 +36,7 @@ from relay.errors import (
 )
 from relay.kafka_errors import Stage, classify, rejects_record, retry_now
 from relay.model import HEADER_ID, KafkaCheckpoint, KafkaRecord, Position
-from relay.ports import Extension
+from relay.ports import Batch, Meanwhile
 
 logger = logging.getLogger(__name__)
 # librdkafka's own lines: deduplicated, at most one of a kind a minute.
@@ -228,7 +228,7 @@ class _BatchProducer:
     def _send(
         self,
         records: Sequence[KafkaRecord],
-        meanwhile: Callable[[], Extension | None] | None = None,
+        meanwhile: Meanwhile | None = None,
         *,
         wait: bool = True,
     ) -> tuple[list[KafkaRecord], Position | None]:
@@ -340,16 +340,8 @@ class IdempotentPublisher(_BatchProducer):
     def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
         return None  # no Kafka-side checkpoint in this mode
 
-    def publish(
-        self,
-        records: Sequence[KafkaRecord],
-        end: Position,
-        generation: str,
-        meanwhile: Callable[[], Extension | None] | None = None,
-        *,
-        may_extend: bool = True,
-    ) -> None:
-        self._send(records, meanwhile)
+    def publish(self, batch: Batch, meanwhile: Meanwhile | None = None) -> None:
+        self._send(batch.records, meanwhile)
 
 
 class TransactionalPublisher(_BatchProducer):
@@ -411,62 +403,54 @@ class TransactionalPublisher(_BatchProducer):
             return None
         return _checkpoint(Position(first.offset, second.offset), first.metadata)
 
-    def publish(
-        self,
-        records: Sequence[KafkaRecord],
-        end: Position,
-        generation: str,
-        meanwhile: Callable[[], Extension | None] | None = None,
-        *,
-        may_extend: bool = True,
-    ) -> None:
-        if not records:  # nothing to publish; the Postgres checkpoint alone moves
+    def publish(self, batch: Batch, meanwhile: Meanwhile | None = None) -> None:
+        if not batch.records:  # nothing to publish; the Postgres checkpoint alone moves
             if meanwhile is not None and (extension := meanwhile()) is not None:
-                self.publish(*extension, generation)
+                self.publish(Batch(*extension, batch.generation))
             return
         assert self._initialised, "recover() first: it fences earlier producers"
-        batch: list[tuple[list[KafkaRecord], Position]] = []
+        sent: list[Batch] = []
         try:
-            if may_extend or meanwhile is None:
-                self._transaction(records, end, generation, meanwhile, batch)
+            if batch.may_extend or meanwhile is None:
+                self._transaction(batch, meanwhile, sent)
             else:
-                self._transaction(records, end, generation, None, batch, during_commit=meanwhile)
+                self._transaction(batch, None, sent, during_commit=meanwhile)
         except TransactionAborted as exc:
             # A record failed, so the commit did not happen. Run the batch again with a
             # delivery report per record: that names the record at fault (a poison
             # event), or succeeds if the failure was passing.
             logger.info("transaction aborted (%s); retrying with delivery reports", exc)
-            sent, last = batch[-1] if batch else (list(records), end)
-            self._transaction(sent, last, generation, None, None)
+            self._transaction(sent[-1] if sent else batch, None, None)
 
     def _transaction(
         self,
-        records: Sequence[KafkaRecord],
-        end: Position,
-        generation: str,
-        meanwhile: Callable[[], Extension | None] | None,
-        batch: list[tuple[list[KafkaRecord], Position]] | None,
+        batch: Batch,
+        meanwhile: Meanwhile | None,
+        sent: list[Batch] | None,
         *,
         during_commit: Callable[[], object] | None = None,
     ) -> None:
-        """One transaction: the records and the checkpoint. On the fast path (``batch``
-        collects what was sent) records are not awaited one by one: the commit flushes
-        them and fails if any failed. Without ``batch``, every record is awaited.
-        ``during_commit`` runs here while the commit travels on a helper thread."""
-        metadata = self._consumer(generation).consumer_group_metadata()
+        """One transaction: the batch and its checkpoint. On the fast path (``sent``
+        collects the batch as sent, grown by ``meanwhile``) records are not awaited one
+        by one: the commit flushes them and fails if any failed. Without ``sent``, every
+        record is awaited. ``during_commit`` runs here while the commit travels on a
+        helper thread."""
+        metadata = self._consumer(batch.generation).consumer_group_metadata()
         self._call(self._producer.begin_transaction)
         try:
-            sent, extended_to = self._send(records, meanwhile, wait=batch is None)
+            records, extended_to = self._send(batch.records, meanwhile, wait=sent is None)
         except BaseException:
             self._abort()
             raise
-        end = extended_to or end
-        if batch is not None:
-            batch.append((sent, end))
+        end = extended_to or batch.end
+        if sent is not None:
+            sent.append(Batch(records, end, batch.generation))
         # librdkafka silently drops a negative offset from the commit: never send one.
         assert end.transaction_id >= 0 and end.position >= 0, end
         offsets = [
-            TopicPartition(self._checkpoint_topic, 0, end.transaction_id, metadata=self._tag(sent)),
+            TopicPartition(
+                self._checkpoint_topic, 0, end.transaction_id, metadata=self._tag(records)
+            ),
             TopicPartition(self._checkpoint_topic, 1, end.position),
         ]
         if during_commit is None:

@@ -60,24 +60,26 @@ class Fetched(NamedTuple):
     full: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """What one fetch reads: up to ``limit`` decided events of ``part`` (of ``parts``),
+    and no more once their stored payloads and headers reach ``max_bytes`` (at least
+    one). Of those, the events the type filters (None: any) drop are left out: the
+    fetch's ``read_to`` goes past them."""
+
+    limit: int
+    max_bytes: int = 2**62
+    part: int = 0
+    parts: int = 1
+    aggregate_types: frozenset[str] | None = None
+    event_types: frozenset[str] | None = None
+
+
 class PartStore(Protocol):
     """What a part worker needs of the outbox: its part's events and checkpoint."""
 
-    def fetch(
-        self,
-        after: Position,
-        limit: int,
-        *,
-        max_bytes: int = 2**62,
-        part: int = 0,
-        parts: int = 1,
-        aggregate_types: frozenset[str] | None = None,
-        event_types: frozenset[str] | None = None,
-    ) -> Fetched:
-        """Up to ``limit`` decided events of ``part`` after ``after``, in publication
-        order, and no more once their stored payloads and headers reach ``max_bytes``
-        (at least one). Of those, the events the type filters (None: any) drop are left
-        out; ``read_to`` goes past them."""
+    def fetch(self, after: Position, selection: Selection) -> Fetched:
+        """The events ``selection`` picks after ``after``, in publication order."""
 
     def get_part(self, name: str, part: int) -> PartState:
         """The part as stored; raises ``SubscriberError`` when there is none."""
@@ -116,6 +118,20 @@ class PartStore(Protocol):
 
 # What ``meanwhile`` may hand back: more records for the batch in flight, and its new end.
 Extension = tuple[Sequence[KafkaRecord], Position]
+# What the publisher runs while a batch travels (see Publisher.publish).
+Meanwhile = Callable[[], Extension | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One publish: ``records`` (possibly none: every event was filtered out), the batch
+    of the outbox that ends at ``end``, checkpointed under the part's ``generation``.
+    ``may_extend``: whether ``meanwhile`` may grow it."""
+
+    records: Sequence[KafkaRecord]
+    end: Position
+    generation: str
+    may_extend: bool = True
 
 
 class Publisher(Protocol):
@@ -125,23 +141,15 @@ class Publisher(Protocol):
         """Take over the part: fence earlier producers, return the Kafka-side checkpoint.
         Checkpoints written from now on are tagged with ``key_space``."""
 
-    def publish(
-        self,
-        records: Sequence[KafkaRecord],
-        end: Position,
-        generation: str,
-        meanwhile: Callable[[], Extension | None] | None = None,
-        *,
-        may_extend: bool = True,
-    ) -> None:
-        """Publish ``records`` (the batch ending at ``end``); return once all are durable.
+    def publish(self, batch: Batch, meanwhile: Meanwhile | None = None) -> None:
+        """Publish ``batch``; return once all its records are durable.
 
         ``meanwhile`` runs once the records are handed to the client, while they travel:
         the caller prepares its next batch there. If it returns an extension, those
         records join this batch, which then ends where the extension does. With
-        ``may_extend=False`` the caller promises it returns None: the publisher may then
-        run it while the batch commits, so the next batch's reading overlaps the commit's
-        round trips too (docs/design.md §5).
+        ``batch.may_extend`` False the caller promises it returns None: the publisher may
+        then run it while the batch commits, so the next batch's reading overlaps the
+        commit's round trips too (docs/design.md §5).
 
         Raises :class:`BrokerUnavailable` (retry), :class:`PoisonRecordError` (one record's
         fault) or :class:`ProducerFenced` (another relay owns the part now).

@@ -17,7 +17,7 @@ from relay.db import load_json, wrap_errors
 from relay.errors import CheckpointConflict, ClaimLost, SubscriberError, UndefinedFunctionError
 from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.model import OutboxEvent, Position, Unreadable
-from relay.ports import DeadLetterDecision, Fetched, PartState
+from relay.ports import DeadLetterDecision, Fetched, PartState, Selection
 from relay.queries import queries_for
 from relay.subscribers import StartFrom, Subscriber, collision
 
@@ -78,49 +78,14 @@ class OutboxStore:
 
     # -- the relay's hot path --------------------------------------------------------
 
-    def fetch(
-        self,
-        after: Position,
-        limit: int,
-        *,
-        max_bytes: int = 2**62,
-        part: int = 0,
-        parts: int = 1,
-        aggregate_types: frozenset[str] | None = None,
-        event_types: frozenset[str] | None = None,
-    ) -> Fetched:
-        """Up to ``limit`` decided events of ``part`` after ``after``, in publication
-        order, and no more once their stored payloads and headers reach ``max_bytes``
-        (at least one). Of those, the events the type filters (None: any) drop are left
-        out; ``read_to`` goes past them. A subscriber of one aggregate type reads only
-        its own rows (fetch_batch_of_type); other filters read every row and leave
-        behind what they drop (fetch_batch_filtered)."""
-        one_type = (
-            next(iter(aggregate_types)) if aggregate_types and len(aggregate_types) == 1 else None
-        )
-        params = {
-            "transaction_id": after.transaction_id,
-            "position": after.position,
-            "limit": limit,
-            "max_bytes": max_bytes,
-            "part": part,
-            "parts": parts,
-            "aggregate_types": sorted(aggregate_types) if aggregate_types is not None else None,
-            "event_types": sorted(event_types) if event_types is not None else None,
-            "aggregate_type": one_type,
-        }
-        if one_type is not None:
-            name = "fetch_batch_of_type"
-        elif aggregate_types is not None or event_types is not None:
-            name = "fetch_batch_filtered"
-        else:
-            name = "fetch_batch"
+    def fetch(self, after: Position, selection: Selection) -> Fetched:
+        name, params = _fetch_query(after, selection)
         # Binary transfer: integers, uuids and timestamps load without text parsing.
         with wrap_errors(), self.conn.cursor(binary=True) as cur:
             set_json_loads(_load_row_json, cur)
             # A part's poll is planned with its part as a constant (never a prepared,
             # generic plan): only then may the planner use the part's index.
-            rows = cur.execute(self._q[name], params, prepare=parts == 1).fetchall()
+            rows = cur.execute(self._q[name], params, prepare=selection.parts == 1).fetchall()
         if name == "fetch_batch":  # the hot path: no call per row
             events = [
                 OutboxEvent(
@@ -130,7 +95,7 @@ class OutboxStore:
             ]
             if not events:
                 return Fetched([], None)
-            return Fetched(events, events[-1].key, _full(events, limit, max_bytes))
+            return Fetched(events, events[-1].key, _full(events, selection))
         if not rows:
             return Fetched([], None)
         # The read's extent leads every row; a row of NULLs after it when none was kept.
@@ -140,7 +105,7 @@ class OutboxStore:
             return Fetched(events, Position(read_tx, read_pos), full)
         # Of one type: a full fetch read up to its last event; a short one, everything
         # decided below the horizon.
-        full = _full(events, limit, max_bytes)
+        full = _full(events, selection)
         return Fetched(events, events[-1].key if full else Position(read_tx, read_pos), full)
 
     def advance(self, state: PartState, to: Position, owner: UUID) -> int:
@@ -321,18 +286,18 @@ class OutboxStore:
             )
 
     def claim(self, name: str, part: int, owner: UUID) -> bool:
-        with wrap_errors():
-            row = self.conn.execute(
-                self._q["claim_part"], {"name": name, "part": part, "owner": owner}
-            ).fetchone()
-        return row is not None
+        """Claim the free part for ``owner``; False when someone holds it."""
+        return self._set_owner("claim_part", name, part, owner)
 
     def release(self, name: str, part: int, owner: UUID) -> bool:
+        """Free the part; False when ``owner`` does not hold it."""
+        return self._set_owner("release_part", name, part, owner)
+
+    def _set_owner(self, query: str, name: str, part: int, owner: UUID) -> bool:
+        """Run ``query`` (claim_part, release_part); whether it changed the owner."""
+        params = {"name": name, "part": part, "owner": owner}
         with wrap_errors():
-            row = self.conn.execute(
-                self._q["release_part"], {"name": name, "part": part, "owner": owner}
-            ).fetchone()
-        return row is not None
+            return self.conn.execute(self._q[query], params).fetchone() is not None
 
     # -- subscribers -------------------------------------------------------------------
 
@@ -445,6 +410,32 @@ class OutboxStore:
         part_index.drop_unused(self.conn, self.schema, rows[0][1], in_use)
 
 
+def _fetch_query(after: Position, selection: Selection) -> tuple[str, dict[str, Any]]:
+    """The query that fetches ``selection`` after ``after``, and its parameters. A
+    subscriber of one aggregate type reads only its own rows (fetch_batch_of_type);
+    other filters read every row and leave behind what they drop (fetch_batch_filtered)."""
+    aggregate_types, event_types = selection.aggregate_types, selection.event_types
+    one_type = (
+        next(iter(aggregate_types)) if aggregate_types and len(aggregate_types) == 1 else None
+    )
+    params = {
+        "transaction_id": after.transaction_id,
+        "position": after.position,
+        "limit": selection.limit,
+        "max_bytes": selection.max_bytes,
+        "part": selection.part,
+        "parts": selection.parts,
+        "aggregate_types": sorted(aggregate_types) if aggregate_types is not None else None,
+        "event_types": sorted(event_types) if event_types is not None else None,
+        "aggregate_type": one_type,
+    }
+    if one_type is not None:
+        return "fetch_batch_of_type", params
+    if aggregate_types is not None or event_types is not None:
+        return "fetch_batch_filtered", params
+    return "fetch_batch", params
+
+
 def _event(row: Sequence[Any]) -> OutboxEvent:
     tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz = row
     return OutboxEvent(
@@ -452,9 +443,11 @@ def _event(row: Sequence[Any]) -> OutboxEvent:
     )
 
 
-def _full(events: list[OutboxEvent], limit: int, max_bytes: int) -> bool:
+def _full(events: list[OutboxEvent], selection: Selection) -> bool:
     """Whether a fetch came back full: ``limit`` events, or cut at ``max_bytes``."""
-    return len(events) >= limit or sum(e.stored_bytes for e in events) >= max_bytes
+    return (
+        len(events) >= selection.limit or sum(e.stored_bytes for e in events) >= selection.max_bytes
+    )
 
 
 def _load_row_json(data: bytes | bytearray | memoryview | str) -> Any:

@@ -15,7 +15,15 @@ from uuid import UUID
 from relay.errors import CheckpointConflict, ClaimLost, SubscriberError
 from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.model import ConsumedRecord, KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
-from relay.ports import DeadLetterDecision, Extension, Fetched, PartState, Progress
+from relay.ports import (
+    Batch,
+    DeadLetterDecision,
+    Fetched,
+    Meanwhile,
+    PartState,
+    Progress,
+    Selection,
+)
 from relay.subscribers import Subscriber
 
 
@@ -86,17 +94,8 @@ class InMemoryStore:
 
     # -- the port ---------------------------------------------------------------------
 
-    def fetch(
-        self,
-        after: Position,
-        limit: int,
-        *,
-        max_bytes: int = 2**62,
-        part: int = 0,
-        parts: int = 1,
-        aggregate_types: frozenset[str] | None = None,
-        event_types: frozenset[str] | None = None,
-    ) -> Fetched:
+    def fetch(self, after: Position, selection: Selection) -> Fetched:
+        limit, max_bytes = selection.limit, selection.max_bytes
         read: list[OutboxEvent] = []
         size = 0
         for event in self.events:
@@ -108,6 +107,7 @@ class InMemoryStore:
             size += event.stored_bytes
         if not read:
             return Fetched([], None)
+        aggregate_types, event_types = selection.aggregate_types, selection.event_types
         kept = [
             e
             for e in read
@@ -194,18 +194,11 @@ class InMemoryPublisher:
         self._key_space = key_space
         return self.checkpoints.get(generation)
 
-    def publish(
-        self,
-        records: Sequence[KafkaRecord],
-        end: Position,
-        generation: str,
-        meanwhile: Callable[[], Extension | None] | None = None,
-        *,
-        may_extend: bool = True,
-    ) -> None:
+    def publish(self, batch: Batch, meanwhile: Meanwhile | None = None) -> None:
         if self.on_send is not None:
             self.on_send()
-        if records and not may_extend:
+        records, end, generation = batch.records, batch.end, batch.generation
+        if records and not batch.may_extend:
             # As the real one: the batch commits as given while the callback runs.
             self._commit(records, end, generation)
             if meanwhile is not None and meanwhile() is not None:
@@ -216,7 +209,7 @@ class InMemoryPublisher:
         extension = meanwhile() if meanwhile is not None else None
         if not records:  # no transaction: the Postgres checkpoint alone moves
             if extension is not None:
-                self.publish(*extension, generation)
+                self.publish(Batch(*extension, generation))
             return
         if extension is not None:
             records, end = [*records, *extension[0]], extension[1]

@@ -35,11 +35,13 @@ from relay.key_space import KeySpace, KeySpaceAction, adoptable, report
 from relay.model import KafkaRecord, OutboxEvent, PartId, Position
 from relay.poison import dead_letter_record
 from relay.ports import (
+    Batch,
     DeadLetterDecision,
     Extension,
     PartState,
     PartStore,
     Publisher,
+    Selection,
 )
 from relay.sessions import RelaySession
 from relay.subscribers import PoisonPolicy
@@ -189,8 +191,9 @@ class PartWorker(threading.Thread):
         self._open_store = open_store
         self._open_publisher = open_publisher
         self._encoder = encoder
-        self._batch_size = batch_size
-        self._batch_max_bytes = batch_max_bytes
+        # What every fetch of this part reads at most; the subscriber's parts and filters
+        # join it per fetch (a subscriber read again may filter differently).
+        self._limits = Selection(batch_size, batch_max_bytes, part.part)
         self._poll_interval = poll_interval
         self._store: PartStore | None = None
         self._publisher: Publisher | None = None
@@ -290,17 +293,16 @@ class PartWorker(threading.Thread):
                 state, ahead = published
 
     def _fetch(self, store: PartStore, state: PartState) -> _Batch:
-        fetched = store.fetch(
-            state.checkpoint,
-            self._batch_size,
-            max_bytes=self._batch_max_bytes,
-            part=self.part.part,
-            parts=state.subscriber.parts,
-            # Rows the subscriber drops stay in Postgres (all but the last read, which
-            # carries the checkpoint past them); matches() below still decides.
-            aggregate_types=state.subscriber.aggregate_types,
-            event_types=state.subscriber.event_types,
+        subscriber = state.subscriber
+        # Rows the subscriber drops stay in Postgres (all but the last read, which
+        # carries the checkpoint past them); matches() below still decides.
+        selection = dataclasses.replace(
+            self._limits,
+            parts=subscriber.parts,
+            aggregate_types=subscriber.aggregate_types,
+            event_types=subscriber.event_types,
         )
+        fetched = store.fetch(state.checkpoint, selection)
         return _Batch(fetched.events, fetched.read_to, fetched.full)
 
     def _prepare(self, store: PartStore, state: PartState) -> _Batch:
@@ -420,14 +422,10 @@ class PartWorker(threading.Thread):
         """One attempt at publishing ``batch``; what joined it meanwhile, if anything, is
         part of the outcome."""
         assert self._publisher is not None
+        may_extend = reader is None or reader.may_join
+        sending = Batch(batch.records, batch.end, str(state.generation), may_extend)
         try:
-            self._publisher.publish(
-                batch.records,
-                batch.end,
-                str(state.generation),
-                reader,
-                may_extend=reader is None or reader.may_join,
-            )
+            self._publisher.publish(sending, reader)
         except PoisonRecordError as exc:
             grown = reader.grown(batch) if reader is not None else batch
             return _Refused(grown.events, grown.end, exc)

@@ -62,14 +62,25 @@ SigHandler = Callable[[int, FrameType | None], Any] | int | None
 
 
 @dataclass
+class Transactions:
+    """Demo transactions the writer ended one way (committed or rolled back), and the
+    events in them."""
+
+    transactions: int = 0
+    events: int = 0
+
+    def add(self, ids: list[str]) -> None:
+        self.transactions += 1
+        self.events += len(ids)
+
+
+@dataclass
 class Tally:
     """Figures shared by the writer, the consumer and the live view (guarded by ``lock``)."""
 
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    transactions: int = 0
-    events_written: int = 0
-    rolled_back_transactions: int = 0
-    rolled_back_events: int = 0
+    committed: Transactions = field(default_factory=Transactions)
+    rolled_back: Transactions = field(default_factory=Transactions)
     consumed: int = 0
     duplicates: int = 0
     leaks: int = 0
@@ -84,8 +95,7 @@ class Tally:
 
     def record_commit(self, ids: list[str], committed_at: float) -> None:
         with self.lock:
-            self.transactions += 1
-            self.events_written += len(ids)
+            self.committed.add(ids)
             for message_id in ids:
                 seen_at = self.early.pop(message_id, None)
                 if seen_at is None:
@@ -95,8 +105,7 @@ class Tally:
 
     def record_rollback(self, ids: list[str]) -> None:
         with self.lock:
-            self.rolled_back_transactions += 1
-            self.rolled_back_events += len(ids)
+            self.rolled_back.add(ids)
             self.rolled_back_ids.update(ids)
             self.leaks += sum(1 for message_id in ids if message_id in self.seen)
 
@@ -322,10 +331,13 @@ class Dashboard:
             latencies = list(t.recent_latencies)
             recent = [_shown(r, s.options.registry) for r in t.recent]
             figures = [
-                ("written", f"{t.events_written} events in {t.transactions} transactions"),
+                (
+                    "written",
+                    f"{t.committed.events} events in {t.committed.transactions} transactions",
+                ),
                 (
                     "rolled back",
-                    f"{t.rolled_back_events} events in {t.rolled_back_transactions} "
+                    f"{t.rolled_back.events} events in {t.rolled_back.transactions} "
                     "transactions (never published)",
                 ),
                 ("published", f"{published}  ({rate:.0f} events/s, last {RATE_WINDOW_S:.0f} s)"),
@@ -417,7 +429,7 @@ class DemoRun:
         return total
 
     def lag(self, published: int) -> int:
-        return max(0, self.tally.events_written + self.backlog - published)
+        return max(0, self.tally.committed.events + self.backlog - published)
 
     def relay_state(self) -> str:
         parts = []
@@ -596,9 +608,9 @@ def _summary(demo: DemoRun) -> None:
     recent = list(t.recent_latencies)
     r50, r99 = percentile(recent, 0.50), percentile(recent, 0.99)
     demo.console.print(
-        f"Summary: ran {elapsed:.1f} s. Wrote {t.events_written} events in {t.transactions} "
-        f"transactions; rolled back {t.rolled_back_transactions} transactions "
-        f"({t.rolled_back_events} events) on purpose. Published {published} events "
+        f"Summary: ran {elapsed:.1f} s. Wrote {t.committed.events} events in "
+        f"{t.committed.transactions} transactions; rolled back {t.rolled_back.transactions} "
+        f"transactions ({t.rolled_back.events} events) on purpose. Published {published} events "
         f"({published / elapsed:.0f} events/s on average), consumed {t.consumed}, "
         f"{t.duplicates} duplicates, {t.leaks} rolled-back leaks, "
         f"{demo.lag(published)} unpublished at exit. Commit-to-consumer latency "

@@ -22,6 +22,7 @@ from relay import Outbox
 from relay.daemon import Relay
 from relay.errors import CheckpointConflict, ProducerFenced
 from relay.model import PartId, Position
+from relay.ports import Batch, Selection
 from relay.settings import load_settings
 from relay.store import OutboxStore
 from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
@@ -66,9 +67,9 @@ def test_a_commit_that_reached_kafka_but_not_postgres_is_adopted_not_republished
     state = store.get_part("s", 0)
     publisher = doomed.publishers(state)
     assert publisher.recover(str(state.generation)) is None
-    events = store.fetch(state.checkpoint, 100).events
+    events = store.fetch(state.checkpoint, Selection(100)).events
     records = [doomed.encoder.encode(e, state.subscriber) for e in events]
-    publisher.publish(records, events[-1].key, str(state.generation))
+    publisher.publish(Batch(records, events[-1].key, str(state.generation)))
     publisher.close()
     store.close_session(session)  # its claim is free; Postgres still says "nothing published"
     assert store.get_part("s", 0).checkpoint == Position(0, 0)
@@ -104,11 +105,11 @@ def test_a_new_owner_fences_the_old_producer(
     try:
         old.recover(str(state.generation))
         new.recover(str(state.generation))  # same transactional.id: the broker fences `old`
-        [event] = store.fetch(state.checkpoint, 10).events
+        [event] = store.fetch(state.checkpoint, Selection(10)).events
         record = relay.encoder.encode(event, state.subscriber)
         with pytest.raises(ProducerFenced):
-            old.publish([record], event.key, str(state.generation))
-        new.publish([record], event.key, str(state.generation))
+            old.publish(Batch([record], event.key, str(state.generation)))
+        new.publish(Batch([record], event.key, str(state.generation)))
     finally:
         old.close()
         new.close()
@@ -122,7 +123,7 @@ def test_checkpoint_writes_are_compare_and_set_and_owner_checked(
     store = OutboxStore(db)
     store.add(Subscriber("s"))
     write_orders(db, outbox, ["a", "b"])
-    first, second = store.fetch(Position(0, 0), 10).events
+    first, second = store.fetch(Position(0, 0), Selection(10)).events
     me, other = store.open_session("me", 1, 30), store.open_session("other", 2, 30)
     assert store.claim("s", 0, me)
     assert not store.claim("s", 0, other), "a claimed part cannot be claimed again"
@@ -346,7 +347,7 @@ def test_verify_is_clean_after_a_run_and_finds_duplicates_and_gaps(
     producer.produce(topic, b"{}", victim.key, headers=victim.headers)
     producer.flush(10)
     write_orders(db, outbox, ["o-lost"])
-    lost = OutboxStore(db).fetch(Position(0, 0), 100).events[-1]
+    lost = OutboxStore(db).fetch(Position(0, 0), Selection(100)).events[-1]
     db.execute(  # as a buggy relay would: the checkpoint claims o-lost was published
         "UPDATE outbox_checkpoints SET transaction_id = %s::text::xid8, position = %s",
         (lost.transaction_id, lost.position),

@@ -15,6 +15,7 @@ from psycopg import sql
 from relay import Outbox
 from relay.daemon import Relay
 from relay.model import BEGINNING
+from relay.ports import Selection
 from relay.store import OutboxStore
 from relay.worker import WorkerState
 from tests.support import (
@@ -276,16 +277,20 @@ def test_a_batch_stops_once_its_rows_reach_batch_max_bytes_and_holds_at_least_on
             (f"big-{n}",),
         )
     store = OutboxStore(db)
-    every = store.fetch(BEGINNING, 100).events
+    every = store.fetch(BEGINNING, Selection(100)).events
     sizes = [e.stored_bytes for e in every]
     assert len(every) == 5 and all(size > 100_000 for size in sizes)
 
-    two = store.fetch(BEGINNING, 100, max_bytes=sizes[0] + sizes[1]).events
+    two = store.fetch(BEGINNING, Selection(100, max_bytes=sizes[0] + sizes[1])).events
     assert [e.aggregate_id for e in two] == ["big-0", "big-1"]
-    rest = store.fetch(two[-1].key, 100, max_bytes=sizes[2] + 1).events
+    rest = store.fetch(two[-1].key, Selection(100, max_bytes=sizes[2] + 1)).events
     assert [e.aggregate_id for e in rest] == ["big-2", "big-3"]  # the one that crosses it
-    assert [e.aggregate_id for e in store.fetch(BEGINNING, 100, max_bytes=1).events] == ["big-0"]
-    assert len(store.fetch(BEGINNING, 3, max_bytes=2**40).events) == 3  # the row cap still holds
+    assert [e.aggregate_id for e in store.fetch(BEGINNING, Selection(100, max_bytes=1)).events] == [
+        "big-0"
+    ]
+    assert (
+        len(store.fetch(BEGINNING, Selection(3, max_bytes=2**40)).events) == 3
+    )  # the row cap still holds
 
 
 def test_large_rows_go_out_in_batches_under_batch_max_bytes_and_others_follow(

@@ -8,6 +8,7 @@ import psycopg
 
 from relay import Event, Outbox
 from relay.model import Position
+from relay.ports import Selection
 from relay.store import OutboxStore
 from relay.subscribers import Subscriber
 from tests.support import write_orders
@@ -25,7 +26,7 @@ def test_prune_keeps_unpublished_rows_and_each_streams_latest_version(
             db, aggregate_type="order", aggregate_id="s-1", expected_version=0,
             events=[Event("OrderShipped", {"order_id": "s-1", "carrier": f"c{i}"}) for i in range(3)],
         )  # fmt: skip
-    rows = store.fetch(Position(0, 0), 100).events
+    rows = store.fetch(Position(0, 0), Selection(100)).events
     assert len(rows) == 9
     # "fast" published everything, "slow" only the first four rows.
     for name, upto in (("fast", rows[-1].key), ("slow", rows[3].key)):
@@ -34,12 +35,12 @@ def test_prune_keeps_unpublished_rows_and_each_streams_latest_version(
         store.advance(store.get_part(name, 0), upto, session)
 
     assert sum(store.prune(older_than_s=0, batch=2)) == 4
-    left = store.fetch(Position(0, 0), 100).events
+    left = store.fetch(Position(0, 0), Selection(100)).events
     assert [r.key for r in left] == [r.key for r in rows[4:]]  # nothing "slow" still needs
 
     store.advance(store.get_part("slow", 0), rows[-1].key, store.get_part("slow", 0).owner)  # type: ignore[arg-type]
     assert sum(store.prune(older_than_s=0)) == 4
-    [kept] = store.fetch(Position(0, 0), 100).events
+    [kept] = store.fetch(Position(0, 0), Selection(100)).events
     assert (kept.aggregate_id, kept.aggregate_version) == ("s-1", 3)  # the stream's latest
     # ...so event-sourced appends go on after pruning.
     outbox.append_to_stream(
@@ -52,7 +53,7 @@ def test_prune_respects_the_minimum_age(db: psycopg.Connection[Any], outbox: Out
     store = OutboxStore(db)
     store.add(Subscriber("s"))
     write_orders(db, outbox, ["o-1"])
-    [row] = store.fetch(Position(0, 0), 10).events
+    [row] = store.fetch(Position(0, 0), Selection(10)).events
     session = store.open_session("x", 1, 60)
     store.claim("s", 0, session)
     store.advance(store.get_part("s", 0), row.key, session)

@@ -18,7 +18,7 @@ import pytest
 from relay.errors import BrokerUnavailable
 from relay.kafka import TopicCreator, TransactionalPublisher
 from relay.model import KafkaCheckpoint, KafkaRecord, Position
-from relay.ports import Extension, Publisher
+from relay.ports import Batch, Extension, Publisher
 
 SPACE = uuid.uuid4()
 
@@ -52,7 +52,7 @@ class PublisherContract:
     ) -> None:
         first = take_over(open_publisher, generation).publisher
         records = [record(topic, n) for n in range(3)]
-        first.publish(records, Position(10, 3), generation)
+        first.publish(Batch(records, Position(10, 3), generation))
         assert take_over(open_publisher, generation).checkpoint == KafkaCheckpoint(
             Position(10, 3), SPACE, message_of(records[-1])
         )
@@ -67,7 +67,7 @@ class PublisherContract:
         def meanwhile() -> Extension | None:
             return extension, Position(20, 2)
 
-        publisher.publish([record(topic, 0)], Position(10, 1), generation, meanwhile)
+        publisher.publish(Batch([record(topic, 0)], Position(10, 1), generation), meanwhile)
         assert take_over(open_publisher, generation).checkpoint == KafkaCheckpoint(
             Position(20, 2), SPACE, message_of(extension[-1])
         )
@@ -77,7 +77,7 @@ class PublisherContract:
         self, open_publisher: OpenPublisher, topic: str, read: Read, generation: str
     ) -> None:
         publisher = take_over(open_publisher, generation).publisher
-        publisher.publish([record(topic, 0)], Position(10, 1), generation, lambda: None)
+        publisher.publish(Batch([record(topic, 0)], Position(10, 1), generation), lambda: None)
         checkpoint = take_over(open_publisher, generation).checkpoint
         assert checkpoint is not None and checkpoint.position == Position(10, 1)
         assert read(1) == ["k0"]
@@ -94,7 +94,7 @@ class PublisherContract:
             return None
 
         records = [record(topic, n) for n in range(2)]
-        publisher.publish(records, Position(10, 2), generation, meanwhile, may_extend=False)
+        publisher.publish(Batch(records, Position(10, 2), generation, may_extend=False), meanwhile)
         assert calls == [1]
         assert take_over(open_publisher, generation).checkpoint == KafkaCheckpoint(
             Position(10, 2), SPACE, message_of(records[-1])
@@ -113,7 +113,7 @@ class PublisherContract:
 
         with pytest.raises(BrokerUnavailable, match="next batch"):
             publisher.publish(
-                [record(topic, 0)], Position(10, 1), generation, meanwhile, may_extend=False
+                Batch([record(topic, 0)], Position(10, 1), generation, may_extend=False), meanwhile
             )
         checkpoint = take_over(open_publisher, generation).checkpoint
         assert checkpoint is not None and checkpoint.position == Position(10, 1)
@@ -124,7 +124,7 @@ class PublisherContract:
     ) -> None:
         """A reset starts a new generation: the old one's progress is not the new one's."""
         publisher = take_over(open_publisher, generation).publisher
-        publisher.publish([record(topic, 0)], Position(10, 1), generation)
+        publisher.publish(Batch([record(topic, 0)], Position(10, 1), generation))
         assert take_over(open_publisher, str(uuid.uuid4())).checkpoint is None
 
     def test_a_batch_of_nothing_leaves_the_kafka_side_checkpoint_alone(
@@ -132,8 +132,8 @@ class PublisherContract:
     ) -> None:
         """Every event of the batch was filtered out: only the Postgres checkpoint moves."""
         publisher = take_over(open_publisher, generation).publisher
-        publisher.publish([record(topic, 0)], Position(10, 1), generation)
-        publisher.publish([], Position(30, 1), generation)
+        publisher.publish(Batch([record(topic, 0)], Position(10, 1), generation))
+        publisher.publish(Batch([], Position(30, 1), generation))
         checkpoint = take_over(open_publisher, generation).checkpoint
         assert checkpoint is not None and checkpoint.position == Position(10, 1)
 

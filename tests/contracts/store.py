@@ -16,7 +16,7 @@ import pytest
 
 from relay.errors import CheckpointConflict, ClaimLost, SubscriberError
 from relay.model import OutboxEvent, Position
-from relay.ports import DeadLetterDecision, Fetched, PartStore
+from relay.ports import DeadLetterDecision, Fetched, PartStore, Selection
 from relay.subscribers import Subscriber, ValueFormat
 
 SUBSCRIBER = Subscriber("s", topic="t", value_format=ValueFormat.JSON)
@@ -48,27 +48,27 @@ class StoreContract:
     def committed(self, store: AdminStore, write: Write) -> OutboxEvent:
         """One event, committed and fetched."""
         write("k")
-        [event] = store.fetch(Position(0, 0), 10).events
+        [event] = store.fetch(Position(0, 0), Selection(10)).events
         return event
 
     def test_fetch_returns_the_events_after_a_position_in_commit_order(
         self, store: AdminStore, write: Write
     ) -> None:
         ids = [write(f"k{n}") for n in range(4)]
-        everything = store.fetch(Position(0, 0), 10).events
+        everything = store.fetch(Position(0, 0), Selection(10)).events
         assert [e.message_id for e in everything] == ids
         assert [e.aggregate_id for e in everything] == ["k0", "k1", "k2", "k3"]
-        after_second = store.fetch(everything[1].key, 10).events
+        after_second = store.fetch(everything[1].key, Selection(10)).events
         assert [e.message_id for e in after_second] == ids[2:]
-        assert store.fetch(everything[-1].key, 10) == Fetched([], None)
+        assert store.fetch(everything[-1].key, Selection(10)) == Fetched([], None)
 
     def test_fetch_stops_at_the_limit_and_returns_one_event_past_the_byte_cap(
         self, store: AdminStore, write: Write
     ) -> None:
         ids = [write("k") for _ in range(3)]
-        assert [e.message_id for e in store.fetch(Position(0, 0), 2).events] == ids[:2]
+        assert [e.message_id for e in store.fetch(Position(0, 0), Selection(2)).events] == ids[:2]
         # Even an event bigger than the cap is fetched: it has to be published some time.
-        capped = store.fetch(Position(0, 0), 10, max_bytes=1)
+        capped = store.fetch(Position(0, 0), Selection(10, max_bytes=1))
         assert [e.message_id for e in capped.events] == ids[:1] and capped.full
 
     def test_a_filtered_fetch_leaves_out_what_the_filter_drops_and_reads_past_it(
@@ -77,16 +77,16 @@ class StoreContract:
         """Rows a subscriber drops never leave Postgres, but the read goes past them, so
         its checkpoint does too; a fetch from there finds nothing new."""
         ids = [write(f"k{n}") for n in range(3)]
-        kept = store.fetch(Position(0, 0), 10, aggregate_types=frozenset({"order"}))
+        kept = store.fetch(Position(0, 0), Selection(10, aggregate_types=frozenset({"order"})))
         assert [e.message_id for e in kept.events] == ids and not kept.full
         assert kept.read_to is not None and kept.read_to >= kept.events[-1].key
-        dropped = store.fetch(Position(0, 0), 10, aggregate_types=frozenset({"invoice"}))
+        dropped = store.fetch(Position(0, 0), Selection(10, aggregate_types=frozenset({"invoice"})))
         assert dropped.events == [] and dropped.read_to is not None
         assert dropped.read_to >= kept.events[-1].key
-        assert store.fetch(dropped.read_to, 10, aggregate_types=frozenset({"invoice"})) == (
-            Fetched([], None)
-        )
-        by_event = store.fetch(Position(0, 0), 2, event_types=frozenset({"Shipped"}))
+        assert store.fetch(
+            dropped.read_to, Selection(10, aggregate_types=frozenset({"invoice"}))
+        ) == (Fetched([], None))
+        by_event = store.fetch(Position(0, 0), Selection(2, event_types=frozenset({"Shipped"})))
         assert by_event == Fetched([], kept.events[1].key, True)
 
     def test_a_part_is_stored_with_its_subscriber_and_owner(
@@ -111,7 +111,7 @@ class StoreContract:
         version = store.advance(state, committed.key, owner)
         stored = store.get_part("s", 0)
         assert stored.checkpoint == committed.key and stored.version == version > state.version
-        assert store.fetch(stored.checkpoint, 10) == Fetched([], None)
+        assert store.fetch(stored.checkpoint, Selection(10)) == Fetched([], None)
 
     def test_advance_from_a_stale_version_is_a_conflict(
         self, store: AdminStore, committed: OutboxEvent, owner: UUID
@@ -142,7 +142,7 @@ class StoreContract:
     ) -> None:
         write("k")
         write("k")
-        first, second = store.fetch(Position(0, 0), 10).events
+        first, second = store.fetch(Position(0, 0), Selection(10)).events
         decision = DeadLetterDecision("dlq", "too large")
         store.record_dead_letter(store.get_part("s", 0), second, decision)
         assert store.dead_letters("s", Position(0, 0), second.key) == {second.message_id: decision}

@@ -15,7 +15,7 @@ import pytest
 
 from relay.errors import PoisonRecordError
 from relay.model import ConsumedRecord, KafkaRecord, Position
-from relay.ports import Publisher, TopicReader
+from relay.ports import Batch, Publisher, TopicReader
 
 TOO_LARGE = 1_000_001  # bytes: beyond Kafka's default message.max.bytes
 
@@ -29,8 +29,8 @@ class TopicReaderContract:
     ) -> None:
         first = [event(topics[0], key, n) for n, key in enumerate("abab", 1)]
         second = [event(topics[1], "c", 5), event(topics[0], "a", 6)]
-        publisher.publish(first, Position(100, 4), "g")
-        publisher.publish(second, Position(100, 6), "g")
+        publisher.publish(Batch(first, Position(100, 4), "g"))
+        publisher.publish(Batch(second, Position(100, 6), "g"))
         told: list[tuple[int, int]] = []
         records = list(reader.read(topics, lambda done, total: told.append((done, total))))
         assert sorted(r.message_id or "" for r in records) == sorted(
@@ -64,17 +64,17 @@ class TopicReaderContract:
         too_large = KafkaRecord(topics[0], b"a", b"x" * TOO_LARGE, [])
         with pytest.raises(PoisonRecordError):
             publisher.publish(
-                [aborted], Position(100, 1), "g", lambda: ([too_large], Position(100, 2))
+                Batch([aborted], Position(100, 1), "g"), lambda: ([too_large], Position(100, 2))
             )
         committed = event(topics[0], "a", 3)
-        publisher.publish([committed], Position(100, 3), "g")
+        publisher.publish(Batch([committed], Position(100, 3), "g"))
         assert [r.message_id for r in reader.read(topics[:1])] == [committed.outbox_message_id]
 
     def test_follow_reads_what_is_there_then_what_comes_and_new_topics(
         self, publisher: Publisher, reader: TopicReader, topics: list[str]
     ) -> None:
         before = event(topics[0], "a", 1)
-        publisher.publish([before], Position(100, 1), "g")
+        publisher.publish(Batch([before], Position(100, 1), "g"))
         later = event(topics[1], "b", 2)  # its topic does not exist yet
         seen: list[ConsumedRecord] = []
         idle = 0
@@ -85,7 +85,7 @@ class TopicReaderContract:
                 if record is None:
                     idle += 1
                     if seen and not any(r.topic == topics[1] for r in seen):
-                        publisher.publish([later], Position(100, 2), "g")
+                        publisher.publish(Batch([later], Position(100, 2), "g"))
                     continue
                 seen.append(record)
                 if len(seen) == 2:

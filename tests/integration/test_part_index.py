@@ -8,6 +8,7 @@ from typing import Any
 import psycopg
 
 from relay.model import Position
+from relay.ports import Selection
 from relay.queries import queries_for
 from relay.store import OutboxStore
 from relay.subscribers import StartFrom, Subscriber
@@ -50,7 +51,7 @@ def test_adding_a_sharded_subscriber_indexes_its_parts_and_each_reads_only_its_o
     store = OutboxStore(db)
     seen: list[str] = []
     for part in range(4):
-        events = store.fetch(Position(0, 0), ROWS, part=part, parts=4).events
+        events = store.fetch(Position(0, 0), Selection(ROWS, part=part, parts=4)).events
         owners = db.execute(
             "SELECT DISTINCT outbox_part(aggregate_id, 4) FROM outbox WHERE aggregate_id = ANY(%s)",
             ([e.aggregate_id for e in events],),

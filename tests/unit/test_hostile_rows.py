@@ -5,12 +5,11 @@ foresaw lives on, and the rules that keep hostile rows off topics they may not r
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import pytest
 
 from relay.model import Position
-from relay.ports import Fetched
+from relay.ports import Fetched, Selection
 from relay.subscribers import Subscriber, TopicGuard, legal_topic
 from relay.testing import InMemoryPublisher, InMemoryStore
 from tests.support import wait_until
@@ -26,11 +25,11 @@ class _FailingStore(InMemoryStore):
         super().__init__()
         self.failures = 1
 
-    def fetch(self, after: Position, limit: int, **part: Any) -> Fetched:
+    def fetch(self, after: Position, selection: Selection) -> Fetched:
         if self.failures:
             self.failures -= 1
             raise RuntimeError("nobody saw this coming")
-        return super().fetch(after, limit, **part)
+        return super().fetch(after, selection)
 
 
 def test_an_unexpected_exception_is_counted_logged_and_the_worker_lives_on(

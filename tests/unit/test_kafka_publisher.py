@@ -18,6 +18,7 @@ import relay.kafka
 from relay.errors import PoisonRecordError, ProducerFenced
 from relay.kafka import TopicCreator, TransactionalPublisher
 from relay.model import KafkaRecord, Position
+from relay.ports import Batch
 
 
 class FakeMessage:
@@ -94,7 +95,7 @@ def records(*values: bytes) -> list[KafkaRecord]:
 def test_a_rejected_record_is_named_after_the_commit_fails() -> None:
     producer = FakeProducer(reject=b"bad")
     with pytest.raises(PoisonRecordError) as caught:
-        publisher(producer).publish(records(b"a", b"bad", b"c"), Position(1, 1), "gen")
+        publisher(producer).publish(Batch(records(b"a", b"bad", b"c"), Position(1, 1), "gen"))
     assert caught.value.record.value == b"bad"
     assert producer.committed == []  # nothing became visible
     assert producer.reports_asked == 3  # only the diagnosing run asked for reports
@@ -102,13 +103,13 @@ def test_a_rejected_record_is_named_after_the_commit_fails() -> None:
 
 def test_a_passing_failure_commits_the_batch_once() -> None:
     producer = FakeProducer(reject=b"b", times=1)
-    publisher(producer).publish(records(b"a", b"b"), Position(1, 1), "gen")
+    publisher(producer).publish(Batch(records(b"a", b"b"), Position(1, 1), "gen"))
     assert producer.committed == [[b"a", b"b"]]
 
 
 def test_the_fast_path_asks_for_no_delivery_reports() -> None:
     producer = FakeProducer(reject=b"never")
-    publisher(producer).publish(records(b"a", b"b", b"c"), Position(1, 1), "gen")
+    publisher(producer).publish(Batch(records(b"a", b"b", b"c"), Position(1, 1), "gen"))
     assert producer.committed == [[b"a", b"b", b"c"]] and producer.reports_asked == 0
 
 
@@ -132,10 +133,10 @@ def test_a_call_that_outlives_its_timeout_abandons_the_producer(
     pub._delivery_timeout_s = 0.1
     try:
         with pytest.raises(ProducerFenced, match="did not return within"):
-            pub.publish(records(b"a"), Position(1, 1), "gen")
+            pub.publish(Batch(records(b"a"), Position(1, 1), "gen"))
         # Abandoned: no further call reaches it, and closing does not flush it.
         with pytest.raises(ProducerFenced, match="abandoned"):
-            pub.publish(records(b"b"), Position(1, 2), "gen")
+            pub.publish(Batch(records(b"b"), Position(1, 2), "gen"))
         pub.close()
     finally:
         producer.release.set()

@@ -8,12 +8,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 from relay.encoding import RecordEncoder
 from relay.errors import PoisonRecordError
 from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position
-from relay.ports import Fetched
+from relay.ports import Fetched, Selection
 from relay.sessions import RelaySession
 from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.testing import InMemoryPublisher, InMemoryStore
@@ -166,9 +165,9 @@ class CountingStore(InMemoryStore):
         super().__init__()
         self.fetches = 0
 
-    def fetch(self, after: Position, limit: int, **part: Any) -> Fetched:
+    def fetch(self, after: Position, selection: Selection) -> Fetched:
         self.fetches += 1
-        return super().fetch(after, limit, **part)
+        return super().fetch(after, selection)
 
 
 def test_a_backlog_is_published_in_full_batches_each_read_while_the_last_commits() -> None:
