@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from relay import db, logs, migrations
+from relay import subscribers as subs
 from relay.errors import ConfigError, RelayError
 from relay.key_space import KeySpaceAction, report
 from relay.lag import EXACT_UP_TO, SubscriberStatus, subscriber_statuses
@@ -29,14 +30,6 @@ from relay.model import Position
 from relay.redact import redact
 from relay.settings import Settings, load_settings
 from relay.store import OutboxStore
-from relay.subscribers import (
-    DEFAULT_TOPIC,
-    MAX_PARTS,
-    PoisonPolicy,
-    StartFrom,
-    Subscriber,
-    ValueFormat,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -569,11 +562,11 @@ def subscribers_add(
     name: str,
     topic: Annotated[
         str, typer.Option(help="Topic template: {aggregate_type}, {event_type}.")
-    ] = DEFAULT_TOPIC,
+    ] = subs.DEFAULT_TOPIC,
     value_format: Annotated[
-        ValueFormat,
+        subs.ValueFormat,
         typer.Option("--format", help="Value encoding (avro needs the relay's schemas folder)."),
-    ] = ValueFormat.JSON,
+    ] = subs.ValueFormat.JSON,
     aggregate_type: Annotated[
         list[str] | None, typer.Option(help="Only these aggregate types (repeatable).")
     ] = None,
@@ -581,20 +574,20 @@ def subscribers_add(
         list[str] | None, typer.Option(help="Only these event types (repeatable).")
     ] = None,
     start: Annotated[
-        StartFrom, typer.Option("--from", help="Where a new subscriber starts.")
-    ] = StartFrom.BEGINNING,
+        subs.StartFrom, typer.Option("--from", help="Where a new subscriber starts.")
+    ] = subs.StartFrom.BEGINNING,
     replace: Annotated[
         bool, typer.Option(help="Update an existing subscriber's definition.")
     ] = False,
     parts: Annotated[
         int,
         typer.Option(
-            min=1, max=MAX_PARTS, help="Shard over relays by aggregate_id (fixed at creation)."
+            min=1, max=subs.MAX_PARTS, help="Shard over relays by aggregate_id (fixed at creation)."
         ),
     ] = 1,
     on_poison: Annotated[
-        PoisonPolicy, typer.Option(help="What to do with an event that cannot be published.")
-    ] = PoisonPolicy.HALT,
+        subs.PoisonPolicy, typer.Option(help="What to do with an event that cannot be published.")
+    ] = subs.PoisonPolicy.HALT,
     dead_letter_topic: Annotated[
         str | None, typer.Option(help="Dead-letter topic [outbox.dead-letter.<name>].")
     ] = None,
@@ -603,7 +596,7 @@ def subscribers_add(
 ) -> None:
     """Add a subscriber (a running relay picks it up within seconds)."""
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
-    subscriber = Subscriber.from_dict(
+    subscriber = subs.Subscriber.from_dict(
         {
             "name": name,
             "topic": topic,
@@ -717,9 +710,9 @@ def subscribers_reset(
     schema: Schema = None,
 ) -> None:
     """Move a subscriber's checkpoint (republishes or skips events!)."""
-    target: StartFrom | Position
-    if to in (StartFrom.BEGINNING.value, StartFrom.NOW.value):
-        target = StartFrom(to)
+    target: subs.StartFrom | Position
+    if to in (subs.StartFrom.BEGINNING.value, subs.StartFrom.NOW.value):
+        target = subs.StartFrom(to)
     else:
         try:
             target = Position.parse(to)

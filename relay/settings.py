@@ -164,24 +164,16 @@ class Settings(BaseSettings):
     def _libpq_url(cls, value: SecretStr | None) -> SecretStr | None:
         # Fail at start-up naming the key, not at the first connection; libpq quotes
         # the whole string in its error, so the password is masked.
-        if value is not None:
-            from relay.db import parse_url
+        from relay.db import parse_url
 
-            try:
-                parse_url(value.get_secret_value())
-            except ConfigError as exc:
-                raise ValueError(str(exc).removeprefix("database_url: ")) from exc
+        if value is not None:
+            _as_value_error(parse_url, value.get_secret_value())
         return value
 
     @field_validator("topic_allow")
     @classmethod
     def _topic_allow(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"not a regular expression: {exc}") from exc
-        return value
+        return value if value is None else _as_value_error(_regular_expression, value)
 
     @model_validator(mode="after")
     def _heartbeat_fits(self) -> Settings:
@@ -327,7 +319,17 @@ def _mask(key: str, value: Any) -> Any:
 
 
 def _as_value_error(check: Any, value: str) -> str:
+    """``value`` once ``check`` accepts it; its refusal as the ValueError pydantic
+    reports under the key (so the key is not named twice)."""
     try:
-        return str(check(value))
-    except SubscriberError as exc:
-        raise ValueError(str(exc)) from exc
+        check(value)
+    except (SubscriberError, ConfigError) as exc:
+        raise ValueError(str(exc).removeprefix("database_url: ")) from exc
+    return value
+
+
+def _regular_expression(value: str) -> None:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ConfigError(f"not a regular expression: {exc}") from exc

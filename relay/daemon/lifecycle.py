@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import psycopg
 
 from relay import db
+from relay.daemon.context import DaemonContext
 from relay.daemon.membership import Membership
 from relay.daemon.parts import ClaimedParts
 from relay.daemon.publishers import PublisherFactory
@@ -53,20 +54,15 @@ class Relay:
         self._supervisor: threading.Thread | None = None
         self.http: HealthServer | None = None
         self.publishers = PublisherFactory(settings, self.topic_guard)
+        context = DaemonContext(settings, self._open_store, self._stopping)
         self.membership = Membership(
-            settings,
-            self._open_store,
-            self._stopping,
-            on_lost=self._abandon_workers,
-            stop_workers=self._stop_all_workers,
+            context, on_lost=self._abandon_workers, stop_workers=self._stop_all_workers
         )
         self.parts = ClaimedParts(
-            settings,
+            context,
             self.membership,
-            self._stopping,
             topic_guard=self.topic_guard,
             encoder=self.encoder,
-            open_store=self._open_store,
             open_publisher=self.publishers,
         )
         self.key_space = KeySpaceChecks()

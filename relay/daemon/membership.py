@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
 from relay.broker_watch import BrokerWatch
+from relay.daemon.context import DaemonContext
 from relay.sessions import RelaySession, SessionKeeper
-from relay.settings import Settings
-from relay.store import OutboxStore
 
 logger = logging.getLogger(__name__)
 
@@ -24,16 +22,12 @@ class Membership:
 
     def __init__(
         self,
-        settings: Settings,
-        open_store: Callable[[], OutboxStore],
-        stopping: threading.Event,
+        context: DaemonContext,
         *,
         on_lost: Callable[[], None],
         stop_workers: Callable[[float], None],
     ) -> None:
-        self._settings = settings
-        self._open_store = open_store
-        self._stopping = stopping
+        self._ctx = context
         self._on_lost = on_lost
         self._stop_workers = stop_workers
         self.broker: BrokerWatch | None = None
@@ -46,7 +40,7 @@ class Membership:
 
     def start(self) -> None:
         """Watch the broker; open the session if Kafka answers in time."""
-        s = self._settings
+        s = self._ctx.settings
         self.broker = BrokerWatch(
             {**s.kafka, "bootstrap.servers": s.require_bootstrap_servers()},
             interval=max(1.0, min(s.heartbeat_interval, 5.0)),
@@ -61,7 +55,7 @@ class Membership:
     def mind_broker(self) -> None:
         """Hold a session (and so parts) only while Kafka answers."""
         broker = self.broker
-        if broker is None or self._stopping.is_set():
+        if broker is None or self._ctx.stopping.is_set():
             return
         if self.keeper is None:
             if broker.reachable:
@@ -69,7 +63,7 @@ class Membership:
                 self._open_session()
             return
         down = broker.unreachable_for()
-        if down >= self._settings.session_timeout:
+        if down >= self._ctx.settings.session_timeout:
             logger.error(
                 "%s (%.0fs): giving this relay's parts to its peers",
                 broker.describe(),
@@ -98,9 +92,9 @@ class Membership:
             self.keeper = None
 
     def _open_session(self) -> None:
-        s = self._settings
+        s = self._ctx.settings
         self.keeper = SessionKeeper(
-            self._open_store,
+            self._ctx.open_store,
             timeout=s.session_timeout,
             heartbeat_interval=s.heartbeat_interval,
             on_lost=self._on_lost,

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from uuid import UUID
 
+from relay.daemon.context import DaemonContext
 from relay.daemon.membership import Membership
 from relay.encoding import RecordEncoder
 from relay.errors import RelayError
 from relay.model import PartId
 from relay.ports import PartState, Publisher
 from relay.sessions import assign
-from relay.settings import Settings
 from relay.store import OutboxStore
 from relay.subscribers import TopicGuard
 from relay.worker import PartWorker, WorkerState
@@ -29,21 +28,17 @@ class ClaimedParts:
 
     def __init__(
         self,
-        settings: Settings,
+        context: DaemonContext,
         membership: Membership,
-        stopping: threading.Event,
         *,
         topic_guard: TopicGuard,
         encoder: RecordEncoder,
-        open_store: Callable[[], OutboxStore],
         open_publisher: Callable[[PartState], Publisher],
     ) -> None:
-        self._settings = settings
+        self._ctx = context
         self._membership = membership
-        self._stopping = stopping
         self._topic_guard = topic_guard
         self._encoder = encoder
-        self._open_store = open_store
         self._open_publisher = open_publisher
         self.workers: dict[PartId, PartWorker] = {}
         # Statistics of workers that have stopped, so counters never go down.
@@ -88,7 +83,7 @@ class ClaimedParts:
         }
         self._release(store, owners, mine, me)
         current = self._membership.session  # the keeper may have opened a new one
-        if self._stopping.is_set() or current is None or not current.valid():
+        if self._ctx.stopping.is_set() or current is None or not current.valid():
             return
         for part in sorted(mine):
             if part in self.workers:
@@ -125,12 +120,12 @@ class ClaimedParts:
         worker = PartWorker(
             part,
             session=session,
-            open_store=self._open_store,
+            open_store=self._ctx.open_store,
             open_publisher=self._open_publisher,
             encoder=self._encoder,
-            batch_size=self._settings.batch_size,
-            batch_max_bytes=self._settings.batch_max_bytes,
-            poll_interval=self._settings.poll_interval,
+            batch_size=self._ctx.settings.batch_size,
+            batch_max_bytes=self._ctx.settings.batch_max_bytes,
+            poll_interval=self._ctx.settings.poll_interval,
         )
         self.workers[part] = worker
         worker.start()
@@ -147,7 +142,9 @@ class ClaimedParts:
         for worker in workers:
             self._stop_worker(worker)
         end = (
-            deadline if deadline is not None else time.monotonic() + self._settings.shutdown_timeout
+            deadline
+            if deadline is not None
+            else time.monotonic() + self._ctx.settings.shutdown_timeout
         )
         for worker in workers:
             worker.join(max(0.0, end - time.monotonic()))
