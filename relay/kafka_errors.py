@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypedDict, Unpack, overload
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -103,14 +103,19 @@ _AlwaysAnError = Literal[
 ]
 
 
+class Details(TypedDict, total=False):
+    """What :func:`classify` needs besides the error, at the one stage each is read."""
+
+    record: KafkaRecord | None  # Stage.PRODUCE: the record the client refused
+    config: Mapping[str, Any] | None  # Stage.TRANSACTION: quoted when the broker refuses it
+
+
 @overload
 def classify(
     failure: KafkaException | KafkaError,
     context: str,
     stage: Literal[Stage.CREATE_TOPIC, Stage.READ],
-    *,
-    record: KafkaRecord | None = None,
-    config: Mapping[str, Any] | None = None,
+    **details: Unpack[Details],
 ) -> RelayError | None: ...
 
 
@@ -119,9 +124,7 @@ def classify(
     failure: KafkaException | KafkaError,
     context: str,
     stage: _AlwaysAnError = Stage.REQUEST,
-    *,
-    record: KafkaRecord | None = None,
-    config: Mapping[str, Any] | None = None,
+    **details: Unpack[Details],
 ) -> RelayError: ...
 
 
@@ -129,9 +132,7 @@ def classify(
     failure: KafkaException | KafkaError,
     context: str,
     stage: Stage = Stage.REQUEST,
-    *,
-    record: KafkaRecord | None = None,
-    config: Mapping[str, Any] | None = None,
+    **details: Unpack[Details],
 ) -> RelayError | None:
     """The relay error for a client ``failure`` during ``stage``; None when it is no
     failure there (a topic that already exists, the end of a partition).
@@ -145,11 +146,11 @@ def classify(
     if not isinstance(error, KafkaError):
         return _without_code(stage, context, str(failure))
     if stage is Stage.PRODUCE:
-        return _produce(error, context, record)
+        return _produce(error, context, details.get("record"))
     if stage is Stage.DELIVERY:
         return _delivery(error, context)
     if stage is Stage.TRANSACTION:
-        return _transaction(error, context, config or {})
+        return _transaction(error, context, details.get("config") or {})
     if stage is Stage.CREATE_TOPIC:
         return _create_topic(error, context)
     if stage is Stage.READ:

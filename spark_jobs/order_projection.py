@@ -17,7 +17,6 @@ Run locally (embedded default) or with ``spark-submit``::
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,8 +27,8 @@ from pyspark.sql import functions as F
 
 from relay.errors import RelayError
 from spark_jobs.decoding import decode_events, split_corrupt
-from spark_jobs.postgres_sink import RESET_SINK_HELP, PostgresBatchSink
-from spark_jobs.secrets import DATABASE_URL_HELP, resolve_database_url
+from spark_jobs.postgres_sink import PostgresBatchSink
+from spark_jobs.sink_job_args import sink_job_options, sink_job_parser
 from spark_jobs.spark_session import kafka_options, local_spark_session, streaming_query_id
 
 ORDERS_DDL = """
@@ -170,29 +169,18 @@ def start(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bootstrap-servers", required=True)
+    parser = sink_job_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--topic", default="outbox.event.order")
-    parser.add_argument("--database-url", help=DATABASE_URL_HELP)
-    parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--schemas", default=str(Path("schemas")))
-    parser.add_argument("--available-now", action="store_true", help="Process what is there, stop.")
     parser.add_argument("--on-corrupt", choices=["fail", "route"], default="fail")
-    parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
-    parser.add_argument("--reset-sink", action="store_true", help=RESET_SINK_HELP)
     args = parser.parse_args(argv)
     spark = local_spark_session("order-projection")
     query = start(
         spark,
-        bootstrap_servers=args.bootstrap_servers,
         topic=args.topic,
-        database_url=resolve_database_url(parser, args.database_url),
-        checkpoint=args.checkpoint,
         schemas=args.schemas,
-        available_now=args.available_now,
         on_corrupt=args.on_corrupt,
-        max_offsets_per_trigger=args.max_offsets_per_trigger,
-        reset_sink=args.reset_sink,
+        **sink_job_options(parser, args),
     )
     query.awaitTermination()
 

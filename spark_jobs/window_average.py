@@ -25,9 +25,9 @@ saved, no sink written; (A) the averages' transaction committed, the counter not
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -35,8 +35,8 @@ from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
 from spark_jobs.kafka_sink import KafkaBatchSink, Record
-from spark_jobs.postgres_sink import RESET_SINK_HELP, PostgresBatchSink
-from spark_jobs.secrets import DATABASE_URL_HELP, resolve_database_url
+from spark_jobs.postgres_sink import PostgresBatchSink
+from spark_jobs.sink_job_args import sink_job_options, sink_job_parser
 from spark_jobs.spark_session import kafka_options, local_spark_session, streaming_query_id
 
 COUNTERS_DDL = """CREATE TABLE IF NOT EXISTS window_counters (
@@ -45,9 +45,22 @@ COUNTERS_DDL = """CREATE TABLE IF NOT EXISTS window_counters (
 )"""
 
 
-def window_averages(
-    numbers: DataFrame, *, length: str, slide: str, lateness: str = "0 seconds"
-) -> DataFrame:
+@dataclass(frozen=True)
+class SlidingWindow:
+    """Event-time windows ``length`` long, one starting every ``slide`` (Spark interval
+    strings). A number up to ``lateness`` behind the newest one (over all the inputs)
+    still counts; a later one is dropped."""
+
+    length: str = "10 seconds"
+    slide: str = "5 seconds"
+    lateness: str = "0 seconds"
+
+
+# The job's defaults, and its command line's.
+DEFAULT_WINDOW = SlidingWindow()
+
+
+def window_averages(numbers: DataFrame, window: SlidingWindow) -> DataFrame:
     """Kafka rows whose value is a JSON number (or ``{"value": n}``) → one row per closed
     sliding window: ``window_start``, ``window_end``, ``average``, ``numbers``."""
     value = F.coalesce(
@@ -57,8 +70,8 @@ def window_averages(
     return (
         numbers.select(F.col("timestamp").alias("event_time"), value.alias("number"))
         .where("number IS NOT NULL")
-        .withWatermark("event_time", lateness)
-        .groupBy(F.window("event_time", length, slide))
+        .withWatermark("event_time", window.lateness)
+        .groupBy(F.window("event_time", window.length, window.slide))
         .agg(F.avg("number").alias("average"), F.count("number").alias("numbers"))
         .select(
             F.col("window.start").alias("window_start"),
@@ -110,9 +123,7 @@ def start(
     output_topic: str,
     database_url: str,
     checkpoint: str,
-    length: str = "10 seconds",
-    slide: str = "5 seconds",
-    lateness: str = "0 seconds",
+    window: SlidingWindow = DEFAULT_WINDOW,
     threshold: int = 10,
     counter: str = "crowded_windows",
     available_now: bool = False,
@@ -136,7 +147,7 @@ def start(
         .load()
     )
     stream = (
-        window_averages(numbers, length=length, slide=slide, lateness=lateness)
+        window_averages(numbers, window)
         .writeStream.outputMode("append")
         .foreachBatch(batch_writer(averages, counters, threshold, counter))
         .option("checkpointLocation", checkpoint)
@@ -146,39 +157,26 @@ def start(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bootstrap-servers", required=True)
+    parser = sink_job_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--topics", required=True, help="Two (or more) comma-separated topics.")
     parser.add_argument("--output-topic", default="window-averages", help="Where averages go.")
-    parser.add_argument("--database-url", help=DATABASE_URL_HELP)
-    parser.add_argument("--checkpoint", required=True)
-    parser.add_argument("--length", default="10 seconds")
-    parser.add_argument("--slide", default="5 seconds")
+    parser.add_argument("--length", default=DEFAULT_WINDOW.length)
+    parser.add_argument("--slide", default=DEFAULT_WINDOW.slide)
     parser.add_argument(
         "--lateness",
-        default="0 seconds",
+        default=DEFAULT_WINDOW.lateness,
         help="How far behind the newest number (over both topics) a number may arrive and "
         "still count; later ones are dropped. Cover the skew between the two topics.",
     )
     parser.add_argument("--threshold", type=int, default=10)
-    parser.add_argument("--available-now", action="store_true")
-    parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
-    parser.add_argument("--reset-sink", action="store_true", help=RESET_SINK_HELP)
     args = parser.parse_args(argv)
     query = start(
         local_spark_session("window-average"),
-        bootstrap_servers=args.bootstrap_servers,
         topics=args.topics.split(","),
         output_topic=args.output_topic,
-        database_url=resolve_database_url(parser, args.database_url),
-        checkpoint=args.checkpoint,
-        length=args.length,
-        slide=args.slide,
-        lateness=args.lateness,
+        window=SlidingWindow(args.length, args.slide, args.lateness),
         threshold=args.threshold,
-        available_now=args.available_now,
-        max_offsets_per_trigger=args.max_offsets_per_trigger,
-        reset_sink=args.reset_sink,
+        **sink_job_options(parser, args),
     )
     query.awaitTermination()
 

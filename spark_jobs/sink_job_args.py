@@ -1,0 +1,47 @@
+"""The command line every Kafka → Postgres-sink job shares (order projection, window
+average): its options, and ``start``'s keywords from them. Each job adds its own options
+to the parser and passes its own keywords next to these."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TypedDict
+
+from spark_jobs.postgres_sink import RESET_SINK_HELP
+from spark_jobs.secrets import DATABASE_URL_HELP, resolve_database_url
+
+
+class SinkJobOptions(TypedDict):
+    """The keywords of a sink job's ``start`` that come from the shared options."""
+
+    bootstrap_servers: str
+    database_url: str
+    checkpoint: str
+    available_now: bool
+    max_offsets_per_trigger: int | None
+    reset_sink: bool
+
+
+def sink_job_parser(description: str) -> argparse.ArgumentParser:
+    """A parser holding the shared options; the job adds its own before parsing."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--bootstrap-servers", required=True)
+    parser.add_argument("--database-url", help=DATABASE_URL_HELP)
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--available-now", action="store_true", help="Process what is there, stop.")
+    parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
+    parser.add_argument("--reset-sink", action="store_true", help=RESET_SINK_HELP)
+    return parser
+
+
+def sink_job_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SinkJobOptions:
+    """``start``'s shared keywords. The database URL comes from the flag, or else from the
+    environment (secrets stay out of argv); none at all is a usage error of ``parser``."""
+    return SinkJobOptions(
+        bootstrap_servers=args.bootstrap_servers,
+        database_url=resolve_database_url(parser, args.database_url),
+        checkpoint=args.checkpoint,
+        available_now=args.available_now,
+        max_offsets_per_trigger=args.max_offsets_per_trigger,
+        reset_sink=args.reset_sink,
+    )
