@@ -2,9 +2,11 @@
 
 * One process: a 4-part subscriber against a 1-part one, same rows. Each part has its
   own thread, connection and producer, so their waits on Postgres and Kafka overlap; the
-  Python work of all of them shares one interpreter lock (target: >= 1.6x).
+  Python work of all of them shares one interpreter lock.
 * Rows of other parts a part's poll reads (EXPLAIN ANALYZE, half-way through the
   backlog), per row it keeps: 0 when no part scans the rows of others (target).
+* One relay of 2 worker processes (``run --workers 2``): the same 4 parts over two
+  member processes, one per core (target: >= 1.6x).
 * Several processes: parts are assigned round-robin over live relays, so 4 processes
   take one part each where 1 process runs all 4. On a 2-core machine shared with
   Postgres and the broker, that gain is bounded by the cores, not by the relay.
@@ -34,6 +36,7 @@ from relay.store import OutboxStore
 from relay.subscribers import Subscriber
 
 PARTS = 4
+WORKERS = 2  # one per core of the benchmark machine
 
 
 def run(stack: Stack, scale: Scale) -> list[Figure]:
@@ -41,11 +44,16 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
     stack.fresh_broker()
     one = rate(stack, scale.events, parts=PARTS, relays=1)
     stack.fresh_broker()
+    workers = rate(stack, scale.events, parts=PARTS, relays=1, workers=WORKERS)
+    stack.fresh_broker()
     several = rate(stack, scale.events, parts=PARTS, relays=PARTS)
     plan = scan_per_row(stack, scale.events)
     return [
         Figure("sharding", f"{PARTS}-part subscriber ev/s vs 1 part, one process", one,
                "ev/s", single, "1-part subscriber", "ratio>=1.6", {"events": scale.events}),
+        Figure("sharding", f"{PARTS}-part subscriber ev/s vs 1 part, one relay of "
+               f"{WORKERS} worker processes", workers, "ev/s", single, "1-part subscriber",
+               "ratio>=1.6", {"events": scale.events, "workers": WORKERS}),
         Figure("sharding", "other parts' rows a poll reads per row it keeps", plan["others"],
                "", target="value<=0", details=plan),
         Figure("sharding", f"{PARTS}-part subscriber ev/s, {PARTS} processes vs 1", several,
@@ -53,8 +61,9 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
     ]  # fmt: skip
 
 
-def rate(stack: Stack, events: int, *, parts: int, relays: int) -> float:
-    url = stack.database(f"sharded{parts}x{relays}")
+def rate(stack: Stack, events: int, *, parts: int, relays: int, workers: int = 1) -> float:
+    label = f"sharded{parts}x{relays}w{workers}"
+    url = stack.database(label)
     fill_outbox(url, events)
     topic = f"{stack.topic_prefix('sharded')}.orders"
     add_subscribers(url, [Subscriber("sharded", topic=topic, parts=parts)])
@@ -63,9 +72,9 @@ def rate(stack: Stack, events: int, *, parts: int, relays: int) -> float:
     # not the hand-overs of the first seconds (the first relay up claims every part).
     set_paused(url, "sharded", paused=True)
     with RelayProcesses(
-        stack, url, f"sharded{parts}x{relays}", relays, batch_size=BATCH, heartbeat_interval=0.5
+        stack, url, label, relays, batch_size=BATCH, heartbeat_interval=0.5, workers=workers
     ) as procs:
-        wait_spread(url, parts, relays, procs.check_alive)
+        wait_spread(url, parts, relays * workers, procs.check_alive)
         set_paused(url, "sharded", paused=False)
         first, done = wait_published(url, targets, tick=procs.check_alive)
     return (events - parts * BATCH) / (done - first)

@@ -30,6 +30,7 @@ from waitress.server import create_server  # type: ignore[import-untyped]
 from relay.errors import ConfigError, RelayError
 from relay.lag import EXACT_UP_TO, subscriber_statuses
 from relay.model import PartId
+from relay.settings import Settings
 from relay.store import OutboxStore
 
 if TYPE_CHECKING:
@@ -216,15 +217,11 @@ class HealthServer:
     """``/metrics``, ``/healthz`` and ``/readyz`` on one port, served by waitress."""
 
     def __init__(
-        self,
-        relay: RelayView,
-        open_store: Callable[[], OutboxStore],
-        host: str,
-        port: int,
-        cache_ttl: float = 0.0,
+        self, relay: RelayView, open_store: Callable[[], OutboxStore], settings: Settings
     ) -> None:
+        host, port = settings.metrics_host, settings.metrics_port
         self.registry = CollectorRegistry(auto_describe=False)
-        self.collector = RelayCollector(relay, open_store, cache_ttl)
+        self.collector = RelayCollector(relay, open_store, settings.metrics_cache_ttl)
         self.registry.register(self.collector)
         self._relay = relay
         self._metrics = make_wsgi_app(self.registry)

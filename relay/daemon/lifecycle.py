@@ -83,10 +83,7 @@ class Relay:
 
     def _start(self) -> None:
         if self.settings.metrics_enabled and self.http is None:
-            s = self.settings
-            self.http = HealthServer(
-                self, self._open_store, s.metrics_host, s.metrics_port, s.metrics_cache_ttl
-            )
+            self.http = HealthServer(self, self._open_store, self.settings)
             self.http.start()
         with self._open_connection() as conn:
             store = OutboxStore(conn, self.settings.database_schema)

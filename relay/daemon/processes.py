@@ -209,9 +209,7 @@ class RelayProcesses:
     def start(self) -> None:
         s = self.settings
         if s.metrics_enabled and self.http is None:
-            self.http = HealthServer(
-                self, self._open_store, s.metrics_host, s.metrics_port, s.metrics_cache_ttl
-            )
+            self.http = HealthServer(self, self._open_store, s)
             self.http.start()
         for member in self.members:
             member.start()

@@ -140,6 +140,7 @@ def test_idle_and_slow_clients_cost_no_threads_and_the_server_still_answers(
 
 def test_a_silent_client_is_disconnected() -> None:
     from relay.metrics import CLIENT_TIMEOUT_S, HealthServer
+    from relay.settings import Settings
 
     class Idle:
         def healthy(self) -> tuple[bool, str]:
@@ -148,7 +149,8 @@ def test_a_silent_client_is_disconnected() -> None:
     def no_database() -> Any:
         raise AssertionError("not scraped")
 
-    server = HealthServer(Idle(), no_database, "127.0.0.1", 0)  # type: ignore[arg-type]
+    settings = Settings(metrics_host="127.0.0.1", metrics_port=0)
+    server = HealthServer(Idle(), no_database, settings)  # type: ignore[arg-type]
     server.start()
     try:
         [client] = _open_idle(server.port, 1)
