@@ -6,6 +6,7 @@ import faulthandler
 import json
 import logging
 import os
+import resource
 import signal
 import sys
 from collections.abc import Iterator
@@ -159,6 +160,7 @@ def run(
             migrations.migrate(conn, settings.database_schema)
     relay = Relay(settings) if settings.workers == 1 else RelayProcesses(settings)
     tune_gc()
+    _allow_open_files()
     # `kill -USR1 <pid>` prints every thread's stack to stderr: what a stuck part waits on.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     # The handler only raises a flag; this thread does the stopping, never mid-start.
@@ -166,6 +168,22 @@ def run(
         start_with_retries(relay)
         relay.wait()
         relay.stop()
+
+
+def _allow_open_files() -> None:
+    """Raise the soft limit on open files to the hard one (inherited by worker processes).
+
+    Each part holds a Postgres connection and a producer's sockets, so 100 parts need
+    over a thousand descriptors, and container runtimes commonly set a soft limit of
+    1024 (with a far higher hard one): the relay would fail to connect part after part.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError) as exc:
+            logger.warning("cannot raise the open-files limit from %s to %s: %s", soft, wanted, exc)
 
 
 @app.command()

@@ -236,6 +236,10 @@ class HealthServer:
                 cleanup_interval=1,
                 ident="outbox-relay",
                 clear_untrusted_proxy_headers=True,
+                # poll(), not select(): select() fails on descriptors above 1023, and a
+                # relay of 100 parts holds more than that (a connection and a producer's
+                # sockets each), which would stop the endpoints.
+                asyncore_use_poll=True,
             )
         except OSError as exc:
             raise ConfigError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from typing import Any
 import psycopg
 
 from relay import Outbox
-from tests.support import consume, run_cli
+from tests.support import consume, run_cli, wait_until
 
 EXE = [sys.executable, "-m", "relay.cli"]
 REPO = Path(__file__).resolve().parents[2]
@@ -260,3 +261,20 @@ def _lags(result: subprocess.CompletedProcess[str]) -> dict[str, tuple[int, bool
     assert result.returncode == 0, result.stderr
     parts = json.loads(result.stdout)["parts"]
     return {p["part"]: (p["lag_events"], p["lag_estimated"]) for p in parts}
+
+
+def test_run_raises_its_open_files_limit_to_the_hard_one(tmp_path: Path) -> None:
+    # Limits as container runtimes commonly set them: a low soft limit, a higher hard one.
+    limited = ["sh", "-c", 'ulimit -Sn 256 && ulimit -Hn 4096 && exec "$@"', "sh"]
+    env = {**os.environ, "RELAY_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/x",
+           "RELAY_BOOTSTRAP_SERVERS": "127.0.0.1:1", "RELAY_METRICS_ENABLED": "false"}  # fmt: skip
+    with (tmp_path / "relay.log").open("wb") as log:
+        relay = subprocess.Popen([*limited, *EXE, "run"], cwd=REPO, env=env, stderr=log)
+    try:
+        # Postgres is unreachable: the relay waits for it, with its limits raised.
+        wait_until(lambda: "cannot start yet" in (tmp_path / "relay.log").read_text())
+        limits = Path(f"/proc/{relay.pid}/limits").read_text()
+        assert re.search(r"^Max open files\s+4096\s+4096\s", limits, re.M), limits
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        assert relay.wait(timeout=30) == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -138,20 +139,30 @@ def test_idle_and_slow_clients_cost_no_threads_and_the_server_still_answers(
             client.close()
 
 
-def test_a_silent_client_is_disconnected() -> None:
-    from relay.metrics import CLIENT_TIMEOUT_S, HealthServer
-    from relay.settings import Settings
+class _Idle:
+    """A relay that is healthy and has nothing else to say."""
 
-    class Idle:
-        def healthy(self) -> tuple[bool, str]:
-            return True, "ok"
+    def healthy(self) -> tuple[bool, str]:
+        return True, "ok"
+
+
+def _idle_server() -> Any:
+    from relay.metrics import HealthServer
+    from relay.settings import Settings
 
     def no_database() -> Any:
         raise AssertionError("not scraped")
 
     settings = Settings(metrics_host="127.0.0.1", metrics_port=0)
-    server = HealthServer(Idle(), no_database, settings)  # type: ignore[arg-type]
+    server = HealthServer(_Idle(), no_database, settings)  # type: ignore[arg-type]
     server.start()
+    return server
+
+
+def test_a_silent_client_is_disconnected() -> None:
+    from relay.metrics import CLIENT_TIMEOUT_S
+
+    server = _idle_server()
     try:
         [client] = _open_idle(server.port, 1)
         client.settimeout(CLIENT_TIMEOUT_S * 4)
@@ -159,6 +170,20 @@ def test_a_silent_client_is_disconnected() -> None:
         client.close()
     finally:
         server.stop()
+
+
+def test_the_endpoints_answer_in_a_process_holding_over_1024_descriptors() -> None:
+    # A relay of 100 parts holds that many (a connection and a producer's sockets each).
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        server = _idle_server()
+        try:
+            assert http_get(f"http://127.0.0.1:{server.port}/healthz", timeout=10) == (200, "ok")
+        finally:
+            server.stop()
+    finally:
+        for fd in held:
+            os.close(fd)
 
 
 def test_scrape_storms_share_one_read_of_postgres(
