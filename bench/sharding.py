@@ -40,24 +40,25 @@ WORKERS = 2  # one per core of the benchmark machine
 
 
 def run(stack: Stack, scale: Scale) -> list[Figure]:
-    single = rate(stack, scale.events, parts=1, relays=1)
+    events = scale.sharding_events
+    single = rate(stack, events, parts=1, relays=1)
     stack.fresh_broker()
-    one = rate(stack, scale.events, parts=PARTS, relays=1)
+    one = rate(stack, events, parts=PARTS, relays=1)
     stack.fresh_broker()
-    workers = rate(stack, scale.events, parts=PARTS, relays=1, workers=WORKERS)
+    workers = rate(stack, events, parts=PARTS, relays=1, workers=WORKERS)
     stack.fresh_broker()
-    several = rate(stack, scale.events, parts=PARTS, relays=PARTS)
+    several = rate(stack, events, parts=PARTS, relays=PARTS)
     plan = scan_per_row(stack, scale.events)
     return [
         Figure("sharding", f"{PARTS}-part subscriber ev/s vs 1 part, one process", one,
-               "ev/s", single, "1-part subscriber", "ratio>=1.6", {"events": scale.events}),
+               "ev/s", single, "1-part subscriber", "ratio>=1.6", {"events": events}),
         Figure("sharding", f"{PARTS}-part subscriber ev/s vs 1 part, one relay of "
                f"{WORKERS} worker processes", workers, "ev/s", single, "1-part subscriber",
-               "ratio>=1.6", {"events": scale.events, "workers": WORKERS}),
+               "ratio>=1.6", {"events": events, "workers": WORKERS}),
         Figure("sharding", "other parts' rows a poll reads per row it keeps", plan["others"],
                "", target="value<=0", details=plan),
         Figure("sharding", f"{PARTS}-part subscriber ev/s, {PARTS} processes vs 1", several,
-               "ev/s", one, "1 relay process", None, {"events": scale.events}),
+               "ev/s", one, "1 relay process", None, {"events": events}),
     ]  # fmt: skip
 
 
