@@ -2,7 +2,9 @@
 
 Baseline: the same rows read with a plain keyset query (the relay's own batch size)
 and produced as-is with a plain idempotent confluent-kafka producer, flushed once at
-the end: the cost of moving the bytes with no relay logic. Relay: an in-process relay
+the end: the cost of moving the bytes with no relay logic. A second baseline, reported
+without a target, does the same with one Kafka transaction per batch: the broker's part
+of exactly-once, without the relay's encoding, headers and checkpoints. Relay: an in-process relay
 publishing the same backlog; its rate runs from its first checkpoint to its last, so
 start-up (connections, fencing, recovery) is left out as it is for the baseline.
 """
@@ -34,17 +36,28 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
     url = stack.database("throughput")
     fill_outbox(url, scale.events)
     base = baseline(url, stack.bootstrap, f"{stack.topic_prefix('baseline')}.orders")
+    transactional = baseline(
+        url, stack.bootstrap, f"{stack.topic_prefix('txn-baseline')}.orders", transactions=True
+    )
     rate, details = relay_rate(stack, url, scale.events)
     return [
         Figure("throughput", "relay ev/s vs keyset read + produce", rate, "ev/s", base,
                "keyset read + plain produce", "ratio>=0.5", details),
+        Figure("throughput", "relay ev/s vs keyset read + transactional produce", rate,
+               "ev/s", transactional, "keyset read + a Kafka transaction per batch", None,
+               details),
         Figure("throughput", "relay ev/s, absolute", rate, "ev/s", target="value>=100000"),
     ]  # fmt: skip
 
 
-def baseline(url: str, bootstrap: str, topic: str) -> float:
+def baseline(url: str, bootstrap: str, topic: str, *, transactions: bool = False) -> float:
     create_topics(bootstrap, [topic], 3)  # as many partitions as the relay's topics
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "enable.idempotence": True}
+    if transactions:
+        config["transactional.id"] = f"{topic}.baseline"
+    producer = Producer(config)
+    if transactions:
+        producer.init_transactions()
     produced = 0
     start = time.perf_counter()
     with psycopg.connect(url, autocommit=True) as conn:
@@ -57,8 +70,12 @@ def baseline(url: str, bootstrap: str, topic: str) -> float:
             " ORDER BY o.transaction_id, o.position LIMIT %s",
             (*after, BATCH),
         ).fetchall():
+            if transactions:
+                producer.begin_transaction()
             for _, _, key, value in rows:
                 _produce(producer, topic, value.encode(), key.encode())
+            if transactions:
+                producer.commit_transaction()
             produced += len(rows)
             after = (rows[-1][0], rows[-1][1])
     producer.flush()
