@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,3 +18,6 @@ def spark() -> Iterator[Any]:
     session = local_spark_session("outbox-relay-tests")
     yield session
     session.stop()
+    # py4j logs from connection finalizers at interpreter exit, after pytest has closed
+    # the streams its handlers write to: a "Logging error" traceback under a green run.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
