@@ -15,9 +15,9 @@ would meet alike (a bad setting, a missing privilege).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import multiprocessing
+import signal
 import threading
 import time
 from collections import Counter
@@ -59,6 +59,11 @@ def member_main(settings: Settings, conn: Connection) -> None:
     # A new interpreter (spawned): this is its entry point, as the CLI is the parent's.
     logs.configure(settings.log_level, settings.log_format)
     relay = Relay(settings)
+    # The supervisor stops members with SIGTERM, which also ends a start-up still
+    # waiting for Postgres or Kafka. Ctrl-C reaches the whole process group: only the
+    # supervisor acts on it, and stops the members in order.
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: relay.request_stop())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     tune_gc()
     try:
         start_with_retries(relay)
@@ -74,11 +79,8 @@ def member_main(settings: Settings, conn: Connection) -> None:
 def _serve_reports(relay: Relay, conn: Connection) -> None:
     while not relay.wait(0):
         try:
-            if not conn.poll(0.2):
-                continue
-            if conn.recv() != "report":
-                return  # "stop"
-            conn.send(("report", _report(relay)))
+            if conn.poll(0.2) and conn.recv() == "report":
+                conn.send(("report", _report(relay)))
         except (EOFError, OSError):
             logger.warning("the supervisor is gone: this member stops")
             return
@@ -99,7 +101,6 @@ class Member:
         self._process: BaseProcess | None = None
         self._conn: Connection | None = None
         self._started_at = 0.0
-        self.restarts = 0
         self.last: MemberReport | None = None
         self._fatal: tuple[str, bool] | None = None  # (message, is a ConfigError)
         # Counters of earlier incarnations, so that totals never go down.
@@ -116,6 +117,8 @@ class Member:
         )
         process.start()
         child.close()
+        if self._conn is not None:
+            self._conn.close()  # the previous incarnation's end
         self._process, self._conn, self._started_at = process, parent, time.monotonic()
         logger.info("started worker process %s (pid %s)", self.index, process.pid)
 
@@ -172,14 +175,11 @@ class Member:
         if self.last is not None:
             self.retired.append(self.last)
         self.last, self._fatal = None, None
-        self.restarts += 1
         self.start()
 
     def stop(self) -> None:
-        with self._lock:
-            if self._conn is not None and self.alive:
-                with contextlib.suppress(EOFError, OSError):
-                    self._conn.send("stop")
+        if self._process is not None and self.alive:
+            self._process.terminate()  # SIGTERM: the member finishes its batches
 
     def join(self, deadline: float) -> None:
         process = self._process

@@ -130,10 +130,10 @@ def two_workers(run_relay: Any, database_url: str, topic_prefix: str) -> Running
     return relay
 
 
-def stops_cleanly(relay: RunningRelay) -> bool:
+def stops_cleanly(relay: RunningRelay, timeout: float = 60) -> bool:
     children = relay.children()
     relay.proc.send_signal(signal.SIGTERM)
-    assert relay.proc.wait(timeout=60) == 0, relay.output()
+    assert relay.proc.wait(timeout=timeout) == 0, relay.output()
     return not any(Path(f"/proc/{pid}").exists() for pid in children)
 
 
@@ -186,3 +186,14 @@ def test_workers_must_be_a_positive_count(run_relay: Any) -> None:
     relay = run_relay("--workers", "0")
     assert relay.proc.wait(timeout=60) == 2
     assert "workers" in relay.output()
+
+
+def test_sigterm_stops_workers_still_waiting_for_the_database(run_relay: Any) -> None:
+    # Nothing listens on port 1: every member waits for Postgres, retrying.
+    relay = run_relay("--workers", "2", RELAY_DATABASE_URL="postgresql://postgres@127.0.0.1:1/x")
+    wait_until(lambda: relay.output().count("cannot start yet") >= 2, what="both waiting")
+    children = relay.children()
+    assert len(children) == 2
+    # Well within shutdown_timeout (30 s): the members stop at once, nothing is killed.
+    assert stops_cleanly(relay, timeout=15)
+    assert "did not stop in time" not in relay.output()
