@@ -312,7 +312,9 @@ class RelayProcesses:
         return True, "; ".join(replies)
 
     def part_totals(self) -> dict[PartId, Counter[str]]:
-        """Cumulative statistics per part over every member and incarnation."""
+        """Cumulative statistics per part over every member and incarnation. Asks each
+        member for a fresh report: part_states and key_space_changes, which a scrape
+        reads right after, use those reports rather than ask again."""
         totals: dict[PartId, Counter[str]] = {}
         for member in self.members:
             member.ask()
