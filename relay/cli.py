@@ -381,6 +381,12 @@ def _print_horizon(report: dict[str, Any]) -> None:
     if report["horizon_holders"]:
         holders = Table("pid", "xid", "age (s)", "state", "application", "query start")
         for h in report["horizon_holders"]:
+            if h["gid"] is not None:  # no session: name it for ROLLBACK/COMMIT PREPARED
+                holders.add_row(
+                    "-", h["xid"], f"{h['age_s']:.1f}", "prepared",
+                    f"gid {h['gid']!r}, owner {h['owner']}, database {h['database']}", "-",
+                )  # fmt: skip
+                continue
             holders.add_row(
                 str(h["pid"]), h["xid"], _hidden_or(h["age_s"], "{:.1f}"), _hidden_or(h["state"]),
                 _hidden_or(h["application_name"]), _hidden_or(h["query_start"]),
@@ -569,6 +575,22 @@ def debezium_attach(
             "resume the relay's subscriber"
         )
         typer.echo(f"cut-over-lsn={switched_at}")
+
+
+@debezium_app.command("detach")
+def debezium_detach(
+    ctx: typer.Context,
+    table: Annotated[str, typer.Argument(help="A table `debezium attach` attached.")],
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
+) -> None:
+    """Stop copying inserts into TABLE to the relay's outbox (rows copied stay)."""
+    from relay.debezium import detach
+
+    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
+        detach(conn, settings.database_schema, table)
+    out.print(f"inserts into {table} no longer reach the relay's outbox")
 
 
 # -- subscribers ---------------------------------------------------------------------

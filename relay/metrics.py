@@ -78,6 +78,8 @@ class RelayView(Protocol):
 
     def key_space_changes(self) -> Counter[str]: ...
 
+    def retention_totals(self) -> Counter[str]: ...
+
 
 class RelayCollector(Collector):
     """Reads the relay's state when Prometheus scrapes.
@@ -147,6 +149,17 @@ class RelayCollector(Collector):
         for action, count in sorted(self._relay.key_space_changes().items()):
             moves.add_metric([action], count)
         yield moves
+        retention = self._relay.retention_totals()
+        yield CounterMetricFamily(
+            "outbox_relay_pruned_events",
+            "Published rows deleted by retention",
+            value=retention["pruned"],
+        )
+        yield CounterMetricFamily(
+            "outbox_relay_prune_failures",
+            "Retention passes that failed (the rows are kept until a pass succeeds)",
+            value=retention["failures"],
+        )
 
     def _database(self) -> Iterator[Metric]:
         if self._store is None or self._store.closed:

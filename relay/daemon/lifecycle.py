@@ -168,6 +168,10 @@ class Relay:
             found["continued"] += totals["key_space_continued"]
         return found
 
+    def retention_totals(self) -> Counter[str]:
+        """Rows this process pruned, and its retention passes that failed."""
+        return Counter(self.retention.totals)
+
     def part_states(self) -> dict[PartId, str]:
         return self.parts.states()
 

@@ -51,6 +51,7 @@ class MemberReport:
     totals: dict[PartId, Counter[str]] = field(default_factory=dict)
     states: dict[PartId, str] = field(default_factory=dict)
     key_space_changes: Counter[str] = field(default_factory=Counter)
+    retention: Counter[str] = field(default_factory=Counter)
 
 
 def member_main(settings: Settings, conn: Connection) -> None:
@@ -88,7 +89,14 @@ def _serve_reports(relay: Relay, conn: Connection) -> None:
 
 def _report(relay: Relay) -> MemberReport:
     totals, states = relay.part_totals(), relay.part_states()
-    return MemberReport(relay.healthy(), relay.ready(), totals, states, relay.key_space_changes())
+    return MemberReport(
+        relay.healthy(),
+        relay.ready(),
+        totals,
+        states,
+        relay.key_space_changes(),
+        relay.retention_totals(),
+    )
 
 
 class Member:
@@ -335,6 +343,13 @@ class RelayProcesses:
         for member in self.members:
             for report in member.history():
                 found.update(report.key_space_changes)
+        return found
+
+    def retention_totals(self) -> Counter[str]:
+        found: Counter[str] = Counter(pruned=0, failures=0)
+        for member in self.members:
+            for report in member.history():
+                found.update(report.retention)
         return found
 
     def _open_store(self) -> OutboxStore:

@@ -339,13 +339,23 @@ SELECT part, start_transaction_id::text::bigint, start_position FROM {schema}.ou
  ORDER BY part;
 
 -- name: horizon_holders
--- Backends whose transaction ids hold pg_snapshot_xmin back, oldest first: no event
--- written after their xid is published until they end.
-SELECT pid, backend_xid::text AS xid, state, application_name,
-       extract(epoch FROM now() - xact_start)::float8 AS age_s, query_start
-  FROM pg_stat_activity
- WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
- ORDER BY age(backend_xid) DESC
+-- Transactions whose ids hold pg_snapshot_xmin back, oldest first: no event written
+-- after their xid is published until they end. Open sessions' (pg_stat_activity), and
+-- prepared transactions' (pg_prepared_xacts, of any database: the horizon is the
+-- cluster's), which no session shows and which stay until COMMIT/ROLLBACK PREPARED.
+SELECT pid, xid, state, application_name, age_s, query_start, gid, owner, database
+  FROM (SELECT pid, backend_xid::text AS xid, state, application_name,
+               extract(epoch FROM now() - xact_start)::float8 AS age_s, query_start,
+               NULL::text AS gid, NULL::text AS owner, NULL::text AS database,
+               age(backend_xid) AS xid_age
+          FROM pg_stat_activity
+         WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
+        UNION ALL
+        SELECT NULL, transaction::text, 'prepared', NULL,
+               extract(epoch FROM now() - prepared)::float8, NULL,
+               gid, owner::text, database::text, age(transaction)
+          FROM pg_prepared_xacts) AS holders
+ ORDER BY xid_age DESC
  LIMIT 5;
 
 -- name: list_sessions
@@ -356,7 +366,12 @@ SELECT s.id, s.hostname, s.pid, s.started_at,
   FROM {schema}.outbox_relay_sessions s
  ORDER BY s.started_at;
 
+-- name: prune
+-- One batch of retention (migration 0008): published rows older than the retention.
+SELECT {schema}.outbox_prune(%(older_than)s::float8, %(limit)s::integer);
+
 -- name: prune_bound
+-- Before migration 0008 (a rolling deploy), prune_bound and prune_batch instead.
 -- The oldest part checkpoint of all subscribers: every row at or before it is
 -- published for everyone (no row when there is no subscriber: prune nothing).
 SELECT c.transaction_id::text::bigint, c.position FROM {schema}.outbox_checkpoints c
