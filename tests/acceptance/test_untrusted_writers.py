@@ -107,6 +107,9 @@ def test_the_copy_function_refuses_a_table_attach_did_not_register(
     db: psycopg.Connection[Any], database_url: str
 ) -> None:
     db.execute(DEBEZIUM_TABLE)
+    db.execute("CREATE TABLE other_events (LIKE outbox_events)")
+    assert run_cli("debezium", "attach", "other_events",
+                   env={"RELAY_DATABASE_URL": database_url}).returncode == 0  # fmt: skip
     db.execute(
         sql.SQL(
             "CREATE TRIGGER by_hand AFTER INSERT ON outbox_events FOR EACH ROW "
@@ -128,7 +131,8 @@ def test_the_copy_function_refuses_a_table_attach_did_not_register(
     assert detached.returncode == 0, detached.stderr
     db.execute("INSERT INTO outbox_events VALUES (gen_random_uuid(), 'order', 'k', 't', '{}')")
     assert count(db) == 1
-    assert db.execute("SELECT count(*) FROM outbox_debezium_tables").fetchone() == (0,)
+    registered = db.execute("SELECT array_agg(source::text) FROM outbox_debezium_tables")
+    assert registered.fetchone() == (["other_events"],)
 
 
 def test_tables_attached_before_migration_8_keep_their_options(database_url: str) -> None:
@@ -163,6 +167,13 @@ def test_tables_attached_before_migration_8_keep_their_options(database_url: str
 # -- the ordering key ----------------------------------------------------------------------
 
 
+def forge_key(db: psycopg.Connection[Any], where: str) -> None:
+    """A superuser's UPDATE with triggers off: a key the outbox did not assign."""
+    with db.transaction():
+        db.execute("SET LOCAL session_replication_role = replica")
+        db.execute("UPDATE outbox SET transaction_id = '9000000000000000000' " + where)
+
+
 def test_a_writer_cannot_move_a_rows_key_and_a_forged_key_triggers_no_rebase(
     db: psycopg.Connection[Any], outbox: Outbox, roles: Roles
 ) -> None:
@@ -174,10 +185,7 @@ def test_a_writer_cannot_move_a_rows_key_and_a_forged_key_triggers_no_rebase(
                 hostile.execute(f"UPDATE outbox SET {column} = {value} WHERE aggregate_id = 'o-0'")
         hostile.execute("UPDATE outbox SET occurred_at = now()")  # other columns: as granted
     # A key that got in anyway (the owner, triggers off): evidence of a move is missing.
-    db.execute("ALTER TABLE outbox DISABLE TRIGGER outbox_freeze_order_key")
-    db.execute("UPDATE outbox SET transaction_id = '9000000000000000000'"
-               " WHERE position = (SELECT min(position) FROM outbox)")  # fmt: skip
-    db.execute("ALTER TABLE outbox ENABLE TRIGGER outbox_freeze_order_key")
+    forge_key(db, "WHERE position = (SELECT min(position) FROM outbox)")
     check = OutboxStore(db).check_key_space()
     assert check is not None
     assert (check.action, check.rebased_rows) == ("unchanged", 0)
@@ -191,9 +199,7 @@ def test_a_rebase_gives_up_instead_of_stalling_writers(
     write_orders(db, outbox, ["o-1"])
     # A real move (another cluster's system identifier, keys above this one's ids)...
     db.execute("UPDATE outbox_key_space SET system_identifier = system_identifier + 1")
-    db.execute("ALTER TABLE outbox DISABLE TRIGGER outbox_freeze_order_key")
-    db.execute("UPDATE outbox SET transaction_id = '9000000000000000000'")
-    db.execute("ALTER TABLE outbox ENABLE TRIGGER outbox_freeze_order_key")
+    forge_key(db, "")
     # ... while a writer's transaction stays open on the outbox.
     with psycopg.connect(database_url) as writer:
         write_orders(writer, outbox, ["in-flight"])
