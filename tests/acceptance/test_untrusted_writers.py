@@ -135,9 +135,15 @@ def test_the_copy_function_refuses_a_table_attach_did_not_register(
     assert registered.fetchone() == (["other_events"],)
 
 
-def test_tables_attached_before_migration_8_keep_their_options(database_url: str) -> None:
+def test_an_upgrade_keeps_attached_tables_options_and_rows_beyond_the_new_limits(
+    database_url: str,
+) -> None:
     with psycopg.connect(database_url, autocommit=True) as conn:
         migrations.migrate(conn, up_to=7)
+        conn.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
+            " VALUES ('order', repeat('k', 2000), 'Created', '{}')"
+        )  # legal before 0008
         conn.execute(DEBEZIUM_TABLE)
         # As attach left a table before 0008: the options in the trigger's argument (the
         # function's old body does not matter: 0008 replaces it).
@@ -156,8 +162,8 @@ def test_tables_attached_before_migration_8_keep_their_options(database_url: str
         conn.execute(
             "INSERT INTO outbox_events VALUES (gen_random_uuid(), 'order', 'k', 't', '{}')"
         )
-        row = conn.execute("SELECT debezium ->> 'topic' FROM outbox").fetchone()
-        assert row == ("kept.order",)
+        row = conn.execute("SELECT debezium ->> 'topic' FROM outbox WHERE debezium IS NOT NULL")
+        assert row.fetchone() == ("kept.order",)
         public = conn.execute(
             "SELECT has_function_privilege('public', 'outbox_from_debezium()', 'EXECUTE')"
         ).fetchone()
@@ -219,6 +225,12 @@ def test_a_writer_reads_no_payloads_and_the_write_api_works_without(
     db: psycopg.Connection[Any], outbox: Outbox, roles: Roles
 ) -> None:
     write_orders(db, outbox, ["other-tenant"])
+    # What earlier versions granted, then `grant` again (twice: it is idempotent).
+    db.execute(sql.SQL("GRANT SELECT ON outbox TO {}").format(sql.Identifier(roles.writer)))
+    for _ in range(2):
+        granted = run_cli("grant", "--writer-role", roles.writer,
+                          env={"RELAY_DATABASE_URL": roles.url})  # fmt: skip
+        assert granted.returncode == 0, granted.stderr
     with roles.connect(roles.writer) as app:
         for column in ("payload", "headers", "*"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
@@ -279,3 +291,30 @@ def test_key_like_columns_have_limits_and_a_row_within_them_never_fails(
             with pytest.raises(psycopg.errors.CheckViolation, match=constraint):
                 app.execute(insert, too_long)
     assert count(db) == 1
+
+
+def test_grant_on_a_schema_that_lacks_migrations_says_to_migrate(database_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        migrations.migrate(conn, up_to=7)
+    granted = run_cli("grant", "--relay-role", "nobody_here", "--create",
+                      env={"RELAY_DATABASE_URL": database_url})  # fmt: skip
+    assert granted.returncode != 0
+    assert "0008_untrusted_writers" in granted.stderr and "outbox-relay migrate" in granted.stderr
+
+
+def test_a_debezium_row_beyond_the_limits_is_copied_not_refused(
+    db: psycopg.Connection[Any], database_url: str
+) -> None:
+    db.execute(
+        "CREATE TABLE long_events (id text, aggregatetype text, aggregateid text, type text,"
+        " payload text)"
+    )
+    assert run_cli("debezium", "attach", "long_events",
+                   env={"RELAY_DATABASE_URL": database_url}).returncode == 0  # fmt: skip
+    key, route, kind = wide(4096), "r" * 300, "t" * 300
+    db.execute("INSERT INTO long_events VALUES ('e-1', %s, %s, %s, '{}')", (route, key, kind))
+    row = db.execute(
+        "SELECT octet_length(aggregate_id), octet_length(aggregate_type),"
+        " octet_length(event_type), debezium ->> 'key', debezium ->> 'route' FROM outbox"
+    ).fetchone()
+    assert row == (1024, 63, 63, key, route)  # cut in the relay's columns, whole for Debezium
