@@ -258,19 +258,23 @@ DECLARE
     system bigint;
     mine xid8;
     high xid8;
+    trusted xid8;
     moved boolean;
 BEGIN
     SELECT * INTO marker FROM {schema}.outbox_key_space FOR UPDATE;  -- one check at a time
     SELECT system_identifier INTO system FROM pg_control_system();
-    -- One snapshot for both: a row it sees committed before it was taken, so its key is
+    -- One snapshot for all: a row it sees committed before it was taken, so its key is
     -- at most the snapshot's xmax (docs/design.md). Above it: written elsewhere.
     SELECT greatest(marker.high_water,
-                    (SELECT max(transaction_id) FROM {schema}.outbox),
                     (SELECT max(transaction_id) FROM {schema}.outbox_checkpoints)),
+           (SELECT max(transaction_id) FROM {schema}.outbox),
            pg_snapshot_xmax(pg_current_snapshot())
-      INTO high, mine;
-    -- high_water is written here only: no writer can forge this evidence.
-    moved := system <> marker.system_identifier OR marker.high_water > mine;
+      INTO trusted, high, mine;
+    high := greatest(trusted, high);
+    -- Evidence of a move, which no writer can forge: high_water is written by this
+    -- check only, checkpoints by relays only (from published rows, so below the ids of
+    -- the cluster that wrote them).
+    moved := system <> marker.system_identifier OR trusted > mine;
     key_space := marker.id;
     rebased_rows := 0;
     IF high > mine AND moved THEN
