@@ -20,6 +20,7 @@ from relay import Event, Outbox, migrations
 from relay.errors import ConcurrencyError, RelayError
 from relay.roles import grant_roles
 from relay.store import OutboxStore
+from relay.subscribers import Subscriber
 from tests.support import run_cli, write_orders
 
 DEBEZIUM_TABLE = (
@@ -197,6 +198,20 @@ def test_a_writer_cannot_move_a_rows_key_and_a_forged_key_triggers_no_rebase(
     assert (check.action, check.rebased_rows) == ("unchanged", 0)
     assert check.detail is not None and "not rebased" in check.detail
     assert db.execute("SELECT rebased_rows FROM outbox_key_space").fetchone() == (0,)
+
+
+def test_a_checkpoint_above_the_clusters_ids_is_evidence_of_a_move(
+    db: psycopg.Connection[Any], outbox: Outbox
+) -> None:
+    """A dump restored into a clone of its cluster: same system identifier, a last check
+    long ago, but the relays' checkpoints (from published rows) are above the ids."""
+    store = OutboxStore(db)
+    store.add(Subscriber("s"))
+    write_orders(db, outbox, ["o-1", "o-2"])
+    forge_key(db, "")
+    db.execute("UPDATE outbox_checkpoints SET transaction_id = '9000000000000000000'")
+    check = store.check_key_space()
+    assert check is not None and (check.action, check.rebased_rows) == ("rebased", 2)
 
 
 def test_a_rebase_gives_up_instead_of_stalling_writers(
