@@ -316,9 +316,11 @@ RETURNING part;
 
 -- name: published_events
 -- What verify expects on the topics: each subscriber part's events up to its
--- checkpoint, matching the subscriber's filter, flagged when dead-lettered.
+-- checkpoint, matching the subscriber's filter, flagged when dead-lettered and when
+-- redriven since (dead-letters redrive).
 SELECT o.message_id, o.transaction_id::text::bigint, o.position, o.aggregate_type,
-       o.event_type, d.message_id IS NOT NULL AS dead_lettered
+       o.event_type, d.message_id IS NOT NULL AS dead_lettered,
+       d.redriven_at IS NOT NULL AS redriven
   FROM {schema}.outbox o
   JOIN {schema}.outbox_subscribers s ON s.name = %(name)s
   JOIN {schema}.outbox_checkpoints c

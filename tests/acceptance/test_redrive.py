@@ -105,6 +105,17 @@ def ids_by_key(seen: list[ConsumedRecord]) -> dict[str, list[str]]:
     return {k: [r.message_id or "" for r in rs] for k, rs in by_key(seen).items()}
 
 
+def verified(env: dict[str, str]) -> dict[str, Any]:
+    """`outbox-relay verify` of subscriber s: clean, nothing ahead."""
+    result = run_cli("verify", "--subscriber", "s", "--json", "--timeout", "60", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (report,) = json.loads(result.stdout)
+    assert (report["missing"], report["duplicated"], report["out_of_order"]) == (0, 0, 0)
+    assert report["ahead"] == 0, report
+    checked: dict[str, Any] = report
+    return checked
+
+
 def exactly_once(seen: list[ConsumedRecord]) -> None:
     ids = [r.message_id for r in seen]
     assert len(ids) == len(set(ids)), f"duplicates: {ids}"
@@ -187,6 +198,8 @@ def test_redrive_publishes_dead_letters_once_in_order_per_key(
             "OrderRefunded"
         }
         assert checkpoints(db) == before, "the live checkpoint moved"
+        checked = verified(env)
+        assert (checked["redriven"], checked["dead_lettered"], checked["found"]) == (3, 2, 5)
 
         # Again: nothing is published twice.
         again = run_cli(
@@ -209,6 +222,8 @@ def test_redrive_publishes_dead_letters_once_in_order_per_key(
         assert len(seen) == 7
         assert ids_by_key(seen)["k3"] == [str(k3_a), str(k3_b)]
         assert checkpoints(db) == before, "the live checkpoint moved"
+        checked = verified(env)
+        assert (checked["redriven"], checked["dead_lettered"], checked["found"]) == (5, 0, 7)
         everything = json.loads(
             run_cli("dead-letters", "list", "s", "--all", "--json", env=env).stdout
         )
