@@ -303,3 +303,14 @@ def test_a_crash_mid_redrive_publishes_nothing_twice(
     assert order["k0"] == [str(poison[0]), str(poison[2])]
     assert order["k1"] == [str(poison[1]), str(poison[3])]
     assert checkpoints(db) == before
+
+    # A reset replays redriven events as events, not as dead letters again.
+    reset = run_cli(
+        "subscribers", "reset", "s", "--to", "beginning", env={"RELAY_DATABASE_URL": database_url}
+    )
+    assert reset.returncode == 0, reset.stderr
+    with running(settings):  # now with the schema it lacked
+        replayed = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 8, quiet=2.0)
+        assert sorted(r.message_id or "" for r in replayed) == sorted(2 * list(map(str, poison)))
+        dead = consume(kafka_bootstrap, [topic_prefix + "dead"], 4, quiet=2.0)
+        assert len(dead) == 4, "redriven events were dead-lettered again"
