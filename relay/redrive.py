@@ -25,7 +25,8 @@ in order once it is fixed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -37,7 +38,7 @@ from psycopg.types.json import set_json_loads
 
 from relay.db import wrap_errors
 from relay.encoding import RecordEncoder
-from relay.errors import ConfigError, EncodingError, PoisonRecordError
+from relay.errors import ConfigError, EncodingError, PoisonRecordError, SubscriberError
 from relay.kafka import TopicCreator, TransactionalPublisher, producer_config
 from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
 from relay.ports import Batch
@@ -182,6 +183,22 @@ class DeadLetterStore:
             )
         return found
 
+    @contextmanager
+    def exclusive(self, name: str) -> Iterator[None]:
+        """Hold the subscriber's redrive lock; :class:`SubscriberError` when another holds it.
+        (Kafka fences an earlier redrive too, but only at its next transaction: two
+        redrives marking dead letters at once could take each other's marks.)"""
+        with wrap_errors():
+            row = self.conn.execute(self._q["redrive_lock"], {"name": name}).fetchone()
+        if not (row and row[0]):
+            raise SubscriberError(f"another redrive of subscriber {name!r} is running")
+        try:
+            yield
+        finally:
+            if not self.conn.closed:
+                with wrap_errors():
+                    self.conn.execute(self._q["redrive_unlock"], {"name": name})
+
     def settle(self, name: str, committed: int) -> tuple[int, int]:
         """Mark batch ``committed`` redriven and clear any other in flight; returns the
         dead letters marked and the highest batch number used so far."""
@@ -209,6 +226,24 @@ class DeadLetterStore:
             self.conn.execute(self._q[query], params)
 
 
+class RedriveStore(Protocol):
+    """What a redrive reads and records in Postgres (:class:`DeadLetterStore`)."""
+
+    def exclusive(self, name: str) -> AbstractContextManager[None]: ...
+
+    def settle(self, name: str, committed: int) -> tuple[int, int]: ...
+
+    def candidates(self, name: str, after: Position, limit: int) -> list[Candidate]: ...
+
+    def begin(self, name: str, batch: int, ids: Sequence[UUID]) -> None: ...
+
+    def abandon(self, name: str, batch: int) -> None: ...
+
+    def done(self, name: str, batch: int) -> None: ...
+
+    def refused(self, name: str, message_id: UUID, error: str) -> None: ...
+
+
 class RedrivePublisher(Protocol):
     """What a redrive needs of a transactional publisher (relay.kafka)."""
 
@@ -224,7 +259,7 @@ class Redrive:
 
     def __init__(
         self,
-        store: DeadLetterStore,
+        store: RedriveStore,
         publisher: RedrivePublisher,
         encoder: RecordEncoder,
         state: SubscriberState,
@@ -243,6 +278,10 @@ class Redrive:
         self._batch = 0
 
     def run(self) -> RedriveReport:
+        with self._store.exclusive(self._subscriber.name):
+            return self._run()
+
+    def _run(self) -> RedriveReport:
         name = self._subscriber.name
         committed = self._publisher.recover(GENERATION)  # fences earlier redrives first
         last = committed.position.transaction_id if committed is not None else 0

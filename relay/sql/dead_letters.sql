@@ -72,3 +72,10 @@ UPDATE {schema}.outbox_dead_letters SET redriven_at = now(), redrive_error = NUL
 -- Why a redrive left this dead letter where it is.
 UPDATE {schema}.outbox_dead_letters SET redrive_error = %(error)s
  WHERE subscriber = %(name)s AND redriven_at IS NULL AND message_id = %(message_id)s;
+
+-- name: redrive_lock
+-- One redrive per subscriber at a time (a session lock: released if the process dies).
+SELECT pg_try_advisory_lock(hashtextextended('outbox-relay.redrive.' || %(name)s, 0));
+
+-- name: redrive_unlock
+SELECT pg_advisory_unlock(hashtextextended('outbox-relay.redrive.' || %(name)s, 0));
