@@ -405,6 +405,8 @@ def redrive_publisher(settings: Settings, subscriber_id: UUID) -> TransactionalP
         enabled=settings.create_topics,
         partitions=settings.topic_partitions,
         replication_factor=settings.topic_replication_factor,
+        # Rows name topics: the relay's cap on topics created for them holds here too.
+        max_created=None if settings.max_created_topics < 0 else settings.max_created_topics,
     )
     prefix = group_prefix(settings.kafka_id_prefix, subscriber_id)
     return TransactionalPublisher(

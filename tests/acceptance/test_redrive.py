@@ -229,6 +229,8 @@ def test_redrive_publishes_dead_letters_once_in_order_per_key(
         )
         assert len(everything) == 5 and all(d["redriven_at"] for d in everything)
         assert json.loads(run_cli("dead-letters", "list", "s", "--json", env=env).stdout) == []
+        table = run_cli("dead-letters", "list", "s", "--all", env=env)
+        assert table.returncode == 0 and table.stdout.count("redriven 20") == 5, table.stdout
 
 
 class Crash(Exception):
