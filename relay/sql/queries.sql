@@ -231,9 +231,11 @@ UPDATE {schema}.outbox_checkpoints
 RETURNING version;
 
 -- name: dead_letters_between
--- Decisions already made for a batch's range (by this relay or a predecessor).
+-- Decisions already made for a batch's range (by this relay or a predecessor). Not
+-- those redriven since (dead-letters redrive): after a reset, the relay publishes them
+-- as it would any event (or decides anew if they are still poison).
 SELECT message_id, topic, error FROM {schema}.outbox_dead_letters
- WHERE subscriber = %(name)s
+ WHERE subscriber = %(name)s AND redriven_at IS NULL
    AND (transaction_id, position) > (%(from_tx)s::text::xid8, %(from_pos)s)
    AND (transaction_id, position) <= (%(to_tx)s::text::xid8, %(to_pos)s);
 
@@ -316,9 +318,11 @@ RETURNING part;
 
 -- name: published_events
 -- What verify expects on the topics: each subscriber part's events up to its
--- checkpoint, matching the subscriber's filter, flagged when dead-lettered.
+-- checkpoint, matching the subscriber's filter, flagged when dead-lettered and when
+-- redriven since (dead-letters redrive).
 SELECT o.message_id, o.transaction_id::text::bigint, o.position, o.aggregate_type,
-       o.event_type, d.message_id IS NOT NULL AS dead_lettered
+       o.event_type, d.message_id IS NOT NULL AS dead_lettered,
+       d.redriven_at IS NOT NULL AS redriven
   FROM {schema}.outbox o
   JOIN {schema}.outbox_subscribers s ON s.name = %(name)s
   JOIN {schema}.outbox_checkpoints c

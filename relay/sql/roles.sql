@@ -7,6 +7,8 @@ GRANT SELECT ON {schema}.outbox, {schema}.outbox_relay_migrations TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.outbox_subscribers, {schema}.outbox_checkpoints TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.outbox_relay_sessions TO {role};
 GRANT SELECT, INSERT ON {schema}.outbox_dead_letters TO {role};
+-- `dead-letters redrive` records its progress (migration 0010).
+GRANT UPDATE (redrive_batch, redriven_at, redrive_error) ON {schema}.outbox_dead_letters TO {role};
 GRANT EXECUTE ON FUNCTION {schema}.outbox_part(text, integer) TO {role};
 -- Retention: the relay deletes published rows through this function (SECURITY DEFINER),
 -- never with DELETE on the outbox.

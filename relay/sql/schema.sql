@@ -208,6 +208,11 @@ CREATE TABLE {schema}.outbox_dead_letters (
     topic          text NOT NULL,
     error          text NOT NULL,
     decided_at     timestamptz NOT NULL DEFAULT now(),
+    -- Redrive (migration 0010): the redrive transaction in flight, when the event was
+    -- published again, and why the last redrive left it here.
+    redrive_batch  bigint,
+    redriven_at    timestamptz,
+    redrive_error  text,
     PRIMARY KEY (subscriber, transaction_id, position)
 );
 

@@ -616,6 +616,63 @@ def test_k8s_migrate_job() -> None:
     assert pod["restartPolicy"] == "Never"
 
 
+def test_k8s_grant_job_creates_the_relays_role_as_the_owner() -> None:
+    """The relays log in as a role of their own (the Secret's database-url); the grant
+    Job, run as the owner, creates it and grants it what `run` needs."""
+    job = k8s_one("Job", "outbox-relay-grant")
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["restartPolicy"] == "Never"
+    args = container["args"]
+    assert args[0] == "grant" and "--create" in args
+    relay_role = args[args.index("--relay-role") + 1]
+    secret = k8s_one("Secret", "outbox-relay")["stringData"]
+    assert urlsplit(secret["database-url"]).username == relay_role
+    owner = urlsplit(secret["migrate-database-url"]).username
+    assert owner and owner != relay_role, "the relays must not run as the owner"
+    (url,) = [v for v in container["env"] if v["name"] == "RELAY_DATABASE_URL"]
+    assert url["valueFrom"]["secretKeyRef"]["key"] == "migrate-database-url"
+
+
+def _deploy_steps() -> list[list[str]]:
+    """The kubectl commands of deploy/k8s/README.md's "Deploy" block, in order."""
+    text = (K8S / "README.md").read_text()
+    section = text.split("## Deploy", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", section, re.DOTALL)
+    assert block, "deploy/k8s/README.md has no sh block under Deploy"
+    joined = block.group(1).replace("\\\n", " ")
+    lines = [line.split("#", 1)[0].strip() for line in joined.splitlines()]
+    return [shlex.split(line) for line in lines if line.startswith("kubectl ")]
+
+
+def _step(steps: list[list[str]], *wanted: str) -> int:
+    found = [i for i, step in enumerate(steps) if all(w in step for w in wanted)]
+    assert found, f"deploy/k8s/README.md never runs kubectl ... {' '.join(wanted)}"
+    return found[0]
+
+
+def test_k8s_deploy_steps_run_each_job_in_order() -> None:
+    """migrate, then grant (the role needs the tables), then the relays (they log in as
+    the role): each Job replaced, applied from its file and waited for before the next
+    step; the last step applies the rest of the folder."""
+    steps = _deploy_steps()
+    waits = {}
+    for job, component in (("outbox-relay-migrate", "migrate"), ("outbox-relay-grant", "grant")):
+        obj = k8s_one("Job", job)
+        assert obj["metadata"]["labels"]["app.kubernetes.io/component"] == component
+        (path,) = [p for p in k8s_files() if obj in k8s_docs(p)]
+        delete = _step(steps, "delete", "job", job)
+        apply = _step(steps, "apply", f"deploy/k8s/{path.relative_to(K8S)}")
+        wait = _step(steps, "wait", "--for=condition=complete", f"job/{job}")
+        assert delete < apply < wait, f"{job}: delete, apply, wait"
+        waits[component] = (apply, wait)
+    assert waits["migrate"][1] < waits["grant"][0], "grant before migrate finished"
+    relays = _step(steps, "apply", "deploy/k8s/")
+    assert relays == len(steps) - 1, "the folder (the Deployment) is applied last"
+    assert waits["grant"][1] < relays, "relays started before their role was granted"
+    assert k8s_one("Deployment", "outbox-relay")  # what the folder step starts
+
+
 # --- docker compose -----------------------------------------------------------------------
 
 
