@@ -63,6 +63,9 @@ class _Relay:
     def key_space_changes(self) -> Counter[str]:
         return Counter({"rebased": 1})
 
+    def retention_totals(self) -> Counter[str]:
+        return Counter({"pruned": 1, "failed": 1})
+
 
 class _Store:
     closed = False
