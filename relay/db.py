@@ -24,7 +24,7 @@ from relay.errors import (
     StreamVersionAhead,
     UndefinedFunctionError,
 )
-from relay.redact import redact
+from relay.redact import mask_url, redact
 
 
 class SqlState:
@@ -171,12 +171,23 @@ def load_json(data: bytes | bytearray | memoryview | str) -> Any:
 
 
 def parse_url(url: str) -> dict[str, Any]:
-    """The parameters of a libpq URL or conninfo string; a :class:`ConfigError` (with the
-    password masked: libpq quotes the whole string) when it is not one."""
+    """The parameters of a libpq URL or conninfo string; a :class:`ConfigError` when it
+    is not one, which never shows the password: libpq quotes the token it could not
+    parse, and that may be the password alone (``invalid percent-encoded token:
+    "S3cr%ZZet"``), so the error shown is the one of the string with its password masked."""
     try:
         return conninfo_to_dict(url)
+    except psycopg.Error:
+        pass
+    try:
+        conninfo_to_dict(mask_url(url))
     except psycopg.Error as exc:
         raise ConfigError(f"database_url: not a libpq URL or conninfo: {redact(str(exc))}") from exc
+    # Not chained to libpq's error: its message holds the password.
+    raise ConfigError(
+        "database_url: the password is not valid in a URL: percent-encode it "
+        '("%" as %25, a space as %20, "@" as %40, "/" as %2F)'
+    ) from None
 
 
 def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection[Any]:

@@ -23,7 +23,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from pydantic_settings.exceptions import SettingsError
 
 from relay.errors import ConfigError, SubscriberError
-from relay.redact import redact
+from relay.redact import redact, remember
 from relay.subscribers import (
     DEFAULT_TOPIC,
     MAX_PARTS,
@@ -36,7 +36,13 @@ from relay.subscribers import (
 )
 
 KafkaValue = str | int | float | bool
-_SECRET_KAFKA_KEY = re.compile(r"password|secret|token|oauthbearer\.config|jaas", re.IGNORECASE)
+# librdkafka properties whose values are secrets: passwords (sasl.password,
+# ssl.key.password...), private keys inline (ssl.key.pem, and any *.pem: the
+# certificates are public, but telling them apart by name is not worth a leak),
+# OAuth and JAAS configs, tokens.
+_SECRET_KAFKA_KEY = re.compile(
+    r"password|secret|token|oauthbearer\.config|jaas|pem|^ssl\.key\b|private", re.IGNORECASE
+)
 _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
     "relay_config_file", default=None
 )
@@ -80,7 +86,11 @@ class Settings(BaseSettings):
     environment variables (``RELAY_KAFKA__SECURITY_PROTOCOL`` for nested keys) and as flags."""
 
     model_config = SettingsConfigDict(
-        env_prefix="RELAY_", env_nested_delimiter="__", extra="forbid"
+        env_prefix="RELAY_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        # pydantic's own error text quotes the input, the database URL's password with it.
+        hide_input_in_errors=True,
     )
 
     database_url: SecretStr | None = None
@@ -213,6 +223,10 @@ class Settings(BaseSettings):
             else:
                 yield name, value
 
+    def kafka_secrets(self) -> list[str]:
+        """The values of the Kafka client properties that are secrets."""
+        return [str(v) for k, v in self.kafka.items() if _SECRET_KAFKA_KEY.search(k)]
+
     def require_database_url(self) -> str:
         if self.database_url is None:
             raise ConfigError("database_url: required (flag --database-url or RELAY_DATABASE_URL)")
@@ -296,7 +310,10 @@ def load_settings(config_file: Path | None = None, **flags: Any) -> Settings:
     token = _config_file.set(config_file)
     try:
         given = {k: v for k, v in flags.items() if v is not None}
-        return Settings(**_secret_files(given), **given)
+        settings = Settings(**_secret_files(given), **given)
+        # Kafka errors and client logs may quote them: mask them there too.
+        remember(settings.kafka_secrets())
+        return settings
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from exc
     except SettingsError as exc:  # a RELAY_* variable that should hold JSON does not

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
-from relay import db, logs
+from relay import db, logs, redact
 from relay.daemon.lifecycle import Relay, start_with_retries, tune_gc
 from relay.errors import ConfigError, RelayError
 from relay.metrics import HealthServer
@@ -58,6 +58,7 @@ def member_main(settings: Settings, conn: Connection) -> None:
     when the supervisor is gone (its end of the pipe closes)."""
     # A new interpreter (spawned): this is its entry point, as the CLI is the parent's.
     logs.configure(settings.log_level, settings.log_format)
+    redact.remember(settings.kafka_secrets())  # as load_settings did in the parent
     relay = Relay(settings)
     # The supervisor stops members with SIGTERM, which also ends a start-up still
     # waiting for Postgres or Kafka. Ctrl-C reaches the whole process group: only the
