@@ -819,3 +819,16 @@ def test_lock_files_pin_every_dependency_with_hashes(
     assert len(blocks) == len(pins) and all("--hash=sha256:" in block for block in blocks)
     installs = " ".join(" ".join(run.split()) for s in stages.values() for run in s.runs)
     assert f"--require-hashes --no-deps -r {lock}" in installs
+
+
+def test_the_build_backend_is_pinned_exactly() -> None:
+    """`pip wheel .` (the image's builder) installs the build backend from PyPI: an
+    unpinned one could change what is built without any change here."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    build = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]
+    for requirement in map(Requirement, build["requires"]):
+        [spec] = requirement.specifier
+        assert spec.operator == "==", f"build-system requires {requirement}: pin it with =="
