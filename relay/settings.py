@@ -147,8 +147,16 @@ class Settings(BaseSettings):
     metrics_enabled: bool = True
     metrics_port: int = Field(default=9187, ge=0, le=65535)
     metrics_host: str = Field(default="127.0.0.1", min_length=1)
-    # Scrapes within this many seconds share one read of the Postgres-derived figures.
+    # Scrapes within this many seconds share one read of the Postgres-derived figures
+    # (read in the background; a scrape waits for it 5 s at most, then serves the last).
     metrics_cache_ttl: float = Field(default=5.0, ge=0, le=300)
+    # Session limits on every connection the relay daemon opens, in seconds (0: none,
+    # or what the role or database sets): a locked table or a stuck query fails and is
+    # retried instead of holding a thread (a metrics read, a heartbeat) indefinitely.
+    # The CLI's connections (migrate builds indexes) do not get them.
+    database_statement_timeout: float = Field(default=60.0, ge=0, le=86_400)
+    database_lock_timeout: float = Field(default=10.0, ge=0, le=86_400)
+    database_idle_in_transaction_timeout: float = Field(default=60.0, ge=0, le=86_400)
     # Retention: every prune_every seconds (0: never) one relay deletes rows every
     # subscriber has published and that are older than retention seconds.
     prune_every: float = Field(default=3600.0, ge=0)

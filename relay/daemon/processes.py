@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
-from relay import db, logs, redact
-from relay.daemon.lifecycle import Relay, start_with_retries, tune_gc
+from relay import logs, redact
+from relay.daemon.lifecycle import Relay, connect_daemon, start_with_retries, tune_gc
 from relay.errors import ConfigError, RelayError
 from relay.metrics import HealthServer
 from relay.model import PartId
@@ -339,5 +339,4 @@ class RelayProcesses:
         return found
 
     def _open_store(self) -> OutboxStore:
-        conn = db.connect(self.settings.require_database_url(), application_name="outbox-relay")
-        return OutboxStore(conn, self.settings.database_schema)
+        return OutboxStore(connect_daemon(self.settings), self.settings.database_schema)
