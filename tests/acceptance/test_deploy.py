@@ -737,6 +737,15 @@ def test_containers_listen_for_probes_on_every_interface(runtime: Stage) -> None
     assert [p["port"] for rule in policy["ingress"] for p in rule["ports"]] == ["metrics"]
 
 
+def test_the_network_policy_is_applied_with_the_relays() -> None:
+    """The relay's HTTP port has no authentication: the policy that fences it in is part
+    of `kubectl apply -f deploy/k8s/` (not recursive: examples/ is left out)."""
+    applied = [doc for path in sorted(K8S.glob("*.yaml")) for doc in k8s_docs(path)]
+    policies = [o["metadata"]["name"] for o in applied if o["kind"] == "NetworkPolicy"]
+    assert policies == ["outbox-relay"]
+    assert "networkpolicy.yaml" in (K8S / "README.md").read_text()
+
+
 def test_alert_rules_watch_metrics_the_relay_serves() -> None:
     rules = yaml.safe_load((REPO / "deploy" / "prometheus" / "alerts.yml").read_text())
     alerts = {r["alert"]: r for g in rules["groups"] for r in g["rules"]}
