@@ -281,7 +281,7 @@ _PART_GAUGES = (
 # own (PROBE_THREADS), so that no number of slow scrapes can delay them: a liveness
 # probe that times out restarts the relay, and every replica's at once.
 HTTP_THREADS = 2
-PROBE_THREADS = 1
+PROBE_THREADS = 2  # liveness and readiness at once
 PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 MAX_CONNECTIONS = 100
 CLIENT_TIMEOUT_S = 10
