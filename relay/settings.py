@@ -36,12 +36,12 @@ from relay.subscribers import (
 )
 
 KafkaValue = str | int | float | bool
-# librdkafka properties whose values are secrets: passwords (sasl.password,
-# ssl.key.password...), private keys inline (ssl.key.pem, and any *.pem: the
-# certificates are public, but telling them apart by name is not worth a leak),
-# OAuth and JAAS configs, tokens.
+# librdkafka properties whose values are secrets: passwords and passphrases
+# (sasl.password, ssl.key.password, ...private.key.passphrase), keys inline (ssl.key.pem,
+# and any *.pem: certificates are public, but telling them apart by name is not worth a
+# leak), client secrets, OAuth and JAAS configs, tokens. Not file locations.
 _SECRET_KAFKA_KEY = re.compile(
-    r"password|secret|token|oauthbearer\.config|jaas|pem|^ssl\.key\b|private", re.IGNORECASE
+    r"password|passphrase|secret|token|oauthbearer\.config|jaas|\.pem$", re.IGNORECASE
 )
 _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
     "relay_config_file", default=None

@@ -126,6 +126,7 @@ def test_kafka_keys_pems_and_secrets_are_masked_in_reprs_logs_and_errors(
         "ssl.certificate.pem": "-----BEGIN CERTIFICATE-----\nMIIDcertificate\n",
         "sasl.oauthbearer.client.secret": "client-s3cret",
         "ssl.keystore.password": "keystore-pw",
+        "sasl.oauthbearer.assertion.private.key.passphrase": "pass-phrase",
     }
     monkeypatch.setenv("RELAY_KAFKA", json.dumps({**secrets, "security.protocol": "SSL"}))
     settings = load_settings()
