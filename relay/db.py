@@ -181,18 +181,41 @@ def parse_url(url: str) -> dict[str, Any]:
     parse, and that may be the password alone (``invalid percent-encoded token:
     "S3cr%ZZet"``), so the error shown is the one of the string with its password masked."""
     try:
-        return conninfo_to_dict(url)
+        params = conninfo_to_dict(url)
     except psycopg.Error:
-        pass
+        params = None
+    if params is not None:
+        misread = _misread_password(params)
+        if misread is None:
+            return params
+        # Neither value is quoted: either may hold part of the password.
+        raise ConfigError(f"database_url: {misread}; {_ENCODE_PASSWORD}")
     try:
         conninfo_to_dict(mask_url(url))
     except psycopg.Error as exc:
         raise ConfigError(f"database_url: not a libpq URL or conninfo: {redact(str(exc))}") from exc
     # Not chained to libpq's error: its message holds the password.
     raise ConfigError(
-        "database_url: the password is not valid in a URL: percent-encode it "
-        '("%" as %25, a space as %20, "@" as %40, "/" as %2F)'
+        f"database_url: the password is not valid in a URL; {_ENCODE_PASSWORD}"
     ) from None
+
+
+_ENCODE_PASSWORD = (
+    'in a URL, percent-encode "%", " ", "@", "/" and ":" in the password '
+    "(as %25, %20, %40, %2F and %3A)"
+)
+
+
+def _misread_password(params: dict[str, Any]) -> str | None:
+    """What libpq took of a password for the host or the port, if it did: an unencoded
+    "@" leaves part of one in the host ("u:p@ss@host" gives host "ss@host"), a "/" or ":"
+    in the port ("u:p/ss@host" gives port "p"). Connecting would quote it in an error."""
+    if "@" in str(params.get("host") or ""):
+        return 'the host holds an "@"'
+    port = str(params.get("port") or "")
+    if any(p and not p.isdigit() for p in port.split(",")):
+        return "the port is not a number"
+    return None
 
 
 class SessionTimeouts(NamedTuple):

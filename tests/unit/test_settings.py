@@ -149,6 +149,9 @@ _UNPARSABLE_PASSWORDS = [
     ("postgresql://u:S3cr%ZZet@host/db", "S3cr%ZZet"),
     ("postgresql://u:S3cr et@host/db", "S3cr et"),
     ("postgresql://u@host/db?password=S3cr%ZZet", "S3cr%ZZet"),
+    # Parsed, but part of the password taken for the host or the port.
+    ("postgresql://u:S3cr@et@host/db", "et@host"),
+    ("postgresql://u:S3cr/et@host/db", "S3cr"),
 ]
 
 
