@@ -294,7 +294,10 @@ class TopicGuard:
 
     def routable(self, topic: str) -> bool:
         """Whether a subscriber routes events to ``topic``: its fixed topic, or one its
-        template makes for an event its filters take. Not the relay's own topics."""
+        template makes for an event its filters take. Not the relay's own topics, nor
+        internal ones (refused anyway)."""
+        if topic.startswith(INTERNAL_PREFIXES):
+            return False
         owner = self._reserved.get(topic)
         if owner is not None:
             return owner[0] != ""

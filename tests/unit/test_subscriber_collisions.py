@@ -101,3 +101,17 @@ def test_schema_registry_confluent_and_connect_topics_are_refused(topic: str) ->
     guard.update([wild])
     refusal = guard.refusal(topic, wild)
     assert refusal is not None and "internal" in refusal
+
+
+def test_routable_topics_are_what_the_topic_cap_counts() -> None:
+    guard = TopicGuard("cp")
+    guard.update(
+        [
+            s("orders", topic="orders.{event_type}", aggregate_types={"order"}),
+            s("audit", topic="audit", dead_letter_topic="audit.dead"),
+        ]
+    )
+    assert guard.routable("orders.Placed") and guard.routable("orders.v2.Placed")
+    assert guard.routable("audit")
+    for topic in ("cp", "audit.dead", "outbox.dead-letter.orders", "_schemas", "payments"):
+        assert not guard.routable(topic), topic
