@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
-from relay import db, logs
-from relay.daemon.lifecycle import Relay, start_with_retries, tune_gc
+from relay import logs, redact
+from relay.daemon.lifecycle import Relay, connect_daemon, start_with_retries, tune_gc
 from relay.errors import ConfigError, RelayError
 from relay.metrics import HealthServer
 from relay.model import PartId
@@ -59,6 +59,7 @@ def member_main(settings: Settings, conn: Connection) -> None:
     when the supervisor is gone (its end of the pipe closes)."""
     # A new interpreter (spawned): this is its entry point, as the CLI is the parent's.
     logs.configure(settings.log_level, settings.log_format)
+    redact.remember(settings.kafka_secrets())  # as load_settings did in the parent
     relay = Relay(settings)
     # The supervisor stops members with SIGTERM, which also ends a start-up still
     # waiting for Postgres or Kafka. Ctrl-C reaches the whole process group: only the
@@ -353,5 +354,4 @@ class RelayProcesses:
         return found
 
     def _open_store(self) -> OutboxStore:
-        conn = db.connect(self.settings.require_database_url(), application_name="outbox-relay")
-        return OutboxStore(conn, self.settings.database_schema)
+        return OutboxStore(connect_daemon(self.settings), self.settings.database_schema)

@@ -285,6 +285,12 @@ RETURNING c.subscriber;
 -- name: delete_subscriber
 DELETE FROM {schema}.outbox_subscribers WHERE name = %(name)s RETURNING name, parts;
 
+-- name: set_session_timeouts
+-- On each connection of the relay daemon, once (relay/db.py): milliseconds, '0' for none.
+SELECT set_config('statement_timeout', %(statement_timeout)s::text, false),
+       set_config('lock_timeout', %(lock_timeout)s::text, false),
+       set_config('idle_in_transaction_session_timeout', %(idle_in_transaction)s::text, false);
+
 -- name: open_session
 INSERT INTO {schema}.outbox_relay_sessions (hostname, pid, expires_at)
 VALUES (%(hostname)s, %(pid)s, now() + make_interval(secs => %(timeout)s))

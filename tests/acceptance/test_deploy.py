@@ -794,6 +794,15 @@ def test_containers_listen_for_probes_on_every_interface(runtime: Stage) -> None
     assert [p["port"] for rule in policy["ingress"] for p in rule["ports"]] == ["metrics"]
 
 
+def test_the_network_policy_is_applied_with_the_relays() -> None:
+    """The relay's HTTP port has no authentication: the policy that fences it in is part
+    of `kubectl apply -f deploy/k8s/` (not recursive: examples/ is left out)."""
+    applied = [doc for path in sorted(K8S.glob("*.yaml")) for doc in k8s_docs(path)]
+    policies = [o["metadata"]["name"] for o in applied if o["kind"] == "NetworkPolicy"]
+    assert policies == ["outbox-relay"]
+    assert "networkpolicy.yaml" in (K8S / "README.md").read_text()
+
+
 def test_alert_rules_watch_metrics_the_relay_serves() -> None:
     rules = yaml.safe_load((REPO / "deploy" / "prometheus" / "alerts.yml").read_text())
     alerts = {r["alert"]: r for g in rules["groups"] for r in g["rules"]}
@@ -876,3 +885,16 @@ def test_lock_files_pin_every_dependency_with_hashes(
     assert len(blocks) == len(pins) and all("--hash=sha256:" in block for block in blocks)
     installs = " ".join(" ".join(run.split()) for s in stages.values() for run in s.runs)
     assert f"--require-hashes --no-deps -r {lock}" in installs
+
+
+def test_the_build_backend_is_pinned_exactly() -> None:
+    """`pip wheel .` (the image's builder) installs the build backend from PyPI: an
+    unpinned one could change what is built without any change here."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    build = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]
+    for requirement in map(Requirement, build["requires"]):
+        [spec] = requirement.specifier
+        assert spec.operator == "==", f"build-system requires {requirement}: pin it with =="
