@@ -125,6 +125,20 @@ class Roles:
     stranger_url: str  # a login with no grant at all (injection, refusals)
 
 
+def create_test_roles(server_url: str) -> None:
+    """Create the test roles on the server at ``server_url`` (any database of it), as
+    an operator does on a new cluster before restoring a dump that grants them."""
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        for role in (RELAY_ROLE, WRITER_ROLE, STRANGER_ROLE):
+            if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
+                continue
+            conn.execute(
+                sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                    sql.Identifier(role), sql.Literal(ROLE_PASSWORD)
+                )
+            )
+
+
 def grant_test_roles(
     owner_url: str, schema: str = "public", *, read_all_stats: bool = False
 ) -> Roles:
