@@ -37,8 +37,14 @@ GRANT USAGE ON SCHEMA {schema} TO {role};
 REVOKE SELECT ON {schema}.outbox FROM {role};
 GRANT SELECT (message_id, aggregate_type, aggregate_id, aggregate_version, idempotency_key)
     ON {schema}.outbox TO {role};
+-- The stream-order trigger's WHEN reads currval of the position's sequence (migration
+-- 0005). 0005 granted that to PUBLIC, which a restore without privileges drops.
+GRANT SELECT ON SEQUENCE {schema}.outbox_position_seq TO {role};
 -- Every column but the ordering key and the position: writers cannot forge either.
 REVOKE INSERT ON {schema}.outbox FROM {role};
 GRANT INSERT (message_id, aggregate_type, aggregate_id, aggregate_version, event_type,
               payload, headers, idempotency_key, occurred_at)
     ON {schema}.outbox TO {role};
+-- The stream-order trigger's WHEN reads currval of the position's sequence (migration
+-- 0005). 0005 granted that to PUBLIC, which a restore without privileges drops.
+GRANT SELECT ON SEQUENCE {schema}.outbox_position_seq TO {role};

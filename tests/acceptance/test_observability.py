@@ -37,13 +37,15 @@ def sample(metrics: str, name: str, **labels: str) -> float | None:
 
 def test_metrics_health_and_readiness(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     database_url: str,
+    relay_reads_all_stats: None,
     topic_prefix: str,
     start_relay: Callable[..., Relay],
 ) -> None:
     relay = start_relay(subscribers=[sub("s", topic_prefix)])
-    write_orders(db, outbox, ["o-1", "o-2", "o-3"])
+    write_orders(writer_db, outbox, ["o-1", "o-2", "o-3"])
     wait_caught_up(db, "s")
 
     assert get(relay, "/healthz")[0] == 200
@@ -73,8 +75,13 @@ def test_metrics_health_and_readiness(
 
 def test_status_shows_parts_sessions_and_who_holds_the_horizon(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     database_url: str,
+    relay_url: str,
+    writer_url: str,
+    relay_db: psycopg.Connection[Any],
+    relay_reads_all_stats: None,
     topic_prefix: str,
     start_relay: Callable[..., Relay],
     caplog: Any,
@@ -83,14 +90,14 @@ def test_status_shows_parts_sessions_and_who_holds_the_horizon(
     import logging
 
     relay = start_relay(subscribers=[sub("s", topic_prefix, parts=2)], horizon_warn_after=0.5)
-    write_orders(db, outbox, ["o-1"])
-    with psycopg.connect(database_url, application_name="slow-batch-job") as holder:
+    write_orders(writer_db, outbox, ["o-1"])
+    with psycopg.connect(writer_url, application_name="slow-batch-job") as holder:
         holder.execute("SELECT pg_current_xact_id()")
         write_orders(holder, outbox, ["o-2"])  # an event of the open transaction
         time.sleep(1.0)
-        result = run_cli("status", "--json", env={"RELAY_DATABASE_URL": database_url})
+        result = run_cli("status", "--json", env={"RELAY_DATABASE_URL": relay_url})
         with caplog.at_level(logging.WARNING, logger="relay.daemon"):
-            relay.horizon.check(OutboxStore(db))
+            relay.horizon.check(OutboxStore(relay_db))
         holder.rollback()
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
@@ -257,15 +264,16 @@ def test_the_endpoints_answer_in_a_process_holding_over_1024_descriptors() -> No
 
 def test_scrape_storms_share_one_read_of_postgres(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     topic_prefix: str,
     start_relay: Callable[..., Relay],
 ) -> None:
     relay = start_relay(subscribers=[sub("s", topic_prefix)], metrics_cache_ttl=300)
     OutboxStore(db).set_paused("s", True)
-    write_orders(db, outbox, ["o-1"])
+    write_orders(writer_db, outbox, ["o-1"])
     first = sample(get(relay, "/metrics")[1], "outbox_relay_lag_events", subscriber="s", part="0")
-    write_orders(db, outbox, ["o-2", "o-3"])
+    write_orders(writer_db, outbox, ["o-2", "o-3"])
     with ThreadPoolExecutor(16) as pool:
         storm = list(pool.map(lambda _: get(relay, "/metrics"), range(50)))
     assert {status for status, _ in storm} == {200}
@@ -296,20 +304,21 @@ def _wait_halted(db: psycopg.Connection[Any], name: str, timeout: float = 60.0) 
     return error
 
 
-def _status_text(database_url: str) -> str:
-    result = run_cli("status", env={"RELAY_DATABASE_URL": database_url, "COLUMNS": "300"})
+def _status_text(relay_url: str) -> str:
+    result = run_cli("status", env={"RELAY_DATABASE_URL": relay_url, "COLUMNS": "300"})
     assert result.returncode == 0, result.stderr
     return result.stdout
 
 
 def test_a_poison_halt_shows_in_metrics_readiness_and_status(
     db: psycopg.Connection[Any],
-    database_url: str,
+    writer_db: psycopg.Connection[Any],
+    relay_url: str,
     topic_prefix: str,
     start_relay: Callable[..., Relay],
 ) -> None:
     # Written by plain SQL with no Avro schema: the Avro subscriber cannot encode it.
-    db.execute(
+    writer_db.execute(
         "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
         "VALUES ('order', 'x', 'Unknown', '{}')"
     )
@@ -323,7 +332,7 @@ def test_a_poison_halt_shows_in_metrics_readiness_and_status(
         time.sleep(0.05)
     status, why = get(relay, "/readyz")
     assert status == 200 and "halted: s/0" in why  # ready, yet naming it (see Relay.ready)
-    text = _status_text(database_url)
+    text = _status_text(relay_url)
     assert "HALTED" in text and "1 halted part(s)" in text and "subscribers resume" in text
     assert f"s/0: {error}" in text and "Unknown" in error
 
@@ -341,7 +350,7 @@ def test_a_poison_halt_shows_in_metrics_readiness_and_status(
 
 def test_a_worker_that_stops_on_a_fatal_error_halts_its_part_visibly(
     db: psycopg.Connection[Any],
-    database_url: str,
+    relay_url: str,
     topic_prefix: str,
     start_relay: Callable[..., Relay],
 ) -> None:
@@ -358,5 +367,5 @@ def test_a_worker_that_stops_on_a_fatal_error_halts_its_part_visibly(
     assert sample(metrics, "outbox_relay_part_halted", subscriber="s", part="0") == 1
     failures = sample(metrics, "outbox_relay_worker_failures_total", subscriber="s", part="0")
     assert failures is not None and failures >= 1
-    text = _status_text(database_url)
+    text = _status_text(relay_url)
     assert "HALTED" in text and f"s/0: {error}" in text

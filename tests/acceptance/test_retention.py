@@ -26,15 +26,15 @@ from tests.support import sub, write_orders
 
 
 def test_prune_keeps_unpublished_rows_and_each_streams_latest_version(
-    db: psycopg.Connection[Any], outbox: Outbox
+    relay_db: psycopg.Connection[Any], writer_db: psycopg.Connection[Any], outbox: Outbox
 ) -> None:
-    store = OutboxStore(db)
+    store = OutboxStore(relay_db)
     store.add(Subscriber("fast", topic="fast.{aggregate_type}"))
     store.add(Subscriber("slow", topic="slow.{aggregate_type}"))
-    write_orders(db, outbox, [f"o-{i}" for i in range(6)])
-    with db.transaction():
+    write_orders(writer_db, outbox, [f"o-{i}" for i in range(6)])
+    with writer_db.transaction():
         outbox.append_to_stream(
-            db, aggregate_type="order", aggregate_id="s-1", expected_version=0,
+            writer_db, aggregate_type="order", aggregate_id="s-1", expected_version=0,
             events=[Event("OrderShipped", {"order_id": "s-1", "carrier": f"c{i}"}) for i in range(3)],
         )  # fmt: skip
     rows = store.fetch(Position(0, 0), Selection(100)).events
@@ -55,15 +55,17 @@ def test_prune_keeps_unpublished_rows_and_each_streams_latest_version(
     assert (kept.aggregate_id, kept.aggregate_version) == ("s-1", 3)  # the stream's latest
     # ...so event-sourced appends go on after pruning.
     outbox.append_to_stream(
-        db, aggregate_type="order", aggregate_id="s-1", expected_version=3,
+        writer_db, aggregate_type="order", aggregate_id="s-1", expected_version=3,
         events=[Event("OrderShipped", {"order_id": "s-1", "carrier": "late"})],
     )  # fmt: skip
 
 
-def test_prune_respects_the_minimum_age(db: psycopg.Connection[Any], outbox: Outbox) -> None:
-    store = OutboxStore(db)
+def test_prune_respects_the_minimum_age(
+    relay_db: psycopg.Connection[Any], writer_db: psycopg.Connection[Any], outbox: Outbox
+) -> None:
+    store = OutboxStore(relay_db)
     store.add(Subscriber("s"))
-    write_orders(db, outbox, ["o-1"])
+    write_orders(writer_db, outbox, ["o-1"])
     [row] = store.fetch(Position(0, 0), Selection(10)).events
     session = store.open_session("x", 1, 60)
     store.claim("s", 0, session)
@@ -73,14 +75,18 @@ def test_prune_respects_the_minimum_age(db: psycopg.Connection[Any], outbox: Out
 
 
 def test_the_relay_prunes_on_its_own(
-    db: psycopg.Connection[Any], outbox: Outbox, topic_prefix: str, start_relay: Any
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    outbox: Outbox,
+    topic_prefix: str,
+    start_relay: Any,
 ) -> None:
     import time
 
     from tests.support import sub
 
     start_relay(subscribers=[sub("s", topic_prefix)], prune_every=0.5, retention=0)
-    write_orders(db, outbox, ["o-1", "o-2"])
+    write_orders(writer_db, outbox, ["o-1", "o-2"])
     deadline = time.monotonic() + 20
     while db.execute("SELECT count(*) FROM outbox").fetchone() != (0,):
         assert time.monotonic() < deadline, "the relay never pruned its published rows"
