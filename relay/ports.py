@@ -63,9 +63,11 @@ class Fetched(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class Selection:
     """What one fetch reads: up to ``limit`` decided events of ``part`` (of ``parts``),
-    and no more once their stored payloads and headers reach ``max_bytes`` (at least
-    one). Of those, the events the type filters (None: any) drop are left out: the
-    fetch's ``read_to`` goes past them."""
+    and no more once their sizes (every column the relay reads, uncompressed) reach
+    ``max_bytes`` (at least one). A row larger than ``max_row_bytes`` is not read: it
+    comes back as its identity, its payload :class:`relay.model.Unreadable` (poison).
+    Of those, the events the type filters (None: any) drop are left out: the fetch's
+    ``read_to`` goes past them."""
 
     limit: int
     max_bytes: int = 2**62
@@ -73,6 +75,7 @@ class Selection:
     parts: int = 1
     aggregate_types: frozenset[str] | None = None
     event_types: frozenset[str] | None = None
+    max_row_bytes: int = 2**62
 
 
 class PartStore(Protocol):

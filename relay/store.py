@@ -86,12 +86,24 @@ class OutboxStore:
             # A part's poll is planned with its part as a constant (never a prepared,
             # generic plan): only then may the planner use the part's index.
             rows = cur.execute(self._q[name], params, prepare=selection.parts == 1).fetchall()
+        limit = selection.max_row_bytes
         if name == "fetch_batch":  # the hot path: no call per row
             events = [
                 OutboxEvent(
-                    tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at, size, dbz
+                    tx,
+                    pos,
+                    mid,
+                    atype,
+                    aid,
+                    version,
+                    etype,
+                    payload if big is None else _not_read(big, limit),
+                    headers or {},
+                    at,
+                    size,
+                    dbz,
                 )
-                for tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz in rows
+                for tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz, big in rows
             ]
             if not events:
                 return Fetched([], None)
@@ -99,7 +111,7 @@ class OutboxStore:
         if not rows:
             return Fetched([], None)
         # The read's extent leads every row; a row of NULLs after it when none was kept.
-        events = [_event(row[3:]) for row in rows if row[3] is not None]
+        events = [_event(row[3:], limit) for row in rows if row[3] is not None]
         read_tx, read_pos, full = rows[0][:3]
         if name == "fetch_batch_filtered":
             return Fetched(events, Position(read_tx, read_pos), full)
@@ -423,6 +435,7 @@ def _fetch_query(after: Position, selection: Selection) -> tuple[str, dict[str, 
         "position": after.position,
         "limit": selection.limit,
         "max_bytes": selection.max_bytes,
+        "max_row_bytes": selection.max_row_bytes,
         "part": selection.part,
         "parts": selection.parts,
         "aggregate_types": sorted(aggregate_types) if aggregate_types is not None else None,
@@ -436,15 +449,28 @@ def _fetch_query(after: Position, selection: Selection) -> tuple[str, dict[str, 
     return "fetch_batch", params
 
 
-def _event(row: Sequence[Any]) -> OutboxEvent:
-    tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz = row
+def _event(row: Sequence[Any], limit: int) -> OutboxEvent:
+    tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz, big = row
+    if big is not None:
+        payload = _not_read(big, limit)
     return OutboxEvent(
         tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at, size, dbz
     )
 
 
+def _not_read(size: int, limit: int) -> Unreadable:
+    """What stands in for the payload of a row the fetch left unread: its poison."""
+    return Unreadable(
+        f"too large to publish: the row holds {size} bytes (its payload, headers and text "
+        f"columns), over the {limit} bytes a row may hold (twice message.max.bytes: no "
+        "record of it could fit); it was not read",
+        read=False,
+    )
+
+
 def _full(events: list[OutboxEvent], selection: Selection) -> bool:
-    """Whether a fetch came back full: ``limit`` events, or cut at ``max_bytes``."""
+    """Whether a fetch came back full: ``limit`` events, or cut at ``max_bytes`` (the
+    fetch returns what it counted of each row)."""
     return (
         len(events) >= selection.limit or sum(e.stored_bytes for e in events) >= selection.max_bytes
     )

@@ -32,7 +32,7 @@ from relay.errors import (
     SubscriberError,
 )
 from relay.key_space import KeySpace, KeySpaceAction, adoptable, report
-from relay.model import KafkaRecord, OutboxEvent, PartId, Position
+from relay.model import KafkaRecord, OutboxEvent, PartId, Position, Unreadable
 from relay.poison import dead_letter_record
 from relay.ports import (
     Batch,
@@ -181,6 +181,7 @@ class PartWorker(threading.Thread):
         batch_size: int,
         poll_interval: float,
         batch_max_bytes: int = 2**62,
+        max_record_bytes: int = 2**61,
     ) -> None:
         super().__init__(name=f"part-{part}", daemon=True)
         self.part = part
@@ -192,8 +193,13 @@ class PartWorker(threading.Thread):
         self._open_publisher = open_publisher
         self._encoder = encoder
         # What every fetch of this part reads at most; the subscriber's parts and filters
-        # join it per fetch (a subscriber read again may filter differently).
-        self._limits = Selection(batch_size, batch_max_bytes, part.part)
+        # join it per fetch (a subscriber read again may filter differently). A row over
+        # twice the largest record (message.max.bytes) cannot fit in one, whatever the
+        # format (JSON text as Postgres writes it is at most about twice as long as the
+        # compact JSON published): it is poison, and never read.
+        self._limits = Selection(
+            batch_size, batch_max_bytes, part.part, max_row_bytes=2 * max_record_bytes
+        )
         self._poll_interval = poll_interval
         self._store: PartStore | None = None
         self._publisher: Publisher | None = None
@@ -314,7 +320,7 @@ class PartWorker(threading.Thread):
             batch.records = [
                 self._encoder.encode(event, subscriber)
                 for event in batch.events
-                if subscriber.matches(event)
+                if subscriber.matches(event) or _not_read(event)
             ]
         except Exception:  # whatever it is, the slow path names the event and its error
             batch.records = None
@@ -496,7 +502,7 @@ class PartWorker(threading.Thread):
         subscriber = state.subscriber
         records = []
         for event in events:
-            if not subscriber.matches(event):
+            if not subscriber.matches(event) and not _not_read(event):
                 continue
             if event.message_id not in dead:
                 try:
@@ -615,6 +621,12 @@ def _joins(following: _Batch, state: PartState) -> bool:
         and not following.full
         and state.subscriber.on_poison is not PoisonPolicy.DEAD_LETTER
     )
+
+
+def _not_read(event: OutboxEvent) -> bool:
+    """A row the fetch left unread (too large): the fetch's own filters kept it, on its
+    full columns; its text columns came back cut short, so they may not match here."""
+    return type(event.payload) is Unreadable and not event.payload.read
 
 
 def _event_of(record: KafkaRecord, events: list[OutboxEvent]) -> OutboxEvent:
