@@ -53,6 +53,9 @@ def dead_letter_record(
         "event_type": short.event_type,
         "occurred_at": event.occurred_at.isoformat(),
     }
+    if decision.minimal:
+        document["omitted"] = "payload and headers: the broker refused the full dead letter"
+        return _record(decision, short._replace(headers={}), document, error, subscriber)
     headers = _json_or_reason(event.headers)
     if isinstance(headers, str):
         document["headers_omitted"] = headers
@@ -69,6 +72,16 @@ def dead_letter_record(
         document["payload"] = event.payload
     else:
         document["payload_omitted_bytes"] = len(payload)
+    return _record(decision, short, document, error, subscriber)
+
+
+def _record(
+    decision: DeadLetterDecision,
+    short: OutboxEvent,
+    document: dict[str, Any],
+    error: str,
+    subscriber: Subscriber,
+) -> KafkaRecord:
     return KafkaRecord(
         topic=decision.topic,
         key=short.aggregate_id.encode(),

@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 from uuid import UUID
 
+import orjson
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 
 from relay import part_index
-from relay.db import load_json, wrap_errors
+from relay.db import wrap_errors
 from relay.errors import CheckpointConflict, ClaimLost, SubscriberError, UndefinedFunctionError
 from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.model import OutboxEvent, Position, Unreadable
-from relay.ports import DeadLetterDecision, Fetched, PartState, Selection
+from relay.ports import DeadLetter, DeadLetterDecision, Fetched, PartState, Selection
 from relay.queries import queries_for
 from relay.subscribers import StartFrom, Subscriber, collision
 
@@ -120,8 +123,11 @@ class OutboxStore:
         full = _full(events, selection)
         return Fetched(events, events[-1].key if full else Position(read_tx, read_pos), full)
 
-    def advance(self, state: PartState, to: Position, owner: UUID) -> int:
-        """Compare-and-set ``state``'s checkpoint to ``to``; returns the new version."""
+    def advance(
+        self, state: PartState, to: Position, owner: UUID, dead_letters: Sequence[DeadLetter] = ()
+    ) -> int:
+        """Compare-and-set ``state``'s checkpoint to ``to`` and record ``dead_letters`` in
+        one transaction; returns the new version."""
         params = {
             "name": state.name,
             "part": state.part,
@@ -130,12 +136,33 @@ class OutboxStore:
             "version": state.version,
             "owner": owner,
         }
-        with wrap_errors():
+        conflict = CheckpointConflict(
+            f"checkpoint of {state.name}/{state.part} changed underneath this relay"
+        )
+        if not dead_letters:  # the hot path: one statement
+            with wrap_errors():
+                row = self.conn.execute(self._q["advance_checkpoint"], params).fetchone()
+            if row is None:
+                raise conflict
+            return int(row[0])
+        letters = [
+            {
+                "name": state.name,
+                "part": state.part,
+                "transaction_id": letter.key.transaction_id,
+                "position": letter.key.position,
+                "message_id": letter.message_id,
+                "topic": letter.decision.topic,
+                "error": letter.decision.error,
+            }
+            for letter in dead_letters
+        ]
+        with wrap_errors(), self.conn.transaction():
             row = self.conn.execute(self._q["advance_checkpoint"], params).fetchone()
-        if row is None:
-            raise CheckpointConflict(
-                f"checkpoint of {state.name}/{state.part} changed underneath this relay"
-            )
+            if row is None:
+                raise conflict  # rolls the transaction back: nothing recorded
+            with self.conn.cursor() as cur:
+                cur.executemany(self._q["record_dead_letter"], letters)
         return int(row[0])
 
     def dead_letters(
@@ -152,25 +179,6 @@ class OutboxStore:
         with wrap_errors():
             rows = self.conn.execute(self._q["dead_letters_between"], params).fetchall()
         return {row[0]: DeadLetterDecision(row[1], row[2]) for row in rows}
-
-    def record_dead_letter(
-        self, state: PartState, event: OutboxEvent, decision: DeadLetterDecision
-    ) -> None:
-        """Record the decision before publishing, so it is never made differently later
-        (not even by a new owner that adopts the batch from the Kafka-side checkpoint)."""
-        with wrap_errors():
-            self.conn.execute(
-                self._q["record_dead_letter"],
-                {
-                    "name": state.name,
-                    "part": state.part,
-                    "transaction_id": event.transaction_id,
-                    "position": event.position,
-                    "message_id": event.message_id,
-                    "topic": decision.topic,
-                    "error": decision.error,
-                },
-            )
 
     def halt(self, state: PartState, owner: UUID, error: str) -> None:
         """Record a 'halt' poison decision: the part stays halted until resumed."""
@@ -479,11 +487,28 @@ def _full(events: list[OutboxEvent], selection: Selection) -> bool:
 def _load_row_json(data: bytes | bytearray | memoryview | str) -> Any:
     """A row's payload or headers; never raises. Whatever Postgres accepted but Python
     cannot load becomes :class:`Unreadable`, which the encoder treats as that row's
-    poison: raising here would fail the whole batch, for ever (docs/design.md §6)."""
+    poison: raising here would fail the whole batch, for ever (docs/design.md §6).
+
+    As :func:`relay.db.load_json` (orjson, then the standard library for what orjson
+    refuses), but a number beyond a double's range is unreadable too: jsonb's numeric
+    takes ``1e400``, which the standard library loads as ``inf``, and that was published
+    as ``null`` (JSON) or ``Infinity`` (Avro)."""
     try:
-        return load_json(data)
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        pass  # orjson refuses integers beyond 64 bits, and numbers beyond a double
+    try:
+        text = bytes(data) if isinstance(data, memoryview) else data
+        return json.loads(text, parse_float=_finite_float)
     except Exception as exc:  # any failure: ValueError, RecursionError, MemoryError...
         return Unreadable(f"{type(exc).__name__}: {str(exc)[:200]}")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"the number {text[:20]}... ({len(text)} characters) is beyond a double")
+    return value
 
 
 def _part(

@@ -16,7 +16,7 @@ import pytest
 
 from relay.errors import CheckpointConflict, ClaimLost, SubscriberError
 from relay.model import OutboxEvent, Position
-from relay.ports import DeadLetterDecision, Fetched, PartStore, Selection
+from relay.ports import DeadLetter, DeadLetterDecision, Fetched, PartStore, Selection
 from relay.subscribers import Subscriber, ValueFormat
 
 SUBSCRIBER = Subscriber("s", topic="t", value_format=ValueFormat.JSON)
@@ -144,10 +144,26 @@ class StoreContract:
         write("k")
         first, second = store.fetch(Position(0, 0), Selection(10)).events
         decision = DeadLetterDecision("dlq", "too large")
-        store.record_dead_letter(store.get_part("s", 0), second, decision)
+        letter = DeadLetter(second.key, second.message_id, decision)
+        store.advance(store.get_part("s", 0), second.key, owner, [letter])
         assert store.dead_letters("s", Position(0, 0), second.key) == {second.message_id: decision}
         assert store.dead_letters("s", Position(0, 0), first.key) == {}
         assert store.dead_letters("s", second.key, Position(2**62, 0)) == {}
+
+    def test_a_dead_letter_decision_is_recorded_only_with_its_checkpoint(
+        self, store: AdminStore, write: Write, owner: UUID
+    ) -> None:
+        """Issue #27: a decision recorded before its Kafka transaction committed stayed
+        recorded when the transaction aborted: dead-lettered, but on no topic."""
+        write("k")
+        [event] = store.fetch(Position(0, 0), Selection(10)).events
+        stale = store.get_part("s", 0)
+        store.advance(stale, Position(0, 0), owner)  # moves the version on
+        letter = DeadLetter(event.key, event.message_id, DeadLetterDecision("dlq", "too large"))
+        with pytest.raises(CheckpointConflict):
+            store.advance(stale, event.key, owner, [letter])
+        assert store.dead_letters("s", Position(0, 0), event.key) == {}
+        assert store.get_part("s", 0).checkpoint == Position(0, 0)
 
     def test_halt_records_the_error_on_the_part(self, store: AdminStore, owner: UUID) -> None:
         before = store.get_part("s", 0)
