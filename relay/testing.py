@@ -14,7 +14,14 @@ from uuid import UUID
 
 from relay.errors import CheckpointConflict, ClaimLost, SubscriberError
 from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
-from relay.model import ConsumedRecord, KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
+from relay.model import (
+    ConsumedRecord,
+    KafkaCheckpoint,
+    KafkaRecord,
+    OutboxEvent,
+    Position,
+    Unreadable,
+)
 from relay.ports import (
     Batch,
     DeadLetter,
@@ -110,7 +117,7 @@ class InMemoryStore:
             return Fetched([], None)
         aggregate_types, event_types = selection.aggregate_types, selection.event_types
         kept = [
-            e
+            _unless_too_large(e, selection.max_row_bytes)
             for e in read
             if (aggregate_types is None or e.aggregate_type in aggregate_types)
             and (event_types is None or e.event_type in event_types)
@@ -277,6 +284,29 @@ class InMemoryTopicReader:
             if record.topic in topics:
                 records.append(_consumed(record, offset))
         return records
+
+
+def _unless_too_large(event: OutboxEvent, limit: int) -> OutboxEvent:
+    """``event``, or its identity only when it is larger than ``limit``, as the
+    Postgres fetch returns a row too large for any record."""
+    size = event.stored_bytes + sum(
+        len(text.encode()) for text in (event.aggregate_type, event.aggregate_id, event.event_type)
+    )
+    if size <= limit:
+        return event
+    return event._replace(
+        aggregate_type=_cut(event.aggregate_type),
+        aggregate_id=_cut(event.aggregate_id),
+        event_type=_cut(event.event_type),
+        payload=Unreadable(f"too large to publish: the row holds {size} bytes", read=False),
+        headers={},
+        debezium=None,
+    )
+
+
+def _cut(text: str) -> str:
+    size = len(text.encode())
+    return text if size <= 200 else f"{text[:200]}...[cut: {size} bytes]"
 
 
 def _consumed(record: KafkaRecord, offset: int) -> ConsumedRecord:

@@ -9,13 +9,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 from uuid import UUID
 
 import pytest
 
 from relay.errors import CheckpointConflict, ClaimLost, SubscriberError
-from relay.model import OutboxEvent, Position
+from relay.model import OutboxEvent, Position, Unreadable
 from relay.ports import DeadLetter, DeadLetterDecision, Fetched, PartStore, Selection
 from relay.subscribers import Subscriber, ValueFormat
 
@@ -88,6 +88,24 @@ class StoreContract:
         ) == (Fetched([], None))
         by_event = store.fetch(Position(0, 0), Selection(2, event_types=frozenset({"Shipped"})))
         assert by_event == Fetched([], kept.events[1].key, True)
+
+    @pytest.mark.parametrize(
+        "filters",
+        [{}, {"aggregate_types": frozenset({"order"})}, {"event_types": frozenset({"Placed"})}],
+    )
+    def test_a_row_too_large_for_any_record_comes_back_as_its_identity(
+        self, store: AdminStore, write: Write, filters: dict[str, Any]
+    ) -> None:
+        """Issue #27: such a row is poison decided from its size; its content is not read."""
+        small, big = write("k"), write("k" * 300)
+        events = store.fetch(Position(0, 0), Selection(10, max_row_bytes=200, **filters)).events
+        assert [e.message_id for e in events] == [small, big]
+        assert events[0].payload == {"id": "k"}
+        unread = events[1]
+        assert isinstance(unread.payload, Unreadable) and not unread.payload.read
+        assert "too large to publish" in str(unread.payload)
+        assert unread.aggregate_id == "k" * 200 + "...[cut: 300 bytes]"
+        assert unread.headers == {} and unread.event_type == "Placed"
 
     def test_a_part_is_stored_with_its_subscriber_and_owner(
         self, store: AdminStore, owner: UUID
