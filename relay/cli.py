@@ -463,10 +463,18 @@ def _status(store: OutboxStore) -> dict[str, Any]:
 def grant(
     ctx: typer.Context,
     relay_role: Annotated[
-        str | None, typer.Option(help="Role the relay runs as: gets only what it needs.")
+        str | None,
+        typer.Option(
+            help="Role the relay runs as: gets only what it needs (it prunes through "
+            "outbox_prune(), with no DELETE on the outbox)."
+        ),
     ] = None,
     writer_role: Annotated[
-        str | None, typer.Option(help="Role applications write events as: SELECT, INSERT.")
+        str | None,
+        typer.Option(
+            help="Role applications write events as: INSERT and SELECT on the columns the "
+            "write API reads back (never payloads), SELECT on outbox_position_seq."
+        ),
     ] = None,
     create: Annotated[
         bool, typer.Option(help="Create the roles (LOGIN, no password) if missing.")

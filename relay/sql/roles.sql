@@ -45,6 +45,3 @@ REVOKE INSERT ON {schema}.outbox FROM {role};
 GRANT INSERT (message_id, aggregate_type, aggregate_id, aggregate_version, event_type,
               payload, headers, idempotency_key, occurred_at)
     ON {schema}.outbox TO {role};
--- The stream-order trigger's WHEN reads currval of the position's sequence (migration
--- 0005). 0005 granted that to PUBLIC, which a restore without privileges drops.
-GRANT SELECT ON SEQUENCE {schema}.outbox_position_seq TO {role};
