@@ -303,18 +303,24 @@ def _verify_all(
 def _print_reports(reports: list[Any]) -> None:
     table = Table(
         "subscriber", "expected", "found", "missing", "duplicated", "out of order", "ahead",
-        "dead-lettered", "pending", "verdict",
+        "before start", "not in outbox", "skipped by reset", "dead-lettered", "pending",
+        "verdict",
     )  # fmt: skip
     for r in reports:
         table.add_row(
             r.subscriber,
             *(str(v) for v in (r.expected, r.found, r.missing, r.duplicated, r.out_of_order)),
-            str(r.ahead),
+            *(str(v) for v in (r.ahead, r.before_start, r.not_in_outbox, r.skipped_by_reset)),
             str(r.dead_lettered),
             f"~{r.pending}" if r.pending_estimated else str(r.pending),
             Text("clean", style="green") if r.clean else Text("PROBLEMS", style="red"),
         )
     out.print(table)
+    err.print(
+        "ahead: published just before a crash, adopted by the next owner; before start: "
+        "published before a reset; not in outbox: rows pruned since; skipped by reset: "
+        "events a reset forward jumped over, never published"
+    )
     for r in reports:
         if r.checked_after:
             err.print(
@@ -352,15 +358,18 @@ def status(
 
 
 def _print_parts_and_sessions(report: dict[str, Any]) -> None:
-    parts = Table("part", "checkpoint", "lag (events)", "lag (s)", "owner", "state")
+    parts = Table(
+        "part", "checkpoint", "lag (events)", "lag (s)", "skipped by reset", "owner", "state"
+    )
     for p in report["parts"]:
         parts.add_row(
-            p["part"], p["checkpoint"], _events(p), f"{p['lag_seconds']:.1f}",
+            p["part"], p["checkpoint"], _events(p), f"{p['lag_seconds']:.1f}", _skipped(p),
             p["owner"] or "-", _part_state(p),
         )  # fmt: skip
     out.print(parts)
     _print_estimate_note(report["parts"])
     _print_halts(report["parts"])
+    _print_skips(report["parts"])
     sessions = Table("session", "host", "pid", "heartbeat (s ago)", "parts")
     for s in report["sessions"]:
         sessions.add_row(
@@ -402,12 +411,37 @@ def _print_estimate_note(rows: list[dict[str, Any]]) -> None:
         )
 
 
+def _skipped(row: dict[str, Any]) -> str:
+    """Events a reset forward jumped over, as printed: ``+`` marks a lower bound."""
+    return f"{row['skipped_by_reset']}{'+' if row['skipped_at_least'] else ''}"
+
+
+def _print_skips(rows: list[dict[str, Any]]) -> None:
+    """A reset that skipped events, or a checkpoint no row can reach, must not pass for
+    a caught-up subscriber (issue #28)."""
+    for r in rows:
+        if r["beyond_horizon"]:
+            out.print(
+                Text(f"{r['part']}: its checkpoint {r['checkpoint']} is beyond what the "
+                     "database has decided: every event written now sorts before it and is "
+                     "NEVER published (counted as skipped by reset); reset it to 'now' or "
+                     "to a point below the horizon", style="bold red")
+            )  # fmt: skip
+    if any(r["skipped_by_reset"] for r in rows):
+        out.print(
+            f"skipped by reset: events the last `subscribers reset` forward jumped over "
+            f"(+: counted over the first {EXACT_UP_TO} rows only); they are not published"
+        )
+
+
 def _hidden_or(value: Any, fmt: str = "{}") -> str:
     """A pg_stat_activity detail, or 'hidden' where this role may not see it."""
     return "hidden" if value is None else fmt.format(value)
 
 
 def _part_state(part: dict[str, Any]) -> Text:
+    if part["beyond_horizon"]:
+        return Text("BEYOND HORIZON", style="bold red")
     if part["halted"] is not None:
         return Text("HALTED", style="bold red")
     return Text("paused", style="yellow") if part["paused"] else Text("active")
@@ -439,6 +473,9 @@ def _status(store: OutboxStore) -> dict[str, Any]:
                     "lag_events": p.lag.events,
                     "lag_estimated": p.lag.estimated,
                     "lag_seconds": p.lag.seconds,
+                    "skipped_by_reset": p.skipped.events,
+                    "skipped_at_least": p.skipped.at_least,
+                    "beyond_horizon": p.skipped.beyond_horizon,
                     "owner": names.get(p.state.owner) if p.state.owner else None,
                     "paused": subscriber.state.subscriber.paused,
                     "halted": p.state.halted_error,
@@ -649,12 +686,14 @@ def subscribers_list(
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
     table = Table(
-        "name", "topic", "format", "filter", "state", "parts", "checkpoint", "lag (events)"
-    )
+        "name", "topic", "format", "filter", "state", "parts", "checkpoint", "lag (events)",
+        "skipped by reset",
+    )  # fmt: skip
     for r in rows:
         flt = [f"{k}={','.join(r[k])}" for k in ("aggregate_types", "event_types") if r[k]]
         halted = [p for p in r["parts"] if p["halted"]]
         state = "paused" if r["paused"] else ("halted" if halted else "active")
+        state = "BEYOND HORIZON" if r["beyond_horizon"] else state
         claimed = sum(1 for p in r["parts"] if p["owner"])
         table.add_row(
             *(str(r[k]) for k in ("name", "topic", "format")),
@@ -663,9 +702,11 @@ def subscribers_list(
             f"{len(r['parts'])} ({claimed} claimed)",
             r["checkpoint"],
             _events(r),
+            _skipped(r),
         )
     out.print(table)
     _print_estimate_note(rows)
+    _print_skips([{**r, "part": r["name"]} for r in rows])
     for r in rows:
         for p in r["parts"]:
             if p["halted"]:
@@ -688,6 +729,9 @@ def _listed(status: SubscriberStatus) -> dict[str, Any]:
         "checkpoint": str(status.state.checkpoint),
         "lag_events": status.lag.events,
         "lag_estimated": status.lag.estimated,
+        "skipped_by_reset": status.skipped.events,
+        "skipped_at_least": status.skipped.at_least,
+        "beyond_horizon": status.skipped.beyond_horizon,
         "parts": [
             {
                 "part": p.part,
