@@ -619,9 +619,14 @@ def subscribers_add(
         str, typer.Option(help="Topic template: {aggregate_type}, {event_type}.")
     ] = subs.DEFAULT_TOPIC,
     value_format: Annotated[
-        subs.ValueFormat,
-        typer.Option("--format", help="Value encoding (avro needs the relay's schemas folder)."),
-    ] = subs.ValueFormat.JSON,
+        Optional[subs.ValueFormat],  # noqa: UP045
+        typer.Option(
+            "--format",
+            help="Value encoding [avro when schemas_dir is configured, else json]; avro "
+            "needs the schemas folder.",
+            show_default=False,
+        ),
+    ] = None,
     aggregate_type: Annotated[
         list[str] | None, typer.Option(help="Only these aggregate types (repeatable).")
     ] = None,
@@ -644,13 +649,28 @@ def subscribers_add(
         subs.PoisonPolicy, typer.Option(help="What to do with an event that cannot be published.")
     ] = subs.PoisonPolicy.HALT,
     dead_letter_topic: Annotated[
-        str | None, typer.Option(help="Dead-letter topic [outbox.dead-letter.<name>].")
+        str | None,
+        typer.Option(
+            help="Dead-letter topic [outbox.dead-letter.<name>] (with --on-poison dead-letter)."
+        ),
+    ] = None,
+    schemas_dir: Annotated[
+        Path | None, typer.Option(help="Avro schemas folder [RELAY_SCHEMAS_DIR]")
     ] = None,
     database_url: DatabaseUrl = None,
     schema: Schema = None,
 ) -> None:
     """Add a subscriber (a running relay picks it up within seconds)."""
-    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    if dead_letter_topic is not None and on_poison is not subs.PoisonPolicy.DEAD_LETTER:
+        raise typer.BadParameter(
+            "a dead-letter topic is used only with --on-poison dead-letter; add it, or drop "
+            "--dead-letter-topic",
+            param_hint="--dead-letter-topic",
+        )
+    settings = _settings(
+        ctx, database_url=database_url, database_schema=schema, schemas_dir=schemas_dir
+    )
+    value_format = _value_format(value_format, settings, name)
     subscriber = subs.Subscriber.from_dict(
         {
             "name": name,
@@ -669,6 +689,23 @@ def subscribers_add(
             out.print(f"indexing its {parts} parts (waits for open transactions to end)")
             store.index_parts()
     out.print(f"{'added' if created else 'updated'} subscriber {name!r}")
+
+
+def _value_format(
+    given: subs.ValueFormat | None, settings: Settings, name: str
+) -> subs.ValueFormat:
+    """The format asked for, else Avro when writer schemas are configured (as for the
+    relay's own subscribers). Avro without them would fail every event: refused here,
+    naming the key, rather than found by the relay."""
+    if given is None:
+        return subs.ValueFormat.AVRO if settings.schemas_dir else subs.ValueFormat.JSON
+    if given is subs.ValueFormat.AVRO and settings.schemas_dir is None:
+        raise ConfigError(
+            f"subscriber {name!r}: the avro format needs the writer schemas, and schemas_dir "
+            "is not configured (config file, RELAY_SCHEMAS_DIR or --schemas-dir); configure "
+            "it as the relay has it, or use --format json"
+        )
+    return given
 
 
 @subscribers_app.command("list")
