@@ -9,6 +9,7 @@ import os
 import resource
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from rich.text import Text
 
 from relay import db, logs, migrations
 from relay import subscribers as subs
-from relay.errors import ConfigError, RelayError
+from relay.errors import ConfigError, DatabaseUnavailable, RelayError
 from relay.key_space import KeySpaceAction, report
 from relay.lag import EXACT_UP_TO, SubscriberStatus, subscriber_statuses
 from relay.model import Position
@@ -108,13 +109,25 @@ def _store(settings: Settings) -> Iterator[OutboxStore]:
         yield OutboxStore(conn, settings.database_schema)
 
 
+def _connect_waiting(settings: Settings, application_name: str) -> psycopg.Connection[Any]:
+    """A connection, waiting for a Postgres that is down or starting as `run` waits for
+    it (backoff up to 30 s, until Ctrl-C or SIGTERM); a permanent refusal (unknown
+    database, bad credentials, missing grants) fails at once."""
+    delay = 0.5
+    while True:
+        try:
+            return db.connect(settings.require_database_url(), application_name=application_name)
+        except DatabaseUnavailable as exc:
+            logger.warning("waiting for Postgres: %s; retrying in %.0fs", exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+
 @app.command()
 def migrate(ctx: typer.Context, database_url: DatabaseUrl = None, schema: Schema = None) -> None:
     """Create or upgrade the outbox tables (idempotent, safe to run concurrently)."""
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
-    with db.connect(
-        settings.require_database_url(), application_name="outbox-relay-migrate"
-    ) as conn:
+    with _connect_waiting(settings, "outbox-relay-migrate") as conn:
         applied = migrations.migrate(conn, settings.database_schema)
         store = OutboxStore(conn, settings.database_schema)
         # A restore procedure migrates before writers start: the best moment to rebase.
@@ -156,7 +169,7 @@ def run(
         workers=workers,
     )
     if migrate_first:
-        with db.connect(settings.require_database_url()) as conn:
+        with _connect_waiting(settings, "outbox-relay-migrate") as conn:
             migrations.migrate(conn, settings.database_schema)
     relay = Relay(settings) if settings.workers == 1 else RelayProcesses(settings)
     tune_gc()
