@@ -107,14 +107,17 @@ def part_lag(store: OutboxStore, state: PartState) -> Lag:
     return Lag.of(store.lag_sample(state, EXACT_UP_TO + 1))
 
 
-def subscriber_statuses(store: OutboxStore, name: str | None = None) -> list[SubscriberStatus]:
-    """Every subscriber (or the one named), each part with its lag."""
+def subscriber_statuses(
+    store: OutboxStore, name: str | None = None, *, skips: bool = True
+) -> list[SubscriberStatus]:
+    """Every subscriber (or the one named), each part with its lag, and with what a
+    reset skipped unless ``skips`` is False (the relay's /metrics, which runs on schemas
+    from before migration 0009 during a rolling deploy)."""
     statuses = []
     for s in store.list(name):
-        skips = {
-            k.part: Skipped.of(k) for k in store.part_skips(s.subscriber.name, EXACT_UP_TO + 1)
-        }
-        parts = [PartStatus(p, part_lag(store, p), skips.get(p.part, Skipped())) for p in s.parts]
+        found = store.part_skips(s.subscriber.name, EXACT_UP_TO + 1) if skips else []
+        skipped = {k.part: Skipped.of(k) for k in found}
+        parts = [PartStatus(p, part_lag(store, p), skipped.get(p.part, Skipped())) for p in s.parts]
         statuses.append(SubscriberStatus(s, parts))
     return statuses
 

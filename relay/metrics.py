@@ -157,7 +157,7 @@ class RelayCollector(Collector):
             for name, help_text in _PART_GAUGES
         ]
         now = time.time()
-        for subscriber in subscriber_statuses(store):
+        for subscriber in subscriber_statuses(store, skips=False):
             for p in subscriber.parts:
                 labels = [p.state.name, str(p.state.part)]
                 values = (

@@ -14,7 +14,13 @@ from psycopg.types.json import set_json_loads
 
 from relay import part_index
 from relay.db import load_json, wrap_errors
-from relay.errors import CheckpointConflict, ClaimLost, SubscriberError, UndefinedFunctionError
+from relay.errors import (
+    CheckpointConflict,
+    ClaimLost,
+    DatabaseError,
+    SubscriberError,
+    UndefinedFunctionError,
+)
 from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.model import OutboxEvent, Position, Unreadable
 from relay.ports import DeadLetterDecision, Fetched, PartState, Selection
@@ -44,6 +50,9 @@ class LagSample(NamedTuple):
     first_position: int | None  # position of the first row scanned
     last_position: int | None  # position of the newest row of the outbox
     age_s: float | None  # age of the part's oldest row after its checkpoint
+
+
+_UNDEFINED_COLUMN = "42703"
 
 
 class PartSkips(NamedTuple):
@@ -201,8 +210,14 @@ class OutboxStore:
     def part_skips(self, name: str, scan: int | None) -> list[PartSkips]:
         """Each part's events skipped by its last reset forward, and whether its
         checkpoint lies beyond the horizon (``scan``: rows scanned at most, None: all)."""
-        with wrap_errors():
-            rows = self.conn.execute(self._q["part_skips"], {"name": name, "scan": scan}).fetchall()
+        try:
+            with wrap_errors():
+                query = self._q["part_skips"]
+                rows = self.conn.execute(query, {"name": name, "scan": scan}).fetchall()
+        except DatabaseError as exc:
+            if exc.sqlstate != _UNDEFINED_COLUMN:
+                raise
+            return []  # a schema before migration 0009: no reset recorded what it skipped
         return [PartSkips(*row) for row in rows]
 
     def horizon_holders(self) -> list[HorizonHolder]:

@@ -577,7 +577,7 @@ def _prepare_database(postgres: LocalPostgres) -> tuple[str, int]:
     """Create the demo database if needed and migrate it; returns its URL and backlog."""
     url = migrated_database(postgres, DEMO_DATABASE, application_name="outbox-relay-dev")
     with db.connect(url, application_name="outbox-relay-dev") as conn:
-        backlog = sum(s.lag.events for s in subscriber_statuses(OutboxStore(conn)))
+        backlog = sum(s.lag.events for s in subscriber_statuses(OutboxStore(conn), skips=False))
     return url, backlog
 
 

@@ -158,3 +158,16 @@ def test_lag_counts_only_the_events_a_subscribers_filters_match(
         s["name"]: s["lag_events"] for s in _json(run_cli("subscribers", "list", "--json", env=env))
     }
     assert listed == {"invoices": 2, "refunds": 1}
+
+
+def test_status_runs_on_a_schema_from_before_migration_9(database_url: str) -> None:
+    """A rolling deploy: this version's status on the previous schema."""
+    from relay import migrations
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        migrations.migrate(conn, up_to=7)
+        conn.execute(INSERT, (2,))
+    env = {"RELAY_DATABASE_URL": database_url}
+    assert run_cli("subscribers", "add", "s", "--topic", "s", env=env).returncode == 0
+    [part] = _json(run_cli("status", "--json", env=env))["parts"]
+    assert (part["lag_events"], part["skipped_by_reset"]) == (2, 0)
