@@ -302,11 +302,14 @@ SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
 -- every row written now sorts before it and is never published), and the events its
 -- last reset forward skipped, matching the subscriber's filters: of the rows after
 -- skipped_from up to the start, at most %(scan)s scanned (NULL: all), and how many of
--- those are the part's.
+-- those are the part's. A checkpoint beyond the horizon that no reset of this version
+-- recorded (an older version's, or one written by hand) has not moved since it was
+-- set: the rows written since (occurred_at from then on, newest first) are the ones it
+-- jumped over.
 SELECT c.part,
        (c.transaction_id, c.position) > (pg_snapshot_xmin(pg_current_snapshot()), 0)
            AS beyond_horizon,
-       k.scanned, k.counted
+       coalesce(k.scanned, b.scanned) AS scanned, coalesce(k.counted, b.counted) AS counted
   FROM {schema}.outbox_checkpoints c
   JOIN {schema}.outbox_subscribers s ON s.name = c.subscriber
   LEFT JOIN LATERAL (
@@ -323,6 +326,20 @@ SELECT c.part,
                 ORDER BY o.transaction_id, o.position
                 LIMIT %(scan)s) AS r) AS k
     ON c.skipped_from_transaction_id IS NOT NULL
+  LEFT JOIN LATERAL (
+       SELECT count(*) AS scanned,
+              count(*) FILTER (
+                  WHERE r.occurred_at >= c.updated_at
+                    AND (s.parts = 1 OR {schema}.outbox_part(r.aggregate_id, s.parts) = c.part)
+                    AND (s.aggregate_types IS NULL OR r.aggregate_type = ANY(s.aggregate_types))
+                    AND (s.event_types IS NULL OR r.event_type = ANY(s.event_types))) AS counted
+         FROM (SELECT o.aggregate_id, o.aggregate_type, o.event_type, o.occurred_at
+                 FROM {schema}.outbox o
+                WHERE (o.transaction_id, o.position) <= (c.transaction_id, c.position)
+                ORDER BY o.transaction_id DESC, o.position DESC
+                LIMIT %(scan)s) AS r) AS b
+    ON c.skipped_from_transaction_id IS NULL
+   AND (c.transaction_id, c.position) > (pg_snapshot_xmin(pg_current_snapshot()), 0)
  WHERE c.subscriber = %(name)s
  ORDER BY c.part;
 

@@ -92,10 +92,13 @@ def test_a_checkpoint_beyond_the_horizon_is_shown_and_is_a_finding(
     db.execute(INSERT, (5,))
     status = run_cli("status", env={**env, "COLUMNS": "250"})
     assert "BEYOND HORIZON" in status.stdout and "NEVER published" in status.stdout
+    [part] = _json(run_cli("status", "--json", env=env))["parts"]
+    assert (part["lag_events"], part["skipped_by_reset"]) == (0, 5)
     verify = run_cli("verify", "--json", "--timeout", "20", env=env)
-    assert verify.returncode == 1, verify.stderr
+    assert verify.returncode == 1 and verify.stdout, verify.stderr
     [report] = json.loads(verify.stdout)
     assert report["beyond_horizon"] == [0] and not report["clean"]
+    assert report["skipped_by_reset"] == 5
 
 
 def test_verify_tells_the_crash_window_from_before_a_reset_and_from_pruned_rows(
