@@ -13,7 +13,9 @@ Events a reset forward jumped over are counted as *skipped by reset* (not publis
 by the operator's choice, so not a finding); a checkpoint beyond the horizon, which
 skips every event written from then on, is a finding. After ``subscribers reset`` to
 an earlier point, republished events are duplicates by design; verify a fresh
-subscriber instead.
+subscriber instead. A dead-lettered event that ``dead-letters redrive`` published must
+be there exactly once too, after its key's later events: its order is checked only
+among the redriven events.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class SubscriberReport:
     skipped_by_reset: int = 0  # events a reset forward jumped over: never published
     beyond_horizon: list[int] = field(default_factory=list)  # parts no new row can reach
     dead_lettered: int = 0
+    redriven: int = 0  # dead-lettered, then redriven: expected (and counted in expected)
     pending: int = 0  # not yet published: after the checkpoint
     pending_estimated: bool = False  # pending is an estimate (relay/lag.py)
     # Parts created with --from now or reset since: events before these are not checked.
@@ -85,6 +88,7 @@ class SubscriberReport:
             "skipped_by_reset": self.skipped_by_reset,
             "beyond_horizon": self.beyond_horizon,
             "dead_lettered": self.dead_lettered,
+            "redriven": self.redriven,
             "pending": self.pending,
             "pending_estimated": self.pending_estimated,
             "checked_after": self.checked_after,
@@ -99,6 +103,7 @@ class _Expected:
 
     positions: dict[bytes, Position] = field(default_factory=dict)
     topics: set[str] = field(default_factory=set)
+    redriven: set[bytes] = field(default_factory=set)  # published after their key's later events
 
 
 def verify(
@@ -162,10 +167,14 @@ def _expectations(
     with wrap_errors(), conn.transaction(), conn.cursor(name="verify") as cursor:
         cursor.itersize = 10_000
         cursor.execute(query, params)
-        for message_id, transaction_id, position, aggregate_type, event_type, dead in cursor:
-            if dead:
+        for row in cursor:
+            message_id, transaction_id, position, aggregate_type, event_type, dead, redriven = row
+            if dead and not redriven:
                 report.dead_lettered += 1
                 continue
+            if redriven:
+                report.redriven += 1
+                expected.redriven.add(message_id.bytes)
             # None: no legal topic, so nothing was published (and the event is missing).
             topic = subscriber.route(aggregate_type, event_type)
             if topic is not None:
@@ -218,6 +227,8 @@ def _compare(
     outside: dict[bytes, None] = {}
     seen: set[bytes] = set()
     last_by_key: dict[tuple[str, int, bytes | None], Position] = {}
+    # Redriven events follow their key's later events: checked among themselves only.
+    last_redriven_by_key: dict[tuple[str, int, bytes | None], Position] = {}
     for record in records:
         if record.message_id is None or record.position is None:
             continue  # not written by the relay
@@ -230,7 +241,8 @@ def _compare(
         # records published before the move carry the old ones.
         at = expected.positions.get(mid)
         key = (record.topic, record.partition, record.key)
-        previous = last_by_key.get(key)
+        order = last_redriven_by_key if mid in expected.redriven else last_by_key
+        previous = order.get(key)
         if at is not None and previous is not None and at <= previous:
             report.out_of_order += 1
             report.example(
@@ -239,7 +251,7 @@ def _compare(
                 f"{at} after {previous}",
             )
         if at is not None:
-            last_by_key[key] = at
+            order[key] = at
         if mid not in expected.positions:
             outside[mid] = None
             continue

@@ -168,6 +168,10 @@ class Relay:
             found["continued"] += totals["key_space_continued"]
         return found
 
+    def retention_totals(self) -> Counter[str]:
+        """Rows this process pruned, and its retention passes that failed."""
+        return Counter(self.retention.totals)
+
     def part_states(self) -> dict[PartId, str]:
         return self.parts.states()
 
@@ -256,10 +260,23 @@ class Relay:
         self.parts.stop_all(deadline)
 
     def _open_connection(self) -> psycopg.Connection[Any]:
-        return db.connect(self.database_url, application_name="outbox-relay")
+        return connect_daemon(self.settings)
 
     def _open_store(self) -> OutboxStore:
         return OutboxStore(self._open_connection(), self.settings.database_schema)
+
+
+def connect_daemon(settings: Settings) -> psycopg.Connection[Any]:
+    """A connection of the relay daemon (workers, probe, sessions, upkeep, metrics),
+    with the session timeouts of ``settings``."""
+    timeouts = db.SessionTimeouts(
+        settings.database_statement_timeout,
+        settings.database_lock_timeout,
+        settings.database_idle_in_transaction_timeout,
+    )
+    return db.connect(
+        settings.require_database_url(), application_name="outbox-relay", timeouts=timeouts
+    )
 
 
 class Startable(Protocol):

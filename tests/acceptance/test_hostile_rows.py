@@ -224,6 +224,38 @@ def test_topic_creation_is_capped_and_rows_beyond_the_cap_are_poison(
     assert keys(seen) == sorted([*created, "later"])
 
 
+def test_the_topic_cap_holds_across_restarts_and_relays(
+    db: psycopg.Connection[Any],
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    """max_created_topics used to count per process: every restart, worker and replica
+    could create as many again. It counts the cluster's routable topics now."""
+    settings: dict[str, Any] = {
+        "max_created_topics": 2,
+        "subscribers": [
+            sub("s", "", topic=topic_prefix + "{aggregate_type}", value_format="json",
+                on_poison="dead-letter", dead_letter_topic=topic_prefix + "dead"),
+        ],
+    }  # fmt: skip
+    for aggregate_type in ("first", "second"):
+        insert(db, aggregate_type, "{}", aggregate_type=aggregate_type)
+    first = start_relay(**settings)
+    assert keys(consume(kafka_bootstrap, [topic_prefix + "first", topic_prefix + "second"], 2)) == [
+        "first",
+        "second",
+    ]
+    first.stop()
+    start_relay(**settings)  # a restart, or another replica: the cap is reached already
+    insert(db, "third", "{}", aggregate_type="third")
+    insert(db, "again", "{}", aggregate_type="first")  # an existing topic: flows
+    [refused] = consume(kafka_bootstrap, [topic_prefix + "dead"], 1)
+    assert refused.key == b"third"
+    assert "max_created_topics (2) reached" in refused.header_text("outbox.error")
+    assert keys(consume(kafka_bootstrap, [topic_prefix + "first"], 2)) == ["again", "first"]
+
+
 def test_without_topic_creation_a_row_naming_a_missing_topic_is_poison_not_a_stall(
     db: psycopg.Connection[Any],
     outbox: Outbox,

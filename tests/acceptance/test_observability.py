@@ -102,6 +102,45 @@ def test_status_shows_parts_sessions_and_who_holds_the_horizon(
     assert "slow-batch-job" in caplog.text and "held back" in caplog.text
 
 
+def test_probes_and_scrapes_answer_while_the_outbox_is_locked(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    database_url: str,
+    topic_prefix: str,
+    start_relay: Callable[..., Relay],
+) -> None:
+    """A table lock stalls every read of the outbox: the probes must still answer (a
+    liveness probe that times out restarts every replica at once), and scrapes serve the
+    last figures read, with their age. The relay's queries give up on the lock after
+    database_lock_timeout and are retried: no part halts."""
+    relay = start_relay(
+        subscribers=[sub("s", topic_prefix)], metrics_cache_ttl=0, database_lock_timeout=0.2
+    )
+    assert relay.http is not None
+    base = f"http://127.0.0.1:{relay.http.port}"
+    write_orders(db, outbox, ["o-1"])
+    wait_caught_up(db, "s")
+    status, before = get(relay, "/metrics")
+    assert sample(before, "outbox_relay_lag_events", subscriber="s", part="0") == 0
+    with psycopg.connect(database_url) as locker, ThreadPoolExecutor(4) as pool:
+        locker.execute("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE")
+        # Scrapes in flight (Prometheus retries, several of them), all stuck on the lock...
+        scrapes = [pool.submit(http_get, base + "/metrics", 60) for _ in range(4)]
+        time.sleep(0.5)
+        # ...and the probes answer within the kubelet's timeout regardless.
+        assert http_get(base + "/healthz", timeout=3) == (200, "ok")
+        assert http_get(base + "/readyz", timeout=3)[0] == 200
+        status, during = http_get(base + "/metrics", timeout=30)
+        assert status == 200
+        assert sample(during, "outbox_relay_lag_events", subscriber="s", part="0") == 0
+        assert (sample(during, "outbox_relay_database_metrics_age_seconds") or 0) > 0
+        assert all(scrape.result()[0] == 200 for scrape in scrapes)
+        locker.rollback()
+    write_orders(db, outbox, ["o-2"])
+    wait_caught_up(db, "s")
+    assert relay.part_states()[PartId("s", 0)] != "halted"
+
+
 def _open_idle(port: int, count: int, host: str = "127.0.0.1") -> list[socket.socket]:
     """Clients that connect and never send a byte."""
     return [socket.create_connection((host, port), timeout=10) for _ in range(count)]
@@ -157,6 +196,36 @@ def _idle_server() -> Any:
     server = HealthServer(_Idle(), no_database, settings)  # type: ignore[arg-type]
     server.start()
     return server
+
+
+def _exchange(port: int, request: bytes, timeout: float = 5.0) -> bytes:
+    """The server's first reply to raw ``request`` bytes (a client timeout fails it)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as client:
+        client.sendall(request)
+        return client.recv(4096)
+
+
+def test_bodies_and_methods_other_than_get_and_head_are_refused() -> None:
+    server = _idle_server()
+    try:
+        port = server.port
+        # A huge declared body is refused from its headers: nothing is read, so nothing
+        # spooled to a temporary file (waitress buffers bodies over 512 KB on disk).
+        huge = b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 209715200\r\n\r\n"
+        assert _exchange(port, huge).startswith(b"HTTP/1.1 413 ")
+        chunked = (
+            b"POST /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"10\r\n0123456789abcdef\r\n"
+        )
+        assert _exchange(port, chunked).startswith(b"HTTP/1.1 413 ")
+        for method in (b"POST", b"PUT", b"DELETE", b"OPTIONS"):
+            reply = _exchange(port, method + b" /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert reply.startswith(b"HTTP/1.1 405 ") and b"Allow: GET, HEAD" in reply, method
+        head = _exchange(port, b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ")
+        assert http_get(f"http://127.0.0.1:{port}/healthz", timeout=10) == (200, "ok")
+    finally:
+        server.stop()
 
 
 def test_a_silent_client_is_disconnected() -> None:
