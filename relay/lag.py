@@ -111,8 +111,7 @@ def subscriber_statuses(
     store: OutboxStore, name: str | None = None, *, skips: bool = True
 ) -> list[SubscriberStatus]:
     """Every subscriber (or the one named), each part with its lag, and with what a
-    reset skipped unless ``skips`` is False (the relay's /metrics, which runs on schemas
-    from before migration 0009 during a rolling deploy)."""
+    reset skipped unless ``skips`` is False (one query less, where no one shows it)."""
     statuses = []
     for s in store.list(name):
         found = store.part_skips(s.subscriber.name, EXACT_UP_TO + 1) if skips else []

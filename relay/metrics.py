@@ -240,7 +240,7 @@ def _database(store: OutboxStore) -> Iterator[Metric]:
         for name, help_text in _PART_GAUGES
     ]
     now = time.time()
-    for subscriber in subscriber_statuses(store, skips=False):
+    for subscriber in subscriber_statuses(store):
         for p in subscriber.parts:
             labels = [p.state.name, str(p.state.part)]
             values = (
