@@ -9,6 +9,7 @@ import os
 import resource
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from rich.text import Text
 
 from relay import db, logs, migrations
 from relay import subscribers as subs
-from relay.errors import ConfigError, RelayError
+from relay.errors import ConfigError, DatabaseUnavailable, RelayError
 from relay.key_space import KeySpaceAction, report
 from relay.lag import EXACT_UP_TO, SubscriberStatus, subscriber_statuses
 from relay.model import Position
@@ -108,13 +109,25 @@ def _store(settings: Settings) -> Iterator[OutboxStore]:
         yield OutboxStore(conn, settings.database_schema)
 
 
+def _connect_waiting(settings: Settings, application_name: str) -> psycopg.Connection[Any]:
+    """A connection, waiting for a Postgres that is down or starting as `run` waits for
+    it (backoff up to 30 s, until Ctrl-C or SIGTERM); a permanent refusal (unknown
+    database, bad credentials, missing grants) fails at once."""
+    delay = 0.5
+    while True:
+        try:
+            return db.connect(settings.require_database_url(), application_name=application_name)
+        except DatabaseUnavailable as exc:
+            logger.warning("waiting for Postgres: %s; retrying in %.0fs", exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+
 @app.command()
 def migrate(ctx: typer.Context, database_url: DatabaseUrl = None, schema: Schema = None) -> None:
     """Create or upgrade the outbox tables (idempotent, safe to run concurrently)."""
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
-    with db.connect(
-        settings.require_database_url(), application_name="outbox-relay-migrate"
-    ) as conn:
+    with _connect_waiting(settings, "outbox-relay-migrate") as conn:
         applied = migrations.migrate(conn, settings.database_schema)
         store = OutboxStore(conn, settings.database_schema)
         # A restore procedure migrates before writers start: the best moment to rebase.
@@ -156,7 +169,7 @@ def run(
         workers=workers,
     )
     if migrate_first:
-        with db.connect(settings.require_database_url()) as conn:
+        with _connect_waiting(settings, "outbox-relay-migrate") as conn:
             migrations.migrate(conn, settings.database_schema)
     relay = Relay(settings) if settings.workers == 1 else RelayProcesses(settings)
     tune_gc()
@@ -303,18 +316,24 @@ def _verify_all(
 def _print_reports(reports: list[Any]) -> None:
     table = Table(
         "subscriber", "expected", "found", "missing", "duplicated", "out of order", "ahead",
-        "dead-lettered", "pending", "verdict",
+        "before start", "not in outbox", "skipped by reset", "dead-lettered", "pending",
+        "verdict",
     )  # fmt: skip
     for r in reports:
         table.add_row(
             r.subscriber,
             *(str(v) for v in (r.expected, r.found, r.missing, r.duplicated, r.out_of_order)),
-            str(r.ahead),
+            *(str(v) for v in (r.ahead, r.before_start, r.not_in_outbox, r.skipped_by_reset)),
             str(r.dead_lettered),
             f"~{r.pending}" if r.pending_estimated else str(r.pending),
             Text("clean", style="green") if r.clean else Text("PROBLEMS", style="red"),
         )
     out.print(table)
+    err.print(
+        "ahead: published just before a crash, adopted by the next owner; before start: "
+        "published before a reset; not in outbox: rows pruned since; skipped by reset: "
+        "events a reset forward jumped over, never published"
+    )
     for r in reports:
         if r.checked_after:
             err.print(
@@ -352,15 +371,18 @@ def status(
 
 
 def _print_parts_and_sessions(report: dict[str, Any]) -> None:
-    parts = Table("part", "checkpoint", "lag (events)", "lag (s)", "owner", "state")
+    parts = Table(
+        "part", "checkpoint", "lag (events)", "lag (s)", "skipped by reset", "owner", "state"
+    )
     for p in report["parts"]:
         parts.add_row(
-            p["part"], p["checkpoint"], _events(p), f"{p['lag_seconds']:.1f}",
+            p["part"], p["checkpoint"], _events(p), f"{p['lag_seconds']:.1f}", _skipped(p),
             p["owner"] or "-", _part_state(p),
         )  # fmt: skip
     out.print(parts)
     _print_estimate_note(report["parts"])
     _print_halts(report["parts"])
+    _print_skips(report["parts"])
     sessions = Table("session", "host", "pid", "heartbeat (s ago)", "parts")
     for s in report["sessions"]:
         sessions.add_row(
@@ -408,12 +430,37 @@ def _print_estimate_note(rows: list[dict[str, Any]]) -> None:
         )
 
 
+def _skipped(row: dict[str, Any]) -> str:
+    """Events a reset forward jumped over, as printed: ``+`` marks a lower bound."""
+    return f"{row['skipped_by_reset']}{'+' if row['skipped_at_least'] else ''}"
+
+
+def _print_skips(rows: list[dict[str, Any]]) -> None:
+    """A reset that skipped events, or a checkpoint no row can reach, must not pass for
+    a caught-up subscriber (issue #28)."""
+    for r in rows:
+        if r["beyond_horizon"]:
+            out.print(
+                Text(f"{r['part']}: its checkpoint {r['checkpoint']} is beyond what the "
+                     "database has decided: every event written now sorts before it and is "
+                     "NEVER published (counted as skipped by reset); reset it to 'now' or "
+                     "to a point below the horizon", style="bold red")
+            )  # fmt: skip
+    if any(r["skipped_by_reset"] for r in rows):
+        out.print(
+            f"skipped by reset: events the last `subscribers reset` forward jumped over "
+            f"(+: counted over the first {EXACT_UP_TO} rows only); they are not published"
+        )
+
+
 def _hidden_or(value: Any, fmt: str = "{}") -> str:
     """A pg_stat_activity detail, or 'hidden' where this role may not see it."""
     return "hidden" if value is None else fmt.format(value)
 
 
 def _part_state(part: dict[str, Any]) -> Text:
+    if part["beyond_horizon"]:
+        return Text("BEYOND HORIZON", style="bold red")
     if part["halted"] is not None:
         return Text("HALTED", style="bold red")
     return Text("paused", style="yellow") if part["paused"] else Text("active")
@@ -445,6 +492,9 @@ def _status(store: OutboxStore) -> dict[str, Any]:
                     "lag_events": p.lag.events,
                     "lag_estimated": p.lag.estimated,
                     "lag_seconds": p.lag.seconds,
+                    "skipped_by_reset": p.skipped.events,
+                    "skipped_at_least": p.skipped.at_least,
+                    "beyond_horizon": p.skipped.beyond_horizon,
                     "owner": names.get(p.state.owner) if p.state.owner else None,
                     "paused": subscriber.state.subscriber.paused,
                     "halted": p.state.halted_error,
@@ -612,9 +662,14 @@ def subscribers_add(
         str, typer.Option(help="Topic template: {aggregate_type}, {event_type}.")
     ] = subs.DEFAULT_TOPIC,
     value_format: Annotated[
-        subs.ValueFormat,
-        typer.Option("--format", help="Value encoding (avro needs the relay's schemas folder)."),
-    ] = subs.ValueFormat.JSON,
+        Optional[subs.ValueFormat],  # noqa: UP045
+        typer.Option(
+            "--format",
+            help="Value encoding [avro when schemas_dir is configured, else json]; avro "
+            "needs the schemas folder.",
+            show_default=False,
+        ),
+    ] = None,
     aggregate_type: Annotated[
         list[str] | None, typer.Option(help="Only these aggregate types (repeatable).")
     ] = None,
@@ -637,13 +692,28 @@ def subscribers_add(
         subs.PoisonPolicy, typer.Option(help="What to do with an event that cannot be published.")
     ] = subs.PoisonPolicy.HALT,
     dead_letter_topic: Annotated[
-        str | None, typer.Option(help="Dead-letter topic [outbox.dead-letter.<name>].")
+        str | None,
+        typer.Option(
+            help="Dead-letter topic [outbox.dead-letter.<name>] (with --on-poison dead-letter)."
+        ),
+    ] = None,
+    schemas_dir: Annotated[
+        Path | None, typer.Option(help="Avro schemas folder [RELAY_SCHEMAS_DIR]")
     ] = None,
     database_url: DatabaseUrl = None,
     schema: Schema = None,
 ) -> None:
     """Add a subscriber (a running relay picks it up within seconds)."""
-    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    if dead_letter_topic is not None and on_poison is not subs.PoisonPolicy.DEAD_LETTER:
+        raise typer.BadParameter(
+            "a dead-letter topic is used only with --on-poison dead-letter; add it, or drop "
+            "--dead-letter-topic",
+            param_hint="--dead-letter-topic",
+        )
+    settings = _settings(
+        ctx, database_url=database_url, database_schema=schema, schemas_dir=schemas_dir
+    )
+    value_format = _value_format(value_format, settings, name)
     subscriber = subs.Subscriber.from_dict(
         {
             "name": name,
@@ -664,6 +734,23 @@ def subscribers_add(
     out.print(f"{'added' if created else 'updated'} subscriber {name!r}")
 
 
+def _value_format(
+    given: subs.ValueFormat | None, settings: Settings, name: str
+) -> subs.ValueFormat:
+    """The format asked for, else Avro when writer schemas are configured (as for the
+    relay's own subscribers). Avro without them would fail every event: refused here,
+    naming the key, rather than found by the relay."""
+    if given is None:
+        return subs.ValueFormat.AVRO if settings.schemas_dir else subs.ValueFormat.JSON
+    if given is subs.ValueFormat.AVRO and settings.schemas_dir is None:
+        raise ConfigError(
+            f"subscriber {name!r}: the avro format needs the writer schemas, and schemas_dir "
+            "is not configured (config file, RELAY_SCHEMAS_DIR or --schemas-dir); configure "
+            "it as the relay has it, or use --format json"
+        )
+    return given
+
+
 @subscribers_app.command("list")
 def subscribers_list(
     ctx: typer.Context,
@@ -679,12 +766,14 @@ def subscribers_list(
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
     table = Table(
-        "name", "topic", "format", "filter", "state", "parts", "checkpoint", "lag (events)"
-    )
+        "name", "topic", "format", "filter", "state", "parts", "checkpoint", "lag (events)",
+        "skipped by reset",
+    )  # fmt: skip
     for r in rows:
         flt = [f"{k}={','.join(r[k])}" for k in ("aggregate_types", "event_types") if r[k]]
         halted = [p for p in r["parts"] if p["halted"]]
         state = "paused" if r["paused"] else ("halted" if halted else "active")
+        state = "BEYOND HORIZON" if r["beyond_horizon"] else state
         claimed = sum(1 for p in r["parts"] if p["owner"])
         table.add_row(
             *(str(r[k]) for k in ("name", "topic", "format")),
@@ -693,9 +782,11 @@ def subscribers_list(
             f"{len(r['parts'])} ({claimed} claimed)",
             r["checkpoint"],
             _events(r),
+            _skipped(r),
         )
     out.print(table)
     _print_estimate_note(rows)
+    _print_skips([{**r, "part": r["name"]} for r in rows])
     for r in rows:
         for p in r["parts"]:
             if p["halted"]:
@@ -718,6 +809,9 @@ def _listed(status: SubscriberStatus) -> dict[str, Any]:
         "checkpoint": str(status.state.checkpoint),
         "lag_events": status.lag.events,
         "lag_estimated": status.lag.estimated,
+        "skipped_by_reset": status.skipped.events,
+        "skipped_at_least": status.skipped.at_least,
+        "beyond_horizon": status.skipped.beyond_horizon,
         "parts": [
             {
                 "part": p.part,

@@ -46,9 +46,32 @@ class RepeatFilter(logging.Filter):
         return True
 
 
+# A broker's normal warm-up (issue #28): on a fresh cluster the transaction and group
+# coordinators take seconds to load, and the client says so at WARNING while it retries.
+_WARM_UP = re.compile(
+    r"coordinator load in progress|not coordinator|coordinator not available"
+    r"|COORDINATOR_LOAD_IN_PROGRESS|NOT_COORDINATOR|COORDINATOR_NOT_AVAILABLE",
+    re.IGNORECASE,
+)
+
+
+class WarmUpFilter(logging.Filter):
+    """Lowers the client's warnings about coordinators still loading to INFO: retried by
+    the client, they are no fault (a broker that stays away is reported by
+    relay/broker_watch.py)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO and _WARM_UP.search(record.getMessage()):
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+            return logging.getLogger(record.name).isEnabledFor(logging.INFO)
+        return True
+
+
 def client_logger() -> logging.Logger:
     """The logger every librdkafka client of the relay logs through."""
     found = logging.getLogger("relay.kafka.client")
+    if not any(isinstance(f, WarmUpFilter) for f in found.filters):
+        found.addFilter(WarmUpFilter())  # before RepeatFilter: a line held is not counted
     if not any(isinstance(f, RepeatFilter) for f in found.filters):
         found.addFilter(RepeatFilter())
     return found

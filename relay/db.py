@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from types import TracebackType
 from typing import Any, NamedTuple
 
@@ -54,6 +55,7 @@ class SqlState:
     SYSTEM_ERROR = "58"
 
 
+_INSUFFICIENT_PRIVILEGE = "42501"
 _FATAL_CLASSES = (
     SqlState.INVALID_AUTHORIZATION,
     SqlState.INVALID_CATALOG_NAME,
@@ -120,13 +122,53 @@ def _classify(
     return _by_class(exc, sqlstate, text)
 
 
+# A refused login carries no SQLSTATE (libpq reports it as a connection failure), so
+# these are told from an unreachable server by the server's words: each is permanent,
+# and says what fixes it (issue #28: they used to be retried for ever).
+_REFUSED_LOGINS = (
+    (re.compile(r'database ".*" does not exist'), "create the database, or fix database_url"),
+    (
+        re.compile(
+            r'password authentication failed|role ".*" does not exist|no pg_hba\.conf entry'
+            r"|authentication failed"
+        ),
+        "fix the user or password in database_url (or the server's pg_hba.conf)",
+    ),
+    (
+        re.compile(r"permission denied for database|does not have CONNECT privilege"),
+        "let the role connect: `outbox-relay grant --relay-role ROLE` as the owner",
+    ),
+)
+_GRANT_HINT = (
+    "the role lacks a privilege the relay needs: run `outbox-relay grant --relay-role ROLE` "
+    "(and `--writer-role` for writers) as the owner of the outbox tables"
+)
+
+
+def _refused_login(exc: psycopg.Error, text: str) -> DatabaseError | None:
+    if exc.sqlstate or not isinstance(exc, psycopg.OperationalError):
+        return None
+    for pattern, fix in _REFUSED_LOGINS:
+        if pattern.search(text):
+            return DatabaseError(
+                f"postgres refused the connection (permanent: retrying cannot fix it): "
+                f"{text}; {fix}"
+            )
+    return None
+
+
 def _by_class(exc: psycopg.Error, sqlstate: str, text: str) -> RelayError:
     """Fatal, retry the transaction, or retry later: by the SQLSTATE's class."""
     error_class = sqlstate[:2]
     if error_class in _FATAL_CLASSES:
+        hint = f"; {_GRANT_HINT}" if sqlstate == _INSUFFICIENT_PRIVILEGE else ""
         return DatabaseError(
-            f"postgres refused the operation [{sqlstate}]: {text}", sqlstate=exc.sqlstate
+            f"postgres refused the operation [{sqlstate}] (permanent: retrying cannot fix "
+            f"it): {text}{hint}",
+            sqlstate=exc.sqlstate,
         )
+    if (refused := _refused_login(exc, text)) is not None:
+        return refused
     if error_class == SqlState.TRANSACTION_ROLLBACK:
         return ConcurrencyError(
             f"postgres rolled the transaction back [{sqlstate}]: {text}; "

@@ -8,7 +8,7 @@ from typing import Any, NoReturn
 import orjson
 
 from relay.debezium_format import debezium_record
-from relay.errors import EncodingError, PayloadValidationError
+from relay.errors import ConfigError, EncodingError, PayloadValidationError
 from relay.model import (
     HEADER_AGGREGATE_TYPE,
     HEADER_EVENT_TYPE,
@@ -52,7 +52,7 @@ class RecordEncoder:
         topic = subscriber.topic_for(event)
         self._check_route(topic, subscriber, event)
         key = event.aggregate_id.encode()
-        value = self._value(event, subscriber.value_format)
+        value = self._value(event, subscriber)
         headers, headers_size = _headers(event)
         size = len(key) + len(value) + headers_size
         return KafkaRecord(topic, key, value, headers, size, subscriber.fixed_topic is None)
@@ -61,8 +61,8 @@ class RecordEncoder:
         if self.guard is not None and (refusal := self.guard.refusal(topic, subscriber)):
             raise EncodingError(f"event {event.message_id}: not routed to {topic!r}: {refusal}")
 
-    def _value(self, event: OutboxEvent, value_format: ValueFormat) -> bytes:
-        if value_format is ValueFormat.JSON:
+    def _value(self, event: OutboxEvent, subscriber: Subscriber) -> bytes:
+        if subscriber.value_format is ValueFormat.JSON:
             try:
                 # The same compact UTF-8 JSON as the standard library's, at a tenth of
                 # the cost per event (exponents aside: 1e-7, not 1e-07).
@@ -77,7 +77,13 @@ class RecordEncoder:
                     f"({type(exc).__name__}: {exc})"
                 ) from exc
         if self.registry is None:
-            raise EncodingError("the avro value format needs Avro schemas (set schemas_dir)")
+            # The relay's configuration, never the row's fault: no dead letter (issue #28).
+            raise ConfigError(
+                f"subscriber {subscriber.name!r} publishes avro, but this relay has no "
+                "schemas folder (schemas_dir, RELAY_SCHEMAS_DIR or --schemas-dir): configure "
+                "it, or switch the subscriber to json, then `outbox-relay subscribers resume "
+                f"{subscriber.name}`"
+            )
         try:
             return self.registry.encode(event.event_type, event.payload)
         except PayloadValidationError as exc:

@@ -12,6 +12,7 @@ Plain SQL works as well (any language)::
 from __future__ import annotations
 
 import functools
+import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -87,7 +88,7 @@ class Outbox:
             "aggregate_id": aggregate_id,
             "aggregate_version": None,
             "event_type": event_type,
-            "payload": Jsonb(payload),
+            "payload": _jsonb(event_type, payload),
             "headers": Jsonb(dict(headers or {})),
             "idempotency_key": idempotency_key,
         }
@@ -138,7 +139,7 @@ class Outbox:
             "aggregate_id": aggregate_id,
             "versions": list(range(expected_version + 1, expected_version + 1 + len(events))),
             "event_types": [e.event_type for e in events],
-            "payloads": [Jsonb(e.payload) for e in events],
+            "payloads": [_jsonb(e.event_type, e.payload) for e in events],
             "headers": [Jsonb(dict(e.headers)) for e in events],
         }
         with wrap_errors(stream=StreamRef(aggregate_type, aggregate_id, expected_version)):
@@ -167,12 +168,35 @@ class Outbox:
             isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
         ):
             problems.append("headers must map strings to strings")
-        if problems:
+        try:
+            if self.registry is not None:
+                self.registry.validate(event_type, payload)
+            elif not isinstance(payload, Mapping):
+                problems.append("payload must be a JSON object")
+        except PayloadValidationError as exc:
+            if not problems:
+                raise  # as it is (UnknownEventTypeError, say)
+            problems.extend(exc.problems)
+        if problems:  # every one of them, not the first: the writer fixes them in one go
             raise PayloadValidationError(event_type, problems)
-        if self.registry is not None:
-            self.registry.validate(event_type, payload)
-        elif not isinstance(payload, Mapping):
-            raise PayloadValidationError(event_type, ["payload must be a JSON object"])
+
+
+def _jsonb(event_type: str, payload: Mapping[str, Any]) -> Jsonb:
+    """The payload as a jsonb parameter, written here once: what JSON cannot hold (a
+    set, a datetime, NaN, a cycle) is refused before the database sees it, and the
+    transaction stays usable (psycopg would raise a bare TypeError, or Postgres refuse
+    NaN and abort the transaction)."""
+    try:
+        text = json.dumps(payload, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise PayloadValidationError(
+            event_type, [f"payload cannot be written as JSON ({type(exc).__name__}: {exc})"]
+        ) from exc
+    return Jsonb(text, dumps=_written)
+
+
+def _written(text: str) -> str:
+    return text
 
 
 def _connection(conn: Connectable) -> psycopg.Connection[Any]:

@@ -25,7 +25,7 @@ from typing import Any
 import fastavro
 import fastavro._write
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
-from fastavro.validation import ValidationError, validate
+from fastavro.validation import ValidationError, _validate, validate
 
 from relay.errors import PayloadValidationError, SchemaError, UnknownEventTypeError
 
@@ -42,6 +42,7 @@ _COMPILED_WRITE: Any = (
     if getattr(fastavro._write, "CYTHON_MODULE", 0)
     else None
 )
+_VALIDATE_OPTIONS = {"strict": False, "disable_tuple_notation": False}
 _WRITE_OPTIONS = {"strict": False, "strict_allow_default": False, "disable_tuple_notation": False}
 
 
@@ -133,6 +134,9 @@ class SchemaFolder:
         # error for every union branch it tries and rejects, even on valid payloads.
         if validate(payload, schema.parsed, raise_errors=False):
             return schema
+        problems = _record_problems(payload, schema.parsed, schema.named, schema.full_name)
+        if problems:
+            raise PayloadValidationError(event_type, problems)
         try:
             validate(payload, schema.parsed, raise_errors=True)
         except ValidationError as exc:
@@ -168,6 +172,35 @@ def encode_with(schema: AvroSchema, payload: Any) -> bytes:
         return stream.getvalue()
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise PayloadValidationError(schema.full_name, [str(exc)]) from exc
+
+
+def _record_problems(datum: Any, schema: Any, named: dict[str, Any], path: str) -> list[str]:
+    """Every field of a record that does not match, nested records field by field
+    (fastavro's own check stops at the first one, so a writer fixed one problem per
+    try). Empty when ``datum`` is not a record's mapping: fastavro says why."""
+    if isinstance(schema, str):
+        schema = named.get(schema, schema)
+    if not (isinstance(schema, dict) and schema.get("type") == "record"):
+        return []
+    if not isinstance(datum, Mapping):
+        return []
+    problems = []
+    for field_schema in schema["fields"]:
+        name, kind = field_schema["name"], field_schema["type"]
+        where = f"{path}.{name}"
+        if name not in datum:
+            if "default" not in field_schema:
+                problems.append(f"{where} is missing")
+            continue
+        nested = _record_problems(datum[name], kind, named, where)
+        if nested:
+            problems.extend(nested)
+            continue
+        try:
+            _validate(datum[name], kind, named, where, True, _VALIDATE_OPTIONS)
+        except ValidationError as exc:
+            problems.extend(_problems(exc))
+    return problems
 
 
 def _problems(exc: ValidationError) -> list[str]:

@@ -75,6 +75,9 @@ class SessionKeeper(threading.Thread):
         self._on_lost = on_lost
         self._stopping = threading.Event()
         self._store: OutboxStore | None = None
+        # The last heartbeat's failure (None once one succeeds): /readyz says it, so a
+        # permanent one (a revoked grant, a changed password) is not taken for an outage.
+        self.last_error: RelayError | None = None
         self.session = self._open()
 
     def _open(self) -> RelaySession:
@@ -118,7 +121,9 @@ class SessionKeeper(threading.Thread):
             while not self._stopping.wait(self._interval):
                 try:
                     self._beat()
+                    self.last_error = None
                 except RelayError as exc:
+                    self.last_error = exc
                     logger.warning("session heartbeat failed: %s", exc, extra={"error": str(exc)})
                     self._disconnect()
         finally:

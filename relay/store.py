@@ -17,7 +17,13 @@ from psycopg.types.json import set_json_loads
 
 from relay import part_index
 from relay.db import wrap_errors
-from relay.errors import CheckpointConflict, ClaimLost, SubscriberError, UndefinedFunctionError
+from relay.errors import (
+    CheckpointConflict,
+    ClaimLost,
+    DatabaseError,
+    SubscriberError,
+    UndefinedFunctionError,
+)
 from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.model import OutboxEvent, Position, Unreadable
 from relay.ports import DeadLetter, DeadLetterDecision, Fetched, PartState, Selection
@@ -43,10 +49,22 @@ class LagSample(NamedTuple):
     """What the ``part_lag`` query reads of one part; relay/lag.py makes its lag of it."""
 
     scanned: int  # rows after the checkpoint scanned, any part's: at most the scan
-    counted: int  # of those, the part's own
+    counted: int  # of those, the part's own that match the subscriber's filters
     first_position: int | None  # position of the first row scanned
     last_position: int | None  # position of the newest row of the outbox
     age_s: float | None  # age of the part's oldest row after its checkpoint
+
+
+_UNDEFINED_COLUMN = "42703"
+
+
+class PartSkips(NamedTuple):
+    """What the ``part_skips`` query reads of one part."""
+
+    part: int
+    beyond_horizon: bool  # the checkpoint sorts after rows yet to be written
+    scanned: int | None  # rows the last reset forward jumped over, scanned (None: none)
+    counted: int | None  # of those, the part's rows matching the subscriber's filters
 
 
 @dataclass(frozen=True)
@@ -206,10 +224,36 @@ class OutboxStore:
         """The part's rows after its checkpoint, decided or not, scanned up to ``scan``."""
         with wrap_errors():
             row = self.conn.execute(
-                self._q["part_lag"], {**_part_params(state), "scan": scan}
+                self._q["part_lag"],
+                {
+                    **_part_params(state),
+                    "scan": scan,
+                    "aggregate_types": _sorted(state.subscriber.aggregate_types),
+                    "event_types": _sorted(state.subscriber.event_types),
+                },
             ).fetchone()
         assert row is not None
         return LagSample(*row)
+
+    def horizon(self) -> int:
+        """The oldest transaction id not yet decided: every row below it is final."""
+        with wrap_errors():
+            row = self.conn.execute(self._q["horizon"]).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def part_skips(self, name: str, scan: int | None) -> list[PartSkips]:
+        """Each part's events skipped by its last reset forward, and whether its
+        checkpoint lies beyond the horizon (``scan``: rows scanned at most, None: all)."""
+        try:
+            with wrap_errors():
+                query = self._q["part_skips"]
+                rows = self.conn.execute(query, {"name": name, "scan": scan}).fetchall()
+        except DatabaseError as exc:
+            if exc.sqlstate != _UNDEFINED_COLUMN:
+                raise
+            return []  # a schema before migration 0009: no reset recorded what it skipped
+        return [PartSkips(*row) for row in rows]
 
     def horizon_holders(self) -> list[HorizonHolder]:
         """Backends holding the publication horizon back, oldest first."""
@@ -440,8 +484,23 @@ class OutboxStore:
             raise SubscriberError(f"no subscriber named {name!r}")
 
     def reset(self, name: str, to: StartFrom | Position) -> None:
-        """Move the checkpoint to the beginning, to now, or to just after a position."""
+        """Move the checkpoint to the beginning, to now, or to just after a position.
+
+        A position beyond the horizon is refused: transactions still running or not yet
+        begun write rows that sort before it, and they would never be published (issue
+        #28). The horizon only grows, so checking it first leaves no race.
+        """
         position = to if isinstance(to, Position) else Position(0, 0)
+        if isinstance(to, Position):
+            horizon = self.horizon()
+            if to > Position(horizon, 0):
+                raise SubscriberError(
+                    f"cannot reset {name!r} to {to}: it is beyond what the database has "
+                    f"decided (the horizon is {horizon}:0; transactions from {horizon} on are "
+                    "still running or yet to begin), so events written from now on would sort "
+                    f"before it and never be published. Reset to a point at or below "
+                    f"{horizon}:0, or to 'now'"
+                )
         params = {
             "name": name,
             "to": "position" if isinstance(to, Position) else to.value,
@@ -566,3 +625,7 @@ def _part_params(state: PartState) -> dict[str, Any]:
         "part": state.part,
         "parts": state.subscriber.parts,
     }
+
+
+def _sorted(values: frozenset[str] | None) -> list[str] | None:
+    return None if values is None else sorted(values)

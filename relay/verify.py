@@ -7,10 +7,15 @@ of the log to its end as of the start of the run.
 
 Records found past a part's checkpoint are reported as *ahead* (a transaction that
 committed before its Postgres checkpoint update: the next owner adopts it), not as
-errors. After ``subscribers reset`` to an earlier point, republished events are
-duplicates by design; verify a fresh subscriber instead. A dead-lettered event that
-``dead-letters redrive`` published must be there exactly once too, after its key's
-later events: its order is checked only among the redriven events.
+errors. Records of events at or before a part's start (published before a reset) and
+records whose rows were pruned are counted apart, so *ahead* is the crash window only.
+Events a reset forward jumped over are counted as *skipped by reset* (not published,
+by the operator's choice, so not a finding); a checkpoint beyond the horizon, which
+skips every event written from then on, is a finding. After ``subscribers reset`` to
+an earlier point, republished events are duplicates by design; verify a fresh
+subscriber instead. A dead-lettered event that ``dead-letters redrive`` published must
+be there exactly once too, after its key's later events: its order is checked only
+among the redriven events.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from relay.store import OutboxStore, SubscriberState
 logger = logging.getLogger(__name__)
 
 _MAX_EXAMPLES = 20  # findings listed per kind; the counts are always complete
+_PLACE_CHUNK = 10_000  # message ids looked up per query
 
 
 @dataclass
@@ -47,6 +53,10 @@ class SubscriberReport:
     duplicated: int = 0
     out_of_order: int = 0
     ahead: int = 0  # published past the Postgres checkpoint (recovery adopts them)
+    before_start: int = 0  # records of events at or before the part's start (before a reset)
+    not_in_outbox: int = 0  # records whose rows are gone (pruned) or outside the filters
+    skipped_by_reset: int = 0  # events a reset forward jumped over: never published
+    beyond_horizon: list[int] = field(default_factory=list)  # parts no new row can reach
     dead_lettered: int = 0
     redriven: int = 0  # dead-lettered, then redriven: expected (and counted in expected)
     pending: int = 0  # not yet published: after the checkpoint
@@ -57,7 +67,7 @@ class SubscriberReport:
 
     @property
     def clean(self) -> bool:
-        return not (self.missing or self.duplicated or self.out_of_order)
+        return not (self.missing or self.duplicated or self.out_of_order or self.beyond_horizon)
 
     def example(self, kind: str, text: str) -> None:
         if len(self.examples[kind]) < _MAX_EXAMPLES:
@@ -73,6 +83,10 @@ class SubscriberReport:
             "duplicated": self.duplicated,
             "out_of_order": self.out_of_order,
             "ahead": self.ahead,
+            "before_start": self.before_start,
+            "not_in_outbox": self.not_in_outbox,
+            "skipped_by_reset": self.skipped_by_reset,
+            "beyond_horizon": self.beyond_horizon,
             "dead_lettered": self.dead_lettered,
             "redriven": self.redriven,
             "pending": self.pending,
@@ -118,7 +132,9 @@ def verify(
             if progress is not None:
                 progress(name, done, total)
 
-        _compare(report, expected, reader.read(sorted(expected.topics), tick))
+        outside = _compare(report, expected, reader.read(sorted(expected.topics), tick))
+        _place(conn, schema, report, outside)
+        _skips(store, report)
         reports.append(report)
     return reports
 
@@ -143,6 +159,8 @@ def _expectations(
 ) -> tuple[SubscriberReport, _Expected]:
     subscriber = state.subscriber
     expected = _Expected()
+    if subscriber.fixed_topic is not None:  # read even when nothing is expected on it
+        expected.topics.add(subscriber.fixed_topic)
     report = SubscriberReport(subscriber.name, [])
     params = subscriber.as_dict()  # its name and filters
     query = queries_for(schema)["published_events"]
@@ -170,9 +188,43 @@ def _expectations(
     return report, expected
 
 
+def _skips(store: OutboxStore, report: SubscriberReport) -> None:
+    for part in store.part_skips(report.subscriber, None):
+        report.skipped_by_reset += part.counted or 0
+        if part.beyond_horizon:
+            report.beyond_horizon.append(part.part)
+            report.example(
+                "beyond_horizon",
+                f"part {part.part}: its checkpoint is beyond what the database has decided, "
+                "so every event written from now on is skipped; reset it to 'now'",
+            )
+
+
+def _place(
+    conn: psycopg.Connection[Any], schema: str, report: SubscriberReport, outside: list[UUID]
+) -> None:
+    """Count the records found outside the expected range by where their rows lie."""
+    query = queries_for(schema)["placed_messages"]
+    for start in range(0, len(outside), _PLACE_CHUNK):
+        chunk = outside[start : start + _PLACE_CHUNK]
+        with wrap_errors():
+            rows = conn.execute(query, {"name": report.subscriber, "ids": chunk}).fetchall()
+        placed = dict(rows)
+        for mid in chunk:
+            where = placed.get(mid)
+            if where == "ahead":
+                report.ahead += 1
+            elif where == "before_start":
+                report.before_start += 1
+            else:
+                report.not_in_outbox += 1
+
+
 def _compare(
     report: SubscriberReport, expected: _Expected, records: Iterable[ConsumedRecord]
-) -> None:
+) -> list[UUID]:
+    """Compare, and return the ids of records outside the expected range (once each)."""
+    outside: dict[bytes, None] = {}
     seen: set[bytes] = set()
     last_by_key: dict[tuple[str, int, bytes | None], Position] = {}
     # Redriven events follow their key's later events: checked among themselves only.
@@ -201,7 +253,7 @@ def _compare(
         if at is not None:
             order[key] = at
         if mid not in expected.positions:
-            report.ahead += 1
+            outside[mid] = None
             continue
         if mid in seen:
             report.duplicated += 1
@@ -216,3 +268,4 @@ def _compare(
         if mid not in seen:
             report.missing += 1
             report.example("missing", f"{UUID(bytes=mid)} (position {position})")
+    return [UUID(bytes=mid) for mid in outside]

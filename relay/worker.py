@@ -25,6 +25,7 @@ from relay.encoding import RecordEncoder
 from relay.errors import (
     CheckpointConflict,
     ClaimLost,
+    ConfigError,
     EncodingError,
     PoisonRecordError,
     RelayError,
@@ -552,6 +553,9 @@ class PartWorker(threading.Thread):
                 except EncodingError as exc:
                     if not self._poison(store, state, event, str(exc), dead):
                         return None
+                except ConfigError as exc:  # the relay's own configuration: never poison
+                    self._halt_config(store, state, exc)
+                    return None
                 except Exception as exc:  # a row the encoder did not foresee: still its poison
                     logger.warning(
                         "part %s: encoding event %s raised %s",
@@ -597,6 +601,19 @@ class PartWorker(threading.Thread):
         )
         dead[event.message_id] = decision
         return True
+
+    def _halt_config(self, store: PartStore, state: PartState, exc: ConfigError) -> None:
+        """Stop the part, whatever its poison policy, until the configuration is fixed
+        and the subscriber resumed: no event is dead-lettered for the relay's fault."""
+        message = f"configuration error: {exc}"
+        store.halt(state, self.session.id, message)
+        self._record_error(WorkerState.HALTED, exc)
+        logger.error(
+            "part %s halted: %s",
+            self.part,
+            message,
+            extra={"part": str(self.part), "error": message},
+        )
 
     def _halt(self, store: PartStore, state: PartState, event: OutboxEvent, error: str) -> None:
         error = cap(error, MAX_DEAD_LETTER_ERROR_BYTES)

@@ -199,6 +199,10 @@ class Relay:
                 return False, f"no parts: {broker.describe()}"
             return False, "starting (waiting for Postgres or Kafka?)"
         if not session.valid():
+            keeper = self.membership.keeper
+            failed = None if keeper is None else keeper.last_error
+            if failed is not None:  # says "permanent" when no retry can fix it
+                return False, f"no live session: {failed}"
             return False, "no live session (Postgres unreachable?)"
         halted = sorted(str(p) for p, s in self.part_states().items() if s == WorkerState.HALTED)
         return True, (

@@ -30,6 +30,7 @@ from relay.localstack.process import (
     free_port,
     log_tail,
     pid_alive,
+    port_open,
     reaper,
     signal_and_wait,
     spawn,
@@ -126,6 +127,7 @@ class LocalPostgres(LocalServer):
         if not (self.data_dir / "PG_VERSION").exists():
             self._initdb(initdb)
         self._clear_stale_pidfile()
+        self._check_port_free()
         socket_dir = self._make_socket_dir()
 
         sync = "on" if self.fsync else "off"
@@ -259,6 +261,16 @@ class LocalPostgres(LocalServer):
         _log.info("removing stale %s (pid %s is gone)", pidfile, pid)
         pidfile.unlink(missing_ok=True)
 
+    def _check_port_free(self) -> None:
+        """Refuse a port another server holds: our postgres would fail to bind it and
+        die while the readiness check logged in to the other one (issue #28)."""
+        if port_open(self.port, timeout=0.2):
+            raise LocalServerError(
+                f"port {self.port} on 127.0.0.1 is in use, so the local Postgres in "
+                f"{self.data_dir} cannot listen there. Stop whatever holds it, or choose "
+                "another port (--postgres-port; none: a free one)"
+            )
+
     def _make_socket_dir(self) -> Path:
         """The Unix-socket directory: the data dir itself, unless its path is too long."""
         # Only reached when no server runs on this data dir: socket lock files left by a
@@ -297,10 +309,12 @@ class LocalPostgres(LocalServer):
                 )
             try:
                 with psycopg.connect(self.url, connect_timeout=2, autocommit=True) as conn:
-                    conn.execute("select 1")
-                return
+                    row = conn.execute("SELECT current_setting('data_directory')").fetchone()
             except psycopg.Error as exc:
                 last_error = exc
+            else:
+                self._check_is_ours(row[0] if row else "")
+                return
             if time.monotonic() > deadline:
                 raise LocalServerError(
                     f"postgres on 127.0.0.1:{self.port} not ready after {_PG_START_TIMEOUT:.0f}s "
@@ -308,6 +322,16 @@ class LocalPostgres(LocalServer):
                     f"{log_tail(self.log_path)}"
                 )
             time.sleep(0.1)
+
+    def _check_is_ours(self, data_directory: str) -> None:
+        """The server that answered must be the one we started, not another one that
+        took the port before ours could bind it."""
+        if Path(data_directory).resolve() != self.data_dir.resolve():
+            raise LocalServerError(
+                f"port {self.port} on 127.0.0.1 is in use by another Postgres (data "
+                f"directory {data_directory}), so the local Postgres in {self.data_dir} "
+                "cannot listen there. Stop it, or choose another port (--postgres-port)"
+            )
 
     def _kill_quietly(self) -> None:
         if self._proc is not None:

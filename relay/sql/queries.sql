@@ -393,10 +393,23 @@ RETURNING c.subscriber;
 
 -- name: reset_checkpoint
 -- A new generation: Kafka-side checkpoints from before the reset no longer apply, and
--- verify expects only what is published after the new start.
+-- verify expects only what is published after the new start. A reset forward records
+-- where it jumped from (skipped_from_*), so status and verify count the events it
+-- skipped; a second reset forward before anything was published keeps the first one's
+-- origin. The caller has refused a point beyond the horizon (OutboxStore.reset).
 UPDATE {schema}.outbox_checkpoints c
    SET transaction_id = t.xid, position = t.pos,
        start_transaction_id = t.xid, start_position = t.pos,
+       skipped_from_transaction_id = CASE
+           WHEN (t.xid, t.pos) <= (c.transaction_id, c.position) THEN NULL
+           WHEN (c.transaction_id, c.position) = (c.start_transaction_id, c.start_position)
+                AND c.skipped_from_transaction_id IS NOT NULL THEN c.skipped_from_transaction_id
+           ELSE c.transaction_id END,
+       skipped_from_position = CASE
+           WHEN (t.xid, t.pos) <= (c.transaction_id, c.position) THEN NULL
+           WHEN (c.transaction_id, c.position) = (c.start_transaction_id, c.start_position)
+                AND c.skipped_from_transaction_id IS NOT NULL THEN c.skipped_from_position
+           ELSE c.position END,
        version = version + 1, generation = gen_random_uuid(),
        halted_at = NULL, halted_error = NULL, updated_at = now()
   FROM (SELECT CASE %(to)s
@@ -406,6 +419,56 @@ UPDATE {schema}.outbox_checkpoints c
                CASE WHEN %(to)s = 'position' THEN %(position)s::bigint ELSE 0 END AS pos) AS t
  WHERE c.subscriber = %(name)s
 RETURNING c.subscriber;
+
+-- name: horizon
+-- Every transaction below it has committed or rolled back (docs/design.md §1).
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
+
+-- name: part_skips
+-- For each part of a subscriber: whether its checkpoint lies beyond the horizon (then
+-- every row written now sorts before it and is never published), and the events its
+-- last reset forward skipped, matching the subscriber's filters: of the rows after
+-- skipped_from up to the start, at most %(scan)s scanned (NULL: all), and how many of
+-- those are the part's. A checkpoint beyond the horizon that no reset of this version
+-- recorded (an older version's, or one written by hand) has not moved since it was
+-- set: the rows written since (occurred_at from then on, newest first) are the ones it
+-- jumped over.
+SELECT c.part,
+       (c.transaction_id, c.position) > (pg_snapshot_xmin(pg_current_snapshot()), 0)
+           AS beyond_horizon,
+       coalesce(k.scanned, b.scanned) AS scanned, coalesce(k.counted, b.counted) AS counted
+  FROM {schema}.outbox_checkpoints c
+  JOIN {schema}.outbox_subscribers s ON s.name = c.subscriber
+  LEFT JOIN LATERAL (
+       SELECT count(*) AS scanned,
+              count(*) FILTER (
+                  WHERE (s.parts = 1 OR {schema}.outbox_part(r.aggregate_id, s.parts) = c.part)
+                    AND (s.aggregate_types IS NULL OR r.aggregate_type = ANY(s.aggregate_types))
+                    AND (s.event_types IS NULL OR r.event_type = ANY(s.event_types))) AS counted
+         FROM (SELECT o.aggregate_id, o.aggregate_type, o.event_type
+                 FROM {schema}.outbox o
+                WHERE (o.transaction_id, o.position)
+                          > (c.skipped_from_transaction_id, c.skipped_from_position)
+                  AND (o.transaction_id, o.position) <= (c.start_transaction_id, c.start_position)
+                ORDER BY o.transaction_id, o.position
+                LIMIT %(scan)s) AS r) AS k
+    ON c.skipped_from_transaction_id IS NOT NULL
+  LEFT JOIN LATERAL (
+       SELECT count(*) AS scanned,
+              count(*) FILTER (
+                  WHERE r.occurred_at >= c.updated_at
+                    AND (s.parts = 1 OR {schema}.outbox_part(r.aggregate_id, s.parts) = c.part)
+                    AND (s.aggregate_types IS NULL OR r.aggregate_type = ANY(s.aggregate_types))
+                    AND (s.event_types IS NULL OR r.event_type = ANY(s.event_types))) AS counted
+         FROM (SELECT o.aggregate_id, o.aggregate_type, o.event_type, o.occurred_at
+                 FROM {schema}.outbox o
+                WHERE (o.transaction_id, o.position) <= (c.transaction_id, c.position)
+                ORDER BY o.transaction_id DESC, o.position DESC
+                LIMIT %(scan)s) AS r) AS b
+    ON c.skipped_from_transaction_id IS NULL
+   AND (c.transaction_id, c.position) > (pg_snapshot_xmin(pg_current_snapshot()), 0)
+ WHERE c.subscriber = %(name)s
+ ORDER BY c.part;
 
 -- name: delete_subscriber
 DELETE FROM {schema}.outbox_subscribers WHERE name = %(name)s RETURNING name, parts;
@@ -465,6 +528,24 @@ SELECT o.message_id, o.transaction_id::text::bigint, o.position, o.aggregate_typ
    AND (o.transaction_id, o.position) > (c.start_transaction_id, c.start_position)
    AND (%(aggregate_types)s::text[] IS NULL OR o.aggregate_type = ANY(%(aggregate_types)s::text[]))
    AND (%(event_types)s::text[] IS NULL OR o.event_type = ANY(%(event_types)s::text[]));
+
+-- name: placed_messages
+-- Where the records verify found outside a subscriber's expected range lie: for each
+-- message id still in the outbox, whether it sorts at or before its part's start (a
+-- record of an earlier generation, before a reset) or after its checkpoint (published
+-- before the checkpoint moved: the crash window). Ids not returned were pruned.
+SELECT o.message_id,
+       CASE WHEN (o.transaction_id, o.position) <= (c.start_transaction_id, c.start_position)
+                THEN 'before_start'
+            WHEN (o.transaction_id, o.position) > (c.transaction_id, c.position)
+                THEN 'ahead'
+            ELSE 'filtered' END AS placed
+  FROM {schema}.outbox o
+  JOIN {schema}.outbox_subscribers s ON s.name = %(name)s
+  JOIN {schema}.outbox_checkpoints c
+    ON c.subscriber = s.name
+   AND c.part = CASE WHEN s.parts = 1 THEN 0 ELSE {schema}.outbox_part(o.aggregate_id, s.parts) END
+ WHERE o.message_id = ANY(%(ids)s::uuid[]);
 
 -- name: part_starts
 -- Parts whose generation starts after the beginning (created "now", or reset): verify
@@ -553,26 +634,27 @@ SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE');
 -- name: part_lag
 -- What a part's lag is computed from (relay/lag.py), however long its backlog: the rows
 -- after its checkpoint, decided or not, scanned in key order up to %(scan)s (an index
--- range scan that stops there), how many of them are the part's, the position of the
--- first and of the newest row (positions come from one identity sequence: beyond the
--- scan, their difference estimates the rows), and the age of the part's oldest row.
+-- range scan that stops there), how many of them are the part's and match the
+-- subscriber's filters, the position of the first and of the newest row (positions
+-- come from one identity sequence: beyond the scan, their difference estimates the
+-- rows), and the age of the part's oldest matching row among those scanned.
 WITH scanned AS (
-    SELECT o.transaction_id, o.position, o.aggregate_id
+    SELECT o.transaction_id, o.position, o.occurred_at,
+           (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
+           AND (%(aggregate_types)s::text[] IS NULL
+                OR o.aggregate_type = ANY(%(aggregate_types)s::text[]))
+           AND (%(event_types)s::text[] IS NULL OR o.event_type = ANY(%(event_types)s::text[]))
+               AS mine
       FROM {schema}.outbox o
      WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
      ORDER BY o.transaction_id, o.position
      LIMIT %(scan)s
 )
 SELECT (SELECT count(*) FROM scanned) AS scanned,
-       (SELECT count(*) FROM scanned s
-         WHERE %(parts)s = 1 OR {schema}.outbox_part(s.aggregate_id, %(parts)s) = %(part)s)
-           AS counted,
+       (SELECT count(*) FROM scanned s WHERE s.mine) AS counted,
        (SELECT s.position FROM scanned s ORDER BY s.transaction_id, s.position LIMIT 1)
            AS first_position,
        (SELECT n.position FROM {schema}.outbox n
          ORDER BY n.transaction_id DESC, n.position DESC LIMIT 1) AS last_position,
-       (SELECT extract(epoch FROM now() - o.occurred_at)::float8 FROM {schema}.outbox o
-         WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
-           AND (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
-         ORDER BY o.transaction_id, o.position
-         LIMIT 1) AS age_s;
+       (SELECT extract(epoch FROM now() - s.occurred_at)::float8 FROM scanned s
+         WHERE s.mine ORDER BY s.transaction_id, s.position LIMIT 1) AS age_s;

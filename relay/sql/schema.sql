@@ -192,6 +192,10 @@ CREATE TABLE {schema}.outbox_checkpoints (
     -- events after it, up to the checkpoint.
     start_transaction_id xid8 NOT NULL DEFAULT '0',
     start_position bigint NOT NULL DEFAULT 0,
+    -- Where the last reset forward jumped from: the rows after it, up to the start,
+    -- were skipped by that reset (NULL: nothing skipped). Migration 0009.
+    skipped_from_transaction_id xid8,
+    skipped_from_position bigint,
     PRIMARY KEY (subscriber, part)
 );
 

@@ -81,9 +81,12 @@ def test_avro_subscribers_without_schemas_are_an_error_at_start(
 ) -> None:
     from relay.daemon import Relay
 
+    # Added where schemas are configured (the CLI's settings), run where they are not.
+    schemas = str(Path(__file__).resolve().parents[2] / "schemas")
     added = run_cli(
-        "subscribers", "add", "typed", "--format", "avro", env={"RELAY_DATABASE_URL": relay_url}
-    )
+        "subscribers", "add", "typed", "--format", "avro",
+        env={"RELAY_DATABASE_URL": relay_url, "RELAY_SCHEMAS_DIR": schemas},
+    )  # fmt: skip
     assert added.returncode == 0, added.stderr
     settings = load_settings(
         database_url=relay_url, bootstrap_servers=kafka_bootstrap, metrics_enabled=False
