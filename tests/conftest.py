@@ -21,6 +21,7 @@ pytest_plugins = [
     "tests.plugins.kafka",
     "tests.plugins.relay",
     "tests.plugins.spark",
+    "tests.plugins.registry",
 ]
 
 LAYERS = ("unit", "integration", "acceptance")
@@ -28,7 +29,7 @@ TESTS = Path(__file__).resolve().parent
 # The plugins' fixtures that start or need a server: no unit test may ask for one.
 SERVER_FIXTURES = frozenset(
     {"pg_server", "database_url", "db", "local_postgres", "logical_postgres", "new_cluster"}
-    | {"kafka", "kafka_bootstrap", "local_kafka", "start_relay", "spark"}
+    | {"kafka", "kafka_bootstrap", "local_kafka", "start_relay", "spark", "schema_registry"}
 )
 
 
