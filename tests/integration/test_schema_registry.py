@@ -13,6 +13,9 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerialize
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from relay.confluent_wire import from_single_object
+from relay.schemas import AvroSchema, encode_with
+
 # The first use builds Apicurio Registry with Maven (minutes, once per machine): the
 # session fixture's setup counts against the first test's timeout.
 pytestmark = [pytest.mark.registry, pytest.mark.timeout(1800)]
@@ -102,3 +105,19 @@ def test_avro_serializer_and_deserializer_round_trip_a_record(
         **record,
         "note": None,
     }
+
+
+def test_the_relays_avro_body_reframed_is_read_by_the_stock_deserializer(
+    client: SchemaRegistryClient, subject: str, topic_prefix: str
+) -> None:
+    """The groundwork of the schema-registry format: the Avro body the relay's ``avro``
+    format writes, framed with the id the registry gave its schema, is what a Confluent
+    consumer reads."""
+    schema = AvroSchema.from_json(ORDER_V1)
+    record = {"id": 7, "amount": 1.25}
+    schema_id = client.register_schema(subject, avro(ORDER_V1))
+
+    value = from_single_object(encode_with(schema, record), schema_id)
+
+    context = SerializationContext(f"{topic_prefix}orders", MessageField.VALUE)
+    assert AvroDeserializer(client)(value, context) == record
