@@ -27,6 +27,7 @@ the one build and Java 17 or newer to run.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import shutil
@@ -147,11 +148,14 @@ def _settings() -> str:
     )
 
 
-def registry_app(*, verify_lock: bool = True) -> Path:
-    """The built application's directory (runner jar + ``lib/``), built on first use."""
+def registry_app() -> Path:
+    """The built application's directory (runner jar + ``lib/``), built on first use.
+
+    Builds are serialised with a file lock: the cache is shared by every session and
+    test run of the machine."""
     home = _home()
     app = home / "app"
-    if (app / ".verified").exists():
+    if _marker_matches(app / ".verified", _lock_digest()):
         return app
     mvn = shutil.which("mvn")
     if mvn is None:
@@ -160,6 +164,15 @@ def registry_app(*, verify_lock: bool = True) -> Path:
             "install it (Debian: apt-get install maven)"
         )
     home.mkdir(parents=True, exist_ok=True)
+    with (home / ".build.lock").open("w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # released when the file closes
+        if _marker_matches(app / ".verified", _lock_digest()):
+            return app  # another process built it meanwhile
+        _build_into(app, mvn, home, verify_lock=True)
+    return app
+
+
+def _build_into(app: Path, mvn: str, home: Path, *, verify_lock: bool) -> None:
     staging = Path(tempfile.mkdtemp(dir=home, prefix=".build-"))
     try:
         target = _maven_build(mvn, staging, home / "m2")
@@ -169,19 +182,33 @@ def registry_app(*, verify_lock: bool = True) -> Path:
         built.mkdir()
         (target / "lib").rename(built / "lib")
         (target / "apicurio-registry-local-1-runner.jar").rename(built / "registry-runner.jar")
-        (built / ".verified").touch()
+        (built / ".verified").write_text(_lock_digest())
         shutil.rmtree(app, ignore_errors=True)
         built.rename(app)  # a half-built tree is never taken for a whole one
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return app
+
+
+def _lock_digest() -> str:
+    return hashlib.sha256(_LOCK_PATH.read_bytes()).hexdigest()
+
+
+def _pins_digest() -> str:
+    return hashlib.sha256(repr(sorted(_LOCK.versions.items())).encode()).hexdigest()
+
+
+def _marker_matches(marker: Path, digest: str) -> bool:
+    try:
+        return marker.read_text().strip() == digest
+    except OSError:
+        return False
 
 
 def _maven_build(mvn: str, work: Path, repo: Path) -> Path:
     (work / "pom.xml").write_text(_pom(_LOCK.versions))
     (work / "settings.xml").write_text(_settings())
-    # Offline once a build completed: the repository then holds every file it needs.
-    offline = ["--offline"] if (repo / ".complete").exists() else []
+    # Offline once a build with these pins completed: the repository holds every file.
+    offline = ["--offline"] if _marker_matches(repo / ".complete", _pins_digest()) else []
     argv = [mvn, "-B", "-q", "--strict-checksums", "-Dstyle.color=never", *offline,
             "-s", str(work / "settings.xml"), f"-Dmaven.repo.local={repo}",
             "-DskipTests", "-Dquarkus.analytics.disabled=true", "package"]  # fmt: skip
@@ -204,7 +231,7 @@ def _maven_build(mvn: str, work: Path, repo: Path) -> Path:
             f"building Apicurio Registry {REGISTRY_VERSION} failed (mvn exit "
             f"{done.returncode}); its log:\n{log_tail(log)}"
         )
-    repo.joinpath(".complete").touch()
+    repo.joinpath(".complete").write_text(_pins_digest())
     return work / "target"
 
 
@@ -229,10 +256,17 @@ def _verify(target: Path, repo: Path, lock: RegistryLock) -> None:
 def relock() -> Path:
     """Rebuild without the check and rewrite the lock's file lines from the result."""
     header = [line for line in _LOCK_PATH.read_text().splitlines() if line.startswith("#")]
-    app = registry_app(verify_lock=False)
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise LocalServerError("re-locking needs Maven (mvn) on PATH")
+    home = _home()
+    home.mkdir(parents=True, exist_ok=True)
+    app = home / "app"
+    _build_into(app, mvn, home, verify_lock=False)
     files = {jar.name: _sha256(jar) for jar in sorted((app / "lib").glob("*.jar"))}
-    files[_APP_JAR] = _sha256(_app_jar(_home() / "m2"))
+    files[_APP_JAR] = _sha256(_app_jar(home / "m2"))
     _LOCK_PATH.write_text("\n".join(header + [f"{n} {s}" for n, s in files.items()]) + "\n")
+    (app / ".verified").write_text(_lock_digest())
     return _LOCK_PATH
 
 
