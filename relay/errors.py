@@ -168,6 +168,11 @@ class ConsumerHiccup(BrokerUnavailable):
     it and read on, within their own deadline."""
 
 
+class SchemaRegistryUnavailable(RetryableError):
+    """The schema registry did not answer, or answered with a server error: the events
+    wait for it (never poison)."""
+
+
 class EncodingError(RelayError):
     """An outbox row cannot be turned into a Kafka record (a poison event)."""
 

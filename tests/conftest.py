@@ -21,6 +21,7 @@ pytest_plugins = [
     "tests.plugins.kafka",
     "tests.plugins.relay",
     "tests.plugins.spark",
+    "tests.plugins.registry",
 ]
 
 LAYERS = ("unit", "integration", "acceptance")
@@ -30,7 +31,7 @@ SERVER_FIXTURES = frozenset(
     {"pg_server", "database_url", "db", "local_postgres", "logical_postgres", "new_cluster"}
     | {"roles", "relay_url", "writer_url", "stranger_url", "writer_db", "relay_db"}
     | {"relay_reads_all_stats"}
-    | {"kafka", "kafka_bootstrap", "local_kafka", "start_relay", "spark"}
+    | {"kafka", "kafka_bootstrap", "local_kafka", "start_relay", "spark", "schema_registry"}
 )
 
 

@@ -1,0 +1,90 @@
+"""The avro-registry value encoder (relay/registry_format.py) against a real schema
+registry: values the stock Confluent deserializer reads, ids cached, an incompatible
+schema refused with the registry's reason, an unreachable registry retryable."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from relay.errors import EncodingError, RetryableError
+from relay.localstack import free_port
+from relay.registry_format import RegistryValueEncoder
+from relay.schemas import AvroSchema, SchemaFolder
+
+pytestmark = [pytest.mark.registry, pytest.mark.timeout(1800)]
+
+
+def order(*fields: dict[str, Any]) -> AvroSchema:
+    return AvroSchema.from_json(
+        {"type": "record", "name": "Order", "namespace": "shop", "fields": list(fields)}
+    )
+
+
+ID = {"name": "id", "type": "long"}
+NOTE = {"name": "note", "type": ["null", "string"], "default": None}
+
+
+class CountingClient(SchemaRegistryClient):
+    registrations = 0
+
+    def register_schema(self, *args: Any, **kwargs: Any) -> int:
+        self.registrations += 1
+        return int(super().register_schema(*args, **kwargs))
+
+
+@pytest.fixture
+def client(schema_registry: str) -> CountingClient:
+    return CountingClient({"url": schema_registry})
+
+
+def read(client: SchemaRegistryClient, topic: str, value: bytes) -> Any:
+    return AvroDeserializer(client)(value, SerializationContext(topic, MessageField.VALUE))
+
+
+def test_values_are_read_by_the_stock_deserializer_and_ids_are_cached(
+    client: CountingClient, topic_prefix: str
+) -> None:
+    topic = f"{topic_prefix}orders"
+    encoder = RegistryValueEncoder(SchemaFolder([order(ID, NOTE)]), client)
+
+    first = encoder.encode(topic, "shop.Order", {"id": 1, "note": "a"})
+    second = encoder.encode(topic, "Order", {"id": 2, "note": None})
+
+    assert read(client, topic, first) == {"id": 1, "note": "a"}
+    assert read(client, topic, second) == {"id": 2, "note": None}
+    assert client.registrations == 1  # once per (subject, schema), not per event
+    latest = client.get_latest_version(f"{topic}-value")
+    assert int.from_bytes(first[1:5], "big") == latest.schema_id
+    assert first[0] == 0
+
+
+def test_an_evolved_schema_gets_a_new_id_and_an_incompatible_one_is_refused(
+    client: CountingClient, topic_prefix: str
+) -> None:
+    topic = f"{topic_prefix}orders"
+    v1 = RegistryValueEncoder(SchemaFolder([order(ID)]), client).encode(topic, "Order", {"id": 1})
+    client.set_compatibility(f"{topic}-value", "BACKWARD")
+
+    v2 = RegistryValueEncoder(SchemaFolder([order(ID, NOTE)]), client).encode(
+        topic, "Order", {"id": 2, "note": "b"}
+    )
+    bad = RegistryValueEncoder(SchemaFolder([order({"name": "id", "type": "string"})]), client)
+
+    assert v1[1:5] != v2[1:5]
+    assert read(client, topic, v2) == {"id": 2, "note": "b"}
+    with pytest.raises(EncodingError, match=r"refused shop\.Order .*fields/0/type"):
+        bad.encode(topic, "Order", {"id": "x"})
+
+
+def test_an_unreachable_registry_is_retryable_not_a_poison_event(topic_prefix: str) -> None:
+    nowhere = SchemaRegistryClient({"url": f"http://127.0.0.1:{free_port()}"})
+    encoder = RegistryValueEncoder(SchemaFolder([order(ID)]), nowhere)
+
+    with pytest.raises(RetryableError) as raised:
+        encoder.encode(f"{topic_prefix}orders", "Order", {"id": 1})
+    assert not isinstance(raised.value, EncodingError)
