@@ -181,9 +181,21 @@ def parse_url(url: str) -> dict[str, Any]:
 
 def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection[Any]:
     """Open a connection, mapping failures onto relay errors."""
-    given = parse_url(url)
-    with wrap_errors(given.get("password")):
-        defaults = {k: v for k, v in _LIVENESS_DEFAULTS.items() if k not in given}
-        conn = psycopg.connect(url, autocommit=autocommit, **{**defaults, **kwargs})
-    set_json_loads(load_json, conn)
+    params = connect_params(url, autocommit=autocommit, **kwargs)
+    with wrap_errors(parse_url(url).get("password")):
+        conn = psycopg.connect(url, **params)
+    configure(conn)
     return conn
+
+
+def connect_params(url: str, *, autocommit: bool = True, **kwargs: Any) -> dict[str, Any]:
+    """The parameters every relay connection is opened with, beyond ``url``'s own
+    (relay/pool.py opens its connections with them too)."""
+    given = parse_url(url)
+    defaults = {k: v for k, v in _LIVENESS_DEFAULTS.items() if k not in given}
+    return {**defaults, **kwargs, "autocommit": autocommit}
+
+
+def configure(conn: psycopg.Connection[Any]) -> None:
+    """What every relay connection gets once opened, pooled or not."""
+    set_json_loads(load_json, conn)

@@ -10,11 +10,8 @@ import re
 import threading
 import time
 from collections import Counter
-from typing import Any, Protocol
+from typing import Protocol
 
-import psycopg
-
-from relay import db
 from relay.daemon.context import DaemonContext
 from relay.daemon.membership import Membership
 from relay.daemon.parts import ClaimedParts
@@ -22,9 +19,10 @@ from relay.daemon.publishers import PublisherFactory
 from relay.daemon.startup import KeySpaceChecks, SubscriberSync, check_schema, load_schemas
 from relay.daemon.upkeep import HorizonWatch, Retention
 from relay.encoding import RecordEncoder
-from relay.errors import RelayError, RetryableError
+from relay.errors import DatabaseUnavailable, RelayError, RetryableError
 from relay.metrics import HealthServer
 from relay.model import PartId
+from relay.pool import RelayPool
 from relay.probe import CommitProbe
 from relay.schemas import SchemaFolder
 from relay.settings import Settings
@@ -51,6 +49,7 @@ class Relay:
         self._stopping = threading.Event()
         self._stop_requested = threading.Event()
         self._probe: CommitProbe | None = None
+        self._pool: RelayPool | None = None
         self._supervisor: threading.Thread | None = None
         self.http: HealthServer | None = None
         self.publishers = PublisherFactory(settings, self.topic_guard)
@@ -82,17 +81,24 @@ class Relay:
             raise
 
     def _start(self) -> None:
+        if self._pool is None or self._pool.closed:
+            self._pool = RelayPool(
+                self.database_url,
+                max_size=self.settings.max_db_connections,
+                keep_free=self.settings.keep_free_connections,
+                schema=self.settings.database_schema,
+            )
         if self.settings.metrics_enabled and self.http is None:
             self.http = HealthServer(self, self._open_store, self.settings)
             self.http.start()
-        with self._open_connection() as conn:
+        with self._pool.connection() as conn:
             store = OutboxStore(conn, self.settings.database_schema)
             check_schema(conn, self.settings.database_schema)
             self.key_space.check(store, "start-up")
             self.subscriber_sync.sync(store)
         self.membership.start()
         self._probe = CommitProbe(
-            self._open_connection,
+            self._pool.connection,
             self.settings.database_schema,
             self.parts.wake_all,
             interval=self.settings.probe_interval,
@@ -132,6 +138,7 @@ class Relay:
             self.http = None
         if self._probe is not None:
             self._probe.join(max(0.0, min(2.0, deadline - time.monotonic())))
+        self._close_pool()
         logger.info("relay stopped")
 
     def request_stop(self) -> None:
@@ -244,6 +251,12 @@ class Relay:
             self._probe.stop()
             self._probe = None
         self.membership.abandon()
+        self._close_pool()
+
+    def _close_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     def _abandon_workers(self) -> None:
         self.parts.abandon()
@@ -251,11 +264,11 @@ class Relay:
     def _stop_all_workers(self, deadline: float | None = None) -> None:
         self.parts.stop_all(deadline)
 
-    def _open_connection(self) -> psycopg.Connection[Any]:
-        return db.connect(self.database_url, application_name="outbox-relay")
-
     def _open_store(self) -> OutboxStore:
-        return OutboxStore(self._open_connection(), self.settings.database_schema)
+        """A store on this process's pool: its calls borrow connections (relay/pool.py)."""
+        if self._pool is None:
+            raise DatabaseUnavailable("the relay is not running")
+        return self._pool.store(self.settings.database_schema)
 
 
 class Startable(Protocol):
