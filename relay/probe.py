@@ -77,6 +77,7 @@ class CommitProbe(threading.Thread):
         changed_at = time.monotonic()
         while not self._stopping.is_set():
             with self._connection() as conn:
+                conn.autocommit = True
                 row = conn.execute(self._query, prepare=True).fetchone()
                 assert row is not None
                 newest, waiting = row[:2], row[2]
