@@ -28,7 +28,6 @@ from psycopg_pool import ConnectionPool
 
 from relay import db
 from relay.errors import RelayError
-from relay.key_space import KeySpaceAction, report
 from relay.redact import redact
 from relay.store import OutboxStore
 
@@ -108,9 +107,12 @@ class RelayPool:
         keep_free: int,
         schema: str = "public",
         name: str = "outbox-relay",
+        on_connect: Callable[[OutboxStore], None] | None = None,
     ) -> None:
         self._url = url
         self._schema = schema
+        # Run on every new connection, before it is used: the relay's key-space check.
+        self._on_connect = on_connect
         self._keep_free = keep_free
         self._pool: ConnectionPool[_RelayConnection] = ConnectionPool(
             url,
@@ -161,12 +163,12 @@ class RelayPool:
         """Every relay connection checks that the database did not move before anything
         uses it (docs/design.md §6): a connection the pool opens after a failover may
         reach a restored cluster. The parts check again as they (re)start."""
+        if self._on_connect is None:
+            return
         try:
-            found = OutboxStore(conn, self._schema).check_key_space()
+            self._on_connect(OutboxStore(conn, self._schema))
         except RelayError:
             return  # not migrated, say: start-up and the parts' own checks say so
-        if found is not None and found.action is not KeySpaceAction.UNCHANGED:
-            report(found, "a new connection")
 
     @staticmethod
     def _free_slots(conn: psycopg.Connection[Any]) -> int:

@@ -87,6 +87,7 @@ class Relay:
                 max_size=self.settings.max_db_connections,
                 keep_free=self.settings.keep_free_connections,
                 schema=self.settings.database_schema,
+                on_connect=self._check_key_space,
             )
         if self.settings.metrics_enabled and self.http is None:
             self.http = HealthServer(self, self._open_store, self.settings)
@@ -263,6 +264,9 @@ class Relay:
 
     def _stop_all_workers(self, deadline: float | None = None) -> None:
         self.parts.stop_all(deadline)
+
+    def _check_key_space(self, store: OutboxStore) -> None:
+        self.key_space.check(store, "a new connection")
 
     def _open_store(self) -> OutboxStore:
         """A store on this process's pool: its calls borrow connections (relay/pool.py)."""
