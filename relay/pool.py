@@ -126,6 +126,10 @@ class RelayPool:
             # A borrower waits this long for a connection (all busy, or none to be had)
             # before its call fails as DatabaseUnavailable and it retries later.
             timeout=30.0,
+            # Failed connection attempts back off from 1 s, doubling; an attempt gives
+            # up after this long and the next borrower starts a new one at once. So the
+            # relay is back at most about 15 s after Postgres is, however long it was out.
+            reconnect_timeout=30.0,
         )
         self._pool.open(wait=False)
 
