@@ -14,7 +14,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from relay import Outbox, migrations
 from relay.daemon import Relay
@@ -25,7 +24,7 @@ from relay.settings import load_settings
 from relay.store import OutboxStore
 from relay.subscribers import Subscriber, ValueFormat
 from tests.plugins.postgres import _new_local_postgres
-from tests.support import consume, wait_until
+from tests.support import consume, run_cli, wait_until
 
 TYPES = 120
 EVENTS_PER_TYPE = 20
@@ -245,12 +244,19 @@ def _refusals(caplog: pytest.LogCaptureFixture) -> int:
 
 
 def test_grant_caps_the_relay_role_connections(stock_postgres: str) -> None:
+    granted = run_cli(
+        "grant", "--relay-role", "relay_a", "--connection-limit", "12",
+        "--database-url", stock_postgres,
+    )  # fmt: skip
+    assert granted.returncode == 0, granted.stderr
+    assert "connection limit 12 to relay_a" in granted.stdout
     with psycopg.connect(stock_postgres, autocommit=True) as conn:
-        done = grant_roles(conn, "public", relay_role="relay_a", connection_limit=12)
         limit = conn.execute(
-            sql.SQL("SELECT rolconnlimit FROM pg_roles WHERE rolname = {}").format(
-                sql.Literal("relay_a")
-            )
+            "SELECT rolconnlimit FROM pg_roles WHERE rolname = 'relay_a'"
         ).fetchone()
     assert limit == (12,)
-    assert "connection limit 12 to relay_a" in done
+    refused = run_cli(
+        "grant", "--writer-role", "app", "--connection-limit", "12",
+        "--database-url", stock_postgres,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "--relay-role" in refused.stderr
