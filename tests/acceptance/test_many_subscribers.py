@@ -154,6 +154,7 @@ def _write(url: str) -> list[str]:
     return ids
 
 
+@pytest.mark.timeout(900)  # 120 transactional producers start on a shared machine
 def test_120_subscribers_on_two_relays_leave_a_stock_postgres_room_for_applications(
     stock_postgres: str, kafka_bootstrap: str, topic_prefix: str
 ) -> None:
