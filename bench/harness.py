@@ -59,11 +59,14 @@ class Scale:
     sharding_events: int = 600_000
     latency_seconds: float = 20.0
     latency_rate: int = 1000
+    # The soak (bench/soak.py): 8 minutes at 3k ev/s with retention on, as issue #27 asks.
+    soak_seconds: float = 480.0
+    soak_rate: int = 3000
 
     @classmethod
     def named(cls, name: str) -> Scale:
         if name == "quick":
-            return cls(events=100_000, big_backlog=500_000, latency_seconds=8.0)
+            return cls(events=100_000, big_backlog=500_000, latency_seconds=8.0, soak_seconds=90.0)
         if name == "full":
             return cls(big_backlog=10_000_000, fanout_events=1_000_000, latency_seconds=60.0)
         return cls()

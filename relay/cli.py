@@ -381,6 +381,12 @@ def _print_horizon(report: dict[str, Any]) -> None:
     if report["horizon_holders"]:
         holders = Table("pid", "xid", "age (s)", "state", "application", "query start")
         for h in report["horizon_holders"]:
+            if h["gid"] is not None:  # no session: name it for ROLLBACK/COMMIT PREPARED
+                holders.add_row(
+                    "-", h["xid"], f"{h['age_s']:.1f}", "prepared",
+                    f"gid {h['gid']!r}, owner {h['owner']}, database {h['database']}", "-",
+                )  # fmt: skip
+                continue
             holders.add_row(
                 str(h["pid"]), h["xid"], _hidden_or(h["age_s"], "{:.1f}"), _hidden_or(h["state"]),
                 _hidden_or(h["application_name"]), _hidden_or(h["query_start"]),
@@ -582,6 +588,22 @@ def debezium_attach(
         typer.echo(f"cut-over-lsn={switched_at}")
 
 
+@debezium_app.command("detach")
+def debezium_detach(
+    ctx: typer.Context,
+    table: Annotated[str, typer.Argument(help="A table `debezium attach` attached.")],
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
+) -> None:
+    """Stop copying inserts into TABLE to the relay's outbox (rows copied stay)."""
+    from relay.debezium import detach
+
+    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
+        detach(conn, settings.database_schema, table)
+    out.print(f"inserts into {table} no longer reach the relay's outbox")
+
+
 # -- subscribers ---------------------------------------------------------------------
 
 
@@ -771,6 +793,211 @@ def _set_paused(
     with _store(settings) as store:
         store.set_paused(name, paused)
     out.print(f"subscriber {name!r} {'paused' if paused else 'resumed'}")
+
+
+# -- dead letters --------------------------------------------------------------------
+
+dead_letters_app = typer.Typer(
+    help="List a subscriber's dead letters; publish them once their cause is fixed.",
+    no_args_is_help=True,
+)
+app.add_typer(dead_letters_app, name="dead-letters")
+
+
+@dead_letters_app.command("list")
+def dead_letters_list(
+    ctx: typer.Context,
+    subscriber: Annotated[str, typer.Argument(help="The subscriber.")],
+    include_redriven: Annotated[
+        bool, typer.Option("--all", help="Also those redriven already.")
+    ] = False,
+    as_json: JsonFlag = False,
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
+) -> None:
+    """A subscriber's dead letters, in publication order, with their errors."""
+    from relay.redrive import DeadLetterStore
+
+    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
+        letters = DeadLetterStore(conn, settings.database_schema).dead_letters(
+            subscriber, include_redriven=include_redriven
+        )
+    if as_json:
+        sys.stdout.write(json.dumps([d.as_dict() for d in letters], indent=2) + "\n")
+        return
+    table = Table("key", "part", "message id", "aggregate", "event type", "error", "redrive")
+    for d in letters:
+        aggregate = (
+            "(pruned)" if d.aggregate_type is None else f"{d.aggregate_type}/{d.aggregate_id}"
+        )
+        redrive = f"redriven {d.redriven_at:%Y-%m-%d %H:%M:%S}" if d.redriven_at else ""
+        table.add_row(
+            str(d.key), str(d.part), str(d.message_id), aggregate, d.event_type or "-",
+            d.error, redrive or d.redrive_error or "-",
+        )  # fmt: skip
+    out.print(table)
+    if not letters:
+        err.print(f"no {'' if include_redriven else 'pending '}dead letters for {subscriber!r}")
+
+
+@dead_letters_app.command("redrive")
+def dead_letters_redrive(
+    ctx: typer.Context,
+    subscriber: Annotated[str, typer.Argument(help="The subscriber.")],
+    schemas_dir: Annotated[
+        Path | None, typer.Option(help="Avro schemas folder [RELAY_SCHEMAS_DIR]")
+    ] = None,
+    batch_size: Annotated[
+        int, typer.Option(min=1, max=10_000, help="Events per Kafka transaction.")
+    ] = 500,
+    as_json: JsonFlag = False,
+    database_url: DatabaseUrl = None,
+    bootstrap_servers: Bootstrap = None,
+    schema: Schema = None,
+) -> None:
+    """Publish a subscriber's dead-lettered events, exactly once and in order per key,
+    as the relay would publish them now (after a fix: a schema added, say). The live
+    checkpoint does not move. Exits 1 when some stay dead-lettered (still poison, or
+    behind a still-poison event of their key)."""
+    import re
+    from contextlib import closing
+
+    from relay.daemon.startup import load_schemas
+    from relay.encoding import RecordEncoder
+    from relay.redrive import DeadLetterStore, Redrive, redrive_publisher
+    from relay.subscribers import TopicGuard
+
+    settings = _settings(
+        ctx,
+        database_url=database_url,
+        bootstrap_servers=bootstrap_servers,
+        database_schema=schema,
+        schemas_dir=schemas_dir,
+    )
+    registry = load_schemas(settings)
+    allow = None if settings.topic_allow is None else re.compile(settings.topic_allow)
+    guard = TopicGuard(settings.checkpoint_topic, allow)
+    with db.connect(
+        settings.require_database_url(), application_name="outbox-relay-redrive"
+    ) as conn:
+        store = DeadLetterStore(conn, settings.database_schema)
+        state = store.subscriber(subscriber)
+        guard.update(s.subscriber for s in store.outbox.list())
+        with closing(redrive_publisher(settings, state.subscriber_id)) as publisher:
+            redrive = Redrive(
+                store, publisher, RecordEncoder(registry, guard), state, batch_size=batch_size
+            )
+            report = redrive.run()
+    if as_json:
+        sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n")
+    else:
+        _print_redrive(report)
+    if report.left:
+        raise typer.Exit(1)
+
+
+def _print_redrive(report: Any) -> None:
+    out.print(f"{report.subscriber}: redriven {report.redriven}")
+    if report.recovered:
+        out.print(f"recorded {report.recovered} redriven by an earlier redrive that stopped")
+    for message_id, error in report.still_poison.items():
+        err.print(
+            Text.assemble(("still poison, stays dead-lettered: ", "red"), f"{message_id}: {error}")
+        )
+    if report.held_back:
+        err.print(
+            f"{len(report.held_back)} held back behind a still-poison event of their key "
+            "(redriven, in order, once it is fixed)"
+        )
+    if report.missing:
+        err.print(f"{len(report.missing)} whose outbox rows were pruned: cannot be redriven")
+
+
+# -- topics --------------------------------------------------------------------------
+
+topics_app = typer.Typer(
+    help="List and create Kafka topics with the relay's Kafka settings (no Kafka CLI needed).",
+    no_args_is_help=True,
+)
+app.add_typer(topics_app, name="topics")
+
+
+def _admin(ctx: typer.Context, bootstrap_servers: str | None) -> tuple[Any, Settings]:
+    from relay.topics import admin_client
+
+    settings = _settings(ctx, bootstrap_servers=bootstrap_servers)
+    return admin_client(
+        {**settings.kafka, "bootstrap.servers": settings.require_bootstrap_servers()}
+    ), settings
+
+
+@topics_app.command("list")
+def topics_list(
+    ctx: typer.Context,
+    internal: Annotated[
+        bool, typer.Option("--internal", help="Also Kafka's own topics (__consumer_offsets...).")
+    ] = False,
+    as_json: JsonFlag = False,
+    bootstrap_servers: Bootstrap = None,
+) -> None:
+    """The cluster's topics, with partitions and replication factor."""
+    from relay.topics import list_topics
+
+    admin, _ = _admin(ctx, bootstrap_servers)
+    topics = list_topics(admin, internal=internal)
+    if as_json:
+        sys.stdout.write(json.dumps([t.as_dict() for t in topics], indent=2) + "\n")
+        return
+    table = Table("topic", "partitions", "replication factor")
+    for t in topics:
+        table.add_row(t.name, str(t.partitions), str(t.replication_factor))
+    out.print(table)
+
+
+@topics_app.command("create")
+def topics_create(
+    ctx: typer.Context,
+    names: Annotated[list[str], typer.Argument(help="Topic names.")],
+    partitions: Annotated[
+        int | None, typer.Option(min=1, help="Partitions [RELAY_TOPIC_PARTITIONS, 3].")
+    ] = None,
+    replication_factor: Annotated[
+        int | None,
+        typer.Option(
+            min=-1, help="Replicas; -1: the broker's default [RELAY_TOPIC_REPLICATION_FACTOR]."
+        ),
+    ] = None,
+    config: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--config", help="Topic setting KEY=VALUE (repeatable), e.g. cleanup.policy=compact."
+        ),
+    ] = None,
+    if_not_exists: Annotated[
+        bool, typer.Option("--if-not-exists", help="A topic that exists already is no error.")
+    ] = False,
+    bootstrap_servers: Bootstrap = None,
+) -> None:
+    """Create topics (exits 1 if one exists, unless --if-not-exists)."""
+    from relay.topics import create_topics, parse_config
+
+    settings_config = parse_config(config or [])
+    admin, settings = _admin(ctx, bootstrap_servers)
+    created = create_topics(
+        admin,
+        names,
+        partitions=partitions or settings.topic_partitions,
+        replication_factor=(
+            settings.topic_replication_factor if replication_factor is None else replication_factor
+        ),
+        config=settings_config,
+    )
+    for name, new in created.items():
+        out.print(f"{'created' if new else 'exists'}: {name}")
+    if not if_not_exists and not all(created.values()):
+        err.print("some topics existed already (--if-not-exists accepts that)")
+        raise typer.Exit(1)
 
 
 @contextmanager

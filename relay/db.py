@@ -24,7 +24,8 @@ from relay.errors import (
     StreamVersionAhead,
     UndefinedFunctionError,
 )
-from relay.redact import redact
+from relay.queries import queries_for
+from relay.redact import mask_url, redact
 
 
 class SqlState:
@@ -42,8 +43,11 @@ class SqlState:
     SYNTAX_ERROR_OR_ACCESS_RULE = "42"
     # The transaction is lost (serialization failure, deadlock): retry all of it.
     TRANSACTION_ROLLBACK = "40"
+    # The session was ended by idle_in_transaction_session_timeout (the relay sets one):
+    # reconnect. (A lock not granted within lock_timeout, 55P03, is an OperationalError.)
+    IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
     # Classes that pass: the connection, the server's resources, an administrator's
-    # shutdown or cancel, an I/O error.
+    # shutdown or cancel (statement_timeout's too, 57014), an I/O error.
     CONNECTION_EXCEPTION = "08"
     INSUFFICIENT_RESOURCES = "53"
     OPERATOR_INTERVENTION = "57"
@@ -55,6 +59,7 @@ _FATAL_CLASSES = (
     SqlState.INVALID_CATALOG_NAME,
     SqlState.SYNTAX_ERROR_OR_ACCESS_RULE,
 )
+_PASSING_CODES = (SqlState.IDLE_IN_TRANSACTION_TIMEOUT,)
 _PASSING_CLASSES = (
     SqlState.CONNECTION_EXCEPTION,
     SqlState.INSUFFICIENT_RESOURCES,
@@ -130,7 +135,7 @@ def _by_class(exc: psycopg.Error, sqlstate: str, text: str) -> RelayError:
         )
     if isinstance(exc, psycopg.OperationalError):
         return DatabaseUnavailable(f"postgres is unavailable: {text}", sqlstate=exc.sqlstate)
-    if error_class in _PASSING_CLASSES:
+    if error_class in _PASSING_CLASSES or sqlstate in _PASSING_CODES:
         return DatabaseUnavailable(
             f"postgres error [{sqlstate}], will retry: {text}", sqlstate=exc.sqlstate
         )
@@ -171,20 +176,74 @@ def load_json(data: bytes | bytearray | memoryview | str) -> Any:
 
 
 def parse_url(url: str) -> dict[str, Any]:
-    """The parameters of a libpq URL or conninfo string; a :class:`ConfigError` (with the
-    password masked: libpq quotes the whole string) when it is not one."""
+    """The parameters of a libpq URL or conninfo string; a :class:`ConfigError` when it
+    is not one, which never shows the password: libpq quotes the token it could not
+    parse, and that may be the password alone (``invalid percent-encoded token:
+    "S3cr%ZZet"``), so the error shown is the one of the string with its password masked."""
     try:
-        return conninfo_to_dict(url)
+        params = conninfo_to_dict(url)
+    except psycopg.Error:
+        params = None
+    if params is not None:
+        misread = _misread_password(params)
+        if misread is None:
+            return params
+        # Neither value is quoted: either may hold part of the password.
+        raise ConfigError(f"database_url: {misread}; {_ENCODE_PASSWORD}")
+    try:
+        conninfo_to_dict(mask_url(url))
     except psycopg.Error as exc:
         raise ConfigError(f"database_url: not a libpq URL or conninfo: {redact(str(exc))}") from exc
+    # Not chained to libpq's error: its message holds the password.
+    raise ConfigError(
+        f"database_url: the password is not valid in a URL; {_ENCODE_PASSWORD}"
+    ) from None
 
 
-def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection[Any]:
-    """Open a connection, mapping failures onto relay errors."""
+_ENCODE_PASSWORD = (
+    'in a URL, percent-encode "%", " ", "@", "/" and ":" in the password '
+    "(as %25, %20, %40, %2F and %3A)"
+)
+
+
+def _misread_password(params: dict[str, Any]) -> str | None:
+    """What libpq took of a password for the host or the port, if it did: an unencoded
+    "@" leaves part of one in the host ("u:p@ss@host" gives host "ss@host"), a "/" or ":"
+    in the port ("u:p/ss@host" gives port "p"). Connecting would quote it in an error."""
+    if "@" in str(params.get("host") or ""):
+        return 'the host holds an "@"'
+    port = str(params.get("port") or "")
+    if any(p and not p.isdigit() for p in port.split(",")):
+        return "the port is not a number"
+    return None
+
+
+class SessionTimeouts(NamedTuple):
+    """Postgres session limits, in seconds (0: none): ``statement_timeout``,
+    ``lock_timeout`` and ``idle_in_transaction_session_timeout``."""
+
+    statement: float
+    lock: float
+    idle_in_transaction: float
+
+
+def connect(
+    url: str,
+    *,
+    autocommit: bool = True,
+    timeouts: SessionTimeouts | None = None,
+    **kwargs: Any,
+) -> psycopg.Connection[Any]:
+    """Open a connection, mapping failures onto relay errors; with ``timeouts`` set on
+    its session (by a query rather than libpq's ``options``, which poolers refuse)."""
     params = connect_params(url, autocommit=autocommit, **kwargs)
     with wrap_errors(parse_url(url).get("password")):
         conn = psycopg.connect(url, **params)
-    configure(conn)
+        try:
+            configure(conn, timeouts)
+        except BaseException:
+            conn.close()
+            raise
     return conn
 
 
@@ -196,6 +255,24 @@ def connect_params(url: str, *, autocommit: bool = True, **kwargs: Any) -> dict[
     return {**defaults, **kwargs, "autocommit": autocommit}
 
 
-def configure(conn: psycopg.Connection[Any]) -> None:
-    """What every relay connection gets once opened, pooled or not."""
+def configure(conn: psycopg.Connection[Any], timeouts: SessionTimeouts | None = None) -> None:
+    """What every relay connection gets once opened, pooled or not (relay/pool.py)."""
+    if timeouts is not None:
+        _set_timeouts(conn, timeouts)
     set_json_loads(load_json, conn)
+
+
+def _set_timeouts(conn: psycopg.Connection[Any], timeouts: SessionTimeouts) -> None:
+    def ms(seconds: float) -> str:
+        return str(round(seconds * 1000))
+
+    conn.execute(
+        queries_for("public")["set_session_timeouts"],  # names no table: any schema
+        {
+            "statement_timeout": ms(timeouts.statement),
+            "lock_timeout": ms(timeouts.lock),
+            "idle_in_transaction": ms(timeouts.idle_in_transaction),
+        },
+    )
+    if not conn.autocommit:
+        conn.commit()

@@ -22,6 +22,7 @@ import psycopg
 from psycopg import sql
 
 from relay.db import wrap_errors
+from relay.debezium_format import reserved_header
 from relay.errors import ConfigError, UndefinedTableError
 from relay.queries import parse_named, read_sql
 
@@ -225,9 +226,13 @@ def _placements(text: str) -> tuple[AdditionalField, ...]:
                 f"table.fields.additional.placement item {item!r}: placement must be header "
                 "or envelope (partition is not supported)"
             ) from exc
-        found.append(
-            AdditionalField(parts[0], placement, parts[2] if len(parts) == 3 else parts[0])
-        )
+        alias = parts[2] if len(parts) == 3 else parts[0]
+        if placement is Placement.HEADER and reserved_header(alias):
+            raise ConfigError(
+                f"table.fields.additional.placement item {item!r}: the header name {alias!r} "
+                "is the relay's own (id, outbox.*); give it another alias"
+            )
+        found.append(AdditionalField(parts[0], placement, alias))
     return tuple(found)
 
 
@@ -283,23 +288,15 @@ def attach(
     slot has confirmed it, Debezium has published everything that is not the relay's.
     """
     options = options or RouterOptions()
-    source_schema, _, name = table.rpartition(".")
-    source = sql.Identifier(source_schema, name) if source_schema else sql.Identifier(name)
-    suffix = f"{source_schema}_{name}" if source_schema else name
+    source = _source(table)
     queries = parse_named(read_sql("debezium.sql"))
-    names: dict[str, sql.Composable] = {
-        "schema": sql.Identifier(schema),
-        "source": source,
-        "trigger": sql.Identifier(f"outbox_relay_copy_{suffix}"[:63]),
-        "update_trigger": sql.Identifier(f"outbox_relay_update_{suffix}"[:63]),
-        "old_function": sql.Identifier(f"outbox_from_debezium_{suffix}"[:63]),
-    }
+    names = _names(conn, schema, table)
     with wrap_errors(), conn.transaction():
         kind, schemas = _inspect(conn, source, options)
         if cut_over_publication is not None:
             _leave_publication(conn, queries, names, source, cut_over_publication)
         names["options"] = sql.Literal(options.trigger_argument(kind, schemas))
-        for query in ("function", "attach", "drop_old_function"):
+        for query in ("register", "attach", "drop_old_function"):
             conn.execute(sql.SQL(queries[query]).format(**names))
         if options.invalid_op is InvalidOpBehavior.FATAL:
             conn.execute(sql.SQL(queries["attach_fatal_updates"]).format(**names))
@@ -309,6 +306,38 @@ def attach(
     with wrap_errors():
         row = conn.execute(queries["wal_position"]).fetchone()
     return str(row[0]) if row else None
+
+
+def detach(conn: psycopg.Connection[Any], schema: str, table: str) -> None:
+    """Stop copying inserts into ``table`` to the relay's outbox (what is copied stays)."""
+    queries = parse_named(read_sql("debezium.sql"))
+    try:
+        with wrap_errors(), conn.transaction():
+            names = _names(conn, schema, table)
+            conn.execute(sql.SQL(queries["detach"]).format(**names))
+    except UndefinedTableError as exc:
+        raise ConfigError(f"table {table} does not exist") from exc
+    logger.info("detached %s", table)
+
+
+def _source(table: str) -> sql.Identifier:
+    source_schema, _, name = table.rpartition(".")
+    return sql.Identifier(source_schema, name) if source_schema else sql.Identifier(name)
+
+
+def _names(conn: psycopg.Connection[Any], schema: str, table: str) -> dict[str, sql.Composable]:
+    """What relay/sql/debezium.sql names: the table, its triggers, the relay's schema."""
+    source_schema, _, name = table.rpartition(".")
+    suffix = f"{source_schema}_{name}" if source_schema else name
+    source = _source(table)
+    return {
+        "schema": sql.Identifier(schema),
+        "source": source,
+        "source_name": sql.Literal(source.as_string(conn)),
+        "trigger": sql.Identifier(f"outbox_relay_copy_{suffix}"[:63]),
+        "update_trigger": sql.Identifier(f"outbox_relay_update_{suffix}"[:63]),
+        "old_function": sql.Identifier(f"outbox_from_debezium_{suffix}"[:63]),
+    }
 
 
 def _leave_publication(

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from relay.errors import EncodingError
-from relay.model import HEADER_ID, KafkaRecord, OutboxEvent
+from relay.model import HEADER_ID, RESERVED_HEADER_PREFIX, KafkaRecord, OutboxEvent
 from relay.subscribers import Subscriber
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -168,20 +168,31 @@ def _payload(event: OutboxEvent, text: str | None, bytea: bool, expand: bool) ->
 def _headers(found: dict[str, Any]) -> list[Header]:
     converters = found["converters"]
     fields = [(HEADER_ID, found.get("id")), *(found.get("headers") or [])]
+    # A header field under a name the relay writes is dropped (attach refuses such
+    # aliases; this also covers copies made before it did).
+    kept = [i for i, (name, _) in enumerate(fields) if i == 0 or not reserved_header(name)]
     values: list[bytes | None]
     if converters.get("header") == "json-schema":
         schemas = converters["header_schemas"]
         values = [
-            b'{"schema":%s,"payload":%s}' % (schema.encode(), _json(value))
-            for (_, value), schema in zip(fields, schemas, strict=True)
+            b'{"schema":%s,"payload":%s}' % (schemas[i].encode(), _json(fields[i][1])) for i in kept
         ]
     elif converters.get("header") == "json":
-        values = [_json(value) for _, value in fields]
+        values = [_json(fields[i][1]) for i in kept]
     else:  # SimpleHeaderConverter: text as is, null as no value
-        values = [None if v is None else _java_string(v).encode() for _, v in fields]
-    headers: list[Header] = [(name, value) for (name, _), value in zip(fields, values, strict=True)]
-    headers += _trace_headers(found.get("trace"))
+        values = [
+            None if fields[i][1] is None else _java_string(fields[i][1]).encode() for i in kept
+        ]
+    headers: list[Header] = [(fields[i][0], value) for i, value in zip(kept, values, strict=True)]
+    headers += [h for h in _trace_headers(found.get("trace")) if not reserved_header(h[0])]
     return headers
+
+
+def reserved_header(name: str) -> bool:
+    """A name the relay writes itself in this format (``id``, and the ``outbox.`` headers
+    of dead letters): a row's own header of that name is dropped, as in the plain
+    formats, so none can pass for the relay's."""
+    return name == HEADER_ID or name.startswith(RESERVED_HEADER_PREFIX)
 
 
 def _trace_headers(context: str | None) -> list[Header]:

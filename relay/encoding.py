@@ -16,6 +16,7 @@ from relay.model import (
     HEADER_POSITION,
     HEADER_TRANSACTION_ID,
     HEADER_VERSION,
+    RESERVED_HEADER_PREFIX,
     KafkaRecord,
     OutboxEvent,
     Unreadable,
@@ -33,11 +34,6 @@ RESERVED_HEADERS = frozenset(
         HEADER_VERSION,
     }
 )
-
-
-# Header names the relay writes on dead letters (relay/poison.py); a writer's own header
-# under this prefix is dropped, so no consumer can mistake it for the relay's.
-RESERVED_HEADER_PREFIX = "outbox."
 
 
 class RecordEncoder:

@@ -77,11 +77,16 @@ def producer_config(
 class TopicCreator:
     """Creates topics the relay routes to, once per process (a no-op when disabled).
 
-    ``max_created`` caps how many topics this process creates for events (issue #17,
-    item 7): rows choose topic names, so without a cap one INSERT of many aggregate
-    types creates as many topics. The relay's own topics (``relay_owned``: checkpoint
-    and dead-letter topics) do not count. Beyond the cap, a topic that does not exist
-    yet is refused (:class:`TopicRefused`)."""
+    ``max_created`` caps the topics events can be routed to (issue #17, item 7; issue
+    #27): rows choose topic names, so without a cap one INSERT of many aggregate types
+    creates as many topics. The cap counts the topics that exist on the cluster and that
+    ``counts`` (a subscriber routes events to them, whoever created them), so it bounds
+    the total whatever the number of processes, restarts, workers and replicas; each
+    creation counts them afresh. The relay's own topics (``relay_owned``: checkpoint
+    and dead-letter topics) never count. Beyond the cap, a topic that does not exist yet
+    is refused (:class:`TopicRefused`). Relays creating topics at the same instant may
+    each see room for one more: the cap can be passed by one topic per relay process
+    creating at that instant, no more."""
 
     def __init__(
         self,
@@ -92,6 +97,7 @@ class TopicCreator:
         replication_factor: int = -1,
         max_created: int | None = None,
         relay_owned: Callable[[str], bool] = lambda topic: False,
+        counts: Callable[[str], bool] = lambda topic: True,
     ) -> None:
         self._admin_config = dict(admin_config)
         self._enabled = enabled
@@ -99,8 +105,8 @@ class TopicCreator:
         self._replication = replication_factor
         self._max_created = max_created
         self._relay_owned = relay_owned
+        self._counts = counts
         self._known: set[str] = set()
-        self._created = 0  # topics created for events, against max_created
         self._lock = threading.Lock()  # shared by every worker of the relay
 
     def ensure(self, topics: set[str], *, partitions: int | None = None, **config: str) -> None:
@@ -158,11 +164,12 @@ class TopicCreator:
         """Split ``missing`` into topics to create and topics over the cap (a topic
         that exists already is no creation: it is only marked known)."""
         counted = sorted(t for t in missing if not self._relay_owned(t))
-        room = len(counted) if self._max_created is None else self._max_created - self._created
-        if len(counted) <= room:
+        if self._max_created is None or not counted:
             return missing, set()
         existing = self._existing(admin)
         self._known |= missing & existing
+        used = sum(1 for t in existing if self._counts(t) and not self._relay_owned(t))
+        room = self._max_created - used
         beyond = [t for t in counted if t not in existing][max(room, 0) :]
         return missing - existing - set(beyond), set(beyond)
 
@@ -193,7 +200,6 @@ class TopicCreator:
             try:
                 future.result()
                 logger.info("created topic %s", topic, extra={"topic": topic})
-                self._created += 0 if self._relay_owned(topic) else 1
             except KafkaException as exc:
                 failure = classify(exc, topic, Stage.CREATE_TOPIC)
                 if isinstance(failure, TopicRefused):

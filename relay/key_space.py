@@ -72,6 +72,16 @@ def report(check: KeySpaceCheck, where: str) -> None:
             check.detail,
             extra={"key_space": str(check.key_space)},
         )
+    elif check.detail:
+        # Unchanged, yet a stored key is above this cluster's ids: without a sign that
+        # the database moved (migration 0008), such a key was forged, not restored.
+        logger.warning(
+            "%s: %s; the database did not move (same cluster, transaction ids not set "
+            "back), so nothing was rewritten. Rows with such a key are not published",
+            where,
+            check.detail,
+            extra={"key_space": str(check.key_space), "key_space_suspect": True},
+        )
 
 
 def adoptable(

@@ -15,6 +15,9 @@ HEADER_AGGREGATE_TYPE = "aggregate_type"
 HEADER_TRANSACTION_ID = "transaction_id"
 HEADER_POSITION = "position"
 HEADER_VERSION = "aggregate_version"
+# Header names the relay writes on dead letters (relay/poison.py); a row's own header
+# under this prefix is dropped, so no consumer can mistake it for the relay's.
+RESERVED_HEADER_PREFIX = "outbox."
 
 
 class Position(NamedTuple):

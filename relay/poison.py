@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from relay.encoding import RESERVED_HEADER_PREFIX, headers_for
-from relay.model import KafkaRecord, OutboxEvent, Unreadable
+from relay.encoding import headers_for
+from relay.model import RESERVED_HEADER_PREFIX, KafkaRecord, OutboxEvent, Unreadable
 from relay.ports import DeadLetterDecision
 from relay.subscribers import Subscriber
 

@@ -108,8 +108,10 @@ class RelayPool:
         schema: str = "public",
         name: str = "outbox-relay",
         on_connect: Callable[[OutboxStore], None] | None = None,
+        timeouts: db.SessionTimeouts | None = None,
     ) -> None:
         self._url = url
+        self._timeouts = timeouts
         self._schema = schema
         # Run on every new connection, before it is used: the relay's key-space check.
         self._on_connect = on_connect
@@ -150,7 +152,7 @@ class RelayPool:
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         """Every new connection: the relay's settings on it (db.configure, the one place
         for them), and its share of the free slots."""
-        db.configure(conn)
+        db.configure(conn, self._timeouts)
         self._check_key_space(conn)
         free = self._free_slots(conn)
         if free < self._keep_free:

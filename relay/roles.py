@@ -8,6 +8,8 @@ import psycopg
 from psycopg import sql
 
 from relay.db import wrap_errors
+from relay.errors import NotMigratedError
+from relay.migrations import pending
 from relay.queries import parse_named, read_sql
 
 _ROLE_EXISTS = "SELECT 1 FROM pg_roles WHERE rolname = %s"
@@ -32,6 +34,13 @@ def grant_roles(
     relays' budget, replicas x workers x max_db_connections (deploy/README.md)."""
     blocks = parse_named(read_sql("roles.sql"))
     done = []
+    waiting = pending(conn, schema)
+    if waiting:  # the grants name what the migrations create
+        raise NotMigratedError(
+            f"schema {schema!r} lacks migration(s) "
+            f"{', '.join(f'{m.version:04d}_{m.name}' for m in waiting)}: "
+            "run `outbox-relay migrate` first"
+        )
     with wrap_errors(), conn.transaction():
         for role, names in (
             (relay_role, ["relay_grants", _stats_block(read_all_stats)]),

@@ -23,7 +23,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from pydantic_settings.exceptions import SettingsError
 
 from relay.errors import ConfigError, SubscriberError
-from relay.redact import redact
+from relay.redact import redact, remember
 from relay.subscribers import (
     DEFAULT_TOPIC,
     MAX_PARTS,
@@ -36,7 +36,13 @@ from relay.subscribers import (
 )
 
 KafkaValue = str | int | float | bool
-_SECRET_KAFKA_KEY = re.compile(r"password|secret|token|oauthbearer\.config|jaas", re.IGNORECASE)
+# librdkafka properties whose values are secrets: passwords and passphrases
+# (sasl.password, ssl.key.password, ...private.key.passphrase), keys inline (ssl.key.pem,
+# and any *.pem: certificates are public, but telling them apart by name is not worth a
+# leak), client secrets, OAuth and JAAS configs, tokens. Not file locations.
+_SECRET_KAFKA_KEY = re.compile(
+    r"password|passphrase|secret|token|oauthbearer\.config|jaas|\.pem$", re.IGNORECASE
+)
 _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
     "relay_config_file", default=None
 )
@@ -80,7 +86,11 @@ class Settings(BaseSettings):
     environment variables (``RELAY_KAFKA__SECURITY_PROTOCOL`` for nested keys) and as flags."""
 
     model_config = SettingsConfigDict(
-        env_prefix="RELAY_", env_nested_delimiter="__", extra="forbid"
+        env_prefix="RELAY_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        # pydantic's own error text quotes the input, the database URL's password with it.
+        hide_input_in_errors=True,
     )
 
     database_url: SecretStr | None = None
@@ -104,12 +114,14 @@ class Settings(BaseSettings):
     # At most 300 s: a batch's transaction must fit in Kafka's 15-minute cap (3x this).
     delivery_timeout: float = Field(default=30.0, gt=0, le=300)
     create_topics: bool = True
-    # Rows choose topic names through {aggregate_type}/{event_type}: at most this many
-    # topics are created for events per relay process (0: none; -1: no cap). A row
-    # routed to a topic that does not exist beyond it is poison.
+    # Rows choose topic names through {aggregate_type}/{event_type}: no topic is created
+    # for events once this many topics that subscribers route to exist on the cluster
+    # (counted there, so across restarts, workers and replicas; 0: none; -1: no cap). A
+    # row routed to a topic that does not exist beyond it is poison.
     max_created_topics: int = Field(default=100, ge=-1)
     # A regular expression every topic an event is routed to must match in full (None:
-    # any topic but the reserved ones: __*, the checkpoint and dead-letter topics).
+    # any topic but the reserved ones: _*, connect-*, the checkpoint and dead-letter
+    # topics, other subscribers' topics).
     topic_allow: str | None = None
     topic_partitions: int = Field(default=3, ge=1)
     topic_replication_factor: int = Field(default=-1, ge=-1)
@@ -144,8 +156,16 @@ class Settings(BaseSettings):
     metrics_enabled: bool = True
     metrics_port: int = Field(default=9187, ge=0, le=65535)
     metrics_host: str = Field(default="127.0.0.1", min_length=1)
-    # Scrapes within this many seconds share one read of the Postgres-derived figures.
+    # Scrapes within this many seconds share one read of the Postgres-derived figures
+    # (read in the background; a scrape waits for it 5 s at most, then serves the last).
     metrics_cache_ttl: float = Field(default=5.0, ge=0, le=300)
+    # Session limits on every connection the relay daemon opens, in seconds (0: none,
+    # or what the role or database sets): a locked table or a stuck query fails and is
+    # retried instead of holding a thread (a metrics read, a heartbeat) indefinitely.
+    # The CLI's connections (migrate builds indexes) do not get them.
+    database_statement_timeout: float = Field(default=60.0, ge=0, le=86_400)
+    database_lock_timeout: float = Field(default=10.0, ge=0, le=86_400)
+    database_idle_in_transaction_timeout: float = Field(default=60.0, ge=0, le=86_400)
     # Retention: every prune_every seconds (0: never) one relay deletes rows every
     # subscriber has published and that are older than retention seconds.
     prune_every: float = Field(default=3600.0, ge=0)
@@ -219,6 +239,10 @@ class Settings(BaseSettings):
                 yield name, {k: _mask(k, v) for k, v in value.items()}
             else:
                 yield name, value
+
+    def kafka_secrets(self) -> list[str]:
+        """The values of the Kafka client properties that are secrets."""
+        return [str(v) for k, v in self.kafka.items() if _SECRET_KAFKA_KEY.search(k)]
 
     def require_database_url(self) -> str:
         if self.database_url is None:
@@ -303,7 +327,10 @@ def load_settings(config_file: Path | None = None, **flags: Any) -> Settings:
     token = _config_file.set(config_file)
     try:
         given = {k: v for k, v in flags.items() if v is not None}
-        return Settings(**_secret_files(given), **given)
+        settings = Settings(**_secret_files(given), **given)
+        # Kafka errors and client logs may quote them: mask them there too.
+        remember(settings.kafka_secrets())
+        return settings
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from exc
     except SettingsError as exc:  # a RELAY_* variable that should hold JSON does not

@@ -50,7 +50,8 @@ class LagSample(NamedTuple):
 class HorizonHolder:
     """A backend whose open transaction keeps newer events from being published."""
 
-    pid: int
+    # None for a prepared transaction (state 'prepared'): no session holds it.
+    pid: int | None
     xid: str
     state: str | None
     application_name: str | None
@@ -58,6 +59,20 @@ class HorizonHolder:
     # may not see (it lacks pg_read_all_stats).
     age_s: float | None
     query_start: datetime | None
+    # A prepared transaction's name (COMMIT/ROLLBACK PREPARED takes it), owner and
+    # database; None for a session.
+    gid: str | None = None
+    owner: str | None = None
+    database: str | None = None
+
+    def describe(self) -> str:
+        """Who it is, for an operator: a session's pid, or a prepared transaction."""
+        if self.gid is None:
+            return f"pid {self.pid}"
+        return (
+            f"prepared transaction {self.gid!r} (owner {self.owner}, database "
+            f"{self.database}; ROLLBACK PREPARED or COMMIT PREPARED ends it)"
+        )
 
 
 class OutboxStore:
@@ -195,7 +210,24 @@ class OutboxStore:
 
     def prune(self, older_than_s: float, batch: int = 10_000) -> Iterator[int]:
         """Delete published rows older than ``older_than_s``, ``batch`` rows per
-        transaction; yields each batch's count. Never an unpublished row."""
+        transaction; yields each batch's count. Never an unpublished row.
+
+        Through ``outbox_prune()`` (migration 0008, SECURITY DEFINER), so the relay role
+        needs no DELETE on the outbox; on an older schema (a rolling deploy), directly."""
+        params = {"older_than": older_than_s, "limit": batch}
+        while True:
+            try:
+                with wrap_errors():
+                    row = self.conn.execute(self._q["prune"], params).fetchone()
+            except UndefinedFunctionError:
+                yield from self._prune_directly(older_than_s, batch)
+                return
+            deleted = int(row[0]) if row else 0
+            if deleted <= 0:
+                return
+            yield deleted
+
+    def _prune_directly(self, older_than_s: float, batch: int) -> Iterator[int]:
         with wrap_errors():
             row = self.conn.execute(self._q["prune_bound"]).fetchone()
         if row is None or row[0] is None:

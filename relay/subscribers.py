@@ -247,10 +247,24 @@ def _route(template: str, aggregate_type: str, event_type: str) -> str | None:
     return topic if legal_topic(topic) else None
 
 
+# Topics of the platform around Kafka: a leading "_" marks internal ones (Kafka's own
+# __*, Schema Registry's _schemas, Confluent's _confluent-*), and Kafka Connect keeps
+# its configs, offsets and status in connect-* by convention.
+INTERNAL_PREFIXES = ("_", "connect-")
+
+
 class TopicGuard:
-    """Topics no row may be routed to (issue #17, item 6): Kafka's internal topics
-    (``__*``), the relay's checkpoint topic, every dead-letter topic, and the fixed
-    topic of another subscriber; with ``allow``, every topic it does not match in full.
+    """Topics no row may be routed to (issue #17, item 6; issue #27): internal topics
+    (INTERNAL_PREFIXES), the relay's checkpoint topic, every dead-letter topic, and
+    another subscriber's topics, fixed or templated; with ``allow``, every topic it does
+    not match in full.
+
+    A templated topic is another subscriber's when its template produces it for an event
+    its filters let through, with a field its filters do not name taking a value
+    without ".": a row that puts a "." into its aggregate or event type to reach into
+    another subscriber's topics is refused, while one subscriber's template that is a
+    prefix of another's ("events.{aggregate_type}" and "events.{aggregate_type}.v2") does
+    not shut the other out.
 
     One per relay, shared by its workers; the supervisor refreshes it from the
     subscriber list (:meth:`update`). A refusal is the row's poison.
@@ -261,6 +275,7 @@ class TopicGuard:
         self._allow = allow
         # topic -> (the subscriber it belongs to, or "" for the relay's own, what it is)
         self._reserved: dict[str, tuple[str, str]] = {}
+        self._templates: tuple[_TemplateClaim, ...] = ()
         self._refusals: dict[tuple[str, str], str | None] = {}  # cache, per subscriber
         self.update(())
 
@@ -272,9 +287,21 @@ class TopicGuard:
                 reserved.setdefault(s.fixed_topic, (s.name, f"subscriber {s.name!r}'s topic"))
         for s in subscribers:  # dead-letter topics take precedence: nobody routes there
             reserved[s.dead_letter_topic_name] = ("", f"subscriber {s.name!r}'s dead-letter topic")
-        if reserved != self._reserved:
+        templates = tuple(_TemplateClaim.of(s) for s in subscribers if s.fixed_topic is None)
+        if reserved != self._reserved or templates != self._templates:
             # Swapped whole, never mutated: workers read them without a lock.
-            self._reserved, self._refusals = reserved, {}
+            self._reserved, self._templates, self._refusals = reserved, templates, {}
+
+    def routable(self, topic: str) -> bool:
+        """Whether a subscriber routes events to ``topic``: its fixed topic, or one its
+        template makes for an event its filters take. Not the relay's own topics, nor
+        internal ones (refused anyway)."""
+        if topic.startswith(INTERNAL_PREFIXES):
+            return False
+        owner = self._reserved.get(topic)
+        if owner is not None:
+            return owner[0] != ""
+        return any(claim.reach.fullmatch(topic) for claim in self._templates)
 
     def relay_owned(self, topic: str) -> bool:
         """The checkpoint topic or a dead-letter topic: the relay's own, not a row's."""
@@ -294,11 +321,64 @@ class TopicGuard:
     def _judge(self, topic: str, subscriber: str) -> str | None:
         if topic.startswith("__"):
             return "topics starting with '__' are Kafka's internal topics"
+        if topic.startswith(INTERNAL_PREFIXES):
+            return (
+                f"topics starting with {' or '.join(map(repr, INTERNAL_PREFIXES))} are "
+                "internal (Schema Registry's _schemas, _confluent-*, Kafka Connect's connect-*)"
+            )
         owner = self._reserved.get(topic)
         if owner is not None and owner[0] != subscriber:
             return f"it is {owner[1]}"
         if topic.startswith(DEAD_LETTER_PREFIX):
             return f"topics starting with {DEAD_LETTER_PREFIX!r} are dead-letter topics"
+        for claim in () if owner is not None else self._templates:  # its own fixed topic
+            if claim.subscriber != subscriber and claim.produces(topic):
+                return f"subscriber {claim.subscriber!r}'s topic template {claim.template!r} produces it"
         if self._allow is not None and not self._allow.fullmatch(topic):
             return f"topic_allow ({self._allow.pattern!r}) does not match it"
         return None
+
+
+@dataclass(frozen=True)
+class _TemplateClaim:
+    """The topics a subscriber's template produces for the events it takes: a field
+    its filters name takes one of their values; one they do not, a value without "."
+    (``pattern``), or any value (``reach``: every topic a row can route it to)."""
+
+    subscriber: str
+    template: str
+    pattern: re.Pattern[str]
+    reach: re.Pattern[str]
+
+    @classmethod
+    def of(cls, subscriber: Subscriber) -> _TemplateClaim:
+        return cls(
+            subscriber.name,
+            subscriber.topic,
+            _template_pattern(subscriber, "[A-Za-z0-9_-]+"),
+            _template_pattern(subscriber, "[A-Za-z0-9._-]+"),
+        )
+
+    def produces(self, topic: str) -> bool:
+        return self.pattern.fullmatch(topic) is not None
+
+
+def _template_pattern(subscriber: Subscriber, unfiltered: str) -> re.Pattern[str]:
+    allowed = {"aggregate_type": subscriber.aggregate_types, "event_type": subscriber.event_types}
+    pattern, seen = "", set()
+    for literal, name, _, _ in string.Formatter().parse(subscriber.topic):
+        pattern += re.escape(literal)
+        if name is None:
+            continue
+        if name in seen:  # one field used twice takes one value
+            pattern += f"(?P={name})"
+            continue
+        seen.add(name)
+        values = allowed[name]
+        choices = (
+            unfiltered
+            if values is None
+            else "|".join(re.escape(v) for v in sorted(values)) or "(?!)"
+        )
+        pattern += f"(?P<{name}>{choices})"
+    return re.compile(pattern)

@@ -8,7 +8,9 @@ of the log to its end as of the start of the run.
 Records found past a part's checkpoint are reported as *ahead* (a transaction that
 committed before its Postgres checkpoint update: the next owner adopts it), not as
 errors. After ``subscribers reset`` to an earlier point, republished events are
-duplicates by design; verify a fresh subscriber instead.
+duplicates by design; verify a fresh subscriber instead. A dead-lettered event that
+``dead-letters redrive`` published must be there exactly once too, after its key's
+later events: its order is checked only among the redriven events.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class SubscriberReport:
     out_of_order: int = 0
     ahead: int = 0  # published past the Postgres checkpoint (recovery adopts them)
     dead_lettered: int = 0
+    redriven: int = 0  # dead-lettered, then redriven: expected (and counted in expected)
     pending: int = 0  # not yet published: after the checkpoint
     pending_estimated: bool = False  # pending is an estimate (relay/lag.py)
     # Parts created with --from now or reset since: events before these are not checked.
@@ -71,6 +74,7 @@ class SubscriberReport:
             "out_of_order": self.out_of_order,
             "ahead": self.ahead,
             "dead_lettered": self.dead_lettered,
+            "redriven": self.redriven,
             "pending": self.pending,
             "pending_estimated": self.pending_estimated,
             "checked_after": self.checked_after,
@@ -85,6 +89,7 @@ class _Expected:
 
     positions: dict[bytes, Position] = field(default_factory=dict)
     topics: set[str] = field(default_factory=set)
+    redriven: set[bytes] = field(default_factory=set)  # published after their key's later events
 
 
 def verify(
@@ -144,10 +149,14 @@ def _expectations(
     with wrap_errors(), conn.transaction(), conn.cursor(name="verify") as cursor:
         cursor.itersize = 10_000
         cursor.execute(query, params)
-        for message_id, transaction_id, position, aggregate_type, event_type, dead in cursor:
-            if dead:
+        for row in cursor:
+            message_id, transaction_id, position, aggregate_type, event_type, dead, redriven = row
+            if dead and not redriven:
                 report.dead_lettered += 1
                 continue
+            if redriven:
+                report.redriven += 1
+                expected.redriven.add(message_id.bytes)
             # None: no legal topic, so nothing was published (and the event is missing).
             topic = subscriber.route(aggregate_type, event_type)
             if topic is not None:
@@ -166,6 +175,8 @@ def _compare(
 ) -> None:
     seen: set[bytes] = set()
     last_by_key: dict[tuple[str, int, bytes | None], Position] = {}
+    # Redriven events follow their key's later events: checked among themselves only.
+    last_redriven_by_key: dict[tuple[str, int, bytes | None], Position] = {}
     for record in records:
         if record.message_id is None or record.position is None:
             continue  # not written by the relay
@@ -178,7 +189,8 @@ def _compare(
         # records published before the move carry the old ones.
         at = expected.positions.get(mid)
         key = (record.topic, record.partition, record.key)
-        previous = last_by_key.get(key)
+        order = last_redriven_by_key if mid in expected.redriven else last_by_key
+        previous = order.get(key)
         if at is not None and previous is not None and at <= previous:
             report.out_of_order += 1
             report.example(
@@ -187,7 +199,7 @@ def _compare(
                 f"{at} after {previous}",
             )
         if at is not None:
-            last_by_key[key] = at
+            order[key] = at
         if mid not in expected.positions:
             report.ahead += 1
             continue

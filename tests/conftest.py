@@ -28,6 +28,8 @@ TESTS = Path(__file__).resolve().parent
 # The plugins' fixtures that start or need a server: no unit test may ask for one.
 SERVER_FIXTURES = frozenset(
     {"pg_server", "database_url", "db", "local_postgres", "logical_postgres", "new_cluster"}
+    | {"roles", "relay_url", "writer_url", "stranger_url", "writer_db", "relay_db"}
+    | {"relay_reads_all_stats"}
     | {"kafka", "kafka_bootstrap", "local_kafka", "start_relay", "spark"}
 )
 

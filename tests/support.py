@@ -10,16 +10,21 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from contextlib import closing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
 from confluent_kafka.admin import AdminClient
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from relay import Outbox
 from relay.daemon import Relay
 from relay.localstack.process import LocalServer
 from relay.model import ConsumedRecord, PartId
+from relay.roles import grant_roles
 from relay.topic_reader import KafkaTopicReader
 from relay.worker import PartWorker
 
@@ -88,6 +93,83 @@ def by_key(seen: list[ConsumedRecord]) -> dict[str, list[ConsumedRecord]]:
     for record in sorted(seen, key=lambda s: (s.topic, s.partition, s.offset)):
         groups.setdefault((record.key or b"").decode(), []).append(record)
     return groups
+
+
+# -- the roles production runs as (tests/README.md, "Roles") -------------------------
+
+# Cluster-wide names, created on a server the first time a test grants them (roles
+# outlive the per-test databases; grants die with them). The password lets the URLs
+# work on servers that check one (a container's); the local server trusts loopback.
+RELAY_ROLE = "outbox_test_relay"
+WRITER_ROLE = "outbox_test_writer"
+STRANGER_ROLE = "outbox_test_stranger"
+ROLE_PASSWORD = "outbox-test-role"
+
+
+def as_role(url: str, role: str, password: str | None = ROLE_PASSWORD) -> str:
+    """``url`` (a URL or key=value conninfo) logging in as ``role`` instead."""
+    if not url.startswith(("postgresql://", "postgres://")):
+        return make_conninfo(url, user=role, password=password)
+    parts = urlsplit(url)
+    login = quote(role, safe="") + (f":{quote(password, safe='')}" if password else "")
+    return urlunsplit(parts._replace(netloc=f"{login}@{parts.hostname}:{parts.port}"))
+
+
+@dataclass(frozen=True)
+class Roles:
+    """URLs of one database as each of the roles production uses."""
+
+    owner_url: str
+    relay_url: str  # `outbox-relay grant --relay-role`: the relay, status, verify
+    writer_url: str  # `--writer-role`: the applications that write events
+    stranger_url: str  # a login with no grant at all (injection, refusals)
+
+
+def create_test_roles(server_url: str) -> None:
+    """Create the test roles on the server at ``server_url`` (any database of it), as
+    an operator does on a new cluster before restoring a dump that grants them."""
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        for role in (RELAY_ROLE, WRITER_ROLE, STRANGER_ROLE):
+            if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
+                continue
+            conn.execute(
+                sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                    sql.Identifier(role), sql.Literal(ROLE_PASSWORD)
+                )
+            )
+
+
+def grant_test_roles(
+    owner_url: str, schema: str = "public", *, read_all_stats: bool = False
+) -> Roles:
+    """Grant the test roles on the migrated database at ``owner_url``, as `outbox-relay
+    grant --create [--read-all-stats]` does (creating the roles if this server has none
+    yet). Role memberships are cluster-wide: ``read_all_stats`` holds until the next
+    grant without it, which every test's ``roles`` fixture makes."""
+    with psycopg.connect(owner_url, autocommit=True) as conn:
+        grant_roles(
+            conn,
+            schema,
+            relay_role=RELAY_ROLE,
+            writer_role=WRITER_ROLE,
+            create=True,
+            read_all_stats=read_all_stats,
+        )
+        exists = "SELECT 1 FROM pg_roles WHERE rolname = %s"
+        if conn.execute(exists, (STRANGER_ROLE,)).fetchone() is None:
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(STRANGER_ROLE)))
+        for role in (RELAY_ROLE, WRITER_ROLE, STRANGER_ROLE):
+            conn.execute(
+                sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                    sql.Identifier(role), sql.Literal(ROLE_PASSWORD)
+                )
+            )
+    return Roles(
+        owner_url=owner_url,
+        relay_url=as_role(owner_url, RELAY_ROLE),
+        writer_url=as_role(owner_url, WRITER_ROLE),
+        stranger_url=as_role(owner_url, STRANGER_ROLE),
+    )
 
 
 # -- writing demo events -----------------------------------------------------------

@@ -10,8 +10,11 @@ import re
 import threading
 import time
 from collections import Counter
-from typing import Protocol
+from typing import Any, Protocol
 
+import psycopg
+
+from relay import db
 from relay.daemon.context import DaemonContext
 from relay.daemon.membership import Membership
 from relay.daemon.parts import ClaimedParts
@@ -88,6 +91,7 @@ class Relay:
                 keep_free=self.settings.keep_free_connections,
                 schema=self.settings.database_schema,
                 on_connect=self._check_key_space,
+                timeouts=session_timeouts(self.settings),
             )
         if self.settings.metrics_enabled and self.http is None:
             self.http = HealthServer(self, self._open_store, self.settings)
@@ -175,6 +179,10 @@ class Relay:
             found["rebased"] += totals["key_space_rebased"]
             found["continued"] += totals["key_space_continued"]
         return found
+
+    def retention_totals(self) -> Counter[str]:
+        """Rows this process pruned, and its retention passes that failed."""
+        return Counter(self.retention.totals)
 
     def part_states(self) -> dict[PartId, str]:
         return self.parts.states()
@@ -273,6 +281,25 @@ class Relay:
         if self._pool is None:
             raise DatabaseUnavailable("the relay is not running")
         return self._pool.store(self.settings.database_schema)
+
+
+def session_timeouts(settings: Settings) -> db.SessionTimeouts:
+    """The session timeouts of every connection of the relay daemon."""
+    return db.SessionTimeouts(
+        settings.database_statement_timeout,
+        settings.database_lock_timeout,
+        settings.database_idle_in_transaction_timeout,
+    )
+
+
+def connect_daemon(settings: Settings) -> psycopg.Connection[Any]:
+    """A connection of the relay daemon outside its pool (the /metrics of a relay of
+    several processes), with the session timeouts of ``settings``."""
+    return db.connect(
+        settings.require_database_url(),
+        application_name="outbox-relay",
+        timeouts=session_timeouts(settings),
+    )
 
 
 class Startable(Protocol):

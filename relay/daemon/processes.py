@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
-from relay import db, logs
-from relay.daemon.lifecycle import Relay, start_with_retries, tune_gc
+from relay import logs, redact
+from relay.daemon.lifecycle import Relay, connect_daemon, start_with_retries, tune_gc
 from relay.errors import ConfigError, RelayError
 from relay.metrics import HealthServer
 from relay.model import PartId
@@ -51,6 +51,7 @@ class MemberReport:
     totals: dict[PartId, Counter[str]] = field(default_factory=dict)
     states: dict[PartId, str] = field(default_factory=dict)
     key_space_changes: Counter[str] = field(default_factory=Counter)
+    retention: Counter[str] = field(default_factory=Counter)
 
 
 def member_main(settings: Settings, conn: Connection) -> None:
@@ -58,6 +59,7 @@ def member_main(settings: Settings, conn: Connection) -> None:
     when the supervisor is gone (its end of the pipe closes)."""
     # A new interpreter (spawned): this is its entry point, as the CLI is the parent's.
     logs.configure(settings.log_level, settings.log_format)
+    redact.remember(settings.kafka_secrets())  # as load_settings did in the parent
     relay = Relay(settings)
     # The supervisor stops members with SIGTERM, which also ends a start-up still
     # waiting for Postgres or Kafka. Ctrl-C reaches the whole process group: only the
@@ -88,7 +90,14 @@ def _serve_reports(relay: Relay, conn: Connection) -> None:
 
 def _report(relay: Relay) -> MemberReport:
     totals, states = relay.part_totals(), relay.part_states()
-    return MemberReport(relay.healthy(), relay.ready(), totals, states, relay.key_space_changes())
+    return MemberReport(
+        relay.healthy(),
+        relay.ready(),
+        totals,
+        states,
+        relay.key_space_changes(),
+        relay.retention_totals(),
+    )
 
 
 class Member:
@@ -337,6 +346,12 @@ class RelayProcesses:
                 found.update(report.key_space_changes)
         return found
 
+    def retention_totals(self) -> Counter[str]:
+        found: Counter[str] = Counter(pruned=0, failures=0)
+        for member in self.members:
+            for report in member.history():
+                found.update(report.retention)
+        return found
+
     def _open_store(self) -> OutboxStore:
-        conn = db.connect(self.settings.require_database_url(), application_name="outbox-relay")
-        return OutboxStore(conn, self.settings.database_schema)
+        return OutboxStore(connect_daemon(self.settings), self.settings.database_schema)

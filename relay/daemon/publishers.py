@@ -21,6 +21,7 @@ class PublisherFactory:
             replication_factor=settings.topic_replication_factor,
             max_created=None if settings.max_created_topics < 0 else settings.max_created_topics,
             relay_owned=topic_guard.relay_owned,
+            counts=topic_guard.routable,
         )
 
     def __call__(self, state: PartState) -> Publisher:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 from relay.daemon.membership import Membership
 from relay.daemon.startup import KeySpaceChecks
+from relay.errors import RelayError
 from relay.settings import Settings
 from relay.store import OutboxStore
 
@@ -22,19 +24,41 @@ class Retention:
         self._settings = settings
         self._membership = membership
         self._key_space = key_space
+        # Rows deleted, and passes that failed: /metrics (outbox_relay_pruned_events,
+        # outbox_relay_prune_failures).
+        self.totals: Counter[str] = Counter(pruned=0, failures=0)
 
     def prune(self, store: OutboxStore) -> None:
-        session = self._membership.session
-        if session is None:
+        """One retention pass. Its failure is its own (logged and counted here): the
+        supervisor's rebalancing goes on, and the next pass tries again."""
+        deleted = 0
+        try:
+            if not self._mine(store):
+                return
+            # A moved database's checkpoints are of the old key space until rebased.
+            self._key_space.check(store, "retention")
+            for batch in store.prune(self._settings.retention):
+                deleted += batch
+                self.totals["pruned"] += batch
+        except RelayError as exc:
+            self.totals["failures"] += 1
+            logger.warning(
+                "retention failed after pruning %s rows, published rows are kept until the "
+                "next pass: %s",
+                deleted,
+                exc,
+                extra={"retention_failed": type(exc).__name__, "pruned": deleted},
+            )
             return
-        sessions = store.live_sessions()
-        if not sessions or sessions[0] != session.id:
-            return
-        # A moved database's checkpoints are of the old key space until rebased.
-        self._key_space.check(store, "retention")
-        deleted = sum(store.prune(self._settings.retention))
         if deleted:
             logger.info("pruned %s published rows", deleted, extra={"pruned": deleted})
+
+    def _mine(self, store: OutboxStore) -> bool:
+        session = self._membership.session
+        if session is None:
+            return False
+        sessions = store.live_sessions()
+        return bool(sessions) and sessions[0] == session.id
 
 
 class HorizonWatch:
@@ -60,10 +84,10 @@ class HorizonWatch:
             if holder.age_s < self._warn_after:
                 break  # oldest first
             logger.warning(
-                "publication held back %.0fs by pid %s (xid %s, %s, application %r, "
+                "publication held back %.0fs by %s (xid %s, %s, application %r, "
                 "query started %s): events committed after it wait until it ends",
                 holder.age_s,
-                holder.pid,
+                holder.describe(),
                 holder.xid,
                 holder.state,
                 holder.application_name,
@@ -74,5 +98,7 @@ class HorizonWatch:
                     "horizon_age_s": holder.age_s,
                     "horizon_state": holder.state,
                     "horizon_application": holder.application_name,
+                    "horizon_gid": holder.gid,
+                    "horizon_owner": holder.owner,
                 },
             )

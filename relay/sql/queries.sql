@@ -231,9 +231,11 @@ UPDATE {schema}.outbox_checkpoints
 RETURNING version;
 
 -- name: dead_letters_between
--- Decisions already made for a batch's range (by this relay or a predecessor).
+-- Decisions already made for a batch's range (by this relay or a predecessor). Not
+-- those redriven since (dead-letters redrive): after a reset, the relay publishes them
+-- as it would any event (or decides anew if they are still poison).
 SELECT message_id, topic, error FROM {schema}.outbox_dead_letters
- WHERE subscriber = %(name)s
+ WHERE subscriber = %(name)s AND redriven_at IS NULL
    AND (transaction_id, position) > (%(from_tx)s::text::xid8, %(from_pos)s)
    AND (transaction_id, position) <= (%(to_tx)s::text::xid8, %(to_pos)s);
 
@@ -283,6 +285,12 @@ RETURNING c.subscriber;
 -- name: delete_subscriber
 DELETE FROM {schema}.outbox_subscribers WHERE name = %(name)s RETURNING name, parts;
 
+-- name: set_session_timeouts
+-- On each connection of the relay daemon, once (relay/db.py): milliseconds, '0' for none.
+SELECT set_config('statement_timeout', %(statement_timeout)s::text, false),
+       set_config('lock_timeout', %(lock_timeout)s::text, false),
+       set_config('idle_in_transaction_session_timeout', %(idle_in_transaction)s::text, false);
+
 -- name: open_session
 INSERT INTO {schema}.outbox_relay_sessions (hostname, pid, expires_at)
 VALUES (%(hostname)s, %(pid)s, now() + make_interval(secs => %(timeout)s))
@@ -316,9 +324,11 @@ RETURNING part;
 
 -- name: published_events
 -- What verify expects on the topics: each subscriber part's events up to its
--- checkpoint, matching the subscriber's filter, flagged when dead-lettered.
+-- checkpoint, matching the subscriber's filter, flagged when dead-lettered and when
+-- redriven since (dead-letters redrive).
 SELECT o.message_id, o.transaction_id::text::bigint, o.position, o.aggregate_type,
-       o.event_type, d.message_id IS NOT NULL AS dead_lettered
+       o.event_type, d.message_id IS NOT NULL AS dead_lettered,
+       d.redriven_at IS NOT NULL AS redriven
   FROM {schema}.outbox o
   JOIN {schema}.outbox_subscribers s ON s.name = %(name)s
   JOIN {schema}.outbox_checkpoints c
@@ -339,13 +349,23 @@ SELECT part, start_transaction_id::text::bigint, start_position FROM {schema}.ou
  ORDER BY part;
 
 -- name: horizon_holders
--- Backends whose transaction ids hold pg_snapshot_xmin back, oldest first: no event
--- written after their xid is published until they end.
-SELECT pid, backend_xid::text AS xid, state, application_name,
-       extract(epoch FROM now() - xact_start)::float8 AS age_s, query_start
-  FROM pg_stat_activity
- WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
- ORDER BY age(backend_xid) DESC
+-- Transactions whose ids hold pg_snapshot_xmin back, oldest first: no event written
+-- after their xid is published until they end. Open sessions' (pg_stat_activity), and
+-- prepared transactions' (pg_prepared_xacts, of any database: the horizon is the
+-- cluster's), which no session shows and which stay until COMMIT/ROLLBACK PREPARED.
+SELECT pid, xid, state, application_name, age_s, query_start, gid, owner, database
+  FROM (SELECT pid, backend_xid::text AS xid, state, application_name,
+               extract(epoch FROM now() - xact_start)::float8 AS age_s, query_start,
+               NULL::text AS gid, NULL::text AS owner, NULL::text AS database,
+               age(backend_xid) AS xid_age
+          FROM pg_stat_activity
+         WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
+        UNION ALL
+        SELECT NULL, transaction::text, 'prepared', NULL,
+               extract(epoch FROM now() - prepared)::float8, NULL,
+               gid, owner::text, database::text, age(transaction)
+          FROM pg_prepared_xacts) AS holders
+ ORDER BY xid_age DESC
  LIMIT 5;
 
 -- name: list_sessions
@@ -356,7 +376,12 @@ SELECT s.id, s.hostname, s.pid, s.started_at,
   FROM {schema}.outbox_relay_sessions s
  ORDER BY s.started_at;
 
+-- name: prune
+-- One batch of retention (migration 0008): published rows older than the retention.
+SELECT {schema}.outbox_prune(%(older_than)s::float8, %(limit)s::integer);
+
 -- name: prune_bound
+-- Before migration 0008 (a rolling deploy), prune_bound and prune_batch instead.
 -- The oldest part checkpoint of all subscribers: every row at or before it is
 -- published for everyone (no row when there is no subscriber: prune nothing).
 SELECT c.transaction_id::text::bigint, c.position FROM {schema}.outbox_checkpoints c

@@ -34,7 +34,7 @@ from relay.store import OutboxStore
 from relay.subscribers import Subscriber, ValueFormat
 from relay.topic_reader import KafkaTopicReader
 from relay.verify import SubscriberReport, verify
-from tests.support import consume, order, restart
+from tests.support import consume, grant_test_roles, order, restart
 
 pytestmark = pytest.mark.chaos
 
@@ -336,8 +336,9 @@ def test_exactly_once_through_kills_freezes_restarts_and_outages(
                 "json", topic=topic_prefix + "json.{aggregate_type}", value_format=ValueFormat.JSON
             )
         )
+    roles = grant_test_roles(url)  # relays and writers as production runs them
     env = {
-        "RELAY_DATABASE_URL": url,
+        "RELAY_DATABASE_URL": roles.relay_url,
         "RELAY_BOOTSTRAP_SERVERS": local_kafka.bootstrap_servers,
         "RELAY_SCHEMAS_DIR": str(REPO / "schemas"),  # the "sharded" subscriber is Avro
         "RELAY_SESSION_TIMEOUT": str(SESSION_TIMEOUT),
@@ -350,7 +351,7 @@ def test_exactly_once_through_kills_freezes_restarts_and_outages(
     }
     figures = Figures()
     relays = RelayProcesses(env, tmp_path, figures)
-    writers = Writers(url, outbox, figures)
+    writers = Writers(roles.writer_url, outbox, figures)
     seed = int(os.environ.get("OUTBOX_CHAOS_SEED", time.time()))
     rng = random.Random(seed)
     began = time.monotonic()

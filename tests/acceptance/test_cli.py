@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 
 from relay import Outbox
-from tests.support import consume, run_cli, wait_until
+from tests.support import consume, grant_test_roles, run_cli, wait_until
 
 EXE = [sys.executable, "-m", "relay.cli"]
 REPO = Path(__file__).resolve().parents[2]
@@ -27,7 +27,8 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 def test_run_publishes_and_exits_zero_on_sigterm(
     database_url: str, kafka_bootstrap: str, topic_prefix: str, outbox: Outbox
 ) -> None:
-    assert cli("migrate", "--database-url", database_url).returncode == 0
+    assert cli("migrate", "--database-url", database_url).returncode == 0  # the owner
+    roles = grant_test_roles(database_url)
     added = cli(
         "subscribers",
         "add",
@@ -37,10 +38,10 @@ def test_run_publishes_and_exits_zero_on_sigterm(
         "--format",
         "json",
         "--database-url",
-        database_url,
+        roles.relay_url,
     )
     assert added.returncode == 0, added.stderr
-    with psycopg.connect(database_url) as conn:
+    with psycopg.connect(roles.writer_url) as conn:
         outbox.append(
             conn,
             aggregate_type="customer",
@@ -48,7 +49,7 @@ def test_run_publishes_and_exits_zero_on_sigterm(
             event_type="CustomerRegistered",
             payload={"customer_id": "c-1", "email": "a@b.c"},
         )
-    env = {"RELAY_DATABASE_URL": database_url, "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    env = {"RELAY_DATABASE_URL": roles.relay_url, "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap}
     relay = subprocess.Popen(
         [*EXE, "run"], cwd=REPO, env={**os.environ, **env}, stderr=subprocess.PIPE, text=True
     )
@@ -59,12 +60,14 @@ def test_run_publishes_and_exits_zero_on_sigterm(
         relay.send_signal(signal.SIGTERM)
         _, stderr = relay.communicate(timeout=30)
     assert relay.returncode == 0, stderr
-    listed = json.loads(cli("subscribers", "list", "--json", "--database-url", database_url).stdout)
+    listed = json.loads(
+        cli("subscribers", "list", "--json", "--database-url", roles.relay_url).stdout
+    )
     assert [(s["name"], s["lag_events"]) for s in listed] == [("cli", 0)]
 
 
-def test_subscriber_commands_round_trip(db: psycopg.Connection[Any], database_url: str) -> None:
-    url = ["--database-url", database_url]
+def test_subscriber_commands_round_trip(relay_url: str) -> None:
+    url = ["--database-url", relay_url]
     assert (
         cli(
             "subscribers", "add", "b", "--aggregate-type", "order", "--from", "now", *url
@@ -137,11 +140,11 @@ def test_a_refused_connection_never_prints_the_password() -> None:
 
 
 def test_listings_print_writer_and_client_text_verbatim(
-    db: psycopg.Connection[Any], database_url: str, outbox: Outbox
+    db: psycopg.Connection[Any], database_url: str, relay_url: str, outbox: Outbox
 ) -> None:
     """Event types, aggregate types, halt errors and application names are data: text
     that looks like rich markup ([/], [bold]) is printed as is, never parsed."""
-    url = ["--database-url", database_url]
+    url = ["--database-url", relay_url]
     added = cli(
         "subscribers", "add", "m", "--format", "json", "--aggregate-type", "[/]",
         "--event-type", "[bold]Placed", *url,
@@ -165,19 +168,20 @@ def test_listings_print_writer_and_client_text_verbatim(
 
 
 def test_verify_tells_findings_from_could_not_check(
-    db: psycopg.Connection[Any], database_url: str, kafka_bootstrap: str
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    relay_url: str,
+    kafka_bootstrap: str,
 ) -> None:
     from relay.localstack import free_port
 
-    assert (
-        run_cli("subscribers", "add", "s", env={"RELAY_DATABASE_URL": database_url}).returncode == 0
-    )
-    db.execute(
+    assert run_cli("subscribers", "add", "s", env={"RELAY_DATABASE_URL": relay_url}).returncode == 0
+    writer_db.execute(
         "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
         "VALUES ('order', '1', 'OrderPlaced', '{}')"
     )
     db.execute("UPDATE outbox_checkpoints SET transaction_id = '999999999', position = 1")
-    env = {"RELAY_DATABASE_URL": database_url, "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    env = {"RELAY_DATABASE_URL": relay_url, "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap}
     findings = run_cli("verify", "--timeout", "20", env=env)
     assert findings.returncode == 1, findings.stderr  # the event is missing from Kafka
     broker_down = run_cli(
@@ -194,10 +198,8 @@ def test_verify_tells_findings_from_could_not_check(
     assert db_down.returncode == 3 and "could not check" in db_down.stderr
 
 
-def test_verify_says_when_a_reset_narrowed_its_check(
-    db: psycopg.Connection[Any], database_url: str, kafka_bootstrap: str
-) -> None:
-    env = {"RELAY_DATABASE_URL": database_url, "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap}
+def test_verify_says_when_a_reset_narrowed_its_check(relay_url: str, kafka_bootstrap: str) -> None:
+    env = {"RELAY_DATABASE_URL": relay_url, "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap}
     assert (
         run_cli("subscribers", "add", "s", "--topic", "v.{aggregate_type}", env=env).returncode == 0
     )
@@ -209,43 +211,40 @@ def test_verify_says_when_a_reset_narrowed_its_check(
     assert len(report["checked_after"]) == 1
 
 
-def test_status_before_any_relay_says_what_to_do(
-    db: psycopg.Connection[Any], database_url: str
-) -> None:
-    result = run_cli("status", env={"RELAY_DATABASE_URL": database_url})
+def test_status_before_any_relay_says_what_to_do(relay_url: str) -> None:
+    result = run_cli("status", env={"RELAY_DATABASE_URL": relay_url})
     assert result.returncode == 0
     assert "`outbox-relay run` creates the default subscriber" in result.stdout
 
 
-def test_piped_tables_keep_long_values_whole(
-    db: psycopg.Connection[Any], database_url: str
-) -> None:
+def test_piped_tables_keep_long_values_whole(relay_url: str) -> None:
     topic = "a-rather-long-topic-prefix.for-a-team-with-long-names.outbox.event.{aggregate_type}"
-    env = {"RELAY_DATABASE_URL": database_url}
+    env = {"RELAY_DATABASE_URL": relay_url}
     assert run_cli("subscribers", "add", "s", "--topic", topic, env=env).returncode == 0
     listing = run_cli("subscribers", "list", env={**env, "COLUMNS": ""})
     assert topic in listing.stdout
 
 
 def test_status_counts_a_small_lag_and_estimates_a_huge_one(
-    db: psycopg.Connection[Any], database_url: str
+    writer_db: psycopg.Connection[Any], database_url: str, relay_url: str
 ) -> None:
     """A lag is counted exactly up to 10,000 events; beyond, it is estimated from the
     outbox's positions (no count over the backlog) and shown as one."""
-    env = {"RELAY_DATABASE_URL": database_url, "COLUMNS": "200"}
+    env = {"RELAY_DATABASE_URL": relay_url, "COLUMNS": "200"}
+    owner = {**env, "RELAY_DATABASE_URL": database_url}  # it builds the part indexes
     for name, parts in (("one", "1"), ("two", "2")):
-        added = run_cli("subscribers", "add", name, "--topic", name, "--parts", parts, env=env)
+        added = run_cli("subscribers", "add", name, "--topic", name, "--parts", parts, env=owner)
         assert added.returncode == 0, added.stderr
     insert = (
         "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
         "SELECT 'order', n::text, 'OrderPlaced', '{}' FROM generate_series(1, %s) AS n"
     )
-    db.execute(insert, (3,))
+    writer_db.execute(insert, (3,))
     small = _lags(run_cli("status", "--json", env=env))
     assert small["one/0"] == (3, False)
     assert small["two/0"][0] + small["two/1"][0] == 3 and not small["two/0"][1]
 
-    db.execute(insert, (12_000,))
+    writer_db.execute(insert, (12_000,))
     huge = _lags(run_cli("status", "--json", env=env))
     assert huge["one/0"] == (12_003, True)  # no gaps in the positions: the estimate is exact
     split = huge["two/0"][0] + huge["two/1"][0]

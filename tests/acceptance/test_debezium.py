@@ -11,10 +11,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from relay.daemon import Relay
 from relay.store import OutboxStore
-from tests.support import consume, run_cli, sub
+from tests.support import WRITER_ROLE, consume, run_cli, sub
 
 DEBEZIUM_TABLE = (
     "CREATE TABLE outbox_events (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL,"
@@ -24,6 +25,7 @@ DEBEZIUM_TABLE = (
 
 def test_rows_written_for_debezium_are_published_like_the_event_router_would(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     database_url: str,
     kafka_bootstrap: str,
     topic_prefix: str,
@@ -34,26 +36,28 @@ def test_rows_written_for_debezium_are_published_like_the_event_router_would(
         "debezium", "attach", "public.outbox_events", env={"RELAY_DATABASE_URL": database_url}
     )
     assert attached.returncode == 0, attached.stderr
+    grant_app(db, "outbox_events")
     start_relay(subscribers=[sub("s", topic_prefix, value_format="json")])
 
     ids = [uuid.uuid4() for _ in range(3)]
-    with db.transaction():  # what an app written for Debezium does, unchanged
+    with writer_db.transaction():  # what an app written for Debezium does, unchanged
         for i, event_id in enumerate(ids):
-            db.execute(
+            writer_db.execute(
                 "INSERT INTO outbox_events VALUES (%s, 'Order', %s, 'OrderCreated', %s)",
                 (event_id, f"42{i}", json.dumps({"n": i})),
             )
-        db.execute("DELETE FROM outbox_events")  # many apps delete at once
-    with db.transaction(force_rollback=True):  # a rolled-back event is never published
-        db.execute(
+        writer_db.execute("DELETE FROM outbox_events")  # many apps delete at once
+    with writer_db.transaction(force_rollback=True):  # a rolled-back event is never published
+        writer_db.execute(
             "INSERT INTO outbox_events VALUES (%s, 'Order', 'x', 'OrderCreated', '{}')",
             (uuid.uuid4(),),
         )
     db.execute("CREATE TABLE text_events (id text, aggregatetype text, aggregateid text,"
                " type text, payload text)")  # fmt: skip
     attach(database_url, "text_events")
-    db.execute("INSERT INTO text_events VALUES ('t-1', 'Note', 'n', 'Noted', '{\"n\": 9}')")
-    db.execute("INSERT INTO text_events VALUES ('t-2', 'Note', 'n', 'Noted', 'plain')")
+    grant_app(db, "text_events")
+    writer_db.execute("INSERT INTO text_events VALUES ('t-1', 'Note', 'n', 'Noted', '{\"n\": 9}')")
+    writer_db.execute("INSERT INTO text_events VALUES ('t-2', 'Note', 'n', 'Noted', 'plain')")
     notes = consume(kafka_bootstrap, [topic_prefix + "outbox.event.Note"], 2)
     # The json format: text holding JSON is JSON, other text a JSON string.
     assert [json.loads(r.value or b"") for r in notes] == [{"n": 9}, "plain"]
@@ -63,6 +67,17 @@ def test_rows_written_for_debezium_are_published_like_the_event_router_would(
     assert set(by_id) == {str(i) for i in ids}
     assert json.loads(by_id[str(ids[1])].value or b"") == {"n": 1}
     assert by_id[str(ids[0])].header_text("event_type") == "OrderCreated"
+
+
+def grant_app(db: psycopg.Connection[Any], *tables: str) -> None:
+    """The app's own tables are the app's: the writer role may write them (the attach
+    trigger then writes the outbox on its behalf)."""
+    for table in tables:
+        db.execute(
+            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
+                sql.Identifier(table), sql.Identifier(WRITER_ROLE)
+            )
+        )
 
 
 # -- the debezium format -------------------------------------------------------------
@@ -86,6 +101,7 @@ def route(prefix: str) -> str:
 
 def test_attach_never_fails_an_insert_debezium_accepts(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     database_url: str,
     kafka_bootstrap: str,
     topic_prefix: str,
@@ -104,15 +120,20 @@ def test_attach_never_fails_an_insert_debezium_accepts(
     attach(database_url, "events", route(topic_prefix))
     attach(database_url, "blobs", route(topic_prefix), "value.converter=JsonConverter",
            "value.converter.schemas.enable=false")  # fmt: skip
+    grant_app(db, "events", "blobs")
     debezium_relay()
 
-    with db.transaction():
-        db.execute("INSERT INTO events VALUES ('evt-42', 'Order', 'o-1', 'Created', 'not json')")
-        db.execute("INSERT INTO events VALUES ('evt-43', 'Order', NULL, 'Created', '{\"a\":1}')")
-        db.execute("INSERT INTO events VALUES ('evt-44', 'Order', 'o-1', NULL, NULL)")
-        db.execute("INSERT INTO events VALUES ('evt-45', '', 'o-2', '', '[]')")
-        db.execute("INSERT INTO blobs VALUES (7, 'Blob', 99, 'Stored', '\\x00ff10'::bytea)")
-        db.execute("DELETE FROM events WHERE id = 'evt-44'")  # inserted and deleted: kept
+    with writer_db.transaction():
+        writer_db.execute(
+            "INSERT INTO events VALUES ('evt-42', 'Order', 'o-1', 'Created', 'not json')"
+        )
+        writer_db.execute(
+            "INSERT INTO events VALUES ('evt-43', 'Order', NULL, 'Created', '{\"a\":1}')"
+        )
+        writer_db.execute("INSERT INTO events VALUES ('evt-44', 'Order', 'o-1', NULL, NULL)")
+        writer_db.execute("INSERT INTO events VALUES ('evt-45', '', 'o-2', '', '[]')")
+        writer_db.execute("INSERT INTO blobs VALUES (7, 'Blob', 99, 'Stored', '\\x00ff10'::bytea)")
+        writer_db.execute("DELETE FROM events WHERE id = 'evt-44'")  # inserted and deleted: kept
 
     seen = consume(
         kafka_bootstrap,
@@ -137,6 +158,7 @@ def test_attach_never_fails_an_insert_debezium_accepts(
 
 def test_router_options_renamed_columns_headers_envelope_tracing_and_timestamp(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     database_url: str,
     kafka_bootstrap: str,
     topic_prefix: str,
@@ -165,16 +187,17 @@ def test_router_options_renamed_columns_headers_envelope_tracing_and_timestamp(
         "value.converter=org.apache.kafka.connect.json.JsonConverter",
         "value.converter.schemas.enable=false",
     )
+    grant_app(db, "shop_outbox")
     debezium_relay()
     first, gone = uuid.uuid4(), uuid.uuid4()
     trace = "traceparent=00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\n"
-    db.execute(
+    writer_db.execute(
         "INSERT INTO shop_outbox VALUES (%s, 'Placed', 'c-9', 'Cart',"
         ' \'{"total": 12, "items": [{"sku": "x"}]}\', \'2024-05-01 10:00:00.123456\','
         " 'acme', %s)",
         (first, trace),
     )
-    db.execute(
+    writer_db.execute(
         "INSERT INTO shop_outbox (uid, kind, entity, stream, body) VALUES"
         " (%s, 'Removed', 'c-9', 'Cart', NULL)",
         (gone,),
@@ -208,31 +231,41 @@ def halted_error(db: psycopg.Connection[Any], name: str) -> str | None:
 
 
 def test_a_row_the_router_cannot_route_is_inserted_and_halts_the_subscriber_with_the_reason(
-    db: psycopg.Connection[Any], database_url: str, topic_prefix: str, debezium_relay: Any
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    database_url: str,
+    topic_prefix: str,
+    debezium_relay: Any,
 ) -> None:
     db.execute(
         "CREATE TABLE events (id uuid PRIMARY KEY, aggregatetype text, aggregateid text,"
         " type text, payload jsonb)"
     )
     attach(database_url, "events", route(topic_prefix))
+    grant_app(db, "events")
     debezium_relay()
     event_id = uuid.uuid4()
     # The app's INSERT succeeds; Debezium would stop on this row, the relay halts.
-    db.execute("INSERT INTO events VALUES (%s, NULL, 'k', 't', '{}')", (event_id,))
+    writer_db.execute("INSERT INTO events VALUES (%s, NULL, 'k', 't', '{}')", (event_id,))
     error = halted_error(db, "s")
     assert error is not None and str(event_id) in error
     assert "route.by.field is null" in error
 
 
 def test_an_update_halts_the_subscriber_when_invalid_ops_are_fatal(
-    db: psycopg.Connection[Any], database_url: str, topic_prefix: str, debezium_relay: Any
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    database_url: str,
+    topic_prefix: str,
+    debezium_relay: Any,
 ) -> None:
     db.execute(DEBEZIUM_TABLE)
     attach(database_url, "outbox_events", route(topic_prefix), "table.op.invalid.behavior=fatal")
+    grant_app(db, "outbox_events")
     debezium_relay()
     event_id = uuid.uuid4()
-    db.execute("INSERT INTO outbox_events VALUES (%s, 'Order', 'k', 't', '{}')", (event_id,))
-    db.execute("UPDATE outbox_events SET payload = '{\"x\": 1}'")
+    writer_db.execute("INSERT INTO outbox_events VALUES (%s, 'Order', 'k', 't', '{}')", (event_id,))
+    writer_db.execute("UPDATE outbox_events SET payload = '{\"x\": 1}'")
     error = halted_error(db, "s")
     assert error is not None and "table.op.invalid.behavior is fatal" in error
 
@@ -270,14 +303,14 @@ def test_attach_to_a_missing_table_is_a_configuration_error_naming_it(
 
 
 def test_verify_says_it_cannot_check_a_debezium_subscriber(
-    db: psycopg.Connection[Any], database_url: str, kafka_bootstrap: str, topic_prefix: str
+    relay_url: str, kafka_bootstrap: str, topic_prefix: str
 ) -> None:
     added = run_cli(
         "subscribers", "add", "dbz", "--format", "debezium",
-        env={"RELAY_DATABASE_URL": database_url},
+        env={"RELAY_DATABASE_URL": relay_url},
     )  # fmt: skip
     assert added.returncode == 0, added.stderr
-    env = {"RELAY_DATABASE_URL": database_url, "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    env = {"RELAY_DATABASE_URL": relay_url, "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap}
     named = run_cli("verify", "--subscriber", "dbz", env=env)
     assert named.returncode != 0
     assert "cannot verify ['dbz']: the debezium format carries no relay headers" in named.stderr

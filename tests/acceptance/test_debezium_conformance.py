@@ -29,7 +29,7 @@ from relay.model import ConsumedRecord
 from relay.schemas import SchemaFolder
 from relay.settings import load_settings
 from tests.acceptance.test_debezium import attach
-from tests.support import consume
+from tests.support import consume, grant_test_roles
 
 pytestmark = pytest.mark.debezium
 
@@ -265,10 +265,11 @@ def test_the_debezium_format_is_byte_identical_to_the_outbox_event_router(
 
 
 def start_relay_on(url: str, bootstrap: str, registry: SchemaFolder) -> Relay:
-    """A relay on ``url`` with one subscriber in the debezium format."""
+    """A relay on ``url`` (the owner's) with one subscriber in the debezium format, as
+    the relay role."""
     relay = Relay(
         load_settings(
-            database_url=url,
+            database_url=grant_test_roles(url).relay_url,
             bootstrap_servers=bootstrap,
             subscribers=[{"name": "dbz", "value_format": "debezium"}],
             poll_interval=0.2,

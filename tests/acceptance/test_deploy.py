@@ -616,6 +616,63 @@ def test_k8s_migrate_job() -> None:
     assert pod["restartPolicy"] == "Never"
 
 
+def test_k8s_grant_job_creates_the_relays_role_as_the_owner() -> None:
+    """The relays log in as a role of their own (the Secret's database-url); the grant
+    Job, run as the owner, creates it and grants it what `run` needs."""
+    job = k8s_one("Job", "outbox-relay-grant")
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["restartPolicy"] == "Never"
+    args = container["args"]
+    assert args[0] == "grant" and "--create" in args
+    relay_role = args[args.index("--relay-role") + 1]
+    secret = k8s_one("Secret", "outbox-relay")["stringData"]
+    assert urlsplit(secret["database-url"]).username == relay_role
+    owner = urlsplit(secret["migrate-database-url"]).username
+    assert owner and owner != relay_role, "the relays must not run as the owner"
+    (url,) = [v for v in container["env"] if v["name"] == "RELAY_DATABASE_URL"]
+    assert url["valueFrom"]["secretKeyRef"]["key"] == "migrate-database-url"
+
+
+def _deploy_steps() -> list[list[str]]:
+    """The kubectl commands of deploy/k8s/README.md's "Deploy" block, in order."""
+    text = (K8S / "README.md").read_text()
+    section = text.split("## Deploy", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", section, re.DOTALL)
+    assert block, "deploy/k8s/README.md has no sh block under Deploy"
+    joined = block.group(1).replace("\\\n", " ")
+    lines = [line.split("#", 1)[0].strip() for line in joined.splitlines()]
+    return [shlex.split(line) for line in lines if line.startswith("kubectl ")]
+
+
+def _step(steps: list[list[str]], *wanted: str) -> int:
+    found = [i for i, step in enumerate(steps) if all(w in step for w in wanted)]
+    assert found, f"deploy/k8s/README.md never runs kubectl ... {' '.join(wanted)}"
+    return found[0]
+
+
+def test_k8s_deploy_steps_run_each_job_in_order() -> None:
+    """migrate, then grant (the role needs the tables), then the relays (they log in as
+    the role): each Job replaced, applied from its file and waited for before the next
+    step; the last step applies the rest of the folder."""
+    steps = _deploy_steps()
+    waits = {}
+    for job, component in (("outbox-relay-migrate", "migrate"), ("outbox-relay-grant", "grant")):
+        obj = k8s_one("Job", job)
+        assert obj["metadata"]["labels"]["app.kubernetes.io/component"] == component
+        (path,) = [p for p in k8s_files() if obj in k8s_docs(p)]
+        delete = _step(steps, "delete", "job", job)
+        apply = _step(steps, "apply", f"deploy/k8s/{path.relative_to(K8S)}")
+        wait = _step(steps, "wait", "--for=condition=complete", f"job/{job}")
+        assert delete < apply < wait, f"{job}: delete, apply, wait"
+        waits[component] = (apply, wait)
+    assert waits["migrate"][1] < waits["grant"][0], "grant before migrate finished"
+    relays = _step(steps, "apply", "deploy/k8s/")
+    assert relays == len(steps) - 1, "the folder (the Deployment) is applied last"
+    assert waits["grant"][1] < relays, "relays started before their role was granted"
+    assert k8s_one("Deployment", "outbox-relay")  # what the folder step starts
+
+
 # --- docker compose -----------------------------------------------------------------------
 
 
@@ -737,6 +794,15 @@ def test_containers_listen_for_probes_on_every_interface(runtime: Stage) -> None
     assert [p["port"] for rule in policy["ingress"] for p in rule["ports"]] == ["metrics"]
 
 
+def test_the_network_policy_is_applied_with_the_relays() -> None:
+    """The relay's HTTP port has no authentication: the policy that fences it in is part
+    of `kubectl apply -f deploy/k8s/` (not recursive: examples/ is left out)."""
+    applied = [doc for path in sorted(K8S.glob("*.yaml")) for doc in k8s_docs(path)]
+    policies = [o["metadata"]["name"] for o in applied if o["kind"] == "NetworkPolicy"]
+    assert policies == ["outbox-relay"]
+    assert "networkpolicy.yaml" in (K8S / "README.md").read_text()
+
+
 def test_alert_rules_watch_metrics_the_relay_serves() -> None:
     rules = yaml.safe_load((REPO / "deploy" / "prometheus" / "alerts.yml").read_text())
     alerts = {r["alert"]: r for g in rules["groups"] for r in g["rules"]}
@@ -819,3 +885,16 @@ def test_lock_files_pin_every_dependency_with_hashes(
     assert len(blocks) == len(pins) and all("--hash=sha256:" in block for block in blocks)
     installs = " ".join(" ".join(run.split()) for s in stages.values() for run in s.runs)
     assert f"--require-hashes --no-deps -r {lock}" in installs
+
+
+def test_the_build_backend_is_pinned_exactly() -> None:
+    """`pip wheel .` (the image's builder) installs the build backend from PyPI: an
+    unpinned one could change what is built without any change here."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    build = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]
+    for requirement in map(Requirement, build["requires"]):
+        [spec] = requirement.specifier
+        assert spec.operator == "==", f"build-system requires {requirement}: pin it with =="

@@ -45,22 +45,24 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_a_commit_that_reached_kafka_but_not_postgres_is_adopted_not_republished(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    relay_db: psycopg.Connection[Any],
     outbox: Outbox,
-    database_url: str,
+    relay_url: str,
     kafka_bootstrap: str,
     topic_prefix: str,
     start_relay: StartRelay,
 ) -> None:
     """The crash window between the Kafka commit and the checkpoint update (docs/design.md §5)."""
-    store = OutboxStore(db)
+    store = OutboxStore(relay_db)  # the doomed relay's
     store.add(
         Subscriber(
             "s", topic=topic_prefix + "outbox.event.{aggregate_type}", value_format=ValueFormat.JSON
         )
     )
-    write_orders(db, outbox, [f"o-{i}" for i in range(5)])
+    write_orders(writer_db, outbox, [f"o-{i}" for i in range(5)])
     # Play a relay that commits one batch to Kafka and dies before touching Postgres.
-    settings = load_settings(database_url=database_url, bootstrap_servers=kafka_bootstrap)
+    settings = load_settings(database_url=relay_url, bootstrap_servers=kafka_bootstrap)
     doomed = Relay(settings)
     session = store.open_session("doomed", 1, 30)
     assert store.claim("s", 0, session)
@@ -75,7 +77,7 @@ def test_a_commit_that_reached_kafka_but_not_postgres_is_adopted_not_republished
     assert store.get_part("s", 0).checkpoint == Position(0, 0)
 
     relay = start_relay()
-    write_orders(db, outbox, ["o-5", "o-6"])
+    write_orders(writer_db, outbox, ["o-5", "o-6"])
     seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 7)
     assert Counter(ids_of(seen)).most_common(1)[0][1] == 1, "an event was published twice"
     assert len(seen) == 7
@@ -84,20 +86,22 @@ def test_a_commit_that_reached_kafka_but_not_postgres_is_adopted_not_republished
 
 def test_a_new_owner_fences_the_old_producer(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    relay_db: psycopg.Connection[Any],
     outbox: Outbox,
-    database_url: str,
+    relay_url: str,
     kafka_bootstrap: str,
     topic_prefix: str,
 ) -> None:
-    store = OutboxStore(db)
+    store = OutboxStore(relay_db)
     store.add(
         Subscriber(
             "s", topic=topic_prefix + "outbox.event.{aggregate_type}", value_format=ValueFormat.JSON
         )
     )
-    write_orders(db, outbox, ["o-1"])
+    write_orders(writer_db, outbox, ["o-1"])
     settings = load_settings(
-        database_url=database_url, bootstrap_servers=kafka_bootstrap, schemas_dir=REPO / "schemas"
+        database_url=relay_url, bootstrap_servers=kafka_bootstrap, schemas_dir=REPO / "schemas"
     )
     relay = Relay(settings)
     state = store.get_part("s", 0)
@@ -118,11 +122,11 @@ def test_a_new_owner_fences_the_old_producer(
 
 
 def test_checkpoint_writes_are_compare_and_set_and_owner_checked(
-    db: psycopg.Connection[Any], outbox: Outbox
+    relay_db: psycopg.Connection[Any], writer_db: psycopg.Connection[Any], outbox: Outbox
 ) -> None:
-    store = OutboxStore(db)
+    store = OutboxStore(relay_db)
     store.add(Subscriber("s"))
-    write_orders(db, outbox, ["a", "b"])
+    write_orders(writer_db, outbox, ["a", "b"])
     first, second = store.fetch(Position(0, 0), Selection(10)).events
     me, other = store.open_session("me", 1, 30), store.open_session("other", 2, 30)
     assert store.claim("s", 0, me)
@@ -141,6 +145,7 @@ def test_checkpoint_writes_are_compare_and_set_and_owner_checked(
 
 def test_relays_share_parts_and_survive_the_loss_of_one(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     kafka_bootstrap: str,
     topic_prefix: str,
@@ -153,11 +158,11 @@ def test_relays_share_parts_and_survive_the_loss_of_one(
     assert set(first.workers).isdisjoint(second.workers)
 
     keys = [f"k{i}" for i in range(20)]
-    write_orders(db, outbox, keys)
+    write_orders(writer_db, outbox, keys)
     wait_until(lambda: caught_up(db, "s"), what="both relays to publish")
     second.stop()  # releases its claims: the survivor takes them over
     wait_until(lambda: len(first.workers) == 4, what="the survivor to take every part")
-    write_orders(db, outbox, keys)
+    write_orders(writer_db, outbox, keys)
     seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 40)
     assert len(seen) == 40
     assert Counter(ids_of(seen)).most_common(1)[0][1] == 1
@@ -168,6 +173,7 @@ def test_relays_share_parts_and_survive_the_loss_of_one(
 
 def test_a_record_the_broker_itself_rejects_is_named_and_dead_lettered(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     kafka_bootstrap: str,
     topic_prefix: str,
@@ -182,13 +188,13 @@ def test_a_record_the_broker_itself_rejects_is_named_and_dead_lettered(
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     small = NewTopic(topic, 3, 1, config={"max.message.bytes": "4000"})
     admin.create_topics([small])[topic].result(30)
-    with db.transaction():
-        write_orders(db, outbox, ["o-1"])
-        db.execute(
+    with writer_db.transaction():
+        write_orders(writer_db, outbox, ["o-1"])
+        writer_db.execute(
             "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
             "VALUES ('order', 'big', 'Note', jsonb_build_object('blob', repeat('x', 20000)))"
         )
-        write_orders(db, outbox, ["o-2"])
+        write_orders(writer_db, outbox, ["o-2"])
     sub_json = sub("s", topic_prefix, value_format="json", on_poison="dead-letter")
     start_relay(subscribers=[{**sub_json, "dead_letter_topic": dlq}])
     good = consume(kafka_bootstrap, [topic], 2)
@@ -200,23 +206,24 @@ def test_a_record_the_broker_itself_rejects_is_named_and_dead_lettered(
 
 def test_dead_letter_policy_publishes_poison_events_aside_and_goes_on(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     kafka_bootstrap: str,
     topic_prefix: str,
     start_relay: StartRelay,
 ) -> None:
     dlq = topic_prefix + "dead"
-    with db.transaction():
-        write_orders(db, outbox, ["o-1"])
-        db.execute(  # no Avro schema for this type: it cannot be encoded
+    with writer_db.transaction():
+        write_orders(writer_db, outbox, ["o-1"])
+        writer_db.execute(  # no Avro schema for this type: it cannot be encoded
             "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
             "VALUES ('order', 'x', 'Unknown', '{}')"
         )
-        db.execute(  # 2 MB: larger than the producer's message.max.bytes
+        writer_db.execute(  # 2 MB: larger than the producer's message.max.bytes
             "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
             "VALUES ('order', 'big', 'OrderPlaced', jsonb_build_object('blob', repeat('x', 2000000)))"
         )
-        write_orders(db, outbox, ["o-2"])
+        write_orders(writer_db, outbox, ["o-2"])
     relay = start_relay(
         subscribers=[
             sub("s", topic_prefix, on_poison="dead-letter", dead_letter_topic=dlq),
@@ -249,18 +256,19 @@ def test_dead_letter_policy_publishes_poison_events_aside_and_goes_on(
 
 def test_halt_policy_is_recorded_survives_restarts_and_resume_retries(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     kafka_bootstrap: str,
     topic_prefix: str,
     start_relay: StartRelay,
 ) -> None:
-    with db.transaction():
-        write_orders(db, outbox, ["o-1"])
-        db.execute(
+    with writer_db.transaction():
+        write_orders(writer_db, outbox, ["o-1"])
+        writer_db.execute(
             "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
             "VALUES ('order', 'x', 'Unknown', '{}')"
         )
-        write_orders(db, outbox, ["o-2"])
+        write_orders(writer_db, outbox, ["o-2"])
     relay = start_relay(subscribers=[sub("s", topic_prefix)])
     wait_until(lambda: worker(relay, "s").stats.state is WorkerState.HALTED, what="the halt")
     store = OutboxStore(db)
@@ -283,8 +291,9 @@ def test_halt_policy_is_recorded_survives_restarts_and_resume_retries(
 
 def test_sigterm_finishes_releases_claims_and_exits_zero(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
-    database_url: str,
+    relay_url: str,
     kafka_bootstrap: str,
     topic_prefix: str,
 ) -> None:
@@ -294,7 +303,7 @@ def test_sigterm_finishes_releases_claims_and_exits_zero(
         )
     )
     env = {
-        "RELAY_DATABASE_URL": database_url,
+        "RELAY_DATABASE_URL": relay_url,
         "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap,
         "RELAY_HEARTBEAT_INTERVAL": "0.3",
         "RELAY_SESSION_TIMEOUT": "3",
@@ -308,7 +317,7 @@ def test_sigterm_finishes_releases_claims_and_exits_zero(
         text=True,
     )
     try:
-        write_orders(db, outbox, [f"o-{i}" for i in range(50)])
+        write_orders(writer_db, outbox, [f"o-{i}" for i in range(50)])
         wait_until(lambda: caught_up(db, "s"), what="the relay to publish")
         proc.send_signal(signal.SIGTERM)
         started = time.monotonic()
@@ -323,19 +332,20 @@ def test_sigterm_finishes_releases_claims_and_exits_zero(
 
 def test_verify_is_clean_after_a_run_and_finds_duplicates_and_gaps(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
-    database_url: str,
+    relay_url: str,
     kafka_bootstrap: str,
     topic_prefix: str,
     start_relay: StartRelay,
 ) -> None:
     topic = topic_prefix + "outbox.event.order"
-    write_orders(db, outbox, [f"old-{i}" for i in range(5)])  # before the subscriber existed
+    write_orders(writer_db, outbox, [f"old-{i}" for i in range(5)])  # before the subscriber existed
     relay = start_relay(subscribers=[sub("s", topic_prefix, value_format="json", start_from="now")])
-    write_orders(db, outbox, [f"o-{i}" for i in range(30)])
+    write_orders(writer_db, outbox, [f"o-{i}" for i in range(30)])
     wait_until(lambda: caught_up(db, "s"), what="the relay to publish")
     relay.stop()
-    env = {"RELAY_DATABASE_URL": database_url, "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    env = {"RELAY_DATABASE_URL": relay_url, "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap}
     clean = run_cli("verify", "--json", env=env)
     assert clean.returncode == 0, clean.stderr
     [report] = json.loads(clean.stdout)
@@ -346,7 +356,7 @@ def test_verify_is_clean_after_a_run_and_finds_duplicates_and_gaps(
     producer = Producer({"bootstrap.servers": kafka_bootstrap})
     producer.produce(topic, b"{}", victim.key, headers=victim.headers)
     producer.flush(10)
-    write_orders(db, outbox, ["o-lost"])
+    write_orders(writer_db, outbox, ["o-lost"])
     lost = OutboxStore(db).fetch(Position(0, 0), Selection(100)).events[-1]
     db.execute(  # as a buggy relay would: the checkpoint claims o-lost was published
         "UPDATE outbox_checkpoints SET transaction_id = %s::text::xid8, position = %s",

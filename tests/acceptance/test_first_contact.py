@@ -20,12 +20,16 @@ from tests.support import REPO, consume, run_cli, wait_caught_up
 
 
 def test_plain_sql_rows_of_any_event_type_are_published_without_schemas(
-    db: psycopg.Connection[Any], database_url: str, kafka_bootstrap: str, tmp_path: Path
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    relay_url: str,
+    kafka_bootstrap: str,
+    tmp_path: Path,
 ) -> None:
     aggregate = f"shop{uuid.uuid4().hex[:8]}"
     env = {
         **os.environ,
-        "RELAY_DATABASE_URL": database_url,
+        "RELAY_DATABASE_URL": relay_url,
         "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap,
         "RELAY_METRICS_PORT": "0",
         "PYTHONPATH": str(REPO),
@@ -41,7 +45,7 @@ def test_plain_sql_rows_of_any_event_type_are_published_without_schemas(
     )
     try:
         for event_type in ("OrderPlaced", "SomethingNobodyDeclared"):
-            db.execute(
+            writer_db.execute(
                 "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
                 'VALUES (%s, \'42\', %s, \'{"order_id": "42", "amount_cents": 1250}\')',
                 (aggregate, event_type),
@@ -57,12 +61,12 @@ def test_plain_sql_rows_of_any_event_type_are_published_without_schemas(
 
 
 def test_a_configured_schemas_folder_that_is_missing_is_an_error_at_start(
-    db: psycopg.Connection[Any], database_url: str, kafka_bootstrap: str, tmp_path: Path
+    db: psycopg.Connection[Any], relay_url: str, kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     result = run_cli(
         "run",
         env={
-            "RELAY_DATABASE_URL": database_url,
+            "RELAY_DATABASE_URL": relay_url,
             "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap,
             "RELAY_METRICS_PORT": "0",
             "RELAY_SCHEMAS_DIR": str(tmp_path / "no-such-folder"),
@@ -73,16 +77,16 @@ def test_a_configured_schemas_folder_that_is_missing_is_an_error_at_start(
 
 
 def test_avro_subscribers_without_schemas_are_an_error_at_start(
-    db: psycopg.Connection[Any], database_url: str, kafka_bootstrap: str
+    db: psycopg.Connection[Any], relay_url: str, kafka_bootstrap: str
 ) -> None:
     from relay.daemon import Relay
 
     added = run_cli(
-        "subscribers", "add", "typed", "--format", "avro", env={"RELAY_DATABASE_URL": database_url}
+        "subscribers", "add", "typed", "--format", "avro", env={"RELAY_DATABASE_URL": relay_url}
     )
     assert added.returncode == 0, added.stderr
     settings = load_settings(
-        database_url=database_url, bootstrap_servers=kafka_bootstrap, metrics_enabled=False
+        database_url=relay_url, bootstrap_servers=kafka_bootstrap, metrics_enabled=False
     )
     relay = Relay(settings)
     with pytest.raises(ConfigError, match=r"subscribers \['typed'\] publish Avro"):

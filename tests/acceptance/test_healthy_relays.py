@@ -37,7 +37,8 @@ def wait_until(check: Callable[[], bool], what: str, timeout: float = 30.0) -> N
 
 def test_a_relay_with_a_wrong_broker_takes_no_part_from_a_healthy_one(
     db: psycopg.Connection[Any],
-    database_url: str,
+    writer_db: psycopg.Connection[Any],
+    relay_url: str,
     outbox: Outbox,
     kafka_bootstrap: str,
     topic_prefix: str,
@@ -48,7 +49,7 @@ def test_a_relay_with_a_wrong_broker_takes_no_part_from_a_healthy_one(
     wait_until(lambda: len(healthy.workers) == 4, "the healthy relay to claim every part")
     wrong = Relay(
         load_settings(
-            database_url=database_url,
+            database_url=relay_url,
             bootstrap_servers=f"127.0.0.1:{free_port()}",  # nothing listens there
             heartbeat_interval=0.3,
             session_timeout=3.0,
@@ -58,7 +59,7 @@ def test_a_relay_with_a_wrong_broker_takes_no_part_from_a_healthy_one(
     wrong.start()
     try:
         for batch in range(4):  # across several of the wrong relay's rebalance rounds
-            write_orders(db, outbox, [f"o-{batch}-{i}" for i in range(25)])
+            write_orders(writer_db, outbox, [f"o-{batch}-{i}" for i in range(25)])
             wait_caught_up(db, "s", timeout=30)
             time.sleep(1.0)
         assert wrong.workers == {} and session_id(wrong) is None
@@ -78,7 +79,8 @@ def test_a_relay_with_a_wrong_broker_takes_no_part_from_a_healthy_one(
 
 def test_a_relay_whose_broker_goes_away_gives_its_parts_to_its_peer(
     db: psycopg.Connection[Any],
-    database_url: str,
+    writer_db: psycopg.Connection[Any],
+    relay_url: str,
     outbox: Outbox,
     kafka_bootstrap: str,
     topic_prefix: str,
@@ -90,7 +92,7 @@ def test_a_relay_whose_broker_goes_away_gives_its_parts_to_its_peer(
     with LocalKafka(tmp_path / "other-kafka") as other:
         doomed = Relay(
             load_settings(
-                database_url=database_url,
+                database_url=relay_url,
                 bootstrap_servers=other.bootstrap_servers,
                 subscribers=subscribers,
                 heartbeat_interval=0.3,
@@ -108,7 +110,7 @@ def test_a_relay_whose_broker_goes_away_gives_its_parts_to_its_peer(
             wait_until(lambda: doomed.workers == {}, "its workers to stop", timeout=60)
         finally:
             doomed.stop()
-    write_orders(db, outbox, [f"after-{i}" for i in range(20)])
+    write_orders(writer_db, outbox, [f"after-{i}" for i in range(20)])
     wait_caught_up(db, "s", timeout=30)
     seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 20)
     published = sorted(json.loads(s.value)["order_id"] for s in seen)

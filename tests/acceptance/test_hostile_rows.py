@@ -56,6 +56,7 @@ def json_subscribers(prefix: str) -> list[dict[str, Any]]:
 
 def test_rows_python_cannot_load_or_write_are_poison_not_a_silent_crash_loop(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     kafka_bootstrap: str,
     topic_prefix: str,
@@ -63,12 +64,12 @@ def test_rows_python_cannot_load_or_write_are_poison_not_a_silent_crash_loop(
 ) -> None:
     """Postgres accepts an integer of 5,001 digits and 1,020 levels of nesting; Python
     refuses to load the first and to write the second. Each is its row's poison."""
-    write_orders(db, outbox, ["before"])
-    insert(db, "huge", '{"n": 1e5000}')
-    insert(db, "deep", "[" * 1020 + "]" * 1020)
-    insert(db, "deep-header", "{}", headers='{"h": ' + "[" * 1020 + "]" * 1020 + "}")
-    insert(db, "forever", '{"ok": true}', occurred_at="infinity")  # legal: published
-    write_orders(db, outbox, ["after"])
+    write_orders(writer_db, outbox, ["before"])
+    insert(writer_db, "huge", '{"n": 1e5000}')
+    insert(writer_db, "deep", "[" * 1020 + "]" * 1020)
+    insert(writer_db, "deep-header", "{}", headers='{"h": ' + "[" * 1020 + "]" * 1020 + "}")
+    insert(writer_db, "forever", '{"ok": true}', occurred_at="infinity")  # legal: published
+    write_orders(writer_db, outbox, ["after"])
     relay = start_relay(subscribers=json_subscribers(topic_prefix))
 
     seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 3)
@@ -91,6 +92,7 @@ def test_rows_python_cannot_load_or_write_are_poison_not_a_silent_crash_loop(
 
 def test_forged_ordering_keys_are_replaced_so_every_row_is_published(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     kafka_bootstrap: str,
     topic_prefix: str,
@@ -100,16 +102,16 @@ def test_forged_ordering_keys_are_replaced_so_every_row_is_published(
     A key below the checkpoint used to be skipped; one of 2^62 or 2^64-1 kept its row
     pending for ever. The outbox now assigns both, whatever the writer says."""
     start_relay(subscribers=[sub("s", topic_prefix, value_format="json")])
-    write_orders(db, outbox, ["first"])
+    write_orders(writer_db, outbox, ["first"])
     wait_caught_up(db, "s")  # the checkpoint is past transaction id 5 now
     for key, forged in (("below", 5), ("far", 2**62), ("last", 2**64 - 1)):
-        db.execute(
+        db.execute(  # the owner: a writer role may not name either column
             "INSERT INTO outbox (transaction_id, position, aggregate_type, aggregate_id,"
             " event_type, payload) OVERRIDING SYSTEM VALUE"
             " VALUES (%s::text::xid8, 1, 'order', %s, 'Note', '{}')",
             (str(forged), key),
         )
-    write_orders(db, outbox, ["after"])
+    write_orders(writer_db, outbox, ["after"])
 
     seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 5)
     assert keys(seen) == ["after", "below", "far", "first", "last"]
@@ -120,6 +122,7 @@ def test_forged_ordering_keys_are_replaced_so_every_row_is_published(
 
 def test_topics_kafka_refuses_are_the_rows_poison_and_others_flow(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     kafka_bootstrap: str,
     topic_prefix: str,
@@ -135,12 +138,12 @@ def test_topics_kafka_refuses_are_the_rows_poison_and_others_flow(
             value_format="json", on_poison="dead-letter",
             dead_letter_topic=topic_prefix + "dead.dots"),
     ]  # fmt: skip
-    insert(db, "under", "{}", aggregate_type="a_b")
+    insert(writer_db, "under", "{}", aggregate_type="a_b")
     start_relay(subscribers=subscribers)
     consume(kafka_bootstrap, [topic_prefix + "a_b"], 1)  # it exists now
     for key, aggregate_type in (("dot", "a.b"), ("one", "."), ("two", "..")):
-        insert(db, key, "{}", aggregate_type=aggregate_type)
-    write_orders(db, outbox, ["after"])
+        insert(writer_db, key, "{}", aggregate_type=aggregate_type)
+    write_orders(writer_db, outbox, ["after"])
 
     [after] = consume(kafka_bootstrap, [topic_prefix + "order"], 1)
     assert after.key == b"after"
@@ -153,6 +156,7 @@ def test_topics_kafka_refuses_are_the_rows_poison_and_others_flow(
 
 def test_rows_cannot_reach_internal_checkpoint_dead_letter_or_others_topics(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     kafka_bootstrap: str,
     topic_prefix: str,
@@ -178,8 +182,8 @@ def test_rows_cannot_reach_internal_checkpoint_dead_letter_or_others_topics(
     ]  # fmt: skip
     for aggregate_type in wild_types:
         headers = '{"outbox.error": "forged", "trace": "t-1"}'
-        insert(db, aggregate_type, "{}", aggregate_type=aggregate_type, headers=headers)
-    write_orders(db, outbox, ["after"])
+        insert(writer_db, aggregate_type, "{}", aggregate_type=aggregate_type, headers=headers)
+    write_orders(writer_db, outbox, ["after"])
     start_relay(subscribers=subscribers)
 
     [after] = consume(kafka_bootstrap, [topic_prefix + "fixed"], 1)
@@ -198,6 +202,7 @@ def test_rows_cannot_reach_internal_checkpoint_dead_letter_or_others_topics(
 
 def test_topic_creation_is_capped_and_rows_beyond_the_cap_are_poison(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     kafka_bootstrap: str,
     topic_prefix: str,
@@ -205,9 +210,9 @@ def test_topic_creation_is_capped_and_rows_beyond_the_cap_are_poison(
 ) -> None:
     """One INSERT of many aggregate types used to create as many topics."""
     types = [f"type{n}" for n in range(5)]
-    with db.transaction():
+    with writer_db.transaction():
         for aggregate_type in types:
-            insert(db, aggregate_type, "{}", aggregate_type=aggregate_type)
+            insert(writer_db, aggregate_type, "{}", aggregate_type=aggregate_type)
     start_relay(
         max_created_topics=2,
         subscribers=[
@@ -219,13 +224,46 @@ def test_topic_creation_is_capped_and_rows_beyond_the_cap_are_poison(
     assert all("max_created_topics (2) reached" in r.header_text("outbox.error") for r in refused)
     created = sorted(set(types) - set(keys(refused)))
     assert len(created) == 2
-    insert(db, "later", "{}", aggregate_type=created[0])  # an existing topic: flows
+    insert(writer_db, "later", "{}", aggregate_type=created[0])  # an existing topic: flows
     seen = consume(kafka_bootstrap, [topic_prefix + t for t in created], 3)
     assert keys(seen) == sorted([*created, "later"])
 
 
+def test_the_topic_cap_holds_across_restarts_and_relays(
+    db: psycopg.Connection[Any],
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    """max_created_topics used to count per process: every restart, worker and replica
+    could create as many again. It counts the cluster's routable topics now."""
+    settings: dict[str, Any] = {
+        "max_created_topics": 2,
+        "subscribers": [
+            sub("s", "", topic=topic_prefix + "{aggregate_type}", value_format="json",
+                on_poison="dead-letter", dead_letter_topic=topic_prefix + "dead"),
+        ],
+    }  # fmt: skip
+    for aggregate_type in ("first", "second"):
+        insert(db, aggregate_type, "{}", aggregate_type=aggregate_type)
+    first = start_relay(**settings)
+    assert keys(consume(kafka_bootstrap, [topic_prefix + "first", topic_prefix + "second"], 2)) == [
+        "first",
+        "second",
+    ]
+    first.stop()
+    start_relay(**settings)  # a restart, or another replica: the cap is reached already
+    insert(db, "third", "{}", aggregate_type="third")
+    insert(db, "again", "{}", aggregate_type="first")  # an existing topic: flows
+    [refused] = consume(kafka_bootstrap, [topic_prefix + "dead"], 1)
+    assert refused.key == b"third"
+    assert "max_created_topics (2) reached" in refused.header_text("outbox.error")
+    assert keys(consume(kafka_bootstrap, [topic_prefix + "first"], 2)) == ["again", "first"]
+
+
 def test_without_topic_creation_a_row_naming_a_missing_topic_is_poison_not_a_stall(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     kafka_bootstrap: str,
     topic_prefix: str,
@@ -249,8 +287,8 @@ def test_without_topic_creation_a_row_naming_a_missing_topic_is_poison_not_a_sta
             future.result(30)
         except Exception as exc:  # the session's broker may have the checkpoint topic
             assert "already exists" in str(exc)
-    insert(db, "nowhere", "{}", aggregate_type="no-such-type")
-    write_orders(db, outbox, ["after"])
+    insert(writer_db, "nowhere", "{}", aggregate_type="no-such-type")
+    write_orders(writer_db, outbox, ["after"])
     start_relay(
         create_topics=False,
         delivery_timeout=5,
@@ -267,16 +305,17 @@ def test_without_topic_creation_a_row_naming_a_missing_topic_is_poison_not_a_sta
 
 
 def test_a_batch_stops_once_its_rows_reach_batch_max_bytes_and_holds_at_least_one(
-    db: psycopg.Connection[Any],
+    relay_db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
 ) -> None:
     for n in range(5):  # about 100 KB each, incompressible: stored at full size
-        db.execute(
+        writer_db.execute(
             "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
             " SELECT 'order', %s, 'Note', jsonb_build_object('blob',"
             " (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 3200)))",
             (f"big-{n}",),
         )
-    store = OutboxStore(db)
+    store = OutboxStore(relay_db)
     every = store.fetch(BEGINNING, Selection(100)).events
     sizes = [e.stored_bytes for e in every]
     assert len(every) == 5 and all(size > 100_000 for size in sizes)
@@ -295,6 +334,7 @@ def test_a_batch_stops_once_its_rows_reach_batch_max_bytes_and_holds_at_least_on
 
 def test_large_rows_go_out_in_batches_under_batch_max_bytes_and_others_follow(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     kafka_bootstrap: str,
     topic_prefix: str,
@@ -303,13 +343,13 @@ def test_large_rows_go_out_in_batches_under_batch_max_bytes_and_others_follow(
     """Legal rows of 300 KB each, six of them: one batch of six used to hold them all in
     memory at once; under a 700 KB cap they go out in batches of three."""
     for n in range(6):
-        db.execute(
+        writer_db.execute(
             "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
             " SELECT 'order', %s, 'Note', jsonb_build_object('blob',"
             " (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 9400)))",
             (f"big-{n}",),
         )
-    write_orders(db, outbox, ["after"])
+    write_orders(writer_db, outbox, ["after"])
     relay = start_relay(
         batch_max_bytes=700_000, subscribers=[sub("s", topic_prefix, value_format="json")]
     )

@@ -39,13 +39,13 @@ def strict_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafk
 
 
 def test_a_transaction_timeout_above_the_brokers_cap_is_a_config_error_naming_the_fix(
-    db: psycopg.Connection[Any], database_url: str, strict_kafka: LocalKafka
+    db: psycopg.Connection[Any], relay_url: str, strict_kafka: LocalKafka
 ) -> None:
     store = OutboxStore(db)
     store.add(Subscriber("s"))
     # 3 x 40 s = 120 s of transaction.timeout.ms, above the broker's 100 s.
     settings = load_settings(
-        database_url=database_url,
+        database_url=relay_url,
         bootstrap_servers=strict_kafka.bootstrap_servers,
         delivery_timeout=40,
     )
@@ -62,7 +62,8 @@ def test_a_transaction_timeout_above_the_brokers_cap_is_a_config_error_naming_th
 
 def test_an_expired_transactional_id_costs_a_retry_not_an_event(
     db: psycopg.Connection[Any],
-    database_url: str,
+    writer_db: psycopg.Connection[Any],
+    relay_url: str,
     outbox: Outbox,
     strict_kafka: LocalKafka,
     topic_prefix: str,
@@ -73,7 +74,7 @@ def test_an_expired_transactional_id_costs_a_retry_not_an_event(
         Subscriber("s", topic=topic_prefix + "{aggregate_type}", value_format=ValueFormat.JSON)
     )
     settings = load_settings(
-        database_url=database_url,
+        database_url=relay_url,
         bootstrap_servers=strict_kafka.bootstrap_servers,
         poll_interval=0.2,
         metrics_port=0,
@@ -81,10 +82,10 @@ def test_an_expired_transactional_id_costs_a_retry_not_an_event(
     relay = Relay(settings)
     relay.start()
     try:
-        write_orders(db, outbox, ["before"])
+        write_orders(writer_db, outbox, ["before"])
         consume(strict_kafka.bootstrap_servers, [topic_prefix + "order"], 1)
         time.sleep(6)  # idle: the broker expires the part's transactional id meanwhile
-        write_orders(db, outbox, ["after-1", "after-2"])
+        write_orders(writer_db, outbox, ["after-1", "after-2"])
         seen = consume(strict_kafka.bootstrap_servers, [topic_prefix + "order"], 3)
         assert all(state == WorkerState.RUNNING for state in relay.part_states().values())
     finally:

@@ -16,7 +16,7 @@ from psycopg import sql
 from relay import Outbox
 from relay.daemon import Relay
 from relay.settings import load_settings
-from tests.support import consume, keys, run_cli, sub, write_orders
+from tests.support import STRANGER_ROLE, consume, keys, run_cli, sub, write_orders
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -113,3 +113,31 @@ def test_pg_read_all_stats_only_when_asked_and_status_says_what_is_hidden(
     finally:
         name = sql.Identifier(role)
         db.execute(sql.SQL("DROP OWNED BY {}; DROP ROLE IF EXISTS {}").format(name, name))
+
+
+def test_a_login_without_grants_can_neither_read_nor_write_nor_call_the_outbox(
+    db: psycopg.Connection[Any], stranger_url: str
+) -> None:
+    """Any other role of the cluster (an injected query runs as one): nothing of the
+    outbox is PUBLIC, least of all a SECURITY DEFINER function."""
+    refused = [
+        "SELECT count(*) FROM outbox",
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
+        " VALUES ('order', 'x', 'OrderPlaced', '{}')",
+        "SELECT count(*) FROM outbox_checkpoints",
+        "UPDATE outbox_subscribers SET paused = true",
+        "SELECT count(*) FROM outbox_relay_sessions",
+        "SELECT outbox_check_key_space()",
+    ]
+    with psycopg.connect(stranger_url, autocommit=True) as stranger:
+        for statement in refused:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                stranger.execute(statement)
+    callable_definers = db.execute(
+        "SELECT p.oid::regprocedure::text FROM pg_proc p"
+        " JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = 'public' AND p.prosecdef"
+        " AND has_function_privilege(%s, p.oid, 'EXECUTE')",
+        (STRANGER_ROLE,),
+    ).fetchall()
+    assert callable_definers == []

@@ -37,13 +37,15 @@ def sample(metrics: str, name: str, **labels: str) -> float | None:
 
 def test_metrics_health_and_readiness(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     database_url: str,
+    relay_reads_all_stats: None,
     topic_prefix: str,
     start_relay: Callable[..., Relay],
 ) -> None:
     relay = start_relay(subscribers=[sub("s", topic_prefix)])
-    write_orders(db, outbox, ["o-1", "o-2", "o-3"])
+    write_orders(writer_db, outbox, ["o-1", "o-2", "o-3"])
     wait_caught_up(db, "s")
 
     assert get(relay, "/healthz")[0] == 200
@@ -73,8 +75,13 @@ def test_metrics_health_and_readiness(
 
 def test_status_shows_parts_sessions_and_who_holds_the_horizon(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     database_url: str,
+    relay_url: str,
+    writer_url: str,
+    relay_db: psycopg.Connection[Any],
+    relay_reads_all_stats: None,
     topic_prefix: str,
     start_relay: Callable[..., Relay],
     caplog: Any,
@@ -83,14 +90,14 @@ def test_status_shows_parts_sessions_and_who_holds_the_horizon(
     import logging
 
     relay = start_relay(subscribers=[sub("s", topic_prefix, parts=2)], horizon_warn_after=0.5)
-    write_orders(db, outbox, ["o-1"])
-    with psycopg.connect(database_url, application_name="slow-batch-job") as holder:
+    write_orders(writer_db, outbox, ["o-1"])
+    with psycopg.connect(writer_url, application_name="slow-batch-job") as holder:
         holder.execute("SELECT pg_current_xact_id()")
         write_orders(holder, outbox, ["o-2"])  # an event of the open transaction
         time.sleep(1.0)
-        result = run_cli("status", "--json", env={"RELAY_DATABASE_URL": database_url})
+        result = run_cli("status", "--json", env={"RELAY_DATABASE_URL": relay_url})
         with caplog.at_level(logging.WARNING, logger="relay.daemon"):
-            relay.horizon.check(OutboxStore(db))
+            relay.horizon.check(OutboxStore(relay_db))
         holder.rollback()
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
@@ -100,6 +107,45 @@ def test_status_shows_parts_sessions_and_who_holds_the_horizon(
     [holder_row] = report["horizon_holders"]
     assert holder_row["application_name"] == "slow-batch-job" and holder_row["age_s"] >= 1.0
     assert "slow-batch-job" in caplog.text and "held back" in caplog.text
+
+
+def test_probes_and_scrapes_answer_while_the_outbox_is_locked(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    database_url: str,
+    topic_prefix: str,
+    start_relay: Callable[..., Relay],
+) -> None:
+    """A table lock stalls every read of the outbox: the probes must still answer (a
+    liveness probe that times out restarts every replica at once), and scrapes serve the
+    last figures read, with their age. The relay's queries give up on the lock after
+    database_lock_timeout and are retried: no part halts."""
+    relay = start_relay(
+        subscribers=[sub("s", topic_prefix)], metrics_cache_ttl=0, database_lock_timeout=0.2
+    )
+    assert relay.http is not None
+    base = f"http://127.0.0.1:{relay.http.port}"
+    write_orders(db, outbox, ["o-1"])
+    wait_caught_up(db, "s")
+    status, before = get(relay, "/metrics")
+    assert sample(before, "outbox_relay_lag_events", subscriber="s", part="0") == 0
+    with psycopg.connect(database_url) as locker, ThreadPoolExecutor(4) as pool:
+        locker.execute("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE")
+        # Scrapes in flight (Prometheus retries, several of them), all stuck on the lock...
+        scrapes = [pool.submit(http_get, base + "/metrics", 60) for _ in range(4)]
+        time.sleep(0.5)
+        # ...and the probes answer within the kubelet's timeout regardless.
+        assert http_get(base + "/healthz", timeout=3) == (200, "ok")
+        assert http_get(base + "/readyz", timeout=3)[0] == 200
+        status, during = http_get(base + "/metrics", timeout=30)
+        assert status == 200
+        assert sample(during, "outbox_relay_lag_events", subscriber="s", part="0") == 0
+        assert (sample(during, "outbox_relay_database_metrics_age_seconds") or 0) > 0
+        assert all(scrape.result()[0] == 200 for scrape in scrapes)
+        locker.rollback()
+    write_orders(db, outbox, ["o-2"])
+    wait_caught_up(db, "s")
+    assert relay.part_states()[PartId("s", 0)] != "halted"
 
 
 def _open_idle(port: int, count: int, host: str = "127.0.0.1") -> list[socket.socket]:
@@ -159,6 +205,36 @@ def _idle_server() -> Any:
     return server
 
 
+def _exchange(port: int, request: bytes, timeout: float = 5.0) -> bytes:
+    """The server's first reply to raw ``request`` bytes (a client timeout fails it)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as client:
+        client.sendall(request)
+        return client.recv(4096)
+
+
+def test_bodies_and_methods_other_than_get_and_head_are_refused() -> None:
+    server = _idle_server()
+    try:
+        port = server.port
+        # A huge declared body is refused from its headers: nothing is read, so nothing
+        # spooled to a temporary file (waitress buffers bodies over 512 KB on disk).
+        huge = b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 209715200\r\n\r\n"
+        assert _exchange(port, huge).startswith(b"HTTP/1.1 413 ")
+        chunked = (
+            b"POST /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"10\r\n0123456789abcdef\r\n"
+        )
+        assert _exchange(port, chunked).startswith(b"HTTP/1.1 413 ")
+        for method in (b"POST", b"PUT", b"DELETE", b"OPTIONS"):
+            reply = _exchange(port, method + b" /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert reply.startswith(b"HTTP/1.1 405 ") and b"Allow: GET, HEAD" in reply, method
+        head = _exchange(port, b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ")
+        assert http_get(f"http://127.0.0.1:{port}/healthz", timeout=10) == (200, "ok")
+    finally:
+        server.stop()
+
+
 def test_a_silent_client_is_disconnected() -> None:
     from relay.metrics import CLIENT_TIMEOUT_S
 
@@ -188,15 +264,16 @@ def test_the_endpoints_answer_in_a_process_holding_over_1024_descriptors() -> No
 
 def test_scrape_storms_share_one_read_of_postgres(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     topic_prefix: str,
     start_relay: Callable[..., Relay],
 ) -> None:
     relay = start_relay(subscribers=[sub("s", topic_prefix)], metrics_cache_ttl=300)
     OutboxStore(db).set_paused("s", True)
-    write_orders(db, outbox, ["o-1"])
+    write_orders(writer_db, outbox, ["o-1"])
     first = sample(get(relay, "/metrics")[1], "outbox_relay_lag_events", subscriber="s", part="0")
-    write_orders(db, outbox, ["o-2", "o-3"])
+    write_orders(writer_db, outbox, ["o-2", "o-3"])
     with ThreadPoolExecutor(16) as pool:
         storm = list(pool.map(lambda _: get(relay, "/metrics"), range(50)))
     assert {status for status, _ in storm} == {200}
@@ -227,20 +304,21 @@ def _wait_halted(db: psycopg.Connection[Any], name: str, timeout: float = 60.0) 
     return error
 
 
-def _status_text(database_url: str) -> str:
-    result = run_cli("status", env={"RELAY_DATABASE_URL": database_url, "COLUMNS": "300"})
+def _status_text(relay_url: str) -> str:
+    result = run_cli("status", env={"RELAY_DATABASE_URL": relay_url, "COLUMNS": "300"})
     assert result.returncode == 0, result.stderr
     return result.stdout
 
 
 def test_a_poison_halt_shows_in_metrics_readiness_and_status(
     db: psycopg.Connection[Any],
-    database_url: str,
+    writer_db: psycopg.Connection[Any],
+    relay_url: str,
     topic_prefix: str,
     start_relay: Callable[..., Relay],
 ) -> None:
     # Written by plain SQL with no Avro schema: the Avro subscriber cannot encode it.
-    db.execute(
+    writer_db.execute(
         "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
         "VALUES ('order', 'x', 'Unknown', '{}')"
     )
@@ -254,7 +332,7 @@ def test_a_poison_halt_shows_in_metrics_readiness_and_status(
         time.sleep(0.05)
     status, why = get(relay, "/readyz")
     assert status == 200 and "halted: s/0" in why  # ready, yet naming it (see Relay.ready)
-    text = _status_text(database_url)
+    text = _status_text(relay_url)
     assert "HALTED" in text and "1 halted part(s)" in text and "subscribers resume" in text
     assert f"s/0: {error}" in text and "Unknown" in error
 
@@ -272,7 +350,7 @@ def test_a_poison_halt_shows_in_metrics_readiness_and_status(
 
 def test_a_worker_that_stops_on_a_fatal_error_halts_its_part_visibly(
     db: psycopg.Connection[Any],
-    database_url: str,
+    relay_url: str,
     topic_prefix: str,
     start_relay: Callable[..., Relay],
 ) -> None:
@@ -289,5 +367,5 @@ def test_a_worker_that_stops_on_a_fatal_error_halts_its_part_visibly(
     assert sample(metrics, "outbox_relay_part_halted", subscriber="s", part="0") == 1
     failures = sample(metrics, "outbox_relay_worker_failures_total", subscriber="s", part="0")
     assert failures is not None and failures >= 1
-    text = _status_text(database_url)
+    text = _status_text(relay_url)
     assert "HALTED" in text and f"s/0: {error}" in text

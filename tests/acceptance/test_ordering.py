@@ -157,7 +157,7 @@ def test_published_order_follows_the_counter_on_kafka(
 
 
 def test_a_key_ahead_of_every_xid_is_released_by_the_probe_on_an_idle_database(
-    db: psycopg.Connection[Any], database_url: str
+    db: psycopg.Connection[Any], writer_url: str, relay_url: str
 ) -> None:
     """A transaction takes its xid; a younger one commits; the first then inserts its
     event. Its key is its snapshot's xmax, the next xid, which nobody holds yet. With no
@@ -165,7 +165,7 @@ def test_a_key_ahead_of_every_xid_is_released_by_the_probe_on_an_idle_database(
     below the horizon."""
     from relay.probe import CommitProbe
 
-    with psycopg.connect(database_url) as writer:
+    with psycopg.connect(writer_url) as writer:
         writer.execute("SELECT pg_current_xact_id()")
         db.execute("SELECT pg_current_xact_id()")  # younger, and committed (autocommit)
         writer.execute(
@@ -177,7 +177,7 @@ def test_a_key_ahead_of_every_xid_is_released_by_the_probe_on_an_idle_database(
     assert db.execute(decided).fetchone() == (False,)
     woken = threading.Event()
     probe = CommitProbe(
-        lambda: psycopg.connect(database_url),
+        lambda: psycopg.connect(relay_url),  # the relay's probe, as the relay role
         "public",
         woken.set,
         interval=0.01,
@@ -196,9 +196,7 @@ def test_a_key_ahead_of_every_xid_is_released_by_the_probe_on_an_idle_database(
     assert woken.is_set()
 
 
-def test_the_probe_survives_a_database_it_cannot_reach_yet(
-    db: psycopg.Connection[Any], database_url: str
-) -> None:
+def test_the_probe_survives_a_database_it_cannot_reach_yet(relay_url: str) -> None:
     """Connecting fails with the relay's own error (db.connect wraps psycopg's) while
     Postgres restarts; the probe retries instead of dying, and wakes once it connects."""
     from relay import db as relay_db
@@ -211,7 +209,7 @@ def test_the_probe_survives_a_database_it_cannot_reach_yet(
         attempts.append(1)
         if len(attempts) == 1:
             raise DatabaseUnavailable("postgres is unavailable: restarting")
-        return relay_db.connect(database_url)
+        return relay_db.connect(relay_url)
 
     woken = threading.Event()
     probe = CommitProbe(connect, "public", woken.set, interval=0.01, idle_interval=0.01)

@@ -29,22 +29,23 @@ def payload_ids(seen: list[ConsumedRecord], registry: SchemaFolder) -> list[str]
 
 def test_published_records_carry_key_headers_and_self_describing_avro(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     start_relay: StartRelay,
     kafka_bootstrap: str,
     topic_prefix: str,
     registry: SchemaFolder,
 ) -> None:
-    with db.transaction():
+    with writer_db.transaction():
         message_id = outbox.append(
-            db,
+            writer_db,
             aggregate_type="order",
             aggregate_id="o-7",
             event_type="OrderPlaced",
             payload=order(7),
             headers={"traceparent": "00-1-2-01"},
         )
-        xid = db.execute("SELECT pg_current_xact_id()::text").fetchone()
+        xid = writer_db.execute("SELECT pg_current_xact_id()::text").fetchone()
     start_relay(subscribers=[sub("s", topic_prefix)])
     [record] = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 1)
     assert record.key == b"o-7"
@@ -60,7 +61,7 @@ def test_published_records_carry_key_headers_and_self_describing_avro(
 
 
 def test_an_older_transaction_committing_last_is_not_skipped(
-    database_url: str,
+    writer_url: str,
     db: psycopg.Connection[Any],
     outbox: Outbox,
     start_relay: StartRelay,
@@ -70,7 +71,7 @@ def test_an_older_transaction_committing_last_is_not_skipped(
 ) -> None:
     topic = topic_prefix + "outbox.event.order"
     start_relay(subscribers=[sub("s", topic_prefix)])
-    with psycopg.connect(database_url) as older, psycopg.connect(database_url) as younger:
+    with psycopg.connect(writer_url) as older, psycopg.connect(writer_url) as younger:
         write_orders(older, outbox, ["old-1"])  # takes the smaller xid and a position
         write_orders(younger, outbox, ["young-1", "young-2"])
         younger.commit()  # the younger commits first...
@@ -82,6 +83,7 @@ def test_an_older_transaction_committing_last_is_not_skipped(
 
 def test_rolled_back_events_are_never_published(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     start_relay: StartRelay,
     kafka_bootstrap: str,
@@ -90,10 +92,10 @@ def test_rolled_back_events_are_never_published(
 ) -> None:
     start_relay(subscribers=[sub("s", topic_prefix)])
     for i in range(20):
-        with db.transaction():
-            write_orders(db, outbox, [f"kept-{i}"])
-        with db.transaction():
-            write_orders(db, outbox, [f"rolled-{i}"])
+        with writer_db.transaction():
+            write_orders(writer_db, outbox, [f"kept-{i}"])
+        with writer_db.transaction():
+            write_orders(writer_db, outbox, [f"rolled-{i}"])
             raise psycopg.Rollback()
     seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 20)
     assert sorted(payload_ids(seen, registry)) == sorted(f"kept-{i}" for i in range(20))
@@ -101,6 +103,7 @@ def test_rolled_back_events_are_never_published(
 
 def test_many_events_in_one_transaction_keep_their_order(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     start_relay: StartRelay,
     kafka_bootstrap: str,
@@ -108,11 +111,11 @@ def test_many_events_in_one_transaction_keep_their_order(
     registry: SchemaFolder,
 ) -> None:
     ids = [f"o-{i}" for i in range(2500)]
-    with db.transaction():
+    with writer_db.transaction():
         # Interleave five keys inside one large transaction (more than one relay batch).
         for n, i in enumerate(ids):
             outbox.append(
-                db,
+                writer_db,
                 aggregate_type="order",
                 aggregate_id=f"k{n % 5}",
                 event_type="OrderPlaced",
@@ -129,6 +132,7 @@ def test_many_events_in_one_transaction_keep_their_order(
 def test_a_long_open_transaction_holds_the_relay_back_until_it_commits(
     database_url: str,
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     start_relay: StartRelay,
     kafka_bootstrap: str,
@@ -138,8 +142,8 @@ def test_a_long_open_transaction_holds_the_relay_back_until_it_commits(
     relay = start_relay(subscribers=[sub("s", topic_prefix)])
     with psycopg.connect(database_url) as long_tx:
         long_tx.execute("SELECT pg_current_xact_id()")  # holds the horizon, writes nothing
-        with db.transaction():
-            write_orders(db, outbox, ["a", "b", "c"])
+        with writer_db.transaction():
+            write_orders(writer_db, outbox, ["a", "b", "c"])
         assert nothing_arrives(kafka_bootstrap, [topic], within=2.0) == []
         assert worker(relay, "s").stats.published == 0
         long_tx.commit()  # no outbox write, so no NOTIFY: the timer must pick it up
@@ -149,6 +153,7 @@ def test_a_long_open_transaction_holds_the_relay_back_until_it_commits(
 
 def test_a_restarted_relay_resumes_from_its_checkpoint(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     start_relay: StartRelay,
     kafka_bootstrap: str,
@@ -157,12 +162,12 @@ def test_a_restarted_relay_resumes_from_its_checkpoint(
 ) -> None:
     topic = topic_prefix + "outbox.event.order"
     first = start_relay(subscribers=[sub("s", topic_prefix)])
-    with db.transaction():
-        write_orders(db, outbox, [f"first-{i}" for i in range(50)], key="same")
+    with writer_db.transaction():
+        write_orders(writer_db, outbox, [f"first-{i}" for i in range(50)], key="same")
     assert len(consume(kafka_bootstrap, [topic], 50, quiet=0.2)) == 50
     first.stop()
-    with db.transaction():
-        write_orders(db, outbox, [f"second-{i}" for i in range(50)], key="same")
+    with writer_db.transaction():
+        write_orders(writer_db, outbox, [f"second-{i}" for i in range(50)], key="same")
     start_relay(subscribers=[sub("s", topic_prefix)])
     seen = consume(kafka_bootstrap, [topic], 100)
     expected = [f"first-{i}" for i in range(50)] + [f"second-{i}" for i in range(50)]
@@ -171,22 +176,23 @@ def test_a_restarted_relay_resumes_from_its_checkpoint(
 
 def test_two_subscribers_with_different_filters_routes_and_formats(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     start_relay: StartRelay,
     kafka_bootstrap: str,
     topic_prefix: str,
 ) -> None:
-    with db.transaction():
-        write_orders(db, outbox, ["o-1", "o-2"])
+    with writer_db.transaction():
+        write_orders(writer_db, outbox, ["o-1", "o-2"])
         outbox.append(
-            db,
+            writer_db,
             aggregate_type="order",
             aggregate_id="o-1",
             event_type="OrderShipped",
             payload={"order_id": "o-1", "carrier": "dhl"},
         )
         outbox.append(
-            db,
+            writer_db,
             aggregate_type="customer",
             aggregate_id="c-1",
             event_type="CustomerRegistered",
@@ -214,6 +220,7 @@ def test_two_subscribers_with_different_filters_routes_and_formats(
 
 def test_a_subscriber_of_one_type_reads_past_other_types_and_rests_when_idle(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     start_relay: StartRelay,
     kafka_bootstrap: str,
@@ -222,10 +229,10 @@ def test_a_subscriber_of_one_type_reads_past_other_types_and_rests_when_idle(
     """Its fetch reads only its own rows (an index), yet its checkpoint moves past the
     rows of other types, and once everything is read it writes no checkpoint at all."""
     start_relay(subscribers=[sub("orders", topic_prefix, aggregate_types=["order"])])
-    write_orders(db, outbox, ["o-1"])
+    write_orders(writer_db, outbox, ["o-1"])
     for n in range(3):  # later rows, none of them the subscriber's
         outbox.append(
-            db,
+            writer_db,
             aggregate_type="customer",
             aggregate_id=f"c-{n}",
             event_type="CustomerRegistered",
@@ -247,6 +254,7 @@ def test_a_subscriber_of_one_type_reads_past_other_types_and_rests_when_idle(
 
 def test_event_sourced_versions_arrive_in_version_order(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     start_relay: StartRelay,
     kafka_bootstrap: str,
@@ -255,12 +263,12 @@ def test_event_sourced_versions_arrive_in_version_order(
     start_relay(subscribers=[sub("s", topic_prefix)])
     version = 0
     for i in range(10):
-        with db.transaction():
+        with writer_db.transaction():
             events = [
                 Event("OrderShipped", {"order_id": "o-1", "carrier": f"c{i}-{j}"}) for j in range(3)
             ]
             version = outbox.append_to_stream(
-                db,
+                writer_db,
                 aggregate_type="order",
                 aggregate_id="o-1",
                 expected_version=version,
@@ -274,18 +282,19 @@ def test_event_sourced_versions_arrive_in_version_order(
 
 def test_a_halted_subscriber_does_not_stall_the_others(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     start_relay: StartRelay,
     kafka_bootstrap: str,
     topic_prefix: str,
 ) -> None:
-    with db.transaction():
-        write_orders(db, outbox, ["o-1"])
+    with writer_db.transaction():
+        write_orders(writer_db, outbox, ["o-1"])
         # Written by plain SQL with no Avro schema: the Avro subscriber cannot encode it.
-        db.execute(
+        writer_db.execute(
             "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'x', 'Unknown', '{}')"
         )
-        write_orders(db, outbox, ["o-2"])
+        write_orders(writer_db, outbox, ["o-2"])
     relay = start_relay(
         subscribers=[
             sub("avro", topic_prefix + "avro."),
@@ -312,6 +321,7 @@ def test_a_halted_subscriber_does_not_stall_the_others(
 
 def test_new_subscriber_from_now_skips_history_and_default_routes_everything(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     start_relay: StartRelay,
     kafka_bootstrap: str,
@@ -321,7 +331,7 @@ def test_new_subscriber_from_now_skips_history_and_default_routes_everything(
 
     def write(i: int) -> None:
         outbox.append(
-            db,
+            writer_db,
             aggregate_type=aggregate,
             aggregate_id=str(i),
             event_type="OrderPlaced",
@@ -347,6 +357,7 @@ def test_new_subscriber_from_now_skips_history_and_default_routes_everything(
 
 def test_pause_and_reset_take_effect_on_a_running_relay(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     start_relay: StartRelay,
     kafka_bootstrap: str,
@@ -354,14 +365,14 @@ def test_pause_and_reset_take_effect_on_a_running_relay(
 ) -> None:
     topic = topic_prefix + "outbox.event.order"
     relay = start_relay(subscribers=[sub("s", topic_prefix)])
-    write_orders(db, outbox, ["1"])
+    write_orders(writer_db, outbox, ["1"])
     consume(kafka_bootstrap, [topic], 1, quiet=0.1)
     store = OutboxStore(db)
     store.set_paused("s", True)
     deadline = time.monotonic() + 5
     while worker(relay, "s").stats.state is not WorkerState.PAUSED and time.monotonic() < deadline:
         time.sleep(0.05)
-    write_orders(db, outbox, ["2"])
+    write_orders(writer_db, outbox, ["2"])
     assert [s.key for s in consume(kafka_bootstrap, [topic], 1, quiet=1.5)] == [b"1"]  # not "2"
     store.reset("s", StartFrom.BEGINNING)
     store.set_paused("s", False)
@@ -371,7 +382,7 @@ def test_pause_and_reset_take_effect_on_a_running_relay(
 
 @pytest.mark.parametrize("writers", [4])
 def test_concurrent_writers_with_rollbacks_every_committed_event_once_in_key_order(
-    database_url: str,
+    writer_url: str,
     outbox: Outbox,
     start_relay: StartRelay,
     kafka_bootstrap: str,
@@ -383,7 +394,7 @@ def test_concurrent_writers_with_rollbacks_every_committed_event_once_in_key_ord
     committed: list[list[str]] = [[] for _ in range(writers)]
 
     def write(w: int) -> None:
-        with psycopg.connect(database_url) as conn:
+        with psycopg.connect(writer_url) as conn:
             for i in range(100):
                 ids = [f"w{w}-{i}-{j}" for j in range(3)]
                 write_orders(conn, outbox, ids, key=f"w{w}")
@@ -408,6 +419,7 @@ def test_concurrent_writers_with_rollbacks_every_committed_event_once_in_key_ord
 
 def test_a_consumer_group_with_subscribe_reads_every_event_once_in_key_order(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     start_relay: StartRelay,
     kafka_bootstrap: str,
@@ -419,9 +431,9 @@ def test_a_consumer_group_with_subscribe_reads_every_event_once_in_key_order(
 
     topic = topic_prefix + "outbox.event.order"
     ids = [f"{k}-{i}" for i in range(30) for k in ("a", "b", "c", "d")]
-    with db.transaction():
+    with writer_db.transaction():
         for i in ids:
-            write_orders(db, outbox, [i], key=i.split("-")[0])
+            write_orders(writer_db, outbox, [i], key=i.split("-")[0])
     start_relay(subscribers=[sub("s", topic_prefix)])
     consume(kafka_bootstrap, [topic], len(ids))  # published
     group = f"app-{topic_prefix}"

@@ -24,7 +24,17 @@ from relay.localstack import LocalPostgres
 from relay.localstack.postgres import find_pg_binary
 from relay.schemas import SchemaFolder
 from relay.settings import load_settings
-from tests.support import by_key, consume, ids_of, run_cli, sub, wait_caught_up
+from tests.support import (
+    by_key,
+    consume,
+    create_test_roles,
+    grant_test_roles,
+    ids_of,
+    run_cli,
+    sub,
+    wait_caught_up,
+    write_orders,
+)
 
 KEYS = ["k0", "k1", "k2"]
 NewCluster = Callable[[], LocalPostgres]
@@ -65,9 +75,11 @@ def relays(kafka_bootstrap: str, registry: SchemaFolder) -> Iterator[Callable[..
     started: list[Relay] = []
 
     def start(url: str, prefix: str) -> Relay:
+        """A relay on the outbox at the owner's ``url``, as the relay role (granted
+        there first, as an operator does after a restore)."""
         relay = Relay(
             load_settings(
-                database_url=url,
+                database_url=grant_test_roles(url).relay_url,
                 bootstrap_servers=kafka_bootstrap,
                 subscribers=[sub("s", prefix, value_format="json")],
                 poll_interval=0.2,
@@ -108,12 +120,22 @@ def dump(url: str, path: Path) -> None:
     subprocess.run([find_pg_binary("pg_dump"), "-Fc", "-f", str(path), url], check=True)
 
 
-def restore(path: Path, cluster: LocalPostgres, name: str = "outbox") -> str:
+def restore(
+    path: Path, cluster: LocalPostgres, name: str = "outbox", *, privileges: bool = True
+) -> str:
+    """Restore the dump at ``path`` into a new database ``name`` of ``cluster``. With
+    ``privileges``, the roles it grants are created on the new cluster first; without,
+    the grants are left out (``--no-privileges``), to be given afresh."""
     with psycopg.connect(cluster.url, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
     url = cluster.url_for(name)
     # --no-owner: the same as a restore by the new cluster's own admin.
-    subprocess.run([find_pg_binary("pg_restore"), "--no-owner", "-d", url, str(path)], check=True)
+    command = [find_pg_binary("pg_restore"), "--no-owner", "-d", url, str(path)]
+    if privileges:
+        create_test_roles(cluster.url)
+    else:
+        command.insert(1, "--no-privileges")
+    subprocess.run(command, check=True)
     return url
 
 
@@ -130,12 +152,17 @@ def publish_then_write(
     url: str, writer: Writer, start: Callable[[], Relay], published: int, pending: int
 ) -> None:
     """``published`` events the relay publishes, then ``pending`` it has not yet."""
-    with psycopg.connect(url, autocommit=True) as conn:
+    with psycopg.connect(url, autocommit=True) as conn, app(url) as app_conn:
         relay = start()
-        writer.write(conn, published)
+        writer.write(app_conn, published)
         wait_caught_up(conn, "s")
         relay.stop()
-        writer.write(conn, pending)
+        writer.write(app_conn, pending)
+
+
+def app(url: str) -> psycopg.Connection[Any]:
+    """A connection as the writer role to the outbox at the owner's ``url``."""
+    return psycopg.connect(grant_test_roles(url).writer_url, autocommit=True)
 
 
 def assert_published_once_in_order(
@@ -157,10 +184,11 @@ def assert_published_once_in_order(
 
 
 def assert_verify_clean(url: str, bootstrap: str) -> dict[str, Any]:
+    relay_url = grant_test_roles(url).relay_url
     result = run_cli(
         "verify",
         "--json",
-        env={"RELAY_DATABASE_URL": url, "RELAY_BOOTSTRAP_SERVERS": bootstrap},
+        env={"RELAY_DATABASE_URL": relay_url, "RELAY_BOOTSTRAP_SERVERS": bootstrap},
     )
     assert result.returncode == 0, result.stdout + result.stderr
     [report] = json.loads(result.stdout)
@@ -193,10 +221,10 @@ def test_a_restore_into_a_younger_cluster_publishes_each_event_once_in_order(
     url = restore(tmp_path / "outbox.dump", target)
     stored = db.execute("SELECT max(transaction_id)::text::bigint FROM outbox").fetchone()
     assert stored is not None and next_xid(url) < stored[0]  # the move this test is about
-    with psycopg.connect(url, autocommit=True) as conn:
-        writer.write(conn, 10)  # the app is back before the relay
+    with psycopg.connect(url, autocommit=True) as conn, app(url) as app_conn:
+        writer.write(app_conn, 10)  # the app is back before the relay
         moved = relays(url, topic_prefix)
-        writer.write(conn, 10)  # ... and goes on
+        writer.write(app_conn, 10)  # ... and goes on
         wait_caught_up(conn, "s", timeout=60)
 
     assert key_space_changes(moved)["rebased"] == 1
@@ -236,9 +264,9 @@ def test_an_older_backup_restored_while_kafka_holds_later_events(
     migrated = run_cli("migrate", env={"RELAY_DATABASE_URL": url})
     assert migrated.returncode == 0, migrated.stderr
     assert "key space rebased: stored keys reach" in migrated.stdout
-    with psycopg.connect(url, autocommit=True) as conn:
+    with psycopg.connect(url, autocommit=True) as conn, app(url) as app_conn:
         moved = relays(url, topic_prefix)
-        writer.write(conn, 10)
+        writer.write(app_conn, 10)
         wait_caught_up(conn, "s", timeout=60)
 
     assert key_space_changes(moved)["rebased"] == 0  # already done by migrate
@@ -275,9 +303,9 @@ def test_an_older_backup_restored_into_a_cluster_with_higher_ids(
 
     restored = restore(tmp_path / "older.dump", target)
     writer.forget(lost)
-    with psycopg.connect(restored, autocommit=True) as conn:
+    with psycopg.connect(restored, autocommit=True) as conn, app(restored) as app_conn:
         moved = relays(restored, topic_prefix)
-        writer.write(conn, 10)
+        writer.write(app_conn, 10)
         wait_caught_up(conn, "s", timeout=60)
     assert key_space_changes(moved) == {"rebased": 0, "continued": 1}
     totals = moved.part_totals()
@@ -285,6 +313,25 @@ def test_an_older_backup_restored_into_a_cluster_with_higher_ids(
     assert sum(t["recovered"] for t in totals.values()) == 1
     assert_published_once_in_order(kafka_bootstrap, topic, writer, also_on_kafka=len(lost))
     assert assert_verify_clean(restored, kafka_bootstrap)["found"] == 35
+
+
+def test_writers_write_after_a_restore_without_privileges_then_migrate_and_grant(
+    writer_db: psycopg.Connection[Any],
+    database_url: str,
+    outbox: Outbox,
+    new_cluster: NewCluster,
+    tmp_path: Path,
+) -> None:
+    """A restore into a cluster without the source's roles (``--no-privileges``), then
+    what deploy/README.md says: `migrate`, then `grant` for the roles."""
+    write_orders(writer_db, outbox, ["before"])
+    dump(database_url, tmp_path / "outbox.dump")
+    url = restore(tmp_path / "outbox.dump", new_cluster(), privileges=False)
+    migrated = run_cli("migrate", env={"RELAY_DATABASE_URL": url})
+    assert migrated.returncode == 0, migrated.stderr
+    with app(url) as conn:  # granted afresh, as `outbox-relay grant --create` does
+        write_orders(conn, outbox, ["after"])
+        assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (2,)
 
 
 def test_a_promoted_streaming_replica_is_no_move(
@@ -308,9 +355,9 @@ def test_a_promoted_streaming_replica_is_no_move(
         with psycopg.connect(standby.url, autocommit=True) as conn:
             conn.execute("SELECT pg_promote()")
         promoted = standby.url_for("outbox")
-        with psycopg.connect(promoted, autocommit=True) as conn:
+        with psycopg.connect(promoted, autocommit=True) as conn, app(promoted) as app_conn:
             relay = relays(promoted, topic_prefix)
-            writer.write(conn, 10)
+            writer.write(app_conn, 10)
             wait_caught_up(conn, "s", timeout=60)
         assert key_space_changes(relay) == {"rebased": 0, "continued": 0}
         totals = relay.part_totals()

@@ -2,28 +2,39 @@
 
 from __future__ import annotations
 
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+import pytest
+from psycopg import sql
 
 from relay import Event, Outbox
+from relay.daemon import Relay
 from relay.model import Position
 from relay.ports import Selection
+from relay.roles import grant_roles
+from relay.schemas import SchemaFolder
+from relay.settings import load_settings
 from relay.store import OutboxStore
 from relay.subscribers import Subscriber
-from tests.support import write_orders
+from tests.support import sub, write_orders
 
 
 def test_prune_keeps_unpublished_rows_and_each_streams_latest_version(
-    db: psycopg.Connection[Any], outbox: Outbox
+    relay_db: psycopg.Connection[Any], writer_db: psycopg.Connection[Any], outbox: Outbox
 ) -> None:
-    store = OutboxStore(db)
+    store = OutboxStore(relay_db)
     store.add(Subscriber("fast", topic="fast.{aggregate_type}"))
     store.add(Subscriber("slow", topic="slow.{aggregate_type}"))
-    write_orders(db, outbox, [f"o-{i}" for i in range(6)])
-    with db.transaction():
+    write_orders(writer_db, outbox, [f"o-{i}" for i in range(6)])
+    with writer_db.transaction():
         outbox.append_to_stream(
-            db, aggregate_type="order", aggregate_id="s-1", expected_version=0,
+            writer_db, aggregate_type="order", aggregate_id="s-1", expected_version=0,
             events=[Event("OrderShipped", {"order_id": "s-1", "carrier": f"c{i}"}) for i in range(3)],
         )  # fmt: skip
     rows = store.fetch(Position(0, 0), Selection(100)).events
@@ -44,15 +55,17 @@ def test_prune_keeps_unpublished_rows_and_each_streams_latest_version(
     assert (kept.aggregate_id, kept.aggregate_version) == ("s-1", 3)  # the stream's latest
     # ...so event-sourced appends go on after pruning.
     outbox.append_to_stream(
-        db, aggregate_type="order", aggregate_id="s-1", expected_version=3,
+        writer_db, aggregate_type="order", aggregate_id="s-1", expected_version=3,
         events=[Event("OrderShipped", {"order_id": "s-1", "carrier": "late"})],
     )  # fmt: skip
 
 
-def test_prune_respects_the_minimum_age(db: psycopg.Connection[Any], outbox: Outbox) -> None:
-    store = OutboxStore(db)
+def test_prune_respects_the_minimum_age(
+    relay_db: psycopg.Connection[Any], writer_db: psycopg.Connection[Any], outbox: Outbox
+) -> None:
+    store = OutboxStore(relay_db)
     store.add(Subscriber("s"))
-    write_orders(db, outbox, ["o-1"])
+    write_orders(writer_db, outbox, ["o-1"])
     [row] = store.fetch(Position(0, 0), Selection(10)).events
     session = store.open_session("x", 1, 60)
     store.claim("s", 0, session)
@@ -62,15 +75,135 @@ def test_prune_respects_the_minimum_age(db: psycopg.Connection[Any], outbox: Out
 
 
 def test_the_relay_prunes_on_its_own(
-    db: psycopg.Connection[Any], outbox: Outbox, topic_prefix: str, start_relay: Any
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    outbox: Outbox,
+    topic_prefix: str,
+    start_relay: Any,
 ) -> None:
     import time
 
     from tests.support import sub
 
     start_relay(subscribers=[sub("s", topic_prefix)], prune_every=0.5, retention=0)
-    write_orders(db, outbox, ["o-1", "o-2"])
+    write_orders(writer_db, outbox, ["o-1", "o-2"])
     deadline = time.monotonic() + 20
     while db.execute("SELECT count(*) FROM outbox").fetchone() != (0,):
         assert time.monotonic() < deadline, "the relay never pruned its published rows"
         time.sleep(0.1)
+
+
+# -- as the relay role `outbox-relay grant` makes (no DELETE on the outbox) ---------------
+
+
+@pytest.fixture
+def relay_role(db: psycopg.Connection[Any]) -> Iterator[str]:
+    role = f"relay_{uuid.uuid4().hex[:6]}"
+    grant_roles(db, "public", relay_role=role, create=True)
+    yield role
+    name = sql.Identifier(role)
+    db.execute(sql.SQL("DROP OWNED BY {}; DROP ROLE IF EXISTS {}").format(name, name))
+
+
+def as_user(url: str, user: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{user}@{parts.hostname}:{parts.port}"))
+
+
+def test_the_relay_role_prunes_published_rows_without_delete_on_the_outbox(
+    db: psycopg.Connection[Any], outbox: Outbox, database_url: str, relay_role: str
+) -> None:
+    owner = OutboxStore(db)
+    owner.add(Subscriber("s"))
+    write_orders(db, outbox, ["o-1", "o-2", "o-3"])
+    rows = owner.fetch(Position(0, 0), Selection(10)).events
+    session = owner.open_session("x", 1, 60)
+    owner.claim("s", 0, session)
+    owner.advance(owner.get_part("s", 0), rows[1].key, session)
+    with psycopg.connect(as_user(database_url, relay_role), autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("DELETE FROM outbox")
+        assert sum(OutboxStore(conn).prune(older_than_s=0, batch=1)) == 2
+    [left] = owner.fetch(Position(0, 0), Selection(10)).events
+    assert left.key == rows[2].key  # not yet published: kept
+
+
+def start_as(
+    role_url: str, kafka_bootstrap: str, topic_prefix: str, registry: SchemaFolder
+) -> Relay:
+    relay = Relay(
+        load_settings(
+            database_url=role_url,
+            bootstrap_servers=kafka_bootstrap,
+            subscribers=[sub("s", topic_prefix)],
+            poll_interval=0.2,
+            heartbeat_interval=0.3,
+            session_timeout=3.0,
+            metrics_port=0,
+            prune_every=0.5,
+            retention=0,
+        ),
+        registry=registry,
+    )
+    relay.start()
+    return relay
+
+
+def metric(relay: Relay, name: str) -> float:
+    assert relay.http is not None
+    with urllib.request.urlopen(f"http://127.0.0.1:{relay.http.port}/metrics", timeout=10) as r:
+        lines = r.read().decode().splitlines()
+    [value] = [line.split()[1] for line in lines if line.startswith(name + " ")]
+    return float(value)
+
+
+def test_the_relay_prunes_on_its_own_as_the_grant_role_and_counts_it(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    registry: SchemaFolder,
+    relay_role: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    relay = start_as(as_user(database_url, relay_role), kafka_bootstrap, topic_prefix, registry)
+    try:
+        write_orders(db, outbox, ["o-1", "o-2"])
+        deadline = time.monotonic() + 30
+        while db.execute("SELECT count(*) FROM outbox").fetchone() != (0,):
+            assert time.monotonic() < deadline, "the relay never pruned its published rows"
+            time.sleep(0.1)
+        assert metric(relay, "outbox_relay_pruned_events_total") == 2
+        assert metric(relay, "outbox_relay_prune_failures_total") == 0
+    finally:
+        relay.stop()
+    assert not [r for r in caplog.records if "failed" in r.getMessage()]
+
+
+def test_a_failed_retention_pass_is_named_and_counted_as_such(
+    db: psycopg.Connection[Any],
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    registry: SchemaFolder,
+    relay_role: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    db.execute(
+        sql.SQL("REVOKE EXECUTE ON FUNCTION outbox_prune(float8, integer) FROM {}").format(
+            sql.Identifier(relay_role)
+        )
+    )
+    relay = start_as(as_user(database_url, relay_role), kafka_bootstrap, topic_prefix, registry)
+    try:
+        deadline = time.monotonic() + 30
+        while relay.retention_totals()["failures"] < 2:
+            assert time.monotonic() < deadline, "no retention pass failed"
+            time.sleep(0.1)
+        assert metric(relay, "outbox_relay_prune_failures_total") >= 2
+    finally:
+        relay.stop()
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("retention failed") and "permission denied" in m for m in messages)
+    assert not [m for m in messages if "rebalance failed" in m]

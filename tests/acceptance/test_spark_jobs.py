@@ -24,14 +24,14 @@ pytestmark = pytest.mark.spark
 REPO = Path(__file__).resolve().parents[2]
 
 
-def write_order_story(db: psycopg.Connection[Any], outbox: Outbox) -> None:
+def write_order_story(writer_db: psycopg.Connection[Any], outbox: Outbox) -> None:
     for i in range(10):
-        with db.transaction():
+        with writer_db.transaction():
             payload = {"order_id": f"o-{i}", "customer_id": f"c-{i % 3}", "amount_cents": 100 * i}
-            outbox.append(db, aggregate_type="order", aggregate_id=f"o-{i}",
+            outbox.append(writer_db, aggregate_type="order", aggregate_id=f"o-{i}",
                           event_type="OrderPlaced", payload=payload)  # fmt: skip
     for i in range(0, 10, 2):
-        outbox.append(db, aggregate_type="order", aggregate_id=f"o-{i}",
+        outbox.append(writer_db, aggregate_type="order", aggregate_id=f"o-{i}",
                       event_type="OrderShipped", payload={"order_id": f"o-{i}", "carrier": "dhl"})  # fmt: skip
 
 
@@ -53,6 +53,7 @@ def run_projection(spark: SparkSession, url: str, bootstrap: str, topic: str, ck
 def test_projection_is_exact_and_a_replayed_batch_changes_nothing(
     spark: SparkSession,
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     database_url: str,
     kafka_bootstrap: str,
@@ -61,7 +62,7 @@ def test_projection_is_exact_and_a_replayed_batch_changes_nothing(
     tmp_path: Path,
 ) -> None:
     start_relay(subscribers=[sub("s", topic_prefix)])
-    write_order_story(db, outbox)
+    write_order_story(writer_db, outbox)
     wait_caught_up(db, "s", timeout=60)
     topic, ckpt = topic_prefix + "outbox.event.order", tmp_path / "ckpt"
 
@@ -145,6 +146,7 @@ def test_driver_killed_mid_run_ends_with_the_same_result_as_a_clean_run(
     db: psycopg.Connection[Any],
     outbox: Outbox,
     database_url: str,
+    writer_url: str,
     kafka_bootstrap: str,
     topic_prefix: str,
     start_relay: Callable[..., Relay],
@@ -163,7 +165,7 @@ def test_driver_killed_mid_run_ends_with_the_same_result_as_a_clean_run(
     written: list[int] = []
 
     def writer() -> None:  # orders keep arriving while drivers die
-        with psycopg.connect(database_url, autocommit=True) as conn:
+        with psycopg.connect(writer_url, autocommit=True) as conn:
             i = 0
             while not stop.is_set() and i < 400:
                 payload = {"order_id": f"o-{i}", "customer_id": "c", "amount_cents": i}
@@ -224,13 +226,14 @@ def test_driver_killed_mid_run_ends_with_the_same_result_as_a_clean_run(
 @pytest.fixture
 def published_story(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     topic_prefix: str,
     start_relay: Callable[..., Relay],
 ) -> set[str]:
     """The order story, published by a relay; the message ids."""
     start_relay(subscribers=[sub("s", topic_prefix)])
-    write_order_story(db, outbox)
+    write_order_story(writer_db, outbox)
     wait_caught_up(db, "s", timeout=60)
     return {str(r[0]) for r in db.execute("SELECT message_id FROM outbox").fetchall()}
 
@@ -336,6 +339,7 @@ def test_archive_backfill_reads_exactly_the_offset_range_once(
     spark: SparkSession,
     published_story: set[str],
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     kafka_bootstrap: str,
     topic_prefix: str,
@@ -355,7 +359,7 @@ def test_archive_backfill_reads_exactly_the_offset_range_once(
     consumer.close()
     placed = published_story
     for i in range(3):  # after the range's end: not backfilled
-        outbox.append(db, aggregate_type="order", aggregate_id=f"late-{i}",
+        outbox.append(writer_db, aggregate_type="order", aggregate_id=f"late-{i}",
                       event_type="OrderPlaced",
                       payload={"order_id": f"late-{i}", "customer_id": "c", "amount_cents": 1})  # fmt: skip
     wait_caught_up(db, "s", timeout=60)

@@ -11,9 +11,9 @@ from tests.support import run_cli
 
 
 def test_adding_a_colliding_subscriber_is_refused_with_the_fix(
-    db: psycopg.Connection[Any], database_url: str
+    db: psycopg.Connection[Any], relay_url: str
 ) -> None:
-    env = {"RELAY_DATABASE_URL": database_url}
+    env = {"RELAY_DATABASE_URL": relay_url}
     assert run_cli("subscribers", "add", "default", env=env).returncode == 0
     refused = run_cli(
         "subscribers", "add", "billing", "--aggregate-type", "order", "--from", "now", env=env

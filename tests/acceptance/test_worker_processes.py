@@ -63,12 +63,18 @@ class RunningRelay:
 
 
 @pytest.fixture
-def run_relay(tmp_path: Path, database_url: str, kafka_bootstrap: str) -> Iterator[Any]:
+def run_relay(
+    tmp_path: Path, kafka_bootstrap: str, request: pytest.FixtureRequest
+) -> Iterator[Any]:
+    """``outbox-relay run ARGS`` as the relay role (on the migrated, granted database),
+    unless the test names another RELAY_DATABASE_URL."""
     started: list[RunningRelay] = []
 
     def start(*args: str, **env: str) -> RunningRelay:
         log = (tmp_path / f"relay-{len(started)}.log").open("wb")
-        full_env = {**os.environ, "RELAY_DATABASE_URL": database_url,
+        if "RELAY_DATABASE_URL" not in env:
+            env["RELAY_DATABASE_URL"] = request.getfixturevalue("relay_url")
+        full_env = {**os.environ,
                     "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap, "RELAY_METRICS_PORT": "0",
                     "RELAY_HEARTBEAT_INTERVAL": "0.5", "RELAY_SESSION_TIMEOUT": "3", **env}  # fmt: skip
         proc = subprocess.Popen(
@@ -86,9 +92,9 @@ def run_relay(tmp_path: Path, database_url: str, kafka_bootstrap: str) -> Iterat
         relay.log.close()
 
 
-def write(database_url: str, outbox: Outbox, rounds: range) -> None:
+def write(writer_url: str, outbox: Outbox, rounds: range) -> None:
     """PER_KEY events per key in all; each transaction appends one event to every key."""
-    with psycopg.connect(database_url) as conn:
+    with psycopg.connect(writer_url) as conn:
         for n in rounds:
             with conn.transaction():
                 for k in range(KEYS):
@@ -97,6 +103,7 @@ def write(database_url: str, outbox: Outbox, rounds: range) -> None:
 
 
 def add_subscriber(database_url: str, topic: str) -> None:
+    """As the owner: `subscribers add --parts` builds the part indexes."""
     assert run_cli("migrate", "--database-url", database_url).returncode == 0
     added = run_cli("subscribers", "add", "orders", "--parts", str(PARTS), "--topic", topic,
                     "--format", "json", "--database-url", database_url)  # fmt: skip
@@ -138,10 +145,10 @@ def stops_cleanly(relay: RunningRelay, timeout: float = 60) -> bool:
 
 
 def test_two_workers_share_the_parts_and_the_relay_reports_for_both(
-    two_workers: RunningRelay, database_url: str, kafka_bootstrap: str, topic_prefix: str,
+    two_workers: RunningRelay, writer_url: str, kafka_bootstrap: str, topic_prefix: str,
     outbox: Outbox, db: psycopg.Connection[Any],
 ) -> None:  # fmt: skip
-    write(database_url, outbox, range(PER_KEY))
+    write(writer_url, outbox, range(PER_KEY))
     wait_caught_up(db, "orders", timeout=60)
     assert_exactly_once_in_order(kafka_bootstrap, topic_prefix + "orders")
 
@@ -156,12 +163,12 @@ def test_two_workers_share_the_parts_and_the_relay_reports_for_both(
 
 @pytest.mark.chaos
 def test_a_killed_worker_is_restarted_and_nothing_is_lost_or_repeated(
-    two_workers: RunningRelay, database_url: str, kafka_bootstrap: str, topic_prefix: str,
+    two_workers: RunningRelay, writer_url: str, kafka_bootstrap: str, topic_prefix: str,
     outbox: Outbox, db: psycopg.Connection[Any],
 ) -> None:  # fmt: skip
-    write(database_url, outbox, range(PER_KEY // 2))
+    write(writer_url, outbox, range(PER_KEY // 2))
     os.kill(two_workers.children()[0], signal.SIGKILL)
-    write(database_url, outbox, range(PER_KEY // 2, PER_KEY))
+    write(writer_url, outbox, range(PER_KEY // 2, PER_KEY))
     wait_until(lambda: "died: restarting it" in two_workers.output(), what="the restart")
     wait_until(lambda: len(two_workers.children()) == 2, what="the restarted member")
     wait_caught_up(db, "orders", timeout=90)
@@ -173,7 +180,8 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost_or_repeated(
 def test_a_fatal_error_in_a_worker_stops_the_relay_with_it(
     run_relay: Any, database_url: str
 ) -> None:
-    relay = run_relay("--workers", "2")  # the database is not migrated
+    # The database is not migrated (so there is no relay role's grant to use yet).
+    relay = run_relay("--workers", "2", RELAY_DATABASE_URL=database_url)
     deadline = time.monotonic() + 60
     while relay.proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)

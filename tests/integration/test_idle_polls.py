@@ -19,14 +19,14 @@ ROWS = 20_000
 
 
 @pytest.fixture
-def published(db: psycopg.Connection[Any]) -> tuple[int, int]:
+def published(db: psycopg.Connection[Any], writer_db: psycopg.Connection[Any]) -> tuple[int, int]:
     """A table of ``ROWS`` decided rows, all of them published: the newest row's key."""
-    db.execute(
+    writer_db.execute(
         "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
         " SELECT 'order', 'k' || n, 'OrderPlaced', '{}' FROM generate_series(1, %s) AS n",
         (ROWS,),
     )
-    db.execute("ANALYZE outbox")
+    db.execute("ANALYZE outbox")  # the owner's (or autovacuum's)
     newest = db.execute(
         "SELECT transaction_id::text::bigint, position FROM outbox"
         " ORDER BY transaction_id DESC, position DESC LIMIT 1"
@@ -36,19 +36,19 @@ def published(db: psycopg.Connection[Any]) -> tuple[int, int]:
 
 
 def test_the_commit_probe_reads_one_row_when_no_transaction_runs(
-    db: psycopg.Connection[Any], published: tuple[int, int]
+    relay_db: psycopg.Connection[Any], published: tuple[int, int]
 ) -> None:
     query = queries_for("public")["newest_decided"]
-    assert db.execute(query).fetchone() == (str(published[0]), published[1], False)
-    assert outbox_rows_read(db, query) <= 2
+    assert relay_db.execute(query).fetchone() == (str(published[0]), published[1], False)
+    assert outbox_rows_read(relay_db, query) <= 2
 
 
 def test_a_caught_up_one_type_poll_reads_one_row(
-    db: psycopg.Connection[Any], published: tuple[int, int]
+    relay_db: psycopg.Connection[Any], published: tuple[int, int]
 ) -> None:
     query = queries_for("public")["fetch_batch_of_type"]
     params = {"transaction_id": published[0], "position": published[1], "limit": 5000,
               "max_bytes": 2**40, "part": 0, "parts": 1, "event_types": None,
               "aggregate_type": "order"}  # fmt: skip
-    assert db.execute(query, params).fetchall() == []  # nothing new: no checkpoint write
-    assert outbox_rows_read(db, query, params) <= 2
+    assert relay_db.execute(query, params).fetchall() == []  # nothing new: no checkpoint write
+    assert outbox_rows_read(relay_db, query, params) <= 2

@@ -42,13 +42,14 @@ def rows_read(db: psycopg.Connection[Any], part: int, parts: int) -> int:
 
 
 def test_adding_a_sharded_subscriber_indexes_its_parts_and_each_reads_only_its_own(
-    database_url: str, db: psycopg.Connection[Any]
+    database_url: str, db: psycopg.Connection[Any], relay_db: psycopg.Connection[Any]
 ) -> None:
     fill(db)
+    # As the owner: building the part indexes needs it (deploy/README.md).
     added = run_cli("subscribers", "add", "s", "--parts", "4", "--database-url", database_url)
     assert added.returncode == 0, added.stderr
     assert part_indexes(db) == [f"outbox_part_4_{p}" for p in range(4)]
-    store = OutboxStore(db)
+    store = OutboxStore(relay_db)  # the polls are the relay's
     seen: list[str] = []
     for part in range(4):
         events = store.fetch(Position(0, 0), Selection(ROWS, part=part, parts=4)).events
@@ -60,7 +61,7 @@ def test_adding_a_sharded_subscriber_indexes_its_parts_and_each_reads_only_its_o
         seen += [e.aggregate_id for e in events]
         # Its first 100 rows, read through its own index (a row or two past the limit),
         # not the 400 or so of every part that a scan of the range reads to find them.
-        assert rows_read(db, part, 4) <= 110
+        assert rows_read(relay_db, part, 4) <= 110
     assert sorted(seen) == sorted(f"k{n}" for n in range(1, ROWS + 1))
 
 
@@ -78,11 +79,11 @@ def test_the_last_subscriber_of_a_part_count_takes_its_indexes_along(
 
 
 def test_migrate_builds_the_part_indexes_a_relay_could_not(
-    database_url: str, db: psycopg.Connection[Any]
+    database_url: str, db: psycopg.Connection[Any], relay_db: psycopg.Connection[Any]
 ) -> None:
     """A relay declares its sharded subscribers itself but never builds indexes (that
     waits on every open transaction); the owner's `migrate` does."""
-    store = OutboxStore(db)
+    store = OutboxStore(relay_db)
     store.add(Subscriber("declared", topic="t", parts=3), StartFrom.BEGINNING)
     assert part_indexes(db) == []
     migrated = run_cli("migrate", "--database-url", database_url)

@@ -17,8 +17,8 @@ from tests.contracts.store import StoreContract, Write
 
 class TestPostgresStore(StoreContract):
     @pytest.fixture
-    def store(self, db: psycopg.Connection[Any]) -> Iterator[OutboxStore]:
-        yield OutboxStore(db)
+    def store(self, relay_db: psycopg.Connection[Any]) -> Iterator[OutboxStore]:
+        yield OutboxStore(relay_db)  # the relay's store, as the relay role
 
     @pytest.fixture
     def session(self, store: OutboxStore) -> UUID:
@@ -26,12 +26,12 @@ class TestPostgresStore(StoreContract):
         return store.open_session("contract", 1, 60)
 
     @pytest.fixture
-    def write(self, db: psycopg.Connection[Any]) -> Write:
+    def write(self, writer_db: psycopg.Connection[Any]) -> Write:
         outbox = Outbox(None)
 
         def write(aggregate_id: str) -> UUID:
             return outbox.append(
-                db, aggregate_type="order", aggregate_id=aggregate_id, event_type="Placed",
+                writer_db, aggregate_type="order", aggregate_id=aggregate_id, event_type="Placed",
                 payload={"id": aggregate_id},
             )  # fmt: skip
 

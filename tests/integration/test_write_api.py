@@ -20,14 +20,14 @@ def count(db: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
-def test_plain_sql_insert_fills_every_default(db: psycopg.Connection[Any]) -> None:
-    with db.transaction():
-        db.execute(
+def test_plain_sql_insert_fills_every_default(writer_db: psycopg.Connection[Any]) -> None:
+    with writer_db.transaction():
+        writer_db.execute(
             """INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
                VALUES ('order', '42', 'OrderPlaced', '{"order_id": "42"}')"""
         )
-        xid = db.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
-    row = db.execute(
+        xid = writer_db.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
+    row = writer_db.execute(
         "SELECT transaction_id::text::bigint, position, message_id, headers, occurred_at FROM outbox"
     ).fetchone()
     assert row is not None
@@ -36,26 +36,26 @@ def test_plain_sql_insert_fills_every_default(db: psycopg.Connection[Any]) -> No
 
 
 def test_append_writes_inside_the_callers_transaction(
-    db: psycopg.Connection[Any], outbox: Outbox
+    writer_db: psycopg.Connection[Any], outbox: Outbox
 ) -> None:
-    with db.transaction() as tx:  # the API takes a Transaction as well as a Connection
+    with writer_db.transaction() as tx:  # the API takes a Transaction as well as a Connection
         message_id = outbox.append(
             tx, aggregate_type="order", aggregate_id="o-1", event_type="OrderPlaced", payload=ORDER
         )
         raise psycopg.Rollback(tx)
     assert isinstance(message_id, UUID)
-    assert count(db) == 0  # rolled back with the caller's transaction
+    assert count(writer_db) == 0  # rolled back with the caller's transaction
 
-    with db.transaction():
+    with writer_db.transaction():
         message_id = outbox.append(
-            db,
+            writer_db,
             aggregate_type="order",
             aggregate_id="o-1",
             event_type="OrderPlaced",
             payload=ORDER,
             headers={"traceparent": "00-abc-def-01"},
         )
-    row = db.execute(
+    row = writer_db.execute(
         "SELECT event_type, payload, headers FROM outbox WHERE message_id = %s", (message_id,)
     ).fetchone()
     assert row == ("OrderPlaced", ORDER, {"traceparent": "00-abc-def-01"})
@@ -70,19 +70,23 @@ def test_append_writes_inside_the_callers_transaction(
     ],
 )
 def test_invalid_payload_is_rejected_and_nothing_is_written(
-    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     event_type: str,
     payload: dict[str, Any],
     problem: str,
 ) -> None:
-    with db.transaction():
+    with writer_db.transaction():
         outbox.append(
-            db, aggregate_type="order", aggregate_id="o-0", event_type="OrderPlaced", payload=ORDER
+            writer_db,
+            aggregate_type="order",
+            aggregate_id="o-0",
+            event_type="OrderPlaced",
+            payload=ORDER,
         )
         with pytest.raises(PayloadValidationError, match=problem):
             outbox.append(
-                db,
+                writer_db,
                 aggregate_type="order",
                 aggregate_id="o-1",
                 event_type=event_type,
@@ -90,47 +94,57 @@ def test_invalid_payload_is_rejected_and_nothing_is_written(
             )
         # The caller's transaction is still usable and commits its valid event.
         outbox.append(
-            db, aggregate_type="order", aggregate_id="o-2", event_type="OrderPlaced", payload=ORDER
+            writer_db,
+            aggregate_type="order",
+            aggregate_id="o-2",
+            event_type="OrderPlaced",
+            payload=ORDER,
         )
-    ids = [r[0] for r in db.execute("SELECT aggregate_id FROM outbox ORDER BY position")]
+    ids = [r[0] for r in writer_db.execute("SELECT aggregate_id FROM outbox ORDER BY position")]
     assert ids == ["o-0", "o-2"]
 
 
-def test_bad_arguments_are_clear_errors(db: psycopg.Connection[Any], outbox: Outbox) -> None:
+def test_bad_arguments_are_clear_errors(writer_db: psycopg.Connection[Any], outbox: Outbox) -> None:
     with pytest.raises(PayloadValidationError, match="aggregate_id must be a non-empty string"):
         outbox.append(
-            db, aggregate_type="order", aggregate_id="", event_type="OrderPlaced", payload=ORDER
+            writer_db,
+            aggregate_type="order",
+            aggregate_id="",
+            event_type="OrderPlaced",
+            payload=ORDER,
         )
     with pytest.raises(PayloadValidationError, match="headers must map strings to strings"):
         outbox.append(
-            db,
+            writer_db,
             aggregate_type="order",
             aggregate_id="1",
             event_type="OrderPlaced",
             payload=ORDER,
             headers={"n": 1},
         )  # type: ignore[dict-item]
-    assert count(db) == 0
+    assert count(writer_db) == 0
 
 
-def test_idempotency_key_makes_retries_safe(db: psycopg.Connection[Any], outbox: Outbox) -> None:
+def test_idempotency_key_makes_retries_safe(
+    writer_db: psycopg.Connection[Any], outbox: Outbox
+) -> None:
     kwargs: dict[str, Any] = dict(
         aggregate_type="order", aggregate_id="o-1", event_type="OrderPlaced", payload=ORDER
     )
-    with db.transaction():
-        first = outbox.append(db, idempotency_key="req-1", **kwargs)
-    with db.transaction():
-        again = outbox.append(db, idempotency_key="req-1", **kwargs)
+    with writer_db.transaction():
+        first = outbox.append(writer_db, idempotency_key="req-1", **kwargs)
+    with writer_db.transaction():
+        again = outbox.append(writer_db, idempotency_key="req-1", **kwargs)
         other_aggregate = outbox.append(
-            db, idempotency_key="req-1", **{**kwargs, "aggregate_id": "o-2"}
+            writer_db, idempotency_key="req-1", **{**kwargs, "aggregate_id": "o-2"}
         )
     assert again == first
     assert other_aggregate != first  # keys are unique per aggregate
-    assert count(db) == 2
+    assert count(writer_db) == 2
 
 
 def test_idempotency_key_under_a_concurrent_duplicate(
-    database_url: str, db: psycopg.Connection[Any], outbox: Outbox
+    writer_url: str, writer_db: psycopg.Connection[Any], outbox: Outbox
 ) -> None:
     kwargs: dict[str, Any] = dict(
         aggregate_type="order",
@@ -139,7 +153,7 @@ def test_idempotency_key_under_a_concurrent_duplicate(
         payload=ORDER,
         idempotency_key="k",
     )
-    with psycopg.connect(database_url) as first, psycopg.connect(database_url) as second:
+    with psycopg.connect(writer_url) as first, psycopg.connect(writer_url) as second:
         first_id = outbox.append(first, **kwargs)  # uncommitted
         result: list[UUID] = []
         waiter = threading.Thread(target=lambda: result.append(outbox.append(second, **kwargs)))
@@ -149,21 +163,21 @@ def test_idempotency_key_under_a_concurrent_duplicate(
         waiter.join(10)
         second.commit()
     assert result == [first_id]
-    assert count(db) == 1
+    assert count(writer_db) == 1
 
 
-def test_stream_append_assigns_versions(db: psycopg.Connection[Any], outbox: Outbox) -> None:
-    with db.transaction():
+def test_stream_append_assigns_versions(writer_db: psycopg.Connection[Any], outbox: Outbox) -> None:
+    with writer_db.transaction():
         first = outbox.append_to_stream(
-            db,
+            writer_db,
             aggregate_type="order",
             aggregate_id="o-1",
             expected_version=0,
             events=[Event("OrderPlaced", ORDER)],
         )
-    with db.transaction():
+    with writer_db.transaction():
         second = outbox.append_to_stream(
-            db,
+            writer_db,
             aggregate_type="order",
             aggregate_id="o-1",
             expected_version=1,
@@ -173,18 +187,18 @@ def test_stream_append_assigns_versions(db: psycopg.Connection[Any], outbox: Out
             ],
         )
     assert (first.version, second.version) == (1, 3)
-    rows = db.execute(
+    rows = writer_db.execute(
         "SELECT aggregate_version, event_type FROM outbox ORDER BY transaction_id, position"
     ).fetchall()
     assert rows == [(1, "OrderPlaced"), (2, "OrderShipped"), (3, "OrderShipped")]
 
 
 def test_stale_expected_version_fails_and_writes_nothing(
-    db: psycopg.Connection[Any], outbox: Outbox
+    writer_db: psycopg.Connection[Any], outbox: Outbox
 ) -> None:
-    with db.transaction():
+    with writer_db.transaction():
         outbox.append_to_stream(
-            db,
+            writer_db,
             aggregate_type="order",
             aggregate_id="o-1",
             expected_version=0,
@@ -192,30 +206,33 @@ def test_stale_expected_version_fails_and_writes_nothing(
         )
     ship = Event("OrderShipped", {"order_id": "o-1", "carrier": "dhl"})
     for stale in (0, 5):
-        with pytest.raises(ConcurrencyError), db.transaction():
+        with pytest.raises(ConcurrencyError), writer_db.transaction():
             outbox.append_to_stream(
-                db,
+                writer_db,
                 aggregate_type="order",
                 aggregate_id="o-1",
                 expected_version=stale,
                 events=[ship, ship],
             )
-    assert db.execute("SELECT max(aggregate_version), count(*) FROM outbox").fetchone() == (1, 1)
+    assert writer_db.execute("SELECT max(aggregate_version), count(*) FROM outbox").fetchone() == (
+        1,
+        1,
+    )
 
 
 def test_concurrent_appends_one_wins(
-    database_url: str, db: psycopg.Connection[Any], outbox: Outbox
+    writer_url: str, writer_db: psycopg.Connection[Any], outbox: Outbox
 ) -> None:
     ship = Event("OrderShipped", {"order_id": "o-1", "carrier": "dhl"})
-    with db.transaction():
+    with writer_db.transaction():
         outbox.append_to_stream(
-            db,
+            writer_db,
             aggregate_type="order",
             aggregate_id="o-1",
             expected_version=0,
             events=[Event("OrderPlaced", ORDER)],
         )
-    with psycopg.connect(database_url) as a, psycopg.connect(database_url) as b:
+    with psycopg.connect(writer_url) as a, psycopg.connect(writer_url) as b:
         outbox.append_to_stream(
             a, aggregate_type="order", aggregate_id="o-1", expected_version=1, events=[ship]
         )
@@ -236,16 +253,16 @@ def test_concurrent_appends_one_wins(
         thread.join(10)
         b.rollback()
     assert len(failures) == 1 and "stale" in str(failures[0])
-    assert db.execute("SELECT count(*) FROM outbox").fetchone() == (2,)
+    assert writer_db.execute("SELECT count(*) FROM outbox").fetchone() == (2,)
 
 
 def test_an_early_xid_appends_its_later_version_and_sorts_after_the_earlier_one(
-    database_url: str, db: psycopg.Connection[Any], outbox: Outbox
+    writer_url: str, writer_db: psycopg.Connection[Any], outbox: Outbox
 ) -> None:
     """T1 takes its xid first; T2 (younger xid) commits version 1; T1 then appends
     version 2. It succeeds, and version 2 sorts after version 1 in the relay's order."""
     ship = Event("OrderShipped", {"order_id": "o-1", "carrier": "dhl"})
-    with psycopg.connect(database_url) as t1, psycopg.connect(database_url) as t2:
+    with psycopg.connect(writer_url) as t1, psycopg.connect(writer_url) as t2:
         t1.execute("SELECT pg_current_xact_id()")  # T1 takes its xid early
         outbox.append_to_stream(
             t2,
@@ -259,18 +276,18 @@ def test_an_early_xid_appends_its_later_version_and_sorts_after_the_earlier_one(
             t1, aggregate_type="order", aggregate_id="o-1", expected_version=1, events=[ship]
         )
         t1.commit()
-    rows = db.execute(
+    rows = writer_db.execute(
         "SELECT aggregate_version FROM outbox ORDER BY transaction_id, position"
     ).fetchall()
     assert rows == [(1,), (2,)]
 
 
 def test_plain_sql_gets_the_same_stream_guard(
-    database_url: str, db: psycopg.Connection[Any]
+    writer_url: str, writer_db: psycopg.Connection[Any]
 ) -> None:
     insert = """INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload)
                 VALUES ('order', 'o-1', %s, 'OrderPlaced', '{}')"""
-    db.execute(insert, (1,))
+    writer_db.execute(insert, (1,))
     with pytest.raises(psycopg.Error) as gap:
-        db.execute(insert, (3,))
+        writer_db.execute(insert, (3,))
     assert gap.value.sqlstate == "RLY01"

@@ -1,5 +1,7 @@
 """outbox-relay on the test servers: the Avro schemas, a migrated database (``db``),
-the write API (``outbox``) and in-process relays (``start_relay``)."""
+the roles production runs as (``relay_url``, ``writer_url``, ``writer_db``,
+``stranger_url``, ``relay_db``), the write API (``outbox``) and in-process relays (``start_relay``,
+as the relay role)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from relay.daemon import Relay
 from relay.outbox import Outbox
 from relay.schemas import SchemaFolder
 from relay.settings import load_settings
+from tests.support import Roles, grant_test_roles
 
 # -- outbox-relay fixtures ---------------------------------------------------------------
 
@@ -28,9 +31,56 @@ def registry() -> SchemaFolder:
 
 @pytest.fixture
 def db(database_url: str) -> Iterator[psycopg.Connection[Any]]:
-    """An autocommit connection to a fresh, migrated database."""
+    """An autocommit connection to a fresh, migrated database, as its owner (who
+    migrates and grants; tests/README.md says who else does what)."""
     with psycopg.connect(database_url, autocommit=True) as conn:
         migrations.migrate(conn)
+        yield conn
+
+
+@pytest.fixture
+def roles(db: psycopg.Connection[Any], database_url: str) -> Roles:
+    """The migrated database's URLs as each role, granted by `outbox-relay grant`."""
+    return grant_test_roles(database_url)
+
+
+@pytest.fixture
+def relay_reads_all_stats(roles: Roles) -> None:
+    """`grant --read-all-stats`: the relay role may name the sessions holding the
+    publication horizon (tests of the horizon diagnostics ask for it)."""
+    grant_test_roles(roles.owner_url, read_all_stats=True)
+
+
+@pytest.fixture
+def relay_url(roles: Roles) -> str:
+    """The migrated database as the relay role (`grant --relay-role`)."""
+    return roles.relay_url
+
+
+@pytest.fixture
+def writer_url(roles: Roles) -> str:
+    """The migrated database as the writer role (`grant --writer-role`)."""
+    return roles.writer_url
+
+
+@pytest.fixture
+def stranger_url(roles: Roles) -> str:
+    """The migrated database as a login role with no grant at all."""
+    return roles.stranger_url
+
+
+@pytest.fixture
+def writer_db(writer_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection as the writer role: where tests write their events."""
+    with psycopg.connect(writer_url, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def relay_db(relay_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection as the relay role: for tests that play a relay's part
+    (a store's sessions, claims and checkpoints) or run the `subscribers` commands."""
+    with psycopg.connect(relay_url, autocommit=True) as conn:
         yield conn
 
 
@@ -41,9 +91,10 @@ def outbox(registry: SchemaFolder) -> Outbox:
 
 @pytest.fixture
 def start_relay(
-    db: psycopg.Connection[Any], database_url: str, kafka_bootstrap: str, registry: SchemaFolder
+    relay_url: str, kafka_bootstrap: str, registry: SchemaFolder
 ) -> Iterator[Callable[..., Relay]]:
-    """Start an in-process relay on the test database; stopped at teardown."""
+    """Start an in-process relay on the test database as the relay role; stopped at
+    teardown."""
     started: list[Relay] = []
 
     def start(**settings: Any) -> Relay:
@@ -53,7 +104,7 @@ def start_relay(
         settings.setdefault("session_timeout", 3.0)
         settings.setdefault("metrics_port", 0)  # several relays share this host: any free port
         relay = Relay(
-            load_settings(database_url=database_url, bootstrap_servers=kafka_bootstrap, **settings),
+            load_settings(database_url=relay_url, bootstrap_servers=kafka_bootstrap, **settings),
             registry=registry,
         )
         relay.start()

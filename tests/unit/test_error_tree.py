@@ -305,6 +305,11 @@ def classified(exc: psycopg.Error, stream: StreamRef | None = None) -> RelayErro
         (pg(pg_errors.DiskFull), DatabaseUnavailable, "postgres is unavailable"),
         (pg(sqlstate="08006"), DatabaseUnavailable, "[08006], will retry"),
         (pg(sqlstate="57P01"), DatabaseUnavailable, "[57P01], will retry"),
+        # The session timeouts the relay sets: a lock or statement timed out, or the
+        # session ended by idle_in_transaction_session_timeout; all retried.
+        (pg(pg_errors.LockNotAvailable), DatabaseUnavailable, "postgres is unavailable"),
+        (pg(pg_errors.QueryCanceled), DatabaseUnavailable, "postgres is unavailable"),
+        (pg(pg_errors.IdleInTransactionSessionTimeout), DatabaseUnavailable, "[25P03], will"),
         (pg(pg_errors.UniqueViolation), DatabaseError, "postgres error [23505]"),
         (pg(sqlstate="RLY01"), DatabaseError, "postgres error [RLY01]"),
         (pg(psycopg.InterfaceError), DatabaseError, "postgres error []"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,77 @@ def test_a_mistyped_database_url_names_the_key_and_hides_the_password(
     message = str(info.value)
     assert "database_url (RELAY_DATABASE_URL)" in message
     assert "postgresq://user:***@host/db" in message and "SECRET" not in message
+
+
+_PEM = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----"
+
+
+def test_kafka_keys_pems_and_secrets_are_masked_in_reprs_logs_and_errors(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import logging
+
+    from relay import logs
+    from relay.redact import redact
+
+    secrets = {
+        "ssl.key.pem": _PEM,
+        "ssl.certificate.pem": "-----BEGIN CERTIFICATE-----\nMIIDcertificate\n",
+        "sasl.oauthbearer.client.secret": "client-s3cret",
+        "ssl.keystore.password": "keystore-pw",
+        "sasl.oauthbearer.assertion.private.key.passphrase": "pass-phrase",
+    }
+    monkeypatch.setenv("RELAY_KAFKA", json.dumps({**secrets, "security.protocol": "SSL"}))
+    settings = load_settings()
+    assert settings.kafka["ssl.key.pem"] == _PEM
+    shown = {"repr": repr(settings), "str": str(settings)}
+    message = "librdkafka: ssl.key.pem " + _PEM.replace("\n", " ") + " client-s3cret"
+    shown["error"] = redact(message)
+    logs.configure("INFO", "text")
+    logging.getLogger("relay.test").warning("config %s", settings.kafka)
+    shown["log"] = capsys.readouterr().err
+    assert "SSL" in shown["repr"]  # the rest is still there
+    for where, text in shown.items():
+        for value in secrets.values():
+            body = value.splitlines()[1] if "\n" in value else value  # a PEM's base64
+            assert body not in text, (where, value)
+
+
+# libpq quotes the token it cannot parse, and that can be the password alone.
+_UNPARSABLE_PASSWORDS = [
+    ("postgresql://u:S3cr%ZZet@host/db", "S3cr%ZZet"),
+    ("postgresql://u:S3cr et@host/db", "S3cr et"),
+    ("postgresql://u@host/db?password=S3cr%ZZet", "S3cr%ZZet"),
+    # Parsed, but part of the password taken for the host or the port.
+    ("postgresql://u:S3cr@et@host/db", "et@host"),
+    ("postgresql://u:S3cr/et@host/db", "S3cr"),
+]
+
+
+@pytest.mark.parametrize(("url", "password"), _UNPARSABLE_PASSWORDS)
+def test_a_password_libpq_cannot_parse_is_never_shown(
+    monkeypatch: pytest.MonkeyPatch, url: str, password: str
+) -> None:
+    monkeypatch.setenv("RELAY_DATABASE_URL", url)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    shown = [str(info.value)]
+    cause: BaseException | None = info.value
+    while cause is not None:  # a traceback shows every chained error
+        shown.append(str(cause))
+        cause = cause.__cause__ or cause.__context__
+    assert "database_url (RELAY_DATABASE_URL)" in shown[0] and "percent-encode" in shown[0]
+    assert not [text for text in shown if password in text]
+
+
+@pytest.mark.parametrize(("url", "password"), _UNPARSABLE_PASSWORDS)
+def test_the_cli_never_shows_a_password_libpq_cannot_parse(url: str, password: str) -> None:
+    from tests.support import run_cli
+
+    result = run_cli("status", env={"RELAY_DATABASE_URL": url})
+    assert result.returncode == 2, result.stderr
+    assert "database_url" in result.stderr and "percent-encode" in result.stderr
+    assert password not in result.stdout + result.stderr
 
 
 def test_malformed_json_in_a_variable_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from relay.subscribers import Subscriber, collision
+from relay.subscribers import Subscriber, TopicGuard, collision
 
 
 def s(name: str, **kwargs: Any) -> Subscriber:
@@ -50,3 +50,68 @@ def test_overlapping_subscribers_collide(a: Subscriber, b: Subscriber) -> None:
 def test_disjoint_subscribers_do_not(a: Subscriber, b: Subscriber) -> None:
     assert collision(a, b) is None
     assert collision(b, a) is None
+
+
+# -- rows routed into another subscriber's topics (TopicGuard) -------------------------
+
+
+def test_a_row_cannot_reach_into_another_subscribers_templated_topics() -> None:
+    billing = s("billing", topic="billing.{event_type}", aggregate_types={"invoice"})
+    wild = s("wild", topic="{aggregate_type}")
+    guard = TopicGuard("cp")
+    guard.update([billing, wild])
+    # A row of aggregate type "billing.InvoicePaid" would land among billing's topics.
+    refusal = guard.refusal("billing.InvoicePaid", wild)
+    assert refusal is not None and "'billing'" in refusal and "billing.{event_type}" in refusal
+    assert guard.refusal("billing.InvoicePaid", billing) is None  # its own
+    assert guard.refusal("orders", wild) is None
+    assert guard.refusal("billing-InvoicePaid", wild) is None  # not one billing produces
+
+
+def test_filters_narrow_what_a_template_claims_and_a_longer_template_is_not_shut_out() -> None:
+    v1 = s("v1", topic="events.{aggregate_type}")
+    v2 = s("v2", topic="events.{aggregate_type}.v2")
+    shipped = s("shipped", topic="{event_type}.log", event_types={"Shipped"})
+    other = s("other", topic="{aggregate_type}.log")
+    guard = TopicGuard("cp")
+    guard.update([v1, v2, shipped, other])
+    # v1 produces "events.order.v2" only for a row whose type carries a ".": v2 keeps it.
+    assert guard.refusal("events.order.v2", v2) is None
+    assert "'v2'" in (guard.refusal("events.order.v2", v1) or "")
+    assert guard.refusal("events.order", v1) is None
+    # shipped claims "Shipped.log" only: its filter names the one event type it takes.
+    assert "'shipped'" in (guard.refusal("Shipped.log", other) or "")
+    assert guard.refusal("Placed.log", other) is None
+
+
+@pytest.mark.parametrize(
+    "topic",
+    [
+        "_schemas",
+        "_confluent-metrics",
+        "_confluent-command",
+        "connect-offsets",
+        "connect-configs",
+        "connect-status",
+    ],
+)
+def test_schema_registry_confluent_and_connect_topics_are_refused(topic: str) -> None:
+    wild = s("wild", topic="{aggregate_type}")
+    guard = TopicGuard("cp")
+    guard.update([wild])
+    refusal = guard.refusal(topic, wild)
+    assert refusal is not None and "internal" in refusal
+
+
+def test_routable_topics_are_what_the_topic_cap_counts() -> None:
+    guard = TopicGuard("cp")
+    guard.update(
+        [
+            s("orders", topic="orders.{event_type}", aggregate_types={"order"}),
+            s("audit", topic="audit", dead_letter_topic="audit.dead"),
+        ]
+    )
+    assert guard.routable("orders.Placed") and guard.routable("orders.v2.Placed")
+    assert guard.routable("audit")
+    for topic in ("cp", "audit.dead", "outbox.dead-letter.orders", "_schemas", "payments"):
+        assert not guard.routable(topic), topic

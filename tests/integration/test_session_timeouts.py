@@ -1,0 +1,62 @@
+"""The relay daemon's connections carry the session timeouts of its settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from relay.daemon.lifecycle import connect_daemon
+from relay.db import wrap_errors
+from relay.errors import RetryableError
+from relay.settings import load_settings
+
+
+def test_daemon_connections_set_the_session_timeouts(
+    db: psycopg.Connection[Any], database_url: str
+) -> None:
+    settings = load_settings(
+        database_url=database_url,
+        database_statement_timeout=30,
+        database_lock_timeout=0.25,
+        database_idle_in_transaction_timeout=45,
+    )
+    with connect_daemon(settings) as conn:
+        shown = [
+            conn.execute(f"SHOW {name}").fetchone()
+            for name in ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")
+        ]
+    assert shown == [("30s",), ("250ms",), ("45s",)]
+    defaults = load_settings(database_url=database_url)
+    with connect_daemon(defaults) as conn:
+        assert conn.execute("SHOW lock_timeout").fetchone() == ("10s",)
+
+
+def test_a_locked_outbox_is_a_retryable_error_not_a_wait(
+    db: psycopg.Connection[Any], database_url: str
+) -> None:
+    """The relay's query gives up on a lock after database_lock_timeout, and the error
+    is one its callers retry (a worker would halt its part on any other)."""
+    settings = load_settings(database_url=database_url, database_lock_timeout=0.25)
+    with connect_daemon(settings) as conn, psycopg.connect(database_url) as locker:
+        locker.execute("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE")
+        with pytest.raises(RetryableError, match="lock timeout"), wrap_errors():
+            conn.execute("SELECT count(*) FROM outbox")
+        locker.rollback()
+
+
+def test_pooled_connections_set_the_session_timeouts_too(
+    db: psycopg.Connection[Any], database_url: str
+) -> None:
+    """Every part, the probe and the session keeper borrow from the pool (relay/pool.py)."""
+    from relay.daemon.lifecycle import session_timeouts
+    from relay.pool import RelayPool
+
+    settings = load_settings(database_url=database_url, database_lock_timeout=0.25)
+    pool = RelayPool(database_url, max_size=1, keep_free=0, timeouts=session_timeouts(settings))
+    try:
+        with pool.connection() as conn:
+            assert conn.execute("SHOW lock_timeout").fetchone() == ("250ms",)
+    finally:
+        pool.close()
