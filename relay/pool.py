@@ -135,9 +135,12 @@ class RelayPool:
         )
         self._pool.open(wait=False)
 
-    def connection(self) -> AbstractContextManager[psycopg.Connection[Any]]:
-        """Borrow a connection (given back, or discarded if broken, on exit)."""
-        return _Borrowed(self._pool, self._url)
+    def connection(
+        self, timeout: float | None = None
+    ) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """Borrow a connection (given back, or discarded if broken, on exit), waiting
+        at most ``timeout`` seconds (the pool's 30 s by default)."""
+        return _Borrowed(self._pool, self._url, timeout)
 
     def store(self, schema: str) -> OutboxStore:
         return PooledStore(self, schema)
@@ -186,8 +189,10 @@ class RelayPool:
 class _Borrowed:
     """``pool.connection()``, its wait and its refusals as relay errors."""
 
-    def __init__(self, pool: ConnectionPool[_RelayConnection], url: str) -> None:
-        self._cm = pool.connection()
+    def __init__(
+        self, pool: ConnectionPool[_RelayConnection], url: str, timeout: float | None
+    ) -> None:
+        self._cm = pool.connection(timeout)
         self._secret = db.parse_url(url).get("password")
 
     def __enter__(self) -> psycopg.Connection[Any]:
@@ -216,9 +221,9 @@ class PooledStore(OutboxStore):
         return self._pool.closed
 
     def prune(self, older_than_s: float, batch: int = 10_000) -> Iterator[int]:
-        # A generator would hold its connection between batches: run it in one borrow.
+        # A generator: one borrow for the whole pass, given back when it ends or is closed.
         with self._pool.connection() as conn:
-            return iter(list(OutboxStore(conn, self.schema).prune(older_than_s, batch)))
+            yield from OutboxStore(conn, self.schema).prune(older_than_s, batch)
 
 
 def _borrowing(

@@ -36,6 +36,7 @@ from relay.worker import PartWorker, WorkerState
 logger = logging.getLogger(__name__)
 
 _HORIZON_CHECK_EVERY_S = 30.0
+_START_CONNECT_TIMEOUT_S = 5.0
 
 
 class Relay:
@@ -96,7 +97,9 @@ class Relay:
         if self.settings.metrics_enabled and self.http is None:
             self.http = HealthServer(self, self._open_store, self.settings)
             self.http.start()
-        with self._pool.connection() as conn:
+        # Not the pool's 30 s: a relay that cannot reach Postgres says so soon, and
+        # start_with_retries keeps trying (and stops at once when told to).
+        with self._pool.connection(timeout=_START_CONNECT_TIMEOUT_S) as conn:
             store = OutboxStore(conn, self.settings.database_schema)
             check_schema(conn, self.settings.database_schema)
             self.key_space.check(store, "start-up")

@@ -159,17 +159,14 @@ def test_120_subscribers_on_two_relays_leave_a_stock_postgres_room_for_applicati
     stock_postgres: str, kafka_bootstrap: str, topic_prefix: str
 ) -> None:
     url = stock_postgres
-    # One topic for all: a template (a fixed topic is its subscriber's own), which the
-    # disjoint filters make safe to share.
-    template = topic_prefix + "events.{event_type}"
-    topic = topic_prefix + "events.Happened"
+    topics = [f"{topic_prefix}type{t:03d}" for t in range(TYPES)]
     with psycopg.connect(url, autocommit=True) as conn:
         store = OutboxStore(conn)
         for t in range(TYPES):
             store.add(
                 Subscriber(
                     f"s{t:03d}",
-                    topic=template,
+                    topic=topics[t],
                     value_format=ValueFormat.JSON,
                     aggregate_types=frozenset({f"type{t:03d}"}),
                 )
@@ -177,12 +174,16 @@ def test_120_subscribers_on_two_relays_leave_a_stock_postgres_room_for_applicati
     application, backends = _Application(url), _Backends(url)
     application.start()
     backends.start()
-    relays = [_relay(url, role, kafka_bootstrap) for role in RELAY_ROLES]
+    # A topic per subscriber (no two subscribers may share one), of one partition each.
+    relays = [
+        _relay(url, role, kafka_bootstrap, topic_partitions=1, max_created_topics=-1)
+        for role in RELAY_ROLES
+    ]
     try:
         for relay in relays:
             relay.start()
         ids = _write(url)
-        seen = consume(kafka_bootstrap, [topic], len(ids), timeout=240, quiet=3.0)
+        seen = consume(kafka_bootstrap, topics, len(ids), timeout=300, quiet=3.0)
     finally:
         for relay in relays:
             relay.stop()
