@@ -93,6 +93,7 @@ def poll_plan(url: str, after: int, *, part: int = 0, parts: int = 1) -> dict[st
             "position": pos,
             "limit": BATCH,
             "max_bytes": 2**62,
+            "max_row_bytes": 2**62,
             "part": part,
             "parts": parts,
             "aggregate_types": None,

@@ -89,7 +89,8 @@ class RecordEncoder:
 def _refuse_unreadable(event: OutboxEvent) -> NoReturn:
     for column, value in (("payload", event.payload), ("headers", event.headers)):
         if isinstance(value, Unreadable):
-            raise EncodingError(f"event {event.message_id}: its {column} is {value}")
+            what = f"its {column} is {value}" if value.read else str(value)
+            raise EncodingError(f"event {event.message_id}: {what}")
     raise AssertionError("no unreadable column")
 
 

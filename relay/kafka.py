@@ -51,6 +51,9 @@ _abandoned: list[Producer] = []
 # The Kafka-side checkpoint: partition 0's committed offset is the transaction id,
 # partition 1's the position (offsets are the only group state every broker keeps).
 _CHECKPOINT_PARTITIONS = 2
+# The checkpoint's tag is offset-commit metadata: brokers refuse more than
+# offset.metadata.max.bytes (4096 by default).
+_MAX_TAG_BYTES = 4000
 
 
 def producer_config(
@@ -450,12 +453,15 @@ class TransactionalPublisher(_BatchProducer):
             raise
         end = extended_to or batch.end
         if sent is not None:
-            sent.append(Batch(records, end, batch.generation))
+            sent.append(Batch(records, end, batch.generation, dead_letters=batch.dead_letters))
         # librdkafka silently drops a negative offset from the commit: never send one.
         assert end.transaction_id >= 0 and end.position >= 0, end
         offsets = [
             TopicPartition(
-                self._checkpoint_topic, 0, end.transaction_id, metadata=self._tag(records)
+                self._checkpoint_topic,
+                0,
+                end.transaction_id,
+                metadata=self._tag(records, batch.dead_letters),
             ),
             TopicPartition(self._checkpoint_topic, 1, end.position),
         ]
@@ -491,12 +497,26 @@ class TransactionalPublisher(_BatchProducer):
             self._commit_pool = ThreadPoolExecutor(1, thread_name_prefix="kafka-commit")
         return self._commit_pool
 
-    def _tag(self, sent: Sequence[KafkaRecord]) -> str:
+    def _tag(self, sent: Sequence[KafkaRecord], dead_letters: Sequence[tuple[str, str]]) -> str:
         """The checkpoint's provenance: its key space and the last message published,
-        so a later owner can tell whether the checkpoint belongs to the database it serves."""
+        so a later owner can tell whether the checkpoint belongs to the database it
+        serves; and the transaction's dead letters, so that an owner that adopts it
+        records their decisions as this one would have (docs/design.md §7)."""
         message = sent[-1].outbox_message_id if sent else None
         space = str(self._key_space) if self._key_space is not None else None
-        return json.dumps({"key_space": space, "message_id": message}, separators=(",", ":"))
+        tag: dict[str, Any] = {"key_space": space, "message_id": message}
+        if dead_letters:
+            topics = sorted({topic for _, topic in dead_letters})
+            tag["dead_letter_topics"] = topics
+            tag["dead_letters"] = [[m, topics.index(topic)] for m, topic in dead_letters]
+        text = json.dumps(tag, separators=(",", ":"))
+        if len(text) > _MAX_TAG_BYTES:  # the worker keeps it well under: never refused
+            logger.warning(
+                "checkpoint tag too long: its %d dead letters left out", len(dead_letters)
+            )
+            del tag["dead_letter_topics"], tag["dead_letters"]
+            text = json.dumps(tag, separators=(",", ":"))
+        return text
 
     def close(self) -> None:
         if self._commit_pool is not None:
@@ -609,10 +629,12 @@ def _checkpoint(position: Position, metadata: str | None) -> KafkaCheckpoint:
     try:
         tag = json.loads(metadata or "{}")
         space, message = tag.get("key_space"), tag.get("message_id")
+        topics = tag.get("dead_letter_topics", [])
+        letters = tuple((UUID(m), str(topics[i])) for m, i in tag.get("dead_letters", []))
         return KafkaCheckpoint(
-            position, UUID(space) if space else None, UUID(message) if message else None
+            position, UUID(space) if space else None, UUID(message) if message else None, letters
         )
-    except (ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError, IndexError):
         return KafkaCheckpoint(position)
 
 

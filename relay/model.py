@@ -43,11 +43,14 @@ BEGINNING = Position(0, 0)
 
 class KafkaCheckpoint(NamedTuple):
     """What the last committed Kafka transaction of a part recorded: where it ended, in
-    which key space, and the last message it published (None: an older relay wrote it)."""
+    which key space, and the last message it published (None: an older relay wrote it);
+    and its dead letters, (message id, dead-letter topic), whose decisions an owner that
+    adopts the checkpoint records."""
 
     position: Position
     key_space: UUID | None = None
     message_id: UUID | None = None
+    dead_letters: tuple[tuple[UUID, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +60,12 @@ class Unreadable:
     value so that one row's defect is that row's poison, not the whole batch's."""
 
     error: str
+    # False: the fetch did not read the row at all (too large for any record): ``error``
+    # says why, on its own.
+    read: bool = True
 
     def __str__(self) -> str:
-        return f"unreadable JSON ({self.error})"
+        return f"unreadable JSON ({self.error})" if self.read else self.error
 
 
 class OutboxEvent(NamedTuple):
@@ -76,8 +82,8 @@ class OutboxEvent(NamedTuple):
     payload: Any  # decoded JSON, or Unreadable
     headers: dict[str, Any]  # or Unreadable
     occurred_at: datetime
-    # The row's payload and headers as Postgres stores them (possibly compressed): what
-    # the fetch counts against batch_max_bytes.
+    # What the fetch counted of the row against batch_max_bytes: its text columns and
+    # its jsonb columns uncompressed (docs/design.md §7, "Large rows").
     stored_bytes: int = 0
     # What Debezium's Outbox Event Router would publish for a row copied by
     # `debezium attach` (relay/debezium_format.py); None for every other row.

@@ -19,33 +19,52 @@ from relay.subscribers import Subscriber
 
 HEADER_ERROR = RESERVED_HEADER_PREFIX + "error"
 HEADER_ORIGINAL_SUBSCRIBER = RESERVED_HEADER_PREFIX + "subscriber"
-# Keep dead letters publishable even when the payload is what made the event poison.
+# Keep dead letters publishable whatever made the event poison: every field a writer
+# controls is bounded, so a dead letter stays far below Kafka's 1 MB default record
+# limit (about 300 KiB at most) and a dead-letter subscriber never halts over a row.
 MAX_DEAD_LETTER_PAYLOAD_BYTES = 256 * 1024
+MAX_DEAD_LETTER_HEADERS_BYTES = 16 * 1024  # the row's headers, as JSON
+MAX_DEAD_LETTER_TEXT_BYTES = 1024  # aggregate_type, aggregate_id, event_type
+MAX_DEAD_LETTER_ERROR_BYTES = 8 * 1024  # errors may quote the row (a topic, a value)
 
 
 def dead_letter_record(
     event: OutboxEvent, subscriber: Subscriber, decision: DeadLetterDecision
 ) -> KafkaRecord:
     """The dead letter of ``event``. Never raises: whatever made the event poison (an
-    unreadable or unwritable payload or header) is left out of it and named instead."""
-    error = decision.error
+    unreadable, unwritable or too large) is left out of it and named instead, and the
+    row's text columns are cut short with a marker; its identity (message id, key) is
+    always whole."""
+    error = cap(decision.error, MAX_DEAD_LETTER_ERROR_BYTES)
+    short = event._replace(
+        aggregate_type=cap(event.aggregate_type, MAX_DEAD_LETTER_TEXT_BYTES),
+        aggregate_id=cap(event.aggregate_id, MAX_DEAD_LETTER_TEXT_BYTES),
+        event_type=cap(event.event_type, MAX_DEAD_LETTER_TEXT_BYTES),
+    )
     document: dict[str, Any] = {
         "error": error,
         "subscriber": subscriber.name,
         "message_id": str(event.message_id),
         "transaction_id": event.transaction_id,
         "position": event.position,
-        "aggregate_type": event.aggregate_type,
-        "aggregate_id": event.aggregate_id,
+        "aggregate_type": short.aggregate_type,
+        "aggregate_id": short.aggregate_id,
         "aggregate_version": event.aggregate_version,
-        "event_type": event.event_type,
+        "event_type": short.event_type,
         "occurred_at": event.occurred_at.isoformat(),
     }
+    if decision.minimal:
+        document["omitted"] = "payload and headers: the broker refused the full dead letter"
+        return _record(decision, short._replace(headers={}), document, error, subscriber)
     headers = _json_or_reason(event.headers)
-    if isinstance(headers, bytes):
-        document["headers"] = event.headers
-    else:
+    if isinstance(headers, str):
         document["headers_omitted"] = headers
+        short = short._replace(headers={})
+    elif len(headers) > MAX_DEAD_LETTER_HEADERS_BYTES:
+        document["headers_omitted_bytes"] = len(headers)
+        short = short._replace(headers={})
+    else:
+        document["headers"] = event.headers
     payload = _json_or_reason(event.payload)
     if isinstance(payload, str):
         document["payload_omitted"] = payload
@@ -53,16 +72,38 @@ def dead_letter_record(
         document["payload"] = event.payload
     else:
         document["payload_omitted_bytes"] = len(payload)
+    return _record(decision, short, document, error, subscriber)
+
+
+def _record(
+    decision: DeadLetterDecision,
+    short: OutboxEvent,
+    document: dict[str, Any],
+    error: str,
+    subscriber: Subscriber,
+) -> KafkaRecord:
     return KafkaRecord(
         topic=decision.topic,
-        key=event.aggregate_id.encode(),
+        key=short.aggregate_id.encode(),
         value=json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode(),
         headers=[
-            *_safe_headers(event),
+            *_safe_headers(short),
             (HEADER_ERROR, error.encode()),
             (HEADER_ORIGINAL_SUBSCRIBER, subscriber.name.encode()),
         ],
     )
+
+
+def cap(text: str, limit: int) -> str:
+    """``text`` if its UTF-8 is at most ``limit`` bytes, else its start with a marker
+    that says how long it was (in bytes)."""
+    if len(text) * 4 <= limit:  # no need to encode: even 4 bytes a character fit
+        return text
+    encoded = text.encode(errors="replace")
+    if len(encoded) <= limit:
+        return text
+    start = encoded[: limit - 64].decode(errors="ignore")
+    return f"{start}...[cut: {len(encoded)} bytes]"
 
 
 def _json_or_reason(value: Any) -> bytes | str:

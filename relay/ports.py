@@ -44,10 +44,23 @@ class PartState:
 
 @dataclass(frozen=True)
 class DeadLetterDecision:
-    """A poison event goes to ``topic`` because of ``error`` (recorded in Postgres)."""
+    """A poison event goes to ``topic`` because of ``error`` (recorded in Postgres).
+    ``minimal``: its dead letter carries the event's identity only (the broker refused
+    the full one)."""
 
     topic: str
     error: str
+    minimal: bool = False
+
+
+class DeadLetter(NamedTuple):
+    """A dead-letter decision about the event ``message_id`` at ``key``: recorded in
+    Postgres only with the checkpoint that passes it, once the Kafka transaction that
+    carried its record committed (docs/design.md §7)."""
+
+    key: Position
+    message_id: UUID
+    decision: DeadLetterDecision
 
 
 class Fetched(NamedTuple):
@@ -63,9 +76,11 @@ class Fetched(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class Selection:
     """What one fetch reads: up to ``limit`` decided events of ``part`` (of ``parts``),
-    and no more once their stored payloads and headers reach ``max_bytes`` (at least
-    one). Of those, the events the type filters (None: any) drop are left out: the
-    fetch's ``read_to`` goes past them."""
+    and no more once their sizes (every column the relay reads, uncompressed) reach
+    ``max_bytes`` (at least one). A row larger than ``max_row_bytes`` is not read: it
+    comes back as its identity, its payload :class:`relay.model.Unreadable` (poison).
+    Of those, the events the type filters (None: any) drop are left out: the fetch's
+    ``read_to`` goes past them."""
 
     limit: int
     max_bytes: int = 2**62
@@ -73,6 +88,7 @@ class Selection:
     parts: int = 1
     aggregate_types: frozenset[str] | None = None
     event_types: frozenset[str] | None = None
+    max_row_bytes: int = 2**62
 
 
 class PartStore(Protocol):
@@ -84,19 +100,18 @@ class PartStore(Protocol):
     def get_part(self, name: str, part: int) -> PartState:
         """The part as stored; raises ``SubscriberError`` when there is none."""
 
-    def advance(self, state: PartState, to: Position, owner: UUID) -> int:
-        """Compare-and-set ``state``'s checkpoint to ``to``; returns the new version.
-        Raises ``CheckpointConflict`` when the version or owner moved."""
+    def advance(
+        self, state: PartState, to: Position, owner: UUID, dead_letters: Sequence[DeadLetter] = ()
+    ) -> int:
+        """Compare-and-set ``state``'s checkpoint to ``to`` and record ``dead_letters``
+        (events up to ``to``), all or nothing; returns the new version. Raises
+        ``CheckpointConflict`` when the version or owner moved (nothing recorded)."""
 
     def dead_letters(
         self, name: str, after: Position, upto: Position
     ) -> dict[UUID, DeadLetterDecision]:
-        """Dead-letter decisions already recorded for events in ``(after, upto]``."""
-
-    def record_dead_letter(
-        self, state: PartState, event: OutboxEvent, decision: DeadLetterDecision
-    ) -> None:
-        """Record a decision, so that it is never made differently later."""
+        """Dead-letter decisions already recorded for events in ``(after, upto]`` (by a
+        checkpoint that passed them before a reset moved it back)."""
 
     def halt(self, state: PartState, owner: UUID, error: str) -> None:
         """Halt the part with ``error``; raises ``ClaimLost`` when ``owner`` lost it."""
@@ -132,6 +147,9 @@ class Batch:
     end: Position
     generation: str
     may_extend: bool = True
+    # The batch's dead letters: (message id, dead-letter topic). The Kafka-side
+    # checkpoint carries them, so an owner that adopts it records their decisions.
+    dead_letters: Sequence[tuple[str, str]] = ()
 
 
 class Publisher(Protocol):

@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 from uuid import UUID
 
+import orjson
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 
 from relay import part_index
-from relay.db import load_json, wrap_errors
+from relay.db import wrap_errors
 from relay.errors import CheckpointConflict, ClaimLost, SubscriberError, UndefinedFunctionError
 from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.model import OutboxEvent, Position, Unreadable
-from relay.ports import DeadLetterDecision, Fetched, PartState, Selection
+from relay.ports import DeadLetter, DeadLetterDecision, Fetched, PartState, Selection
 from relay.queries import queries_for
 from relay.subscribers import StartFrom, Subscriber, collision
 
@@ -101,12 +104,24 @@ class OutboxStore:
             # A part's poll is planned with its part as a constant (never a prepared,
             # generic plan): only then may the planner use the part's index.
             rows = cur.execute(self._q[name], params, prepare=selection.parts == 1).fetchall()
+        limit = selection.max_row_bytes
         if name == "fetch_batch":  # the hot path: no call per row
             events = [
                 OutboxEvent(
-                    tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at, size, dbz
+                    tx,
+                    pos,
+                    mid,
+                    atype,
+                    aid,
+                    version,
+                    etype,
+                    payload if big is None else _not_read(big, limit),
+                    headers or {},
+                    at,
+                    size,
+                    dbz,
                 )
-                for tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz in rows
+                for tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz, big in rows
             ]
             if not events:
                 return Fetched([], None)
@@ -114,7 +129,7 @@ class OutboxStore:
         if not rows:
             return Fetched([], None)
         # The read's extent leads every row; a row of NULLs after it when none was kept.
-        events = [_event(row[3:]) for row in rows if row[3] is not None]
+        events = [_event(row[3:], limit) for row in rows if row[3] is not None]
         read_tx, read_pos, full = rows[0][:3]
         if name == "fetch_batch_filtered":
             return Fetched(events, Position(read_tx, read_pos), full)
@@ -123,8 +138,11 @@ class OutboxStore:
         full = _full(events, selection)
         return Fetched(events, events[-1].key if full else Position(read_tx, read_pos), full)
 
-    def advance(self, state: PartState, to: Position, owner: UUID) -> int:
-        """Compare-and-set ``state``'s checkpoint to ``to``; returns the new version."""
+    def advance(
+        self, state: PartState, to: Position, owner: UUID, dead_letters: Sequence[DeadLetter] = ()
+    ) -> int:
+        """Compare-and-set ``state``'s checkpoint to ``to`` and record ``dead_letters`` in
+        one transaction; returns the new version."""
         params = {
             "name": state.name,
             "part": state.part,
@@ -133,12 +151,33 @@ class OutboxStore:
             "version": state.version,
             "owner": owner,
         }
-        with wrap_errors():
+        conflict = CheckpointConflict(
+            f"checkpoint of {state.name}/{state.part} changed underneath this relay"
+        )
+        if not dead_letters:  # the hot path: one statement
+            with wrap_errors():
+                row = self.conn.execute(self._q["advance_checkpoint"], params).fetchone()
+            if row is None:
+                raise conflict
+            return int(row[0])
+        letters = [
+            {
+                "name": state.name,
+                "part": state.part,
+                "transaction_id": letter.key.transaction_id,
+                "position": letter.key.position,
+                "message_id": letter.message_id,
+                "topic": letter.decision.topic,
+                "error": letter.decision.error,
+            }
+            for letter in dead_letters
+        ]
+        with wrap_errors(), self.conn.transaction():
             row = self.conn.execute(self._q["advance_checkpoint"], params).fetchone()
-        if row is None:
-            raise CheckpointConflict(
-                f"checkpoint of {state.name}/{state.part} changed underneath this relay"
-            )
+            if row is None:
+                raise conflict  # rolls the transaction back: nothing recorded
+            with self.conn.cursor() as cur:
+                cur.executemany(self._q["record_dead_letter"], letters)
         return int(row[0])
 
     def dead_letters(
@@ -155,25 +194,6 @@ class OutboxStore:
         with wrap_errors():
             rows = self.conn.execute(self._q["dead_letters_between"], params).fetchall()
         return {row[0]: DeadLetterDecision(row[1], row[2]) for row in rows}
-
-    def record_dead_letter(
-        self, state: PartState, event: OutboxEvent, decision: DeadLetterDecision
-    ) -> None:
-        """Record the decision before publishing, so it is never made differently later
-        (not even by a new owner that adopts the batch from the Kafka-side checkpoint)."""
-        with wrap_errors():
-            self.conn.execute(
-                self._q["record_dead_letter"],
-                {
-                    "name": state.name,
-                    "part": state.part,
-                    "transaction_id": event.transaction_id,
-                    "position": event.position,
-                    "message_id": event.message_id,
-                    "topic": decision.topic,
-                    "error": decision.error,
-                },
-            )
 
     def halt(self, state: PartState, owner: UUID, error: str) -> None:
         """Record a 'halt' poison decision: the part stays halted until resumed."""
@@ -455,6 +475,7 @@ def _fetch_query(after: Position, selection: Selection) -> tuple[str, dict[str, 
         "position": after.position,
         "limit": selection.limit,
         "max_bytes": selection.max_bytes,
+        "max_row_bytes": selection.max_row_bytes,
         "part": selection.part,
         "parts": selection.parts,
         "aggregate_types": sorted(aggregate_types) if aggregate_types is not None else None,
@@ -468,15 +489,28 @@ def _fetch_query(after: Position, selection: Selection) -> tuple[str, dict[str, 
     return "fetch_batch", params
 
 
-def _event(row: Sequence[Any]) -> OutboxEvent:
-    tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz = row
+def _event(row: Sequence[Any], limit: int) -> OutboxEvent:
+    tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz, big = row
+    if big is not None:
+        payload = _not_read(big, limit)
     return OutboxEvent(
         tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at, size, dbz
     )
 
 
+def _not_read(size: int, limit: int) -> Unreadable:
+    """What stands in for the payload of a row the fetch left unread: its poison."""
+    return Unreadable(
+        f"too large to publish: the row holds {size} bytes (its payload, headers and text "
+        f"columns), over the {limit} bytes a row may hold (twice message.max.bytes: no "
+        "record of it could fit); it was not read",
+        read=False,
+    )
+
+
 def _full(events: list[OutboxEvent], selection: Selection) -> bool:
-    """Whether a fetch came back full: ``limit`` events, or cut at ``max_bytes``."""
+    """Whether a fetch came back full: ``limit`` events, or cut at ``max_bytes`` (the
+    fetch returns what it counted of each row)."""
     return (
         len(events) >= selection.limit or sum(e.stored_bytes for e in events) >= selection.max_bytes
     )
@@ -485,11 +519,28 @@ def _full(events: list[OutboxEvent], selection: Selection) -> bool:
 def _load_row_json(data: bytes | bytearray | memoryview | str) -> Any:
     """A row's payload or headers; never raises. Whatever Postgres accepted but Python
     cannot load becomes :class:`Unreadable`, which the encoder treats as that row's
-    poison: raising here would fail the whole batch, for ever (docs/design.md §6)."""
+    poison: raising here would fail the whole batch, for ever (docs/design.md §6).
+
+    As :func:`relay.db.load_json` (orjson, then the standard library for what orjson
+    refuses), but a number beyond a double's range is unreadable too: jsonb's numeric
+    takes ``1e400``, which the standard library loads as ``inf``, and that was published
+    as ``null`` (JSON) or ``Infinity`` (Avro)."""
     try:
-        return load_json(data)
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        pass  # orjson refuses integers beyond 64 bits, and numbers beyond a double
+    try:
+        text = bytes(data) if isinstance(data, memoryview) else data
+        return json.loads(text, parse_float=_finite_float)
     except Exception as exc:  # any failure: ValueError, RecursionError, MemoryError...
         return Unreadable(f"{type(exc).__name__}: {str(exc)[:200]}")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"the number {text[:20]}... ({len(text)} characters) is beyond a double")
+    return value
 
 
 def _part(

@@ -14,9 +14,17 @@ from uuid import UUID
 
 from relay.errors import CheckpointConflict, ClaimLost, SubscriberError
 from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
-from relay.model import ConsumedRecord, KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
+from relay.model import (
+    ConsumedRecord,
+    KafkaCheckpoint,
+    KafkaRecord,
+    OutboxEvent,
+    Position,
+    Unreadable,
+)
 from relay.ports import (
     Batch,
+    DeadLetter,
     DeadLetterDecision,
     Fetched,
     Meanwhile,
@@ -109,7 +117,7 @@ class InMemoryStore:
             return Fetched([], None)
         aggregate_types, event_types = selection.aggregate_types, selection.event_types
         kept = [
-            e
+            _unless_too_large(e, selection.max_row_bytes)
             for e in read
             if (aggregate_types is None or e.aggregate_type in aggregate_types)
             and (event_types is None or e.event_type in event_types)
@@ -122,12 +130,17 @@ class InMemoryStore:
             raise SubscriberError(f"no subscriber part {name}/{part}")
         return state
 
-    def advance(self, state: PartState, to: Position, owner: UUID) -> int:
+    def advance(
+        self, state: PartState, to: Position, owner: UUID, dead_letters: Sequence[DeadLetter] = ()
+    ) -> int:
         current = self.get_part(state.name, state.part)
         if current.version != state.version or current.owner != owner or to < current.checkpoint:
             raise CheckpointConflict(
                 f"checkpoint of {state.name}/{state.part} changed underneath this relay"
             )
+        recorded = self.dead.setdefault(state.name, {})
+        for letter in dead_letters:
+            recorded.setdefault(letter.message_id, (letter.key, letter.decision))
         return self._set(
             dataclasses.replace(current, checkpoint=to, version=current.version + 1)
         ).version
@@ -137,11 +150,6 @@ class InMemoryStore:
     ) -> dict[UUID, DeadLetterDecision]:
         recorded = self.dead.get(name, {})
         return {m: d for m, (key, d) in recorded.items() if after < key <= upto}
-
-    def record_dead_letter(
-        self, state: PartState, event: OutboxEvent, decision: DeadLetterDecision
-    ) -> None:
-        self.dead.setdefault(state.name, {})[event.message_id] = (event.key, decision)
 
     def halt(self, state: PartState, owner: UUID, error: str) -> None:
         current = self.get_part(state.name, state.part)
@@ -200,7 +208,7 @@ class InMemoryPublisher:
         records, end, generation = batch.records, batch.end, batch.generation
         if records and not batch.may_extend:
             # As the real one: the batch commits as given while the callback runs.
-            self._commit(records, end, generation)
+            self._commit(records, end, generation, batch.dead_letters)
             if meanwhile is not None and meanwhile() is not None:
                 raise AssertionError("meanwhile extended a batch after promising not to")
             return
@@ -213,15 +221,24 @@ class InMemoryPublisher:
             return
         if extension is not None:
             records, end = [*records, *extension[0]], extension[1]
-        self._commit(records, end, generation)
+        self._commit(records, end, generation, batch.dead_letters)
 
-    def _commit(self, records: Sequence[KafkaRecord], end: Position, generation: str) -> None:
+    def _commit(
+        self,
+        records: Sequence[KafkaRecord],
+        end: Position,
+        generation: str,
+        dead_letters: Sequence[tuple[str, str]],
+    ) -> None:
         if self.refuse is not None:
             self.refuse(records)
         self.transactions.append(list(records))
         last = records[-1].outbox_message_id
         self.checkpoints[generation] = KafkaCheckpoint(
-            end, self._key_space, UUID(last) if last else None
+            end,
+            self._key_space,
+            UUID(last) if last else None,
+            tuple((UUID(m), topic) for m, topic in dead_letters),
         )
 
     def close(self) -> None:
@@ -267,6 +284,29 @@ class InMemoryTopicReader:
             if record.topic in topics:
                 records.append(_consumed(record, offset))
         return records
+
+
+def _unless_too_large(event: OutboxEvent, limit: int) -> OutboxEvent:
+    """``event``, or its identity only when it is larger than ``limit``, as the
+    Postgres fetch returns a row too large for any record."""
+    size = event.stored_bytes + sum(
+        len(text.encode()) for text in (event.aggregate_type, event.aggregate_id, event.event_type)
+    )
+    if size <= limit:
+        return event
+    return event._replace(
+        aggregate_type=_cut(event.aggregate_type),
+        aggregate_id=_cut(event.aggregate_id),
+        event_type=_cut(event.event_type),
+        payload=Unreadable(f"too large to publish: the row holds {size} bytes", read=False),
+        headers={},
+        debezium=None,
+    )
+
+
+def _cut(text: str) -> str:
+    size = len(text.encode())
+    return text if size <= 200 else f"{text[:200]}...[cut: {size} bytes]"
 
 
 def _consumed(record: KafkaRecord, offset: int) -> ConsumedRecord:

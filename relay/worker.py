@@ -33,10 +33,11 @@ from relay.errors import (
     SubscriberError,
 )
 from relay.key_space import KeySpace, KeySpaceAction, adoptable, report
-from relay.model import KafkaRecord, OutboxEvent, PartId, Position
-from relay.poison import dead_letter_record
+from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position, Unreadable
+from relay.poison import MAX_DEAD_LETTER_ERROR_BYTES, cap, dead_letter_record
 from relay.ports import (
     Batch,
+    DeadLetter,
     DeadLetterDecision,
     Extension,
     PartState,
@@ -54,6 +55,12 @@ _MAX_BACKOFF_S = 30.0
 # horizon), re-poll soon rather than waiting out the whole poll interval.
 _HORIZON_REPOLL_S = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
 _ADVANCE_ATTEMPTS = 5
+# Dead letters per Kafka transaction at most: the Kafka-side checkpoint names each
+# (docs/design.md §7), and its tag must stay under offset.metadata.max.bytes (4 KiB).
+_MAX_DEAD_LETTERS = 32
+# What a decision recovered from the Kafka-side checkpoint says (its reason is on the
+# dead-letter record, in the header outbox.error).
+_RECOVERED = "dead-lettered by a previous owner (recorded by recovery; the reason is on the record)"
 
 
 class WorkerState(StrEnum):
@@ -182,6 +189,7 @@ class PartWorker(threading.Thread):
         batch_size: int,
         poll_interval: float,
         batch_max_bytes: int = 2**62,
+        max_record_bytes: int = 2**61,
     ) -> None:
         super().__init__(name=f"part-{part}", daemon=True)
         self.part = part
@@ -193,8 +201,13 @@ class PartWorker(threading.Thread):
         self._open_publisher = open_publisher
         self._encoder = encoder
         # What every fetch of this part reads at most; the subscriber's parts and filters
-        # join it per fetch (a subscriber read again may filter differently).
-        self._limits = Selection(batch_size, batch_max_bytes, part.part)
+        # join it per fetch (a subscriber read again may filter differently). A row over
+        # twice the largest record (message.max.bytes) cannot fit in one, whatever the
+        # format (JSON text as Postgres writes it is at most about twice as long as the
+        # compact JSON published): it is poison, and never read.
+        self._limits = Selection(
+            batch_size, batch_max_bytes, part.part, max_row_bytes=2 * max_record_bytes
+        )
         self._poll_interval = poll_interval
         self._store: PartStore | None = None
         self._publisher: Publisher | None = None
@@ -315,7 +328,7 @@ class PartWorker(threading.Thread):
             batch.records = [
                 self._encoder.encode(event, subscriber)
                 for event in batch.events
-                if subscriber.matches(event)
+                if subscriber.matches(event) or _not_read(event)
             ]
         except Exception:  # whatever it is, the slow path names the event and its error
             batch.records = None
@@ -384,7 +397,7 @@ class PartWorker(threading.Thread):
             extra={"part": str(self.part), "recovered": str(adopted)},
         )
         self.stats.recovered += 1
-        return self._advance(store, state, adopted)
+        return self._advance(store, state, adopted, _recovered(store, state, adopted, recovered))
 
     def _publish(
         self, store: PartStore, state: PartState, batch: _Batch, *, look_ahead: bool = True
@@ -399,15 +412,19 @@ class PartWorker(threading.Thread):
         if state.subscriber.on_poison is PoisonPolicy.DEAD_LETTER:
             dead = store.dead_letters(state.name, state.checkpoint, end)
         records = batch.records if batch.records is not None and not dead else None
+        full = batch.full
         while True:
             if records is None:
-                records = self._encode(store, state, events, dead)
-                if records is None:
+                encoded = self._encode(store, state, events, dead)
+                if encoded is None:
                     return None
-            sent, reader = _Sent(events, records, end, full=batch.full), None
+                records, used = encoded
+                if used < len(events):  # cut at _MAX_DEAD_LETTERS: the rest comes next
+                    events, end, full = events[:used], events[used - 1].key, True
+            sent, reader = _Sent(events, records, end, full=full), None
             if look_ahead:
                 reader = _ReadAhead(functools.partial(self._prepare, store), state, sent)
-            outcome = self._send(state, sent, reader)
+            outcome = self._send(state, sent, reader, _letters(sent.events, dead))
             if isinstance(outcome, _Sent):
                 return self._record(store, state, outcome, dead)
             if outcome.error.ambiguous and len(outcome.events) > 1:
@@ -419,12 +436,19 @@ class PartWorker(threading.Thread):
             # Encoded again with the decision; what joined the batch stays in it.
             events, end, records, look_ahead = outcome.events, outcome.end, None, False
 
-    def _send(self, state: PartState, batch: _Sent, reader: _ReadAhead | None) -> _Sent | _Refused:
+    def _send(
+        self,
+        state: PartState,
+        batch: _Sent,
+        reader: _ReadAhead | None,
+        letters: list[DeadLetter],
+    ) -> _Sent | _Refused:
         """One attempt at publishing ``batch``; what joined it meanwhile, if anything, is
         part of the outcome."""
         assert self._publisher is not None
         may_extend = reader is None or reader.may_join
-        sending = Batch(batch.records, batch.end, str(state.generation), may_extend)
+        named = [(str(letter.message_id), letter.decision.topic) for letter in letters]
+        sending = Batch(batch.records, batch.end, str(state.generation), may_extend, named)
         try:
             self._publisher.publish(sending, reader)
         except PoisonRecordError as exc:
@@ -439,8 +463,10 @@ class PartWorker(threading.Thread):
         sent: _Sent,
         dead: dict[UUID, DeadLetterDecision],
     ) -> _Published:
-        """Checkpoint and count a committed batch; returns the state and the next batch."""
-        state = self._advance(store, state, sent.end)
+        """Checkpoint and count a committed batch, recording its dead-letter decisions
+        with the checkpoint (never before: the transaction might have been aborted);
+        returns the state and the next batch."""
+        state = self._advance(store, state, sent.end, _letters(sent.events, dead))
         self._count(sent.records, sum(1 for e in sent.events if e.message_id in dead), sent.end)
         # A reset meanwhile moves the checkpoint elsewhere: what was read ahead is void.
         return _Published(state, sent.ahead if state.checkpoint == sent.end else None)
@@ -465,16 +491,32 @@ class PartWorker(threading.Thread):
         """Apply the poison policy to the event whose record the broker refused; False
         when the part halted."""
         event = _event_of(refused.error.record, refused.events)
-        if event.message_id in dead:  # the dead letter itself was rejected
+        decision = dead.get(event.message_id)
+        if decision is None:
+            return self._poison(store, state, event, str(refused.error), dead)
+        # The dead letter itself was rejected: once more with the event's identity only
+        # (a topic with a lower max.message.bytes), then the part halts: that is no
+        # longer the row's doing but the dead-letter topic's.
+        if decision.minimal:
             self._halt(store, state, event, f"dead-letter record rejected: {refused.error.reason}")
             return False
-        return self._poison(store, state, event, str(refused.error), dead)
+        logger.warning(
+            "part %s: the dead letter of %s was rejected (%s); sending its identity only",
+            self.part,
+            event.message_id,
+            refused.error.reason,
+            extra={"part": str(self.part), "message_id": str(event.message_id)},
+        )
+        dead[event.message_id] = dataclasses.replace(decision, minimal=True)
+        return True
 
-    def _advance(self, store: PartStore, state: PartState, end: Position) -> PartState:
+    def _advance(
+        self, store: PartStore, state: PartState, end: Position, letters: list[DeadLetter]
+    ) -> PartState:
         """Record a committed batch, even if the version moved (a pause, say) meanwhile."""
         for _ in range(_ADVANCE_ATTEMPTS):
             try:
-                version = store.advance(state, end, self.session.id)
+                version = store.advance(state, end, self.session.id, letters)
                 return dataclasses.replace(state, checkpoint=end, version=version)
             except CheckpointConflict:
                 current = self._load(store)  # raises ClaimLost if a peer owns it now
@@ -492,12 +534,17 @@ class PartWorker(threading.Thread):
         state: PartState,
         events: list[OutboxEvent],
         dead: dict[UUID, DeadLetterDecision],
-    ) -> list[KafkaRecord] | None:
-        """The batch's records, poison events dead-lettered; None when the part halted."""
+    ) -> tuple[list[KafkaRecord], int] | None:
+        """The batch's records, poison events dead-lettered, and how many of ``events``
+        they cover (all, unless the batch reached _MAX_DEAD_LETTERS); None when the part
+        halted."""
         subscriber = state.subscriber
-        records = []
-        for event in events:
-            if not subscriber.matches(event):
+        records: list[KafkaRecord] = []
+        letters = 0
+        for used, event in enumerate(events):
+            if letters == _MAX_DEAD_LETTERS:
+                return records, used
+            if not subscriber.matches(event) and not _not_read(event):
                 continue
             if event.message_id not in dead:
                 try:
@@ -518,7 +565,8 @@ class PartWorker(threading.Thread):
                     if not self._poison(store, state, event, f"{type(exc).__name__}: {exc}", dead):
                         return None
             records.append(dead_letter_record(event, subscriber, dead[event.message_id]))
-        return records
+            letters += 1
+        return records, len(events)
 
     def _poison(
         self,
@@ -532,11 +580,12 @@ class PartWorker(threading.Thread):
         the part halted."""
         with self.stats.lock:
             self.stats.poisoned += 1
+        error = cap(error, MAX_DEAD_LETTER_ERROR_BYTES)  # it may quote the row
         if state.subscriber.on_poison is PoisonPolicy.HALT:
             self._halt(store, state, event, error)
             return False
+        # Recorded in Postgres with the checkpoint that passes the event (_record).
         decision = DeadLetterDecision(state.subscriber.dead_letter_topic_name, error)
-        store.record_dead_letter(state, event, decision)
         logger.warning(
             "part %s: poison event %s (%s:%s) goes to %s: %s",
             self.part,
@@ -551,6 +600,7 @@ class PartWorker(threading.Thread):
         return True
 
     def _halt(self, store: PartStore, state: PartState, event: OutboxEvent, error: str) -> None:
+        error = cap(error, MAX_DEAD_LETTER_ERROR_BYTES)
         message = f"poison event {event.message_id} at {event.key}: {error}"
         store.halt(state, self.session.id, message)
         self._record_error(WorkerState.HALTED, RelayError(message))
@@ -616,6 +666,34 @@ def _joins(following: _Batch, state: PartState) -> bool:
         and not following.full
         and state.subscriber.on_poison is not PoisonPolicy.DEAD_LETTER
     )
+
+
+def _letters(events: list[OutboxEvent], dead: dict[UUID, DeadLetterDecision]) -> list[DeadLetter]:
+    """The dead letters among ``events``."""
+    if not dead:
+        return []
+    return [
+        DeadLetter(e.key, e.message_id, dead[e.message_id]) for e in events if e.message_id in dead
+    ]
+
+
+def _recovered(
+    store: PartStore, state: PartState, adopted: Position, recovered: KafkaCheckpoint
+) -> list[DeadLetter]:
+    """The dead letters of the Kafka transaction whose checkpoint is adopted: their
+    decisions, at their keys in this database (a rebase may have moved them)."""
+    letters = []
+    for message_id, topic in recovered.dead_letters:
+        key = store.key_of(message_id)
+        if key is not None and state.checkpoint < key <= adopted:
+            letters.append(DeadLetter(key, message_id, DeadLetterDecision(topic, _RECOVERED)))
+    return letters
+
+
+def _not_read(event: OutboxEvent) -> bool:
+    """A row the fetch left unread (too large): the fetch's own filters kept it, on its
+    full columns; its text columns came back cut short, so they may not match here."""
+    return type(event.payload) is Unreadable and not event.payload.read
 
 
 def _event_of(record: KafkaRecord, events: list[OutboxEvent]) -> OutboxEvent:

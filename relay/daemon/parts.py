@@ -125,6 +125,7 @@ class ClaimedParts:
             encoder=self._encoder,
             batch_size=self._ctx.settings.batch_size,
             batch_max_bytes=self._ctx.settings.batch_max_bytes,
+            max_record_bytes=int(self._ctx.settings.kafka.get("message.max.bytes", 1_000_000)),
             poll_interval=self._ctx.settings.poll_interval,
         )
         self.workers[part] = worker

@@ -31,44 +31,94 @@ SELECT message_id FROM {schema}.outbox
 -- (below the oldest running xid) after the checkpoint, in (transaction_id, position)
 -- order. A keyset range scan on the primary key. With several parts, each part takes
 -- the rows whose aggregate_id hashes to it, so one key always stays in one part.
--- At most %(limit)s rows, and no more once the payloads and headers so far reach
--- %(max_bytes)s as stored (compressed sizes, from the TOAST pointers: nothing is
--- read or decompressed to measure it); always at least one row. For a subscriber
--- without filters; fetch_batch_filtered and fetch_batch_of_type serve the others.
+-- At most %(limit)s rows, and no more once the rows so far reach %(max_bytes)s; always
+-- at least one row. A row counts what the relay would hold of it (docs/design.md §7,
+-- "Large rows"): every text column's bytes and each jsonb column's size uncompressed
+-- (its text, for a compressed one; nothing else is decompressed to measure it). A row
+-- over %(max_row_bytes)s is not fetched: only its identity comes back, its long text
+-- columns cut short, and too_large_bytes says its size (the worker makes it poison).
+-- Two cuts: the running sum of the stored (compressed) sizes first, free from the TOAST
+-- pointers, so that only the rows it keeps are measured; then the running sum of what
+-- each row counts, never less than its stored size, so the first cut never drops a row
+-- the second keeps. What a row counts is an integer (capped at 2^31 - 1, more than
+-- any record can hold), so the running sum is a bigint rather than a slower numeric.
+-- For a subscriber without filters; fetch_batch_filtered and fetch_batch_of_type serve
+-- the others.
 -- ORDER BY names the xid8 column: sorting by the bigint output would be a full sort of
 -- the backlog on every poll instead of an index scan.
 -- Empty headers come back as NULL: parsing '{{}}' per row costs more than the payload.
 SELECT b.transaction_id::text::bigint AS transaction_id, b.position, b.message_id,
-       b.aggregate_type, b.aggregate_id, b.aggregate_version, b.event_type, b.payload,
-       nullif(b.headers, '{{}}'::jsonb) AS headers,
+       CASE WHEN b.too_large AND octet_length(b.aggregate_type) > 200
+            THEN left(b.aggregate_type, 200) || '...[cut: ' || octet_length(b.aggregate_type) || ' bytes]'
+            ELSE b.aggregate_type END AS aggregate_type,
+       CASE WHEN b.too_large AND octet_length(b.aggregate_id) > 200
+            THEN left(b.aggregate_id, 200) || '...[cut: ' || octet_length(b.aggregate_id) || ' bytes]'
+            ELSE b.aggregate_id END AS aggregate_id,
+       b.aggregate_version,
+       CASE WHEN b.too_large AND octet_length(b.event_type) > 200
+            THEN left(b.event_type, 200) || '...[cut: ' || octet_length(b.event_type) || ' bytes]'
+            ELSE b.event_type END AS event_type,
+       CASE WHEN NOT b.too_large THEN b.payload END AS payload,
+       CASE WHEN NOT b.too_large THEN nullif(b.headers, '{{}}'::jsonb) END AS headers,
        -- Clamped into what Python's datetime holds: a writer may store 'infinity'.
        least(greatest(b.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
-       b.stored_bytes, b.debezium
-  FROM (SELECT o.*, pg_column_size(o.payload) + pg_column_size(o.headers) AS stored_bytes,
-               sum(pg_column_size(o.payload) + pg_column_size(o.headers))
-                   OVER (ORDER BY o.transaction_id, o.position ROWS UNBOUNDED PRECEDING)
-                   AS running_bytes
-          FROM {schema}.outbox o
-         WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
-           AND o.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
-           AND (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
-         ORDER BY o.transaction_id, o.position
-         LIMIT %(limit)s) AS b
- WHERE b.running_bytes - b.stored_bytes < %(max_bytes)s
+       b.counted_bytes, CASE WHEN NOT b.too_large THEN b.debezium END AS debezium,
+       CASE WHEN b.too_large THEN b.row_bytes END AS too_large_bytes
+  FROM (SELECT m.*, sum(m.counted_bytes)
+                        OVER (ORDER BY m.transaction_id, m.position ROWS UNBOUNDED PRECEDING)
+                        AS running_bytes
+          FROM (SELECT r.*, r.row_bytes > %(max_row_bytes)s AS too_large,
+                       least(CASE WHEN r.row_bytes > %(max_row_bytes)s THEN r.stored_bytes
+                                  ELSE greatest(r.row_bytes, r.stored_bytes) END,
+                            2147483647)::integer AS counted_bytes
+                  FROM (SELECT s.*,
+                               octet_length(s.aggregate_type)::bigint
+                               + octet_length(s.aggregate_id) + octet_length(s.event_type)
+                               + CASE WHEN pg_column_compression(s.payload) IS NULL
+                                      THEN pg_column_size(s.payload)
+                                      ELSE octet_length(s.payload::text) END
+                               + CASE WHEN pg_column_compression(s.headers) IS NULL
+                                      THEN pg_column_size(s.headers)
+                                      ELSE octet_length(s.headers::text) END
+                               + CASE WHEN s.debezium IS NULL THEN 0
+                                      WHEN pg_column_compression(s.debezium) IS NULL
+                                      THEN pg_column_size(s.debezium)
+                                      ELSE octet_length(s.debezium::text) END AS row_bytes
+                          FROM (SELECT o.*,
+                                       pg_column_size(o.payload) + pg_column_size(o.headers)
+                                           AS stored_bytes,
+                                       sum(pg_column_size(o.payload) + pg_column_size(o.headers))
+                                           OVER (ORDER BY o.transaction_id, o.position
+                                                 ROWS UNBOUNDED PRECEDING) AS running_stored
+                                  FROM {schema}.outbox o
+                                 WHERE (o.transaction_id, o.position)
+                                       > (%(transaction_id)s::text::xid8, %(position)s)
+                                   AND o.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+                                   AND (%(parts)s = 1
+                                        OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
+                                 ORDER BY o.transaction_id, o.position
+                                 LIMIT %(limit)s) AS s
+                         WHERE s.running_stored - s.stored_bytes < %(max_bytes)s
+                         -- Sorted already: saying so spares the window a sort. OFFSET 0
+                         -- fences it: each row is measured once, not once per use.
+                         ORDER BY s.transaction_id, s.position
+                        OFFSET 0) AS r) AS m) AS b
+ WHERE b.running_bytes - b.counted_bytes < %(max_bytes)s
  ORDER BY b.transaction_id, b.position;
 
 -- name: fetch_batch_filtered
 -- fetch_batch for a subscriber with filters that the index of fetch_batch_of_type does
--- not serve (event types, several aggregate types). It reads what fetch_batch reads; of
--- those, only the rows the subscriber's filters keep come back. Every row says how
--- far the read went (read_*) and whether it came back full; when the filters keep none,
--- one row of NULLs says it. Nothing read: no row. (Slower than fetch_batch per row
--- read, about 3x on the server, so subscribers without filters do not use it.)
+-- not serve (event types, several aggregate types). It reads what fetch_batch reads
+-- (with the same two cuts, and rows too large to fetch as in fetch_batch); of those,
+-- only the rows the subscriber's filters keep come back. Every row says how far the
+-- read went (read_*) and whether it came back full; when the filters keep none, one row
+-- of NULLs says it. Nothing read: no row. (Slower than fetch_batch per row read, about
+-- 3x on the server, so subscribers without filters do not use it.)
 WITH w AS (
     SELECT o.*, pg_column_size(o.payload) + pg_column_size(o.headers) AS stored_bytes,
            sum(pg_column_size(o.payload) + pg_column_size(o.headers))
                OVER (ORDER BY o.transaction_id, o.position ROWS UNBOUNDED PRECEDING)
-               AS running_bytes,
+               AS running_stored,
            row_number() OVER (ORDER BY o.transaction_id, o.position) AS n
       FROM {schema}.outbox o
      WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
@@ -76,17 +126,52 @@ WITH w AS (
        AND (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
      ORDER BY o.transaction_id, o.position
      LIMIT %(limit)s
+), measured AS MATERIALIZED (  -- each row measured once, not once per use
+    SELECT w.*,
+           octet_length(w.aggregate_type)::bigint
+           + octet_length(w.aggregate_id) + octet_length(w.event_type)
+           + CASE WHEN pg_column_compression(w.payload) IS NULL THEN pg_column_size(w.payload)
+                  ELSE octet_length(w.payload::text) END
+           + CASE WHEN pg_column_compression(w.headers) IS NULL THEN pg_column_size(w.headers)
+                  ELSE octet_length(w.headers::text) END
+           + CASE WHEN w.debezium IS NULL THEN 0
+                  WHEN pg_column_compression(w.debezium) IS NULL THEN pg_column_size(w.debezium)
+                  ELSE octet_length(w.debezium::text) END AS row_bytes
+      FROM w
+     WHERE w.running_stored - w.stored_bytes < %(max_bytes)s
+     ORDER BY w.transaction_id, w.position
 ), r AS (
-    SELECT * FROM w WHERE w.running_bytes - w.stored_bytes < %(max_bytes)s
+    SELECT c.* FROM (
+        SELECT m.*, sum(m.counted_bytes)
+                        OVER (ORDER BY m.transaction_id, m.position ROWS UNBOUNDED PRECEDING)
+                        AS running_bytes
+          FROM (SELECT measured.*, measured.row_bytes > %(max_row_bytes)s AS too_large,
+                       least(CASE WHEN measured.row_bytes > %(max_row_bytes)s
+                                  THEN measured.stored_bytes
+                                  ELSE greatest(measured.row_bytes, measured.stored_bytes) END,
+                             2147483647)::integer AS counted_bytes
+                  FROM measured) AS m) AS c
+     WHERE c.running_bytes - c.counted_bytes < %(max_bytes)s
 )
 SELECT last.transaction_id::text::bigint AS read_transaction_id, last.position AS read_position,
        last.n = %(limit)s OR last.n < (SELECT count(*) FROM w) AS read_full,
        c.transaction_id::text::bigint AS transaction_id, c.position, c.message_id,
-       c.aggregate_type, c.aggregate_id, c.aggregate_version, c.event_type, c.payload,
-       nullif(c.headers, '{{}}'::jsonb) AS headers,
+       CASE WHEN c.too_large AND octet_length(c.aggregate_type) > 200
+            THEN left(c.aggregate_type, 200) || '...[cut: ' || octet_length(c.aggregate_type) || ' bytes]'
+            ELSE c.aggregate_type END AS aggregate_type,
+       CASE WHEN c.too_large AND octet_length(c.aggregate_id) > 200
+            THEN left(c.aggregate_id, 200) || '...[cut: ' || octet_length(c.aggregate_id) || ' bytes]'
+            ELSE c.aggregate_id END AS aggregate_id,
+       c.aggregate_version,
+       CASE WHEN c.too_large AND octet_length(c.event_type) > 200
+            THEN left(c.event_type, 200) || '...[cut: ' || octet_length(c.event_type) || ' bytes]'
+            ELSE c.event_type END AS event_type,
+       CASE WHEN NOT c.too_large THEN c.payload END AS payload,
+       CASE WHEN NOT c.too_large THEN nullif(c.headers, '{{}}'::jsonb) END AS headers,
        -- Clamped into what Python's datetime holds: a writer may store 'infinity'.
        least(greatest(c.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
-       c.stored_bytes, c.debezium
+       c.counted_bytes, CASE WHEN NOT c.too_large THEN c.debezium END AS debezium,
+       CASE WHEN c.too_large THEN c.row_bytes END AS too_large_bytes
   FROM (SELECT r.transaction_id, r.position, r.n FROM r
          ORDER BY r.transaction_id DESC, r.position DESC LIMIT 1) AS last
   LEFT JOIN LATERAL (
@@ -98,17 +183,29 @@ SELECT last.transaction_id::text::bigint AS read_transaction_id, last.position A
 
 -- name: fetch_batch_of_type
 -- fetch_batch for a subscriber of one aggregate type: a range scan of
--- outbox_aggregate_type_order reads only that type's rows. A fetch that comes back short
--- has read every decided row of the type, so the read went up to the horizon
--- (read_transaction_id, position 0) if any row at all was written in between; no row of
--- NULLs otherwise, so an idle part writes no checkpoint.
+-- outbox_aggregate_type_order reads only that type's rows (with fetch_batch's two cuts,
+-- and rows too large to fetch as there). A fetch that comes back short has read every
+-- decided row of the type, so the read went up to the horizon (read_transaction_id,
+-- position 0) if any row at all was written in between; no row of NULLs otherwise, so
+-- an idle part writes no checkpoint.
 SELECT h.horizon::text::bigint AS read_transaction_id, 0::bigint AS read_position,
        h.anything AS read_any,
        c.transaction_id::text::bigint AS transaction_id, c.position, c.message_id,
-       c.aggregate_type, c.aggregate_id, c.aggregate_version, c.event_type, c.payload,
-       nullif(c.headers, '{{}}'::jsonb) AS headers,
+       CASE WHEN c.too_large AND octet_length(c.aggregate_type) > 200
+            THEN left(c.aggregate_type, 200) || '...[cut: ' || octet_length(c.aggregate_type) || ' bytes]'
+            ELSE c.aggregate_type END AS aggregate_type,
+       CASE WHEN c.too_large AND octet_length(c.aggregate_id) > 200
+            THEN left(c.aggregate_id, 200) || '...[cut: ' || octet_length(c.aggregate_id) || ' bytes]'
+            ELSE c.aggregate_id END AS aggregate_id,
+       c.aggregate_version,
+       CASE WHEN c.too_large AND octet_length(c.event_type) > 200
+            THEN left(c.event_type, 200) || '...[cut: ' || octet_length(c.event_type) || ' bytes]'
+            ELSE c.event_type END AS event_type,
+       CASE WHEN NOT c.too_large THEN c.payload END AS payload,
+       CASE WHEN NOT c.too_large THEN nullif(c.headers, '{{}}'::jsonb) END AS headers,
        least(greatest(c.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
-       c.stored_bytes, c.debezium
+       c.counted_bytes, CASE WHEN NOT c.too_large THEN c.debezium END AS debezium,
+       CASE WHEN c.too_large THEN c.row_bytes END AS too_large_bytes
   FROM (SELECT pg_snapshot_xmin(s) AS horizon,
                -- The newest decided row, by a backward scan (not EXISTS: see
                -- newest_decided), lies after the checkpoint.
@@ -121,19 +218,47 @@ SELECT h.horizon::text::bigint AS read_transaction_id, 0::bigint AS read_positio
           FROM pg_current_snapshot() AS s) AS h
   LEFT JOIN LATERAL (
        SELECT b.* FROM (
-           SELECT o.*, pg_column_size(o.payload) + pg_column_size(o.headers) AS stored_bytes,
-                  sum(pg_column_size(o.payload) + pg_column_size(o.headers))
-                      OVER (ORDER BY o.transaction_id, o.position ROWS UNBOUNDED PRECEDING)
-                      AS running_bytes
-             FROM {schema}.outbox o
-            WHERE o.aggregate_type = %(aggregate_type)s
-              AND (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
-              AND o.transaction_id < h.horizon
-              AND (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
-              AND (%(event_types)s::text[] IS NULL OR o.event_type = ANY(%(event_types)s::text[]))
-            ORDER BY o.transaction_id, o.position
-            LIMIT %(limit)s) AS b
-        WHERE b.running_bytes - b.stored_bytes < %(max_bytes)s) AS c
+           SELECT m.*, sum(m.counted_bytes)
+                           OVER (ORDER BY m.transaction_id, m.position ROWS UNBOUNDED PRECEDING)
+                           AS running_bytes
+             FROM (SELECT r.*, r.row_bytes > %(max_row_bytes)s AS too_large,
+                          least(CASE WHEN r.row_bytes > %(max_row_bytes)s THEN r.stored_bytes
+                                     ELSE greatest(r.row_bytes, r.stored_bytes) END,
+                               2147483647)::integer AS counted_bytes
+                     FROM (SELECT s.*,
+                                  octet_length(s.aggregate_type)::bigint
+                                  + octet_length(s.aggregate_id) + octet_length(s.event_type)
+                                  + CASE WHEN pg_column_compression(s.payload) IS NULL
+                                         THEN pg_column_size(s.payload)
+                                         ELSE octet_length(s.payload::text) END
+                                  + CASE WHEN pg_column_compression(s.headers) IS NULL
+                                         THEN pg_column_size(s.headers)
+                                         ELSE octet_length(s.headers::text) END
+                                  + CASE WHEN s.debezium IS NULL THEN 0
+                                         WHEN pg_column_compression(s.debezium) IS NULL
+                                         THEN pg_column_size(s.debezium)
+                                         ELSE octet_length(s.debezium::text) END AS row_bytes
+                             FROM (SELECT o.*,
+                                          pg_column_size(o.payload) + pg_column_size(o.headers)
+                                              AS stored_bytes,
+                                          sum(pg_column_size(o.payload) + pg_column_size(o.headers))
+                                              OVER (ORDER BY o.transaction_id, o.position
+                                                    ROWS UNBOUNDED PRECEDING) AS running_stored
+                                     FROM {schema}.outbox o
+                                    WHERE o.aggregate_type = %(aggregate_type)s
+                                      AND (o.transaction_id, o.position)
+                                          > (%(transaction_id)s::text::xid8, %(position)s)
+                                      AND o.transaction_id < h.horizon
+                                      AND (%(parts)s = 1
+                                           OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
+                                      AND (%(event_types)s::text[] IS NULL
+                                           OR o.event_type = ANY(%(event_types)s::text[]))
+                                    ORDER BY o.transaction_id, o.position
+                                    LIMIT %(limit)s) AS s
+                            WHERE s.running_stored - s.stored_bytes < %(max_bytes)s
+                            ORDER BY s.transaction_id, s.position
+                           OFFSET 0) AS r) AS m) AS b
+        WHERE b.running_bytes - b.counted_bytes < %(max_bytes)s) AS c
     ON true
  WHERE h.anything
  ORDER BY c.transaction_id, c.position;

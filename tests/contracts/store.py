@@ -9,14 +9,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 from uuid import UUID
 
 import pytest
 
 from relay.errors import CheckpointConflict, ClaimLost, SubscriberError
-from relay.model import OutboxEvent, Position
-from relay.ports import DeadLetterDecision, Fetched, PartStore, Selection
+from relay.model import OutboxEvent, Position, Unreadable
+from relay.ports import DeadLetter, DeadLetterDecision, Fetched, PartStore, Selection
 from relay.subscribers import Subscriber, ValueFormat
 
 SUBSCRIBER = Subscriber("s", topic="t", value_format=ValueFormat.JSON)
@@ -89,6 +89,24 @@ class StoreContract:
         by_event = store.fetch(Position(0, 0), Selection(2, event_types=frozenset({"Shipped"})))
         assert by_event == Fetched([], kept.events[1].key, True)
 
+    @pytest.mark.parametrize(
+        "filters",
+        [{}, {"aggregate_types": frozenset({"order"})}, {"event_types": frozenset({"Placed"})}],
+    )
+    def test_a_row_too_large_for_any_record_comes_back_as_its_identity(
+        self, store: AdminStore, write: Write, filters: dict[str, Any]
+    ) -> None:
+        """Issue #27: such a row is poison decided from its size; its content is not read."""
+        small, big = write("k"), write("k" * 300)
+        events = store.fetch(Position(0, 0), Selection(10, max_row_bytes=200, **filters)).events
+        assert [e.message_id for e in events] == [small, big]
+        assert events[0].payload == {"id": "k"}
+        unread = events[1]
+        assert isinstance(unread.payload, Unreadable) and not unread.payload.read
+        assert "too large to publish" in str(unread.payload)
+        assert unread.aggregate_id == "k" * 200 + "...[cut: 300 bytes]"
+        assert unread.headers == {} and unread.event_type == "Placed"
+
     def test_a_part_is_stored_with_its_subscriber_and_owner(
         self, store: AdminStore, owner: UUID
     ) -> None:
@@ -144,10 +162,26 @@ class StoreContract:
         write("k")
         first, second = store.fetch(Position(0, 0), Selection(10)).events
         decision = DeadLetterDecision("dlq", "too large")
-        store.record_dead_letter(store.get_part("s", 0), second, decision)
+        letter = DeadLetter(second.key, second.message_id, decision)
+        store.advance(store.get_part("s", 0), second.key, owner, [letter])
         assert store.dead_letters("s", Position(0, 0), second.key) == {second.message_id: decision}
         assert store.dead_letters("s", Position(0, 0), first.key) == {}
         assert store.dead_letters("s", second.key, Position(2**62, 0)) == {}
+
+    def test_a_dead_letter_decision_is_recorded_only_with_its_checkpoint(
+        self, store: AdminStore, write: Write, owner: UUID
+    ) -> None:
+        """Issue #27: a decision recorded before its Kafka transaction committed stayed
+        recorded when the transaction aborted: dead-lettered, but on no topic."""
+        write("k")
+        [event] = store.fetch(Position(0, 0), Selection(10)).events
+        stale = store.get_part("s", 0)
+        store.advance(stale, Position(0, 0), owner)  # moves the version on
+        letter = DeadLetter(event.key, event.message_id, DeadLetterDecision("dlq", "too large"))
+        with pytest.raises(CheckpointConflict):
+            store.advance(stale, event.key, owner, [letter])
+        assert store.dead_letters("s", Position(0, 0), event.key) == {}
+        assert store.get_part("s", 0).checkpoint == Position(0, 0)
 
     def test_halt_records_the_error_on_the_part(self, store: AdminStore, owner: UUID) -> None:
         before = store.get_part("s", 0)

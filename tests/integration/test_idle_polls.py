@@ -48,7 +48,7 @@ def test_a_caught_up_one_type_poll_reads_one_row(
 ) -> None:
     query = queries_for("public")["fetch_batch_of_type"]
     params = {"transaction_id": published[0], "position": published[1], "limit": 5000,
-              "max_bytes": 2**40, "part": 0, "parts": 1, "event_types": None,
+              "max_bytes": 2**40, "max_row_bytes": 2**40, "part": 0, "parts": 1, "event_types": None,
               "aggregate_type": "order"}  # fmt: skip
     assert relay_db.execute(query, params).fetchall() == []  # nothing new: no checkpoint write
     assert outbox_rows_read(relay_db, query, params) <= 2

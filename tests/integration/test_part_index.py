@@ -37,6 +37,7 @@ def fill(db: psycopg.Connection[Any]) -> None:
 def rows_read(db: psycopg.Connection[Any], part: int, parts: int) -> int:
     """Rows of the outbox the poll of ``part`` reads, its own or not."""
     params = {"transaction_id": 0, "position": 0, "limit": 100, "max_bytes": 2**40,
+              "max_row_bytes": 2**40,
               "part": part, "parts": parts, "aggregate_types": None, "event_types": None}  # fmt: skip
     return outbox_rows_read(db, queries_for("public")["fetch_batch"], params)
 

@@ -11,7 +11,10 @@ import pytest
 
 from relay.encoding import RecordEncoder
 from relay.errors import EncodingError
-from relay.model import OutboxEvent
+from relay.model import OutboxEvent, Unreadable
+from relay.poison import dead_letter_record
+from relay.ports import DeadLetterDecision
+from relay.store import _load_row_json
 from relay.subscribers import Subscriber, ValueFormat
 
 JSON = Subscriber("s", topic="t", value_format=ValueFormat.JSON)
@@ -44,3 +47,39 @@ def test_a_payload_too_deep_to_write_is_that_events_poison() -> None:
         deep = [deep]
     with pytest.raises(EncodingError, match="cannot be written as JSON"):
         RecordEncoder(None).encode(event(deep), JSON)
+
+
+def test_a_number_beyond_a_double_is_the_rows_poison_not_null() -> None:
+    """Issue #27: jsonb's numeric holds 1e400 + 0.5, which the standard library loads as
+    inf, and orjson wrote as null: the row's value silently changed."""
+    huge = b'{"n": 1' + b"0" * 400 + b'.5, "m": 1}'
+    loaded = _load_row_json(huge)
+    assert isinstance(loaded, Unreadable) and "beyond a double" in str(loaded)
+    with pytest.raises(EncodingError, match="beyond a double"):
+        RecordEncoder(None).encode(event(loaded), JSON)
+    # An integer that large is exact in Python: published as it is.
+    exact = _load_row_json(b'{"n": 1' + b"0" * 400 + b"}")
+    assert exact == {"n": 10**400}
+    assert RecordEncoder(None).encode(event(exact), JSON).value == b'{"n":1' + b"0" * 400 + b"}"
+    assert _load_row_json(b'{"n": -1.5e3}') == {"n": -1500.0}
+
+
+def test_a_dead_letter_stays_small_whatever_the_row_holds() -> None:
+    """Issue #27: a dead letter copied aggregate_id, event_type and headers whole, so a
+    2 MB aggregate_id made the dead letter itself too large, halting the part."""
+    row = event({"blob": "x" * 3_000_000})._replace(
+        aggregate_type="t" * 2_000_000,
+        aggregate_id="k" * 2_000_000,
+        event_type="e" * 2_000_000,
+        headers={"h": "v" * 2_000_000},
+    )
+    decision = DeadLetterDecision("dlq", "too large: " + "q" * 2_000_000)
+    letter = dead_letter_record(row, JSON, decision)
+    assert letter.byte_size() < 100_000
+    document = json.loads(letter.value or b"")
+    assert document["message_id"] == str(row.message_id) and document["position"] == 1
+    assert document["aggregate_id"].endswith("...[cut: 2000000 bytes]")
+    assert document["event_type"].endswith("...[cut: 2000000 bytes]")
+    assert document["headers_omitted_bytes"] > 2_000_000
+    assert document["payload_omitted_bytes"] > 3_000_000
+    assert letter.header("id") == str(row.message_id).encode()

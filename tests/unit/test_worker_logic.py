@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 from relay.encoding import RecordEncoder
 from relay.errors import PoisonRecordError
-from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position
+from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position, Unreadable
 from relay.ports import Fetched, Selection
 from relay.sessions import RelaySession
 from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
@@ -277,7 +277,8 @@ def test_a_dead_letter_the_broker_refuses_halts_the_part() -> None:
     halted = store.get_part("s", 0).halted_error
     assert halted is not None and "dead-letter record rejected" in halted
     assert kafka.transactions == []
-    assert list(store.dead["s"]) == [culprit.message_id]
+    # Issue #27: the decision is not recorded, as its record is on no topic.
+    assert store.dead.get("s", {}) == {}
     assert store.get_part("s", 0).checkpoint == Position(0, 0) != good.key
 
 
@@ -291,3 +292,62 @@ def run_until_halted(w: PartWorker, store: InMemoryStore) -> PartWorker:
         w.join(10)
     assert not w.is_alive()  # halted: idle until resumed, so it stops when told
     return w
+
+
+DEAD_LETTERING = Subscriber(
+    "s", topic="t", value_format=ValueFormat.JSON, on_poison=PoisonPolicy.DEAD_LETTER
+)
+
+
+def test_a_dead_letter_refused_as_too_large_goes_again_with_the_events_identity_only() -> None:
+    """Issue #27: a dead-letter subscriber never halts over a row's content; a dead-letter
+    topic with a low max.message.bytes gets the event's identity."""
+    store = claimed(DEAD_LETTERING)
+    culprit, good = store.append(event(1)), store.append(event(2))
+    kafka = InMemoryPublisher()
+
+    def refuse(records: Sequence[KafkaRecord]) -> None:
+        for record in records:
+            if record.outbox_message_id == str(culprit.message_id) and (
+                record.topic == "t" or b'"payload"' in (record.value or b"")
+            ):
+                raise PoisonRecordError(record, "too large")
+
+    kafka.refuse = refuse
+    run_until_published(worker(store, kafka), store)
+    assert published_ids(kafka) == ids([good])
+    [letter] = [r for r in kafka.published() if r.topic != "t"]
+    assert letter.outbox_message_id == str(culprit.message_id)
+    assert b"the broker refused the full dead letter" in (letter.value or b"")
+    assert list(store.dead["s"]) == [culprit.message_id]
+
+
+def test_dead_letter_decisions_go_with_the_checkpoint_and_the_kafka_side_one() -> None:
+    """Decisions are recorded with the checkpoint, after the Kafka commit; the Kafka-side
+    checkpoint names them (at most 32 a transaction, to fit its tag)."""
+    store = claimed(DEAD_LETTERING)
+    bad = [event(n, stored_bytes=1)._replace(payload=Unreadable("bad")) for n in range(40)]
+    written = [store.append(e) for e in bad]
+    kafka = InMemoryPublisher()
+    run_until_published(worker(store, kafka), store)
+    assert [len(t) for t in kafka.transactions] == [32, 8]
+    assert set(store.dead["s"]) == {e.message_id for e in written}
+    assert [m for m, _ in kafka.checkpoints[generation(store)].dead_letters] == [
+        e.message_id for e in written[32:]
+    ]
+
+
+def test_recovery_records_the_dead_letters_of_the_kafka_checkpoint_it_adopts() -> None:
+    """The transaction carrying a dead letter committed in Kafka, but its checkpoint (and
+    so its decision) never reached Postgres: the next owner records it."""
+    store = claimed(DEAD_LETTERING)
+    _, poison, last = (store.append(event(n)) for n in range(3))
+    kafka = InMemoryPublisher()
+    kafka.checkpoints[generation(store)] = KafkaCheckpoint(
+        last.key, store.key_space_id, last.message_id, ((poison.message_id, "dlq"),)
+    )
+    w = worker(store, kafka)
+    run_until_published(w, store)
+    assert kafka.transactions == [] and w.stats.recovered == 1
+    [(key, decision)] = store.dead["s"].values()
+    assert key == poison.key and decision.topic == "dlq"
