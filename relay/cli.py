@@ -537,6 +537,14 @@ def grant(
             "Without it, the role is left without pg_read_all_stats."
         ),
     ] = False,
+    connection_limit: Annotated[
+        int | None,
+        typer.Option(
+            min=-1,
+            help="Cap the relay role's Postgres connections (CONNECTION LIMIT; -1: no cap). "
+            "Relays need replicas x workers x max_db_connections (deploy/README.md).",
+        ),
+    ] = None,
     database_url: DatabaseUrl = None,
     schema: Schema = None,
 ) -> None:
@@ -545,6 +553,8 @@ def grant(
 
     if relay_role is None and writer_role is None:
         raise typer.BadParameter("name --relay-role and/or --writer-role")
+    if connection_limit is not None and relay_role is None:
+        raise typer.BadParameter("--connection-limit caps the --relay-role: name it")
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
         done = grant_roles(
@@ -554,6 +564,7 @@ def grant(
             writer_role=writer_role,
             create=create,
             read_all_stats=read_all_stats,
+            connection_limit=connection_limit,
         )
     out.print("granted: " + ", ".join(done))
 

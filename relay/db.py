@@ -278,18 +278,30 @@ def connect(
 ) -> psycopg.Connection[Any]:
     """Open a connection, mapping failures onto relay errors; with ``timeouts`` set on
     its session (by a query rather than libpq's ``options``, which poolers refuse)."""
-    given = parse_url(url)
-    with wrap_errors(given.get("password")):
-        defaults = {k: v for k, v in _LIVENESS_DEFAULTS.items() if k not in given}
-        conn = psycopg.connect(url, autocommit=autocommit, **{**defaults, **kwargs})
+    params = connect_params(url, autocommit=autocommit, **kwargs)
+    with wrap_errors(parse_url(url).get("password")):
+        conn = psycopg.connect(url, **params)
         try:
-            if timeouts is not None:
-                _set_timeouts(conn, timeouts)
+            configure(conn, timeouts)
         except BaseException:
             conn.close()
             raise
-    set_json_loads(load_json, conn)
     return conn
+
+
+def connect_params(url: str, *, autocommit: bool = True, **kwargs: Any) -> dict[str, Any]:
+    """The parameters every relay connection is opened with, beyond ``url``'s own
+    (relay/pool.py opens its connections with them too)."""
+    given = parse_url(url)
+    defaults = {k: v for k, v in _LIVENESS_DEFAULTS.items() if k not in given}
+    return {**defaults, **kwargs, "autocommit": autocommit}
+
+
+def configure(conn: psycopg.Connection[Any], timeouts: SessionTimeouts | None = None) -> None:
+    """What every relay connection gets once opened, pooled or not (relay/pool.py)."""
+    if timeouts is not None:
+        _set_timeouts(conn, timeouts)
+    set_json_loads(load_json, conn)
 
 
 def _set_timeouts(conn: psycopg.Connection[Any], timeouts: SessionTimeouts) -> None:

@@ -53,3 +53,5 @@ def configure(level: str = "INFO", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # The pool warns at every failed connection attempt; relay/pool.py says it once.
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)

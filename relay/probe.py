@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import psycopg
@@ -37,7 +38,7 @@ class CommitProbe(threading.Thread):
 
     def __init__(
         self,
-        open_connection: Callable[[], psycopg.Connection[Any]],
+        connection: Callable[[], AbstractContextManager[psycopg.Connection[Any]]],
         schema: str,
         wake: Callable[[], None],
         *,
@@ -46,7 +47,8 @@ class CommitProbe(threading.Thread):
         idle_after: float = 10.0,
     ) -> None:
         super().__init__(name="outbox-probe", daemon=True)
-        self._open_connection = open_connection
+        # Borrowed per look (the relay's pool, relay/pool.py): not a backend of its own.
+        self._connection = connection
         self._query = queries_for(schema)["newest_decided"]
         self._wake = wake
         self._interval = interval
@@ -71,11 +73,11 @@ class CommitProbe(threading.Thread):
                 delay = min(delay * 2, 30.0)
 
     def _probe_until_stopped(self) -> None:
-        with self._open_connection() as conn:
-            conn.autocommit = True
-            last: object = None
-            changed_at = time.monotonic()
-            while not self._stopping.is_set():
+        last: object = None
+        changed_at = time.monotonic()
+        while not self._stopping.is_set():
+            with self._connection() as conn:
+                conn.autocommit = True
                 row = conn.execute(self._query, prepare=True).fetchone()
                 assert row is not None
                 newest, waiting = row[:2], row[2]
@@ -83,9 +85,9 @@ class CommitProbe(threading.Thread):
                     # Rows keyed to the next xid, on a database where no transaction
                     # runs: take that xid (and commit at once) so the horizon passes them.
                     conn.execute("SELECT pg_current_xact_id()")
-                now = time.monotonic()
-                if newest != last:
-                    last, changed_at = newest, now
-                    self._wake()
-                idle = now - changed_at > self._idle_after
-                self._stopping.wait(self._idle_interval if idle else self._interval)
+            now = time.monotonic()
+            if newest != last:
+                last, changed_at = newest, now
+                self._wake()
+            idle = now - changed_at > self._idle_after
+            self._stopping.wait(self._idle_interval if idle else self._interval)

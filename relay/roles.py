@@ -23,12 +23,15 @@ def grant_roles(
     writer_role: str | None = None,
     create: bool = False,
     read_all_stats: bool = False,
+    connection_limit: int | None = None,
 ) -> list[str]:
     """Apply ``relay/sql/roles.sql`` for the given roles; returns what was granted.
 
     ``read_all_stats`` also gives the relay role ``pg_read_all_stats`` (to name the
     sessions holding publication back; it shows every session's query text too);
-    without it, the relay role is left without that role."""
+    without it, the relay role is left without that role. ``connection_limit`` caps the
+    relay role's backends on the database side (``CONNECTION LIMIT``; -1: no cap): the
+    relays' budget, replicas x workers x max_db_connections (deploy/README.md)."""
     blocks = parse_named(read_sql("roles.sql"))
     done = []
     waiting = pending(conn, schema)
@@ -55,6 +58,13 @@ def grant_roles(
                     )
                 )
             done.append(f"{names[0].split('_')[0]} role {role}")
+        if relay_role is not None and connection_limit is not None:
+            conn.execute(
+                sql.SQL("ALTER ROLE {} CONNECTION LIMIT {}").format(
+                    sql.Identifier(relay_role), sql.Literal(connection_limit)
+                )
+            )
+            done.append(f"connection limit {connection_limit} to {relay_role}")
     if relay_role is not None and read_all_stats:
         done.append(f"pg_read_all_stats to {relay_role}")
     return done

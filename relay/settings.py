@@ -140,6 +140,13 @@ class Settings(BaseSettings):
     # one process publishes on about one core, so a relay with parts to spread over
     # several cores runs several. 1: the relay is one process.
     workers: int = Field(default=1, ge=1, le=64)
+    # Postgres connections a relay process holds at most, shared by all its parts, its
+    # session, its commit probe, upkeep and /metrics (relay/pool.py): a deployment takes
+    # replicas x workers x this many backends, however many subscribers it serves.
+    max_db_connections: int = Field(default=4, ge=1, le=1000)
+    # A relay opens no connection that would leave fewer free slots than this to others
+    # (applications): it waits and retries instead.
+    keep_free_connections: int = Field(default=5, ge=0, le=10_000)
     # HA: a relay that misses heartbeats for session_timeout loses its parts to peers.
     session_timeout: float = Field(default=10.0, ge=1.0, le=3600)
     heartbeat_interval: float = Field(default=2.0, gt=0, le=600)

@@ -1,7 +1,8 @@
 """One subscriber part's publication loop: fetch → encode → publish → checkpoint.
 
-Each claimed part runs in its own thread with its own Postgres connection and Kafka
-producer, so a slow or halted part never stalls the others. On every (re)start the
+Each claimed part runs in its own thread with its own Kafka producer, so a slow or
+halted part never stalls the others; its store borrows one of the process's few Postgres
+connections per query (relay/pool.py). On every (re)start the
 worker first runs recovery (docs/design.md §5): fence earlier producers of the part, then move
 the Postgres checkpoint up to the Kafka-side one if a transaction committed there
 without its checkpoint update reaching Postgres.

@@ -22,9 +22,10 @@ from relay.daemon.publishers import PublisherFactory
 from relay.daemon.startup import KeySpaceChecks, SubscriberSync, check_schema, load_schemas
 from relay.daemon.upkeep import HorizonWatch, Retention
 from relay.encoding import RecordEncoder
-from relay.errors import RelayError, RetryableError
+from relay.errors import DatabaseUnavailable, RelayError, RetryableError
 from relay.metrics import HealthServer
 from relay.model import PartId
+from relay.pool import RelayPool
 from relay.probe import CommitProbe
 from relay.schemas import SchemaFolder
 from relay.settings import Settings
@@ -35,6 +36,7 @@ from relay.worker import PartWorker, WorkerState
 logger = logging.getLogger(__name__)
 
 _HORIZON_CHECK_EVERY_S = 30.0
+_START_CONNECT_TIMEOUT_S = 5.0
 
 
 class Relay:
@@ -51,6 +53,7 @@ class Relay:
         self._stopping = threading.Event()
         self._stop_requested = threading.Event()
         self._probe: CommitProbe | None = None
+        self._pool: RelayPool | None = None
         self._supervisor: threading.Thread | None = None
         self.http: HealthServer | None = None
         self.publishers = PublisherFactory(settings, self.topic_guard)
@@ -82,17 +85,28 @@ class Relay:
             raise
 
     def _start(self) -> None:
+        if self._pool is None or self._pool.closed:
+            self._pool = RelayPool(
+                self.database_url,
+                max_size=self.settings.max_db_connections,
+                keep_free=self.settings.keep_free_connections,
+                schema=self.settings.database_schema,
+                on_connect=self._check_key_space,
+                timeouts=session_timeouts(self.settings),
+            )
         if self.settings.metrics_enabled and self.http is None:
             self.http = HealthServer(self, self._open_store, self.settings)
             self.http.start()
-        with self._open_connection() as conn:
+        # Not the pool's 30 s: a relay that cannot reach Postgres says so soon, and
+        # start_with_retries keeps trying (and stops at once when told to).
+        with self._pool.connection(timeout=_START_CONNECT_TIMEOUT_S) as conn:
             store = OutboxStore(conn, self.settings.database_schema)
             check_schema(conn, self.settings.database_schema)
             self.key_space.check(store, "start-up")
             self.subscriber_sync.sync(store)
         self.membership.start()
         self._probe = CommitProbe(
-            self._open_connection,
+            self._pool.connection,
             self.settings.database_schema,
             self.parts.wake_all,
             interval=self.settings.probe_interval,
@@ -132,6 +146,7 @@ class Relay:
             self.http = None
         if self._probe is not None:
             self._probe.join(max(0.0, min(2.0, deadline - time.monotonic())))
+        self._close_pool()
         logger.info("relay stopped")
 
     def request_stop(self) -> None:
@@ -252,6 +267,12 @@ class Relay:
             self._probe.stop()
             self._probe = None
         self.membership.abandon()
+        self._close_pool()
+
+    def _close_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     def _abandon_workers(self) -> None:
         self.parts.abandon()
@@ -259,23 +280,32 @@ class Relay:
     def _stop_all_workers(self, deadline: float | None = None) -> None:
         self.parts.stop_all(deadline)
 
-    def _open_connection(self) -> psycopg.Connection[Any]:
-        return connect_daemon(self.settings)
+    def _check_key_space(self, store: OutboxStore) -> None:
+        self.key_space.check(store, "a new connection")
 
     def _open_store(self) -> OutboxStore:
-        return OutboxStore(self._open_connection(), self.settings.database_schema)
+        """A store on this process's pool: its calls borrow connections (relay/pool.py)."""
+        if self._pool is None:
+            raise DatabaseUnavailable("the relay is not running")
+        return self._pool.store(self.settings.database_schema)
 
 
-def connect_daemon(settings: Settings) -> psycopg.Connection[Any]:
-    """A connection of the relay daemon (workers, probe, sessions, upkeep, metrics),
-    with the session timeouts of ``settings``."""
-    timeouts = db.SessionTimeouts(
+def session_timeouts(settings: Settings) -> db.SessionTimeouts:
+    """The session timeouts of every connection of the relay daemon."""
+    return db.SessionTimeouts(
         settings.database_statement_timeout,
         settings.database_lock_timeout,
         settings.database_idle_in_transaction_timeout,
     )
+
+
+def connect_daemon(settings: Settings) -> psycopg.Connection[Any]:
+    """A connection of the relay daemon outside its pool (the /metrics of a relay of
+    several processes), with the session timeouts of ``settings``."""
     return db.connect(
-        settings.require_database_url(), application_name="outbox-relay", timeouts=timeouts
+        settings.require_database_url(),
+        application_name="outbox-relay",
+        timeouts=session_timeouts(settings),
     )
 
 

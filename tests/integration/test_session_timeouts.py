@@ -44,3 +44,19 @@ def test_a_locked_outbox_is_a_retryable_error_not_a_wait(
         with pytest.raises(RetryableError, match="lock timeout"), wrap_errors():
             conn.execute("SELECT count(*) FROM outbox")
         locker.rollback()
+
+
+def test_pooled_connections_set_the_session_timeouts_too(
+    db: psycopg.Connection[Any], database_url: str
+) -> None:
+    """Every part, the probe and the session keeper borrow from the pool (relay/pool.py)."""
+    from relay.daemon.lifecycle import session_timeouts
+    from relay.pool import RelayPool
+
+    settings = load_settings(database_url=database_url, database_lock_timeout=0.25)
+    pool = RelayPool(database_url, max_size=1, keep_free=0, timeouts=session_timeouts(settings))
+    try:
+        with pool.connection() as conn:
+            assert conn.execute("SHOW lock_timeout").fetchone() == ("250ms",)
+    finally:
+        pool.close()

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from relay import Outbox
+from relay.pool import RelayPool
 from relay.store import OutboxStore
 from tests.contracts.store import StoreContract, Write
 
@@ -35,3 +36,16 @@ class TestPostgresStore(StoreContract):
             )  # fmt: skip
 
         return write
+
+
+class TestPooledStore(TestPostgresStore):
+    """The store a relay's parts share: every call on a connection borrowed from a
+    pool of two (relay/pool.py)."""
+
+    @pytest.fixture
+    def store(self, db: psycopg.Connection[Any], database_url: str) -> Iterator[OutboxStore]:
+        pool = RelayPool(database_url, max_size=2, keep_free=0)
+        try:
+            yield pool.store("public")
+        finally:
+            pool.close()

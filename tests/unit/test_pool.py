@@ -1,0 +1,33 @@
+"""The relay's connection pool (relay/pool.py), without a server: what borrows, and
+how often a refusal is told."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from relay.pool import PooledStore, _Refusals
+from relay.store import OutboxStore
+
+
+def test_every_public_store_method_borrows_a_connection_of_the_pool() -> None:
+    public = [n for n, m in vars(OutboxStore).items() if callable(m) and not n.startswith("_")]
+    assert "fetch" in public and "advance" in public
+    inherited = [n for n in public if getattr(PooledStore, n) is getattr(OutboxStore, n)]
+    assert inherited == []
+
+
+def test_a_refusal_is_told_once_until_a_connection_is_accepted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="relay.pool")
+    refusals = _Refusals()
+    for _ in range(5):
+        refusals.refused("sorry, too many clients already")
+    refusals.accepted()
+    refusals.accepted()
+    refusals.refused("sorry, too many clients already")
+    told = [r.levelname for r in caplog.records if r.name == "relay.pool"]
+    assert told == ["WARNING", "INFO", "WARNING"]
+    assert "too many clients" in caplog.records[0].getMessage()
