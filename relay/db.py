@@ -102,6 +102,11 @@ class wrap_errors:
             raise _classify(exc, self._secrets, self._stream) from exc
 
 
+def classify(exc: psycopg.Error, *secrets: str | None) -> RelayError:
+    """The relay error :class:`wrap_errors` would raise for ``exc``."""
+    return _classify(exc, secrets, None)
+
+
 def _classify(
     exc: psycopg.Error, secrets: tuple[str | None, ...], stream: StreamRef | None
 ) -> RelayError:

@@ -27,7 +27,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
 from relay import db
-from relay.errors import RelayError
+from relay.errors import DatabaseUnavailable, RelayError
 from relay.redact import redact
 from relay.store import OutboxStore
 
@@ -55,6 +55,7 @@ class _Refusals:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._refused = False
+        self.last_failure: psycopg.OperationalError | None = None
 
     def refused(self, reason: str) -> None:
         with self._lock:
@@ -72,6 +73,7 @@ class _Refusals:
     def accepted(self) -> None:
         with self._lock:
             was, self._refused = self._refused, False
+            self.last_failure = None
         if was:
             logger.info(
                 "Postgres accepts this relay's connections again",
@@ -92,6 +94,7 @@ class _RelayConnection(psycopg.Connection[TupleRow]):
         try:
             return super().connect(conninfo, **kwargs)
         except psycopg.OperationalError as exc:
+            _REFUSALS.last_failure = exc
             _REFUSALS.refused(redact(str(exc)).strip())
             raise
 
@@ -148,6 +151,16 @@ class RelayPool:
     @property
     def closed(self) -> bool:
         return self._pool.closed
+
+    def permanent_refusal(self) -> RelayError | None:
+        """The error of the last refused connection when no retry can fix it (an
+        unknown database, a refused login: relay/db.py), else None. The pool itself
+        only times out, so start-up asks this to stop instead of waiting for ever."""
+        failure = _REFUSALS.last_failure
+        if failure is None:
+            return None
+        error = db.classify(failure, db.parse_url(self._url).get("password"))
+        return None if isinstance(error, DatabaseUnavailable) else error
 
     def close(self, timeout: float = 5.0) -> None:
         self._pool.close(timeout)

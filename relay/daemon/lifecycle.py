@@ -99,11 +99,18 @@ class Relay:
             self.http.start()
         # Not the pool's 30 s: a relay that cannot reach Postgres says so soon, and
         # start_with_retries keeps trying (and stops at once when told to).
-        with self._pool.connection(timeout=_START_CONNECT_TIMEOUT_S) as conn:
-            store = OutboxStore(conn, self.settings.database_schema)
-            check_schema(conn, self.settings.database_schema)
-            self.key_space.check(store, "start-up")
-            self.subscriber_sync.sync(store)
+        try:
+            with self._pool.connection(timeout=_START_CONNECT_TIMEOUT_S) as conn:
+                store = OutboxStore(conn, self.settings.database_schema)
+                check_schema(conn, self.settings.database_schema)
+                self.key_space.check(store, "start-up")
+                self.subscriber_sync.sync(store)
+        except DatabaseUnavailable as exc:
+            # The pool retries every refusal; one no retry can fix ends the start.
+            permanent = self._pool.permanent_refusal()
+            if permanent is None:
+                raise
+            raise permanent from exc
         self.membership.start()
         self._probe = CommitProbe(
             self._pool.connection,
