@@ -28,7 +28,7 @@ TESTS = Path(__file__).resolve().parent
 # The plugins' fixtures that start or need a server: no unit test may ask for one.
 SERVER_FIXTURES = frozenset(
     {"pg_server", "database_url", "db", "local_postgres", "logical_postgres", "new_cluster"}
-    | {"kafka", "kafka_bootstrap", "local_kafka", "start_relay", "spark"}
+    | {"kafka", "kafka_bootstrap", "local_kafka", "kafka_cluster", "start_relay", "spark"}
 )
 
 
