@@ -46,6 +46,12 @@ def leaders(cluster: LocalKafkaCluster, topics: Iterable[str]) -> Counter[int]:
     )
 
 
+def replicas(cluster: LocalKafkaCluster, topics: Iterable[str]) -> set[int]:
+    """The replication factors of ``topics``' partitions."""
+    metadata = _admin(cluster).list_topics(timeout=10)
+    return {len(p.replicas) for t in topics for p in metadata.topics[t].partitions.values()}
+
+
 def coordinators(cluster: LocalKafkaCluster, transactional_ids: Iterable[str]) -> Counter[int]:
     """How many of ``transactional_ids`` each node coordinates: the leader of the
     transaction state log's partition for the id."""
