@@ -91,7 +91,11 @@ class BrokerWatch(threading.Thread):
     def _ask(self) -> None:
         try:
             # Served by any broker the client is connected to (librdkafka picks one
-            # that is up), unlike DescribeCluster, which waits for the controller.
+            # that is up), unlike DescribeCluster, which waits for the controller. The
+            # answer lists every topic the relay may describe: on a cluster of
+            # thousands of topics that is some hundreds of kB every few seconds per
+            # relay, the price of not depending on one node. (Naming one topic instead
+            # would let a broker with auto.create.topics.enable create it.)
             metadata = self._admin.list_topics(timeout=self._timeout)
         except KafkaException as exc:
             self._failed(str(classify(exc, "asking for metadata")))
