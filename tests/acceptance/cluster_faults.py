@@ -135,14 +135,15 @@ class AvailabilityProbe(threading.Thread):
     part busy: a checkpoint that does not move is a part that does not publish.
 
     ``sessions`` returns each live relay's session id (None while it holds none); an
-    empty list means no relay is alive, when an ownerless moment is no fault.
+    empty list means no relay is alive, when an ownerless moment is no fault. It returns
+    None outside the moments to judge (gaps and owners are then not counted).
     """
 
     def __init__(
         self,
         url: str,
         name: str,
-        sessions: Callable[[], list[str | None]],
+        sessions: Callable[[], list[str | None] | None],
         every: float = 0.1,
     ) -> None:
         super().__init__(name="availability-probe", daemon=True)
@@ -170,15 +171,19 @@ class AvailabilityProbe(threading.Thread):
                     " WHERE subscriber = %s",
                     (self._name,),
                 ).fetchall()
-                self.seen.samples += 1
-                for i, session in enumerate(relays):
-                    self.seen.sessions.setdefault(i, set()).add(session)
                 for part, txid, position, _ in rows:
                     last = moved.get(part)
                     if last is None or last[0] != (txid, position):
                         moved[part] = ((txid, position), now)
-                    gap = now - moved[part][1]
-                    self.seen.longest_gap[part] = max(self.seen.longest_gap.get(part, 0.0), gap)
+                if relays is None:
+                    ownerless_since = None
+                    continue
+                self.seen.samples += 1
+                for i, session in enumerate(relays):
+                    self.seen.sessions.setdefault(i, set()).add(session)
+                for part, (_, since) in moved.items():
+                    gap = max(self.seen.longest_gap.get(part, 0.0), now - since)
+                    self.seen.longest_gap[part] = gap
                 if relays and rows and all(owner is None for *_, owner in rows):
                     self.seen.ownerless_samples += 1
                     ownerless_since = ownerless_since or now
