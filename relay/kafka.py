@@ -49,7 +49,7 @@ T = TypeVar("T")
 # bounds one attempt, not the whole: and so it bounds the watchdog too (see _watched). A
 # call librdkafka leaves hanging after its transaction coordinator moved then costs the
 # part this plus the grace period, not the delivery timeout plus it (issue #29).
-_TXN_CALL_TIMEOUT_S = 10.0
+_TXN_CALL_TIMEOUT_S = 5.0
 # How long past its own timeout a transactional call may block before it is given up.
 _CALL_GRACE_S = 5.0
 # Producers whose call hung: kept referenced, because destroying one would block too.
