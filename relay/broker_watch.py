@@ -89,6 +89,19 @@ class BrokerWatch(threading.Thread):
             self._stopping.wait(self._interval)
 
     def _ask(self) -> None:
+        error = self._ask_once()
+        if error is not None and self.reachable is True:
+            # Once more before judging: right after a broker dies, the client may still
+            # send the request to it, and that one times out (seen on three nodes).
+            error = self._ask_once()
+        if error is None:
+            self._answered_ok()
+        else:
+            self._failed(error)
+        self._answered.set()
+
+    def _ask_once(self) -> str | None:
+        """None when some broker answered, naming the cluster's brokers; else what failed."""
         try:
             # Served by any broker the client is connected to (librdkafka picks one
             # that is up), unlike DescribeCluster, which waits for the controller. The
@@ -98,13 +111,10 @@ class BrokerWatch(threading.Thread):
             # would let a broker with auto.create.topics.enable create it.)
             metadata = self._admin.list_topics(timeout=self._timeout)
         except KafkaException as exc:
-            self._failed(str(classify(exc, "asking for metadata")))
-        else:
-            if metadata.brokers:
-                self._answered_ok()
-            else:  # a broker that answers but knows no live broker cannot take writes
-                self._failed("the cluster's metadata names no live broker")
-        self._answered.set()
+            return str(classify(exc, "asking for metadata"))
+        if not metadata.brokers:  # a broker that knows no live broker cannot take writes
+            return "the cluster's metadata names no live broker"
+        return None
 
     def _answered_ok(self) -> None:
         if self.reachable is False:
