@@ -8,6 +8,7 @@ checkpoints, and the relays' sessions, several times a second.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -22,10 +23,13 @@ from confluent_kafka.admin import AdminClient
 from relay.localstack import LocalKafkaCluster
 
 TRANSACTION_STATE = "__transaction_state"
+_log = logging.getLogger(__name__)
 
 
-def _admin(cluster: LocalKafkaCluster) -> AdminClient:
-    return AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+def admin(cluster: LocalKafkaCluster) -> AdminClient:
+    """An admin client of ``cluster`` whose own lines go to ``logging`` (not stderr, where
+    they outlive the cluster's nodes at the end of a session)."""
+    return AdminClient({"bootstrap.servers": cluster.bootstrap_servers, "logger": _log})
 
 
 def _java_hash(text: str) -> int:
@@ -40,7 +44,7 @@ def _java_hash(text: str) -> int:
 
 def leaders(cluster: LocalKafkaCluster, topics: Iterable[str]) -> Counter[int]:
     """How many partitions of ``topics`` each node leads."""
-    metadata = _admin(cluster).list_topics(timeout=10)
+    metadata = admin(cluster).list_topics(timeout=10)
     return Counter(
         p.leader for t in topics for p in metadata.topics[t].partitions.values() if p.leader >= 0
     )
@@ -48,14 +52,14 @@ def leaders(cluster: LocalKafkaCluster, topics: Iterable[str]) -> Counter[int]:
 
 def replicas(cluster: LocalKafkaCluster, topics: Iterable[str]) -> set[int]:
     """The replication factors of ``topics``' partitions."""
-    metadata = _admin(cluster).list_topics(timeout=10)
+    metadata = admin(cluster).list_topics(timeout=10)
     return {len(p.replicas) for t in topics for p in metadata.topics[t].partitions.values()}
 
 
 def coordinators(cluster: LocalKafkaCluster, transactional_ids: Iterable[str]) -> Counter[int]:
     """How many of ``transactional_ids`` each node coordinates: the leader of the
     transaction state log's partition for the id."""
-    partitions = _admin(cluster).list_topics(TRANSACTION_STATE, timeout=10)
+    partitions = admin(cluster).list_topics(TRANSACTION_STATE, timeout=10)
     state = partitions.topics[TRANSACTION_STATE].partitions
     return Counter(
         state[(_java_hash(t) & 0x7FFFFFFF) % len(state)].leader for t in transactional_ids
@@ -64,11 +68,11 @@ def coordinators(cluster: LocalKafkaCluster, transactional_ids: Iterable[str]) -
 
 def wait_fully_replicated(cluster: LocalKafkaCluster, timeout: float = 120.0) -> None:
     """Until every partition of every topic has a leader and all its replicas in sync."""
-    admin = _admin(cluster)
+    client = admin(cluster)
     deadline = time.monotonic() + timeout
     while True:
         try:
-            metadata = admin.list_topics(timeout=5)
+            metadata = client.list_topics(timeout=5)
             lagging = [
                 (t.topic, p.id)
                 for t in metadata.topics.values()

@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
 from relay import Outbox
 from relay.daemon import Relay
@@ -32,6 +32,7 @@ from relay.verify import verify
 from tests.acceptance.cluster_faults import (
     TRANSACTION_STATE,
     AvailabilityProbe,
+    admin,
     coordinators,
     kill_and_restart,
     leaders,
@@ -189,8 +190,8 @@ def test_start_up_warns_about_topics_one_broker_could_take_down(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     checkpoints = topic_prefix + "checkpoints"
-    admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap_servers})
-    admin.create_topics([NewTopic(checkpoints, 2, 1)])[checkpoints].result(30)
+    client = admin(kafka_cluster)  # referenced until the topic exists
+    client.create_topics([NewTopic(checkpoints, 2, 1)])[checkpoints].result(30)
     relay = Relay(
         load_settings(
             database_url=database_url,
