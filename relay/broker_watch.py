@@ -2,8 +2,16 @@
 
 Sessions spread the parts over every live relay. A relay with a wrong broker address
 that opened a session would take parts away from healthy peers and then fail to
-publish them. So the relay holds a session only while Kafka answers a request to
-describe its cluster (relay/daemon/membership.py), and this thread asks one every few seconds.
+publish them. So the relay holds a session only while Kafka answers
+(relay/daemon/membership.py), and this thread asks every few seconds.
+
+"Kafka answers" is judged the way a producer depends on Kafka: some broker, any of
+them, answers a metadata request and names the cluster's brokers. A metadata request
+is served by whichever broker the client reaches, so one node down, or the controller
+moving, changes nothing here; the producers themselves find the new partition leaders
+and transaction coordinators. An earlier version asked DescribeCluster, which librdkafka
+sends to the one broker it believes is the controller: killing that broker made every
+relay give up its session for a minute (issue #29).
 """
 
 from __future__ import annotations
@@ -31,15 +39,19 @@ _CONNECTION_KEYS = (
 )  # fmt: skip
 
 
+def connection_config(config: dict[str, Any]) -> dict[str, Any]:
+    """An admin client's configuration from the relay's Kafka settings."""
+    client: dict[str, Any] = {k: v for k, v in config.items() if k.startswith(_CONNECTION_KEYS)}
+    client["logger"] = client_logger()
+    return client
+
+
 class BrokerWatch(threading.Thread):
-    """Asks Kafka to describe its cluster every ``interval`` seconds, each answer within
-    ``timeout``."""
+    """Asks Kafka for metadata every ``interval`` seconds, each answer within ``timeout``."""
 
     def __init__(self, config: dict[str, Any], *, interval: float, timeout: float) -> None:
         super().__init__(name="relay-broker-watch", daemon=True)
-        client: dict[str, Any] = {k: v for k, v in config.items() if k.startswith(_CONNECTION_KEYS)}
-        client["logger"] = client_logger()
-        self._admin = AdminClient(client)
+        self._admin = AdminClient(connection_config(config))
         self._servers = config.get("bootstrap.servers", "?")
         self._interval = interval
         self._timeout = timeout
@@ -77,15 +89,32 @@ class BrokerWatch(threading.Thread):
             self._stopping.wait(self._interval)
 
     def _ask(self) -> None:
-        try:
-            # The cluster's id and brokers only: listing topics would fetch every
-            # topic's metadata every few seconds on a large cluster.
-            self._admin.describe_cluster(request_timeout=self._timeout).result()
-        except KafkaException as exc:
-            self._failed(str(classify(exc, "describing the cluster")))
-        else:
+        error = self._ask_once()
+        if error is not None and self.reachable is True:
+            # Once more before judging: right after a broker dies, the client may still
+            # send the request to it, and that one times out (seen on three nodes).
+            error = self._ask_once()
+        if error is None:
             self._answered_ok()
+        else:
+            self._failed(error)
         self._answered.set()
+
+    def _ask_once(self) -> str | None:
+        """None when some broker answered, naming the cluster's brokers; else what failed."""
+        try:
+            # Served by any broker the client is connected to (librdkafka picks one
+            # that is up), unlike DescribeCluster, which waits for the controller. The
+            # answer lists every topic the relay may describe: on a cluster of
+            # thousands of topics that is some hundreds of kB every few seconds per
+            # relay, the price of not depending on one node. (Naming one topic instead
+            # would let a broker with auto.create.topics.enable create it.)
+            metadata = self._admin.list_topics(timeout=self._timeout)
+        except KafkaException as exc:
+            return str(classify(exc, "asking for metadata"))
+        if not metadata.brokers:  # a broker that knows no live broker cannot take writes
+            return "the cluster's metadata names no live broker"
+        return None
 
     def _answered_ok(self) -> None:
         if self.reachable is False:

@@ -44,8 +44,14 @@ _client_log = client_logger()
 
 T = TypeVar("T")
 
+# How long one transactional call (init, send offsets, commit, abort) may wait. A call
+# that times out with a retriable error is made again, up to the delivery timeout, so this
+# bounds one attempt, not the whole: and so it bounds the watchdog too (see _watched). A
+# call librdkafka leaves hanging after its transaction coordinator moved then costs the
+# part this plus the grace period, not the delivery timeout plus it (issue #29).
+_TXN_CALL_TIMEOUT_S = 5.0
 # How long past its own timeout a transactional call may block before it is given up.
-_CALL_GRACE_S = 15.0
+_CALL_GRACE_S = 5.0
 # Producers whose call hung: kept referenced, because destroying one would block too.
 _abandoned: list[Producer] = []
 # The Kafka-side checkpoint: partition 0's committed offset is the transaction id,
@@ -378,6 +384,7 @@ class TransactionalPublisher(_BatchProducer):
             delivery_timeout_s,
         )
         self.transactional_id = transactional_id
+        self._call_timeout_s = min(delivery_timeout_s, _TXN_CALL_TIMEOUT_S)
         self._group_prefix = group_prefix
         self._checkpoint_topic = checkpoint_topic
         self._consumer_config = dict(consumer_config)
@@ -395,7 +402,7 @@ class TransactionalPublisher(_BatchProducer):
             partitions=_CHECKPOINT_PARTITIONS,
             **{"cleanup.policy": "compact"},
         )
-        self._call(self._producer.init_transactions, self._delivery_timeout_s)
+        self._call(self._producer.init_transactions, self._call_timeout_s)
         self._initialised = True
         consumer = self._consumer(generation)
         wanted = [TopicPartition(self._checkpoint_topic, p) for p in range(2)]
@@ -475,9 +482,9 @@ class TransactionalPublisher(_BatchProducer):
             self._producer.send_offsets_to_transaction,
             offsets,
             metadata,
-            self._delivery_timeout_s,
+            self._call_timeout_s,
         )
-        self._call(self._producer.commit_transaction, self._delivery_timeout_s)
+        self._call(self._producer.commit_transaction, self._call_timeout_s)
 
     def _commit_overlapping(
         self, offsets: list[TopicPartition], metadata: Any, during: Callable[[], object]
@@ -571,14 +578,14 @@ class TransactionalPublisher(_BatchProducer):
 
         thread = threading.Thread(target=run, name="kafka-txn-call", daemon=True)
         thread.start()
-        thread.join(self._delivery_timeout_s + _CALL_GRACE_S)
+        limit = self._call_timeout_s + _CALL_GRACE_S
+        thread.join(limit)
         if thread.is_alive():
             self._wedged = True
             _abandoned.append(self._producer)  # never destroyed: that would block too
             raise ProducerFenced(
                 f"{self.transactional_id}: {getattr(operation, '__name__', 'a call')} did not "
-                f"return within {self._delivery_timeout_s + _CALL_GRACE_S:.0f}s; starting the "
-                "part over with a new producer"
+                f"return within {limit:.0f}s; starting the part over with a new producer"
             )
         if failure:
             raise failure[0]
@@ -586,7 +593,7 @@ class TransactionalPublisher(_BatchProducer):
 
     def _abort(self) -> None:
         try:
-            self._watched(self._producer.abort_transaction, self._delivery_timeout_s)
+            self._watched(self._producer.abort_transaction, self._call_timeout_s)
         except ProducerFenced as exc:
             logger.warning("could not abort the transaction: %s", exc)
             return

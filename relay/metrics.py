@@ -243,12 +243,14 @@ def _database(store: OutboxStore) -> Iterator[Metric]:
     for subscriber in subscriber_statuses(store):
         for p in subscriber.parts:
             labels = [p.state.name, str(p.state.part)]
+            checkpoint_age = max(0.0, now - p.state.updated_at.timestamp())
             values = (
                 p.lag.events,
                 p.lag.seconds,
-                max(0.0, now - p.state.updated_at.timestamp()),
+                checkpoint_age,
                 1 if p.state.owner is not None else 0,
                 0 if p.state.halted_error is None else 1,
+                _stalled_for(p.lag.events, p.lag.seconds, checkpoint_age),
             )
             for gauge, value in zip(gauges, values, strict=True):
                 gauge.add_metric(labels, value)
@@ -284,7 +286,19 @@ _PART_GAUGES = (
     ("outbox_relay_checkpoint_age_seconds", "Seconds since the part's checkpoint last changed"),
     ("outbox_relay_part_claimed", "1 when a live relay owns the part"),
     ("outbox_relay_part_halted", "1 when a poison event halted the part"),
+    (
+        "outbox_relay_publish_stalled_seconds",
+        "Seconds the part has had events to publish without publishing any (0 while it "
+        "has none): since its checkpoint last moved, or since its oldest pending event "
+        "if that is younger",
+    ),
 )
+
+
+def _stalled_for(pending: int, oldest_pending_s: float, checkpoint_age_s: float) -> float:
+    """How long a part has had events to publish and published none. A checkpoint that
+    has not moved for an hour only counts from when its first pending event arrived."""
+    return min(oldest_pending_s, checkpoint_age_s) if pending else 0.0
 
 
 # The HTTP server: waitress multiplexes connections on one I/O thread and hands

@@ -30,7 +30,7 @@ TESTS = Path(__file__).resolve().parent
 SERVER_FIXTURES = frozenset(
     {"pg_server", "database_url", "db", "local_postgres", "logical_postgres", "new_cluster"}
     | {"roles", "relay_url", "writer_url", "stranger_url", "writer_db", "relay_db"}
-    | {"relay_reads_all_stats"}
+    | {"relay_reads_all_stats", "kafka_cluster"}
     | {"kafka", "kafka_bootstrap", "local_kafka", "start_relay", "spark", "schema_registry"}
 )
 

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 
-from relay.broker_watch import BrokerWatch
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from relay.broker_watch import BrokerWatch, connection_config
 from relay.daemon.context import DaemonContext
+from relay.errors import RelayError
+from relay.replication_check import check_replication, relay_topics
 from relay.sessions import RelaySession, SessionKeeper
 
 logger = logging.getLogger(__name__)
@@ -32,6 +38,7 @@ class Membership:
         self._stop_workers = stop_workers
         self.broker: BrokerWatch | None = None
         self.keeper: SessionKeeper | None = None
+        self._replication_checked = False
 
     @property
     def session(self) -> RelaySession | None:
@@ -93,6 +100,11 @@ class Membership:
 
     def _open_session(self) -> None:
         s = self._ctx.settings
+        if not self._replication_checked:
+            self._replication_checked = True
+            threading.Thread(
+                target=self._check_replication, name="relay-replication-check", daemon=True
+            ).start()
         self.keeper = SessionKeeper(
             self._ctx.open_store,
             timeout=s.session_timeout,
@@ -100,3 +112,20 @@ class Membership:
             on_lost=self._on_lost,
         )
         self.keeper.start()
+
+    def _check_replication(self) -> None:
+        """Warn once about topics that would not survive a broker lost (advice only)."""
+        s = self._ctx.settings
+        try:
+            store = self._ctx.open_store()
+            try:
+                templates = [state.subscriber.topic for state in store.list()]
+            finally:
+                store.close()
+            admin = AdminClient(
+                connection_config({**s.kafka, "bootstrap.servers": s.require_bootstrap_servers()})
+            )
+            relevant = relay_topics(templates, s.checkpoint_topic)
+            check_replication(admin, relevant, s.topic_replication_factor)
+        except (KafkaException, RelayError) as exc:
+            logger.info("could not check the topics' replication: %s", exc)

@@ -6,8 +6,15 @@ test fixtures and the benchmarks. Nothing in the relay daemon depends on it; the
 imports it only for those two commands.
 """
 
-from relay.localstack.kafka import KAFKA_VERSION, LocalKafka
+from relay.localstack.kafka import KAFKA_VERSION, LocalKafka, LocalKafkaCluster
 from relay.localstack.postgres import LocalPostgres
 from relay.localstack.process import LocalServerError, free_port
 
-__all__ = ["KAFKA_VERSION", "LocalKafka", "LocalPostgres", "LocalServerError", "free_port"]
+__all__ = [
+    "KAFKA_VERSION",
+    "LocalKafka",
+    "LocalKafkaCluster",
+    "LocalPostgres",
+    "LocalServerError",
+    "free_port",
+]

@@ -1,4 +1,5 @@
-"""A single-node Apache Kafka (KRaft: broker and controller in one JVM) on 127.0.0.1.
+"""Apache Kafka on 127.0.0.1 (KRaft: broker and controller in one JVM per node): a single
+node (:class:`LocalKafka`), or several forming one cluster (:class:`LocalKafkaCluster`).
 
 The broker's jars are the pinned set in ``kafka.lock`` (see :mod:`relay.localstack.maven`),
 fetched once into the user's cache. Everything else lives in ``work_dir``:
@@ -25,6 +26,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,15 @@ from relay.localstack.process import (
     spawn,
 )
 
-__all__ = ["KAFKA_VERSION", "LocalKafka", "find_java", "java_major", "wait_until_answers"]
+__all__ = [
+    "KAFKA_VERSION",
+    "KraftNode",
+    "LocalKafka",
+    "LocalKafkaCluster",
+    "find_java",
+    "java_major",
+    "wait_until_answers",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -80,6 +90,37 @@ _DEFAULTS = {
     "broker.heartbeat.interval.ms": "500",
     "broker.session.timeout.ms": "3000",
 }
+
+
+def cluster_defaults(nodes: int) -> dict[str, str]:
+    """Broker settings for a cluster of ``nodes``: what deploy/README.md recommends for
+    production (replication factor 3, min.insync.replicas 2, the transaction state log
+    likewise, no unclean leader election), scaled down when there are fewer nodes."""
+    replicas = min(3, nodes)
+    min_isr = str(max(1, replicas - 1))
+    return {
+        "default.replication.factor": str(replicas),
+        "min.insync.replicas": min_isr,
+        "offsets.topic.replication.factor": str(replicas),
+        "transaction.state.log.replication.factor": str(replicas),
+        "transaction.state.log.min.isr": min_isr,
+        "share.coordinator.state.topic.replication.factor": str(replicas),
+        "share.coordinator.state.topic.min.isr": min_isr,
+        "unclean.leader.election.enable": "false",
+    }
+
+
+@dataclass(frozen=True)
+class KraftNode:
+    """One node's place in a multi-node KRaft quorum (see :class:`LocalKafkaCluster`)."""
+
+    node_id: int
+    controller_port: int
+    #: ``controller.quorum.voters`` of the whole quorum, the same on every node.
+    voters: str
+    #: Every node's log directory is formatted with the same cluster id.
+    cluster_id: str
+
 
 _LOG4J2 = """\
 status = warn
@@ -137,15 +178,18 @@ class LocalKafka(LocalServer):
         port: int | None = None,
         log_path: Path | None = None,
         config: Mapping[str, str] | None = None,
+        node: KraftNode | None = None,
     ) -> None:
         self.work_dir = Path(work_dir).absolute()
         self.log_path = Path(log_path) if log_path else self.work_dir / "broker.log"
         self._wanted_port = port
         self._extra = dict(config or {})
+        self._node = node
         self._proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         #: Seconds from spawning the JVM to the broker answering metadata requests.
         self.startup_seconds: float | None = None
+        self._launched = 0.0
 
     def __repr__(self) -> str:
         return f"LocalKafka(work_dir={str(self.work_dir)!r}, port={self.port})"
@@ -154,8 +198,20 @@ class LocalKafka(LocalServer):
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def node_id(self) -> int:
+        return self._node.node_id if self._node is not None else 1
+
     def start(self) -> None:
         """Start the broker (formatting ``work_dir`` the first time); wait until it answers."""
+        if self.running:
+            return
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Spawn the JVM without waiting for it: the nodes of a cluster answer only once
+        a majority of them runs, so a cluster launches them all, then waits."""
         if self.running:
             return
         java, _ = find_java()
@@ -172,16 +228,20 @@ class LocalKafka(LocalServer):
             "kafka.Kafka", str(properties),
         ]  # fmt: skip
         _log.info("starting Apache Kafka %s on %s", KAFKA_VERSION, self.bootstrap_servers)
-        started = time.monotonic()
+        self._launched = time.monotonic()
         with (self.work_dir / "stdout.log").open("ab") as out:
             self._proc = spawn(argv, out, cwd=self.work_dir)
         reaper.add(self)
+
+    def wait_ready(self) -> None:
+        """Wait until the launched broker answers metadata requests (killed if it fails)."""
+        assert self._proc is not None, "launch() first"
         try:
             self._wait_ready()
         except BaseException:
             self._kill()
             raise
-        self.startup_seconds = time.monotonic() - started
+        self.startup_seconds = time.monotonic() - self._launched
         _log.info(
             "Apache Kafka ready on %s in %.1fs (pid %s)",
             self.bootstrap_servers,
@@ -199,6 +259,13 @@ class LocalKafka(LocalServer):
             self._proc = None
         reaper.discard(self)
 
+    def request_stop(self) -> None:
+        """Begin a controlled shutdown (SIGTERM) without waiting for it: :meth:`stop` waits."""
+        if self._proc is not None and self._proc.poll() is None:
+            with_sigcont(self._proc)
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(signal.SIGTERM)
+
     # -- internals
 
     def _configure(self) -> Path:
@@ -211,10 +278,11 @@ class LocalKafka(LocalServer):
             self.port = int(re.search(r"PLAINTEXT://[^:]+:(\d+)", listeners).group(1))  # type: ignore[union-attr]
             return path
         self.port = self._wanted_port or free_port()
-        controller = free_port()
+        node = self._node
+        controller = node.controller_port if node is not None else free_port()
         settings = {
             **_DEFAULTS,
-            "controller.quorum.voters": f"1@127.0.0.1:{controller}",
+            **self._quorum(controller),
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{controller}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             "log.dirs": str(self.work_dir / "data"),
@@ -223,10 +291,16 @@ class LocalKafka(LocalServer):
         path.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
         return path
 
+    def _quorum(self, controller_port: int) -> dict[str, str]:
+        """This node's id and the controller quorum: itself alone, or the cluster's."""
+        if self._node is None:
+            return {"node.id": "1", "controller.quorum.voters": f"1@127.0.0.1:{controller_port}"}
+        return {"node.id": str(self._node.node_id), "controller.quorum.voters": self._node.voters}
+
     def _format(self, java: str, classpath: str, properties: Path) -> None:
         if (self.work_dir / "data" / "meta.properties").exists():
             return
-        cluster_id = _cluster_id()
+        cluster_id = self._node.cluster_id if self._node is not None else _cluster_id()
         argv = [java, "-cp", classpath, "kafka.tools.StorageTool", "format",
                 "-t", cluster_id, "-c", str(properties)]  # fmt: skip
         done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
@@ -264,6 +338,95 @@ class LocalKafka(LocalServer):
             signal_and_wait(self._proc, signal.SIGKILL, 5.0, "kafka")
             self._proc = None
         reaper.discard(self)
+
+    def kill(self) -> None:
+        """``kill -9`` the broker and reap it (its data stays: :meth:`start` again)."""
+        self._kill()
+
+
+class LocalKafkaCluster:
+    """``nodes`` Apache Kafka nodes on 127.0.0.1, each broker and controller, one KRaft
+    quorum, in ``work_dir/node-N``. Settings default to :func:`cluster_defaults`
+    (replication factor 3, min.insync.replicas 2); ``config`` adds to them.
+
+    Nodes may be killed and restarted one by one (``nodes[i].kill()``, ``.start()``): each
+    keeps its ports and data. The quorum needs a majority of the nodes running.
+    """
+
+    def __init__(
+        self, work_dir: Path, *, nodes: int = 3, config: Mapping[str, str] | None = None
+    ) -> None:
+        if nodes < 1:
+            raise ValueError(f"a cluster needs at least one node, not {nodes}")
+        self.work_dir = Path(work_dir).absolute()
+        controllers = [free_port() for _ in range(nodes)]
+        voters = ",".join(f"{i + 1}@127.0.0.1:{port}" for i, port in enumerate(controllers))
+        cluster_id = _cluster_id()
+        settings = {**cluster_defaults(nodes), **(config or {})}
+        self.nodes = [
+            LocalKafka(
+                self.work_dir / f"node-{i + 1}",
+                config=settings,
+                node=KraftNode(i + 1, port, voters, cluster_id),
+            )
+            for i, port in enumerate(controllers)
+        ]
+
+    def __repr__(self) -> str:
+        return f"LocalKafkaCluster(work_dir={str(self.work_dir)!r}, nodes={len(self.nodes)})"
+
+    def __enter__(self) -> LocalKafkaCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(node.bootstrap_servers for node in self.nodes)
+
+    def node(self, node_id: int) -> LocalKafka:
+        """The node with KRaft id ``node_id`` (what metadata calls a broker id)."""
+        return next(n for n in self.nodes if n.node_id == node_id)
+
+    def start(self) -> None:
+        """Start every node that is not running; wait until every broker is registered."""
+        stopped = [node for node in self.nodes if not node.running]
+        try:
+            for node in stopped:
+                node.launch()
+            for node in stopped:
+                node.wait_ready()
+            self._wait_registered(_START_TIMEOUT_S)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self, timeout: float = _STOP_TIMEOUT_S) -> None:
+        """Controlled shutdown of every node at once (one by one, the last nodes would
+        wait for a quorum that is already gone); SIGKILL after ``timeout``."""
+        for node in self.nodes:
+            node.request_stop()
+        for node in self.nodes:
+            node.stop(timeout)
+
+    def _wait_registered(self, timeout: float) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "logger": logging.getLogger(f"{__name__}.librdkafka"),
+        }
+        admin = AdminClient(conf)
+        deadline = time.monotonic() + timeout
+        while len(admin.list_topics(timeout=5).brokers) < len(self.nodes):
+            if time.monotonic() > deadline:
+                raise LocalServerError(
+                    f"the local Kafka cluster in {self.work_dir} has not registered all "
+                    f"{len(self.nodes)} brokers after {timeout:.0f}s"
+                )
+            time.sleep(0.2)
 
 
 def wait_until_answers(

@@ -369,3 +369,25 @@ def test_a_worker_that_stops_on_a_fatal_error_halts_its_part_visibly(
     assert failures is not None and failures >= 1
     text = _status_text(relay_url)
     assert "HALTED" in text and f"s/0: {error}" in text
+
+
+def test_publish_stalled_seconds_counts_only_while_events_wait(
+    db: psycopg.Connection[Any],
+    outbox: Outbox,
+    topic_prefix: str,
+    start_relay: Callable[..., Relay],
+) -> None:
+    relay = start_relay(subscribers=[sub("s", topic_prefix)], metrics_cache_ttl=0)
+    write_orders(db, outbox, ["o-1"])
+    wait_caught_up(db, "s")
+    time.sleep(1.5)  # an idle part's checkpoint ages; it is not stalled
+    metrics = get(relay, "/metrics")[1]
+    assert sample(metrics, "outbox_relay_publish_stalled_seconds", subscriber="s", part="0") == 0
+
+    OutboxStore(db).set_paused("s", True)  # events wait, nothing publishes them
+    write_orders(db, outbox, ["o-2"])
+    time.sleep(1.5)
+    metrics = get(relay, "/metrics")[1]
+    stalled = sample(metrics, "outbox_relay_publish_stalled_seconds", subscriber="s", part="0")
+    assert stalled is not None and stalled >= 1.0
+    relay.stop()

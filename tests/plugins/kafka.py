@@ -1,11 +1,14 @@
-"""The session's Apache Kafka broker (``kafka``, ``kafka_bootstrap``), the same broker as
-a process chaos tests may kill (``local_kafka``), and per-test topic names.
+"""The session's Apache Kafka broker (``kafka``, ``kafka_bootstrap``), a broker chaos
+tests may kill (``local_kafka``), a three-node cluster whose nodes they may kill
+(``kafka_cluster``), and per-test topic names.
 
-Resolution order: an external broker named by ``OUTBOX_TEST_BOOTSTRAP_SERVERS``; an
-``apache/kafka`` testcontainers container when a Docker engine answers; a local process
-from :mod:`relay.localstack` (Apache Kafka's pinned jars from Maven Central on a local
-JVM). One broker serves the whole session; every test names its own topics
-(``topic_prefix``).
+Resolution order of ``kafka``: an external broker named by
+``OUTBOX_TEST_BOOTSTRAP_SERVERS``; an ``apache/kafka`` testcontainers container when a
+Docker engine answers; a local process from :mod:`relay.localstack` (Apache Kafka's
+pinned jars from Maven Central on a local JVM). One broker serves the whole session;
+every test names its own topics (``topic_prefix``). ``local_kafka`` is that broker when
+it is a local process, else a local process of its own: the kill tests run in every
+setup. ``kafka_cluster`` is always local processes.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from relay.localstack import KAFKA_VERSION, LocalKafka, free_port
+from relay.localstack import KAFKA_VERSION, LocalKafka, LocalKafkaCluster, free_port
 from relay.localstack.kafka import wait_until_answers
 from tests.plugins.containers import docker_available
 
@@ -91,15 +94,38 @@ def kafka_bootstrap(kafka: TestKafka) -> str:
     return kafka.bootstrap_servers
 
 
+@pytest.fixture(scope="session")
+def _killable_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    """A local broker for the kill tests when the session's is external or a container."""
+    broker = LocalKafka(tmp_path_factory.mktemp("killable-kafka"))
+    with broker:
+        yield broker
+
+
 @pytest.fixture
-def local_kafka(kafka: TestKafka) -> LocalKafka:
-    """The session's broker as a process we may kill and restart (chaos tests).
+def local_kafka(kafka: TestKafka, request: pytest.FixtureRequest) -> LocalKafka:
+    """A broker process we may kill and restart (chaos tests): the session's broker when
+    it is a local process, else one started for these tests (never skipped).
 
     A test that stops it must start it again before it ends: the session shares it.
     """
-    if kafka.local is None:
-        pytest.skip("the session's Kafka is external or a container: it cannot be killed here")
-    return kafka.local
+    if kafka.local is not None:
+        return kafka.local
+    broker: LocalKafka = request.getfixturevalue("_killable_kafka")
+    return broker
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafkaCluster]:
+    """Three local Kafka nodes (broker and controller each) in one KRaft cluster:
+    replication factor 3, min.insync.replicas 2, the transaction state log likewise.
+
+    Tests may kill and restart nodes (``nodes[i].kill()``, ``.start()``); each test must
+    leave every node running: the session shares the cluster.
+    """
+    cluster = LocalKafkaCluster(tmp_path_factory.mktemp("kafka-cluster"), nodes=3)
+    with cluster:
+        yield cluster
 
 
 @pytest.fixture

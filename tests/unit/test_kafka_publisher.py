@@ -73,11 +73,11 @@ class FakeProducer:
         self.pending, self.failed = [], False
 
 
-def publisher(producer: FakeProducer) -> TransactionalPublisher:
+def publisher(producer: FakeProducer, delivery_timeout_s: float = 5.0) -> TransactionalPublisher:
     pub = TransactionalPublisher(
         {"bootstrap.servers": "127.0.0.1:1"},
         TopicCreator({}, enabled=False),
-        5.0,
+        delivery_timeout_s,
         transactional_id="t",
         group_prefix="g",
         checkpoint_topic="c",
@@ -130,7 +130,7 @@ def test_a_call_that_outlives_its_timeout_abandons_the_producer(
     monkeypatch.setattr(relay.kafka, "_CALL_GRACE_S", 0.2)
     producer = HangingProducer()
     pub = publisher(producer)
-    pub._delivery_timeout_s = 0.1
+    pub._call_timeout_s = 0.1
     try:
         with pytest.raises(ProducerFenced, match="did not return within"):
             pub.publish(Batch(records(b"a"), Position(1, 1), "gen"))
@@ -141,3 +141,30 @@ def test_a_call_that_outlives_its_timeout_abandons_the_producer(
     finally:
         producer.release.set()
     assert producer.committed == []
+
+
+class TimeoutRecordingProducer(FakeProducer):
+    """Records the timeout each transactional call is given."""
+
+    def __init__(self) -> None:
+        super().__init__(reject=b"never")
+        self.timeouts: list[float] = []
+
+    def send_offsets_to_transaction(self, *args: Any) -> None:
+        self.timeouts.append(args[-1])
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.timeouts.append(timeout)
+        super().commit_transaction(timeout)
+
+
+def test_each_transactional_call_waits_far_less_than_the_delivery_timeout() -> None:
+    # A call librdkafka leaves hanging when its coordinator moves is given up after its
+    # own timeout plus a grace period: that must be seconds, not the delivery timeout
+    # (30 s by default), or one coordinator moving stalls a part for most of a minute.
+    producer = TimeoutRecordingProducer()
+    pub = publisher(producer, delivery_timeout_s=30.0)
+    pub.publish(Batch(records(b"a"), Position(1, 1), "gen"))
+    assert producer.committed == [[b"a"]]
+    assert len(producer.timeouts) == 2
+    assert all(t + relay.kafka._CALL_GRACE_S <= 15.0 for t in producer.timeouts), producer.timeouts
