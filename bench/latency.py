@@ -45,6 +45,7 @@ Broker settings
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import time
@@ -403,6 +404,9 @@ class _Writer(Protocol):
 
 def _write(kind: str, args: list[str], plan: Plan, out: Connection) -> None:
     writer: _Writer = _OutboxWriter(*args) if kind == "outbox" else _KafkaWriter(*args)
+    # The schedule starts once the writer is ready, not before: a process that starts
+    # late on a busy host would otherwise begin with thousands of events due at once.
+    plan = dataclasses.replace(plan, start=max(plan.start, time.monotonic()))
     stamps: Stamps = []
     try:
         i = 0
