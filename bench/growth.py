@@ -40,10 +40,10 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
     small_url, big_url = stack.database("small"), stack.database("big")
     fill_outbox(small_url, scale.small_backlog)
     settle(small_url)
-    fill_outbox(big_url, scale.big_backlog)
+    fill_outbox(big_url, scale.growth_backlog)
     settle(big_url)
     small_plan = poll_plan(small_url, scale.small_backlog // 2)
-    big_plan = poll_plan(big_url, scale.big_backlog // 2)
+    big_plan = poll_plan(big_url, scale.growth_backlog // 2)
     drains: dict[str, list[Drain]] = {"small": [], "big": []}
 
     def side(label: str, url: str, events: int) -> Callable[[], float]:
@@ -59,11 +59,11 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
 
     rates = interleave(
         {"small": side("small", small_url, scale.small_backlog),
-         "big": side("big", big_url, scale.big_backlog)},
+         "big": side("big", big_url, scale.growth_backlog)},
         scale.repetitions, before_each=before_each,
     )  # fmt: skip
     memory = _memory(drains["big"])
-    big_label = f"{scale.big_backlog / 1e6:g}M"
+    big_label = f"{scale.growth_backlog / 1e6:g}M"
     small_label = f"{scale.small_backlog / 1e6:g}M"
     index_scan = big_plan["index_scan"] and not big_plan["sort"]
     cpu = {"cpu_small": [d.cpu for d in drains["small"]], "cpu_big": [d.cpu for d in drains["big"]]}

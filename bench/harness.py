@@ -55,8 +55,10 @@ class Scale:
 
     name: str = "default"
     repetitions: int = 5  # interleaved rounds of every side of a comparison
-    events: int = 1_000_000  # throughput runs
-    big_backlog: int = 4_000_000  # cost growth: big against small backlog
+    events: int = 200_000  # the backlogs of benchmarks not yet on the method
+    throughput_events: int = 1_000_000  # throughput's backlog
+    big_backlog: int = 2_000_000  # write_costs' outbox
+    growth_backlog: int = 4_000_000  # cost growth: big against small backlog
     small_backlog: int = 1_000_000
     # In all: each of 100 filtered subscribers takes 1/100, in at least 10 batches
     # (fanout.py sets its batch size so): with one batch each, the figure was the
@@ -71,11 +73,12 @@ class Scale:
     @classmethod
     def named(cls, name: str) -> Scale:
         if name == "quick":
-            return cls(name, 3, events=50_000, big_backlog=200_000, small_backlog=50_000,
-                       fanout_events=100_000, latency_seconds=8.0)  # fmt: skip
+            return cls(name, 3, events=100_000, throughput_events=50_000, big_backlog=500_000,
+                       growth_backlog=200_000, small_backlog=50_000, fanout_events=100_000,
+                       latency_seconds=8.0)  # fmt: skip
         if name == "full":
-            return cls(name, big_backlog=10_000_000, fanout_events=5_000_000,
-                       latency_seconds=60.0)  # fmt: skip
+            return cls(name, big_backlog=10_000_000, growth_backlog=10_000_000,
+                       fanout_events=5_000_000, latency_seconds=60.0)  # fmt: skip
         return cls()
 
 

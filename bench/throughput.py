@@ -124,9 +124,9 @@ class Sides:
 
 def run(stack: Stack, scale: Scale) -> list[Figure]:
     url = stack.database("throughput")
-    fill_outbox(url, scale.events)
+    fill_outbox(url, scale.throughput_events)
     settle(url)
-    sides = Sides(stack, url, scale.events)
+    sides = Sides(stack, url, scale.throughput_events)
     plan: dict[str, Callable[[], float]] = {
         "relay": sides.relay,
         "raw produce, idempotent": lambda: sides.raw_produce(False),
@@ -139,7 +139,11 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
     }
     samples = interleave(plan, scale.repetitions, before_each=lambda: settle(url, 1.0))
     relay = samples["relay"]
-    common = {"events": scale.events, "batch": BATCH, "relay_cpu": sides.cpu_medians("relay")}
+    common = {
+        "events": scale.throughput_events,
+        "batch": BATCH,
+        "relay_cpu": sides.cpu_medians("relay"),
+    }
 
     def versus(side: str, target: str | None = None, what: str = "ceiling") -> Figure:
         details = {**common, f"{what}_cpu": sides.cpu_medians(side)}
