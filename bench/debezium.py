@@ -21,7 +21,7 @@ Backlog throughput
     (which makes it store an offset) and is stopped; then ``scale.events`` OrderPlaced
     rows (bench.harness.fill_outbox's, 1000 per transaction) are written. The relay
     publishes them first (a new subscriber from the beginning, in-process):
-    its rate runs from its first checkpoint to its last, as in bench/throughput.py. Then
+    its rate runs from its first checkpoint to its last (throughput.relay_rate). Then
     Debezium is started again and publishes the same rows from its slot: its rate runs
     from the moment a read_committed consumer has seen 5000 records (the relay's batch:
     the relay's rate leaves its first batch out too) to the last; from the first record

@@ -6,102 +6,92 @@ as the single unfiltered subscriber does. The figure is the aggregate rate (even
 published per second, summed over subscribers) against the single subscriber's: at
 1.0x, splitting a stream over filtered subscribers costs nothing.
 
-Publishing is measured, not start-up: the subscribers are paused until every part has
-started (its producer fenced, its Kafka-side checkpoint read), then resumed together.
-Start-up, which a relay pays once, is its own figure: 100 parts each open a connection,
-a transactional producer and a thread. The process's peak memory is in the details.
+Both runs publish the same rows and are clocked the same way: their subscribers start
+paused, and the clock runs from the resume of all of them (every part started, its
+producer fenced, its Kafka-side checkpoint read) to the last part's last checkpoint.
+Each subscriber of the hundred publishes at least 10 batches: the batch size of both runs
+is a tenth of one subscriber's share (at most the relay's default), so the figure is
+publishing, not one transaction's fixed cost per subscriber. The runs alternate, each on
+an empty broker after a CHECKPOINT (bench/method.py). Start-up, which a relay pays once,
+and the peak memory of the process are figures of their own, 100 parts beside 1.
 """
 
 from __future__ import annotations
 
-import re
-import time
-import urllib.request
 from collections.abc import Callable
-
-import psycopg
 
 from bench.harness import (
     BATCH,
+    Drain,
     Figure,
-    RelayProcesses,
     Scale,
     Stack,
-    add_subscribers,
     create_topics,
     fill_outbox,
-    final_positions,
-    wait_published,
+    fresh_subscribers,
+    paused_drain,
 )
-from relay.localstack.process import free_port
+from bench.method import Samples, interleave, settle
 from relay.subscribers import Subscriber
 
 MANY = 100
+MIN_BATCHES = 10  # per subscriber of the hundred
 
 
 def run(stack: Stack, scale: Scale) -> list[Figure]:
     events = scale.fanout_events
-    # The single subscriber drains as many events as the hundred publish in all, so
-    # both clocks run long enough to mean something.
-    one, one_start, one_mb = aggregate_rate(stack, events, 1)
-    stack.fresh_broker()
-    many, many_start, many_mb = aggregate_rate(stack, events, MANY)
-    details = {"events": events, "events_per_subscriber": events // MANY,
-               "peak_rss_mb_1": one_mb, f"peak_rss_mb_{MANY}": many_mb}  # fmt: skip
+    batch = min(BATCH, max(1, events // MANY // MIN_BATCHES))
+    url = stack.database("fanout")
+    fill_outbox(url, events, types=MANY)
+    settle(url)
+    drains: dict[int, list[Drain]] = {1: [], MANY: []}
+
+    def side(subscribers: int) -> Callable[[], float]:
+        def measure() -> float:
+            drains[subscribers].append(publish(stack, url, subscribers, batch))
+            return events / drains[subscribers][-1].seconds
+
+        return measure
+
+    def before_each() -> None:
+        stack.fresh_broker()  # a hundred topics a run would weigh on the next runs
+        settle(url)
+
+    rates = interleave({"1": side(1), "many": side(MANY)}, scale.repetitions,
+                       before_each=before_each)  # fmt: skip
+
+    def of(subscribers: int, what: Callable[[Drain], float]) -> Samples:
+        return Samples(tuple(what(d) for d in drains[subscribers]))
+
+    details = {
+        "events": events,
+        "events_per_subscriber": events // MANY,
+        "batch_size": batch,
+        "batches_per_subscriber": events // MANY / batch,
+        "cpu_1": [d.cpu for d in drains[1]],
+        f"cpu_{MANY}": [d.cpu for d in drains[MANY]],
+    }
     return [
-        Figure("fanout", f"aggregate ev/s, {MANY} filtered vs 1 subscriber", many, "ev/s", one,
-               "1 subscriber", "ratio>=0.8", details),
-        Figure("fanout", f"start-up s, {MANY} subscribers vs 1 (relay start to every part "
-               "ready)", many_start, "s", one_start, "1 subscriber", None, details),
+        Figure.of("fanout", f"aggregate ev/s, {MANY} filtered vs 1 subscriber", rates["many"],
+                  "ev/s", rates["1"], "1 subscriber", "ratio>=0.8", details),
+        Figure.of("fanout", f"start-up s, {MANY} subscribers vs 1 (relay start to every part "
+                  "ready)", of(MANY, lambda d: d.startup), "s", of(1, lambda d: d.startup),
+                  "1 subscriber", None, details),
+        Figure.of("fanout", f"peak RSS MiB, {MANY} parts vs 1", of(MANY, lambda d: d.peak_rss_mb),
+                  "MiB", of(1, lambda d: d.peak_rss_mb), "1 part", None, details),
     ]  # fmt: skip
 
 
-def aggregate_rate(stack: Stack, events: int, subscribers: int) -> tuple[float, float, float]:
-    """The aggregate publishing rate, the start-up seconds and the peak RSS in MiB."""
-    url = stack.database(f"fanout{subscribers}")
-    fill_outbox(url, events, types=MANY)
+def publish(stack: Stack, url: str, subscribers: int, batch: int) -> Drain:
+    """One run of ``subscribers`` new subscribers over the whole backlog."""
     prefix = stack.topic_prefix(f"fanout{subscribers}")
     filters = [frozenset({f"order{i}"}) for i in range(subscribers)] if subscribers > 1 else [None]
-    add_subscribers(
+    fresh_subscribers(
         url,
         [Subscriber(f"s{i}", topic=f"{prefix}.s{i}", aggregate_types=types)
          for i, types in enumerate(filters)],
     )  # fmt: skip
-    targets = final_positions(url)
     # Created up front, as in production (deploy/README.md): creating 100 topics of 3
     # partitions is the broker's work, not publishing.
     create_topics(stack.bootstrap, [f"{prefix}.s{i}" for i in range(subscribers)], 3)
-    set_all_paused(url, paused=True)
-    port = free_port()
-    with RelayProcesses(stack, url, f"fanout{subscribers}", batch_size=BATCH,
-                        poll_interval=0.1, metrics_enabled=True, metrics_port=port) as relays:  # fmt: skip
-        started = time.perf_counter()
-        wait_all_paused(port, subscribers, relays.check_alive)
-        startup = time.perf_counter() - started
-        set_all_paused(url, paused=False)
-        first, done = wait_published(url, targets, tick=relays.check_alive)
-        peak = max(relays.peak_rss_mb())
-    # The clock starts at the first checkpoint: one batch of one subscriber is not in it.
-    return (events - BATCH // subscribers) / (done - first), startup, peak
-
-
-def set_all_paused(url: str, *, paused: bool) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("UPDATE outbox_subscribers SET paused = %s", (paused,))
-
-
-def wait_all_paused(port: int, parts: int, check: Callable[[], None], timeout: float = 600) -> None:
-    """Wait until the relay's /metrics shows ``parts`` parts started and paused."""
-    paused = re.compile(r'^outbox_relay_part_state\{.*state="paused".*\} 1\.0$', re.M)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        check()
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-                body = r.read().decode()
-        except OSError:
-            body = ""  # not listening yet
-        if len(paused.findall(body)) == parts:
-            return
-        time.sleep(0.2)
-    raise TimeoutError(f"{parts} parts did not start within {timeout:.0f}s")
+    return paused_drain(stack, url, f"fanout{subscribers}", subscribers, batch_size=batch)

@@ -1,8 +1,11 @@
 """Cost growth with the backlog, and the relay's memory over a long run.
 
-* Throughput draining a big backlog (10M rows at ``--scale full``) against a 100k-row
+* Throughput draining a big backlog (10M rows at ``--scale full``) against a 1M-row
   one, each by one ``outbox-relay run`` process. If a poll cost grew with the backlog
-  (a sort, a scan from the start), the big drain would be far slower per event.
+  (a sort, a scan from the start), the big drain would be far slower per event. Both
+  backlogs are written first, each followed by a CHECKPOINT and a pause; then the two
+  drains alternate (bench/method.py), each through a new subscriber on an empty broker,
+  clocked from the resume of its paused subscriber to its last checkpoint.
 * EXPLAIN of the poll, half-way through the big backlog: an index range scan on the
   outbox's primary key, with no Sort node; and its execution time against the same
   poll on the small backlog.
@@ -13,21 +16,22 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
 from bench.harness import (
     BATCH,
+    Drain,
     Figure,
-    RelayProcesses,
     Scale,
     Stack,
-    add_subscribers,
     fill_outbox,
-    final_positions,
-    wait_published,
+    fresh_subscribers,
+    paused_drain,
 )
+from bench.method import Samples, interleave, settle
 from relay.queries import queries_for
 from relay.subscribers import Subscriber
 
@@ -35,47 +39,64 @@ from relay.subscribers import Subscriber
 def run(stack: Stack, scale: Scale) -> list[Figure]:
     small_url, big_url = stack.database("small"), stack.database("big")
     fill_outbox(small_url, scale.small_backlog)
-    fill_outbox(big_url, scale.big_backlog)
+    settle(small_url)
+    fill_outbox(big_url, scale.growth_backlog)
+    settle(big_url)
     small_plan = poll_plan(small_url, scale.small_backlog // 2)
-    big_plan = poll_plan(big_url, scale.big_backlog // 2)
-    small_rate, _ = drain(stack, small_url, scale.small_backlog, "small")
-    stack.fresh_broker()
-    big_rate, memory = drain(stack, big_url, scale.big_backlog, "big")
-    big_label = f"{scale.big_backlog / 1e6:g}M"
+    big_plan = poll_plan(big_url, scale.growth_backlog // 2)
+    drains: dict[str, list[Drain]] = {"small": [], "big": []}
+
+    def side(label: str, url: str, events: int) -> Callable[[], float]:
+        def measure() -> float:
+            drains[label].append(drain(stack, url, label))
+            return events / drains[label][-1].seconds
+
+        return measure
+
+    def before_each() -> None:
+        stack.fresh_broker()  # the big run's log would weigh on the next run
+        settle(big_url)  # one cluster: a CHECKPOINT covers both databases
+
+    rates = interleave(
+        {"small": side("small", small_url, scale.small_backlog),
+         "big": side("big", big_url, scale.growth_backlog)},
+        scale.repetitions, before_each=before_each,
+    )  # fmt: skip
+    memory = _memory(drains["big"])
+    big_label = f"{scale.growth_backlog / 1e6:g}M"
+    small_label = f"{scale.small_backlog / 1e6:g}M"
     index_scan = big_plan["index_scan"] and not big_plan["sort"]
+    cpu = {"cpu_small": [d.cpu for d in drains["small"]], "cpu_big": [d.cpu for d in drains["big"]]}
     return [
-        Figure("growth", f"relay ev/s, {big_label} vs 100k backlog", big_rate, "ev/s",
-               small_rate, f"{scale.small_backlog:,} backlog", "ratio>=0.9"),
+        Figure.of("growth", f"relay ev/s, {big_label} vs {small_label} backlog", rates["big"],
+                  "ev/s", rates["small"], f"{scale.small_backlog:,} backlog", "ratio>=0.9", cpu),
         Figure("growth", "poll is an index range scan (1 = yes)", float(index_scan), "",
                target="value>=1", details=big_plan),
-        Figure("growth", f"poll execution ms, {big_label} vs 100k", big_plan["ms"], "ms",
+        Figure("growth", f"poll execution ms, {big_label} vs {small_label}", big_plan["ms"], "ms",
                small_plan["ms"], f"{scale.small_backlog:,} backlog"),
-        Figure("growth", f"relay peak RSS over {big_label} events", memory["peak_mb"], "MiB",
-               target="value<=300", details=memory),
+        Figure.of("growth", f"relay peak RSS over {big_label} events",
+                  Samples(tuple(d.peak_rss_mb for d in drains["big"])), "MiB",
+                  target="value<=300", details=memory),
     ]  # fmt: skip
 
 
-def drain(stack: Stack, url: str, events: int, label: str) -> tuple[float, dict[str, Any]]:
-    """Publish the whole backlog with one relay process; returns (ev/s, memory)."""
-    add_subscribers(url, [Subscriber("bench", topic=f"{stack.topic_prefix(label)}.orders")])
-    targets = final_positions(url)
-    samples: list[float] = []
-    with RelayProcesses(stack, url, label, batch_size=BATCH) as relays:
+def drain(stack: Stack, url: str, label: str) -> Drain:
+    """Publish the whole backlog again, through a new subscriber, with one relay process."""
+    topic = f"{stack.topic_prefix(label)}.orders"
+    fresh_subscribers(url, [Subscriber("bench", topic=topic)])
+    return paused_drain(stack, url, label, 1, batch_size=BATCH)
 
-        def tick() -> None:
-            relays.check_alive()
-            samples.extend(relays.rss_mb())
 
-        first, done = wait_published(url, targets, tick=tick)
-        peak = max(relays.peak_rss_mb())
+def _memory(drains: list[Drain]) -> dict[str, Any]:
+    """The relay's memory over its big drains: flat within a drain, not growing."""
+    samples = drains[-1].rss_mb
     quarter = max(1, len(samples) // 4)
-    memory = {
-        "peak_mb": peak,
+    return {
+        "peak_mb": max(d.peak_rss_mb for d in drains),
         "first_quarter_mean_mb": sum(samples[:quarter]) / quarter,
         "last_quarter_mean_mb": sum(samples[-quarter:]) / quarter,
         "samples": len(samples),
     }
-    return (events - BATCH) / (done - first), memory
 
 
 def poll_plan(url: str, after: int, *, part: int = 0, parts: int = 1) -> dict[str, Any]:

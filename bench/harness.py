@@ -13,10 +13,12 @@ import json
 import multiprocessing
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -28,8 +30,10 @@ from typing import Any
 import psycopg
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from bench.method import CpuMeter, Samples, ratio_range
 from relay import migrations
 from relay.localstack import LocalKafka, LocalPostgres
+from relay.localstack.process import free_port
 from relay.settings import Settings, load_settings
 from relay.store import OutboxStore
 from relay.subscribers import StartFrom, Subscriber
@@ -45,19 +49,25 @@ NOTE = "x" * 230  # makes an OrderPlaced Avro value about 300 bytes
 
 @dataclass(frozen=True)
 class Scale:
-    """How big the runs are. ``quick`` finishes in minutes; ``full`` is the issue's size."""
+    """How big the runs are. ``quick`` finishes in minutes and only tries the method;
+    ``default`` and ``full`` follow it (bench/README.md "Method"): backlogs of at least
+    a million events, five interleaved repetitions."""
 
-    events: int = 200_000  # throughput runs
-    big_backlog: int = 2_000_000  # cost growth: big against small backlog
-    small_backlog: int = 100_000
-    # In all: each of 100 filtered subscribers takes 1/100. At 1,000 each, every one
-    # publishes a single small batch and the figure is the broker's cost per transaction
-    # (0.64x measured); from 4,000 each it is publishing (1.20x).
-    fanout_events: int = 400_000
+    name: str = "default"
+    repetitions: int = 5  # interleaved rounds of every side of a comparison
+    events: int = 200_000  # the backlogs of benchmarks not yet on the method
+    throughput_events: int = 1_000_000  # throughput's backlog
+    big_backlog: int = 2_000_000  # write_costs' outbox
+    growth_backlog: int = 4_000_000  # cost growth: big against small backlog
+    small_backlog: int = 1_000_000
+    # In all: each of 100 filtered subscribers takes 1/100, in at least 10 batches
+    # (fanout.py sets its batch size so): with one batch each, the figure was the
+    # broker's cost per transaction, not publishing.
+    fanout_events: int = 1_000_000
     # Each of 4 parts publishes a quarter: at 100,000 in all a run lasts about 2 s, and
     # the spread of parts over processes and their first batches swamp the figure.
     sharding_events: int = 600_000
-    latency_seconds: float = 20.0
+    latency_seconds: float = 30.0
     latency_rate: int = 1000
     # The soak (bench/soak.py): 8 minutes at 3k ev/s with retention on, as issue #27 asks.
     soak_seconds: float = 480.0
@@ -66,9 +76,12 @@ class Scale:
     @classmethod
     def named(cls, name: str) -> Scale:
         if name == "quick":
-            return cls(events=100_000, big_backlog=500_000, latency_seconds=8.0, soak_seconds=90.0)
+            return cls(name, 3, events=100_000, throughput_events=50_000, big_backlog=500_000,
+                       growth_backlog=200_000, small_backlog=50_000, fanout_events=100_000,
+                       latency_seconds=8.0, soak_seconds=90.0)  # fmt: skip
         if name == "full":
-            return cls(big_backlog=10_000_000, fanout_events=1_000_000, latency_seconds=60.0)
+            return cls(name, big_backlog=10_000_000, growth_backlog=10_000_000,
+                       fanout_events=5_000_000, latency_seconds=60.0)  # fmt: skip
         return cls()
 
 
@@ -85,6 +98,33 @@ class Figure:
     # "ratio>=0.5", "value<=5", ... checked by :attr:`met`; None when there is no target.
     target: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    # Interleaved repetitions (bench/method.py): value and baseline are then medians,
+    # and these are the lowest and highest of each, and of the rounds' ratios.
+    repetitions: int = 1
+    value_range: tuple[float, float] | None = None
+    baseline_range: tuple[float, float] | None = None
+    ratio_range: tuple[float, float] | None = None
+
+    @classmethod
+    def of(
+        cls,
+        benchmark: str,
+        name: str,
+        value: Samples,
+        unit: str,
+        baseline: Samples | None = None,
+        baseline_name: str | None = None,
+        target: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> Figure:
+        """A figure from interleaved repetitions: medians, with their ranges."""
+        return cls(
+            benchmark, name, value.median, unit,
+            baseline.median if baseline is not None else None, baseline_name, target,
+            details or {}, len(value.values), (value.low, value.high),
+            (baseline.low, baseline.high) if baseline is not None else None,
+            ratio_range(value, baseline) if baseline is not None else None,
+        )  # fmt: skip
 
     @property
     def ratio(self) -> float | None:
@@ -224,16 +264,23 @@ def stopwatch() -> Iterator[list[float]]:
 
 def report(figures: list[Figure], *, scale: str, started: float) -> Path:
     """Print the table and write bench/results/<timestamp>.json (and latest.json)."""
-    header = f"{'benchmark':<12} {'figure':<44} {'value':>14} {'baseline':>14} {'ratio':>7} {'target':>12} {'met':>4}"
+    header = (
+        f"{'benchmark':<12} {'figure':<52} {'value [range]':>30} {'baseline [range]':>26}"
+        f" {'ratio [range]':>20} {'n':>2} {'target':>12} {'met':>4}"
+    )
     print(header)
     print("-" * len(header))
     for f in figures:
-        value = f"{_num(f.value)} {f.unit}"
-        base = _num(f.baseline) if f.baseline is not None else "-"
-        ratio = f"{f.ratio:.2f}x" if f.ratio is not None else "-"
+        value = f"{_num(f.value)}{_span(f.value_range)} {f.unit}"
+        base = _num(f.baseline) + _span(f.baseline_range) if f.baseline is not None else "-"
+        ratio = "-"
+        if f.ratio is not None:
+            low_high = f" [{f.ratio_range[0]:.2f}-{f.ratio_range[1]:.2f}]" if f.ratio_range else ""
+            ratio = f"{f.ratio:.2f}x{low_high}"
         met = {True: "yes", False: "NO", None: "-"}[f.met]
         print(
-            f"{f.benchmark:<12} {f.name:<44} {value:>14} {base:>14} {ratio:>7} {f.target or '-':>12} {met:>4}"
+            f"{f.benchmark:<12} {f.name:<52} {value:>30} {base:>26} {ratio:>20}"
+            f" {f.repetitions:>2} {f.target or '-':>12} {met:>4}"
         )
     RESULTS.mkdir(parents=True, exist_ok=True)
     document = {
@@ -256,6 +303,10 @@ def report(figures: list[Figure], *, scale: str, started: float) -> Path:
 
 def _num(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def _span(bounds: tuple[float, float] | None) -> str:
+    return f" [{_num(bounds[0])}-{_num(bounds[1])}]" if bounds is not None else ""
 
 
 def relay_settings(stack: Stack, url: str, label: str, **overrides: Any) -> Settings:
@@ -446,3 +497,91 @@ def reap(*processes: BaseProcess | None) -> None:
         if process.is_alive():
             process.terminate()
             process.join(5.0)
+
+
+# -- paused starts: a relay's clock runs from resume, as a baseline's from its start
+
+
+def set_all_paused(url: str, *, paused: bool) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE outbox_subscribers SET paused = %s", (paused,))
+
+
+def wait_all_paused(port: int, parts: int, check: Callable[[], None], timeout: float = 600) -> None:
+    """Wait until the relay's /metrics shows ``parts`` parts started and paused."""
+    paused = re.compile(r'^outbox_relay_part_state\{.*state="paused".*\} 1\.0$', re.M)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        check()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                body = r.read().decode()
+        except OSError:
+            body = ""  # not listening yet
+        if len(paused.findall(body)) == parts:
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"{parts} parts did not start within {timeout:.0f}s")
+
+
+def server_roots(stack: Stack) -> dict[str, Callable[[], list[int | None]]]:
+    """The stack's processes for a :class:`~bench.method.CpuMeter`: Postgres (the
+    postmaster, whose descendants are every backend) and the broker."""
+    return {"postgres": lambda: [stack.postgres.pid], "broker": lambda: [stack.broker.pid]}
+
+
+def client_meter(stack: Stack) -> CpuMeter:
+    """CPU of a baseline run in this process ("client", without the servers it started)."""
+    return CpuMeter({"client": lambda: [os.getpid()], **server_roots(stack)}, alone={"client"})
+
+
+@dataclass
+class Drain:
+    """One relay run over a backlog, clocked from the resume of its paused subscribers."""
+
+    seconds: float  # resume to every part's last checkpoint
+    startup: float  # relay start to every part started and paused
+    cpu: dict[str, float]  # cores used per process over ``seconds``
+    peak_rss_mb: float
+    rss_mb: list[float]  # samples over the run, summed over the relay's processes
+
+
+def paused_drain(stack: Stack, url: str, label: str, parts: int, **env: Any) -> Drain:
+    """Publish the backlog of ``url`` with one ``outbox-relay run`` process.
+
+    Its subscribers start paused; once all ``parts`` are started (producers fenced,
+    checkpoints read) they are resumed together and the clock starts, as a baseline's
+    starts when it begins to read. Start-up is returned on its own.
+    """
+    targets = final_positions(url)
+    set_all_paused(url, paused=True)
+    port = free_port()
+    samples: list[float] = []
+    with RelayProcesses(stack, url, label, poll_interval=0.1, metrics_enabled=True,
+                        metrics_port=port, **env) as relays:  # fmt: skip
+        started = time.perf_counter()
+        wait_all_paused(port, parts, relays.check_alive)
+        startup = time.perf_counter() - started
+
+        def tick() -> None:
+            relays.check_alive()
+            samples.append(sum(relays.rss_mb()))
+
+        meter = CpuMeter({"relay": lambda: [p.pid for p in relays.procs], **server_roots(stack)})
+        with meter:
+            resumed = time.perf_counter()
+            set_all_paused(url, paused=False)
+            _, done = wait_published(url, targets, tick=tick)
+            meter.sample()  # before the relay stops
+        peak = sum(relays.peak_rss_mb())
+    return Drain(done - resumed, startup, meter.as_json(), peak, samples)
+
+
+def fresh_subscribers(url: str, subscribers: list[Subscriber]) -> None:
+    """Replace every subscriber of ``url`` by ``subscribers``, reading from the start:
+    each repetition publishes the same backlog again without writing it again."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        store = OutboxStore(conn)
+        for old in store.list():
+            store.remove(old.subscriber.name)
+    add_subscribers(url, subscribers)

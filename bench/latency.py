@@ -15,10 +15,16 @@ Baseline: the broker's floor
     The same two processes, but the writer is a plain transactional confluent-kafka
     producer (the relay's producer settings) writing the same Avro values, keys and
     topics straight to Kafka: produce -> commit_transaction -> visible, no Postgres, no
-    relay. Latency runs from when each message falls due on the same schedule. One
-    message per transaction while the producer keeps up; a Kafka transaction takes
-    a few ms, so at 1k/s the messages due meanwhile share the next one (no single
-    producer can do better). The ratio is the relay's overhead over that floor.
+    relay. Stamped as the relay is: the relay's latency starts after the app's COMMIT
+    returns, the floor's when its message is handed to the producer (not when it fell
+    due: that counted the wait behind the previous commit, which the relay's stamp does
+    not, and put the floor above the relay). Transactions go back to back: the messages
+    due during a commit go in the next one. The ratio is the relay's overhead over that
+    floor, and a figure checks the floor is below the relay in every round.
+
+Repetitions
+    Floor and relay alternate, ``scale.repetitions`` rounds of ``scale.latency_seconds``
+    each (bench/method.py); each percentile is the median of the rounds' percentiles.
 
 Why it is fair
     * Writer and consumer are separate processes in both runs, as an app and a consumer
@@ -39,12 +45,13 @@ Broker settings
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -71,6 +78,8 @@ from bench.harness import (
     subscriber,
     wait_until,
 )
+from bench.method import Samples as Repeated
+from bench.method import interleave
 from relay.daemon import Relay, tune_gc
 from relay.kafka import producer_config
 from relay.model import HEADER_ID
@@ -134,14 +143,31 @@ class Samples:
 
 
 def run(stack: Stack, scale: Scale) -> list[Figure]:
-    floor = _broker_floor(stack, scale)
-    relay = relay_latency(stack, scale)
+    runs: dict[str, list[Samples]] = {"floor": [], "relay": []}
+
+    def side(name: str, measure: Callable[[], Samples]) -> Callable[[], float]:
+        def once() -> float:
+            runs[name].append(measure())
+            return runs[name][-1].ms(0.5)
+
+        return once
+
+    interleave(
+        {"floor": side("floor", lambda: _broker_floor(stack, scale)),
+         "relay": side("relay", lambda: relay_latency(stack, scale))},
+        scale.repetitions,
+    )  # fmt: skip
+    relay, floor = runs["relay"], runs["floor"]
     return [
-        # #15: within 1.5x (p50) and 2x (p99) of the broker's floor, a plain
-        # transactional producer on the same schedule.
+        # #15: within 1.5x (p50) and 2x (p99) of the broker's floor, a transactional
+        # producer stamped as the relay is.
         _figure("p50", 0.5, relay, floor, scale, "ratio<=1.5"),
         _figure("p99", 0.99, relay, floor, scale, "ratio<=2"),
-    ]
+        # A floor above the relay would be no floor: the method is checked every run.
+        Figure("latency", "floor p50 <= relay p50 in every round (1 = yes)",
+               float(all(f.ms(0.5) <= r.ms(0.5) for f, r in zip(floor, relay, strict=True))),
+               "", target="value>=1", repetitions=len(relay)),
+    ]  # fmt: skip
 
 
 def aggregate_types(scale: Scale) -> list[str]:
@@ -207,19 +233,24 @@ def _production_gc() -> Iterator[None]:
 
 
 def _figure(
-    name: str, quantile: float, relay: Samples, floor: Samples, scale: Scale, target: str
+    name: str,
+    quantile: float,
+    relay: list[Samples],
+    floor: list[Samples],
+    scale: Scale,
+    target: str,
 ) -> Figure:
-    return Figure(
-        benchmark="latency",
-        name=f"commit to visible {name} at {scale.latency_rate} ev/s",
-        value=relay.ms(quantile),
-        unit="ms",
-        baseline=floor.ms(quantile),
-        baseline_name=f"transactional producer to read_committed consumer {name}",
-        target=target,
-        details={
-            "relay": summary(relay),
-            "floor": summary(floor),
+    return Figure.of(
+        "latency",
+        f"commit to visible {name} at {scale.latency_rate} ev/s",
+        Repeated(tuple(r.ms(quantile) for r in relay)),
+        "ms",
+        Repeated(tuple(f.ms(quantile) for f in floor)),
+        f"transactional producer to read_committed consumer {name}",
+        target,
+        {
+            "relay": [summary(r) for r in relay],
+            "floor": [summary(f) for f in floor],
             "fetch_wait_ms": FETCH_WAIT_MS,
             "segment_s": SEGMENT_S,
         },
@@ -373,6 +404,9 @@ class _Writer(Protocol):
 
 def _write(kind: str, args: list[str], plan: Plan, out: Connection) -> None:
     writer: _Writer = _OutboxWriter(*args) if kind == "outbox" else _KafkaWriter(*args)
+    # The schedule starts once the writer is ready, not before: a process that starts
+    # late on a busy host would otherwise begin with thousands of events due at once.
+    plan = dataclasses.replace(plan, start=max(plan.start, time.monotonic()))
     stamps: Stamps = []
     try:
         i = 0
@@ -411,7 +445,16 @@ class _OutboxWriter:
 
 
 class _KafkaWriter:
-    """The floor: every message due now in one Kafka transaction (one, when keeping up)."""
+    """The floor: every message due now in one Kafka transaction (one, when keeping up),
+    transactions back to back.
+
+    Stamped as the relay's run is: the relay's latency starts when the app's COMMIT has
+    returned, so the floor's starts when its message is handed to the producer, not when
+    it fell due. A message that falls due while a commit is travelling waits for it
+    unstamped, as an app's event waits unstamped for its own slow COMMIT, and goes in
+    the next transaction at once. What is left is the floor's own work: the produce, its
+    transaction's commit and the consumer's fetch, all of which the relay does too.
+    """
 
     def __init__(self, bootstrap: str, *topics: str) -> None:
         config = producer_config(bootstrap, {}, 30_000)
@@ -425,15 +468,14 @@ class _KafkaWriter:
         end = max(first + 1, plan.due_by(time.monotonic()))
         self._producer.begin_transaction()
         for i in range(first, end):
+            value = self._registry.encode(EVENT_TYPE, order_payload(i))
+            stamps.append((f"b{i}", time.monotonic()))  # as the app's COMMIT returns
             self._producer.produce(
-                self._topics[plan.route(i)],
-                self._registry.encode(EVENT_TYPE, order_payload(i)),
-                str(i % KEYS).encode(),
+                self._topics[plan.route(i)], value, str(i % KEYS).encode(),
                 headers=[("id", f"b{i}".encode())],
-            )
+            )  # fmt: skip
         self._producer.commit_transaction(30)
         self.transactions += 1
-        stamps.extend((f"b{i}", plan.due(i)) for i in range(first, end))
         return end
 
     def close(self) -> None:

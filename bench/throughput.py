@@ -1,17 +1,32 @@
-"""Relay throughput: 300-byte Avro events, default (transactional) delivery.
+"""Relay throughput: 300-byte Avro events, default (transactional) delivery, against the
+ceilings of each step it takes, all measured in the same run (bench/README.md "Method").
 
-Baseline: the same rows read with a plain keyset query (the relay's own batch size)
-and produced as-is with a plain idempotent confluent-kafka producer, flushed once at
-the end: the cost of moving the bytes with no relay logic. A second baseline, reported
-without a target, does the same with one Kafka transaction per batch: the broker's part
-of exactly-once, without the relay's encoding, headers and checkpoints. Relay: an in-process relay
-publishing the same backlog; its rate runs from its first checkpoint to its last, so
-start-up (connections, fencing, recovery) is left out as it is for the baseline.
+Relay: one ``outbox-relay run`` process publishing the whole backlog to a subscriber of
+its own; the subscriber starts paused and the clock runs from its resume to its last
+checkpoint, so start-up is left out and the first batch is in, as for every ceiling.
+Every repetition publishes the same backlog again, through a new subscriber and topic.
+
+Ceilings, each one step of the relay's work done alone, on the same rows:
+
+* **raw produce**, idempotent and transactional: the relay's own records (the Avro
+  value, key and headers of a row, as its encoder makes them) produced from memory, in
+  batches of the relay's batch size: a flush per batch, or a Kafka transaction per batch.
+* **COPY-out**: the same rows and columns read by ``COPY ... TO STDOUT (FORMAT binary)``.
+* **encode-only**: the relay's encoder (``RecordEncoder``) over events already in
+  memory, Avro and JSON values.
+
+Baselines (with the old targets): the rows read with a plain keyset query (the relay's
+batch size) and their ``payload::text`` produced as-is, with a flush at the end, or with
+a Kafka transaction per batch: moving the bytes with no relay logic.
+
+Each side runs ``scale.repetitions`` times, interleaved, after a CHECKPOINT and a pause;
+figures are medians with their range, and the CPU each process used is in the details.
 """
 
 from __future__ import annotations
 
-import time
+import statistics
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -19,47 +34,212 @@ from confluent_kafka import Producer
 
 from bench.harness import (
     BATCH,
+    SCHEMAS,
     Figure,
     Scale,
     Stack,
+    client_meter,
     create_topics,
     fill_outbox,
     final_positions,
+    fresh_subscribers,
+    paused_drain,
     relay_settings,
+    stopwatch,
     subscriber,
     wait_published,
 )
+from bench.method import interleave, settle
 from relay.daemon import Relay, tune_gc
+from relay.encoding import RecordEncoder
+from relay.model import KafkaRecord, OutboxEvent
+from relay.schemas import SchemaFolder
+from relay.subscribers import Subscriber, ValueFormat
+
+# Events held in memory for the encode-only and raw-produce loops, used round and round:
+# a rate per event does not need every row in memory at once.
+SAMPLE = 20_000
+COLUMNS = (
+    "transaction_id::text::bigint, position, message_id, aggregate_type, aggregate_id,"
+    " aggregate_version, event_type, payload, headers, occurred_at"
+)
+
+
+class Sides:
+    """Every side of the comparison, over one backlog; each call is one repetition."""
+
+    def __init__(self, stack: Stack, url: str, events: int) -> None:
+        self.stack, self.url, self.events = stack, url, events
+        self.cpu: dict[str, list[dict[str, float]]] = {}
+        self.rounds = 0
+        sample = load_events(url, min(events, SAMPLE))
+        self.sample = sample
+        self.records = records_of(sample, ValueFormat.AVRO)  # the relay's own records
+
+    def _metered(self, side: str, run: Callable[[], int]) -> float:
+        with client_meter(self.stack) as meter, stopwatch() as elapsed:
+            done = run()
+        self.cpu.setdefault(side, []).append(meter.as_json())
+        return done / elapsed[0]
+
+    def relay(self) -> float:
+        self.rounds += 1
+        topic = f"{self.stack.topic_prefix('relay')}.orders"
+        fresh_subscribers(self.url, [Subscriber(f"bench{self.rounds}", topic=topic)])
+        drain = paused_drain(self.stack, self.url, "throughput", 1, batch_size=BATCH)
+        self.cpu.setdefault("relay", []).append(drain.cpu)
+        return self.events / drain.seconds
+
+    def raw_produce(self, transactional: bool) -> float:
+        topic = f"{self.stack.topic_prefix('raw')}.orders"
+        create_topics(self.stack.bootstrap, [topic], 3)  # as the relay creates its topics
+        producer = _producer(self.stack.bootstrap, topic if transactional else None)
+        side = "raw produce, transactional" if transactional else "raw produce, idempotent"
+        return self._metered(
+            side, lambda: produce_batches(producer, topic, self.records, self.events, transactional)
+        )
+
+    def copy_out(self) -> float:
+        return self._metered("COPY-out", lambda: copy_out(self.url))
+
+    def encode_only(self, value_format: ValueFormat) -> float:
+        return self._metered(
+            f"encode {value_format.value}",
+            lambda: encode_loop(self.sample, value_format, self.events),
+        )
+
+    def keyset(self, transactional: bool) -> float:
+        topic = f"{self.stack.topic_prefix('keyset')}.orders"
+        create_topics(self.stack.bootstrap, [topic], 3)
+        producer = _producer(self.stack.bootstrap, topic if transactional else None)
+        side = "keyset + transactional produce" if transactional else "keyset + produce"
+        return self._metered(side, lambda: keyset_produce(self.url, producer, topic, transactional))
+
+    def cpu_medians(self, side: str) -> dict[str, float]:
+        runs = self.cpu.get(side, [])
+        names = {name for run in runs for name in run}
+        return {name: round(statistics.median(r.get(name, 0.0) for r in runs), 3)
+                for name in sorted(names)}  # fmt: skip
 
 
 def run(stack: Stack, scale: Scale) -> list[Figure]:
     url = stack.database("throughput")
-    fill_outbox(url, scale.events)
-    base = baseline(url, stack.bootstrap, f"{stack.topic_prefix('baseline')}.orders")
-    transactional = baseline(
-        url, stack.bootstrap, f"{stack.topic_prefix('txn-baseline')}.orders", transactions=True
-    )
-    rate, details = relay_rate(stack, url, scale.events)
+    fill_outbox(url, scale.throughput_events)
+    settle(url)
+    sides = Sides(stack, url, scale.throughput_events)
+    plan: dict[str, Callable[[], float]] = {
+        "relay": sides.relay,
+        "raw produce, idempotent": lambda: sides.raw_produce(False),
+        "raw produce, transactional": lambda: sides.raw_produce(True),
+        "COPY-out": sides.copy_out,
+        "encode avro": lambda: sides.encode_only(ValueFormat.AVRO),
+        "encode json": lambda: sides.encode_only(ValueFormat.JSON),
+        "keyset + produce": lambda: sides.keyset(False),
+        "keyset + transactional produce": lambda: sides.keyset(True),
+    }
+    samples = interleave(plan, scale.repetitions, before_each=lambda: settle(url, 1.0))
+    relay = samples["relay"]
+    common = {
+        "events": scale.throughput_events,
+        "batch": BATCH,
+        "relay_cpu": sides.cpu_medians("relay"),
+    }
+
+    def versus(side: str, target: str | None = None, what: str = "ceiling") -> Figure:
+        details = {**common, f"{what}_cpu": sides.cpu_medians(side)}
+        return Figure.of("throughput", f"relay ev/s vs {side}", relay, "ev/s", samples[side],
+                         f"{side} ({what})", target, details)  # fmt: skip
+
     return [
-        Figure("throughput", "relay ev/s vs keyset read + produce", rate, "ev/s", base,
-               "keyset read + plain produce", "ratio>=0.5", details),
-        Figure("throughput", "relay ev/s vs keyset read + transactional produce", rate,
-               "ev/s", transactional, "keyset read + a Kafka transaction per batch", None,
-               details),
-        Figure("throughput", "relay ev/s, absolute", rate, "ev/s", target="value>=100000"),
+        versus("raw produce, idempotent"),
+        versus("raw produce, transactional"),
+        versus("COPY-out"),
+        versus("encode avro"),
+        versus("encode json"),
+        versus("keyset + produce", "ratio>=0.5", "baseline"),
+        versus("keyset + transactional produce", None, "baseline"),
+        Figure.of(
+            "throughput",
+            "relay ev/s, absolute",
+            relay,
+            "ev/s",
+            target="value>=100000",
+            details=common,
+        ),
+    ]
+
+
+def load_events(url: str, count: int) -> list[OutboxEvent]:
+    """The first ``count`` rows as the relay's events (payloads decoded)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            f"SELECT {COLUMNS} FROM outbox ORDER BY transaction_id, position LIMIT %s", (count,)
+        ).fetchall()
+    return [
+        OutboxEvent(tx, pos, message_id, aggregate_type, key, version, event_type, payload,
+                    headers or {}, occurred_at)
+        for tx, pos, message_id, aggregate_type, key, version, event_type, payload, headers,
+        occurred_at in rows
     ]  # fmt: skip
 
 
-def baseline(url: str, bootstrap: str, topic: str, *, transactions: bool = False) -> float:
-    create_topics(bootstrap, [topic], 3)  # as many partitions as the relay's topics
-    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "enable.idempotence": True}
-    if transactions:
-        config["transactional.id"] = f"{topic}.baseline"
-    producer = Producer(config)
-    if transactions:
+def records_of(events: list[OutboxEvent], value_format: ValueFormat) -> list[KafkaRecord]:
+    """The records the relay's encoder makes of ``events``."""
+    encoder = RecordEncoder(SchemaFolder.from_dir(SCHEMAS))
+    subscriber = Subscriber("bench", topic="bench.orders", value_format=value_format)
+    return [encoder.encode(event, subscriber) for event in events]
+
+
+def encode_loop(events: list[OutboxEvent], value_format: ValueFormat, total: int) -> int:
+    """Encode ``total`` events (going round ``events``) with the relay's encoder."""
+    encoder = RecordEncoder(SchemaFolder.from_dir(SCHEMAS))
+    subscriber = Subscriber("bench", topic="bench.orders", value_format=value_format)
+    done = 0
+    while done < total:
+        for event in events[: total - done]:
+            encoder.encode(event, subscriber)
+        done += min(len(events), total - done)
+    return done
+
+
+def produce_batches(
+    producer: Producer, topic: str, records: list[KafkaRecord], total: int, transactional: bool
+) -> int:
+    """``total`` of ``records`` (round and round) in batches of the relay's batch size."""
+    if transactional:
+        producer.init_transactions()
+    sent = 0
+    while sent < total:
+        batch = min(BATCH, total - sent)
+        if transactional:
+            producer.begin_transaction()
+        for i in range(sent, sent + batch):
+            record = records[i % len(records)]
+            _produce(producer, topic, record.value or b"", record.key or b"", record.headers)
+        if transactional:
+            producer.commit_transaction()
+        else:
+            producer.flush()
+        sent += batch
+    return sent
+
+
+def copy_out(url: str) -> int:
+    """Read every row's relay columns by binary COPY; returns the rows read."""
+    rows = 0
+    with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur:
+        query = f"COPY (SELECT {COLUMNS} FROM outbox ORDER BY transaction_id, position) TO STDOUT"
+        with cur.copy(query + " (FORMAT binary)") as copy:
+            for _ in copy.rows():
+                rows += 1
+    return rows
+
+
+def keyset_produce(url: str, producer: Producer, topic: str, transactional: bool) -> int:
+    """The rows read with a keyset query and their payload text produced as-is."""
+    if transactional:
         producer.init_transactions()
     produced = 0
-    start = time.perf_counter()
     with psycopg.connect(url, autocommit=True) as conn:
         after = (0, 0)
         while rows := conn.execute(
@@ -70,25 +250,35 @@ def baseline(url: str, bootstrap: str, topic: str, *, transactions: bool = False
             " ORDER BY o.transaction_id, o.position LIMIT %s",
             (*after, BATCH),
         ).fetchall():
-            if transactions:
+            if transactional:
                 producer.begin_transaction()
             for _, _, key, value in rows:
                 _produce(producer, topic, value.encode(), key.encode())
-            if transactions:
+            if transactional:
                 producer.commit_transaction()
             produced += len(rows)
             after = (rows[-1][0], rows[-1][1])
     producer.flush()
-    return produced / (time.perf_counter() - start)
+    return produced
 
 
-def _produce(producer: Producer, topic: str, value: bytes, key: bytes) -> None:
+def _producer(bootstrap: str, transactional_id: str | None) -> Producer:
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "enable.idempotence": True}
+    if transactional_id is not None:
+        config["transactional.id"] = f"{transactional_id}.ceiling"
+    return Producer(config)
+
+
+def _produce(producer: Producer, topic: str, value: bytes, key: bytes, headers: Any = None) -> None:
     while True:
         try:
-            producer.produce(topic, value, key)
+            producer.produce(topic, value, key, headers=headers)
             return
         except BufferError:
             producer.poll(0.005)
+
+
+# -- the Debezium comparison's relay side (bench/debezium.py), not yet on the method
 
 
 def relay_rate(

@@ -4,6 +4,7 @@ idles. (The checkpoint's group coordinator and fencing are exercised everywhere 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,7 +69,9 @@ def test_an_expired_transactional_id_costs_a_retry_not_an_event(
     strict_kafka: LocalKafka,
     topic_prefix: str,
     tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="relay.kafka")
     store = OutboxStore(db)
     store.add(
         Subscriber("s", topic=topic_prefix + "{aggregate_type}", value_format=ValueFormat.JSON)
@@ -92,3 +95,13 @@ def test_an_expired_transactional_id_costs_a_retry_not_an_event(
         relay.stop()
     written = [str(r[0]) for r in db.execute("SELECT message_id FROM outbox ORDER BY position")]
     assert sorted(ids_of(seen)) == sorted(written)  # each once (3 keys, 3 partitions)
+    # The id did expire, and the relay retried: the broker refused the first transaction
+    # after the idle spell for a producer id no longer mapped to its transactional id
+    # (INVALID_PRODUCER_ID_MAPPING), and the relay ran that batch again.
+    retries = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "relay.kafka" and r.getMessage().startswith("transaction aborted")
+    ]
+    assert retries, "no transaction was aborted: the transactional id never expired"
+    assert any("not currently assigned to its transactional id" in m for m in retries), retries
