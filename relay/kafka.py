@@ -406,13 +406,7 @@ class TransactionalPublisher(_BatchProducer):
         self._initialised = True
         consumer = self._consumer(generation)
         wanted = [TopicPartition(self._checkpoint_topic, p) for p in range(2)]
-        try:
-            committed = consumer.committed(wanted, timeout=self._delivery_timeout_s)
-        except KafkaException as exc:
-            raise BrokerUnavailable(f"cannot read the Kafka-side checkpoint: {exc}") from exc
-        failed = [tp for tp in committed if tp.error is not None]
-        if failed:
-            raise BrokerUnavailable(f"cannot read the Kafka-side checkpoint: {failed[0].error}")
+        committed = read_committed(consumer, wanted, self._delivery_timeout_s)
         self._key_space = key_space
         first, second = sorted(committed, key=lambda tp: tp.partition)
         if first.offset < 0 or second.offset < 0:
@@ -616,6 +610,31 @@ class TransactionalPublisher(_BatchProducer):
                 if not retry_now(failure) or time.monotonic() > deadline:
                     raise failure from exc
                 time.sleep(0.1)
+
+
+def read_committed(
+    consumer: Consumer, wanted: list[TopicPartition], timeout_s: float
+) -> list[TopicPartition]:
+    """The group's committed offsets of ``wanted``. A coordinator being found or loaded
+    (a fresh cluster's first group, a broker restarted) is asked again until
+    ``timeout_s``: it answers within seconds, and failing on it made a command's first
+    run on a new cluster fail (redrive: "Not coordinator")."""
+    context = "cannot read the Kafka-side checkpoint"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            committed = consumer.committed(wanted, timeout=timeout_s)
+            failed = next((tp.error for tp in committed if tp.error is not None), None)
+            if failed is None:
+                return list(committed)
+            failure = classify(failed, context, Stage.GROUP_OFFSETS)
+            if not retry_now(failure) or time.monotonic() > deadline:
+                raise failure
+        except KafkaException as exc:
+            failure = classify(exc, context, Stage.GROUP_OFFSETS)
+            if not retry_now(failure) or time.monotonic() > deadline:
+                raise failure from exc
+        time.sleep(0.2)
 
 
 def _flush_unwrapped(producer: Producer, timeout: float) -> int:

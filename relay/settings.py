@@ -16,6 +16,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -74,6 +75,17 @@ class SubscriberSettings(BaseModel):
     @classmethod
     def _topic(cls, value: str) -> str:
         return _as_value_error(validate_topic_template, value)
+
+    @field_validator("dead_letter_topic")
+    @classmethod
+    def _dead_letter_policy(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # As `subscribers add` refuses --dead-letter-topic without --on-poison
+        # dead-letter: the topic would be ignored, and poison halt the part.
+        if value is not None and info.data.get("on_poison") is not PoisonPolicy.DEAD_LETTER:
+            raise ValueError(
+                'used only with on_poison = "dead-letter"; add it, or drop dead_letter_topic'
+            )
+        return value
 
     def to_subscriber(self, default_format: ValueFormat) -> Subscriber:
         return Subscriber.from_dict(

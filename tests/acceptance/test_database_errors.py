@@ -34,6 +34,19 @@ def test_an_unknown_database_is_permanent_and_run_exits(pg_server: PgServer) -> 
         assert "create the database" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_refused_login_is_permanent_and_names_the_fix(pg_server: PgServer) -> None:
+    """Issue #28: a login the server refuses (here an unknown role; a bad password and a
+    missing pg_hba.conf entry read alike) has no SQLSTATE, and was retried for ever as
+    an unreachable server."""
+    url = psycopg.conninfo.make_conninfo(pg_server.url, user=f"nobody_{uuid.uuid4().hex[:8]}")
+    env = {"RELAY_DATABASE_URL": url, "RELAY_BOOTSTRAP_SERVERS": "127.0.0.1:1"}
+    for args in (("status",), ("migrate",), ("run",)):
+        result = run_cli(*args, env={**env, "RELAY_METRICS_ENABLED": "false"}, timeout=60)
+        assert result.returncode == 1, result.stderr
+        assert "permanent" in result.stderr and "does not exist" in result.stderr
+        assert "fix the user or password" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_missing_grants_are_permanent_and_name_the_grant_command(
     db: psycopg.Connection[Any], database_url: str
 ) -> None:

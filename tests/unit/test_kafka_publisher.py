@@ -9,13 +9,14 @@ Apache Kafka refusing a record over a topic's ``max.message.bytes``.
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 import relay.kafka
-from relay.errors import PoisonRecordError, ProducerFenced
+from relay.errors import PoisonRecordError, ProducerFenced, RelayError
 from relay.kafka import TopicCreator, TransactionalPublisher
 from relay.model import KafkaRecord, Position
 from relay.ports import Batch
@@ -168,3 +169,37 @@ def test_each_transactional_call_waits_far_less_than_the_delivery_timeout() -> N
     assert producer.committed == [[b"a"]]
     assert len(producer.timeouts) == 2
     assert all(t + relay.kafka._CALL_GRACE_S <= 15.0 for t in producer.timeouts), producer.timeouts
+
+
+class WarmingGroup:
+    """A consumer whose group coordinator answers ``errors`` first (per partition),
+    then the committed offsets."""
+
+    def __init__(self, errors: list[int]) -> None:
+        self.errors = errors
+        self.asked = 0
+
+    def committed(self, wanted: list[Any], timeout: float) -> list[Any]:
+        self.asked += 1
+        error = KafkaError(self.errors.pop(0)) if self.errors else None
+        offset = -1001 if error else 7
+        return [
+            SimpleNamespace(partition=tp.partition, offset=offset, error=error) for tp in wanted
+        ]
+
+
+def test_a_coordinator_warming_up_is_asked_again_for_the_checkpoint() -> None:
+    """Issue #28 (found running the README's `dead-letters redrive` on a new cluster):
+    a group coordinator that is loading answers NOT_COORDINATOR or
+    COORDINATOR_LOAD_IN_PROGRESS for a few seconds; reading the Kafka-side checkpoint
+    failed on it at once ("cannot read the Kafka-side checkpoint: Not coordinator")."""
+    from confluent_kafka import TopicPartition
+
+    wanted = [TopicPartition("checkpoints", p) for p in range(2)]
+    group = WarmingGroup([KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS])
+    committed = relay.kafka.read_committed(group, wanted, 30.0)  # type: ignore[arg-type]
+    assert [tp.offset for tp in committed] == [7, 7] and group.asked == 3
+    refused = WarmingGroup([KafkaError.GROUP_AUTHORIZATION_FAILED])
+    with pytest.raises(RelayError, match="cannot read the Kafka-side checkpoint"):
+        relay.kafka.read_committed(refused, wanted, 30.0)  # type: ignore[arg-type]
+    assert refused.asked == 1

@@ -69,6 +69,24 @@ def test_errors_name_the_offending_key(tmp_path: Path, document: str, key: str) 
     assert f"\n  {key}" in str(info.value)
 
 
+def test_a_config_subscribers_dead_letter_topic_needs_the_dead_letter_policy(
+    tmp_path: Path,
+) -> None:
+    """Issue #28: as `subscribers add --dead-letter-topic` without `--on-poison
+    dead-letter` is refused, so is the same subscriber in the config file, naming the key
+    (it used to be accepted, and its topic ignored: poison halted the part)."""
+    config = tmp_path / "relay.toml"
+    config.write_text('[[subscribers]]\nname = "a"\ndead_letter_topic = "a.dlq"\n')
+    with pytest.raises(ConfigError) as info:
+        load_settings(config)
+    assert "\n  subscribers.0.dead_letter_topic" in str(info.value)
+    assert "on_poison" in str(info.value)
+    config.write_text(
+        '[[subscribers]]\nname = "a"\non_poison = "dead-letter"\ndead_letter_topic = "a.dlq"\n'
+    )
+    assert load_settings(config).subscribers[0].dead_letter_topic == "a.dlq"
+
+
 def test_unreadable_config_files_are_clear(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_settings(tmp_path / "missing.toml")

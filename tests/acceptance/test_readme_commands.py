@@ -1,0 +1,118 @@
+"""Issue #28, "Done means": the README's ops commands are run by a test, as written.
+
+Every `outbox-relay` line of the README's ```bash blocks whose command is one of the
+ops commands (subscribers, status, verify, dead-letters, topics) runs against the
+relay's defaults, with only the database URL and the bootstrap servers given, as the
+README says, through RELAY_DATABASE_URL and RELAY_BOOTSTRAP_SERVERS. The README's
+notation is expanded, not edited: `[X]` runs once without and once with X (`...`
+dropped), `a | b` and `x|y` run each alternative. Placeholders in capitals
+(TXID:POSITION) are the one thing left out: they name no value to type. Commands run
+in the README's order, except `remove`, which runs last so that later blocks still
+find the subscriber it removes. They run as the database owner: `subscribers add --parts
+4` builds part indexes (tests/README.md, "Roles")."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import shlex
+from typing import Any
+
+import psycopg
+
+from tests.support import REPO, run_cli
+
+OPS = {"subscribers", "status", "verify", "dead-letters", "topics"}
+_PLACEHOLDER = re.compile(r"^[A-Z][A-Z_:]*$")
+
+
+def readme_lines() -> list[str]:
+    """The `outbox-relay ...` lines of README.md's bash blocks, continuations joined."""
+    text = (REPO / "README.md").read_text()
+    lines: list[str] = []
+    for block in re.findall(r"^```bash\n(.*?)^```", text, flags=re.S | re.M):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.startswith("outbox-relay "):
+                lines.append(line)
+    return lines
+
+
+def _optional_groups(tokens: list[str]) -> list[list[str]]:
+    """Without every `[...]` group, and with every one (its `...` dropped)."""
+    without: list[str] = []
+    with_all: list[str] = []
+    depth = 0
+    for token in tokens:
+        opens, closes = token.startswith("["), token.endswith("]")
+        word = token.removeprefix("[").removesuffix("]")
+        depth += opens
+        if word and word != "...":
+            with_all.append(word)
+            if depth == 0:
+                without.append(word)
+        depth -= closes
+    return [without] if without == with_all else [without, with_all]
+
+
+def _alternatives(tokens: list[str]) -> list[list[str]]:
+    """`a b | c` as [a b], [prefix c]; each `x|y` token as one command per choice."""
+    commands: list[list[str]] = []
+    parts = [list(g) for bar, g in itertools.groupby(tokens, lambda t: t == "|") if not bar]
+    first = parts[0]
+    for part in parts:
+        commands.append(part if part is first else first[: len(first) - len(part)] + part)
+    expanded: list[list[str]] = []
+    for command in commands:
+        choices = [token.split("|") if "|" in token else [token] for token in command]
+        for combination in itertools.product(*choices):
+            if not any(_PLACEHOLDER.match(word) for word in combination):
+                expanded.append(list(combination))
+    return expanded
+
+
+def ops_commands() -> list[list[str]]:
+    """The README's ops commands, expanded, in the order the test runs them."""
+    commands: list[list[str]] = []
+    for line in readme_lines():
+        tokens = shlex.split(line, comments=True)
+        if tokens[1] not in OPS:
+            continue
+        for variant in _optional_groups(tokens):
+            commands.extend(c[1:] for c in _alternatives(variant))
+    removals = [c for c in commands if c[:2] == ["subscribers", "remove"]]
+    return [c for c in commands if c not in removals] + removals
+
+
+def test_the_expansion_reads_the_readme_as_written() -> None:
+    commands = [" ".join(c) for c in ops_commands()]
+    for expected in (
+        "subscribers pause billing",
+        "subscribers resume billing",
+        "subscribers reset billing --to now",
+        "subscribers list --json",
+        "dead-letters redrive orders --schemas-dir schemas --json",
+        "verify --subscriber billing --json --timeout 600",
+        "status",
+        "topics list --internal --json",
+    ):
+        assert expected in commands
+    assert commands[-1] == "subscribers remove billing"
+    assert not [c for c in commands if "TXID" in c or "[" in c or "|" in c]
+
+
+def test_the_readmes_ops_commands_run_as_written(
+    db: psycopg.Connection[Any], database_url: str, kafka_bootstrap: str
+) -> None:
+    env = {"RELAY_DATABASE_URL": database_url, "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    failed = []
+    for command in ops_commands():
+        done = run_cli(*command, env=env, timeout=300)
+        if done.returncode != 0:
+            failed.append(
+                f"outbox-relay {' '.join(command)}: exit {done.returncode}\n{done.stderr}"
+            )
+    assert not failed, "\n".join(failed)
+    listed = run_cli("subscribers", "list", "--json", env=env)
+    [orders] = json.loads(listed.stdout)
+    assert orders["name"] == "orders"
