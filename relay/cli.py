@@ -677,7 +677,7 @@ def subscribers_add(
         typer.Option(
             "--format",
             help="Value encoding [avro when schemas_dir is configured, else json]; avro "
-            "needs the schemas folder.",
+            "needs the schemas folder, avro-registry that and schema_registry_url.",
             show_default=False,
         ),
     ] = None,
@@ -708,8 +708,19 @@ def subscribers_add(
             help="Dead-letter topic [outbox.dead-letter.<name>] (with --on-poison dead-letter)."
         ),
     ] = None,
+    subject_strategy: Annotated[
+        subs.SubjectStrategy,
+        typer.Option(
+            help="avro-registry: register schemas under <topic>-value (topic), the "
+            "record's full name (record) or <topic>-<record> (topic-record)."
+        ),
+    ] = subs.SubjectStrategy.TOPIC,
     schemas_dir: Annotated[
         Path | None, typer.Option(help="Avro schemas folder [RELAY_SCHEMAS_DIR]")
+    ] = None,
+    schema_registry_url: Annotated[
+        str | None,
+        typer.Option(help="Schema registry of avro-registry [RELAY_SCHEMA_REGISTRY_URL]"),
     ] = None,
     database_url: DatabaseUrl = None,
     schema: Schema = None,
@@ -722,7 +733,11 @@ def subscribers_add(
             param_hint="--dead-letter-topic",
         )
     settings = _settings(
-        ctx, database_url=database_url, database_schema=schema, schemas_dir=schemas_dir
+        ctx,
+        database_url=database_url,
+        database_schema=schema,
+        schemas_dir=schemas_dir,
+        schema_registry_url=schema_registry_url,
     )
     value_format = _value_format(value_format, settings, name)
     subscriber = subs.Subscriber.from_dict(
@@ -735,6 +750,7 @@ def subscribers_add(
             "parts": parts,
             "on_poison": on_poison,
             "dead_letter_topic": dead_letter_topic,
+            "subject_strategy": subject_strategy,
         }
     )
     with _store(settings) as store:
@@ -759,6 +775,10 @@ def _value_format(
             "is not configured (config file, RELAY_SCHEMAS_DIR or --schemas-dir); configure "
             "it as the relay has it, or use --format json"
         )
+    if given is subs.ValueFormat.AVRO_REGISTRY:
+        missing = settings.registry_format_missing()
+        if missing:
+            raise ConfigError(f"subscriber {name!r}: the avro-registry format needs {missing}")
     return given
 
 
@@ -813,6 +833,7 @@ def _listed(status: SubscriberStatus) -> dict[str, Any]:
         "name": definition["name"],
         "topic": definition["topic"],
         "format": definition["value_format"],
+        "subject_strategy": definition["subject_strategy"],
         "aggregate_types": definition["aggregate_types"] or None,
         "event_types": definition["event_types"] or None,
         "paused": definition["paused"],
@@ -965,7 +986,7 @@ def dead_letters_redrive(
     import re
     from contextlib import closing
 
-    from relay.daemon.startup import load_schemas
+    from relay.daemon.startup import load_schemas, registry_encoder
     from relay.encoding import RecordEncoder
     from relay.redrive import DeadLetterStore, Redrive, redrive_publisher
     from relay.subscribers import TopicGuard
@@ -988,7 +1009,11 @@ def dead_letters_redrive(
         guard.update(s.subscriber for s in store.outbox.list())
         with closing(redrive_publisher(settings, state.subscriber_id)) as publisher:
             redrive = Redrive(
-                store, publisher, RecordEncoder(registry, guard), state, batch_size=batch_size
+                store,
+                publisher,
+                RecordEncoder(registry, guard, registry_encoder(settings, registry)),
+                state,
+                batch_size=batch_size,
             )
             report = redrive.run()
     if as_json:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import orjson
 
@@ -24,6 +24,9 @@ from relay.model import (
 from relay.schemas import SchemaFolder
 from relay.subscribers import Subscriber, TopicGuard, ValueFormat
 
+if TYPE_CHECKING:  # the registry client is imported only by relays that use it
+    from relay.registry_format import RegistryValueEncoder
+
 RESERVED_HEADERS = frozenset(
     {
         HEADER_ID,
@@ -37,9 +40,16 @@ RESERVED_HEADERS = frozenset(
 
 
 class RecordEncoder:
-    def __init__(self, registry: SchemaFolder | None, guard: TopicGuard | None = None) -> None:
+    def __init__(
+        self,
+        registry: SchemaFolder | None,
+        guard: TopicGuard | None = None,
+        schema_registry: RegistryValueEncoder | None = None,
+    ) -> None:
         self.registry = registry
         self.guard = guard
+        # avro-registry values: None when the relay has no schema_registry_url.
+        self.schema_registry = schema_registry
 
     def encode(self, event: OutboxEvent, subscriber: Subscriber) -> KafkaRecord:
         """The record for ``event``; :class:`EncodingError` marks a poison event."""
@@ -52,7 +62,7 @@ class RecordEncoder:
         topic = subscriber.topic_for(event)
         self._check_route(topic, subscriber, event)
         key = event.aggregate_id.encode()
-        value = self._value(event, subscriber)
+        value = self._value(event, subscriber, topic)
         headers, headers_size = _headers(event)
         size = len(key) + len(value) + headers_size
         return KafkaRecord(topic, key, value, headers, size, subscriber.fixed_topic is None)
@@ -61,7 +71,9 @@ class RecordEncoder:
         if self.guard is not None and (refusal := self.guard.refusal(topic, subscriber)):
             raise EncodingError(f"event {event.message_id}: not routed to {topic!r}: {refusal}")
 
-    def _value(self, event: OutboxEvent, subscriber: Subscriber) -> bytes:
+    def _value(self, event: OutboxEvent, subscriber: Subscriber, topic: str) -> bytes:
+        if subscriber.value_format is ValueFormat.AVRO_REGISTRY:
+            return self._registry_value(event, subscriber, topic)
         if subscriber.value_format is ValueFormat.JSON:
             try:
                 # The same compact UTF-8 JSON as the standard library's, at a tenth of
@@ -86,6 +98,24 @@ class RecordEncoder:
             )
         try:
             return self.registry.encode(event.event_type, event.payload)
+        except PayloadValidationError as exc:
+            raise EncodingError(
+                f"event {event.message_id} cannot be encoded as Avro: {exc}"
+            ) from exc
+
+    def _registry_value(self, event: OutboxEvent, subscriber: Subscriber, topic: str) -> bytes:
+        if self.schema_registry is None:
+            # The relay's configuration, never the row's fault: no dead letter.
+            raise ConfigError(
+                f"subscriber {subscriber.name!r} publishes avro-registry, but this relay has "
+                "no schema registry or no schemas folder (schema_registry_url, "
+                "RELAY_SCHEMA_REGISTRY_URL; schemas_dir, RELAY_SCHEMAS_DIR): configure them, "
+                f"then `outbox-relay subscribers resume {subscriber.name}`"
+            )
+        try:
+            return self.schema_registry.encode(
+                topic, event.event_type, event.payload, subscriber.subject_strategy
+            )
         except PayloadValidationError as exc:
             raise EncodingError(
                 f"event {event.message_id} cannot be encoded as Avro: {exc}"

@@ -29,6 +29,12 @@ class ConfigError(RelayError):
     """Invalid settings; the message names the offending key."""
 
 
+class SchemaIncompatible(ConfigError):
+    """The schema registry refused a local writer schema under a subject (incompatible
+    with the subject's history, or invalid): the schemas or the registry's rules must
+    change; no event is at fault."""
+
+
 class SchemaError(RelayError):
     """An Avro schema file is missing, unreadable or invalid."""
 

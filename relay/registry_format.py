@@ -1,18 +1,18 @@
 """Avro values in the Confluent wire format, with schema ids from a schema registry:
-the core of the ``avro-registry`` value format (issue #32). Not wired into the encoder
-or the settings yet.
+the ``avro-registry`` value format (issue #32).
 
 The writer schema of an event type comes from the relay's schema folder, as for the
 ``avro`` format; its id is what the registry returns when the schema is registered
-under the topic's subject (``<topic>-value``, Confluent's TopicNameStrategy). Ids are
-cached per (subject, schema fingerprint): the registry is asked once per schema and
-topic, not per event. A schema the registry refuses (incompatible with the subject's
-history) is an :class:`EncodingError` carrying the registry's reason; a registry that
-cannot be reached is retryable, never a poison event.
+under the subscriber's subject (by default ``<topic>-value``, Confluent's
+TopicNameStrategy; see :class:`SubjectStrategy`). Ids are cached per (subject, schema
+fingerprint) for the life of the process: the registry is asked once per schema and
+subject, not per event. A schema the registry refuses (incompatible with the subject's
+history) is :class:`SchemaIncompatible`, a configuration error carrying the registry's
+reason (the part halts; no event is dead-lettered for it); a registry that cannot be
+reached is retryable, never a poison event.
 
 Schemas that reference named types of other files are not supported yet (the registry
-would need them as references). It imports the Confluent client's schema-registry
-extra, for now a dev dependency only: wiring the format in makes it a runtime one.
+would need them as references).
 """
 
 from __future__ import annotations
@@ -25,16 +25,58 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from relay.confluent_wire import from_single_object
-from relay.errors import EncodingError, SchemaRegistryUnavailable
+from relay.errors import SchemaIncompatible, SchemaRegistryUnavailable
+from relay.redact import redact
 from relay.schemas import AvroSchema, SchemaFolder, encode_with
+from relay.settings import Settings
+from relay.subscribers import SubjectStrategy
 
-__all__ = ["RegistryValueEncoder", "SchemaRegistryUnavailable"]
+__all__ = [
+    "RegistryValueEncoder",
+    "SchemaIncompatible",
+    "SchemaRegistryUnavailable",
+    "encoder_for",
+    "registry_client",
+]
 
 _log = logging.getLogger(__name__)
 
 # Statuses that say "this schema, under this subject, is refused" rather than "the
 # registry is unwell": 409 incompatible, 422 invalid schema.
 _REFUSALS = frozenset({409, 422})
+
+
+def registry_client(
+    url: str,
+    *,
+    user: str | None = None,
+    password: str | None = None,
+    ca_location: str | None = None,
+) -> SchemaRegistryClient:
+    """The Confluent client for the registry at ``url``, with basic auth and a CA."""
+    config: dict[str, Any] = {"url": url}
+    if user is not None:
+        config["basic.auth.user.info"] = f"{user}:{password or ''}"
+    if ca_location is not None:
+        config["ssl.ca.location"] = ca_location
+    return SchemaRegistryClient(config)
+
+
+def encoder_for(settings: Settings, schemas: SchemaFolder | None) -> RegistryValueEncoder | None:
+    """The avro-registry encoder the settings configure; None without a registry URL or
+    writer schemas (an avro-registry subscriber then halts, naming the keys)."""
+    if settings.schema_registry_url is None or schemas is None:
+        return None
+    password = settings.schema_registry_password
+    client = registry_client(
+        settings.schema_registry_url,
+        user=settings.schema_registry_user,
+        password=None if password is None else password.get_secret_value(),
+        ca_location=None
+        if settings.schema_registry_ca is None
+        else str(settings.schema_registry_ca),
+    )
+    return RegistryValueEncoder(schemas, client)
 
 
 class RegistryValueEncoder:
@@ -45,9 +87,15 @@ class RegistryValueEncoder:
         self.client = client
         self._ids: dict[tuple[str, bytes], int] = {}
 
-    def encode(self, topic: str, event_type: str, payload: Any) -> bytes:
+    def encode(
+        self,
+        topic: str,
+        event_type: str,
+        payload: Any,
+        strategy: SubjectStrategy = SubjectStrategy.TOPIC,
+    ) -> bytes:
         schema = self.schemas.writer_for(event_type)
-        schema_id = self.schema_id(f"{topic}-value", schema)
+        schema_id = self.schema_id(strategy.subject(topic, schema.full_name), schema)
         return from_single_object(encode_with(schema, payload), schema_id)
 
     def schema_id(self, subject: str, schema: AvroSchema) -> int:
@@ -75,14 +123,14 @@ class RegistryValueEncoder:
             return int(self.client.register_schema(subject, Schema(text, "AVRO")))
         except SchemaRegistryError as exc:
             if exc.http_status_code in _REFUSALS:
-                raise EncodingError(
+                raise SchemaIncompatible(
                     f"the schema registry refused {schema.full_name} under {subject!r}: "
-                    f"{exc.error_message}"
+                    f"{redact(str(exc.error_message))}"
                 ) from exc
             raise SchemaRegistryUnavailable(
-                f"schema registry error for {subject!r}: {exc}"
+                redact(f"schema registry error for {subject!r}: {exc}")
             ) from exc
         except Exception as exc:  # the client's transport raises its own (httpx) errors
             raise SchemaRegistryUnavailable(
-                f"schema registry unreachable for {subject!r}: {type(exc).__name__}: {exc}"
+                redact(f"schema registry unreachable for {subject!r}: {type(exc).__name__}: {exc}")
             ) from exc

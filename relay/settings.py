@@ -24,12 +24,13 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from pydantic_settings.exceptions import SettingsError
 
 from relay.errors import ConfigError, SubscriberError
-from relay.redact import redact, remember
+from relay.redact import mask_url, redact, remember
 from relay.subscribers import (
     DEFAULT_TOPIC,
     MAX_PARTS,
     PoisonPolicy,
     StartFrom,
+    SubjectStrategy,
     Subscriber,
     ValueFormat,
     validate_name,
@@ -65,6 +66,8 @@ class SubscriberSettings(BaseModel):
     parts: int = Field(default=1, ge=1, le=MAX_PARTS)
     on_poison: PoisonPolicy = PoisonPolicy.HALT
     dead_letter_topic: str | None = None
+    # avro-registry: the subject a schema is registered under (topic: <topic>-value).
+    subject_strategy: SubjectStrategy = SubjectStrategy.TOPIC
 
     @field_validator("name")
     @classmethod
@@ -113,6 +116,12 @@ class Settings(BaseSettings):
     # Writer schemas for Avro subscribers. None (the default): no Avro; subscribers that
     # do not name a format publish JSON, so plain-SQL rows of any event type go out.
     schemas_dir: Path | None = None
+    # The schema registry of avro-registry subscribers (Confluent's REST API: Confluent,
+    # Apicurio's ccompat, Karapace, Redpanda), with basic auth and a CA file for TLS.
+    schema_registry_url: str | None = Field(default=None, pattern=r"^https?://")
+    schema_registry_user: str | None = None
+    schema_registry_password: SecretStr | None = None
+    schema_registry_ca: Path | None = None
     # 5000: per-batch costs (a transaction, a checkpoint write) amortized; see bench/.
     batch_size: int = Field(default=5000, ge=1, le=100_000)
     # And at most this many bytes of payloads and headers, as Postgres stores them
@@ -249,12 +258,34 @@ class Settings(BaseSettings):
         for name, value in super().__repr_args__():
             if name == "kafka" and isinstance(value, dict):
                 yield name, {k: _mask(k, v) for k, v in value.items()}
+            elif name == "schema_registry_url" and isinstance(value, str):
+                yield name, mask_url(value)
             else:
                 yield name, value
 
     def kafka_secrets(self) -> list[str]:
         """The values of the Kafka client properties that are secrets."""
         return [str(v) for k, v in self.kafka.items() if _SECRET_KAFKA_KEY.search(k)]
+
+    def registry_secrets(self) -> list[str]:
+        """The schema registry's password, which its client's errors may quote."""
+        password = self.schema_registry_password
+        return [] if password is None else [password.get_secret_value()]
+
+    def registry_format_missing(self, *, has_schemas: bool | None = None) -> str | None:
+        """What an avro-registry subscriber needs and these settings lack, by key
+        (``has_schemas``: whether writer schemas are loaded, if not from schemas_dir)."""
+        if has_schemas is None:
+            has_schemas = self.schemas_dir is not None
+        missing = [
+            f"{key} (RELAY_{key.upper()})"
+            for key, present in (
+                ("schema_registry_url", self.schema_registry_url is not None),
+                ("schemas_dir", has_schemas),
+            )
+            if not present
+        ]
+        return " and ".join(missing) or None
 
     def require_database_url(self) -> str:
         if self.database_url is None:
@@ -290,7 +321,7 @@ class _TomlFile(PydanticBaseSettingsSource):
 
 
 # Secrets may come from files (Docker and Kubernetes secrets): RELAY_<KEY>_FILE.
-_SECRET_FILE_KEYS = ("database_url", "kafka")
+_SECRET_FILE_KEYS = ("database_url", "kafka", "schema_registry_password")
 
 
 def secret_from_environment(key: str) -> str | None:
@@ -341,7 +372,7 @@ def load_settings(config_file: Path | None = None, **flags: Any) -> Settings:
         given = {k: v for k, v in flags.items() if v is not None}
         settings = Settings(**_secret_files(given), **given)
         # Kafka errors and client logs may quote them: mask them there too.
-        remember(settings.kafka_secrets())
+        remember(settings.kafka_secrets() + settings.registry_secrets())
         return settings
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from exc

@@ -28,7 +28,7 @@ from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.model import OutboxEvent, Position, Unreadable
 from relay.ports import DeadLetter, DeadLetterDecision, Fetched, PartState, Selection
 from relay.queries import queries_for
-from relay.subscribers import StartFrom, Subscriber, collision
+from relay.subscribers import StartFrom, SubjectStrategy, Subscriber, ValueFormat, collision
 
 
 @dataclass(frozen=True)
@@ -466,6 +466,11 @@ class OutboxStore:
                     )
             else:
                 raise SubscriberError(f"subscriber {subscriber.name!r} already exists")
+            if (
+                subscriber.value_format is ValueFormat.AVRO_REGISTRY
+                or subscriber.subject_strategy is not SubjectStrategy.TOPIC
+            ):
+                self.conn.execute(self._q["set_subject_strategy"], params)
         return created
 
     def index_parts(self) -> None:

@@ -32,6 +32,24 @@ class ValueFormat(StrEnum):
     AVRO = "avro"
     JSON = "json"
     DEBEZIUM = "debezium"  # as Debezium's Outbox Event Router (relay/debezium_format.py)
+    # Avro in the Confluent wire format, ids from a schema registry (relay/registry_format.py).
+    AVRO_REGISTRY = "avro-registry"
+
+
+class SubjectStrategy(StrEnum):
+    """The registry subject an avro-registry value's schema is registered under, as
+    Confluent's TopicNameStrategy, RecordNameStrategy and TopicRecordNameStrategy."""
+
+    TOPIC = "topic"  # <topic>-value
+    RECORD = "record"  # <record full name>
+    TOPIC_RECORD = "topic-record"  # <topic>-<record full name>
+
+    def subject(self, topic: str, record: str) -> str:
+        if self is SubjectStrategy.TOPIC:
+            return f"{topic}-value"
+        if self is SubjectStrategy.RECORD:
+            return record
+        return f"{topic}-{record}"
 
 
 class StartFrom(StrEnum):
@@ -59,6 +77,7 @@ class Subscriber:
     parts: int = 1
     on_poison: PoisonPolicy = PoisonPolicy.HALT
     dead_letter_topic: str | None = None  # None: "outbox.dead-letter.<name>"
+    subject_strategy: SubjectStrategy = SubjectStrategy.TOPIC  # avro-registry only
 
     def __post_init__(self) -> None:
         validate_name(self.name)
@@ -76,7 +95,12 @@ class Subscriber:
         validated settings, the command line's options. Keys that are not fields are
         ignored; a field missing or None takes its default."""
         given = {f.name: fields[f.name] for f in _FIELDS if fields.get(f.name) is not None}
-        for name, kind in (("value_format", ValueFormat), ("on_poison", PoisonPolicy)):
+        kinds: tuple[tuple[str, type[StrEnum]], ...] = (
+            ("value_format", ValueFormat),
+            ("on_poison", PoisonPolicy),
+            ("subject_strategy", SubjectStrategy),
+        )
+        for name, kind in kinds:
             if name in given:
                 given[name] = kind(given[name])
         for name in ("aggregate_types", "event_types"):
@@ -91,6 +115,7 @@ class Subscriber:
             **{f.name: getattr(self, f.name) for f in _FIELDS},
             "value_format": self.value_format.value,
             "on_poison": self.on_poison.value,
+            "subject_strategy": self.subject_strategy.value,
             "aggregate_types": _sorted(self.aggregate_types),
             "event_types": _sorted(self.event_types),
         }

@@ -557,6 +557,8 @@ class PartWorker(threading.Thread):
                 except ConfigError as exc:  # the relay's own configuration: never poison
                     self._halt_config(store, state, exc)
                     return None
+                except RetryableError:
+                    raise  # the registry is down, say: the batch waits and is retried
                 except Exception as exc:  # a row the encoder did not foresee: still its poison
                     logger.warning(
                         "part %s: encoding event %s raised %s",

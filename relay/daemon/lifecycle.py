@@ -19,7 +19,13 @@ from relay.daemon.context import DaemonContext
 from relay.daemon.membership import Membership
 from relay.daemon.parts import ClaimedParts
 from relay.daemon.publishers import PublisherFactory
-from relay.daemon.startup import KeySpaceChecks, SubscriberSync, check_schema, load_schemas
+from relay.daemon.startup import (
+    KeySpaceChecks,
+    SubscriberSync,
+    check_schema,
+    load_schemas,
+    registry_encoder,
+)
 from relay.daemon.upkeep import HorizonWatch, Retention
 from relay.encoding import RecordEncoder
 from relay.errors import DatabaseUnavailable, RelayError, RetryableError
@@ -49,7 +55,9 @@ class Relay:
         self.registry = registry if registry is not None else load_schemas(settings)
         allow = None if settings.topic_allow is None else re.compile(settings.topic_allow)
         self.topic_guard = TopicGuard(settings.checkpoint_topic, allow)
-        self.encoder = RecordEncoder(self.registry, self.topic_guard)
+        self.encoder = RecordEncoder(
+            self.registry, self.topic_guard, registry_encoder(settings, self.registry)
+        )
         self._stopping = threading.Event()
         self._stop_requested = threading.Event()
         self._probe: CommitProbe | None = None

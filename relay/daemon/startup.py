@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -16,6 +16,9 @@ from relay.schemas import SchemaFolder
 from relay.settings import Settings
 from relay.store import OutboxStore
 from relay.subscribers import DEFAULT_SUBSCRIBER, StartFrom, Subscriber, ValueFormat
+
+if TYPE_CHECKING:
+    from relay.registry_format import RegistryValueEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +100,23 @@ class SubscriberSync:
                 default.value_format,
             )
         self._refuse_avro_without_schemas(store)
+        self._refuse_registry_without_settings(store)
+
+    def _refuse_registry_without_settings(self, store: OutboxStore) -> None:
+        missing = self._settings.registry_format_missing(has_schemas=self._schemas is not None)
+        if missing is None:
+            return
+        names = [
+            s.subscriber.name
+            for s in store.list()
+            if s.subscriber.value_format is ValueFormat.AVRO_REGISTRY and not s.subscriber.paused
+        ]
+        if names:
+            raise ConfigError(
+                f"subscribers {names} publish avro-registry, which needs {missing}; "
+                "configure them, or switch the subscribers to another format: "
+                "outbox-relay subscribers add NAME --format json --replace"
+            )
 
     def _refuse_avro_without_schemas(self, store: OutboxStore) -> None:
         if self._schemas is not None:
@@ -112,3 +132,14 @@ class SubscriberSync:
                 "(schemas_dir, RELAY_SCHEMAS_DIR or --schemas-dir); configure it, or switch "
                 "them to JSON: outbox-relay subscribers add NAME --format json --replace"
             )
+
+
+def registry_encoder(
+    settings: Settings, schemas: SchemaFolder | None
+) -> RegistryValueEncoder | None:
+    """The avro-registry encoder, when configured (only then is its client imported)."""
+    if settings.schema_registry_url is None:
+        return None
+    from relay.registry_format import encoder_for
+
+    return encoder_for(settings, schemas)

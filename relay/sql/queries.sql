@@ -309,6 +309,13 @@ WITH s AS (
 )
 SELECT parts FROM s;
 
+-- name: set_subject_strategy
+-- Apart from insert_subscriber and update_subscriber, which a relay runs on schemas
+-- before 0011 too (rolling deploys): only avro-registry subscribers, which need 0011
+-- anyway, and ones naming a strategy run it.
+UPDATE {schema}.outbox_subscribers SET subject_strategy = %(subject_strategy)s
+ WHERE name = %(name)s;
+
 -- name: insert_checkpoints
 -- One checkpoint per part. start 'beginning': before every row; 'now': after every
 -- transaction already decided.
@@ -321,8 +328,11 @@ SELECT %(name)s, part, start.xid, 0, start.xid, 0
 ON CONFLICT (subscriber, part) DO NOTHING;
 
 -- name: list_subscribers
+-- subject_strategy through to_jsonb: NULL (the default, 'topic') on a schema before
+-- 0011, which a relay of this version may run on during a rolling deploy.
 SELECT s.name, s.aggregate_types, s.event_types, s.topic, s.value_format, s.paused,
-       s.id, s.parts, s.on_poison, s.dead_letter_topic
+       s.id, s.parts, s.on_poison, s.dead_letter_topic,
+       to_jsonb(s) ->> 'subject_strategy' AS subject_strategy
   FROM {schema}.outbox_subscribers s
  WHERE %(name)s::text IS NULL OR s.name = %(name)s
  ORDER BY s.name;
@@ -337,6 +347,7 @@ SELECT c.subscriber, c.part, c.transaction_id::text::bigint AS transaction_id, c
 -- name: get_part
 SELECT s.name, s.aggregate_types, s.event_types, s.topic, s.value_format, s.paused,
        s.id, s.parts, s.on_poison, s.dead_letter_topic,
+       to_jsonb(s) ->> 'subject_strategy' AS subject_strategy,
        c.part, c.transaction_id::text::bigint AS transaction_id, c.position, c.version,
        c.generation, c.owner, c.halted_error, c.updated_at
   FROM {schema}.outbox_subscribers s

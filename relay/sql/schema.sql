@@ -139,7 +139,8 @@ CREATE TABLE {schema}.outbox_subscribers (
     aggregate_types text[],
     event_types     text[],
     topic           text NOT NULL CHECK (topic <> ''),
-    value_format    text NOT NULL CHECK (value_format IN ('avro', 'json', 'debezium')),
+    value_format    text NOT NULL
+        CHECK (value_format IN ('avro', 'json', 'debezium', 'avro-registry')),
     paused          boolean NOT NULL DEFAULT false,
     created_at      timestamptz NOT NULL DEFAULT now(),
     updated_at      timestamptz NOT NULL DEFAULT now(),
@@ -151,7 +152,10 @@ CREATE TABLE {schema}.outbox_subscribers (
     parts           integer NOT NULL DEFAULT 1 CHECK (parts BETWEEN 1 AND 1024),
     on_poison       text NOT NULL DEFAULT 'halt' CHECK (on_poison IN ('halt', 'dead-letter')),
     dead_letter_topic text CHECK (dead_letter_topic <> ''),
-    CONSTRAINT outbox_subscribers_id_key UNIQUE (id)
+    CONSTRAINT outbox_subscribers_id_key UNIQUE (id),
+    -- The registry subject of an avro-registry subscriber's schemas (relay/subscribers.py).
+    subject_strategy text NOT NULL DEFAULT 'topic'
+        CHECK (subject_strategy IN ('topic', 'record', 'topic-record'))
 );
 
 -- The part an event belongs to when its subscriber has `parts` parts: by a hash of

@@ -30,6 +30,26 @@ def test_avro_without_schemas_is_refused_naming_the_key(
     assert added.returncode == 0, added.stderr
 
 
+def test_avro_registry_needs_a_registry_and_schemas_and_keeps_its_subject_strategy(
+    db: psycopg.Connection[Any], database_url: str
+) -> None:
+    env = {"RELAY_DATABASE_URL": database_url}
+    strategy = ["--format", "avro-registry", "--subject-strategy", "topic-record"]
+    refused = run_cli("subscribers", "add", "r", *strategy, env=env)
+    assert refused.returncode == 2, refused.stderr
+    assert "schema_registry_url" in refused.stderr and "schemas_dir" in refused.stderr
+    assert _formats(env) == {}
+    configured = {
+        **env,
+        "RELAY_SCHEMAS_DIR": str(REPO / "schemas"),
+        "RELAY_SCHEMA_REGISTRY_URL": "http://registry.invalid:8081",
+    }
+    added = run_cli("subscribers", "add", "r", *strategy, env=configured)
+    assert added.returncode == 0, added.stderr
+    [listed] = json.loads(run_cli("subscribers", "list", "--json", env=env).stdout)
+    assert (listed["format"], listed["subject_strategy"]) == ("avro-registry", "topic-record")
+
+
 def test_the_default_format_is_avro_when_schemas_are_configured(
     db: psycopg.Connection[Any], database_url: str
 ) -> None:

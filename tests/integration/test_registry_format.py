@@ -1,6 +1,7 @@
 """The avro-registry value encoder (relay/registry_format.py) against a real schema
 registry: values the stock Confluent deserializer reads, ids cached, an incompatible
-schema refused with the registry's reason, an unreachable registry retryable."""
+schema refused with the registry's reason (a configuration error, never poison), an
+unreachable registry retryable."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from relay.errors import EncodingError, RetryableError
 from relay.localstack import free_port
-from relay.registry_format import RegistryValueEncoder
+from relay.registry_format import RegistryValueEncoder, SchemaIncompatible
 from relay.schemas import AvroSchema, SchemaFolder
 
 pytestmark = [pytest.mark.registry, pytest.mark.timeout(1800)]
@@ -77,7 +78,8 @@ def test_an_evolved_schema_gets_a_new_id_and_an_incompatible_one_is_refused(
 
     assert v1[1:5] != v2[1:5]
     assert read(client, topic, v2) == {"id": 2, "note": "b"}
-    with pytest.raises(EncodingError, match=r"refused shop\.Order .*fields/0/type"):
+    # The relay's configuration (its schemas vs the subject's rules), not the event's fault.
+    with pytest.raises(SchemaIncompatible, match=r"refused shop\.Order .*fields/0/type"):
         bad.encode(topic, "Order", {"id": "x"})
 
 

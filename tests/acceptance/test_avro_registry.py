@@ -1,0 +1,101 @@
+"""Issue #32: the avro-registry value format end to end. A relay publishes demo events in
+the Confluent wire format with ids from a real schema registry (Apicurio), and the stock
+``AvroDeserializer`` reads each one, exactly once; a registry that cannot be reached
+stalls publication (no poison, no dead letter) until it can."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from relay import Outbox
+from relay.daemon import Relay
+from relay.localstack.process import free_port
+from relay.store import OutboxStore
+from relay.worker import WorkerState
+from tests.support import (
+    caught_up,
+    consume,
+    order,
+    sub,
+    wait_caught_up,
+    wait_until,
+    worker,
+    write_orders,
+)
+
+pytestmark = [pytest.mark.registry, pytest.mark.timeout(1800)]
+
+StartRelay = Callable[..., Relay]
+IDS = [f"r{i}" for i in range(20)]
+
+
+def _read_all(registry_url: str, bootstrap: str, topic: str, expected: int) -> list[Any]:
+    """Every record of ``topic`` (read_committed), decoded by the stock deserializer."""
+    deserialize = AvroDeserializer(SchemaRegistryClient({"url": registry_url}))
+    context = SerializationContext(topic, MessageField.VALUE)
+    return [deserialize(r.value, context) for r in consume(bootstrap, [topic], expected)]
+
+
+def test_the_stock_avro_deserializer_reads_every_event_exactly_once(
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+    schema_registry: str,
+) -> None:
+    write_orders(writer_db, outbox, IDS[:10])
+    start_relay(
+        schema_registry_url=schema_registry,
+        subscribers=[sub("reg", topic_prefix, value_format="avro-registry")],
+    )
+    write_orders(writer_db, outbox, IDS[10:])
+    wait_caught_up(db, "reg", timeout=120)
+
+    topic = topic_prefix + "outbox.event.order"
+    values = _read_all(schema_registry, kafka_bootstrap, topic, len(IDS))
+    assert sorted(v["order_id"] for v in values) == sorted(IDS)  # each once
+    for value in values:
+        assert order(value["order_id"]).items() <= value.items()
+    # Registered under TopicNameStrategy's subject, as stock serializers would.
+    subjects = SchemaRegistryClient({"url": schema_registry}).get_subjects()
+    assert f"{topic}-value" in subjects
+
+
+def test_an_unreachable_registry_stalls_without_poison_and_publication_resumes(
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+    schema_registry: str,
+) -> None:
+    definition = [sub("down", topic_prefix, value_format="avro-registry", on_poison="dead-letter")]
+    write_orders(writer_db, outbox, IDS)
+    dead_port = f"http://127.0.0.1:{free_port()}"
+    stalled = start_relay(schema_registry_url=dead_port, subscribers=definition)
+
+    part = worker(stalled, "down")
+    wait_until(lambda: part.stats.state is WorkerState.RETRYING, 60, "the part to retry")
+    wait_until(lambda: part.stats.errors >= 2, 120, "a second attempt")
+    assert not caught_up(db, "down")
+    assert part.stats.poisoned == 0 and part.stats.dead_lettered == 0
+    assert OutboxStore(db).get_part("down", 0).halted_error is None
+    assert db.execute("SELECT count(*) FROM outbox_dead_letters").fetchone() == (0,)
+    stalled.stop()
+
+    # The registry back (here: the relay told where it is): every event, once.
+    start_relay(schema_registry_url=schema_registry, subscribers=definition)
+    wait_caught_up(db, "down", timeout=120)
+    topic = topic_prefix + "outbox.event.order"
+    values = _read_all(schema_registry, kafka_bootstrap, topic, len(IDS))
+    assert sorted(v["order_id"] for v in values) == sorted(IDS)

@@ -1,0 +1,155 @@
+"""Issue #32: the avro-registry value format as the worker, the settings and start-up
+use it, over a registry client double (the real registry: tests/acceptance/
+test_avro_registry.py). A registry that cannot be reached stalls the part (retried,
+never poison); a schema it refuses halts the part with its reason (never poison)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+from relay.confluent_wire import unframe
+from relay.daemon.startup import SubscriberSync
+from relay.encoding import RecordEncoder
+from relay.errors import ConfigError
+from relay.model import PartId
+from relay.redact import redact
+from relay.registry_format import RegistryValueEncoder
+from relay.schemas import AvroSchema, SchemaFolder
+from relay.sessions import RelaySession
+from relay.settings import load_settings
+from relay.subscribers import PoisonPolicy, SubjectStrategy, Subscriber, ValueFormat
+from relay.testing import InMemoryPublisher, InMemoryStore
+from relay.worker import PartWorker, WorkerState
+from tests.support import wait_until
+from tests.unit.test_worker_logic import OWNER, claimed, event, run_until_halted
+
+SCHEMAS = SchemaFolder(
+    [
+        AvroSchema.from_json(
+            {
+                "type": "record",
+                "name": "OrderPlaced",
+                "namespace": "shop",
+                "fields": [{"name": "n", "type": "long"}],
+            }
+        )
+    ]
+)
+REGISTRY = Subscriber(
+    "s", topic="t", value_format=ValueFormat.AVRO_REGISTRY, on_poison=PoisonPolicy.DEAD_LETTER
+)
+
+
+class Registry:
+    """Answers ``register_schema`` with id 7 once ``failures`` calls have raised."""
+
+    def __init__(self, failures: list[Exception]) -> None:
+        self.failures = failures
+        self.subjects: list[str] = []
+
+    def register_schema(self, subject: str, schema: Any) -> int:
+        self.subjects.append(subject)
+        if self.failures:
+            raise self.failures.pop(0)
+        return 7
+
+
+def part_worker(store: InMemoryStore, kafka: InMemoryPublisher, registry: Registry) -> PartWorker:
+    values = RegistryValueEncoder(SCHEMAS, cast(SchemaRegistryClient, registry))
+    return PartWorker(
+        PartId("s", 0),
+        session=RelaySession(OWNER, timeout=60, heartbeat_interval=1),
+        open_store=lambda: store,
+        open_publisher=lambda state: kafka,
+        encoder=RecordEncoder(SCHEMAS, schema_registry=values),
+        batch_size=100,
+        batch_max_bytes=2**62,
+        poll_interval=0.05,
+    )
+
+
+def test_an_unreachable_registry_is_retried_and_nothing_is_poison() -> None:
+    store = claimed(REGISTRY)
+    for n in range(3):
+        store.append(event(n))
+    kafka = InMemoryPublisher()
+    down = [ConnectionError("connection refused"), ConnectionError("connection refused")]
+    registry = Registry(down)
+    w = part_worker(store, kafka, registry)
+    w.start()
+    try:
+        last = store.events[-1].key
+        wait_until(lambda: store.get_part("s", 0).checkpoint == last, what="publication")
+    finally:
+        w.stop()
+        w.join(10)
+    assert (w.stats.poisoned, w.stats.dead_lettered, w.stats.errors) == (0, 0, 2)
+    values = [r.value for r in kafka.published()]
+    assert [unframe(v)[0] for v in values] == [7, 7, 7]
+    assert registry.subjects == ["t-value"] * 3  # 2 failures, then cached: 1 success
+
+
+def test_a_schema_the_registry_refuses_halts_the_part_with_its_reason() -> None:
+    store = claimed(REGISTRY)
+    store.append(event(1))
+    kafka = InMemoryPublisher()
+    refusal = SchemaRegistryError(409, 409, "Incompatible schema: field n changed type")
+    w = run_until_halted(part_worker(store, kafka, Registry([refusal])), store)
+    halted = store.get_part("s", 0).halted_error or ""
+    assert halted.startswith("configuration error")
+    assert "field n changed type" in halted and "'t-value'" in halted
+    assert kafka.published() == []
+    assert (w.stats.poisoned, w.stats.dead_lettered) == (0, 0)
+    assert w.stats.state is WorkerState.HALTED
+
+
+def test_subject_strategies() -> None:
+    assert SubjectStrategy.TOPIC.subject("t", "shop.A") == "t-value"
+    assert SubjectStrategy.RECORD.subject("t", "shop.A") == "shop.A"
+    assert SubjectStrategy.TOPIC_RECORD.subject("t", "shop.A") == "t-shop.A"
+    defined = Subscriber.from_dict({"name": "s", "subject_strategy": "topic-record"})
+    assert defined.subject_strategy is SubjectStrategy.TOPIC_RECORD
+    assert Subscriber.from_dict(defined.as_dict()) == defined
+
+
+def test_registry_settings_are_masked_and_the_password_may_come_from_a_file(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = tmp_path / "password"
+    secret.write_text("s3cret-registry-pw\n")
+    monkeypatch.setenv("RELAY_SCHEMA_REGISTRY_PASSWORD_FILE", str(secret))
+    settings = load_settings(
+        schema_registry_url="https://user:urlpassword@registry:8081",
+        schema_registry_user="relay",
+    )
+    assert settings.schema_registry_password is not None
+    assert settings.schema_registry_password.get_secret_value() == "s3cret-registry-pw"
+    shown = repr(settings)
+    assert "s3cret-registry-pw" not in shown and "urlpassword" not in shown
+    assert "registry:8081" in shown
+    # The client's errors may quote it: masked wherever the relay shows text.
+    assert "s3cret-registry-pw" not in redact("401 for relay:s3cret-registry-pw")
+
+
+class Subscribers:
+    """The store's subscriber list, as start-up reads it."""
+
+    def __init__(self, *subscribers: Subscriber) -> None:
+        self.subscribers = subscribers
+
+    def list(self) -> list[SimpleNamespace]:
+        return [SimpleNamespace(subscriber=s) for s in self.subscribers]
+
+
+def test_avro_registry_without_a_registry_url_is_refused_at_start_up() -> None:
+    store = cast(Any, Subscribers(REGISTRY))
+    with pytest.raises(ConfigError, match=r"\['s'\].*schema_registry_url"):
+        SubscriberSync(load_settings(), SCHEMAS).sync(store)
+    with pytest.raises(ConfigError, match=r"schemas_dir"):
+        SubscriberSync(load_settings(schema_registry_url="http://r:8081"), None).sync(store)
+    SubscriberSync(load_settings(schema_registry_url="http://r:8081"), SCHEMAS).sync(store)
