@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 _KAFKA_SETTINGS_HELP = (
-    "the relay's config file (TOML), for its [kafka] table: the Kafka client settings "
+    "the relay's config file (TOML), for its kafka table: the Kafka client settings "
     "(TLS, SASL) the jobs use too. Without it: RELAY_KAFKA (a JSON object), "
     "RELAY_KAFKA__<PROPERTY> or RELAY_KAFKA_FILE, as the relay reads them"
 )

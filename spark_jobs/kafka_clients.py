@@ -2,7 +2,7 @@
 
 The relay takes librdkafka properties from ``kafka`` in its settings (``RELAY_KAFKA``
 as a JSON object, ``RELAY_KAFKA__SASL_USERNAME`` and such, ``RELAY_KAFKA_FILE`` naming a
-JSON file, or the ``[kafka]`` table of its config file). The jobs read the same ones.
+JSON file, or the ``kafka`` table of its config file). The jobs read the same ones.
 Their connection and security properties (``security.*``, ``sasl.*``, ``ssl.*``, a few
 connection timeouts) go, as they are, to the jobs' own confluent-kafka clients (the
 Kafka sink, the admin client), and, as Java client properties, to Spark's Kafka source
@@ -73,7 +73,7 @@ class KafkaClients:
         cls, bootstrap_servers: str, config_file: Path | None = None
     ) -> KafkaClients:
         """The relay's Kafka settings (environment, ``RELAY_KAFKA_FILE``, the config
-        file's ``[kafka]``), limited to connection and security properties."""
+        file's ``kafka`` table), limited to connection and security properties."""
         kafka = load_settings(config_file).kafka
         return cls(bootstrap_servers, connection_settings(kafka))
 

@@ -72,7 +72,7 @@ def test_the_jobs_read_the_relays_kafka_settings_and_mask_secrets(
     assert KafkaClients.from_relay_settings("k").settings["sasl.username"] == "from-file"
 
     config = tmp_path / "relay.toml"
-    config.write_text('[kafka]\n"security.protocol" = "SSL"\n')
+    config.write_text('[relay.kafka]\n"security.protocol" = "SSL"\n')
     monkeypatch.delenv("RELAY_KAFKA_FILE")
     assert KafkaClients.from_relay_settings("k", config).settings == {"security.protocol": "SSL"}
 
