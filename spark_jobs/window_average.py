@@ -71,7 +71,8 @@ def window_averages(numbers: DataFrame, window: SlidingWindow) -> DataFrame:
     sliding window: ``window_start``, ``window_end``, ``average``, ``numbers``. Values
     that are not numbers count nowhere, but in the query's ``decoding`` metrics."""
     text = F.col("value").cast("string")
-    value = F.coalesce(F.get_json_object(text, "$.value"), text).cast("double")
+    # try_cast: under ANSI SQL (Spark 4's default) a cast of "abc" fails the whole query.
+    value = F.coalesce(F.get_json_object(text, "$.value"), text).try_cast("double")
     parsed = numbers.select(
         F.col("timestamp").alias("event_time"), value.alias("number"), text.alias("text")
     )
