@@ -15,24 +15,38 @@ same backfill twice fails instead of archiving its events twice.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from relay.errors import RelayError
-from spark_jobs.decoding import decode_events
-from spark_jobs.spark_session import kafka_options, local_spark_session
+from relay.settings import KafkaValue
+from spark_jobs.decoding import VALUE_FORMATS, decode_events, observe_decoding
+from spark_jobs.job import (
+    add_common_options,
+    await_query,
+    job_session,
+    kafka_clients,
+    report_decoding,
+    run,
+)
+from spark_jobs.spark_session import kafka_options
 
 
 def read_range(
-    spark: SparkSession, bootstrap_servers: str, topics: str, starting: str, ending: str
+    spark: SparkSession,
+    bootstrap_servers: str,
+    topics: str,
+    starting: str,
+    ending: str,
+    kafka_settings: Mapping[str, KafkaValue] | None = None,
 ) -> DataFrame:
     """The records of ``topics`` (a regex) between two offset specs, as one batch."""
     return (
         spark.read.format("kafka")
-        .options(**kafka_options(bootstrap_servers))
+        .options(**kafka_options(bootstrap_servers, kafka_settings))
         .option("subscribePattern", topics)
         .option("startingOffsets", starting)
         .option("endingOffsets", ending)
@@ -42,7 +56,8 @@ def read_range(
 
 
 def archive_rows(decoded: DataFrame) -> DataFrame:
-    """Decoded events (corrupt ones included, with their error) plus a ``date`` column."""
+    """Decoded events (corrupt ones included, with their error; each with its raw
+    ``value``, so not even an undecodable one is lost) plus a ``date`` column."""
     return decoded.withColumn("date", F.to_date("timestamp"))
 
 
@@ -54,21 +69,24 @@ def start(
     path: str,
     checkpoint: str,
     schemas: str,
-    value_format: str = "avro",
+    value_format: str = "auto",
+    kafka_settings: Mapping[str, KafkaValue] | None = None,
     available_now: bool = False,
 ) -> Any:
     refuse_reused_path(spark, path, checkpoint)
     source = (
         spark.readStream.format("kafka")
-        .options(**kafka_options(bootstrap_servers))
+        .options(**kafka_options(bootstrap_servers, kafka_settings))
         .option("subscribePattern", topics)
         .option("startingOffsets", "earliest")
         .option("includeHeaders", "true")
         .load()
     )
-    decoded = decode_events(source, writer_schemas=schemas, value_format=value_format)
+    decoded = decode_events(
+        source, writer_schemas=schemas, value_format=value_format, keep_value=True
+    )
     stream = (
-        archive_rows(decoded)
+        archive_rows(observe_decoding(decoded))
         .writeStream.format("parquet")
         .partitionBy("date")
         .option("path", path)
@@ -115,22 +133,43 @@ def backfill(
     schemas: str,
     starting_offsets: str = "earliest",
     ending_offsets: str = "latest",
-    value_format: str = "avro",
+    value_format: str = "auto",
+    kafka_settings: Mapping[str, KafkaValue] | None = None,
 ) -> None:
-    """Archive one offset range to ``path`` (which must not exist) and return."""
-    records = read_range(spark, bootstrap_servers, topics, starting_offsets, ending_offsets)
-    decoded = decode_events(records, writer_schemas=schemas, value_format=value_format)
-    archive_rows(decoded).write.mode("errorifexists").partitionBy("date").parquet(path)
+    """Archive one offset range to ``path`` (which must not exist) and return; logs an
+    error when most records could not be decoded (they are archived all the same)."""
+    from pyspark.sql import Observation
+
+    records = read_range(
+        spark, bootstrap_servers, topics, starting_offsets, ending_offsets, kafka_settings
+    )
+    decoded = decode_events(
+        records, writer_schemas=schemas, value_format=value_format, keep_value=True
+    )
+    seen = Observation("decoding")
+    rows = archive_rows(observe_decoding(decoded, into=seen))
+    rows.write.mode("errorifexists").partitionBy("date").parquet(path)
+    counts = seen.get
+    if counts.get("records"):
+        report_decoding(
+            "archive", counts["records"], counts["undecodable"] or 0, counts["first_error"]
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bootstrap-servers", required=True)
+    add_common_options(parser)
     parser.add_argument("--topics", default=r"outbox\.event\..*", help="A topic regex.")
     parser.add_argument("--path", required=True, help="Archive folder (local, HDFS, S3...).")
     parser.add_argument("--checkpoint", help="Required unless --backfill.")
     parser.add_argument("--schemas", default="schemas")
-    parser.add_argument("--format", dest="value_format", choices=["avro", "json"], default="avro")
+    parser.add_argument(
+        "--format",
+        dest="value_format",
+        choices=VALUE_FORMATS,
+        default="auto",
+        help="The values' format; auto (the default) tells Avro from JSON per record.",
+    )
     parser.add_argument("--available-now", action="store_true")
     parser.add_argument(
         "--backfill", action="store_true", help="One batch read of an offset range, then stop."
@@ -138,25 +177,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--starting-offsets", default="earliest", help="With --backfill.")
     parser.add_argument("--ending-offsets", default="latest", help="With --backfill.")
     args = parser.parse_args(argv)
-    common = {"bootstrap_servers": args.bootstrap_servers, "topics": args.topics,
-              "path": args.path, "schemas": args.schemas, "value_format": args.value_format}  # fmt: skip
-    if args.backfill:
-        backfill(
-            local_spark_session("outbox-archive-backfill"),
-            starting_offsets=args.starting_offsets,
-            ending_offsets=args.ending_offsets,
-            **common,
-        )
-        return
-    if args.checkpoint is None:
+    if args.checkpoint is None and not args.backfill:
         parser.error("--checkpoint is required (or pass --backfill)")
-    query = start(
-        local_spark_session("outbox-archive"),
-        checkpoint=args.checkpoint,
-        available_now=args.available_now,
-        **common,
-    )
-    query.awaitTermination()
+    kafka_settings = dict(kafka_clients(parser, args).settings)
+    common = {"bootstrap_servers": args.bootstrap_servers, "topics": args.topics,
+              "path": args.path, "schemas": args.schemas, "value_format": args.value_format,
+              "kafka_settings": kafka_settings}  # fmt: skip
+
+    def job() -> None:
+        spark = job_session("archive", args.debug)
+        if args.backfill:
+            backfill(
+                spark,
+                starting_offsets=args.starting_offsets,
+                ending_offsets=args.ending_offsets,
+                **common,
+            )
+            return
+        query = start(spark, checkpoint=args.checkpoint, available_now=args.available_now, **common)
+        await_query(query)
+
+    run("archive", args.debug, job)
 
 
 if __name__ == "__main__":

@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from relay.errors import RelayError
 from relay.kafka_errors import Stage, classify, retry_now
+from relay.settings import KafkaValue
+from spark_jobs.kafka_clients import KafkaClients, connection_settings
 
 logger = logging.getLogger(__name__)
 
@@ -43,13 +46,47 @@ class KafkaSinkError(RelayError):
     """The Kafka sink could not commit a micro-batch."""
 
 
+class OutputTopicMissingError(KafkaSinkError):
+    """The sink's topic does not exist, and the job was told not to create it."""
+
+
+def ensure_topic(clients: KafkaClients, topic: str, *, create: bool, flag: str) -> None:
+    """Create ``topic`` (the broker's default partitions and replication) unless it
+    exists. With ``create`` off, a missing topic fails here, in one line that says how to
+    create it, not at the first batch in a 150-line trace. ``flag`` turns creation off."""
+    admin = AdminClient(clients.librdkafka())
+    try:
+        if topic in admin.list_topics(timeout=_TIMEOUT_S).topics:
+            return
+        if not create:
+            raise OutputTopicMissingError(
+                f"output topic {topic!r} does not exist: create it (kafka-topics.sh "
+                f"--bootstrap-server {clients.bootstrap_servers} --create --topic {topic}), "
+                f"or run without {flag} to let the job create it"
+            )
+        future = admin.create_topics([NewTopic(topic, -1, -1)])[topic]
+        future.result(_TIMEOUT_S)
+        logger.info("created the output topic %s", topic, extra={"event": "spark_sink.topic"})
+    except KafkaException as exc:
+        if "TOPIC_ALREADY_EXISTS" in str(exc):  # created meanwhile: what we wanted
+            return
+        raise KafkaSinkError(f"output topic {topic!r}: cannot check or create it: {exc}") from exc
+
+
 class KafkaBatchSink:
     """Commits a micro-batch's records to ``topic`` exactly once (see module doc)."""
 
-    def __init__(self, bootstrap_servers: str, topic: str, sink: str) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        sink: str,
+        kafka_settings: Mapping[str, KafkaValue] | None = None,
+    ) -> None:
         self.topic = topic
         self.sink = sink
-        self._bootstrap = bootstrap_servers
+        # TLS/SASL: the relay's connection settings (librdkafka names, like ours).
+        self._clients = KafkaClients(bootstrap_servers, connection_settings(kafka_settings or {}))
         self._marker = TopicPartition(topic, 0)
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
@@ -113,12 +150,13 @@ class KafkaBatchSink:
         # read next is final (read_committed offset fetches wait for pending commits).
         if self._producer is None:
             producer = Producer(
-                {
-                    "bootstrap.servers": self._bootstrap,
-                    "transactional.id": f"spark-sink.{self.sink}",
-                    "enable.idempotence": True,
-                    "linger.ms": 5,
-                }
+                self._clients.librdkafka(
+                    {
+                        "transactional.id": f"spark-sink.{self.sink}",
+                        "enable.idempotence": True,
+                        "linger.ms": 5,
+                    }
+                )
             )
             producer.init_transactions(_TIMEOUT_S)
             self._producer = producer
@@ -131,12 +169,13 @@ class KafkaBatchSink:
         if self._consumer is None:
             self._consumer_group = self.group(query_id)
             self._consumer = Consumer(
-                {
-                    "bootstrap.servers": self._bootstrap,
-                    "group.id": self._consumer_group,
-                    "isolation.level": "read_committed",
-                    "enable.auto.commit": False,
-                }
+                self._clients.librdkafka(
+                    {
+                        "group.id": self._consumer_group,
+                        "isolation.level": "read_committed",
+                        "enable.auto.commit": False,
+                    }
+                )
             )
         return self._consumer
 

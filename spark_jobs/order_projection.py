@@ -17,7 +17,7 @@ Run locally (embedded default) or with ``spark-submit``::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +26,12 @@ from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
 from relay.errors import RelayError
-from spark_jobs.decoding import decode_events, split_corrupt
+from relay.settings import KafkaValue
+from spark_jobs.decoding import VALUE_FORMATS, decode_events, split_corrupt
+from spark_jobs.job import await_query, job_session, report_decoding, run
 from spark_jobs.postgres_sink import PostgresBatchSink
 from spark_jobs.sink_job_args import sink_job_options, sink_job_parser
-from spark_jobs.spark_session import kafka_options, local_spark_session, streaming_query_id
+from spark_jobs.spark_session import kafka_options, streaming_query_id
 
 ORDERS_DDL = """
 CREATE TABLE IF NOT EXISTS orders (
@@ -106,8 +108,10 @@ def batch_writer(sink: PostgresBatchSink, on_corrupt: str) -> Callable[[DataFram
     if on_corrupt not in ("fail", "route"):
         raise ValueError(f"on_corrupt must be 'fail' or 'route', got {on_corrupt!r}")
 
+    reported: list[bool] = []  # the first batch with records says how many were undecodable
+
     def write_batch(batch: DataFrame, batch_id: int) -> None:
-        batch.persist()  # two actions below: read the batch from Kafka once
+        batch.persist()  # several actions below: read the batch from Kafka once
         try:
             _write(batch, batch_id)
         finally:
@@ -116,6 +120,10 @@ def batch_writer(sink: PostgresBatchSink, on_corrupt: str) -> Callable[[DataFram
     def _write(batch: DataFrame, batch_id: int) -> None:
         events, corrupt = split_corrupt(batch)
         bad = corrupt.collect()
+        if not reported and (records := batch.count()):
+            reported.append(True)
+            first_error = min((r.error for r in bad), default=None)
+            report_decoding("order_projection", records, len(bad), first_error)
         if bad and on_corrupt == "fail":
             first = bad[0]
             raise CorruptRecordsError(
@@ -142,6 +150,8 @@ def start(
     database_url: str,
     checkpoint: str,
     schemas: str,
+    value_format: str = "auto",
+    kafka_settings: Mapping[str, KafkaValue] | None = None,
     available_now: bool = False,
     on_corrupt: str = "fail",
     sink: str = "order-projection",
@@ -153,7 +163,7 @@ def start(
     ensure_tables(database_url)
     writer = PostgresBatchSink(database_url, sink, take_over=reset_sink)
     writer.ensure_tables()
-    options = kafka_options(bootstrap_servers)
+    options = kafka_options(bootstrap_servers, kafka_settings)
     if max_offsets_per_trigger:
         options["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)
     source = (
@@ -161,7 +171,7 @@ def start(
         .options(subscribe=topic, startingOffsets="earliest", includeHeaders="true", **options)
         .load()
     )
-    decoded = decode_events(source, writer_schemas=schemas)
+    decoded = decode_events(source, writer_schemas=schemas, value_format=value_format)
     stream = decoded.writeStream.foreachBatch(batch_writer(writer, on_corrupt))
     stream = stream.option("checkpointLocation", checkpoint)
     stream = stream.trigger(availableNow=True) if available_now else stream
@@ -173,16 +183,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--topic", default="outbox.event.order")
     parser.add_argument("--schemas", default=str(Path("schemas")))
     parser.add_argument("--on-corrupt", choices=["fail", "route"], default="fail")
-    args = parser.parse_args(argv)
-    spark = local_spark_session("order-projection")
-    query = start(
-        spark,
-        topic=args.topic,
-        schemas=args.schemas,
-        on_corrupt=args.on_corrupt,
-        **sink_job_options(parser, args),
+    parser.add_argument(
+        "--format",
+        dest="value_format",
+        choices=VALUE_FORMATS,
+        default="auto",
+        help="The values' format; auto (the default) tells Avro from JSON per record.",
     )
-    query.awaitTermination()
+    args = parser.parse_args(argv)
+    options = sink_job_options(parser, args)
+
+    def job() -> None:
+        query = start(
+            job_session("order_projection", args.debug),
+            topic=args.topic,
+            schemas=args.schemas,
+            value_format=args.value_format,
+            on_corrupt=args.on_corrupt,
+            **options,
+        )
+        await_query(query)
+
+    run("order_projection", args.debug, job)
 
 
 if __name__ == "__main__":

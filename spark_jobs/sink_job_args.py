@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from typing import TypedDict
 
+from relay.settings import KafkaValue
+from spark_jobs.job import add_common_options, kafka_clients
 from spark_jobs.postgres_sink import RESET_SINK_HELP
 from spark_jobs.secrets import DATABASE_URL_HELP, resolve_database_url
 
@@ -15,6 +17,7 @@ class SinkJobOptions(TypedDict):
     """The keywords of a sink job's ``start`` that come from the shared options."""
 
     bootstrap_servers: str
+    kafka_settings: dict[str, KafkaValue]
     database_url: str
     checkpoint: str
     available_now: bool
@@ -25,7 +28,7 @@ class SinkJobOptions(TypedDict):
 def sink_job_parser(description: str) -> argparse.ArgumentParser:
     """A parser holding the shared options; the job adds its own before parsing."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--bootstrap-servers", required=True)
+    add_common_options(parser)
     parser.add_argument("--database-url", help=DATABASE_URL_HELP)
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--available-now", action="store_true", help="Process what is there, stop.")
@@ -36,9 +39,11 @@ def sink_job_parser(description: str) -> argparse.ArgumentParser:
 
 def sink_job_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SinkJobOptions:
     """``start``'s shared keywords. The database URL comes from the flag, or else from the
-    environment (secrets stay out of argv); none at all is a usage error of ``parser``."""
+    environment (secrets stay out of argv); none at all is a usage error of ``parser``.
+    The Kafka client settings are the relay's (:func:`spark_jobs.job.kafka_clients`)."""
     return SinkJobOptions(
         bootstrap_servers=args.bootstrap_servers,
+        kafka_settings=dict(kafka_clients(parser, args).settings),
         database_url=resolve_database_url(parser, args.database_url),
         checkpoint=args.checkpoint,
         available_now=args.available_now,

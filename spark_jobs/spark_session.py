@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 from relay.errors import RelayError
 from relay.localstack.maven import Lock, fetch_lock
+from relay.settings import KafkaValue
+from spark_jobs.kafka_clients import KafkaClients, connection_settings
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +69,7 @@ def local_spark_session(app_name: str, *, master: str | None = None, **conf: Any
         builder.appName(app_name)
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")  # a job's log is not a terminal
         .config("spark.sql.session.timeZone", "UTC")
     )
     if not submitted:  # spark-submit's JVM is already up: --packages brings the connector
@@ -77,14 +81,17 @@ def local_spark_session(app_name: str, *, master: str | None = None, **conf: Any
     return builder.getOrCreate()
 
 
-def kafka_options(bootstrap_servers: str) -> dict[str, str]:
-    """Options every job gives ``format("kafka")``. The connector's consumers default to
-    ``read_uncommitted``, which would hand a job the records of transactions the relay
-    aborted: the relay writes in transactions, so its readers must read committed."""
-    return {
-        "kafka.bootstrap.servers": bootstrap_servers,
-        "kafka.isolation.level": "read_committed",
-    }
+def kafka_options(
+    bootstrap_servers: str, kafka_settings: Mapping[str, KafkaValue] | None = None
+) -> dict[str, str]:
+    """Options every job gives ``format("kafka")``: the cluster, its connection and
+    security settings (librdkafka names, the relay's, mapped to the Java client's: see
+    :mod:`spark_jobs.kafka_clients`), and ``read_committed``. The connector's consumers
+    default to ``read_uncommitted``, which would hand a job the records of transactions
+    the relay aborted: the relay writes in transactions, so its readers read committed."""
+    return KafkaClients(
+        bootstrap_servers, connection_settings(kafka_settings or {})
+    ).spark_options()
 
 
 def streaming_query_id(batch: DataFrame) -> str:

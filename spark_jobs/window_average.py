@@ -25,19 +25,25 @@ saved, no sink written; (A) the averages' transaction committed, the counter not
 
 from __future__ import annotations
 
+import argparse
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
-from spark_jobs.kafka_sink import KafkaBatchSink, Record
+from relay.settings import KafkaValue
+from spark_jobs.decoding import observe_decoding
+from spark_jobs.job import await_query, job_session, run
+from spark_jobs.kafka_clients import KafkaClients, connection_settings
+from spark_jobs.kafka_sink import KafkaBatchSink, Record, ensure_topic
 from spark_jobs.postgres_sink import PostgresBatchSink
 from spark_jobs.sink_job_args import sink_job_options, sink_job_parser
-from spark_jobs.spark_session import kafka_options, local_spark_session, streaming_query_id
+from spark_jobs.spark_session import streaming_query_id
 
 COUNTERS_DDL = """CREATE TABLE IF NOT EXISTS window_counters (
     name  text PRIMARY KEY,
@@ -62,13 +68,18 @@ DEFAULT_WINDOW = SlidingWindow()
 
 def window_averages(numbers: DataFrame, window: SlidingWindow) -> DataFrame:
     """Kafka rows whose value is a JSON number (or ``{"value": n}``) → one row per closed
-    sliding window: ``window_start``, ``window_end``, ``average``, ``numbers``."""
-    value = F.coalesce(
-        F.get_json_object(F.col("value").cast("string"), "$.value"),
-        F.col("value").cast("string"),
-    ).cast("double")
+    sliding window: ``window_start``, ``window_end``, ``average``, ``numbers``. Values
+    that are not numbers count nowhere, but in the query's ``decoding`` metrics."""
+    text = F.col("value").cast("string")
+    # try_cast: under ANSI SQL (Spark 4's default) a cast of "abc" fails the whole query.
+    value = F.coalesce(F.get_json_object(text, "$.value"), text).try_cast("double")
+    parsed = numbers.select(
+        F.col("timestamp").alias("event_time"), value.alias("number"), text.alias("text")
+    )
+    not_a_number = F.col("number").isNull()
+    why = F.concat(F.lit("not a number: "), F.substring(F.coalesce("text", F.lit("null")), 1, 80))
     return (
-        numbers.select(F.col("timestamp").alias("event_time"), value.alias("number"))
+        observe_decoding(parsed, not_a_number, why)
         .where("number IS NOT NULL")
         .withWatermark("event_time", window.lateness)
         .groupBy(F.window("event_time", window.length, window.slide))
@@ -83,11 +94,17 @@ def window_averages(numbers: DataFrame, window: SlidingWindow) -> DataFrame:
 
 
 def average_record(window: Row) -> Record:
-    """A closed window as an output record: keyed by its start, a JSON value."""
-    start, end = window.window_start.isoformat(), window.window_end.isoformat()
+    """A closed window as an output record: keyed by its start, a JSON value; times in
+    ISO-8601, in UTC with its offset (``+00:00``)."""
+    start, end = _utc(window.window_start), _utc(window.window_end)
     value = {"window_start": start, "window_end": end, "average": window.average,
              "numbers": window.numbers}  # fmt: skip
     return start.encode(), json.dumps(value).encode()
+
+
+def _utc(moment: datetime) -> str:
+    # pyspark hands timestamps over as naive datetimes in the driver's local time.
+    return moment.astimezone(UTC).isoformat()
 
 
 def batch_writer(
@@ -121,6 +138,8 @@ def start(
     bootstrap_servers: str,
     topics: Sequence[str],
     output_topic: str,
+    kafka_settings: Mapping[str, KafkaValue] | None = None,
+    create_output_topic: bool = True,
     database_url: str,
     checkpoint: str,
     window: SlidingWindow = DEFAULT_WINDOW,
@@ -134,13 +153,17 @@ def start(
         conn.execute(COUNTERS_DDL)
     counters = PostgresBatchSink(database_url, f"window-average:{counter}", take_over=reset_sink)
     counters.ensure_tables()
-    averages = KafkaBatchSink(bootstrap_servers, output_topic, f"window-average.{output_topic}")
+    clients = KafkaClients(bootstrap_servers, connection_settings(kafka_settings or {}))
+    ensure_topic(clients, output_topic, create=create_output_topic, flag="--no-create-output-topic")
+    averages = KafkaBatchSink(
+        bootstrap_servers, output_topic, f"window-average.{output_topic}", clients.settings
+    )
     limit = (
         {"maxOffsetsPerTrigger": str(max_offsets_per_trigger)} if max_offsets_per_trigger else {}
     )
     numbers = (
         spark.readStream.format("kafka")
-        .options(**kafka_options(bootstrap_servers))
+        .options(**clients.spark_options())
         .option("subscribe", ",".join(topics))
         .option("startingOffsets", "earliest")
         .options(**limit)
@@ -169,16 +192,28 @@ def main(argv: Sequence[str] | None = None) -> None:
         "still count; later ones are dropped. Cover the skew between the two topics.",
     )
     parser.add_argument("--threshold", type=int, default=10)
-    args = parser.parse_args(argv)
-    query = start(
-        local_spark_session("window-average"),
-        topics=args.topics.split(","),
-        output_topic=args.output_topic,
-        window=SlidingWindow(args.length, args.slide, args.lateness),
-        threshold=args.threshold,
-        **sink_job_options(parser, args),
+    parser.add_argument(
+        "--create-output-topic",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Create the output topic when it does not exist (the default).",
     )
-    query.awaitTermination()
+    args = parser.parse_args(argv)
+    options = sink_job_options(parser, args)
+
+    def job() -> None:
+        query = start(
+            job_session("window_average", args.debug),
+            topics=args.topics.split(","),
+            output_topic=args.output_topic,
+            create_output_topic=args.create_output_topic,
+            window=SlidingWindow(args.length, args.slide, args.lateness),
+            threshold=args.threshold,
+            **options,
+        )
+        await_query(query)
+
+    run("window_average", args.debug, job)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,10 @@ fetched once into the user's cache. Everything else lives in ``work_dir``:
   ``kill -9``, finds every committed record there;
 * ``log4j2.properties`` and the broker's own log (``broker.log`` unless given).
 
+With ``scram_users`` the broker also listens for SASL_PLAINTEXT clients
+(``sasl_bootstrap_servers``) authenticated with SCRAM-SHA-256 as those users, whose
+credentials are written when the log is formatted.
+
 Java 17 or newer is required (``JAVA_HOME``, else ``java`` on PATH).
 """
 
@@ -179,8 +183,11 @@ class LocalKafka(LocalServer):
         log_path: Path | None = None,
         config: Mapping[str, str] | None = None,
         node: KraftNode | None = None,
+        scram_users: Mapping[str, str] | None = None,
     ) -> None:
         self.work_dir = Path(work_dir).absolute()
+        self._scram_users = dict(scram_users or {})
+        self.sasl_port = 0
         self.log_path = Path(log_path) if log_path else self.work_dir / "broker.log"
         self._wanted_port = port
         self._extra = dict(config or {})
@@ -201,6 +208,13 @@ class LocalKafka(LocalServer):
     @property
     def node_id(self) -> int:
         return self._node.node_id if self._node is not None else 1
+
+    @property
+    def sasl_bootstrap_servers(self) -> str:
+        """The SASL_PLAINTEXT (SCRAM-SHA-256) listener's address, with ``scram_users``."""
+        if not self.sasl_port:
+            raise LocalServerError("this local Kafka has no SASL listener (no scram_users)")
+        return f"127.0.0.1:{self.sasl_port}"
 
     def start(self) -> None:
         """Start the broker (formatting ``work_dir`` the first time); wait until it answers."""
@@ -275,7 +289,9 @@ class LocalKafka(LocalServer):
         (self.work_dir / "log4j2.properties").write_text(_LOG4J2.format(log=self.log_path))
         if path.exists():
             listeners = _read_properties(path)["listeners"]
-            self.port = int(re.search(r"PLAINTEXT://[^:]+:(\d+)", listeners).group(1))  # type: ignore[union-attr]
+            self.port = int(re.search(r"(?<!_)PLAINTEXT://[^:]+:(\d+)", listeners).group(1))  # type: ignore[union-attr]
+            sasl = re.search(r"SASL_PLAINTEXT://[^:]+:(\d+)", listeners)
+            self.sasl_port = int(sasl.group(1)) if sasl else 0
             return path
         self.port = self._wanted_port or free_port()
         node = self._node
@@ -286,8 +302,9 @@ class LocalKafka(LocalServer):
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{controller}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             "log.dirs": str(self.work_dir / "data"),
-            **self._extra,
         }
+        settings.update(self._sasl_listener(settings["listeners"]))
+        settings.update(self._extra)
         path.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
         return path
 
@@ -297,12 +314,32 @@ class LocalKafka(LocalServer):
             return {"node.id": "1", "controller.quorum.voters": f"1@127.0.0.1:{controller_port}"}
         return {"node.id": str(self._node.node_id), "controller.quorum.voters": self._node.voters}
 
+    def _sasl_listener(self, listeners: str) -> dict[str, str]:
+        """With ``scram_users``: a SASL_PLAINTEXT listener next to PLAINTEXT."""
+        if not self._scram_users:
+            return {}
+        self.sasl_port = free_port()
+        sasl = f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}"
+        return {
+            "listeners": f"{listeners},{sasl}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},{sasl}",
+            "listener.security.protocol.map": (
+                "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT"
+            ),
+            "sasl.enabled.mechanisms": "SCRAM-SHA-256",
+            "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            ),
+        }
+
     def _format(self, java: str, classpath: str, properties: Path) -> None:
         if (self.work_dir / "data" / "meta.properties").exists():
             return
         cluster_id = self._node.cluster_id if self._node is not None else _cluster_id()
         argv = [java, "-cp", classpath, "kafka.tools.StorageTool", "format",
                 "-t", cluster_id, "-c", str(properties)]  # fmt: skip
+        for user, password in self._scram_users.items():
+            argv += ["--add-scram", f"SCRAM-SHA-256=[name={user},password={password}]"]
         done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
         if done.returncode != 0:
             raise LocalServerError(

@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 from relay import Outbox
 from relay.daemon import Relay
 from spark_jobs import order_projection
+from spark_jobs.job import failure_reason
 from tests.support import sub, wait_caught_up
 
 pytestmark = pytest.mark.spark
@@ -109,9 +110,14 @@ def test_projection_from_a_new_checkpoint_fails_unless_told_to_take_the_sink_ove
         spark, bootstrap_servers=kafka_bootstrap, topic=topic, database_url=database_url,
         checkpoint=str(ckpt), schemas=str(REPO / "schemas"), available_now=True,
     )  # fmt: skip
-    with pytest.raises(Exception, match="holds the batches of streaming query"):
+    with pytest.raises(Exception, match="holds the batches of streaming query") as failed:
         query.awaitTermination(300)
     assert "--reset-sink" in str(query.exception())
+    # What the job's command line shows of the failure: one line, its cause.
+    assert len(str(failed.value).splitlines()) > 20
+    reason = failure_reason(failed.value)
+    assert re.fullmatch(r"SinkOwnedError: sink order-projection holds the batches .*", reason)
+    assert "--reset-sink" in reason and "\n" not in reason
     assert db.execute("SELECT count(*) FROM orders").fetchone() == (9,)
 
     shutil.rmtree(ckpt)
@@ -273,14 +279,14 @@ def test_jobs_read_the_database_url_from_the_environment(
     seen: list[str] = []
 
     class Query:
-        def awaitTermination(self) -> None:
-            pass
+        def awaitTermination(self, timeout: float) -> bool:
+            return True
 
     def start(spark: Any, **kwargs: Any) -> Query:
         seen.append(kwargs["database_url"])
         return Query()
 
-    monkeypatch.setattr(module, "local_spark_session", lambda name: None)
+    monkeypatch.setattr(module, "job_session", lambda name, debug: None)
     monkeypatch.setattr(module, "start", start)
     argv = ["--bootstrap-servers", "k:9092", "--checkpoint", str(tmp_path / "c")]
     argv += ["--topics", "a,b"] if job == "window_average" else []
@@ -376,3 +382,41 @@ def test_archive_backfill_reads_exactly_the_offset_range_once(
     with pytest.raises(Exception, match="already exists"):
         archive.backfill(**run)  # type: ignore[arg-type]
     assert spark.read.parquet(str(path)).count() == len(placed)
+
+
+def test_archive_of_the_wrong_format_keeps_every_value_and_says_so_at_its_first_batch(
+    spark: SparkSession,
+    published_story: set[str],
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Told JSON where the relay published Avro: nothing decodes, but every record is
+    archived with its raw value (nothing unrecoverable) and an ERROR gives the counts."""
+    from spark_jobs import archive
+    from spark_jobs.job import DecodingAlarm
+
+    alarm = DecodingAlarm("archive")
+    spark.streams.addListener(alarm)
+    try:
+        path = tmp_path / "archive"
+        query = archive.start(
+            spark, bootstrap_servers=kafka_bootstrap, topics=re.escape(topic_prefix) + ".*",
+            path=str(path), checkpoint=str(tmp_path / "ckpt"), schemas=str(REPO / "schemas"),
+            value_format="json", available_now=True,
+        )  # fmt: skip
+        query.awaitTermination(300)
+        assert query.exception() is None, query.exception()
+        deadline = time.monotonic() + 60  # listeners hear of progress asynchronously
+        while "cannot be decoded" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        spark.streams.removeListener(alarm)
+    [alarmed] = [r for r in caplog.records if "cannot be decoded" in r.getMessage()]
+    assert alarmed.levelname == "ERROR"
+    assert alarmed.getMessage().startswith("archive: 15 of the first 15 records cannot be decoded")
+    archived = spark.read.parquet(str(path)).collect()
+    assert sorted(r.message_id for r in archived) == sorted(published_story)
+    assert all(r.payload is None and r.error for r in archived)
+    assert all(bytes(r.value).startswith(b"\xc3\x01") for r in archived)  # recoverable

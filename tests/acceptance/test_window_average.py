@@ -222,3 +222,38 @@ def test_a_new_checkpoint_fails_before_writing_unless_told_to_take_the_sinks_ove
     assert sorted(story.averages()) == sorted(story.expected * 2)
     counted, marked = counter_state(database_url)
     assert counted == 2 * story.crowded and marked == spark_commits(ckpt)
+
+
+def test_inputs_that_are_not_numbers_are_reported_at_the_first_batch(
+    spark: SparkSession,
+    database_url: str,
+    kafka_bootstrap: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Avro values where the job expects JSON numbers: nothing to average, and an ERROR
+    that says how many of the first records were not numbers."""
+    import time
+
+    from spark_jobs.job import DecodingAlarm
+
+    story = Story(kafka_bootstrap)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(9):
+        producer.produce(story.inputs[i % 2], b"\xc3\x01\x00\x01avro" + bytes([i]), timestamp=T0)
+    producer.produce(story.inputs[0], b'{"value": 1}', timestamp=T0)
+    producer.flush(30)
+    alarm = DecodingAlarm("window_average")
+    spark.streams.addListener(alarm)
+    try:
+        assert run_in_session(spark, story, database_url, tmp_path / "ckpt") is None
+        deadline = time.monotonic() + 60  # listeners hear of progress asynchronously
+        while "cannot be decoded" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        spark.streams.removeListener(alarm)
+    [alarmed] = [r for r in caplog.records if "cannot be decoded" in r.getMessage()]
+    assert alarmed.levelname == "ERROR"
+    message = alarmed.getMessage()
+    assert message.startswith("window_average: 9 of the first 10 records cannot be decoded")
+    assert "not a number" in message

@@ -112,3 +112,34 @@ def test_avro_values_decode_resolve_to_the_reader_schema_and_corrupt_ones_are_ke
     assert rows[0].event_type == "OrderPlaced" and rows[0].transaction_id == 1000
     [bad] = corrupt.collect()
     assert bad.key == "bad" and "fingerprint" in bad.error
+
+
+def test_each_record_is_decoded_in_its_own_format_avro_or_json(
+    spark: SparkSession, kafka_bootstrap: str, topic: str, registry: Any
+) -> None:
+    """One topic, Avro and JSON values (a subscriber switched formats): told apart by
+    the single-object marker, no format named."""
+    from spark_jobs.decoding import decode_events, split_corrupt
+
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for record in relay_records(registry, 3):
+        producer.produce(topic, record.value, record.key, headers=record.headers)
+        payload = {"order_id": record.key.decode(), "note": "json"}
+        producer.produce(topic, json.dumps(payload).encode(), record.key, headers=record.headers)
+    producer.produce(topic, b"\xff not json", b"bad")
+    producer.flush(30)
+    records = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", kafka_bootstrap)
+        .option("subscribe", topic)
+        .option("includeHeaders", "true")
+        .load()
+    )
+    decoded = decode_events(records, writer_schemas=REPO / "schemas", keep_value=True)
+    events, corrupt = split_corrupt(decoded)
+    payloads = sorted(json.loads(r.payload)["order_id"] + ":" + r.payload for r in events.collect())
+    assert len(payloads) == 6
+    assert [p.split(":")[0] for p in payloads] == ["o-0", "o-0", "o-1", "o-1", "o-2", "o-2"]
+    assert sum('"note":"json"' in p for p in payloads) == 3
+    [bad] = corrupt.collect()
+    assert bad.key == "bad" and bytes(bad.value) == b"\xff not json" and bad.payload is None
