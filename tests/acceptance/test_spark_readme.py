@@ -186,14 +186,17 @@ def as_expected(values: list[Any]) -> list[tuple[int, float, int]]:
 def test_each_job_runs_as_the_readme_shows_against_the_relays_defaults(
     broker: LocalKafka,
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     database_url: str,
+    relay_url: str,
     tmp_path: Path,
 ) -> None:
     bootstrap = broker.bootstrap_servers
-    relay = relay_with_defaults(database_url, bootstrap)
+    # The relay and the app as production runs them; the sinks' tables are the test's own.
+    relay = relay_with_defaults(relay_url, bootstrap)
     try:
-        write_orders(db, outbox)
+        write_orders(writer_db, outbox)
         wait_caught_up(db, "default", timeout=60)
     finally:
         relay.stop()
