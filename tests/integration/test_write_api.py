@@ -20,14 +20,16 @@ def count(db: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
-def test_plain_sql_insert_fills_every_default(writer_db: psycopg.Connection[Any]) -> None:
+def test_plain_sql_insert_fills_every_default(
+    writer_db: psycopg.Connection[Any], db: psycopg.Connection[Any]
+) -> None:
     with writer_db.transaction():
         writer_db.execute(
             """INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
                VALUES ('order', '42', 'OrderPlaced', '{"order_id": "42"}')"""
         )
         xid = writer_db.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
-    row = writer_db.execute(
+    row = db.execute(  # the owner reads back: writers read no payloads or keys
         "SELECT transaction_id::text::bigint, position, message_id, headers, occurred_at FROM outbox"
     ).fetchone()
     assert row is not None
@@ -36,7 +38,7 @@ def test_plain_sql_insert_fills_every_default(writer_db: psycopg.Connection[Any]
 
 
 def test_append_writes_inside_the_callers_transaction(
-    writer_db: psycopg.Connection[Any], outbox: Outbox
+    writer_db: psycopg.Connection[Any], db: psycopg.Connection[Any], outbox: Outbox
 ) -> None:
     with writer_db.transaction() as tx:  # the API takes a Transaction as well as a Connection
         message_id = outbox.append(
@@ -55,7 +57,7 @@ def test_append_writes_inside_the_callers_transaction(
             payload=ORDER,
             headers={"traceparent": "00-abc-def-01"},
         )
-    row = writer_db.execute(
+    row = db.execute(
         "SELECT event_type, payload, headers FROM outbox WHERE message_id = %s", (message_id,)
     ).fetchone()
     assert row == ("OrderPlaced", ORDER, {"traceparent": "00-abc-def-01"})
@@ -71,6 +73,7 @@ def test_append_writes_inside_the_callers_transaction(
 )
 def test_invalid_payload_is_rejected_and_nothing_is_written(
     writer_db: psycopg.Connection[Any],
+    db: psycopg.Connection[Any],
     outbox: Outbox,
     event_type: str,
     payload: dict[str, Any],
@@ -100,7 +103,7 @@ def test_invalid_payload_is_rejected_and_nothing_is_written(
             event_type="OrderPlaced",
             payload=ORDER,
         )
-    ids = [r[0] for r in writer_db.execute("SELECT aggregate_id FROM outbox ORDER BY position")]
+    ids = [r[0] for r in db.execute("SELECT aggregate_id FROM outbox ORDER BY position")]
     assert ids == ["o-0", "o-2"]
 
 
@@ -166,7 +169,9 @@ def test_idempotency_key_under_a_concurrent_duplicate(
     assert count(writer_db) == 1
 
 
-def test_stream_append_assigns_versions(writer_db: psycopg.Connection[Any], outbox: Outbox) -> None:
+def test_stream_append_assigns_versions(
+    writer_db: psycopg.Connection[Any], db: psycopg.Connection[Any], outbox: Outbox
+) -> None:
     with writer_db.transaction():
         first = outbox.append_to_stream(
             writer_db,
@@ -187,7 +192,7 @@ def test_stream_append_assigns_versions(writer_db: psycopg.Connection[Any], outb
             ],
         )
     assert (first.version, second.version) == (1, 3)
-    rows = writer_db.execute(
+    rows = db.execute(
         "SELECT aggregate_version, event_type FROM outbox ORDER BY transaction_id, position"
     ).fetchall()
     assert rows == [(1, "OrderPlaced"), (2, "OrderShipped"), (3, "OrderShipped")]
@@ -257,7 +262,7 @@ def test_concurrent_appends_one_wins(
 
 
 def test_an_early_xid_appends_its_later_version_and_sorts_after_the_earlier_one(
-    writer_url: str, writer_db: psycopg.Connection[Any], outbox: Outbox
+    writer_url: str, db: psycopg.Connection[Any], outbox: Outbox
 ) -> None:
     """T1 takes its xid first; T2 (younger xid) commits version 1; T1 then appends
     version 2. It succeeds, and version 2 sorts after version 1 in the relay's order."""
@@ -276,7 +281,7 @@ def test_an_early_xid_appends_its_later_version_and_sorts_after_the_earlier_one(
             t1, aggregate_type="order", aggregate_id="o-1", expected_version=1, events=[ship]
         )
         t1.commit()
-    rows = writer_db.execute(
+    rows = db.execute(
         "SELECT aggregate_version FROM outbox ORDER BY transaction_id, position"
     ).fetchall()
     assert rows == [(1,), (2,)]
