@@ -19,7 +19,16 @@ from relay import Outbox
 from relay.daemon import Relay
 from relay.model import PartId
 from relay.store import OutboxStore
-from tests.support import http_get, run_cli, sub, wait_caught_up, worker, write_orders
+from relay.worker import WorkerState
+from tests.support import (
+    http_get,
+    run_cli,
+    sub,
+    wait_caught_up,
+    wait_until,
+    worker,
+    write_orders,
+)
 
 
 def get(relay: Relay, path: str) -> tuple[int, str]:
@@ -373,19 +382,25 @@ def test_a_worker_that_stops_on_a_fatal_error_halts_its_part_visibly(
 
 def test_publish_stalled_seconds_counts_only_while_events_wait(
     db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
     outbox: Outbox,
     topic_prefix: str,
     start_relay: Callable[..., Relay],
 ) -> None:
     relay = start_relay(subscribers=[sub("s", topic_prefix)], metrics_cache_ttl=0)
-    write_orders(db, outbox, ["o-1"])
+    write_orders(writer_db, outbox, ["o-1"])
     wait_caught_up(db, "s")
     time.sleep(1.5)  # an idle part's checkpoint ages; it is not stalled
     metrics = get(relay, "/metrics")[1]
     assert sample(metrics, "outbox_relay_publish_stalled_seconds", subscriber="s", part="0") == 0
 
     OutboxStore(db).set_paused("s", True)  # events wait, nothing publishes them
-    write_orders(db, outbox, ["o-2"])
+    # The part sees the pause at its next look, not at once: write only once it has.
+    wait_until(
+        lambda: relay.part_states().get(PartId("s", 0)) == WorkerState.PAUSED,
+        what="the part to pause",
+    )
+    write_orders(writer_db, outbox, ["o-2"])
     time.sleep(1.5)
     metrics = get(relay, "/metrics")[1]
     stalled = sample(metrics, "outbox_relay_publish_stalled_seconds", subscriber="s", part="0")
