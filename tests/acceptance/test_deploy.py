@@ -741,14 +741,16 @@ def _archive_arguments(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> dict
     seen: dict[str, Any] = {}
 
     class Query:
-        def awaitTermination(self) -> None:
-            pass
+        def awaitTermination(self, timeout: float | None = None) -> bool:
+            return True
 
     def start(spark: Any, **kwargs: Any) -> Query:
         seen.update(kwargs)
         return Query()
 
-    monkeypatch.setattr(archive, "local_spark_session", lambda name: None)
+    monkeypatch.setattr(archive, "job_session", lambda name, debug: None)
+    # The job's body alone: run() would install its Ctrl-C handler and logging.
+    monkeypatch.setattr(archive, "run", lambda name, debug, body: body())
     monkeypatch.setattr(archive, "start", start)
     archive.main(argv)
     return seen
