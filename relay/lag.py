@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relay.ports import PartState
-from relay.store import LagSample, OutboxStore, PartSkips, SubscriberState
+from relay.ports import PartState, SubscriberState
+from relay.store import LagSample, OutboxStore, PartSkips
 
 # Rows after a checkpoint counted exactly, per part (a few milliseconds of index scan).
 EXACT_UP_TO = 10_000

@@ -2,16 +2,24 @@
 
 A part worker reads and checkpoints events through a :class:`PartStore` (Postgres:
 ``relay.store.OutboxStore``) and publishes them through a :class:`Publisher` (Kafka:
-``relay.kafka.TransactionalPublisher`` or ``IdempotentPublisher``). What is on the
-topics is read back through a :class:`TopicReader` (Kafka:
-``relay.topic_reader.KafkaTopicReader``): by ``verify``, the ``dev`` live view, the
-tests and the benchmarks. In-memory adapters of all three live in ``relay.testing``;
-``tests/contracts/`` holds each port to the same contract, whichever adapter is behind
-it.
+``relay.kafka.TransactionalPublisher`` or ``IdempotentPublisher``). The daemon around
+the workers (``relay.daemon``, ``relay.sessions``) holds its session, claims parts,
+lists subscribers and keeps the outbox through a :class:`DaemonStore`, the part store
+and more (Postgres: ``relay.store.OutboxStore`` too); the lease it holds is a
+:class:`RelaySession`. What is on the topics is read back through a
+:class:`TopicReader` (Kafka: ``relay.topic_reader.KafkaTopicReader``): by ``verify``,
+the ``dev`` live view, the tests and the benchmarks. In-memory adapters of all of them
+live in ``relay.testing``; ``tests/contracts/`` holds each port to the same contract,
+whichever adapter is behind it.
+
+Nothing here imports a database or Kafka client: the worker and the daemon's logic
+depend on these ports only (tests/unit/test_layers.py checks the worker).
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -20,7 +28,7 @@ from uuid import UUID
 
 from relay.key_space import KeySpace, KeySpaceCheck
 from relay.model import ConsumedRecord, KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
-from relay.subscribers import Subscriber
+from relay.subscribers import StartFrom, Subscriber
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,83 @@ class PartState:
     @property
     def name(self) -> str:
         return self.subscriber.name
+
+
+@dataclass(frozen=True)
+class SubscriberState:
+    """A subscriber with every part's state (for listings and status)."""
+
+    subscriber: Subscriber
+    subscriber_id: UUID
+    parts: list[PartState]
+
+    @property
+    def checkpoint(self) -> Position:
+        """The oldest part checkpoint: every event at or before it is published."""
+        return min(p.checkpoint for p in self.parts)
+
+
+class ExpiredSession(NamedTuple):
+    """A relay's session that a peer deleted because its heartbeats stopped."""
+
+    id: UUID
+    hostname: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class HorizonHolder:
+    """A backend whose open transaction keeps newer events from being published."""
+
+    # None for a prepared transaction (state 'prepared'): no session holds it.
+    pid: int | None
+    xid: str
+    state: str | None
+    application_name: str | None
+    # None, like state and query_start: another role's session, whose details this role
+    # may not see (it lacks pg_read_all_stats).
+    age_s: float | None
+    query_start: datetime | None
+    # A prepared transaction's name (COMMIT/ROLLBACK PREPARED takes it), owner and
+    # database; None for a session.
+    gid: str | None = None
+    owner: str | None = None
+    database: str | None = None
+
+    def describe(self) -> str:
+        """Who it is, for an operator: a session's pid, or a prepared transaction."""
+        if self.gid is None:
+            return f"pid {self.pid}"
+        return (
+            f"prepared transaction {self.gid!r} (owner {self.owner}, database "
+            f"{self.database}; ROLLBACK PREPARED or COMMIT PREPARED ends it)"
+        )
+
+
+class RelaySession:
+    """This relay process's row in the sessions table (its lease), as the workers see it.
+
+    Not a Postgres connection (a "session" in ``pg_stat_activity``), nor a Spark session.
+
+    :meth:`valid` is the local half of the lease: a relay whose heartbeats have not
+    succeeded for most of the expiry (a network partition, a SIGSTOP) must assume a
+    peer has expired it and stop publishing before it even learns so.
+    """
+
+    def __init__(self, session_id: UUID, timeout: float, heartbeat_interval: float) -> None:
+        self.id = session_id
+        self._timeout = timeout
+        self._margin = heartbeat_interval
+        self._renewed = time.monotonic()
+        self.lost = threading.Event()
+
+    def renewed(self, at: float) -> None:
+        self._renewed = at
+
+    def valid(self) -> bool:
+        if self.lost.is_set():
+            return False
+        return time.monotonic() - self._renewed < self._timeout - self._margin
 
 
 @dataclass(frozen=True)
@@ -129,6 +214,78 @@ class PartStore(Protocol):
 
     def close(self) -> None:
         """Release the connection; the store is not used again."""
+
+
+class DaemonStore(PartStore, Protocol):
+    """What the relay daemon needs of the database besides a part's events: its session
+    (lease) and its peers', claims on parts, the subscribers, and the outbox's upkeep
+    (docs/design.md §4).
+
+    A session lives until its ``expires_at``, which a heartbeat moves on; any relay
+    deletes the expired ones, and a session deleted (expired or closed) frees every part
+    it owned. A part has at most one owner, a session; claiming and releasing it move
+    its version on, so a checkpoint written by an earlier owner fails its CAS.
+    """
+
+    @property
+    def closed(self) -> bool:
+        """Whether the store can no longer be used (closed, or its connection broken)."""
+
+    # -- sessions ----------------------------------------------------------------------
+
+    def open_session(self, hostname: str, pid: int, timeout: float) -> UUID:
+        """A new session of the relay ``pid`` on ``hostname``, live for ``timeout`` s."""
+
+    def heartbeat(self, session: UUID, timeout: float) -> bool:
+        """Extend ``session`` by ``timeout`` s from now; False when it is gone (expired
+        and deleted by a peer, or closed)."""
+
+    def expire_sessions(self) -> Sequence[ExpiredSession]:
+        """Delete the sessions past their expiry (their parts become free); returns them."""
+
+    def close_session(self, session: UUID) -> None:
+        """Delete ``session``: every part it owns is free at once (cooperative release)."""
+
+    def live_sessions(self) -> Sequence[UUID]:
+        """The sessions not past their expiry, in id order (deleted or not)."""
+
+    # -- claims ------------------------------------------------------------------------
+
+    def claim(self, name: str, part: int, owner: UUID) -> bool:
+        """Claim the free part for the session ``owner``; False when someone holds it (or
+        there is no such part)."""
+
+    def release(self, name: str, part: int, owner: UUID) -> bool:
+        """Free the part; False when ``owner`` does not hold it."""
+
+    # -- the subscribers ---------------------------------------------------------------
+
+    def add(
+        self,
+        subscriber: Subscriber,
+        start: StartFrom = StartFrom.BEGINNING,
+        *,
+        replace: bool = False,
+    ) -> bool:
+        """Create ``subscriber`` with its parts, free (True), or update its definition
+        when ``replace`` (False; its checkpoints and part count stay). Raises
+        ``SubscriberError`` when it exists and not ``replace``, or collides with another."""
+
+    # -- upkeep ------------------------------------------------------------------------
+
+    def prune(self, older_than_s: float, batch: int = 10_000) -> Iterator[int]:
+        """Delete published events older than ``older_than_s``, yielding each batch's
+        count; never an event some part has yet to publish."""
+
+    def horizon_holders(self) -> Sequence[HorizonHolder]:
+        """The transactions holding the publication horizon back, oldest first."""
+
+    def sees_all_backends(self) -> bool:
+        """Whether :meth:`horizon_holders` sees every role's transactions."""
+
+    def list(self, name: str | None = None) -> Sequence[SubscriberState]:
+        """Every subscriber (or the one named) with all its parts, by name; a subscriber
+        without parts yet (being created) is left out."""
 
 
 # What ``meanwhile`` may hand back: more records for the batch in flight, and its new end.

@@ -4,6 +4,9 @@ Every relay process holds one session row and heartbeats it. Any relay deletes
 sessions past their expiry, which frees their claims. Parts are spread over the live
 sessions deterministically, so every relay computes the same assignment from the
 same table contents and the work converges without a leader.
+
+All of it goes through the daemon's store port (``relay.ports.DaemonStore``); the lease
+the workers check, :class:`RelaySession`, lives next to the ports.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from uuid import UUID
 
 from relay.errors import RelayError
 from relay.model import PartId
-from relay.store import OutboxStore
+from relay.ports import DaemonStore, RelaySession
+
+__all__ = ["RelaySession", "SessionKeeper", "assign"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,38 +36,12 @@ def assign(parts: Sequence[PartId], sessions: Sequence[UUID]) -> dict[PartId, UU
     return {part: ordered[i % len(ordered)] for i, part in enumerate(sorted(parts))}
 
 
-class RelaySession:
-    """This relay process's row in the sessions table (its lease), as the workers see it.
-
-    Not a Postgres connection (a "session" in ``pg_stat_activity``), nor a Spark session.
-
-    :meth:`valid` is the local half of the lease: a relay whose heartbeats have not
-    succeeded for most of the expiry (a network partition, a SIGSTOP) must assume a
-    peer has expired it and stop publishing before it even learns so.
-    """
-
-    def __init__(self, session_id: UUID, timeout: float, heartbeat_interval: float) -> None:
-        self.id = session_id
-        self._timeout = timeout
-        self._margin = heartbeat_interval
-        self._renewed = time.monotonic()
-        self.lost = threading.Event()
-
-    def renewed(self, at: float) -> None:
-        self._renewed = at
-
-    def valid(self) -> bool:
-        if self.lost.is_set():
-            return False
-        return time.monotonic() - self._renewed < self._timeout - self._margin
-
-
 class SessionKeeper(threading.Thread):
     """Heartbeats this relay's session and expires dead peers' sessions."""
 
     def __init__(
         self,
-        open_store: Callable[[], OutboxStore],
+        open_store: Callable[[], DaemonStore],
         *,
         timeout: float,
         heartbeat_interval: float,
@@ -74,7 +53,7 @@ class SessionKeeper(threading.Thread):
         self._interval = heartbeat_interval
         self._on_lost = on_lost
         self._stopping = threading.Event()
-        self._store: OutboxStore | None = None
+        self._store: DaemonStore | None = None
         # The last heartbeat's failure (None once one succeeds): /readyz says it, so a
         # permanent one (a revoked grant, a changed password) is not taken for an outage.
         self.last_error: RelayError | None = None
@@ -156,7 +135,7 @@ class SessionKeeper(threading.Thread):
                 extra={"session": str(expired), "host": host, "pid": pid},
             )
 
-    def _held_store(self) -> OutboxStore:
+    def _held_store(self) -> DaemonStore:
         if self._store is None:
             self._store = self._open_store()
         return self._store

@@ -1,12 +1,14 @@
-"""The Postgres side of the relay: committed events, subscribers, parts and sessions."""
+"""The Postgres side of the relay: committed events, subscribers, parts and sessions.
+
+:class:`OutboxStore` is the Postgres adapter of the daemon's store port
+(``relay.ports.DaemonStore``, which extends the part worker's ``PartStore``), and more:
+the operators' commands (status, lag, reset, remove) use it directly."""
 
 from __future__ import annotations
 
 import json
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, NamedTuple
 from uuid import UUID
 
@@ -26,23 +28,18 @@ from relay.errors import (
 )
 from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.model import OutboxEvent, Position, Unreadable
-from relay.ports import DeadLetter, DeadLetterDecision, Fetched, PartState, Selection
+from relay.ports import (
+    DeadLetter,
+    DeadLetterDecision,
+    ExpiredSession,
+    Fetched,
+    HorizonHolder,
+    PartState,
+    Selection,
+    SubscriberState,
+)
 from relay.queries import queries_for
 from relay.subscribers import StartFrom, SubjectStrategy, Subscriber, ValueFormat, collision
-
-
-@dataclass(frozen=True)
-class SubscriberState:
-    """A subscriber with every part's state (for listings and status)."""
-
-    subscriber: Subscriber
-    subscriber_id: UUID
-    parts: list[PartState]
-
-    @property
-    def checkpoint(self) -> Position:
-        """The oldest part checkpoint: every event at or before it is published."""
-        return min(p.checkpoint for p in self.parts)
 
 
 class LagSample(NamedTuple):
@@ -65,35 +62,6 @@ class PartSkips(NamedTuple):
     beyond_horizon: bool  # the checkpoint sorts after rows yet to be written
     scanned: int | None  # rows the last reset forward jumped over, scanned (None: none)
     counted: int | None  # of those, the part's rows matching the subscriber's filters
-
-
-@dataclass(frozen=True)
-class HorizonHolder:
-    """A backend whose open transaction keeps newer events from being published."""
-
-    # None for a prepared transaction (state 'prepared'): no session holds it.
-    pid: int | None
-    xid: str
-    state: str | None
-    application_name: str | None
-    # None, like state and query_start: another role's session, whose details this role
-    # may not see (it lacks pg_read_all_stats).
-    age_s: float | None
-    query_start: datetime | None
-    # A prepared transaction's name (COMMIT/ROLLBACK PREPARED takes it), owner and
-    # database; None for a session.
-    gid: str | None = None
-    owner: str | None = None
-    database: str | None = None
-
-    def describe(self) -> str:
-        """Who it is, for an operator: a session's pid, or a prepared transaction."""
-        if self.gid is None:
-            return f"pid {self.pid}"
-        return (
-            f"prepared transaction {self.gid!r} (owner {self.owner}, database "
-            f"{self.database}; ROLLBACK PREPARED or COMMIT PREPARED ends it)"
-        )
 
 
 class OutboxStore:
@@ -360,11 +328,11 @@ class OutboxStore:
             ).fetchone()
         return row is not None
 
-    def expire_sessions(self) -> list[tuple[UUID, str, int]]:
+    def expire_sessions(self) -> list[ExpiredSession]:
         """Delete expired sessions (their claims become free); returns them."""
         with wrap_errors():
             rows = self.conn.execute(self._q["expire_sessions"]).fetchall()
-        return [(UUID(str(r[0])), r[1], r[2]) for r in rows]
+        return [ExpiredSession(UUID(str(r[0])), r[1], r[2]) for r in rows]
 
     def close_session(self, session: UUID) -> None:
         with wrap_errors():

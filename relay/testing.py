@@ -4,15 +4,18 @@ adapters do."""
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import json
+import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Generator, Iterator, Sequence
 from datetime import UTC, datetime
 from uuid import UUID
 
-from relay.errors import CheckpointConflict, ClaimLost, SubscriberError
+from relay.errors import CheckpointConflict, ClaimLost, DatabaseError, SubscriberError
 from relay.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.model import (
     ConsumedRecord,
@@ -24,81 +27,222 @@ from relay.model import (
 )
 from relay.ports import (
     Batch,
+    DaemonStore,
     DeadLetter,
     DeadLetterDecision,
+    ExpiredSession,
     Fetched,
+    HorizonHolder,
     Meanwhile,
     PartState,
     Progress,
     Selection,
+    SubscriberState,
 )
-from relay.subscribers import Subscriber
+from relay.subscribers import StartFrom, Subscriber, collision
 
 
 class InMemoryStore:
-    """A :class:`relay.ports.PartStore` over lists and dicts: one outbox whose every
-    event is committed (decided), and single-part subscribers.
+    """A :class:`relay.ports.DaemonStore` (and so a ``PartStore``) over lists and dicts:
+    one outbox whose every event is committed (decided), subscribers of any number of
+    parts, and relays' sessions on a clock of the test's choosing.
 
-    Set up as the Postgres store is: :meth:`add` a subscriber, :meth:`claim` its part;
-    :meth:`append` stands for an application's committed transaction.
+    Set up as the Postgres store is: :meth:`add` a subscriber, :meth:`open_session` and
+    :meth:`claim` its parts; :meth:`append` stands for an application's committed
+    transaction. An event's part is a hash of its aggregate id, as in Postgres, though
+    not the same hash. Safe to share between threads, as a pool of connections is.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.events: list[OutboxEvent] = []
         self.parts: dict[tuple[str, int], PartState] = {}
         # subscriber → message id → (event key, decision)
         self.dead: dict[str, dict[UUID, tuple[Position, DeadLetterDecision]]] = {}
+        self.sessions: dict[UUID, _Session] = {}
         self.key_space_id = uuid.uuid4()
         self.closed = False
+        self._clock = clock
+        self._lock = threading.RLock()
 
     # -- setting up, as an application and an operator would ---------------------------
 
     def append(self, event: OutboxEvent) -> OutboxEvent:
         """Commit ``event``; it gets the next key, whatever key it came with, and its
         size as JSON text unless it comes with one."""
-        last = self.events[-1].key if self.events else Position(100, 0)
-        size = event.stored_bytes or len(json.dumps(event.payload)) + len(json.dumps(event.headers))
-        committed = event._replace(
-            transaction_id=last.transaction_id + 1, position=1, stored_bytes=size
-        )
-        self.events.append(committed)
-        return committed
-
-    def add(self, subscriber: Subscriber) -> bool:
-        if subscriber.parts != 1:
-            raise SubscriberError("the in-memory store holds single-part subscribers only")
-        if (subscriber.name, 0) in self.parts:
-            raise SubscriberError(f"subscriber {subscriber.name!r} already exists")
-        self.parts[subscriber.name, 0] = PartState(
-            subscriber=subscriber,
-            subscriber_id=uuid.uuid4(),
-            part=0,
-            checkpoint=Position(0, 0),
-            version=1,
-            generation=uuid.uuid4(),
-            owner=None,
-            halted_error=None,
-            updated_at=datetime.now(UTC),
-        )
-        return True
-
-    def claim(self, name: str, part: int, owner: UUID) -> bool:
-        state = self.parts.get((name, part))
-        if state is None or state.owner not in (None, owner):
-            return False
-        self._set(dataclasses.replace(state, owner=owner))
-        return True
+        with self._lock:
+            last = self.events[-1].key if self.events else Position(100, 0)
+            size = event.stored_bytes or len(json.dumps(event.payload)) + len(
+                json.dumps(event.headers)
+            )
+            committed = event._replace(
+                transaction_id=last.transaction_id + 1, position=1, stored_bytes=size
+            )
+            self.events.append(committed)
+            return committed
 
     def set_paused(self, name: str, paused: bool) -> None:
-        """Pause or resume (which clears a halt), bumping the version as Postgres does."""
-        state = self.get_part(name, 0)
-        subscriber = dataclasses.replace(state.subscriber, paused=paused)
-        halted = state.halted_error if paused else None
-        self._set(
-            dataclasses.replace(
-                state, subscriber=subscriber, version=state.version + 1, halted_error=halted
-            )
-        )
+        """Pause or resume (which clears a halt), bumping the versions as Postgres does."""
+        with self._lock:
+            for state in self._parts_of(name):
+                subscriber = dataclasses.replace(state.subscriber, paused=paused)
+                halted = state.halted_error if paused else None
+                self._set(
+                    dataclasses.replace(
+                        state, subscriber=subscriber, version=state.version + 1, halted_error=halted
+                    )
+                )
+
+    def remove(self, name: str) -> None:
+        """Delete the subscriber and its parts (their owners' workers find them gone)."""
+        with self._lock:
+            for state in self._parts_of(name):
+                del self.parts[state.name, state.part]
+
+    # -- the daemon's port: subscribers ------------------------------------------------
+
+    def add(
+        self,
+        subscriber: Subscriber,
+        start: StartFrom = StartFrom.BEGINNING,
+        *,
+        replace: bool = False,
+    ) -> bool:
+        with self._lock:
+            for other in self.list():
+                reason = other.subscriber.name != subscriber.name and collision(
+                    subscriber, other.subscriber
+                )
+                if reason:
+                    raise SubscriberError(
+                        f"subscriber {subscriber.name!r} collides with "
+                        f"{other.subscriber.name!r}: {reason}"
+                    )
+            existing = [s for (name, _), s in self.parts.items() if name == subscriber.name]
+            if existing and not replace:
+                raise SubscriberError(f"subscriber {subscriber.name!r} already exists")
+            if existing:
+                if len(existing) != subscriber.parts:
+                    raise SubscriberError(
+                        f"subscriber {subscriber.name!r} has {len(existing)} parts; the part "
+                        "count is fixed at creation"
+                    )
+                for state in existing:  # busy workers reload the definition (a new version)
+                    kept = dataclasses.replace(subscriber, paused=state.subscriber.paused)
+                    self._set(
+                        dataclasses.replace(state, subscriber=kept, version=state.version + 1)
+                    )
+                return False
+            begin = Position(0, 0)
+            if start is StartFrom.NOW and self.events:
+                begin = Position(self.events[-1].transaction_id + 1, 0)
+            subscriber_id = uuid.uuid4()
+            for part in range(subscriber.parts):
+                self._set(
+                    PartState(
+                        subscriber=subscriber,
+                        subscriber_id=subscriber_id,
+                        part=part,
+                        checkpoint=begin,
+                        version=1,
+                        generation=uuid.uuid4(),
+                        owner=None,
+                        halted_error=None,
+                        updated_at=datetime.now(UTC),
+                    )
+                )
+            return True
+
+    def list(self, name: str | None = None) -> list[SubscriberState]:
+        with self._lock:
+            found: dict[str, list[PartState]] = {}
+            for (subscriber, _), state in sorted(self.parts.items()):
+                if name is None or subscriber == name:
+                    found.setdefault(subscriber, []).append(state)
+        return [SubscriberState(p[0].subscriber, p[0].subscriber_id, p) for p in found.values()]
+
+    # -- the daemon's port: sessions and claims ----------------------------------------
+
+    def open_session(
+        self, hostname: str, pid: int, timeout: float, *, session_id: UUID | None = None
+    ) -> UUID:
+        """As the port's; ``session_id`` gives the session an id chosen by the test."""
+        with self._lock:
+            session = session_id if session_id is not None else uuid.uuid4()
+            self.sessions[session] = _Session(hostname, pid, self._clock() + timeout)
+            return session
+
+    def heartbeat(self, session: UUID, timeout: float) -> bool:
+        with self._lock:
+            held = self.sessions.get(session)
+            if held is None:
+                return False
+            held.expires_at = self._clock() + timeout
+            return True
+
+    def expire_sessions(self) -> builtins.list[ExpiredSession]:
+        with self._lock:
+            now = self._clock()
+            expired = [
+                ExpiredSession(sid, s.hostname, s.pid)
+                for sid, s in self.sessions.items()
+                if s.expires_at < now
+            ]
+            for gone in expired:
+                self.close_session(gone.id)
+            return expired
+
+    def close_session(self, session: UUID) -> None:
+        with self._lock:
+            if self.sessions.pop(session, None) is None:
+                return
+            # As the foreign key's ON DELETE SET NULL: the owner goes, the version stays.
+            for state in list(self.parts.values()):
+                if state.owner == session:
+                    self._set(dataclasses.replace(state, owner=None))
+
+    def live_sessions(self) -> builtins.list[UUID]:
+        with self._lock:
+            now = self._clock()
+            return sorted(sid for sid, s in self.sessions.items() if s.expires_at >= now)
+
+    def claim(self, name: str, part: int, owner: UUID) -> bool:
+        with self._lock:
+            state = self.parts.get((name, part))
+            if state is None or state.owner is not None:
+                return False
+            if owner not in self.sessions:  # as the foreign key to the sessions refuses it
+                raise DatabaseError(
+                    f"postgres refused the operation [23503]: no session {owner}",
+                    sqlstate="23503",
+                )
+            self._set(dataclasses.replace(state, owner=owner, version=state.version + 1))
+            return True
+
+    def release(self, name: str, part: int, owner: UUID) -> bool:
+        with self._lock:
+            state = self.parts.get((name, part))
+            if state is None or state.owner != owner:
+                return False
+            self._set(dataclasses.replace(state, owner=None, version=state.version + 1))
+            return True
+
+    # -- the daemon's port: upkeep -----------------------------------------------------
+
+    def prune(self, older_than_s: float, batch: int = 10_000) -> Iterator[int]:
+        while True:
+            with self._lock:
+                doomed = self._prunable(older_than_s)[:batch]
+                for event in doomed:
+                    self.events.remove(event)
+            if not doomed:
+                return
+            yield len(doomed)
+
+    def horizon_holders(self) -> builtins.list[HorizonHolder]:
+        return []  # every event here is committed: nothing holds the horizon
+
+    def sees_all_backends(self) -> bool:
+        return True
 
     # -- the port ---------------------------------------------------------------------
 
@@ -106,8 +250,14 @@ class InMemoryStore:
         limit, max_bytes = selection.limit, selection.max_bytes
         read: list[OutboxEvent] = []
         size = 0
-        for event in self.events:
+        with self._lock:
+            events = list(self.events)
+        for event in events:
             if event.key <= after:
+                continue
+            if selection.parts > 1 and part_of(event.aggregate_id, selection.parts) != (
+                selection.part
+            ):
                 continue
             if len(read) == limit or (read and size >= max_bytes):
                 break
@@ -133,6 +283,12 @@ class InMemoryStore:
     def advance(
         self, state: PartState, to: Position, owner: UUID, dead_letters: Sequence[DeadLetter] = ()
     ) -> int:
+        with self._lock:
+            return self._advance(state, to, owner, dead_letters)
+
+    def _advance(
+        self, state: PartState, to: Position, owner: UUID, dead_letters: Sequence[DeadLetter]
+    ) -> int:
         current = self.get_part(state.name, state.part)
         if current.version != state.version or current.owner != owner or to < current.checkpoint:
             raise CheckpointConflict(
@@ -152,10 +308,11 @@ class InMemoryStore:
         return {m: d for m, (key, d) in recorded.items() if after < key <= upto}
 
     def halt(self, state: PartState, owner: UUID, error: str) -> None:
-        current = self.get_part(state.name, state.part)
-        if current.owner != owner:
-            raise ClaimLost(f"{state.name}/{state.part} is no longer claimed by this relay")
-        self._set(dataclasses.replace(current, halted_error=error, version=current.version + 1))
+        with self._lock:
+            current = self.get_part(state.name, state.part)
+            if current.owner != owner:
+                raise ClaimLost(f"{state.name}/{state.part} is no longer claimed by this relay")
+            self._set(dataclasses.replace(current, halted_error=error, version=current.version + 1))
 
     def check_key_space(self) -> KeySpaceCheck | None:
         return KeySpaceCheck(KeySpaceAction.UNCHANGED, self.key_space_id, 0, None)
@@ -177,6 +334,43 @@ class InMemoryStore:
         updated = dataclasses.replace(updated, updated_at=datetime.now(UTC))
         self.parts[updated.name, updated.part] = updated
         return updated
+
+    def _parts_of(self, name: str) -> builtins.list[PartState]:
+        found = [state for (subscriber, _), state in self.parts.items() if subscriber == name]
+        if not found:
+            raise SubscriberError(f"no subscriber named {name!r}")
+        return found
+
+    def _prunable(self, older_than_s: float) -> builtins.list[OutboxEvent]:
+        """Events every part has published, older than ``older_than_s``, but a stream's
+        latest version (the next event-sourced append checks that it exists)."""
+        if not self.parts:
+            return []
+        published = min(state.checkpoint for state in self.parts.values())
+        cutoff = datetime.now(UTC).timestamp() - older_than_s
+        versions = {(e.aggregate_type, e.aggregate_id, e.aggregate_version) for e in self.events}
+        return [
+            e
+            for e in self.events
+            if e.key <= published
+            and e.occurred_at.timestamp() <= cutoff
+            and (
+                e.aggregate_version is None
+                or (e.aggregate_type, e.aggregate_id, e.aggregate_version + 1) in versions
+            )
+        ]
+
+
+@dataclasses.dataclass
+class _Session:
+    hostname: str
+    pid: int
+    expires_at: float  # on the store's clock
+
+
+def part_of(aggregate_id: str, parts: int) -> int:
+    """The in-memory store's part of an event: a stable hash of its aggregate id."""
+    return zlib.crc32(aggregate_id.encode()) % parts
 
 
 class InMemoryPublisher:
@@ -315,3 +509,8 @@ def _consumed(record: KafkaRecord, offset: int) -> ConsumedRecord:
     return ConsumedRecord(
         record.topic, 0, offset, record.key, record.value, headers, record.timestamp_ms
     )
+
+
+def _is_a_daemon_store(store: InMemoryStore) -> DaemonStore:
+    """mypy holds the in-memory store to the port here (Postgres's: relay.daemon)."""
+    return store

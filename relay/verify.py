@@ -33,9 +33,9 @@ from relay.db import wrap_errors
 from relay.errors import SubscriberError
 from relay.lag import subscriber_lag
 from relay.model import ConsumedRecord, Position
-from relay.ports import TopicReader
+from relay.ports import SubscriberState, TopicReader
 from relay.queries import queries_for
-from relay.store import OutboxStore, SubscriberState
+from relay.store import OutboxStore
 
 logger = logging.getLogger(__name__)
 

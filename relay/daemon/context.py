@@ -7,12 +7,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from relay.ports import DaemonStore
 from relay.settings import Settings
-from relay.store import OutboxStore
 
 
 @dataclass(frozen=True)
 class DaemonContext:
     settings: Settings
-    open_store: Callable[[], OutboxStore]
+    # The daemon's way to the database: its store port (Postgres: relay.store, pooled).
+    open_store: Callable[[], DaemonStore]
     stopping: threading.Event

@@ -32,6 +32,7 @@ from relay.errors import DatabaseUnavailable, RelayError, RetryableError
 from relay.metrics import HealthServer
 from relay.model import PartId
 from relay.pool import RelayPool
+from relay.ports import DaemonStore, PartStore
 from relay.probe import CommitProbe
 from relay.schemas import SchemaFolder
 from relay.settings import Settings
@@ -243,7 +244,7 @@ class Relay:
     # -- supervision -------------------------------------------------------------------
 
     def _supervise(self) -> None:
-        store: OutboxStore | None = None
+        store: DaemonStore | None = None
         last_horizon_check = 0.0
         last_prune = time.monotonic()  # not right at start-up: let the relays settle
         while not self._stopping.wait(self.settings.heartbeat_interval):
@@ -295,7 +296,7 @@ class Relay:
     def _stop_all_workers(self, deadline: float | None = None) -> None:
         self.parts.stop_all(deadline)
 
-    def _check_key_space(self, store: OutboxStore) -> None:
+    def _check_key_space(self, store: PartStore) -> None:
         self.key_space.check(store, "a new connection")
 
     def _open_store(self) -> OutboxStore:

@@ -13,9 +13,8 @@ from relay.daemon.membership import Membership
 from relay.encoding import RecordEncoder
 from relay.errors import RelayError
 from relay.model import PartId
-from relay.ports import PartState, Publisher
+from relay.ports import DaemonStore, PartState, Publisher
 from relay.sessions import assign
-from relay.store import OutboxStore
 from relay.subscribers import TopicGuard
 from relay.worker import PartWorker, WorkerState
 
@@ -64,7 +63,7 @@ class ClaimedParts:
 
     # -- rebalancing -------------------------------------------------------------------
 
-    def rebalance(self, store: OutboxStore) -> None:
+    def rebalance(self, store: DaemonStore) -> None:
         """Match claims and workers to this relay's share of the parts."""
         subscribers = store.list()
         self._topic_guard.update(s.subscriber for s in subscribers)
@@ -95,7 +94,7 @@ class ClaimedParts:
             self._start_worker(part)
 
     def _release(
-        self, store: OutboxStore, owners: dict[PartId, UUID | None], mine: set[PartId], me: UUID
+        self, store: DaemonStore, owners: dict[PartId, UUID | None], mine: set[PartId], me: UUID
     ) -> None:
         """Stop the workers of parts a peer should own; release those claims once the
         worker is gone."""
@@ -156,7 +155,7 @@ class ClaimedParts:
         self._told_to_stop.add(worker)
         worker.stop()
 
-    def _retire(self, part: PartId, worker: PartWorker, store: OutboxStore, halted: bool) -> None:
+    def _retire(self, part: PartId, worker: PartWorker, store: DaemonStore, halted: bool) -> None:
         # Ended on its own in state HALTED: a fatal error, unless the part was already
         # halted in Postgres (a poison event), whose worker then lost its claim.
         failed = (
@@ -170,7 +169,7 @@ class ClaimedParts:
         if failed:
             self._record_failure(store, part, worker)
 
-    def _record_failure(self, store: OutboxStore, part: PartId, worker: PartWorker) -> None:
+    def _record_failure(self, store: DaemonStore, part: PartId, worker: PartWorker) -> None:
         """A worker stopped on an error that retrying cannot fix (a missing privilege, a
         refused Kafka setting). Halt the part in Postgres, as a poison event does: the
         next worker waits for `subscribers resume` instead of failing in a silent loop,

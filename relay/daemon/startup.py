@@ -12,9 +12,9 @@ import psycopg
 from relay import migrations
 from relay.errors import ConfigError, NotMigratedError
 from relay.key_space import KeySpaceAction, report
+from relay.ports import DaemonStore, PartStore
 from relay.schemas import SchemaFolder
 from relay.settings import Settings
-from relay.store import OutboxStore
 from relay.subscribers import DEFAULT_SUBSCRIBER, StartFrom, Subscriber, ValueFormat
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class KeySpaceChecks:
     def __init__(self) -> None:
         self.changes: Counter[str] = Counter(rebased=0, continued=0)
 
-    def check(self, store: OutboxStore, where: str) -> None:
+    def check(self, store: PartStore, where: str) -> None:
         found = store.check_key_space()
         if found is not None and found.action is not KeySpaceAction.UNCHANGED:
             report(found, where)
@@ -83,7 +83,7 @@ class SubscriberSync:
         """Subscribers that name no format: Avro only when there are writer schemas."""
         return ValueFormat.AVRO if self._schemas is not None else ValueFormat.JSON
 
-    def sync(self, store: OutboxStore) -> None:
+    def sync(self, store: DaemonStore) -> None:
         """Upsert the subscribers the config declares; with none anywhere, add the default."""
         for declared in self._settings.subscribers:
             subscriber = declared.to_subscriber(self.default_format)
@@ -102,7 +102,7 @@ class SubscriberSync:
         self._refuse_avro_without_schemas(store)
         self._refuse_registry_without_settings(store)
 
-    def _refuse_registry_without_settings(self, store: OutboxStore) -> None:
+    def _refuse_registry_without_settings(self, store: DaemonStore) -> None:
         missing = self._settings.registry_format_missing(has_schemas=self._schemas is not None)
         if missing is None:
             return
@@ -118,7 +118,7 @@ class SubscriberSync:
                 "outbox-relay subscribers add NAME --format json --replace"
             )
 
-    def _refuse_avro_without_schemas(self, store: OutboxStore) -> None:
+    def _refuse_avro_without_schemas(self, store: DaemonStore) -> None:
         if self._schemas is not None:
             return
         avro = [

@@ -8,8 +8,8 @@ from collections import Counter
 from relay.daemon.membership import Membership
 from relay.daemon.startup import KeySpaceChecks
 from relay.errors import RelayError
+from relay.ports import DaemonStore
 from relay.settings import Settings
-from relay.store import OutboxStore
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ class Retention:
         # outbox_relay_prune_failures).
         self.totals: Counter[str] = Counter(pruned=0, failures=0)
 
-    def prune(self, store: OutboxStore) -> None:
+    def prune(self, store: DaemonStore) -> None:
         """One retention pass. Its failure is its own (logged and counted here): the
         supervisor's rebalancing goes on, and the next pass tries again."""
         deleted = 0
@@ -53,7 +53,7 @@ class Retention:
         if deleted:
             logger.info("pruned %s published rows", deleted, extra={"pruned": deleted})
 
-    def _mine(self, store: OutboxStore) -> bool:
+    def _mine(self, store: DaemonStore) -> bool:
         session = self._membership.session
         if session is None:
             return False
@@ -68,7 +68,7 @@ class HorizonWatch:
         self._warn_after = settings.horizon_warn_after
         self._warned_blind = False
 
-    def check(self, store: OutboxStore) -> None:
+    def check(self, store: DaemonStore) -> None:
         if not self._warned_blind and not store.sees_all_backends():
             self._warned_blind = True
             logger.warning(

@@ -17,10 +17,10 @@ from relay.daemon.startup import SubscriberSync
 from relay.encoding import RecordEncoder
 from relay.errors import ConfigError
 from relay.model import PartId
+from relay.ports import RelaySession
 from relay.redact import redact
 from relay.registry_format import RegistryValueEncoder
 from relay.schemas import AvroSchema, SchemaFolder
-from relay.sessions import RelaySession
 from relay.settings import load_settings
 from relay.subscribers import PoisonPolicy, SubjectStrategy, Subscriber, ValueFormat
 from relay.testing import InMemoryPublisher, InMemoryStore

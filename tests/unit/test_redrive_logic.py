@@ -15,9 +15,8 @@ import pytest
 from relay.encoding import RecordEncoder
 from relay.errors import PoisonRecordError
 from relay.model import KafkaCheckpoint, OutboxEvent, Position
-from relay.ports import Batch
+from relay.ports import Batch, SubscriberState
 from relay.redrive import Candidate, Redrive
-from relay.store import SubscriberState
 from relay.subscribers import Subscriber
 
 SUBSCRIBER = Subscriber.from_dict(

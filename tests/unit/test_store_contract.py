@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from uuid import UUID
 
 import pytest
@@ -17,8 +16,8 @@ class TestInMemoryStore(StoreContract):
         return InMemoryStore()
 
     @pytest.fixture
-    def session(self) -> UUID:
-        return uuid.uuid4()
+    def session(self, store: InMemoryStore) -> UUID:
+        return store.open_session("contract", 1, 60)  # only a session claims a part
 
     @pytest.fixture
     def write(self, store: InMemoryStore) -> Write:

@@ -12,8 +12,7 @@ from datetime import UTC, datetime
 from relay.encoding import RecordEncoder
 from relay.errors import PoisonRecordError
 from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position, Unreadable
-from relay.ports import Fetched, Selection
-from relay.sessions import RelaySession
+from relay.ports import Fetched, RelaySession, Selection
 from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.testing import InMemoryPublisher, InMemoryStore
 from relay.worker import PartWorker, WorkerState
@@ -44,6 +43,7 @@ def claimed(subscriber: Subscriber = JSON, store: InMemoryStore | None = None) -
     """A store whose one part is claimed by this relay's session."""
     store = store if store is not None else InMemoryStore()
     store.add(subscriber)
+    store.open_session("test", 1, 3600, session_id=OWNER)
     assert store.claim(subscriber.name, 0, OWNER)
     return store
 
