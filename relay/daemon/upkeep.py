@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from relay.daemon.membership import Membership
-from relay.daemon.startup import KeySpaceChecks
 from relay.errors import RelayError
 from relay.ports import DaemonStore
 from relay.settings import Settings
+
+if TYPE_CHECKING:  # start-up checks the schema on a connection: not the port's business
+    from relay.daemon.startup import KeySpaceChecks
 
 logger = logging.getLogger(__name__)
 
