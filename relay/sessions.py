@@ -23,6 +23,7 @@ from relay.errors import RelayError
 from relay.model import PartId
 from relay.ports import DaemonStore, RelaySession
 
+# RelaySession moved to relay.ports; importers of it from here keep working.
 __all__ = ["RelaySession", "SessionKeeper", "assign"]
 
 logger = logging.getLogger(__name__)

@@ -13,8 +13,9 @@ from confluent_kafka.admin import AdminClient
 from relay.broker_watch import BrokerWatch, connection_config
 from relay.daemon.context import DaemonContext
 from relay.errors import RelayError
+from relay.ports import RelaySession
 from relay.replication_check import check_replication, relay_topics
-from relay.sessions import RelaySession, SessionKeeper
+from relay.sessions import SessionKeeper
 
 logger = logging.getLogger(__name__)
 
