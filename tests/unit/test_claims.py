@@ -29,6 +29,9 @@ from relay.subscribers import Subscriber, TopicGuard, ValueFormat
 from relay.testing import InMemoryPublisher, InMemoryStore
 from tests.support import wait_until
 
+# How long a condition may take to hold on a busy machine (never a figure asserted).
+WAIT = 60.0
+
 TIMEOUT = 60.0  # the session timeout of every relay here: none expires unless told to
 
 
@@ -144,7 +147,9 @@ def settled(store: InMemoryStore, relays: list[Relay]) -> bool:
 
 
 def settle(store: InMemoryStore, relays: list[Relay]) -> None:
-    wait_until(lambda: settled(store, relays), what="the claims to match the assignment")
+    wait_until(
+        lambda: settled(store, relays), what="the claims to match the assignment", timeout=WAIT
+    )
 
 
 def test_the_assignment_is_round_robin_over_the_sorted_sessions() -> None:
@@ -196,7 +201,9 @@ def test_the_parts_of_an_expired_relay_go_to_the_live_ones(
     assert not any(o == second.session.id for o in owners(store).values())
     settle(store, [first])
     assert set(owners(store).values()) == {first.session.id}
-    wait_until(lambda: second.running() == set(), what="the expired relay's workers to stop")
+    wait_until(
+        lambda: second.running() == set(), what="the expired relay's workers to stop", timeout=WAIT
+    )
 
 
 def test_a_relay_that_closes_its_session_gives_every_part_up_at_once(
@@ -275,6 +282,7 @@ def test_a_worker_that_fails_for_good_is_retired_and_its_part_halted(
     wait_until(
         lambda: relay.rebalance() or relay.parts.totals().get(solo, {}).get("failures") == 1,
         what="the failed worker to be retired",
+        timeout=WAIT,
     )
     halted = store.get_part("solo", 0)
     assert halted.halted_error is not None and "refused a setting" in halted.halted_error

@@ -14,6 +14,9 @@ from relay.subscribers import Subscriber, ValueFormat
 from relay.testing import InMemoryStore
 from tests.support import wait_until
 
+# How long a condition may take to hold on a busy machine (never a figure asserted).
+WAIT = 60.0
+
 SUBSCRIBER = Subscriber("s", topic="t", value_format=ValueFormat.JSON)
 
 
@@ -46,7 +49,9 @@ def test_the_keeper_expires_a_dead_peers_session_and_frees_its_parts(
     store.add(SUBSCRIBER)
     peer = store.open_session("peer", 2, -1.0)  # its heartbeats stopped long ago
     assert store.claim("s", 0, peer)
-    wait_until(lambda: peer not in store.sessions, what="the peer's session to be expired")
+    wait_until(
+        lambda: peer not in store.sessions, what="the peer's session to be expired", timeout=WAIT
+    )
     assert store.get_part("s", 0).owner is None
     assert store.live_sessions() == [keeper.session.id]
 
@@ -56,9 +61,9 @@ def test_a_keeper_whose_session_a_peer_expired_gives_up_and_opens_another(
 ) -> None:
     old = keeper.session
     store.close_session(old.id)  # as a peer does to a session past its expiry
-    wait_until(lost.is_set, what="the keeper to find its session gone")
+    wait_until(lost.is_set, what="the keeper to find its session gone", timeout=WAIT)
     assert old.lost.is_set() and not old.valid(), "its workers stop publishing"
-    wait_until(lambda: keeper.session is not old, what="a new session")
+    wait_until(lambda: keeper.session is not old, what="a new session", timeout=WAIT)
     assert store.live_sessions() == [keeper.session.id]
 
 
