@@ -41,10 +41,10 @@ from relay.encoding import RecordEncoder
 from relay.errors import ConfigError, EncodingError, PoisonRecordError, SubscriberError
 from relay.kafka import TopicCreator, TransactionalPublisher, producer_config
 from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
-from relay.ports import Batch, SubscriberState
+from relay.ports import Batch
 from relay.queries import parse_named, read_sql, with_schema
 from relay.settings import Settings
-from relay.store import OutboxStore, _load_row_json
+from relay.store import OutboxStore, SubscriberState, _load_row_json
 
 logger = logging.getLogger(__name__)
 

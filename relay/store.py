@@ -17,7 +17,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 
-from relay import part_index
+from relay import part_index, ports
 from relay.db import wrap_errors
 from relay.errors import (
     CheckpointConflict,
@@ -36,10 +36,12 @@ from relay.ports import (
     HorizonHolder,
     PartState,
     Selection,
-    SubscriberState,
 )
 from relay.queries import queries_for
 from relay.subscribers import StartFrom, SubjectStrategy, Subscriber, ValueFormat, collision
+
+# Moved to the ports (the daemon's store port returns it); still importable from here.
+SubscriberState = ports.SubscriberState
 
 
 class LagSample(NamedTuple):
