@@ -44,9 +44,9 @@ from relay.ports import (
     PartState,
     PartStore,
     Publisher,
-    RelaySession,
     Selection,
 )
+from relay.sessions import RelaySession
 from relay.subscribers import PoisonPolicy
 
 logger = logging.getLogger(__name__)
