@@ -1007,7 +1007,7 @@ def dead_letters_redrive(
         store = DeadLetterStore(conn, settings.database_schema)
         state = store.subscriber(subscriber)
         guard.update(s.subscriber for s in store.outbox.list())
-        with closing(redrive_publisher(settings, state.subscriber_id)) as publisher:
+        with closing(redrive_publisher(settings, state.subscriber_id, guard)) as publisher:
             redrive = Redrive(
                 store,
                 publisher,
