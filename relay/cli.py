@@ -30,6 +30,7 @@ from relay.key_space import KeySpaceAction, report
 from relay.lag import EXACT_UP_TO, SubscriberStatus, subscriber_statuses
 from relay.model import Position
 from relay.redact import redact
+from relay.routing import DEFAULT_KEY
 from relay.settings import Settings, load_settings
 from relay.store import OutboxStore
 
@@ -715,6 +716,23 @@ def subscribers_add(
             "record's full name (record) or <topic>-<record> (topic-record)."
         ),
     ] = subs.SubjectStrategy.TOPIC,
+    key: Annotated[
+        str,
+        typer.Option(
+            help="Record key: a template over aggregate_id, aggregate_type, event_type, "
+            "message_id, aggregate_version, occurred_at, payload.<field>, headers.<name>."
+        ),
+    ] = DEFAULT_KEY,
+    partition_by: Annotated[
+        str | None,
+        typer.Option(help="A field whose number is the record's partition [by key]."),
+    ] = None,
+    placement: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="field:header[:alias] or field:envelope[:alias] (json only); repeatable."
+        ),
+    ] = None,
     schemas_dir: Annotated[
         Path | None, typer.Option(help="Avro schemas folder [RELAY_SCHEMAS_DIR]")
     ] = None,
@@ -751,6 +769,9 @@ def subscribers_add(
             "on_poison": on_poison,
             "dead_letter_topic": dead_letter_topic,
             "subject_strategy": subject_strategy,
+            "key": key,
+            "partition_by": partition_by,
+            "placements": placement or (),
         }
     )
     with _store(settings) as store:
@@ -834,6 +855,9 @@ def _listed(status: SubscriberStatus) -> dict[str, Any]:
         "topic": definition["topic"],
         "format": definition["value_format"],
         "subject_strategy": definition["subject_strategy"],
+        "key": definition["key"],
+        "partition_by": definition["partition_by"],
+        "placements": definition["placements"],
         "aggregate_types": definition["aggregate_types"] or None,
         "event_types": definition["event_types"] or None,
         "paused": definition["paused"],

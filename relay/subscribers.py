@@ -13,6 +13,7 @@ from typing import Any
 
 from relay.errors import EncodingError, SubscriberError
 from relay.model import OutboxEvent
+from relay.routing import DEFAULT_KEY, Routing
 
 DEFAULT_TOPIC = "outbox.event.{aggregate_type}"  # Debezium Outbox Event Router's default
 DEFAULT_SUBSCRIBER = "default"
@@ -78,6 +79,11 @@ class Subscriber:
     on_poison: PoisonPolicy = PoisonPolicy.HALT
     dead_letter_topic: str | None = None  # None: "outbox.dead-letter.<name>"
     subject_strategy: SubjectStrategy = SubjectStrategy.TOPIC  # avro-registry only
+    # Routing control (relay/routing.py): the key template, the partition field, and
+    # "field:header|envelope[:alias]" placements.
+    key: str = DEFAULT_KEY
+    partition_by: str | None = None
+    placements: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         validate_name(self.name)
@@ -88,13 +94,38 @@ class Subscriber:
             raise SubscriberError(
                 f"dead-letter topic {self.dead_letter_topic!r} is not a legal Kafka topic name"
             )
+        self._check_routing()
+
+    def _check_routing(self) -> None:
+        routing = self.routing  # parses: a SubscriberError names what is wrong
+        if routing.default:
+            return
+        if self.value_format is ValueFormat.DEBEZIUM:
+            raise SubscriberError(
+                f"subscriber {self.name!r}: the debezium format takes its key, partition and "
+                "placements from `outbox-relay debezium attach` (table.field.event.key, "
+                "table.fields.additional.placement), not from key/partition_by/placements"
+            )
+        if routing.envelope and self.value_format is not ValueFormat.JSON:
+            raise SubscriberError(
+                f"subscriber {self.name!r}: an envelope placement changes the value's shape, "
+                f"which the {self.value_format.value} format's schema fixes; place the field "
+                "in a header, or publish json"
+            )
+
+    @functools.cached_property
+    def routing(self) -> Routing:
+        return Routing.parse(self.key, self.partition_by, self.placements)
 
     @classmethod
     def from_dict(cls, fields: Mapping[str, Any]) -> Subscriber:
         """A subscriber from plain values, as :meth:`as_dict` gives them: a stored row,
         validated settings, the command line's options. Keys that are not fields are
         ignored; a field missing or None takes its default."""
-        given = {f.name: fields[f.name] for f in _FIELDS if fields.get(f.name) is not None}
+        # A stored row holds the routing fields in one jsonb column, "routing".
+        routing = fields.get("routing")
+        merged = {**fields, **routing} if isinstance(routing, Mapping) else fields
+        given = {f.name: merged[f.name] for f in _FIELDS if merged.get(f.name) is not None}
         kinds: tuple[tuple[str, type[StrEnum]], ...] = (
             ("value_format", ValueFormat),
             ("on_poison", PoisonPolicy),
@@ -106,6 +137,8 @@ class Subscriber:
         for name in ("aggregate_types", "event_types"):
             if name in given:
                 given[name] = frozenset(given[name])
+        if "placements" in given:
+            given["placements"] = tuple(given["placements"])
         return cls(**given)
 
     def as_dict(self) -> dict[str, Any]:
@@ -118,6 +151,7 @@ class Subscriber:
             "subject_strategy": self.subject_strategy.value,
             "aggregate_types": _sorted(self.aggregate_types),
             "event_types": _sorted(self.event_types),
+            "placements": list(self.placements),
         }
 
     def route(self, aggregate_type: str, event_type: str) -> str | None:

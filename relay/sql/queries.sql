@@ -316,6 +316,11 @@ SELECT parts FROM s;
 UPDATE {schema}.outbox_subscribers SET subject_strategy = %(subject_strategy)s
  WHERE name = %(name)s;
 
+-- name: set_routing
+-- As set_subject_strategy: run only for subscribers with routing control (or losing
+-- it), which need 0016.
+UPDATE {schema}.outbox_subscribers SET routing = %(routing)s WHERE name = %(name)s;
+
 -- name: insert_checkpoints
 -- One checkpoint per part. start 'beginning': before every row; 'now': after every
 -- transaction already decided.
@@ -332,7 +337,8 @@ ON CONFLICT (subscriber, part) DO NOTHING;
 -- 0011, which a relay of this version may run on during a rolling deploy.
 SELECT s.name, s.aggregate_types, s.event_types, s.topic, s.value_format, s.paused,
        s.id, s.parts, s.on_poison, s.dead_letter_topic,
-       to_jsonb(s) ->> 'subject_strategy' AS subject_strategy
+       to_jsonb(s) ->> 'subject_strategy' AS subject_strategy,
+       to_jsonb(s) -> 'routing' AS routing
   FROM {schema}.outbox_subscribers s
  WHERE %(name)s::text IS NULL OR s.name = %(name)s
  ORDER BY s.name;
@@ -348,6 +354,7 @@ SELECT c.subscriber, c.part, c.transaction_id::text::bigint AS transaction_id, c
 SELECT s.name, s.aggregate_types, s.event_types, s.topic, s.value_format, s.paused,
        s.id, s.parts, s.on_poison, s.dead_letter_topic,
        to_jsonb(s) ->> 'subject_strategy' AS subject_strategy,
+       to_jsonb(s) -> 'routing' AS routing,
        c.part, c.transaction_id::text::bigint AS transaction_id, c.position, c.version,
        c.generation, c.owner, c.halted_error, c.updated_at
   FROM {schema}.outbox_subscribers s

@@ -155,7 +155,10 @@ CREATE TABLE {schema}.outbox_subscribers (
     CONSTRAINT outbox_subscribers_id_key UNIQUE (id),
     -- The registry subject of an avro-registry subscriber's schemas (relay/subscribers.py).
     subject_strategy text NOT NULL DEFAULT 'topic'
-        CHECK (subject_strategy IN ('topic', 'record', 'topic-record'))
+        CHECK (subject_strategy IN ('topic', 'record', 'topic-record')),
+    -- Routing control (0016, relay/routing.py): key template, partition field and
+    -- placements; NULL: the defaults.
+    routing jsonb CHECK (routing IS NULL OR jsonb_typeof(routing) = 'object')
 );
 
 -- The part an event belongs to when its subscriber has `parts` parts: by a hash of
