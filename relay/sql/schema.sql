@@ -532,6 +532,10 @@ BEGIN
             (SELECT jsonb_agg(jsonb_build_array(e ->> 1, r -> (e ->> 0)))
                FROM jsonb_array_elements(opts -> 'envelope') e));
     END IF;
+    -- table.fields.additional.placement=<column>:partition (migration 0016).
+    IF opts ->> 'partition' IS NOT NULL THEN
+        descriptor := descriptor || jsonb_build_object('partition', r -> (opts ->> 'partition'));
+    END IF;
     -- A column that is gone reads as SQL NULL (a NULL value reads as JSON null).
     IF event_id IS NULL OR payload_json IS NULL OR route IS NULL
        OR jsonb_array_length(opts -> 'required') > 3 THEN
