@@ -534,7 +534,7 @@ RETURNING part;
 -- redriven since (dead-letters redrive).
 SELECT o.message_id, o.transaction_id::text::bigint, o.position, o.aggregate_type,
        o.event_type, d.message_id IS NOT NULL AS dead_lettered,
-       d.redriven_at IS NOT NULL AS redriven
+       d.redriven_at IS NOT NULL AS redriven, c.part
   FROM {schema}.outbox o
   JOIN {schema}.outbox_subscribers s ON s.name = %(name)s
   JOIN {schema}.outbox_checkpoints c

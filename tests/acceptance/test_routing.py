@@ -102,6 +102,12 @@ def test_key_partition_and_placements_come_from_the_row(
     assert no_tenant[0] == "o-4" and "its key needs payload.tenant" in no_tenant[1]
     assert too_far[0] == "o-5" and "partition 7 does not exist" in too_far[1]
     assert len(consume(kafka_bootstrap, [topic_prefix + "dead"], 2, quiet=1.0)) == 2
+    env = {"RELAY_DATABASE_URL": database_url, "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    checked = run_cli("verify", "--subscriber", "routed", "--json", "--timeout", "60", env=env)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    (report,) = json.loads(checked.stdout)
+    assert (report["missing"], report["duplicated"], report["out_of_order"]) == (0, 0, 0)
+    assert (report["found"], report["dead_lettered"]) == (5, 2)
 
 
 @pytest.mark.parametrize(
