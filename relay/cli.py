@@ -753,12 +753,32 @@ def subscribers_add(
             "subject_strategy": subject_strategy,
         }
     )
+    if subscriber.value_format is subs.ValueFormat.AVRO_REGISTRY:
+        _check_registry(settings, subscriber)
     with _store(settings) as store:
         created = store.add(subscriber, start, replace=replace)
         if parts > 1:
             out.print(f"indexing its {parts} parts (waits for open transactions to end)")
             store.index_parts()
     out.print(f"{'added' if created else 'updated'} subscriber {name!r}")
+
+
+def _check_registry(settings: Settings, subscriber: subs.Subscriber) -> None:
+    """Refuse (exit 2) a subscriber whose schemas the registry's compatibility rules
+    refuse, naming the subject, its versions and the registry's reason; print what
+    was checked and what only the first publish can check."""
+    from relay.daemon.startup import load_schemas
+    from relay.registry_compat import check_subscriber
+    from relay.registry_format import encoder_for
+
+    schemas = load_schemas(settings)
+    encoder = encoder_for(settings, schemas)
+    assert schemas is not None and encoder is not None  # _value_format checked the keys
+    report = check_subscriber(encoder.client, schemas, subscriber)
+    for line in report.checked:
+        out.print(f"schema registry: {line}")
+    for line in report.unchecked:
+        out.print(f"schema registry: not checked before the first publish: {line}")
 
 
 def _value_format(

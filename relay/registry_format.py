@@ -17,7 +17,6 @@ would need them as references).
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -27,6 +26,7 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 from relay.confluent_wire import from_single_object
 from relay.errors import SchemaIncompatible, SchemaRegistryUnavailable
 from relay.redact import redact
+from relay.registry_compat import schema_text
 from relay.schemas import AvroSchema, SchemaFolder, encode_with
 from relay.settings import Settings
 from relay.subscribers import SubjectStrategy
@@ -116,11 +116,8 @@ class RegistryValueEncoder:
         return schema_id
 
     def _register(self, subject: str, schema: AvroSchema) -> int:
-        # The parsed schema keeps defaults and docs (the parsing canonical form drops
-        # them, and the registry's compatibility checks need the defaults).
-        text = json.dumps(schema.parsed, separators=(",", ":"))
         try:
-            return int(self.client.register_schema(subject, Schema(text, "AVRO")))
+            return int(self.client.register_schema(subject, Schema(schema_text(schema), "AVRO")))
         except SchemaRegistryError as exc:
             if exc.http_status_code in _REFUSALS:
                 raise SchemaIncompatible(
