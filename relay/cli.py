@@ -25,7 +25,7 @@ from rich.text import Text
 
 from relay import db, logs, migrations
 from relay import subscribers as subs
-from relay.errors import ConfigError, DatabaseUnavailable, RelayError
+from relay.errors import ConfigError, DatabaseUnavailable, RelayError, SchemaRegistryUnavailable
 from relay.key_space import KeySpaceAction, report
 from relay.lag import EXACT_UP_TO, SubscriberStatus, subscriber_statuses
 from relay.model import Position
@@ -715,6 +715,13 @@ def subscribers_add(
             "record's full name (record) or <topic>-<record> (topic-record)."
         ),
     ] = subs.SubjectStrategy.TOPIC,
+    key_format: Annotated[
+        subs.KeyFormat,
+        typer.Option(
+            help="The record key: the aggregate_id as text (string), or as an Avro string "
+            "registered under <topic>-key (avro-registry; with --format avro-registry)."
+        ),
+    ] = subs.KeyFormat.STRING,
     schemas_dir: Annotated[
         Path | None, typer.Option(help="Avro schemas folder [RELAY_SCHEMAS_DIR]")
     ] = None,
@@ -751,6 +758,7 @@ def subscribers_add(
             "on_poison": on_poison,
             "dead_letter_topic": dead_letter_topic,
             "subject_strategy": subject_strategy,
+            "key_format": key_format,
         }
     )
     if subscriber.value_format is subs.ValueFormat.AVRO_REGISTRY:
@@ -766,7 +774,8 @@ def subscribers_add(
 def _check_registry(settings: Settings, subscriber: subs.Subscriber) -> None:
     """Refuse (exit 2) a subscriber whose schemas the registry's compatibility rules
     refuse, naming the subject, its versions and the registry's reason; print what
-    was checked and what only the first publish can check."""
+    was checked and what only the first publish can check. A registry that cannot
+    answer is a warning."""
     from relay.daemon.startup import load_schemas
     from relay.registry_compat import check_subscriber
     from relay.registry_format import encoder_for
@@ -774,7 +783,13 @@ def _check_registry(settings: Settings, subscriber: subs.Subscriber) -> None:
     schemas = load_schemas(settings)
     encoder = encoder_for(settings, schemas)
     assert schemas is not None and encoder is not None  # _value_format checked the keys
-    report = check_subscriber(encoder.client, schemas, subscriber)
+    try:
+        report = check_subscriber(encoder.client, schemas, subscriber)
+    except SchemaRegistryUnavailable as exc:
+        # As at start-up: the relay checks again when it registers (a refusal halts
+        # the part), and an outage of the registry should not block a definition.
+        err.print(f"warning: schemas not checked against the registry: {redact(str(exc))}")
+        return
     for line in report.checked:
         out.print(f"schema registry: {line}")
     for line in report.unchecked:
@@ -854,6 +869,7 @@ def _listed(status: SubscriberStatus) -> dict[str, Any]:
         "topic": definition["topic"],
         "format": definition["value_format"],
         "subject_strategy": definition["subject_strategy"],
+        "key_format": definition["key_format"],
         "aggregate_types": definition["aggregate_types"] or None,
         "event_types": definition["event_types"] or None,
         "paused": definition["paused"],

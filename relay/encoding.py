@@ -22,7 +22,7 @@ from relay.model import (
     Unreadable,
 )
 from relay.schemas import SchemaFolder
-from relay.subscribers import Subscriber, TopicGuard, ValueFormat
+from relay.subscribers import KeyFormat, Subscriber, TopicGuard, ValueFormat
 
 if TYPE_CHECKING:  # the registry client is imported only by relays that use it
     from relay.registry_format import RegistryValueEncoder
@@ -61,8 +61,8 @@ class RecordEncoder:
             return record
         topic = subscriber.topic_for(event)
         self._check_route(topic, subscriber, event)
-        key = event.aggregate_id.encode()
         value = self._value(event, subscriber, topic)
+        key = self._key(event, subscriber, topic)
         headers, headers_size = _headers(event)
         size = len(key) + len(value) + headers_size
         return KafkaRecord(topic, key, value, headers, size, subscriber.fixed_topic is None)
@@ -102,6 +102,13 @@ class RecordEncoder:
             raise EncodingError(
                 f"event {event.message_id} cannot be encoded as Avro: {exc}"
             ) from exc
+
+    def _key(self, event: OutboxEvent, subscriber: Subscriber, topic: str) -> bytes:
+        if subscriber.key_format is KeyFormat.STRING:
+            return event.aggregate_id.encode()
+        # Only avro-registry subscribers have other keys, and _value found their encoder.
+        assert self.schema_registry is not None
+        return self.schema_registry.encode_key(topic, event.aggregate_id)
 
     def _registry_value(self, event: OutboxEvent, subscriber: Subscriber, topic: str) -> bytes:
         if self.schema_registry is None:

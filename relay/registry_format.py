@@ -17,13 +17,15 @@ would need them as references).
 
 from __future__ import annotations
 
+import io
 import logging
 from typing import Any
 
+import fastavro
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from relay.confluent_wire import from_single_object
+from relay.confluent_wire import frame, from_single_object
 from relay.errors import SchemaIncompatible, SchemaRegistryUnavailable
 from relay.redact import redact
 from relay.registry_compat import schema_text
@@ -40,6 +42,9 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+
+# The schema of avro-registry keys: the aggregate_id, an Avro string.
+KEY_SCHEMA = '"string"'
 
 # Statuses that say "this schema, under this subject, is refused" rather than "the
 # registry is unwell": 409 incompatible, 422 invalid schema.
@@ -86,6 +91,7 @@ class RegistryValueEncoder:
         self.schemas = schemas
         self.client = client
         self._ids: dict[tuple[str, bytes], int] = {}
+        self._key_ids: dict[str, int] = {}
 
     def encode(
         self,
@@ -97,6 +103,22 @@ class RegistryValueEncoder:
         schema = self.schemas.writer_for(event_type)
         schema_id = self.schema_id(strategy.subject(topic, schema.full_name), schema)
         return from_single_object(encode_with(schema, payload), schema_id)
+
+    def encode_key(self, topic: str, key: str) -> bytes:
+        """The wire-format key: ``key`` as an Avro string, its schema (``"string"``)
+        registered under ``<topic>-key``, as stock key serializers do (TopicNameStrategy)."""
+        subject = f"{topic}-key"
+        schema_id = self._key_ids.get(subject)
+        if schema_id is None:
+            schema_id = self._register_text(subject, KEY_SCHEMA, "string")
+            self._key_ids[subject] = schema_id
+            _log.info(
+                "key schema has id %s under %s",
+                schema_id,
+                subject,
+                extra={"event": "registry.schema_id"},
+            )
+        return frame(schema_id, _avro_string(key))
 
     def schema_id(self, subject: str, schema: AvroSchema) -> int:
         """The registry id of ``schema`` under ``subject``, registering it if new."""
@@ -116,12 +138,15 @@ class RegistryValueEncoder:
         return schema_id
 
     def _register(self, subject: str, schema: AvroSchema) -> int:
+        return self._register_text(subject, schema_text(schema), schema.full_name)
+
+    def _register_text(self, subject: str, text: str, what: str) -> int:
         try:
-            return int(self.client.register_schema(subject, Schema(schema_text(schema), "AVRO")))
+            return int(self.client.register_schema(subject, Schema(text, "AVRO")))
         except SchemaRegistryError as exc:
             if exc.http_status_code in _REFUSALS:
                 raise SchemaIncompatible(
-                    f"the schema registry refused {schema.full_name} under {subject!r}: "
+                    f"the schema registry refused {what} under {subject!r}: "
                     f"{redact(str(exc.error_message))}"
                 ) from exc
             raise SchemaRegistryUnavailable(
@@ -131,3 +156,10 @@ class RegistryValueEncoder:
             raise SchemaRegistryUnavailable(
                 redact(f"schema registry unreachable for {subject!r}: {type(exc).__name__}: {exc}")
             ) from exc
+
+
+def _avro_string(text: str) -> bytes:
+    """``text`` in Avro's binary encoding (its length, then its UTF-8 bytes)."""
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, "string", text)
+    return body.getvalue()

@@ -28,6 +28,7 @@ from relay.redact import mask_url, redact, remember
 from relay.subscribers import (
     DEFAULT_TOPIC,
     MAX_PARTS,
+    KeyFormat,
     PoisonPolicy,
     StartFrom,
     SubjectStrategy,
@@ -68,6 +69,8 @@ class SubscriberSettings(BaseModel):
     dead_letter_topic: str | None = None
     # avro-registry: the subject a schema is registered under (topic: <topic>-value).
     subject_strategy: SubjectStrategy = SubjectStrategy.TOPIC
+    # avro-registry: the record key as text (string) or registry-encoded (avro-registry).
+    key_format: KeyFormat = KeyFormat.STRING
 
     @field_validator("name")
     @classmethod
@@ -87,6 +90,18 @@ class SubscriberSettings(BaseModel):
         if value is not None and info.data.get("on_poison") is not PoisonPolicy.DEAD_LETTER:
             raise ValueError(
                 'used only with on_poison = "dead-letter"; add it, or drop dead_letter_topic'
+            )
+        return value
+
+    @field_validator("key_format")
+    @classmethod
+    def _key_needs_registry(cls, value: KeyFormat, info: ValidationInfo) -> KeyFormat:
+        if value is KeyFormat.AVRO_REGISTRY and info.data.get("value_format") is not (
+            ValueFormat.AVRO_REGISTRY
+        ):
+            raise ValueError(
+                'avro-registry keys need value_format = "avro-registry"; use key_format = '
+                '"string", or that value format'
             )
         return value
 

@@ -471,6 +471,8 @@ class OutboxStore:
                 or subscriber.subject_strategy is not SubjectStrategy.TOPIC
             ):
                 self.conn.execute(self._q["set_subject_strategy"], params)
+            if subscriber.value_format is ValueFormat.AVRO_REGISTRY:
+                self.conn.execute(self._q["set_key_format"], params)
         return created
 
     def index_parts(self) -> None:

@@ -52,6 +52,15 @@ class SubjectStrategy(StrEnum):
         return f"{topic}-{record}"
 
 
+class KeyFormat(StrEnum):
+    """The record key: the event's aggregate_id."""
+
+    STRING = "string"  # its UTF-8 bytes, as every value format writes it
+    # An Avro string in the Confluent wire format, its schema registered under
+    # <topic>-key (TopicNameStrategy, as stock key serializers): avro-registry only.
+    AVRO_REGISTRY = "avro-registry"
+
+
 class StartFrom(StrEnum):
     BEGINNING = "beginning"
     NOW = "now"
@@ -78,6 +87,7 @@ class Subscriber:
     on_poison: PoisonPolicy = PoisonPolicy.HALT
     dead_letter_topic: str | None = None  # None: "outbox.dead-letter.<name>"
     subject_strategy: SubjectStrategy = SubjectStrategy.TOPIC  # avro-registry only
+    key_format: KeyFormat = KeyFormat.STRING
 
     def __post_init__(self) -> None:
         validate_name(self.name)
@@ -87,6 +97,15 @@ class Subscriber:
         if self.dead_letter_topic is not None and not legal_topic(self.dead_letter_topic):
             raise SubscriberError(
                 f"dead-letter topic {self.dead_letter_topic!r} is not a legal Kafka topic name"
+            )
+        if (
+            self.key_format is KeyFormat.AVRO_REGISTRY
+            and self.value_format is not ValueFormat.AVRO_REGISTRY
+        ):
+            raise SubscriberError(
+                f"subscriber {self.name!r}: key format avro-registry needs value format "
+                f"avro-registry (its registry and schemas), not {self.value_format.value}; "
+                "use the string key format, or the avro-registry value format"
             )
 
     @classmethod
@@ -99,6 +118,7 @@ class Subscriber:
             ("value_format", ValueFormat),
             ("on_poison", PoisonPolicy),
             ("subject_strategy", SubjectStrategy),
+            ("key_format", KeyFormat),
         )
         for name, kind in kinds:
             if name in given:
@@ -116,6 +136,7 @@ class Subscriber:
             "value_format": self.value_format.value,
             "on_poison": self.on_poison.value,
             "subject_strategy": self.subject_strategy.value,
+            "key_format": self.key_format.value,
             "aggregate_types": _sorted(self.aggregate_types),
             "event_types": _sorted(self.event_types),
         }

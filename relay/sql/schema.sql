@@ -155,7 +155,10 @@ CREATE TABLE {schema}.outbox_subscribers (
     CONSTRAINT outbox_subscribers_id_key UNIQUE (id),
     -- The registry subject of an avro-registry subscriber's schemas (relay/subscribers.py).
     subject_strategy text NOT NULL DEFAULT 'topic'
-        CHECK (subject_strategy IN ('topic', 'record', 'topic-record'))
+        CHECK (subject_strategy IN ('topic', 'record', 'topic-record')),
+    -- The record key: the aggregate_id as text, or registry-encoded (avro-registry only).
+    key_format text NOT NULL DEFAULT 'string'
+        CHECK (key_format IN ('string', 'avro-registry'))
 );
 
 -- The part an event belongs to when its subscriber has `parts` parts: by a hash of

@@ -6,6 +6,9 @@ stalls publication (no poison, no dead letter) until it can."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -168,3 +171,83 @@ def test_the_relay_refuses_to_start_with_schemas_the_registry_rules_out(
     message = str(refused.value)
     assert f"subject '{topic}-value' (compatibility BACKWARD, versions [1])" in message
     assert "subscribers pause reg" in message
+
+
+# -- keys in the wire format --------------------------------------------------------
+
+
+def test_avro_registry_keys_are_read_by_the_stock_deserializer(
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+    schema_registry: str,
+) -> None:
+    definition = sub("keys", topic_prefix, value_format="avro-registry", key_format="avro-registry")
+    start_relay(schema_registry_url=schema_registry, subscribers=[definition])
+    write_orders(writer_db, outbox, IDS[:5])
+    wait_caught_up(db, "keys", timeout=120)
+
+    topic = topic_prefix + "outbox.event.order"
+    client = SchemaRegistryClient({"url": schema_registry})
+    keys = AvroDeserializer(client)
+    values = AvroDeserializer(client)
+    context = SerializationContext(topic, MessageField.KEY)
+    read = [
+        (keys(r.key, context), values(r.value, SerializationContext(topic, MessageField.VALUE)))
+        for r in consume(kafka_bootstrap, [topic], 5)
+    ]
+    assert sorted(read, key=lambda kv: kv[0]) == sorted(
+        [(i, {**order(i), "currency": "EUR", "note": None}) for i in IDS[:5]]
+    )
+    assert client.get_latest_version(f"{topic}-key").schema.schema_str.strip('" ') == "string"
+
+
+# -- the README's consumer -----------------------------------------------------------
+
+
+def _readme_consumer() -> str:
+    """The README's Python block that reads the registry format."""
+    text = (REPO / "README.md").read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+    [block] = [b for b in blocks if "AvroDeserializer" in b]
+    return block
+
+
+def test_the_readmes_registry_consumer_reads_what_the_relay_publishes(
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+    schema_registry: str,
+) -> None:
+    """The block runs as written: only the registry's URL, the bootstrap servers and the
+    topic (the README's orders.{aggregate_type}, prefixed) are this test's own."""
+    definition = {"name": "orders", "topic": topic_prefix + "orders.{aggregate_type}"}
+    start_relay(
+        schema_registry_url=schema_registry,
+        subscribers=[{**definition, "value_format": "avro-registry"}],
+    )
+    write_orders(writer_db, outbox, IDS[:5])
+    wait_caught_up(db, "orders", timeout=120)
+
+    code = _readme_consumer()
+    for written, here in (
+        ("https://registry:8081", schema_registry),
+        ("kafka:9092", kafka_bootstrap),
+        ('"orders.order"', f'"{topic_prefix}orders.order"'),
+    ):
+        assert written in code
+        code = code.replace(written, here)
+    ran = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert ran.returncode == 0, ran.stderr
+    printed = ran.stdout.splitlines()
+    assert len(printed) == 5
+    for i in IDS[:5]:
+        assert any(line.startswith(f"b'{i}' {{'order_id': '{i}'") for line in printed), printed
