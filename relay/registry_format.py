@@ -6,7 +6,10 @@ The writer schema of an event type comes from the relay's schema folder, as for 
 under the subscriber's subject (by default ``<topic>-value``, Confluent's
 TopicNameStrategy; see :class:`SubjectStrategy`). Ids are cached per (subject, schema
 fingerprint) for the life of the process: the registry is asked once per schema and
-subject, not per event. A schema the registry refuses (incompatible with the subject's
+subject, not per event, and again after a restart (never persisted: an id remembered
+from a registry since wiped or replaced would point at another schema). Keys are the
+aggregate_id, as text or (``key_format`` avro-registry) as an Avro string under
+``<topic>-key``. A schema the registry refuses (incompatible with the subject's
 history) is :class:`SchemaIncompatible`, a configuration error carrying the registry's
 reason (the part halts; no event is dead-lettered for it); a registry that cannot be
 reached is retryable, never a poison event.
