@@ -16,8 +16,10 @@ Which (subject, schema) pairs are checked:
   topic is the rows' business, and testing every schema of the folder against one
   subject would refuse subscribers that are fine.
 
-A refusal names the subject, its compatibility level, its versions, the local schema
-(full name, file, fingerprint) and the registry's reason.
+With ``key_format`` avro-registry, the key schema (``"string"``) is checked under the
+``<topic>-key`` subject of each topic known. A refusal names the subject, its
+compatibility level, its versions, the local schema (full name, file, fingerprint) and
+the registry's reason.
 """
 
 from __future__ import annotations
@@ -33,11 +35,14 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 from relay.errors import SchemaIncompatible, SchemaRegistryUnavailable, UnknownEventTypeError
 from relay.redact import redact
 from relay.schemas import AvroSchema, SchemaFolder
-from relay.subscribers import SubjectStrategy, Subscriber
+from relay.subscribers import KeyFormat, SubjectStrategy, Subscriber
 
-__all__ = ["CompatibilityReport", "check_subscriber", "schema_text"]
+__all__ = ["KEY_SCHEMA", "CompatibilityReport", "check_subscriber", "schema_text"]
 
 _NOT_FOUND = 404
+
+# The schema of avro-registry keys (the aggregate_id): an Avro string.
+KEY_SCHEMA = '"string"'
 
 
 def schema_text(schema: AvroSchema) -> str:
@@ -67,17 +72,29 @@ def check_subscriber(
         for name in missing
     ]
     checked: list[str] = []
-    unchecked: list[str] = []
+    per_row: list[str] = []
+    key_topics: set[str] = set()
     for schema in in_scope:
-        subjects = _subjects(subscriber, schema)
+        topics = _topics(subscriber, schema)
+        key_topics.update(topics or ())
+        subjects = _subjects(subscriber, schema, topics)
         if subjects is None:
-            unchecked.append(f"{schema.full_name}: the topic of {subscriber.topic!r} is per row")
+            per_row.append(schema.full_name)
             continue
         for subject in subjects:
             if _elsewhere(client, subscriber, subject, schema):
                 continue
-            verdict = _check(client, subject, schema)
+            verdict = _check(client, subject, schema_text(schema), _local(schema))
             (checked if verdict.ok else refusals).append(verdict.text)
+    if subscriber.key_format is KeyFormat.AVRO_REGISTRY:
+        for topic in sorted(key_topics):
+            verdict = _check(client, f"{topic}-key", KEY_SCHEMA, f"the key schema {KEY_SCHEMA}")
+            (checked if verdict.ok else refusals).append(verdict.text)
+    unchecked = (
+        [f"{', '.join(per_row)}: the topic of {subscriber.topic!r} is chosen per row"]
+        if per_row
+        else []
+    )
     if refusals:
         raise SchemaIncompatible(
             f"subscriber {subscriber.name!r}: the schema registry's rules refuse its "
@@ -103,21 +120,30 @@ def _event_schemas(
     return list(found.values()), missing
 
 
-def _subjects(subscriber: Subscriber, schema: AvroSchema) -> list[str] | None:
+def _topics(subscriber: Subscriber, schema: AvroSchema) -> list[str] | None:
+    """The topics events of ``schema``'s type go to, when known without a row."""
+    routed: list[str | None]
+    if subscriber.fixed_topic is not None:
+        routed = [subscriber.fixed_topic]
+    elif "{aggregate_type}" not in subscriber.topic:
+        routed = [subscriber.route("", schema.full_name)]
+    elif subscriber.aggregate_types is not None:
+        routed = [subscriber.route(a, schema.full_name) for a in sorted(subscriber.aggregate_types)]
+    else:
+        return None
+    return sorted({t for t in routed if t is not None})
+
+
+def _subjects(
+    subscriber: Subscriber, schema: AvroSchema, topics: list[str] | None
+) -> list[str] | None:
     """The subjects ``schema`` goes to, when known without a row."""
     strategy = subscriber.subject_strategy
     if strategy is SubjectStrategy.RECORD:
         return [strategy.subject("", schema.full_name)]
-    topics: list[str | None]
-    if subscriber.fixed_topic is not None:
-        topics = [subscriber.fixed_topic]
-    elif "{aggregate_type}" not in subscriber.topic:
-        topics = [subscriber.route("", schema.full_name)]
-    elif subscriber.aggregate_types is not None:
-        topics = [subscriber.route(a, schema.full_name) for a in sorted(subscriber.aggregate_types)]
-    else:
+    if topics is None:
         return None
-    return sorted({strategy.subject(t, schema.full_name) for t in topics if t is not None})
+    return sorted({strategy.subject(t, schema.full_name) for t in topics})
 
 
 def _elsewhere(
@@ -152,11 +178,14 @@ class _Verdict:
     text: str
 
 
-def _check(client: SchemaRegistryClient, subject: str, schema: AvroSchema) -> _Verdict:
-    local = (
-        f"{schema.full_name} ({schema.path or 'schema'}, fingerprint {schema.fingerprint.hex()})"
-    )
-    candidate = Schema(schema_text(schema), "AVRO")
+def _local(schema: AvroSchema) -> str:
+    return f"{schema.full_name} ({schema.path or 'schema'}, fingerprint {schema.fingerprint.hex()})"
+
+
+def _check(client: SchemaRegistryClient, subject: str, text: str, local: str) -> _Verdict:
+    """The registry's verdict on the schema ``text`` (``local`` says which) under
+    ``subject``."""
+    candidate = Schema(text, "AVRO")
     registered = _ask(subject, lambda: client.lookup_schema(subject, candidate))
     if registered is not None:
         return _Verdict(

@@ -31,7 +31,7 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 from relay.confluent_wire import frame, from_single_object
 from relay.errors import SchemaIncompatible, SchemaRegistryUnavailable
 from relay.redact import redact
-from relay.registry_compat import schema_text
+from relay.registry_compat import KEY_SCHEMA, schema_text
 from relay.schemas import AvroSchema, SchemaFolder, encode_with
 from relay.settings import Settings
 from relay.subscribers import SubjectStrategy
@@ -46,8 +46,7 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-# The schema of avro-registry keys: the aggregate_id, an Avro string.
-KEY_SCHEMA = '"string"'
+REQUEST_TIMEOUT_S = 10.0
 
 # Statuses that say "this schema, under this subject, is refused" rather than "the
 # registry is unwell": 409 incompatible, 422 invalid schema.
@@ -60,9 +59,13 @@ def registry_client(
     user: str | None = None,
     password: str | None = None,
     ca_location: str | None = None,
+    timeout: float = REQUEST_TIMEOUT_S,
 ) -> SchemaRegistryClient:
-    """The Confluent client for the registry at ``url``, with basic auth and a CA."""
-    config: dict[str, Any] = {"url": url}
+    """The Confluent client for the registry at ``url``, with basic auth, a CA and a
+    timeout per request (seconds)."""
+    # The client's default is no timeout at all: a registry that accepts connections
+    # and never answers would hold a part (or the start-up check) forever.
+    config: dict[str, Any] = {"url": url, "timeout": timeout}
     if user is not None:
         config["basic.auth.user.info"] = f"{user}:{password or ''}"
     if ca_location is not None:

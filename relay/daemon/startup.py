@@ -129,20 +129,28 @@ class SubscriberSync:
             if subscriber.value_format is not ValueFormat.AVRO_REGISTRY or subscriber.paused:
                 continue
             try:
-                check_subscriber(self._schema_registry.client, self._schemas, subscriber)
+                report = check_subscriber(self._schema_registry.client, self._schemas, subscriber)
             except SchemaRegistryUnavailable as exc:
+                # Not once per subscriber: each would wait for the client's timeouts.
                 logger.warning(
-                    "subscriber %s: schemas not checked against the registry: %s",
+                    "schemas not checked against the registry (from subscriber %s on): %s",
                     subscriber.name,
                     exc,
                     extra={"event": "registry.check_skipped", "subscriber": subscriber.name},
                 )
+                return
             except SchemaIncompatible as exc:
                 raise SchemaIncompatible(
                     f"{exc}\nfix the schemas or the subject's compatibility rule, or pause "
                     f"the subscriber to start without it: outbox-relay subscribers pause "
                     f"{subscriber.name}"
                 ) from exc
+            logger.info(
+                "subscriber %s: schemas checked against the registry: %s",
+                subscriber.name,
+                "; ".join(report.checked) or "nothing known before a row names the topic",
+                extra={"event": "registry.checked", "subscriber": subscriber.name},
+            )
 
     def _refuse_registry_without_settings(self, store: OutboxStore) -> None:
         missing = self._settings.registry_format_missing(has_schemas=self._schemas is not None)

@@ -16,7 +16,7 @@ from relay.errors import SchemaIncompatible, SchemaRegistryUnavailable
 from relay.localstack import free_port
 from relay.registry_compat import check_subscriber, schema_text
 from relay.schemas import AvroSchema, SchemaFolder
-from relay.subscribers import SubjectStrategy, Subscriber, ValueFormat
+from relay.subscribers import KeyFormat, SubjectStrategy, Subscriber, ValueFormat
 
 pytestmark = [pytest.mark.registry, pytest.mark.timeout(1800)]
 
@@ -135,3 +135,16 @@ def test_an_unreachable_registry_is_unavailable_not_a_refusal(topic_prefix: str)
     nowhere = SchemaRegistryClient({"url": f"http://127.0.0.1:{free_port()}"})
     with pytest.raises(SchemaRegistryUnavailable):
         check_subscriber(nowhere, folder(record("Order", ID)), subscriber(f"{topic_prefix}o"))
+
+
+def test_an_avro_registry_key_is_checked_under_the_topics_key_subject(
+    client: SchemaRegistryClient, topic: str
+) -> None:
+    client.register_schema(f"{topic}-key", Schema('"long"', "AVRO"))  # another producer's keys
+    client.set_compatibility(f"{topic}-key", "BACKWARD")
+    keyed = subscriber(topic, key_format=KeyFormat.AVRO_REGISTRY)
+
+    with pytest.raises(SchemaIncompatible, match=rf"subject '{topic}-key' .* refuses the key"):
+        check_subscriber(client, folder(record("Order", ID)), keyed)
+    # Text keys are not the registry's business.
+    check_subscriber(client, folder(record("Order", ID)), subscriber(topic))

@@ -6,6 +6,7 @@ unreachable registry retryable."""
 from __future__ import annotations
 
 import json
+import socket
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from relay.errors import EncodingError, RetryableError
 from relay.localstack import free_port
-from relay.registry_format import RegistryValueEncoder, SchemaIncompatible
+from relay.registry_format import RegistryValueEncoder, SchemaIncompatible, registry_client
 from relay.schemas import AvroSchema, SchemaFolder
 
 pytestmark = [pytest.mark.registry, pytest.mark.timeout(1800)]
@@ -120,3 +121,13 @@ def test_a_consumer_of_the_old_schema_keeps_reading_after_a_new_optional_field(
     v2_reader = Schema(json.dumps(order(ID, amount, NOTE).parsed), "AVRO")
     new_consumer = AvroDeserializer(client, schema_str=v2_reader)
     assert new_consumer(v1, context) == {"id": 1, "amount": 1.5, "note": None}
+
+
+def test_a_registry_that_never_answers_is_retryable_not_a_hang(topic_prefix: str) -> None:
+    """A listener that accepts connections and never answers (the client's default is no
+    timeout: the part would wait forever, showing nothing)."""
+    with socket.create_server(("127.0.0.1", 0), backlog=16) as silent:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        encoder = RegistryValueEncoder(SchemaFolder([order(ID)]), registry_client(url, timeout=0.5))
+        with pytest.raises(RetryableError, match="unreachable"):
+            encoder.encode(f"{topic_prefix}orders", "Order", {"id": 1})
