@@ -116,7 +116,7 @@ class RegistryValueEncoder:
         subject = f"{topic}-key"
         schema_id = self._key_ids.get(subject)
         if schema_id is None:
-            schema_id = self._register_text(subject, KEY_SCHEMA, "string")
+            schema_id = self._register_text(subject, KEY_SCHEMA, f"the key schema {KEY_SCHEMA}")
             self._key_ids[subject] = schema_id
             _log.info(
                 "key schema has id %s under %s",
