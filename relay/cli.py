@@ -25,7 +25,7 @@ from rich.text import Text
 
 from relay import db, logs, migrations
 from relay import subscribers as subs
-from relay.errors import ConfigError, DatabaseUnavailable, RelayError
+from relay.errors import ConfigError, DatabaseUnavailable, RelayError, SchemaRegistryUnavailable
 from relay.key_space import KeySpaceAction, report
 from relay.lag import EXACT_UP_TO, SubscriberStatus, subscriber_statuses
 from relay.model import Position
@@ -733,6 +733,13 @@ def subscribers_add(
             help="field:header[:alias] or field:envelope[:alias] (json only); repeatable."
         ),
     ] = None,
+    key_format: Annotated[
+        subs.KeyFormat,
+        typer.Option(
+            help="The record key: the aggregate_id as text (string), or as an Avro string "
+            "registered under <topic>-key (avro-registry; with --format avro-registry)."
+        ),
+    ] = subs.KeyFormat.STRING,
     schemas_dir: Annotated[
         Path | None, typer.Option(help="Avro schemas folder [RELAY_SCHEMAS_DIR]")
     ] = None,
@@ -772,14 +779,42 @@ def subscribers_add(
             "key": key,
             "partition_by": partition_by,
             "placements": placement or (),
+            "key_format": key_format,
         }
     )
+    if subscriber.value_format is subs.ValueFormat.AVRO_REGISTRY:
+        _check_registry(settings, subscriber)
     with _store(settings) as store:
         created = store.add(subscriber, start, replace=replace)
         if parts > 1:
             out.print(f"indexing its {parts} parts (waits for open transactions to end)")
             store.index_parts()
     out.print(f"{'added' if created else 'updated'} subscriber {name!r}")
+
+
+def _check_registry(settings: Settings, subscriber: subs.Subscriber) -> None:
+    """Refuse (exit 2) a subscriber whose schemas the registry's compatibility rules
+    refuse, naming the subject, its versions and the registry's reason; print what
+    was checked and what only the first publish can check. A registry that cannot
+    answer is a warning."""
+    from relay.daemon.startup import load_schemas
+    from relay.registry_compat import check_subscriber
+    from relay.registry_format import encoder_for
+
+    schemas = load_schemas(settings)
+    encoder = encoder_for(settings, schemas)
+    assert schemas is not None and encoder is not None  # _value_format checked the keys
+    try:
+        report = check_subscriber(encoder.client, schemas, subscriber)
+    except SchemaRegistryUnavailable as exc:
+        # As at start-up: the relay checks again when it registers (a refusal halts
+        # the part), and an outage of the registry should not block a definition.
+        err.print(f"warning: schemas not checked against the registry: {redact(str(exc))}")
+        return
+    for line in report.checked:
+        out.print(f"schema registry: {line}")
+    for line in report.unchecked:
+        out.print(f"schema registry: not checked before the first publish: {line}")
 
 
 def _value_format(
@@ -858,6 +893,7 @@ def _listed(status: SubscriberStatus) -> dict[str, Any]:
         "key": definition["key"],
         "partition_by": definition["partition_by"],
         "placements": definition["placements"],
+        "key_format": definition["key_format"],
         "aggregate_types": definition["aggregate_types"] or None,
         "event_types": definition["event_types"] or None,
         "paused": definition["paused"],

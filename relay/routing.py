@@ -196,15 +196,15 @@ class Routing:
             "placements": [str(p) for p in self.placements],
         }
 
-    def key_for(self, event: OutboxEvent) -> bytes:
+    def key_text(self, event: OutboxEvent) -> str:
         if self.key == DEFAULT_KEY:
-            return event.aggregate_id.encode()
+            return event.aggregate_id
         out = []
         for literal, field in _key_parts(self.key):
             out.append(literal)
             if field is not None:
                 out.append(_text(field.required(event, "its key")))
-        return "".join(out).encode()
+        return "".join(out)
 
     def partition_for(self, event: OutboxEvent) -> int | None:
         if self.partition_by is None:

@@ -30,6 +30,7 @@ from relay.routing import DEFAULT_KEY, Routing
 from relay.subscribers import (
     DEFAULT_TOPIC,
     MAX_PARTS,
+    KeyFormat,
     PoisonPolicy,
     StartFrom,
     SubjectStrategy,
@@ -76,6 +77,8 @@ class SubscriberSettings(BaseModel):
     key: str = DEFAULT_KEY
     partition_by: str | None = None
     placements: list[str] = Field(default_factory=list)
+    # avro-registry: the record key as text (string) or registry-encoded (avro-registry).
+    key_format: KeyFormat = KeyFormat.STRING
 
     @field_validator("name")
     @classmethod
@@ -114,6 +117,18 @@ class SubscriberSettings(BaseModel):
     @classmethod
     def _placements(cls, value: list[str]) -> list[str]:
         _as_value_error(lambda items: Routing.parse(None, None, items), value)
+        return value
+
+    @field_validator("key_format")
+    @classmethod
+    def _key_needs_registry(cls, value: KeyFormat, info: ValidationInfo) -> KeyFormat:
+        if value is KeyFormat.AVRO_REGISTRY and info.data.get("value_format") is not (
+            ValueFormat.AVRO_REGISTRY
+        ):
+            raise ValueError(
+                'avro-registry keys need value_format = "avro-registry"; use key_format = '
+                '"string", or that value format'
+            )
         return value
 
     def to_subscriber(self, default_format: ValueFormat) -> Subscriber:

@@ -478,6 +478,8 @@ class OutboxStore:
                     None if subscriber.routing.default else Jsonb(subscriber.routing.as_dict())
                 )
                 self.conn.execute(self._q["set_routing"], {**params, "routing": routing})
+            if subscriber.value_format is ValueFormat.AVRO_REGISTRY:
+                self.conn.execute(self._q["set_key_format"], params)
         return created
 
     def index_parts(self) -> None:

@@ -53,6 +53,15 @@ class SubjectStrategy(StrEnum):
         return f"{topic}-{record}"
 
 
+class KeyFormat(StrEnum):
+    """The record key: the event's aggregate_id."""
+
+    STRING = "string"  # its UTF-8 bytes, as every value format writes it
+    # An Avro string in the Confluent wire format, its schema registered under
+    # <topic>-key (TopicNameStrategy, as stock key serializers): avro-registry only.
+    AVRO_REGISTRY = "avro-registry"
+
+
 class StartFrom(StrEnum):
     BEGINNING = "beginning"
     NOW = "now"
@@ -84,6 +93,7 @@ class Subscriber:
     key: str = DEFAULT_KEY
     partition_by: str | None = None
     placements: tuple[str, ...] = ()
+    key_format: KeyFormat = KeyFormat.STRING
 
     def __post_init__(self) -> None:
         validate_name(self.name)
@@ -116,6 +126,15 @@ class Subscriber:
     @functools.cached_property
     def routing(self) -> Routing:
         return Routing.parse(self.key, self.partition_by, self.placements)
+        if (
+            self.key_format is KeyFormat.AVRO_REGISTRY
+            and self.value_format is not ValueFormat.AVRO_REGISTRY
+        ):
+            raise SubscriberError(
+                f"subscriber {self.name!r}: key format avro-registry needs value format "
+                f"avro-registry (its registry and schemas), not {self.value_format.value}; "
+                "use the string key format, or the avro-registry value format"
+            )
 
     @classmethod
     def from_dict(cls, fields: Mapping[str, Any]) -> Subscriber:
@@ -130,6 +149,7 @@ class Subscriber:
             ("value_format", ValueFormat),
             ("on_poison", PoisonPolicy),
             ("subject_strategy", SubjectStrategy),
+            ("key_format", KeyFormat),
         )
         for name, kind in kinds:
             if name in given:
@@ -149,6 +169,7 @@ class Subscriber:
             "value_format": self.value_format.value,
             "on_poison": self.on_poison.value,
             "subject_strategy": self.subject_strategy.value,
+            "key_format": self.key_format.value,
             "aggregate_types": _sorted(self.aggregate_types),
             "event_types": _sorted(self.event_types),
             "placements": list(self.placements),

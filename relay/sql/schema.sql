@@ -156,6 +156,9 @@ CREATE TABLE {schema}.outbox_subscribers (
     -- The registry subject of an avro-registry subscriber's schemas (relay/subscribers.py).
     subject_strategy text NOT NULL DEFAULT 'topic'
         CHECK (subject_strategy IN ('topic', 'record', 'topic-record')),
+    -- The record key: the aggregate_id as text, or registry-encoded (avro-registry only).
+    key_format text NOT NULL DEFAULT 'string'
+        CHECK (key_format IN ('string', 'avro-registry')),
     -- Routing control (0016, relay/routing.py): key template, partition field and
     -- placements; NULL: the defaults.
     routing jsonb CHECK (routing IS NULL OR jsonb_typeof(routing) = 'object')
