@@ -104,6 +104,15 @@ class Subscriber:
             raise SubscriberError(
                 f"dead-letter topic {self.dead_letter_topic!r} is not a legal Kafka topic name"
             )
+        if (
+            self.key_format is KeyFormat.AVRO_REGISTRY
+            and self.value_format is not ValueFormat.AVRO_REGISTRY
+        ):
+            raise SubscriberError(
+                f"subscriber {self.name!r}: key format avro-registry needs value format "
+                f"avro-registry (its registry and schemas), not {self.value_format.value}; "
+                "use the string key format, or the avro-registry value format"
+            )
         self._check_routing()
 
     def _check_routing(self) -> None:
@@ -126,15 +135,6 @@ class Subscriber:
     @functools.cached_property
     def routing(self) -> Routing:
         return Routing.parse(self.key, self.partition_by, self.placements)
-        if (
-            self.key_format is KeyFormat.AVRO_REGISTRY
-            and self.value_format is not ValueFormat.AVRO_REGISTRY
-        ):
-            raise SubscriberError(
-                f"subscriber {self.name!r}: key format avro-registry needs value format "
-                f"avro-registry (its registry and schemas), not {self.value_format.value}; "
-                "use the string key format, or the avro-registry value format"
-            )
 
     @classmethod
     def from_dict(cls, fields: Mapping[str, Any]) -> Subscriber:
