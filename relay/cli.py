@@ -25,11 +25,12 @@ from rich.text import Text
 
 from relay import db, logs, migrations
 from relay import subscribers as subs
-from relay.errors import ConfigError, DatabaseUnavailable, RelayError
+from relay.errors import ConfigError, DatabaseUnavailable, RelayError, SchemaRegistryUnavailable
 from relay.key_space import KeySpaceAction, report
 from relay.lag import EXACT_UP_TO, SubscriberStatus, subscriber_statuses
 from relay.model import Position
 from relay.redact import redact
+from relay.routing import DEFAULT_KEY
 from relay.settings import Settings, load_settings
 from relay.store import OutboxStore
 
@@ -715,6 +716,30 @@ def subscribers_add(
             "record's full name (record) or <topic>-<record> (topic-record)."
         ),
     ] = subs.SubjectStrategy.TOPIC,
+    key: Annotated[
+        str,
+        typer.Option(
+            help="Record key: a template over aggregate_id, aggregate_type, event_type, "
+            "message_id, aggregate_version, occurred_at, payload.<field>, headers.<name>."
+        ),
+    ] = DEFAULT_KEY,
+    partition_by: Annotated[
+        str | None,
+        typer.Option(help="A field whose number is the record's partition [by key]."),
+    ] = None,
+    placement: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="field:header[:alias] or field:envelope[:alias] (json only); repeatable."
+        ),
+    ] = None,
+    key_format: Annotated[
+        subs.KeyFormat,
+        typer.Option(
+            help="The record key: the aggregate_id as text (string), or as an Avro string "
+            "registered under <topic>-key (avro-registry; with --format avro-registry)."
+        ),
+    ] = subs.KeyFormat.STRING,
     schemas_dir: Annotated[
         Path | None, typer.Option(help="Avro schemas folder [RELAY_SCHEMAS_DIR]")
     ] = None,
@@ -751,14 +776,45 @@ def subscribers_add(
             "on_poison": on_poison,
             "dead_letter_topic": dead_letter_topic,
             "subject_strategy": subject_strategy,
+            "key": key,
+            "partition_by": partition_by,
+            "placements": placement or (),
+            "key_format": key_format,
         }
     )
+    if subscriber.value_format is subs.ValueFormat.AVRO_REGISTRY:
+        _check_registry(settings, subscriber)
     with _store(settings) as store:
         created = store.add(subscriber, start, replace=replace)
         if parts > 1:
             out.print(f"indexing its {parts} parts (waits for open transactions to end)")
             store.index_parts()
     out.print(f"{'added' if created else 'updated'} subscriber {name!r}")
+
+
+def _check_registry(settings: Settings, subscriber: subs.Subscriber) -> None:
+    """Refuse (exit 2) a subscriber whose schemas the registry's compatibility rules
+    refuse, naming the subject, its versions and the registry's reason; print what
+    was checked and what only the first publish can check. A registry that cannot
+    answer is a warning."""
+    from relay.daemon.startup import load_schemas
+    from relay.registry_compat import check_subscriber
+    from relay.registry_format import encoder_for
+
+    schemas = load_schemas(settings)
+    encoder = encoder_for(settings, schemas)
+    assert schemas is not None and encoder is not None  # _value_format checked the keys
+    try:
+        report = check_subscriber(encoder.client, schemas, subscriber)
+    except SchemaRegistryUnavailable as exc:
+        # As at start-up: the relay checks again when it registers (a refusal halts
+        # the part), and an outage of the registry should not block a definition.
+        err.print(f"warning: schemas not checked against the registry: {redact(str(exc))}")
+        return
+    for line in report.checked:
+        out.print(f"schema registry: {line}")
+    for line in report.unchecked:
+        out.print(f"schema registry: not checked before the first publish: {line}")
 
 
 def _value_format(
@@ -834,6 +890,10 @@ def _listed(status: SubscriberStatus) -> dict[str, Any]:
         "topic": definition["topic"],
         "format": definition["value_format"],
         "subject_strategy": definition["subject_strategy"],
+        "key": definition["key"],
+        "partition_by": definition["partition_by"],
+        "placements": definition["placements"],
+        "key_format": definition["key_format"],
         "aggregate_types": definition["aggregate_types"] or None,
         "event_types": definition["event_types"] or None,
         "paused": definition["paused"],
@@ -1007,7 +1067,7 @@ def dead_letters_redrive(
         store = DeadLetterStore(conn, settings.database_schema)
         state = store.subscriber(subscriber)
         guard.update(s.subscriber for s in store.outbox.list())
-        with closing(redrive_publisher(settings, state.subscriber_id)) as publisher:
+        with closing(redrive_publisher(settings, state.subscriber_id, guard)) as publisher:
             redrive = Redrive(
                 store,
                 publisher,

@@ -47,6 +47,10 @@ _TRANSFORM_PREFIX = "transforms."
 class Placement(StrEnum):
     HEADER = "header"
     ENVELOPE = "envelope"
+    # The column's value (an integer column, as the router reads it with getInt32) is
+    # the record's partition; a NULL leaves it to the partitioner. Kafka Connect honours
+    # it; Debezium Server's Kafka sink does not (it produces with no partition).
+    PARTITION = "partition"
 
 
 class InvalidOpBehavior(StrEnum):
@@ -111,6 +115,9 @@ class RouterOptions:
                 "envelope": [
                     [f.column, f.alias] for f in self.additional if f.placement == "envelope"
                 ],
+                "partition": next(
+                    (f.column for f in self.additional if f.placement == "partition"), None
+                ),
                 "required": self.required_columns(),
                 "converters": {
                     "key": self.key_converter,
@@ -223,8 +230,8 @@ def _placements(text: str) -> tuple[AdditionalField, ...]:
             placement = Placement(parts[1])
         except ValueError as exc:
             raise ConfigError(
-                f"table.fields.additional.placement item {item!r}: placement must be header "
-                "or envelope (partition is not supported)"
+                f"table.fields.additional.placement item {item!r}: placement must be header, "
+                "envelope or partition"
             ) from exc
         alias = parts[2] if len(parts) == 3 else parts[0]
         if placement is Placement.HEADER and reserved_header(alias):
@@ -233,6 +240,8 @@ def _placements(text: str) -> tuple[AdditionalField, ...]:
                 "is the relay's own (id, outbox.*); give it another alias"
             )
         found.append(AdditionalField(parts[0], placement, alias))
+    if sum(f.placement is Placement.PARTITION for f in found) > 1:
+        raise ConfigError("table.fields.additional.placement: at most one partition placement")
     return tuple(found)
 
 
@@ -414,6 +423,13 @@ def _inspect(
             "`timestamp` (without time zone) column only"
         )
     _check_rendered_types(options, types)
+    for placed in (f for f in options.additional if f.placement is Placement.PARTITION):
+        if types[placed.column] != "int4":
+            raise ConfigError(
+                f"table.fields.additional.placement={placed.column}:partition: the column is "
+                f"of type {types[placed.column]}; the router reads a partition from an "
+                "`integer` column only (it would stop on every row)"
+            )
     kind = types[options.payload]
     schemas = None
     if options.header_converter == "json-schema":

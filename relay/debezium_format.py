@@ -56,6 +56,7 @@ def debezium_record(event: OutboxEvent, subscriber: Subscriber) -> KafkaRecord:
         routed=True,  # the row's own fields name the topic (route.by.field)
         timestamp_ms=_timestamp(event, found.get("timestamp")),
         message_id=str(event.message_id),
+        partition=_partition(event, found),
     )
 
 
@@ -202,6 +203,22 @@ def _trace_headers(context: str | None) -> list[Header]:
         return []
     entries = (_PROPERTY.match(line) for line in context.splitlines())
     return [(m[1], m[2].strip().encode()) for m in entries if m]
+
+
+def _partition(event: OutboxEvent, found: dict[str, Any]) -> int | None:
+    """The ``partition`` placement: the column's value as the router reads it (an int32;
+    NULL: the partitioner decides). Anything else stops the router: this row's poison."""
+    if "partition" not in found:
+        return None
+    value = found["partition"]
+    if value is None:
+        return None
+    if type(value) is not int or not 0 <= value <= 2**31 - 1:
+        raise EncodingError(
+            f"event {event.message_id}: its partition placement holds {json.dumps(value)}, "
+            "not a partition number (an integer column, 0 or more)"
+        )
+    return value
 
 
 def _timestamp(event: OutboxEvent, value: Any) -> int | None:

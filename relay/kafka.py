@@ -233,6 +233,7 @@ class _BatchProducer:
         self._topics = topics
         self._delivery_timeout_s = delivery_timeout_s
         self._producer = self._new_producer()
+        self._partition_counts: dict[str, int] = {}  # for records with a chosen partition
 
     def _new_producer(self) -> Producer:
         try:
@@ -279,9 +280,37 @@ class _BatchProducer:
             record = next(r for r in records if r.topic == exc.topic)
             raise PoisonRecordError(record, f"topic refused: {exc.reason}") from exc
         self._check_sizes(records)
+        self._check_partitions(records)
         for record in records:
             self._produce(record, callback)
         return list(records)
+
+    def _check_partitions(self, records: Sequence[KafkaRecord]) -> None:
+        """Refuse a record whose chosen partition its topic does not have (its row's
+        poison): librdkafka would fail it only at delivery, and the batch with it."""
+        for record in records:
+            if record.partition is None:
+                continue
+            count = self._partition_counts.get(record.topic, 0)
+            if record.partition >= count:  # unknown, or grown since: look again
+                count = self._partition_count(record.topic)
+            # 0: not there yet; producing waits for it, as for any record.
+            if 0 < count <= record.partition:
+                raise PoisonRecordError(
+                    record,
+                    f"partition {record.partition} does not exist: topic {record.topic!r} "
+                    f"has {count} partitions",
+                )
+
+    def _partition_count(self, topic: str) -> int:
+        try:
+            found = self._producer.list_topics(topic, timeout=self._delivery_timeout_s)
+        except KafkaException as exc:
+            raise classify(exc, f"cannot describe topic {topic!r}") from exc
+        described = found.topics.get(topic)
+        count = 0 if described is None or described.error else len(described.partitions)
+        self._partition_counts[topic] = count
+        return count
 
     def _check_sizes(self, records: Sequence[KafkaRecord]) -> None:
         """Refuse an oversized record before producing anything, so a transaction is
@@ -300,6 +329,8 @@ class _BatchProducer:
             try:
                 if record.timestamp_ms is not None:
                     report["timestamp"] = record.timestamp_ms
+                if record.partition is not None:
+                    report["partition"] = record.partition
                 self._producer.produce(
                     record.topic, record.value, record.key, headers=record.headers, **report
                 )

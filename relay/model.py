@@ -110,6 +110,9 @@ class KafkaRecord(NamedTuple):
     # The outbox row's message id when the "id" header does not carry it (the debezium
     # format's is the app's id): use outbox_message_id, which falls back to the header.
     message_id: str | None = None
+    # The partition the subscriber's partition_by chose (relay/routing.py); None: the
+    # producer's partitioner, by key.
+    partition: int | None = None
 
     def header(self, name: str) -> str | bytes | None:
         """The value of the first header called ``name``; None when there is none."""

@@ -45,6 +45,7 @@ from relay.ports import Batch
 from relay.queries import parse_named, read_sql, with_schema
 from relay.settings import Settings
 from relay.store import OutboxStore, SubscriberState, _load_row_json
+from relay.subscribers import TopicGuard
 
 logger = logging.getLogger(__name__)
 
@@ -391,8 +392,12 @@ class Redrive:
         )
 
 
-def redrive_publisher(settings: Settings, subscriber_id: UUID) -> TransactionalPublisher:
-    """The redrive's transactional publisher, from the relay's settings."""
+def redrive_publisher(
+    settings: Settings, subscriber_id: UUID, guard: TopicGuard
+) -> TransactionalPublisher:
+    """The redrive's transactional publisher, from the relay's settings. ``guard`` (with
+    the subscribers loaded) tells which topics count towards ``max_created_topics``, as
+    in the relay: counting every topic on a shared cluster refused every new topic."""
     if settings.delivery != "transactional":
         raise ConfigError(
             "delivery: redrive publishes exactly once through Kafka transactions, which "
@@ -407,6 +412,8 @@ def redrive_publisher(settings: Settings, subscriber_id: UUID) -> TransactionalP
         replication_factor=settings.topic_replication_factor,
         # Rows name topics: the relay's cap on topics created for them holds here too.
         max_created=None if settings.max_created_topics < 0 else settings.max_created_topics,
+        relay_owned=guard.relay_owned,
+        counts=guard.routable,
     )
     prefix = group_prefix(settings.kafka_id_prefix, subscriber_id)
     return TransactionalPublisher(

@@ -6,7 +6,10 @@ The writer schema of an event type comes from the relay's schema folder, as for 
 under the subscriber's subject (by default ``<topic>-value``, Confluent's
 TopicNameStrategy; see :class:`SubjectStrategy`). Ids are cached per (subject, schema
 fingerprint) for the life of the process: the registry is asked once per schema and
-subject, not per event. A schema the registry refuses (incompatible with the subject's
+subject, not per event, and again after a restart (never persisted: an id remembered
+from a registry since wiped or replaced would point at another schema). Keys are the
+aggregate_id, as text or (``key_format`` avro-registry) as an Avro string under
+``<topic>-key``. A schema the registry refuses (incompatible with the subject's
 history) is :class:`SchemaIncompatible`, a configuration error carrying the registry's
 reason (the part halts; no event is dead-lettered for it); a registry that cannot be
 reached is retryable, never a poison event.
@@ -17,16 +20,18 @@ would need them as references).
 
 from __future__ import annotations
 
-import json
+import io
 import logging
 from typing import Any
 
+import fastavro
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from relay.confluent_wire import from_single_object
+from relay.confluent_wire import frame, from_single_object
 from relay.errors import SchemaIncompatible, SchemaRegistryUnavailable
 from relay.redact import redact
+from relay.registry_compat import KEY_SCHEMA, schema_text
 from relay.schemas import AvroSchema, SchemaFolder, encode_with
 from relay.settings import Settings
 from relay.subscribers import SubjectStrategy
@@ -41,6 +46,8 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
+REQUEST_TIMEOUT_S = 10.0
+
 # Statuses that say "this schema, under this subject, is refused" rather than "the
 # registry is unwell": 409 incompatible, 422 invalid schema.
 _REFUSALS = frozenset({409, 422})
@@ -52,9 +59,13 @@ def registry_client(
     user: str | None = None,
     password: str | None = None,
     ca_location: str | None = None,
+    timeout: float = REQUEST_TIMEOUT_S,
 ) -> SchemaRegistryClient:
-    """The Confluent client for the registry at ``url``, with basic auth and a CA."""
-    config: dict[str, Any] = {"url": url}
+    """The Confluent client for the registry at ``url``, with basic auth, a CA and a
+    timeout per request (seconds)."""
+    # The client's default is no timeout at all: a registry that accepts connections
+    # and never answers would hold a part (or the start-up check) forever.
+    config: dict[str, Any] = {"url": url, "timeout": timeout}
     if user is not None:
         config["basic.auth.user.info"] = f"{user}:{password or ''}"
     if ca_location is not None:
@@ -86,6 +97,7 @@ class RegistryValueEncoder:
         self.schemas = schemas
         self.client = client
         self._ids: dict[tuple[str, bytes], int] = {}
+        self._key_ids: dict[str, int] = {}
 
     def encode(
         self,
@@ -97,6 +109,22 @@ class RegistryValueEncoder:
         schema = self.schemas.writer_for(event_type)
         schema_id = self.schema_id(strategy.subject(topic, schema.full_name), schema)
         return from_single_object(encode_with(schema, payload), schema_id)
+
+    def encode_key(self, topic: str, key: str) -> bytes:
+        """The wire-format key: ``key`` as an Avro string, its schema (``"string"``)
+        registered under ``<topic>-key``, as stock key serializers do (TopicNameStrategy)."""
+        subject = f"{topic}-key"
+        schema_id = self._key_ids.get(subject)
+        if schema_id is None:
+            schema_id = self._register_text(subject, KEY_SCHEMA, f"the key schema {KEY_SCHEMA}")
+            self._key_ids[subject] = schema_id
+            _log.info(
+                "key schema has id %s under %s",
+                schema_id,
+                subject,
+                extra={"event": "registry.schema_id"},
+            )
+        return frame(schema_id, _avro_string(key))
 
     def schema_id(self, subject: str, schema: AvroSchema) -> int:
         """The registry id of ``schema`` under ``subject``, registering it if new."""
@@ -116,15 +144,15 @@ class RegistryValueEncoder:
         return schema_id
 
     def _register(self, subject: str, schema: AvroSchema) -> int:
-        # The parsed schema keeps defaults and docs (the parsing canonical form drops
-        # them, and the registry's compatibility checks need the defaults).
-        text = json.dumps(schema.parsed, separators=(",", ":"))
+        return self._register_text(subject, schema_text(schema), schema.full_name)
+
+    def _register_text(self, subject: str, text: str, what: str) -> int:
         try:
             return int(self.client.register_schema(subject, Schema(text, "AVRO")))
         except SchemaRegistryError as exc:
             if exc.http_status_code in _REFUSALS:
                 raise SchemaIncompatible(
-                    f"the schema registry refused {schema.full_name} under {subject!r}: "
+                    f"the schema registry refused {what} under {subject!r}: "
                     f"{redact(str(exc.error_message))}"
                 ) from exc
             raise SchemaRegistryUnavailable(
@@ -134,3 +162,10 @@ class RegistryValueEncoder:
             raise SchemaRegistryUnavailable(
                 redact(f"schema registry unreachable for {subject!r}: {type(exc).__name__}: {exc}")
             ) from exc
+
+
+def _avro_string(text: str) -> bytes:
+    """``text`` in Avro's binary encoding (its length, then its UTF-8 bytes)."""
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, "string", text)
+    return body.getvalue()

@@ -7,8 +7,9 @@ import json
 import os
 import re
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -25,9 +26,11 @@ from pydantic_settings.exceptions import SettingsError
 
 from relay.errors import ConfigError, SubscriberError
 from relay.redact import mask_url, redact, remember
+from relay.routing import DEFAULT_KEY, Routing
 from relay.subscribers import (
     DEFAULT_TOPIC,
     MAX_PARTS,
+    KeyFormat,
     PoisonPolicy,
     StartFrom,
     SubjectStrategy,
@@ -45,6 +48,7 @@ KafkaValue = str | int | float | bool
 _SECRET_KAFKA_KEY = re.compile(
     r"password|passphrase|secret|token|oauthbearer\.config|jaas|\.pem$", re.IGNORECASE
 )
+_T = TypeVar("_T")
 _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
     "relay_config_file", default=None
 )
@@ -68,6 +72,13 @@ class SubscriberSettings(BaseModel):
     dead_letter_topic: str | None = None
     # avro-registry: the subject a schema is registered under (topic: <topic>-value).
     subject_strategy: SubjectStrategy = SubjectStrategy.TOPIC
+    # Routing control (relay/routing.py): the key template, the partition field, and
+    # "field:header|envelope[:alias]" placements.
+    key: str = DEFAULT_KEY
+    partition_by: str | None = None
+    placements: list[str] = Field(default_factory=list)
+    # avro-registry: the record key as text (string) or registry-encoded (avro-registry).
+    key_format: KeyFormat = KeyFormat.STRING
 
     @field_validator("name")
     @classmethod
@@ -87,6 +98,36 @@ class SubscriberSettings(BaseModel):
         if value is not None and info.data.get("on_poison") is not PoisonPolicy.DEAD_LETTER:
             raise ValueError(
                 'used only with on_poison = "dead-letter"; add it, or drop dead_letter_topic'
+            )
+        return value
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, value: str) -> str:
+        return _as_value_error(lambda key: Routing.parse(key, None, None), value)
+
+    @field_validator("partition_by")
+    @classmethod
+    def _partition_by(cls, value: str | None) -> str | None:
+        if value is not None:
+            _as_value_error(lambda field: Routing.parse(None, field, None), value)
+        return value
+
+    @field_validator("placements")
+    @classmethod
+    def _placements(cls, value: list[str]) -> list[str]:
+        _as_value_error(lambda items: Routing.parse(None, None, items), value)
+        return value
+
+    @field_validator("key_format")
+    @classmethod
+    def _key_needs_registry(cls, value: KeyFormat, info: ValidationInfo) -> KeyFormat:
+        if value is KeyFormat.AVRO_REGISTRY and info.data.get("value_format") is not (
+            ValueFormat.AVRO_REGISTRY
+        ):
+            raise ValueError(
+                'avro-registry keys need value_format = "avro-registry"; use key_format = '
+                '"string", or that value format'
             )
         return value
 
@@ -395,7 +436,7 @@ def _mask(key: str, value: Any) -> Any:
     return "**********" if _SECRET_KAFKA_KEY.search(key) else value
 
 
-def _as_value_error(check: Any, value: str) -> str:
+def _as_value_error(check: Callable[[_T], object], value: _T) -> _T:
     """``value`` once ``check`` accepts it; its refusal as the ValueError pydantic
     reports under the key (so the key is not named twice)."""
     try:

@@ -15,7 +15,7 @@ from uuid import UUID
 import orjson
 import psycopg
 from psycopg.rows import dict_row
-from psycopg.types.json import set_json_loads
+from psycopg.types.json import Jsonb, set_json_loads
 
 from relay import part_index, ports
 from relay.db import wrap_errors
@@ -412,7 +412,8 @@ class OutboxStore:
         and its part count cannot change. Refused when it could publish an event to a
         topic another subscriber publishes it to.
         """
-        for other in self.list():
+        listed = self.list()
+        for other in listed:
             reason = other.subscriber.name != subscriber.name and collision(
                 subscriber, other.subscriber
             )
@@ -441,6 +442,14 @@ class OutboxStore:
                 or subscriber.subject_strategy is not SubjectStrategy.TOPIC
             ):
                 self.conn.execute(self._q["set_subject_strategy"], params)
+            was = next((o.subscriber for o in listed if o.subscriber.name == subscriber.name), None)
+            if not subscriber.routing.default or (was is not None and not was.routing.default):
+                routing = (
+                    None if subscriber.routing.default else Jsonb(subscriber.routing.as_dict())
+                )
+                self.conn.execute(self._q["set_routing"], {**params, "routing": routing})
+            if subscriber.value_format is ValueFormat.AVRO_REGISTRY:
+                self.conn.execute(self._q["set_key_format"], params)
         return created
 
     def index_parts(self) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from relay.errors import EncodingError, SubscriberError
 from relay.model import OutboxEvent
+from relay.routing import DEFAULT_KEY, Routing
 
 DEFAULT_TOPIC = "outbox.event.{aggregate_type}"  # Debezium Outbox Event Router's default
 DEFAULT_SUBSCRIBER = "default"
@@ -52,6 +53,15 @@ class SubjectStrategy(StrEnum):
         return f"{topic}-{record}"
 
 
+class KeyFormat(StrEnum):
+    """The record key: the event's aggregate_id."""
+
+    STRING = "string"  # its UTF-8 bytes, as every value format writes it
+    # An Avro string in the Confluent wire format, its schema registered under
+    # <topic>-key (TopicNameStrategy, as stock key serializers): avro-registry only.
+    AVRO_REGISTRY = "avro-registry"
+
+
 class StartFrom(StrEnum):
     BEGINNING = "beginning"
     NOW = "now"
@@ -78,6 +88,12 @@ class Subscriber:
     on_poison: PoisonPolicy = PoisonPolicy.HALT
     dead_letter_topic: str | None = None  # None: "outbox.dead-letter.<name>"
     subject_strategy: SubjectStrategy = SubjectStrategy.TOPIC  # avro-registry only
+    # Routing control (relay/routing.py): the key template, the partition field, and
+    # "field:header|envelope[:alias]" placements.
+    key: str = DEFAULT_KEY
+    partition_by: str | None = None
+    placements: tuple[str, ...] = ()
+    key_format: KeyFormat = KeyFormat.STRING
 
     def __post_init__(self) -> None:
         validate_name(self.name)
@@ -88,17 +104,52 @@ class Subscriber:
             raise SubscriberError(
                 f"dead-letter topic {self.dead_letter_topic!r} is not a legal Kafka topic name"
             )
+        if (
+            self.key_format is KeyFormat.AVRO_REGISTRY
+            and self.value_format is not ValueFormat.AVRO_REGISTRY
+        ):
+            raise SubscriberError(
+                f"subscriber {self.name!r}: key format avro-registry needs value format "
+                f"avro-registry (its registry and schemas), not {self.value_format.value}; "
+                "use the string key format, or the avro-registry value format"
+            )
+        self._check_routing()
+
+    def _check_routing(self) -> None:
+        routing = self.routing  # parses: a SubscriberError names what is wrong
+        if routing.default:
+            return
+        if self.value_format is ValueFormat.DEBEZIUM:
+            raise SubscriberError(
+                f"subscriber {self.name!r}: the debezium format takes its key, partition and "
+                "placements from `outbox-relay debezium attach` (table.field.event.key, "
+                "table.fields.additional.placement), not from key/partition_by/placements"
+            )
+        if routing.envelope and self.value_format is not ValueFormat.JSON:
+            raise SubscriberError(
+                f"subscriber {self.name!r}: an envelope placement changes the value's shape, "
+                f"which the {self.value_format.value} format's schema fixes; place the field "
+                "in a header, or publish json"
+            )
+
+    @functools.cached_property
+    def routing(self) -> Routing:
+        return Routing.parse(self.key, self.partition_by, self.placements)
 
     @classmethod
     def from_dict(cls, fields: Mapping[str, Any]) -> Subscriber:
         """A subscriber from plain values, as :meth:`as_dict` gives them: a stored row,
         validated settings, the command line's options. Keys that are not fields are
         ignored; a field missing or None takes its default."""
-        given = {f.name: fields[f.name] for f in _FIELDS if fields.get(f.name) is not None}
+        # A stored row holds the routing fields in one jsonb column, "routing".
+        routing = fields.get("routing")
+        merged = {**fields, **routing} if isinstance(routing, Mapping) else fields
+        given = {f.name: merged[f.name] for f in _FIELDS if merged.get(f.name) is not None}
         kinds: tuple[tuple[str, type[StrEnum]], ...] = (
             ("value_format", ValueFormat),
             ("on_poison", PoisonPolicy),
             ("subject_strategy", SubjectStrategy),
+            ("key_format", KeyFormat),
         )
         for name, kind in kinds:
             if name in given:
@@ -106,6 +157,8 @@ class Subscriber:
         for name in ("aggregate_types", "event_types"):
             if name in given:
                 given[name] = frozenset(given[name])
+        if "placements" in given:
+            given["placements"] = tuple(given["placements"])
         return cls(**given)
 
     def as_dict(self) -> dict[str, Any]:
@@ -116,8 +169,10 @@ class Subscriber:
             "value_format": self.value_format.value,
             "on_poison": self.on_poison.value,
             "subject_strategy": self.subject_strategy.value,
+            "key_format": self.key_format.value,
             "aggregate_types": _sorted(self.aggregate_types),
             "event_types": _sorted(self.event_types),
+            "placements": list(self.placements),
         }
 
     def route(self, aggregate_type: str, event_type: str) -> str | None:

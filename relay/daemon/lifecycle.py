@@ -56,9 +56,8 @@ class Relay:
         self.registry = registry if registry is not None else load_schemas(settings)
         allow = None if settings.topic_allow is None else re.compile(settings.topic_allow)
         self.topic_guard = TopicGuard(settings.checkpoint_topic, allow)
-        self.encoder = RecordEncoder(
-            self.registry, self.topic_guard, registry_encoder(settings, self.registry)
-        )
+        schema_registry = registry_encoder(settings, self.registry)
+        self.encoder = RecordEncoder(self.registry, self.topic_guard, schema_registry)
         self._stopping = threading.Event()
         self._stop_requested = threading.Event()
         self._probe: CommitProbe | None = None
@@ -78,7 +77,7 @@ class Relay:
             open_publisher=self.publishers,
         )
         self.key_space = KeySpaceChecks()
-        self.subscriber_sync = SubscriberSync(settings, self.registry)
+        self.subscriber_sync = SubscriberSync(settings, self.registry, schema_registry)
         self.retention = Retention(settings, self.membership, self.key_space)
         self.horizon = HorizonWatch(settings)
 

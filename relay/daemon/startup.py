@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from relay import migrations
-from relay.errors import ConfigError, NotMigratedError
+from relay.errors import (
+    ConfigError,
+    NotMigratedError,
+    SchemaIncompatible,
+    SchemaRegistryUnavailable,
+)
 from relay.key_space import KeySpaceAction, report
 from relay.ports import DaemonStore, PartStore
 from relay.schemas import SchemaFolder
@@ -74,9 +79,15 @@ def load_schemas(settings: Settings) -> SchemaFolder | None:
 class SubscriberSync:
     """Writes the subscribers the config declares into the store."""
 
-    def __init__(self, settings: Settings, schemas: SchemaFolder | None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        schemas: SchemaFolder | None,
+        schema_registry: RegistryValueEncoder | None = None,
+    ) -> None:
         self._settings = settings
         self._schemas = schemas
+        self._schema_registry = schema_registry
 
     @property
     def default_format(self) -> ValueFormat:
@@ -101,6 +112,45 @@ class SubscriberSync:
             )
         self._refuse_avro_without_schemas(store)
         self._refuse_registry_without_settings(store)
+        self._refuse_incompatible_schemas(store)
+
+    def _refuse_incompatible_schemas(self, store: OutboxStore) -> None:
+        """Refuse to start when the registry's compatibility rules refuse an active
+        avro-registry subscriber's schemas (docs/design.md, "Schema registry"): in a
+        rolling deploy the relays still running keep publishing with the schemas the
+        registry accepts, where a halt would be recorded in Postgres and stop them too.
+        A registry that cannot answer is no reason not to start: the parts retry."""
+        if self._schema_registry is None or self._schemas is None:
+            return
+        from relay.registry_compat import check_subscriber
+
+        for status in store.list():
+            subscriber = status.subscriber
+            if subscriber.value_format is not ValueFormat.AVRO_REGISTRY or subscriber.paused:
+                continue
+            try:
+                report = check_subscriber(self._schema_registry.client, self._schemas, subscriber)
+            except SchemaRegistryUnavailable as exc:
+                # Not once per subscriber: each would wait for the client's timeouts.
+                logger.warning(
+                    "schemas not checked against the registry (from subscriber %s on): %s",
+                    subscriber.name,
+                    exc,
+                    extra={"event": "registry.check_skipped", "subscriber": subscriber.name},
+                )
+                return
+            except SchemaIncompatible as exc:
+                raise SchemaIncompatible(
+                    f"{exc}\nfix the schemas or the subject's compatibility rule, or pause "
+                    f"the subscriber to start without it: outbox-relay subscribers pause "
+                    f"{subscriber.name}"
+                ) from exc
+            logger.info(
+                "subscriber %s: schemas checked against the registry: %s",
+                subscriber.name,
+                "; ".join(report.checked) or "nothing known before a row names the topic",
+                extra={"event": "registry.checked", "subscriber": subscriber.name},
+            )
 
     def _refuse_registry_without_settings(self, store: DaemonStore) -> None:
         missing = self._settings.registry_format_missing(has_schemas=self._schemas is not None)

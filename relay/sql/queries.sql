@@ -316,6 +316,16 @@ SELECT parts FROM s;
 UPDATE {schema}.outbox_subscribers SET subject_strategy = %(subject_strategy)s
  WHERE name = %(name)s;
 
+-- name: set_routing
+-- As set_subject_strategy: run only for subscribers with routing control (or losing
+-- it), which need 0016.
+UPDATE {schema}.outbox_subscribers SET routing = %(routing)s WHERE name = %(name)s;
+-- name: set_key_format
+-- Run for avro-registry subscribers only (0012 ships with 0011): other formats keep
+-- their text keys, whatever the column says (list_subscribers reads it for them only).
+UPDATE {schema}.outbox_subscribers SET key_format = %(key_format)s
+ WHERE name = %(name)s;
+
 -- name: insert_checkpoints
 -- One checkpoint per part. start 'beginning': before every row; 'now': after every
 -- transaction already decided.
@@ -332,7 +342,10 @@ ON CONFLICT (subscriber, part) DO NOTHING;
 -- 0011, which a relay of this version may run on during a rolling deploy.
 SELECT s.name, s.aggregate_types, s.event_types, s.topic, s.value_format, s.paused,
        s.id, s.parts, s.on_poison, s.dead_letter_topic,
-       to_jsonb(s) ->> 'subject_strategy' AS subject_strategy
+       to_jsonb(s) ->> 'subject_strategy' AS subject_strategy,
+       to_jsonb(s) -> 'routing' AS routing,
+       CASE WHEN s.value_format = 'avro-registry' THEN to_jsonb(s) ->> 'key_format' END
+           AS key_format
   FROM {schema}.outbox_subscribers s
  WHERE %(name)s::text IS NULL OR s.name = %(name)s
  ORDER BY s.name;
@@ -348,6 +361,9 @@ SELECT c.subscriber, c.part, c.transaction_id::text::bigint AS transaction_id, c
 SELECT s.name, s.aggregate_types, s.event_types, s.topic, s.value_format, s.paused,
        s.id, s.parts, s.on_poison, s.dead_letter_topic,
        to_jsonb(s) ->> 'subject_strategy' AS subject_strategy,
+       to_jsonb(s) -> 'routing' AS routing,
+       CASE WHEN s.value_format = 'avro-registry' THEN to_jsonb(s) ->> 'key_format' END
+           AS key_format,
        c.part, c.transaction_id::text::bigint AS transaction_id, c.position, c.version,
        c.generation, c.owner, c.halted_error, c.updated_at
   FROM {schema}.outbox_subscribers s
@@ -527,7 +543,7 @@ RETURNING part;
 -- redriven since (dead-letters redrive).
 SELECT o.message_id, o.transaction_id::text::bigint, o.position, o.aggregate_type,
        o.event_type, d.message_id IS NOT NULL AS dead_lettered,
-       d.redriven_at IS NOT NULL AS redriven
+       d.redriven_at IS NOT NULL AS redriven, c.part
   FROM {schema}.outbox o
   JOIN {schema}.outbox_subscribers s ON s.name = %(name)s
   JOIN {schema}.outbox_checkpoints c

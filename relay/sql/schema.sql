@@ -155,7 +155,13 @@ CREATE TABLE {schema}.outbox_subscribers (
     CONSTRAINT outbox_subscribers_id_key UNIQUE (id),
     -- The registry subject of an avro-registry subscriber's schemas (relay/subscribers.py).
     subject_strategy text NOT NULL DEFAULT 'topic'
-        CHECK (subject_strategy IN ('topic', 'record', 'topic-record'))
+        CHECK (subject_strategy IN ('topic', 'record', 'topic-record')),
+    -- The record key: the aggregate_id as text, or registry-encoded (avro-registry only).
+    key_format text NOT NULL DEFAULT 'string'
+        CHECK (key_format IN ('string', 'avro-registry')),
+    -- Routing control (0016, relay/routing.py): key template, partition field and
+    -- placements; NULL: the defaults.
+    routing jsonb CHECK (routing IS NULL OR jsonb_typeof(routing) = 'object')
 );
 
 -- The part an event belongs to when its subscriber has `parts` parts: by a hash of
@@ -528,6 +534,10 @@ BEGIN
         descriptor := descriptor || jsonb_build_object('envelope',
             (SELECT jsonb_agg(jsonb_build_array(e ->> 1, r -> (e ->> 0)))
                FROM jsonb_array_elements(opts -> 'envelope') e));
+    END IF;
+    -- table.fields.additional.placement=<column>:partition (migration 0016).
+    IF opts ->> 'partition' IS NOT NULL THEN
+        descriptor := descriptor || jsonb_build_object('partition', r -> (opts ->> 'partition'));
     END IF;
     -- A column that is gone reads as SQL NULL (a NULL value reads as JSON null).
     IF event_id IS NULL OR payload_json IS NULL OR route IS NULL

@@ -5,24 +5,32 @@ stalls publication (no poison, no dead letter) until it can."""
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from relay import Outbox
 from relay.daemon import Relay
+from relay.errors import SchemaIncompatible
 from relay.localstack.process import free_port
 from relay.store import OutboxStore
 from relay.worker import WorkerState
 from tests.support import (
+    REPO,
     caught_up,
     consume,
     order,
+    run_cli,
     sub,
     wait_caught_up,
     wait_until,
@@ -99,3 +107,147 @@ def test_an_unreachable_registry_stalls_without_poison_and_publication_resumes(
     topic = topic_prefix + "outbox.event.order"
     values = _read_all(schema_registry, kafka_bootstrap, topic, len(IDS))
     assert sorted(v["order_id"] for v in values) == sorted(IDS)
+
+
+# -- compatibility, before anything is published ------------------------------------
+
+REPO_ORDER = json.loads((REPO / "schemas" / "demo" / "OrderPlaced.avsc").read_text())
+# An older OrderPlaced whose amount was text: the repo's (a long) cannot read it.
+TEXT_AMOUNT = {
+    **REPO_ORDER,
+    "fields": [
+        {**f, "type": "string"} if f["name"] == "amount_cents" else f for f in REPO_ORDER["fields"]
+    ],
+}
+
+
+def _register_backward(registry_url: str, subject: str, document: dict[str, Any]) -> None:
+    client = SchemaRegistryClient({"url": registry_url})
+    client.register_schema(subject, Schema(json.dumps(document), "AVRO"))
+    client.set_compatibility(subject, "BACKWARD")
+
+
+def test_subscribers_add_refuses_schemas_the_registry_rules_out(
+    db: psycopg.Connection[Any],
+    database_url: str,
+    topic_prefix: str,
+    schema_registry: str,
+    tmp_path: Path,
+) -> None:
+    topic = f"{topic_prefix}orders"
+    _register_backward(schema_registry, f"{topic}-value", REPO_ORDER)
+    (tmp_path / "OrderPlaced.avsc").write_text(json.dumps(TEXT_AMOUNT))
+    add = [
+        "subscribers", "add", "reg", "--format", "avro-registry", "--topic", topic,
+        "--schema-registry-url", schema_registry, "--database-url", database_url,
+    ]  # fmt: skip
+
+    refused = run_cli(*add, "--schemas-dir", str(tmp_path))
+
+    assert refused.returncode == 2, refused.stderr
+    message = " ".join(refused.stderr.split())
+    assert f"subject '{topic}-value' (compatibility BACKWARD, versions [1])" in message
+    assert "refuses demo.orders.OrderPlaced" in message and "OrderPlaced.avsc" in message
+    assert "fields/2/type" in message  # the registry's reason names the field
+    assert OutboxStore(db).list() == []  # nothing added
+    # The repo's own schema is that version: added, and the check says so.
+    added = run_cli(*add, "--schemas-dir", str(REPO / "schemas"))
+    assert added.returncode == 0, added.stderr
+    assert f"{topic}-value: demo.orders.OrderPlaced" in added.stdout
+    assert "is compatible with versions [1] (BACKWARD)" in added.stdout
+
+
+def test_the_relay_refuses_to_start_with_schemas_the_registry_rules_out(
+    topic_prefix: str, start_relay: StartRelay, schema_registry: str
+) -> None:
+    """Refused at start-up, not halted: the relays still running in a rolling deploy keep
+    publishing with the schemas the registry accepts (a halt would stop them too)."""
+    topic = f"{topic_prefix}orders"
+    _register_backward(schema_registry, f"{topic}-value", TEXT_AMOUNT)
+    definition = [{"name": "reg", "topic": topic, "value_format": "avro-registry"}]
+
+    with pytest.raises(SchemaIncompatible) as refused:
+        start_relay(schema_registry_url=schema_registry, subscribers=definition)
+    message = str(refused.value)
+    assert f"subject '{topic}-value' (compatibility BACKWARD, versions [1])" in message
+    assert "subscribers pause reg" in message
+
+
+# -- keys in the wire format --------------------------------------------------------
+
+
+def test_avro_registry_keys_are_read_by_the_stock_deserializer(
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+    schema_registry: str,
+) -> None:
+    definition = sub("keys", topic_prefix, value_format="avro-registry", key_format="avro-registry")
+    start_relay(schema_registry_url=schema_registry, subscribers=[definition])
+    write_orders(writer_db, outbox, IDS[:5])
+    wait_caught_up(db, "keys", timeout=120)
+
+    topic = topic_prefix + "outbox.event.order"
+    client = SchemaRegistryClient({"url": schema_registry})
+    keys = AvroDeserializer(client)
+    values = AvroDeserializer(client)
+    context = SerializationContext(topic, MessageField.KEY)
+    read = [
+        (keys(r.key, context), values(r.value, SerializationContext(topic, MessageField.VALUE)))
+        for r in consume(kafka_bootstrap, [topic], 5)
+    ]
+    assert sorted(read, key=lambda kv: kv[0]) == sorted(
+        [(i, {**order(i), "currency": "EUR", "note": None}) for i in IDS[:5]]
+    )
+    assert client.get_latest_version(f"{topic}-key").schema.schema_str.strip('" ') == "string"
+
+
+# -- the README's consumer -----------------------------------------------------------
+
+
+def _readme_consumer() -> str:
+    """The README's Python block that reads the registry format."""
+    text = (REPO / "README.md").read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+    [block] = [b for b in blocks if "AvroDeserializer" in b]
+    return block
+
+
+def test_the_readmes_registry_consumer_reads_what_the_relay_publishes(
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+    schema_registry: str,
+) -> None:
+    """The block runs as written: only the registry's URL, the bootstrap servers and the
+    topic (the README's orders.{aggregate_type}, prefixed) are this test's own."""
+    definition = {"name": "orders", "topic": topic_prefix + "orders.{aggregate_type}"}
+    start_relay(
+        schema_registry_url=schema_registry,
+        subscribers=[{**definition, "value_format": "avro-registry"}],
+    )
+    write_orders(writer_db, outbox, IDS[:5])
+    wait_caught_up(db, "orders", timeout=120)
+
+    code = _readme_consumer()
+    for written, here in (
+        ("https://registry:8081", schema_registry),
+        ("kafka:9092", kafka_bootstrap),
+        ('"orders.order"', f'"{topic_prefix}orders.order"'),
+    ):
+        assert written in code
+        code = code.replace(written, here)
+    ran = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert ran.returncode == 0, ran.stderr
+    printed = ran.stdout.splitlines()
+    assert len(printed) == 5
+    for i in IDS[:5]:
+        assert any(line.startswith(f"b'{i}' {{'order_id': '{i}'") for line in printed), printed

@@ -220,6 +220,57 @@ def test_router_options_renamed_columns_headers_envelope_tracing_and_timestamp(
     assert removed.header("id") == str(gone).encode()
 
 
+def test_the_partition_placement_chooses_the_partition_as_kafka_connect_does(
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: Callable[..., Relay],
+) -> None:
+    """Issue #33: table.fields.additional.placement=<integer column>:partition (Debezium's
+    router sets the record's partition from it; a NULL leaves it to the partitioner).
+    A partition the topic does not have is that row's poison, as its dead letter says."""
+    db.execute(DEBEZIUM_TABLE)
+    db.execute("ALTER TABLE outbox_events ADD COLUMN shard integer")
+    attach(
+        database_url,
+        "outbox_events",
+        route(topic_prefix),
+        "table.fields.additional.placement=shard:partition",
+    )
+    grant_app(db, "outbox_events")
+    dead = topic_prefix + "dead"
+    start_relay(
+        subscribers=[
+            sub(
+                "s",
+                topic_prefix,
+                value_format="debezium",
+                on_poison="dead-letter",
+                dead_letter_topic=dead,
+            )
+        ],
+        topic_partitions=3,
+    )
+    rows = [("a", 2), ("b", 0), ("c", 1), ("d", 9), ("e", 2)]
+    with writer_db.transaction():
+        for key, shard in rows:
+            writer_db.execute(
+                "INSERT INTO outbox_events VALUES (%s, 'Order', %s, 't', '{}', %s)",
+                (uuid.uuid4(), key, shard),
+            )
+    seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.Order"], 4, quiet=1.0)
+    assert sorted((r.key, r.partition) for r in seen) == [
+        (b"a", 2),
+        (b"b", 0),
+        (b"c", 1),
+        (b"e", 2),
+    ]
+    (letter,) = consume(kafka_bootstrap, [dead], 1)
+    assert "partition 9 does not exist" in (letter.header_text("outbox.error") or "")
+
+
 def halted_error(db: psycopg.Connection[Any], name: str) -> str | None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -275,7 +326,8 @@ def test_an_update_halts_the_subscriber_when_invalid_ops_are_fatal(
     [
         (["route.topic.regex=(.*)"], "route.topic.regex"),
         (["table.field.event.payload=body"], "has no column(s) ['body']"),
-        (["table.fields.additional.placement=type:partition"], "placement must be header"),
+        (["table.fields.additional.placement=type:body"], "placement must be header"),
+        (["table.fields.additional.placement=type:partition"], "from an `integer` column only"),
         (["value.converter=org.apache.kafka.connect.json.JsonConverter"], "schemas.enable=false"),
         (["no.such.option=1"], "unsupported Event Router option(s) ['no.such.option']"),
         (["table.field.event.key=created"], "['created (timestamp)'] are not supported"),

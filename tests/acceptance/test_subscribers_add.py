@@ -30,7 +30,7 @@ def test_avro_without_schemas_is_refused_naming_the_key(
     assert added.returncode == 0, added.stderr
 
 
-def test_avro_registry_needs_a_registry_and_schemas_and_keeps_its_subject_strategy(
+def test_avro_registry_needs_a_registry_and_schemas_and_keeps_its_subject_strategy_and_key(
     db: psycopg.Connection[Any], database_url: str
 ) -> None:
     env = {"RELAY_DATABASE_URL": database_url}
@@ -44,10 +44,21 @@ def test_avro_registry_needs_a_registry_and_schemas_and_keeps_its_subject_strate
         "RELAY_SCHEMAS_DIR": str(REPO / "schemas"),
         "RELAY_SCHEMA_REGISTRY_URL": "http://registry.invalid:8081",
     }
-    added = run_cli("subscribers", "add", "r", *strategy, env=configured)
+    nonsense = run_cli("subscribers", "add", "r", "--key-format", "avro-registry", env=configured)
+    assert nonsense.returncode != 0
+    assert "key format avro-registry needs value format avro-registry" in nonsense.stderr
+    assert _formats(env) == {}
+    keyed = [*strategy, "--key-format", "avro-registry", "--topic", "orders"]
+    added = run_cli("subscribers", "add", "r", *keyed, env=configured)
     assert added.returncode == 0, added.stderr
+    # The registry cannot be reached: the compatibility check is skipped, and says so.
+    assert "schemas not checked against the registry" in added.stderr
     [listed] = json.loads(run_cli("subscribers", "list", "--json", env=env).stdout)
-    assert (listed["format"], listed["subject_strategy"]) == ("avro-registry", "topic-record")
+    assert (listed["format"], listed["subject_strategy"], listed["key_format"]) == (
+        "avro-registry",
+        "topic-record",
+        "avro-registry",
+    )
 
 
 def test_the_default_format_is_avro_when_schemas_are_configured(

@@ -5,6 +5,7 @@ never poison); a schema it refuses halts the part with its reason (never poison)
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -12,17 +13,18 @@ import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+from relay import Outbox
 from relay.confluent_wire import unframe
 from relay.daemon.startup import SubscriberSync
 from relay.encoding import RecordEncoder
-from relay.errors import ConfigError
+from relay.errors import ConfigError, EncodingError, PayloadValidationError, SubscriberError
 from relay.model import PartId
 from relay.ports import RelaySession
 from relay.redact import redact
 from relay.registry_format import RegistryValueEncoder
 from relay.schemas import AvroSchema, SchemaFolder
 from relay.settings import load_settings
-from relay.subscribers import PoisonPolicy, SubjectStrategy, Subscriber, ValueFormat
+from relay.subscribers import KeyFormat, PoisonPolicy, SubjectStrategy, Subscriber, ValueFormat
 from relay.testing import InMemoryPublisher, InMemoryStore
 from relay.worker import PartWorker, WorkerState
 from tests.support import wait_until
@@ -153,3 +155,50 @@ def test_avro_registry_without_a_registry_url_is_refused_at_start_up() -> None:
     with pytest.raises(ConfigError, match=r"schemas_dir"):
         SubscriberSync(load_settings(schema_registry_url="http://r:8081"), None).sync(store)
     SubscriberSync(load_settings(schema_registry_url="http://r:8081"), SCHEMAS).sync(store)
+
+
+def test_avro_registry_keys_are_avro_strings_under_the_topics_key_subject() -> None:
+    registry = Registry([])
+    values = RegistryValueEncoder(SCHEMAS, cast(SchemaRegistryClient, registry))
+    encoder = RecordEncoder(SCHEMAS, schema_registry=values)
+    keyed = dataclasses.replace(REGISTRY, key_format=KeyFormat.AVRO_REGISTRY)
+
+    first = encoder.encode(event(1), keyed)
+    encoder.encode(event(2), keyed)
+
+    assert unframe(first.key or b"") == (7, b"\x04k1")  # zig-zag length 2, then "k1"
+    assert unframe(first.value)[0] == 7
+    assert registry.subjects == ["t-value", "t-key"]  # each once: the ids are cached
+    assert encoder.encode(event(1), REGISTRY).key == b"k1"  # the default: text
+
+
+def test_avro_registry_keys_need_the_avro_registry_value_format() -> None:
+    with pytest.raises(SubscriberError, match="key format avro-registry needs value format"):
+        Subscriber("s", value_format=ValueFormat.JSON, key_format=KeyFormat.AVRO_REGISTRY)
+    with pytest.raises(ConfigError, match=r"subscribers\.0\.key_format"):
+        load_settings(subscribers=[{"name": "s", "key_format": "avro-registry"}])
+    defined = Subscriber.from_dict({**REGISTRY.as_dict(), "key_format": "avro-registry"})
+    assert defined.key_format is KeyFormat.AVRO_REGISTRY
+    assert Subscriber.from_dict(defined.as_dict()) == defined
+
+
+def test_append_refuses_what_an_avro_registry_subscriber_could_not_publish() -> None:
+    """The Outbox and the avro-registry encoder read the same writer schema (the schemas
+    folder's, which the relay registers): a payload the relay could only poison is
+    refused at append, before the database sees it, naming every field."""
+    outbox = Outbox(SCHEMAS)
+    encoder = RecordEncoder(
+        SCHEMAS,
+        schema_registry=RegistryValueEncoder(SCHEMAS, cast(SchemaRegistryClient, Registry([]))),
+    )
+    bad = event(1)._replace(payload={"n": "one"})
+    with pytest.raises(EncodingError):
+        encoder.encode(bad, REGISTRY)
+    with pytest.raises(PayloadValidationError, match=r"shop\.OrderPlaced\.n"):
+        outbox.append(
+            cast(Any, None),  # refused before any statement runs
+            aggregate_type="order",
+            aggregate_id="1",
+            event_type="OrderPlaced",
+            payload=bad.payload,
+        )
