@@ -114,7 +114,7 @@ class SubscriberSync:
         self._refuse_registry_without_settings(store)
         self._refuse_incompatible_schemas(store)
 
-    def _refuse_incompatible_schemas(self, store: OutboxStore) -> None:
+    def _refuse_incompatible_schemas(self, store: DaemonStore) -> None:
         """Refuse to start when the registry's compatibility rules refuse an active
         avro-registry subscriber's schemas (docs/design.md, "Schema registry"): in a
         rolling deploy the relays still running keep publishing with the schemas the
