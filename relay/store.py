@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterator, Sequence
@@ -123,23 +124,26 @@ class OutboxStore:
             # generic plan): only then may the planner use the part's index.
             rows = cur.execute(self._q[name], params, prepare=selection.parts == 1).fetchall()
         limit = selection.max_row_bytes
-        if name == "fetch_batch":  # the hot path: no call per row
+        if name == "fetch_batch":  # the hot path: no Python call per row
             events = [
-                OutboxEvent(
-                    tx,
-                    pos,
-                    mid,
-                    atype,
-                    aid,
-                    version,
-                    etype,
-                    payload if big is None else _not_read(big, limit),
-                    headers or {},
-                    at,
-                    size,
-                    dbz,
+                _new_event(
+                    (
+                        tx,
+                        pos,
+                        mid,
+                        atype,
+                        aid,
+                        version,
+                        etype,
+                        payload if big is None else _not_read(big, limit),
+                        headers or {},
+                        at,
+                        size,
+                        dbz,
+                        id_text,
+                    )
                 )
-                for tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz, big in rows
+                for tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz, big, id_text in rows
             ]
             if not events:
                 return Fetched([], None)
@@ -553,12 +557,17 @@ def _fetch_query(after: Position, selection: Selection) -> tuple[str, dict[str, 
     return "fetch_batch", params
 
 
+# A plain call of tuple.__new__: OutboxEvent's own __new__ is a Python function, and
+# the fetch builds thousands of events per batch.
+_new_event = functools.partial(tuple.__new__, OutboxEvent)
+
+
 def _event(row: Sequence[Any], limit: int) -> OutboxEvent:
-    tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz, big = row
+    tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz, big, id_text = row
     if big is not None:
         payload = _not_read(big, limit)
     return OutboxEvent(
-        tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at, size, dbz
+        tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at, size, dbz, id_text
     )
 
 
