@@ -58,7 +58,8 @@ SELECT b.transaction_id::text::bigint AS transaction_id, b.position, b.message_i
        CASE WHEN b.too_large AND octet_length(b.event_type) > 200
             THEN left(b.event_type, 200) || '...[cut: ' || octet_length(b.event_type) || ' bytes]'
             ELSE b.event_type END AS event_type,
-       CASE WHEN NOT b.too_large THEN b.payload END AS payload,
+       -- The payload's JSON text as bytes: the relay loads a batch of them in one C loop.
+       CASE WHEN NOT b.too_large THEN convert_to(b.payload::text, 'UTF8') END AS payload,
        CASE WHEN NOT b.too_large THEN nullif(b.headers, '{{}}'::jsonb) END AS headers,
        -- Clamped into what Python's datetime holds: a writer may store 'infinity'.
        least(greatest(b.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
@@ -168,7 +169,7 @@ SELECT last.transaction_id::text::bigint AS read_transaction_id, last.position A
        CASE WHEN c.too_large AND octet_length(c.event_type) > 200
             THEN left(c.event_type, 200) || '...[cut: ' || octet_length(c.event_type) || ' bytes]'
             ELSE c.event_type END AS event_type,
-       CASE WHEN NOT c.too_large THEN c.payload END AS payload,
+       CASE WHEN NOT c.too_large THEN convert_to(c.payload::text, 'UTF8') END AS payload,
        CASE WHEN NOT c.too_large THEN nullif(c.headers, '{{}}'::jsonb) END AS headers,
        -- Clamped into what Python's datetime holds: a writer may store 'infinity'.
        least(greatest(c.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
@@ -204,7 +205,7 @@ SELECT h.horizon::text::bigint AS read_transaction_id, 0::bigint AS read_positio
        CASE WHEN c.too_large AND octet_length(c.event_type) > 200
             THEN left(c.event_type, 200) || '...[cut: ' || octet_length(c.event_type) || ' bytes]'
             ELSE c.event_type END AS event_type,
-       CASE WHEN NOT c.too_large THEN c.payload END AS payload,
+       CASE WHEN NOT c.too_large THEN convert_to(c.payload::text, 'UTF8') END AS payload,
        CASE WHEN NOT c.too_large THEN nullif(c.headers, '{{}}'::jsonb) END AS headers,
        least(greatest(c.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
        c.counted_bytes, CASE WHEN NOT c.too_large THEN c.debezium END AS debezium,
