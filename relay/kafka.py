@@ -300,8 +300,8 @@ class _BatchProducer:
     def _produce_each(
         self, records: Sequence[KafkaRecord], callback: Callable[..., None] | None
     ) -> None:
-        """``produce()`` every record, in order. One loop with the client's method bound
-        once: a Python call per record around it cost as much as producing."""
+        """``produce()`` every record, in order: one loop, the client's method bound once,
+        rather than a method of ours called per record around it."""
         produce = self._producer.produce
         # A delivery report costs a Python call per record: asked for only when needed.
         report: dict[str, Any] = {"on_delivery": callback} if callback is not None else {}
