@@ -4,7 +4,10 @@ ceilings of each step it takes, all measured in the same run (bench/README.md "M
 Relay: one ``outbox-relay run`` process publishing the whole backlog to a subscriber of
 its own; the subscriber starts paused and the clock runs from its resume to its last
 checkpoint, so start-up is left out and the first batch is in, as for every ceiling.
-Every repetition publishes the same backlog again, through a new subscriber and topic.
+Every repetition publishes the same backlog again, through a new subscriber and topic:
+once with Avro values, once with JSON values. The relay's CPU per event (``utime +
+stime`` of its process over the window, every thread's, librdkafka's included, over the
+events) is a figure of its own: unlike a rate, it holds on a loaded machine.
 
 Ceilings, each one step of the relay's work done alone, on the same rows:
 
@@ -49,7 +52,7 @@ from bench.harness import (
     subscriber,
     wait_published,
 )
-from bench.method import interleave, settle
+from bench.method import Samples, interleave, settle
 from relay.daemon import Relay, tune_gc
 from relay.encoding import RecordEncoder
 from relay.model import KafkaRecord, OutboxEvent
@@ -71,6 +74,7 @@ class Sides:
     def __init__(self, stack: Stack, url: str, events: int) -> None:
         self.stack, self.url, self.events = stack, url, events
         self.cpu: dict[str, list[dict[str, float]]] = {}
+        self.cpu_us: dict[str, list[float]] = {}  # the relay's CPU µs per event, per run
         self.rounds = 0
         sample = load_events(url, min(events, SAMPLE))
         self.sample = sample
@@ -82,12 +86,17 @@ class Sides:
         self.cpu.setdefault(side, []).append(meter.as_json())
         return done / elapsed[0]
 
-    def relay(self) -> float:
+    def relay(self, value_format: ValueFormat = ValueFormat.AVRO) -> float:
         self.rounds += 1
+        side = _relay_side(value_format)
         topic = f"{self.stack.topic_prefix('relay')}.orders"
-        fresh_subscribers(self.url, [Subscriber(f"bench{self.rounds}", topic=topic)])
+        fresh_subscribers(
+            self.url, [Subscriber(f"bench{self.rounds}", topic=topic, value_format=value_format)]
+        )
         drain = paused_drain(self.stack, self.url, "throughput", 1, batch_size=BATCH)
-        self.cpu.setdefault("relay", []).append(drain.cpu)
+        self.cpu.setdefault(side, []).append(drain.cpu)
+        cpu_seconds = drain.cpu.get("cpu_cores_relay", 0.0) * drain.seconds
+        self.cpu_us.setdefault(side, []).append(cpu_seconds / self.events * 1e6)
         return self.events / drain.seconds
 
     def raw_produce(self, transactional: bool) -> float:
@@ -129,6 +138,7 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
     sides = Sides(stack, url, scale.throughput_events)
     plan: dict[str, Callable[[], float]] = {
         "relay": sides.relay,
+        "relay json": lambda: sides.relay(ValueFormat.JSON),
         "raw produce, idempotent": lambda: sides.raw_produce(False),
         "raw produce, transactional": lambda: sides.raw_produce(True),
         "COPY-out": sides.copy_out,
@@ -145,19 +155,34 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
         "relay_cpu": sides.cpu_medians("relay"),
     }
 
-    def versus(side: str, target: str | None = None, what: str = "ceiling") -> Figure:
+    def versus(
+        side: str, target: str | None = None, what: str = "ceiling", relay_side: str = "relay"
+    ) -> Figure:
         details = {**common, f"{what}_cpu": sides.cpu_medians(side)}
-        return Figure.of("throughput", f"relay ev/s vs {side}", relay, "ev/s", samples[side],
-                         f"{side} ({what})", target, details)  # fmt: skip
+        if relay_side != "relay":
+            details["relay_cpu"] = sides.cpu_medians(relay_side)
+        return Figure.of("throughput", f"{relay_side} ev/s vs {side}", samples[relay_side],
+                         "ev/s", samples[side], f"{side} ({what})", target,
+                         details)  # fmt: skip
+
+    def cpu_per_event(side: str) -> Figure:
+        # Issue #31's target: 6 µs per event, 1 part, 300 B, transactional.
+        return Figure.of("throughput", f"{side} CPU per event (transactional)",
+                         Samples(tuple(sides.cpu_us[side])), "µs", target="value<=6",
+                         details={**common, "relay_cpu": sides.cpu_medians(side)})  # fmt: skip
 
     return [
+        cpu_per_event("relay"),
+        cpu_per_event("relay json"),
         versus("raw produce, idempotent"),
         versus("raw produce, transactional"),
         versus("COPY-out"),
         versus("encode avro"),
         versus("encode json"),
         versus("keyset + produce", "ratio>=0.5", "baseline"),
-        versus("keyset + transactional produce", None, "baseline"),
+        # Issue #31: single-part throughput, at least 0.8x the raw read + produce ceiling.
+        versus("keyset + transactional produce", "ratio>=0.8", "baseline"),
+        versus("keyset + transactional produce", "ratio>=0.8", "baseline", "relay json"),
         Figure.of(
             "throughput",
             "relay ev/s, absolute",
@@ -167,6 +192,10 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
             details=common,
         ),
     ]
+
+
+def _relay_side(value_format: ValueFormat) -> str:
+    return "relay" if value_format is ValueFormat.AVRO else f"relay {value_format.value}"
 
 
 def load_events(url: str, count: int) -> list[OutboxEvent]:

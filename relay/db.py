@@ -215,11 +215,29 @@ _LIVENESS_DEFAULTS = {
 def load_json(data: bytes | bytearray | memoryview | str) -> Any:
     """Parse JSON from Postgres: orjson (about 3x faster on the relay's hot path), falling
     back to the standard library for what orjson refuses, such as integers beyond 64 bits
-    that jsonb accepts."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(bytes(data) if isinstance(data, memoryview) else data)
+    that jsonb accepts, and for what orjson would change (:func:`has_long_number`)."""
+    text = bytes(data) if isinstance(data, memoryview) else data
+    if not has_long_number(text):
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(text)
+
+
+# Every byte that is a digit becomes "0", every other a space: a run of _LONG digits is
+# then one substring search (C speed, unlike a regular expression, about 10x slower).
+_DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+_LONG = b"0" * 19
+
+
+def has_long_number(data: bytes | bytearray | str) -> bool:
+    """Whether ``data`` holds a run of 19 digits or more: orjson loads an integer beyond
+    64 bits (up to a double's range) as a float, so ``100000000000000000000000`` would be
+    published as ``1e+23``, silently changed. The standard library keeps it exact. (A
+    run inside a string or a long fraction goes that way too: slower, never wrong.)"""
+    raw = data.encode() if isinstance(data, str) else data
+    return _LONG in raw.translate(_DIGITS)
 
 
 def parse_url(url: str) -> dict[str, Any]:

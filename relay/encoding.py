@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import orjson
 
@@ -51,25 +52,66 @@ class RecordEncoder:
         self.guard = guard
         # avro-registry values: None when the relay has no schema_registry_url.
         self.schema_registry = schema_registry
+        # What encode works out once per subscriber rather than per event; keyed by the
+        # subscriber object's identity (hashing a Subscriber costs more than an event's
+        # encoding), the object kept in the value so a recycled id never matches.
+        self._plans: dict[int, tuple[Subscriber, _Plan]] = {}
+        self._types: dict[tuple[str, str], _TypeHeaders] = {}
 
     def encode(self, event: OutboxEvent, subscriber: Subscriber) -> KafkaRecord:
         """The record for ``event``; :class:`EncodingError` marks a poison event."""
         if type(event.payload) is Unreadable or not isinstance(event.headers, dict):
             _refuse_unreadable(event)
-        if subscriber.value_format is ValueFormat.DEBEZIUM:
+        plan = self._plan(subscriber)
+        if plan.debezium:
             record = debezium_record(event, subscriber)
             self._check_route(record.topic, subscriber, event)
             return record
-        topic = subscriber.topic_for(event)
+        topic = plan.topic if plan.topic is not None else subscriber.topic_for(event)
+        # Every time, not once per plan: the guard changes as subscribers come and go.
         self._check_route(topic, subscriber, event)
         routing = subscriber.routing
         if not routing.default:
             return self._routed(event, subscriber, topic, routing)
         value = self._value(event, subscriber, topic)
         key = self._key(subscriber, topic, event.aggregate_id)
-        headers, headers_size = _headers(event)
+        headers, headers_size = self._headers(event)
         size = len(key) + len(value) + headers_size
-        return KafkaRecord(topic, key, value, headers, size, subscriber.fixed_topic is None)
+        return _record((topic, key, value, headers, size, plan.topic is None, None, None, None))
+
+    def _plan(self, subscriber: Subscriber) -> _Plan:
+        entry = self._plans.get(id(subscriber))
+        if entry is not None and entry[0] is subscriber:
+            return entry[1]
+        plan = _Plan(subscriber.value_format is ValueFormat.DEBEZIUM, subscriber.fixed_topic)
+        if len(self._plans) >= _MAX_CACHED:  # subscribers reloaded over days: stay bounded
+            self._plans.clear()
+        self._plans[id(subscriber)] = (subscriber, plan)
+        return plan
+
+    def _headers(self, event: OutboxEvent) -> tuple[list[tuple[str, str | bytes | None]], int]:
+        """The record headers and their size in bytes. The event and aggregate type
+        headers repeat from event to event: made once and reused."""
+        types = self._types.get((event.event_type, event.aggregate_type))
+        if types is None:
+            types = _type_headers(event.event_type, event.aggregate_type)
+            if len(self._types) >= _MAX_CACHED:  # writers choose the types: stay bounded
+                self._types.clear()
+            self._types[(event.event_type, event.aggregate_type)] = types
+        message_id = event.id_text or str(event.message_id).encode()
+        transaction_id = b"%d" % event.transaction_id
+        position = b"%d" % event.position
+        headers: list[tuple[str, str | bytes | None]] = [
+            (HEADER_ID, message_id),
+            types.event_type,
+            types.aggregate_type,
+            (HEADER_TRANSACTION_ID, transaction_id),
+            (HEADER_POSITION, position),
+        ]
+        size = types.size + len(message_id) + len(transaction_id) + len(position)
+        if event.aggregate_version is not None or event.headers:
+            size += _more_headers(event, headers)
+        return headers, size
 
     def _routed(
         self, event: OutboxEvent, subscriber: Subscriber, topic: str, routing: Routing
@@ -85,7 +127,7 @@ class RecordEncoder:
             value = self._value(event, subscriber, topic)
         placed = routing.header_values(event)  # the relay's own names are refused
         names = {name for name, _ in placed}  # placed over the row's header of that name
-        headers = [h for h in _headers(event)[0] if h[0] not in names]
+        headers = [h for h in self._headers(event)[0] if h[0] not in names]
         headers += placed
         size = len(key) + len(value) + sum(len(n) + len(v or b"") for n, v in headers)
         return KafkaRecord(
@@ -171,36 +213,57 @@ def _refuse_unreadable(event: OutboxEvent) -> NoReturn:
 
 
 def headers_for(event: OutboxEvent) -> list[tuple[str, str | bytes | None]]:
-    return _headers(event)[0]
-
-
-_FIXED_NAMES_SIZE = sum(
-    map(len, (HEADER_ID, HEADER_EVENT_TYPE, HEADER_AGGREGATE_TYPE, HEADER_TRANSACTION_ID))
-) + len(HEADER_POSITION)
-
-
-def _headers(event: OutboxEvent) -> tuple[list[tuple[str, str | bytes | None]], int]:
-    """The record headers and their size in bytes (this runs for every event: the size
-    is summed from the parts at hand rather than by walking the list again)."""
-    message_id = str(event.message_id).encode()
-    event_type = event.event_type.encode()
-    aggregate_type = event.aggregate_type.encode()
-    transaction_id = str(event.transaction_id).encode()
-    position = str(event.position).encode()
+    types = _type_headers(event.event_type, event.aggregate_type)
     headers: list[tuple[str, str | bytes | None]] = [
-        (HEADER_ID, message_id),
-        (HEADER_EVENT_TYPE, event_type),
-        (HEADER_AGGREGATE_TYPE, aggregate_type),
-        (HEADER_TRANSACTION_ID, transaction_id),
-        (HEADER_POSITION, position),
+        (HEADER_ID, event.id_text or str(event.message_id).encode()),
+        types.event_type,
+        types.aggregate_type,
+        (HEADER_TRANSACTION_ID, b"%d" % event.transaction_id),
+        (HEADER_POSITION, b"%d" % event.position),
     ]
-    size = _FIXED_NAMES_SIZE + len(message_id) + len(event_type) + len(aggregate_type)
-    size += len(transaction_id) + len(position)
+    _more_headers(event, headers)
+    return headers
+
+
+# A plain call of tuple.__new__: a NamedTuple's own __new__ is a Python function, and
+# this runs for every event.
+_record = functools.partial(tuple.__new__, KafkaRecord)
+# Cached plans and type headers at most (rows choose their types; subscribers reload).
+_MAX_CACHED = 4096
+_ID_NAMES_SIZE = len(HEADER_ID) + len(HEADER_TRANSACTION_ID) + len(HEADER_POSITION)
+
+
+class _Plan(NamedTuple):
+    """What encoding a subscriber's events needs to know of it, worked out once."""
+
+    debezium: bool
+    topic: str | None  # the subscriber's one topic; None: rows choose it
+
+
+class _TypeHeaders(NamedTuple):
+    event_type: tuple[str, bytes]
+    aggregate_type: tuple[str, bytes]
+    size: int  # of both, and of the names of the id, transaction id and position headers
+
+
+def _type_headers(event_type: str, aggregate_type: str) -> _TypeHeaders:
+    event_type_bytes, aggregate_type_bytes = event_type.encode(), aggregate_type.encode()
+    size = _ID_NAMES_SIZE + len(HEADER_EVENT_TYPE) + len(event_type_bytes)
+    size += len(HEADER_AGGREGATE_TYPE) + len(aggregate_type_bytes)
+    return _TypeHeaders(
+        (HEADER_EVENT_TYPE, event_type_bytes), (HEADER_AGGREGATE_TYPE, aggregate_type_bytes), size
+    )
+
+
+def _more_headers(event: OutboxEvent, headers: list[tuple[str, str | bytes | None]]) -> int:
+    """Append the aggregate version and the row's own headers (usually neither) to
+    ``headers``; returns their size in bytes."""
+    size = 0
     if event.aggregate_version is not None:
-        version = str(event.aggregate_version).encode()
+        version = b"%d" % event.aggregate_version
         headers.append((HEADER_VERSION, version))
         size += len(HEADER_VERSION) + len(version)
-    if event.headers:  # usually empty
+    if event.headers:
         extra = [
             (name, _header_bytes(value))
             for name, value in event.headers.items()
@@ -208,7 +271,7 @@ def _headers(event: OutboxEvent) -> tuple[list[tuple[str, str | bytes | None]], 
         ]
         headers.extend(extra)
         size += sum(len(name) + len(value) for name, value in extra)
-    return headers, size
+    return size
 
 
 def _header_bytes(value: Any) -> bytes:

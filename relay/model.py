@@ -70,7 +70,8 @@ class Unreadable:
 
 class OutboxEvent(NamedTuple):
     """One committed outbox row (a tuple: the relay builds thousands per batch, and a
-    frozen dataclass costs several times more to construct)."""
+    frozen dataclass costs several times more to construct). The fetch builds it with
+    tuple.__new__ and every field in order (relay/store.py): a new field goes there too."""
 
     transaction_id: int
     position: int
@@ -88,6 +89,9 @@ class OutboxEvent(NamedTuple):
     # What Debezium's Outbox Event Router would publish for a row copied by
     # `debezium attach` (relay/debezium_format.py); None for every other row.
     debezium: dict[str, Any] | None = None
+    # The message id as UTF-8 text, as the fetch reads it (Postgres writes it in a tenth
+    # of the time str(UUID) takes): the "id" header's value. None: the encoder makes it.
+    id_text: bytes | None = None
 
     @property
     def key(self) -> Position:
@@ -96,7 +100,8 @@ class OutboxEvent(NamedTuple):
 
 class KafkaRecord(NamedTuple):
     """What is produced for one event (a tuple, as OutboxEvent: a frozen dataclass took
-    a tenth of the relay's time per event just to construct)."""
+    a tenth of the relay's time per event just to construct). The encoder builds it with
+    tuple.__new__ and every field in order (relay/encoding.py): a new field goes there too."""
 
     topic: str
     key: bytes | None  # None: only in the debezium format (a row without a key)

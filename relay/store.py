@@ -6,6 +6,7 @@ the operators' commands (status, lag, reset, remove) use it directly."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterator, Sequence
@@ -18,7 +19,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb, set_json_loads
 
 from relay import part_index, ports
-from relay.db import wrap_errors
+from relay.db import has_long_number, wrap_errors
 from relay.errors import (
     CheckpointConflict,
     ClaimLost,
@@ -93,23 +94,44 @@ class OutboxStore:
             # generic plan): only then may the planner use the part's index.
             rows = cur.execute(self._q[name], params, prepare=selection.parts == 1).fetchall()
         limit = selection.max_row_bytes
-        if name == "fetch_batch":  # the hot path: no call per row
+        if name == "fetch_batch":  # the hot path: no Python call per row
             events = [
-                OutboxEvent(
-                    tx,
-                    pos,
-                    mid,
-                    atype,
-                    aid,
-                    version,
-                    etype,
-                    payload if big is None else _not_read(big, limit),
-                    headers or {},
-                    at,
-                    size,
-                    dbz,
+                _new_event(
+                    (
+                        tx,
+                        pos,
+                        mid,
+                        atype,
+                        aid,
+                        version,
+                        etype,
+                        payload if big is None else _not_read(big, limit),
+                        headers or {},
+                        at,
+                        size,
+                        dbz,
+                        id_text,
+                    )
                 )
-                for tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz, big in rows
+                for (
+                    (
+                        tx,
+                        pos,
+                        mid,
+                        atype,
+                        aid,
+                        version,
+                        etype,
+                        _,
+                        headers,
+                        at,
+                        size,
+                        dbz,
+                        big,
+                        id_text,
+                    ),
+                    payload,
+                ) in zip(rows, _payloads([row[7] for row in rows]), strict=True)
             ]
             if not events:
                 return Fetched([], None)
@@ -532,12 +554,19 @@ def _fetch_query(after: Position, selection: Selection) -> tuple[str, dict[str, 
     return "fetch_batch", params
 
 
+# A plain call of tuple.__new__: OutboxEvent's own __new__ is a Python function, and
+# the fetch builds thousands of events per batch.
+_new_event = functools.partial(tuple.__new__, OutboxEvent)
+
+
 def _event(row: Sequence[Any], limit: int) -> OutboxEvent:
-    tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz, big = row
+    tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz, big, id_text = row
     if big is not None:
         payload = _not_read(big, limit)
+    elif payload is not None:
+        payload = _load_row_json(payload)
     return OutboxEvent(
-        tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at, size, dbz
+        tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at, size, dbz, id_text
     )
 
 
@@ -559,6 +588,19 @@ def _full(events: list[OutboxEvent], selection: Selection) -> bool:
     )
 
 
+def _payloads(texts: list[bytes | None]) -> list[Any]:
+    """The payloads of a batch, from their JSON text (None: a row not read). orjson over
+    the whole batch in one C loop, the common case; a batch with a row it refuses (or a
+    row not read) goes row by row through :func:`_load_row_json`, which never raises."""
+    try:
+        # One check over the batch: orjson changes integers beyond 64 bits into floats.
+        if not has_long_number(b" ".join(texts)):  # type: ignore[arg-type]
+            return list(map(orjson.loads, texts))  # type: ignore[arg-type]
+    except (orjson.JSONDecodeError, TypeError):
+        pass
+    return [None if text is None else _load_row_json(text) for text in texts]
+
+
 def _load_row_json(data: bytes | bytearray | memoryview | str) -> Any:
     """A row's payload or headers; never raises. Whatever Postgres accepted but Python
     cannot load becomes :class:`Unreadable`, which the encoder treats as that row's
@@ -568,12 +610,13 @@ def _load_row_json(data: bytes | bytearray | memoryview | str) -> Any:
     refuses), but a number beyond a double's range is unreadable too: jsonb's numeric
     takes ``1e400``, which the standard library loads as ``inf``, and that was published
     as ``null`` (JSON) or ``Infinity`` (Avro)."""
+    text = bytes(data) if isinstance(data, memoryview) else data
+    if not has_long_number(text):  # orjson would load a long integer as a float
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass  # numbers beyond a double
     try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        pass  # orjson refuses integers beyond 64 bits, and numbers beyond a double
-    try:
-        text = bytes(data) if isinstance(data, memoryview) else data
         return json.loads(text, parse_float=_finite_float)
     except Exception as exc:  # any failure: ValueError, RecursionError, MemoryError...
         return Unreadable(f"{type(exc).__name__}: {str(exc)[:200]}")

@@ -58,12 +58,15 @@ SELECT b.transaction_id::text::bigint AS transaction_id, b.position, b.message_i
        CASE WHEN b.too_large AND octet_length(b.event_type) > 200
             THEN left(b.event_type, 200) || '...[cut: ' || octet_length(b.event_type) || ' bytes]'
             ELSE b.event_type END AS event_type,
-       CASE WHEN NOT b.too_large THEN b.payload END AS payload,
+       -- The payload's JSON text as bytes: the relay loads a batch of them in one C loop.
+       CASE WHEN NOT b.too_large THEN convert_to(b.payload::text, 'UTF8') END AS payload,
        CASE WHEN NOT b.too_large THEN nullif(b.headers, '{{}}'::jsonb) END AS headers,
        -- Clamped into what Python's datetime holds: a writer may store 'infinity'.
        least(greatest(b.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
        b.counted_bytes, CASE WHEN NOT b.too_large THEN b.debezium END AS debezium,
-       CASE WHEN b.too_large THEN b.row_bytes END AS too_large_bytes
+       CASE WHEN b.too_large THEN b.row_bytes END AS too_large_bytes,
+       -- The "id" header's value, as bytes: written here in a tenth of Python's time.
+       convert_to(b.message_id::text, 'UTF8') AS id_text
   FROM (SELECT m.*, sum(m.counted_bytes)
                         OVER (ORDER BY m.transaction_id, m.position ROWS UNBOUNDED PRECEDING)
                         AS running_bytes
@@ -166,12 +169,13 @@ SELECT last.transaction_id::text::bigint AS read_transaction_id, last.position A
        CASE WHEN c.too_large AND octet_length(c.event_type) > 200
             THEN left(c.event_type, 200) || '...[cut: ' || octet_length(c.event_type) || ' bytes]'
             ELSE c.event_type END AS event_type,
-       CASE WHEN NOT c.too_large THEN c.payload END AS payload,
+       CASE WHEN NOT c.too_large THEN convert_to(c.payload::text, 'UTF8') END AS payload,
        CASE WHEN NOT c.too_large THEN nullif(c.headers, '{{}}'::jsonb) END AS headers,
        -- Clamped into what Python's datetime holds: a writer may store 'infinity'.
        least(greatest(c.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
        c.counted_bytes, CASE WHEN NOT c.too_large THEN c.debezium END AS debezium,
-       CASE WHEN c.too_large THEN c.row_bytes END AS too_large_bytes
+       CASE WHEN c.too_large THEN c.row_bytes END AS too_large_bytes,
+       convert_to(c.message_id::text, 'UTF8') AS id_text
   FROM (SELECT r.transaction_id, r.position, r.n FROM r
          ORDER BY r.transaction_id DESC, r.position DESC LIMIT 1) AS last
   LEFT JOIN LATERAL (
@@ -201,11 +205,12 @@ SELECT h.horizon::text::bigint AS read_transaction_id, 0::bigint AS read_positio
        CASE WHEN c.too_large AND octet_length(c.event_type) > 200
             THEN left(c.event_type, 200) || '...[cut: ' || octet_length(c.event_type) || ' bytes]'
             ELSE c.event_type END AS event_type,
-       CASE WHEN NOT c.too_large THEN c.payload END AS payload,
+       CASE WHEN NOT c.too_large THEN convert_to(c.payload::text, 'UTF8') END AS payload,
        CASE WHEN NOT c.too_large THEN nullif(c.headers, '{{}}'::jsonb) END AS headers,
        least(greatest(c.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
        c.counted_bytes, CASE WHEN NOT c.too_large THEN c.debezium END AS debezium,
-       CASE WHEN c.too_large THEN c.row_bytes END AS too_large_bytes
+       CASE WHEN c.too_large THEN c.row_bytes END AS too_large_bytes,
+       convert_to(c.message_id::text, 'UTF8') AS id_text
   FROM (SELECT pg_snapshot_xmin(s) AS horizon,
                -- The newest decided row, by a backward scan (not EXISTS: see
                -- newest_decided), lies after the checkpoint.

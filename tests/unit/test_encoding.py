@@ -14,7 +14,7 @@ from relay.errors import EncodingError
 from relay.model import OutboxEvent, Unreadable
 from relay.poison import dead_letter_record
 from relay.ports import DeadLetterDecision
-from relay.store import _load_row_json
+from relay.store import _load_row_json, _payloads
 from relay.subscribers import Subscriber, ValueFormat
 
 JSON = Subscriber("s", topic="t", value_format=ValueFormat.JSON)
@@ -83,3 +83,16 @@ def test_a_dead_letter_stays_small_whatever_the_row_holds() -> None:
     assert document["headers_omitted_bytes"] > 2_000_000
     assert document["payload_omitted_bytes"] > 3_000_000
     assert letter.header("id") == str(row.message_id).encode()
+
+
+@pytest.mark.parametrize(
+    "number", [10**23, 2**64, -(2**63) - 1, 123456789012345678901234567890, 10**300]
+)
+def test_an_integer_beyond_64_bits_is_published_exactly_not_as_a_float(number: int) -> None:
+    """orjson loads integers beyond 64 bits (up to a double's range) as floats: 10**23
+    was published as 1e+23. jsonb keeps them exact, so must the relay."""
+    text = b'{"n": %d, "s": "x"}' % number
+    for loaded in (_payloads([text, b'{"m": 1}'])[0], _load_row_json(text)):
+        assert loaded == {"n": number, "s": "x"} and type(loaded["n"]) is int
+        value = RecordEncoder(None).encode(event(loaded), JSON).value
+        assert value == b'{"n":%d,"s":"x"}' % number
