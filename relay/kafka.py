@@ -37,7 +37,7 @@ from relay.errors import (
     TransactionAborted,
 )
 from relay.kafka_errors import Stage, classify, rejects_record, retry_now
-from relay.model import HEADER_ID, KafkaCheckpoint, KafkaRecord, Position
+from relay.model import KafkaCheckpoint, KafkaRecord, Position
 from relay.ports import Batch, Meanwhile
 
 logger = logging.getLogger(__name__)
@@ -721,9 +721,13 @@ _routed_of = operator.attrgetter("routed")
 
 
 def _matching(records: Sequence[KafkaRecord], msg: Message) -> KafkaRecord:
-    """The record a failed delivery report is about (matched by its ``id`` header)."""
-    wanted = dict(msg.headers() or []).get(HEADER_ID)
+    """The record a failed delivery report is about. Delivery reports carry no headers
+    (confluent-kafka leaves them out), so it is matched by topic, key and value: the
+    ``id`` header alone matched nothing, and the batch's first record took the blame
+    (and its dead letter) for another's rejection. Records alike in all three are
+    rejected alike, so either is the culprit."""
+    wanted = (msg.topic(), msg.key(), msg.value())
     for record in records:
-        if record.header(HEADER_ID) == wanted:
+        if (record.topic, record.key, record.value) == wanted:
             return record
     return records[0]

@@ -7,8 +7,18 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.contracts.publisher import OpenPublisher, PublisherContract, Read, kafka_publishers
+from relay.errors import PoisonRecordError
+from relay.model import Position
+from relay.ports import Batch
+from tests.contracts.publisher import (
+    OpenPublisher,
+    PublisherContract,
+    Read,
+    kafka_publishers,
+    record,
+)
 from tests.support import consume, keys
 
 
@@ -28,3 +38,26 @@ class TestTransactionalPublisher(PublisherContract):
             return keys(consume(kafka_bootstrap, [topic], expected))
 
         return read
+
+
+def test_the_record_the_broker_rejects_is_the_one_blamed(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """Delivery reports carry no headers, so matching a rejection by the ``id`` header
+    found nothing and blamed the batch's first record: another event was dead-lettered
+    and the culprit retried for ever (found by the #31 speed work)."""
+    topic = f"{topic_prefix}small"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    created = admin.create_topics(
+        [NewTopic(topic, num_partitions=1, config={"max.message.bytes": "2000"})]
+    )
+    created[topic].result(30)
+    other = f"{topic_prefix}other"  # alone in its batch to the broker: the one rejected
+    records = [record(other, 0), record(topic, 1)._replace(value=b"x" * 5000), record(other, 2)]
+    with kafka_publishers(kafka_bootstrap, topic_prefix, uuid.uuid4().hex) as open_publisher:
+        publisher = open_publisher()
+        publisher.recover("g")
+        with pytest.raises(PoisonRecordError) as refused:
+            publisher.publish(Batch(records, Position(1, 3), "g"))
+    assert refused.value.record is records[1]
+    assert not refused.value.ambiguous
