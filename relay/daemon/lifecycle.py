@@ -37,6 +37,7 @@ from relay.schemas import SchemaFolder
 from relay.settings import Settings
 from relay.store import OutboxStore
 from relay.subscribers import TopicGuard
+from relay.tracing import Tracing
 from relay.worker import PartWorker, WorkerState
 
 logger = logging.getLogger(__name__)
@@ -55,8 +56,11 @@ class Relay:
         self.registry = registry if registry is not None else load_schemas(settings)
         allow = None if settings.topic_allow is None else re.compile(settings.topic_allow)
         self.topic_guard = TopicGuard(settings.checkpoint_topic, allow)
-        self.encoder = RecordEncoder(
-            self.registry, self.topic_guard, registry_encoder(settings, self.registry)
+        self.tracing = Tracing.start(settings)  # off: no OpenTelemetry import
+        self.encoder = self.tracing.wrap(
+            RecordEncoder(
+                self.registry, self.topic_guard, registry_encoder(settings, self.registry)
+            )
         )
         self._stopping = threading.Event()
         self._stop_requested = threading.Event()
@@ -75,6 +79,7 @@ class Relay:
             topic_guard=self.topic_guard,
             encoder=self.encoder,
             open_publisher=self.publishers,
+            tracing=self.tracing,
         )
         self.key_space = KeySpaceChecks()
         self.subscriber_sync = SubscriberSync(settings, self.registry)
@@ -162,6 +167,7 @@ class Relay:
         if self._probe is not None:
             self._probe.join(max(0.0, min(2.0, deadline - time.monotonic())))
         self._close_pool()
+        self.tracing.flush()
         logger.info("relay stopped")
 
     def request_stop(self) -> None:

@@ -17,6 +17,7 @@ from relay.ports import PartState, Publisher
 from relay.sessions import assign
 from relay.store import OutboxStore
 from relay.subscribers import TopicGuard
+from relay.tracing import Tracing
 from relay.worker import PartWorker, WorkerState
 
 logger = logging.getLogger(__name__)
@@ -34,8 +35,10 @@ class ClaimedParts:
         topic_guard: TopicGuard,
         encoder: RecordEncoder,
         open_publisher: Callable[[PartState], Publisher],
+        tracing: Tracing | None = None,
     ) -> None:
         self._ctx = context
+        self._tracing = tracing if tracing is not None else Tracing()
         self._membership = membership
         self._topic_guard = topic_guard
         self._encoder = encoder
@@ -127,6 +130,7 @@ class ClaimedParts:
             batch_max_bytes=self._ctx.settings.batch_max_bytes,
             max_record_bytes=int(self._ctx.settings.kafka.get("message.max.bytes", 1_000_000)),
             poll_interval=self._ctx.settings.poll_interval,
+            hook=self._tracing.hook(),
         )
         self.workers[part] = worker
         worker.start()
@@ -209,4 +213,5 @@ def _counts(worker: PartWorker) -> Counter[str]:
             recoveries_refused=stats.recoveries_refused,
             key_space_rebased=stats.key_space_rebased,
             key_space_continued=stats.key_space_continued,
+            **worker.hook.counts(),
         )  # "failures" is counted when a worker is retired
