@@ -17,7 +17,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 from opentelemetry.trace import SpanKind
 
 from relay import trace_headers
@@ -57,14 +57,14 @@ def event(headers: Any = None, n: int = 1, age: float = 0.0) -> OutboxEvent:
 @pytest.fixture
 def exported() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
     exporter = InMemorySpanExporter()
-    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(1.0)))
+    provider = TracerProvider(sampler=ParentBased(ALWAYS_ON))  # as the relay's
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     yield provider, exporter
     provider.shutdown()
 
 
-def traced(provider: TracerProvider, partitions: int | None = 3) -> Tracing:
-    return Tracing(RelayTracer(provider, lambda topic: partitions))
+def traced(provider: TracerProvider, partitions: int | None = 3, ratio: float = 1.0) -> Tracing:
+    return Tracing(RelayTracer(provider, lambda topic: partitions, sample_ratio=ratio))
 
 
 def header(record: KafkaRecord, name: str) -> str | None:
@@ -133,17 +133,33 @@ def test_a_row_without_a_usable_traceparent_starts_a_new_trace(
     assert "messaging.destination.partition.id" not in (span.attributes or {})
 
 
-def test_an_unsampled_trace_is_propagated_but_not_recorded() -> None:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(1.0)))
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+def test_an_unsampled_trace_is_propagated_but_not_recorded(
+    exported: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, exporter = exported
     tracing = traced(provider)
-    row = event({"traceparent": f"00-{WRITER_TRACE}-{WRITER_SPAN}-00"})  # the writer did not sample
+    row = event({"traceparent": f"00-{WRITER_TRACE}-{WRITER_SPAN}-00", "tracestate": "a=1"})
     record = tracing.wrap(RecordEncoder(None)).encode(row, JSON)
     tracing.hook().published([row], [record], JSON)
     assert exporter.get_finished_spans() == ()
     trace_id, span_id, sampled = propagated(record)
     assert (trace_id, sampled) == (WRITER_TRACE, False) and span_id != WRITER_SPAN
+    assert header(record, "tracestate") == "a=1"
+
+
+def test_the_sample_ratio_applies_to_rows_without_a_traceparent_only(
+    exported: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, exporter = exported
+    tracing = traced(provider, ratio=0.0)
+    encoder = tracing.wrap(RecordEncoder(None))
+    rows = [event(), event(), event({"traceparent": WRITER})]
+    records = [encoder.encode(row, JSON) for row in rows]
+    tracing.hook().published(rows, records, JSON)
+    [span] = exporter.get_finished_spans()  # the sampled writer's event only
+    assert context(span)[0] == WRITER_TRACE
+    new_traces = {propagated(r)[0] for r in records[:2]}
+    assert len(new_traces) == 2 and not any(propagated(r)[2] for r in records[:2])
 
 
 def test_spans_end_only_for_the_records_of_a_committed_batch(
