@@ -56,8 +56,13 @@ _BUCKET_KEYS = (*(f"{LATENCY_KEY}_le_{b}" for b in LATENCY_BUCKETS), f"{LATENCY_
 # The sum in whole microseconds: statistics are integer counters.
 SUM_KEY, COUNT_KEY = f"{LATENCY_KEY}_sum_us", f"{LATENCY_KEY}_count"
 # Spans started for records that were never committed (a batch read ahead then dropped,
-# an aborted transaction) are forgotten beyond this many: they are simply not exported.
-_MAX_PENDING = 200_000
+# a batch failed and read again after recovery) are forgotten, oldest first, beyond this
+# many: they are simply not exported. Bounds the memory they hold (a span is about 1 KB)
+# while leaving room for ten full batches in flight.
+_MAX_PENDING = 50_000
+# At stop: how long the last spans may take to leave (a collector that is down must not
+# hold the relay's shutdown).
+_FLUSH_TIMEOUT_MS = 5000
 # How long a topic's partition count is trusted (partitions can be added).
 _PARTITIONS_TTL_S = 60.0
 
@@ -245,7 +250,7 @@ class RelayTracer:
             span.end(end_time=end_ns)
 
     def flush(self) -> None:
-        self._provider.force_flush()
+        self._provider.force_flush(_FLUSH_TIMEOUT_MS)
 
     def _remember(self, traceparent: bytes, span: Span, committed_at: float) -> None:
         pending = self._pending
