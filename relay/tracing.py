@@ -140,7 +140,7 @@ class Tracing:
         return PublishHook(self.tracer)
 
     def flush(self) -> None:
-        """Export the spans ended so far (at stop)."""
+        """Export the spans ended so far, and let go of the metadata client (at stop)."""
         if self.tracer is not None:
             self.tracer.flush()
 
@@ -255,6 +255,8 @@ class RelayTracer:
 
     def flush(self) -> None:
         self._provider.force_flush(_FLUSH_TIMEOUT_MS)
+        if isinstance(self._partitions, PartitionCounts):
+            self._partitions.close()
 
     def _remember(self, traceparent: bytes, span: Span, committed_at: float) -> None:
         pending = self._pending
@@ -293,6 +295,12 @@ class PartitionCounts:
         if count is not None:
             self._known[topic] = (count, time.monotonic())
         return count
+
+    def close(self) -> None:
+        """Drop the admin client (librdkafka's handle goes with it); a later lookup
+        opens another."""
+        with self._lock:
+            self._admin = None
 
     def _read(self, topic: str) -> int | None:
         from confluent_kafka import KafkaException
