@@ -56,14 +56,13 @@ class Relay:
         self.registry = registry if registry is not None else load_schemas(settings)
         allow = None if settings.topic_allow is None else re.compile(settings.topic_allow)
         self.topic_guard = TopicGuard(settings.checkpoint_topic, allow)
-        self.tracing = Tracing.start(settings)  # off: no OpenTelemetry import
-        self.encoder = self.tracing.wrap(
-            RecordEncoder(
-                self.registry, self.topic_guard, registry_encoder(settings, self.registry)
-            )
+        self.encoder = RecordEncoder(
+            self.registry, self.topic_guard, registry_encoder(settings, self.registry)
         )
         self._stopping = threading.Event()
         self._stop_requested = threading.Event()
+        self.tracing = Tracing.start(settings)  # off: no OpenTelemetry import
+        self.encoder = self.tracing.wrap(self.encoder)
         self._probe: CommitProbe | None = None
         self._pool: RelayPool | None = None
         self._supervisor: threading.Thread | None = None
