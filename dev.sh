@@ -14,7 +14,7 @@ ensure_venv() {
         "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
         "$PYTHON" -m venv .venv
         .venv/bin/python -m pip install --quiet --upgrade pip
-        .venv/bin/python -m pip install --quiet -e '.[dev,spark,bench]'
+        .venv/bin/python -m pip install --quiet -e '.[dev,spark,bench,tracing]'
         touch .venv/.installed
     fi
 }

@@ -33,6 +33,7 @@ BENCHMARKS = (
     "spark",
     "large_rows",
     "soak",
+    "tracing",
 )
 # Run only when named (--only soak): it takes 8 minutes at the default scale.
 ON_REQUEST = ("soak",)

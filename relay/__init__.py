@@ -7,12 +7,14 @@ Applications append events inside their own transactions::
     outbox = Outbox(SchemaFolder.from_dir("schemas"))
     with conn.transaction():
         outbox.append(conn, aggregate_type="order", aggregate_id="42",
-                      event_type="OrderPlaced", payload={...})
+                      event_type="OrderPlaced", payload={...},
+                      headers=trace_headers())  # the current span's traceparent, if any
 """
 
 from relay.errors import ConcurrencyError, PayloadValidationError, RelayError
 from relay.outbox import Event, Outbox, StreamAppend, append, append_to_stream
 from relay.schemas import SchemaFolder
+from relay.tracing import trace_headers
 
 __all__ = [
     "ConcurrencyError",
@@ -24,4 +26,5 @@ __all__ = [
     "StreamAppend",
     "append",
     "append_to_stream",
+    "trace_headers",
 ]

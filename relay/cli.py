@@ -157,6 +157,17 @@ def run(
         int | None,
         typer.Option(help="Member processes, to publish on several cores [RELAY_WORKERS]."),
     ] = None,
+    tracing: Annotated[
+        bool | None,
+        typer.Option(
+            "--tracing/--no-tracing",
+            help="OpenTelemetry spans per published event (the 'tracing' extra) [RELAY_TRACING]",
+        ),
+    ] = None,
+    tracing_endpoint: Annotated[
+        str | None,
+        typer.Option(help="OTLP/HTTP traces endpoint [RELAY_TRACING_ENDPOINT]"),
+    ] = None,
 ) -> None:
     """Run the relay until SIGTERM or Ctrl-C."""
     from relay.daemon import Relay, RelayProcesses, start_with_retries, tune_gc
@@ -168,6 +179,8 @@ def run(
         database_schema=schema,
         schemas_dir=schemas_dir,
         workers=workers,
+        tracing=tracing,
+        tracing_endpoint=tracing_endpoint,
     )
     if migrate_first:
         with _connect_waiting(settings, "outbox-relay-migrate") as conn:

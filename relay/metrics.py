@@ -26,11 +26,17 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from waitress.server import create_server  # type: ignore[import-untyped]
 from waitress.task import ThreadedTaskDispatcher  # type: ignore[import-untyped]
 
+from relay import tracing
 from relay.errors import ConfigError, RelayError
 from relay.lag import EXACT_UP_TO, subscriber_statuses
 from relay.model import PartId
@@ -66,6 +72,29 @@ _COUNTERS = {
         "Part workers that stopped on an error retrying cannot fix (the part is then halted)",
     ),
 }
+
+
+def _latency_histogram(totals: dict[PartId, Counter[str]]) -> Metric:
+    """Commit→visible latency per part, from the buckets its workers counted
+    (relay/tracing.py says where "commit" comes from)."""
+    family = HistogramMetricFamily(
+        "outbox_relay_commit_to_visible_seconds",
+        "Seconds from an event's commit (its occurred_at: the writer's transaction start, "
+        "unless the writer set it) to its batch's Kafka commit",
+        labels=["subscriber", "part"],
+    )
+    bounds = [*(str(b) for b in tracing.LATENCY_BUCKETS), "+Inf"]
+    for part, stats in sorted(totals.items()):
+        cumulative, buckets = 0.0, []
+        for bound in bounds:
+            cumulative += stats.get(f"{tracing.LATENCY_KEY}_le_{bound}", 0)
+            buckets.append((bound, cumulative))
+        family.add_metric(
+            [part.subscriber, str(part.part)],
+            buckets,
+            sum_value=stats.get(tracing.SUM_KEY, 0) / 1e6,
+        )
+    return family
 
 
 class RelayView(Protocol):
@@ -118,6 +147,7 @@ class RelayCollector(Collector):
             for part, stats in sorted(totals.items()):
                 family.add_metric([part.subscriber, str(part.part)], stats.get(field, 0))
             yield family
+        yield _latency_histogram(totals)
         state = GaugeMetricFamily(
             "outbox_relay_part_state",
             "1 for the state each part this relay runs is in",

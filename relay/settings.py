@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import importlib.util
 import json
 import os
 import re
@@ -238,6 +239,15 @@ class Settings(BaseSettings):
     shutdown_timeout: float = Field(default=30.0, gt=0, le=3600)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = "text"
+    # OpenTelemetry (relay/tracing.py; the `tracing` extra): a span per published event,
+    # a child of the row's traceparent, exported over OTLP/HTTP to tracing_endpoint
+    # (None: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT, else
+    # http://localhost:4318/v1/traces). Traces the writer sampled are always recorded;
+    # tracing_sample_ratio samples those of rows without a traceparent.
+    tracing: bool = False
+    tracing_endpoint: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
+    tracing_service_name: str = Field(default="outbox-relay", min_length=1, max_length=255)
+    tracing_sample_ratio: float = Field(default=1.0, ge=0, le=1)
 
     @field_validator("kafka", mode="before")
     @classmethod
@@ -257,6 +267,16 @@ class Settings(BaseSettings):
 
         if value is not None:
             _as_value_error(parse_url, value.get_secret_value())
+        return value
+
+    @field_validator("tracing")
+    @classmethod
+    def _tracing_installed(cls, value: bool) -> bool:
+        wanted = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
+        if value and not all(_installed(name) for name in wanted):
+            raise ValueError(
+                "needs the OpenTelemetry SDK and OTLP exporter: pip install 'outbox-relay[tracing]'"
+            )
         return value
 
     @field_validator("topic_allow")
@@ -444,6 +464,13 @@ def _as_value_error(check: Callable[[_T], object], value: _T) -> _T:
     except (SubscriberError, ConfigError) as exc:
         raise ValueError(str(exc).removeprefix("database_url: ")) from exc
     return value
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
 
 
 def _regular_expression(value: str) -> None:

@@ -48,6 +48,7 @@ from relay.ports import (
 )
 from relay.sessions import RelaySession
 from relay.subscribers import PoisonPolicy
+from relay.tracing import PublishHook
 
 logger = logging.getLogger(__name__)
 
@@ -191,8 +192,11 @@ class PartWorker(threading.Thread):
         poll_interval: float,
         batch_max_bytes: int = 2**62,
         max_record_bytes: int = 2**61,
+        hook: PublishHook | None = None,
     ) -> None:
         super().__init__(name=f"part-{part}", daemon=True)
+        # Told of each committed batch: the latency histogram, and spans if tracing is on.
+        self.hook = hook if hook is not None else PublishHook()
         self.part = part
         self.session = session
         self.wakeup = threading.Event()
@@ -467,6 +471,7 @@ class PartWorker(threading.Thread):
         """Checkpoint and count a committed batch, recording its dead-letter decisions
         with the checkpoint (never before: the transaction might have been aborted);
         returns the state and the next batch."""
+        self.hook.published(sent.events, sent.records, state.subscriber)  # visible now
         state = self._advance(store, state, sent.end, _letters(sent.events, dead))
         self._count(sent.records, sum(1 for e in sent.events if e.message_id in dead), sent.end)
         # A reset meanwhile moves the checkpoint elsewhere: what was read ahead is void.

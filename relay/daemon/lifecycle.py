@@ -38,6 +38,7 @@ from relay.schemas import SchemaFolder
 from relay.settings import Settings
 from relay.store import OutboxStore
 from relay.subscribers import TopicGuard
+from relay.tracing import Tracing
 from relay.worker import PartWorker, WorkerState
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,8 @@ class Relay:
         self.encoder = RecordEncoder(self.registry, self.topic_guard, schema_registry)
         self._stopping = threading.Event()
         self._stop_requested = threading.Event()
+        self.tracing = Tracing.start(settings)  # off: no OpenTelemetry import
+        self.encoder = self.tracing.wrap(self.encoder)
         self._probe: CommitProbe | None = None
         self._pool: RelayPool | None = None
         self._supervisor: threading.Thread | None = None
@@ -75,6 +78,7 @@ class Relay:
             topic_guard=self.topic_guard,
             encoder=self.encoder,
             open_publisher=self.publishers,
+            tracing=self.tracing,
         )
         self.key_space = KeySpaceChecks()
         self.subscriber_sync = SubscriberSync(settings, self.registry, schema_registry)
@@ -162,6 +166,7 @@ class Relay:
         if self._probe is not None:
             self._probe.join(max(0.0, min(2.0, deadline - time.monotonic())))
         self._close_pool()
+        self.tracing.flush()
         logger.info("relay stopped")
 
     def request_stop(self) -> None:

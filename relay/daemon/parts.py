@@ -16,6 +16,7 @@ from relay.model import PartId
 from relay.ports import DaemonStore, PartState, Publisher
 from relay.sessions import assign
 from relay.subscribers import TopicGuard
+from relay.tracing import Tracing
 from relay.worker import PartWorker, WorkerState
 
 logger = logging.getLogger(__name__)
@@ -33,8 +34,10 @@ class ClaimedParts:
         topic_guard: TopicGuard,
         encoder: RecordEncoder,
         open_publisher: Callable[[PartState], Publisher],
+        tracing: Tracing | None = None,
     ) -> None:
         self._ctx = context
+        self._tracing = tracing if tracing is not None else Tracing()
         self._membership = membership
         self._topic_guard = topic_guard
         self._encoder = encoder
@@ -126,6 +129,7 @@ class ClaimedParts:
             batch_max_bytes=self._ctx.settings.batch_max_bytes,
             max_record_bytes=int(self._ctx.settings.kafka.get("message.max.bytes", 1_000_000)),
             poll_interval=self._ctx.settings.poll_interval,
+            hook=self._tracing.hook(),
         )
         self.workers[part] = worker
         worker.start()
@@ -208,4 +212,5 @@ def _counts(worker: PartWorker) -> Counter[str]:
             recoveries_refused=stats.recoveries_refused,
             key_space_rebased=stats.key_space_rebased,
             key_space_continued=stats.key_space_continued,
+            **worker.hook.counts(),
         )  # "failures" is counted when a worker is retired
