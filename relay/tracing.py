@@ -268,7 +268,10 @@ class RelayTracer:
                 break
 
     def _partition(self, record: KafkaRecord) -> int | None:
-        """The producer's partition for ``record``: murmur2_random, as Java's client."""
+        """The producer's partition for ``record``: the one its subscriber chose (routing
+        control), else murmur2_random's, as Java's client."""
+        if record.partition is not None:
+            return record.partition
         if record.key is None:
             return None  # a random partition: unknown before delivery
         count = self._partitions(record.topic)
