@@ -19,8 +19,8 @@ from typing import Any
 import pyspark
 from pyspark.sql import DataFrame, SparkSession
 
+from relay.artifacts.maven import Lock, fetch_lock
 from relay.errors import RelayError
-from relay.localstack.maven import Lock, fetch_lock
 from relay.settings import KafkaValue
 from spark_jobs.kafka_clients import KafkaClients, connection_settings
 
