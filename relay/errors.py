@@ -214,12 +214,3 @@ class ProducerFenced(BrokerUnavailable):
     ``transaction.timeout.ms`` (it bumps the epoch, which fences us too). So the worker
     starts over: it reloads its claim (a peer's claim stops it) and recovers with a new
     producer."""
-
-
-class LocalServerError(RelayError):
-    """A local server (the dev and test stack) is missing, failed to start, or did not
-    become ready."""
-
-
-class ArtifactFetchError(RelayError):
-    """A pinned jar could not be downloaded, or its checksum did not match."""

@@ -41,6 +41,7 @@ class Stage(enum.Enum):
     CREATE_TOPIC = "create topic"  # AdminClient.create_topics, for one topic
     READ = "read"  # a consumed message carried an error
     GROUP_OFFSETS = "group offsets"  # reading a consumer group's committed offsets
+    CONFIGURE = "configure"  # constructing a client: it refused its configuration
 
 
 # Delivery errors that are the record's fault, not the broker's: a poison event.
@@ -99,7 +100,12 @@ GROUP_TRANSIENT = frozenset(
 
 # The stages at which every client error is a failure (typing: classify returns no None).
 _AlwaysAnError = Literal[
-    Stage.REQUEST, Stage.PRODUCE, Stage.DELIVERY, Stage.TRANSACTION, Stage.GROUP_OFFSETS
+    Stage.REQUEST,
+    Stage.PRODUCE,
+    Stage.DELIVERY,
+    Stage.TRANSACTION,
+    Stage.GROUP_OFFSETS,
+    Stage.CONFIGURE,
 ]
 
 
@@ -142,6 +148,10 @@ def classify(
     transactional id). :attr:`Stage.PRODUCE` needs the ``record``; ``config`` is the
     client's configuration, quoted when the broker refuses a setting of it.
     """
+    if stage is Stage.CONFIGURE:
+        # The client checks its configuration locally: whatever the code, the settings
+        # are wrong, and no retry can help.
+        return ConfigError(f"{context}: {failure}")
     error = failure.args[0] if isinstance(failure, KafkaException) and failure.args else failure
     if not isinstance(error, KafkaError):
         return _without_code(stage, context, str(failure))

@@ -20,7 +20,7 @@ from confluent_kafka import (
 )
 
 from relay.client_logs import client_logger
-from relay.errors import BrokerUnavailable, ConfigError, ConsumerHiccup
+from relay.errors import BrokerUnavailable, ConsumerHiccup
 from relay.kafka_errors import Stage, classify
 from relay.model import ConsumedRecord
 from relay.ports import Progress
@@ -94,7 +94,7 @@ class KafkaTopicReader:
         try:
             return Consumer(self._config, logger=_client_log)
         except KafkaException as exc:
-            raise ConfigError(f"kafka: invalid consumer configuration: {exc}") from exc
+            raise classify(exc, "kafka: invalid consumer configuration", Stage.CONFIGURE) from exc
 
     def _assign_existing(self, consumer: Consumer, topics: list[str]) -> list[str]:
         """Assign every partition of ``topics`` that exist, from the start; returns the
@@ -157,7 +157,7 @@ class KafkaTopicReader:
         try:
             metadata = consumer.list_topics(timeout=self._timeout)
         except KafkaException as exc:
-            raise BrokerUnavailable(f"cannot list topics: {exc}") from exc
+            raise classify(exc, "cannot list topics") from exc
         ends = {}
         for topic in topics:
             info = metadata.topics.get(topic)

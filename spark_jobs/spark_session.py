@@ -2,7 +2,7 @@
 
 The connector (``spark-sql-kafka-0-10_2.13``) must be the same version as pyspark. A
 local session loads it, and the jars it needs that pyspark does not ship, from the
-pinned-jar cache (:mod:`relay.localstack.maven`, lock ``spark-kafka``): downloaded and
+pinned-jar cache (:mod:`relay.artifacts.maven`, lock ``spark-kafka``): downloaded and
 checksum-verified on first use, offline after that. Under ``spark-submit`` the cluster
 provides it instead (``--packages``, see the README).
 """
@@ -19,8 +19,8 @@ from typing import Any
 import pyspark
 from pyspark.sql import DataFrame, SparkSession
 
+from relay.artifacts.maven import Lock, fetch_lock
 from relay.errors import RelayError
-from relay.localstack.maven import Lock, fetch_lock
 from relay.settings import KafkaValue
 from spark_jobs.kafka_clients import KafkaClients, connection_settings
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import psycopg
 
+from relay.artifacts.maven import Lock, fetch_lock
 from relay.localstack.kafka import java_major
-from relay.localstack.maven import Lock, fetch_lock
 from relay.localstack.postgres import LocalPostgres
 from relay.localstack.process import (
     LocalServer,

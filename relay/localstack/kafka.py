@@ -1,7 +1,7 @@
 """Apache Kafka on 127.0.0.1 (KRaft: broker and controller in one JVM per node): a single
 node (:class:`LocalKafka`), or several forming one cluster (:class:`LocalKafkaCluster`).
 
-The broker's jars are the pinned set in ``kafka.lock`` (see :mod:`relay.localstack.maven`),
+The broker's jars are the pinned set in ``kafka.lock`` (see :mod:`relay.artifacts.maven`),
 fetched once into the user's cache. Everything else lives in ``work_dir``:
 
 * ``server.properties``: written on the first start, with two free ports (client and
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relay.localstack.maven import Lock, fetch_lock
+from relay.artifacts.maven import Lock, fetch_lock
 from relay.localstack.process import (
     LocalServer,
     LocalServerError,

@@ -29,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
-from relay.errors import LocalServerError
+from relay.errors import RelayError
 
 __all__ = [
     "LocalServer",
@@ -42,6 +42,12 @@ __all__ = [
     "signal_and_wait",
     "spawn",
 ]
+
+
+class LocalServerError(RelayError):
+    """A local server (the dev and test stack) is missing, failed to start, or did not
+    become ready."""
+
 
 _log = logging.getLogger(__name__)
 

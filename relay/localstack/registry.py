@@ -41,8 +41,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from relay.artifacts.maven import cache_dir, repository_url
 from relay.localstack.kafka import find_java
-from relay.localstack.maven import cache_dir, repository_url
 from relay.localstack.process import (
     LocalServer,
     LocalServerError,

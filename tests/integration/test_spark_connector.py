@@ -11,7 +11,7 @@ import pytest
 
 pyspark = pytest.importorskip("pyspark")
 
-from relay.localstack.maven import Lock  # noqa: E402
+from relay.artifacts.maven import Lock  # noqa: E402
 from spark_jobs import spark_session  # noqa: E402
 
 pytestmark = pytest.mark.spark

@@ -47,16 +47,30 @@ def _modules(package: Any) -> list[Any]:
     return [importlib.import_module(m.name) for m in found if not m.name.endswith("__main__")]
 
 
+# The tooling packages keep their own errors (#34 item 1), still under RelayError: the
+# relay proper never raises them.
+TOOLING_ERRORS = {
+    "relay.localstack.process.LocalServerError",
+    "relay.artifacts.maven.ArtifactFetchError",
+}
+
+
 def test_every_exception_class_of_relay_is_defined_in_relay_errors_under_relay_error() -> None:
-    strays = [
-        f"{module.__name__}.{name}"
+    defined = {
+        f"{cls.__module__}.{cls.__qualname__}": cls
         for module in _modules(relay)
-        for name, cls in inspect.getmembers(module, inspect.isclass)
-        if issubclass(cls, BaseException)
-        and cls.__module__.startswith("relay.")
-        and cls.__module__ != "relay.errors"
-    ]
+        for _, cls in inspect.getmembers(module, inspect.isclass)
+        if issubclass(cls, BaseException) and cls.__module__.startswith("relay.")
+    }
+    strays = sorted(
+        name
+        for name in defined
+        if not name.startswith("relay.errors.") and name not in TOOLING_ERRORS
+    )
     assert strays == []
+    assert {name for name in TOOLING_ERRORS if issubclass(defined[name], RelayError)} == (
+        TOOLING_ERRORS
+    )
     outside = [
         name
         for name, cls in inspect.getmembers(relay.errors, inspect.isclass)
@@ -195,6 +209,13 @@ def test_a_refused_topic_name_carries_the_topic() -> None:
 def test_a_replication_factor_refusal_hints_at_the_setting() -> None:
     failure = classify(kafka(KafkaError.INVALID_REPLICATION_FACTOR), "t", Stage.CREATE_TOPIC)
     assert "check topic_replication_factor" in str(failure)
+
+
+def test_a_client_refusing_its_configuration_is_a_config_error_whatever_the_code() -> None:
+    failure = classify(kafka(KafkaError._INVALID_ARG), "kafka: invalid consumer configuration",
+                       Stage.CONFIGURE)  # fmt: skip
+    assert type(failure) is ConfigError
+    assert str(failure).startswith("kafka: invalid consumer configuration: KafkaError{")
 
 
 def test_a_refused_transaction_timeout_quotes_the_setting_and_the_fix() -> None:

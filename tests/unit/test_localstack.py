@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from relay.artifacts.maven import ArtifactFetchError, Lock, fetch_lock
 from relay.localstack import LocalKafka, LocalServerError
 from relay.localstack.kafka import find_java
-from relay.localstack.maven import ArtifactFetchError, Lock, fetch_lock
 
 JAR = b"PK\x03\x04 not really a jar, but bytes with a known checksum"
 

@@ -1,13 +1,13 @@
 """Pinned jars from Maven Central, checksum-verified and cached in the user's cache.
 
-The local stack needs Java programs (Apache Kafka's broker, Spark's Kafka connector,
-Debezium Server). Their jars are listed, with their SHA-256, in a *lock file* next to
+The local stack and the Spark jobs need Java programs (Apache Kafka's broker, Debezium
+Server, Spark's Kafka connector). Their jars are listed, with their SHA-256, in a *lock file* next to
 this module (``<name>.lock``): one ``group:artifact:version sha256`` line per jar, the
 whole transitive set already resolved. Fetching is then a plain download of each listed
 file, so a user needs neither Maven nor any resolution at run time, and the checksums
 come from this repository, not from the server that serves the jars.
 
-``python -m relay.localstack.maven lock NAME`` re-resolves a lock file from the root
+``python -m relay.artifacts.maven lock NAME`` re-resolves a lock file from the root
 coordinates in its header, with Maven (``dependency:copy-dependencies``). A header line
 ``# exclude group:artifact`` leaves that artifact (and what only it pulls in) out: jars
 the program that loads the lock already ships, such as those in pyspark's ``jars/``.
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from relay.errors import ArtifactFetchError
+from relay.errors import RelayError
 
 __all__ = [
     "Artifact",
@@ -52,6 +52,11 @@ MAVEN_CENTRAL = "https://repo.maven.apache.org/maven2"
 _LOCK_DIR = Path(__file__).resolve().parent
 _CHUNK = 256 * 1024
 _TIMEOUT_S = 60.0
+
+
+class ArtifactFetchError(RelayError):
+    """A pinned jar could not be downloaded, or its checksum did not match."""
+
 
 Progress = Callable[[str], None]
 
@@ -249,7 +254,7 @@ def relock(name: str) -> Path:
             _artifact_of(work / "libs", jar) for jar in sorted((work / "libs").rglob("*.jar"))
         ]
     path = _LOCK_DIR / f"{name}.lock"
-    header = [f"# {name}: resolved by `python -m relay.localstack.maven lock {name}`"]
+    header = [f"# {name}: resolved by `python -m relay.artifacts.maven lock {name}`"]
     header += [f"# root {r}" for r in lock.roots]
     header += [f"# exclude {e}" for e in lock.excludes]
     body = [f"{a.coordinates} {a.sha256}" for a in sorted(artifacts, key=lambda a: a.coordinates)]
@@ -289,7 +294,7 @@ def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "fetch":
         sys.stdout.writelines(f"{path}\n" for path in fetch_lock(argv[1]))
         return 0
-    sys.stderr.write("usage: python -m relay.localstack.maven lock|fetch NAME\n")
+    sys.stderr.write("usage: python -m relay.artifacts.maven lock|fetch NAME\n")
     return 2
 
 

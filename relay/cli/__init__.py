@@ -1,0 +1,78 @@
+"""The ``outbox-relay`` command line.
+
+One module per command group; this one builds the Typer app from them, in the order
+``--help`` lists them, and holds the entry point (``outbox-relay``, ``python -m relay``
+and ``python -m relay.cli``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import psycopg
+import typer
+
+from relay.cli import local, operations, status, verify
+from relay.cli.common import Globals
+from relay.cli.dead_letters import dead_letters_app
+from relay.cli.debezium import debezium_app
+from relay.cli.subscribers import subscribers_app
+from relay.cli.topics import topics_app
+from relay.errors import ConfigError, RelayError
+from relay.redact import redact
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="outbox-relay",
+    help="Publish committed Postgres outbox events to Kafka, in order, per subscriber.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+for command in (
+    operations.migrate,
+    operations.run,
+    local.dev,
+    local.local,
+    verify.verify,
+    status.status,
+    operations.grant,
+    operations.prune,
+):
+    app.command()(command)
+app.add_typer(subscribers_app, name="subscribers")
+app.add_typer(debezium_app, name="debezium")
+app.add_typer(dead_letters_app, name="dead-letters")
+app.add_typer(topics_app, name="topics")
+
+
+@app.callback()
+def _globals(
+    ctx: typer.Context,
+    config: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--config", "-c", envvar="RELAY_CONFIG", help="TOML settings file [RELAY_CONFIG]."
+        ),
+    ] = None,
+) -> None:
+    ctx.obj = Globals(config)
+
+
+def main() -> None:
+    """Console-script entry point: clear errors, meaningful exit codes."""
+    try:
+        app(prog_name="outbox-relay")
+    # Redacted once more here: whatever path a URL took into a message, it is masked.
+    except ConfigError as exc:
+        sys.stderr.write(f"outbox-relay: configuration error: {redact(str(exc))}\n")
+        sys.exit(2)
+    except RelayError as exc:
+        sys.stderr.write(f"outbox-relay: {redact(str(exc))}\n")
+        sys.exit(1)
+    except psycopg.Error as exc:  # should have been wrapped; never show a traceback for it
+        sys.stderr.write(f"outbox-relay: database error: {redact(str(exc))}\n")
+        sys.exit(1)

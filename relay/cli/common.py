@@ -1,0 +1,100 @@
+"""What every command shares: the consoles, the common options, settings and connections."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, Any, Optional
+
+import psycopg
+import typer
+from rich.console import Console
+
+from relay import db, logs
+from relay.errors import DatabaseUnavailable
+from relay.settings import Settings, load_settings
+from relay.store import OutboxStore
+
+logger = logging.getLogger(__name__)
+
+
+# Piped or redirected output is not cut to 80 columns (rich's default off a terminal).
+def _width(stream: Any) -> int | None:
+    if stream.isatty():
+        return None
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() else 250
+
+
+# Everything printed comes from data that writers, operators and other database clients
+# control (event types, aggregate types, halt errors, application names): none of it is
+# parsed as rich markup or emoji codes. Styling is given explicitly, with rich Text.
+out = Console(markup=False, emoji=False, highlight=False, width=_width(sys.stdout))
+err = Console(stderr=True, markup=False, emoji=False, highlight=False, width=_width(sys.stderr))
+
+
+# Options shared by several commands. Flags win over RELAY_* variables and the file.
+DatabaseUrl = Annotated[
+    str | None, typer.Option("--database-url", help="libpq URL [RELAY_DATABASE_URL]")
+]
+Schema = Annotated[
+    str | None, typer.Option("--schema", help="Postgres schema [RELAY_DATABASE_SCHEMA]")
+]
+Bootstrap = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--bootstrap-servers", help="Kafka HOST:PORT[,...] [RELAY_BOOTSTRAP_SERVERS]"),
+]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+@dataclass
+class Globals:
+    config: Path | None
+
+
+def _settings(ctx: typer.Context, **flags: Any) -> Settings:
+    settings = load_settings(ctx.obj.config, **flags)
+    logs.configure(settings.log_level, settings.log_format)
+    return settings
+
+
+@contextmanager
+def _store(settings: Settings) -> Iterator[OutboxStore]:
+    with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
+        yield OutboxStore(conn, settings.database_schema)
+
+
+def _connect_waiting(settings: Settings, application_name: str) -> psycopg.Connection[Any]:
+    """A connection, waiting for a Postgres that is down or starting as `run` waits for
+    it (backoff up to 30 s, until Ctrl-C or SIGTERM); a permanent refusal (unknown
+    database, bad credentials, missing grants) fails at once."""
+    delay = 0.5
+    while True:
+        try:
+            return db.connect(settings.require_database_url(), application_name=application_name)
+        except DatabaseUnavailable as exc:
+            logger.warning("waiting for Postgres: %s; retrying in %.0fs", exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+
+@contextmanager
+def _stop_on_signals(stop: Any) -> Iterator[None]:
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        logger.info("received %s, stopping", signal.Signals(signum).name)
+        stop()
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

@@ -1,0 +1,142 @@
+"""``dead-letters list|redrive``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from relay import db
+from relay.cli.common import (
+    Bootstrap,
+    DatabaseUrl,
+    JsonFlag,
+    Schema,
+    _settings,
+    err,
+    out,
+)
+
+dead_letters_app = typer.Typer(
+    help="List a subscriber's dead letters; publish them once their cause is fixed.",
+    no_args_is_help=True,
+)
+
+
+@dead_letters_app.command("list")
+def dead_letters_list(
+    ctx: typer.Context,
+    subscriber: Annotated[str, typer.Argument(help="The subscriber.")],
+    include_redriven: Annotated[
+        bool, typer.Option("--all", help="Also those redriven already.")
+    ] = False,
+    as_json: JsonFlag = False,
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
+) -> None:
+    """A subscriber's dead letters, in publication order, with their errors."""
+    from relay.redrive import DeadLetterStore
+
+    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
+        letters = DeadLetterStore(conn, settings.database_schema).dead_letters(
+            subscriber, include_redriven=include_redriven
+        )
+    if as_json:
+        sys.stdout.write(json.dumps([d.as_dict() for d in letters], indent=2) + "\n")
+        return
+    table = Table("key", "part", "message id", "aggregate", "event type", "error", "redrive")
+    for d in letters:
+        aggregate = (
+            "(pruned)" if d.aggregate_type is None else f"{d.aggregate_type}/{d.aggregate_id}"
+        )
+        redrive = f"redriven {d.redriven_at:%Y-%m-%d %H:%M:%S}" if d.redriven_at else ""
+        table.add_row(
+            str(d.key), str(d.part), str(d.message_id), aggregate, d.event_type or "-",
+            d.error, redrive or d.redrive_error or "-",
+        )  # fmt: skip
+    out.print(table)
+    if not letters:
+        err.print(f"no {'' if include_redriven else 'pending '}dead letters for {subscriber!r}")
+
+
+@dead_letters_app.command("redrive")
+def dead_letters_redrive(
+    ctx: typer.Context,
+    subscriber: Annotated[str, typer.Argument(help="The subscriber.")],
+    schemas_dir: Annotated[
+        Path | None, typer.Option(help="Avro schemas folder [RELAY_SCHEMAS_DIR]")
+    ] = None,
+    batch_size: Annotated[
+        int, typer.Option(min=1, max=10_000, help="Events per Kafka transaction.")
+    ] = 500,
+    as_json: JsonFlag = False,
+    database_url: DatabaseUrl = None,
+    bootstrap_servers: Bootstrap = None,
+    schema: Schema = None,
+) -> None:
+    """Publish a subscriber's dead-lettered events, exactly once and in order per key,
+    as the relay would publish them now (after a fix: a schema added, say). The live
+    checkpoint does not move. Exits 1 when some stay dead-lettered (still poison, or
+    behind a still-poison event of their key)."""
+    import re
+    from contextlib import closing
+
+    from relay.daemon.startup import load_schemas, registry_encoder
+    from relay.encoding import RecordEncoder
+    from relay.redrive import DeadLetterStore, Redrive, redrive_publisher
+    from relay.subscribers import TopicGuard
+
+    settings = _settings(
+        ctx,
+        database_url=database_url,
+        bootstrap_servers=bootstrap_servers,
+        database_schema=schema,
+        schemas_dir=schemas_dir,
+    )
+    registry = load_schemas(settings)
+    allow = None if settings.topic_allow is None else re.compile(settings.topic_allow)
+    guard = TopicGuard(settings.checkpoint_topic, allow)
+    with db.connect(
+        settings.require_database_url(), application_name="outbox-relay-redrive"
+    ) as conn:
+        store = DeadLetterStore(conn, settings.database_schema)
+        state = store.subscriber(subscriber)
+        guard.update(s.subscriber for s in store.outbox.list())
+        with closing(redrive_publisher(settings, state.subscriber_id, guard)) as publisher:
+            redrive = Redrive(
+                store,
+                publisher,
+                RecordEncoder(registry, guard, registry_encoder(settings, registry)),
+                state,
+                batch_size=batch_size,
+            )
+            report = redrive.run()
+    if as_json:
+        sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n")
+    else:
+        _print_redrive(report)
+    if report.left:
+        raise typer.Exit(1)
+
+
+def _print_redrive(report: Any) -> None:
+    out.print(f"{report.subscriber}: redriven {report.redriven}")
+    if report.recovered:
+        out.print(f"recorded {report.recovered} redriven by an earlier redrive that stopped")
+    for message_id, error in report.still_poison.items():
+        err.print(
+            Text.assemble(("still poison, stays dead-lettered: ", "red"), f"{message_id}: {error}")
+        )
+    if report.held_back:
+        err.print(
+            f"{len(report.held_back)} held back behind a still-poison event of their key "
+            "(redriven, in order, once it is fixed)"
+        )
+    if report.missing:
+        err.print(f"{len(report.missing)} whose outbox rows were pruned: cannot be redriven")

@@ -1,0 +1,207 @@
+"""``status``: subscribers' parts, relay sessions, and what holds publication back.
+
+The command reads a typed :class:`StatusReport`; ``--json`` prints its
+:meth:`StatusReport.as_dict`, the table view renders the same fields.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from relay.cli.backlog import SkipLine, events, print_estimate_note, print_skips, skipped
+from relay.cli.common import DatabaseUrl, JsonFlag, Schema, _settings, _store, err, out
+from relay.lag import Lag, Skipped, subscriber_statuses
+from relay.store import HorizonHolder, OutboxStore
+
+
+@dataclass(frozen=True)
+class PartLine:
+    """One subscriber part as ``status`` shows it."""
+
+    part: str  # subscriber/part
+    checkpoint: str
+    lag: Lag
+    skipped: Skipped
+    owner: str | None  # the owning relay session, as host:pid
+    paused: bool
+    halted: str | None  # the error that halted the part
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "part": self.part,
+            "checkpoint": self.checkpoint,
+            "lag_events": self.lag.events,
+            "lag_estimated": self.lag.estimated,
+            "lag_seconds": self.lag.seconds,
+            "skipped_by_reset": self.skipped.events,
+            "skipped_at_least": self.skipped.at_least,
+            "beyond_horizon": self.skipped.beyond_horizon,
+            "owner": self.owner,
+            "paused": self.paused,
+            "halted": self.halted,
+        }
+
+
+@dataclass(frozen=True)
+class Session:
+    """A relay session (one relay process), from the store's session listing."""
+
+    id: UUID
+    hostname: str
+    pid: int
+    started_at: datetime
+    heartbeat_age_s: float
+    expired: bool
+    parts: int  # parts it owns
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Session:
+        return cls(**{f.name: row[f.name] for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    parts: list[PartLine]
+    sessions: list[Session]
+    horizon_holders: list[HorizonHolder]
+    # False: other roles' sessions are hidden from this role (no pg_read_all_stats).
+    horizon_holders_complete: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``--json`` output."""
+        return {
+            "parts": [p.as_dict() for p in self.parts],
+            "sessions": [asdict(s) for s in self.sessions],
+            "horizon_holders": [vars(h) for h in self.horizon_holders],
+            "horizon_holders_complete": self.horizon_holders_complete,
+        }
+
+
+def status(
+    ctx: typer.Context,
+    as_json: JsonFlag = False,
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
+) -> None:
+    """Subscribers and their parts (checkpoint, lag, owner), relay sessions, and the
+    transactions holding publication back."""
+    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    with _store(settings) as store:
+        report = _status(store)
+    if as_json:
+        sys.stdout.write(json.dumps(report.as_dict(), indent=2, default=str) + "\n")
+        return
+    if not report.parts and not report.sessions:
+        out.print(
+            "No subscriber and no relay yet: `outbox-relay run` creates the default "
+            "subscriber and publishes; `outbox-relay subscribers add` declares others."
+        )
+    else:
+        _print_parts_and_sessions(report)
+    _print_horizon(report)
+
+
+def _print_parts_and_sessions(report: StatusReport) -> None:
+    parts = Table(
+        "part", "checkpoint", "lag (events)", "lag (s)", "skipped by reset", "owner", "state"
+    )
+    for p in report.parts:
+        parts.add_row(
+            p.part, p.checkpoint, events(p.lag), f"{p.lag.seconds:.1f}", skipped(p.skipped),
+            p.owner or "-", _part_state(p),
+        )  # fmt: skip
+    out.print(parts)
+    print_estimate_note(p.lag for p in report.parts)
+    _print_halts(report.parts)
+    print_skips([SkipLine(p.part, p.checkpoint, p.skipped) for p in report.parts])
+    sessions = Table("session", "host", "pid", "heartbeat (s ago)", "parts")
+    for s in report.sessions:
+        sessions.add_row(
+            str(s.id), s.hostname, str(s.pid), f"{s.heartbeat_age_s:.1f}", str(s.parts)
+        )
+    out.print(sessions)
+
+
+def _print_horizon(report: StatusReport) -> None:
+    if not report.horizon_holders_complete:
+        err.print(
+            Text("the details of other roles' sessions are hidden from this role (it lacks "
+                 "pg_read_all_stats): a transaction holding publication back shows "
+                 "without its age, state and query start; run status as the owner, or see "
+                 "`outbox-relay grant --read-all-stats`", style="yellow")
+        )  # fmt: skip
+    if report.horizon_holders:
+        holders = Table("pid", "xid", "age (s)", "state", "application", "query start")
+        for h in report.horizon_holders:
+            if h.gid is not None:  # no session: name it for ROLLBACK/COMMIT PREPARED
+                holders.add_row(
+                    "-", h.xid, _hidden_or(h.age_s, "{:.1f}"), "prepared",
+                    f"gid {h.gid!r}, owner {h.owner}, database {h.database}", "-",
+                )  # fmt: skip
+                continue
+            holders.add_row(
+                str(h.pid), h.xid, _hidden_or(h.age_s, "{:.1f}"), _hidden_or(h.state),
+                _hidden_or(h.application_name), _hidden_or(h.query_start),
+            )  # fmt: skip
+        out.print(Text("open transactions holding publication back", style="bold"))
+        out.print(holders)
+
+
+def _hidden_or(value: Any, fmt: str = "{}") -> str:
+    """A pg_stat_activity detail, or 'hidden' where this role may not see it."""
+    return "hidden" if value is None else fmt.format(value)
+
+
+def _part_state(part: PartLine) -> Text:
+    if part.skipped.beyond_horizon:
+        return Text("BEYOND HORIZON", style="bold red")
+    if part.halted is not None:
+        return Text("HALTED", style="bold red")
+    return Text("paused", style="yellow") if part.paused else Text("active")
+
+
+def _print_halts(parts: list[PartLine]) -> None:
+    """Halted parts publish nothing until resumed: say so where it cannot be missed."""
+    halted = [p for p in parts if p.halted is not None]
+    if not halted:
+        return
+    out.print(
+        Text(f"{len(halted)} halted part(s): nothing is published for them until "
+             "`outbox-relay subscribers resume NAME`", style="bold red")
+    )  # fmt: skip
+    for p in halted:
+        out.print(Text.assemble((f"  {p.part}: ", "red"), p.halted or ""))
+
+
+def _status(store: OutboxStore) -> StatusReport:
+    sessions = [Session.from_row(row) for row in store.list_sessions()]
+    names = {s.id: f"{s.hostname}:{s.pid}" for s in sessions}
+    parts = [
+        PartLine(
+            part=f"{p.state.name}/{p.state.part}",
+            checkpoint=str(p.state.checkpoint),
+            lag=p.lag,
+            skipped=p.skipped,
+            owner=names.get(p.state.owner) if p.state.owner else None,
+            paused=subscriber.state.subscriber.paused,
+            halted=p.state.halted_error,
+        )
+        for subscriber in subscriber_statuses(store)
+        for p in subscriber.parts
+    ]
+    return StatusReport(
+        parts=parts,
+        sessions=sessions,
+        horizon_holders=store.horizon_holders(),
+        horizon_holders_complete=store.sees_all_backends(),
+    )

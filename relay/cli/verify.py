@@ -1,0 +1,131 @@
+"""``verify``: the topics checked against the outbox."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from relay import db
+from relay.cli.common import (
+    Bootstrap,
+    DatabaseUrl,
+    JsonFlag,
+    Schema,
+    _settings,
+    err,
+    out,
+)
+from relay.errors import ConfigError, RelayError
+from relay.settings import Settings
+
+# verify's exit code when Postgres or Kafka could not be read (1 means findings).
+_COULD_NOT_CHECK = 3
+
+
+def verify(
+    ctx: typer.Context,
+    subscriber: Annotated[
+        list[str] | None, typer.Option(help="Only these subscribers (repeatable).")
+    ] = None,
+    as_json: JsonFlag = False,
+    timeout: Annotated[
+        float, typer.Option(min=1, help="Give up reading a topic after this many seconds.")
+    ] = 600.0,
+    database_url: DatabaseUrl = None,
+    bootstrap_servers: Bootstrap = None,
+    schema: Schema = None,
+) -> None:
+    """Check the topics against the outbox: missing, duplicated, out-of-order events.
+
+    Exits 0 when clean, 1 when it finds any, 2 on a configuration error, and 3 when it
+    could not check (Postgres or Kafka unreachable, a topic unreadable in time).
+    """
+    from relay.topic_reader import KafkaTopicReader
+    from relay.verify import verify as run_verify
+
+    settings = _settings(
+        ctx,
+        database_url=database_url,
+        bootstrap_servers=bootstrap_servers,
+        database_schema=schema,
+    )
+    reader = KafkaTopicReader(
+        {**settings.kafka, "bootstrap.servers": settings.require_bootstrap_servers()},
+        timeout=timeout,
+    )
+    try:
+        reports = _verify_all(settings, reader, subscriber, as_json, run_verify)
+    except ConfigError:
+        raise
+    except RelayError as exc:
+        err.print(f"outbox-relay: could not check: {exc}")
+        raise typer.Exit(_COULD_NOT_CHECK) from exc
+    if as_json:
+        sys.stdout.write(json.dumps([r.as_dict() for r in reports], indent=2) + "\n")
+    else:
+        _print_reports(reports)
+    if not all(r.clean for r in reports):
+        raise typer.Exit(1)
+
+
+def _verify_all(
+    settings: Settings,
+    reader: Any,
+    subscriber: list[str] | None,
+    as_json: bool,
+    run_verify: Any,
+) -> list[Any]:
+    from rich.progress import Progress
+
+    with (
+        db.connect(settings.require_database_url(), application_name="outbox-relay-verify") as conn,
+        Progress(console=err, transient=True, disable=as_json) as progress,
+    ):
+        tasks: dict[str, Any] = {}
+
+        def advance(name: str, done: int, total: int) -> None:
+            if name not in tasks:
+                tasks[name] = progress.add_task(f"reading {name}'s topics", total=total or None)
+            progress.update(tasks[name], completed=done, total=total or None)
+
+        reports: list[Any] = run_verify(
+            conn, settings.database_schema, reader, subscribers=subscriber, progress=advance
+        )
+    return reports
+
+
+def _print_reports(reports: list[Any]) -> None:
+    table = Table(
+        "subscriber", "expected", "found", "missing", "duplicated", "out of order", "ahead",
+        "before start", "not in outbox", "skipped by reset", "dead-lettered", "pending",
+        "verdict",
+    )  # fmt: skip
+    for r in reports:
+        table.add_row(
+            r.subscriber,
+            *(str(v) for v in (r.expected, r.found, r.missing, r.duplicated, r.out_of_order)),
+            *(str(v) for v in (r.ahead, r.before_start, r.not_in_outbox, r.skipped_by_reset)),
+            str(r.dead_lettered),
+            f"~{r.pending}" if r.pending_estimated else str(r.pending),
+            Text("clean", style="green") if r.clean else Text("PROBLEMS", style="red"),
+        )
+    out.print(table)
+    err.print(
+        "ahead: published just before a crash, adopted by the next owner; before start: "
+        "published before a reset; not in outbox: rows pruned since; skipped by reset: "
+        "events a reset forward jumped over, never published"
+    )
+    for r in reports:
+        if r.checked_after:
+            err.print(
+                f"{r.subscriber}: checked only events after {', '.join(r.checked_after)}, "
+                "where the subscriber was created or last reset (subscribers reset)"
+            )
+        for kind, examples in r.examples.items():
+            for text in examples:
+                err.print(f"{r.subscriber}: {kind}: {text}")
