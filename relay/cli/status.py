@@ -21,7 +21,8 @@ from rich.text import Text
 from relay.cli.backlog import SkipLine, events, print_estimate_note, print_skips, skipped
 from relay.cli.common import DatabaseUrl, JsonFlag, Schema, _settings, _store, err, out
 from relay.lag import Lag, Skipped, subscriber_statuses
-from relay.store import HorizonHolder, OutboxStore
+from relay.ports import HorizonHolder
+from relay.store import OutboxStore
 
 
 @dataclass(frozen=True)
