@@ -23,11 +23,22 @@ from relay.ports import Batch
 
 
 class FakeMessage:
-    def __init__(self, headers: list[tuple[str, bytes]]) -> None:
-        self._headers = headers
+    """A delivery report as confluent-kafka gives one: topic, key and value, no headers."""
 
-    def headers(self) -> list[tuple[str, bytes]]:
-        return self._headers
+    def __init__(self, record: KafkaRecord) -> None:
+        self._record = record
+
+    def topic(self) -> str:
+        return self._record.topic
+
+    def key(self) -> bytes | None:
+        return self._record.key
+
+    def value(self) -> bytes | None:
+        return self._record.value
+
+    def headers(self) -> None:
+        return None
 
 
 class FakeProducer:
@@ -57,7 +68,7 @@ class FakeProducer:
                 self.failed = True
                 error = KafkaError(KafkaError.INVALID_RECORD)
             if callback is not None:
-                callback(error, FakeMessage(record.headers))  # type: ignore[arg-type]
+                callback(error, FakeMessage(record))  # type: ignore[arg-type]
         self.flushed += [r.value for r, _ in self.pending]
         self.pending = []
         return 0

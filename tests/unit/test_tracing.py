@@ -183,8 +183,8 @@ def test_the_worker_ends_a_span_per_published_event_and_counts_their_latency(
 ) -> None:
     provider, exporter = exported
     tracing = traced(provider)
-    owner = uuid.uuid4()
     store = InMemoryStore()
+    owner = store.open_session("test", 1, timeout=60)
     store.add(JSON)
     assert store.claim("s", 0, owner)
     written = [store.append(event({"traceparent": WRITER}, n)) for n in range(1, 8)]
