@@ -52,6 +52,8 @@ T = TypeVar("T")
 _TXN_CALL_TIMEOUT_S = 5.0
 # How long past its own timeout a transactional call may block before it is given up.
 _CALL_GRACE_S = 5.0
+# A transactional call slower than this is logged (with what it took).
+_SLOW_CALL_S = 1.0
 # Producers whose call hung: kept referenced, because destroying one would block too.
 _abandoned: list[Producer] = []
 # The Kafka-side checkpoint: partition 0's committed offset is the transaction id,
@@ -117,6 +119,11 @@ class TopicCreator:
         self._counts = counts
         self._known: set[str] = set()
         self._lock = threading.Lock()  # shared by every worker of the relay
+
+    def known(self) -> frozenset[str]:
+        """The topics this relay's publishers have made sure of: those they write to."""
+        # Copying a set is one step under the GIL; no lock (creating topics holds it).
+        return frozenset(self._known)
 
     def ensure(self, topics: set[str], *, partitions: int | None = None, **config: str) -> None:
         """Create what is missing of ``topics``. Raises :class:`TopicRefused` for the
@@ -571,14 +578,26 @@ class TransactionalPublisher(_BatchProducer):
                 failure.append(exc)
 
         thread = threading.Thread(target=run, name="kafka-txn-call", daemon=True)
+        began = time.monotonic()
         thread.start()
         limit = self._call_timeout_s + _CALL_GRACE_S
         thread.join(limit)
+        took = time.monotonic() - began
+        name = getattr(operation, "__name__", "a call")
+        if took >= _SLOW_CALL_S:  # where a part's publishing gap goes (issue #29)
+            logger.info(
+                "%s: %s took %.1fs%s",
+                self.transactional_id,
+                name,
+                took,
+                " (given up)" if thread.is_alive() else f" ({failure[0]})" if failure else "",
+                extra={"event": "kafka_txn_call_slow", "call": name, "seconds": round(took, 2)},
+            )
         if thread.is_alive():
             self._wedged = True
             _abandoned.append(self._producer)  # never destroyed: that would block too
             raise ProducerFenced(
-                f"{self.transactional_id}: {getattr(operation, '__name__', 'a call')} did not "
+                f"{self.transactional_id}: {name} did not "
                 f"return within {limit:.0f}s; starting the part over with a new producer"
             )
         if failure:
