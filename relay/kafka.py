@@ -45,13 +45,16 @@ _client_log = client_logger()
 T = TypeVar("T")
 
 # How long one transactional call (init, send offsets, commit, abort) may wait. A call
-# that times out with a retriable error is made again, up to the delivery timeout, so this
-# bounds one attempt, not the whole: and so it bounds the watchdog too (see _watched). A
-# call librdkafka leaves hanging after its transaction coordinator moved then costs the
-# part this plus the grace period, not the delivery timeout plus it (issue #29).
-_TXN_CALL_TIMEOUT_S = 5.0
+# that times out with a retriable error is made again (librdkafka resumes it), up to the
+# delivery timeout, so this bounds one attempt, not the whole: and so it bounds the
+# watchdog too (see _watched). A call librdkafka leaves hanging after its transaction
+# coordinator moved then costs the part this plus the grace period, then a new producer
+# (issue #29: with 5 s + 5 s, a node kill stalled parts up to 19-30 s).
+_TXN_CALL_TIMEOUT_S = 3.0
 # How long past its own timeout a transactional call may block before it is given up.
-_CALL_GRACE_S = 5.0
+# Calls that return, return within about a second of their timeout even on a loaded
+# host (measured: at most 2.5 s on a 2-core machine at load 35).
+_CALL_GRACE_S = 3.0
 # A transactional call slower than this is logged (with what it took).
 _SLOW_CALL_S = 1.0
 # Producers whose call hung: kept referenced, because destroying one would block too.
@@ -78,6 +81,9 @@ def producer_config(
         # Same key → partition mapping as the Java client (and so Kafka Connect/Debezium).
         "partitioner": "murmur2_random",
         "message.timeout.ms": delivery_timeout_ms,
+        # A broker that was down for a while is otherwise retried only every 10 s: after
+        # a rolling restart it leads again and its partitions waited that long.
+        "reconnect.backoff.max.ms": 1000,
         **overrides,
     }
     # Not negotiable: without these, retries may reorder or duplicate within a key.
@@ -534,8 +540,10 @@ class TransactionalPublisher(_BatchProducer):
         if self._group is not None:
             self._group[1].close()
             self._group = None
-        if not self._wedged:  # a wedged producer's flush would hang as well
-            super().close()
+        # No flush: a record still queued belongs to a transaction that failed (or never
+        # committed), which the next producer's init_transactions aborts. Waiting up to
+        # 5 s for its delivery only lengthened the part's gap when a leader died; and a
+        # wedged producer's flush would hang as well.
 
     def _consumer(self, generation: str) -> Consumer:
         # The group is named after the checkpoint generation: a reset starts a new one,

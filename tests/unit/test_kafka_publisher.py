@@ -168,7 +168,41 @@ def test_each_transactional_call_waits_far_less_than_the_delivery_timeout() -> N
     pub.publish(Batch(records(b"a"), Position(1, 1), "gen"))
     assert producer.committed == [[b"a"]]
     assert len(producer.timeouts) == 2
-    assert all(t + relay.kafka._CALL_GRACE_S <= 15.0 for t in producer.timeouts), producer.timeouts
+    # Within the 15 s a part may stall when one node dies (#29), a hung call and a new
+    # producer's start must both fit: 6 s at most for the first.
+    assert all(t + relay.kafka._CALL_GRACE_S <= 6.0 for t in producer.timeouts), producer.timeouts
+
+
+def test_closing_waits_for_no_record_of_a_failed_transaction() -> None:
+    # The broker that leads their partition died: the commit failed, records are still
+    # queued. They can never become visible (the next producer's init_transactions
+    # aborts their transaction), so closing must not wait up to 5 s for them.
+    producer = FakeProducer(reject=b"never")
+    pub = publisher(producer)
+    producer.begin_transaction()
+    producer.produce("t", b"queued", b"k", [])
+    flushed: list[float] = []
+
+    def flush(timeout: float = 0) -> int:
+        flushed.append(timeout)
+        return 1
+
+    producer.flush = flush  # type: ignore[method-assign]
+    pub.close()
+    assert flushed == []
+
+
+def test_producers_retry_a_restarted_broker_within_a_second() -> None:
+    # librdkafka's default backs off up to 10 s from a broker that was down; after a
+    # rolling restart that broker leads again and its partitions waited that long.
+    config = relay.kafka.producer_config("b:1", {}, 30_000)
+    assert config["reconnect.backoff.max.ms"] <= 1000
+    assert (
+        relay.kafka.producer_config("b:1", {"reconnect.backoff.max.ms": 5000}, 1)[
+            "reconnect.backoff.max.ms"
+        ]
+        == 5000
+    )  # the operator's setting wins
 
 
 class WarmingGroup:
