@@ -34,7 +34,7 @@ from relay.errors import (
     TopicRefused,
     TransactionAborted,
 )
-from relay.kafka_errors import Stage, classify, rejects_record, retry_now
+from relay.kafka_errors import Stage, classify, coordinator_moved, rejects_record, retry_now
 from relay.model import HEADER_ID, KafkaCheckpoint, KafkaRecord, Position
 from relay.ports import Batch, Meanwhile
 
@@ -635,6 +635,12 @@ class TransactionalPublisher(_BatchProducer):
                 if isinstance(failure, TransactionAborted):
                     self._abort()
                 if not retry_now(failure) or time.monotonic() > deadline:
+                    raise failure from exc
+                if self._initialised and coordinator_moved(failure):
+                    # Mid-transaction, its coordinator gone: made again here, the call
+                    # hung for the watchdog's whole bound in a node kill (#29). The part
+                    # starts over with a new producer instead, whose init_transactions
+                    # finds the new coordinator and aborts this transaction.
                     raise failure from exc
                 time.sleep(0.1)
 

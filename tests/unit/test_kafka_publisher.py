@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 import relay.kafka
-from relay.errors import PoisonRecordError, ProducerFenced, RelayError
+from relay.errors import BrokerUnavailable, PoisonRecordError, ProducerFenced, RelayError
 from relay.kafka import TopicCreator, TransactionalPublisher
 from relay.model import KafkaRecord, Position
 from relay.ports import Batch
@@ -237,3 +237,27 @@ def test_a_coordinator_warming_up_is_asked_again_for_the_checkpoint() -> None:
     with pytest.raises(RelayError, match="cannot read the Kafka-side checkpoint"):
         relay.kafka.read_committed(refused, wanted, 30.0)  # type: ignore[arg-type]
     assert refused.asked == 1
+
+
+class CoordinatorLostProducer(FakeProducer):
+    """send_offsets_to_transaction first meets its transaction coordinator gone (the
+    broker was killed): a retriable transport error."""
+
+    def __init__(self) -> None:
+        super().__init__(reject=b"never")
+        self.offsets_sent = 0
+
+    def send_offsets_to_transaction(self, *args: Any) -> None:
+        self.offsets_sent += 1
+        if self.offsets_sent == 1:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, retriable=True))
+
+
+def test_a_coordinator_lost_mid_transaction_starts_the_part_over() -> None:
+    # Made again on the same producer, the call hung for the watchdog's whole bound in
+    # node kills (#29); the worker starts over with a new producer instead.
+    producer = CoordinatorLostProducer()
+    with pytest.raises(BrokerUnavailable) as raised:
+        publisher(producer).publish(Batch(records(b"a"), Position(1, 1), "gen"))
+    assert producer.offsets_sent == 1 and producer.committed == []
+    assert raised.value.code == KafkaError._TRANSPORT
