@@ -404,6 +404,8 @@ class TransactionalPublisher(_BatchProducer):
         self._group: tuple[str, Consumer] | None = None
         self._initialised = False
         self._wedged = False
+        # Why this producer takes no more transactions (an abort that failed), if so.
+        self._unusable: str | None = None
         self._key_space: UUID | None = None
         self._commit_pool: ThreadPoolExecutor | None = None
 
@@ -576,6 +578,8 @@ class TransactionalPublisher(_BatchProducer):
         """
         if self._wedged:
             raise ProducerFenced(f"{self.transactional_id}: producer abandoned (a call hung)")
+        if self._unusable is not None:
+            raise BrokerUnavailable(self._unusable)
         result: list[T] = []
         failure: list[BaseException] = []
 
@@ -615,12 +619,16 @@ class TransactionalPublisher(_BatchProducer):
     def _abort(self) -> None:
         try:
             self._watched(self._producer.abort_transaction, self._call_timeout_s)
-        except ProducerFenced as exc:
+        except (ProducerFenced, KafkaException) as exc:
+            # The next producer's init_transactions aborts it for us. This one takes no
+            # more: its abort may still be in progress, and a transaction begun on it
+            # failed with "Conflicting abort_transaction API call is already in
+            # progress" (a rolling restart, #29), a round trip wasted.
             logger.warning("could not abort the transaction: %s", exc)
-            return
-        except KafkaException as exc:
-            # The next owner's init_transactions aborts it for us; we only log.
-            logger.warning("could not abort the transaction: %s", exc)
+            self._unusable = (
+                f"{self.transactional_id}: could not abort the transaction ({exc}); "
+                "starting the part over with a new producer"
+            )
 
     def _call(self, operation: Callable[..., T], *args: Any) -> T:
         """Run a transaction API call, mapping librdkafka's error flags onto ours."""

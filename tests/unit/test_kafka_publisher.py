@@ -261,3 +261,32 @@ def test_a_coordinator_lost_mid_transaction_starts_the_part_over() -> None:
         publisher(producer).publish(Batch(records(b"a"), Position(1, 1), "gen"))
     assert producer.offsets_sent == 1 and producer.committed == []
     assert raised.value.code == KafkaError._TRANSPORT
+
+
+class AbortTimesOutProducer(FakeProducer):
+    """The group coordinator moved mid-transaction (abortable), and the abort then times
+    out: librdkafka keeps it in progress, and refuses a new transaction meanwhile."""
+
+    def __init__(self) -> None:
+        super().__init__(reject=b"never")
+        self.begun = 0
+
+    def begin_transaction(self) -> None:
+        self.begun += 1
+        if self.begun > 1:
+            raise KafkaException(KafkaError(KafkaError._CONFLICT, "abort already in progress"))
+        super().begin_transaction()
+
+    def send_offsets_to_transaction(self, *args: Any) -> None:
+        error = KafkaError(KafkaError.NOT_COORDINATOR, retriable=True, txn_requires_abort=True)
+        raise KafkaException(error)
+
+    def abort_transaction(self, timeout: float) -> None:
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, retriable=True))
+
+
+def test_a_producer_whose_abort_failed_takes_no_more_transactions() -> None:
+    producer = AbortTimesOutProducer()
+    with pytest.raises(BrokerUnavailable, match="could not abort the transaction"):
+        publisher(producer).publish(Batch(records(b"a"), Position(1, 1), "gen"))
+    assert producer.begun == 1 and producer.committed == []
