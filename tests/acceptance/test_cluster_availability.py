@@ -63,7 +63,11 @@ PARTS = 4
 KEYS = [f"k{i}" for i in range(40)]
 DOWN_FOR_S = 6.0  # a node stays dead this long before it restarts
 SETTLE_S = 5.0  # publishing undisturbed before and after each fault
-MAX_GAP_S = 15.0  # the longest a part may publish nothing when one node dies (#29)
+# The longest a part may publish nothing when one node dies: the issue's target (#29).
+# Most of a gap is the brokers' own failover (new leaders, the transaction coordinator
+# loading its state): on a 2-core host at load 35-40 gaps were 5-12 s, at load 55-75 the
+# brokers alone took 15-30 s, and this fails there.
+MAX_GAP_S = 15.0
 
 
 class Writers(threading.Thread):
