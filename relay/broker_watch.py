@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from typing import Any
 
@@ -49,7 +50,14 @@ def connection_config(config: dict[str, Any]) -> dict[str, Any]:
 class BrokerWatch(threading.Thread):
     """Asks Kafka for metadata every ``interval`` seconds, each answer within ``timeout``."""
 
-    def __init__(self, config: dict[str, Any], *, interval: float, timeout: float) -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        *,
+        interval: float,
+        timeout: float,
+        written_topics: Callable[[], Collection[str]] = frozenset,
+    ) -> None:
         super().__init__(name="relay-broker-watch", daemon=True)
         self._admin = AdminClient(connection_config(config))
         self._servers = config.get("bootstrap.servers", "?")
@@ -62,6 +70,11 @@ class BrokerWatch(threading.Thread):
         self._since = time.monotonic()
         self._since_wall = datetime.now(UTC)
         self._reminded: float | None = None
+        self._written_topics = written_topics
+        #: Partitions of the topics the relay writes with no live leader, as "topic[p]".
+        self.leaderless: tuple[str, ...] = ()
+        self._leaderless_since = datetime.now(UTC)
+        self._leaderless_reminded: float | None = None
 
     def stop(self) -> None:
         self._stopping.set()
@@ -81,7 +94,16 @@ class BrokerWatch(threading.Thread):
                 f"Kafka at {self._servers} unreachable since "
                 f"{self._since_wall.isoformat(timespec='seconds')}: {self.error}"
             )
-        return f"Kafka at {self._servers} answers" if self.reachable else "Kafka not asked yet"
+        if not self.reachable:
+            return "Kafka not asked yet"
+        if self.leaderless:
+            shown = ", ".join(self.leaderless[:5]) + (", ..." if len(self.leaderless) > 5 else "")
+            return (
+                f"Kafka at {self._servers} answers, but {len(self.leaderless)} partitions "
+                f"this relay writes have had no leader since "
+                f"{self._leaderless_since.isoformat(timespec='seconds')}: {shown}"
+            )
+        return f"Kafka at {self._servers} answers"
 
     def run(self) -> None:
         while not self._stopping.is_set():
@@ -89,19 +111,21 @@ class BrokerWatch(threading.Thread):
             self._stopping.wait(self._interval)
 
     def _ask(self) -> None:
-        error = self._ask_once()
-        if error is not None and self.reachable is True:
+        answer = self._ask_once()
+        if isinstance(answer, str) and self.reachable is True:
             # Once more before judging: right after a broker dies, the client may still
             # send the request to it, and that one times out (seen on three nodes).
-            error = self._ask_once()
-        if error is None:
-            self._answered_ok()
+            answer = self._ask_once()
+        if isinstance(answer, str):
+            self._failed(answer)
         else:
-            self._failed(error)
+            self._answered_ok()
+            self._note_leaders(self._leaderless(answer))
         self._answered.set()
 
-    def _ask_once(self) -> str | None:
-        """None when some broker answered, naming the cluster's brokers; else what failed."""
+    def _ask_once(self) -> Any:
+        """The metadata when some broker answered, naming the cluster's brokers; else
+        what failed (a ``str``)."""
         try:
             # Served by any broker the client is connected to (librdkafka picks one
             # that is up), unlike DescribeCluster, which waits for the controller. The
@@ -114,7 +138,36 @@ class BrokerWatch(threading.Thread):
             return str(classify(exc, "asking for metadata"))
         if not metadata.brokers:  # a broker that knows no live broker cannot take writes
             return "the cluster's metadata names no live broker"
-        return None
+        return metadata
+
+    def _leaderless(self, metadata: Any) -> tuple[str, ...]:
+        """The partitions of the topics the relay writes that have no live leader."""
+        written = self._written_topics()
+        return tuple(
+            f"{name}[{p.id}]"
+            for name in sorted(written)
+            if (topic := metadata.topics.get(name)) is not None and topic.error is None
+            for p in sorted(topic.partitions.values(), key=lambda p: p.id)
+            if p.error is not None or p.leader < 0 or p.leader not in metadata.brokers
+        )
+
+    def _note_leaders(self, leaderless: tuple[str, ...]) -> None:
+        """Logged on change and reminded every minute: they stall their parts only."""
+        now = time.monotonic()
+        if leaderless and not self.leaderless:
+            self._leaderless_since, self._leaderless_reminded = datetime.now(UTC), None
+        elif self.leaderless and not leaderless:
+            logger.info("every partition this relay writes has a leader again")
+        self.leaderless = leaderless
+        if leaderless and (
+            self._leaderless_reminded is None or now - self._leaderless_reminded >= _REMIND_EVERY_S
+        ):
+            self._leaderless_reminded = now
+            logger.warning(
+                "%s; the parts writing to them wait for a new leader (the relay keeps its parts)",
+                self.describe(),
+                extra={"event": "kafka_partitions_leaderless", "partitions": list(leaderless)},
+            )
 
     def _answered_ok(self) -> None:
         if self.reachable is False:

@@ -36,7 +36,7 @@ from relay.errors import (
     TopicRefused,
     TransactionAborted,
 )
-from relay.kafka_errors import Stage, classify, rejects_record, retry_now
+from relay.kafka_errors import Stage, classify, coordinator_moved, rejects_record, retry_now
 from relay.model import KafkaCheckpoint, KafkaRecord, Position
 from relay.ports import Batch, Meanwhile
 
@@ -47,13 +47,18 @@ _client_log = client_logger()
 T = TypeVar("T")
 
 # How long one transactional call (init, send offsets, commit, abort) may wait. A call
-# that times out with a retriable error is made again, up to the delivery timeout, so this
-# bounds one attempt, not the whole: and so it bounds the watchdog too (see _watched). A
-# call librdkafka leaves hanging after its transaction coordinator moved then costs the
-# part this plus the grace period, not the delivery timeout plus it (issue #29).
-_TXN_CALL_TIMEOUT_S = 5.0
+# that times out with a retriable error is made again (librdkafka resumes it), up to the
+# delivery timeout, so this bounds one attempt, not the whole: and so it bounds the
+# watchdog too (see _watched). A call librdkafka leaves hanging after its transaction
+# coordinator moved then costs the part this plus the grace period, then a new producer
+# (issue #29: with 5 s + 5 s, a node kill stalled parts up to 19-30 s).
+_TXN_CALL_TIMEOUT_S = 3.0
 # How long past its own timeout a transactional call may block before it is given up.
-_CALL_GRACE_S = 5.0
+# Calls that return, return within about a second of their timeout even on a loaded
+# host (measured: at most 2.5 s on a 2-core machine at load 35).
+_CALL_GRACE_S = 3.0
+# A transactional call slower than this is logged (with what it took).
+_SLOW_CALL_S = 1.0
 # Producers whose call hung: kept referenced, because destroying one would block too.
 _abandoned: list[Producer] = []
 # The Kafka-side checkpoint: partition 0's committed offset is the transaction id,
@@ -78,6 +83,9 @@ def producer_config(
         # Same key → partition mapping as the Java client (and so Kafka Connect/Debezium).
         "partitioner": "murmur2_random",
         "message.timeout.ms": delivery_timeout_ms,
+        # A broker that was down for a while is otherwise retried only every 10 s: after
+        # a rolling restart it leads again and its partitions waited that long.
+        "reconnect.backoff.max.ms": 1000,
         **overrides,
     }
     # Not negotiable: without these, retries may reorder or duplicate within a key.
@@ -119,6 +127,11 @@ class TopicCreator:
         self._counts = counts
         self._known: set[str] = set()
         self._lock = threading.Lock()  # shared by every worker of the relay
+
+    def known(self) -> frozenset[str]:
+        """The topics this relay's publishers have made sure of: those they write to."""
+        # Copying a set is one step under the GIL; no lock (creating topics holds it).
+        return frozenset(self._known)
 
     def ensure(self, topics: set[str], *, partitions: int | None = None, **config: str) -> None:
         """Create what is missing of ``topics``. Raises :class:`TopicRefused` for the
@@ -442,6 +455,8 @@ class TransactionalPublisher(_BatchProducer):
         self._group: tuple[str, Consumer] | None = None
         self._initialised = False
         self._wedged = False
+        # Why this producer takes no more transactions (an abort that failed), if so.
+        self._unusable: str | None = None
         self._key_space: UUID | None = None
         self._commit_pool: ThreadPoolExecutor | None = None
 
@@ -578,8 +593,10 @@ class TransactionalPublisher(_BatchProducer):
         if self._group is not None:
             self._group[1].close()
             self._group = None
-        if not self._wedged:  # a wedged producer's flush would hang as well
-            super().close()
+        # No flush: a record still queued belongs to a transaction that failed (or never
+        # committed), which the next producer's init_transactions aborts. Waiting up to
+        # 5 s for its delivery only lengthened the part's gap when a leader died; and a
+        # wedged producer's flush would hang as well.
 
     def _consumer(self, generation: str) -> Consumer:
         # The group is named after the checkpoint generation: a reset starts a new one,
@@ -612,6 +629,8 @@ class TransactionalPublisher(_BatchProducer):
         """
         if self._wedged:
             raise ProducerFenced(f"{self.transactional_id}: producer abandoned (a call hung)")
+        if self._unusable is not None:
+            raise BrokerUnavailable(self._unusable)
         result: list[T] = []
         failure: list[BaseException] = []
 
@@ -622,14 +641,26 @@ class TransactionalPublisher(_BatchProducer):
                 failure.append(exc)
 
         thread = threading.Thread(target=run, name="kafka-txn-call", daemon=True)
+        began = time.monotonic()
         thread.start()
         limit = self._call_timeout_s + _CALL_GRACE_S
         thread.join(limit)
+        took = time.monotonic() - began
+        name = getattr(operation, "__name__", "a call")
+        if took >= _SLOW_CALL_S:  # where a part's publishing gap goes (issue #29)
+            logger.info(
+                "%s: %s took %.1fs%s",
+                self.transactional_id,
+                name,
+                took,
+                " (given up)" if thread.is_alive() else f" ({failure[0]})" if failure else "",
+                extra={"event": "kafka_txn_call_slow", "call": name, "seconds": round(took, 2)},
+            )
         if thread.is_alive():
             self._wedged = True
             _abandoned.append(self._producer)  # never destroyed: that would block too
             raise ProducerFenced(
-                f"{self.transactional_id}: {getattr(operation, '__name__', 'a call')} did not "
+                f"{self.transactional_id}: {name} did not "
                 f"return within {limit:.0f}s; starting the part over with a new producer"
             )
         if failure:
@@ -639,12 +670,16 @@ class TransactionalPublisher(_BatchProducer):
     def _abort(self) -> None:
         try:
             self._watched(self._producer.abort_transaction, self._call_timeout_s)
-        except ProducerFenced as exc:
+        except (ProducerFenced, KafkaException) as exc:
+            # The next producer's init_transactions aborts it for us. This one takes no
+            # more: its abort may still be in progress, and a transaction begun on it
+            # failed with "Conflicting abort_transaction API call is already in
+            # progress" (a rolling restart, #29), a round trip wasted.
             logger.warning("could not abort the transaction: %s", exc)
-            return
-        except KafkaException as exc:
-            # The next owner's init_transactions aborts it for us; we only log.
-            logger.warning("could not abort the transaction: %s", exc)
+            self._unusable = (
+                f"{self.transactional_id}: could not abort the transaction ({exc}); "
+                "starting the part over with a new producer"
+            )
 
     def _call(self, operation: Callable[..., T], *args: Any) -> T:
         """Run a transaction API call, mapping librdkafka's error flags onto ours."""
@@ -659,6 +694,12 @@ class TransactionalPublisher(_BatchProducer):
                 if isinstance(failure, TransactionAborted):
                     self._abort()
                 if not retry_now(failure) or time.monotonic() > deadline:
+                    raise failure from exc
+                if self._initialised and coordinator_moved(failure):
+                    # Mid-transaction, its coordinator gone: made again here, the call
+                    # hung for the watchdog's whole bound in a node kill (#29). The part
+                    # starts over with a new producer instead, whose init_transactions
+                    # finds the new coordinator and aborts this transaction.
                     raise failure from exc
                 time.sleep(0.1)
 

@@ -97,6 +97,12 @@ GROUP_TRANSIENT = frozenset(
     }
 )
 
+# A transactional call's coordinator went away (its broker died, or handed the
+# transaction state log's partition over): see coordinator_moved.
+COORDINATOR_MOVED = frozenset(
+    {KafkaError._TRANSPORT, KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE}
+)
+
 
 # The stages at which every client error is a failure (typing: classify returns no None).
 _AlwaysAnError = Literal[
@@ -172,6 +178,13 @@ def classify(
 def retry_now(failure: RelayError) -> bool:
     """Whether the failed call may be repeated at once (see ``BrokerUnavailable``)."""
     return isinstance(failure, BrokerUnavailable) and failure.retry_call
+
+
+def coordinator_moved(failure: RelayError) -> bool:
+    """Whether a failed transactional call met a coordinator that went away. The same call
+    made again on the same producer is where librdkafka may block past any timeout
+    (issue 5511); a new producer finds the new coordinator at once."""
+    return isinstance(failure, BrokerUnavailable) and failure.code in COORDINATOR_MOVED
 
 
 def rejects_record(error: KafkaError) -> bool:

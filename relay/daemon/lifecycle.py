@@ -70,7 +70,10 @@ class Relay:
         self.publishers = PublisherFactory(settings, self.topic_guard)
         context = DaemonContext(settings, self._open_store, self._stopping)
         self.membership = Membership(
-            context, on_lost=self._abandon_workers, stop_workers=self._stop_all_workers
+            context,
+            on_lost=self._abandon_workers,
+            stop_workers=self._stop_all_workers,
+            written_topics=self.publishers.written_topics,
         )
         self.parts = ClaimedParts(
             context,
@@ -240,9 +243,12 @@ class Relay:
                 return False, f"no live session: {failed}"
             return False, "no live session (Postgres unreachable?)"
         halted = sorted(str(p) for p, s in self.part_states().items() if s == WorkerState.HALTED)
+        # Still ready: a partition without a leader stalls every relay alike (broker_watch).
+        leaderless = broker is not None and broker.reachable and broker.leaderless
         return True, (
             f"ready: session {session.id}, {len(self.workers)} parts"
             + (f"; halted: {', '.join(halted)}" if halted else "")
+            + (f"; {broker.describe()}" if broker is not None and leaderless else "")
         )
 
     # -- supervision -------------------------------------------------------------------

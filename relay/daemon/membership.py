@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
@@ -33,8 +33,10 @@ class Membership:
         *,
         on_lost: Callable[[], None],
         stop_workers: Callable[[float], None],
+        written_topics: Callable[[], Collection[str]] = frozenset,
     ) -> None:
         self._ctx = context
+        self._written_topics = written_topics
         self._on_lost = on_lost
         self._stop_workers = stop_workers
         self.broker: BrokerWatch | None = None
@@ -53,6 +55,7 @@ class Membership:
             {**s.kafka, "bootstrap.servers": s.require_bootstrap_servers()},
             interval=max(1.0, min(s.heartbeat_interval, 5.0)),
             timeout=_BROKER_TIMEOUT_S,
+            written_topics=self._written_topics,
         )
         self.broker.start()
         if self.broker.wait_first(_BROKER_TIMEOUT_S + 2.0):

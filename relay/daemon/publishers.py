@@ -24,6 +24,10 @@ class PublisherFactory:
             counts=topic_guard.routable,
         )
 
+    def written_topics(self) -> frozenset[str]:
+        """The topics this relay's parts have published to (their checkpoint topic too)."""
+        return self._topics.known()
+
     def __call__(self, state: PartState) -> Publisher:
         s = self._settings
         config = producer_config(self._bootstrap_servers, s.kafka, int(s.delivery_timeout * 1000))

@@ -60,7 +60,7 @@ _log = logging.getLogger(__name__)
 
 KAFKA_VERSION = Lock.load("kafka").version_of("org.apache.kafka", "kafka_2.13")
 MIN_JAVA = 17
-_START_TIMEOUT_S = 90.0
+_START_TIMEOUT_S = 180.0
 _STOP_TIMEOUT_S = 30.0
 _JVM_OPTIONS = (
     "-Xms256m",

@@ -88,14 +88,22 @@ def wait_fully_replicated(cluster: LocalKafkaCluster, timeout: float = 120.0) ->
 
 
 def kill_and_restart(
-    cluster: LocalKafkaCluster, node_id: int, down_for: float, log: list[str], what: str
+    cluster: LocalKafkaCluster,
+    node_id: int,
+    down_for: float,
+    log: list[str],
+    what: str,
+    while_down: Callable[[int], object] | None = None,
 ) -> None:
-    """``kill -9`` node ``node_id``, start it again ``down_for`` seconds later, and wait
-    until every partition is back in sync."""
+    """``kill -9`` node ``node_id``, run ``while_down(node_id)``, start the node again
+    ``down_for`` seconds after the kill, and wait until every partition is back in sync."""
     node = cluster.node(node_id)
     log.append(f"{time.strftime('%X')} kill -9 node {node_id} ({what})")
     node.kill()
-    time.sleep(down_for)
+    killed = time.monotonic()
+    if while_down is not None:
+        while_down(node_id)
+    time.sleep(max(0.0, killed + down_for - time.monotonic()))
     node.start()
     wait_fully_replicated(cluster)
     log.append(f"{time.strftime('%X')} node {node_id} back in sync")

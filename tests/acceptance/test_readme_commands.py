@@ -114,5 +114,12 @@ def test_the_readmes_ops_commands_run_as_written(
             )
     assert not failed, "\n".join(failed)
     listed = run_cli("subscribers", "list", "--json", env=env)
-    [orders] = json.loads(listed.stdout)
+    orders, tenants = json.loads(listed.stdout)
     assert orders["name"] == "orders"
+    # The routing example as the README writes it.
+    assert (tenants["name"], tenants["key"], tenants["partition_by"]) == (
+        "tenants",
+        "{payload.tenant}",
+        "headers.shard",
+    )
+    assert tenants["placements"] == ["occurred_at:header:at", "event_type:envelope"]

@@ -1,6 +1,7 @@
 """How the broker watch judges Kafka reachable (relay/broker_watch.py), against a
 stand-in admin client: any broker answering metadata is enough, and one request lost
-to a broker that just died is not an outage."""
+to a broker that just died is not an outage. A partition the relay writes without a
+live leader is named, and stalls only its parts: the relay stays reachable."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from relay.broker_watch import BrokerWatch
 
 
 class FakeAdmin:
-    """Answers ``list_topics`` with the outcomes queued (an exception or a broker count)."""
+    """Answers ``list_topics`` with the outcomes queued: an exception, a broker count, or
+    metadata (:func:`metadata`)."""
 
     outcomes: ClassVar[list[Any]] = []
 
@@ -26,10 +28,44 @@ class FakeAdmin:
         outcome = FakeAdmin.outcomes.pop(0)
         if isinstance(outcome, Exception):
             raise outcome
+        if isinstance(outcome, SimpleNamespace):
+            return outcome
         return SimpleNamespace(brokers=dict.fromkeys(range(outcome)), topics={})
 
     def describe_cluster(self, **kwargs: Any) -> Any:
         raise AssertionError("DescribeCluster waits for the controller: one node, not any")
+
+
+def metadata(brokers: list[int], **leaders: list[int]) -> SimpleNamespace:
+    """A cluster's metadata: live ``brokers``, and topics (``_`` for ``.``) whose
+    partitions have the leaders given (-1: none)."""
+
+    def partition(i: int, leader: int) -> SimpleNamespace:
+        error = KafkaError(KafkaError.LEADER_NOT_AVAILABLE) if leader < 0 else None
+        return SimpleNamespace(id=i, leader=leader, error=error)
+
+    topics = {
+        name.replace("_", "."): SimpleNamespace(
+            error=None, partitions={i: partition(i, leader) for i, leader in enumerate(ids)}
+        )
+        for name, ids in leaders.items()
+    }
+    return SimpleNamespace(brokers=dict.fromkeys(brokers), topics=topics)
+
+
+WRITTEN = frozenset({"orders", "relay.checkpoints"})
+
+
+@pytest.fixture
+def writer(monkeypatch: pytest.MonkeyPatch) -> BrokerWatch:
+    """A watch of a relay that has written to ``orders`` and its checkpoint topic."""
+    monkeypatch.setattr(relay.broker_watch, "AdminClient", FakeAdmin)
+    return BrokerWatch(
+        {"bootstrap.servers": "a:1,b:2,c:3"},
+        interval=1.0,
+        timeout=0.1,
+        written_topics=lambda: WRITTEN,
+    )
 
 
 @pytest.fixture
@@ -62,3 +98,45 @@ def test_a_cluster_that_does_not_answer_is_unreachable(watch: BrokerWatch) -> No
     assert watch.reachable is False and "asking for metadata" in watch.describe()
     watch._ask()  # an answer that names no broker is no better
     assert watch.reachable is False
+
+
+def test_a_partition_written_without_a_leader_stalls_its_parts_not_the_relay(
+    writer: BrokerWatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    FakeAdmin.outcomes = [metadata([1, 3], orders=[1, -1, 3], relay_checkpoints=[3, 1])]
+    writer._ask()
+    assert writer.reachable is True and writer.unreachable_for() == 0.0
+    assert writer.leaderless == ("orders[1]",)
+    assert "no leader since" in writer.describe() and "orders[1]" in writer.describe()
+    [warning] = [r for r in caplog.records if r.name == "relay.broker_watch"]
+    assert warning.levelname == "WARNING" and "keeps its parts" in warning.getMessage()
+
+
+def test_a_leader_that_is_no_live_broker_is_no_leader(writer: BrokerWatch) -> None:
+    # Node 2 died: metadata may still name it until the controller moves its partitions.
+    FakeAdmin.outcomes = [metadata([1, 3], orders=[1, 2, 3], relay_checkpoints=[2, 1])]
+    writer._ask()
+    assert writer.reachable is True
+    assert writer.leaderless == ("orders[1]", "relay.checkpoints[0]")
+
+
+def test_topics_the_relay_does_not_write_are_not_its_concern(writer: BrokerWatch) -> None:
+    FakeAdmin.outcomes = [metadata([1, 2, 3], orders=[1, 2, 3], others=[-1, -1])]
+    writer._ask()
+    assert writer.reachable is True and writer.leaderless == ()
+    assert writer.describe() == "Kafka at a:1,b:2,c:3 answers"
+
+
+def test_leaders_elected_again_clear_the_stall(
+    writer: BrokerWatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", "relay.broker_watch")
+    FakeAdmin.outcomes = [
+        metadata([1, 3], orders=[-1, -1, -1]),
+        metadata([1, 3], orders=[1, 3, 1]),
+    ]
+    writer._ask()
+    assert len(writer.leaderless) == 3
+    writer._ask()
+    assert writer.leaderless == () and writer.reachable is True
+    assert "has a leader again" in caplog.records[-1].getMessage()
