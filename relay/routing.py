@@ -189,13 +189,6 @@ class Routing:
     def headers(self) -> tuple[Placed, ...]:
         return tuple(p for p in self.placements if p.placement is Placement.HEADER)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "partition_by": None if self.partition_by is None else str(self.partition_by),
-            "placements": [str(p) for p in self.placements],
-        }
-
     def key_text(self, event: OutboxEvent) -> str:
         if self.key == DEFAULT_KEY:
             return event.aggregate_id

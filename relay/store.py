@@ -466,9 +466,10 @@ class OutboxStore:
                 self.conn.execute(self._q["set_subject_strategy"], params)
             was = next((o.subscriber for o in listed if o.subscriber.name == subscriber.name), None)
             if not subscriber.routing.default or (was is not None and not was.routing.default):
-                routing = (
-                    None if subscriber.routing.default else Jsonb(subscriber.routing.as_dict())
-                )
+                # As given (not normalised): the stored definition then equals the
+                # configured one, and a relay's sync sees no change to write.
+                given = {k: params[k] for k in ("key", "partition_by", "placements")}
+                routing = None if subscriber.routing.default else Jsonb(given)
                 self.conn.execute(self._q["set_routing"], {**params, "routing": routing})
             if subscriber.value_format is ValueFormat.AVRO_REGISTRY:
                 self.conn.execute(self._q["set_key_format"], params)
