@@ -40,6 +40,7 @@ logger = logging.getLogger(__name__)
 # Rows whose types the probe reads per look at most: past it (a burst of writes) it
 # wakes every part rather than read on.
 _TYPES_SCANNED = 1000
+_UNSEEN = object()
 # What a wake-up concerns: rows of these aggregate types (None: any).
 Wake = Callable[[frozenset[str] | None], None]
 
@@ -86,7 +87,7 @@ class CommitProbe(threading.Thread):
                 delay = min(delay * 2, 30.0)
 
     def _probe_until_stopped(self) -> None:
-        last: object = None
+        last: object = _UNSEEN  # the first look wakes every part
         changed_at = time.monotonic()
         while not self._stopping.is_set():
             woken: frozenset[str] | None = None
