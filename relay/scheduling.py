@@ -165,8 +165,10 @@ class ProducerPool:
 
     :meth:`acquire` returns the owner's publisher if it is still open, or opens one,
     closing the least recently used publisher no one holds if the pool is full. The
-    caller must (re)run recovery on a publisher it has not recovered with: a new
-    publisher's ``init_transactions`` is what fences the part's earlier producers."""
+    caller must run recovery on a publisher opened for it before it publishes: a new
+    publisher's ``init_transactions`` is what fences the part's earlier producers. It
+    keeps no reference to a publisher between its turns, so a closed one is freed (its
+    client's threads end only when it is)."""
 
     def __init__(self, open_publisher: Callable[[PartState], Publisher], size: int) -> None:
         if size < 1:
@@ -184,16 +186,17 @@ class ProducerPool:
         with self._lock:
             return len(self._idle) + len(self._held) + self._opening
 
-    def acquire(self, owner: Hashable, state: PartState) -> Publisher:
-        """``owner``'s publisher, held by it until :meth:`release`."""
+    def acquire(self, owner: Hashable, state: PartState) -> tuple[Publisher, bool]:
+        """``owner``'s publisher, held by it until :meth:`release`, and whether it was
+        opened just now (then it must recover before it publishes)."""
         victim: Publisher | None = None
         with self._lock:
             if owner in self._held:
-                return self._held[owner]
+                return self._held[owner], False
             kept = self._idle.pop(owner, None)
             if kept is not None:
                 self._held[owner] = kept
-                return kept
+                return kept, False
             while len(self._idle) + len(self._held) + self._opening >= self._size:
                 if self._idle:
                     _, victim = self._idle.popitem(last=False)
@@ -212,7 +215,7 @@ class ProducerPool:
         with self._lock:
             self._opening -= 1
             self._held[owner] = publisher
-        return publisher
+        return publisher, True
 
     def release(self, owner: Hashable) -> None:
         """``owner`` is done for now: its publisher stays open until room is needed."""

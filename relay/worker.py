@@ -229,8 +229,7 @@ class PartWorker:
         )
         self._poll_interval = poll_interval
         self._store: PartStore | None = None
-        # The publisher lent by the pool that recovery ran on; another one (the pool
-        # closed it to make room) must recover again before it publishes.
+        # The publisher lent by the pool for this turn.
         self._publisher: Publisher | None = None
         self._space: KeySpace | None = None
         self._space_checked = False
@@ -348,6 +347,8 @@ class PartWorker:
                 if time.monotonic() > ends and self._scheduler.contended():
                     return 0.0  # others wait for a thread: this part goes on next turn
         finally:
+            # Between turns the pool may close it; holding it would keep its client alive.
+            self._publisher = None
             self._producers.release(self)
 
     def _step(self, store: PartStore, woken: bool) -> float | None:
@@ -368,6 +369,12 @@ class PartWorker:
                 self._repolls = iter(_HORIZON_REPOLL_S)
             self._waited = True
             return next(self._repolls, self._poll_interval)
+        if not batch.events:
+            # Only rows the subscriber does not take: the Postgres checkpoint alone moves,
+            # and no producer is needed (what Kafka holds of the part stays as it is).
+            self._state = self._advance(store, state, batch.read_to, [])
+            self._count([], 0, batch.read_to)
+            return None
         recovered = self._lend_publisher(store, state)
         if recovered is not None:
             if not _same_batch_start(recovered, state):
@@ -383,12 +390,12 @@ class PartWorker:
         return None
 
     def _lend_publisher(self, store: PartStore, state: PartState) -> PartState | None:
-        """Borrow this part's publisher from the pool. A new one is recovered with first
-        (fencing the part's earlier producers): then the part's state after recovery."""
-        publisher = self._producers.acquire(self, state)
-        if publisher is self._publisher:
+        """Borrow this part's publisher from the pool for this turn. One opened for it
+        just now is recovered with first (fencing the part's earlier producers): then
+        the part's state after recovery."""
+        self._publisher, fresh = self._producers.acquire(self, state)
+        if not fresh:
             return None
-        self._publisher = publisher
         # Ownership is read from Postgres right before init_transactions fences: a part
         # this relay no longer owns never gets a new producer (docs/design.md).
         current = self._load(store)

@@ -82,8 +82,9 @@ def state_of(name: str) -> PartState:
     return store.get_part(name, 0)
 
 
-def subscriber(name: str) -> Subscriber:
-    return Subscriber(name, topic=f"t-{name}", value_format=ValueFormat.JSON)
+def subscriber(name: str, aggregate_type: str | None = None) -> Subscriber:
+    types = None if aggregate_type is None else frozenset({aggregate_type})
+    return Subscriber(name, topic=f"t-{name}", value_format=ValueFormat.JSON, aggregate_types=types)
 
 
 def worker(
@@ -118,11 +119,12 @@ def test_the_pool_keeps_at_most_its_size_open_and_closes_the_least_recently_used
     opener = Opener()
     pool = ProducerPool(opener, 2)
     a, b, c = object(), object(), object()
-    first = pool.acquire(a, state_of("a"))
+    first, fresh = pool.acquire(a, state_of("a"))
+    assert fresh
     pool.release(a)
     pool.acquire(b, state_of("b"))
     pool.release(b)
-    assert pool.acquire(a, state_of("a")) is first  # kept while there is room
+    assert pool.acquire(a, state_of("a")) == (first, False)  # kept while there is room
     pool.release(a)
     pool.acquire(c, state_of("c"))  # full: b, the least recently used, makes room
     assert pool.open == 2
@@ -133,9 +135,9 @@ def test_a_held_publisher_is_never_closed_to_make_room() -> None:
     opener = Opener()
     pool = ProducerPool(opener, 1)
     a, b = object(), object()
-    held = pool.acquire(a, state_of("a"))
+    held, _ = pool.acquire(a, state_of("a"))
     got: list[object] = []
-    waiter = threading.Thread(target=lambda: got.append(pool.acquire(b, state_of("b"))))
+    waiter = threading.Thread(target=lambda: got.append(pool.acquire(b, state_of("b"))[0]))
     waiter.start()
     waiter.join(0.2)
     assert waiter.is_alive() and not got and not held.closed  # b waits for a's release
@@ -148,10 +150,11 @@ def test_a_discarded_publisher_is_closed_and_the_next_acquire_opens_a_new_one() 
     opener = Opener()
     pool = ProducerPool(opener, 4)
     a = object()
-    first = pool.acquire(a, state_of("a"))
+    first, _ = pool.acquire(a, state_of("a"))
     pool.discard(a)
     assert first.closed and pool.open == 0
-    assert pool.acquire(a, state_of("a")) is not first
+    second, fresh = pool.acquire(a, state_of("a"))
+    assert second is not first and fresh
 
 
 # -- the scheduler -----------------------------------------------------------------------
@@ -224,13 +227,21 @@ def test_idle_parts_hold_no_producer_and_share_the_schedulers_threads() -> None:
     scheduler, pool = PartScheduler(2), ProducerPool(opener, 2)
     workers = []
     for n in range(50):
-        store.add(subscriber(f"s{n}"))
+        store.add(subscriber(f"s{n}", aggregate_type=f"type{n}"))
         assert store.claim(f"s{n}", 0, OWNER)
         workers.append(worker(f"s{n}", store, scheduler, pool))
     before = threading.active_count()
     for w in workers:
         w.start()
     wait_until(lambda: all(w.stats.state is WorkerState.RUNNING for w in workers), what="50 polls")
+    # Rows of a type no part takes: every checkpoint moves past them, without a producer.
+    for n in range(3):
+        store.append(event(n, aggregate_type="nobody's"))
+    last = store.events[-1].key
+    wait_until(
+        lambda: all(store.get_part(f"s{n}", 0).checkpoint == last for n in range(50)),
+        what="every checkpoint past the rows no one takes",
+    )
     assert pool.open == 0 and opener.opened == []
     assert scheduler.threads <= 2 and threading.active_count() <= before + 2
     stop(workers, scheduler)
