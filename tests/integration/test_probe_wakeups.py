@@ -29,7 +29,7 @@ def test_the_probe_wakes_with_the_aggregate_types_committed_since_its_last_look(
     woken: list[frozenset[str] | None] = []
     lock = threading.Lock()
 
-    def wake(types: frozenset[str] | None) -> None:
+    def wake(types: frozenset[str] | None = None) -> None:
         with lock:
             woken.append(types)
 
