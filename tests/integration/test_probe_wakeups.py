@@ -9,7 +9,8 @@ from typing import Any
 import psycopg
 
 from relay.probe import CommitProbe
-from tests.support import wait_until
+from relay.queries import queries_for
+from tests.support import outbox_rows_read, wait_until
 
 
 def _append(writer_db: psycopg.Connection[Any], *types: str) -> None:
@@ -54,3 +55,27 @@ def test_the_probe_wakes_with_the_aggregate_types_committed_since_its_last_look(
     # Each wake-up names the types committed since the one before, and nothing else.
     later = set().union(*(types or {"?"} for types in seen()[2:]))
     assert later == {"beta", "gamma"}
+
+
+def test_the_probes_type_query_reads_only_the_rows_since_its_last_look(
+    db: psycopg.Connection[Any],
+    relay_db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+) -> None:
+    writer_db.execute(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
+        " SELECT 'type' || (n % 7), 'k' || n, 'Happened', '{}' FROM generate_series(1, 20000) n"
+    )
+    writer_db.commit()
+    _append(writer_db, "late", "later")
+    db.execute("ANALYZE outbox")
+    keys = db.execute(
+        "SELECT transaction_id::text::bigint, position FROM outbox"
+        " ORDER BY transaction_id DESC, position DESC LIMIT 3"
+    ).fetchall()
+    (upto_tx, upto_pos), _, (after_tx, after_pos) = keys
+    query = queries_for("public")["decided_types_between"]
+    params = {"after_transaction_id": str(after_tx), "after_position": after_pos,
+              "upto_transaction_id": str(upto_tx), "upto_position": upto_pos, "limit": 1000}  # fmt: skip
+    assert relay_db.execute(query, params).fetchone() == (["late", "later"], 2)
+    assert outbox_rows_read(relay_db, query, params) <= 3  # a range scan of the new rows
