@@ -178,6 +178,7 @@ class ProducerPool:
         self._lock = threading.Condition()
         self._idle: OrderedDict[Hashable, Publisher] = OrderedDict()  # least recent first
         self._held: dict[Hashable, Publisher] = {}
+        self._released_at: dict[Hashable, float] = {}
         self._opening = 0  # slots taken by publishers being opened
 
     @property
@@ -194,12 +195,14 @@ class ProducerPool:
             if owner in self._held:
                 return self._held[owner], False
             kept = self._idle.pop(owner, None)
+            self._released_at.pop(owner, None)
             if kept is not None:
                 self._held[owner] = kept
                 return kept, False
             while len(self._idle) + len(self._held) + self._opening >= self._size:
                 if self._idle:
-                    _, victim = self._idle.popitem(last=False)
+                    gone, victim = self._idle.popitem(last=False)
+                    self._released_at.pop(gone, None)
                     break
                 self._lock.wait()  # every publisher is held: wait for a release
             self._opening += 1
@@ -223,20 +226,31 @@ class ProducerPool:
             publisher = self._held.pop(owner, None)
             if publisher is not None:
                 self._idle[owner] = publisher
+                self._released_at[owner] = time.monotonic()
                 self._lock.notify()
 
     def discard(self, owner: Hashable) -> None:
         """Close ``owner``'s publisher (its part failed, stopped or moved)."""
         with self._lock:
             publisher = self._held.pop(owner, None) or self._idle.pop(owner, None)
+            self._released_at.pop(owner, None)
             self._lock.notify()
         if publisher is not None:
             _close(publisher)
 
-    def close_idle(self) -> None:
-        """Close every publisher no one holds."""
+    def close_idle(self, older_than: float = 0.0) -> None:
+        """Close every publisher no one has held for ``older_than`` seconds: a part
+        idle that long holds no producer (it recovers when it has rows again)."""
+        now = time.monotonic()
         with self._lock:
-            idle, self._idle = list(self._idle.values()), OrderedDict()
+            stale = [
+                owner
+                for owner in self._idle
+                if now - self._released_at.get(owner, now) >= older_than
+            ]
+            idle = [self._idle.pop(owner) for owner in stale]
+            for owner in stale:
+                self._released_at.pop(owner, None)
             self._lock.notify_all()
         for publisher in idle:
             _close(publisher)

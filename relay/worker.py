@@ -335,6 +335,9 @@ class PartWorker:
         if not self._space_checked:  # (re)started: before anything else on this part
             self._space = self._check_key_space(store)
             self._space_checked = True
+            # Recover at once, as a part is taken over: earlier owners are fenced now,
+            # not when the first row comes, and a producer Kafka refuses shows at once.
+            self._state = self._lend_publisher(store, self._load(store))
         ends = time.monotonic() + _TURN_S
         try:
             while True:

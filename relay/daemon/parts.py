@@ -23,6 +23,8 @@ from relay.worker import PartWorker, WorkerState
 
 logger = logging.getLogger(__name__)
 
+_IDLE_PRODUCER_S = 30.0
+
 
 class ClaimedParts:
     """Claims this relay's share of the parts, runs a worker per claim, releases the rest
@@ -80,6 +82,8 @@ class ClaimedParts:
         """Match claims and workers to this relay's share of the parts."""
         subscribers = store.list()
         self._topic_guard.update(s.subscriber for s in subscribers)
+        # A part idle this long gives its producer up (it recovers when it has rows).
+        self.producers.close_idle(older_than=_IDLE_PRODUCER_S)
         parts = {PartId(p.name, p.part): p for s in subscribers for p in s.parts}
         self._types = {part: p.subscriber.aggregate_types for part, p in parts.items()}
         for part, worker in list(self.workers.items()):

@@ -58,7 +58,8 @@ def test_a_relay_of_200_idle_subscribers_holds_few_producers_and_threads(
     )
     idle_threads = _threads() - before
     assert idle_threads < MAX_NEW_THREADS, f"{idle_threads} threads for {SUBSCRIBERS} idle parts"
-    assert relay.parts.producers.open == 0  # idle parts hold no producer
+    # Each part recovered as it started; no more producers than the bound stay open.
+    assert relay.parts.producers.open <= MAX_PRODUCERS
 
     outbox = Outbox(None)
     busy = [0, 57, 101, 150, 199, 3]  # more parts than producers

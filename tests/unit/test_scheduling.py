@@ -234,6 +234,8 @@ def test_idle_parts_hold_no_producer_and_share_the_schedulers_threads() -> None:
     for w in workers:
         w.start()
     wait_until(lambda: all(w.stats.state is WorkerState.RUNNING for w in workers), what="50 polls")
+    # Each part recovered once as it started (fencing earlier owners), on 2 producers.
+    assert len(opener.opened) == 50 and pool.open <= 2
     # Rows of a type no part takes: every checkpoint moves past them, without a producer.
     for n in range(3):
         store.append(event(n, aggregate_type="nobody's"))
@@ -242,8 +244,12 @@ def test_idle_parts_hold_no_producer_and_share_the_schedulers_threads() -> None:
         lambda: all(store.get_part(f"s{n}", 0).checkpoint == last for n in range(50)),
         what="every checkpoint past the rows no one takes",
     )
-    assert pool.open == 0 and opener.opened == []
+    assert len(opener.opened) == 50 and pool.open <= 2
     assert scheduler.threads <= 2 and threading.active_count() <= before + 2
+    pool.close_idle(older_than=3600)  # idle for less: kept
+    assert pool.open > 0
+    pool.close_idle()  # the supervisor's, once they have idled long enough
+    assert pool.open == 0
     stop(workers, scheduler)
 
 
