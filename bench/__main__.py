@@ -29,6 +29,7 @@ BENCHMARKS = (
     "write_costs",
     "growth",
     "fanout",
+    "bounded",
     "sharding",
     "spark",
     "large_rows",

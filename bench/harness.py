@@ -387,7 +387,11 @@ def add_subscribers(url: str, subscribers: list[Subscriber]) -> None:
 class RelayProcesses:
     """``outbox-relay run`` processes, as users run them (``python -m relay run``)."""
 
-    def __init__(self, stack: Stack, url: str, label: str, count: int = 1, **env: Any) -> None:
+    def __init__(
+        self, stack: Stack, url: str, label: str, count: int = 1, *, code: Path = REPO, **env: Any
+    ) -> None:
+        # ``code``: the checkout whose relay runs (another worktree: a before/after figure).
+        self._code = code
         prefix = stack.topic_prefix(label)
         self.env = {
             **os.environ,
@@ -413,7 +417,7 @@ class RelayProcesses:
                         env=self.env,
                         stdout=out,
                         stderr=subprocess.STDOUT,
-                        cwd=REPO,
+                        cwd=self._code,
                     )
                 )
         return self
@@ -546,7 +550,9 @@ class Drain:
     rss_mb: list[float]  # samples over the run, summed over the relay's processes
 
 
-def paused_drain(stack: Stack, url: str, label: str, parts: int, **env: Any) -> Drain:
+def paused_drain(
+    stack: Stack, url: str, label: str, parts: int, *, code: Path = REPO, **env: Any
+) -> Drain:
     """Publish the backlog of ``url`` with one ``outbox-relay run`` process.
 
     Its subscribers start paused; once all ``parts`` are started (producers fenced,
@@ -558,7 +564,7 @@ def paused_drain(stack: Stack, url: str, label: str, parts: int, **env: Any) -> 
     port = free_port()
     samples: list[float] = []
     with RelayProcesses(stack, url, label, poll_interval=0.1, metrics_enabled=True,
-                        metrics_port=port, **env) as relays:  # fmt: skip
+                        metrics_port=port, code=code, **env) as relays:  # fmt: skip
         started = time.perf_counter()
         wait_all_paused(port, parts, relays.check_alive)
         startup = time.perf_counter() - started

@@ -452,7 +452,10 @@ class TransactionalPublisher(_BatchProducer):
         self._group_prefix = group_prefix
         self._checkpoint_topic = checkpoint_topic
         self._consumer_config = dict(consumer_config)
-        self._group: tuple[str, Consumer] | None = None
+        # The checkpoint group's metadata (the group's name, as bytes) per generation:
+        # the consumer that reads the checkpoint is closed once it is read, so an idle
+        # producer holds no consumer's threads and sockets.
+        self._group_metadata: dict[str, Any] = {}
         self._initialised = False
         self._wedged = False
         # Why this producer takes no more transactions (an abort that failed), if so.
@@ -471,8 +474,12 @@ class TransactionalPublisher(_BatchProducer):
         self._call(self._producer.init_transactions, self._call_timeout_s)
         self._initialised = True
         consumer = self._consumer(generation)
-        wanted = [TopicPartition(self._checkpoint_topic, p) for p in range(2)]
-        committed = read_committed(consumer, wanted, self._delivery_timeout_s)
+        try:
+            wanted = [TopicPartition(self._checkpoint_topic, p) for p in range(2)]
+            committed = read_committed(consumer, wanted, self._delivery_timeout_s)
+            self._group_metadata[generation] = consumer.consumer_group_metadata()
+        finally:
+            consumer.close()
         self._key_space = key_space
         first, second = sorted(committed, key=lambda tp: tp.partition)
         if first.offset < 0 or second.offset < 0:
@@ -481,46 +488,47 @@ class TransactionalPublisher(_BatchProducer):
 
     def publish(self, batch: Batch, meanwhile: Meanwhile | None = None) -> None:
         if not batch.records:  # nothing to publish; the Postgres checkpoint alone moves
-            if meanwhile is not None and (extension := meanwhile()) is not None:
+            extension = meanwhile() if meanwhile is not None else None
+            if extension is not None:
                 self.publish(Batch(*extension, batch.generation))
             return
         assert self._initialised, "recover() first: it fences earlier producers"
-        sent: list[Batch] = []
+        # On the fast path records are not awaited one by one: the commit flushes them
+        # and fails if any failed. A backlog's batch (it promises not to grow) commits
+        # while ``meanwhile`` reads the next one.
+        overlapping = not batch.may_extend and meanwhile is not None
+        sent = batch
         try:
-            if batch.may_extend or meanwhile is None:
-                self._transaction(batch, meanwhile, sent)
-            else:
-                self._transaction(batch, None, sent, during_commit=meanwhile)
+            sent = self._send_in_transaction(batch, None if overlapping else meanwhile, wait=False)
+            self._commit_batch(sent, meanwhile if overlapping else None)
         except TransactionAborted as exc:
-            # A record failed, so the commit did not happen. Run the batch again with a
-            # delivery report per record: that names the record at fault (a poison
-            # event), or succeeds if the failure was passing.
+            # A record failed, so the commit did not happen. Run the batch (as sent,
+            # grown by what joined it) again with a delivery report per record: that
+            # names the record at fault (a poison event), or succeeds if the failure
+            # was passing.
             logger.info("transaction aborted (%s); retrying with delivery reports", exc)
-            self._transaction(sent[-1] if sent else batch, None, None)
+            self._commit_batch(self._send_in_transaction(sent, None, wait=True), None)
 
-    def _transaction(
-        self,
-        batch: Batch,
-        meanwhile: Meanwhile | None,
-        sent: list[Batch] | None,
-        *,
-        during_commit: Callable[[], object] | None = None,
-    ) -> None:
-        """One transaction: the batch and its checkpoint. On the fast path (``sent``
-        collects the batch as sent, grown by ``meanwhile``) records are not awaited one
-        by one: the commit flushes them and fails if any failed. Without ``sent``, every
-        record is awaited. ``during_commit`` runs here while the commit travels on a
-        helper thread."""
-        metadata = self._consumer(batch.generation).consumer_group_metadata()
+    def _send_in_transaction(
+        self, batch: Batch, meanwhile: Meanwhile | None, *, wait: bool
+    ) -> Batch:
+        """Begin a transaction and produce ``batch`` into it, grown by what ``meanwhile``
+        hands back; returns the batch as sent. ``wait``: await every record's delivery
+        report (a failure then names its record)."""
         self._call(self._producer.begin_transaction)
         try:
-            records, extended_to = self._send(batch.records, meanwhile, wait=sent is None)
+            records, extended_to = self._send(batch.records, meanwhile, wait=wait)
         except BaseException:
             self._abort()
             raise
         end = extended_to or batch.end
-        if sent is not None:
-            sent.append(Batch(records, end, batch.generation, dead_letters=batch.dead_letters))
+        return Batch(records, end, batch.generation, dead_letters=batch.dead_letters)
+
+    def _commit_batch(self, sent: Batch, during_commit: Callable[[], object] | None) -> None:
+        """Commit the open transaction with ``sent``'s checkpoint; ``during_commit`` runs
+        here while the commit travels on a helper thread."""
+        metadata = self._metadata(sent.generation)
+        end = sent.end
         # librdkafka silently drops a negative offset from the commit: never send one.
         assert end.transaction_id >= 0 and end.position >= 0, end
         offsets = [
@@ -528,7 +536,7 @@ class TransactionalPublisher(_BatchProducer):
                 self._checkpoint_topic,
                 0,
                 end.transaction_id,
-                metadata=self._tag(records, batch.dead_letters),
+                metadata=self._tag(sent.records, sent.dead_letters),
             ),
             TopicPartition(self._checkpoint_topic, 1, end.position),
         ]
@@ -590,32 +598,35 @@ class TransactionalPublisher(_BatchProducer):
             # A wedged commit (see _watched) is given up on there, never waited for here.
             self._commit_pool.shutdown(wait=False)
             self._commit_pool = None
-        if self._group is not None:
-            self._group[1].close()
-            self._group = None
         # No flush: a record still queued belongs to a transaction that failed (or never
         # committed), which the next producer's init_transactions aborts. Waiting up to
         # 5 s for its delivery only lengthened the part's gap when a leader died; and a
         # wedged producer's flush would hang as well.
 
+    def _metadata(self, generation: str) -> Any:
+        """The checkpoint group's metadata for ``generation`` (a reset starts a new one)."""
+        metadata = self._group_metadata.get(generation)
+        if metadata is None:
+            consumer = self._consumer(generation)
+            try:
+                metadata = self._group_metadata[generation] = consumer.consumer_group_metadata()
+            finally:
+                consumer.close()
+        return metadata
+
     def _consumer(self, generation: str) -> Consumer:
         # The group is named after the checkpoint generation: a reset starts a new one,
         # so offsets from before it can never be mistaken for progress after it.
-        group_id = f"{self._group_prefix}.{generation}"
-        if self._group is None or self._group[0] != group_id:
-            if self._group is not None:
-                self._group[1].close()
-            config = {
-                **self._consumer_config,
-                "group.id": group_id,
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-            }
-            try:
-                self._group = (group_id, Consumer(config, logger=_client_log))
-            except KafkaException as exc:
-                raise ConfigError(f"kafka: invalid consumer configuration: {exc}") from exc
-        return self._group[1]
+        config = {
+            **self._consumer_config,
+            "group.id": f"{self._group_prefix}.{generation}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+        try:
+            return Consumer(config, logger=_client_log)
+        except KafkaException as exc:
+            raise ConfigError(f"kafka: invalid consumer configuration: {exc}") from exc
 
     def _watched(self, operation: Callable[..., T], *args: Any) -> T:
         """``operation(*args)``, given up on when it outlives its own timeout.

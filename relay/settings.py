@@ -207,6 +207,12 @@ class Settings(BaseSettings):
     # session, its commit probe, upkeep and /metrics (relay/pool.py): a deployment takes
     # replicas x workers x this many backends, however many subscribers it serves.
     max_db_connections: int = Field(default=4, ge=1, le=1000)
+    # Kafka producers a relay process holds at most, lent to the parts that publish
+    # (relay/scheduling.py), and as many threads running the parts' turns: an idle part
+    # holds neither. A part that gets a producer another part held pays for
+    # init_transactions and recovery (hundreds of ms), so more busy parts than this
+    # take turns (docs/design.md, "Bounded producers").
+    max_producers: int = Field(default=8, ge=1, le=256)
     # A relay opens no connection that would leave fewer free slots than this to others
     # (applications): it waits and retries instead.
     keep_free_connections: int = Field(default=5, ge=0, le=10_000)

@@ -1,12 +1,13 @@
 """One subscriber part's publication loop: fetch → encode → publish → checkpoint.
 
-Each claimed part runs in its own thread with its own Kafka producer, so a slow or
-halted part never stalls the others; its store borrows one of the process's few Postgres
-connections per query (relay/pool.py). On every (re)start the
-worker first runs recovery (docs/design.md §5): fence earlier producers of the part, then move
-the Postgres checkpoint up to the Kafka-side one if a transaction committed there
-without its checkpoint update reaching Postgres.
-"""
+A claimed part runs in turns on one of the relay's few scheduler threads, and borrows
+one of its few Kafka producers while it publishes (relay/scheduling.py): an idle part
+holds neither. A slow or halted part never stalls the others; its store borrows one of
+the process's few Postgres connections per query (relay/pool.py). Whenever the part gets
+a producer it has not recovered with, the worker first runs recovery (docs/design.md §5):
+fence earlier producers of the part, then move the Postgres checkpoint up to the
+Kafka-side one if a transaction committed there without its checkpoint update reaching
+Postgres."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ from relay.ports import (
     Publisher,
     Selection,
 )
+from relay.scheduling import PartScheduler, ProducerPool
 from relay.sessions import RelaySession
 from relay.subscribers import PoisonPolicy
 from relay.tracing import PublishHook
@@ -57,6 +59,10 @@ _MAX_BACKOFF_S = 30.0
 # horizon), re-poll soon rather than waiting out the whole poll interval.
 _HORIZON_REPOLL_S = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
 _ADVANCE_ATTEMPTS = 5
+# How long a busy part's turn goes on while other parts wait for a thread. Long enough
+# that a part that had to wait for a producer (init_transactions and recovery: hundreds
+# of ms) publishes many batches with it; short enough that waiting parts are served.
+_TURN_S = 2.0
 # Dead letters per Kafka transaction at most: the Kafka-side checkpoint names each
 # (docs/design.md §7), and its tag must stay under offset.metadata.max.bytes (4 KiB).
 _MAX_DEAD_LETTERS = 32
@@ -179,7 +185,16 @@ class _ReadAhead:
         )
 
 
-class PartWorker(threading.Thread):
+class PartWorker:
+    """One part's publication, run in turns by a :class:`PartScheduler`: a turn polls
+    the part and, when it has rows, borrows a producer from the :class:`ProducerPool`
+    and publishes until the part is caught up (or, when other parts wait for a
+    thread, for about ``_TURN_S``). Between turns an idle part holds no thread and no
+    producer; its publisher may stay open in the pool until another part needs room.
+
+    Without a scheduler and a pool of its own (tests, one part) the worker makes a
+    private one-thread scheduler and a one-producer pool over ``open_publisher``."""
+
     def __init__(
         self,
         part: PartId,
@@ -193,17 +208,20 @@ class PartWorker(threading.Thread):
         batch_max_bytes: int = 2**62,
         max_record_bytes: int = 2**61,
         hook: PublishHook | None = None,
+        scheduler: PartScheduler | None = None,
+        producers: ProducerPool | None = None,
     ) -> None:
-        super().__init__(name=f"part-{part}", daemon=True)
         # Told of each committed batch: the latency histogram, and spans if tracing is on.
         self.hook = hook if hook is not None else PublishHook()
         self.part = part
         self.session = session
-        self.wakeup = threading.Event()
         self.stats = WorkerStats()
         self._stopping = threading.Event()
+        self._ended = threading.Event()
         self._open_store = open_store
-        self._open_publisher = open_publisher
+        self._own_scheduler = scheduler is None
+        self._scheduler = scheduler if scheduler is not None else PartScheduler(1)
+        self._producers = producers if producers is not None else ProducerPool(open_publisher, 1)
         self._encoder = encoder
         # What every fetch of this part reads at most; the subscriber's parts and filters
         # join it per fetch (a subscriber read again may filter differently). A row over
@@ -215,55 +233,88 @@ class PartWorker(threading.Thread):
         )
         self._poll_interval = poll_interval
         self._store: PartStore | None = None
+        # The publisher lent by the pool for this turn.
         self._publisher: Publisher | None = None
+        self._space: KeySpace | None = None
+        self._space_checked = False
+        self._state: PartState | None = None  # None: load it on the next step
+        self._ahead: _Batch | None = None  # the next batch, prepared while the last travelled
+        self._repolls: Iterator[float] = iter(())
+        self._waited = False  # the last step found nothing and waited
+        self._failures = 0
+
+    # -- what the relay calls ------------------------------------------------------------
+
+    def start(self) -> None:
+        self._scheduler.submit(self)
 
     def stop(self) -> None:
         """Finish the batch in flight, then stop."""
         self._stopping.set()
-        self.wakeup.set()
+        self._scheduler.wake(self)
 
-    def run(self) -> None:
-        failures = 0
+    def wake(self) -> None:
+        """Something may have been committed for this part: poll it soon."""
+        self._scheduler.wake(self)
+
+    def is_alive(self) -> bool:
+        return not self._ended.is_set()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._ended.wait(timeout)
+
+    # -- a turn ------------------------------------------------------------------------
+
+    def turn(self, woken: bool) -> float | None:
+        """Run one turn (on a scheduler thread); returns the seconds until the next one,
+        or None once the worker has stopped."""
+        if not self._stopping.is_set():
+            try:
+                delay = self._serve(woken)
+            except RetryableError as exc:
+                self._failures += 1
+                delay = self._retry_later(exc, self._failures)
+            except ClaimLost as exc:
+                logger.warning("part %s: %s; stopping its worker", self.part, exc)
+                self._stopping.set()
+            except SubscriberError:
+                logger.info("part %s: its subscriber was removed; stopping", self.part)
+                self._stopping.set()
+            except RelayError as exc:
+                # Not retryable and not an event's fault (a permission error, a bad Kafka
+                # setting...): stop this part only, loudly.
+                self._record_error(WorkerState.HALTED, exc)
+                logger.error(
+                    "part %s stopped: %s",
+                    self.part,
+                    exc,
+                    extra={"part": str(self.part), "error": str(exc)},
+                )
+                self._stopping.set()
+            except Exception as exc:
+                # Not ours: a bug, or a failure no one foresaw. The part must not die of
+                # it (the supervisor would restart it in a silent loop).
+                self._failures += 1
+                with self.stats.lock:
+                    self.stats.unexpected += 1
+                delay = self._retry_later(exc, self._failures, unexpected=True)
+            if not self._stopping.is_set():
+                return delay
+        self._finish()
+        return None
+
+    def _finish(self) -> None:
         try:
-            while not self._stopping.is_set():
-                try:
-                    self._serve()
-                except RetryableError as exc:
-                    failures += 1
-                    self._retry_later(exc, failures)
-                except RelayError:
-                    raise  # not retryable: the part stops (below)
-                except Exception as exc:
-                    # Not ours: a bug, or a failure no one foresaw. The thread must not
-                    # die of it (the supervisor would restart it in a silent loop).
-                    failures += 1
-                    with self.stats.lock:
-                        self.stats.unexpected += 1
-                    self._retry_later(exc, failures, unexpected=True)
-                else:
-                    failures = 0
-        except ClaimLost as exc:
-            logger.warning("part %s: %s; stopping its worker", self.part, exc)
-        except SubscriberError:
-            logger.info("part %s: its subscriber was removed; stopping", self.part)
-        except RelayError as exc:
-            # Not retryable and not an event's fault (a permission error, a bad Kafka
-            # setting...): stop this part only, loudly.
-            self._record_error(WorkerState.HALTED, exc)
-            logger.error(
-                "part %s stopped: %s",
-                self.part,
-                exc,
-                extra={"part": str(self.part), "error": str(exc)},
-            )
-        finally:
-            self._stopping.set()
             self._drop_connections()
+        finally:
             if self.stats.state is not WorkerState.HALTED:
                 self.stats.state = WorkerState.STOPPED
+            if self._own_scheduler:
+                self._scheduler.close()
+            self._ended.set()
 
-    def _retry_later(self, exc: Exception, failures: int, *, unexpected: bool = False) -> None:
-        delay = min(_MAX_BACKOFF_S, 0.1 * 2 ** min(failures, 10)) * random.uniform(0.5, 1.0)
+    def _retry_later(self, exc: Exception, failures: int, *, unexpected: bool = False) -> float:
+        delay: float = min(_MAX_BACKOFF_S, 0.1 * 2 ** min(failures, 10)) * random.uniform(0.5, 1.0)
         self._record_error(WorkerState.RETRYING, exc)
         logger.log(
             logging.ERROR if unexpected else logging.WARNING,
@@ -277,39 +328,87 @@ class PartWorker(threading.Thread):
         )
         # Start over from recovery: the transaction's fate may be unknown.
         self._drop_connections()
-        self._stopping.wait(delay)
+        return delay
 
     # -- the loop ----------------------------------------------------------------------
 
-    def _serve(self) -> None:
-        """Recover, then publish until stopped; raises on errors."""
+    def _serve(self, woken: bool) -> float:
+        """Publish until the part is caught up, stopping, or its turn is up while
+        other parts wait; returns the seconds until its next turn. Raises on errors."""
         store = self._held_store()
-        space = self._check_key_space(store)
-        state = self._recover(store, self._load(store), space)
-        repolls: Iterator[float] = iter(())
-        ahead: _Batch | None = None  # the next batch, prepared while the last one travelled
-        while not self._stopping.is_set():
-            if state.subscriber.paused or state.halted_error is not None:
-                self.stats.state = WorkerState.HALTED if state.halted_error else WorkerState.PAUSED
-                self._stopping.wait(self._poll_interval)
-                state, ahead = self._load(store), None
-                continue
-            self.stats.state = WorkerState.RUNNING
-            notified = self.wakeup.is_set()
-            self.wakeup.clear()
-            batch = ahead if ahead is not None and ahead.read_to else self._fetch(store, state)
-            ahead = None
-            if batch.read_to is None:
-                if notified:
-                    repolls = iter(_HORIZON_REPOLL_S)
-                if not self.wakeup.wait(next(repolls, self._poll_interval)):
-                    state = self._load(store)  # idle tick: notice pause/reset made elsewhere
-                continue
-            published = self._publish(store, state, batch)
-            if published is None:  # halted on a poison event
-                state = self._load(store)
-            else:
-                state, ahead = published
+        if not self._space_checked:  # (re)started: before anything else on this part
+            self._space = self._check_key_space(store)
+            self._space_checked = True
+            # Recover at once, as a part is taken over: earlier owners are fenced now,
+            # not when the first row comes, and a producer Kafka refuses shows at once.
+            self._state = self._lend_publisher(store, self._load(store))
+        ends = time.monotonic() + _TURN_S
+        try:
+            while True:
+                delay = self._step(store, woken)
+                woken = False
+                if delay is not None:
+                    return delay
+                if self._stopping.is_set():
+                    return 0.0
+                if time.monotonic() > ends and self._scheduler.contended():
+                    return 0.0  # others wait for a thread: this part goes on next turn
+        finally:
+            # Between turns the pool may close it; holding it would keep its client alive.
+            self._publisher = None
+            self._producers.release(self)
+
+    def _step(self, store: PartStore, woken: bool) -> float | None:
+        """Publish one batch (None: go on), or say how long to wait for the next."""
+        if self._state is None or (self._waited and not woken):
+            self._state = self._load(store)  # also an idle tick's: notice pause or reset
+        self._waited = False
+        state = self._state
+        if state.subscriber.paused or state.halted_error is not None:
+            self.stats.state = WorkerState.HALTED if state.halted_error else WorkerState.PAUSED
+            self._state, self._ahead = None, None
+            return self._poll_interval
+        self.stats.state = WorkerState.RUNNING
+        ahead, self._ahead = self._ahead, None
+        batch = ahead if ahead is not None and ahead.read_to else self._fetch(store, state)
+        if batch.read_to is None:
+            if woken:
+                self._repolls = iter(_HORIZON_REPOLL_S)
+            self._waited = True
+            return next(self._repolls, self._poll_interval)
+        if not batch.events:
+            # Only rows the subscriber does not take: the Postgres checkpoint alone moves,
+            # and no producer is needed (what Kafka holds of the part stays as it is).
+            self._state = self._advance(store, state, batch.read_to, [])
+            self._count([], 0, batch.read_to)
+            return None
+        recovered = self._lend_publisher(store, state)
+        if recovered is not None:
+            if not _same_batch_start(recovered, state):
+                self._state = None  # recovery moved the checkpoint (or a pause): read again
+                return None
+            state = recovered
+        published = self._publish(store, state, batch)
+        if published is None:  # halted on a poison event
+            self._state = None
+        else:
+            self._state, self._ahead = published
+            self._failures = 0
+        return None
+
+    def _lend_publisher(self, store: PartStore, state: PartState) -> PartState | None:
+        """Borrow this part's publisher from the pool for this turn. One opened for it
+        just now is recovered with first (fencing the part's earlier producers): then
+        the part's state after recovery."""
+        self._publisher, fresh = self._producers.acquire(self, state)
+        if not fresh:
+            return None
+        # Ownership is read from Postgres right before init_transactions fences: a part
+        # this relay no longer owns never gets a new producer (docs/design.md).
+        current = self._load(store)
+        if not self.session.valid():
+            raise ClaimLost("this relay's session may have expired; not recovering")
+        return self._recover(store, current, self._space)
 
     def _fetch(self, store: PartStore, state: PartState) -> _Batch:
         subscriber = state.subscriber
@@ -357,8 +456,7 @@ class PartWorker(threading.Thread):
     def _recover(self, store: PartStore, state: PartState, space: KeySpace | None) -> PartState:
         """Fence earlier producers of this part and adopt a newer Kafka-side checkpoint,
         if it provably belongs to this database's history."""
-        if self._publisher is None:
-            self._publisher = self._open_publisher(state)
+        assert self._publisher is not None
         recovered = self._publisher.recover(
             str(state.generation), space.id if space is not None else None
         )
@@ -404,11 +502,33 @@ class PartWorker(threading.Thread):
         self.stats.recovered += 1
         return self._advance(store, state, adopted, _recovered(store, state, adopted, recovered))
 
-    def _publish(
-        self, store: PartStore, state: PartState, batch: _Batch, *, look_ahead: bool = True
-    ) -> _Published | None:
+    def _publish(self, store: PartStore, state: PartState, batch: _Batch) -> _Published | None:
         """Publish ``batch``; returns the new state and, prepared meanwhile, the next batch
-        (None: the part halted on a poison event, under the 'halt' policy)."""
+        (None: the part halted on a poison event, under the 'halt' policy). A batch the
+        broker failed as a whole is published again one event per transaction."""
+        pending = [batch]  # what is left to publish, the next at the end
+        look_ahead = True
+        published = _Published(state, None)
+        while pending:
+            outcome = self._publish_batch(store, published.state, pending.pop(), look_ahead)
+            if outcome is None:
+                return None
+            if isinstance(outcome, _Published):
+                published = outcome
+                continue
+            # The broker failed several records together: one event per transaction
+            # finds the culprit without blaming its neighbours.
+            pending += [_Batch([event], event.key) for event in reversed(outcome)]
+            look_ahead = False
+        return published
+
+    def _publish_batch(
+        self, store: PartStore, state: PartState, batch: _Batch, look_ahead: bool
+    ) -> _Published | list[OutboxEvent] | None:
+        """Publish ``batch`` in one transaction, after the poison policy dealt with what
+        the broker refused; returns the new state and the batch read meanwhile, or the
+        events to publish one by one (the broker failed them together), or None when the
+        part halted."""
         if not self.session.valid():
             raise ClaimLost("this relay's session may have expired; not publishing")
         assert batch.read_to is not None
@@ -433,9 +553,7 @@ class PartWorker(threading.Thread):
             if isinstance(outcome, _Sent):
                 return self._record(store, state, outcome, dead)
             if outcome.error.ambiguous and len(outcome.events) > 1:
-                # The broker failed several records together: one event per transaction
-                # finds the culprit without blaming its neighbours.
-                return self._one_by_one(store, state, outcome.events)
+                return outcome.events
             if not self._blame(store, state, outcome, dead):
                 return None
             # Encoded again with the decision; what joined the batch stays in it.
@@ -476,16 +594,6 @@ class PartWorker(threading.Thread):
         self._count(sent.records, sum(1 for e in sent.events if e.message_id in dead), sent.end)
         # A reset meanwhile moves the checkpoint elsewhere: what was read ahead is void.
         return _Published(state, sent.ahead if state.checkpoint == sent.end else None)
-
-    def _one_by_one(
-        self, store: PartStore, state: PartState, events: list[OutboxEvent]
-    ) -> _Published | None:
-        for event in events:
-            published = self._publish(store, state, _Batch([event], event.key), look_ahead=False)
-            if published is None:
-                return None
-            state = published.state
-        return _Published(state, None)
 
     def _blame(
         self,
@@ -663,20 +771,32 @@ class PartWorker(threading.Thread):
         return self._store
 
     def _drop_connections(self) -> None:
+        """Forget everything read: the next turn starts over from recovery."""
         store, self._store = self._store, None
-        publisher, self._publisher = self._publisher, None
+        self._publisher, self._state, self._ahead = None, None, None
+        self._space_checked, self._waited = False, False
         try:
             if store is not None:
                 store.close()
         finally:
-            if publisher is not None:
-                publisher.close()
+            self._producers.discard(self)
 
     def _record_error(self, state: WorkerState, exc: Exception) -> None:
         with self.stats.lock:
             self.stats.errors += 1
             self.stats.last_error = str(exc)
             self.stats.state = state
+
+
+def _same_batch_start(recovered: PartState, fetched_at: PartState) -> bool:
+    """Whether a batch fetched at ``fetched_at`` can still be published after recovery."""
+    return (
+        recovered.checkpoint == fetched_at.checkpoint
+        and recovered.generation == fetched_at.generation
+        and not recovered.subscriber.paused
+        and recovered.halted_error is None
+        and recovered.subscriber == fetched_at.subscriber
+    )
 
 
 def _joins(following: _Batch, state: PartState) -> bool:

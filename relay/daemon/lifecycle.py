@@ -130,7 +130,7 @@ class Relay:
         self._probe = CommitProbe(
             self._pool.connection,
             self.settings.database_schema,
-            self.parts.wake_all,
+            self.parts.wake,
             interval=self.settings.probe_interval,
             idle_interval=self.settings.probe_idle_interval,
         )

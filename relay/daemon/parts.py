@@ -1,4 +1,5 @@
-"""Claims and workers: this relay's share of the parts, with one worker per claimed part."""
+"""Claims and workers: this relay's share of the parts, with one worker per claimed part.
+The workers take turns on a few threads and borrow a few producers (relay/scheduling.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,15 @@ from relay.encoding import RecordEncoder
 from relay.errors import RelayError
 from relay.model import PartId
 from relay.ports import DaemonStore, PartState, Publisher
+from relay.scheduling import PartScheduler, ProducerPool
 from relay.sessions import assign
 from relay.subscribers import TopicGuard
 from relay.tracing import Tracing
 from relay.worker import PartWorker, WorkerState
 
 logger = logging.getLogger(__name__)
+
+_IDLE_PRODUCER_S = 30.0
 
 
 class ClaimedParts:
@@ -42,7 +46,13 @@ class ClaimedParts:
         self._topic_guard = topic_guard
         self._encoder = encoder
         self._open_publisher = open_publisher
+        limit = context.settings.max_producers
+        self.scheduler = PartScheduler(limit)
+        self.producers = ProducerPool(open_publisher, limit)
         self.workers: dict[PartId, PartWorker] = {}
+        # Each claimed part's aggregate types (None: any), so that a change of one type
+        # wakes only the parts that can have rows of it.
+        self._types: dict[PartId, frozenset[str] | None] = {}
         # Statistics of workers that have stopped, so counters never go down.
         self._retired: dict[PartId, Counter[str]] = {}
         # Workers this relay told to stop; any other that ends did so on its own.
@@ -60,9 +70,13 @@ class ClaimedParts:
     def states(self) -> dict[PartId, str]:
         return {part: w.stats.state.value for part, w in list(self.workers.items())}
 
-    def wake_all(self) -> None:
-        for worker in list(self.workers.values()):
-            worker.wakeup.set()
+    def wake(self, aggregate_types: frozenset[str] | None = None) -> None:
+        """Wake the workers whose parts can have rows of ``aggregate_types`` (None: any:
+        every worker)."""
+        for part, worker in list(self.workers.items()):
+            wanted = self._types.get(part)
+            if aggregate_types is None or wanted is None or not wanted.isdisjoint(aggregate_types):
+                worker.wake()
 
     # -- rebalancing -------------------------------------------------------------------
 
@@ -70,7 +84,10 @@ class ClaimedParts:
         """Match claims and workers to this relay's share of the parts."""
         subscribers = store.list()
         self._topic_guard.update(s.subscriber for s in subscribers)
+        # A part idle this long gives its producer up (it recovers when it has rows).
+        self.producers.close_idle(older_than=_IDLE_PRODUCER_S)
         parts = {PartId(p.name, p.part): p for s in subscribers for p in s.parts}
+        self._types = {part: p.subscriber.aggregate_types for part, p in parts.items()}
         for part, worker in list(self.workers.items()):
             if not worker.is_alive():
                 halted = part in parts and parts[part].halted_error is not None
@@ -124,6 +141,8 @@ class ClaimedParts:
             session=session,
             open_store=self._ctx.open_store,
             open_publisher=self._open_publisher,
+            scheduler=self.scheduler,
+            producers=self.producers,
             encoder=self._encoder,
             batch_size=self._ctx.settings.batch_size,
             batch_max_bytes=self._ctx.settings.batch_max_bytes,
@@ -154,6 +173,9 @@ class ClaimedParts:
             worker.join(max(0.0, end - time.monotonic()))
             if worker.is_alive():
                 logger.warning("part %s did not finish its batch in time", worker.part)
+        # The threads end once no turn is due; a later start begins them again.
+        self.scheduler.close()
+        self.producers.close_idle()
 
     def _stop_worker(self, worker: PartWorker) -> None:
         self._told_to_stop.add(worker)

@@ -1,4 +1,5 @@
-"""The publisher factory: one Kafka publisher per part, as the delivery setting asks."""
+"""The publisher factory: a Kafka publisher for a part, as the delivery setting asks (the
+relay keeps at most max_producers open: relay/scheduling.py)."""
 
 from __future__ import annotations
 

@@ -288,6 +288,21 @@ SELECT newest.transaction_id, newest.position,
         ORDER BY o.transaction_id DESC, o.position DESC
         LIMIT 1) AS newest ON true;
 
+-- name: decided_types_between
+-- The commit probe (relay/probe.py): the aggregate types of the rows decided since its
+-- last look, keys in (after, upto], so that it wakes only the parts that can have rows
+-- of them. A forward range scan of the primary key over at most %(limit)s rows; it says
+-- how many it read (as many as the limit: there may be other types, wake every part).
+SELECT array_agg(DISTINCT r.aggregate_type), count(*)
+  FROM (SELECT o.aggregate_type
+          FROM {schema}.outbox o
+         WHERE (o.transaction_id, o.position)
+               > (%(after_transaction_id)s::text::xid8, %(after_position)s)
+           AND (o.transaction_id, o.position)
+               <= (%(upto_transaction_id)s::text::xid8, %(upto_position)s)
+         ORDER BY o.transaction_id, o.position
+         LIMIT %(limit)s) AS r;
+
 -- name: insert_subscriber
 INSERT INTO {schema}.outbox_subscribers
     (name, aggregate_types, event_types, topic, value_format, parts, on_poison, dead_letter_topic)

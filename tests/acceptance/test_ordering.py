@@ -179,7 +179,7 @@ def test_a_key_ahead_of_every_xid_is_released_by_the_probe_on_an_idle_database(
     probe = CommitProbe(
         lambda: psycopg.connect(relay_url),  # the relay's probe, as the relay role
         "public",
-        woken.set,
+        lambda _types: woken.set(),
         interval=0.01,
         idle_interval=0.01,
     )
@@ -212,7 +212,9 @@ def test_the_probe_survives_a_database_it_cannot_reach_yet(relay_url: str) -> No
         return relay_db.connect(relay_url)
 
     woken = threading.Event()
-    probe = CommitProbe(connect, "public", woken.set, interval=0.01, idle_interval=0.01)
+    probe = CommitProbe(
+        connect, "public", lambda _types: woken.set(), interval=0.01, idle_interval=0.01
+    )
     probe.start()
     try:
         assert woken.wait(10), "the probe never woke the workers after reconnecting"

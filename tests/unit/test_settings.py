@@ -54,6 +54,7 @@ def test_database_url_is_secret(monkeypatch: pytest.MonkeyPatch) -> None:
         ("no_such_key = 1", "no_such_key"),
         ("batch_max_bytes = 10", "batch_max_bytes"),
         ("max_created_topics = -2", "max_created_topics"),
+        ("max_producers = 0", "max_producers"),
         ("topic_allow = '(order'", "topic_allow"),
         ('[[subscribers]]\nname = "bad name!"', "subscribers.0.name"),
         ('[[subscribers]]\nname = "a"\ntopic = "x.{nope}"', "subscribers.0.topic"),
@@ -85,6 +86,13 @@ def test_a_config_subscribers_dead_letter_topic_needs_the_dead_letter_policy(
         '[[subscribers]]\nname = "a"\non_poison = "dead-letter"\ndead_letter_topic = "a.dlq"\n'
     )
     assert load_settings(config).subscribers[0].dead_letter_topic == "a.dlq"
+
+
+def test_max_producers_bounds_a_relays_producers(tmp_path: Path) -> None:
+    config = tmp_path / "relay.toml"
+    config.write_text("max_producers = 3")
+    assert load_settings(config).max_producers == 3
+    assert load_settings().max_producers == 8
 
 
 def test_unreadable_config_files_are_clear(tmp_path: Path) -> None:
