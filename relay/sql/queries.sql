@@ -338,7 +338,7 @@ UPDATE {schema}.outbox_subscribers SET subject_strategy = %(subject_strategy)s
 
 -- name: set_routing
 -- As set_subject_strategy: run only for subscribers with routing control (or losing
--- it), which need 0016.
+-- it), which need 0013.
 UPDATE {schema}.outbox_subscribers SET routing = %(routing)s WHERE name = %(name)s;
 -- name: set_key_format
 -- Run for avro-registry subscribers only (0012 ships with 0011): other formats keep

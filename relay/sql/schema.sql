@@ -159,7 +159,7 @@ CREATE TABLE {schema}.outbox_subscribers (
     -- The record key: the aggregate_id as text, or registry-encoded (avro-registry only).
     key_format text NOT NULL DEFAULT 'string'
         CHECK (key_format IN ('string', 'avro-registry')),
-    -- Routing control (0016, relay/routing.py): key template, partition field and
+    -- Routing control (0013, relay/routing.py): key template, partition field and
     -- placements; NULL: the defaults.
     routing jsonb CHECK (routing IS NULL OR jsonb_typeof(routing) = 'object')
 );
@@ -535,7 +535,7 @@ BEGIN
             (SELECT jsonb_agg(jsonb_build_array(e ->> 1, r -> (e ->> 0)))
                FROM jsonb_array_elements(opts -> 'envelope') e));
     END IF;
-    -- table.fields.additional.placement=<column>:partition (migration 0016).
+    -- table.fields.additional.placement=<column>:partition (migration 0013).
     IF opts ->> 'partition' IS NOT NULL THEN
         descriptor := descriptor || jsonb_build_object('partition', r -> (opts ->> 'partition'));
     END IF;

@@ -88,7 +88,7 @@ BEGIN
             (SELECT jsonb_agg(jsonb_build_array(e ->> 1, r -> (e ->> 0)))
                FROM jsonb_array_elements(opts -> 'envelope') e));
     END IF;
-    -- table.fields.additional.placement=<column>:partition (migration 0016).
+    -- table.fields.additional.placement=<column>:partition (migration 0013).
     IF opts ->> 'partition' IS NOT NULL THEN
         descriptor := descriptor || jsonb_build_object('partition', r -> (opts ->> 'partition'));
     END IF;
