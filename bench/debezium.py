@@ -76,12 +76,13 @@ bench/README.md for why.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.sharedctypes import Synchronized
@@ -90,9 +91,10 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka import TopicPartition
 
 from bench import latency
+from bench.connect import LocalConnectWorker, connector_config, new_worker
 from bench.harness import (
     SPAWN,
     Figure,
@@ -109,8 +111,10 @@ from bench.harness import (
     wait_until,
 )
 from bench.method import CpuMeter, Samples, interleave, settle
+from relay.errors import ArtifactFetchError
 from relay.localstack import LocalPostgres
 from relay.localstack.debezium import LocalDebeziumServer, postgres_to_kafka
+from relay.localstack.process import LocalServerError
 from relay.subscribers import Subscriber, ValueFormat
 
 THROUGHPUT_TUNING = {
@@ -125,6 +129,7 @@ LATENCY_TUNING = {
     "debezium.source.poll.interval.ms": "1",
     "debezium.sink.kafka.producer.linger.ms": "0",
 }
+logger = logging.getLogger(__name__)
 HEAP = "1g"
 BACKLOG_TYPE = "order"  # fill_outbox's aggregate type
 PRIMER_TYPE = "primer"  # the row that makes Debezium store an offset before the backlog
@@ -135,6 +140,7 @@ EXTRA_S = 1.0  # after the last expected record, how long a consumer waits for m
 DEBEZIUM = "Debezium Server, at-least-once"
 EXACTLY_ONCE = "relay, exactly-once (transactional)"
 IDEMPOTENT = "relay, at-least-once (idempotent)"
+CONNECT = "Kafka Connect + Debezium, exactly-once (KIP-618)"
 MODES = {EXACTLY_ONCE: "transactional", IDEMPOTENT: "idempotent"}
 
 
@@ -142,24 +148,94 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
     with _logical_postgres(stack) as server:
         url = stack.database("debezium", server)
         prefix = stack.topic_prefix("debezium")
-        debezium = LocalDebeziumServer(
-            stack.workdir / f"{prefix}.server", _properties(stack, server, url, prefix)
-        )
+        properties = _properties(stack, server, url, prefix)
+        debezium = LocalDebeziumServer(stack.workdir / f"{prefix}.server", properties)
+        # Set up first: its primer row must reach no slot but its own.
+        connect = _ConnectPeer.start(stack, url, properties)
         try:
             _create_slot(stack, url, debezium, prefix)
-            backlog = _Backlog(stack, scale, server, url, debezium)
+            backlog = _Backlog(stack, scale, server, url, debezium, connect)
+            sides = {DEBEZIUM: backlog.debezium}  # first: it writes each round's rows
+            if connect.worker is not None:
+                sides[CONNECT] = backlog.connect
             rates = interleave(
-                {DEBEZIUM: backlog.debezium,
-                 **{side: backlog.relay(side) for side in MODES}},
-                scale.repetitions,
-            )  # fmt: skip
+                {**sides, **{side: backlog.relay(side) for side in MODES}}, scale.repetitions
+            )
+            connect.stop()
             latencies = _latency_rounds(stack, scale, server, url, debezium)
         finally:
             debezium.stop()
+            connect.stop()
     return [
-        *_throughput_figures(rates, backlog.rounds, scale),
+        *_throughput_figures(rates, backlog.rounds, scale, connect.why_not),
         *_latency_figures(latencies, scale),
     ]
+
+
+@dataclass
+class _ConnectPeer:
+    """A Kafka Connect worker with exactly-once source support running Debezium's
+    connector (bench/connect.py), its connector stopped between rounds; ``worker`` is
+    None, and ``why_not`` says why, when it cannot run here."""
+
+    worker: LocalConnectWorker | None
+    topic: str = ""
+    why_not: str | None = None
+
+    @classmethod
+    def start(cls, stack: Stack, url: str, server_properties: dict[str, str]) -> _ConnectPeer:
+        dbname = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
+        prefix = stack.topic_prefix("connect")
+        properties = {
+            **server_properties,
+            "debezium.source.slot.name": f"dbzc_{dbname}",
+            "debezium.source.publication.name": f"dbzc_{dbname}",
+            ROUTER_TOPIC: prefix + ".${routedByValue}",
+        }
+        topics = [f"{prefix}.{BACKLOG_TYPE}", f"{prefix}.{PRIMER_TYPE}"]
+        create_topics(stack.bootstrap, topics, latency.PARTITIONS)
+        work = stack.workdir / f"{prefix}.connect"
+        worker = new_worker(work, stack.bootstrap, prefix, properties,
+                            jvm_options(work / "gc.log"))  # fmt: skip
+        peer = cls(worker, topics[0])
+        primer: list[Tally] = []
+
+        @contextmanager
+        def launch() -> Iterator[Side]:
+            worker.start()
+            worker.create(connector_config(properties))
+            primer.append(_primer(url))
+            yield Side(lambda: [worker.pid], peer.check)
+
+        try:
+            _, seen = _consume_all(stack.bootstrap, topics[1], 1, 0, launch, 600)
+            seen.check(primer[0], topics[1])
+            worker.stop_connector()
+        except (LocalServerError, ArtifactFetchError, RuntimeError) as exc:
+            logger.warning("Kafka Connect (KIP-618) left out: %s", exc, exc_info=True,
+                           extra={"event": "bench.connect_failed"})  # fmt: skip
+            worker.stop()
+            return cls(None, why_not=f"{type(exc).__name__}: {str(exc)[:500]}; see {work}")
+        return peer
+
+    def check(self) -> None:
+        if self.worker is not None and not self.worker.running:
+            raise RuntimeError(f"Kafka Connect exited; its log: {self.worker.log_path}")
+
+    @contextmanager
+    def running(self) -> Iterator[Side]:
+        """The connector resumed for the block (the worker keeps running)."""
+        worker = self.worker
+        assert worker is not None
+        worker.resume_connector()
+        try:
+            yield Side(lambda: [worker.pid], self.check)
+        finally:
+            worker.stop_connector()
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
 
 
 @contextmanager
@@ -239,15 +315,28 @@ def _create_slot(stack: Stack, url: str, debezium: LocalDebeziumServer, prefix: 
     primer = f"{prefix}.{PRIMER_TYPE}"
     create_topics(stack.bootstrap, [primer], latency.PARTITIONS)
     _route_to(debezium, prefix, debezium.work_dir / "gc-primer.log")
-    with _debezium_running(debezium, url) as side:  # streaming: the slot exists
-        with psycopg.connect(url, autocommit=True) as conn:
-            message_id = conn.execute(
-                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
-                " VALUES (%s, '0', 'OrderPlaced', %s) RETURNING message_id::text",
-                (PRIMER_TYPE, json.dumps(order_payload())),
-            ).fetchone()
-        assert message_id is not None
-        _consume_all(stack.bootstrap, primer, Tally.of([message_id[0]]), 0, side, 120)
+    written: list[Tally] = []
+
+    @contextmanager
+    def launch() -> Iterator[Side]:
+        with _debezium_running(debezium, url) as side:  # streaming: the slot exists
+            written.append(_primer(url))
+            yield side
+
+    _, seen = _consume_all(stack.bootstrap, primer, 1, 0, launch, 300)
+    seen.check(written[0], primer)
+
+
+def _primer(url: str) -> Tally:
+    """Write the primer row; its tally."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
+            " VALUES (%s, '0', 'OrderPlaced', %s) RETURNING message_id::text",
+            (PRIMER_TYPE, json.dumps(order_payload())),
+        ).fetchone()
+    assert row is not None
+    return Tally.of([row[0]])
 
 
 # -- one instrument: a counting, tallying consumer -------------------------------------
@@ -318,6 +407,9 @@ class Side:
     check: Callable[[], None]
 
 
+Launch = Callable[[], AbstractContextManager[Side]]
+
+
 @dataclass
 class Run:
     rate: float
@@ -325,42 +417,44 @@ class Run:
 
 
 def _consume_all(
-    bootstrap: str, topic: str, written: Tally, warmup: int, side: Side, timeout: float,
+    bootstrap: str, topic: str, expected: int, warmup: int, launch: Launch, timeout: float,
     roots: dict[str, Callable[[], list[int | None]]] | None = None,
-) -> Run:  # fmt: skip
-    """Count ``topic`` until every written record arrived; the rate and CPU are taken
-    over the records after the first ``warmup``."""
+) -> tuple[Run, Tally]:  # fmt: skip
+    """Count ``topic`` from its current end until ``expected`` records arrived, with the
+    side started by ``launch`` once the consumer is assigned; the rate and CPU are
+    taken over the records after the first ``warmup``. Returns them and the tally of
+    what arrived (check it against what was written)."""
     ready, stop = SPAWN.Event(), SPAWN.Event()
     received = SPAWN.Value("q", 0)
-    consumer, results = spawn_child(_count, bootstrap, topic, written.count, ready, stop, received)
+    consumer, results = spawn_child(_count, bootstrap, topic, expected, ready, stop, received)
     try:
         wait_until(ready.is_set, consumer, 30.0, "the consumer to be assigned")
+        with launch() as side:
 
-        def reached(count: int) -> Callable[[], bool]:
-            def done() -> bool:
-                side.check()
-                return bool(received.value >= count)
+            def reached(count: int) -> Callable[[], bool]:
+                def done() -> bool:
+                    side.check()
+                    return bool(received.value >= count)
 
-            return done
+                return done
 
-        wait_until(reached(max(1, warmup)), consumer, timeout, "the warm-up records")
-        with CpuMeter({"side": side.pids, **(roots or {})}) as meter:
-            wait_until(reached(written.count), consumer, timeout, "every record")
-            meter.sample()
+            wait_until(reached(max(1, warmup)), consumer, timeout, "the warm-up records")
+            with CpuMeter({"side": side.pids, **(roots or {})}) as meter:
+                wait_until(reached(expected), consumer, timeout, "every record")
+                meter.sample()
         points, tally = receive(results, consumer, 30.0)
     finally:
         stop.set()
         reap(consumer)
-    tally.check(written, topic)
-    span = Span.upto(points, written.count)
-    measured = written.count - warmup
+    span = Span.upto(points, expected)
+    measured = expected - warmup
     return Run(span.ev_s(warmup), {
-        "records": written.count, "measured": measured,
+        "records": expected, "measured": measured,
         "seconds": round(span.points[-1][0] - next(t for t, c in span.points if c >= warmup), 3),
         **{f"cpu_us_per_event_{name}": round(s / measured * 1e6, 2)
            for name, s in meter.seconds.items()},
         **meter.as_json(),
-    })  # fmt: skip
+    }), tally  # fmt: skip
 
 
 def _count(
@@ -380,8 +474,14 @@ def _count(
     complete: float | None = None
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        consumer.consume(1, 0.5)  # joins; the side starts after ``ready``: nothing yet
+        # From the end as it is now: the side starts after ``ready``, and a topic that a
+        # side publishes to in every round (Kafka Connect's) holds earlier rounds.
+        ends = [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in partitions]  # fmt: skip
+        consumer.assign(
+            [TopicPartition(topic, p, end) for p, end in zip(partitions, ends, strict=True)]
+        )
+        consumer.consume(1, 0.5)  # joins
         ready.set()
         while not stop.is_set() and (complete is None or time.monotonic() < complete):
             got = 0
@@ -407,10 +507,11 @@ class _Backlog:
 
     def __init__(
         self, stack: Stack, scale: Scale, server: LocalPostgres, url: str,
-        debezium: LocalDebeziumServer,
+        debezium: LocalDebeziumServer, connect: _ConnectPeer,
     ) -> None:  # fmt: skip
         self.stack, self.scale, self.server, self.url = stack, scale, server, url
         self.dbz = debezium
+        self.peer = connect
         self.rounds: dict[str, list[dict[str, Any]]] = {}
         self.written = Tally()
         self.timeout = 120 + (scale.debezium_warmup + scale.debezium_events) / 500
@@ -442,10 +543,16 @@ class _Backlog:
         n = len(self.rounds.get(DEBEZIUM, []))
         gc_log = self.dbz.work_dir / f"gc-backlog-{n}.log"
         _route_to(self.dbz, prefix, gc_log)
-        with _debezium_running(self.dbz) as side:
-            run = self._measure(topic, side)
+        run = self._measure(topic, lambda: _debezium_running(self.dbz))
         details = {**run.details, **gc_pauses(gc_log.read_text()), "gc_log": str(gc_log)}
         self.rounds.setdefault(DEBEZIUM, []).append(details)
+        return run.rate
+
+    def connect(self) -> float:
+        """Kafka Connect's round, on the rows Debezium Server's round wrote."""
+        settle(self.url)
+        run = self._measure(self.peer.topic, self.peer.running)
+        self.rounds.setdefault(CONNECT, []).append(run.details)
         return run.rate
 
     def relay(self, name: str) -> Callable[[], float]:
@@ -459,22 +566,29 @@ class _Backlog:
                 [Subscriber(f"{MODES[name]}{n}", topic=topic, value_format=ValueFormat.JSON)],
             )
             settle(self.url)
-            with _relay_running(self.stack, self.url, label, MODES[name]) as side:
-                run = self._measure(topic, side)
+            run = self._measure(
+                topic, lambda: _relay_running(self.stack, self.url, label, MODES[name])
+            )
             self.rounds.setdefault(name, []).append(run.details)
             return run.rate
 
         return once
 
-    def _measure(self, topic: str, side: Side) -> Run:
-        return _consume_all(
-            self.stack.bootstrap, topic, self.written, self.scale.debezium_warmup, side,
-            self.timeout, self._roots(),
+    def _measure(self, topic: str, launch: Launch) -> Run:
+        run, seen = _consume_all(
+            self.stack.bootstrap, topic, self.written.count, self.scale.debezium_warmup,
+            launch, self.timeout, self._roots(),
         )  # fmt: skip
+        seen.check(self.written, topic)
+        return run
 
 
 @contextmanager
-def _debezium_running(debezium: LocalDebeziumServer, url: str | None = None) -> Iterator[Side]:
+def _debezium_running(
+    debezium: LocalDebeziumServer, url: str | None = None, *, keep: bool = False
+) -> Iterator[Side]:
+    """Debezium Server for the block (streaming, if ``url`` is given); left running
+    after it with ``keep``, unless the block fails."""
     debezium.start()
     try:
         if url is not None:
@@ -485,7 +599,10 @@ def _debezium_running(debezium: LocalDebeziumServer, url: str | None = None) -> 
                 raise RuntimeError(f"Debezium Server exited; its log: {debezium.log_path}")
 
         yield Side(lambda: [debezium.pid], check)
-    finally:
+    except BaseException:
+        debezium.stop()
+        raise
+    if not keep:
         debezium.stop()
 
 
@@ -555,10 +672,15 @@ def _warm_latency_server(
     create_topics(stack.bootstrap, [f"{prefix}.{BACKLOG_TYPE}"], latency.PARTITIONS)
     _route_to(debezium, prefix, debezium.work_dir / "gc-latency.log")
     timeout = 120 + scale.debezium_warmup / 500
-    with _debezium_running(debezium) as side:
-        _consume_all(stack.bootstrap, f"{prefix}.{BACKLOG_TYPE}", written, 0, side, timeout)
+    try:
+        topic = f"{prefix}.{BACKLOG_TYPE}"
+        _, seen = _consume_all(stack.bootstrap, topic, written.count, 0,
+                               lambda: _debezium_running(debezium, keep=True), timeout)  # fmt: skip
+        seen.check(written, topic)
         settle(url)
         yield
+    finally:
+        debezium.stop()
 
 
 # -- figures ---------------------------------------------------------------------------
@@ -571,7 +693,10 @@ def _settings(tuning: dict[str, str]) -> dict[str, str]:
 
 
 def _throughput_figures(
-    rates: dict[str, Samples], rounds: dict[str, list[dict[str, Any]]], scale: Scale
+    rates: dict[str, Samples],
+    rounds: dict[str, list[dict[str, Any]]],
+    scale: Scale,
+    connect_why_not: str | None,
 ) -> list[Figure]:
     details = {
         "warmup_events": scale.debezium_warmup,
@@ -582,6 +707,7 @@ def _throughput_figures(
         "rounds": rounds,
         "debezium_settings": _settings(THROUGHPUT_TUNING),
         "debezium_jvm": jvm_options(Path("<gc log>")),
+        "kafka_connect_exactly_once": connect_why_not or "measured",
     }
     debezium = rates[DEBEZIUM]
     cpu = {name: Samples(tuple(r["cpu_us_per_event_side"] for r in runs))
@@ -596,7 +722,13 @@ def _throughput_figures(
                   cpu[EXACTLY_ONCE], "us", cpu[DEBEZIUM], "Debezium Server JVM CPU per event"),
         Figure.of("debezium", "relay at-least-once CPU us/event vs Debezium JVM",
                   cpu[IDEMPOTENT], "us", cpu[DEBEZIUM], "Debezium Server JVM CPU per event"),
-    ]  # fmt: skip
+    ] + ([
+        Figure.of("debezium", "relay exactly-once ev/s vs Kafka Connect exactly-once",
+                  rates[EXACTLY_ONCE], "ev/s", rates[CONNECT], f"{CONNECT}, warm, same rows",
+                  "ratio>=2", details),
+        Figure.of("debezium", "relay exactly-once CPU us/event vs Kafka Connect",
+                  cpu[EXACTLY_ONCE], "us", cpu[CONNECT], "Kafka Connect worker JVM CPU per event"),
+    ] if CONNECT in rates else [])  # fmt: skip
 
 
 def _latency_figures(runs: dict[str, list[latency.Samples]], scale: Scale) -> list[Figure]:

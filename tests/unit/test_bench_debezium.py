@@ -64,3 +64,31 @@ def test_the_jvm_heap_is_fixed_at_a_gibibyte_and_its_gc_logged() -> None:
 
 def test_a_rate_over_a_single_batch_is_not_a_number() -> None:
     assert math.isnan(Span.upto([(1.0, 1)], 1).ev_s(0))
+
+
+def test_the_connect_peer_takes_debezium_servers_source_and_producer_settings() -> None:
+    from bench.connect import connector_config, worker_config
+
+    server = {
+        "debezium.source.connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "debezium.source.max.batch.size": "4096",
+        "debezium.source.offset.storage.file.filename": "/x/offsets.dat",
+        "debezium.transforms": "outbox",
+        "debezium.transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+        "debezium.sink.kafka.producer.linger.ms": "5",
+        "debezium.sink.kafka.producer.bootstrap.servers": "elsewhere:9092",
+        "debezium.sink.kafka.producer.key.serializer": "StringSerializer",
+        "debezium.format.value": "simplestring",
+    }
+    connector = connector_config(server)
+    assert connector["max.batch.size"] == "4096"
+    assert connector["transforms.outbox.type"].endswith("EventRouter")
+    # Exactly once, a transaction per poll; nothing of the server's own storage or sink.
+    assert connector["exactly.once.support"] == "required"
+    assert connector["transaction.boundary"] == "poll"
+    assert not any("offset.storage" in k or k.startswith(("sink", "format")) for k in connector)
+    worker = worker_config("127.0.0.1:9092", "g", 8083, server)
+    assert worker["exactly.once.source.support"] == "enabled"
+    assert worker["bootstrap.servers"] == "127.0.0.1:9092" and worker["producer.linger.ms"] == "5"
+    assert not any(k.startswith("producer.") and "serializer" in k for k in worker)
+    assert "producer.bootstrap.servers" not in worker
