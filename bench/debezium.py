@@ -1,5 +1,5 @@
 """Debezium side by side: Debezium Server + Outbox Event Router and the relay on the same
-rows, the same Postgres, the same broker, in the same run (issue #15).
+rows, the same Postgres, the same broker, in the same run, by one instrument (#15, #31).
 
 Set-up
     A Postgres cluster of this benchmark's own, with ``wal_level=logical`` (Debezium
@@ -12,110 +12,234 @@ Set-up
     the Kafka sink. Values: Debezium passes the jsonb payload through as its text
     (``simplestring``); the relay uses its ``json`` value format (it parses and
     re-serialises each payload). Both publish the JSON payload keyed by the aggregate id,
-    to topics of 3 partitions. The relay's records are in Kafka transactions, with its
-    checkpoints; Debezium Server's sink has no transactions.
+    to topics of 3 partitions. Debezium Server's sink has no transactions: it delivers
+    at least once. The relay runs in both its modes, and every figure names its mode:
+    ``transactional`` (exactly once: a Kafka transaction per batch, with its checkpoint)
+    and ``idempotent`` (at least once across restarts, as Debezium).
 
-Backlog throughput
+The JVM (``jvm_options``)
+    ``-Xms1g -Xmx1g`` (a heap that never resizes) and the GC logged to a file per start
+    (``-Xlog:gc*``); the pauses of each run are in the details.
+
+One instrument for both sides
+    A read_committed consumer process (:func:`_count`) on the side's own topic, assigned
+    before the side starts, notes (time, records so far) after every batch it receives
+    and tallies every record's ``id`` header (:class:`Tally`): the count and a sum of the
+    ids. A round whose tally differs from that of the rows written (a record lost, or
+    one twice) fails: no figure comes from a run that did not deliver every record
+    exactly once.
+
+Backlog throughput, warm
     Debezium streams only what is written after its slot exists, and the router handles
-    only inserts. So Debezium is started on the empty outbox, publishes one primer row
-    (which makes it store an offset) and is stopped; then ``scale.events`` OrderPlaced
-    rows (bench.harness.fill_outbox's, 1000 per transaction) are written. The relay
-    publishes them first (a new subscriber from the beginning, in-process):
-    its rate runs from its first checkpoint to its last (throughput.relay_rate). Then
-    Debezium is started again and publishes the same rows from its slot: its rate runs
-    from the moment a read_committed consumer has seen 5000 records (the relay's batch:
-    the relay's rate leaves its first batch out too) to the last; from the first record
-    is in the details (``from_first_record_ev_s``). That consumer (its own process)
-    counts the relay's records too, so both sides share the host with it;
-    ``consumer_ev_s`` is the relay's rate as it saw it.
+    only inserts. Its slot is made once (it starts on the empty outbox, publishes a
+    primer row, stops). Then every round, ``scale.repetitions`` of them, interleaved:
+
+    1. The outbox is emptied (TRUNCATE: Debezium skips truncates) and
+       ``scale.debezium_warmup + scale.debezium_events`` OrderPlaced rows are written
+       (bench.harness.fill_outbox's, 1000 per transaction, as apps write), then a
+       CHECKPOINT and a pause.
+    2. Debezium is started and publishes them from its slot; then it is stopped.
+    3. The relay publishes the same rows (a new subscriber from the beginning, one
+       ``outbox-relay run`` process), exactly-once; then again, idempotent.
+
+    Each side's rate runs from the batch that brought its consumer's count to the
+    warm-up backlog to the last record: the first ``debezium_warmup`` records (300k by
+    default) are the warm-up, in which Debezium's JVM compiles its hot code and the
+    relay starts, and ``debezium_events`` (1M) are measured. CPU per process (the relay,
+    the Debezium JVM, Postgres, the broker) is read over that same window.
 
 Latency at 1k ev/s
-    bench/latency.py's app writer and read_committed consumer (separate processes): one
-    event per transaction through the write API, commit → visible. Debezium first (the
-    server that just published the backlog: its JIT is warm), on the same database; then
-    the relay, with production defaults but json values, on a new database of the same
-    cluster.
+    Debezium is restarted with its latency settings (``linger.ms=0``, ``poll.interval.ms``
+    1) and drains a warm-up backlog; it then runs through every round. Each round runs
+    bench/latency.py's app writer and read_committed consumer (separate processes, one
+    event per transaction through the write API, commit → visible) against Debezium,
+    the relay idempotent and the relay exactly-once (in-process, production defaults
+    but json values, each on a new database of the same cluster).
 
-Debezium's settings (``DEBEZIUM_TUNING``, also in every figure's details)
-    * ``max.batch.size`` 8192 and ``max.queue.size`` 32768 (defaults 2048 and 8192, the
+Debezium's settings (``THROUGHPUT_TUNING``, ``LATENCY_TUNING``; in every figure's details)
+    * ``max.batch.size`` 4096 and ``max.queue.size`` 16384 (defaults 2048 and 8192, the
       queue 4x the batch as by default): the Kafka sink sends a batch and waits for every
       acknowledgement before it takes the next, so bigger batches amortise that wait.
-    * ``poll.interval.ms`` 10 (default 500): the connector sleeps this long when the
-      replication stream has nothing, and the queue waits up to this long to fill a batch.
-      At 500 ms every event would wait about half a second; a user who cares about
-      latency lowers it. A backlog fills every batch, so throughput does not depend on it.
-    * The Kafka producer as the relay's: ``linger.ms`` 5 and ``batch.size`` 1000000
-      (librdkafka's default, which the relay keeps; the Java client's 16 KiB would split
-      each batch into many requests); ``acks=all`` and idempotence on both sides (the
-      relay always sets them, the Java client has them by default); no compression.
-    * Offsets flushed at Debezium Server's default interval (60 s): no cost per batch.
+    * ``poll.interval.ms`` 5 for the backlog, 1 for latency (default 500): the connector
+      sleeps this long when the replication stream has nothing, and the queue waits up to
+      this long to fill a batch.
+    * The Kafka producer: ``linger.ms`` 5 for the backlog (the relay's), 0 for latency;
+      ``batch.size`` 1000000 (librdkafka's default, which the relay keeps; the Java
+      client's 16 KiB would split each batch into many requests); ``acks=all`` and
+      idempotence on both sides; no compression.
+    * Offsets flushed at Debezium Server's default interval (60 s) and on stop.
+
+Kafka Connect's exactly-once source support (KIP-618) is not measured: see
+bench/README.md for why.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
+import re
+import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event
+from pathlib import Path
 from typing import Any
 
 import psycopg
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka import TopicPartition
 
-from bench import latency, throughput
+from bench import latency
+from bench.connect import LocalConnectWorker, connector_config, new_worker
 from bench.harness import (
-    BATCH,
     SPAWN,
     Figure,
+    RelayProcesses,
     Scale,
     Stack,
     create_topics,
     fill_outbox,
+    fresh_subscribers,
     order_payload,
     reap,
     receive,
     spawn_child,
     wait_until,
 )
+from bench.method import CpuMeter, Samples, interleave, settle
+from relay.artifacts.maven import ArtifactFetchError
 from relay.localstack import LocalPostgres
 from relay.localstack.debezium import LocalDebeziumServer, postgres_to_kafka
+from relay.localstack.process import LocalServerError
+from relay.subscribers import Subscriber, ValueFormat
 
-DEBEZIUM_TUNING = {
-    "debezium.source.max.batch.size": "8192",
-    "debezium.source.max.queue.size": "32768",
-    "debezium.source.poll.interval.ms": "10",
+THROUGHPUT_TUNING = {
+    "debezium.source.max.batch.size": "4096",
+    "debezium.source.max.queue.size": "16384",
+    "debezium.source.poll.interval.ms": "5",
     "debezium.sink.kafka.producer.linger.ms": "5",
     "debezium.sink.kafka.producer.batch.size": "1000000",
 }
+LATENCY_TUNING = {
+    **THROUGHPUT_TUNING,
+    "debezium.source.poll.interval.ms": "1",
+    "debezium.sink.kafka.producer.linger.ms": "0",
+}
+logger = logging.getLogger(__name__)
+HEAP = "1g"
 BACKLOG_TYPE = "order"  # fill_outbox's aggregate type
 PRIMER_TYPE = "primer"  # the row that makes Debezium store an offset before the backlog
 ROWS_PER_TRANSACTION = 1000  # the backlog is written by many transactions, as apps do
 ROUTER_COLUMNS = ("message_id", "aggregate_type", "aggregate_id", "event_type", "payload")
+ROUTER_TOPIC = "debezium.transforms.outbox.route.topic.replacement"
+EXTRA_S = 1.0  # after the last expected record, how long a consumer waits for more
+DEBEZIUM = "Debezium Server, at-least-once"
+EXACTLY_ONCE = "relay, exactly-once (transactional)"
+IDEMPOTENT = "relay, at-least-once (idempotent)"
+CONNECT = "Kafka Connect + Debezium, exactly-once (KIP-618)"
+MODES = {EXACTLY_ONCE: "transactional", IDEMPOTENT: "idempotent"}
 
 
 def run(stack: Stack, scale: Scale) -> list[Figure]:
     with _logical_postgres(stack) as server:
         url = stack.database("debezium", server)
         prefix = stack.topic_prefix("debezium")
-        debezium = LocalDebeziumServer(
-            stack.workdir / f"{prefix}.server", _properties(stack, server, url, prefix)
-        )
+        properties = _properties(stack, server, url, prefix)
+        debezium = LocalDebeziumServer(stack.workdir / f"{prefix}.server", properties)
+        # Set up first: its primer row must reach no slot but its own.
+        connect = _ConnectPeer.start(stack, url, properties)
         try:
-            relay_rate, debezium_rate = _backlog(stack, scale, url, debezium, prefix)
-            debezium_latency = _debezium_latency(stack, scale, url, prefix)
+            _create_slot(stack, url, debezium, prefix)
+            backlog = _Backlog(stack, scale, server, url, debezium, connect)
+            sides = {DEBEZIUM: backlog.debezium}  # first: it writes each round's rows
+            if connect.worker is not None:
+                sides[CONNECT] = backlog.connect
+            rates = interleave(
+                {**sides, **{side: backlog.relay(side) for side in MODES}}, scale.repetitions
+            )
+            connect.stop()
+            throughput = _throughput_figures(rates, backlog.rounds, scale, connect.why_not)
+            try:
+                latencies = _latency_rounds(stack, scale, server, url, debezium)
+            except Exception:
+                # The backlog's figures stand without it; the log says what failed.
+                logger.exception("the latency comparison failed", extra={"event": "bench.failed"})
+                return throughput
         finally:
             debezium.stop()
-        relay_latency = latency.relay_latency(
-            stack, scale, stack.database("latency", server), value_format="json"
-        )
-    settings = {name.removeprefix("debezium."): value for name, value in DEBEZIUM_TUNING.items()}
-    return [
-        _throughput_figure(relay_rate, debezium_rate, scale, settings),
-        *_latency_figures(relay_latency, debezium_latency, scale, settings),
-    ]
+            connect.stop()
+    return [*throughput, *_latency_figures(latencies, scale)]
+
+
+@dataclass
+class _ConnectPeer:
+    """A Kafka Connect worker with exactly-once source support running Debezium's
+    connector (bench/connect.py), its connector stopped between rounds; ``worker`` is
+    None, and ``why_not`` says why, when it cannot run here."""
+
+    worker: LocalConnectWorker | None
+    topic: str = ""
+    why_not: str | None = None
+
+    @classmethod
+    def start(cls, stack: Stack, url: str, server_properties: dict[str, str]) -> _ConnectPeer:
+        dbname = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
+        prefix = stack.topic_prefix("connect")
+        properties = {
+            **server_properties,
+            "debezium.source.slot.name": f"dbzc_{dbname}",
+            "debezium.source.publication.name": f"dbzc_{dbname}",
+            ROUTER_TOPIC: prefix + ".${routedByValue}",
+        }
+        topics = [f"{prefix}.{BACKLOG_TYPE}", f"{prefix}.{PRIMER_TYPE}"]
+        create_topics(stack.bootstrap, topics, latency.PARTITIONS)
+        work = stack.workdir / f"{prefix}.connect"
+        worker = new_worker(work, stack.bootstrap, prefix, properties,
+                            jvm_options(work / "gc.log"))  # fmt: skip
+        peer = cls(worker, topics[0])
+        primer: list[Tally] = []
+
+        @contextmanager
+        def launch() -> Iterator[Side]:
+            worker.start()
+            worker.create(connector_config(properties))
+            primer.append(_primer(url))
+            yield Side(lambda: [worker.pid], peer.check)
+
+        try:
+            _, seen = _consume_all(stack.bootstrap, topics[1], 1, 0, launch, 600)
+            seen.check(primer[0], topics[1])
+            worker.stop_connector()
+        except (LocalServerError, ArtifactFetchError, RuntimeError) as exc:
+            logger.warning("Kafka Connect (KIP-618) left out: %s", exc, exc_info=True,
+                           extra={"event": "bench.connect_failed"})  # fmt: skip
+            worker.stop()
+            return cls(None, why_not=f"{type(exc).__name__}: {str(exc)[:500]}; see {work}")
+        return peer
+
+    def check(self) -> None:
+        if self.worker is not None and not self.worker.running:
+            raise RuntimeError(f"Kafka Connect exited; its log: {self.worker.log_path}")
+
+    @contextmanager
+    def running(self) -> Iterator[Side]:
+        """The connector resumed for the block (the worker keeps running)."""
+        worker = self.worker
+        assert worker is not None
+        worker.resume_connector()
+        try:
+            yield Side(lambda: [worker.pid], self.check)
+        finally:
+            worker.stop_connector()
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
 
 
 @contextmanager
@@ -150,149 +274,421 @@ def _properties(stack: Stack, server: LocalPostgres, url: str, prefix: str) -> d
         f"{router}.table.field.event.key": "aggregate_id",
         f"{router}.table.field.event.payload": "payload",
         f"{router}.route.by.field": "aggregate_type",
-        f"{router}.route.topic.replacement": prefix + ".${routedByValue}",
+        ROUTER_TOPIC: prefix + ".${routedByValue}",
         f"{router}.table.fields.additional.placement": (
             "event_type:header:event_type,aggregate_type:header:aggregate_type"
         ),
         "debezium.format.key": "simplestring",
         "debezium.format.value": "simplestring",
-        # Headers can only be JSON: the id header arrives quoted (bench/latency.py strips it).
+        # Headers can only be JSON: the id header arrives quoted (latency.id_header strips it).
         "debezium.format.header": "json",
         "debezium.format.header.schemas.enable": "false",
-        **DEBEZIUM_TUNING,
+        **THROUGHPUT_TUNING,
     }
 
 
-# -- backlog throughput ----------------------------------------------------------------
+def jvm_options(gc_log: Path) -> list[str]:
+    """A fixed heap of ``HEAP`` and the GC logged to ``gc_log``."""
+    return [f"-Xms{HEAP}", f"-Xmx{HEAP}", f"-Xlog:gc*:file={gc_log}:uptime,level,tags"]
 
 
-@dataclass(frozen=True)
-class Rate:
-    ev_s: float
-    details: dict[str, Any]
+_PAUSE = re.compile(r"\[gc\s*\] GC\(\d+\) Pause.* (\d+(?:\.\d+)?)ms\s*$", re.M)
 
 
-def _backlog(
-    stack: Stack, scale: Scale, url: str, debezium: LocalDebeziumServer, prefix: str
-) -> tuple[Rate, Rate]:
-    """The relay's rate and Debezium's on the same backlog; leaves Debezium running."""
-    primer, backlog = f"{prefix}.{PRIMER_TYPE}", f"{prefix}.{BACKLOG_TYPE}"
-    relay_topic = f"{stack.topic_prefix('relay')}.orders"
-    create_topics(stack.bootstrap, [primer, backlog, relay_topic], latency.PARTITIONS)
-    _create_slot(stack, url, debezium, primer)
-    fill_outbox(url, scale.events, chunk=ROWS_PER_TRANSACTION)
-    timeout = 120 + scale.events / 500
-    events = scale.events + 1  # and the primer, which the relay publishes too
-    with _counting(stack.bootstrap, relay_topic, events) as relay_seen:
-        rate, details = throughput.relay_rate(stack, url, events, relay_topic, value_format="json")
-        relay_span = relay_seen(timeout)
-    with _counting(stack.bootstrap, backlog, scale.events) as debezium_seen:
-        debezium.start()
-        debezium_span = _published(debezium_seen, timeout, debezium)
-    relay = Rate(rate, {**details, "consumer_ev_s": round(relay_span.ev_s(BATCH))})
-    return relay, Rate(debezium_span.ev_s(BATCH), debezium_span.details())
+def gc_pauses(log: str) -> dict[str, float]:
+    """The stop-the-world pauses a unified GC log (``-Xlog:gc*``) reports: how many, and
+    their total and longest in milliseconds."""
+    pauses = [float(ms) for ms in _PAUSE.findall(log)]
+    return {
+        "gc_pauses": len(pauses),
+        "gc_pause_ms": round(sum(pauses), 1),
+        "gc_max_pause_ms": max(pauses, default=0.0),
+    }
 
 
-def _create_slot(stack: Stack, url: str, debezium: LocalDebeziumServer, primer: str) -> None:
+def _route_to(debezium: LocalDebeziumServer, prefix: str, gc_log: Path) -> None:
+    """Where the next start of ``debezium`` publishes (``<prefix>.<aggregate_type>``),
+    and where it logs its GC."""
+    debezium.properties[ROUTER_TOPIC] = prefix + ".${routedByValue}"
+    debezium.jvm_options = tuple(jvm_options(gc_log))
+
+
+def _create_slot(stack: Stack, url: str, debezium: LocalDebeziumServer, prefix: str) -> None:
     """Debezium's first start creates its slot and publication; it is stopped once it
     has published a primer row (a stop stores the offset of what it published)."""
-    with _counting(stack.bootstrap, primer, 1) as seen:
-        debezium.start()
-        debezium.wait_streaming(url)
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(
-                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
-                " VALUES (%s, '0', 'OrderPlaced', %s)",
-                (PRIMER_TYPE, json.dumps(order_payload())),
+    primer = f"{prefix}.{PRIMER_TYPE}"
+    create_topics(stack.bootstrap, [primer], latency.PARTITIONS)
+    _route_to(debezium, prefix, debezium.work_dir / "gc-primer.log")
+    written: list[Tally] = []
+
+    @contextmanager
+    def launch() -> Iterator[Side]:
+        with _debezium_running(debezium, url) as side:  # streaming: the slot exists
+            written.append(_primer(url))
+            yield side
+
+    _, seen = _consume_all(stack.bootstrap, primer, 1, 0, launch, 300)
+    seen.check(written[0], primer)
+
+
+def _primer(url: str) -> Tally:
+    """Write the primer row; its tally."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
+            " VALUES (%s, '0', 'OrderPlaced', %s) RETURNING message_id::text",
+            (PRIMER_TYPE, json.dumps(order_payload())),
+        ).fetchone()
+    assert row is not None
+    return Tally.of([row[0]])
+
+
+# -- one instrument: a counting, tallying consumer -------------------------------------
+
+_MASK = 2**64 - 1
+
+
+@dataclass
+class Tally:
+    """How many records a consumer saw, and the sum (mod 2**64) of their ids' low 64
+    bits. Two tallies are equal when the same ids arrived, each once: a record lost, or
+    one received twice, changes the count; one lost *and* another twice changes the sum
+    (unless two random ids share 64 bits)."""
+
+    count: int = 0
+    digest: int = 0
+
+    def add(self, record_id: str) -> None:
+        self.count += 1
+        self.digest = (self.digest + uuid.UUID(record_id).int) & _MASK
+
+    @classmethod
+    def of(cls, ids: Iterable[str]) -> Tally:
+        tally = cls()
+        for record_id in ids:
+            tally.add(record_id)
+        return tally
+
+    def check(self, written: Tally, what: str) -> None:
+        """Raise unless every written record arrived exactly once."""
+        if self.count != written.count:
+            raise RuntimeError(
+                f"{what}: {self.count} records for {written.count} rows written "
+                "(some lost or duplicated)"
             )
-        _published(seen, 120, debezium)
-    debezium.stop()
-
-
-def _published(
-    seen: Callable[[float], Span], timeout: float, debezium: LocalDebeziumServer
-) -> Span:
-    """What the consumer saw Debezium publish; names Debezium Server's log if it fails."""
-    try:
-        return seen(timeout)
-    except RuntimeError as exc:
-        raise RuntimeError(f"{exc}; Debezium Server's log: {debezium.log_path}") from exc
+        if self.digest != written.digest:
+            raise RuntimeError(
+                f"{what}: {self.count} records, as many as rows written, but not their ids "
+                "(some lost and as many duplicated)"
+            )
 
 
 @dataclass(frozen=True)
 class Span:
     """What a counting consumer saw: (CLOCK_MONOTONIC time, records so far) after every
-    batch it received."""
+    batch it received, up to the batch that completed the expected count."""
 
     points: list[tuple[float, int]]
 
-    def ev_s(self, skip: int = 1) -> float:
-        """Records per second from the batch that brought the count to ``skip`` to the
-        last: with ``skip=BATCH``, the window of the relay's checkpoint-based rate."""
-        start, before = next(p for p in self.points if p[1] >= skip)
+    @classmethod
+    def upto(cls, points: list[tuple[float, int]], expected: int) -> Span:
+        end = next((n for n, (_, count) in enumerate(points) if count >= expected), None)
+        return cls(points if end is None else points[: end + 1])
+
+    def ev_s(self, skip: int = 0) -> float:
+        """Records per second from the batch that brought the count to at least ``skip``
+        (its records excluded) to the last."""
+        start, before = next(p for p in self.points if p[1] >= max(1, skip))
         end, count = self.points[-1]
-        return (count - before) / (end - start)
-
-    def details(self) -> dict[str, Any]:
-        return {
-            "records": self.points[-1][1],
-            "seconds": round(self.points[-1][0] - self.points[0][0], 3),
-            "from_first_record_ev_s": round(self.ev_s()),
-        }
+        return (count - before) / (end - start) if end > start else math.nan
 
 
-@contextmanager
-def _counting(bootstrap: str, topic: str, expected: int) -> Iterator[Callable[[float], Span]]:
-    """A read_committed consumer process on ``topic``, assigned before the block runs;
-    the block calls the yielded function (with a timeout) for its :class:`Span`."""
+@dataclass
+class Side:
+    """A running side: the pids whose CPU it uses, and a check that it still runs."""
+
+    pids: Callable[[], list[int | None]]
+    check: Callable[[], None]
+
+
+Launch = Callable[[], AbstractContextManager[Side]]
+
+
+@dataclass
+class Run:
+    rate: float
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def _consume_all(
+    bootstrap: str, topic: str, expected: int, warmup: int, launch: Launch, timeout: float,
+    roots: dict[str, Callable[[], list[int | None]]] | None = None,
+) -> tuple[Run, Tally]:  # fmt: skip
+    """Count ``topic`` from its current end until ``expected`` records arrived, with the
+    side started by ``launch`` once the consumer is assigned; the rate and CPU are
+    taken over the records after the first ``warmup``. Returns them and the tally of
+    what arrived (check it against what was written)."""
     ready, stop = SPAWN.Event(), SPAWN.Event()
-    consumer, results = spawn_child(_count, bootstrap, topic, expected, ready, stop)
+    received = SPAWN.Value("q", 0)
+    consumer, results = spawn_child(_count, bootstrap, topic, expected, ready, stop, received)
     try:
         wait_until(ready.is_set, consumer, 30.0, "the consumer to be assigned")
+        with launch() as side:
 
-        def seen(timeout: float) -> Span:
-            return Span(receive(results, consumer, timeout))
+            def reached(count: int) -> Callable[[], bool]:
+                def done() -> bool:
+                    side.check()
+                    return bool(received.value >= count)
 
-        yield seen
+                return done
+
+            wait_until(reached(max(1, warmup)), consumer, timeout, "the warm-up records")
+            with CpuMeter({"side": side.pids, **(roots or {})}) as meter:
+                wait_until(reached(expected), consumer, timeout, "every record")
+                meter.sample()
+        points, tally = receive(results, consumer, 30.0)
     finally:
         stop.set()
         reap(consumer)
+    span = Span.upto(points, expected)
+    measured = expected - warmup
+    return Run(span.ev_s(warmup), {
+        "records": expected, "measured": measured,
+        "seconds": round(span.points[-1][0] - next(t for t, c in span.points if c >= warmup), 3),
+        **{f"cpu_us_per_event_{name}": round(s / measured * 1e6, 2)
+           for name, s in meter.seconds.items()},
+        **meter.as_json(),
+    }), tally  # fmt: skip
 
 
 def _count(
-    bootstrap: str, topic: str, expected: int, ready: Event, stop: Event, out: Connection
+    bootstrap: str,
+    topic: str,
+    expected: int,
+    ready: Event,
+    stop: Event,
+    received: Synchronized[int],
+    out: Connection,
 ) -> None:
-    """Count records on every partition of ``topic`` until ``expected``; send the span."""
+    """Tally every record of ``topic`` until ``expected`` (and ``EXTRA_S`` more, to see
+    duplicates); send the points and the tally."""
     consumer = latency.committed_reader(bootstrap, "debezium")
     points: list[tuple[float, int]] = []
+    tally = Tally()
+    complete: float | None = None
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        count = sum(m.error() is None for m in consumer.consume(1000, 0.5))  # joins
+        # From the end as it is now: the side starts after ``ready``, and a topic that a
+        # side publishes to in every round (Kafka Connect's) holds earlier rounds.
+        ends = [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in partitions]  # fmt: skip
+        consumer.assign(
+            [TopicPartition(topic, p, end) for p, end in zip(partitions, ends, strict=True)]
+        )
+        consumer.consume(1, 0.5)  # joins
         ready.set()
-        while count < expected and not stop.is_set():
-            if batch := sum(m.error() is None for m in consumer.consume(10_000, 0.05)):
-                count += batch
-                points.append((time.monotonic(), count))
+        while not stop.is_set() and (complete is None or time.monotonic() < complete):
+            got = 0
+            for msg in consumer.consume(10_000, 0.05):
+                if msg.error() is None:
+                    tally.add(latency.id_header(msg))
+                    got += 1
+            if got:
+                points.append((time.monotonic(), tally.count))
+                received.value = tally.count
+            if complete is None and tally.count >= expected:
+                complete = time.monotonic() + EXTRA_S
     finally:
         consumer.close()
-    if count >= expected:
-        out.send(points)
+    out.send((points, tally))
+
+
+# -- backlog throughput ----------------------------------------------------------------
+
+
+class _Backlog:
+    """The sides of the backlog comparison; each call is one round of one side."""
+
+    def __init__(
+        self, stack: Stack, scale: Scale, server: LocalPostgres, url: str,
+        debezium: LocalDebeziumServer, connect: _ConnectPeer,
+    ) -> None:  # fmt: skip
+        self.stack, self.scale, self.server, self.url = stack, scale, server, url
+        self.dbz = debezium
+        self.peer = connect
+        self.rounds: dict[str, list[dict[str, Any]]] = {}
+        self.written = Tally()
+        self.timeout = 120 + (scale.debezium_warmup + scale.debezium_events) / 500
+
+    def _roots(self) -> dict[str, Callable[[], list[int | None]]]:
+        return {"postgres": lambda: [self.server.pid], "broker": lambda: [self.stack.broker.pid]}
+
+    def _refill(self) -> None:
+        """This round's rows: the outbox emptied and filled again, then settled."""
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute("TRUNCATE outbox")
+        fill_outbox(
+            self.url,
+            self.scale.debezium_warmup + self.scale.debezium_events,
+            chunk=ROWS_PER_TRANSACTION,
+        )
+        with psycopg.connect(self.url, autocommit=True) as conn, conn.cursor() as cur:
+            cur.execute("SELECT message_id::text FROM outbox")
+            self.written = Tally.of(row[0] for row in cur)
+        settle(self.url)
+
+    def debezium(self) -> float:
+        """Debezium's round; the round's rows are written first (it streams only what
+        is written after its slot's offset)."""
+        self._refill()
+        prefix = self.stack.topic_prefix("debezium")
+        topic = f"{prefix}.{BACKLOG_TYPE}"
+        create_topics(self.stack.bootstrap, [topic], latency.PARTITIONS)
+        n = len(self.rounds.get(DEBEZIUM, []))
+        gc_log = self.dbz.work_dir / f"gc-backlog-{n}.log"
+        _route_to(self.dbz, prefix, gc_log)
+        run = self._measure(topic, lambda: _debezium_running(self.dbz))
+        details = {**run.details, **gc_pauses(gc_log.read_text()), "gc_log": str(gc_log)}
+        self.rounds.setdefault(DEBEZIUM, []).append(details)
+        return run.rate
+
+    def connect(self) -> float:
+        """Kafka Connect's round, on the rows Debezium Server's round wrote."""
+        settle(self.url)
+        run = self._measure(self.peer.topic, self.peer.running)
+        self.rounds.setdefault(CONNECT, []).append(run.details)
+        return run.rate
+
+    def relay(self, name: str) -> Callable[[], float]:
+        def once() -> float:
+            label = f"debezium-relay-{MODES[name]}"
+            topic = f"{self.stack.topic_prefix(label)}.orders"
+            create_topics(self.stack.bootstrap, [topic], latency.PARTITIONS)
+            n = len(self.rounds.get(name, []))
+            fresh_subscribers(
+                self.url,
+                [Subscriber(f"{MODES[name]}{n}", topic=topic, value_format=ValueFormat.JSON)],
+            )
+            settle(self.url)
+            run = self._measure(
+                topic, lambda: _relay_running(self.stack, self.url, label, MODES[name])
+            )
+            self.rounds.setdefault(name, []).append(run.details)
+            return run.rate
+
+        return once
+
+    def _measure(self, topic: str, launch: Launch) -> Run:
+        run, seen = _consume_all(
+            self.stack.bootstrap, topic, self.written.count, self.scale.debezium_warmup,
+            launch, self.timeout, self._roots(),
+        )  # fmt: skip
+        seen.check(self.written, topic)
+        # As it goes: a long run that fails later still shows its rounds.
+        print(f"debezium: {topic} {run.rate:,.0f} ev/s {run.details}", file=sys.stderr, flush=True)
+        return run
+
+
+@contextmanager
+def _debezium_running(
+    debezium: LocalDebeziumServer, url: str | None = None, *, keep: bool = False
+) -> Iterator[Side]:
+    """Debezium Server for the block (streaming, if ``url`` is given); left running
+    after it with ``keep``, unless the block fails."""
+    debezium.start()
+    try:
+        if url is not None:
+            debezium.wait_streaming(url)
+
+        def check() -> None:
+            if not debezium.running:
+                raise RuntimeError(f"Debezium Server exited; its log: {debezium.log_path}")
+
+        yield Side(lambda: [debezium.pid], check)
+    except BaseException:
+        debezium.stop()
+        raise
+    if not keep:
+        debezium.stop()
+
+
+@contextmanager
+def _relay_running(stack: Stack, url: str, label: str, delivery: str) -> Iterator[Side]:
+    with RelayProcesses(stack, url, label, delivery=delivery) as relays:
+        yield Side(lambda: [p.pid for p in relays.procs], relays.check_alive)
 
 
 # -- latency ---------------------------------------------------------------------------
 
 
-def _debezium_latency(stack: Stack, scale: Scale, url: str, prefix: str) -> latency.Samples:
-    """bench/latency.py's writer and consumer against the running Debezium Server."""
-    routes = latency.aggregate_types(scale)
-    topics = [f"{prefix}.{route}" for route in routes]
-    create_topics(stack.bootstrap, topics, latency.PARTITIONS)
-    stamps, _, arrivals = latency.measure(
-        stack.bootstrap, topics, scale, ("outbox", [url, *routes])
-    )
-    # Debezium Server's sink has no transactions: events per transaction is left out.
-    return latency.samples_of(stamps, arrivals, scale, per_transaction=1.0)
+def _latency_rounds(
+    stack: Stack, scale: Scale, server: LocalPostgres, url: str, debezium: LocalDebeziumServer
+) -> dict[str, list[latency.Samples]]:
+    """Every side's latency runs, one per round, interleaved."""
+    runs: dict[str, list[latency.Samples]] = {}
+    debezium.properties.update(LATENCY_TUNING)
+    with _warm_latency_server(stack, scale, url, debezium):
+
+        def debezium_round() -> latency.Samples:
+            n = len(runs.get(DEBEZIUM, []))
+            prefix = debezium.properties[ROUTER_TOPIC].removesuffix(".${routedByValue}")
+            routes = [f"r{n}-{route}" for route in latency.aggregate_types(scale)]
+            topics = [f"{prefix}.{route}" for route in routes]
+            create_topics(stack.bootstrap, topics, latency.PARTITIONS)
+            stamps, _, arrivals = latency.measure(
+                stack.bootstrap, topics, scale, ("outbox", [url, *routes])
+            )
+            # Its sink has no transactions: events per transaction is left out.
+            return latency.samples_of(stamps, arrivals, scale, per_transaction=1.0)
+
+        def relay_round(mode: str) -> Callable[[], latency.Samples]:
+            def once() -> latency.Samples:
+                db = stack.database("latency", server)
+                return latency.relay_latency(stack, scale, db, mode, value_format="json")
+
+            return once
+
+        def side(name: str, measure: Callable[[], latency.Samples]) -> Callable[[], float]:
+            def once() -> float:
+                runs.setdefault(name, []).append(measure())
+                summary = _summary(name, runs[name][-1])
+                print(f"debezium latency: {name} {summary}", file=sys.stderr, flush=True)
+                return runs[name][-1].ms(0.5)
+
+            return once
+
+        interleave(
+            {DEBEZIUM: side(DEBEZIUM, debezium_round),
+             **{name: side(name, relay_round(mode)) for name, mode in MODES.items()}},
+            scale.repetitions,
+        )  # fmt: skip
+    return runs
+
+
+@contextmanager
+def _warm_latency_server(
+    stack: Stack, scale: Scale, url: str, debezium: LocalDebeziumServer
+) -> Iterator[None]:
+    """Debezium with its latency settings, running, after draining a warm-up backlog."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE outbox")
+    fill_outbox(url, scale.debezium_warmup, chunk=ROWS_PER_TRANSACTION)
+    with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute("SELECT message_id::text FROM outbox")
+        written = Tally.of(row[0] for row in cur)
+    prefix = stack.topic_prefix("debezium-latency")
+    create_topics(stack.bootstrap, [f"{prefix}.{BACKLOG_TYPE}"], latency.PARTITIONS)
+    _route_to(debezium, prefix, debezium.work_dir / "gc-latency.log")
+    timeout = 120 + scale.debezium_warmup / 500
+    try:
+        topic = f"{prefix}.{BACKLOG_TYPE}"
+        _, seen = _consume_all(stack.bootstrap, topic, written.count, 0,
+                               lambda: _debezium_running(debezium, keep=True), timeout)  # fmt: skip
+        seen.check(written, topic)
+        settle(url)
+        yield
+    finally:
+        debezium.stop()
 
 
 # -- figures ---------------------------------------------------------------------------
@@ -300,38 +696,71 @@ def _debezium_latency(stack: Stack, scale: Scale, url: str, prefix: str) -> late
 VALUES = "JSON payload: relay value_format=json, Debezium simplestring"
 
 
-def _throughput_figure(
-    relay: Rate, debezium: Rate, scale: Scale, settings: dict[str, str]
-) -> Figure:
+def _settings(tuning: dict[str, str]) -> dict[str, str]:
+    return {name.removeprefix("debezium."): value for name, value in tuning.items()}
+
+
+def _throughput_figures(
+    rates: dict[str, Samples],
+    rounds: dict[str, list[dict[str, Any]]],
+    scale: Scale,
+    connect_why_not: str | None,
+) -> list[Figure]:
     details = {
-        "events": scale.events,
+        "warmup_events": scale.debezium_warmup,
+        "events": scale.debezium_events,
         "rows_per_transaction": ROWS_PER_TRANSACTION,
         "values": VALUES,
-        "relay": relay.details,
-        "debezium": debezium.details,
-        "debezium_settings": settings,
+        "instrument": "one read_committed consumer per run, every record's id tallied",
+        "rounds": rounds,
+        "debezium_settings": _settings(THROUGHPUT_TUNING),
+        "debezium_jvm": jvm_options(Path("<gc log>")),
+        "kafka_connect_exactly_once": connect_why_not or "measured",
     }
-    return Figure("debezium", "relay ev/s vs Debezium Server, backlog", relay.ev_s, "ev/s",
-                  debezium.ev_s, "Debezium Server + Outbox Event Router, same rows",
-                  "ratio>=2", details)  # fmt: skip
+    debezium = rates[DEBEZIUM]
+    cpu = {name: Samples(tuple(r["cpu_us_per_event_side"] for r in runs))
+           for name, runs in rounds.items()}  # fmt: skip
+    return [
+        Figure.of("debezium", "relay exactly-once ev/s vs Debezium (at-least-once)",
+                  rates[EXACTLY_ONCE], "ev/s", debezium, f"{DEBEZIUM}, warm, same rows",
+                  "ratio>=2", details),
+        Figure.of("debezium", "relay at-least-once (idempotent) ev/s vs Debezium",
+                  rates[IDEMPOTENT], "ev/s", debezium, f"{DEBEZIUM}, warm, same rows"),
+        Figure.of("debezium", "relay exactly-once CPU us/event vs Debezium JVM",
+                  cpu[EXACTLY_ONCE], "us", cpu[DEBEZIUM], "Debezium Server JVM CPU per event"),
+        Figure.of("debezium", "relay at-least-once CPU us/event vs Debezium JVM",
+                  cpu[IDEMPOTENT], "us", cpu[DEBEZIUM], "Debezium Server JVM CPU per event"),
+    ] + ([
+        Figure.of("debezium", "relay exactly-once ev/s vs Kafka Connect exactly-once",
+                  rates[EXACTLY_ONCE], "ev/s", rates[CONNECT], f"{CONNECT}, warm, same rows",
+                  "ratio>=2", details),
+        Figure.of("debezium", "relay exactly-once CPU us/event vs Kafka Connect",
+                  cpu[EXACTLY_ONCE], "us", cpu[CONNECT], "Kafka Connect worker JVM CPU per event"),
+    ] if CONNECT in rates else [])  # fmt: skip
 
 
-def _latency_figures(
-    relay: latency.Samples, debezium: latency.Samples, scale: Scale, settings: dict[str, str]
-) -> list[Figure]:
-    """p50 (the target) and p99 (reported only) against Debezium's."""
-    debezium_summary = latency.summary(debezium)
-    del debezium_summary["events_per_transaction"]  # its sink has no transactions
+def _latency_figures(runs: dict[str, list[latency.Samples]], scale: Scale) -> list[Figure]:
+    """p50 (the targets) and p99 (reported only) of each relay mode against Debezium's."""
     details = {
         "rate": scale.latency_rate,
         "values": VALUES,
-        "relay": latency.summary(relay),
-        "debezium": debezium_summary,
-        "debezium_settings": settings,
+        "rounds": {name: [_summary(name, s) for s in r] for name, r in runs.items()},
+        "debezium_settings": _settings(LATENCY_TUNING),
     }
-    return [
-        Figure("debezium", f"commit to visible {name} vs Debezium Server", relay.ms(quantile),
-               "ms", debezium.ms(quantile), f"Debezium Server + Outbox Event Router {name}",
-               target, details)
-        for name, quantile, target in (("p50", 0.5, "ratio<=0.5"), ("p99", 0.99, None))
-    ]  # fmt: skip
+    figures = []
+    for name, p50_target in ((IDEMPOTENT, "ratio<=0.5"), (EXACTLY_ONCE, "ratio<=2")):
+        for label, quantile, target in (("p50", 0.5, p50_target), ("p99", 0.99, None)):
+            figures.append(Figure.of(
+                "debezium", f"commit to visible {label}, {name} vs Debezium",
+                Samples(tuple(s.ms(quantile) for s in runs[name])), "ms",
+                Samples(tuple(s.ms(quantile) for s in runs[DEBEZIUM])),
+                f"{DEBEZIUM} {label}, linger.ms=0, poll.interval.ms=1", target, details,
+            ))  # fmt: skip
+    return figures
+
+
+def _summary(name: str, samples: latency.Samples) -> dict[str, Any]:
+    summary = latency.summary(samples)
+    if name == DEBEZIUM:
+        del summary["events_per_transaction"]  # its sink has no transactions
+    return summary

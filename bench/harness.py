@@ -67,6 +67,10 @@ class Scale:
     # Each of 4 parts publishes a quarter: at 100,000 in all a run lasts about 2 s, and
     # the spread of parts over processes and their first batches swamp the figure.
     sharding_events: int = 600_000
+    # Debezium side by side (bench/debezium.py): each round drains a warm-up backlog
+    # first (a warm JVM, and the same for the relay), then the measured one.
+    debezium_warmup: int = 300_000
+    debezium_events: int = 1_000_000
     latency_seconds: float = 30.0
     latency_rate: int = 1000
     # The soak (bench/soak.py): 8 minutes at 3k ev/s with retention on, as issue #27 asks.
@@ -78,7 +82,7 @@ class Scale:
         if name == "quick":
             return cls(name, 3, events=100_000, throughput_events=50_000, big_backlog=500_000,
                        growth_backlog=200_000, small_backlog=50_000, fanout_events=100_000,
-                       latency_seconds=8.0, soak_seconds=90.0)  # fmt: skip
+                       debezium_warmup=20_000, debezium_events=50_000, latency_seconds=8.0, soak_seconds=90.0)  # fmt: skip
         if name == "full":
             return cls(name, big_backlog=10_000_000, growth_backlog=10_000_000,
                        fanout_events=5_000_000, latency_seconds=60.0)  # fmt: skip

@@ -186,8 +186,15 @@ def _broker_floor(stack: Stack, scale: Scale) -> Samples:
     return samples_of(stamps, arrivals, scale, len(stamps) / transactions)
 
 
-def relay_latency(stack: Stack, scale: Scale, url: str | None = None, **fields: Any) -> Samples:
-    """The relay's run on ``url`` (a new database by default); ``fields`` go to its
+def relay_latency(
+    stack: Stack,
+    scale: Scale,
+    url: str | None = None,
+    delivery: str = "transactional",
+    **fields: Any,
+) -> Samples:
+    """The relay's run on ``url`` (a new database by default), in ``delivery`` mode
+    (transactional: exactly once; idempotent: at least once); ``fields`` go to its
     subscriber (e.g. ``value_format``)."""
     url = url or stack.database("latency")
     routes = aggregate_types(scale)
@@ -195,6 +202,7 @@ def relay_latency(stack: Stack, scale: Scale, url: str | None = None, **fields: 
         stack,
         url,
         "latency",
+        delivery=delivery,
         # Created below instead, as an operator would: the relay would create each on
         # its first batch, an admin round trip that is not what this measures.
         create_topics=False,
@@ -289,7 +297,9 @@ def measure(
         wait_until(ready.is_set, consumer, 30.0, "the consumer to be assigned")
         plan = Plan(time.monotonic() + 0.5, scale.latency_rate, total, per_route)
         producer, from_producer = spawn_child(_write, *writer, plan)
-        stamps, transactions = receive(from_producer, producer, total / plan.rate + 60.0)
+        # A loaded host can slow the writer many times over: the result still counts
+        # (``achieved_per_s`` reports it), so the bound is generous.
+        stamps, transactions = receive(from_producer, producer, 10 * total / plan.rate + 60.0)
         expected = len(stamps)
         wait_until(lambda: received.value >= expected, consumer, DRAIN_S, None)
         stop.set()
@@ -331,7 +341,7 @@ def _consume(
             msg = consumer.poll(0.05)  # poll(), not consume(): that waits out its timeout
             if msg is None or msg.error() is not None:
                 continue
-            arrivals.setdefault(_id_header(msg), time.monotonic())  # first copy, if two
+            arrivals.setdefault(id_header(msg), time.monotonic())  # first copy, if two
             received.value = len(arrivals)
             window.follow(str(msg.topic()))
     finally:
@@ -353,7 +363,7 @@ def committed_reader(bootstrap: str, label: str) -> Consumer:
     )
 
 
-def _id_header(msg: Message) -> str:
+def id_header(msg: Message) -> str:
     value = dict(msg.headers() or [])[HEADER_ID]
     text = value.decode() if isinstance(value, bytes) else str(value)
     # Debezium Server writes header values as JSON (bench/debezium.py): "<id>", quoted.

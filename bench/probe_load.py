@@ -8,7 +8,9 @@ poll is one autocommit statement) and the CPU the whole Postgres server used, in
 writer commits one event per transaction at ``scale.latency_rate`` per second.
 
 There is no baseline: the NOTIFY trigger it replaced cost nothing here, but taxed every
-writer's commit instead (see ``write_path``).
+writer's commit instead (see ``write_path``). The four cases take turns,
+``scale.repetitions`` rounds (bench/method.py), each after a CHECKPOINT and a pause; each
+figure is the median of its runs, with their range.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
 
 from bench.harness import Figure, Scale, Stack, relay_settings
+from bench.method import Samples, interleave, settle
 from relay.daemon import Relay
 from relay.outbox import Outbox
 
@@ -29,18 +33,34 @@ WARMUP_S = 2.0
 
 
 def run(stack: Stack, scale: Scale) -> list[Figure]:
+    cases = {(parts, loaded): f"{parts} part{'s' if parts > 1 else ''}, "
+             f"{'1k ev/s' if loaded else 'idle'}"
+             for parts in (1, 100) for loaded in (False, True)}  # fmt: skip
+    cores: dict[str, list[float]] = {label: [] for label in cases.values()}
+
+    def case(parts: int, loaded: bool) -> Callable[[], float]:
+        def once() -> float:
+            qps, used = _measure(stack, parts, scale.latency_rate if loaded else 0)
+            cores[cases[parts, loaded]].append(used)
+            return qps
+
+        return once
+
+    qps = interleave(
+        {label: case(*key) for key, label in cases.items()},
+        scale.repetitions,
+        before_each=lambda: settle(stack.postgres.url),
+    )
     figures: list[Figure] = []
-    for parts in (1, 100):
-        for loaded in (False, True):
-            qps, cores = _measure(stack, parts, scale.latency_rate if loaded else 0)
-            label = f"{parts} part{'s' if parts > 1 else ''}, {'1k ev/s' if loaded else 'idle'}"
-            details = {"window_s": WINDOW_S, "rate": scale.latency_rate if loaded else 0}
-            figures.append(
-                Figure("probe_load", f"postgres tx/s, {label}", qps, "tx/s", details=details)
-            )
-            figures.append(
-                Figure("probe_load", f"postgres CPU, {label}", cores, "cores", details=details)
-            )
+    for (_, loaded), label in cases.items():
+        details = {"window_s": WINDOW_S, "rate": scale.latency_rate if loaded else 0}
+        figures.append(
+            Figure.of("probe_load", f"postgres tx/s, {label}", qps[label], "tx/s", details=details)
+        )
+        figures.append(
+            Figure.of("probe_load", f"postgres CPU, {label}", Samples(tuple(cores[label])),
+                      "cores", details=details)
+        )  # fmt: skip
     return figures
 
 

@@ -10,6 +10,11 @@
 * Several processes: parts are assigned round-robin over live relays, so 4 processes
   take one part each where 1 process runs all 4. On a 2-core machine shared with
   Postgres and the broker, that gain is bounded by the cores, not by the relay.
+
+The four set-ups publish the same backlog, written once (each run through a new
+subscriber reading from the beginning, to a new topic), and take turns,
+``scale.repetitions`` rounds (bench/method.py), each run after an emptied broker, a
+CHECKPOINT and a pause; figures are medians with their ranges.
 """
 
 from __future__ import annotations
@@ -30,8 +35,10 @@ from bench.harness import (
     add_subscribers,
     fill_outbox,
     final_positions,
+    fresh_subscribers,
     wait_published,
 )
+from bench.method import interleave, settle
 from relay.store import OutboxStore
 from relay.subscribers import Subscriber
 
@@ -41,42 +48,51 @@ WORKERS = 2  # one per core of the benchmark machine
 
 def run(stack: Stack, scale: Scale) -> list[Figure]:
     events = scale.sharding_events
-    single = rate(stack, events, parts=1, relays=1)
-    stack.fresh_broker()
-    one = rate(stack, events, parts=PARTS, relays=1)
-    stack.fresh_broker()
-    workers = rate(stack, events, parts=PARTS, relays=1, workers=WORKERS)
-    stack.fresh_broker()
-    several = rate(stack, events, parts=PARTS, relays=PARTS)
+    url = stack.database("sharded")
+    fill_outbox(url, events)
+
+    def setup(parts: int, relays: int, workers: int = 1) -> Callable[[], float]:
+        return lambda: rate(stack, url, events, parts=parts, relays=relays, workers=workers)
+
+    def settled() -> None:
+        stack.fresh_broker()
+        settle(url)
+
+    rates = interleave(
+        {"single": setup(1, 1), "one": setup(PARTS, 1), "workers": setup(PARTS, 1, WORKERS),
+         "several": setup(PARTS, PARTS)},
+        scale.repetitions, before_each=settled,
+    )  # fmt: skip
+    single, one = rates["single"], rates["one"]
     plan = scan_per_row(stack, scale.events)
     return [
-        Figure("sharding", f"{PARTS}-part subscriber ev/s vs 1 part, one process", one,
-               "ev/s", single, "1-part subscriber", "ratio>=1.6", {"events": events}),
-        Figure("sharding", f"{PARTS}-part subscriber ev/s vs 1 part, one relay of "
-               f"{WORKERS} worker processes", workers, "ev/s", single, "1-part subscriber",
-               "ratio>=1.6", {"events": events, "workers": WORKERS}),
+        Figure.of("sharding", f"{PARTS}-part subscriber ev/s vs 1 part, one process", one,
+                  "ev/s", single, "1-part subscriber", "ratio>=1.6", {"events": events}),
+        Figure.of("sharding", f"{PARTS}-part subscriber ev/s vs 1 part, one relay of "
+                  f"{WORKERS} worker processes", rates["workers"], "ev/s", single,
+                  "1-part subscriber", "ratio>=1.6", {"events": events, "workers": WORKERS}),
         Figure("sharding", "other parts' rows a poll reads per row it keeps", plan["others"],
                "", target="value<=0", details=plan),
-        Figure("sharding", f"{PARTS}-part subscriber ev/s, {PARTS} processes vs 1", several,
-               "ev/s", one, "1 relay process", None, {"events": events}),
+        Figure.of("sharding", f"{PARTS}-part subscriber ev/s, {PARTS} processes vs 1",
+                  rates["several"], "ev/s", one, "1 relay process", None, {"events": events}),
     ]  # fmt: skip
 
 
-def rate(stack: Stack, events: int, *, parts: int, relays: int, workers: int = 1) -> float:
+def rate(stack: Stack, url: str, events: int, *, parts: int, relays: int, workers: int) -> float:
+    """One run over the backlog of ``url``, through a new subscriber and topic."""
     label = f"sharded{parts}x{relays}w{workers}"
-    url = stack.database(label)
-    fill_outbox(url, events)
     topic = f"{stack.topic_prefix('sharded')}.orders"
-    add_subscribers(url, [Subscriber("sharded", topic=topic, parts=parts)])
+    name = label.replace("x", "_")
+    fresh_subscribers(url, [Subscriber(name, topic=topic, parts=parts)])
     targets = final_positions(url)
     # Paused until the parts have spread over the relays: steady state is measured,
     # not the hand-overs of the first seconds (the first relay up claims every part).
-    set_paused(url, "sharded", paused=True)
+    set_paused(url, name, paused=True)
     with RelayProcesses(
         stack, url, label, relays, batch_size=BATCH, heartbeat_interval=0.5, workers=workers
     ) as procs:
         wait_spread(url, parts, relays * workers, procs.check_alive)
-        set_paused(url, "sharded", paused=False)
+        set_paused(url, name, paused=False)
         first, done = wait_published(url, targets, tick=procs.check_alive)
     return (events - parts * BATCH) / (done - first)
 

@@ -10,9 +10,10 @@ broker. Three readers, each reading every record once:
 * the connector with decoding: the same query through ``spark_jobs.decoding``
   (fastavro in Arrow batches, writer schema by fingerprint).
 
-Spark's times exclude the session start but include query planning, and each is the
-second of two identical queries: the first warms the JVM and the Python workers, which
-a long-running job pays once.
+Spark's times exclude the session start but include query planning. Each Spark query
+runs once untimed first: that warms the JVM and the Python workers, which a
+long-running job pays once. Then the three readers take turns, ``scale.repetitions``
+rounds (bench/method.py): medians, with their ranges.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from pyspark.sql import DataFrame, SparkSession
 
 from bench.harness import SCHEMAS, Figure, Scale, Stack, order_payload
+from bench.method import interleave
 from relay.schemas import SchemaFolder
 from spark_jobs.decoding import decode_events
 from spark_jobs.spark_session import kafka_options, local_spark_session
@@ -84,55 +86,66 @@ def connector_rate(
     bootstrap: str,
     topic: str,
     records: int,
-    workdir: Path,
+    checkpoint: Path,
     transform: Callable[[DataFrame], DataFrame],
 ) -> float:
-    """Records/s of the second of two identical AvailableNow queries."""
-    rates = []
-    for run in ("warm-up", "measured"):
-        frame = (
-            spark.readStream.format("kafka")
-            .options(**kafka_options(bootstrap))
-            .option("subscribe", topic)
-            .option("startingOffsets", "earliest")
-            .option("includeHeaders", "true")
-            .load()
-        )
-        start = time.perf_counter()
-        query = (
-            transform(frame)
-            .writeStream.format("noop")
-            .option("checkpointLocation", str(workdir / run))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination()
-        elapsed = time.perf_counter() - start
-        read = sum(p["numInputRows"] for p in query.recentProgress)
-        if read != records:
-            raise RuntimeError(f"the connector read {read} records, expected {records}")
-        rates.append(records / elapsed)
-    return rates[-1]
+    """Records/s of one AvailableNow query over every record of ``topic``."""
+    frame = (
+        spark.readStream.format("kafka")
+        .options(**kafka_options(bootstrap))
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("includeHeaders", "true")
+        .load()
+    )
+    start = time.perf_counter()
+    query = (
+        transform(frame)
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    elapsed = time.perf_counter() - start
+    read = sum(p["numInputRows"] for p in query.recentProgress)
+    if read != records:
+        raise RuntimeError(f"the connector read {read} records, expected {records}")
+    return records / elapsed
 
 
 def run(stack: Stack, scale: Scale) -> list[Figure]:
     records = scale.events * 5  # Spark pays a fixed cost per query: make it small
     topic = f"{stack.topic_prefix('spark')}.source"
     fill(stack.bootstrap, topic, records)
-    base = baseline(stack.bootstrap, topic, records)
     spark = local_spark_session("bench-spark-connector")
     try:
-        workdir = stack.workdir / "spark"
-        plain = connector_rate(spark, stack.bootstrap, topic, records, workdir / "plain",
-                               lambda frame: frame)  # fmt: skip
-        decoded = connector_rate(spark, stack.bootstrap, topic, records, workdir / "decoded",
-                                 lambda frame: decode_events(frame, writer_schemas=SCHEMAS))  # fmt: skip
+        checkpoints = iter(range(10**6))
+        transforms: dict[str, Callable[[DataFrame], DataFrame]] = {
+            "plain": lambda frame: frame,
+            "decoded": lambda frame: decode_events(frame, writer_schemas=SCHEMAS),
+        }
+
+        def query(transform: Callable[[DataFrame], DataFrame]) -> float:
+            checkpoint = stack.workdir / "spark" / str(next(checkpoints))
+            return connector_rate(spark, stack.bootstrap, topic, records, checkpoint, transform)
+
+        def side(transform: Callable[[DataFrame], DataFrame]) -> Callable[[], float]:
+            return lambda: query(transform)
+
+        for transform in transforms.values():
+            query(transform)  # warm-up, untimed
+        rates = interleave(
+            {"consumer": lambda: baseline(stack.bootstrap, topic, records),
+             **{name: side(transform) for name, transform in transforms.items()}},
+            scale.repetitions,
+        )  # fmt: skip
     finally:
         spark.stop()
     details = {"records": records}
     return [
-        Figure("spark", "Kafka connector rec/s (AvailableNow, noop sink)", plain, "rec/s", base,
-               "one confluent-kafka consumer", None, details),
-        Figure("spark", "Kafka connector + Avro decoding rec/s", decoded, "rec/s", base,
-               "one confluent-kafka consumer", None, details),
+        Figure.of("spark", "Kafka connector rec/s (AvailableNow, noop sink)", rates["plain"],
+                  "rec/s", rates["consumer"], "one confluent-kafka consumer", None, details),
+        Figure.of("spark", "Kafka connector + Avro decoding rec/s", rates["decoded"], "rec/s",
+                  rates["consumer"], "one confluent-kafka consumer", None, details),
     ]  # fmt: skip

@@ -7,17 +7,22 @@
   time-ordered UUIDv7 default (same column, same index).
 * ``aggregate_version``: event-sourced appends fire the stream-order trigger (a version
   must follow the one before it). Measured: the same append with and without it.
+
+Each pair follows bench/method.py: the two sides alternate, ``scale.repetitions`` rounds,
+each run after a CHECKPOINT and a pause; figures are medians with their ranges.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
 
 from bench.harness import Figure, Scale, Stack, fill_outbox
+from bench.method import interleave, settle
 from bench.write_path import pgbench_tps
 from relay.localstack.postgres import find_pg_binary
 
@@ -57,23 +62,41 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
         plain, append = Path(tmp) / "plain.sql", Path(tmp) / "append.sql"
         plain.write_text(PLAIN)
         append.write_text(APPEND)
-        random_ids = pgbench_tps(pgbench, url, plain, WRITERS, seconds)
-        _execute(
-            url, UUID_V7, "ALTER TABLE outbox ALTER COLUMN message_id SET DEFAULT bench_uuid_v7()"
-        )
-        ordered_ids = pgbench_tps(pgbench, url, plain, WRITERS, seconds)
-        _execute(url, "ALTER TABLE outbox ALTER COLUMN message_id SET DEFAULT gen_random_uuid()")
-        with_check = pgbench_tps(pgbench, url, append, WRITERS, seconds)
-        _execute(url, "ALTER TABLE outbox DISABLE TRIGGER outbox_check_stream_order")
-        without_check = pgbench_tps(pgbench, url, append, WRITERS, seconds)
-        _execute(url, "ALTER TABLE outbox ENABLE TRIGGER outbox_check_stream_order")
+        _execute(url, UUID_V7)
+
+        def tps(script: Path, *statements: str) -> Callable[[], float]:
+            def once() -> float:
+                _execute(url, *statements)
+                return pgbench_tps(pgbench, url, script, WRITERS, seconds)
+
+            return once
+
+        def settled() -> None:
+            settle(url)
+
+        ids = interleave(
+            {"random": tps(plain, f"{DEFAULT_ID} gen_random_uuid()"),
+             "v7": tps(plain, f"{DEFAULT_ID} bench_uuid_v7()")},
+            scale.repetitions, before_each=settled,
+        )  # fmt: skip
+        _execute(url, f"{DEFAULT_ID} gen_random_uuid()")
+        checks = interleave(
+            {"check": tps(append, f"{STREAM_ORDER} ENABLE TRIGGER outbox_check_stream_order"),
+             "none": tps(append, f"{STREAM_ORDER} DISABLE TRIGGER outbox_check_stream_order")},
+            scale.repetitions, before_each=settled,
+        )  # fmt: skip
+        _execute(url, f"{STREAM_ORDER} ENABLE TRIGGER outbox_check_stream_order")
     rows = {"rows": scale.big_backlog, "writers": WRITERS, "seconds": seconds}
     return [
-        Figure("write_costs", f"INSERT tx/s, random message_id, {scale.big_backlog:,} rows",
-               random_ids, "tx/s", ordered_ids, "UUIDv7 message_id", None, rows),
-        Figure("write_costs", "stream append tx/s with the stream-order trigger", with_check,
-               "tx/s", without_check, "trigger disabled", None, rows),
+        Figure.of("write_costs", f"INSERT tx/s, random message_id, {scale.big_backlog:,} rows",
+                  ids["random"], "tx/s", ids["v7"], "UUIDv7 message_id", None, rows),
+        Figure.of("write_costs", "stream append tx/s with the stream-order trigger",
+                  checks["check"], "tx/s", checks["none"], "trigger disabled", None, rows),
     ]  # fmt: skip
+
+
+DEFAULT_ID = "ALTER TABLE outbox ALTER COLUMN message_id SET DEFAULT"
+STREAM_ORDER = "ALTER TABLE outbox"
 
 
 def _execute(url: str, *statements: str) -> None:

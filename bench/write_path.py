@@ -5,8 +5,10 @@ pgbench runs 1, 4, 16 and 64 clients, each committing one INSERT per transaction
 triggers included. Two statements: the plain SQL of the README, and the append API's
 statement (``INSERT ... RETURNING message_id``, what :meth:`relay.outbox.Outbox.append`
 sends). Baseline: the same statements into the same table, indexes included, with no
-relay trigger at all (``ALTER TABLE outbox DISABLE TRIGGER USER``), in the same run,
-the two alternating per point so host noise falls on both.
+relay trigger at all (``ALTER TABLE outbox DISABLE TRIGGER USER``), in the same run.
+Each point follows bench/method.py: the two sides alternate, ``scale.repetitions``
+rounds (A B A B …), each run on an emptied table after a CHECKPOINT and a pause; a
+figure is the median of its runs, with their range and that of the rounds' ratios.
 
 Target (the write-path issue): at 64 writers, ≥ 0.9x the trigger-free transactions/s.
 """
@@ -17,11 +19,13 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
 
 from bench.harness import Figure, Scale, Stack
+from bench.method import Samples, interleave, settle
 from relay.localstack.postgres import find_pg_binary
 
 CLIENTS = (1, 4, 16, 64)
@@ -49,25 +53,40 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
         scripts["append"].write_text(APPEND.format(keys=KEYS))
         for name, script in scripts.items():
             for clients in CLIENTS:
-                with_triggers, without = _point(pgbench, url, script, clients, seconds)
+                with_triggers, without = _point(
+                    pgbench, url, script, clients, seconds, scale.repetitions
+                )
                 target = "ratio>=0.9" if clients == 64 else None
                 figures.append(
-                    Figure("write_path", f"{name} INSERT tx/s, {clients} writers", with_triggers,
-                           "tx/s", without, "same table, no relay trigger", target,
-                           {"seconds": seconds, "keys": KEYS})
+                    Figure.of("write_path", f"{name} INSERT tx/s, {clients} writers",
+                              with_triggers, "tx/s", without, "same table, no relay trigger",
+                              target, {"seconds": seconds, "keys": KEYS})
                 )  # fmt: skip
     return figures
 
 
-def _point(pgbench: str, url: str, script: Path, clients: int, seconds: int) -> tuple[float, float]:
-    """Transactions/s with the relay's triggers, then without (same table)."""
-    results: dict[bool, float] = {}
-    for triggers in (True, False):
-        _set_triggers(url, enabled=triggers)
-        results[triggers] = pgbench_tps(pgbench, url, script, clients, seconds)
-        _truncate(url)
-    _set_triggers(url, enabled=True)
-    return results[True], results[False]
+def _point(
+    pgbench: str, url: str, script: Path, clients: int, seconds: int, times: int
+) -> tuple[Samples, Samples]:
+    """Transactions/s with the relay's triggers and without (same table), interleaved."""
+
+    def side(triggers: bool) -> Callable[[], float]:
+        def once() -> float:
+            _set_triggers(url, enabled=triggers)
+            try:
+                return pgbench_tps(pgbench, url, script, clients, seconds)
+            finally:
+                _truncate(url)
+
+        return once
+
+    try:
+        runs = interleave(
+            {"triggers": side(True), "none": side(False)}, times, before_each=lambda: settle(url)
+        )
+    finally:
+        _set_triggers(url, enabled=True)
+    return runs["triggers"], runs["none"]
 
 
 def pgbench_tps(pgbench: str, url: str, script: Path, clients: int, seconds: int) -> float:

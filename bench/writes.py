@@ -19,7 +19,8 @@ gets psycopg's automatic prepared statements after an untimed warm-up. A commit 
 an fsync, and the machine is shared and noisy. So the sides take turns in short rounds
 of :data:`ROUND_TX` transactions, rotating which side goes first. Each side's figure is
 the median over its rounds of the time per transaction. Lower is better, and
-ratio = api / sql. Each round also times the same appends inside one (rolled back)
+ratio = api / sql. For the range (bench/method.py), the rounds are cut into
+``scale.repetitions`` consecutive blocks: the range is that of the blocks' medians. Each round also times the same appends inside one (rolled back)
 transaction, i.e. without a commit each, for the details: the client's own share.
 
 **Concurrent writers vs eventsourcing** (no target; the ratio is reported). Writer
@@ -49,8 +50,9 @@ append to the commit, so where the work sits decides the result:
 The details also give both sides with a single writer, i.e. how each scales from 1 to
 8 writers. On both sides every event is a new aggregate (a fresh id, version 1), so
 there are no key conflicts, and every commit sends a NOTIFY (the outbox's comes from
-its trigger). Each run is repeated :data:`WRITER_ROUNDS` times, with the sides taking
-turns to go first, and the rates are pooled over the rounds.
+its trigger). Each run is repeated ``scale.repetitions`` times, with the sides taking
+turns to go first; the figure is the median of the rounds' rates, with their range
+(bench/method.py), and the details pool them.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import Jsonb
 
 from bench.harness import SCHEMAS, Figure, Scale, Stack, order_payload, stopwatch
+from bench.method import Samples
 from relay import Outbox, SchemaFolder
 
 BENCHMARK = "writes"
@@ -85,7 +88,6 @@ ROUND_TX = 50  # transactions per side per round: short rounds, so noise bursts 
 WARMUP_TX = 300  # per side, before the rounds
 WRITERS = 8
 WORK_SECONDS = 0.0025  # "a few ms of work" inside each concurrent transaction
-WRITER_ROUNDS = 4  # each writer run is repeated; rates are pooled over the rounds
 # (order, writers): the headline pair, the 1-writer scaling point, the lock-covers-work case
 WRITER_RUNS = (
     ("work_then_append", WRITERS),
@@ -127,39 +129,58 @@ def append_overhead(stack: Stack, scale: Scale, registry: SchemaFolder) -> Figur
                 # The client's own share: the same appends, without a commit each.
                 seconds = _one_transaction(conn, sides[name], numbers, ROUND_TX)
                 client_us[name].append(seconds / ROUND_TX * 1e6)
-    return _overhead_figure(us_per_tx, client_us, fsync=stack.postgres.fsync)
+    return _overhead_figure(us_per_tx, client_us, scale.repetitions, fsync=stack.postgres.fsync)
+
+
+def blocks(values: list[float], count: int) -> Samples:
+    """The medians of ``count`` consecutive blocks of ``values`` (the last takes what is
+    left over): short interleaved rounds grouped into repetitions."""
+    count = min(count, len(values))
+    size = len(values) // count
+    return Samples(
+        tuple(
+            statistics.median(values[i * size : (i + 1) * size if i < count - 1 else None])
+            for i in range(count)
+        )
+    )
 
 
 def _overhead_figure(
-    rounds: dict[str, list[float]], client_us: dict[str, list[float]], *, fsync: bool
+    rounds: dict[str, list[float]],
+    client_us: dict[str, list[float]],
+    repetitions: int,
+    *,
+    fsync: bool,
 ) -> Figure:
     us = {name: statistics.median(values) for name, values in rounds.items()}
     paired = [a / b for a, b in zip(rounds["api"], rounds["sql"], strict=True)]
-    return Figure(
-        benchmark=BENCHMARK,
-        name="append API time per 1-row transaction",
-        value=us["api"],
-        unit="us/tx",
-        baseline=us["sql"],
-        baseline_name="plain INSERT via psycopg",
-        target="ratio<=1.15",
-        details={
-            "transactions_per_side": len(rounds["api"]) * ROUND_TX,
-            "rounds": len(rounds["api"]),
-            "us_per_tx": {name: round(v, 1) for name, v in us.items()},
-            "us_per_tx_quartiles": {
-                name: [round(q, 1) for q in statistics.quantiles(values, n=4)]
-                for name, values in rounds.items()
-            },
-            "tx_per_s": {name: round(1e6 / v) for name, v in us.items()},
-            "ratio_unvalidated": round(us["api_unvalidated"] / us["sql"], 3),
-            "ratio_median_of_rounds": round(statistics.median(paired), 3),
-            "us_per_append_without_commit": {
-                name: round(statistics.median(values), 1) for name, values in client_us.items()
-            },
-            "fsync": fsync,
-        },
+    figure = Figure.of(
+        BENCHMARK,
+        "append API time per 1-row transaction",
+        blocks(rounds["api"], repetitions),
+        "us/tx",
+        blocks(rounds["sql"], repetitions),
+        "plain INSERT via psycopg",
+        "ratio<=1.15",
     )
+    figure.value, figure.baseline = us["api"], us["sql"]  # the median of every round
+    figure.details = {
+        "transactions_per_side": len(rounds["api"]) * ROUND_TX,
+        "rounds": len(rounds["api"]),
+        "us_per_tx": {name: round(v, 1) for name, v in us.items()},
+        "us_per_tx_quartiles": {
+            name: [round(q, 1) for q in statistics.quantiles(values, n=4)]
+            for name, values in rounds.items()
+        },
+        "tx_per_s": {name: round(1e6 / v) for name, v in us.items()},
+        "ratio_unvalidated": round(us["api_unvalidated"] / us["sql"], 3),
+        "ratio_median_of_rounds": round(statistics.median(paired), 3),
+        "us_per_append_without_commit": {
+            name: round(statistics.median(values), 1) for name, values in client_us.items()
+        },
+        "fsync": fsync,
+    }
+    return figure
 
 
 def _api_append(outbox: Outbox) -> Append:
@@ -246,7 +267,7 @@ def concurrent_writers(stack: Stack, scale: Scale, registry: SchemaFolder) -> Fi
         ]
         runs: dict[str, list[Rate]] = {}
         # Rounds, with the sides taking turns to go first, so drift hits both alike.
-        for r in range(WRITER_ROUNDS):
+        for r in range(scale.repetitions):
             for order, writers in WRITER_RUNS:
                 for side in sides if r % 2 == 0 else sides[::-1]:
                     key = f"{side.name}_{order}_{writers}"
@@ -257,6 +278,7 @@ def concurrent_writers(stack: Stack, scale: Scale, registry: SchemaFolder) -> Fi
 
 
 def _writers_figure(runs: dict[str, list[Rate]], seconds: float) -> Figure:
+    """The median of the rounds' rates, with their range; the details pool them."""
     rates = {name: sum(rounds[1:], rounds[0]) for name, rounds in runs.items()}
     per_s = {name: round(rate.per_second, 1) for name, rate in rates.items()}
 
@@ -264,15 +286,19 @@ def _writers_figure(runs: dict[str, list[Rate]], seconds: float) -> Figure:
         return round(per_s[a] / per_s[b], 2)
 
     head = f"work_then_append_{WRITERS}"
-    return Figure(
-        benchmark=BENCHMARK,
-        name=f"{WRITERS} writers, {WORK_SECONDS * 1e3:g} ms work/tx (vs eventsourcing)",
-        value=rates[f"outbox_{head}"].per_second,
-        unit="tx/s",
-        baseline=rates[f"es_{head}"].per_second,
-        baseline_name=f"eventsourcing PostgresApplicationRecorder, {WRITERS} writers",
-        target=None,
-        details={
+
+    def per_round(name: str) -> Samples:
+        return Samples(tuple(r.per_second for r in runs[name]))
+
+    return Figure.of(
+        BENCHMARK,
+        f"{WRITERS} writers, {WORK_SECONDS * 1e3:g} ms work/tx (vs eventsourcing)",
+        per_round(f"outbox_{head}"),
+        "tx/s",
+        per_round(f"es_{head}"),
+        f"eventsourcing PostgresApplicationRecorder, {WRITERS} writers",
+        None,
+        {
             "tx_per_s": per_s,
             "outbox_scaling_1_to_8": ratio(f"outbox_{head}", "outbox_work_then_append_1"),
             "es_scaling_1_to_8": ratio(f"es_{head}", "es_work_then_append_1"),
@@ -280,7 +306,7 @@ def _writers_figure(runs: dict[str, list[Rate]], seconds: float) -> Figure:
                 f"outbox_append_then_work_{WRITERS}", f"es_append_then_work_{WRITERS}"
             ),
             "work_ms_per_tx": WORK_SECONDS * 1e3,
-            "rounds": WRITER_ROUNDS,
+            "rounds": len(runs[f"outbox_{head}"]),
             "seconds_per_run": seconds,
             "transactions": {name: rate.transactions for name, rate in rates.items()},
             "tx_per_s_by_round": {

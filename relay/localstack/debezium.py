@@ -19,7 +19,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,9 +120,13 @@ def postgres_to_kafka(postgres: LocalPostgres, dbname: str, bootstrap: str) -> d
 class LocalDebeziumServer(LocalServer):
     """Debezium Server with the given ``debezium.*`` properties, on 127.0.0.1."""
 
-    def __init__(self, work_dir: Path, properties: Mapping[str, str]) -> None:
+    def __init__(
+        self, work_dir: Path, properties: Mapping[str, str], jvm_options: Sequence[str] = ()
+    ) -> None:
         self.work_dir = Path(work_dir).absolute()
         self.properties = dict(properties)
+        # After the defaults: a later -Xmx (or any repeated option) wins.
+        self.jvm_options = tuple(jvm_options)
         self.log_path = self.work_dir / "debezium.log"
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -150,7 +154,7 @@ class LocalDebeziumServer(LocalServer):
         classpath = os.pathsep.join(
             [str(runner), str(home / "config" / "lib"), str(home / "lib" / "*")]
         )
-        argv = [java, *_JVM_OPTIONS, "-cp", classpath, "io.debezium.server.Main"]
+        argv = [java, *_JVM_OPTIONS, *self.jvm_options, "-cp", classpath, "io.debezium.server.Main"]
         _log.info("starting Debezium Server %s in %s", DEBEZIUM_VERSION, self.work_dir)
         with self.log_path.open("ab") as out:
             self._proc = spawn(argv, out, cwd=self.work_dir)

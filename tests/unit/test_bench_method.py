@@ -64,3 +64,11 @@ def test_cpu_counts_a_process_and_its_children_also_once_they_exited() -> None:
         parent.wait()
     # Both burns (less a clock tick each), and the child's start-up; not the parent's.
     assert 0.58 <= meter.seconds["parent"] < 2.0
+
+
+def test_short_rounds_are_grouped_into_repetitions_by_consecutive_blocks() -> None:
+    from bench.writes import blocks
+
+    values = [float(v) for v in range(1, 11)]  # 3 blocks: 1-3, 4-6, 7-10 (the rest)
+    assert blocks(values, 3).values == (2.0, 5.0, 8.5)
+    assert blocks([4.0, 1.0], 5).values == (4.0, 1.0)  # fewer rounds than repetitions

@@ -1,0 +1,94 @@
+"""The Debezium comparison's instrument (bench/debezium.py): the tally that checks every
+record arrived exactly once, the window a rate is taken over, and the GC log's pauses.
+No figure is measured here (performance lives in bench/)."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from pathlib import Path
+
+import pytest
+
+from bench.debezium import Span, Tally, gc_pauses, jvm_options
+
+IDS = [str(uuid.uuid4()) for _ in range(5)]
+
+
+def test_a_tally_of_every_record_once_matches_the_rows_written() -> None:
+    written = Tally.of(IDS)
+    Tally.of(reversed(IDS)).check(written, "topic")  # any order
+
+
+@pytest.mark.parametrize(
+    ("seen", "why"),
+    [
+        (IDS[:-1], "some lost or duplicated"),  # one lost
+        ([*IDS, IDS[0]], "some lost or duplicated"),  # one twice
+        ([*IDS[:-1], IDS[0]], "some lost and as many duplicated"),  # one lost, one twice
+    ],
+)
+def test_a_tally_with_a_record_lost_or_twice_fails(seen: list[str], why: str) -> None:
+    with pytest.raises(RuntimeError, match=why):
+        Tally.of(seen).check(Tally.of(IDS), "topic")
+
+
+def test_the_rate_leaves_the_warm_up_out_and_ends_at_the_expected_count() -> None:
+    # (time, records so far): 100 warm-up records by t=1, 300 more by t=3; then 5
+    # records arrive late (a duplicate check's extra second), outside the window.
+    points = [(0.5, 40), (1.0, 100), (2.0, 250), (3.0, 400), (4.0, 405)]
+    span = Span.upto(points, 400)
+    assert span.points[-1] == (3.0, 400)
+    assert span.ev_s(100) == 300 / 2.0  # from the batch that completed the warm-up
+    assert span.ev_s(0) == 360 / 2.5  # from the first batch, whose records are left out
+
+
+def test_gc_pauses_are_read_from_a_unified_gc_log() -> None:
+    log = (
+        "[0.006s][info][gc] Using G1\n"
+        "[0.120s][info][gc,start    ] GC(0) Pause Young (Normal) (G1 Evacuation Pause)\n"
+        "[0.123s][info][gc,phases   ] GC(0)   Other: 0.1ms\n"
+        "[0.123s][info][gc          ] GC(0) Pause Young (Normal) (G1 Evacuation Pause)"
+        " 51M->3M(1024M) 2.500ms\n"
+        "[9.000s][info][gc          ] GC(1) Pause Remark 40M->40M(1024M) 1.250ms\n"
+    )
+    assert gc_pauses(log) == {"gc_pauses": 2, "gc_pause_ms": 3.8, "gc_max_pause_ms": 2.5}
+    assert gc_pauses("") == {"gc_pauses": 0, "gc_pause_ms": 0.0, "gc_max_pause_ms": 0.0}
+
+
+def test_the_jvm_heap_is_fixed_at_a_gibibyte_and_its_gc_logged() -> None:
+    options = jvm_options(Path("/x/gc.log"))
+    assert "-Xms1g" in options and "-Xmx1g" in options
+    assert any(o.startswith("-Xlog:gc*:file=/x/gc.log") for o in options)
+
+
+def test_a_rate_over_a_single_batch_is_not_a_number() -> None:
+    assert math.isnan(Span.upto([(1.0, 1)], 1).ev_s(0))
+
+
+def test_the_connect_peer_takes_debezium_servers_source_and_producer_settings() -> None:
+    from bench.connect import connector_config, worker_config
+
+    server = {
+        "debezium.source.connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "debezium.source.max.batch.size": "4096",
+        "debezium.source.offset.storage.file.filename": "/x/offsets.dat",
+        "debezium.transforms": "outbox",
+        "debezium.transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+        "debezium.sink.kafka.producer.linger.ms": "5",
+        "debezium.sink.kafka.producer.bootstrap.servers": "elsewhere:9092",
+        "debezium.sink.kafka.producer.key.serializer": "StringSerializer",
+        "debezium.format.value": "simplestring",
+    }
+    connector = connector_config(server)
+    assert connector["max.batch.size"] == "4096"
+    assert connector["transforms.outbox.type"].endswith("EventRouter")
+    # Exactly once, a transaction per poll; nothing of the server's own storage or sink.
+    assert connector["exactly.once.support"] == "required"
+    assert connector["transaction.boundary"] == "poll"
+    assert not any("offset.storage" in k or k.startswith(("sink", "format")) for k in connector)
+    worker = worker_config("127.0.0.1:9092", "g", 8083, server)
+    assert worker["exactly.once.source.support"] == "enabled"
+    assert worker["bootstrap.servers"] == "127.0.0.1:9092" and worker["producer.linger.ms"] == "5"
+    assert not any(k.startswith("producer.") and "serializer" in k for k in worker)
+    assert "producer.bootstrap.servers" not in worker
