@@ -229,6 +229,14 @@ def wait_both_waiting_for_postgres(relay: RunningRelay) -> None:
     wait_until(both_waiting, timeout=180, what="both members waiting for Postgres")
 
 
+def running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
 def test_sigterm_stops_workers_still_waiting_for_the_database(run_relay: Any) -> None:
     # Nothing listens on port 1: every member waits for Postgres, retrying. A long
     # shutdown_timeout: a member that ignored SIGTERM is still told apart (the relay kills
@@ -242,3 +250,20 @@ def test_sigterm_stops_workers_still_waiting_for_the_database(run_relay: Any) ->
     assert stops_cleanly(relay)
     # The members stopped on SIGTERM: none was killed at shutdown_timeout.
     assert "did not stop in time" not in relay.output()
+
+
+def test_members_waiting_for_the_database_stop_when_their_supervisor_is_killed(
+    run_relay: Any,
+) -> None:
+    # As by the OOM killer: the members never hear SIGTERM, and have no pipe to watch
+    # yet while they wait for Postgres. They must not retry for ever as orphans.
+    relay = run_relay("--workers", "2", RELAY_DATABASE_URL="postgresql://postgres@127.0.0.1:1/x")
+    wait_both_waiting_for_postgres(relay)
+    members = relay.children()
+    relay.proc.kill()
+    relay.proc.wait()
+    wait_until(
+        lambda: not any(running(pid) for pid in members),
+        timeout=120,  # a ceiling: each notices at once, but the machine may be loaded
+        what="the orphaned members to stop",
+    )
