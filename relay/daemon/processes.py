@@ -66,6 +66,7 @@ def member_main(settings: Settings, conn: Connection) -> None:
     # supervisor acts on it, and stops the members in order.
     signal.signal(signal.SIGTERM, lambda _signum, _frame: relay.request_stop())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _stop_when_orphaned(relay)
     tune_gc()
     try:
         start_with_retries(relay)
@@ -76,6 +77,23 @@ def member_main(settings: Settings, conn: Connection) -> None:
         _serve_reports(relay, conn)
     finally:
         relay.stop()
+
+
+def _stop_when_orphaned(relay: Relay) -> None:
+    """Stop when the supervisor dies without stopping us (SIGKILL, the OOM killer). The
+    pipe tells only once reports are served; a start-up waiting for Postgres or Kafka
+    would otherwise retry for ever."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()  # returns when the supervisor's process is gone
+        if not relay.wait(0):
+            logger.warning("the supervisor is gone: this member stops")
+            relay.request_stop()
+
+    threading.Thread(target=watch, name="relay-orphan-watch", daemon=True).start()
 
 
 def _serve_reports(relay: Relay, conn: Connection) -> None:

@@ -60,7 +60,7 @@ def test_a_relay_with_a_wrong_broker_takes_no_part_from_a_healthy_one(
     try:
         for batch in range(4):  # across several of the wrong relay's rebalance rounds
             write_orders(writer_db, outbox, [f"o-{batch}-{i}" for i in range(25)])
-            wait_caught_up(db, "s", timeout=30)
+            wait_caught_up(db, "s", timeout=60)
             time.sleep(1.0)
         assert wrong.workers == {} and session_id(wrong) is None
         assert owners(db) == {session_id(healthy)}
@@ -111,7 +111,7 @@ def test_a_relay_whose_broker_goes_away_gives_its_parts_to_its_peer(
         finally:
             doomed.stop()
     write_orders(writer_db, outbox, [f"after-{i}" for i in range(20)])
-    wait_caught_up(db, "s", timeout=30)
+    wait_caught_up(db, "s", timeout=60)
     seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 20)
     published = sorted(json.loads(s.value)["order_id"] for s in seen)
     assert published == sorted(f"after-{i}" for i in range(20))  # each once, by the peer

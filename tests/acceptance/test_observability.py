@@ -335,7 +335,7 @@ def test_a_poison_halt_shows_in_metrics_readiness_and_status(
     error = _wait_halted(db, "s")
     metrics = get(relay, "/metrics")[1]
     assert sample(metrics, "outbox_relay_part_halted", subscriber="s", part="0") == 1
-    deadline = time.monotonic() + 30  # the worker records its own state just after
+    deadline = time.monotonic() + 60  # the worker records its own state just after
     while relay.part_states()[PartId("s", 0)] != "halted":
         assert time.monotonic() < deadline, relay.part_states()
         time.sleep(0.05)
@@ -348,7 +348,7 @@ def test_a_poison_halt_shows_in_metrics_readiness_and_status(
     # The halted worker loses its claim and ends on its own: not a worker failure.
     halted_worker = worker(relay, "s")
     db.execute("UPDATE outbox_checkpoints SET owner = NULL WHERE subscriber = 's'")
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while relay.workers.get(PartId("s", 0)) in (None, halted_worker):
         assert time.monotonic() < deadline, "the part was never claimed again"
         time.sleep(0.05)

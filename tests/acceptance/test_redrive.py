@@ -93,7 +93,7 @@ def dead_lettered(db: psycopg.Connection[Any], count: int) -> None:
         row = db.execute("SELECT count(*) FROM outbox_dead_letters").fetchone()
         return row is not None and row[0] == count
 
-    wait_until(recorded, timeout=30, what=f"{count} dead letters")
+    wait_until(recorded, timeout=60, what=f"{count} dead letters")
     wait_caught_up(db, "s")
 
 

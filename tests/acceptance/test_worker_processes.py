@@ -7,6 +7,7 @@ error in one stops the relay.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -77,18 +78,22 @@ def run_relay(
         full_env = {**os.environ,
                     "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap, "RELAY_METRICS_PORT": "0",
                     "RELAY_HEARTBEAT_INTERVAL": "0.5", "RELAY_SESSION_TIMEOUT": "3", **env}  # fmt: skip
+        # Its own process group, which its members join: teardown kills them all.
         proc = subprocess.Popen(
             [sys.executable, "-m", "relay", "run", *args],
             cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
         )  # fmt: skip
         started.append(RunningRelay(log, proc))
         return started[-1]
 
     yield start
     for relay in started:
-        if relay.proc.poll() is None:
-            relay.proc.kill()
-            relay.proc.wait()
+        # Whatever the test's outcome: a member left behind (its supervisor killed, say)
+        # would otherwise go on retrying the database for ever.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(relay.proc.pid, signal.SIGKILL)
+        relay.proc.wait()
         relay.log.close()
 
 
@@ -137,7 +142,10 @@ def two_workers(run_relay: Any, database_url: str, topic_prefix: str) -> Running
     return relay
 
 
-def stops_cleanly(relay: RunningRelay, timeout: float = 60) -> bool:
+def stops_cleanly(relay: RunningRelay, timeout: float = 180) -> bool:
+    """SIGTERM: the relay exits 0 and its members are gone. ``timeout`` is only a
+    ceiling for a loaded machine (it exceeds shutdown_timeout, after which the relay
+    kills members itself and says so)."""
     children = relay.children()
     relay.proc.send_signal(signal.SIGTERM)
     assert relay.proc.wait(timeout=timeout) == 0, relay.output()
@@ -196,12 +204,66 @@ def test_workers_must_be_a_positive_count(run_relay: Any) -> None:
     assert "workers" in relay.output()
 
 
+def handles_sigterm(pid: int) -> bool:
+    """Whether process ``pid`` has installed a SIGTERM handler (a member does so just
+    before its start-up begins; until then SIGTERM would simply end it)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    [caught] = re.findall(r"^SigCgt:\s*([0-9a-f]+)$", status, re.M)
+    return bool(int(caught, 16) & (1 << (signal.SIGTERM - 1)))
+
+
+def wait_both_waiting_for_postgres(relay: RunningRelay) -> None:
+    def both_waiting() -> bool:
+        members = relay.children()
+        return (
+            len(members) == 2
+            and all(handles_sigterm(pid) for pid in members)
+            and relay.output().count("cannot start yet") >= 2
+        )
+
+    # Two new interpreters import the relay and try Postgres (5 s each) first: slow on a
+    # loaded machine, hence the long ceiling.
+    wait_until(both_waiting, timeout=180, what="both members waiting for Postgres")
+
+
+def running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
 def test_sigterm_stops_workers_still_waiting_for_the_database(run_relay: Any) -> None:
-    # Nothing listens on port 1: every member waits for Postgres, retrying.
-    relay = run_relay("--workers", "2", RELAY_DATABASE_URL="postgresql://postgres@127.0.0.1:1/x")
-    wait_until(lambda: relay.output().count("cannot start yet") >= 2, what="both waiting")
-    children = relay.children()
-    assert len(children) == 2
-    # Well within shutdown_timeout (30 s): the members stop at once, nothing is killed.
-    assert stops_cleanly(relay, timeout=15)
+    # Nothing listens on port 1: every member waits for Postgres, retrying. A long
+    # shutdown_timeout: a member that ignored SIGTERM is still told apart (the relay kills
+    # it at that deadline and says so), and a slow machine's members are not killed.
+    relay = run_relay(
+        "--workers", "2",
+        RELAY_DATABASE_URL="postgresql://postgres@127.0.0.1:1/x", RELAY_SHUTDOWN_TIMEOUT="60",
+    )  # fmt: skip
+
+    wait_both_waiting_for_postgres(relay)
+    assert stops_cleanly(relay)
+    # The members stopped on SIGTERM: none was killed at shutdown_timeout.
     assert "did not stop in time" not in relay.output()
+
+
+def test_members_waiting_for_the_database_stop_when_their_supervisor_is_killed(
+    run_relay: Any,
+) -> None:
+    # As by the OOM killer: the members never hear SIGTERM, and have no pipe to watch
+    # yet while they wait for Postgres. They must not retry for ever as orphans.
+    relay = run_relay("--workers", "2", RELAY_DATABASE_URL="postgresql://postgres@127.0.0.1:1/x")
+    wait_both_waiting_for_postgres(relay)
+    members = relay.children()
+    relay.proc.kill()
+    relay.proc.wait()
+    wait_until(
+        lambda: not any(running(pid) for pid in members),
+        timeout=120,  # a ceiling: each notices at once, but the machine may be loaded
+        what="the orphaned members to stop",
+    )
