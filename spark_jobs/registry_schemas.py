@@ -23,7 +23,7 @@ from relay.errors import SchemaError, SchemaRegistryUnavailable
 from relay.redact import mask_url, redact
 from relay.settings import load_settings
 
-__all__ = ["RegistryAccess", "RegistrySchema"]
+__all__ = ["RegistryAccess", "RegistrySchema", "planned_schemas"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,16 @@ class RegistryAccess:
             ) from exc
         unique = {int(v.schema_id): v.schema.schema_str for v in found}
         return [RegistrySchema(i, text) for i, text in sorted(unique.items())]
+
+
+def planned_schemas(
+    registry: RegistryAccess | None, value_format: str, topics: str, *, pattern: bool = False
+) -> list[RegistrySchema]:
+    """The registry schemas a job's query decodes with ``from_avro``: the latest of each
+    of its topics' subjects, when it reads the registry format (or tells formats apart)."""
+    if registry is None or value_format not in ("auto", "avro-registry"):
+        return []
+    return registry.latest_for_topics(topics, pattern=pattern)
 
 
 @cache
