@@ -4,7 +4,7 @@ import io
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache, reduce
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +62,10 @@ AVRO_DECODERS = ("from_avro", "fastavro")
 _PYTHON_RESULT = StructType(
     [StructField("payload", StringType()), StructField("error", StringType())]
 )
-# from_avro: a body that does not decode is a null (an error row), not a failed query;
+# from_avro: a body that does not decode is a row of nulls, not a failed query;
 # to_json: a null field is written as null, as the Python decoder writes it.
 _FROM_AVRO_OPTIONS = {"mode": "PERMISSIVE"}
+_NATIVE = "__from_avro_payload"
 _TO_JSON_OPTIONS = {"ignoreNullFields": "false"}
 
 
@@ -78,6 +79,8 @@ class AvroBranch:
     writer: str
     reader: str | None
     name: str
+    # What from_avro (PERMISSIVE) gives for a body it cannot decode: a row of nulls.
+    null_row: str
 
 
 def decode_events(
@@ -108,14 +111,13 @@ def decode_events(
         else []
     )
     value = F.col("value")
-    matched = reduce(lambda a, b: a | b, [_starts_with(value, b.header) for b in branches],
-                     F.lit(False))  # fmt: skip
+    # from_avro first, in a column of its own, so it runs once per record: a value it
+    # did not decode (no branch, or its null row) is the Python decoder's.
+    staged = frame.withColumn(_NATIVE, _from_avro_payload(value, branches))
+    native = F.col(_NATIVE)
+    handled = native.isNotNull() & ~_from_avro_failed(value, branches, native)
     python = _python_decoder(value_format, writers, readers, registry)
-    fallback = python(F.when(~matched, value), matched)
-    native = _from_avro_payload(value, branches)
-    native_error = F.when(
-        native.isNull(), F.lit("SchemaError: the Avro body does not decode with its schema")
-    )
+    fallback = python(F.when(~handled, value), handled)
     columns = [
         F.col("topic"),
         F.col("partition").cast("long").alias("partition"),
@@ -123,10 +125,10 @@ def decode_events(
         F.col("timestamp"),
         F.col("key").cast("string").alias("key"),
         *[_header(frame, header, column) for column, header in _HEADER_COLUMNS.items()],
-        F.when(matched, native).otherwise(fallback["payload"]).alias("payload"),
-        F.when(matched, native_error).otherwise(fallback["error"]).alias("error"),
+        F.when(handled, native).otherwise(fallback["payload"]).alias("payload"),
+        F.when(~handled, fallback["error"]).alias("error"),
     ]
-    return frame.select(*columns, *([value] if keep_value else []))
+    return staged.select(*columns, *([value] if keep_value else []))
 
 
 def avro_branches(
@@ -151,11 +153,13 @@ def avro_branches(
 
 def _branch(header: bytes, writer: AvroSchema, readers: str | None) -> AvroBranch:
     reader = _reader_for(readers, writer.full_name)
+    fields = (writer if reader is None else reader).parsed.get("fields", [])
     return AvroBranch(
         header,
         json.dumps(writer.parsed),
         None if reader is None else json.dumps(reader.parsed),
         writer.full_name,
+        json.dumps(dict.fromkeys((f["name"] for f in fields), None), separators=(",", ":")),
     )
 
 
@@ -174,6 +178,15 @@ def _from_avro_payload(value: Column, branches: Sequence[AvroBranch]) -> Column:
         decoded = F.to_json(from_avro(body, branch.writer, options), _TO_JSON_OPTIONS)
         payload = payload.when(_starts_with(value, branch.header), decoded)
     return F.lit(None).cast("string") if payload is F else payload
+
+
+def _from_avro_failed(value: Column, branches: Sequence[AvroBranch], native: Column) -> Column:
+    """True where from_avro gave its row of nulls: the body did not decode (or was a
+    record of nulls: the Python decoder tells which)."""
+    failed: Any = F
+    for branch in branches:
+        failed = failed.when(_starts_with(value, branch.header), native == F.lit(branch.null_row))
+    return F.lit(False) if failed is F else failed.otherwise(F.lit(False))
 
 
 def _header(frame: DataFrame, header: str, column: str) -> Column:
@@ -204,7 +217,7 @@ def _python_decoder(
                     "error": None}  # fmt: skip
         except SchemaRegistryUnavailable:
             raise  # the records are fine: fail the batch, a restart reads them again
-        except (RelayError, ValueError, TypeError, EOFError, KeyError) as exc:
+        except Exception as exc:  # fastavro raises many types: any is this record's error
             return {"payload": None, "error": f"{type(exc).__name__}: {exc}"}
 
     return F.udf(decode, _PYTHON_RESULT, useArrow=True)

@@ -481,3 +481,48 @@ def test_jobs_read_the_registry_format_every_event_exactly_once(
     assert [r.error for r in archived if r.error] == []
     assert {bytes(r.value)[:1] for r in archived} == {b"\x00"}  # the wire format
     assert len({bytes(r.value)[1:5] for r in archived}) == 2  # two schema ids
+
+
+def test_the_registry_comes_from_the_relays_settings_and_its_secrets_stay_masked(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`--format avro-registry` needs schema_registry_url, read as the relay reads it
+    (RELAY_SCHEMA_REGISTRY_*); the job is handed it, and logs it without the password."""
+    from spark_jobs import archive
+
+    seen: list[Any] = []
+
+    class Query:
+        def awaitTermination(self, timeout: float) -> bool:
+            return True
+
+    def start(spark: Any, **kwargs: Any) -> Query:
+        seen.append(kwargs["registry"])
+        return Query()
+
+    monkeypatch.setattr(archive, "job_session", lambda name, debug: None)
+    monkeypatch.setattr(archive, "run", lambda name, debug, body: body())
+    monkeypatch.setattr(archive, "start", start)
+    for name in ("URL", "USER", "PASSWORD", "CA"):
+        monkeypatch.delenv(f"RELAY_SCHEMA_REGISTRY_{name}", raising=False)
+    argv = ["--bootstrap-servers", "k:9092", "--path", str(tmp_path / "a"),
+            "--checkpoint", str(tmp_path / "c"), "--format", "avro-registry"]  # fmt: skip
+    with pytest.raises(SystemExit) as refused:
+        archive.main(argv)
+    assert refused.value.code == 2
+    assert "RELAY_SCHEMA_REGISTRY_URL" in capsys.readouterr().err
+
+    monkeypatch.setenv("RELAY_SCHEMA_REGISTRY_URL", "https://registry.example:8081")
+    monkeypatch.setenv("RELAY_SCHEMA_REGISTRY_USER", "spark")
+    monkeypatch.setenv("RELAY_SCHEMA_REGISTRY_PASSWORD", "hunter2-registry")
+    with caplog.at_level("INFO"):
+        archive.main(argv)
+    [access] = seen
+    assert (access.url, access.user, access.password) == (
+        "https://registry.example:8081", "spark", "hunter2-registry"
+    )  # fmt: skip
+    assert "hunter2-registry" not in caplog.text + repr(access)
+    assert "registry.example" in caplog.text
