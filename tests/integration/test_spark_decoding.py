@@ -214,3 +214,18 @@ def test_registry_values_decode_by_from_avro_or_by_id_and_bad_ones_are_kept(
     reasons = {r.error.split(":")[0] for r in blind.collect()}
     assert reasons == {"SchemaError"}
     assert "knows no registry" in blind.first().error
+
+
+def test_a_registry_that_cannot_be_reached_fails_the_batch_rather_than_the_records() -> None:
+    """The records are fine: marking them undecodable would archive them as errors for
+    good. The Python decoder raises instead (the query fails; a restart reads them)."""
+    from relay.confluent_wire import frame
+    from relay.errors import SchemaRegistryUnavailable
+    from relay.localstack.process import free_port
+    from spark_jobs import decoding
+    from spark_jobs.registry_schemas import RegistryAccess
+
+    down = RegistryAccess(f"http://spark:s3cret-pw@127.0.0.1:{free_port()}")
+    with pytest.raises(SchemaRegistryUnavailable) as failed:
+        decoding._payload(frame(7, b"\x02"), "auto", str(REPO / "schemas"), None, down)
+    assert "s3cret-pw" not in str(failed.value)
