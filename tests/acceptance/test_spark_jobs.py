@@ -456,7 +456,7 @@ def test_jobs_read_the_registry_format_every_event_exactly_once(
         checkpoint=str(tmp_path / "ckpt"), schemas=str(REPO / "schemas"),
         value_format="avro-registry", registry=access, available_now=True,
     )  # fmt: skip
-    query.awaitTermination(300)
+    assert query.awaitTermination(1200), "the query did not finish"  # a loaded machine
     assert query.exception() is None, query.exception()
     expected = [
         (f"o-{i}", f"c-{i % 3}", 100 * i, "shipped" if i % 2 == 0 else "placed",
@@ -473,7 +473,7 @@ def test_jobs_read_the_registry_format_every_event_exactly_once(
         path=str(path), checkpoint=str(tmp_path / "archive-ckpt"),
         schemas=str(REPO / "schemas"), registry=access, available_now=True,
     )  # fmt: skip
-    query.awaitTermination(300)
+    assert query.awaitTermination(1200), "the query did not finish"  # a loaded machine
     assert query.exception() is None, query.exception()
     archived = spark.read.parquet(str(path)).collect()
     ids = {str(r[0]) for r in db.execute("SELECT message_id FROM outbox").fetchall()}
