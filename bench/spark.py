@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -173,8 +174,11 @@ def _measure(
 
     def spark_side(topic: str, transform: Callable[[DataFrame], DataFrame]) -> Callable[[], float]:
         def measure() -> float:
-            checkpoint = workdir / f"run-{next(runs)}"
-            return connector_rate(spark, stack.bootstrap, topic, records, checkpoint, transform)
+            run = next(runs)
+            rate = connector_rate(spark, stack.bootstrap, topic, records, workdir / f"run-{run}",
+                                  transform)  # fmt: skip
+            print(f"spark run {run} {topic}: {rate:.0f} rec/s", file=sys.stderr, flush=True)
+            return rate
 
         return measure
 
