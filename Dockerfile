@@ -102,10 +102,12 @@ RUN apt-get update \
 
 COPY --from=spark-builder /opt/venv /opt/venv
 
-# Spark's Kafka connector (spark-kafka.lock: SHA-256 pinned, same version as pyspark)
-# is fetched at build time into a read-only cache, so a job starts offline.
+# Spark's Kafka connector and spark-avro (spark-kafka.lock, spark-avro.lock: SHA-256
+# pinned, same version as pyspark) are fetched at build time into a read-only cache, so
+# a job starts offline.
 ENV RELAY_CACHE_DIR=/opt/outbox-relay/cache
-RUN /opt/venv/bin/python -m relay.artifacts.maven fetch spark-kafka
+RUN /opt/venv/bin/python -m relay.artifacts.maven fetch spark-kafka \
+ && /opt/venv/bin/python -m relay.artifacts.maven fetch spark-avro
 
 # Spark's scratch space and the (unused) SQL warehouse go to /tmp, not to /app.
 # /data is owned by the relay user, so a fresh named volume mounted there is writable.

@@ -1,42 +1,56 @@
-"""Spark's Kafka connector (``format("kafka")``) reading the relay's records, all in one run.
+"""Spark's Kafka connector (``format("kafka")``) reading and decoding the relay's records.
 
-Records are what the relay writes (Avro single-object encoded ``OrderPlaced`` values,
-the relay's headers), written transactionally to a 3-partition topic on the embedded
-broker. Three readers, each reading every record once:
+Records are what the relay writes (``OrderPlaced`` values of about 300 bytes, the
+relay's headers), written transactionally to 3-partition topics on the embedded broker:
+one topic in the ``avro`` format (single-object encoding), one in ``avro-registry`` (the
+Confluent wire format, its schema registered in a local Apicurio Registry). Readers,
+each reading every record once, interleaved round by round (bench/method.py):
 
 * baseline: one plain confluent-kafka consumer (read_committed, assign), no decoding;
 * the connector alone: a streaming query, Trigger.AvailableNow into Spark's ``noop``
   sink, on local[2];
-* the connector with decoding: the same query through ``spark_jobs.decoding``
-  (fastavro in Arrow batches, writer schema by fingerprint).
+* the connector with ``spark_jobs.decoding``: single-object values by Spark's
+  ``from_avro`` (the jobs' default) and by the Python decoder (fastavro in an Arrow
+  UDF, ``avro_decoder="fastavro"``); registry values by ``from_avro`` (the topic's
+  schema known at start) and by the Python decoder keyed by schema id (a schema
+  registered after the job started).
 
-Spark's times exclude the session start but include query planning. Each Spark query
-runs once untimed first: that warms the JVM and the Python workers, which a
-long-running job pays once. Then the three readers take turns, ``scale.repetitions``
-rounds (bench/method.py): medians, with their ranges.
+Spark's times exclude the session start but include query planning; each side runs
+once before the measured rounds, to warm the JVM and the Python workers, which a
+long-running job pays once. Target (#31): read + decode >= 0.5x the plain consumer.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from pyspark.sql import DataFrame, SparkSession
 
 from bench.harness import SCHEMAS, Figure, Scale, Stack, order_payload
-from bench.method import interleave
+from bench.method import Samples, interleave
+from relay.confluent_wire import from_single_object
+from relay.localstack.registry import LocalRegistry
+from relay.registry_format import registry_client
 from relay.schemas import SchemaFolder
 from spark_jobs.decoding import decode_events
+from spark_jobs.registry_schemas import RegistryAccess, RegistrySchema
 from spark_jobs.spark_session import kafka_options, local_spark_session
 
 PARTITIONS = 3
 TRANSACTION = 10_000
 
 
-def fill(bootstrap: str, topic: str, records: int) -> None:
+def fill(bootstrap: str, topic: str, records: int, schema_id: int | None = None) -> None:
+    """``records`` OrderPlaced events: single-object Avro, or with ``schema_id`` the
+    Confluent wire format for that registry id."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(topic, PARTITIONS, -1)]).values():
         future.result()
@@ -49,6 +63,8 @@ def fill(bootstrap: str, topic: str, records: int) -> None:
         producer.begin_transaction()
         for i in range(start, min(records, start + TRANSACTION)):
             value = registry.encode("OrderPlaced", order_payload(i))
+            if schema_id is not None:
+                value = from_single_object(value, schema_id)
             headers = [("id", f"m{i}".encode()), ("event_type", b"OrderPlaced"),
                        ("aggregate_type", b"order"), ("transaction_id", str(start).encode()),
                        ("position", str(i).encode())]  # fmt: skip
@@ -89,7 +105,7 @@ def connector_rate(
     checkpoint: Path,
     transform: Callable[[DataFrame], DataFrame],
 ) -> float:
-    """Records/s of one AvailableNow query over every record of ``topic``."""
+    """Records/s of one AvailableNow query over the whole topic (a new checkpoint)."""
     frame = (
         spark.readStream.format("kafka")
         .options(**kafka_options(bootstrap))
@@ -114,38 +130,96 @@ def connector_rate(
     return records / elapsed
 
 
+def register(url: str, topic: str) -> RegistrySchema:
+    """OrderPlaced's writer schema under the topic's subject, as the relay registers it."""
+    from confluent_kafka.schema_registry import Schema
+
+    schema = SchemaFolder.from_dir(SCHEMAS).writer_for("OrderPlaced")
+    text = json.dumps(schema.parsed, separators=(",", ":"))
+    schema_id = registry_client(url).register_schema(f"{topic}-value", Schema(text, "AVRO"))
+    return RegistrySchema(int(schema_id), text)
+
+
 def run(stack: Stack, scale: Scale) -> list[Figure]:
-    records = scale.events * 5  # Spark pays a fixed cost per query: make it small
-    topic = f"{stack.topic_prefix('spark')}.source"
-    fill(stack.bootstrap, topic, records)
-    spark = local_spark_session("bench-spark-connector")
-    try:
-        checkpoints = iter(range(10**6))
-        transforms: dict[str, Callable[[DataFrame], DataFrame]] = {
-            "plain": lambda frame: frame,
-            "decoded": lambda frame: decode_events(frame, writer_schemas=SCHEMAS),
-        }
+    # Spark pays a fixed cost per query (seconds): quick (20k) only tries the method.
+    records = scale.events // 5 if scale.name == "quick" else scale.events * 2
+    avro_topic = f"{stack.topic_prefix('spark')}.source"
+    wire_topic = f"{stack.topic_prefix('spark')}.registry"
+    with LocalRegistry(stack.workdir / "registry") as registry:
+        access = RegistryAccess(registry.ccompat_url)
+        planned = register(access.url, wire_topic)
+        fill(stack.bootstrap, avro_topic, records)
+        fill(stack.bootstrap, wire_topic, records, planned.schema_id)
+        spark = local_spark_session("bench-spark-connector")
+        try:
+            samples = _measure(spark, stack, scale, records, avro_topic, wire_topic, access,
+                               planned)  # fmt: skip
+        finally:
+            spark.stop()
+    return _figures(samples, records)
 
-        def query(transform: Callable[[DataFrame], DataFrame]) -> float:
-            checkpoint = stack.workdir / "spark" / str(next(checkpoints))
-            return connector_rate(spark, stack.bootstrap, topic, records, checkpoint, transform)
 
-        def side(transform: Callable[[DataFrame], DataFrame]) -> Callable[[], float]:
-            return lambda: query(transform)
+def _measure(
+    spark: SparkSession,
+    stack: Stack,
+    scale: Scale,
+    records: int,
+    avro_topic: str,
+    wire_topic: str,
+    access: RegistryAccess,
+    planned: RegistrySchema,
+) -> dict[str, Samples]:
+    runs = itertools.count()
+    workdir = stack.workdir / "spark"
 
-        for transform in transforms.values():
-            query(transform)  # warm-up, untimed
-        rates = interleave(
-            {"consumer": lambda: baseline(stack.bootstrap, topic, records),
-             **{name: side(transform) for name, transform in transforms.items()}},
-            scale.repetitions,
+    def spark_side(topic: str, transform: Callable[[DataFrame], DataFrame]) -> Callable[[], float]:
+        def measure() -> float:
+            run = next(runs)
+            rate = connector_rate(spark, stack.bootstrap, topic, records, workdir / f"run-{run}",
+                                  transform)  # fmt: skip
+            print(f"spark run {run} {topic}: {rate:.0f} rec/s", file=sys.stderr, flush=True)
+            return rate
+
+        return measure
+
+    def decoded(decoder: str, fmt: str, known: list[RegistrySchema]) -> Any:
+        return lambda frame: decode_events(
+            frame, writer_schemas=SCHEMAS, value_format=fmt, avro_decoder=decoder,
+            registry=access, registry_schemas=known,
         )  # fmt: skip
-    finally:
-        spark.stop()
-    details = {"records": records}
-    return [
-        Figure.of("spark", "Kafka connector rec/s (AvailableNow, noop sink)", rates["plain"],
-                  "rec/s", rates["consumer"], "one confluent-kafka consumer", None, details),
-        Figure.of("spark", "Kafka connector + Avro decoding rec/s", rates["decoded"], "rec/s",
-                  rates["consumer"], "one confluent-kafka consumer", None, details),
+
+    sides = {
+        "consumer": lambda: baseline(stack.bootstrap, avro_topic, records),
+        "connector": spark_side(avro_topic, lambda frame: frame),
+        "avro_from_avro": spark_side(avro_topic, decoded("from_avro", "avro", [])),
+        "avro_fastavro": spark_side(avro_topic, decoded("fastavro", "avro", [])),
+        "registry_from_avro": spark_side(wire_topic, decoded("from_avro", "avro-registry", [planned])),
+        "registry_by_id": spark_side(wire_topic, decoded("from_avro", "avro-registry", [])),
+    }  # fmt: skip
+    for measure in sides.values():  # warm-up: the JVM, the Python workers, the caches
+        measure()
+    return interleave(sides, scale.repetitions)
+
+
+def _figures(samples: dict[str, Samples], records: int) -> list[Figure]:
+    consumer, details = samples["consumer"], {"records": records}
+    base = "one confluent-kafka consumer"
+    named = [
+        ("connector", "Kafka connector rec/s (AvailableNow, noop sink)", None),
+        ("avro_from_avro", "connector + decoding, avro, from_avro (default) rec/s", "ratio>=0.5"),
+        ("avro_fastavro", "connector + decoding, avro, fastavro UDF rec/s", "ratio>=0.5"),
+        ("registry_from_avro", "connector + decoding, avro-registry, from_avro rec/s",
+         "ratio>=0.5"),
+        ("registry_by_id", "connector + decoding, avro-registry, Python decoder by id rec/s",
+         "ratio>=0.5"),
     ]  # fmt: skip
+    figures = [
+        Figure.of("spark", name, samples[key], "rec/s", consumer, base, target, details)
+        for key, name, target in named
+    ]
+    figures.append(
+        Figure.of("spark", "single-object decoding: from_avro vs fastavro UDF",
+                  samples["avro_from_avro"], "rec/s", samples["avro_fastavro"],
+                  "fastavro UDF (Python, Arrow batches)", None, details)
+    )  # fmt: skip
+    return figures

@@ -124,6 +124,10 @@ class SchemaFolder:
         except KeyError:
             raise UnknownEventTypeError(event_type) from None
 
+    def schemas(self) -> list[AvroSchema]:
+        """Every known schema, writers and history."""
+        return list(self._by_fingerprint.values())
+
     def by_fingerprint(self, fp: bytes) -> AvroSchema | None:
         return self._by_fingerprint.get(fp)
 

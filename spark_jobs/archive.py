@@ -29,9 +29,11 @@ from spark_jobs.job import (
     await_query,
     job_session,
     kafka_clients,
+    registry_access,
     report_decoding,
     run,
 )
+from spark_jobs.registry_schemas import RegistryAccess, planned_schemas
 from spark_jobs.spark_session import kafka_options
 
 
@@ -72,6 +74,7 @@ def start(
     value_format: str = "auto",
     kafka_settings: Mapping[str, KafkaValue] | None = None,
     available_now: bool = False,
+    registry: RegistryAccess | None = None,
 ) -> Any:
     refuse_reused_path(spark, path, checkpoint)
     source = (
@@ -83,8 +86,10 @@ def start(
         .load()
     )
     decoded = decode_events(
-        source, writer_schemas=schemas, value_format=value_format, keep_value=True
-    )
+        source, writer_schemas=schemas, value_format=value_format, keep_value=True,
+        registry=registry,
+        registry_schemas=planned_schemas(registry, value_format, topics, pattern=True),
+    )  # fmt: skip
     stream = (
         archive_rows(observe_decoding(decoded))
         .writeStream.format("parquet")
@@ -135,6 +140,7 @@ def backfill(
     ending_offsets: str = "latest",
     value_format: str = "auto",
     kafka_settings: Mapping[str, KafkaValue] | None = None,
+    registry: RegistryAccess | None = None,
 ) -> None:
     """Archive one offset range to ``path`` (which must not exist) and return; logs an
     error when most records could not be decoded (they are archived all the same)."""
@@ -144,8 +150,10 @@ def backfill(
         spark, bootstrap_servers, topics, starting_offsets, ending_offsets, kafka_settings
     )
     decoded = decode_events(
-        records, writer_schemas=schemas, value_format=value_format, keep_value=True
-    )
+        records, writer_schemas=schemas, value_format=value_format, keep_value=True,
+        registry=registry,
+        registry_schemas=planned_schemas(registry, value_format, topics, pattern=True),
+    )  # fmt: skip
     seen = Observation("decoding")
     rows = archive_rows(observe_decoding(decoded, into=seen))
     rows.write.mode("errorifexists").partitionBy("date").parquet(path)
@@ -168,7 +176,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         dest="value_format",
         choices=VALUE_FORMATS,
         default="auto",
-        help="The values' format; auto (the default) tells Avro from JSON per record.",
+        help="The values' format; auto (the default) tells Avro, registry Avro and JSON "
+        "apart per record.",
     )
     parser.add_argument("--available-now", action="store_true")
     parser.add_argument(
@@ -182,7 +191,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     kafka_settings = dict(kafka_clients(parser, args).settings)
     common = {"bootstrap_servers": args.bootstrap_servers, "topics": args.topics,
               "path": args.path, "schemas": args.schemas, "value_format": args.value_format,
-              "kafka_settings": kafka_settings}  # fmt: skip
+              "kafka_settings": kafka_settings,
+              "registry": registry_access(parser, args)}  # fmt: skip
 
     def job() -> None:
         spark = job_session("archive", args.debug)

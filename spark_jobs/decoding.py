@@ -1,30 +1,16 @@
-"""Decode the relay's records: Avro (single-object encoding) or JSON values, plus headers.
-
-The format is told per record by default (``value_format="auto"``): a value starting
-with the single-object marker ``C3 01`` is Avro, anything else JSON. A relay publishes
-JSON unless it has writer schemas, and one topic may carry both (a subscriber switched
-formats), so a job need not be told which, and is never silently wrong about it.
-
-The writer schema of an Avro value is found by the fingerprint in its header, among
-the ``.avsc`` files (and ``*.vN.avsc`` history) of the writer's ``schemas/`` folder.
-It is then resolved against the job's *reader* schema of the same full name, when the
-job has one, so producers and jobs can evolve their schemas independently (Avro
-resolution: added fields need defaults, and so on).
-
-A record that cannot be decoded is never dropped: its ``error`` column says why, and
-the job chooses to fail or to route it to an error sink (:func:`split_corrupt`).
-"""
-
 from __future__ import annotations
 
+import io
 import json
-from collections.abc import Iterator
+from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.avro.functions import from_avro
 from pyspark.sql.types import (
     BinaryType,
     LongType,
@@ -34,8 +20,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from relay.errors import RelayError
-from relay.schemas import SchemaFolder
+from relay.confluent_wire import MAGIC as REGISTRY_MAGIC
+from relay.confluent_wire import unframe
+from relay.errors import RelayError, SchemaError, SchemaRegistryUnavailable
+from relay.schemas import AvroSchema, SchemaFolder
+from spark_jobs.registry_schemas import RegistryAccess, RegistrySchema
 
 DECODED = StructType(
     [
@@ -65,8 +54,33 @@ _HEADER_COLUMNS = {
 _INTEGER_HEADERS = frozenset({"transaction_id", "position", "aggregate_version"})
 # With keep_value: the record's value as it came, so an undecodable one is never lost.
 RAW_VALUE = StructField("value", BinaryType())
-VALUE_FORMATS = ("auto", "avro", "json")
+VALUE_FORMATS = ("auto", "avro", "json", "avro-registry")
 AVRO_MAGIC = b"\xc3\x01"  # Avro single-object encoding's marker
+# Which decoder takes the values whose schema is known at planning: Spark's from_avro,
+# or the Python decoder for every value (bench/spark.py measures both).
+AVRO_DECODERS = ("from_avro", "fastavro")
+_PYTHON_RESULT = StructType(
+    [StructField("payload", StringType()), StructField("error", StringType())]
+)
+# from_avro: a body that does not decode is a row of nulls, not a failed query;
+# to_json: a null field is written as null, as the Python decoder writes it.
+_FROM_AVRO_OPTIONS = {"mode": "PERMISSIVE"}
+_NATIVE = "__from_avro_payload"
+_TO_JSON_OPTIONS = {"ignoreNullFields": "false"}
+
+
+@dataclass(frozen=True)
+class AvroBranch:
+    """Values that start with ``header`` (single-object marker and fingerprint, or the
+    wire format's zero byte and schema id): their body, after it, is Avro written with
+    ``writer`` (a schema's JSON), read as ``reader`` (None: as written)."""
+
+    header: bytes
+    writer: str
+    reader: str | None
+    name: str
+    # What from_avro (PERMISSIVE) gives for a body it cannot decode: a row of nulls.
+    null_row: str
 
 
 def decode_events(
@@ -76,27 +90,137 @@ def decode_events(
     reader_schemas: str | Path | None = None,
     value_format: str = "auto",
     keep_value: bool = False,
+    registry: RegistryAccess | None = None,
+    registry_schemas: Sequence[RegistrySchema] = (),
+    avro_decoder: str = "from_avro",
 ) -> DataFrame:
     """Kafka source rows (with ``includeHeaders``) → one row per event (``DECODED``, plus
     the raw ``value`` bytes with ``keep_value``). ``value_format``: ``auto`` (told per
-    record, see the module doc), ``avro`` or ``json`` (anything else is an error row)."""
+    record, see the module doc), ``avro``, ``avro-registry`` or ``json`` (anything else
+    is an error row). ``registry``: where ``avro-registry`` values' schemas are looked
+    up; ``registry_schemas``: those of them ``from_avro`` decodes (looked up by the
+    caller: :meth:`RegistryAccess.latest_for_topics`)."""
     if value_format not in VALUE_FORMATS:
         raise ValueError(f"value_format must be one of {VALUE_FORMATS}, got {value_format!r}")
+    if avro_decoder not in AVRO_DECODERS:
+        raise ValueError(f"avro_decoder must be one of {AVRO_DECODERS}, got {avro_decoder!r}")
     writers, readers = str(writer_schemas), None if reader_schemas is None else str(reader_schemas)
-    schema = StructType([*DECODED.fields, RAW_VALUE]) if keep_value else DECODED
+    branches = (
+        avro_branches(value_format, writers, readers, registry_schemas)
+        if avro_decoder == "from_avro"
+        else []
+    )
+    value = F.col("value")
+    # from_avro first, in a column of its own, so it runs once per record: a value it
+    # did not decode (no branch, or its null row) is the Python decoder's.
+    staged = frame.withColumn(_NATIVE, _from_avro_payload(value, branches))
+    native = F.col(_NATIVE)
+    handled = native.isNotNull() & ~_from_avro_failed(value, branches, native)
+    python = _python_decoder(value_format, writers, readers, registry)
+    fallback = python(F.when(~handled, value), handled)
+    columns = [
+        F.col("topic"),
+        F.col("partition").cast("long").alias("partition"),
+        F.col("offset").cast("long").alias("offset"),
+        F.col("timestamp"),
+        F.col("key").cast("string").alias("key"),
+        *[_header(frame, header, column) for column, header in _HEADER_COLUMNS.items()],
+        F.when(handled, native).otherwise(fallback["payload"]).alias("payload"),
+        F.when(~handled, fallback["error"]).alias("error"),
+    ]
+    return staged.select(*columns, *([value] if keep_value else []))
 
-    def decode_batches(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
 
-        arrow_schema = _arrow_schema(keep_value)
-        for batch in batches:
-            rows = [
-                _decode_row(row, value_format, writers, readers, keep_value)
-                for row in batch.to_pylist()
-            ]
-            yield pa.RecordBatch.from_pylist(rows, schema=arrow_schema)
+def avro_branches(
+    value_format: str,
+    writers: str,
+    readers: str | None,
+    registry_schemas: Sequence[RegistrySchema] = (),
+) -> list[AvroBranch]:
+    """What ``from_avro`` decodes for ``value_format``: every writer schema of the folder
+    (single-object values, by fingerprint) and the registry schemas (by id)."""
+    branches: list[AvroBranch] = []
+    if value_format in ("auto", "avro"):
+        for schema in _registry(writers).schemas():
+            branches.append(_branch(schema.header, schema, readers))
+    if value_format in ("auto", "avro-registry"):
+        for found in registry_schemas:
+            schema = AvroSchema.from_json(json.loads(found.text))
+            header = REGISTRY_MAGIC + found.schema_id.to_bytes(4, "big")
+            branches.append(_branch(header, schema, readers))
+    return branches
 
-    return frame.mapInArrow(decode_batches, schema)
+
+def _branch(header: bytes, writer: AvroSchema, readers: str | None) -> AvroBranch:
+    reader = _reader_for(readers, writer.full_name)
+    fields = (writer if reader is None else reader).parsed.get("fields", [])
+    return AvroBranch(
+        header,
+        json.dumps(writer.parsed),
+        None if reader is None else json.dumps(reader.parsed),
+        writer.full_name,
+        json.dumps(dict.fromkeys((f["name"] for f in fields), None), separators=(",", ":")),
+    )
+
+
+def _starts_with(value: Column, header: bytes) -> Column:
+    return F.substring(value, 1, len(header)) == F.lit(bytearray(header))
+
+
+def _from_avro_payload(value: Column, branches: Sequence[AvroBranch]) -> Column:
+    """The JSON payload of a value a branch matches, decoded in the JVM."""
+    payload: Any = F
+    for branch in branches:
+        options = dict(_FROM_AVRO_OPTIONS)
+        if branch.reader is not None:
+            options["avroSchema"] = branch.reader  # Spark's name for the reader schema
+        body = F.substring(value, len(branch.header) + 1, 2**31 - 1)
+        decoded = F.to_json(from_avro(body, branch.writer, options), _TO_JSON_OPTIONS)
+        payload = payload.when(_starts_with(value, branch.header), decoded)
+    return F.lit(None).cast("string") if payload is F else payload
+
+
+def _from_avro_failed(value: Column, branches: Sequence[AvroBranch], native: Column) -> Column:
+    """True where from_avro gave its row of nulls: the body did not decode (or was a
+    record of nulls: the Python decoder tells which)."""
+    failed: Any = F
+    for branch in branches:
+        failed = failed.when(_starts_with(value, branch.header), native == F.lit(branch.null_row))
+    return F.lit(False) if failed is F else failed.otherwise(F.lit(False))
+
+
+def _header(frame: DataFrame, header: str, column: str) -> Column:
+    """A relay header's value (the last of that name), as text or a number."""
+    if "headers" not in frame.columns:
+        text = F.lit(None).cast("string")
+    else:
+        found = F.filter("headers", lambda h: h["key"] == F.lit(header))
+        text = F.try_element_at(found, F.lit(-1))["value"].cast("string")
+    if column in _INTEGER_HEADERS:
+        # Not a number: a null, not a failed query (Spark's ANSI casts raise).
+        text = F.when(text.rlike(r"^-?[0-9]{1,18}$"), text.cast("long"))
+    return text.alias(column)
+
+
+def _python_decoder(
+    value_format: str, writers: str, readers: str | None, registry: RegistryAccess | None
+) -> Any:
+    """The UDF ``(value, skip) -> (payload, error)`` for the values from_avro does not
+    take (``skip`` those it does)."""
+
+    def decode(value: bytes | None, skip: bool) -> dict[str, str | None] | None:
+        if skip:
+            return None
+        try:
+            payload = _payload(value, value_format, writers, readers, registry)
+            return {"payload": json.dumps(payload, separators=(",", ":"), default=str),
+                    "error": None}  # fmt: skip
+        except SchemaRegistryUnavailable:
+            raise  # the records are fine: fail the batch, a restart reads them again
+        except Exception as exc:  # fastavro raises many types: any is this record's error
+            return {"payload": None, "error": f"{type(exc).__name__}: {exc}"}
+
+    return F.udf(decode, _PYTHON_RESULT, useArrow=True)
 
 
 def observe_decoding(
@@ -125,43 +249,47 @@ def split_corrupt(decoded: DataFrame) -> tuple[DataFrame, DataFrame]:
     return decoded.where("error IS NULL"), decoded.where("error IS NOT NULL")
 
 
-def _decode_row(
-    row: dict[str, Any], value_format: str, writers: str, readers: str | None, keep_value: bool
-) -> dict[str, Any]:
-    headers = {h["key"]: h["value"] for h in row.get("headers") or []}
-    decoded: dict[str, Any] = {
-        "topic": row["topic"],
-        "partition": row["partition"],
-        "offset": row["offset"],
-        "timestamp": row["timestamp"],
-        "key": None if row["key"] is None else bytes(row["key"]).decode("utf-8", "replace"),
-        "payload": None,
-        "error": None,
-    }
-    for column, header in _HEADER_COLUMNS.items():
-        raw = headers.get(header)
-        text = None if raw is None else bytes(raw).decode("utf-8", "replace")
-        decoded[column] = int(text) if text is not None and column in _INTEGER_HEADERS else text
-    try:
-        payload = _payload(row["value"], value_format, writers, readers)
-        decoded["payload"] = json.dumps(payload, separators=(",", ":"), default=str)
-    except (RelayError, ValueError, TypeError, EOFError, KeyError) as exc:
-        decoded["error"] = f"{type(exc).__name__}: {exc}"
-    if keep_value:
-        decoded["value"] = None if row["value"] is None else bytes(row["value"])
-    return decoded
-
-
-def _payload(value: bytes | None, value_format: str, writers: str, readers: str | None) -> Any:
+def _payload(
+    value: bytes | None,
+    value_format: str,
+    writers: str,
+    readers: str | None,
+    registry: RegistryAccess | None,
+) -> Any:
     if value is None:
         raise ValueError("the record has no value (a tombstone?)")
     data = bytes(value)
+    if value_format == "avro-registry" or (
+        value_format == "auto" and data.startswith(REGISTRY_MAGIC)
+    ):
+        return _registry_payload(data, readers, registry)
     if value_format == "json" or (value_format == "auto" and not data.startswith(AVRO_MAGIC)):
         return json.loads(data)
-    registry = _registry(writers)
-    writer = registry.by_fingerprint(data[2:10])  # after the 2 magic bytes
+    folder = _registry(writers)
+    writer = folder.by_fingerprint(data[2:10])  # after the 2 magic bytes
     reader = None if writer is None else _reader_for(readers, writer.full_name)
-    return registry.decode(data, reader=reader)[1]  # raises on bad magic or fingerprint
+    return folder.decode(data, reader=reader)[1]  # raises on bad magic or fingerprint
+
+
+def _registry_payload(data: bytes, readers: str | None, registry: RegistryAccess | None) -> Any:
+    import fastavro
+
+    schema_id, body = unframe(data)
+    if registry is None:
+        raise SchemaError(
+            f"a schema-registry value (schema id {schema_id}), but the job knows no registry: "
+            "set schema_registry_url (RELAY_SCHEMA_REGISTRY_URL), as for the relay"
+        )
+    writer = _registry_writer(registry, schema_id)
+    reader = _reader_for(readers, writer.full_name)
+    reader_schema = None if reader is None else reader.parsed
+    return fastavro.schemaless_reader(io.BytesIO(body), writer.parsed, reader_schema)
+
+
+@cache
+def _registry_writer(registry: RegistryAccess, schema_id: int) -> AvroSchema:
+    # Ids never change meaning in a registry: once per id and Python worker.
+    return AvroSchema.from_json(json.loads(registry.schema_by_id(schema_id)))
 
 
 @cache
@@ -170,7 +298,7 @@ def _registry(folder: str) -> SchemaFolder:
     return SchemaFolder.from_dir(folder)
 
 
-def _reader_for(readers: str | None, full_name: str) -> Any:
+def _reader_for(readers: str | None, full_name: str) -> AvroSchema | None:
     if readers is None:
         return None
     registry = _registry(readers)
@@ -178,11 +306,3 @@ def _reader_for(readers: str | None, full_name: str) -> Any:
         return registry.writer_for(full_name)
     except RelayError:
         return None  # the job has no reader schema for it: read as written
-
-
-@cache
-def _arrow_schema(keep_value: bool) -> Any:
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    schema = StructType([*DECODED.fields, RAW_VALUE]) if keep_value else DECODED
-    return to_arrow_schema(schema, timezone="UTC")

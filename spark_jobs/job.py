@@ -19,6 +19,7 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from relay.errors import ConfigError
 from spark_jobs.kafka_clients import KafkaClients
+from spark_jobs.registry_schemas import RegistryAccess
 from spark_jobs.spark_session import local_spark_session
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,29 @@ def kafka_clients(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error(str(exc))
     logger.info("Kafka clients: %s", clients.described(), extra={"event": "spark_job.kafka"})
     return clients
+
+
+def registry_access(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> RegistryAccess | None:
+    """The schema registry of the relay's settings (``RELAY_SCHEMA_REGISTRY_*`` or the
+    config file), for the ``avro-registry`` format; required when ``--format`` names it.
+    Logged with its credentials masked."""
+    configure_logging(args.debug)
+    try:
+        access = RegistryAccess.from_relay_settings(args.config)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    if access is None and args.value_format == "avro-registry":
+        parser.error(
+            "--format avro-registry needs the schema registry: schema_registry_url "
+            "(RELAY_SCHEMA_REGISTRY_URL, or the config file), as the relay has it"
+        )
+    if access is not None:
+        logger.info(
+            "schema registry: %s", access.described(), extra={"event": "spark_job.registry"}
+        )
+    return access
 
 
 class _CtrlC:

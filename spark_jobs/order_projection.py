@@ -28,8 +28,9 @@ from pyspark.sql import functions as F
 from relay.errors import RelayError
 from relay.settings import KafkaValue
 from spark_jobs.decoding import VALUE_FORMATS, decode_events, split_corrupt
-from spark_jobs.job import await_query, job_session, report_decoding, run
+from spark_jobs.job import await_query, job_session, registry_access, report_decoding, run
 from spark_jobs.postgres_sink import PostgresBatchSink
+from spark_jobs.registry_schemas import RegistryAccess, planned_schemas
 from spark_jobs.sink_job_args import sink_job_options, sink_job_parser
 from spark_jobs.spark_session import kafka_options, streaming_query_id
 
@@ -157,6 +158,7 @@ def start(
     sink: str = "order-projection",
     max_offsets_per_trigger: int | None = None,
     reset_sink: bool = False,
+    registry: RegistryAccess | None = None,
 ) -> Any:
     """Start the streaming query; returns it. ``reset_sink``: take the sink over from the
     query of an earlier checkpoint (see :mod:`spark_jobs.postgres_sink`)."""
@@ -171,7 +173,10 @@ def start(
         .options(subscribe=topic, startingOffsets="earliest", includeHeaders="true", **options)
         .load()
     )
-    decoded = decode_events(source, writer_schemas=schemas, value_format=value_format)
+    decoded = decode_events(
+        source, writer_schemas=schemas, value_format=value_format, registry=registry,
+        registry_schemas=planned_schemas(registry, value_format, topic),
+    )  # fmt: skip
     stream = decoded.writeStream.foreachBatch(batch_writer(writer, on_corrupt))
     stream = stream.option("checkpointLocation", checkpoint)
     stream = stream.trigger(availableNow=True) if available_now else stream
@@ -188,10 +193,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         dest="value_format",
         choices=VALUE_FORMATS,
         default="auto",
-        help="The values' format; auto (the default) tells Avro from JSON per record.",
+        help="The values' format; auto (the default) tells Avro, registry Avro and JSON "
+        "apart per record.",
     )
     args = parser.parse_args(argv)
     options = sink_job_options(parser, args)
+    registry = registry_access(parser, args)
 
     def job() -> None:
         query = start(
@@ -200,6 +207,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             schemas=args.schemas,
             value_format=args.value_format,
             on_corrupt=args.on_corrupt,
+            registry=registry,
             **options,
         )
         await_query(query)

@@ -1,10 +1,12 @@
-"""Spark sessions for the jobs, with Spark's own Kafka connector on the classpath.
+"""Spark sessions for the jobs, with Spark's own Kafka connector and Avro functions on
+the classpath.
 
-The connector (``spark-sql-kafka-0-10_2.13``) must be the same version as pyspark. A
-local session loads it, and the jars it needs that pyspark does not ship, from the
-pinned-jar cache (:mod:`relay.artifacts.maven`, lock ``spark-kafka``): downloaded and
-checksum-verified on first use, offline after that. Under ``spark-submit`` the cluster
-provides it instead (``--packages``, see the README).
+The connector (``spark-sql-kafka-0-10_2.13``) and ``spark-avro_2.13`` (``from_avro``)
+must be the same version as pyspark. A local session loads them, and the jars they need
+that pyspark does not ship, from the pinned-jar cache (:mod:`relay.artifacts.maven`,
+locks ``spark-kafka`` and ``spark-avro``): downloaded and checksum-verified on first
+use, offline after that. Under ``spark-submit`` the cluster provides them instead
+(``--packages``, see the README).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ logger = logging.getLogger(__name__)
 
 CONNECTOR_LOCK = "spark-kafka"
 CONNECTOR = ("org.apache.spark", "spark-sql-kafka-0-10_2.13")
+AVRO_LOCK = "spark-avro"
+AVRO = ("org.apache.spark", "spark-avro_2.13")
 
 # Java versions Spark 4 runs on, newest first.
 _JVM_DIRS = ("/usr/lib/jvm/java-21-openjdk-amd64", "/usr/lib/jvm/java-17-openjdk-amd64")
@@ -38,18 +42,24 @@ class ConnectorVersionError(RelayError):
 
 
 def connector_jars() -> list[Path]:
-    """The Kafka connector's jars for the installed pyspark, fetched into the cache if
-    missing. Spark refuses a connector of another version at query time, with an
-    obscure error; this says what is wrong up front."""
-    lock = Lock.load(CONNECTOR_LOCK)
-    pinned = lock.version_of(*CONNECTOR)
-    if pinned != pyspark.__version__:
-        raise ConnectorVersionError(
-            f"pyspark is {pyspark.__version__} but the pinned Kafka connector is {pinned}: "
-            f"install pyspark=={pinned} (pyproject.toml pins it), or re-lock "
-            f"relay/localstack/{CONNECTOR_LOCK}.lock for a version Maven Central serves"
-        )
-    return fetch_lock(lock)
+    """The jars of the Kafka connector and of spark-avro for the installed pyspark,
+    fetched into the cache if missing. Spark refuses a connector of another version at
+    query time, with an obscure error; this says what is wrong up front."""
+    jars: list[Path] = []
+    for lock_name, coordinates, what in (
+        (CONNECTOR_LOCK, CONNECTOR, "Kafka connector"),
+        (AVRO_LOCK, AVRO, "spark-avro"),
+    ):
+        lock = Lock.load(lock_name)
+        pinned = lock.version_of(*coordinates)
+        if pinned != pyspark.__version__:
+            raise ConnectorVersionError(
+                f"pyspark is {pyspark.__version__} but the pinned {what} is {pinned}: "
+                f"install pyspark=={pinned} (pyproject.toml pins it), or re-lock "
+                f"relay/artifacts/{lock_name}.lock for a version Maven Central serves"
+            )
+        jars += fetch_lock(lock)
+    return jars
 
 
 def local_spark_session(app_name: str, *, master: str | None = None, **conf: Any) -> SparkSession:
@@ -72,9 +82,9 @@ def local_spark_session(app_name: str, *, master: str | None = None, **conf: Any
         .config("spark.ui.showConsoleProgress", "false")  # a job's log is not a terminal
         .config("spark.sql.session.timeZone", "UTC")
     )
-    if not submitted:  # spark-submit's JVM is already up: --packages brings the connector
+    if not submitted:  # spark-submit's JVM is already up: --packages brings the connectors
         jars = connector_jars()
-        logger.debug("Kafka connector jars: %s", jars)
+        logger.debug("Kafka connector and spark-avro jars: %s", jars)
         builder = builder.config("spark.jars", ",".join(str(p) for p in jars))
     for key, value in conf.items():
         builder = builder.config(key, value)

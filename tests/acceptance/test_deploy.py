@@ -419,6 +419,7 @@ def test_spark_target(stages: dict[str, Stage]) -> None:
     assert spark.env.get("HOME") == "/tmp"
     # The Kafka connector is in the image, so a job starts without reaching Maven.
     assert any("relay.artifacts.maven fetch spark-kafka" in run for run in spark.runs)
+    assert any("relay.artifacts.maven fetch spark-avro" in run for run in spark.runs)
     assert spark.env.get("RELAY_CACHE_DIR", "").startswith("/opt/")
 
 

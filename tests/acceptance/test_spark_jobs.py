@@ -420,3 +420,109 @@ def test_archive_of_the_wrong_format_keeps_every_value_and_says_so_at_its_first_
     assert sorted(r.message_id for r in archived) == sorted(published_story)
     assert all(r.payload is None and r.error for r in archived)
     assert all(bytes(r.value).startswith(b"\xc3\x01") for r in archived)  # recoverable
+
+
+@pytest.mark.registry
+@pytest.mark.timeout(1800)  # the registry's start and a Spark session, on 2 busy cores
+def test_jobs_read_the_registry_format_every_event_exactly_once(
+    spark: SparkSession,
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    outbox: Outbox,
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: Callable[..., Relay],
+    schema_registry: str,
+    tmp_path: Path,
+) -> None:
+    """Issue #32: a relay publishes avro-registry, as a subscriber configures it; the
+    projection and the archive read each event once. OrderPlaced and OrderShipped share
+    the topic's subject: the latest is from_avro's, the other decoded by its id."""
+    from spark_jobs import archive
+    from spark_jobs.registry_schemas import RegistryAccess, planned_schemas
+
+    start_relay(
+        schema_registry_url=schema_registry,
+        subscribers=[sub("reg", topic_prefix, value_format="avro-registry")],
+    )
+    write_order_story(writer_db, outbox)
+    wait_caught_up(db, "reg", timeout=120)
+    topic, access = topic_prefix + "outbox.event.order", RegistryAccess(schema_registry)
+    assert len(planned_schemas(access, "avro-registry", topic)) == 1
+
+    query = order_projection.start(
+        spark, bootstrap_servers=kafka_bootstrap, topic=topic, database_url=database_url,
+        checkpoint=str(tmp_path / "ckpt"), schemas=str(REPO / "schemas"),
+        value_format="avro-registry", registry=access, available_now=True,
+    )  # fmt: skip
+    assert query.awaitTermination(1200), "the query did not finish"  # a loaded machine
+    assert query.exception() is None, query.exception()
+    expected = [
+        (f"o-{i}", f"c-{i % 3}", 100 * i, "shipped" if i % 2 == 0 else "placed",
+         "dhl" if i % 2 == 0 else None)
+        for i in range(10)
+    ]  # fmt: skip
+    rows = db.execute("SELECT order_id, customer_id, amount_cents, status, carrier FROM orders")
+    assert sorted(rows.fetchall()) == sorted(expected)
+    assert db.execute("SELECT sum(rows) FROM spark_sink_batches").fetchone() == (15,)
+
+    path = tmp_path / "archive"
+    query = archive.start(
+        spark, bootstrap_servers=kafka_bootstrap, topics=re.escape(topic_prefix) + ".*",
+        path=str(path), checkpoint=str(tmp_path / "archive-ckpt"),
+        schemas=str(REPO / "schemas"), registry=access, available_now=True,
+    )  # fmt: skip
+    assert query.awaitTermination(1200), "the query did not finish"  # a loaded machine
+    assert query.exception() is None, query.exception()
+    archived = spark.read.parquet(str(path)).collect()
+    ids = {str(r[0]) for r in db.execute("SELECT message_id FROM outbox").fetchall()}
+    assert sorted(r.message_id for r in archived) == sorted(ids)  # each once
+    assert [r.error for r in archived if r.error] == []
+    assert {bytes(r.value)[:1] for r in archived} == {b"\x00"}  # the wire format
+    assert len({bytes(r.value)[1:5] for r in archived}) == 2  # two schema ids
+
+
+def test_the_registry_comes_from_the_relays_settings_and_its_secrets_stay_masked(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`--format avro-registry` needs schema_registry_url, read as the relay reads it
+    (RELAY_SCHEMA_REGISTRY_*); the job is handed it, and logs it without the password."""
+    from spark_jobs import archive
+
+    seen: list[Any] = []
+
+    class Query:
+        def awaitTermination(self, timeout: float) -> bool:
+            return True
+
+    def start(spark: Any, **kwargs: Any) -> Query:
+        seen.append(kwargs["registry"])
+        return Query()
+
+    monkeypatch.setattr(archive, "job_session", lambda name, debug: None)
+    monkeypatch.setattr(archive, "run", lambda name, debug, body: body())
+    monkeypatch.setattr(archive, "start", start)
+    for name in ("URL", "USER", "PASSWORD", "CA"):
+        monkeypatch.delenv(f"RELAY_SCHEMA_REGISTRY_{name}", raising=False)
+    argv = ["--bootstrap-servers", "k:9092", "--path", str(tmp_path / "a"),
+            "--checkpoint", str(tmp_path / "c"), "--format", "avro-registry"]  # fmt: skip
+    with pytest.raises(SystemExit) as refused:
+        archive.main(argv)
+    assert refused.value.code == 2
+    assert "RELAY_SCHEMA_REGISTRY_URL" in capsys.readouterr().err
+
+    monkeypatch.setenv("RELAY_SCHEMA_REGISTRY_URL", "https://registry.example:8081")
+    monkeypatch.setenv("RELAY_SCHEMA_REGISTRY_USER", "spark")
+    monkeypatch.setenv("RELAY_SCHEMA_REGISTRY_PASSWORD", "hunter2-registry")
+    with caplog.at_level("INFO"):
+        archive.main(argv)
+    [access] = seen
+    assert (access.url, access.user, access.password) == (
+        "https://registry.example:8081", "spark", "hunter2-registry"
+    )  # fmt: skip
+    assert "hunter2-registry" not in caplog.text + repr(access)
+    assert "registry.example" in caplog.text

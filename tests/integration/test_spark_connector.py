@@ -1,5 +1,5 @@
-"""Spark's own Kafka connector: pinned at pyspark's version, loaded from the jar cache,
-offline once fetched, and a clear error when pyspark and the pin disagree."""
+"""Spark's own Kafka connector and spark-avro: pinned at pyspark's version, loaded from
+the jar cache, offline once fetched, and a clear error when pyspark and a pin disagree."""
 
 from __future__ import annotations
 
@@ -26,6 +26,15 @@ def test_the_connector_is_pinned_at_the_installed_pyspark_version() -> None:
     }
     assert not shipped & {a.name for a in lock.artifacts}
     assert {"kafka-clients", "commons-pool2"} <= {a.name for a in lock.artifacts}
+
+
+def test_spark_avro_is_pinned_at_the_installed_pyspark_version() -> None:
+    lock = Lock.load(spark_session.AVRO_LOCK)
+    assert lock.version_of(*spark_session.AVRO) == pyspark.__version__
+    shipped = {
+        jar.name.rsplit("-", 1)[0] for jar in Path(pyspark.__file__).parent.glob("jars/*.jar")
+    }
+    assert not shipped & {a.name for a in lock.artifacts}  # avro itself comes with pyspark
 
 
 def test_a_pyspark_of_another_version_is_refused_with_the_fix(
@@ -59,3 +68,10 @@ def test_once_fetched_the_connector_loads_without_the_repository(
         .load()
     )
     assert frame.columns[:4] == ["key", "value", "topic", "partition"]
+    # And from_avro (spark-avro) decodes a schemaless Avro body.
+    from pyspark.sql.avro.functions import from_avro
+
+    schema = '{"type":"record","name":"R","fields":[{"name":"n","type":"long"}]}'
+    body = spark.createDataFrame([(bytearray(b"\x54"),)], "body binary")  # zigzag 42
+    [row] = body.select(from_avro("body", schema).alias("r")).collect()
+    assert row.r.n == 42

@@ -143,3 +143,89 @@ def test_each_record_is_decoded_in_its_own_format_avro_or_json(
     assert sum('"note":"json"' in p for p in payloads) == 3
     [bad] = corrupt.collect()
     assert bad.key == "bad" and bytes(bad.value) == b"\xff not json" and bad.payload is None
+
+
+@pytest.mark.registry
+@pytest.mark.timeout(1800)  # the registry's start and a Spark session, on 2 busy cores
+def test_registry_values_decode_by_from_avro_or_by_id_and_bad_ones_are_kept(
+    spark: SparkSession, kafka_bootstrap: str, topic: str, schema_registry: str, registry: Any
+) -> None:
+    """The Confluent wire format: the topic's latest schema (known at start) is decoded
+    by from_avro, an older id of the same subject by the Python decoder; both give the
+    same payloads. A body that does not decode (from_avro's row of nulls), an id the registry lacks and a job
+    without a registry are error rows, with their values kept."""
+    from confluent_kafka.schema_registry import Schema
+
+    from relay.confluent_wire import frame
+    from spark_jobs.decoding import decode_events, split_corrupt
+    from spark_jobs.registry_schemas import RegistryAccess, planned_schemas
+
+    access = RegistryAccess(schema_registry)
+    client = access.client()
+    placed = registry.writer_for("OrderPlaced")
+    old = {**placed.parsed, "fields": placed.parsed["fields"][:3]}  # no currency, no note
+    old_id = client.register_schema(f"{topic}-value", Schema(json.dumps(old), "AVRO"))
+    new_id = client.register_schema(f"{topic}-value", Schema(json.dumps(placed.parsed), "AVRO"))
+    assert old_id != new_id
+    from relay.schemas import AvroSchema, encode_with
+
+    old_schema = AvroSchema.from_json(old)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(3):
+        payload = {"order_id": f"o-{i}", "customer_id": "c", "amount_cents": i}
+        headers = [("id", f"m{i}".encode()), ("position", str(i).encode())]
+        body_new = encode_with(placed, {**payload, "currency": "EUR", "note": None})[10:]
+        body_old = encode_with(old_schema, payload)[10:]
+        producer.produce(topic, frame(new_id, body_new), b"new", headers=headers)
+        producer.produce(topic, frame(old_id, body_old), b"old", headers=headers)
+    producer.produce(topic, frame(new_id, b"\xff\xff\xff"), b"bad-body")
+    producer.produce(topic, frame(2**31 - 7, body_new), b"no-such-id")
+    producer.flush(30)
+
+    records = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", kafka_bootstrap)
+        .option("subscribe", topic)
+        .option("includeHeaders", "true")
+        .load()
+    )
+    planned = planned_schemas(access, "avro-registry", topic)
+    assert [s.schema_id for s in planned] == [new_id]  # the latest: from_avro's
+    decoded = decode_events(
+        records, writer_schemas=REPO / "schemas", value_format="avro-registry",
+        keep_value=True, registry=access, registry_schemas=planned,
+    )  # fmt: skip
+    events, corrupt = split_corrupt(decoded)
+    rows = sorted(events.collect(), key=lambda r: (r.key, r.position))
+    assert [(r.key, r.message_id, r.position) for r in rows] == [
+        (k, f"m{i}", i) for k in ("new", "old") for i in range(3)
+    ]
+    assert json.loads(rows[0].payload) == {"order_id": "o-0", "customer_id": "c",
+                                           "amount_cents": 0, "currency": "EUR", "note": None}  # fmt: skip
+    assert json.loads(rows[3].payload) == {"order_id": "o-0", "customer_id": "c", "amount_cents": 0}
+    bad = {r.key: r for r in corrupt.collect()}
+    assert sorted(bad) == ["bad-body", "no-such-id"]
+    assert bad["bad-body"].error  # from_avro's null row, told by the Python decoder
+    assert "not in the registry" in bad["no-such-id"].error
+    assert all(r.payload is None and bytes(r.value)[:1] == b"\x00" for r in bad.values())
+
+    # A job told of no registry: every registry value is kept, with the reason.
+    blind = decode_events(records, writer_schemas=REPO / "schemas", value_format="auto")
+    reasons = {r.error.split(":")[0] for r in blind.collect()}
+    assert reasons == {"SchemaError"}
+    assert "knows no registry" in blind.first().error
+
+
+def test_a_registry_that_cannot_be_reached_fails_the_batch_rather_than_the_records() -> None:
+    """The records are fine: marking them undecodable would archive them as errors for
+    good. The Python decoder raises instead (the query fails; a restart reads them)."""
+    from relay.confluent_wire import frame
+    from relay.errors import SchemaRegistryUnavailable
+    from relay.localstack.process import free_port
+    from spark_jobs import decoding
+    from spark_jobs.registry_schemas import RegistryAccess
+
+    down = RegistryAccess(f"http://spark:s3cret-pw@127.0.0.1:{free_port()}")
+    with pytest.raises(SchemaRegistryUnavailable) as failed:
+        decoding._payload(frame(7, b"\x02"), "auto", str(REPO / "schemas"), None, down)
+    assert "s3cret-pw" not in str(failed.value)
