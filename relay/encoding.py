@@ -22,23 +22,12 @@ from relay.model import (
     OutboxEvent,
     Unreadable,
 )
-from relay.routing import Routing
+from relay.routing import RESERVED_HEADER_NAMES, Routing
 from relay.schemas import SchemaFolder
 from relay.subscribers import KeyFormat, Subscriber, TopicGuard, ValueFormat
 
 if TYPE_CHECKING:  # the registry client is imported only by relays that use it
     from relay.registry_format import RegistryValueEncoder
-
-RESERVED_HEADERS = frozenset(
-    {
-        HEADER_ID,
-        HEADER_EVENT_TYPE,
-        HEADER_AGGREGATE_TYPE,
-        HEADER_TRANSACTION_ID,
-        HEADER_POSITION,
-        HEADER_VERSION,
-    }
-)
 
 
 class RecordEncoder:
@@ -267,7 +256,7 @@ def _more_headers(event: OutboxEvent, headers: list[tuple[str, str | bytes | Non
         extra = [
             (name, _header_bytes(value))
             for name, value in event.headers.items()
-            if name not in RESERVED_HEADERS and not name.startswith(RESERVED_HEADER_PREFIX)
+            if name not in RESERVED_HEADER_NAMES and not name.startswith(RESERVED_HEADER_PREFIX)
         ]
         headers.extend(extra)
         size += sum(len(name) + len(value) for name, value in extra)

@@ -41,6 +41,7 @@ from relay.model import KafkaCheckpoint, KafkaRecord, Position
 from relay.ports import Batch, Meanwhile
 
 logger = logging.getLogger(__name__)
+_PARTITION = operator.attrgetter("partition")
 # librdkafka's own lines: deduplicated, at most one of a kind a minute.
 _client_log = client_logger()
 
@@ -302,6 +303,8 @@ class _BatchProducer:
     def _check_partitions(self, records: Sequence[KafkaRecord]) -> None:
         """Refuse a record whose chosen partition its topic does not have (its row's
         poison): librdkafka would fail it only at delivery, and the batch with it."""
+        if set(map(_PARTITION, records)) == {None}:  # the usual batch: one C-level pass
+            return
         for record in records:
             if record.partition is None:
                 continue

@@ -36,10 +36,11 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 
+from relay.daemon.publishers import routed_topic_creator
 from relay.db import wrap_errors
 from relay.encoding import RecordEncoder
 from relay.errors import ConfigError, EncodingError, PoisonRecordError, SubscriberError
-from relay.kafka import TopicCreator, TransactionalPublisher, producer_config
+from relay.kafka import TransactionalPublisher, producer_config
 from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
 from relay.ports import Batch
 from relay.queries import parse_named, read_sql, with_schema
@@ -397,7 +398,8 @@ def redrive_publisher(
 ) -> TransactionalPublisher:
     """The redrive's transactional publisher, from the relay's settings. ``guard`` (with
     the subscribers loaded) tells which topics count towards ``max_created_topics``, as
-    in the relay: counting every topic on a shared cluster refused every new topic."""
+    in the relay (the same constructor): counting every topic on a shared cluster
+    refused every new topic."""
     if settings.delivery != "transactional":
         raise ConfigError(
             "delivery: redrive publishes exactly once through Kafka transactions, which "
@@ -405,16 +407,7 @@ def redrive_publisher(
         )
     bootstrap = settings.require_bootstrap_servers()
     client = {**settings.kafka, "bootstrap.servers": bootstrap}
-    topics = TopicCreator(
-        client,
-        enabled=settings.create_topics,
-        partitions=settings.topic_partitions,
-        replication_factor=settings.topic_replication_factor,
-        # Rows name topics: the relay's cap on topics created for them holds here too.
-        max_created=None if settings.max_created_topics < 0 else settings.max_created_topics,
-        relay_owned=guard.relay_owned,
-        counts=guard.routable,
-    )
+    topics = routed_topic_creator(settings, guard)
     prefix = group_prefix(settings.kafka_id_prefix, subscriber_id)
     return TransactionalPublisher(
         producer_config(bootstrap, settings.kafka, int(settings.delivery_timeout * 1000)),

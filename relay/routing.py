@@ -181,11 +181,11 @@ class Routing:
     def default(self) -> bool:
         return self.key == DEFAULT_KEY and self.partition_by is None and not self.placements
 
-    @property
+    @functools.cached_property  # read per event: split once
     def envelope(self) -> tuple[Placed, ...]:
         return tuple(p for p in self.placements if p.placement is Placement.ENVELOPE)
 
-    @property
+    @functools.cached_property
     def headers(self) -> tuple[Placed, ...]:
         return tuple(p for p in self.placements if p.placement is Placement.HEADER)
 

@@ -9,21 +9,28 @@ from relay.settings import Settings
 from relay.subscribers import TopicGuard
 
 
+def routed_topic_creator(settings: Settings, guard: TopicGuard) -> TopicCreator:
+    """The topic creator for topics rows are routed to, as the settings and ``guard``
+    (the subscribers loaded) say: its cap counts the subscribers' topics only, never the
+    relay's own or the rest of the cluster's. The relay and redrive both use this one."""
+    return TopicCreator(
+        {**settings.kafka, "bootstrap.servers": settings.require_bootstrap_servers()},
+        enabled=settings.create_topics,
+        partitions=settings.topic_partitions,
+        replication_factor=settings.topic_replication_factor,
+        max_created=None if settings.max_created_topics < 0 else settings.max_created_topics,
+        relay_owned=guard.relay_owned,
+        counts=guard.routable,
+    )
+
+
 class PublisherFactory:
     """Opens a part's publisher; every publisher shares one topic creator."""
 
     def __init__(self, settings: Settings, topic_guard: TopicGuard) -> None:
         self._settings = settings
         self._bootstrap_servers = settings.require_bootstrap_servers()
-        self._topics = TopicCreator(
-            {**settings.kafka, "bootstrap.servers": self._bootstrap_servers},
-            enabled=settings.create_topics,
-            partitions=settings.topic_partitions,
-            replication_factor=settings.topic_replication_factor,
-            max_created=None if settings.max_created_topics < 0 else settings.max_created_topics,
-            relay_owned=topic_guard.relay_owned,
-            counts=topic_guard.routable,
-        )
+        self._topics = routed_topic_creator(settings, topic_guard)
 
     def written_topics(self) -> frozenset[str]:
         """The topics this relay's parts have published to (their checkpoint topic too)."""
