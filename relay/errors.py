@@ -22,7 +22,11 @@ class RelayError(Exception):
 
 
 class RetryableError(RelayError):
-    """A transient fault: the same operation may succeed later."""
+    """A transient fault: the same operation may succeed later. ``waits_on`` names the
+    service whose absence it means (``outbox_relay_part_waiting`` shows it per part);
+    None when it is no outage (a conflict, say)."""
+
+    waits_on: str | None = None
 
 
 class ConfigError(RelayError):
@@ -116,6 +120,8 @@ class DatabaseError(RelayError):
 class DatabaseUnavailable(RetryableError):
     """Postgres is unreachable or the connection broke."""
 
+    waits_on = "postgres"
+
     def __init__(self, message: str, *, sqlstate: str | None = None) -> None:
         self.sqlstate = sqlstate
         super().__init__(message)
@@ -159,6 +165,8 @@ class BrokerUnavailable(RetryableError):
     repeated at once, within the caller's deadline (librdkafka's ``retriable`` flag on a
     transactional call, or a consumer group's coordinator still settling)."""
 
+    waits_on = "kafka"
+
     def __init__(self, message: str, *, code: int | None = None, retry_call: bool = False) -> None:
         self.code = code
         self.retry_call = retry_call
@@ -177,6 +185,8 @@ class ConsumerHiccup(BrokerUnavailable):
 class SchemaRegistryUnavailable(RetryableError):
     """The schema registry did not answer, or answered with a server error: the events
     wait for it (never poison)."""
+
+    waits_on = "schema_registry"
 
 
 class EncodingError(RelayError):

@@ -11,7 +11,8 @@ never behind scrapes. The hot path is not instrumented.
   Postgres or Kafka is healthy: restarting it would not help.
 * ``/readyz`` (readiness): the relay holds a session, which it opens only while Kafka
   answers, and its heartbeats to Postgres renewed it within the session timeout (less
-  one heartbeat interval). A halted part leaves it ready (``Relay.ready`` says why).
+  one heartbeat interval). A halted part, or one waiting for the schema registry, leaves
+  it ready (``Relay.ready`` says why).
 """
 
 from __future__ import annotations
@@ -109,6 +110,8 @@ class RelayView(Protocol):
 
     def part_states(self) -> dict[PartId, str]: ...
 
+    def part_waits(self) -> dict[PartId, str]: ...
+
     def key_space_changes(self) -> Counter[str]: ...
 
     def retention_totals(self) -> Counter[str]: ...
@@ -156,6 +159,16 @@ class RelayCollector(Collector):
         for part, worker_state in sorted(self._relay.part_states().items()):
             state.add_metric([part.subscriber, str(part.part), worker_state], 1)
         yield state
+        waiting = GaugeMetricFamily(
+            "outbox_relay_part_waiting",
+            "1 while a part waits to retry because a service it needs could not be reached "
+            "(service: schema_registry, kafka or postgres); it publishes nothing meanwhile, "
+            "and dead-letters nothing for it",
+            labels=["subscriber", "part", "service"],
+        )
+        for part, service in sorted(self._relay.part_waits().items()):
+            waiting.add_metric([part.subscriber, str(part.part), service], 1)
+        yield waiting
         moves = CounterMetricFamily(
             "outbox_relay_key_space_changes",
             "Database moves this relay found: 'rebased' (keys rewritten below the new "

@@ -25,6 +25,7 @@ the registry's reason.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -37,9 +38,18 @@ from relay.redact import redact
 from relay.schemas import AvroSchema, SchemaFolder
 from relay.subscribers import KeyFormat, SubjectStrategy, Subscriber
 
-__all__ = ["KEY_SCHEMA", "CompatibilityReport", "check_subscriber", "schema_text"]
+__all__ = [
+    "KEY_SCHEMA",
+    "CompatibilityReport",
+    "check_subscriber",
+    "registry_call",
+    "schema_text",
+]
 
 _NOT_FOUND = 404
+# Statuses that say "this schema, under this subject, is refused" rather than "the
+# registry is unwell": 409 incompatible, 422 invalid schema.
+_REFUSALS = frozenset({409, 422})
 
 # The schema of avro-registry keys (the aggregate_id): an Avro string.
 KEY_SCHEMA = '"string"'
@@ -237,16 +247,27 @@ def _quoted(subject: str) -> str:
     return quote(subject, safe="")
 
 
-def _ask(subject: str, call: Any) -> Any:
+def _ask(subject: str, call: Callable[[], Any]) -> Any:
     """``call()``; None when the registry answers 404 (no such subject or schema)."""
+    return registry_call(subject, call, "a check", missing_ok=True)
+
+
+def registry_call(
+    subject: str, call: Callable[[], Any], what: str, *, missing_ok: bool = False
+) -> Any:
+    """``call()``, a request about ``subject``, with the registry's errors mapped in one
+    place (every message redacted): :class:`SchemaIncompatible` when it refuses ``what``
+    (409 incompatible, 422 invalid schema); :class:`SchemaRegistryUnavailable` when it
+    cannot answer (a server error, a transport failure); a 404 is None with
+    ``missing_ok``, else unavailable too."""
     try:
         return call()
     except SchemaRegistryError as exc:
-        if exc.http_status_code == _NOT_FOUND:
+        if exc.http_status_code == _NOT_FOUND and missing_ok:
             return None
-        if exc.http_status_code in (409, 422):
+        if exc.http_status_code in _REFUSALS:
             raise SchemaIncompatible(
-                f"the schema registry refused a check under {subject!r}: "
+                f"the schema registry refused {what} under {subject!r}: "
                 f"{redact(str(exc.error_message))}"
             ) from exc
         raise SchemaRegistryUnavailable(

@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import io
 import logging
+import threading
+from datetime import UTC, datetime
 from typing import Any
 
 import fastavro
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from relay.confluent_wire import frame, from_single_object
 from relay.errors import SchemaIncompatible, SchemaRegistryUnavailable
-from relay.redact import redact
-from relay.registry_compat import KEY_SCHEMA, schema_text
+from relay.registry_compat import KEY_SCHEMA, registry_call, schema_text
 from relay.schemas import AvroSchema, SchemaFolder, encode_with
 from relay.settings import Settings
 from relay.subscribers import SubjectStrategy
@@ -47,10 +47,6 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_S = 10.0
-
-# Statuses that say "this schema, under this subject, is refused" rather than "the
-# registry is unwell": 409 incompatible, 422 invalid schema.
-_REFUSALS = frozenset({409, 422})
 
 
 def registry_client(
@@ -98,6 +94,10 @@ class RegistryValueEncoder:
         self.client = client
         self._ids: dict[tuple[str, bytes], int] = {}
         self._key_ids: dict[str, int] = {}
+        self._lock = threading.Lock()
+        # Why the registry could not be reached, and since when (None: it answers). Its
+        # parts say so each retry; this says it once per outage (event registry.unreachable).
+        self.unreachable: tuple[datetime, str] | None = None
 
     def encode(
         self,
@@ -148,20 +148,40 @@ class RegistryValueEncoder:
 
     def _register_text(self, subject: str, text: str, what: str) -> int:
         try:
-            return int(self.client.register_schema(subject, Schema(text, "AVRO")))
-        except SchemaRegistryError as exc:
-            if exc.http_status_code in _REFUSALS:
-                raise SchemaIncompatible(
-                    f"the schema registry refused {what} under {subject!r}: "
-                    f"{redact(str(exc.error_message))}"
-                ) from exc
-            raise SchemaRegistryUnavailable(
-                redact(f"schema registry error for {subject!r}: {exc}")
-            ) from exc
-        except Exception as exc:  # the client's transport raises its own (httpx) errors
-            raise SchemaRegistryUnavailable(
-                redact(f"schema registry unreachable for {subject!r}: {type(exc).__name__}: {exc}")
-            ) from exc
+            schema_id = int(
+                registry_call(
+                    subject,
+                    lambda: self.client.register_schema(subject, Schema(text, "AVRO")),
+                    what,
+                )
+            )
+        except SchemaRegistryUnavailable as exc:
+            self._note_unreachable(exc)
+            raise
+        self._note_reachable()
+        return schema_id
+
+    def _note_unreachable(self, exc: SchemaRegistryUnavailable) -> None:
+        with self._lock:
+            if self.unreachable is not None:
+                return
+            self.unreachable = (datetime.now(UTC), str(exc))
+        _log.warning(
+            "schema registry unreachable: parts that need a schema id wait for it "
+            "(nothing is dead-lettered): %s",
+            exc,
+            extra={"event": "registry.unreachable", "error": str(exc)},
+        )
+
+    def _note_reachable(self) -> None:
+        with self._lock:
+            down, self.unreachable = self.unreachable, None
+        if down is not None:
+            _log.info(
+                "schema registry reachable again (unreachable since %s)",
+                down[0].isoformat(timespec="seconds"),
+                extra={"event": "registry.reachable"},
+            )
 
 
 def _avro_string(text: str) -> bytes:

@@ -101,6 +101,9 @@ class WorkerStats:
     key_space_continued: int = 0  # ... found a cluster change that kept the key space
     checkpoint: Position | None = None
     last_error: str | None = None
+    # The service the part's last attempt found unreachable (RetryableError.waits_on:
+    # "schema_registry", "kafka", "postgres"), until a turn goes through; None otherwise.
+    waiting_on: str | None = None
     last_published_at: float | None = None
     state: WorkerState = WorkerState.STARTING
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -271,6 +274,7 @@ class PartWorker:
         if not self._stopping.is_set():
             try:
                 delay = self._serve(woken)
+                self.stats.waiting_on = None
             except RetryableError as exc:
                 self._failures += 1
                 delay = self._retry_later(exc, self._failures)
@@ -786,6 +790,8 @@ class PartWorker:
             self.stats.errors += 1
             self.stats.last_error = str(exc)
             self.stats.state = state
+            waits_on = exc.waits_on if isinstance(exc, RetryableError) else None
+            self.stats.waiting_on = waits_on if state is WorkerState.RETRYING else None
 
 
 def _same_batch_start(recovered: PartState, fetched_at: PartState) -> bool:

@@ -58,6 +58,7 @@ class Relay:
         allow = None if settings.topic_allow is None else re.compile(settings.topic_allow)
         self.topic_guard = TopicGuard(settings.checkpoint_topic, allow)
         schema_registry = registry_encoder(settings, self.registry)
+        self.schema_registry = schema_registry
         self.encoder = RecordEncoder(self.registry, self.topic_guard, schema_registry)
         self._stopping = threading.Event()
         self._stop_requested = threading.Event()
@@ -213,6 +214,9 @@ class Relay:
     def part_states(self) -> dict[PartId, str]:
         return self.parts.states()
 
+    def part_waits(self) -> dict[PartId, str]:
+        return self.parts.waits()
+
     def healthy(self) -> tuple[bool, str]:
         """Liveness: the threads that keep the relay going are alive."""
         threads = (("supervisor", self._supervisor), ("session", self.membership.keeper))
@@ -227,7 +231,9 @@ class Relay:
         A halted part leaves the relay ready: the halt is in Postgres, so every replica
         (and a new one rolled out with the fix) would be unready too, blocking the
         rollout that could fix it. Halts are alerted on from /metrics instead
-        (deploy/README.md); the reply names them for whoever looks.
+        (deploy/README.md); the reply names them for whoever looks. So do parts waiting
+        for an unreachable schema registry, as parts waiting for a partition's leader:
+        every replica would wait alike (outbox_relay_part_waiting shows them).
         """
         if self._stopping.is_set():
             return False, "stopping"
@@ -248,8 +254,20 @@ class Relay:
         return True, (
             f"ready: session {session.id}, {len(self.workers)} parts"
             + (f"; halted: {', '.join(halted)}" if halted else "")
+            + self._registry_waits()
             + (f"; {broker.describe()}" if broker is not None and leaderless else "")
         )
+
+    def _registry_waits(self) -> str:
+        """ "; waiting for the schema registry ...": the parts stalled on it, and why."""
+        waiting = sorted(str(p) for p, on in self.part_waits().items() if on == "schema_registry")
+        if not waiting:
+            return ""
+        down = None if self.schema_registry is None else self.schema_registry.unreachable
+        why = ""
+        if down is not None:
+            why = f" (unreachable since {down[0].isoformat(timespec='seconds')}: {down[1]})"
+        return f"; waiting for the schema registry{why}: {', '.join(waiting)}"
 
     # -- supervision -------------------------------------------------------------------
 

@@ -70,6 +70,12 @@ class ClaimedParts:
     def states(self) -> dict[PartId, str]:
         return {part: w.stats.state.value for part, w in list(self.workers.items())}
 
+    def waits(self) -> dict[PartId, str]:
+        """The parts waiting for an unreachable service, and which (schema_registry,
+        kafka, postgres)."""
+        waits = {part: w.stats.waiting_on for part, w in list(self.workers.items())}
+        return {part: on for part, on in waits.items() if on is not None}
+
     def wake(self, aggregate_types: frozenset[str] | None = None) -> None:
         """Wake the workers whose parts can have rows of ``aggregate_types`` (None: any:
         every worker)."""

@@ -50,6 +50,7 @@ class MemberReport:
     ready: tuple[bool, str]
     totals: dict[PartId, Counter[str]] = field(default_factory=dict)
     states: dict[PartId, str] = field(default_factory=dict)
+    waits: dict[PartId, str] = field(default_factory=dict)
     key_space_changes: Counter[str] = field(default_factory=Counter)
     retention: Counter[str] = field(default_factory=Counter)
 
@@ -113,6 +114,7 @@ def _report(relay: Relay) -> MemberReport:
         relay.ready(),
         totals,
         states,
+        relay.part_waits(),
         relay.key_space_changes(),
         relay.retention_totals(),
     )
@@ -356,6 +358,13 @@ class RelayProcesses:
             if member.last is not None:
                 states.update(member.last.states)
         return states
+
+    def part_waits(self) -> dict[PartId, str]:
+        waits: dict[PartId, str] = {}
+        for member in self.members:
+            if member.last is not None:
+                waits.update(member.last.waits)
+        return waits
 
     def key_space_changes(self) -> Counter[str]:
         found: Counter[str] = Counter()

@@ -6,6 +6,7 @@ stalls publication (no poison, no dead letter) until it can."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from tests.support import (
     REPO,
     caught_up,
     consume,
+    http_get,
     order,
     run_cli,
     sub,
@@ -86,6 +88,7 @@ def test_an_unreachable_registry_stalls_without_poison_and_publication_resumes(
     topic_prefix: str,
     start_relay: StartRelay,
     schema_registry: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     definition = [sub("down", topic_prefix, value_format="avro-registry", on_poison="dead-letter")]
     write_orders(writer_db, outbox, IDS)
@@ -94,11 +97,24 @@ def test_an_unreachable_registry_stalls_without_poison_and_publication_resumes(
 
     part = worker(stalled, "down")
     wait_until(lambda: part.stats.state is WorkerState.RETRYING, 60, "the part to retry")
-    wait_until(lambda: part.stats.errors >= 2, 120, "a second attempt")
+    wait_until(lambda: part.stats.errors >= 3, 120, "a third attempt")
     assert not caught_up(db, "down")
     assert part.stats.poisoned == 0 and part.stats.dead_lettered == 0
     assert OutboxStore(db).get_part("down", 0).halted_error is None
     assert db.execute("SELECT count(*) FROM outbox_dead_letters").fetchone() == (0,)
+    # Visibly: /readyz names the part (still ready, as for a leaderless partition:
+    # every replica would wait alike), /metrics shows it, and one warning says why.
+    assert stalled.http is not None
+    base = f"http://127.0.0.1:{stalled.http.port}"
+    status, ready = http_get(base + "/readyz")
+    assert status == 200, ready
+    assert "waiting for the schema registry (unreachable since" in ready
+    assert ready.rstrip().endswith(": down/0")
+    status, metrics = http_get(base + "/metrics")
+    waiting = 'outbox_relay_part_waiting{part="0",service="schema_registry",subscriber="down"} 1.0'
+    assert status == 200 and waiting in metrics.splitlines()
+    said = [r for r in caplog.records if getattr(r, "event", None) == "registry.unreachable"]
+    assert [r.levelno for r in said] == [logging.WARNING]  # once, not once per retry
     stalled.stop()
 
     # The registry back (here: the relay told where it is): every event, once.

@@ -6,6 +6,8 @@ never poison); a schema it refuses halts the part with its reason (never poison)
 from __future__ import annotations
 
 import dataclasses
+import logging
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -53,9 +55,12 @@ class Registry:
     def __init__(self, failures: list[Exception]) -> None:
         self.failures = failures
         self.subjects: list[str] = []
+        self.observe: Callable[[], object] = lambda: None
+        self.observed: list[object] = []  # observe() at each call
 
     def register_schema(self, subject: str, schema: Any) -> int:
         self.subjects.append(subject)
+        self.observed.append(self.observe())
         if self.failures:
             raise self.failures.pop(0)
         return 7
@@ -75,7 +80,10 @@ def part_worker(store: InMemoryStore, kafka: InMemoryPublisher, registry: Regist
     )
 
 
-def test_an_unreachable_registry_is_retried_and_nothing_is_poison() -> None:
+def test_an_unreachable_registry_is_retried_and_nothing_is_poison(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="relay.registry_format")
     store = claimed(REGISTRY)
     for n in range(3):
         store.append(event(n))
@@ -83,6 +91,7 @@ def test_an_unreachable_registry_is_retried_and_nothing_is_poison() -> None:
     down = [ConnectionError("connection refused"), ConnectionError("connection refused")]
     registry = Registry(down)
     w = part_worker(store, kafka, registry)
+    registry.observe = lambda: w.stats.waiting_on
     w.start()
     try:
         last = store.events[-1].key
@@ -94,6 +103,15 @@ def test_an_unreachable_registry_is_retried_and_nothing_is_poison() -> None:
     values = [r.value for r in kafka.published()]
     assert [unframe(v)[0] for v in values] == [7, 7, 7]
     assert registry.subjects == ["t-value"] * 3  # 2 failures, then cached: 1 success
+    # The part says what it waits for while it retries (/metrics, /readyz), not after.
+    assert registry.observed == [None, "schema_registry", "schema_registry"]
+    assert w.stats.waiting_on is None
+    # One warning for the outage, not one per retry; one line when it is over.
+    events = [(r.levelno, getattr(r, "event", None)) for r in caplog.records]
+    assert [e for e in events if e[1] in ("registry.unreachable", "registry.reachable")] == [
+        (logging.WARNING, "registry.unreachable"),
+        (logging.INFO, "registry.reachable"),
+    ]
 
 
 def test_a_schema_the_registry_refuses_halts_the_part_with_its_reason() -> None:

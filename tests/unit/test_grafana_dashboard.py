@@ -60,6 +60,9 @@ class _Relay:
     def part_states(self) -> dict[PartId, str]:
         return {PartId("orders", 0): "running"}
 
+    def part_waits(self) -> dict[PartId, str]:
+        return {PartId("orders", 0): "schema_registry"}
+
     def key_space_changes(self) -> Counter[str]:
         return Counter({"rebased": 1})
 
