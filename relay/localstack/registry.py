@@ -10,8 +10,13 @@ application jar itself must have the SHA-256 listed there, or the build is disca
 Maven runs with ``--strict-checksums`` (Central's published checksums) and a mirror that
 sends every repository a POM declares to Maven Central (or ``RELAY_MAVEN_REPOSITORY``).
 
-Why 2.4.2.Final: it is the newest release whose whole dependency set Maven Central serves
-here (3.x and 2.6.x lack some of Apicurio's own modules). Two adjustments make it
+Why 2.4.2.Final, not the 3.x the issue asked for: Apicurio 3.x cannot be built here.
+``io.apicurio:apicurio-registry-app:3.3.3`` resolves from Maven Central, but its
+dependency tree does not: ``io.apicurio:apicurio-registry-schema-util-provider:3.3.3``
+and ``io.quarkus:quarkus-undertow:3.33.3.1`` answer 404, and 2.6.13.Final fails the same
+way. 2.4.2.Final is the newest release whose whole dependency set Maven Central serves,
+and it serves the same Confluent-compatible API (``/apis/ccompat/v7``) the relay and the
+tests use. Two adjustments make it
 resolvable from Central alone: ``org.everit.json.schema`` (JitPack only) is replaced by
 the same library's Central coordinates ``com.github.erosb:everit-json-schema``, and the
 ``config-index`` Quarkus extension is taken at 0.1.10.Final, the one version whose
