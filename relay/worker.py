@@ -17,6 +17,7 @@ import logging
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -80,23 +81,53 @@ class WorkerState(StrEnum):
     STOPPED = "stopped"
 
 
+def _counter(metric: str, help_text: str) -> int:
+    """A counter of :class:`WorkerStats`, which /metrics exports per part as ``metric``
+    with ``help_text``: each counter is declared here only (#34 item 5)."""
+    return field(default=0, metadata={"metric": (metric, help_text)})
+
+
 @dataclass
 class WorkerStats:
-    published: int = 0
-    published_bytes: int = 0
-    batches: int = 0
-    errors: int = 0
-    dead_lettered: int = 0
-    # Events the poison policy handled (dead-lettered or halted on), whatever the cause:
-    # unreadable, unencodable, unroutable, or refused by the broker.
-    poisoned: int = 0
-    # Exceptions outside the relay's error tree (a bug, or a failure nobody foresaw):
-    # each is logged with its traceback and the part starts over with backoff.
-    unexpected: int = 0
-    recovered: int = 0  # times a Kafka-side checkpoint was ahead of Postgres
+    """A part worker's statistics. The worker's thread writes them while scrapes read
+    them: every change and read takes ``lock`` (:meth:`counts` reads the counters)."""
+
+    published: int = _counter("outbox_relay_published_events", "Events published to Kafka")
+    published_bytes: int = _counter("outbox_relay_published_bytes", "Key and value bytes published")
+    batches: int = _counter("outbox_relay_batches", "Batches committed (Kafka, then checkpoint)")
+    errors: int = _counter("outbox_relay_errors", "Errors (retried or halting)")
+    dead_lettered: int = _counter(
+        "outbox_relay_dead_lettered_events", "Poison events dead-lettered"
+    )
+    # Times a Kafka-side checkpoint was ahead of Postgres (and adopted).
+    recovered: int = _counter(
+        "outbox_relay_recoveries", "Kafka-side checkpoints adopted on takeover"
+    )
     # Kafka-side checkpoints ahead of Postgres that could not be shown to belong to this
     # database (a restore): not adopted, so what they cover may be published again.
-    recoveries_refused: int = 0
+    recoveries_refused: int = _counter(
+        "outbox_relay_recoveries_refused",
+        "Kafka-side checkpoints ahead of Postgres not shown to belong to this database",
+    )
+    # Events the poison policy handled (dead-lettered or halted on), whatever the cause:
+    # unreadable, unencodable, unroutable, or refused by the broker.
+    poisoned: int = _counter(
+        "outbox_relay_poison_events",
+        "Events the part could not publish (dead-lettered, or halting the part)",
+    )
+    # Exceptions outside the relay's error tree (a bug, or a failure nobody foresaw):
+    # each is logged with its traceback and the part starts over with backoff.
+    unexpected: int = _counter(
+        "outbox_relay_unexpected_errors",
+        "Errors of no known kind in a part worker (logged with a traceback, then retried)",
+    )
+    # A worker that stopped on its own on a fatal error: the daemon counts it when it
+    # retires the worker (only it knows whether the worker was told to stop).
+    failures: int = _counter(
+        "outbox_relay_worker_failures",
+        "Part workers that stopped on an error retrying cannot fix (the part is then halted)",
+    )
+    # Exported by the daemon as outbox_relay_key_space_changes{action=...}, not per part.
     key_space_rebased: int = 0  # times this part's connection found and rebased a move
     key_space_continued: int = 0  # ... found a cluster change that kept the key space
     checkpoint: Position | None = None
@@ -104,6 +135,19 @@ class WorkerStats:
     last_published_at: float | None = None
     state: WorkerState = WorkerState.STARTING
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def counts(self) -> Counter[str]:
+        """Every count at one instant, the key-space changes included (psycopg_pool's
+        get_stats): what the daemon sums per part and /metrics exports."""
+        with self.lock:
+            return Counter({name: getattr(self, name) for name in _COUNTS})
+
+
+# Each counter /metrics exports per part: its field's name -> (metric name, help text).
+COUNTERS: dict[str, tuple[str, str]] = {
+    f.name: f.metadata["metric"] for f in dataclasses.fields(WorkerStats) if f.metadata
+}
+_COUNTS = (*COUNTERS, "key_space_rebased", "key_space_continued")
 
 
 @dataclass
@@ -499,7 +543,8 @@ class PartWorker:
             why,
             extra={"part": str(self.part), "recovered": str(adopted)},
         )
-        self.stats.recovered += 1
+        with self.stats.lock:
+            self.stats.recovered += 1
         return self._advance(store, state, adopted, _recovered(store, state, adopted, recovered))
 
     def _publish(self, store: PartStore, state: PartState, batch: _Batch) -> _Published | None:

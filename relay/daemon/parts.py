@@ -220,19 +220,6 @@ class ClaimedParts:
 
 
 def _counts(worker: PartWorker) -> Counter[str]:
-    stats = worker.stats
-    with stats.lock:
-        return Counter(
-            published=stats.published,
-            published_bytes=stats.published_bytes,
-            batches=stats.batches,
-            errors=stats.errors,
-            dead_lettered=stats.dead_lettered,
-            poisoned=stats.poisoned,
-            unexpected=stats.unexpected,
-            recovered=stats.recovered,
-            recoveries_refused=stats.recoveries_refused,
-            key_space_rebased=stats.key_space_rebased,
-            key_space_continued=stats.key_space_continued,
-            **worker.hook.counts(),
-        )  # "failures" is counted when a worker is retired
+    counts = worker.stats.counts()  # "failures" is counted when a worker is retired
+    counts.update(worker.hook.counts())
+    return counts
