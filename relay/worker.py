@@ -36,6 +36,7 @@ from relay.errors import (
     SubscriberError,
 )
 from relay.key_space import KeySpace, KeySpaceAction, adoptable, report
+from relay.logs import log_extra
 from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position, Unreadable
 from relay.poison import MAX_DEAD_LETTER_ERROR_BYTES, cap, dead_letter_record
 from relay.ports import (
@@ -319,10 +320,19 @@ class PartWorker:
                 self._failures += 1
                 delay = self._retry_later(exc, self._failures)
             except ClaimLost as exc:
-                logger.warning("part %s: %s; stopping its worker", self.part, exc)
+                logger.warning(
+                    "part %s: %s; stopping its worker",
+                    self.part,
+                    exc,
+                    extra=self._log_extra("part_claim_lost", error=exc),
+                )
                 self._stopping.set()
             except SubscriberError:
-                logger.info("part %s: its subscriber was removed; stopping", self.part)
+                logger.info(
+                    "part %s: its subscriber was removed; stopping",
+                    self.part,
+                    extra=self._log_extra("part_subscriber_removed"),
+                )
                 self._stopping.set()
             except RelayError as exc:
                 # Not retryable and not an event's fault (a permission error, a bad Kafka
@@ -332,7 +342,7 @@ class PartWorker:
                     "part %s stopped: %s",
                     self.part,
                     exc,
-                    extra={"part": str(self.part), "error": str(exc)},
+                    extra=self._log_extra("part_stopped", error=exc),
                 )
                 self._stopping.set()
             except Exception as exc:
@@ -346,6 +356,10 @@ class PartWorker:
                 return delay
         self._finish()
         return None
+
+    def _log_extra(self, event: str, **fields: object) -> dict[str, object]:
+        """The ``extra`` of this part's log lines: the event, the part, then ``fields``."""
+        return log_extra(event, part=self.part, **fields)
 
     def _finish(self) -> None:
         try:
@@ -368,7 +382,7 @@ class PartWorker:
             exc,
             delay,
             exc_info=exc if unexpected else None,
-            extra={"part": str(self.part), "retry_in": delay, "error": str(exc)},
+            extra=self._log_extra("part_retrying", retry_in=delay, error=exc),
         )
         # Start over from recovery: the transaction's fate may be unknown.
         self._drop_connections()
@@ -509,7 +523,7 @@ class PartWorker:
             self.part,
             state.checkpoint,
             recovered.position if recovered is not None else None,
-            extra={"part": str(self.part), "checkpoint": str(state.checkpoint)},
+            extra=self._log_extra("part_resuming", checkpoint=state.checkpoint),
         )
         if recovered is None or recovered.position <= state.checkpoint:
             return state
@@ -526,7 +540,7 @@ class PartWorker:
                 state.checkpoint,
                 why,
                 state.checkpoint,
-                extra={"part": str(self.part), "recovered": str(recovered.position)},
+                extra=self._log_extra("part_recovery_refused", recovered=recovered.position),
             )
             with self.stats.lock:
                 self.stats.recoveries_refused += 1
@@ -541,7 +555,7 @@ class PartWorker:
             state.checkpoint,
             adopted,
             why,
-            extra={"part": str(self.part), "recovered": str(adopted)},
+            extra=self._log_extra("part_recovered", recovered=adopted),
         )
         with self.stats.lock:
             self.stats.recovered += 1
@@ -664,7 +678,7 @@ class PartWorker:
             self.part,
             event.message_id,
             refused.error.reason,
-            extra={"part": str(self.part), "message_id": str(event.message_id)},
+            extra=self._log_extra("dead_letter_minimal", message_id=event.message_id),
         )
         dead[event.message_id] = dataclasses.replace(decision, minimal=True)
         return True
@@ -680,7 +694,11 @@ class PartWorker:
             except CheckpointConflict:
                 current = self._load(store)  # raises ClaimLost if a peer owns it now
                 if current.checkpoint != state.checkpoint or current.generation != state.generation:
-                    logger.info("part %s: checkpoint moved (a reset?), reloading", self.part)
+                    logger.info(
+                        "part %s: checkpoint moved (a reset?), reloading",
+                        self.part,
+                        extra=self._log_extra("part_checkpoint_moved"),
+                    )
                     return current
                 state = current  # only the version moved: the batch is still the right one
         # Still racing after several tries: start over from recovery, which adopts the
@@ -724,7 +742,7 @@ class PartWorker:
                         event.message_id,
                         type(exc).__name__,
                         exc_info=exc,
-                        extra={"part": str(self.part), "message_id": str(event.message_id)},
+                        extra=self._log_extra("encoding_raised", message_id=event.message_id),
                     )
                     if not self._poison(store, state, event, f"{type(exc).__name__}: {exc}", dead):
                         return None
@@ -758,7 +776,7 @@ class PartWorker:
             event.position,
             decision.topic,
             error,
-            extra={"part": str(self.part), "message_id": str(event.message_id), "error": error},
+            extra=self._log_extra("poison_dead_lettered", message_id=event.message_id, error=error),
         )
         dead[event.message_id] = decision
         return True
@@ -773,7 +791,7 @@ class PartWorker:
             "part %s halted: %s",
             self.part,
             message,
-            extra={"part": str(self.part), "error": message},
+            extra=self._log_extra("part_halted_config", error=message),
         )
 
     def _halt(self, store: PartStore, state: PartState, event: OutboxEvent, error: str) -> None:
@@ -786,7 +804,7 @@ class PartWorker:
             self.part,
             self.part.subscriber,
             message,
-            extra={"part": str(self.part), "message_id": str(event.message_id), "error": error},
+            extra=self._log_extra("part_halted_poison", message_id=event.message_id, error=error),
         )
 
     # -- helpers -----------------------------------------------------------------------

@@ -13,6 +13,7 @@ from relay.daemon.context import DaemonContext
 from relay.daemon.membership import Membership
 from relay.encoding import RecordEncoder
 from relay.errors import RelayError
+from relay.logs import log_extra
 from relay.model import PartId
 from relay.ports import DaemonStore, PartState, Publisher
 from relay.scheduling import PartScheduler, ProducerPool
@@ -108,7 +109,7 @@ class ClaimedParts:
             if part in self.workers:
                 continue
             if owners[part] is None and store.claim(part.subscriber, part.part, me):
-                logger.info("claimed part %s", part, extra={"part": str(part)})
+                logger.info("claimed part %s", part, extra=log_extra("part_claimed", part=part))
             elif owners[part] != me:
                 continue  # still owned by a peer, which releases it on its next round
             self._start_worker(part)
@@ -129,7 +130,9 @@ class ClaimedParts:
                 and (running is None or not running.is_alive())
             ):
                 store.release(part.subscriber, part.part, me)
-                logger.info("released part %s to a peer", part, extra={"part": str(part)})
+                logger.info(
+                    "released part %s to a peer", part, extra=log_extra("part_released", part=part)
+                )
 
     # -- workers -----------------------------------------------------------------------
 
@@ -172,7 +175,11 @@ class ClaimedParts:
         for worker in workers:
             worker.join(max(0.0, end - time.monotonic()))
             if worker.is_alive():
-                logger.warning("part %s did not finish its batch in time", worker.part)
+                logger.warning(
+                    "part %s did not finish its batch in time",
+                    worker.part,
+                    extra=log_extra("part_stop_overdue", part=worker.part),
+                )
         # The threads end once no turn is due; a later start begins them again.
         self.scheduler.close()
         self.producers.close_idle()
@@ -203,19 +210,29 @@ class ClaimedParts:
         error = f"part worker stopped: {worker.stats.last_error}"
         session = self._membership.session
         if session is None:  # gave its session up meanwhile: the claim is gone too
-            logger.warning("part %s stopped: %s (not recorded: no session)", part, error)
+            logger.warning(
+                "part %s stopped: %s (not recorded: no session)",
+                part,
+                error,
+                extra=log_extra("part_halt_unrecorded", part=part, error=error),
+            )
             return
         try:
             store.halt(store.get_part(*part), session.id, error)
         except RelayError as exc:
-            logger.warning("part %s stopped, and its halt cannot be recorded: %s", part, exc)
+            logger.warning(
+                "part %s stopped, and its halt cannot be recorded: %s",
+                part,
+                exc,
+                extra=log_extra("part_halt_unrecorded", part=part, error=exc),
+            )
             return
         logger.error(
             "part %s halted (`outbox-relay subscribers resume %s` retries it): %s",
             part,
             part.subscriber,
             error,
-            extra={"part": str(part), "error": error},
+            extra=log_extra("part_worker_failed", part=part, error=error),
         )
 
 
