@@ -208,23 +208,14 @@ class ClaimedParts:
         next worker waits for `subscribers resume` instead of failing in a silent loop,
         and `status`, /metrics and every relay show why."""
         error = f"part worker stopped: {worker.stats.last_error}"
-        session = self._membership.session
-        if session is None:  # gave its session up meanwhile: the claim is gone too
+        unrecorded = self._halt(store, part, error)
+        if unrecorded is not None:
             logger.warning(
-                "part %s stopped: %s (not recorded: no session)",
+                "part %s stopped: %s (its halt is not recorded: %s)",
                 part,
                 error,
+                unrecorded,
                 extra=log_extra("part_halt_unrecorded", part=part, error=error),
-            )
-            return
-        try:
-            store.halt(store.get_part(*part), session.id, error)
-        except RelayError as exc:
-            logger.warning(
-                "part %s stopped, and its halt cannot be recorded: %s",
-                part,
-                exc,
-                extra=log_extra("part_halt_unrecorded", part=part, error=exc),
             )
             return
         logger.error(
@@ -234,6 +225,17 @@ class ClaimedParts:
             error,
             extra=log_extra("part_worker_failed", part=part, error=error),
         )
+
+    def _halt(self, store: DaemonStore, part: PartId, error: str) -> str | None:
+        """Halt ``part`` in Postgres; None when done, else why it could not be."""
+        session = self._membership.session
+        if session is None:  # gave its session up meanwhile: the claim is gone too
+            return "no session"
+        try:
+            store.halt(store.get_part(*part), session.id, error)
+        except RelayError as exc:
+            return str(exc)
+        return None
 
 
 def _counts(worker: PartWorker) -> Counter[str]:
