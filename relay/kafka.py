@@ -30,9 +30,9 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from relay.client_logs import client_logger
 from relay.errors import (
     BrokerUnavailable,
-    ConfigError,
     PoisonRecordError,
     ProducerFenced,
+    RelayError,
     TopicRefused,
     TransactionAborted,
 )
@@ -202,7 +202,7 @@ class TopicCreator:
         try:
             return set(admin.list_topics(timeout=10).topics)
         except KafkaException as exc:
-            raise BrokerUnavailable(f"cannot list topics: {exc}") from exc
+            raise classify(exc, "cannot list topics") from exc
 
     def _create_topics(
         self, admin: AdminClient, missing: set[str], partitions: int | None, config: dict[str, str]
@@ -255,7 +255,7 @@ class _BatchProducer:
         try:
             return Producer(self._config, logger=_client_log)
         except KafkaException as exc:
-            raise ConfigError(f"kafka: invalid producer configuration: {exc}") from exc
+            raise classify(exc, "kafka: invalid producer configuration", Stage.CONFIGURE) from exc
 
     def _send(
         self,
@@ -629,7 +629,7 @@ class TransactionalPublisher(_BatchProducer):
         try:
             return Consumer(config, logger=_client_log)
         except KafkaException as exc:
-            raise ConfigError(f"kafka: invalid consumer configuration: {exc}") from exc
+            raise classify(exc, "kafka: invalid consumer configuration", Stage.CONFIGURE) from exc
 
     def _watched(self, operation: Callable[..., T], *args: Any) -> T:
         """``operation(*args)``, given up on when it outlives its own timeout.
@@ -684,16 +684,24 @@ class TransactionalPublisher(_BatchProducer):
     def _abort(self) -> None:
         try:
             self._watched(self._producer.abort_transaction, self._call_timeout_s)
-        except (ProducerFenced, KafkaException) as exc:
-            # The next producer's init_transactions aborts it for us. This one takes no
-            # more: its abort may still be in progress, and a transaction begun on it
-            # failed with "Conflicting abort_transaction API call is already in
-            # progress" (a rolling restart, #29), a round trip wasted.
-            logger.warning("could not abort the transaction: %s", exc)
-            self._unusable = (
-                f"{self.transactional_id}: could not abort the transaction ({exc}); "
-                "starting the part over with a new producer"
+        except ProducerFenced as exc:
+            self._give_up_producer(exc)
+        except KafkaException as exc:
+            self._give_up_producer(
+                classify(exc, self.transactional_id, Stage.TRANSACTION, config=self._config)
             )
+
+    def _give_up_producer(self, failure: RelayError) -> None:
+        """After a failed abort. The next producer's init_transactions aborts it for us.
+        This one takes no more: its abort may still be in progress, and a transaction
+        begun on it failed with "Conflicting abort_transaction API call is already in
+        progress" (a rolling restart, #29), a round trip wasted. Whatever the abort's
+        error, the part then starts over, so its call raises BrokerUnavailable."""
+        logger.warning("could not abort the transaction: %s", failure)
+        self._unusable = (
+            f"{self.transactional_id}: could not abort the transaction ({failure}); "
+            "starting the part over with a new producer"
+        )
 
     def _call(self, operation: Callable[..., T], *args: Any) -> T:
         """Run a transaction API call, mapping librdkafka's error flags onto ours."""

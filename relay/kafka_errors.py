@@ -41,7 +41,7 @@ class Stage(enum.Enum):
     CREATE_TOPIC = "create topic"  # AdminClient.create_topics, for one topic
     READ = "read"  # a consumed message carried an error
     GROUP_OFFSETS = "group offsets"  # reading a consumer group's committed offsets
-    CONFIGURE = "configure"  # constructing a client: it refused its configuration
+    CONFIGURE = "configure"  # the client refused its configuration or a request locally
 
 
 # Delivery errors that are the record's fault, not the broker's: a poison event.

@@ -43,36 +43,12 @@ from relay.lag import EXACT_UP_TO, subscriber_statuses
 from relay.model import PartId
 from relay.settings import Settings
 from relay.store import OutboxStore
+from relay.worker import COUNTERS as _COUNTERS  # the workers' counters, declared there
 
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse
 
 logger = logging.getLogger(__name__)
-
-_COUNTERS = {
-    "published": ("outbox_relay_published_events", "Events published to Kafka"),
-    "published_bytes": ("outbox_relay_published_bytes", "Key and value bytes published"),
-    "batches": ("outbox_relay_batches", "Batches committed (Kafka, then checkpoint)"),
-    "errors": ("outbox_relay_errors", "Errors (retried or halting)"),
-    "dead_lettered": ("outbox_relay_dead_lettered_events", "Poison events dead-lettered"),
-    "recovered": ("outbox_relay_recoveries", "Kafka-side checkpoints adopted on takeover"),
-    "recoveries_refused": (
-        "outbox_relay_recoveries_refused",
-        "Kafka-side checkpoints ahead of Postgres not shown to belong to this database",
-    ),
-    "poisoned": (
-        "outbox_relay_poison_events",
-        "Events the part could not publish (dead-lettered, or halting the part)",
-    ),
-    "unexpected": (
-        "outbox_relay_unexpected_errors",
-        "Errors of no known kind in a part worker (logged with a traceback, then retried)",
-    ),
-    "failures": (
-        "outbox_relay_worker_failures",
-        "Part workers that stopped on an error retrying cannot fix (the part is then halted)",
-    ),
-}
 
 
 def _latency_histogram(totals: dict[PartId, Counter[str]]) -> Metric:

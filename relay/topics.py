@@ -16,7 +16,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from relay.client_logs import client_logger
-from relay.errors import BrokerUnavailable, ConfigError
+from relay.errors import ConfigError
 from relay.kafka_errors import Stage, classify
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ def admin_client(config: Mapping[str, Any]) -> AdminClient:
     try:
         return AdminClient(client)
     except KafkaException as exc:
-        raise ConfigError(f"kafka: invalid client configuration: {exc}") from exc
+        raise classify(exc, "kafka: invalid client configuration", Stage.CONFIGURE) from exc
 
 
 def list_topics(admin: AdminClient, *, internal: bool = False) -> list[TopicInfo]:
@@ -52,7 +52,7 @@ def list_topics(admin: AdminClient, *, internal: bool = False) -> list[TopicInfo
     try:
         metadata = admin.list_topics(timeout=_TIMEOUT_S)
     except KafkaException as exc:
-        raise BrokerUnavailable(f"cannot list topics: {exc}") from exc
+        raise classify(exc, "cannot list topics") from exc
     topics = []
     for name, topic in metadata.topics.items():
         if name.startswith("__") and not internal:
@@ -84,7 +84,9 @@ def create_topics(
     ]
     try:
         futures = admin.create_topics(new, operation_timeout=_TIMEOUT_S, request_timeout=_TIMEOUT_S)
-    except (KafkaException, ValueError) as exc:
+    except KafkaException as exc:  # the client refused the request's arguments
+        raise classify(exc, "cannot create topics", Stage.CONFIGURE) from exc
+    except ValueError as exc:
         raise ConfigError(f"cannot create topics: {exc}") from exc
     created: dict[str, bool] = {}
     failures = []

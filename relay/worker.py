@@ -17,6 +17,7 @@ import logging
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -35,6 +36,7 @@ from relay.errors import (
     SubscriberError,
 )
 from relay.key_space import KeySpace, KeySpaceAction, adoptable, report
+from relay.logs import log_extra
 from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position, Unreadable
 from relay.poison import MAX_DEAD_LETTER_ERROR_BYTES, cap, dead_letter_record
 from relay.ports import (
@@ -80,23 +82,53 @@ class WorkerState(StrEnum):
     STOPPED = "stopped"
 
 
+def _counter(metric: str, help_text: str) -> int:
+    """A counter of :class:`WorkerStats`, which /metrics exports per part as ``metric``
+    with ``help_text``: each counter is declared here only (#34 item 5)."""
+    return field(default=0, metadata={"metric": (metric, help_text)})
+
+
 @dataclass
 class WorkerStats:
-    published: int = 0
-    published_bytes: int = 0
-    batches: int = 0
-    errors: int = 0
-    dead_lettered: int = 0
-    # Events the poison policy handled (dead-lettered or halted on), whatever the cause:
-    # unreadable, unencodable, unroutable, or refused by the broker.
-    poisoned: int = 0
-    # Exceptions outside the relay's error tree (a bug, or a failure nobody foresaw):
-    # each is logged with its traceback and the part starts over with backoff.
-    unexpected: int = 0
-    recovered: int = 0  # times a Kafka-side checkpoint was ahead of Postgres
+    """A part worker's statistics. The worker's thread writes them while scrapes read
+    them: every change and read takes ``lock`` (:meth:`counts` reads the counters)."""
+
+    published: int = _counter("outbox_relay_published_events", "Events published to Kafka")
+    published_bytes: int = _counter("outbox_relay_published_bytes", "Key and value bytes published")
+    batches: int = _counter("outbox_relay_batches", "Batches committed (Kafka, then checkpoint)")
+    errors: int = _counter("outbox_relay_errors", "Errors (retried or halting)")
+    dead_lettered: int = _counter(
+        "outbox_relay_dead_lettered_events", "Poison events dead-lettered"
+    )
+    # Times a Kafka-side checkpoint was ahead of Postgres (and adopted).
+    recovered: int = _counter(
+        "outbox_relay_recoveries", "Kafka-side checkpoints adopted on takeover"
+    )
     # Kafka-side checkpoints ahead of Postgres that could not be shown to belong to this
     # database (a restore): not adopted, so what they cover may be published again.
-    recoveries_refused: int = 0
+    recoveries_refused: int = _counter(
+        "outbox_relay_recoveries_refused",
+        "Kafka-side checkpoints ahead of Postgres not shown to belong to this database",
+    )
+    # Events the poison policy handled (dead-lettered or halted on), whatever the cause:
+    # unreadable, unencodable, unroutable, or refused by the broker.
+    poisoned: int = _counter(
+        "outbox_relay_poison_events",
+        "Events the part could not publish (dead-lettered, or halting the part)",
+    )
+    # Exceptions outside the relay's error tree (a bug, or a failure nobody foresaw):
+    # each is logged with its traceback and the part starts over with backoff.
+    unexpected: int = _counter(
+        "outbox_relay_unexpected_errors",
+        "Errors of no known kind in a part worker (logged with a traceback, then retried)",
+    )
+    # A worker that stopped on its own on a fatal error: the daemon counts it when it
+    # retires the worker (only it knows whether the worker was told to stop).
+    failures: int = _counter(
+        "outbox_relay_worker_failures",
+        "Part workers that stopped on an error retrying cannot fix (the part is then halted)",
+    )
+    # Exported by the daemon as outbox_relay_key_space_changes{action=...}, not per part.
     key_space_rebased: int = 0  # times this part's connection found and rebased a move
     key_space_continued: int = 0  # ... found a cluster change that kept the key space
     checkpoint: Position | None = None
@@ -107,6 +139,19 @@ class WorkerStats:
     last_published_at: float | None = None
     state: WorkerState = WorkerState.STARTING
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def counts(self) -> Counter[str]:
+        """Every count at one instant, the key-space changes included (psycopg_pool's
+        get_stats): what the daemon sums per part and /metrics exports."""
+        with self.lock:
+            return Counter({name: getattr(self, name) for name in _COUNTS})
+
+
+# Each counter /metrics exports per part: its field's name -> (metric name, help text).
+COUNTERS: dict[str, tuple[str, str]] = {
+    f.name: f.metadata["metric"] for f in dataclasses.fields(WorkerStats) if f.metadata
+}
+_COUNTS = (*COUNTERS, "key_space_rebased", "key_space_continued")
 
 
 @dataclass
@@ -279,10 +324,19 @@ class PartWorker:
                 self._failures += 1
                 delay = self._retry_later(exc, self._failures)
             except ClaimLost as exc:
-                logger.warning("part %s: %s; stopping its worker", self.part, exc)
+                logger.warning(
+                    "part %s: %s; stopping its worker",
+                    self.part,
+                    exc,
+                    extra=self._log_extra("part_claim_lost", error=exc),
+                )
                 self._stopping.set()
             except SubscriberError:
-                logger.info("part %s: its subscriber was removed; stopping", self.part)
+                logger.info(
+                    "part %s: its subscriber was removed; stopping",
+                    self.part,
+                    extra=self._log_extra("part_subscriber_removed"),
+                )
                 self._stopping.set()
             except RelayError as exc:
                 # Not retryable and not an event's fault (a permission error, a bad Kafka
@@ -292,7 +346,7 @@ class PartWorker:
                     "part %s stopped: %s",
                     self.part,
                     exc,
-                    extra={"part": str(self.part), "error": str(exc)},
+                    extra=self._log_extra("part_stopped", error=exc),
                 )
                 self._stopping.set()
             except Exception as exc:
@@ -306,6 +360,10 @@ class PartWorker:
                 return delay
         self._finish()
         return None
+
+    def _log_extra(self, event: str, **fields: object) -> dict[str, object]:
+        """The ``extra`` of this part's log lines: the event, the part, then ``fields``."""
+        return log_extra(event, part=self.part, **fields)
 
     def _finish(self) -> None:
         try:
@@ -328,7 +386,7 @@ class PartWorker:
             exc,
             delay,
             exc_info=exc if unexpected else None,
-            extra={"part": str(self.part), "retry_in": delay, "error": str(exc)},
+            extra=self._log_extra("part_retrying", retry_in=delay, error=exc),
         )
         # Start over from recovery: the transaction's fate may be unknown.
         self._drop_connections()
@@ -469,7 +527,7 @@ class PartWorker:
             self.part,
             state.checkpoint,
             recovered.position if recovered is not None else None,
-            extra={"part": str(self.part), "checkpoint": str(state.checkpoint)},
+            extra=self._log_extra("part_resuming", checkpoint=state.checkpoint),
         )
         if recovered is None or recovered.position <= state.checkpoint:
             return state
@@ -486,7 +544,7 @@ class PartWorker:
                 state.checkpoint,
                 why,
                 state.checkpoint,
-                extra={"part": str(self.part), "recovered": str(recovered.position)},
+                extra=self._log_extra("part_recovery_refused", recovered=recovered.position),
             )
             with self.stats.lock:
                 self.stats.recoveries_refused += 1
@@ -501,9 +559,10 @@ class PartWorker:
             state.checkpoint,
             adopted,
             why,
-            extra={"part": str(self.part), "recovered": str(adopted)},
+            extra=self._log_extra("part_recovered", recovered=adopted),
         )
-        self.stats.recovered += 1
+        with self.stats.lock:
+            self.stats.recovered += 1
         return self._advance(store, state, adopted, _recovered(store, state, adopted, recovered))
 
     def _publish(self, store: PartStore, state: PartState, batch: _Batch) -> _Published | None:
@@ -623,7 +682,7 @@ class PartWorker:
             self.part,
             event.message_id,
             refused.error.reason,
-            extra={"part": str(self.part), "message_id": str(event.message_id)},
+            extra=self._log_extra("dead_letter_minimal", message_id=event.message_id),
         )
         dead[event.message_id] = dataclasses.replace(decision, minimal=True)
         return True
@@ -639,7 +698,11 @@ class PartWorker:
             except CheckpointConflict:
                 current = self._load(store)  # raises ClaimLost if a peer owns it now
                 if current.checkpoint != state.checkpoint or current.generation != state.generation:
-                    logger.info("part %s: checkpoint moved (a reset?), reloading", self.part)
+                    logger.info(
+                        "part %s: checkpoint moved (a reset?), reloading",
+                        self.part,
+                        extra=self._log_extra("part_checkpoint_moved"),
+                    )
                     return current
                 state = current  # only the version moved: the batch is still the right one
         # Still racing after several tries: start over from recovery, which adopts the
@@ -683,7 +746,7 @@ class PartWorker:
                         event.message_id,
                         type(exc).__name__,
                         exc_info=exc,
-                        extra={"part": str(self.part), "message_id": str(event.message_id)},
+                        extra=self._log_extra("encoding_raised", message_id=event.message_id),
                     )
                     if not self._poison(store, state, event, f"{type(exc).__name__}: {exc}", dead):
                         return None
@@ -717,7 +780,7 @@ class PartWorker:
             event.position,
             decision.topic,
             error,
-            extra={"part": str(self.part), "message_id": str(event.message_id), "error": error},
+            extra=self._log_extra("poison_dead_lettered", message_id=event.message_id, error=error),
         )
         dead[event.message_id] = decision
         return True
@@ -732,7 +795,7 @@ class PartWorker:
             "part %s halted: %s",
             self.part,
             message,
-            extra={"part": str(self.part), "error": message},
+            extra=self._log_extra("part_halted_config", error=message),
         )
 
     def _halt(self, store: PartStore, state: PartState, event: OutboxEvent, error: str) -> None:
@@ -745,7 +808,7 @@ class PartWorker:
             self.part,
             self.part.subscriber,
             message,
-            extra={"part": str(self.part), "message_id": str(event.message_id), "error": error},
+            extra=self._log_extra("part_halted_poison", message_id=event.message_id, error=error),
         )
 
     # -- helpers -----------------------------------------------------------------------

@@ -10,9 +10,33 @@ session, held while Kafka answers), ``parts`` (claims and their workers),
 ``publishers`` (a Kafka publisher per part), ``upkeep`` (retention and horizon
 warnings) and ``startup`` (schema check, subscriber sync, key-space checks).
 :class:`RelayProcesses` (``processes``) runs several of them as member processes.
+
+The package imports them when first asked for (PEP 562): ``lifecycle`` wires the
+Postgres adapters in, and importing one of the modules behind the ports
+(``relay.daemon.parts``, ...) runs this file first, so an import here would bring the
+database client along (tests/unit/test_layers.py).
 """
 
-from relay.daemon.lifecycle import Relay, start_with_retries, tune_gc
-from relay.daemon.processes import RelayProcesses
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from relay.daemon.lifecycle import Relay, start_with_retries, tune_gc
+    from relay.daemon.processes import RelayProcesses
 
 __all__ = ["Relay", "RelayProcesses", "start_with_retries", "tune_gc"]
+
+_HOME = {
+    "Relay": "lifecycle",
+    "start_with_retries": "lifecycle",
+    "tune_gc": "lifecycle",
+    "RelayProcesses": "processes",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)

@@ -13,6 +13,7 @@ from relay.daemon.context import DaemonContext
 from relay.daemon.membership import Membership
 from relay.encoding import RecordEncoder
 from relay.errors import RelayError
+from relay.logs import log_extra
 from relay.model import PartId
 from relay.ports import DaemonStore, PartState, Publisher
 from relay.scheduling import PartScheduler, ProducerPool
@@ -114,7 +115,7 @@ class ClaimedParts:
             if part in self.workers:
                 continue
             if owners[part] is None and store.claim(part.subscriber, part.part, me):
-                logger.info("claimed part %s", part, extra={"part": str(part)})
+                logger.info("claimed part %s", part, extra=log_extra("part_claimed", part=part))
             elif owners[part] != me:
                 continue  # still owned by a peer, which releases it on its next round
             self._start_worker(part)
@@ -135,7 +136,9 @@ class ClaimedParts:
                 and (running is None or not running.is_alive())
             ):
                 store.release(part.subscriber, part.part, me)
-                logger.info("released part %s to a peer", part, extra={"part": str(part)})
+                logger.info(
+                    "released part %s to a peer", part, extra=log_extra("part_released", part=part)
+                )
 
     # -- workers -----------------------------------------------------------------------
 
@@ -178,7 +181,11 @@ class ClaimedParts:
         for worker in workers:
             worker.join(max(0.0, end - time.monotonic()))
             if worker.is_alive():
-                logger.warning("part %s did not finish its batch in time", worker.part)
+                logger.warning(
+                    "part %s did not finish its batch in time",
+                    worker.part,
+                    extra=log_extra("part_stop_overdue", part=worker.part),
+                )
         # The threads end once no turn is due; a later start begins them again.
         self.scheduler.close()
         self.producers.close_idle()
@@ -207,38 +214,37 @@ class ClaimedParts:
         next worker waits for `subscribers resume` instead of failing in a silent loop,
         and `status`, /metrics and every relay show why."""
         error = f"part worker stopped: {worker.stats.last_error}"
-        session = self._membership.session
-        if session is None:  # gave its session up meanwhile: the claim is gone too
-            logger.warning("part %s stopped: %s (not recorded: no session)", part, error)
-            return
-        try:
-            store.halt(store.get_part(*part), session.id, error)
-        except RelayError as exc:
-            logger.warning("part %s stopped, and its halt cannot be recorded: %s", part, exc)
+        unrecorded = self._halt(store, part, error)
+        if unrecorded is not None:
+            logger.warning(
+                "part %s stopped: %s (its halt is not recorded: %s)",
+                part,
+                error,
+                unrecorded,
+                extra=log_extra("part_halt_unrecorded", part=part, error=error),
+            )
             return
         logger.error(
             "part %s halted (`outbox-relay subscribers resume %s` retries it): %s",
             part,
             part.subscriber,
             error,
-            extra={"part": str(part), "error": error},
+            extra=log_extra("part_worker_failed", part=part, error=error),
         )
+
+    def _halt(self, store: DaemonStore, part: PartId, error: str) -> str | None:
+        """Halt ``part`` in Postgres; None when done, else why it could not be."""
+        session = self._membership.session
+        if session is None:  # gave its session up meanwhile: the claim is gone too
+            return "no session"
+        try:
+            store.halt(store.get_part(*part), session.id, error)
+        except RelayError as exc:
+            return str(exc)
+        return None
 
 
 def _counts(worker: PartWorker) -> Counter[str]:
-    stats = worker.stats
-    with stats.lock:
-        return Counter(
-            published=stats.published,
-            published_bytes=stats.published_bytes,
-            batches=stats.batches,
-            errors=stats.errors,
-            dead_lettered=stats.dead_lettered,
-            poisoned=stats.poisoned,
-            unexpected=stats.unexpected,
-            recovered=stats.recovered,
-            recoveries_refused=stats.recoveries_refused,
-            key_space_rebased=stats.key_space_rebased,
-            key_space_continued=stats.key_space_continued,
-            **worker.hook.counts(),
-        )  # "failures" is counted when a worker is retired
+    counts = worker.stats.counts()  # "failures" is counted when a worker is retired
+    counts.update(worker.hook.counts())
+    return counts

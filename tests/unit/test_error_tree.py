@@ -4,9 +4,11 @@ No servers: driver errors are built by hand."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import pkgutil
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -16,6 +18,7 @@ from psycopg import errors as pg_errors
 
 import relay
 import relay.errors
+import relay.topics
 from relay.db import StreamRef, wrap_errors
 from relay.errors import (
     BrokerError,
@@ -36,10 +39,12 @@ from relay.errors import (
     TransactionAborted,
     UndefinedFunctionError,
 )
+from relay.kafka import IdempotentPublisher, TopicCreator, TransactionalPublisher
 from relay.kafka_errors import Stage, classify, rejects_record, retry_now
 from relay.model import KafkaRecord
 
 RECORD = KafkaRecord("orders", b"k", b"v", [("id", b"1")])
+RELAY_DIR = Path(relay.__file__).parent
 
 
 def _modules(package: Any) -> list[Any]:
@@ -291,6 +296,82 @@ def test_any_other_request_failure_is_retried_later() -> None:
     failure = classify(kafka(KafkaError.TOPIC_AUTHORIZATION_FAILED), "describing the cluster")
     assert type(failure) is BrokerUnavailable
     assert str(failure) == "describing the cluster: the broker says no"
+
+
+# -- Kafka catch sites ---------------------------------------------------------------
+
+
+def _raised_by_hand(path: Path) -> list[str]:
+    """The ``raise SomeError(...)`` statements inside handlers of a Kafka exception."""
+    found = []
+    for handler in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(handler, ast.ExceptHandler) or handler.type is None:
+            continue
+        if "KafkaException" not in ast.unparse(handler.type):
+            continue
+        found += [
+            f"{path.relative_to(RELAY_DIR.parent)}:{node.lineno}"
+            for node in ast.walk(handler)
+            if isinstance(node, ast.Raise)
+            and isinstance(node.exc, ast.Call)
+            and ast.unparse(node.exc.func) != "classify"
+        ]
+    return found
+
+
+def test_every_kafka_catch_site_raises_what_the_classifier_decided() -> None:
+    """A class picked by hand where a client exception is caught is a second reading of
+    Kafka's errors, and drifted from the first (#34 item 1): a handler raises what
+    :func:`classify` returned, or re-raises."""
+    by_hand = [site for path in sorted(RELAY_DIR.rglob("*.py")) for site in _raised_by_hand(path)]
+    assert by_hand == []
+
+
+class RefusingAdmin:
+    def list_topics(self, timeout: float) -> None:
+        raise kafka(KafkaError._TRANSPORT)
+
+
+def test_listing_topics_that_fails_is_retried_later_with_the_brokers_code() -> None:
+    for list_topics in (
+        lambda admin: TopicCreator({})._existing(admin),
+        relay.topics.list_topics,
+    ):
+        with pytest.raises(BrokerUnavailable) as caught:
+            list_topics(RefusingAdmin())
+        assert str(caught.value) == "cannot list topics: the broker says no"
+        assert caught.value.code == KafkaError._TRANSPORT and not retry_now(caught.value)
+
+
+BAD_CONFIG = {"bootstrap.servers": "127.0.0.1:1", "no.such.setting": "1"}
+
+
+def _transactional(producer: dict[str, Any], consumer: dict[str, Any]) -> Any:
+    publisher = TransactionalPublisher(
+        producer, TopicCreator({}, enabled=False), 5.0, transactional_id="t",
+        group_prefix="g", checkpoint_topic="c", consumer_config=consumer,
+    )  # fmt: skip
+    return publisher._consumer("gen")
+
+
+@pytest.mark.parametrize(
+    ("construct", "message"),
+    [
+        (lambda: IdempotentPublisher(BAD_CONFIG, TopicCreator({}), 5.0), "producer"),
+        (lambda: _transactional(BAD_CONFIG, {}), "producer"),
+        (lambda: _transactional({}, BAD_CONFIG), "consumer"),
+        (lambda: relay.topics.admin_client(BAD_CONFIG), "client"),
+    ],
+    ids=["idempotent producer", "transactional producer", "checkpoint consumer", "admin"],
+)
+def test_a_client_constructed_with_settings_it_refuses_is_a_config_error(
+    construct: Any, message: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        construct()
+    assert str(caught.value).startswith(f"kafka: invalid {message} configuration: KafkaError{{")
+    assert "no.such.setting" in str(caught.value)
+    assert isinstance(caught.value.__cause__, KafkaException)
 
 
 # -- Postgres ------------------------------------------------------------------------

@@ -1,21 +1,93 @@
-"""The layers: the part worker and the daemon's logic reach the database through the
-ports (relay/ports.py) only, so importing them never imports its client. Read from the
-source: the imports each module runs when imported, followed through the relay's own
-modules (relay/__init__.py, which every import of the package runs, re-exports the
-write API and is left out). relay.daemon.lifecycle, which wires the Postgres adapters
-in, and relay.daemon.startup, which checks the schema's migrations on a connection, do
-import it."""
+"""The import rules of docs/design.md, "The map": which group of modules may import
+which, and that the logic behind the ports never reaches the database client. Read from
+the source (AST), so the rules hold for every module, imported by a test or not.
+
+The rules count every import statement, in functions and under ``if TYPE_CHECKING:``
+too: each is a dependency. The database-client check counts the imports that run when a
+module is imported (module level, in classes, ifs and trys, not ``if TYPE_CHECKING:``
+nor functions); importing ``a.b.c`` runs the packages' ``__init__`` modules first
+(``a``, ``a.b``), so they are followed too, all but ``relay/__init__.py``, which every
+import of the package runs and which re-exports the write API.
+"""
 
 from __future__ import annotations
 
 import ast
+import sys
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("relay", "spark_jobs")
 
-# Modules that must not reach psycopg, however indirectly.
+# Each module of relay/ and spark_jobs/ belongs to exactly one group: the first whose
+# patterns match its name. docs/design.md's map shows the same table.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "write API": ("relay", "relay.outbox"),
+    "core": (
+        "relay.errors", "relay.model", "relay.ports", "relay.subscribers", "relay.routing",
+        "relay.key_space", "relay.schemas", "relay.settings", "relay.redact",
+    ),
+    "engine": (
+        "relay.worker", "relay.sessions", "relay.scheduling", "relay.poison",
+        "relay.encoding", "relay.debezium_format", "relay.testing",
+    ),
+    "postgres": (
+        "relay.db", "relay.queries", "relay.store", "relay.pool", "relay.probe",
+        "relay.part_index", "relay.migrations",
+    ),
+    "kafka": (
+        "relay.kafka", "relay.kafka_errors", "relay.topic_reader", "relay.topics",
+        "relay.broker_watch", "relay.replication_check", "relay.client_logs",
+    ),
+    "registry": ("relay.registry_compat", "relay.registry_format", "relay.confluent_wire"),
+    "ops": ("relay.verify", "relay.lag", "relay.debezium", "relay.roles", "relay.redrive"),
+    "observability": ("relay.metrics", "relay.tracing", "relay.logs"),
+    "daemon": ("relay.daemon", "relay.daemon.*"),
+    "cli": ("relay.cli", "relay.cli.*", "relay.__main__"),
+    "localstack": ("relay.localstack", "relay.localstack.*"),
+    "artifacts": ("relay.artifacts", "relay.artifacts.*"),
+    "spark_jobs": ("spark_jobs", "spark_jobs.*"),
+}  # fmt: skip
+
+ADAPTERS = {"postgres", "kafka", "registry"}
+# What each group may import besides itself. Nothing imports cli; only cli, redrive
+# and the local stack's demo import the daemon.
+MAY_IMPORT: dict[str, set[str]] = {
+    "core": set(),
+    "artifacts": {"core"},
+    "kafka": {"core"},
+    "registry": {"core"},
+    "postgres": {"core"},
+    # trace_headers (observability): the writer's span goes into the event's headers.
+    "write API": {"core", "postgres", "observability"},
+    # tracing's PublishHook is told of each committed batch.
+    "engine": {"core", "observability"},
+    # metrics serves the workers' counters and the lag read from Postgres.
+    "observability": {"core", "engine", "postgres", "ops"},
+    # redrive publishes as the relay does: through the daemon's publisher factory.
+    "ops": {"core", "engine", "postgres", "kafka", "daemon"},
+    "daemon": {"core", "engine", "observability", *ADAPTERS},
+    "cli": {"core", "engine", "observability", *ADAPTERS, "ops", "daemon", "localstack"},
+    "localstack": {"core", "postgres", "kafka", "ops", "write API", "daemon", "artifacts"},
+    # Shipped to Spark: the relay's errors, settings, wire format and Kafka error
+    # reading; never its daemon, its Postgres adapter, or the local stack.
+    "spark_jobs": {"core", "kafka", "registry", "artifacts"},
+}
+# The imports against the rules, each for a reason.
+EXCEPTIONS = {
+    # Checks database_url with libpq's own parser, when the setting is validated.
+    ("relay.settings", "relay.db"),
+    # A type only: the daemon's startup builds the registry encoder and hands it in.
+    ("relay.encoding", "relay.registry_format"),
+}
+
+# Modules that must not reach psycopg, however indirectly: the part worker and the
+# daemon's logic reach the database through the ports (relay/ports.py) only.
+# relay.daemon.lifecycle, which wires the Postgres adapters in, and
+# relay.daemon.startup, which checks the schema's migrations, do import it.
 BEHIND_THE_PORTS = [
     "relay.ports",
     "relay.worker",
@@ -36,21 +108,32 @@ def _source(module: str) -> Path | None:
     return None
 
 
-def _imports(path: Path) -> set[str]:
-    """The modules importing ``path`` imports: its module-level import statements (in
-    classes, ifs and trys too), not those of ``if TYPE_CHECKING:`` nor the ones inside
-    functions, which run when called (``from a import b`` may import the module ``a.b``:
-    both are counted)."""
-    found: set[str] = set()
-    todo: list[ast.stmt] = list(ast.parse(path.read_text()).body)
+def _modules() -> list[str]:
+    found = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return found
+
+
+def group_of(module: str) -> str | None:
+    matching = (g for g, patterns in GROUPS.items() if any(fnmatch(module, p) for p in patterns))
+    return next(matching, None)
+
+
+def _statements(path: Path, *, when_imported: bool) -> list[ast.AST]:
+    """Every statement of ``path``; ``when_imported``: only those that run when it is
+    imported (module level, in classes, ifs but ``if TYPE_CHECKING:``, trys, withs)."""
+    tree = ast.parse(path.read_text())
+    if not when_imported:
+        return list(ast.walk(tree))
+    found: list[ast.AST] = []
+    todo: list[ast.stmt] = list(tree.body)
     while todo:
         node = todo.pop()
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found |= {f"{node.module}.{alias.name}" for alias in node.names}
-        elif isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+        found.append(node)
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
             todo.extend(node.orelse)
         elif isinstance(node, ast.If | ast.Try | ast.With | ast.ClassDef):
             for block in ("body", "orelse", "finalbody", "handlers"):
@@ -59,28 +142,75 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
+def imports(module: str, *, when_imported: bool = False) -> set[str]:
+    """The modules ``module`` imports: ``from a import b`` imports ``a.b`` when that is
+    a module, else ``a``."""
+    path = _source(module)
+    assert path is not None, module
+    found: set[str] = set()
+    for node in _statements(path, when_imported=when_imported):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = {f"{node.module}.{alias.name}" for alias in node.names}
+            found |= {n for n in names if _source(n) is not None}
+            if any(_source(n) is None for n in names):
+                found.add(node.module)
+    return found
+
+
+def _with_packages(module: str) -> list[str]:
+    """``module`` and the packages whose ``__init__`` importing it runs first, but
+    ``relay`` itself."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(2, len(parts) + 1)] or [module]
+
+
 def import_chain(start: str, target: str) -> list[str] | None:
-    """The modules through which ``start`` imports ``target`` (a top-level package),
-    or None when it does not."""
-    came_from: dict[str, str | None] = {start: None}
-    todo = [start]
+    """The modules through which importing ``start`` imports ``target`` (a top-level
+    package), or None when it does not."""
+    came_from: dict[str, str | None] = {m: None for m in _with_packages(start)}
+    todo = list(came_from)
     while todo:
         module = todo.pop()
-        path = _source(module)
-        if path is None:
+        if _source(module) is None:
             continue
-        for imported in sorted(_imports(path)):
-            top = imported.split(".")[0]
-            if top == target:
+        for imported in sorted(imports(module, when_imported=True)):
+            if imported.split(".")[0] == target:
                 chain = [imported, module]
                 while (parent := came_from[chain[-1]]) is not None:
                     chain.append(parent)
                 return chain[::-1]
-            inside = top == "relay" and imported != "relay" and _source(imported) is not None
-            if inside and imported not in came_from:
-                came_from[imported] = module
-                todo.append(imported)
+            for step in _with_packages(imported):
+                inside = step.startswith("relay.") and _source(step) is not None
+                if inside and step not in came_from:
+                    came_from[step] = module
+                    todo.append(step)
     return None
+
+
+def test_every_module_is_in_one_group_of_the_map() -> None:
+    assert [m for m in _modules() if group_of(m) is None] == []
+    assert set(MAY_IMPORT) == set(GROUPS)
+
+
+def _broken_rules(module: str) -> list[str]:
+    group = group_of(module)
+    assert group is not None
+    allowed = MAY_IMPORT[group] | {group}
+    found = []
+    for imported in sorted(imports(module)):
+        if imported.split(".")[0] not in PACKAGES:
+            continue
+        other = group_of(imported)
+        if other not in allowed and (module, imported) not in EXCEPTIONS:
+            found.append(f"{module} ({group}) imports {imported} ({other})")
+    return found
+
+
+@pytest.mark.parametrize("module", _modules())
+def test_each_module_imports_only_the_groups_its_group_may(module: str) -> None:
+    assert _broken_rules(module) == []
 
 
 @pytest.mark.parametrize("module", BEHIND_THE_PORTS)
@@ -90,5 +220,25 @@ def test_the_logic_behind_the_ports_never_imports_the_database_client(module: st
 
 
 def test_the_check_finds_an_import_of_the_client() -> None:
-    """The check itself: the Postgres store does import it."""
+    """The check itself: the Postgres store does import it, and so does a module whose
+    package's ``__init__`` imports it."""
     assert import_chain("relay.daemon.lifecycle", "psycopg") is not None
+    assert import_chain("relay.localstack.process", "psycopg") == [
+        "relay.localstack",
+        "relay.localstack.postgres",
+        "psycopg",
+    ]
+
+
+def test_the_rules_catch_an_import_against_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check itself: were the core to import the daemon, it would fail."""
+    monkeypatch.setattr(sys.modules[__name__], "imports", lambda module: {"relay.daemon.parts"})
+    assert _broken_rules("relay.errors") == [
+        "relay.errors (core) imports relay.daemon.parts (daemon)"
+    ]
+
+
+def test_each_exception_is_an_import_the_rules_would_refuse() -> None:
+    for module, imported in EXCEPTIONS:
+        assert imported in imports(module), (module, imported)
+        assert group_of(imported) not in MAY_IMPORT[group_of(module) or ""], (module, imported)
