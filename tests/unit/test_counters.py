@@ -47,6 +47,9 @@ class OnePart:
     def part_states(self) -> dict[PartId, str]:
         return {PART: "running"}
 
+    def part_waits(self) -> dict[PartId, str]:
+        return {}
+
     def key_space_changes(self) -> Counter[str]:
         return Counter()
 
