@@ -17,16 +17,6 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
 }
 
 
-def log_extra(event: str, **fields: object) -> dict[str, object]:
-    """A log line's structured fields (its ``extra``): the stable event name operators
-    filter on, then its context. Numbers, booleans and None stay as they are; anything
-    else (a part, a position, a message id) is logged as its text."""
-    return {
-        "event": event,
-        **{k: v if v is None or isinstance(v, int | float) else str(v) for k, v in fields.items()},
-    }
-
-
 class RedactingFormatter(logging.Formatter):
     """Masks passwords in every line, tracebacks included: a driver error chained under
     a relay error may quote a whole database URL."""

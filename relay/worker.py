@@ -36,7 +36,7 @@ from relay.errors import (
     SubscriberError,
 )
 from relay.key_space import KeySpace, KeySpaceAction, adoptable, report
-from relay.logs import log_extra
+from relay.log_fields import log_extra
 from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position, Unreadable
 from relay.poison import MAX_DEAD_LETTER_ERROR_BYTES, cap, dead_letter_record
 from relay.ports import (

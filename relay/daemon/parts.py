@@ -13,7 +13,7 @@ from relay.daemon.context import DaemonContext
 from relay.daemon.membership import Membership
 from relay.encoding import RecordEncoder
 from relay.errors import RelayError
-from relay.logs import log_extra
+from relay.log_fields import log_extra
 from relay.model import PartId
 from relay.ports import DaemonStore, PartState, Publisher
 from relay.scheduling import PartScheduler, ProducerPool

@@ -28,7 +28,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "write API": ("relay", "relay.outbox"),
     "core": (
         "relay.errors", "relay.model", "relay.ports", "relay.subscribers", "relay.routing",
-        "relay.key_space", "relay.schemas", "relay.settings", "relay.redact",
+        "relay.key_space", "relay.schemas", "relay.settings", "relay.redact", "relay.log_fields",
     ),
     "engine": (
         "relay.worker", "relay.sessions", "relay.scheduling", "relay.poison",

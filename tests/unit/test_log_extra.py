@@ -1,6 +1,6 @@
 """Structured log fields in one place (#34 item 4, for a part's lines): every log line of
 the part worker and of the daemon's claims carries a stable event name and its part,
-built by ``relay.logs.log_extra`` rather than a dict made by hand, so operators can
+built by ``relay.log_fields.log_extra`` rather than a dict made by hand, so operators can
 filter on ``event`` and ``part``."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from uuid import UUID
 import pytest
 
 import relay
-from relay.logs import JsonFormatter, log_extra
+from relay.log_fields import log_extra
+from relay.logs import JsonFormatter
 from relay.model import PartId, Position
 
 # The modules whose every log line goes through log_extra.
@@ -66,6 +67,13 @@ def test_the_fields_are_logged_as_text_but_numbers() -> None:
         "error": "boom",
         "previous": None,
     }
+
+
+def test_a_list_stays_a_list_of_plain_values() -> None:
+    """A list of leaderless partitions is a JSON array, as before, not its text; a
+    part, a tuple, is its text, inside a list too."""
+    fields = log_extra("kafka_partitions_leaderless", partitions=["orders[1]", PartId("o", 0)])
+    assert fields["partitions"] == ["orders[1]", str(PartId("o", 0))]
 
 
 def test_a_json_log_line_carries_the_event_and_the_part() -> None:
