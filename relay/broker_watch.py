@@ -28,6 +28,7 @@ from confluent_kafka.admin import AdminClient
 
 from relay.client_logs import client_logger
 from relay.kafka_errors import classify
+from relay.log_fields import log_extra
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +158,10 @@ class BrokerWatch(threading.Thread):
         if leaderless and not self.leaderless:
             self._leaderless_since, self._leaderless_reminded = datetime.now(UTC), None
         elif self.leaderless and not leaderless:
-            logger.info("every partition this relay writes has a leader again")
+            logger.info(
+                "every partition this relay writes has a leader again",
+                extra=log_extra("kafka_partitions_led"),
+            )
         self.leaderless = leaderless
         if leaderless and (
             self._leaderless_reminded is None or now - self._leaderless_reminded >= _REMIND_EVERY_S
@@ -166,12 +170,16 @@ class BrokerWatch(threading.Thread):
             logger.warning(
                 "%s; the parts writing to them wait for a new leader (the relay keeps its parts)",
                 self.describe(),
-                extra={"event": "kafka_partitions_leaderless", "partitions": list(leaderless)},
+                extra=log_extra("kafka_partitions_leaderless", partitions=list(leaderless)),
             )
 
     def _answered_ok(self) -> None:
         if self.reachable is False:
-            logger.info("Kafka at %s answers again", self._servers)
+            logger.info(
+                "Kafka at %s answers again",
+                self._servers,
+                extra=log_extra("kafka_reachable", bootstrap_servers=self._servers),
+            )
         if self.reachable is not True:
             self._since, self._since_wall = time.monotonic(), datetime.now(UTC)
         self.reachable, self.error = True, None
@@ -186,5 +194,5 @@ class BrokerWatch(threading.Thread):
             logger.error(
                 "%s; this relay takes no parts until it answers",
                 self.describe(),
-                extra={"bootstrap_servers": self._servers, "error": error},
+                extra=log_extra("kafka_unreachable", bootstrap_servers=self._servers, error=error),
             )

@@ -24,6 +24,7 @@ from psycopg import sql
 from relay.db import wrap_errors
 from relay.debezium_format import reserved_header
 from relay.errors import ConfigError, UndefinedTableError
+from relay.log_fields import log_extra
 from relay.queries import parse_named, read_sql
 
 logger = logging.getLogger(__name__)
@@ -309,7 +310,13 @@ def attach(
             conn.execute(sql.SQL(queries[query]).format(**names))
         if options.invalid_op is InvalidOpBehavior.FATAL:
             conn.execute(sql.SQL(queries["attach_fatal_updates"]).format(**names))
-    logger.info("attached %s (payload %s, options %s)", table, kind, options)
+    logger.info(
+        "attached %s (payload %s, options %s)",
+        table,
+        kind,
+        options,
+        extra=log_extra("debezium_table_attached", table=table, payload=kind),
+    )
     if cut_over_publication is None:
         return None
     with wrap_errors():
@@ -326,7 +333,7 @@ def detach(conn: psycopg.Connection[Any], schema: str, table: str) -> None:
             conn.execute(sql.SQL(queries["detach"]).format(**names))
     except UndefinedTableError as exc:
         raise ConfigError(f"table {table} does not exist") from exc
-    logger.info("detached %s", table)
+    logger.info("detached %s", table, extra=log_extra("debezium_table_detached", table=table))
 
 
 def _source(table: str) -> sql.Identifier:

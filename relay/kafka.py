@@ -37,6 +37,7 @@ from relay.errors import (
     TransactionAborted,
 )
 from relay.kafka_errors import Stage, classify, coordinator_moved, rejects_record, retry_now
+from relay.log_fields import log_extra
 from relay.model import KafkaCheckpoint, KafkaRecord, Position
 from relay.ports import Batch, Meanwhile
 
@@ -224,7 +225,9 @@ class TopicCreator:
         for topic, future in futures.items():
             try:
                 future.result()
-                logger.info("created topic %s", topic, extra={"topic": topic})
+                logger.info(
+                    "created topic %s", topic, extra=log_extra("kafka_topic_created", topic=topic)
+                )
             except KafkaException as exc:
                 failure = classify(exc, topic, Stage.CREATE_TOPIC)
                 if isinstance(failure, TopicRefused):
@@ -410,10 +413,18 @@ class _BatchProducer:
         try:
             remaining = _flush_unwrapped(self._producer, min(self._delivery_timeout_s, 5.0))
         except KafkaException as exc:
-            logger.debug("closing a failed producer: %s", exc)
+            logger.debug(
+                "closing a failed producer: %s",
+                exc,
+                extra=log_extra("kafka_producer_close_failed", error=exc),
+            )
             return
         if remaining:
-            logger.warning("closing with %s records unacknowledged", remaining)
+            logger.warning(
+                "closing with %s records unacknowledged",
+                remaining,
+                extra=log_extra("kafka_producer_closed_unacknowledged", unacknowledged=remaining),
+            )
 
 
 class IdempotentPublisher(_BatchProducer):
@@ -509,7 +520,11 @@ class TransactionalPublisher(_BatchProducer):
             # grown by what joined it) again with a delivery report per record: that
             # names the record at fault (a poison event), or succeeds if the failure
             # was passing.
-            logger.info("transaction aborted (%s); retrying with delivery reports", exc)
+            logger.info(
+                "transaction aborted (%s); retrying with delivery reports",
+                exc,
+                extra=self._log_extra("kafka_txn_aborted_retrying", error=exc),
+            )
             self._commit_batch(self._send_in_transaction(sent, None, wait=True), None)
 
     def _send_in_transaction(
@@ -590,7 +605,11 @@ class TransactionalPublisher(_BatchProducer):
         text = json.dumps(tag, separators=(",", ":"))
         if len(text) > _MAX_TAG_BYTES:  # the worker keeps it well under: never refused
             logger.warning(
-                "checkpoint tag too long: its %d dead letters left out", len(dead_letters)
+                "checkpoint tag too long: its %d dead letters left out",
+                len(dead_letters),
+                extra=self._log_extra(
+                    "kafka_checkpoint_tag_too_long", dead_letters=len(dead_letters)
+                ),
             )
             del tag["dead_letter_topics"], tag["dead_letters"]
             text = json.dumps(tag, separators=(",", ":"))
@@ -668,7 +687,7 @@ class TransactionalPublisher(_BatchProducer):
                 name,
                 took,
                 " (given up)" if thread.is_alive() else f" ({failure[0]})" if failure else "",
-                extra={"event": "kafka_txn_call_slow", "call": name, "seconds": round(took, 2)},
+                extra=self._log_extra("kafka_txn_call_slow", call=name, seconds=round(took, 2)),
             )
         if thread.is_alive():
             self._wedged = True
@@ -691,13 +710,22 @@ class TransactionalPublisher(_BatchProducer):
                 classify(exc, self.transactional_id, Stage.TRANSACTION, config=self._config)
             )
 
+    def _log_extra(self, event: str, **fields: object) -> dict[str, object]:
+        """The ``extra`` of this producer's log lines: the event, its transactional id
+        (which names its part), then ``fields``."""
+        return log_extra(event, transactional_id=self.transactional_id, **fields)
+
     def _give_up_producer(self, failure: RelayError) -> None:
         """After a failed abort. The next producer's init_transactions aborts it for us.
         This one takes no more: its abort may still be in progress, and a transaction
         begun on it failed with "Conflicting abort_transaction API call is already in
         progress" (a rolling restart, #29), a round trip wasted. Whatever the abort's
         error, the part then starts over, so its call raises BrokerUnavailable."""
-        logger.warning("could not abort the transaction: %s", failure)
+        logger.warning(
+            "could not abort the transaction: %s",
+            failure,
+            extra=self._log_extra("kafka_txn_abort_failed", error=failure),
+        )
         self._unusable = (
             f"{self.transactional_id}: could not abort the transaction ({failure}); "
             "starting the part over with a new producer"

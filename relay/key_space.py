@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from uuid import UUID
 
+from relay.log_fields import log_extra
 from relay.model import KafkaCheckpoint, Position
 
 logger = logging.getLogger(__name__)
@@ -62,7 +63,12 @@ def report(check: KeySpaceCheck, where: str) -> None:
             check.detail,
             check.rebased_rows,
             check.key_space,
-            extra={"key_space": str(check.key_space), "rebased_rows": check.rebased_rows},
+            extra=log_extra(
+                "key_space_rebased",
+                where=where,
+                key_space=check.key_space,
+                rebased_rows=check.rebased_rows,
+            ),
         )
     elif check.action is KeySpaceAction.CONTINUED:
         logger.warning(
@@ -70,7 +76,7 @@ def report(check: KeySpaceCheck, where: str) -> None:
             "above the stored keys, nothing to rebase",
             where,
             check.detail,
-            extra={"key_space": str(check.key_space)},
+            extra=log_extra("key_space_continued", where=where, key_space=check.key_space),
         )
     elif check.detail:
         # Unchanged, yet a stored key is above this cluster's ids: without a sign that
@@ -80,7 +86,9 @@ def report(check: KeySpaceCheck, where: str) -> None:
             "back), so nothing was rewritten. Rows with such a key are not published",
             where,
             check.detail,
-            extra={"key_space": str(check.key_space), "key_space_suspect": True},
+            extra=log_extra(
+                "key_space_suspect", where=where, key_space=check.key_space, key_space_suspect=True
+            ),
         )
 
 

@@ -40,6 +40,7 @@ from waitress.task import ThreadedTaskDispatcher  # type: ignore[import-untyped]
 from relay import tracing
 from relay.errors import ConfigError, RelayError
 from relay.lag import EXACT_UP_TO, subscriber_statuses
+from relay.log_fields import log_extra
 from relay.model import PartId
 from relay.settings import Settings
 from relay.store import OutboxStore
@@ -242,7 +243,7 @@ class DatabaseFigures:
             logger.warning(
                 "metrics: cannot read Postgres (serving the last figures read): %s",
                 exc,
-                extra={"error": str(exc)},
+                extra=log_extra("metrics_db_unreadable", error=exc),
             )
             self._disconnect()
             return None
@@ -411,7 +412,12 @@ class HealthServer:
 
     def start(self) -> None:
         self._thread.start()
-        logger.info("serving /metrics, /healthz and /readyz on %s:%s", self.host, self.port)
+        logger.info(
+            "serving /metrics, /healthz and /readyz on %s:%s",
+            self.host,
+            self.port,
+            extra=log_extra("http_serving", host=self.host, port=self.port),
+        )
 
     def stop(self) -> None:
         # Close every socket from the I/O thread itself (a trigger runs it there), so

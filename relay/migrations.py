@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 
 from relay.db import wrap_errors
+from relay.log_fields import log_extra
 from relay.queries import with_schema
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ def migrate(
                 "applied migration %04d_%s",
                 migration.version,
                 migration.name,
-                extra={"migration": migration.version, "schema": schema},
+                extra=log_extra("migration_applied", migration=migration.version, schema=schema),
             )
             done.append(migration)
     return done

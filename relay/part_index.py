@@ -19,6 +19,7 @@ from psycopg import sql
 
 from relay.db import wrap_errors
 from relay.errors import DatabaseError
+from relay.log_fields import log_extra
 from relay.queries import parse_named, read_sql
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ def ensure(conn: psycopg.Connection[Any], schema: str, parts: int) -> bool:
             "subscribers of %s parts are not indexed per part (more than %s)",
             parts,
             MAX_INDEXED_PARTS,
-            extra={"parts": parts},
+            extra=log_extra("part_index_skipped", parts=parts),
         )
         return False
     part = 0
@@ -55,7 +56,7 @@ def ensure(conn: psycopg.Connection[Any], schema: str, parts: int) -> bool:
             "`outbox-relay migrate`",
             parts,
             exc,
-            extra={"parts": parts},
+            extra=log_extra("part_index_build_failed", parts=parts, error=exc),
         )
         return False
     return True
@@ -71,14 +72,25 @@ def drop_unused(
         for part in range(parts):
             _run(conn, "drop", schema, parts, part)
     except DatabaseError as exc:
-        logger.warning("cannot drop the part indexes of %s parts: %s", parts, exc)
+        logger.warning(
+            "cannot drop the part indexes of %s parts: %s",
+            parts,
+            exc,
+            extra=log_extra("part_index_drop_failed", parts=parts, error=exc),
+        )
 
 
 def _drop_quietly(conn: psycopg.Connection[Any], schema: str, parts: int, part: int) -> None:
     try:
         _run(conn, "drop", schema, parts, part)
     except DatabaseError as exc:
-        logger.debug("could not drop part index %s/%s: %s", part, parts, exc)
+        logger.debug(
+            "could not drop part index %s/%s: %s",
+            part,
+            parts,
+            exc,
+            extra=log_extra("part_index_drop_failed", parts=parts, part=part, error=exc),
+        )
 
 
 def _run(conn: psycopg.Connection[Any], name: str, schema: str, parts: int, part: int) -> None:

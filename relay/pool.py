@@ -28,6 +28,7 @@ from psycopg_pool import ConnectionPool
 
 from relay import db
 from relay.errors import DatabaseUnavailable, RelayError
+from relay.log_fields import log_extra
 from relay.redact import redact
 from relay.store import OutboxStore
 
@@ -67,7 +68,7 @@ class _Refusals:
                 "max_connections, or lower max_db_connections x workers x replicas "
                 "(deploy/README.md)",
                 reason,
-                extra={"event": "db_connection_refused", "error": reason},
+                extra=log_extra("db_connection_refused", error=reason),
             )
 
     def accepted(self) -> None:
@@ -77,7 +78,7 @@ class _Refusals:
         if was:
             logger.info(
                 "Postgres accepts this relay's connections again",
-                extra={"event": "db_connection_accepted"},
+                extra=log_extra("db_connection_accepted"),
             )
 
 

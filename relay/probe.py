@@ -33,6 +33,7 @@ from typing import Any
 import psycopg
 
 from relay.errors import RelayError
+from relay.log_fields import log_extra
 from relay.queries import queries_for
 
 logger = logging.getLogger(__name__)
@@ -82,7 +83,12 @@ class CommitProbe(threading.Thread):
             # psycopg's own errors while probing, and the relay's (db.connect wraps them)
             # while connecting: reconnect later; the workers' timer covers the gap.
             except (psycopg.Error, RelayError) as exc:
-                logger.warning("commit probe: %s; reconnecting in %.1fs", exc, delay)
+                logger.warning(
+                    "commit probe: %s; reconnecting in %.1fs",
+                    exc,
+                    delay,
+                    extra=log_extra("commit_probe_reconnecting", error=exc, retry_in=delay),
+                )
                 self._stopping.wait(delay)
                 delay = min(delay * 2, 30.0)
 

@@ -41,6 +41,7 @@ from relay.db import wrap_errors
 from relay.encoding import RecordEncoder
 from relay.errors import ConfigError, EncodingError, PoisonRecordError, SubscriberError
 from relay.kafka import TransactionalPublisher, producer_config
+from relay.log_fields import log_extra
 from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
 from relay.ports import Batch
 from relay.queries import parse_named, read_sql, with_schema
@@ -294,7 +295,7 @@ class Redrive:
                 "before recording it; recorded now, not published again",
                 name,
                 self.report.recovered,
-                extra={"subscriber": name, "recovered": self.report.recovered},
+                extra=self._log_extra("redrive_settled", recovered=self.report.recovered),
             )
         after = Position(0, 0)
         while candidates := self._store.candidates(name, after, self._batch_size):
@@ -389,8 +390,13 @@ class Redrive:
             self._subscriber.name,
             message_id,
             error,
-            extra={"subscriber": self._subscriber.name, "message_id": str(message_id)},
+            extra=self._log_extra("redrive_dead_letter_kept", message_id=message_id),
         )
+
+    def _log_extra(self, event: str, **fields: object) -> dict[str, object]:
+        """The ``extra`` of this redrive's log lines: the event, the subscriber, then
+        ``fields``."""
+        return log_extra(event, subscriber=self._subscriber.name, **fields)
 
 
 def redrive_publisher(

@@ -22,6 +22,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
+from relay.log_fields import log_extra
+
 logger = logging.getLogger(__name__)
 
 # Topics looked at in detail (one DescribeConfigs request): the checkpoint topic and
@@ -74,7 +76,7 @@ def check_replication(
         )
     warnings += _creation_warnings(admin, min(metadata.brokers), creates_with)
     for warning in warnings:
-        logger.warning("%s", warning, extra={"event": "kafka_replication_advice"})
+        logger.warning("%s", warning, extra=log_extra("kafka_replication_advice"))
     return warnings
 
 
@@ -105,7 +107,12 @@ def _configs(admin: AdminClient, resource: ConfigResource) -> dict[str, int]:
     try:
         entries = future.result()
     except KafkaException as exc:  # not allowed to describe it, say: no advice
-        logger.debug("cannot describe %s: %s", resource, exc)
+        logger.debug(
+            "cannot describe %s: %s",
+            resource,
+            exc,
+            extra=log_extra("kafka_describe_failed", resource=resource, error=exc),
+        )
         return {}
     return {
         name: int(entry.value)
@@ -130,7 +137,12 @@ def _min_isr(admin: AdminClient, topics: list[str]) -> Mapping[str, int]:
         try:
             entry = future.result().get("min.insync.replicas")
         except KafkaException as exc:  # not allowed to describe it, say: no advice
-            logger.debug("cannot describe topic %s: %s", resource.name, exc)
+            logger.debug(
+                "cannot describe topic %s: %s",
+                resource.name,
+                exc,
+                extra=log_extra("kafka_describe_failed", topic=resource.name, error=exc),
+            )
             continue
         if entry is not None and entry.value is not None and entry.value.isdigit():
             found[resource.name] = int(entry.value)

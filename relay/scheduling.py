@@ -23,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Protocol
 
+from relay.log_fields import log_extra
 from relay.ports import PartState, Publisher
 
 logger = logging.getLogger(__name__)
@@ -118,7 +119,10 @@ class PartScheduler:
             try:
                 delay = task.turn(woken)
             except Exception:  # the task's own bug: it must not take the thread with it
-                logger.exception("a scheduled turn failed; its task is dropped")
+                logger.exception(
+                    "a scheduled turn failed; its task is dropped",
+                    extra=log_extra("scheduled_turn_failed"),
+                )
             with self._lock:
                 self._running.discard(task)
                 if delay is not None:
@@ -260,4 +264,8 @@ def _close(publisher: Publisher) -> None:
     try:
         publisher.close()
     except Exception as exc:  # closing is best effort: the next init fences it anyway
-        logger.warning("closing a producer failed: %s", exc)
+        logger.warning(
+            "closing a producer failed: %s",
+            exc,
+            extra=log_extra("producer_pool_close_failed", error=exc),
+        )

@@ -28,6 +28,7 @@ from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 from fastavro.validation import ValidationError, _validate, validate
 
 from relay.errors import PayloadValidationError, SchemaError, UnknownEventTypeError
+from relay.log_fields import log_extra
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,12 @@ class SchemaFolder:
                 raise SchemaError(f"cannot read Avro schema {path}: {exc}") from exc
             schema = AvroSchema.from_json(document, path)
             (history if _HISTORY_FILE.search(path.name) else writers).append(schema)
-        logger.debug("loaded %s writer schemas from %s", len(writers), root)
+        logger.debug(
+            "loaded %s writer schemas from %s",
+            len(writers),
+            root,
+            extra=log_extra("schemas_loaded", schemas=len(writers), folder=root),
+        )
         return cls(writers, history)
 
     @property

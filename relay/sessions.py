@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from uuid import UUID
 
 from relay.errors import RelayError
+from relay.log_fields import log_extra
 from relay.model import PartId
 from relay.ports import DaemonStore, RelaySession
 
@@ -63,7 +64,11 @@ class SessionKeeper(threading.Thread):
     def _open(self) -> RelaySession:
         store = self._held_store()
         session_id = store.open_session(socket.gethostname(), os.getpid(), self._timeout)
-        logger.info("opened relay session %s", session_id, extra={"session": str(session_id)})
+        logger.info(
+            "opened relay session %s",
+            session_id,
+            extra=log_extra("session_opened", session=session_id),
+        )
         return RelaySession(session_id, self._timeout, self._interval)
 
     def stop(self) -> None:
@@ -83,7 +88,11 @@ class SessionKeeper(threading.Thread):
         closer.start()
         closer.join(max(0.5, deadline - time.monotonic()))
         if closer.is_alive():
-            logger.warning("could not close session %s in time; it will expire", self.session.id)
+            logger.warning(
+                "could not close session %s in time; it will expire",
+                self.session.id,
+                extra=self._log_extra("session_close_overdue"),
+            )
 
     def _close_session(self) -> None:
         try:
@@ -92,9 +101,18 @@ class SessionKeeper(threading.Thread):
                 store.close_session(self.session.id)
             finally:
                 store.close()
-            logger.info("closed relay session %s", self.session.id)
+            logger.info(
+                "closed relay session %s",
+                self.session.id,
+                extra=self._log_extra("session_closed"),
+            )
         except RelayError as exc:
-            logger.warning("could not close session %s: %s", self.session.id, exc)
+            logger.warning(
+                "could not close session %s: %s",
+                self.session.id,
+                exc,
+                extra=self._log_extra("session_close_failed", error=exc),
+            )
 
     def run(self) -> None:
         try:
@@ -104,7 +122,11 @@ class SessionKeeper(threading.Thread):
                     self.last_error = None
                 except RelayError as exc:
                     self.last_error = exc
-                    logger.warning("session heartbeat failed: %s", exc, extra={"error": str(exc)})
+                    logger.warning(
+                        "session heartbeat failed: %s",
+                        exc,
+                        extra=self._log_extra("session_heartbeat_failed", error=exc),
+                    )
                     self._disconnect()
         finally:
             self._disconnect()
@@ -121,7 +143,7 @@ class SessionKeeper(threading.Thread):
                 "its claims now belong to other relays",
                 session.id,
                 self._timeout,
-                extra={"session": str(session.id)},
+                extra=self._log_extra("session_expired"),
             )
             session.lost.set()
             self._on_lost()
@@ -133,8 +155,12 @@ class SessionKeeper(threading.Thread):
                 expired,
                 host,
                 pid,
-                extra={"session": str(expired), "host": host, "pid": pid},
+                extra=log_extra("session_peer_expired", session=expired, host=host, pid=pid),
             )
+
+    def _log_extra(self, event: str, **fields: object) -> dict[str, object]:
+        """The ``extra`` of this session's log lines: the event, the session, then ``fields``."""
+        return log_extra(event, session=self.session.id, **fields)
 
     def _held_store(self) -> DaemonStore:
         if self._store is None:

@@ -22,6 +22,7 @@ from confluent_kafka import (
 from relay.client_logs import client_logger
 from relay.errors import BrokerUnavailable, ConsumerHiccup
 from relay.kafka_errors import Stage, classify
+from relay.log_fields import log_extra
 from relay.model import ConsumedRecord
 from relay.ports import Progress
 
@@ -102,7 +103,11 @@ class KafkaTopicReader:
         try:
             metadata = consumer.list_topics(timeout=2).topics
         except KafkaException as exc:
-            logger.debug("cannot list topics yet: %s", exc)
+            logger.debug(
+                "cannot list topics yet: %s",
+                exc,
+                extra=log_extra("kafka_topics_unlisted", error=exc),
+            )
             return topics
         waiting = []
         for topic in topics:
@@ -178,7 +183,9 @@ def _readable(message: Any) -> bool:
         return True
     failure = classify(error, f"reading {message.topic()}", Stage.READ)
     if isinstance(failure, ConsumerHiccup):  # the caller's deadline bounds these
-        logger.warning("%s", failure)
+        logger.warning(
+            "%s", failure, extra=log_extra("kafka_consumer_hiccup", topic=message.topic())
+        )
     elif failure is not None:
         raise failure
     return False

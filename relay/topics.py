@@ -18,6 +18,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from relay.client_logs import client_logger
 from relay.errors import ConfigError
 from relay.kafka_errors import Stage, classify
+from relay.log_fields import log_extra
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +95,9 @@ def create_topics(
         try:
             future.result()
             created[name] = True
-            logger.info("created topic %s", name, extra={"topic": name})
+            logger.info(
+                "created topic %s", name, extra=log_extra("kafka_topic_created", topic=name)
+            )
         except KafkaException as exc:
             failure = classify(exc, name, Stage.CREATE_TOPIC)
             if failure is None:  # it exists already

@@ -32,6 +32,7 @@ import psycopg
 from relay.db import wrap_errors
 from relay.errors import SubscriberError
 from relay.lag import subscriber_lag
+from relay.log_fields import log_extra
 from relay.model import ConsumedRecord, Position
 from relay.ports import SubscriberState, TopicReader
 from relay.queries import queries_for
@@ -153,7 +154,9 @@ def _checkable(states: list[SubscriberState], *, named: bool) -> list[Subscriber
         )
     for name in debezium:
         logger.warning(
-            "not verified: subscriber %s (the debezium format carries no relay headers)", name
+            "not verified: subscriber %s (the debezium format carries no relay headers)",
+            name,
+            extra=log_extra("verify_skipped_debezium", subscriber=name),
         )
     return [s for s in states if s.subscriber.name not in debezium]
 

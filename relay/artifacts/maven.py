@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from relay.errors import RelayError
+from relay.log_fields import log_extra
 
 __all__ = [
     "Artifact",
@@ -200,7 +201,12 @@ def _download(artifact: Artifact, path: Path, label: str, progress: Progress | N
             )
         tmp.replace(path)
         path.with_name(path.name + ".sha256").write_text(artifact.sha256 + "\n")
-        logger.debug("fetched %s (%s bytes)", artifact.coordinates, size)
+        logger.debug(
+            "fetched %s (%s bytes)",
+            artifact.coordinates,
+            size,
+            extra=log_extra("artifact_fetched", artifact=artifact.coordinates, size=size),
+        )
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from relay import db, logs
 from relay.errors import DatabaseUnavailable
+from relay.log_fields import log_extra
 from relay.settings import Settings, load_settings
 from relay.store import OutboxStore
 
@@ -81,7 +82,12 @@ def _connect_waiting(settings: Settings, application_name: str) -> psycopg.Conne
         try:
             return db.connect(settings.require_database_url(), application_name=application_name)
         except DatabaseUnavailable as exc:
-            logger.warning("waiting for Postgres: %s; retrying in %.0fs", exc, delay)
+            logger.warning(
+                "waiting for Postgres: %s; retrying in %.0fs",
+                exc,
+                delay,
+                extra=log_extra("db_waiting", error=exc, retry_in=delay),
+            )
             time.sleep(delay)
             delay = min(delay * 2, 30.0)
 
@@ -89,7 +95,8 @@ def _connect_waiting(settings: Settings, application_name: str) -> psycopg.Conne
 @contextmanager
 def _stop_on_signals(stop: Any) -> Iterator[None]:
     def handler(signum: int, _frame: FrameType | None) -> None:
-        logger.info("received %s, stopping", signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        logger.info("received %s, stopping", name, extra=log_extra("signal_stopping", signal=name))
         stop()
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}

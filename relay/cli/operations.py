@@ -24,6 +24,7 @@ from relay.cli.common import (
     out,
 )
 from relay.key_space import KeySpaceAction, report
+from relay.log_fields import log_extra
 from relay.store import OutboxStore
 
 logger = logging.getLogger(__name__)
@@ -113,7 +114,13 @@ def _allow_open_files() -> None:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
         except (ValueError, OSError) as exc:
-            logger.warning("cannot raise the open-files limit from %s to %s: %s", soft, wanted, exc)
+            logger.warning(
+                "cannot raise the open-files limit from %s to %s: %s",
+                soft,
+                wanted,
+                exc,
+                extra=log_extra("open_files_limit_kept", soft=soft, wanted=wanted, error=exc),
+            )
 
 
 def grant(

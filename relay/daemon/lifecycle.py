@@ -29,6 +29,7 @@ from relay.daemon.startup import (
 from relay.daemon.upkeep import HorizonWatch, Retention
 from relay.encoding import RecordEncoder
 from relay.errors import DatabaseUnavailable, RelayError, RetryableError
+from relay.log_fields import log_extra
 from relay.metrics import HealthServer
 from relay.model import PartId
 from relay.pool import RelayPool
@@ -142,12 +143,12 @@ class Relay:
         )
         self._supervisor.start()
         session = self.membership.session
-        session_id = None if session is None else str(session.id)
+        session_id = None if session is None else session.id
         logger.info(
             "relay started (session %s) with parts %s",
             session_id,
             sorted(str(p) for p in self.workers),
-            extra={"session": str(session_id)},
+            extra=log_extra("relay_started", session=session_id),
         )
 
     def stop(self, timeout: float | None = None) -> None:
@@ -171,7 +172,7 @@ class Relay:
             self._probe.join(max(0.0, min(2.0, deadline - time.monotonic())))
         self._close_pool()
         self.tracing.flush()
-        logger.info("relay stopped")
+        logger.info("relay stopped", extra=log_extra("relay_stopped"))
 
     def request_stop(self) -> None:
         """Ask :meth:`wait` to return (safe in a signal handler: it only sets a flag)."""
@@ -288,7 +289,9 @@ class Relay:
                     last_prune = time.monotonic()
                     self.retention.prune(store)
             except RelayError as exc:  # the workers report their own errors; keep going
-                logger.warning("rebalance failed: %s", exc)
+                logger.warning(
+                    "rebalance failed: %s", exc, extra=log_extra("rebalance_failed", error=exc)
+                )
                 if store is not None:
                     store.close()
                 store = None
@@ -303,7 +306,11 @@ class Relay:
             finally:
                 store.close()
         except RetryableError as exc:
-            logger.warning("first rebalance failed, the supervisor retries: %s", exc)
+            logger.warning(
+                "first rebalance failed, the supervisor retries: %s",
+                exc,
+                extra=log_extra("rebalance_failed", error=exc, first=True),
+            )
 
     def _abandon_start(self) -> None:
         self._abandon_workers()
@@ -367,7 +374,12 @@ def start_with_retries(relay: Startable) -> None:
             relay.start()
             return
         except RetryableError as exc:
-            logger.warning("cannot start yet: %s; retrying in %.0fs", exc, delay)
+            logger.warning(
+                "cannot start yet: %s; retrying in %.0fs",
+                exc,
+                delay,
+                extra=log_extra("relay_start_retrying", error=exc, retry_in=delay),
+            )
             if relay.wait(delay):
                 return  # stopped (SIGTERM) while waiting
             delay = min(delay * 2, 30.0)

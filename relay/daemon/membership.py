@@ -13,6 +13,7 @@ from confluent_kafka.admin import AdminClient
 from relay.broker_watch import BrokerWatch, connection_config
 from relay.daemon.context import DaemonContext
 from relay.errors import RelayError
+from relay.log_fields import log_extra
 from relay.ports import RelaySession
 from relay.replication_check import check_replication, relay_topics
 from relay.sessions import SessionKeeper
@@ -70,7 +71,10 @@ class Membership:
             return
         if self.keeper is None:
             if broker.reachable:
-                logger.info("Kafka answers: this relay takes its share of the parts")
+                logger.info(
+                    "Kafka answers: this relay takes its share of the parts",
+                    extra=log_extra("kafka_reachable_taking_parts"),
+                )
                 self._open_session()
             return
         down = broker.unreachable_for()
@@ -79,7 +83,7 @@ class Membership:
                 "%s (%.0fs): giving this relay's parts to its peers",
                 broker.describe(),
                 down,
-                extra={"unreachable_s": down},
+                extra=log_extra("kafka_unreachable_giving_parts", unreachable_s=down),
             )
             keeper, self.keeper = self.keeper, None
             keeper.session.lost.set()  # workers stop before publishing anything more
@@ -132,4 +136,8 @@ class Membership:
             relevant = relay_topics(templates, s.checkpoint_topic)
             check_replication(admin, relevant, s.topic_replication_factor)
         except (KafkaException, RelayError) as exc:
-            logger.info("could not check the topics' replication: %s", exc)
+            logger.info(
+                "could not check the topics' replication: %s",
+                exc,
+                extra=log_extra("kafka_replication_check_failed", error=exc),
+            )

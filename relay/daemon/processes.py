@@ -28,6 +28,7 @@ from multiprocessing.process import BaseProcess
 from relay import logs, redact
 from relay.daemon.lifecycle import Relay, connect_daemon, start_with_retries, tune_gc
 from relay.errors import ConfigError, RelayError
+from relay.log_fields import log_extra
 from relay.metrics import HealthServer
 from relay.model import PartId
 from relay.settings import Settings
@@ -91,7 +92,9 @@ def _stop_when_orphaned(relay: Relay) -> None:
     def watch() -> None:
         parent.join()  # returns when the supervisor's process is gone
         if not relay.wait(0):
-            logger.warning("the supervisor is gone: this member stops")
+            logger.warning(
+                "the supervisor is gone: this member stops", extra=log_extra("supervisor_gone")
+            )
             relay.request_stop()
 
     threading.Thread(target=watch, name="relay-orphan-watch", daemon=True).start()
@@ -103,7 +106,9 @@ def _serve_reports(relay: Relay, conn: Connection) -> None:
             if conn.poll(0.2) and conn.recv() == "report":
                 conn.send(("report", _report(relay)))
         except (EOFError, OSError):
-            logger.warning("the supervisor is gone: this member stops")
+            logger.warning(
+                "the supervisor is gone: this member stops", extra=log_extra("supervisor_gone")
+            )
             return
 
 
@@ -149,7 +154,12 @@ class Member:
         if self._conn is not None:
             self._conn.close()  # the previous incarnation's end
         self._process, self._conn, self._started_at = process, parent, time.monotonic()
-        logger.info("started worker process %s (pid %s)", self.index, process.pid)
+        logger.info(
+            "started worker process %s (pid %s)",
+            self.index,
+            process.pid,
+            extra=log_extra("worker_process_started", worker=self.index, pid=process.pid),
+        )
 
     @property
     def alive(self) -> bool:
@@ -216,7 +226,11 @@ class Member:
             return
         process.join(max(0.0, deadline - time.monotonic()))
         if process.is_alive():
-            logger.warning("worker process %s did not stop in time: killing it", self.index)
+            logger.warning(
+                "worker process %s did not stop in time: killing it",
+                self.index,
+                extra=log_extra("worker_process_killed", worker=self.index),
+            )
             process.kill()
             process.join(5.0)
 
@@ -268,7 +282,7 @@ class RelayProcesses:
         if self.http is not None:
             self.http.stop()
             self.http = None
-        logger.info("relay stopped")
+        logger.info("relay stopped", extra=log_extra("relay_stopped"))
         if self._failure is not None:
             raise self._failure
 
@@ -290,7 +304,9 @@ class RelayProcesses:
                     "other workers once its session expires)",
                     member.index,
                     delay[member.index],
-                    extra={"worker": member.index},
+                    extra=log_extra(
+                        "worker_process_died", worker=member.index, restart_in=delay[member.index]
+                    ),
                 )
                 if self._stopping.wait(delay[member.index]):
                     return

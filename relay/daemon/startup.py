@@ -17,6 +17,7 @@ from relay.errors import (
     SchemaRegistryUnavailable,
 )
 from relay.key_space import KeySpaceAction, report
+from relay.log_fields import log_extra
 from relay.ports import DaemonStore, PartStore
 from relay.schemas import SchemaFolder
 from relay.settings import Settings
@@ -44,6 +45,7 @@ def check_schema(conn: psycopg.Connection[Any], schema: str) -> None:
             "(`outbox-relay migrate`)",
             schema,
             names,
+            extra=log_extra("schema_migrations_pending", schema=schema, missing=names),
         )
 
 
@@ -100,7 +102,12 @@ class SubscriberSync:
             subscriber = declared.to_subscriber(self.default_format)
             created = store.add(subscriber, declared.start_from, replace=True)
             logger.info(
-                "%s subscriber %s from config", "created" if created else "updated", declared.name
+                "%s subscriber %s from config",
+                "created" if created else "updated",
+                declared.name,
+                extra=log_extra(
+                    "subscriber_from_config", subscriber=declared.name, created=created
+                ),
             )
         if not store.list():
             default = Subscriber(DEFAULT_SUBSCRIBER, value_format=self.default_format)
@@ -109,6 +116,7 @@ class SubscriberSync:
                 "no subscriber configured: created %r routing every event as %s",
                 DEFAULT_SUBSCRIBER,
                 default.value_format,
+                extra=log_extra("subscriber_default_created", subscriber=DEFAULT_SUBSCRIBER),
             )
         self._refuse_avro_without_schemas(store)
         self._refuse_registry_without_settings(store)
@@ -136,7 +144,7 @@ class SubscriberSync:
                     "schemas not checked against the registry (from subscriber %s on): %s",
                     subscriber.name,
                     exc,
-                    extra={"event": "registry.check_skipped", "subscriber": subscriber.name},
+                    extra=log_extra("registry_check_skipped", subscriber=subscriber.name),
                 )
                 return
             except SchemaIncompatible as exc:
@@ -149,7 +157,7 @@ class SubscriberSync:
                 "subscriber %s: schemas checked against the registry: %s",
                 subscriber.name,
                 "; ".join(report.checked) or "nothing known before a row names the topic",
-                extra={"event": "registry.checked", "subscriber": subscriber.name},
+                extra=log_extra("registry_checked", subscriber=subscriber.name),
             )
 
     def _refuse_registry_without_settings(self, store: DaemonStore) -> None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from relay.daemon.membership import Membership
 from relay.errors import RelayError
+from relay.log_fields import log_extra
 from relay.ports import DaemonStore
 from relay.settings import Settings
 
@@ -50,11 +51,20 @@ class Retention:
                 "next pass: %s",
                 deleted,
                 exc,
-                extra={"retention_failed": type(exc).__name__, "pruned": deleted},
+                extra=log_extra(
+                    "retention_failed",
+                    retention_failed=type(exc).__name__,
+                    pruned=deleted,
+                    error=exc,
+                ),
             )
             return
         if deleted:
-            logger.info("pruned %s published rows", deleted, extra={"pruned": deleted})
+            logger.info(
+                "pruned %s published rows",
+                deleted,
+                extra=log_extra("retention_pruned", pruned=deleted),
+            )
 
     def _mine(self, store: DaemonStore) -> bool:
         session = self._membership.session
@@ -79,7 +89,8 @@ class HorizonWatch:
                 "(it lacks pg_read_all_stats): how long another role's transaction has held "
                 "publication back is unknown, so it is not logged, and /metrics leaves out "
                 "outbox_relay_horizon_held_seconds. `outbox-relay grant --relay-role ROLE "
-                "--read-all-stats` allows it (the role then sees every session's query text)"
+                "--read-all-stats` allows it (the role then sees every session's query text)",
+                extra=log_extra("horizon_unseen"),
             )
         for holder in store.horizon_holders():
             if holder.age_s is None:
@@ -95,13 +106,14 @@ class HorizonWatch:
                 holder.state,
                 holder.application_name,
                 holder.query_start,
-                extra={
-                    "horizon_pid": holder.pid,
-                    "horizon_xid": holder.xid,
-                    "horizon_age_s": holder.age_s,
-                    "horizon_state": holder.state,
-                    "horizon_application": holder.application_name,
-                    "horizon_gid": holder.gid,
-                    "horizon_owner": holder.owner,
-                },
+                extra=log_extra(
+                    "horizon_held",
+                    horizon_pid=holder.pid,
+                    horizon_xid=holder.xid,
+                    horizon_age_s=holder.age_s,
+                    horizon_state=holder.state,
+                    horizon_application=holder.application_name,
+                    horizon_gid=holder.gid,
+                    horizon_owner=holder.owner,
+                ),
             )
