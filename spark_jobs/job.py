@@ -18,6 +18,7 @@ from typing import Any
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from relay.errors import ConfigError
+from relay.log_fields import log_extra
 from spark_jobs.kafka_clients import KafkaClients
 from spark_jobs.registry_schemas import RegistryAccess
 from spark_jobs.spark_session import local_spark_session
@@ -51,7 +52,9 @@ def kafka_clients(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         clients.spark_options()  # refuses what a Java client cannot take, before Spark starts
     except ConfigError as exc:
         parser.error(str(exc))
-    logger.info("Kafka clients: %s", clients.described(), extra={"event": "spark_job.kafka"})
+    logger.info(
+        "Kafka clients: %s", clients.described(), extra=log_extra("spark_job_kafka_clients")
+    )
     return clients
 
 
@@ -73,7 +76,7 @@ def registry_access(
         )
     if access is not None:
         logger.info(
-            "schema registry: %s", access.described(), extra={"event": "spark_job.registry"}
+            "schema registry: %s", access.described(), extra=log_extra("spark_job_registry")
         )
     return access
 
@@ -121,7 +124,9 @@ def run(name: str, debug: bool, body: Callable[[], None]) -> None:
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)
     except Exception as exc:
-        logger.debug("%s failed", name, exc_info=True, extra={"event": "spark_job.failed"})
+        logger.debug(
+            "%s failed", name, exc_info=True, extra=log_extra("spark_job_failed", job=name)
+        )
         hint = "" if debug else " (--debug shows the trace)"
         sys.stderr.write(f"{name}: {failure_reason(exc)}{hint}\n")
         sys.exit(EXIT_FAILED)
@@ -229,7 +234,7 @@ def report_decoding(job: str, records: int, undecodable: int, first_error: str |
             undecodable,
             records,
             first_error,
-            extra={"event": "spark_job.undecodable", "records": records, "bad": undecodable},
+            extra=log_extra("spark_job_undecodable", job=job, records=records, bad=undecodable),
         )
     elif undecodable:
         logger.warning(
@@ -238,5 +243,5 @@ def report_decoding(job: str, records: int, undecodable: int, first_error: str |
             undecodable,
             records,
             first_error,
-            extra={"event": "spark_job.undecodable", "records": records, "bad": undecodable},
+            extra=log_extra("spark_job_undecodable", job=job, records=records, bad=undecodable),
         )

@@ -32,6 +32,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from relay.errors import RelayError
 from relay.kafka_errors import Stage, classify, retry_now
+from relay.log_fields import log_extra
 from relay.settings import KafkaValue
 from spark_jobs.kafka_clients import KafkaClients, connection_settings
 
@@ -66,7 +67,11 @@ def ensure_topic(clients: KafkaClients, topic: str, *, create: bool, flag: str) 
             )
         future = admin.create_topics([NewTopic(topic, -1, -1)])[topic]
         future.result(_TIMEOUT_S)
-        logger.info("created the output topic %s", topic, extra={"event": "spark_sink.topic"})
+        logger.info(
+            "created the output topic %s",
+            topic,
+            extra=log_extra("spark_sink_topic_created", topic=topic),
+        )
     except KafkaException as exc:
         if "TOPIC_ALREADY_EXISTS" in str(exc):  # created meanwhile: what we wanted
             return
@@ -103,7 +108,12 @@ class KafkaBatchSink:
         producer = self._ready_producer()
         done = self.committed_batches(query_id)
         if batch_id < done:
-            logger.info("sink %s: batch %s already written, skipping", self.sink, batch_id)
+            logger.info(
+                "sink %s: batch %s already written, skipping",
+                self.sink,
+                batch_id,
+                extra=log_extra("spark_sink_batch_skipped", sink=self.sink, batch_id=batch_id),
+            )
             return False
         try:
             producer.begin_transaction()
@@ -192,5 +202,9 @@ class KafkaBatchSink:
         try:
             producer.abort_transaction(_TIMEOUT_S)
         except KafkaException:
-            logger.warning("sink %s: abort failed; a new producer will fence it", self.sink)
+            logger.warning(
+                "sink %s: abort failed; a new producer will fence it",
+                self.sink,
+                extra=log_extra("spark_sink_abort_failed", sink=self.sink),
+            )
         self._producer = None

@@ -27,6 +27,7 @@ from psycopg import sql
 from pyspark.sql import Row
 
 from relay.errors import RelayError
+from relay.log_fields import log_extra
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +119,12 @@ class PostgresBatchSink:
                 (self.sink, batch_id),
             ).fetchone()
             if claimed is None:
-                logger.info("sink %s: batch %s already written, skipping", self.sink, batch_id)
+                logger.info(
+                    "sink %s: batch %s already written, skipping",
+                    self.sink,
+                    batch_id,
+                    extra=log_extra("spark_sink_batch_skipped", sink=self.sink, batch_id=batch_id),
+                )
                 return False
             rows = write(conn)
             conn.execute(
@@ -145,7 +151,15 @@ class PostgresBatchSink:
                 "stays), or restore the old checkpoint"
             )
         if row is not None:
-            logger.warning("sink %s: taken over from query %s by %s", self.sink, row[0], query_id)
+            logger.warning(
+                "sink %s: taken over from query %s by %s",
+                self.sink,
+                row[0],
+                query_id,
+                extra=log_extra(
+                    "spark_sink_taken_over", sink=self.sink, previous_query=row[0], query=query_id
+                ),
+            )
             conn.execute(
                 sql.SQL("DELETE FROM {} WHERE sink = %s").format(self.markers), (self.sink,)
             )

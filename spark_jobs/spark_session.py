@@ -23,6 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from relay.artifacts.maven import Lock, fetch_lock
 from relay.errors import RelayError
+from relay.log_fields import log_extra
 from relay.settings import KafkaValue
 from spark_jobs.kafka_clients import KafkaClients, connection_settings
 
@@ -84,7 +85,11 @@ def local_spark_session(app_name: str, *, master: str | None = None, **conf: Any
     )
     if not submitted:  # spark-submit's JVM is already up: --packages brings the connectors
         jars = connector_jars()
-        logger.debug("Kafka connector and spark-avro jars: %s", jars)
+        logger.debug(
+            "Kafka connector and spark-avro jars: %s",
+            jars,
+            extra=log_extra("spark_connector_jars", jars=[str(p) for p in jars]),
+        )
         builder = builder.config("spark.jars", ",".join(str(p) for p in jars))
     for key, value in conf.items():
         builder = builder.config(key, value)

@@ -37,6 +37,7 @@ from relay.localstack.process import (
     signal_and_wait,
     spawn,
 )
+from relay.log_fields import log_extra
 
 __all__ = ["DEBEZIUM_VERSION", "LocalDebeziumServer", "debezium_home", "postgres_to_kafka"]
 
@@ -155,7 +156,12 @@ class LocalDebeziumServer(LocalServer):
             [str(runner), str(home / "config" / "lib"), str(home / "lib" / "*")]
         )
         argv = [java, *_JVM_OPTIONS, *self.jvm_options, "-cp", classpath, "io.debezium.server.Main"]
-        _log.info("starting Debezium Server %s in %s", DEBEZIUM_VERSION, self.work_dir)
+        _log.info(
+            "starting Debezium Server %s in %s",
+            DEBEZIUM_VERSION,
+            self.work_dir,
+            extra=log_extra("local_debezium_starting", version=DEBEZIUM_VERSION),
+        )
         with self.log_path.open("ab") as out:
             self._proc = spawn(argv, out, cwd=self.work_dir)
         reaper.add(self)

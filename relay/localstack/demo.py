@@ -37,6 +37,7 @@ from relay.kafka import TopicCreator
 from relay.lag import subscriber_statuses
 from relay.localstack import KAFKA_VERSION, LocalKafka, LocalPostgres, free_port
 from relay.localstack.stack import migrated_database
+from relay.log_fields import log_extra
 from relay.model import HEADER_EVENT_TYPE, ConsumedRecord
 from relay.outbox import Outbox
 from relay.schemas import SchemaFolder
@@ -245,7 +246,7 @@ class DemoWriter(_StoppableThread):
             with db.connect(self._url, application_name="outbox-relay-demo-writer") as conn:
                 self._loop(conn)
         except Exception as exc:
-            logger.exception("demo writer failed")
+            logger.exception("demo writer failed", extra=log_extra("demo_writer_failed"))
             with self._tally.lock:
                 self._tally.writer_error = str(exc)
 
@@ -315,7 +316,7 @@ class DemoConsumer(_StoppableThread):
                     if record is not None:
                         self._tally.record_consumed(record, time.monotonic())
         except Exception:
-            logger.exception("demo consumer failed")
+            logger.exception("demo consumer failed", extra=log_extra("demo_consumer_failed"))
 
 
 # --------------------------------------------------------------------------- live view
@@ -537,7 +538,11 @@ def _create_demo_topics(settings: Settings) -> None:
     try:
         topics.ensure(set(DEMO_TOPICS))
     except RelayError as exc:  # the relay creates them on first use, then
-        logger.info("demo topics not created up front: %s", exc)
+        logger.info(
+            "demo topics not created up front: %s",
+            exc,
+            extra=log_extra("demo_topics_not_created", error=exc),
+        )
 
 
 def _end_offsets(bootstrap_servers: str) -> dict[tuple[str, int], int]:
@@ -554,7 +559,11 @@ def _end_offsets(bootstrap_servers: str) -> dict[tuple[str, int], int]:
                 ends[(topic, partition)] = high
         return ends
     except KafkaException as exc:  # then every record counts, as before
-        logger.info("demo topics' offsets unknown: %s", exc)
+        logger.info(
+            "demo topics' offsets unknown: %s",
+            exc,
+            extra=log_extra("demo_offsets_unknown", error=exc),
+        )
         return {}
     finally:
         consumer.close()

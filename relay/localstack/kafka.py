@@ -45,6 +45,7 @@ from relay.localstack.process import (
     signal_and_wait,
     spawn,
 )
+from relay.log_fields import log_extra
 
 __all__ = [
     "KAFKA_VERSION",
@@ -241,7 +242,12 @@ class LocalKafka(LocalServer):
             "-cp", classpath,
             "kafka.Kafka", str(properties),
         ]  # fmt: skip
-        _log.info("starting Apache Kafka %s on %s", KAFKA_VERSION, self.bootstrap_servers)
+        _log.info(
+            "starting Apache Kafka %s on %s",
+            KAFKA_VERSION,
+            self.bootstrap_servers,
+            extra=log_extra("local_kafka_starting", version=KAFKA_VERSION),
+        )
         self._launched = time.monotonic()
         with (self.work_dir / "stdout.log").open("ab") as out:
             self._proc = spawn(argv, out, cwd=self.work_dir)
@@ -261,7 +267,7 @@ class LocalKafka(LocalServer):
             self.bootstrap_servers,
             self.startup_seconds,
             self._proc.pid,
-            extra={"startup_seconds": self.startup_seconds},
+            extra=log_extra("local_kafka_ready", startup_seconds=self.startup_seconds),
         )
 
     def stop(self, timeout: float = _STOP_TIMEOUT_S) -> None:

@@ -35,6 +35,7 @@ from relay.localstack.process import (
     signal_and_wait,
     spawn,
 )
+from relay.log_fields import log_extra
 
 __all__ = ["LocalPostgres"]
 
@@ -146,6 +147,7 @@ class LocalPostgres(LocalServer):
             self.port,
             self.data_dir,
             self.log_path,
+            extra=self._log_extra("local_postgres_starting"),
         )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log_file:
@@ -156,14 +158,24 @@ class LocalPostgres(LocalServer):
         except BaseException:
             self._kill_quietly()
             raise
-        _log.info("postgres ready on 127.0.0.1:%s (pid %s)", self.port, self._proc.pid)
+        _log.info(
+            "postgres ready on 127.0.0.1:%s (pid %s)",
+            self.port,
+            self._proc.pid,
+            extra=self._log_extra("local_postgres_ready", pid=self._proc.pid),
+        )
 
     def stop(self, timeout: float = 15.0) -> None:
         """Fast shutdown (SIGINT: roll back sessions, checkpoint); SIGKILL after ``timeout``."""
         proc = self._proc
         if proc is not None:
             if proc.poll() is None:
-                _log.info("stopping postgres on 127.0.0.1:%s (pid %s)", self.port, proc.pid)
+                _log.info(
+                    "stopping postgres on 127.0.0.1:%s (pid %s)",
+                    self.port,
+                    proc.pid,
+                    extra=self._log_extra("local_postgres_stopping", pid=proc.pid),
+                )
             signal_and_wait(proc, signal.SIGINT, timeout, "postgres")
             self._proc = None
         reaper.discard(self)
@@ -172,6 +184,10 @@ class LocalPostgres(LocalServer):
             self._tmp_socket_dir = None
 
     # -- internals
+
+    def _log_extra(self, event: str, **fields: object) -> dict[str, object]:
+        """The ``extra`` of this server's log lines: the event, its port, then ``fields``."""
+        return log_extra(event, port=self.port, **fields)
 
     def _ids(self) -> tuple[int, int] | None:
         if self._run_as is None:
@@ -227,7 +243,12 @@ class LocalPostgres(LocalServer):
         ]  # fmt: skip
         if not self.fsync:
             argv.append("--no-sync")
-        _log.info("initdb %s (log %s)", self.data_dir, self.log_path)
+        _log.info(
+            "initdb %s (log %s)",
+            self.data_dir,
+            self.log_path,
+            extra=self._log_extra("local_postgres_initdb", data_dir=self.data_dir),
+        )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log_file:
             proc = spawn(argv, log_file, user=self._run_as, cwd=self.data_dir)
@@ -251,14 +272,23 @@ class LocalPostgres(LocalServer):
         except FileNotFoundError:
             return
         except (OSError, IndexError, ValueError):
-            _log.warning("removing unreadable %s", pidfile)
+            _log.warning(
+                "removing unreadable %s",
+                pidfile,
+                extra=self._log_extra("local_postgres_pidfile_removed", pidfile=pidfile),
+            )
             pidfile.unlink(missing_ok=True)
             return
         if pid_alive(pid) and self._is_postgres(pid):
             raise LocalServerError(
                 f"another postgres (pid {pid}) is already running on {self.data_dir}"
             )
-        _log.info("removing stale %s (pid %s is gone)", pidfile, pid)
+        _log.info(
+            "removing stale %s (pid %s is gone)",
+            pidfile,
+            pid,
+            extra=self._log_extra("local_postgres_pidfile_removed", pidfile=pidfile, pid=pid),
+        )
         pidfile.unlink(missing_ok=True)
 
     def _check_port_free(self) -> None:

@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import IO, Self
 
 from relay.errors import RelayError
+from relay.log_fields import log_extra
 
 __all__ = [
     "LocalServer",
@@ -142,7 +143,10 @@ def _make_pdeathsig_preexec() -> Callable[[], None] | None:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
         prctl = libc.prctl
     except (OSError, AttributeError):  # pragma: no cover - exotic libc
-        _log.debug("prctl() unavailable; child processes may outlive us")
+        _log.debug(
+            "prctl() unavailable; child processes may outlive us",
+            extra=log_extra("local_prctl_unavailable"),
+        )
         return None
     parent_pid = os.getpid()
 
@@ -193,7 +197,13 @@ def signal_and_wait(proc: subprocess.Popen[bytes], sig: int, timeout: float, nam
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _log.warning("%s (pid %s) did not stop within %.1fs; killing it", name, proc.pid, timeout)
+        _log.warning(
+            "%s (pid %s) did not stop within %.1fs; killing it",
+            name,
+            proc.pid,
+            timeout,
+            extra=log_extra("local_server_killed", server=name, pid=proc.pid),
+        )
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         proc.wait()
@@ -223,7 +233,11 @@ class _Reaper:
             try:
                 server.stop()
             except Exception:
-                _log.exception("failed to stop %r at exit", server)
+                _log.exception(
+                    "failed to stop %r at exit",
+                    server,
+                    extra=log_extra("local_server_stop_failed", server=repr(server)),
+                )
 
 
 reaper = _Reaper()

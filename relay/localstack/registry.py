@@ -57,6 +57,7 @@ from relay.localstack.process import (
     signal_and_wait,
     spawn,
 )
+from relay.log_fields import log_extra
 
 __all__ = ["REGISTRY_VERSION", "LocalRegistry", "RegistryLock", "registry_app"]
 
@@ -217,7 +218,11 @@ def _maven_build(mvn: str, work: Path, repo: Path) -> Path:
     argv = [mvn, "-B", "-q", "--strict-checksums", "-Dstyle.color=never", *offline,
             "-s", str(work / "settings.xml"), f"-Dmaven.repo.local={repo}",
             "-DskipTests", "-Dquarkus.analytics.disabled=true", "package"]  # fmt: skip
-    _log.info("building Apicurio Registry %s with Maven (first use: minutes)", REGISTRY_VERSION)
+    _log.info(
+        "building Apicurio Registry %s with Maven (first use: minutes)",
+        REGISTRY_VERSION,
+        extra=log_extra("local_registry_building", version=REGISTRY_VERSION),
+    )
     log = work / "maven.log"
     with log.open("wb") as out:
         try:
@@ -310,7 +315,12 @@ class LocalRegistry(LocalServer):
         argv = [java, *_JVM_OPTIONS,
                 "-Dquarkus.http.host=127.0.0.1", f"-Dquarkus.http.port={self.port}",
                 "-jar", str(app / "registry-runner.jar")]  # fmt: skip
-        _log.info("starting Apicurio Registry %s on %s", REGISTRY_VERSION, self.url)
+        _log.info(
+            "starting Apicurio Registry %s on %s",
+            REGISTRY_VERSION,
+            self.url,
+            extra=log_extra("local_registry_starting", version=REGISTRY_VERSION, url=self.url),
+        )
         with self.log_path.open("ab") as out:
             self._proc = spawn(argv, out, cwd=self.work_dir)
         reaper.add(self)

@@ -20,6 +20,7 @@ from psycopg import sql
 from relay import db, migrations
 from relay.localstack.kafka import KAFKA_VERSION, LocalKafka
 from relay.localstack.postgres import LocalPostgres
+from relay.log_fields import log_extra
 
 __all__ = ["migrated_database", "run_local"]
 
@@ -62,7 +63,11 @@ def migrated_database(postgres: LocalPostgres, name: str, *, application_name: s
         found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
         if found.fetchone() is None:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-            logger.info("created database %s", name)
+            logger.info(
+                "created database %s",
+                name,
+                extra=log_extra("local_database_created", database=name),
+            )
     url = postgres.url_for(name)
     with db.connect(url, application_name=application_name) as conn:
         migrations.migrate(conn)
