@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from typing import Any, cast
 
 import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from relay.debezium import APICURIO_AVRO_CONVERTER, parse_options
 from relay.debezium_format import debezium_record
+from relay.encoding import RecordEncoder
 from relay.errors import ConfigError
 from relay.model import OutboxEvent
+from relay.registry_format import RegistryValueEncoder
 from relay.subscribers import Subscriber, ValueFormat
 
 DEBEZIUM = Subscriber("s", topic="t", value_format=ValueFormat.DEBEZIUM)
@@ -138,3 +142,28 @@ def test_a_null_or_tombstoned_payload_is_a_null_value_with_no_registry_call() ->
 def test_a_relay_without_a_schema_registry_halts_rather_than_poisoning() -> None:
     with pytest.raises(ConfigError, match="schema_registry_url"):
         debezium_record(copied("x", "text", '"string"'), DEBEZIUM)
+
+
+class Client:
+    """The registry client's ``register_schema``: id 9 for any schema, calls recorded."""
+
+    def __init__(self) -> None:
+        self.registered: list[tuple[str, str]] = []
+
+    def register_schema(self, subject: str, schema: Any) -> int:
+        self.registered.append((subject, schema.schema_str))
+        return 9
+
+
+def test_the_relays_registry_serves_the_debezium_format_without_a_schemas_folder() -> None:
+    client = Client()
+    values = RegistryValueEncoder(None, cast(SchemaRegistryClient, client))
+    encoder = RecordEncoder(None, schema_registry=values)
+    for _ in range(2):
+        record = encoder.encode(copied("hello", "text", '"string"'), DEBEZIUM)
+        assert record.value == b"\x00\x00\x00\x00\x09\x0ahello"
+    # Registered as the converter sent it, once: the id is cached per subject and text.
+    assert client.registered == [("outbox.event.Order-value", '"string"')]
+    avro_registry = Subscriber("r", topic="t", value_format=ValueFormat.AVRO_REGISTRY)
+    with pytest.raises(ConfigError, match="schemas_dir"):
+        encoder.encode(copied("x", "text", '"string"')._replace(debezium=None), avro_registry)
