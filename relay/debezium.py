@@ -277,14 +277,12 @@ def _converter(which: str, remaining: dict[str, str]) -> str:
 # value.converter.apicurio.registry.* settings the relay follows, with the values it can
 # match byte for byte (None: any value). The url is the converter's (Apicurio's own API);
 # the relay reaches the same registry through schema_registry_url (its Confluent API).
-_APICURIO_SETTINGS: dict[str, frozenset[str] | None] = {
+_APICURIO_SETTINGS: dict[str, str | None] = {
     "url": None,
-    "auto-register": frozenset({"true"}),
-    "use-id": frozenset({"contentid"}),
-    "id-handler": frozenset({"io.apicurio.registry.serde.default4byteidhandler"}),
-    "artifact-resolver-strategy": frozenset(
-        {"io.apicurio.registry.serde.strategy.topicidstrategy"}
-    ),
+    "auto-register": "true",
+    "use-id": "contentId",
+    "id-handler": "io.apicurio.registry.serde.Default4ByteIdHandler",
+    "artifact-resolver-strategy": "io.apicurio.registry.serde.strategy.TopicIdStrategy",
 }
 
 
@@ -313,15 +311,12 @@ def _check_avro_value(options: RouterOptions, remaining: dict[str, str]) -> None
             "<topic>-value, as the converter then does)"
         )
     for name, value in given.items():
-        allowed = _APICURIO_SETTINGS.get(name, frozenset())
-        if allowed is not None and value.lower() not in allowed:
+        allowed = _APICURIO_SETTINGS.get(name, "")
+        if allowed is not None and value.lower() != allowed.lower():
+            supported = ", ".join(f"{n}={v}" for n, v in _APICURIO_SETTINGS.items() if v)
             raise ConfigError(
                 f"{prefix}{name}={value!r} is not supported: the relay writes what the "
-                "converter writes with "
-                + ", ".join(
-                    f"{prefix}{n}={sorted(a)[0]}" for n, a in _APICURIO_SETTINGS.items() if a
-                )
-                + " (its defaults, auto-register aside)"
+                f"converter writes with {supported} (its defaults, auto-register aside)"
             )
 
 
