@@ -34,11 +34,16 @@ DEFAULT_REGEX = "(?<routedByValue>.*)"
 STRING_CONVERTER = "org.apache.kafka.connect.storage.StringConverter"
 JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
 SIMPLE_HEADER_CONVERTER = "org.apache.kafka.connect.storage.SimpleHeaderConverter"
+# Apicurio's Avro converter (Debezium Server's debezium.format.value=avro): values in the
+# Confluent wire format, with ids from a schema registry (values only).
+APICURIO_AVRO_CONVERTER = "io.apicurio.registry.utils.converter.AvroConverter"
+_APICURIO = "apicurio.registry."
 _CONVERTERS = {
     STRING_CONVERTER: "string",
     JSON_CONVERTER: "json",
     "StringConverter": "string",
     "JsonConverter": "json",
+    APICURIO_AVRO_CONVERTER: "avro",
 }
 # A connector's settings name the transform (transforms.outbox.route.by.field): the part
 # after "transforms.<name>." is the router's option.
@@ -97,7 +102,9 @@ class RouterOptions:
         needed += [f.column for f in self.additional]
         return list(dict.fromkeys(needed))
 
-    def trigger_argument(self, payload_kind: str, header_schemas: list[str] | None) -> str:
+    def trigger_argument(
+        self, payload_kind: str, header_schemas: list[str] | None, value_schema: str | None = None
+    ) -> str:
         """What the trigger is given (relay/sql/debezium.sql reads these names)."""
         return json.dumps(
             {
@@ -126,6 +133,8 @@ class RouterOptions:
                     "header": self.header_converter,
                     # JsonConverter with schemas: each header's Connect schema, id first.
                     "header_schemas": header_schemas,
+                    # AvroConverter: the value's Avro schema, as the converter registers it.
+                    "value_schema": value_schema,
                     "expand": self.expand_json_payload,
                     "tombstone": self.tombstone_on_empty_payload,
                 },
@@ -185,6 +194,7 @@ def options_from(values: Mapping[str, str]) -> RouterOptions:
         value_converter=_converter("value", remaining),
         header_converter=_header_converter(remaining),
     )
+    _check_avro_value(options, remaining)
     remaining.pop("type", None)  # transforms.outbox.type=io.debezium.transforms.outbox.EventRouter
     if remaining:
         raise ConfigError(
@@ -251,10 +261,11 @@ def _converter(which: str, remaining: dict[str, str]) -> str:
     name = remaining.pop(f"{which}.converter", STRING_CONVERTER)
     schemas = remaining.pop(f"{which}.converter.schemas.enable", "true")
     converter = _CONVERTERS.get(name)
-    if converter is None:
+    if converter is None or (converter == "avro" and which != "value"):
+        also = f", or {APICURIO_AVRO_CONVERTER}" if which == "value" else ""
         raise ConfigError(
             f"{which}.converter={name!r} is not supported: use {STRING_CONVERTER} or "
-            f"{JSON_CONVERTER} (with {which}.converter.schemas.enable=false)"
+            f"{JSON_CONVERTER} (with {which}.converter.schemas.enable=false){also}"
         )
     if converter == "json" and _boolean(f"{which}.converter.schemas.enable", schemas):
         raise ConfigError(
@@ -262,6 +273,52 @@ def _converter(which: str, remaining: dict[str, str]) -> str:
             f"{which}.converter.schemas.enable=false only"
         )
     return converter
+
+
+# value.converter.apicurio.registry.* settings the relay follows, with the values it can
+# match byte for byte (None: any value). The url is the converter's (Apicurio's own API);
+# the relay reaches the same registry through schema_registry_url (its Confluent API).
+_APICURIO_SETTINGS: dict[str, str | None] = {
+    "url": None,
+    "auto-register": "true",
+    "use-id": "contentId",
+    "id-handler": "io.apicurio.registry.serde.Default4ByteIdHandler",
+    "artifact-resolver-strategy": "io.apicurio.registry.serde.strategy.TopicIdStrategy",
+}
+
+
+def _check_avro_value(options: RouterOptions, remaining: dict[str, str]) -> None:
+    """AvroConverter values: what the relay writes as the converter does (the payload, in
+    the Confluent framing, under <topic>-value, the id the registry gives its content)."""
+    prefix = f"value.converter.{_APICURIO}"
+    given = {
+        k.removeprefix(prefix): remaining.pop(k) for k in list(remaining) if k.startswith(prefix)
+    }
+    if options.value_converter != "avro":
+        if given:
+            raise ConfigError(f"{prefix}* settings need value.converter={APICURIO_AVRO_CONVERTER}")
+        return
+    if options.expand_json_payload or any(
+        f.placement is Placement.ENVELOPE for f in options.additional
+    ):
+        raise ConfigError(
+            f"value.converter={APICURIO_AVRO_CONVERTER} is supported for a payload as it is: "
+            "not with table.expand.json.payload=true or an envelope placement"
+        )
+    if given.get("auto-register", "").lower() != "true":
+        raise ConfigError(
+            f"value.converter={APICURIO_AVRO_CONVERTER} is supported with "
+            f"{prefix}auto-register=true (the relay registers the value schema under "
+            "<topic>-value, as the converter then does)"
+        )
+    for name, value in given.items():
+        allowed = _APICURIO_SETTINGS.get(name, "")
+        if allowed is not None and value.lower() != allowed.lower():
+            supported = ", ".join(f"{n}={v}" for n, v in _APICURIO_SETTINGS.items() if v)
+            raise ConfigError(
+                f"{prefix}{name}={value!r} is not supported: the relay writes what the "
+                f"converter writes with {supported} (its defaults, auto-register aside)"
+            )
 
 
 def _header_converter(remaining: dict[str, str]) -> str:
@@ -302,10 +359,10 @@ def attach(
     queries = parse_named(read_sql("debezium.sql"))
     names = _names(conn, schema, table)
     with wrap_errors(), conn.transaction():
-        kind, schemas = _inspect(conn, source, options)
+        kind, schemas, value_schema = _inspect(conn, source, options)
         if cut_over_publication is not None:
             _leave_publication(conn, queries, names, source, cut_over_publication)
-        names["options"] = sql.Literal(options.trigger_argument(kind, schemas))
+        names["options"] = sql.Literal(options.trigger_argument(kind, schemas, value_schema))
         for query in ("register", "attach", "drop_old_function"):
             conn.execute(sql.SQL(queries[query]).format(**names))
         if options.invalid_op is InvalidOpBehavior.FATAL:
@@ -405,10 +462,11 @@ def _check_rendered_types(options: RouterOptions, types: dict[str, str]) -> None
 
 def _inspect(
     conn: psycopg.Connection[Any], source: sql.Identifier, options: RouterOptions
-) -> tuple[str, list[str] | None]:
-    """How the payload column reads (json, jsonb, bytea or text), and the headers' Connect
-    schemas when the header converter writes them, once the options are checked against
-    the table: a missing column would fail every row in Debezium."""
+) -> tuple[str, list[str] | None, str | None]:
+    """How the payload column reads (json, jsonb, bytea or text), the headers' Connect
+    schemas when the header converter writes them, and the value's Avro schema under
+    AvroConverter, once the options are checked against the table: a missing column
+    would fail every row in Debezium."""
     query = parse_named(read_sql("debezium.sql"))["columns"]
     try:
         with wrap_errors():
@@ -445,7 +503,10 @@ def _inspect(
             *(f.column for f in options.additional if f.placement == "header"),
         ]
         schemas = [_connect_schema(types[c], c in not_null) for c in headers]
-    return kind if kind in {"json", "jsonb", "bytea"} else "text", schemas
+    value_schema = None
+    if options.value_converter == "avro":
+        value_schema = _avro_value_schema(options.payload, kind, options.payload in not_null)
+    return kind if kind in {"json", "jsonb", "bytea"} else "text", schemas, value_schema
 
 
 # The Connect schema Debezium's PostgreSQL connector gives a column of these types.
@@ -471,3 +532,27 @@ def _connect_schema(typname: str, not_null: bool) -> str:
     if name is not None:
         schema.update(name=name, version=1)
     return json.dumps(schema, separators=(",", ":"))
+
+
+# The Avro schema Apicurio's AvroConverter writes for the payload column's Connect schema
+# (as Debezium Server 3.6 registers it: compact, Connect's name and version as
+# properties); a nullable column is a union with null first.
+_AVRO_PAYLOADS = {
+    "text": '"string"',
+    "varchar": '"string"',
+    "bpchar": '"string"',
+    "bytea": '"bytes"',
+    "json": '{"type":"string","connect.version":1,"connect.name":"io.debezium.data.Json"}',
+    "jsonb": '{"type":"string","connect.version":1,"connect.name":"io.debezium.data.Json"}',
+}
+
+
+def _avro_value_schema(column: str, typname: str, not_null: bool) -> str:
+    schema = _AVRO_PAYLOADS.get(typname)
+    if schema is None:
+        raise ConfigError(
+            f"table.field.event.payload={column} is of type {typname}: under "
+            f"{APICURIO_AVRO_CONVERTER} the relay writes payloads of types "
+            f"{sorted(_AVRO_PAYLOADS)}"
+        )
+    return schema if not_null else f'["null",{schema}]'

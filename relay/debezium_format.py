@@ -6,8 +6,10 @@ connector with those router options and converters would produce: the routed top
 the key (its bytes decide the partition: the relay's producers use Kafka's Java
 partitioner, murmur2), the payload as the value (or an envelope with the router's
 ``envelope`` fields), the ``id`` and ``header`` fields as headers, and the record
-timestamp from ``table.field.event.timestamp``. Converters: StringConverter, and
-JsonConverter with ``schemas.enable=false`` (deploy/README.md lists what else differs).
+timestamp from ``table.field.event.timestamp``. Converters: StringConverter,
+JsonConverter with ``schemas.enable=false``, and for values Apicurio's AvroConverter (the
+payload's Avro schema, recorded by ``attach``, registered under ``<topic>-value``; the
+value in the Confluent wire format). deploy/README.md lists what else differs.
 
 What the router would refuse (no routing value, a column gone) is an
 :class:`EncodingError`, so the subscriber's poison policy applies, with the reason.
@@ -16,13 +18,18 @@ What the router would refuse (no routing value, a column gone) is an
 from __future__ import annotations
 
 import base64
+import functools
+import io
 import json
 import re
 from collections import OrderedDict
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from relay.errors import EncodingError
+import fastavro
+
+from relay.errors import ConfigError, EncodingError
 from relay.model import HEADER_ID, RESERVED_HEADER_PREFIX, KafkaRecord, OutboxEvent
 from relay.subscribers import Subscriber
 
@@ -34,17 +41,26 @@ _PROPERTY = re.compile(r"^\s*([^#!=:\s][^=:\s]*)\s*[=:](.*)$")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 Header = tuple[str, str | bytes | None]
+# An Avro body in the Confluent wire format: (subject, schema text, body) to the framed
+# value, the schema registered under the subject if new (the registry's value encoder).
+RegistryFraming = Callable[[str, str, bytes], bytes]
 
 
-def debezium_record(event: OutboxEvent, subscriber: Subscriber) -> KafkaRecord:
-    """The record Debezium's Outbox Event Router would publish for ``event``."""
+def debezium_record(
+    event: OutboxEvent, subscriber: Subscriber, registry: RegistryFraming | None = None
+) -> KafkaRecord:
+    """The record Debezium's Outbox Event Router would publish for ``event``
+    (``registry``: the relay's schema registry, for AvroConverter values)."""
     found = event.debezium
     if found is None:
         return _native_record(event, subscriber)
     _check(event, found)
     converters: dict[str, Any] = found["converters"]
     key = _key(found.get("key"), converters["key"])
-    value = _value(event, found, converters)
+    if converters["value"] == "avro":
+        value = _avro_value(event, found, subscriber, registry)
+    else:
+        value = _value(event, found, converters)
     headers = _headers(found)
     size = len(key or b"") + len(value or b"") + sum(len(n) + len(v or b"") for n, v in headers)
     return KafkaRecord(
@@ -144,17 +160,57 @@ def _value(event: OutboxEvent, found: dict[str, Any], converters: dict[str, Any]
     return None if text is None else text.encode()
 
 
+def _avro_value(
+    event: OutboxEvent,
+    found: dict[str, Any],
+    subscriber: Subscriber,
+    registry: RegistryFraming | None,
+) -> bytes | None:
+    """What AvroConverter writes: null for a null payload (or a tombstone), else the
+    payload under the schema ``attach`` recorded, framed with the id the registry gives
+    that schema under ``<topic>-value`` (the converter's TopicIdStrategy)."""
+    text: str | None = found.get("payload")
+    bytea = found.get("payload_kind") == "bytea"
+    if text is None or (
+        found["converters"]["tombstone"] and not bytea and not text.strip(_JAVA_BLANK)
+    ):
+        return None
+    if registry is None:
+        # The relay's configuration, never the row's fault: no dead letter.
+        raise ConfigError(
+            f"subscriber {subscriber.name!r}: event {event.message_id} was attached with "
+            "value.converter=AvroConverter, but this relay has no schema registry "
+            "(schema_registry_url, RELAY_SCHEMA_REGISTRY_URL): configure it, then "
+            f"`outbox-relay subscribers resume {subscriber.name}`"
+        )
+    schema_text: str = found["converters"]["value_schema"]
+    value = _bytea(event, text) if bytea else text
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, _parsed_avro(schema_text), value)
+    return registry(f"{found['topic']}-value", schema_text, body.getvalue())
+
+
+def _bytea(event: OutboxEvent, text: str) -> bytes:
+    """A bytea payload's bytes (the copy holds Postgres's hex output, ``\\x...``)."""
+    try:
+        return bytes.fromhex(text.removeprefix("\\x"))
+    except ValueError as exc:
+        raise EncodingError(f"event {event.message_id}: unreadable bytea payload") from exc
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_avro(text: str) -> Any:
+    """A recorded value schema, parsed once (a handful of distinct ones exist)."""
+    return fastavro.parse_schema(json.loads(text))
+
+
 def _payload(event: OutboxEvent, text: str | None, bytea: bool, expand: bool) -> tuple[Any, bool]:
     """The payload as a Connect value, and whether expand.json.payload turned it into a
     structure (the router expands text that starts with { or [ and parses)."""
     if text is None:
         return None, False
     if bytea:
-        try:
-            raw = bytes.fromhex(text.removeprefix("\\x"))
-        except ValueError as exc:
-            raise EncodingError(f"event {event.message_id}: unreadable bytea payload") from exc
-        return base64.b64encode(raw).decode(), False
+        return base64.b64encode(_bytea(event, text)).decode(), False
     if expand and text.startswith(("{", "[")):
         try:
             return json.loads(text, object_pairs_hook=OrderedDict), True

@@ -53,7 +53,8 @@ class RecordEncoder:
             _refuse_unreadable(event)
         plan = self._plan(subscriber)
         if plan.debezium:
-            record = debezium_record(event, subscriber)
+            framing = None if self.schema_registry is None else self.schema_registry.frame_text
+            record = debezium_record(event, subscriber, framing)
             self._check_route(record.topic, subscriber, event)
             return record
         topic = plan.topic if plan.topic is not None else subscriber.topic_for(event)
@@ -175,7 +176,7 @@ class RecordEncoder:
         return self.schema_registry.encode_key(topic, text)
 
     def _registry_value(self, event: OutboxEvent, subscriber: Subscriber, topic: str) -> bytes:
-        if self.schema_registry is None:
+        if self.schema_registry is None or self.schema_registry.schemas is None:
             # The relay's configuration, never the row's fault: no dead letter.
             raise ConfigError(
                 f"subscriber {subscriber.name!r} publishes avro-registry, but this relay has "

@@ -30,7 +30,7 @@ import fastavro
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from relay.confluent_wire import frame, from_single_object
-from relay.errors import SchemaIncompatible, SchemaRegistryUnavailable
+from relay.errors import ConfigError, SchemaIncompatible, SchemaRegistryUnavailable
 from relay.log_fields import log_extra
 from relay.registry_compat import KEY_SCHEMA, registry_call, schema_text
 from relay.schemas import AvroSchema, SchemaFolder, encode_with
@@ -48,6 +48,7 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_S = 10.0
+_MAX_TEXT_IDS = 4096
 
 
 def registry_client(
@@ -71,9 +72,10 @@ def registry_client(
 
 
 def encoder_for(settings: Settings, schemas: SchemaFolder | None) -> RegistryValueEncoder | None:
-    """The avro-registry encoder the settings configure; None without a registry URL or
-    writer schemas (an avro-registry subscriber then halts, naming the keys)."""
-    if settings.schema_registry_url is None or schemas is None:
+    """The registry encoder the settings configure; None without a registry URL. Without
+    writer schemas it serves the debezium format's AvroConverter values only (an
+    avro-registry subscriber then halts, naming the keys)."""
+    if settings.schema_registry_url is None:
         return None
     password = settings.schema_registry_password
     client = registry_client(
@@ -90,11 +92,12 @@ def encoder_for(settings: Settings, schemas: SchemaFolder | None) -> RegistryVal
 class RegistryValueEncoder:
     """``encode(topic, event_type, payload)``: the wire-format value of one event."""
 
-    def __init__(self, schemas: SchemaFolder, client: SchemaRegistryClient) -> None:
+    def __init__(self, schemas: SchemaFolder | None, client: SchemaRegistryClient) -> None:
         self.schemas = schemas
         self.client = client
         self._ids: dict[tuple[str, bytes], int] = {}
         self._key_ids: dict[str, int] = {}
+        self._text_ids: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
         # Why the registry could not be reached, and since when (None: it answers). Its
         # parts say so each retry; this says it once per outage (event registry.unreachable).
@@ -107,6 +110,11 @@ class RegistryValueEncoder:
         payload: Any,
         strategy: SubjectStrategy = SubjectStrategy.TOPIC,
     ) -> bytes:
+        if self.schemas is None:
+            raise ConfigError(
+                "avro-registry values need writer schemas: configure schemas_dir "
+                "(RELAY_SCHEMAS_DIR)"
+            )
         schema = self.schemas.writer_for(event_type)
         schema_id = self.schema_id(strategy.subject(topic, schema.full_name), schema)
         return from_single_object(encode_with(schema, payload), schema_id)
@@ -126,6 +134,29 @@ class RegistryValueEncoder:
                 extra=log_extra("registry_schema_id", subject=subject, schema_id=schema_id),
             )
         return frame(schema_id, _avro_string(key))
+
+    def frame_text(self, subject: str, text: str, body: bytes) -> bytes:
+        """``body`` framed with the id of the Avro schema ``text`` under ``subject``."""
+        return frame(self.text_schema_id(subject, text), body)
+
+    def text_schema_id(self, subject: str, text: str) -> int:
+        """The registry id of the Avro schema ``text`` (registered as it is, so the
+        registry sees the same content a converter sent) under ``subject``."""
+        key = (subject, text)
+        schema_id = self._text_ids.get(key)
+        if schema_id is None:
+            schema_id = self._register_text(subject, text, f"the schema {text}")
+            if len(self._text_ids) >= _MAX_TEXT_IDS:  # routed topics: stay bounded
+                self._text_ids.clear()
+            self._text_ids[key] = schema_id
+            _log.info(
+                "schema %s has id %s under %s",
+                text,
+                schema_id,
+                subject,
+                extra=log_extra("registry_schema_id", subject=subject, schema_id=schema_id),
+            )
+        return schema_id
 
     def schema_id(self, subject: str, schema: AvroSchema) -> int:
         """The registry id of ``schema`` under ``subject``, registering it if new."""

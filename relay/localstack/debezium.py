@@ -39,7 +39,13 @@ from relay.localstack.process import (
 )
 from relay.log_fields import log_extra
 
-__all__ = ["DEBEZIUM_VERSION", "LocalDebeziumServer", "debezium_home", "postgres_to_kafka"]
+__all__ = [
+    "DEBEZIUM_VERSION",
+    "LocalDebeziumServer",
+    "avro_converter_jars",
+    "debezium_home",
+    "postgres_to_kafka",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -72,6 +78,13 @@ def debezium_home() -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return home
+
+
+def avro_converter_jars() -> list[Path]:
+    """What Debezium Server's ``avro`` format (Apicurio's AvroConverter, which the
+    distribution bundles) needs and the distribution lacks: Apache Avro itself, at the
+    version that Apicurio release builds with (``debezium-avro.lock``)."""
+    return fetch_lock("debezium-avro")
 
 
 def find_java21() -> str:
@@ -122,10 +135,16 @@ class LocalDebeziumServer(LocalServer):
     """Debezium Server with the given ``debezium.*`` properties, on 127.0.0.1."""
 
     def __init__(
-        self, work_dir: Path, properties: Mapping[str, str], jvm_options: Sequence[str] = ()
+        self,
+        work_dir: Path,
+        properties: Mapping[str, str],
+        jvm_options: Sequence[str] = (),
+        extra_jars: Sequence[Path] = (),
     ) -> None:
         self.work_dir = Path(work_dir).absolute()
         self.properties = dict(properties)
+        # Jars the distribution lacks, e.g. avro_converter_jars() for format "avro".
+        self.extra_jars = tuple(Path(j) for j in extra_jars)
         # After the defaults: a later -Xmx (or any repeated option) wins.
         self.jvm_options = tuple(jvm_options)
         self.log_path = self.work_dir / "debezium.log"
@@ -153,7 +172,12 @@ class LocalDebeziumServer(LocalServer):
         )
         (runner,) = home.glob("debezium-server-*runner.jar")
         classpath = os.pathsep.join(
-            [str(runner), str(home / "config" / "lib"), str(home / "lib" / "*")]
+            [
+                str(runner),
+                str(home / "config" / "lib"),
+                str(home / "lib" / "*"),
+                *map(str, self.extra_jars),
+            ]
         )
         argv = [java, *_JVM_OPTIONS, *self.jvm_options, "-cp", classpath, "io.debezium.server.Main"]
         _log.info(
