@@ -27,6 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.harness import (
+    BASELINE_CODE,
     BATCH,
     REPO,
     Figure,
@@ -50,12 +51,11 @@ from relay.topic_reader import KafkaTopicReader
 
 MANY = 1000
 EVENTS_PER_TYPE = {"quick": 10, "default": 50, "full": 100}
-BASELINE = "OUTBOX_BENCH_BASELINE_CODE"
 
 
 def run(stack: Stack, scale: Scale) -> list[Figure]:
     figures = many_subscribers(stack, scale)
-    baseline = os.environ.get(BASELINE)
+    baseline = os.environ.get(BASELINE_CODE)
     if baseline:
         figures.append(single_part(stack, scale, Path(baseline)))
     return figures

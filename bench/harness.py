@@ -45,6 +45,9 @@ RESULTS = REPO / "bench" / "results"
 # a rate's clock starts, so rates leave it out.
 BATCH = 5000
 NOTE = "x" * 230  # makes an OrderPlaced Avro value about 300 bytes
+# Names a checkout of the code before a change (e.g. a worktree of an older commit):
+# bounded and fanout then run its relay beside this one's, for before/after figures.
+BASELINE_CODE = "OUTBOX_BENCH_BASELINE_CODE"
 
 
 @dataclass(frozen=True)
@@ -444,6 +447,10 @@ class RelayProcesses:
         """Peak resident memory of each process so far (VmHWM), in MiB."""
         return [_status_kib(p.pid, "VmHWM") / 1024 for p in self.procs]
 
+    def threads(self) -> int:
+        """Threads of every process now, summed (``Threads:`` of /proc/<pid>/status)."""
+        return sum(_status_kib(p.pid, "Threads") for p in self.procs)
+
     def check_alive(self) -> None:
         for proc, log in zip(self.procs, self.logs, strict=True):
             if proc.poll() is not None:
@@ -552,6 +559,9 @@ class Drain:
     cpu: dict[str, float]  # cores used per process over ``seconds``
     peak_rss_mb: float
     rss_mb: list[float]  # samples over the run, summed over the relay's processes
+    # The most threads the relay's processes ran at once while publishing, librdkafka's
+    # native ones included (issue #30: they grew with the parts).
+    threads: int = 0
 
 
 def paused_drain(
@@ -567,6 +577,7 @@ def paused_drain(
     set_all_paused(url, paused=True)
     port = free_port()
     samples: list[float] = []
+    threads: list[int] = []
     with RelayProcesses(stack, url, label, poll_interval=0.1, metrics_enabled=True,
                         metrics_port=port, code=code, **env) as relays:  # fmt: skip
         started = time.perf_counter()
@@ -576,6 +587,7 @@ def paused_drain(
         def tick() -> None:
             relays.check_alive()
             samples.append(sum(relays.rss_mb()))
+            threads.append(relays.threads())
 
         meter = CpuMeter({"relay": lambda: [p.pid for p in relays.procs], **server_roots(stack)})
         with meter:
@@ -584,7 +596,7 @@ def paused_drain(
             _, done = wait_published(url, targets, tick=tick)
             meter.sample()  # before the relay stops
         peak = sum(relays.peak_rss_mb())
-    return Drain(done - resumed, startup, meter.as_json(), peak, samples)
+    return Drain(done - resumed, startup, meter.as_json(), peak, samples, max(threads, default=0))
 
 
 def fresh_subscribers(url: str, subscribers: list[Subscriber]) -> None:

@@ -4,6 +4,7 @@ connections backs off, says so once, and never takes the last free slots."""
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import threading
@@ -193,6 +194,17 @@ def test_120_subscribers_on_two_relays_leave_a_stock_postgres_room_for_applicati
         backends.join()
 
     published = Counter(r.message_id for r in seen)
+    # The figures of issue #30's table (bench/README.md, "Bounded resources"), shown with -s.
+    summary = {
+        "subscribers": TYPES,
+        "events": len(ids),
+        "distinct_published": len(published),
+        "most_copies": max(published.values(), default=0),
+        "application_connected": application.connected,
+        "application_refused": len(application.refused),
+        "most_backends_per_relay": dict(backends.most),
+    }
+    print(json.dumps(summary))
     assert set(published) == set(ids), f"{len(set(ids) - set(published))} events never arrived"
     assert max(published.values()) == 1, "an event was published twice"
     assert application.refused == [], f"the application was refused: {application.refused[:3]}"
