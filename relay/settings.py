@@ -27,7 +27,13 @@ from pydantic_settings.exceptions import SettingsError
 
 from relay.errors import ConfigError, SubscriberError
 from relay.redact import mask_url, redact, remember
-from relay.routing import DEFAULT_KEY, Routing
+from relay.routing import (
+    DEFAULT_KEY,
+    MAX_PARTITION_COUNT,
+    Routing,
+    RowField,
+    check_partition_count,
+)
 from relay.subscribers import (
     DEFAULT_TOPIC,
     MAX_PARTS,
@@ -77,6 +83,8 @@ class SubscriberSettings(BaseModel):
     # "field:header|envelope[:alias]" placements.
     key: str = DEFAULT_KEY
     partition_by: str | None = None
+    # With partition_by: its values are 0 to N-1; the subscriber's topics need N partitions.
+    partition_count: int | None = Field(default=None, ge=1, le=MAX_PARTITION_COUNT)
     placements: list[str] = Field(default_factory=list)
     # avro-registry: the record key as text (string) or registry-encoded (avro-registry).
     key_format: KeyFormat = KeyFormat.STRING
@@ -111,7 +119,7 @@ class SubscriberSettings(BaseModel):
     @classmethod
     def _partition_by(cls, value: str | None) -> str | None:
         if value is not None:
-            _as_value_error(lambda field: Routing.parse(None, field, None), value)
+            _as_value_error(lambda field: RowField.parse(field, "partition_by"), value)
         return value
 
     @field_validator("placements")
@@ -131,6 +139,14 @@ class SubscriberSettings(BaseModel):
                 '"string", or that value format'
             )
         return value
+
+    @model_validator(mode="after")
+    def _partition_count(self) -> SubscriberSettings:
+        try:
+            check_partition_count(self.partition_by, self.partition_count)
+        except SubscriberError as exc:
+            raise ValueError(str(exc)) from exc
+        return self
 
     def to_subscriber(self, default_format: ValueFormat) -> Subscriber:
         return Subscriber.from_dict(
