@@ -270,6 +270,14 @@ class Settings(BaseSettings):
     tracing_endpoint: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
     tracing_service_name: str = Field(default="outbox-relay", min_length=1, max_length=255)
     tracing_sample_ratio: float = Field(default=1.0, ge=0, le=1)
+    # "batch": a span per published batch, linking each traced event's writer span (the
+    # records carry the batch span's context); "event": a span per event, a child of
+    # its writer's (several times the cost: README, "Cost").
+    tracing_spans: Literal["batch", "event"] = "batch"
+    # "batch": at most this many events of a batch are traced (linked, and given the
+    # batch span's context); the rest keep their writer's traceparent. A link costs
+    # about 10 µs: small batches (a caught-up relay) are traced whole.
+    tracing_batch_links: int = Field(default=128, ge=1, le=100_000)
 
     @field_validator("kafka", mode="before")
     @classmethod
