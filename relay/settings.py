@@ -261,8 +261,8 @@ class Settings(BaseSettings):
     shutdown_timeout: float = Field(default=30.0, gt=0, le=3600)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = "text"
-    # OpenTelemetry (relay/tracing.py; the `tracing` extra): a span per published event,
-    # a child of the row's traceparent, exported over OTLP/HTTP to tracing_endpoint
+    # OpenTelemetry (relay/tracing.py; the `tracing` extra): a span per published batch
+    # or per event (tracing_spans), exported over OTLP/HTTP to tracing_endpoint
     # (None: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT, else
     # http://localhost:4318/v1/traces). Traces the writer sampled are always recorded;
     # tracing_sample_ratio samples those of rows without a traceparent.
