@@ -2,11 +2,14 @@
 
 One ``outbox-relay run`` process publishes the same backlog of 300-byte Avro events
 through a new subscriber each run, clocked from the resume of its paused subscriber to
-its last checkpoint (bench/README.md "Method"); the sides alternate, off then on, for
+its last checkpoint (bench/README.md "Method"); the sides alternate, off, a span per
+batch (``tracing_spans = "batch"``, the default), a span per event (``"event"``), for
 ``scale.repetitions`` rounds. Every row carries a sampled W3C ``traceparent`` of its own
-(as ``relay.trace_headers()`` writes it inside a writer's span), so with tracing on the
-relay records and exports a span for every event: the worst case, sampling does not
-help. The spans go over OTLP/HTTP to a collector in this process that counts requests
+(as ``relay.trace_headers()`` writes it inside a writer's span): per event, the relay
+records and exports a span for every event, the worst case, sampling does not help;
+per batch, a span per batch with a link per traced event (at most
+``tracing_batch_links`` of a batch, the default 128; the rest keep their writer's
+context). The spans go over OTLP/HTTP to a collector in this process that counts requests
 and bytes without decoding them (the relay's exporting is measured, not a collector's).
 
 A second figure is the sampled case, as with a writer sampling 1% of its traces: every
@@ -106,14 +109,25 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
         sampled = _compare(stack, scale, events, sink, sampled_every=100)
     finally:
         sink.close()
-    return [
-        Figure.of("tracing", "relay ev/s, tracing on (every row traced, every span exported) "
-                  "vs off", every[0]["on"], "ev/s", every[0]["off"], "tracing off",
-                  "ratio>=0.8", every[1]),
-        Figure.of("tracing", "relay ev/s, tracing on (every row traced, 1% sampled by the "
-                  "writers) vs off", sampled[0]["on"], "ev/s", sampled[0]["off"], "tracing off",
-                  "ratio>=0.8", sampled[1]),
-    ]  # fmt: skip
+    figures = []
+    for rates, details, rows in (
+        (*every, "every row traced"),
+        (*sampled, "1% sampled by the writers"),
+    ):
+        for mode, what in (("batch", "a span per batch (default)"), ("event", "a span per event")):
+            figures.append(
+                Figure.of(
+                    "tracing",
+                    f"relay ev/s, tracing on, {what} ({rows}) vs off",
+                    rates[mode],
+                    "ev/s",
+                    rates["off"],
+                    "tracing off",
+                    "ratio>=0.8",
+                    details,
+                )
+            )
+    return figures  # fmt: skip
 
 
 def _compare(
@@ -124,17 +138,17 @@ def _compare(
     fill_traced(url, events, sampled_every=sampled_every)
     settle(url)
     rounds = [0]
-    cpu: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
-    exported: list[tuple[int, int]] = []
+    cpu: dict[str, list[dict[str, float]]] = {"off": [], "batch": [], "event": []}
+    exported: dict[str, list[tuple[int, int]]] = {"batch": [], "event": []}
 
-    def side(tracing: bool) -> Callable[[], float]:
+    def side(spans: str | None) -> Callable[[], float]:
         def measure() -> float:
             rounds[0] += 1
             topic = f"{stack.topic_prefix(label)}.orders"
             fresh_subscribers(url, [Subscriber(f"bench{rounds[0]}", topic=topic)])
             env: dict[str, Any] = {"batch_size": BATCH}
-            if tracing:
-                env |= {"tracing": "true", "tracing_endpoint": sink.url}
+            if spans is not None:
+                env |= {"tracing": "true", "tracing_endpoint": sink.url, "tracing_spans": spans}
             before = (sink.requests, sink.bytes)
             os.environ.update(QUEUE)
             try:
@@ -142,20 +156,19 @@ def _compare(
             finally:
                 for key in QUEUE:
                     os.environ.pop(key, None)
-            if tracing:
-                exported.append((sink.requests - before[0], sink.bytes - before[1]))
-            cpu["on" if tracing else "off"].append(drain.cpu)
+            if spans is not None:
+                exported[spans].append((sink.requests - before[0], sink.bytes - before[1]))
+            cpu[spans or "off"].append(drain.cpu)
             return events / drain.seconds
 
         return measure
 
-    rates = interleave({"off": side(False), "on": side(True)}, scale.repetitions,
-                       before_each=lambda: settle(url, 1.0))  # fmt: skip
+    sides = {"off": side(None), "batch": side("batch"), "event": side("event")}
+    rates = interleave(sides, scale.repetitions, before_each=lambda: settle(url, 1.0))
     details = {
         "events": events,
         "rows_sampled_by_writers": 1 / sampled_every,
         "otlp_requests_bytes_per_run": exported,
-        "cpu_off": cpu["off"],
-        "cpu_on": cpu["on"],
+        **{f"cpu_{name}": runs for name, runs in cpu.items()},
     }
     return rates, details

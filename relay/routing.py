@@ -55,6 +55,8 @@ COLUMNS: Final = frozenset(
     }
 )
 MAX_PLACEMENTS: Final = 32
+# The most partitions a partition field may range over (Kafka advises far fewer).
+MAX_PARTITION_COUNT: Final = 100_000
 RESERVED_HEADER_NAMES: Final = frozenset(
     {
         HEADER_ID,
@@ -156,15 +158,22 @@ class Placed:
 
 @dataclass(frozen=True)
 class Routing:
-    """A subscriber's key template, partition field and placements, parsed."""
+    """A subscriber's key template, partition field and placements, parsed.
+    ``partition_count``: the partitions the partition field ranges over (0 to N-1), which
+    the subscriber's topics must have (checked at ``subscribers add`` and at start-up)."""
 
     key: str = DEFAULT_KEY
     partition_by: RowField | None = None
     placements: tuple[Placed, ...] = ()
+    partition_count: int | None = None
 
     @classmethod
     def parse(
-        cls, key: str | None, partition_by: str | None, placements: Sequence[str] | None
+        cls,
+        key: str | None,
+        partition_by: str | None,
+        placements: Sequence[str] | None,
+        partition_count: int | None = None,
     ) -> Routing:
         template = DEFAULT_KEY if key is None else key
         _key_parts(template)  # validates
@@ -175,7 +184,8 @@ class Routing:
         if len(set(names)) != len(names):
             raise SubscriberError("placements: two of them write the same header or envelope field")
         field = None if partition_by is None else RowField.parse(partition_by, "partition_by")
-        return cls(template, field, items)
+        check_partition_count(partition_by, partition_count)
+        return cls(template, field, items, partition_count)
 
     @property
     def default(self) -> bool:
@@ -210,6 +220,12 @@ class Routing:
                 f"event {event.message_id}: its partition ({self.partition_by}) is "
                 f"{json.dumps(value, default=str)}, not a partition number (0 or more)"
             )
+        if self.partition_count is not None and value >= self.partition_count:
+            raise EncodingError(
+                f"event {event.message_id}: its partition ({self.partition_by}) is {value}, "
+                f"out of range: the subscriber's partition_count is {self.partition_count} "
+                f"(partitions 0 to {self.partition_count - 1})"
+            )
         return value
 
     def header_values(self, event: OutboxEvent) -> list[tuple[str, bytes | None]]:
@@ -228,6 +244,28 @@ class Routing:
             value = placed.field.value(event)
             found[placed.alias] = None if value is _MISSING else _json_value(value)
         return found
+
+
+def check_partition_count(partition_by: str | None, partition_count: int | None) -> None:
+    """A partition field comes with the number of partitions its values range over: the
+    relay can then check that the subscriber's topics have them before any row names
+    one (a row naming one beyond is that row's poison)."""
+    if partition_by is not None and partition_count is None:
+        raise SubscriberError(
+            "partition_by (--partition-by) needs partition_count (--partition-count): the "
+            "number of partitions its values range over (0 to N-1), which the subscriber's "
+            "topics must have"
+        )
+    if partition_by is None and partition_count is not None:
+        raise SubscriberError(
+            "partition_count (--partition-count) is used only with partition_by "
+            "(--partition-by); add it, or drop partition_count"
+        )
+    if partition_count is not None and not 1 <= partition_count <= MAX_PARTITION_COUNT:
+        raise SubscriberError(
+            f"partition_count (--partition-count): 1 to {MAX_PARTITION_COUNT}, "
+            f"got {partition_count}"
+        )
 
 
 @functools.lru_cache(maxsize=256)

@@ -27,7 +27,13 @@ from pydantic_settings.exceptions import SettingsError
 
 from relay.errors import ConfigError, SubscriberError
 from relay.redact import mask_url, redact, remember
-from relay.routing import DEFAULT_KEY, Routing
+from relay.routing import (
+    DEFAULT_KEY,
+    MAX_PARTITION_COUNT,
+    Routing,
+    RowField,
+    check_partition_count,
+)
 from relay.subscribers import (
     DEFAULT_TOPIC,
     MAX_PARTS,
@@ -77,6 +83,8 @@ class SubscriberSettings(BaseModel):
     # "field:header|envelope[:alias]" placements.
     key: str = DEFAULT_KEY
     partition_by: str | None = None
+    # With partition_by: its values are 0 to N-1; the subscriber's topics need N partitions.
+    partition_count: int | None = Field(default=None, ge=1, le=MAX_PARTITION_COUNT)
     placements: list[str] = Field(default_factory=list)
     # avro-registry: the record key as text (string) or registry-encoded (avro-registry).
     key_format: KeyFormat = KeyFormat.STRING
@@ -111,7 +119,7 @@ class SubscriberSettings(BaseModel):
     @classmethod
     def _partition_by(cls, value: str | None) -> str | None:
         if value is not None:
-            _as_value_error(lambda field: Routing.parse(None, field, None), value)
+            _as_value_error(lambda field: RowField.parse(field, "partition_by"), value)
         return value
 
     @field_validator("placements")
@@ -131,6 +139,14 @@ class SubscriberSettings(BaseModel):
                 '"string", or that value format'
             )
         return value
+
+    @model_validator(mode="after")
+    def _partition_count(self) -> SubscriberSettings:
+        try:
+            check_partition_count(self.partition_by, self.partition_count)
+        except SubscriberError as exc:
+            raise ValueError(str(exc)) from exc
+        return self
 
     def to_subscriber(self, default_format: ValueFormat) -> Subscriber:
         return Subscriber.from_dict(
@@ -245,8 +261,8 @@ class Settings(BaseSettings):
     shutdown_timeout: float = Field(default=30.0, gt=0, le=3600)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = "text"
-    # OpenTelemetry (relay/tracing.py; the `tracing` extra): a span per published event,
-    # a child of the row's traceparent, exported over OTLP/HTTP to tracing_endpoint
+    # OpenTelemetry (relay/tracing.py; the `tracing` extra): a span per published batch
+    # or per event (tracing_spans), exported over OTLP/HTTP to tracing_endpoint
     # (None: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT, else
     # http://localhost:4318/v1/traces). Traces the writer sampled are always recorded;
     # tracing_sample_ratio samples those of rows without a traceparent.
@@ -254,6 +270,14 @@ class Settings(BaseSettings):
     tracing_endpoint: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
     tracing_service_name: str = Field(default="outbox-relay", min_length=1, max_length=255)
     tracing_sample_ratio: float = Field(default=1.0, ge=0, le=1)
+    # "batch": a span per published batch, linking each traced event's writer span (the
+    # records carry the batch span's context); "event": a span per event, a child of
+    # its writer's (several times the cost: README, "Cost").
+    tracing_spans: Literal["batch", "event"] = "batch"
+    # "batch": at most this many events of a batch are traced (linked, and given the
+    # batch span's context); the rest keep their writer's traceparent. A link costs
+    # about 10 µs: small batches (a caught-up relay) are traced whole.
+    tracing_batch_links: int = Field(default=128, ge=1, le=100_000)
 
     @field_validator("kafka", mode="before")
     @classmethod

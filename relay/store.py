@@ -468,7 +468,9 @@ class OutboxStore:
             if not subscriber.routing.default or (was is not None and not was.routing.default):
                 # As given (not normalised): the stored definition then equals the
                 # configured one, and a relay's sync sees no change to write.
-                given = {k: params[k] for k in ("key", "partition_by", "placements")}
+                given = {
+                    k: params[k] for k in ("key", "partition_by", "placements", "partition_count")
+                }
                 routing = None if subscriber.routing.default else Jsonb(given)
                 self.conn.execute(self._q["set_routing"], {**params, "routing": routing})
             if subscriber.value_format is ValueFormat.AVRO_REGISTRY:

@@ -94,6 +94,7 @@ class Subscriber:
     partition_by: str | None = None
     placements: tuple[str, ...] = ()
     key_format: KeyFormat = KeyFormat.STRING
+    partition_count: int | None = None  # with partition_by: the partitions it ranges over
 
     def __post_init__(self) -> None:
         validate_name(self.name)
@@ -134,7 +135,7 @@ class Subscriber:
 
     @functools.cached_property
     def routing(self) -> Routing:
-        return Routing.parse(self.key, self.partition_by, self.placements)
+        return Routing.parse(self.key, self.partition_by, self.placements, self.partition_count)
 
     @classmethod
     def from_dict(cls, fields: Mapping[str, Any]) -> Subscriber:
@@ -462,3 +463,51 @@ def _template_pattern(subscriber: Subscriber, unfiltered: str) -> re.Pattern[str
         )
         pattern += f"(?P<{name}>{choices})"
     return re.compile(pattern)
+
+
+def partition_shortfall(
+    subscriber: Subscriber,
+    existing: Mapping[str, int],
+    *,
+    create_topics: bool,
+    topic_partitions: int,
+) -> str | None:
+    """Why ``subscriber``'s topics cannot take every partition its partition field
+    ranges over (``partition_count``), or None when they can. ``existing``: the
+    cluster's topics and their partition counts; a topic the relay is still to create
+    gets ``topic_partitions``. Checked by ``subscribers add`` and at start-up, where a
+    row naming a partition that is not there would otherwise be found one row at a time."""
+    need = subscriber.partition_count
+    if need is None:
+        return None
+    what = f"partition_count (--partition-count) is {need}"
+    fixed = subscriber.fixed_topic
+    if fixed is None:
+        reach = _TemplateClaim.of(subscriber).reach
+        short = sorted(t for t, n in existing.items() if n < need and reach.fullmatch(t))
+    else:
+        short = [fixed] if existing.get(fixed, need) < need else []
+    if short:
+        return (
+            f"{what}, but its topic {short[0]!r} has {existing[short[0]]} partitions; add "
+            f"partitions to the topic (kafka-topics.sh --alter --partitions {need}), or "
+            "lower partition_count"
+        )
+    if fixed is not None and fixed in existing:
+        return None
+    if not create_topics:
+        if fixed is None:  # rows naming a missing topic are refused one by one anyway
+            return None
+        return (
+            f"{what}, but its topic {fixed!r} does not exist and create_topics is false; "
+            f"create it with {need} partitions: outbox-relay topics create {fixed} "
+            f"--partitions {need}"
+        )
+    if topic_partitions < need:
+        return (
+            f"{what}, but the relay creates the subscriber's topics with topic_partitions "
+            f"({topic_partitions}) partitions; raise topic_partitions to {need} (as the "
+            "relay has it), or create the topics first with `outbox-relay topics create "
+            f"--partitions {need}`"
+        )
+    return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
@@ -19,6 +19,10 @@ from relay.client_logs import client_logger
 from relay.errors import ConfigError
 from relay.kafka_errors import Stage, classify
 from relay.log_fields import log_extra
+from relay.subscribers import Subscriber, partition_shortfall
+
+if TYPE_CHECKING:
+    from relay.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -119,3 +123,30 @@ def parse_config(pairs: Sequence[str]) -> dict[str, str]:
             raise ConfigError(f"--config {pair!r}: expected KEY=VALUE, e.g. retention.ms=86400000")
         parsed[key.strip()] = value
     return parsed
+
+
+def partition_room_refusal(
+    settings: Settings, subscribers: Sequence[Subscriber]
+) -> tuple[str, str] | None:
+    """The name of the first of ``subscribers`` with a partition field cannot have every partition it
+    ranges over on its topics (the broker's counts for topics that exist, the relay's
+    topic_partitions for those it is to create), and why; None when all can. Raises
+    :class:`BrokerUnavailable` when the broker cannot say, and :class:`ConfigError`
+    without bootstrap_servers."""
+    wanting = [s for s in subscribers if s.partition_count is not None]
+    if not wanting:
+        return None
+    admin = admin_client(
+        {**settings.kafka, "bootstrap.servers": settings.require_bootstrap_servers()}
+    )
+    counts = {t.name: t.partitions for t in list_topics(admin)}
+    for subscriber in wanting:
+        problem = partition_shortfall(
+            subscriber,
+            counts,
+            create_topics=settings.create_topics,
+            topic_partitions=settings.topic_partitions,
+        )
+        if problem is not None:
+            return subscriber.name, problem
+    return None

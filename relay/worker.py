@@ -200,9 +200,14 @@ class _ReadAhead:
     transaction rather than waiting a whole cycle for the next one."""
 
     def __init__(
-        self, prepare: Callable[[PartState], _Batch], state: PartState, sent: _Sent
+        self,
+        prepare: Callable[[PartState], _Batch],
+        state: PartState,
+        sent: _Sent,
+        joining: Callable[[list[KafkaRecord]], list[KafkaRecord]],
     ) -> None:
         self._prepare, self._state, self._end = prepare, state, sent.end
+        self._joining = joining  # the records as they join (tracing: the batch's context)
         self._following: _Batch | None = None
         self._joined = False
         # A full batch means a backlog: what follows goes in its own full transaction,
@@ -216,6 +221,7 @@ class _ReadAhead:
             return None
         assert following.records is not None and following.read_to is not None
         self._joined = True
+        following.records = self._joining(following.records)
         return following.records, following.read_to
 
     def grown(self, batch: _Sent) -> _Sent:
@@ -611,7 +617,8 @@ class PartWorker:
                     events, end, full = events[:used], events[used - 1].key, True
             sent, reader = _Sent(events, records, end, full=full), None
             if look_ahead:
-                reader = _ReadAhead(functools.partial(self._prepare, store), state, sent)
+                prepare = functools.partial(self._prepare, store)
+                reader = _ReadAhead(prepare, state, sent, self.hook.joining)
             outcome = self._send(state, sent, reader, _letters(sent.events, dead))
             if isinstance(outcome, _Sent):
                 return self._record(store, state, outcome, dead)
@@ -632,6 +639,7 @@ class PartWorker:
         """One attempt at publishing ``batch``; what joined it meanwhile, if anything, is
         part of the outcome."""
         assert self._publisher is not None
+        batch = dataclasses.replace(batch, records=self.hook.sending(batch.records))
         may_extend = reader is None or reader.may_join
         named = [(str(letter.message_id), letter.decision.topic) for letter in letters]
         sending = Batch(batch.records, batch.end, str(state.generation), may_extend, named)

@@ -65,7 +65,8 @@ def run(
         bool | None,
         typer.Option(
             "--tracing/--no-tracing",
-            help="OpenTelemetry spans per published event (the 'tracing' extra) [RELAY_TRACING]",
+            help="OpenTelemetry spans per published batch, or per event (tracing_spans; the "
+            "'tracing' extra) [RELAY_TRACING]",
         ),
     ] = None,
     tracing_endpoint: Annotated[

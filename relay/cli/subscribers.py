@@ -14,6 +14,7 @@ from rich.text import Text
 from relay import subscribers as subs
 from relay.cli.backlog import SkipLine, events, print_estimate_note, print_skips, skipped
 from relay.cli.common import (
+    Bootstrap,
     DatabaseUrl,
     JsonFlag,
     Schema,
@@ -22,7 +23,7 @@ from relay.cli.common import (
     err,
     out,
 )
-from relay.errors import ConfigError, SchemaRegistryUnavailable
+from relay.errors import BrokerUnavailable, ConfigError, SchemaRegistryUnavailable
 from relay.lag import SubscriberStatus, subscriber_statuses
 from relay.model import Position
 from relay.redact import redact
@@ -93,7 +94,18 @@ def subscribers_add(
     ] = DEFAULT_KEY,
     partition_by: Annotated[
         str | None,
-        typer.Option(help="A field whose number is the record's partition [by key]."),
+        typer.Option(
+            help="A field whose number is the record's partition [by key]; needs "
+            "--partition-count and the broker (to check the topics' partitions)."
+        ),
+    ] = None,
+    partition_count: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="With --partition-by: its values are 0 to N-1, and the subscriber's "
+            "topics must have N partitions (those that exist, or topic_partitions).",
+        ),
     ] = None,
     placement: Annotated[
         list[str] | None,
@@ -115,6 +127,7 @@ def subscribers_add(
         str | None,
         typer.Option(help="Schema registry of avro-registry [RELAY_SCHEMA_REGISTRY_URL]"),
     ] = None,
+    bootstrap_servers: Bootstrap = None,
     database_url: DatabaseUrl = None,
     schema: Schema = None,
 ) -> None:
@@ -131,6 +144,7 @@ def subscribers_add(
         database_schema=schema,
         schemas_dir=schemas_dir,
         schema_registry_url=schema_registry_url,
+        bootstrap_servers=bootstrap_servers,
     )
     value_format = _value_format(value_format, settings, name)
     subscriber = subs.Subscriber.from_dict(
@@ -146,18 +160,38 @@ def subscribers_add(
             "subject_strategy": subject_strategy,
             "key": key,
             "partition_by": partition_by,
+            "partition_count": partition_count,
             "placements": placement or (),
             "key_format": key_format,
         }
     )
     if subscriber.value_format is subs.ValueFormat.AVRO_REGISTRY:
         _check_registry(settings, subscriber)
+    _check_partitions(settings, subscriber)
     with _store(settings) as store:
         created = store.add(subscriber, start, replace=replace)
         if parts > 1:
             out.print(f"indexing its {parts} parts (waits for open transactions to end)")
             store.index_parts()
     out.print(f"{'added' if created else 'updated'} subscriber {name!r}")
+
+
+def _check_partitions(settings: Settings, subscriber: subs.Subscriber) -> None:
+    """Refuse a partition field whose range the subscriber's topics do not have, or
+    cannot be shown to have (no broker to ask): each of its rows beyond would be poison."""
+    if subscriber.partition_count is None:
+        return
+    from relay.topics import partition_room_refusal
+
+    why = "--partition-by: the partitions of the subscriber's topics must be checked"
+    try:
+        refusal = partition_room_refusal(settings, [subscriber])
+    except ConfigError as exc:
+        raise ConfigError(f"{why}, which needs the broker: {exc}") from exc
+    except BrokerUnavailable as exc:
+        raise ConfigError(f"{why}, and the broker does not answer: {redact(str(exc))}") from exc
+    if refusal is not None:
+        raise ConfigError(f"subscriber {refusal[0]!r}: {refusal[1]}")
 
 
 def _check_registry(settings: Settings, subscriber: subs.Subscriber) -> None:
@@ -263,6 +297,7 @@ def _listed(status: SubscriberStatus) -> dict[str, Any]:
         "subject_strategy": definition["subject_strategy"],
         "key": definition["key"],
         "partition_by": definition["partition_by"],
+        "partition_count": definition["partition_count"],
         "placements": definition["placements"],
         "key_format": definition["key_format"],
         "aggregate_types": definition["aggregate_types"] or None,

@@ -11,6 +11,7 @@ import psycopg
 
 from relay import migrations
 from relay.errors import (
+    BrokerUnavailable,
     ConfigError,
     NotMigratedError,
     SchemaIncompatible,
@@ -121,6 +122,31 @@ class SubscriberSync:
         self._refuse_avro_without_schemas(store)
         self._refuse_registry_without_settings(store)
         self._refuse_incompatible_schemas(store)
+        self._refuse_partitions_out_of_range(store)
+
+    def _refuse_partitions_out_of_range(self, store: DaemonStore) -> None:
+        """Refuse to start when an active subscriber's partition field ranges over more
+        partitions than its topics have (as `subscribers add` refuses it): every row
+        naming one beyond would be poison. A broker that cannot answer is no reason not
+        to start: each record's partition is checked when it is published."""
+        from relay.topics import partition_room_refusal
+
+        active = [s.subscriber for s in store.list() if not s.subscriber.paused]
+        try:
+            refusal = partition_room_refusal(self._settings, active)
+        except BrokerUnavailable as exc:
+            logger.warning(
+                "the partitions of the subscribers' topics not checked: %s",
+                exc,
+                extra=log_extra("partitions_check_skipped", error=exc),
+            )
+            return
+        if refusal is not None:
+            name, problem = refusal
+            raise ConfigError(
+                f"subscriber {name!r}: {problem}\nor pause the subscriber to start without "
+                f"it: outbox-relay subscribers pause {name}"
+            )
 
     def _refuse_incompatible_schemas(self, store: DaemonStore) -> None:
         """Refuse to start when the registry's compatibility rules refuse an active

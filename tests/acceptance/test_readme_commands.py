@@ -123,3 +123,4 @@ def test_the_readmes_ops_commands_run_as_written(
         "headers.shard",
     )
     assert tenants["placements"] == ["occurred_at:header:at", "event_type:envelope"]
+    assert tenants["partition_count"] == 3

@@ -1,5 +1,7 @@
 """Trace continuity: a writer's span, the relay's span per event and a consumer's span
-make one trace (issue #33), and the commit→visible latency histogram on /metrics.
+make one trace (issue #33); with a span per batch (the default), the consumer continues
+from the relay's batch span, which links to each writer's; and the commit→visible
+latency histogram on /metrics.
 
 The relay runs in-process but exports as in production, over OTLP/HTTP, to a collector
 in this test (``Collector``): the exporter, its batching and the flush at stop are the
@@ -123,6 +125,7 @@ def test_one_trace_from_writer_through_relay_to_consumer(
     relay = start_relay(
         subscribers=[sub("s", topic_prefix)],
         tracing=True,
+        tracing_spans="event",
         tracing_endpoint=collector.url,
         tracing_service_name="relay-under-test",
         topic_partitions=3,
@@ -179,6 +182,70 @@ def test_one_trace_from_writer_through_relay_to_consumer(
     assert count == len(ids)
 
 
+def test_the_consumer_continues_from_the_batch_span_which_links_each_writer(
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: Callable[..., Relay],
+    collector: Collector,
+    app_spans: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    """The default, a span per batch: writer ← (link) relay batch span → consumer."""
+    provider, exporter = app_spans
+    ids = ["o-1", "o-2", "o-3", "o-4", "o-5"]
+    _write_in_spans(writer_db, outbox, provider, ids)  # before the relay: one backlog
+    relay = start_relay(
+        subscribers=[sub("s", topic_prefix)],
+        tracing=True,
+        tracing_endpoint=collector.url,
+        tracing_service_name="relay-under-test",
+        topic_partitions=3,
+    )
+    wait_caught_up(db, "s")
+    seen = consume(kafka_bootstrap, [f"{topic_prefix}outbox.event.order"], expected=len(ids))
+    assert len(seen) == len(ids)
+    consumer = provider.get_tracer("consumer")
+    propagator = TraceContextTextMapPropagator()
+    for record in seen:
+        carrier = {k: (v or b"").decode() for k, v in record.headers}
+        with consumer.start_as_current_span(
+            f"handle {record.message_id}",
+            context=propagator.extract(carrier),
+            kind=SpanKind.CONSUMER,
+        ):
+            pass
+    relay.stop()  # flushes the relay's exporter
+
+    app = exporter.get_finished_spans()
+    writers = {s.name.removeprefix("place order "): s for s in app if s.name.startswith("place")}
+    consumers = [s for s in app if s.name.startswith("handle")]
+    batches = {span.span_id.hex(): span for _, span in collector.spans}
+    assert 1 <= len(batches) < len(ids), "one relay span per published batch"
+    linked = [link for span in batches.values() for link in span.links]
+    assert len(linked) == len(ids)
+    by_id = {record.message_id: record for record in seen}
+    for handled in consumers:
+        message_id = handled.name.removeprefix("handle ")
+        record = by_id[message_id]
+        assert handled.parent is not None
+        batch = batches[f"{handled.parent.span_id:016x}"]  # the consumer's parent...
+        assert _context(handled)[0] == batch.trace_id.hex()
+        assert batch.kind == WireSpan.SPAN_KIND_PRODUCER
+        assert batch.parent_span_id == b""
+        writer = writers[(record.key or b"").decode()]
+        [link] = [  # ... links to the writer's span, naming the event
+            link
+            for link in batch.links
+            if (link.trace_id.hex(), link.span_id.hex()) == _context(writer)
+        ]
+        assert _link_attribute(link, "messaging.message.id") == message_id
+        assert _attribute(batch, "messaging.destination.name") == record.topic
+        assert record.partition in _partitions(batch)
+    assert len(consumers) == len(ids)
+
+
 def test_without_tracing_the_row_trace_headers_pass_through_and_latency_is_measured(
     db: psycopg.Connection[Any],
     writer_db: psycopg.Connection[Any],
@@ -228,3 +295,17 @@ def _attribute(span: WireSpan, key: str) -> str:
             kind = value.WhichOneof("value")
             return str(getattr(value, kind))
     raise AssertionError(f"span {span.name} has no attribute {key}")
+
+
+def _link_attribute(link: WireSpan.Link, key: str) -> str:
+    for attribute in link.attributes:
+        if attribute.key == key:
+            return str(attribute.value.string_value)
+    raise AssertionError(f"the link has no attribute {key}")
+
+
+def _partitions(span: WireSpan) -> list[int]:
+    for attribute in span.attributes:
+        if attribute.key == "outbox.partitions":
+            return [v.int_value for v in attribute.value.array_value.values]
+    raise AssertionError(f"span {span.name} has no partitions")

@@ -15,7 +15,7 @@ from relay.encoding import RecordEncoder
 from relay.errors import ConfigError, EncodingError, SubscriberError
 from relay.model import OutboxEvent
 from relay.settings import load_settings
-from relay.subscribers import Subscriber, ValueFormat
+from relay.subscribers import Subscriber, ValueFormat, partition_shortfall
 
 AT = datetime(2026, 11, 25, 4, 30, tzinfo=UTC)
 
@@ -92,16 +92,69 @@ def test_a_malformed_key_is_refused_with_the_reason(key: str, message: str) -> N
 
 @pytest.mark.parametrize(("value", "partition"), [(0, 0), (5, 5), ("3", 3)])
 def test_the_partition_field_chooses_the_partition(value: Any, partition: int) -> None:
-    record = encode(routed(partition_by="payload.p"), event({"p": value}))
+    record = encode(routed(partition_by="payload.p", partition_count=6), event({"p": value}))
     assert record.partition == partition
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, "x", True, 2**40, {"a": 1}])
 def test_a_partition_that_is_not_a_partition_number_is_the_rows_poison(value: Any) -> None:
     with pytest.raises(EncodingError, match="not a partition number"):
-        encode(routed(partition_by="payload.p"), event({"p": value}))
+        encode(routed(partition_by="payload.p", partition_count=3), event({"p": value}))
     with pytest.raises(EncodingError, match="its partition needs"):
-        encode(routed(partition_by="payload.p"), event({}))
+        encode(routed(partition_by="payload.p", partition_count=3), event({}))
+
+
+def test_a_partition_beyond_the_partition_count_is_the_rows_poison() -> None:
+    subscriber = routed(partition_by="payload.p", partition_count=3)
+    assert encode(subscriber, event({"p": 2})).partition == 2
+    with pytest.raises(EncodingError, match=r"out of range.*partition_count is 3"):
+        encode(subscriber, event({"p": 3}))
+
+
+@pytest.mark.parametrize(
+    ("routing", "message"),
+    [
+        ({"partition_by": "payload.p"}, "needs partition_count"),
+        ({"partition_count": 3}, "only with partition_by"),
+        ({"partition_by": "payload.p", "partition_count": 0}, "1 to"),
+    ],
+)
+def test_a_partition_field_comes_with_its_partition_count(
+    routing: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(SubscriberError, match=message):
+        routed(**routing)
+
+
+def shortfall(
+    topic: str,
+    existing: dict[str, int],
+    *,
+    create_topics: bool = True,
+    topic_partitions: int = 3,
+    count: int = 4,
+) -> str | None:
+    subscriber = Subscriber(
+        "s", topic=topic, value_format=ValueFormat.JSON, partition_by="payload.p",
+        partition_count=count,
+    )  # fmt: skip
+    return partition_shortfall(
+        subscriber, existing, create_topics=create_topics, topic_partitions=topic_partitions
+    )
+
+
+def test_a_partition_count_the_topics_cannot_hold_is_refused() -> None:
+    # A fixed topic that exists: its own count, whatever topic_partitions says.
+    assert shortfall("t", {"t": 4}) is None
+    assert "its topic 't' has 3 partitions" in (shortfall("t", {"t": 3}, topic_partitions=9) or "")
+    # One the relay is to create gets topic_partitions.
+    assert "topic_partitions (3)" in (shortfall("t", {}) or "")
+    assert shortfall("t", {}, topic_partitions=4) is None
+    assert "create_topics is false" in (shortfall("t", {}, create_topics=False) or "")
+    # A template: every topic of it that exists, and those to create.
+    assert "'t.order' has 2" in (shortfall("t.{aggregate_type}", {"t.order": 2, "u": 1}) or "")
+    assert shortfall("t.{aggregate_type}", {"t.order": 5, "u": 1}, topic_partitions=4) is None
+    assert shortfall("t.{aggregate_type}", {"t.order": 5}, create_topics=False) is None
 
 
 def test_header_placements_add_headers_and_a_missing_field_has_no_value() -> None:
@@ -167,10 +220,13 @@ def test_the_debezium_format_takes_its_routing_from_attach() -> None:
 
 def test_routing_survives_the_stores_round_trip() -> None:
     subscriber = routed(
-        key="{payload.tenant}", partition_by="headers.p", placements=["event_type:header:kind"]
+        key="{payload.tenant}",
+        partition_by="headers.p",
+        partition_count=8,
+        placements=["event_type:header:kind"],
     )
     stored = {**subscriber.as_dict()}
-    routing = {k: stored.pop(k) for k in ("key", "partition_by", "placements")}
+    routing = {k: stored.pop(k) for k in ("key", "partition_by", "partition_count", "placements")}
     assert Subscriber.from_dict({**stored, "routing": routing}) == subscriber
 
 
@@ -181,4 +237,7 @@ def test_settings_name_the_key_that_is_wrong(tmp_path: Path) -> None:
         load_settings(config_file=config)
     config.write_text('[[subscribers]]\nname = "s"\nplacements = ["a:b"]\n')
     with pytest.raises(ConfigError, match=r"subscribers\.0\.placements.*not a field"):
+        load_settings(config_file=config)
+    config.write_text('[[subscribers]]\nname = "s"\npartition_by = "payload.p"\n')
+    with pytest.raises(ConfigError, match=r"subscribers\.0.*needs partition_count"):
         load_settings(config_file=config)

@@ -1,4 +1,5 @@
-"""relay/tracing.py on its own: the relay's span per record, the record's trace headers,
+"""relay/tracing.py on its own: the relay's span per record or per batch, the record's
+trace headers,
 the latency histogram, the partition as the producer picks it, the writer's helper,
 the settings, and that tracing off imports no OpenTelemetry."""
 
@@ -25,11 +26,13 @@ from relay.encoding import RecordEncoder
 from relay.errors import ConfigError
 from relay.metrics import _latency_histogram
 from relay.model import KafkaRecord, OutboxEvent, PartId
+from relay.poison import dead_letter_record
+from relay.ports import DeadLetterDecision
 from relay.sessions import RelaySession
 from relay.settings import load_settings
 from relay.subscribers import Subscriber, ValueFormat
 from relay.testing import InMemoryPublisher, InMemoryStore
-from relay.tracing import PublishHook, RelayTracer, Tracing, murmur2
+from relay.tracing import BatchTracer, ChosenIds, PublishHook, RelayTracer, Tracing, murmur2
 from relay.worker import PartWorker
 from tests.support import wait_until
 
@@ -299,3 +302,171 @@ def test_with_tracing_off_the_relay_imports_no_opentelemetry() -> None:
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# -- a span per batch (tracing_spans = "batch", the default) ------------------------
+
+
+@pytest.fixture
+def batch_exported() -> Iterator[tuple[TracerProvider, InMemorySpanExporter, ChosenIds]]:
+    exporter = InMemorySpanExporter()
+    ids = ChosenIds()
+    provider = TracerProvider(sampler=ParentBased(ALWAYS_ON), id_generator=ids)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield provider, exporter, ids
+    provider.shutdown()
+
+
+def batched(
+    exported: tuple[TracerProvider, InMemorySpanExporter, ChosenIds],
+    *,
+    ratio: float = 1.0,
+    links: int = 128,
+) -> Tracing:
+    provider, _, ids = exported
+    tracer = BatchTracer(provider, ids, lambda topic: 3, sample_ratio=ratio, max_links=links)
+    return Tracing(batches=tracer)
+
+
+def writer(n: int, flags: str = "01") -> str:
+    return f"00-{WRITER_TRACE[:-2]}{n:02x}-{WRITER_SPAN[:-2]}{n:02x}-{flags}"
+
+
+def test_a_batch_has_one_span_linking_each_writer_and_its_records_carry_it(
+    batch_exported: tuple[TracerProvider, InMemorySpanExporter, ChosenIds],
+) -> None:
+    _, exporter, _ = batch_exported
+    tracing = batched(batch_exported)
+    rows = [event({"traceparent": writer(n), "tracestate": "a=1"}, n, age=0.03) for n in (1, 2, 3)]
+    hook = tracing.hook()
+    records = hook.sending([RecordEncoder(None).encode(row, JSON) for row in rows])
+    assert exporter.get_finished_spans() == ()  # made once committed
+    hook.published(rows, records, JSON)
+
+    [span] = exporter.get_finished_spans()
+    assert span.parent is None and span.kind is SpanKind.PRODUCER
+    trace_id, span_id = context(span)
+    for record in records:  # a consumer continues from the batch's span
+        assert propagated(record) == (trace_id, span_id, True)
+        assert record.header("tracestate") is None  # the writer's went with its traceparent
+        assert record.size == KafkaRecord(*record[:4]).byte_size()
+    linked = {
+        (f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}"): link
+        for link in span.links
+    }
+    for row in rows:  # ... which links back to each writer's, naming the event
+        _, wtrace, wspan, _ = (row.headers or {})["traceparent"].split("-")
+        attributes = linked[(wtrace, wspan)].attributes or {}
+        assert attributes["messaging.message.id"] == str(row.message_id)
+    attributes = span.attributes or {}
+    assert attributes["messaging.batch.message_count"] == 3
+    assert attributes["messaging.destination.name"] == "t"
+    assert list(attributes["outbox.partitions"]) == sorted(  # type: ignore[arg-type]
+        {(murmur2(b"k%d" % n) & 0x7FFFFFFF) % 3 for n in (1, 2, 3)}
+    )
+    assert 30 <= float(attributes["outbox.commit_to_visible_ms.max"]) < 60_000  # type: ignore[arg-type]
+
+
+def test_a_batch_leaves_untraced_records_as_they_are(
+    batch_exported: tuple[TracerProvider, InMemorySpanExporter, ChosenIds],
+) -> None:
+    """A writer that did not sample, a dead letter, a row without a traceparent when the
+    ratio says no: as the relay without tracing sends them, and no span at all."""
+    _, exporter, _ = batch_exported
+    tracing = batched(batch_exported, ratio=0.0)
+    unsampled, plain = event({"traceparent": writer(1, "00")}), event()
+    poison = event({"traceparent": writer(2)})
+    letter = dead_letter_record(poison, JSON, DeadLetterDecision("dlq", "bad", False))
+    records = [RecordEncoder(None).encode(unsampled, JSON), RecordEncoder(None).encode(plain, JSON)]
+    hook = tracing.hook()
+    sent = hook.sending([*records, letter])
+    hook.published([unsampled, plain, poison], sent, JSON)
+    assert sent == [*records, letter]
+    assert exporter.get_finished_spans() == ()
+
+
+def test_a_batch_traces_at_most_its_links_and_the_rest_keep_their_writers_context(
+    batch_exported: tuple[TracerProvider, InMemorySpanExporter, ChosenIds],
+) -> None:
+    _, exporter, _ = batch_exported
+    tracing = batched(batch_exported, links=2)
+    rows = [event({"traceparent": writer(n)}, n) for n in (1, 2, 3, 4)]
+    hook = tracing.hook()
+    records = hook.sending([RecordEncoder(None).encode(row, JSON) for row in rows[:3]])
+    # What joins the transaction in flight joins the batch (and its limit).
+    records += hook.joining([RecordEncoder(None).encode(rows[3], JSON)])
+    hook.published(rows, records, JSON)
+    [span] = exporter.get_finished_spans()
+    assert len(span.links) == 2
+    assert [propagated(r)[1] for r in records[:2]] == [context(span)[1]] * 2
+    assert [header(r, "traceparent") for r in records[2:]] == [writer(3), writer(4)]
+    attributes = span.attributes or {}
+    assert (attributes["messaging.batch.message_count"], attributes["outbox.traced_count"]) == (
+        4,
+        2,
+    )
+
+
+def test_a_batch_sent_again_is_one_span_the_committed_one(
+    batch_exported: tuple[TracerProvider, InMemorySpanExporter, ChosenIds],
+) -> None:
+    _, exporter, _ = batch_exported
+    tracing = batched(batch_exported)
+    row = event({"traceparent": writer(1)})
+    hook = tracing.hook()
+    record = RecordEncoder(None).encode(row, JSON)
+    hook.sending([record])  # refused by the broker, say: sent again
+    again = hook.sending([record])
+    hook.published([row], again, JSON)
+    [span] = exporter.get_finished_spans()
+    assert propagated(again[0])[1] == context(span)[1]
+
+
+def test_the_worker_makes_a_span_per_published_batch_linking_every_event(
+    batch_exported: tuple[TracerProvider, InMemorySpanExporter, ChosenIds],
+) -> None:
+    _, exporter, _ = batch_exported
+    tracing = batched(batch_exported)
+    store = InMemoryStore()
+    owner = store.open_session("test", 1, timeout=60)
+    store.add(JSON)
+    assert store.claim("s", 0, owner)
+    written = [store.append(event({"traceparent": writer(n)}, n)) for n in range(1, 8)]
+    kafka = InMemoryPublisher()
+    worker = PartWorker(
+        PartId("s", 0),
+        session=RelaySession(owner, timeout=60, heartbeat_interval=1),
+        open_store=lambda: store,
+        open_publisher=lambda state: kafka,
+        encoder=tracing.wrap(RecordEncoder(None)),
+        batch_size=3,
+        poll_interval=0.05,
+        hook=tracing.hook(),
+    )
+    worker.start()
+    try:
+        last = written[-1].key
+        wait_until(lambda: store.get_part("s", 0).checkpoint == last, what="all published")
+    finally:
+        worker.stop()
+        worker.join(10)
+    spans = {context(s)[1]: s for s in exporter.get_finished_spans()}
+    assert 3 <= len(spans) < len(written)  # batches of 3 (or more: what joined them)
+    links = {}
+    for span in spans.values():
+        for link in span.links:
+            links[str((link.attributes or {})["messaging.message.id"])] = span
+    published = kafka.published()
+    assert len(published) == len(links) == len(written)
+    for record in published:  # each record carries the span that links its writer
+        assert links[str(record.outbox_message_id)] is spans[propagated(record)[1]]
+    assert worker.hook.counts()["commit_to_visible_count"] == len(written)
+
+
+def test_the_span_mode_is_a_setting() -> None:
+    assert load_settings().tracing_spans == "batch"
+    assert load_settings(tracing_spans="event").tracing_spans == "event"
+    with pytest.raises(ConfigError, match="tracing_spans"):
+        load_settings(tracing_spans="row")
+    with pytest.raises(ConfigError, match="tracing_batch_links"):
+        load_settings(tracing_batch_links=0)
