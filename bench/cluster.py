@@ -39,6 +39,7 @@ Every run's record is also appended to bench/results/cluster-runs.jsonl as it en
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -87,6 +88,24 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
     return [f for fault, done in runs.items() for f in _figures(fault, done, setting)]
 
 
+class _SlowCalls(logging.Handler):
+    """The relays' transactional calls that took long (relay/kafka.py logs each at INFO,
+    event ``kafka_txn_call_slow``): where a part's gap went, and whether the watchdog
+    gave any up."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.seconds: list[float] = []
+        self.given_up = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.WARNING:  # printed as ever
+            logging.getLogger().handle(record)
+        if getattr(record, "event", None) == "kafka_txn_call_slow":
+            self.seconds.append(float(getattr(record, "seconds", 0.0)))
+            self.given_up += "(given up)" in record.getMessage()
+
+
 def _one(
     stack: Stack,
     cluster: LocalKafkaCluster,
@@ -99,16 +118,27 @@ def _one(
     prefix = f"{stack.topic_prefix('cluster')}."
     load_start = os.getloadavg()[0]
     print(f"   {time.strftime('%X')} {fault}, load {load_start:.1f}", file=sys.stderr, flush=True)
-    ridden = ride_out(
-        [fault],
-        roles,
-        Outbox(registry),
-        registry,
-        cluster,
-        prefix,
-        down_for=down_for,
-        per_transaction=PER_TRANSACTION,
-    )
+    slow = _SlowCalls()
+    kafka_log = logging.getLogger("relay.kafka")
+    level = kafka_log.level
+    kafka_log.addHandler(slow)
+    kafka_log.setLevel(logging.INFO)
+    kafka_log.propagate = False  # the INFO lines counted, not printed
+    try:
+        ridden = ride_out(
+            [fault],
+            roles,
+            Outbox(registry),
+            registry,
+            cluster,
+            prefix,
+            down_for=down_for,
+            per_transaction=PER_TRANSACTION,
+        )
+    finally:
+        kafka_log.removeHandler(slow)
+        kafka_log.setLevel(level)
+        kafka_log.propagate = True
     load_end = os.getloadavg()[0]
     with psycopg.connect(roles.owner_url, autocommit=True) as db:
         problems = delivery_problems(db, cluster.bootstrap_servers, prefix + "outbox.event.order")
@@ -125,6 +155,9 @@ def _one(
         "events": ridden.written,
         "events_per_s": round(ridden.written / ridden.writing_s, 1),
         "delivery_problems": problems,
+        "slow_txn_calls": len(slow.seconds),
+        "longest_txn_call_s": round(max(slow.seconds, default=0.0), 2),
+        "txn_calls_given_up": slow.given_up,
         "log": ridden.log,
     }
     print(f"   {json.dumps(record)}", file=sys.stderr, flush=True)
