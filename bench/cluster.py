@@ -32,7 +32,8 @@ is stopped meanwhile: its JVM would take CPU from the cluster's three.
 
 Environment (for a narrower or a differently set run):
 ``OUTBOX_BENCH_CLUSTER_ROUNDS`` (default 3), ``OUTBOX_BENCH_CLUSTER_FAULTS`` (default
-``leader,coordinator,rolling``), ``OUTBOX_BENCH_BROKER_SESSION_TIMEOUT_MS`` (default 3000).
+``leader,coordinator,rolling``), ``OUTBOX_BENCH_BROKER_SESSION_TIMEOUT_MS`` (default 3000),
+``OUTBOX_BENCH_CLUSTER_DOWN_S`` (how long a killed node stays down; default 60, quick 10).
 Every run's record is also appended to bench/results/cluster-runs.jsonl as it ends.
 """
 
@@ -65,7 +66,9 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
     rounds = int(os.environ.get("OUTBOX_BENCH_CLUSTER_ROUNDS", ROUNDS))
     faults = os.environ.get("OUTBOX_BENCH_CLUSTER_FAULTS", ",".join(FAULTS)).split(",")
     session_ms = os.environ.get("OUTBOX_BENCH_BROKER_SESSION_TIMEOUT_MS", "3000")
-    down_for = 10.0 if scale.name == "quick" else 60.0
+    down_for = float(
+        os.environ.get("OUTBOX_BENCH_CLUSTER_DOWN_S", "10" if scale.name == "quick" else "60")
+    )
     registry = SchemaFolder.from_dir(SCHEMAS)
     runs: dict[str, list[dict[str, Any]]] = {fault: [] for fault in faults}
     stack.broker.stop()  # its JVM would take CPU from the cluster's three
