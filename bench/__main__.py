@@ -2,6 +2,7 @@
 
     ./dev.sh bench [--scale quick|default|full] [--only throughput,latency,...]
     ./dev.sh bench --only soak [--scale quick]     # the retention soak, on request
+    ./dev.sh bench --only cluster [--scale quick]  # broker faults on 3 nodes, on request
 
 Prints a table and writes bench/results/bench-<time>.json and bench/results/latest.json.
 """
@@ -35,9 +36,11 @@ BENCHMARKS = (
     "large_rows",
     "soak",
     "tracing",
+    "cluster",
 )
-# Run only when named (--only soak): it takes 8 minutes at the default scale.
-ON_REQUEST = ("soak",)
+# Run only when named (--only soak): the soak takes 8 minutes at the default scale, the
+# cluster's faults about 20.
+ON_REQUEST = ("soak", "cluster")
 
 
 def main(argv: list[str] | None = None) -> int:
