@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -322,9 +321,9 @@ def test_sigterm_finishes_releases_claims_and_exits_zero(
         write_orders(writer_db, outbox, [f"o-{i}" for i in range(50)])
         wait_until(lambda: caught_up(db, "s"), what="the relay to publish")
         proc.send_signal(signal.SIGTERM)
-        started = time.monotonic()
-        assert proc.wait(timeout=30) == 0
-        assert time.monotonic() - started < 30
+        # A deadline, not a measurement: above shutdown_timeout (30 s), which the relay
+        # may use in full on a loaded host and still exit cleanly.
+        assert proc.wait(timeout=90) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
