@@ -1,5 +1,5 @@
 """deploy/grafana/outbox-relay.json: a well-formed Grafana dashboard whose every query
-names only series the relay serves.
+names only series the relay serves; likewise every rule of deploy/prometheus/alerts.yml.
 
 The served series are not listed by hand: the relay's own collector (relay.metrics) is
 run against fakes, and every metric family it yields is turned into the series names
@@ -19,12 +19,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry
 
 from relay import metrics
 from relay.model import PartId
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "outbox-relay.json"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DASHBOARD = DEPLOY / "grafana" / "outbox-relay.json"
+ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 
 # The series Prometheus stores for a metric family of each type (exposition format).
 _SUFFIXES = {
@@ -235,3 +238,14 @@ def test_metric_names_reads_promql(served: set[str]) -> None:
     assert "outbox_relay_lag_events_total" not in served
     assert "outbox_relay_published_events" not in served
     assert "outbox_relay_published_events_bucket" not in served
+
+
+def test_alert_rules_watch_only_metrics_the_relay_serves(served: set[str]) -> None:
+    rules = yaml.safe_load(ALERTS.read_text())
+    alerts = {r["alert"]: r for g in rules["groups"] for r in g["rules"]}
+    assert {"OutboxRelayPartHalted", "OutboxRelayWorkerFailed"} <= set(alerts)
+    for name, rule in alerts.items():
+        watched = metric_names(rule["expr"])
+        assert watched, f"{name} watches no relay metric"
+        assert watched <= served, f"{name}: {sorted(watched - served)}"
+    assert "outbox_relay_part_halted" in alerts["OutboxRelayPartHalted"]["expr"]
