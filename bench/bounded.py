@@ -46,8 +46,8 @@ from bench.harness import (
     wait_published,
 )
 from bench.method import Samples, interleave, settle
-from relay.subscribers import Subscriber, ValueFormat
-from relay.topic_reader import KafkaTopicReader
+from relay.adapters.kafka.topic_reader import KafkaTopicReader
+from relay.core.subscribers import Subscriber, ValueFormat
 
 MANY = 1000
 EVENTS_PER_TYPE = {"quick": 10, "default": 50, "full": 100}

@@ -51,8 +51,8 @@ import psycopg
 from bench.harness import RESULTS, SCHEMAS, Figure, Scale, Stack
 from bench.method import Samples
 from relay import Outbox
+from relay.core.schemas import SchemaFolder
 from relay.localstack import LocalKafkaCluster
-from relay.schemas import SchemaFolder
 from tests.acceptance.cluster_faults import PARTS, delivery_problems, ride_out
 from tests.support import grant_test_roles
 
@@ -92,7 +92,7 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
 
 
 class _SlowCalls(logging.Handler):
-    """The relays' transactional calls that took long (relay/kafka.py logs each at INFO,
+    """The relays' transactional calls that took long (relay/adapters/kafka/kafka.py logs each at INFO,
     event ``kafka_txn_call_slow``): where a part's gap went, and whether the watchdog
     gave any up."""
 
@@ -122,7 +122,7 @@ def _one(
     load_start = os.getloadavg()[0]
     print(f"   {time.strftime('%X')} {fault}, load {load_start:.1f}", file=sys.stderr, flush=True)
     slow = _SlowCalls()
-    kafka_log = logging.getLogger("relay.kafka")
+    kafka_log = logging.getLogger("relay.adapters.kafka.kafka")
     level = kafka_log.level
     kafka_log.addHandler(slow)
     kafka_log.setLevel(logging.INFO)

@@ -119,10 +119,10 @@ from bench.harness import (
 )
 from bench.method import CpuMeter, Samples, interleave, settle
 from relay.artifacts.maven import ArtifactFetchError
+from relay.core.subscribers import Subscriber, ValueFormat
 from relay.localstack import LocalPostgres
 from relay.localstack.debezium import LocalDebeziumServer, postgres_to_kafka
 from relay.localstack.process import LocalServerError
-from relay.subscribers import Subscriber, ValueFormat
 
 THROUGHPUT_TUNING = {
     "debezium.source.max.batch.size": "4096",

@@ -44,7 +44,7 @@ from bench.harness import (
     paused_drain,
 )
 from bench.method import Samples, interleave, settle
-from relay.subscribers import Subscriber
+from relay.core.subscribers import Subscriber
 
 MANY = 100
 MIN_BATCHES = 10  # per subscriber of the hundred

@@ -32,8 +32,8 @@ from bench.harness import (
     paused_drain,
 )
 from bench.method import Samples, interleave, settle
-from relay.queries import queries_for
-from relay.subscribers import Subscriber
+from relay.adapters.postgres.queries import queries_for
+from relay.core.subscribers import Subscriber
 
 
 def run(stack: Stack, scale: Scale) -> list[Figure]:

@@ -31,12 +31,12 @@ import psycopg
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from bench.method import CpuMeter, Samples, ratio_range
-from relay import migrations
+from relay.adapters.postgres import migrations
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.settings import Settings, load_settings
+from relay.core.subscribers import StartFrom, Subscriber
 from relay.localstack import LocalKafka, LocalPostgres
 from relay.localstack.process import free_port
-from relay.settings import Settings, load_settings
-from relay.store import OutboxStore
-from relay.subscribers import StartFrom, Subscriber
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMAS = REPO / "schemas"

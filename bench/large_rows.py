@@ -25,8 +25,8 @@ from bench.harness import (
     wait_published,
 )
 from bench.method import interleave, settle
-from relay.settings import Settings
-from relay.subscribers import Subscriber, ValueFormat
+from relay.core.settings import Settings
+from relay.core.subscribers import Subscriber, ValueFormat
 
 ROWS = 300
 HEX_CHUNKS = 28_125  # md5 hex strings of 32 characters: 900,000 characters per payload

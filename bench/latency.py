@@ -2,7 +2,7 @@
 
 Relay run
     A writer process commits one event per transaction through the app write API
-    (:meth:`relay.outbox.Outbox.append`) at ``scale.latency_rate`` transactions/s, paced
+    (:meth:`relay.write.outbox.Outbox.append`) at ``scale.latency_rate`` transactions/s, paced
     by an absolute schedule (a slow commit never pushes the later ones back), and notes
     the time right after each COMMIT returns, keyed by the returned message id. An
     in-process relay with production defaults (NOTIFY wake-up, one Kafka transaction
@@ -84,13 +84,13 @@ from bench.harness import (
 )
 from bench.method import Samples as Repeated
 from bench.method import interleave
+from relay.adapters.kafka.kafka import producer_config
+from relay.core.model import HEADER_ID
+from relay.core.schemas import SchemaFolder
+from relay.core.settings import SubscriberSettings
 from relay.daemon import Relay, tune_gc
-from relay.kafka import producer_config
-from relay.model import HEADER_ID
-from relay.outbox import Outbox
-from relay.schemas import SchemaFolder
-from relay.settings import SubscriberSettings
-from relay.worker import WorkerState
+from relay.engine.worker import WorkerState
+from relay.write.outbox import Outbox
 
 WARMUP_S = 2.0  # events committed in the first seconds are not measured
 DRAIN_S = 10.0  # after the last commit, how long stragglers may take

@@ -26,7 +26,7 @@ import psycopg
 from bench.harness import Figure, Scale, Stack, relay_settings
 from bench.method import Samples, interleave, settle
 from relay.daemon import Relay
-from relay.outbox import Outbox
+from relay.write.outbox import Outbox
 
 WINDOW_S = 8.0
 WARMUP_S = 2.0

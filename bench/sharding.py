@@ -39,8 +39,8 @@ from bench.harness import (
     wait_published,
 )
 from bench.method import interleave, settle
-from relay.store import OutboxStore
-from relay.subscribers import Subscriber
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.subscribers import Subscriber
 
 PARTS = 4
 WORKERS = 2  # one per core of the benchmark machine

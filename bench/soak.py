@@ -50,9 +50,9 @@ from bench.harness import (
     receive,
     spawn_child,
 )
-from relay.roles import grant_roles
-from relay.store import OutboxStore
-from relay.subscribers import StartFrom, Subscriber, ValueFormat
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.subscribers import StartFrom, Subscriber, ValueFormat
+from relay.ops.roles import grant_roles
 
 RELAY_ROLE = "outbox_bench_relay"
 WRITER_ROLE = "outbox_bench_writer"

@@ -36,10 +36,10 @@ from pyspark.sql import DataFrame, SparkSession
 
 from bench.harness import SCHEMAS, Figure, Scale, Stack, order_payload
 from bench.method import Samples, interleave
-from relay.confluent_wire import from_single_object
+from relay.adapters.registry.confluent_wire import from_single_object
+from relay.adapters.registry.registry_format import registry_client
+from relay.core.schemas import SchemaFolder
 from relay.localstack.registry import LocalRegistry
-from relay.registry_format import registry_client
-from relay.schemas import SchemaFolder
 from spark_jobs.decoding import decode_events
 from spark_jobs.registry_schemas import RegistryAccess, RegistrySchema
 from spark_jobs.spark_session import kafka_options, local_spark_session

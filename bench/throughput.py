@@ -53,11 +53,11 @@ from bench.harness import (
     wait_published,
 )
 from bench.method import Samples, interleave, settle
+from relay.core.model import KafkaRecord, OutboxEvent
+from relay.core.schemas import SchemaFolder
+from relay.core.subscribers import Subscriber, ValueFormat
 from relay.daemon import Relay, tune_gc
-from relay.encoding import RecordEncoder
-from relay.model import KafkaRecord, OutboxEvent
-from relay.schemas import SchemaFolder
-from relay.subscribers import Subscriber, ValueFormat
+from relay.engine.encoding import RecordEncoder
 
 # Events held in memory for the encode-only and raw-produce loops, used round and round:
 # a rate per event does not need every row in memory at once.

@@ -38,7 +38,7 @@ from bench.harness import (
     paused_drain,
 )
 from bench.method import interleave, settle
-from relay.subscribers import Subscriber
+from relay.core.subscribers import Subscriber
 
 # The SDK's default queue (2,048 spans) drops spans once a backlog publishes faster
 # than they are exported: the bench would then measure less work than tracing every

@@ -3,7 +3,7 @@
 pgbench runs 1, 4, 16 and 64 clients, each committing one INSERT per transaction, with
 ``fsync`` on (the harness's default), against the outbox as migrated: the relay's
 triggers included. Two statements: the plain SQL of the README, and the append API's
-statement (``INSERT ... RETURNING message_id``, what :meth:`relay.outbox.Outbox.append`
+statement (``INSERT ... RETURNING message_id``, what :meth:`relay.write.outbox.Outbox.append`
 sends). Baseline: the same statements into the same table, indexes included, with no
 relay trigger at all (``ALTER TABLE outbox DISABLE TRIGGER USER``), in the same run.
 Each point follows bench/method.py: the two sides alternate, ``scale.repetitions``

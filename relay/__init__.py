@@ -11,10 +11,10 @@ Applications append events inside their own transactions::
                       headers=trace_headers())  # the current span's traceparent, if any
 """
 
+from relay.core.schemas import SchemaFolder
 from relay.errors import ConcurrencyError, PayloadValidationError, RelayError
-from relay.outbox import Event, Outbox, StreamAppend, append, append_to_stream
-from relay.schemas import SchemaFolder
-from relay.tracing import trace_headers
+from relay.observability.tracing import trace_headers
+from relay.write.outbox import Event, Outbox, StreamAppend, append, append_to_stream
 
 __all__ = [
     "ConcurrencyError",

@@ -4,8 +4,8 @@ Every error the package raises derives from :class:`RelayError`. Errors that a
 caller (or the relay's own loop) may retry after a pause derive from
 :class:`RetryableError`; everything else is fatal for the operation at hand.
 Driver errors are wrapped with ``raise ... from exc`` so the cause stays visible, each
-driver at one place: :func:`relay.db.wrap_errors` for Postgres (psycopg), and
-:func:`relay.kafka_errors.classify` for Kafka (confluent-kafka). See "Errors" in
+driver at one place: :func:`relay.adapters.postgres.db.wrap_errors` for Postgres (psycopg), and
+:func:`relay.adapters.kafka.kafka_errors.classify` for Kafka (confluent-kafka). See "Errors" in
 docs/design.md.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from relay.model import KafkaRecord
+    from relay.core.model import KafkaRecord
 
 
 class RelayError(Exception):

@@ -21,8 +21,8 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from relay.core.settings import KafkaValue
 from relay.errors import RelayError
-from relay.settings import KafkaValue
 from spark_jobs.decoding import VALUE_FORMATS, decode_events, observe_decoding
 from spark_jobs.job import (
     add_common_options,

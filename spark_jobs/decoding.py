@@ -20,10 +20,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from relay.confluent_wire import MAGIC as REGISTRY_MAGIC
-from relay.confluent_wire import unframe
+from relay.adapters.registry.confluent_wire import MAGIC as REGISTRY_MAGIC
+from relay.adapters.registry.confluent_wire import unframe
+from relay.core.schemas import AvroSchema, SchemaFolder
 from relay.errors import RelayError, SchemaError, SchemaRegistryUnavailable
-from relay.schemas import AvroSchema, SchemaFolder
 from spark_jobs.registry_schemas import RegistryAccess, RegistrySchema
 
 DECODED = StructType(

@@ -17,8 +17,8 @@ from typing import Any
 
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
+from relay.core.log_fields import log_extra
 from relay.errors import ConfigError
-from relay.log_fields import log_extra
 from spark_jobs.kafka_clients import KafkaClients
 from spark_jobs.registry_schemas import RegistryAccess
 from spark_jobs.spark_session import local_spark_session

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relay.core.settings import KafkaValue, load_settings
 from relay.errors import ConfigError
-from relay.settings import KafkaValue, load_settings
 
 # Passed to every client; the rest of the relay's properties are its producer's business.
 _CONNECTION_PREFIXES = ("security.", "sasl.", "ssl.")

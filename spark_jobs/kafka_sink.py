@@ -30,10 +30,10 @@ from collections.abc import Mapping, Sequence
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from relay.adapters.kafka.kafka_errors import Stage, classify, retry_now
+from relay.core.log_fields import log_extra
+from relay.core.settings import KafkaValue
 from relay.errors import RelayError
-from relay.kafka_errors import Stage, classify, retry_now
-from relay.log_fields import log_extra
-from relay.settings import KafkaValue
 from spark_jobs.kafka_clients import KafkaClients, connection_settings
 
 logger = logging.getLogger(__name__)

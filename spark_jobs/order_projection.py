@@ -25,8 +25,8 @@ import psycopg
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
+from relay.core.settings import KafkaValue
 from relay.errors import RelayError
-from relay.settings import KafkaValue
 from spark_jobs.decoding import VALUE_FORMATS, decode_events, split_corrupt
 from spark_jobs.job import await_query, job_session, registry_access, report_decoding, run
 from spark_jobs.postgres_sink import PostgresBatchSink

@@ -26,8 +26,8 @@ import psycopg
 from psycopg import sql
 from pyspark.sql import Row
 
+from relay.core.log_fields import log_extra
 from relay.errors import RelayError
-from relay.log_fields import log_extra
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 A job reaches the registry with the relay's own settings (``schema_registry_url``,
 ``_user``, ``_password``, ``_ca``: ``RELAY_SCHEMA_REGISTRY_*`` or the relay's config
-file), through the Confluent client the relay uses (:mod:`relay.registry_format`).
+file), through the Confluent client the relay uses (:mod:`relay.adapters.registry.registry_format`).
 
 Two uses. The driver asks, once at start, for the latest schema of each subject of the
 job's topics (TopicNameStrategy: ``<topic>-value``): Spark's ``from_avro`` decodes those
@@ -19,9 +19,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from relay.core.redact import mask_url, redact
+from relay.core.settings import load_settings
 from relay.errors import SchemaError, SchemaRegistryUnavailable
-from relay.redact import mask_url, redact
-from relay.settings import load_settings
 
 __all__ = ["RegistryAccess", "RegistrySchema", "planned_schemas"]
 
@@ -64,7 +64,7 @@ class RegistryAccess:
         return f"{mask_url(self.url)}{user}"
 
     def client(self) -> Any:
-        from relay.registry_format import registry_client
+        from relay.adapters.registry.registry_format import registry_client
 
         return registry_client(
             self.url, user=self.user, password=self.password, ca_location=self.ca_location

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from relay.core.settings import secret_from_environment
 from relay.errors import ConfigError
-from relay.settings import secret_from_environment
 
 DATABASE_URL_HELP = (
     "libpq URL of the database written to; default: $RELAY_DATABASE_URL, or the contents "

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import TypedDict
 
-from relay.settings import KafkaValue
+from relay.core.settings import KafkaValue
 from spark_jobs.job import add_common_options, kafka_clients
 from spark_jobs.postgres_sink import RESET_SINK_HELP
 from spark_jobs.secrets import DATABASE_URL_HELP, resolve_database_url

@@ -22,9 +22,9 @@ import pyspark
 from pyspark.sql import DataFrame, SparkSession
 
 from relay.artifacts.maven import Lock, fetch_lock
+from relay.core.log_fields import log_extra
+from relay.core.settings import KafkaValue
 from relay.errors import RelayError
-from relay.log_fields import log_extra
-from relay.settings import KafkaValue
 from spark_jobs.kafka_clients import KafkaClients, connection_settings
 
 logger = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ import psycopg
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
-from relay.settings import KafkaValue
+from relay.core.settings import KafkaValue
 from spark_jobs.decoding import observe_decoding
 from spark_jobs.job import await_query, job_session, run
 from spark_jobs.kafka_clients import KafkaClients, connection_settings

@@ -21,12 +21,12 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from relay import Outbox
+from relay.adapters.kafka.topic_reader import KafkaTopicReader
+from relay.core.model import ConsumedRecord, PartId
 from relay.daemon import Relay
+from relay.engine.worker import PartWorker
 from relay.localstack.process import LocalServer
-from relay.model import ConsumedRecord, PartId
-from relay.roles import grant_roles
-from relay.topic_reader import KafkaTopicReader
-from relay.worker import PartWorker
+from relay.ops.roles import grant_roles
 
 _WARMUP_S = 2.5
 
@@ -236,8 +236,8 @@ def run_cli(
 
 def caught_up(db: psycopg.Connection[Any], name: str) -> bool:
     """Every event of subscriber ``name`` is published (its lag is 0)."""
-    from relay.lag import subscriber_lag
-    from relay.store import OutboxStore
+    from relay.adapters.postgres.store import OutboxStore
+    from relay.ops.lag import subscriber_lag
 
     store = OutboxStore(db)
     return subscriber_lag(store, store.get(name)).events == 0

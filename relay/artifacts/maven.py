@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from relay.core.log_fields import log_extra
 from relay.errors import RelayError
-from relay.log_fields import log_extra
 
 __all__ = [
     "Artifact",

@@ -20,8 +20,8 @@ from relay.cli.dead_letters import dead_letters_app
 from relay.cli.debezium import debezium_app
 from relay.cli.subscribers import subscribers_app
 from relay.cli.topics import topics_app
+from relay.core.redact import redact
 from relay.errors import ConfigError, RelayError
-from relay.redact import redact
 
 __all__ = ["app", "main"]
 

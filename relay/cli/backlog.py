@@ -9,7 +9,7 @@ from typing import NamedTuple
 from rich.text import Text
 
 from relay.cli.common import out
-from relay.lag import EXACT_UP_TO, Lag, Skipped
+from relay.ops.lag import EXACT_UP_TO, Lag, Skipped
 
 
 class SkipLine(NamedTuple):

@@ -18,11 +18,12 @@ import psycopg
 import typer
 from rich.console import Console
 
-from relay import db, logs
+from relay.adapters.postgres import db
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.log_fields import log_extra
+from relay.core.settings import Settings, load_settings
 from relay.errors import DatabaseUnavailable
-from relay.log_fields import log_extra
-from relay.settings import Settings, load_settings
-from relay.store import OutboxStore
+from relay.observability import logs
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from relay import db
+from relay.adapters.postgres import db
 from relay.cli.common import (
     Bootstrap,
     DatabaseUrl,
@@ -40,7 +40,7 @@ def dead_letters_list(
     schema: Schema = None,
 ) -> None:
     """A subscriber's dead letters, in publication order, with their errors."""
-    from relay.redrive import DeadLetterStore
+    from relay.ops.redrive import DeadLetterStore
 
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
@@ -87,10 +87,10 @@ def dead_letters_redrive(
     import re
     from contextlib import closing
 
+    from relay.core.subscribers import TopicGuard
     from relay.daemon.startup import load_schemas, registry_encoder
-    from relay.encoding import RecordEncoder
-    from relay.redrive import DeadLetterStore, Redrive, redrive_publisher
-    from relay.subscribers import TopicGuard
+    from relay.engine.encoding import RecordEncoder
+    from relay.ops.redrive import DeadLetterStore, Redrive, redrive_publisher
 
     settings = _settings(
         ctx,

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from relay import db
+from relay.adapters.postgres import db
 from relay.cli.common import (
     DatabaseUrl,
     Schema,
@@ -49,7 +49,7 @@ def debezium_attach(
     """Publish rows apps insert into a Debezium-style table (id, aggregatetype,
     aggregateid, type, payload), unchanged apps included; subscribe with
     `--format debezium` for the Event Router's records."""
-    from relay.debezium import attach, parse_options
+    from relay.ops.debezium import attach, parse_options
 
     options = parse_options(option or [])
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
@@ -75,7 +75,7 @@ def debezium_detach(
     schema: Schema = None,
 ) -> None:
     """Stop copying inserts into TABLE to the relay's outbox (rows copied stay)."""
-    from relay.debezium import detach
+    from relay.ops.debezium import detach
 
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:

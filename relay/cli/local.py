@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from relay import logs
+from relay.observability import logs
 
 
 def dev(

@@ -11,7 +11,8 @@ from typing import Annotated
 
 import typer
 
-from relay import db, migrations
+from relay.adapters.postgres import db, migrations
+from relay.adapters.postgres.store import OutboxStore
 from relay.cli.common import (
     Bootstrap,
     DatabaseUrl,
@@ -23,9 +24,8 @@ from relay.cli.common import (
     err,
     out,
 )
-from relay.key_space import KeySpaceAction, report
-from relay.log_fields import log_extra
-from relay.store import OutboxStore
+from relay.core.key_space import KeySpaceAction, report
+from relay.core.log_fields import log_extra
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ def grant(
     schema: Schema = None,
 ) -> None:
     """Grant least privileges to the relay's and the writers' roles (run as the owner)."""
-    from relay.roles import grant_roles
+    from relay.ops.roles import grant_roles
 
     if relay_role is None and writer_role is None:
         raise typer.BadParameter("name --relay-role and/or --writer-role")

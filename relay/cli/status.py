@@ -18,11 +18,11 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from relay.adapters.postgres.store import OutboxStore
 from relay.cli.backlog import SkipLine, events, print_estimate_note, print_skips, skipped
 from relay.cli.common import DatabaseUrl, JsonFlag, Schema, _settings, _store, err, out
-from relay.lag import Lag, Skipped, subscriber_statuses
-from relay.ports import HorizonHolder
-from relay.store import OutboxStore
+from relay.core.ports import HorizonHolder
+from relay.ops.lag import Lag, Skipped, subscriber_statuses
 
 
 @dataclass(frozen=True)

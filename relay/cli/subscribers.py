@@ -11,7 +11,6 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from relay import subscribers as subs
 from relay.cli.backlog import SkipLine, events, print_estimate_note, print_skips, skipped
 from relay.cli.common import (
     Bootstrap,
@@ -23,12 +22,13 @@ from relay.cli.common import (
     err,
     out,
 )
+from relay.core import subscribers as subs
+from relay.core.model import Position
+from relay.core.redact import redact
+from relay.core.routing import DEFAULT_KEY
+from relay.core.settings import Settings
 from relay.errors import BrokerUnavailable, ConfigError, SchemaRegistryUnavailable
-from relay.lag import SubscriberStatus, subscriber_statuses
-from relay.model import Position
-from relay.redact import redact
-from relay.routing import DEFAULT_KEY
-from relay.settings import Settings
+from relay.ops.lag import SubscriberStatus, subscriber_statuses
 
 subscribers_app = typer.Typer(
     help="Create, inspect, pause and rewind subscribers.", no_args_is_help=True
@@ -181,7 +181,7 @@ def _check_partitions(settings: Settings, subscriber: subs.Subscriber) -> None:
     cannot be shown to have (no broker to ask): each of its rows beyond would be poison."""
     if subscriber.partition_count is None:
         return
-    from relay.topics import partition_room_refusal
+    from relay.adapters.kafka.topics import partition_room_refusal
 
     why = "--partition-by: the partitions of the subscriber's topics must be checked"
     try:
@@ -199,9 +199,9 @@ def _check_registry(settings: Settings, subscriber: subs.Subscriber) -> None:
     refuse, naming the subject, its versions and the registry's reason; print what
     was checked and what only the first publish can check. A registry that cannot
     answer is a warning."""
+    from relay.adapters.registry.registry_compat import check_subscriber
+    from relay.adapters.registry.registry_format import encoder_for
     from relay.daemon.startup import load_schemas
-    from relay.registry_compat import check_subscriber
-    from relay.registry_format import encoder_for
 
     schemas = load_schemas(settings)
     encoder = encoder_for(settings, schemas)

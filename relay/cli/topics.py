@@ -16,7 +16,7 @@ from relay.cli.common import (
     err,
     out,
 )
-from relay.settings import Settings
+from relay.core.settings import Settings
 
 topics_app = typer.Typer(
     help="List and create Kafka topics with the relay's Kafka settings (no Kafka CLI needed).",
@@ -25,7 +25,7 @@ topics_app = typer.Typer(
 
 
 def _admin(ctx: typer.Context, bootstrap_servers: str | None) -> tuple[Any, Settings]:
-    from relay.topics import admin_client
+    from relay.adapters.kafka.topics import admin_client
 
     settings = _settings(ctx, bootstrap_servers=bootstrap_servers)
     return admin_client(
@@ -43,7 +43,7 @@ def topics_list(
     bootstrap_servers: Bootstrap = None,
 ) -> None:
     """The cluster's topics, with partitions and replication factor."""
-    from relay.topics import list_topics
+    from relay.adapters.kafka.topics import list_topics
 
     admin, _ = _admin(ctx, bootstrap_servers)
     topics = list_topics(admin, internal=internal)
@@ -81,7 +81,7 @@ def topics_create(
     bootstrap_servers: Bootstrap = None,
 ) -> None:
     """Create topics (exits 1 if one exists, unless --if-not-exists)."""
-    from relay.topics import create_topics, parse_config
+    from relay.adapters.kafka.topics import create_topics, parse_config
 
     settings_config = parse_config(config or [])
     admin, settings = _admin(ctx, bootstrap_servers)

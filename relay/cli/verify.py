@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from relay import db
+from relay.adapters.postgres import db
 from relay.cli.common import (
     Bootstrap,
     DatabaseUrl,
@@ -20,8 +20,8 @@ from relay.cli.common import (
     err,
     out,
 )
+from relay.core.settings import Settings
 from relay.errors import ConfigError, RelayError
-from relay.settings import Settings
 
 # verify's exit code when Postgres or Kafka could not be read (1 means findings).
 _COULD_NOT_CHECK = 3
@@ -45,8 +45,8 @@ def verify(
     Exits 0 when clean, 1 when it finds any, 2 on a configuration error, and 3 when it
     could not check (Postgres or Kafka unreachable, a topic unreadable in time).
     """
-    from relay.topic_reader import KafkaTopicReader
-    from relay.verify import verify as run_verify
+    from relay.adapters.kafka.topic_reader import KafkaTopicReader
+    from relay.ops.verify import verify as run_verify
 
     settings = _settings(
         ctx,

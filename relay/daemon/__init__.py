@@ -1,7 +1,7 @@
 """The relay daemon: claims subscriber parts and runs one worker per claimed part.
 
 Several relay processes may run against one database. Each holds a session
-(:mod:`relay.sessions`); a supervisor thread spreads the parts over the live
+(:mod:`relay.engine.sessions`); a supervisor thread spreads the parts over the live
 sessions, claims its share, releases what a peer should own, and starts or stops
 workers to match. The commit probe wakes the workers; they also poll on a timer.
 

@@ -7,13 +7,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from relay.ports import DaemonStore
-from relay.settings import Settings
+from relay.core.ports import DaemonStore
+from relay.core.settings import Settings
 
 
 @dataclass(frozen=True)
 class DaemonContext:
     settings: Settings
-    # The daemon's way to the database: its store port (Postgres: relay.store, pooled).
+    # The daemon's way to the database: its store port (Postgres: relay.adapters.postgres.store, pooled).
     open_store: Callable[[], DaemonStore]
     stopping: threading.Event

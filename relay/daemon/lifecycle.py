@@ -14,7 +14,16 @@ from typing import Any, Protocol
 
 import psycopg
 
-from relay import db
+from relay.adapters.postgres import db
+from relay.adapters.postgres.pool import RelayPool
+from relay.adapters.postgres.probe import CommitProbe
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.log_fields import log_extra
+from relay.core.model import PartId
+from relay.core.ports import DaemonStore, PartStore
+from relay.core.schemas import SchemaFolder
+from relay.core.settings import Settings
+from relay.core.subscribers import TopicGuard
 from relay.daemon.context import DaemonContext
 from relay.daemon.membership import Membership
 from relay.daemon.parts import ClaimedParts
@@ -27,20 +36,11 @@ from relay.daemon.startup import (
     registry_encoder,
 )
 from relay.daemon.upkeep import HorizonWatch, Retention
-from relay.encoding import RecordEncoder
+from relay.engine.encoding import RecordEncoder
+from relay.engine.worker import PartWorker, WorkerState
 from relay.errors import DatabaseUnavailable, RelayError, RetryableError
-from relay.log_fields import log_extra
-from relay.metrics import HealthServer
-from relay.model import PartId
-from relay.pool import RelayPool
-from relay.ports import DaemonStore, PartStore
-from relay.probe import CommitProbe
-from relay.schemas import SchemaFolder
-from relay.settings import Settings
-from relay.store import OutboxStore
-from relay.subscribers import TopicGuard
-from relay.tracing import Tracing
-from relay.worker import PartWorker, WorkerState
+from relay.observability.metrics import HealthServer
+from relay.observability.tracing import Tracing
 
 logger = logging.getLogger(__name__)
 
@@ -335,7 +335,7 @@ class Relay:
         self.key_space.check(store, "a new connection")
 
     def _open_store(self) -> OutboxStore:
-        """A store on this process's pool: its calls borrow connections (relay/pool.py)."""
+        """A store on this process's pool: its calls borrow connections (relay/adapters/postgres/pool.py)."""
         if self._pool is None:
             raise DatabaseUnavailable("the relay is not running")
         return self._pool.store(self.settings.database_schema)

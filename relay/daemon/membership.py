@@ -10,13 +10,13 @@ from collections.abc import Callable, Collection
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from relay.broker_watch import BrokerWatch, connection_config
+from relay.adapters.kafka.broker_watch import BrokerWatch, connection_config
+from relay.adapters.kafka.replication_check import check_replication, relay_topics
+from relay.core.log_fields import log_extra
+from relay.core.ports import RelaySession
 from relay.daemon.context import DaemonContext
+from relay.engine.sessions import SessionKeeper
 from relay.errors import RelayError
-from relay.log_fields import log_extra
-from relay.ports import RelaySession
-from relay.replication_check import check_replication, relay_topics
-from relay.sessions import SessionKeeper
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Claims and workers: this relay's share of the parts, with one worker per claimed part.
-The workers take turns on a few threads and borrow a few producers (relay/scheduling.py)."""
+The workers take turns on a few threads and borrow a few producers (relay/engine/scheduling.py)."""
 
 from __future__ import annotations
 
@@ -9,18 +9,18 @@ from collections import Counter
 from collections.abc import Callable
 from uuid import UUID
 
+from relay.core.log_fields import log_extra
+from relay.core.model import PartId
+from relay.core.ports import DaemonStore, PartState, Publisher
+from relay.core.subscribers import TopicGuard
 from relay.daemon.context import DaemonContext
 from relay.daemon.membership import Membership
-from relay.encoding import RecordEncoder
+from relay.engine.encoding import RecordEncoder
+from relay.engine.scheduling import PartScheduler, ProducerPool
+from relay.engine.sessions import assign
+from relay.engine.worker import PartWorker, WorkerState
 from relay.errors import RelayError
-from relay.log_fields import log_extra
-from relay.model import PartId
-from relay.ports import DaemonStore, PartState, Publisher
-from relay.scheduling import PartScheduler, ProducerPool
-from relay.sessions import assign
-from relay.subscribers import TopicGuard
-from relay.tracing import Tracing
-from relay.worker import PartWorker, WorkerState
+from relay.observability.tracing import Tracing
 
 logger = logging.getLogger(__name__)
 

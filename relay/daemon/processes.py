@@ -25,14 +25,15 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
-from relay import logs, redact
+from relay.adapters.postgres.store import OutboxStore
+from relay.core import redact
+from relay.core.log_fields import log_extra
+from relay.core.model import PartId
+from relay.core.settings import Settings
 from relay.daemon.lifecycle import Relay, connect_daemon, start_with_retries, tune_gc
 from relay.errors import ConfigError, RelayError
-from relay.log_fields import log_extra
-from relay.metrics import HealthServer
-from relay.model import PartId
-from relay.settings import Settings
-from relay.store import OutboxStore
+from relay.observability import logs
+from relay.observability.metrics import HealthServer
 
 logger = logging.getLogger(__name__)
 

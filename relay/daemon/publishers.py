@@ -1,12 +1,17 @@
 """The publisher factory: a Kafka publisher for a part, as the delivery setting asks (the
-relay keeps at most max_producers open: relay/scheduling.py)."""
+relay keeps at most max_producers open: relay/engine/scheduling.py)."""
 
 from __future__ import annotations
 
-from relay.kafka import IdempotentPublisher, TopicCreator, TransactionalPublisher, producer_config
-from relay.ports import PartState, Publisher
-from relay.settings import Settings
-from relay.subscribers import TopicGuard
+from relay.adapters.kafka.kafka import (
+    IdempotentPublisher,
+    TopicCreator,
+    TransactionalPublisher,
+    producer_config,
+)
+from relay.core.ports import PartState, Publisher
+from relay.core.settings import Settings
+from relay.core.subscribers import TopicGuard
 
 
 def routed_topic_creator(settings: Settings, guard: TopicGuard) -> TopicCreator:

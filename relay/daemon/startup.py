@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from relay import migrations
+from relay.adapters.postgres import migrations
+from relay.core.key_space import KeySpaceAction, report
+from relay.core.log_fields import log_extra
+from relay.core.ports import DaemonStore, PartStore
+from relay.core.schemas import SchemaFolder
+from relay.core.settings import Settings
+from relay.core.subscribers import DEFAULT_SUBSCRIBER, StartFrom, Subscriber, ValueFormat
 from relay.errors import (
     BrokerUnavailable,
     ConfigError,
@@ -17,15 +23,9 @@ from relay.errors import (
     SchemaIncompatible,
     SchemaRegistryUnavailable,
 )
-from relay.key_space import KeySpaceAction, report
-from relay.log_fields import log_extra
-from relay.ports import DaemonStore, PartStore
-from relay.schemas import SchemaFolder
-from relay.settings import Settings
-from relay.subscribers import DEFAULT_SUBSCRIBER, StartFrom, Subscriber, ValueFormat
 
 if TYPE_CHECKING:
-    from relay.registry_format import RegistryValueEncoder
+    from relay.adapters.registry.registry_format import RegistryValueEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class SubscriberSync:
         partitions than its topics have (as `subscribers add` refuses it): every row
         naming one beyond would be poison. A broker that cannot answer is no reason not
         to start: each record's partition is checked when it is published."""
-        from relay.topics import partition_room_refusal
+        from relay.adapters.kafka.topics import partition_room_refusal
 
         active = [s.subscriber for s in store.list() if not s.subscriber.paused]
         try:
@@ -156,7 +156,7 @@ class SubscriberSync:
         A registry that cannot answer is no reason not to start: the parts retry."""
         if self._schema_registry is None or self._schemas is None:
             return
-        from relay.registry_compat import check_subscriber
+        from relay.adapters.registry.registry_compat import check_subscriber
 
         for status in store.list():
             subscriber = status.subscriber
@@ -224,6 +224,6 @@ def registry_encoder(
     """The avro-registry encoder, when configured (only then is its client imported)."""
     if settings.schema_registry_url is None:
         return None
-    from relay.registry_format import encoder_for
+    from relay.adapters.registry.registry_format import encoder_for
 
     return encoder_for(settings, schemas)

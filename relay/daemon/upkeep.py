@@ -6,11 +6,11 @@ import logging
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from relay.core.log_fields import log_extra
+from relay.core.ports import DaemonStore
+from relay.core.settings import Settings
 from relay.daemon.membership import Membership
 from relay.errors import RelayError
-from relay.log_fields import log_extra
-from relay.ports import DaemonStore
-from relay.settings import Settings
 
 if TYPE_CHECKING:  # start-up checks the schema on a connection: not the port's business
     from relay.daemon.startup import KeySpaceChecks

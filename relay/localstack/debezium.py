@@ -26,6 +26,7 @@ from typing import Any
 import psycopg
 
 from relay.artifacts.maven import Lock, fetch_lock
+from relay.core.log_fields import log_extra
 from relay.localstack.kafka import java_major
 from relay.localstack.postgres import LocalPostgres
 from relay.localstack.process import (
@@ -37,7 +38,6 @@ from relay.localstack.process import (
     signal_and_wait,
     spawn,
 )
-from relay.log_fields import log_extra
 
 __all__ = [
     "DEBEZIUM_VERSION",

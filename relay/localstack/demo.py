@@ -30,20 +30,20 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from relay import db
+from relay.adapters.kafka.kafka import TopicCreator
+from relay.adapters.kafka.topic_reader import KafkaTopicReader
+from relay.adapters.postgres import db
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.log_fields import log_extra
+from relay.core.model import HEADER_EVENT_TYPE, ConsumedRecord
+from relay.core.schemas import SchemaFolder
+from relay.core.settings import Settings, load_settings
 from relay.daemon import Relay
 from relay.errors import RelayError, SchemaError
-from relay.kafka import TopicCreator
-from relay.lag import subscriber_statuses
 from relay.localstack import KAFKA_VERSION, LocalKafka, LocalPostgres, free_port
 from relay.localstack.stack import migrated_database
-from relay.log_fields import log_extra
-from relay.model import HEADER_EVENT_TYPE, ConsumedRecord
-from relay.outbox import Outbox
-from relay.schemas import SchemaFolder
-from relay.settings import Settings, load_settings
-from relay.store import OutboxStore
-from relay.topic_reader import KafkaTopicReader
+from relay.ops.lag import subscriber_statuses
+from relay.write.outbox import Outbox
 
 logger = logging.getLogger(__name__)
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from relay.artifacts.maven import Lock, fetch_lock
+from relay.core.log_fields import log_extra
 from relay.localstack.process import (
     LocalServer,
     LocalServerError,
@@ -45,7 +46,6 @@ from relay.localstack.process import (
     signal_and_wait,
     spawn,
 )
-from relay.log_fields import log_extra
 
 __all__ = [
     "KAFKA_VERSION",

@@ -24,6 +24,7 @@ from urllib.parse import quote
 
 import psycopg
 
+from relay.core.log_fields import log_extra
 from relay.localstack.process import (
     LocalServer,
     LocalServerError,
@@ -35,7 +36,6 @@ from relay.localstack.process import (
     signal_and_wait,
     spawn,
 )
-from relay.log_fields import log_extra
 
 __all__ = ["LocalPostgres"]
 

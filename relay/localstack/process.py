@@ -29,8 +29,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
+from relay.core.log_fields import log_extra
 from relay.errors import RelayError
-from relay.log_fields import log_extra
 
 __all__ = [
     "LocalServer",

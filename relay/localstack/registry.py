@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relay.artifacts.maven import cache_dir, repository_url
+from relay.core.log_fields import log_extra
 from relay.localstack.kafka import find_java
 from relay.localstack.process import (
     LocalServer,
@@ -57,7 +58,6 @@ from relay.localstack.process import (
     signal_and_wait,
     spawn,
 )
-from relay.log_fields import log_extra
 
 __all__ = ["REGISTRY_VERSION", "LocalRegistry", "RegistryLock", "registry_app"]
 

@@ -17,10 +17,10 @@ from types import FrameType
 
 from psycopg import sql
 
-from relay import db, migrations
+from relay.adapters.postgres import db, migrations
+from relay.core.log_fields import log_extra
 from relay.localstack.kafka import KAFKA_VERSION, LocalKafka
 from relay.localstack.postgres import LocalPostgres
-from relay.log_fields import log_extra
 
 __all__ = ["migrated_database", "run_local"]
 

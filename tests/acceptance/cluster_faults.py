@@ -24,12 +24,12 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from relay import Outbox
+from relay.adapters.kafka.topic_reader import KafkaTopicReader
+from relay.core.schemas import SchemaFolder
+from relay.core.settings import load_settings
 from relay.daemon import Relay
 from relay.localstack import LocalKafkaCluster
-from relay.schemas import SchemaFolder
-from relay.settings import load_settings
-from relay.topic_reader import KafkaTopicReader
-from relay.verify import verify
+from relay.ops.verify import verify
 from tests.support import (
     Roles,
     by_key,

@@ -21,11 +21,11 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from relay import Outbox
+from relay.adapters.postgres.store import OutboxStore
 from relay.daemon import Relay
+from relay.engine.worker import WorkerState
 from relay.errors import SchemaIncompatible
 from relay.localstack.process import free_port
-from relay.store import OutboxStore
-from relay.worker import WorkerState
 from tests.support import (
     REPO,
     caught_up,

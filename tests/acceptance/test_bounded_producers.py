@@ -12,9 +12,9 @@ import psycopg
 import pytest
 
 from relay import Outbox
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.subscribers import Subscriber, ValueFormat
 from relay.daemon import Relay
-from relay.store import OutboxStore
-from relay.subscribers import Subscriber, ValueFormat
 from tests.support import consume, wait_until
 
 SUBSCRIBERS = 200

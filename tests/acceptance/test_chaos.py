@@ -33,14 +33,15 @@ from typing import IO, Any
 import psycopg
 import pytest
 
-from relay import Outbox, migrations
+from relay import Outbox
+from relay.adapters.kafka.topic_reader import KafkaTopicReader
+from relay.adapters.postgres import migrations
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.subscribers import Subscriber, ValueFormat
 from relay.errors import RelayError
-from relay.lag import part_lag, subscriber_lag
 from relay.localstack import LocalKafka, LocalKafkaCluster, LocalPostgres
-from relay.store import OutboxStore
-from relay.subscribers import Subscriber, ValueFormat
-from relay.topic_reader import KafkaTopicReader
-from relay.verify import SubscriberReport, verify
+from relay.ops.lag import part_lag, subscriber_lag
+from relay.ops.verify import SubscriberReport, verify
 from tests.acceptance.cluster_faults import (
     AvailabilityProbe,
     rolling_restart,

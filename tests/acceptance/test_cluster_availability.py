@@ -24,11 +24,11 @@ import pytest
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
 from relay import Outbox
-from relay.broker_watch import BrokerWatch
+from relay.adapters.kafka.broker_watch import BrokerWatch
+from relay.core.schemas import SchemaFolder
+from relay.core.settings import load_settings
 from relay.daemon import Relay
 from relay.localstack import LocalKafkaCluster
-from relay.schemas import SchemaFolder
-from relay.settings import load_settings
 from tests.acceptance.cluster_faults import admin, delivery_problems, ride_out
 from tests.support import Roles, sub, wait_until
 
@@ -82,7 +82,7 @@ def test_two_relays_ride_out_the_leader_and_the_coordinator_killed(
         ["both"], roles, outbox, registry, kafka_cluster, topic_prefix, watch_while_down
     )
     seen, log = ridden.seen, ridden.log
-    # Transactional calls the watchdog gave up on (relay/kafka.py, _watched). A figure.
+    # Transactional calls the watchdog gave up on (relay/adapters/kafka/kafka.py, _watched). A figure.
     hung = sum("did not return within" in r.getMessage() for r in caplog.records)
     print(json.dumps({"faults": log, **seen.as_dict(), "hung_calls": hung}, indent=2))
     assert verdicts and all(reachable for reachable, _ in verdicts), verdicts
@@ -121,11 +121,13 @@ def test_start_up_warns_about_topics_one_broker_could_take_down(
     relay.start()
     try:
         wait_until(
-            lambda: any(r.name == "relay.replication_check" for r in caplog.records),
+            lambda: any(r.name == "relay.adapters.kafka.replication_check" for r in caplog.records),
             what="the replication advice",
         )
     finally:
         relay.stop()
-    advice = [r.getMessage() for r in caplog.records if r.name == "relay.replication_check"]
+    advice = [
+        r.getMessage() for r in caplog.records if r.name == "relay.adapters.kafka.replication_check"
+    ]
     assert any(checkpoints in a and "one replica" in a for a in advice), advice
     assert any("topic_replication_factor is 1" in a for a in advice), advice

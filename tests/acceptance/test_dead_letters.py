@@ -10,8 +10,8 @@ from typing import Any
 import psycopg
 
 from relay import Outbox
+from relay.adapters.postgres.store import OutboxStore
 from relay.daemon import Relay
-from relay.store import OutboxStore
 from tests.support import consume, keyed, keys, sub, wait_caught_up, wait_until, write_orders
 
 StartRelay = Callable[..., Relay]

@@ -13,8 +13,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from relay.adapters.postgres.store import OutboxStore
 from relay.daemon import Relay
-from relay.store import OutboxStore
 from tests.support import WRITER_ROLE, consume, run_cli, sub
 
 DEBEZIUM_TABLE = (

@@ -22,13 +22,13 @@ import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from relay import migrations
+from relay.adapters.postgres import migrations
+from relay.core.model import ConsumedRecord
+from relay.core.schemas import SchemaFolder
+from relay.core.settings import load_settings
 from relay.daemon import Relay
 from relay.localstack.debezium import LocalDebeziumServer, avro_converter_jars, postgres_to_kafka
 from relay.localstack.postgres import LocalPostgres
-from relay.model import ConsumedRecord
-from relay.schemas import SchemaFolder
-from relay.settings import load_settings
 from tests.acceptance.test_debezium import attach
 from tests.support import consume, grant_test_roles
 

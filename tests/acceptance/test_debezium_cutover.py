@@ -14,10 +14,10 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from relay import migrations
+from relay.adapters.postgres import migrations
+from relay.core.schemas import SchemaFolder
 from relay.localstack.debezium import LocalDebeziumServer
 from relay.localstack.postgres import LocalPostgres
-from relay.schemas import SchemaFolder
 from tests.acceptance.test_debezium_conformance import (
     SETUPS,
     STANDARD,

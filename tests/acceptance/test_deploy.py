@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from relay.settings import Settings
+from relay.core.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"

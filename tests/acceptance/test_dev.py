@@ -177,9 +177,9 @@ def test_local_runs_postgres_and_kafka_for_your_own_app(workdir: Path) -> None:
 def test_the_live_view_prints_consumed_records_verbatim() -> None:
     from rich.console import Console
 
+    from relay.core.model import ConsumedRecord
+    from relay.core.schemas import SchemaFolder
     from relay.localstack.demo import _recent_table, _shown
-    from relay.model import ConsumedRecord
-    from relay.schemas import SchemaFolder
 
     registry = SchemaFolder.from_dir(ROOT / "schemas")
     payload = {"order_id": "[/red]", "customer_id": "c", "amount_cents": 1}

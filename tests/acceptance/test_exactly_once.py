@@ -18,14 +18,14 @@ import pytest
 from confluent_kafka import Producer
 
 from relay import Outbox
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.model import PartId, Position
+from relay.core.ports import Batch, Selection
+from relay.core.settings import load_settings
+from relay.core.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.daemon import Relay
+from relay.engine.worker import WorkerState
 from relay.errors import CheckpointConflict, ProducerFenced
-from relay.model import PartId, Position
-from relay.ports import Batch, Selection
-from relay.settings import load_settings
-from relay.store import OutboxStore
-from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
-from relay.worker import WorkerState
 from tests.support import (
     by_key,
     caught_up,

@@ -14,8 +14,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from relay.core.settings import load_settings
 from relay.errors import ConfigError
-from relay.settings import load_settings
 from tests.support import REPO, consume, run_cli, wait_caught_up
 
 

@@ -15,10 +15,10 @@ import psycopg
 import pytest
 
 from relay import Outbox
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.settings import load_settings
 from relay.daemon import Relay
 from relay.localstack import LocalKafka, free_port
-from relay.settings import load_settings
-from relay.store import OutboxStore
 from tests.support import consume, ids_of, session_id, sub, wait_caught_up, write_orders
 
 StartRelay = Callable[..., Relay]
@@ -71,10 +71,10 @@ def test_a_relay_with_a_wrong_broker_takes_no_part_from_a_healthy_one(
     seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 100)
     assert len(set(ids_of(seen))) == len(seen) == 100
     # One clear line about the broker, and librdkafka's own lines kept to a handful.
-    clear = [r for r in caplog.records if r.name == "relay.broker_watch"]
+    clear = [r for r in caplog.records if r.name == "relay.adapters.kafka.broker_watch"]
     assert len(clear) == 1 and clear[0].levelno == logging.ERROR
     assert "unreachable since" in clear[0].getMessage()
-    assert len([r for r in caplog.records if r.name == "relay.kafka.client"]) < 15
+    assert len([r for r in caplog.records if r.name == "relay.adapters.kafka.client"]) < 15
 
 
 def test_a_relay_whose_broker_goes_away_gives_its_parts_to_its_peer(

@@ -13,11 +13,11 @@ import psycopg
 from psycopg import sql
 
 from relay import Outbox
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.model import BEGINNING
+from relay.core.ports import Selection
 from relay.daemon import Relay
-from relay.model import BEGINNING
-from relay.ports import Selection
-from relay.store import OutboxStore
-from relay.worker import WorkerState
+from relay.engine.worker import WorkerState
 from tests.support import (
     consume,
     keyed,

@@ -14,13 +14,13 @@ import psycopg
 import pytest
 
 from relay import Outbox
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.settings import load_settings
+from relay.core.subscribers import Subscriber, ValueFormat
 from relay.daemon import Relay
+from relay.engine.worker import WorkerState
 from relay.errors import ConfigError
 from relay.localstack import LocalKafka
-from relay.settings import load_settings
-from relay.store import OutboxStore
-from relay.subscribers import Subscriber, ValueFormat
-from relay.worker import WorkerState
 from tests.support import consume, ids_of, write_orders
 
 
@@ -71,7 +71,7 @@ def test_an_expired_transactional_id_costs_a_retry_not_an_event(
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="relay.kafka")
+    caplog.set_level(logging.INFO, logger="relay.adapters.kafka.kafka")
     store = OutboxStore(db)
     store.add(
         Subscriber("s", topic=topic_prefix + "{aggregate_type}", value_format=ValueFormat.JSON)
@@ -101,7 +101,8 @@ def test_an_expired_transactional_id_costs_a_retry_not_an_event(
     retries = [
         r.getMessage()
         for r in caplog.records
-        if r.name == "relay.kafka" and r.getMessage().startswith("transaction aborted")
+        if r.name == "relay.adapters.kafka.kafka"
+        and r.getMessage().startswith("transaction aborted")
     ]
     assert retries, "no transaction was aborted: the transactional id never expired"
     assert any("not currently assigned to its transactional id" in m for m in retries), retries

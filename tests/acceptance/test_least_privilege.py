@@ -14,8 +14,8 @@ import pytest
 from psycopg import sql
 
 from relay import Outbox
+from relay.core.settings import load_settings
 from relay.daemon import Relay
-from relay.settings import load_settings
 from tests.support import STRANGER_ROLE, consume, keys, run_cli, sub, write_orders
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,14 +16,15 @@ from typing import Any
 import psycopg
 import pytest
 
-from relay import Outbox, migrations
+from relay import Outbox
+from relay.adapters.postgres import migrations
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.settings import load_settings
+from relay.core.subscribers import Subscriber, ValueFormat
 from relay.daemon import Relay
 from relay.daemon.lifecycle import start_with_retries
 from relay.localstack import LocalPostgres, LocalServerError
-from relay.roles import grant_roles
-from relay.settings import load_settings
-from relay.store import OutboxStore
-from relay.subscribers import Subscriber, ValueFormat
+from relay.ops.roles import grant_roles
 from tests.plugins.postgres import _new_local_postgres
 from tests.support import consume, run_cli, wait_until
 
@@ -217,7 +218,7 @@ def test_a_relay_refused_connections_backs_off_says_so_once_and_leaves_the_last_
     small_postgres: str, kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     url = small_postgres
-    caplog.set_level(logging.INFO, logger="relay.pool")
+    caplog.set_level(logging.INFO, logger="relay.adapters.postgres.pool")
     application = _Application(url)
     # Every slot a non-superuser may use (20 - 3 reserved), taken by the application.
     held = []
@@ -253,7 +254,8 @@ def _refusals(caplog: pytest.LogCaptureFixture) -> int:
     return sum(
         1
         for r in caplog.records
-        if r.name == "relay.pool" and "refuses this relay a connection" in r.getMessage()
+        if r.name == "relay.adapters.postgres.pool"
+        and "refuses this relay a connection" in r.getMessage()
     )
 
 

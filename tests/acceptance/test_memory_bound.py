@@ -18,8 +18,8 @@ import psycopg
 from psycopg import errors
 
 from relay import Outbox
-from relay.store import OutboxStore
-from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from tests.support import REPO, caught_up, consume, keys, wait_until, write_orders
 
 _PEAK_RSS_LIMIT_MB = 300

@@ -16,10 +16,10 @@ import psycopg
 import pytest
 
 from relay import Outbox
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.model import PartId
 from relay.daemon import Relay
-from relay.model import PartId
-from relay.store import OutboxStore
-from relay.worker import WorkerState
+from relay.engine.worker import WorkerState
 from tests.support import (
     http_get,
     run_cli,
@@ -202,8 +202,8 @@ class _Idle:
 
 
 def _idle_server() -> Any:
-    from relay.metrics import HealthServer
-    from relay.settings import Settings
+    from relay.core.settings import Settings
+    from relay.observability.metrics import HealthServer
 
     def no_database() -> Any:
         raise AssertionError("not scraped")
@@ -245,7 +245,7 @@ def test_bodies_and_methods_other_than_get_and_head_are_refused() -> None:
 
 
 def test_a_silent_client_is_disconnected() -> None:
-    from relay.metrics import CLIENT_TIMEOUT_S
+    from relay.observability.metrics import CLIENT_TIMEOUT_S
 
     server = _idle_server()
     try:
@@ -293,7 +293,7 @@ def test_scrape_storms_share_one_read_of_postgres(
 def test_the_metrics_port_listens_where_metrics_host_says(
     topic_prefix: str, start_relay: Callable[..., Relay]
 ) -> None:
-    from relay.settings import load_settings
+    from relay.core.settings import load_settings
 
     assert load_settings().metrics_host == "127.0.0.1"  # loopback unless told otherwise
     relay = start_relay(subscribers=[sub("s", topic_prefix)], metrics_host="127.0.0.2")

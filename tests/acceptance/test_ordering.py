@@ -20,10 +20,11 @@ import psycopg
 import pytest
 from psycopg import errors as pg_errors
 
-from relay import Outbox, migrations
+from relay import Outbox
+from relay.adapters.postgres import migrations
+from relay.core.subscribers import ValueFormat
 from relay.daemon import Relay
 from relay.errors import ConcurrencyError
-from relay.subscribers import ValueFormat
 from tests.support import by_key, consume
 
 HOT_KEYS = 5
@@ -163,7 +164,7 @@ def test_a_key_ahead_of_every_xid_is_released_by_the_probe_on_an_idle_database(
     event. Its key is its snapshot's xmax, the next xid, which nobody holds yet. With no
     other transaction to take it, the commit probe takes one itself, and the row falls
     below the horizon."""
-    from relay.probe import CommitProbe
+    from relay.adapters.postgres.probe import CommitProbe
 
     with psycopg.connect(writer_url) as writer:
         writer.execute("SELECT pg_current_xact_id()")
@@ -199,9 +200,9 @@ def test_a_key_ahead_of_every_xid_is_released_by_the_probe_on_an_idle_database(
 def test_the_probe_survives_a_database_it_cannot_reach_yet(relay_url: str) -> None:
     """Connecting fails with the relay's own error (db.connect wraps psycopg's) while
     Postgres restarts; the probe retries instead of dying, and wakes once it connects."""
-    from relay import db as relay_db
+    from relay.adapters.postgres import db as relay_db
+    from relay.adapters.postgres.probe import CommitProbe
     from relay.errors import DatabaseUnavailable
-    from relay.probe import CommitProbe
 
     attempts: list[int] = []
 

@@ -11,8 +11,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from relay.core.settings import load_settings
 from relay.daemon import Relay
-from relay.settings import load_settings
 from tests.acceptance.test_least_privilege import as_user
 from tests.support import http_get, run_cli, sub, wait_until
 

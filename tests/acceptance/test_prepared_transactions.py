@@ -10,11 +10,12 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from relay import Outbox, migrations
+from relay import Outbox
+from relay.adapters.postgres import migrations
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.settings import load_settings
 from relay.daemon.upkeep import HorizonWatch
 from relay.localstack import LocalPostgres
-from relay.settings import load_settings
-from relay.store import OutboxStore
 from tests.plugins.postgres import _new_local_postgres, _started
 from tests.support import run_cli, write_orders
 

@@ -19,15 +19,15 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from relay.core.model import ConsumedRecord
+from relay.core.ports import Batch
+from relay.core.schemas import SchemaFolder
+from relay.core.settings import Settings, load_settings
+from relay.core.subscribers import TopicGuard
 from relay.daemon import Relay
-from relay.encoding import RecordEncoder
+from relay.engine.encoding import RecordEncoder
 from relay.errors import BrokerUnavailable
-from relay.model import ConsumedRecord
-from relay.ports import Batch
-from relay.redrive import DeadLetterStore, Redrive, redrive_publisher
-from relay.schemas import SchemaFolder
-from relay.settings import Settings, load_settings
-from relay.subscribers import TopicGuard
+from relay.ops.redrive import DeadLetterStore, Redrive, redrive_publisher
 from tests.support import REPO, by_key, consume, run_cli, sub, wait_caught_up, wait_until
 
 REFUNDED = {

@@ -12,12 +12,12 @@ import psycopg
 import pytest
 
 from relay import Event, Outbox
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.model import ConsumedRecord, PartId
+from relay.core.schemas import SchemaFolder
+from relay.core.subscribers import StartFrom, Subscriber
 from relay.daemon import Relay
-from relay.model import ConsumedRecord, PartId
-from relay.schemas import SchemaFolder
-from relay.store import OutboxStore
-from relay.subscribers import StartFrom, Subscriber
-from relay.worker import WorkerState
+from relay.engine.worker import WorkerState
 from tests.support import by_key, consume, keys, nothing_arrives, order, sub, worker, write_orders
 
 StartRelay = Callable[..., Relay]

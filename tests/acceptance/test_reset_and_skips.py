@@ -165,7 +165,7 @@ def test_lag_counts_only_the_events_a_subscribers_filters_match(
 
 def test_status_runs_on_a_schema_from_before_migration_9(database_url: str) -> None:
     """A rolling deploy: this version's status on the previous schema."""
-    from relay import migrations
+    from relay.adapters.postgres import migrations
 
     with psycopg.connect(database_url, autocommit=True) as conn:
         migrations.migrate(conn, up_to=7)

@@ -18,12 +18,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from relay import Outbox, migrations
+from relay import Outbox
+from relay.adapters.postgres import migrations
+from relay.core.schemas import SchemaFolder
+from relay.core.settings import load_settings
 from relay.daemon import Relay
 from relay.localstack import LocalPostgres
 from relay.localstack.postgres import find_pg_binary
-from relay.schemas import SchemaFolder
-from relay.settings import load_settings
 from tests.support import (
     by_key,
     consume,

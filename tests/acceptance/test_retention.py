@@ -13,14 +13,14 @@ import pytest
 from psycopg import sql
 
 from relay import Event, Outbox
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.model import Position
+from relay.core.ports import Selection
+from relay.core.schemas import SchemaFolder
+from relay.core.settings import load_settings
+from relay.core.subscribers import Subscriber
 from relay.daemon import Relay
-from relay.model import Position
-from relay.ports import Selection
-from relay.roles import grant_roles
-from relay.schemas import SchemaFolder
-from relay.settings import load_settings
-from relay.store import OutboxStore
-from relay.subscribers import Subscriber
+from relay.ops.roles import grant_roles
 from tests.support import sub, wait_caught_up, wait_until, write_orders
 
 

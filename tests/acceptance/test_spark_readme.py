@@ -27,10 +27,10 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 pytest.importorskip("pyspark")
 
 from relay import Outbox
+from relay.adapters.kafka.topic_reader import KafkaTopicReader
+from relay.core.settings import load_settings
 from relay.daemon import Relay
 from relay.localstack import LocalKafka
-from relay.settings import load_settings
-from relay.topic_reader import KafkaTopicReader
 from tests.support import wait_caught_up
 
 pytestmark = pytest.mark.spark

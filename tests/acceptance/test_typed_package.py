@@ -31,5 +31,5 @@ def test_an_applications_mypy_sees_the_outbox_as_typed(tmp_path: Path) -> None:
         cwd=tmp_path, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert "missing library stubs or py.typed marker" not in run.stdout, run.stdout
-    assert 'Revealed type is "relay.outbox.Outbox"' in run.stdout, run.stdout
+    assert 'Revealed type is "relay.write.outbox.Outbox"' in run.stdout, run.stdout
     assert run.returncode == 0, run.stdout + run.stderr

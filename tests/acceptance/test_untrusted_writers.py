@@ -16,11 +16,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from relay import Event, Outbox, migrations
+from relay import Event, Outbox
+from relay.adapters.postgres import migrations
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.subscribers import Subscriber
 from relay.errors import ConcurrencyError, RelayError
-from relay.roles import grant_roles
-from relay.store import OutboxStore
-from relay.subscribers import Subscriber
+from relay.ops.roles import grant_roles
 from tests.support import run_cli, write_orders
 
 DEBEZIUM_TABLE = (

@@ -22,7 +22,7 @@ pytest.importorskip("pyspark")
 
 from pyspark.sql import SparkSession
 
-from relay.topic_reader import KafkaTopicReader
+from relay.adapters.kafka.topic_reader import KafkaTopicReader
 from spark_jobs import window_average
 from spark_jobs.kafka_sink import KafkaBatchSink
 

@@ -1,4 +1,4 @@
-"""The daemon's store port's contract (``relay.ports.DaemonStore``): sessions, claims,
+"""The daemon's store port's contract (``relay.core.ports.DaemonStore``): sessions, claims,
 the subscribers' listing, halting and retention, as the relay daemon relies on them
 (docs/design.md §4). Held against the Postgres store and the in-memory one alike, so
 the unit tests of claiming and assignment over the in-memory store
@@ -16,10 +16,10 @@ import uuid
 
 import pytest
 
+from relay.core.model import Position
+from relay.core.ports import DaemonStore, Selection
+from relay.core.subscribers import StartFrom, Subscriber, ValueFormat
 from relay.errors import CheckpointConflict, ClaimLost, RelayError, SubscriberError
-from relay.model import Position
-from relay.ports import DaemonStore, Selection
-from relay.subscribers import StartFrom, Subscriber, ValueFormat
 from tests.contracts.store import Write
 
 ONE = Subscriber("one", topic="one", value_format=ValueFormat.JSON)

@@ -1,4 +1,4 @@
-"""The publisher port's contract (``relay.ports.Publisher``): what a part worker relies
+"""The publisher port's contract (``relay.core.ports.Publisher``): what a part worker relies
 on of Kafka, held against the transactional publisher on Apache Kafka and against the
 in-memory one, so tests of the worker's logic over the in-memory one say something
 about the real one. ``tests/unit/test_publisher_contract.py`` and
@@ -15,10 +15,10 @@ from uuid import UUID
 
 import pytest
 
+from relay.adapters.kafka.kafka import TopicCreator, TransactionalPublisher
+from relay.core.model import KafkaCheckpoint, KafkaRecord, Position
+from relay.core.ports import Batch, Extension, Publisher
 from relay.errors import BrokerUnavailable
-from relay.kafka import TopicCreator, TransactionalPublisher
-from relay.model import KafkaCheckpoint, KafkaRecord, Position
-from relay.ports import Batch, Extension, Publisher
 
 SPACE = uuid.uuid4()
 

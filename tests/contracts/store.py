@@ -1,4 +1,4 @@
-"""The store port's contract (``relay.ports.PartStore``): what a part worker relies on
+"""The store port's contract (``relay.core.ports.PartStore``): what a part worker relies on
 of the outbox, held against the Postgres store and the in-memory one alike, so tests
 of the worker's logic over the in-memory store say something about the real one.
 ``tests/unit/test_store_contract.py`` and ``tests/integration/test_store_contract.py``
@@ -14,10 +14,10 @@ from uuid import UUID
 
 import pytest
 
+from relay.core.model import OutboxEvent, Position, Unreadable
+from relay.core.ports import DeadLetter, DeadLetterDecision, Fetched, PartStore, Selection
+from relay.core.subscribers import Subscriber, ValueFormat
 from relay.errors import CheckpointConflict, ClaimLost, SubscriberError
-from relay.model import OutboxEvent, Position, Unreadable
-from relay.ports import DeadLetter, DeadLetterDecision, Fetched, PartStore, Selection
-from relay.subscribers import Subscriber, ValueFormat
 
 SUBSCRIBER = Subscriber("s", topic="t", value_format=ValueFormat.JSON)
 

@@ -1,4 +1,4 @@
-"""The topic reader port's contract (``relay.ports.TopicReader``): what verify, the dev
+"""The topic reader port's contract (``relay.core.ports.TopicReader``): what verify, the dev
 view and the tests rely on when they read topics back. Held against the Kafka reader on
 Apache Kafka (written by the transactional publisher) and against the in-memory reader
 (of the in-memory publisher), so that what is read through one says something about the
@@ -13,9 +13,9 @@ from contextlib import closing
 
 import pytest
 
+from relay.core.model import ConsumedRecord, KafkaRecord, Position
+from relay.core.ports import Batch, Publisher, TopicReader
 from relay.errors import PoisonRecordError
-from relay.model import ConsumedRecord, KafkaRecord, Position
-from relay.ports import Batch, Publisher, TopicReader
 
 TOO_LARGE = 1_000_001  # bytes: beyond Kafka's default message.max.bytes
 

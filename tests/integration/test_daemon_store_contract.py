@@ -12,8 +12,8 @@ import psycopg
 import pytest
 
 from relay import Outbox
-from relay.pool import RelayPool
-from relay.store import OutboxStore
+from relay.adapters.postgres.pool import RelayPool
+from relay.adapters.postgres.store import OutboxStore
 from tests.contracts.daemon_store import DaemonStoreContract
 from tests.contracts.store import Write
 

@@ -1,4 +1,4 @@
-"""The dead-letter redrive's Postgres side (relay/sql/dead_letters.sql) on a real server:
+"""The dead-letter redrive's Postgres side (relay/adapters/postgres/sql/dead_letters.sql) on a real server:
 which dead letters are candidates, how a crashed redrive's marks are settled, and one
 redrive per subscriber at a time."""
 
@@ -9,11 +9,11 @@ from typing import Any
 import psycopg
 import pytest
 
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.model import Position
+from relay.core.subscribers import StartFrom, Subscriber
 from relay.errors import SubscriberError
-from relay.model import Position
-from relay.redrive import DeadLetterStore
-from relay.store import OutboxStore
-from relay.subscribers import StartFrom, Subscriber
+from relay.ops.redrive import DeadLetterStore
 
 
 @pytest.fixture

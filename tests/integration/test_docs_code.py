@@ -27,7 +27,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from relay.outbox import default_outbox
+from relay.write.outbox import default_outbox
 from tests.support import REPO, WRITER_ROLE
 
 DOCUMENTS = ["README.md", "docs/writing-events.md"]

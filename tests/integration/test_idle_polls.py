@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from relay.queries import queries_for
+from relay.adapters.postgres.queries import queries_for
 from tests.support import outbox_rows_read
 
 ROWS = 20_000

@@ -1,4 +1,4 @@
-"""Migrations: idempotent, concurrent-safe, and they reproduce relay/sql/schema.sql."""
+"""Migrations: idempotent, concurrent-safe, and they reproduce relay/adapters/postgres/sql/schema.sql."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import psycopg
 
-from relay import migrations
-from relay.queries import read_sql, with_schema
+from relay.adapters.postgres import migrations
+from relay.adapters.postgres.queries import read_sql, with_schema
 
 # Everything that defines the schema, in a form that does not depend on the schema name.
 _CATALOG = {
@@ -118,8 +118,8 @@ def test_a_rolling_deploy_publishes_everything_across_migration_3(
     """The relay runs on the schema before 0003 (NOTIFY trigger, raw xids); 0003 is then
     applied under it while writers go on: every row is published once, in order."""
     from relay import Outbox
+    from relay.core.settings import load_settings
     from relay.daemon import Relay
-    from relay.settings import load_settings
     from tests.support import consume, ids_of, write_orders
 
     outbox = Outbox(None)

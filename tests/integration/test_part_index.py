@@ -7,11 +7,11 @@ from typing import Any
 
 import psycopg
 
-from relay.model import Position
-from relay.ports import Selection
-from relay.queries import queries_for
-from relay.store import OutboxStore
-from relay.subscribers import StartFrom, Subscriber
+from relay.adapters.postgres.queries import queries_for
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.model import Position
+from relay.core.ports import Selection
+from relay.core.subscribers import StartFrom, Subscriber
 from tests.support import outbox_rows_read, run_cli
 
 ROWS = 2000

@@ -8,8 +8,8 @@ from typing import Any
 
 import psycopg
 
-from relay.probe import CommitProbe
-from relay.queries import queries_for
+from relay.adapters.postgres.probe import CommitProbe
+from relay.adapters.postgres.queries import queries_for
 from tests.support import outbox_rows_read, wait_until
 
 

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from relay.core.model import Position
+from relay.core.ports import Batch
 from relay.errors import PoisonRecordError
-from relay.model import Position
-from relay.ports import Batch
 from tests.contracts.publisher import (
     OpenPublisher,
     PublisherContract,

@@ -1,5 +1,5 @@
 """The compatibility check of an avro-registry subscriber's local schemas
-(relay/registry_compat.py) against a real schema registry's rules: a schema that breaks
+(relay/adapters/registry/registry_compat.py) against a real schema registry's rules: a schema that breaks
 a BACKWARD subject is refused with the subject, its level, its versions and the
 registry's reason; an evolution, an already registered schema and a new subject pass;
 nothing is registered by checking."""
@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
+from relay.adapters.registry.registry_compat import check_subscriber, schema_text
+from relay.core.schemas import AvroSchema, SchemaFolder
+from relay.core.subscribers import KeyFormat, SubjectStrategy, Subscriber, ValueFormat
 from relay.errors import SchemaIncompatible, SchemaRegistryUnavailable
 from relay.localstack import free_port
-from relay.registry_compat import check_subscriber, schema_text
-from relay.schemas import AvroSchema, SchemaFolder
-from relay.subscribers import KeyFormat, SubjectStrategy, Subscriber, ValueFormat
 
 pytestmark = [pytest.mark.registry, pytest.mark.timeout(1800)]
 

@@ -1,4 +1,4 @@
-"""The avro-registry value encoder (relay/registry_format.py) against a real schema
+"""The avro-registry value encoder (relay/adapters/registry/registry_format.py) against a real schema
 registry: values the stock Confluent deserializer reads, ids cached, an incompatible
 schema refused with the registry's reason (a configuration error, never poison), an
 unreachable registry retryable."""
@@ -14,10 +14,14 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from relay.adapters.registry.registry_format import (
+    RegistryValueEncoder,
+    SchemaIncompatible,
+    registry_client,
+)
+from relay.core.schemas import AvroSchema, SchemaFolder
 from relay.errors import EncodingError, RetryableError
 from relay.localstack import free_port
-from relay.registry_format import RegistryValueEncoder, SchemaIncompatible, registry_client
-from relay.schemas import AvroSchema, SchemaFolder
 
 pytestmark = [pytest.mark.registry, pytest.mark.timeout(1800)]
 

@@ -13,8 +13,8 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerialize
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from relay.confluent_wire import from_single_object
-from relay.schemas import AvroSchema, encode_with
+from relay.adapters.registry.confluent_wire import from_single_object
+from relay.core.schemas import AvroSchema, encode_with
 
 # The first use builds Apicurio Registry with Maven (minutes, once per machine): the
 # session fixture's setup counts against the first test's timeout.

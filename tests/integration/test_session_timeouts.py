@@ -7,10 +7,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from relay.adapters.postgres.db import wrap_errors
+from relay.core.settings import load_settings
 from relay.daemon.lifecycle import connect_daemon
-from relay.db import wrap_errors
 from relay.errors import RetryableError
-from relay.settings import load_settings
 
 
 def test_daemon_connections_set_the_session_timeouts(
@@ -49,9 +49,9 @@ def test_a_locked_outbox_is_a_retryable_error_not_a_wait(
 def test_pooled_connections_set_the_session_timeouts_too(
     db: psycopg.Connection[Any], database_url: str
 ) -> None:
-    """Every part, the probe and the session keeper borrow from the pool (relay/pool.py)."""
+    """Every part, the probe and the session keeper borrow from the pool (relay/adapters/postgres/pool.py)."""
+    from relay.adapters.postgres.pool import RelayPool
     from relay.daemon.lifecycle import session_timeouts
-    from relay.pool import RelayPool
 
     settings = load_settings(database_url=database_url, database_lock_timeout=0.25)
     pool = RelayPool(database_url, max_size=1, keep_free=0, timeouts=session_timeouts(settings))

@@ -33,9 +33,9 @@ def relay_records(registry: Any, count: int) -> list[Any]:
     """Records exactly as the relay encodes them (Avro single-object + headers)."""
     from datetime import UTC, datetime
 
-    from relay.encoding import RecordEncoder
-    from relay.model import OutboxEvent
-    from relay.subscribers import Subscriber
+    from relay.core.model import OutboxEvent
+    from relay.core.subscribers import Subscriber
+    from relay.engine.encoding import RecordEncoder
 
     encoder, subscriber = RecordEncoder(registry), Subscriber("s", topic="unused")
     return [
@@ -156,7 +156,7 @@ def test_registry_values_decode_by_from_avro_or_by_id_and_bad_ones_are_kept(
     without a registry are error rows, with their values kept."""
     from confluent_kafka.schema_registry import Schema
 
-    from relay.confluent_wire import frame
+    from relay.adapters.registry.confluent_wire import frame
     from spark_jobs.decoding import decode_events, split_corrupt
     from spark_jobs.registry_schemas import RegistryAccess, planned_schemas
 
@@ -167,7 +167,7 @@ def test_registry_values_decode_by_from_avro_or_by_id_and_bad_ones_are_kept(
     old_id = client.register_schema(f"{topic}-value", Schema(json.dumps(old), "AVRO"))
     new_id = client.register_schema(f"{topic}-value", Schema(json.dumps(placed.parsed), "AVRO"))
     assert old_id != new_id
-    from relay.schemas import AvroSchema, encode_with
+    from relay.core.schemas import AvroSchema, encode_with
 
     old_schema = AvroSchema.from_json(old)
     producer = Producer({"bootstrap.servers": kafka_bootstrap})
@@ -219,7 +219,7 @@ def test_registry_values_decode_by_from_avro_or_by_id_and_bad_ones_are_kept(
 def test_a_registry_that_cannot_be_reached_fails_the_batch_rather_than_the_records() -> None:
     """The records are fine: marking them undecodable would archive them as errors for
     good. The Python decoder raises instead (the query fails; a restart reads them)."""
-    from relay.confluent_wire import frame
+    from relay.adapters.registry.confluent_wire import frame
     from relay.errors import SchemaRegistryUnavailable
     from relay.localstack.process import free_port
     from spark_jobs import decoding

@@ -10,8 +10,8 @@ import psycopg
 import pytest
 
 from relay import Outbox
-from relay.pool import RelayPool
-from relay.store import OutboxStore
+from relay.adapters.postgres.pool import RelayPool
+from relay.adapters.postgres.store import OutboxStore
 from tests.contracts.store import StoreContract, Write
 
 
@@ -40,7 +40,7 @@ class TestPostgresStore(StoreContract):
 
 class TestPooledStore(TestPostgresStore):
     """The store a relay's parts share: every call on a connection borrowed from a
-    pool of two (relay/pool.py)."""
+    pool of two (relay/adapters/postgres/pool.py)."""
 
     @pytest.fixture
     def store(self, db: psycopg.Connection[Any], database_url: str) -> Iterator[OutboxStore]:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from relay.ports import Publisher, TopicReader
+from relay.core.ports import Publisher, TopicReader
 from tests.contracts.publisher import kafka_publishers, take_over
 from tests.contracts.topic_reader import TopicReaderContract
 
@@ -24,6 +24,6 @@ class TestKafkaTopicReader(TopicReaderContract):
 
     @pytest.fixture
     def reader(self, kafka_bootstrap: str) -> TopicReader:
-        from relay.topic_reader import KafkaTopicReader
+        from relay.adapters.kafka.topic_reader import KafkaTopicReader
 
         return KafkaTopicReader({"bootstrap.servers": kafka_bootstrap}, timeout=30.0)

@@ -12,11 +12,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from relay import migrations
+from relay.adapters.postgres import migrations
+from relay.core.schemas import SchemaFolder
+from relay.core.settings import load_settings
 from relay.daemon import Relay
-from relay.outbox import Outbox
-from relay.schemas import SchemaFolder
-from relay.settings import load_settings
+from relay.write.outbox import Outbox
 from tests.support import Roles, grant_test_roles
 
 # -- outbox-relay fixtures ---------------------------------------------------------------

@@ -16,19 +16,19 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from relay import Outbox
-from relay.confluent_wire import unframe
+from relay.adapters.registry.confluent_wire import unframe
+from relay.adapters.registry.registry_format import RegistryValueEncoder
+from relay.core.model import PartId
+from relay.core.ports import RelaySession
+from relay.core.redact import redact
+from relay.core.schemas import AvroSchema, SchemaFolder
+from relay.core.settings import load_settings
+from relay.core.subscribers import KeyFormat, PoisonPolicy, SubjectStrategy, Subscriber, ValueFormat
 from relay.daemon.startup import SubscriberSync
-from relay.encoding import RecordEncoder
+from relay.engine.encoding import RecordEncoder
+from relay.engine.testing import InMemoryPublisher, InMemoryStore
+from relay.engine.worker import PartWorker, WorkerState
 from relay.errors import ConfigError, EncodingError, PayloadValidationError, SubscriberError
-from relay.model import PartId
-from relay.ports import RelaySession
-from relay.redact import redact
-from relay.registry_format import RegistryValueEncoder
-from relay.schemas import AvroSchema, SchemaFolder
-from relay.settings import load_settings
-from relay.subscribers import KeyFormat, PoisonPolicy, SubjectStrategy, Subscriber, ValueFormat
-from relay.testing import InMemoryPublisher, InMemoryStore
-from relay.worker import PartWorker, WorkerState
 from tests.support import wait_until
 from tests.unit.test_worker_logic import OWNER, claimed, event, run_until_halted
 
@@ -83,7 +83,7 @@ def part_worker(store: InMemoryStore, kafka: InMemoryPublisher, registry: Regist
 def test_an_unreachable_registry_is_retried_and_nothing_is_poison(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="relay.registry_format")
+    caplog.set_level(logging.INFO, logger="relay.adapters.registry.registry_format")
     store = claimed(REGISTRY)
     for n in range(3):
         store.append(event(n))

@@ -1,4 +1,4 @@
-"""How the broker watch judges Kafka reachable (relay/broker_watch.py), against a
+"""How the broker watch judges Kafka reachable (relay/adapters/kafka/broker_watch.py), against a
 stand-in admin client: any broker answering metadata is enough, and one request lost
 to a broker that just died is not an outage. A partition the relay writes without a
 live leader is named, and stalls only its parts: the relay stays reachable."""
@@ -11,8 +11,8 @@ from typing import Any, ClassVar
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-import relay.broker_watch
-from relay.broker_watch import BrokerWatch
+import relay.adapters.kafka.broker_watch
+from relay.adapters.kafka.broker_watch import BrokerWatch
 
 
 class FakeAdmin:
@@ -59,7 +59,7 @@ WRITTEN = frozenset({"orders", "relay.checkpoints"})
 @pytest.fixture
 def writer(monkeypatch: pytest.MonkeyPatch) -> BrokerWatch:
     """A watch of a relay that has written to ``orders`` and its checkpoint topic."""
-    monkeypatch.setattr(relay.broker_watch, "AdminClient", FakeAdmin)
+    monkeypatch.setattr(relay.adapters.kafka.broker_watch, "AdminClient", FakeAdmin)
     return BrokerWatch(
         {"bootstrap.servers": "a:1,b:2,c:3"},
         interval=1.0,
@@ -70,7 +70,7 @@ def writer(monkeypatch: pytest.MonkeyPatch) -> BrokerWatch:
 
 @pytest.fixture
 def watch(monkeypatch: pytest.MonkeyPatch) -> BrokerWatch:
-    monkeypatch.setattr(relay.broker_watch, "AdminClient", FakeAdmin)
+    monkeypatch.setattr(relay.adapters.kafka.broker_watch, "AdminClient", FakeAdmin)
     return BrokerWatch({"bootstrap.servers": "a:1,b:2,c:3"}, interval=1.0, timeout=0.1)
 
 
@@ -108,7 +108,7 @@ def test_a_partition_written_without_a_leader_stalls_its_parts_not_the_relay(
     assert writer.reachable is True and writer.unreachable_for() == 0.0
     assert writer.leaderless == ("orders[1]",)
     assert "no leader since" in writer.describe() and "orders[1]" in writer.describe()
-    [warning] = [r for r in caplog.records if r.name == "relay.broker_watch"]
+    [warning] = [r for r in caplog.records if r.name == "relay.adapters.kafka.broker_watch"]
     assert warning.levelname == "WARNING" and "keeps its parts" in warning.getMessage()
 
 
@@ -130,7 +130,7 @@ def test_topics_the_relay_does_not_write_are_not_its_concern(writer: BrokerWatch
 def test_leaders_elected_again_clear_the_stall(
     writer: BrokerWatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level("INFO", "relay.broker_watch")
+    caplog.set_level("INFO", "relay.adapters.kafka.broker_watch")
     FakeAdmin.outcomes = [
         metadata([1, 3], orders=[-1, -1, -1]),
         metadata([1, 3], orders=[1, 3, 1]),

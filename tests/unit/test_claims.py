@@ -17,16 +17,16 @@ from uuid import UUID
 
 import pytest
 
+from relay.core.model import PartId, Position
+from relay.core.ports import PartState, Publisher, RelaySession
+from relay.core.settings import Settings
+from relay.core.subscribers import Subscriber, TopicGuard, ValueFormat
 from relay.daemon.context import DaemonContext
 from relay.daemon.parts import ClaimedParts
-from relay.encoding import RecordEncoder
+from relay.engine.encoding import RecordEncoder
+from relay.engine.sessions import assign
+from relay.engine.testing import InMemoryPublisher, InMemoryStore
 from relay.errors import CheckpointConflict, ConfigError
-from relay.model import PartId, Position
-from relay.ports import PartState, Publisher, RelaySession
-from relay.sessions import assign
-from relay.settings import Settings
-from relay.subscribers import Subscriber, TopicGuard, ValueFormat
-from relay.testing import InMemoryPublisher, InMemoryStore
 from tests.support import wait_until
 
 # How long a condition may take to hold on a busy machine (never a figure asserted).

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from relay.client_logs import client_logger
+from relay.adapters.kafka.client_logs import client_logger
 
 WARM_UP = (
     "GETPID [rdkafka#producer-3] [thrd:main]: Failed to acquire transactional PID from "

@@ -1,12 +1,12 @@
-"""The Confluent wire-format framing (relay/confluent_wire.py)."""
+"""The Confluent wire-format framing (relay/adapters/registry/confluent_wire.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from relay.confluent_wire import frame, from_single_object, unframe
+from relay.adapters.registry.confluent_wire import frame, from_single_object, unframe
+from relay.core.schemas import AvroSchema, encode_with
 from relay.errors import EncodingError
-from relay.schemas import AvroSchema, encode_with
 
 ORDER = AvroSchema.from_json(
     {"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"}]}

@@ -11,12 +11,12 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
-import relay.worker
-from relay import metrics
+import relay.engine.worker
+from relay.core.model import PartId
 from relay.daemon.parts import _counts
-from relay.model import PartId
-from relay.tracing import PublishHook
-from relay.worker import COUNTERS, WorkerStats
+from relay.engine.worker import COUNTERS, WorkerStats
+from relay.observability import metrics
+from relay.observability.tracing import PublishHook
 
 PART = PartId("orders", 2)
 
@@ -109,5 +109,5 @@ def test_every_count_changes_under_the_statistics_lock() -> None:
     """A ``+=`` is a read and a write: unlocked, a scrape's :meth:`WorkerStats.counts`
     may see the counts of a batch half updated, and two threads may lose an increment."""
     counted = set(WorkerStats().counts())
-    tree = ast.parse(inspect.getsource(relay.worker))
+    tree = ast.parse(inspect.getsource(relay.engine.worker))
     assert _unlocked_changes(tree, counted) == []

@@ -12,13 +12,13 @@ from typing import Any, cast
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from relay.debezium import APICURIO_AVRO_CONVERTER, parse_options
-from relay.debezium_format import debezium_record
-from relay.encoding import RecordEncoder
+from relay.adapters.registry.registry_format import RegistryValueEncoder
+from relay.core.model import OutboxEvent
+from relay.core.subscribers import Subscriber, ValueFormat
+from relay.engine.debezium_format import debezium_record
+from relay.engine.encoding import RecordEncoder
 from relay.errors import ConfigError
-from relay.model import OutboxEvent
-from relay.registry_format import RegistryValueEncoder
-from relay.subscribers import Subscriber, ValueFormat
+from relay.ops.debezium import APICURIO_AVRO_CONVERTER, parse_options
 
 DEBEZIUM = Subscriber("s", topic="t", value_format=ValueFormat.DEBEZIUM)
 JSON_SCHEMA = '{"type":"string","connect.version":1,"connect.name":"io.debezium.data.Json"}'

@@ -8,11 +8,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from relay.debezium import parse_options
-from relay.debezium_format import debezium_record
+from relay.core.model import OutboxEvent
+from relay.core.subscribers import Subscriber, ValueFormat
+from relay.engine.debezium_format import debezium_record
 from relay.errors import ConfigError
-from relay.model import OutboxEvent
-from relay.subscribers import Subscriber, ValueFormat
+from relay.ops.debezium import parse_options
 
 DEBEZIUM = Subscriber("s", topic="t", value_format=ValueFormat.DEBEZIUM)
 

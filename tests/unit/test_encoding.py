@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from relay.encoding import RecordEncoder
+from relay.adapters.postgres.store import _load_row_json, _payloads
+from relay.core.model import OutboxEvent, Unreadable
+from relay.core.ports import DeadLetterDecision
+from relay.core.subscribers import Subscriber, ValueFormat
+from relay.engine.encoding import RecordEncoder
+from relay.engine.poison import dead_letter_record
 from relay.errors import EncodingError
-from relay.model import OutboxEvent, Unreadable
-from relay.poison import dead_letter_record
-from relay.ports import DeadLetterDecision
-from relay.store import _load_row_json, _payloads
-from relay.subscribers import Subscriber, ValueFormat
 
 JSON = Subscriber("s", topic="t", value_format=ValueFormat.JSON)
 

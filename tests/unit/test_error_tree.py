@@ -17,9 +17,12 @@ from confluent_kafka import KafkaError, KafkaException
 from psycopg import errors as pg_errors
 
 import relay
+import relay.adapters.kafka.topics
 import relay.errors
-import relay.topics
-from relay.db import StreamRef, wrap_errors
+from relay.adapters.kafka.kafka import IdempotentPublisher, TopicCreator, TransactionalPublisher
+from relay.adapters.kafka.kafka_errors import Stage, classify, rejects_record, retry_now
+from relay.adapters.postgres.db import StreamRef, wrap_errors
+from relay.core.model import KafkaRecord
 from relay.errors import (
     BrokerError,
     BrokerUnavailable,
@@ -39,9 +42,6 @@ from relay.errors import (
     TransactionAborted,
     UndefinedFunctionError,
 )
-from relay.kafka import IdempotentPublisher, TopicCreator, TransactionalPublisher
-from relay.kafka_errors import Stage, classify, rejects_record, retry_now
-from relay.model import KafkaRecord
 
 RECORD = KafkaRecord("orders", b"k", b"v", [("id", b"1")])
 RELAY_DIR = Path(relay.__file__).parent
@@ -106,7 +106,7 @@ def kafka(code: int, *, fatal: bool = False, retriable: bool = False, abort: boo
     return KafkaException(error)
 
 
-# Each call site's decision before the classifier existed (relay/kafka.py, verify.py,
+# Each call site's decision before the classifier existed (relay/adapters/kafka/kafka.py, verify.py,
 # dev.py, broker_watch.py, spark_jobs/kafka_sink.py), one row per code or flag.
 PRODUCE = [
     (KafkaError.MSG_SIZE_TOO_LARGE, {}, PoisonRecordError),
@@ -335,7 +335,7 @@ class RefusingAdmin:
 def test_listing_topics_that_fails_is_retried_later_with_the_brokers_code() -> None:
     for list_topics in (
         lambda admin: TopicCreator({})._existing(admin),
-        relay.topics.list_topics,
+        relay.adapters.kafka.topics.list_topics,
     ):
         with pytest.raises(BrokerUnavailable) as caught:
             list_topics(RefusingAdmin())
@@ -360,7 +360,7 @@ def _transactional(producer: dict[str, Any], consumer: dict[str, Any]) -> Any:
         (lambda: IdempotentPublisher(BAD_CONFIG, TopicCreator({}), 5.0), "producer"),
         (lambda: _transactional(BAD_CONFIG, {}), "producer"),
         (lambda: _transactional({}, BAD_CONFIG), "consumer"),
-        (lambda: relay.topics.admin_client(BAD_CONFIG), "client"),
+        (lambda: relay.adapters.kafka.topics.admin_client(BAD_CONFIG), "client"),
     ],
     ids=["idempotent producer", "transactional producer", "checkpoint consumer", "admin"],
 )

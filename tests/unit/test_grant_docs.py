@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from relay.queries import parse_named, read_sql
+from relay.adapters.postgres.queries import parse_named, read_sql
 
 REPO = Path(__file__).resolve().parents[2]
 ROLES = {"relay_grants": "outbox_relay", "relay_no_read_all_stats": "outbox_relay"}

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-import relay.kafka
+import relay.adapters.kafka.kafka
+from relay.adapters.kafka.kafka import TopicCreator, TransactionalPublisher
+from relay.core.model import KafkaRecord, Position
+from relay.core.ports import Batch
 from relay.errors import BrokerUnavailable, PoisonRecordError, ProducerFenced, RelayError
-from relay.kafka import TopicCreator, TransactionalPublisher
-from relay.model import KafkaRecord, Position
-from relay.ports import Batch
 
 
 class FakeMessage:
@@ -139,7 +139,7 @@ class HangingProducer(FakeProducer):
 def test_a_call_that_outlives_its_timeout_abandons_the_producer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(relay.kafka, "_CALL_GRACE_S", 0.2)
+    monkeypatch.setattr(relay.adapters.kafka.kafka, "_CALL_GRACE_S", 0.2)
     producer = HangingProducer()
     pub = publisher(producer)
     pub._call_timeout_s = 0.1
@@ -181,7 +181,9 @@ def test_each_transactional_call_waits_far_less_than_the_delivery_timeout() -> N
     assert len(producer.timeouts) == 2
     # Within the 15 s a part may stall when one node dies (#29), a hung call and a new
     # producer's start must both fit: 6 s at most for the first.
-    assert all(t + relay.kafka._CALL_GRACE_S <= 6.0 for t in producer.timeouts), producer.timeouts
+    assert all(t + relay.adapters.kafka.kafka._CALL_GRACE_S <= 6.0 for t in producer.timeouts), (
+        producer.timeouts
+    )
 
 
 def test_closing_waits_for_no_record_of_a_failed_transaction() -> None:
@@ -206,10 +208,10 @@ def test_closing_waits_for_no_record_of_a_failed_transaction() -> None:
 def test_producers_retry_a_restarted_broker_within_a_second() -> None:
     # librdkafka's default backs off up to 10 s from a broker that was down; after a
     # rolling restart that broker leads again and its partitions waited that long.
-    config = relay.kafka.producer_config("b:1", {}, 30_000)
+    config = relay.adapters.kafka.kafka.producer_config("b:1", {}, 30_000)
     assert config["reconnect.backoff.max.ms"] <= 1000
     assert (
-        relay.kafka.producer_config("b:1", {"reconnect.backoff.max.ms": 5000}, 1)[
+        relay.adapters.kafka.kafka.producer_config("b:1", {"reconnect.backoff.max.ms": 5000}, 1)[
             "reconnect.backoff.max.ms"
         ]
         == 5000
@@ -242,11 +244,11 @@ def test_a_coordinator_warming_up_is_asked_again_for_the_checkpoint() -> None:
 
     wanted = [TopicPartition("checkpoints", p) for p in range(2)]
     group = WarmingGroup([KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS])
-    committed = relay.kafka.read_committed(group, wanted, 30.0)  # type: ignore[arg-type]
+    committed = relay.adapters.kafka.kafka.read_committed(group, wanted, 30.0)  # type: ignore[arg-type]
     assert [tp.offset for tp in committed] == [7, 7] and group.asked == 3
     refused = WarmingGroup([KafkaError.GROUP_AUTHORIZATION_FAILED])
     with pytest.raises(RelayError, match="cannot read the Kafka-side checkpoint"):
-        relay.kafka.read_committed(refused, wanted, 30.0)  # type: ignore[arg-type]
+        relay.adapters.kafka.kafka.read_committed(refused, wanted, 30.0)  # type: ignore[arg-type]
     assert refused.asked == 1
 
 

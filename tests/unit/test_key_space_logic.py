@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import uuid
 
-from relay.key_space import KeySpace, adoptable
-from relay.model import KafkaCheckpoint, Position
+from relay.core.key_space import KeySpace, adoptable
+from relay.core.model import KafkaCheckpoint, Position
 
 SPACE, OLD = uuid.uuid4(), uuid.uuid4()
 HERE, GONE = uuid.uuid4(), uuid.uuid4()

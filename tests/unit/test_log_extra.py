@@ -1,5 +1,5 @@
 """Structured log fields in one place (#34 item 4): every log line of relay/ and
-spark_jobs/ carries a stable event name, built by ``relay.log_fields.log_extra`` (or a
+spark_jobs/ carries a stable event name, built by ``relay.core.log_fields.log_extra`` (or a
 helper of its context that calls it) rather than a dict made by hand, so operators can
 filter on ``event`` and on the context's fields (``part``, ``session``, ...)."""
 
@@ -14,9 +14,9 @@ from uuid import UUID
 
 import pytest
 
-from relay.log_fields import log_extra
-from relay.logs import JsonFormatter
-from relay.model import PartId, Position
+from relay.core.log_fields import log_extra
+from relay.core.model import PartId, Position
+from relay.observability.logs import JsonFormatter
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("relay", "spark_jobs")
@@ -90,7 +90,10 @@ def test_the_check_sees_the_log_lines() -> None:
     """The scan finds the calls it checks: on loggers named either way, in every
     package, and a hand-built dict is reported."""
     per_module = {_rel(p): len(_log_calls(ast.parse(p.read_text()))) for p in _in_scope()}
-    assert per_module["relay/worker.py"] > 0 and per_module["relay/registry_format.py"] > 0
+    assert (
+        per_module["relay/engine/worker.py"] > 0
+        and per_module["relay/adapters/registry/registry_format.py"] > 0
+    )
     assert sum(n for m, n in per_module.items() if m.startswith("spark_jobs/")) > 0
     source = (
         "_log = logging.getLogger(__name__)\n"
@@ -118,7 +121,7 @@ def test_the_context_helpers_go_through_log_extra() -> None:
     by_hand = [
         f"{_rel(path)}:{node.lineno}"
         for path, node in helpers
-        if _rel(path) != "relay/log_fields.py"
+        if _rel(path) != "relay/core/log_fields.py"
         and not any(
             isinstance(n, ast.Call) and ast.unparse(n.func) == "log_extra" for n in ast.walk(node)
         )
@@ -155,7 +158,7 @@ def test_a_list_stays_a_list_of_plain_values() -> None:
 
 
 def test_a_json_log_line_carries_the_event_and_the_part() -> None:
-    record = logging.LogRecord("relay.worker", logging.INFO, "", 0, "claimed", None, None)
+    record = logging.LogRecord("relay.engine.worker", logging.INFO, "", 0, "claimed", None, None)
     record.__dict__.update(log_extra("part_claimed", part=PartId("orders", 0)))
     line = json.loads(JsonFormatter().format(record))
     assert (line["event"], line["part"]) == ("part_claimed", str(PartId("orders", 0)))

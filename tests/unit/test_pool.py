@@ -1,4 +1,4 @@
-"""The relay's connection pool (relay/pool.py), without a server: what borrows, and
+"""The relay's connection pool (relay/adapters/postgres/pool.py), without a server: what borrows, and
 how often a refusal is told."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from relay.pool import PooledStore, _Refusals
-from relay.store import OutboxStore
+from relay.adapters.postgres.pool import PooledStore, _Refusals
+from relay.adapters.postgres.store import OutboxStore
 
 
 def test_every_public_store_method_borrows_a_connection_of_the_pool() -> None:
@@ -21,13 +21,13 @@ def test_every_public_store_method_borrows_a_connection_of_the_pool() -> None:
 def test_a_refusal_is_told_once_until_a_connection_is_accepted(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="relay.pool")
+    caplog.set_level(logging.INFO, logger="relay.adapters.postgres.pool")
     refusals = _Refusals()
     for _ in range(5):
         refusals.refused("sorry, too many clients already")
     refusals.accepted()
     refusals.accepted()
     refusals.refused("sorry, too many clients already")
-    told = [r.levelname for r in caplog.records if r.name == "relay.pool"]
+    told = [r.levelname for r in caplog.records if r.name == "relay.adapters.postgres.pool"]
     assert told == ["WARNING", "INFO", "WARNING"]
     assert "too many clients" in caplog.records[0].getMessage()

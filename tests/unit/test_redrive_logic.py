@@ -12,12 +12,12 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from relay.encoding import RecordEncoder
+from relay.core.model import KafkaCheckpoint, OutboxEvent, Position
+from relay.core.ports import Batch, SubscriberState
+from relay.core.subscribers import Subscriber
+from relay.engine.encoding import RecordEncoder
 from relay.errors import PoisonRecordError
-from relay.model import KafkaCheckpoint, OutboxEvent, Position
-from relay.ports import Batch, SubscriberState
-from relay.redrive import Candidate, Redrive
-from relay.subscribers import Subscriber
+from relay.ops.redrive import Candidate, Redrive
 
 SUBSCRIBER = Subscriber.from_dict(
     {"name": "s", "topic": "t.{aggregate_type}", "value_format": "json", "on_poison": "dead-letter"}

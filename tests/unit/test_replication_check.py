@@ -1,4 +1,4 @@
-"""The start-up advice about topics one broker lost would stop (relay/replication_check.py),
+"""The start-up advice about topics one broker lost would stop (relay/adapters/kafka/replication_check.py),
 against a stand-in admin client."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any
 
-from relay.replication_check import check_replication, relay_topics
+from relay.adapters.kafka.replication_check import check_replication, relay_topics
 
 
 class FakeAdmin:

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from relay.encoding import RecordEncoder
+from relay.core.model import OutboxEvent
+from relay.core.settings import load_settings
+from relay.core.subscribers import Subscriber, ValueFormat, partition_shortfall
+from relay.engine.encoding import RecordEncoder
 from relay.errors import ConfigError, EncodingError, SubscriberError
-from relay.model import OutboxEvent
-from relay.settings import load_settings
-from relay.subscribers import Subscriber, ValueFormat, partition_shortfall
 
 AT = datetime(2026, 11, 25, 4, 30, tzinfo=UTC)
 

@@ -1,6 +1,6 @@
 """Bounded threads and producers (issue #30): the part scheduler and the producer pool on
 their own, and part workers sharing them over the in-memory store and publisher of
-``relay.testing``. Counts, never timings."""
+``relay.engine.testing``. Counts, never timings."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from relay.encoding import RecordEncoder
-from relay.model import OutboxEvent, PartId
-from relay.ports import Batch, Meanwhile, PartState
-from relay.scheduling import PartScheduler, ProducerPool
-from relay.sessions import RelaySession
-from relay.subscribers import Subscriber, ValueFormat
-from relay.testing import InMemoryPublisher, InMemoryStore
-from relay.worker import PartWorker, WorkerState
+from relay.core.model import OutboxEvent, PartId
+from relay.core.ports import Batch, Meanwhile, PartState
+from relay.core.subscribers import Subscriber, ValueFormat
+from relay.engine.encoding import RecordEncoder
+from relay.engine.scheduling import PartScheduler, ProducerPool
+from relay.engine.sessions import RelaySession
+from relay.engine.testing import InMemoryPublisher, InMemoryStore
+from relay.engine.worker import PartWorker, WorkerState
 from tests.support import wait_until
 
 OWNER = uuid.uuid4()

@@ -1,4 +1,4 @@
-"""The session keeper (relay/sessions.py) over the in-memory store: it heartbeats this
+"""The session keeper (relay/engine/sessions.py) over the in-memory store: it heartbeats this
 relay's session, expires its dead peers', and when a peer expired its own, gives the
 parts up and opens a new one."""
 
@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from relay.sessions import SessionKeeper
-from relay.subscribers import Subscriber, ValueFormat
-from relay.testing import InMemoryStore
+from relay.core.subscribers import Subscriber, ValueFormat
+from relay.engine.sessions import SessionKeeper
+from relay.engine.testing import InMemoryStore
 from tests.support import wait_until
 
 # How long a condition may take to hold on a busy machine (never a figure asserted).

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from relay.core.settings import load_settings
+from relay.core.subscribers import ValueFormat
 from relay.errors import ConfigError
-from relay.settings import load_settings
-from relay.subscribers import ValueFormat
 
 
 def test_precedence_flags_over_env_over_file(
@@ -144,8 +144,8 @@ def test_kafka_keys_pems_and_secrets_are_masked_in_reprs_logs_and_errors(
 ) -> None:
     import logging
 
-    from relay import logs
-    from relay.redact import redact
+    from relay.core.redact import redact
+    from relay.observability import logs
 
     secrets = {
         "ssl.key.pem": _PEM,
@@ -219,9 +219,9 @@ def test_log_lines_and_tracebacks_mask_passwords(capsys: pytest.CaptureFixture[s
 
     import psycopg
 
-    from relay import logs
-    from relay.db import wrap_errors
+    from relay.adapters.postgres.db import wrap_errors
     from relay.errors import RelayError
+    from relay.observability import logs
 
     for fmt in ("text", "json"):
         logs.configure("INFO", fmt)

@@ -6,7 +6,7 @@ from uuid import UUID
 
 import pytest
 
-from relay.testing import InMemoryStore
+from relay.engine.testing import InMemoryStore
 from tests.contracts.store import StoreContract, Write, event
 
 

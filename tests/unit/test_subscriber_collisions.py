@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from relay.subscribers import Subscriber, TopicGuard, collision
+from relay.core.subscribers import Subscriber, TopicGuard, collision
 
 
 def s(name: str, **kwargs: Any) -> Subscriber:

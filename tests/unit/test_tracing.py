@@ -1,4 +1,4 @@
-"""relay/tracing.py on its own: the relay's span per record or per batch, the record's
+"""relay/observability/tracing.py on its own: the relay's span per record or per batch, the record's
 trace headers,
 the latency histogram, the partition as the producer picks it, the writer's helper,
 the settings, and that tracing off imports no OpenTelemetry."""
@@ -22,18 +22,25 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 from opentelemetry.trace import SpanKind
 
 from relay import trace_headers
-from relay.encoding import RecordEncoder
+from relay.core.model import KafkaRecord, OutboxEvent, PartId
+from relay.core.ports import DeadLetterDecision
+from relay.core.settings import load_settings
+from relay.core.subscribers import Subscriber, ValueFormat
+from relay.engine.encoding import RecordEncoder
+from relay.engine.poison import dead_letter_record
+from relay.engine.sessions import RelaySession
+from relay.engine.testing import InMemoryPublisher, InMemoryStore
+from relay.engine.worker import PartWorker
 from relay.errors import ConfigError
-from relay.metrics import _latency_histogram
-from relay.model import KafkaRecord, OutboxEvent, PartId
-from relay.poison import dead_letter_record
-from relay.ports import DeadLetterDecision
-from relay.sessions import RelaySession
-from relay.settings import load_settings
-from relay.subscribers import Subscriber, ValueFormat
-from relay.testing import InMemoryPublisher, InMemoryStore
-from relay.tracing import BatchTracer, ChosenIds, PublishHook, RelayTracer, Tracing, murmur2
-from relay.worker import PartWorker
+from relay.observability.metrics import _latency_histogram
+from relay.observability.tracing import (
+    BatchTracer,
+    ChosenIds,
+    PublishHook,
+    RelayTracer,
+    Tracing,
+    murmur2,
+)
 from tests.support import wait_until
 
 JSON = Subscriber("s", topic="t", value_format=ValueFormat.JSON)
@@ -295,7 +302,7 @@ def test_with_tracing_off_the_relay_imports_no_opentelemetry() -> None:
         "import sys\n"
         "from relay.cli import app\n"
         "from relay.daemon import Relay\n"
-        "from relay.settings import load_settings\n"
+        "from relay.core.settings import load_settings\n"
         "relay = Relay(load_settings(database_url='postgresql://u@127.0.0.1:1/d', "
         "bootstrap_servers='127.0.0.1:1', metrics_enabled=False))\n"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"

@@ -1,5 +1,5 @@
 """The part worker's decisions on their own, over the in-memory store and publisher of
-``relay.testing``: races on the checkpoint, recovery, read-ahead, and blame for
+``relay.engine.testing``: races on the checkpoint, recovery, read-ahead, and blame for
 batch-wide broker rejections. Each test runs a real worker thread until the outbox
 is published, then looks at what reached Kafka and Postgres."""
 
@@ -9,13 +9,13 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from relay.encoding import RecordEncoder
+from relay.core.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position, Unreadable
+from relay.core.ports import Fetched, RelaySession, Selection
+from relay.core.subscribers import PoisonPolicy, Subscriber, ValueFormat
+from relay.engine.encoding import RecordEncoder
+from relay.engine.testing import InMemoryPublisher, InMemoryStore
+from relay.engine.worker import PartWorker, WorkerState
 from relay.errors import PoisonRecordError
-from relay.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position, Unreadable
-from relay.ports import Fetched, RelaySession, Selection
-from relay.subscribers import PoisonPolicy, Subscriber, ValueFormat
-from relay.testing import InMemoryPublisher, InMemoryStore
-from relay.worker import PartWorker, WorkerState
 from tests.support import wait_until
 
 OWNER = uuid.uuid4()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from relay import Outbox, PayloadValidationError
-from relay.schemas import SchemaFolder
+from relay.core.schemas import SchemaFolder
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 

@@ -1,0 +1,1 @@
+"""The adapters: Postgres, Kafka and the schema registry."""

@@ -1,0 +1,1 @@
+"""The Kafka adapter: producers, readers, topics and broker watching."""

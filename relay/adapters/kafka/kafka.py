@@ -1,0 +1,830 @@
+"""The Kafka side: publishing one batch of records, transactionally or idempotently.
+
+Two modes:
+
+* :class:`TransactionalPublisher` (the default): each batch is one Kafka transaction
+  under a ``transactional.id`` stable per subscriber part. The transaction also
+  commits the part's checkpoint as consumer-group offsets, so after a crash between
+  the Kafka commit and the Postgres checkpoint update, :meth:`recover` tells the next
+  owner exactly where publication stopped. Exactly once, with read_committed consumers.
+* :class:`IdempotentPublisher`: for brokers without transactions. Ordered per key and
+  without duplicates while the producer lives; at-least-once across restarts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import operator
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+from uuid import UUID
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from relay.adapters.kafka.client_logs import client_logger
+from relay.adapters.kafka.kafka_errors import (
+    Stage,
+    classify,
+    coordinator_moved,
+    rejects_record,
+    retry_now,
+)
+from relay.core.log_fields import log_extra
+from relay.core.model import KafkaCheckpoint, KafkaRecord, Position
+from relay.core.ports import Batch, Meanwhile
+from relay.errors import (
+    BrokerUnavailable,
+    PoisonRecordError,
+    ProducerFenced,
+    RelayError,
+    TopicRefused,
+    TransactionAborted,
+)
+
+logger = logging.getLogger(__name__)
+_PARTITION = operator.attrgetter("partition")
+# librdkafka's own lines: deduplicated, at most one of a kind a minute.
+_client_log = client_logger()
+
+T = TypeVar("T")
+
+# How long one transactional call (init, send offsets, commit, abort) may wait. A call
+# that times out with a retriable error is made again (librdkafka resumes it), up to the
+# delivery timeout, so this bounds one attempt, not the whole: and so it bounds the
+# watchdog too (see _watched). A call librdkafka leaves hanging after its transaction
+# coordinator moved then costs the part this plus the grace period, then a new producer
+# (issue #29: with 5 s + 5 s, a node kill stalled parts up to 19-30 s).
+_TXN_CALL_TIMEOUT_S = 3.0
+# How long past its own timeout a transactional call may block before it is given up.
+# Calls that return, return within about a second of their timeout even on a loaded
+# host (measured: at most 2.5 s on a 2-core machine at load 35).
+_CALL_GRACE_S = 3.0
+# A transactional call slower than this is logged (with what it took).
+_SLOW_CALL_S = 1.0
+# Producers whose call hung: kept referenced, because destroying one would block too.
+_abandoned: list[Producer] = []
+# The Kafka-side checkpoint: partition 0's committed offset is the transaction id,
+# partition 1's the position (offsets are the only group state every broker keeps).
+_CHECKPOINT_PARTITIONS = 2
+# The checkpoint's tag is offset-commit metadata: brokers refuse more than
+# offset.metadata.max.bytes (4096 by default).
+_MAX_TAG_BYTES = 4000
+
+
+def producer_config(
+    bootstrap_servers: str, overrides: Mapping[str, Any], delivery_timeout_ms: int
+) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "bootstrap.servers": bootstrap_servers,
+        "linger.ms": 5,
+        # librdkafka speaks the pre-KIP-890 transaction protocol: a transaction begun
+        # right after a commit gets CONCURRENT_TRANSACTIONS until the broker has written
+        # the last one's markers, and the default 100 ms backoff then dominated latency
+        # (Kafka 4.1, 1k ev/s: p90 83 ms at 100, 10 ms at 10).
+        "retry.backoff.ms": 10,
+        # Same key → partition mapping as the Java client (and so Kafka Connect/Debezium).
+        "partitioner": "murmur2_random",
+        "message.timeout.ms": delivery_timeout_ms,
+        # A broker that was down for a while is otherwise retried only every 10 s: after
+        # a rolling restart it leads again and its partitions waited that long.
+        "reconnect.backoff.max.ms": 1000,
+        **overrides,
+    }
+    # Not negotiable: without these, retries may reorder or duplicate within a key.
+    config.update({"enable.idempotence": True, "acks": "all"})
+    return config
+
+
+class TopicCreator:
+    """Creates topics the relay routes to, once per process (a no-op when disabled).
+
+    ``max_created`` caps the topics events can be routed to (issue #17, item 7; issue
+    #27): rows choose topic names, so without a cap one INSERT of many aggregate types
+    creates as many topics. The cap counts the topics that exist on the cluster and that
+    ``counts`` (a subscriber routes events to them, whoever created them), so it bounds
+    the total whatever the number of processes, restarts, workers and replicas; each
+    creation counts them afresh. The relay's own topics (``relay_owned``: checkpoint
+    and dead-letter topics) never count. Beyond the cap, a topic that does not exist yet
+    is refused (:class:`TopicRefused`). Relays creating topics at the same instant may
+    each see room for one more: the cap can be passed by one topic per relay process
+    creating at that instant, no more."""
+
+    def __init__(
+        self,
+        admin_config: Mapping[str, Any],
+        *,
+        enabled: bool = True,
+        partitions: int = 3,
+        replication_factor: int = -1,
+        max_created: int | None = None,
+        relay_owned: Callable[[str], bool] = lambda topic: False,
+        counts: Callable[[str], bool] = lambda topic: True,
+    ) -> None:
+        self._admin_config = dict(admin_config)
+        self._enabled = enabled
+        self._partitions = partitions
+        self._replication = replication_factor
+        self._max_created = max_created
+        self._relay_owned = relay_owned
+        self._counts = counts
+        self._known: set[str] = set()
+        self._lock = threading.Lock()  # shared by every worker of the relay
+
+    def known(self) -> frozenset[str]:
+        """The topics this relay's publishers have made sure of: those they write to."""
+        # Copying a set is one step under the GIL; no lock (creating topics holds it).
+        return frozenset(self._known)
+
+    def ensure(self, topics: set[str], *, partitions: int | None = None, **config: str) -> None:
+        """Create what is missing of ``topics``. Raises :class:`TopicRefused` for the
+        first topic refused for good, after creating the others."""
+        self._ensure(topics, set(), partitions, config)
+
+    def ensure_for_records(self, topics: set[str], routed: set[str]) -> None:
+        """:meth:`ensure` for the topics of records, ``routed`` those that rows named.
+        When creation is disabled, a missing topic that rows named is refused; any other
+        missing topic is the operator's to create, and producing to it retries until it
+        exists."""
+        self._ensure(topics, routed, None, {})
+
+    def _ensure(
+        self, topics: set[str], routed: set[str], partitions: int | None, config: dict[str, str]
+    ) -> None:
+        missing = topics - self._known
+        if not missing:
+            return
+        with self._lock:
+            missing -= self._known
+            if not missing:
+                return
+            if self._enabled:
+                self._create(missing, partitions, config)
+            else:
+                self._check_routed(missing, routed)
+
+    def _check_routed(self, missing: set[str], routed: set[str]) -> None:
+        if missing & routed:
+            existing = self._existing(self._admin())
+            absent = sorted(missing & routed - existing)
+            self._known |= missing - set(absent)
+            if absent:
+                raise TopicRefused(absent[0], "it does not exist and create_topics is false")
+        self._known |= missing
+
+    def _admin(self) -> AdminClient:
+        client: dict[str, Any] = {**self._admin_config, "logger": _client_log}
+        return AdminClient(client)
+
+    def _create(self, missing: set[str], partitions: int | None, config: dict[str, str]) -> None:
+        admin = self._admin()
+        wanted, over_cap = self._within_cap(admin, missing)
+        refused: list[TopicRefused] = [
+            TopicRefused(t, f"max_created_topics ({self._max_created}) reached") for t in over_cap
+        ]
+        if wanted:
+            refused += self._create_topics(admin, wanted, partitions, config)
+        if refused:
+            raise refused[0]
+
+    def _within_cap(self, admin: AdminClient, missing: set[str]) -> tuple[set[str], set[str]]:
+        """Split ``missing`` into topics to create and topics over the cap (a topic
+        that exists already is no creation: it is only marked known)."""
+        counted = sorted(t for t in missing if not self._relay_owned(t))
+        if self._max_created is None or not counted:
+            return missing, set()
+        existing = self._existing(admin)
+        self._known |= missing & existing
+        used = sum(1 for t in existing if self._counts(t) and not self._relay_owned(t))
+        room = self._max_created - used
+        beyond = [t for t in counted if t not in existing][max(room, 0) :]
+        return missing - existing - set(beyond), set(beyond)
+
+    def _existing(self, admin: AdminClient) -> set[str]:
+        try:
+            return set(admin.list_topics(timeout=10).topics)
+        except KafkaException as exc:
+            raise classify(exc, "cannot list topics") from exc
+
+    def _create_topics(
+        self, admin: AdminClient, missing: set[str], partitions: int | None, config: dict[str, str]
+    ) -> list[TopicRefused]:
+        refused: list[TopicRefused] = []
+        futures = admin.create_topics(
+            [
+                NewTopic(
+                    t,
+                    num_partitions=partitions or self._partitions,
+                    replication_factor=self._replication,
+                    config=config,
+                )
+                for t in missing
+            ],
+            operation_timeout=10,
+            request_timeout=15,
+        )
+        for topic, future in futures.items():
+            try:
+                future.result()
+                logger.info(
+                    "created topic %s", topic, extra=log_extra("kafka_topic_created", topic=topic)
+                )
+            except KafkaException as exc:
+                failure = classify(exc, topic, Stage.CREATE_TOPIC)
+                if isinstance(failure, TopicRefused):
+                    refused.append(failure)
+                    continue
+                if failure is not None:
+                    raise failure from exc
+            self._known.add(topic)
+        return refused
+
+
+class _BatchProducer:
+    """Produce a batch and wait for every delivery report (shared by both modes)."""
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        topics: TopicCreator,
+        delivery_timeout_s: float,
+    ) -> None:
+        self._config = config
+        self._topics = topics
+        self._delivery_timeout_s = delivery_timeout_s
+        self._producer = self._new_producer()
+        self._partition_counts: dict[str, int] = {}  # for records with a chosen partition
+
+    def _new_producer(self) -> Producer:
+        try:
+            return Producer(self._config, logger=_client_log)
+        except KafkaException as exc:
+            raise classify(exc, "kafka: invalid producer configuration", Stage.CONFIGURE) from exc
+
+    def _send(
+        self,
+        records: Sequence[KafkaRecord],
+        meanwhile: Meanwhile | None = None,
+        *,
+        wait: bool = True,
+    ) -> tuple[list[KafkaRecord], Position | None]:
+        """Produce ``records``, run ``meanwhile`` (and produce its extension), then
+        (``wait``) wait until each record is acknowledged or failed. Without ``wait`` no
+        delivery reports are asked for: the caller learns of failures otherwise (a
+        transaction's commit fails). Returns every record sent and the extension's end."""
+        failures: list[tuple[Message, KafkaError]] = []
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                failures.append((msg, err))
+
+        sent = self._produce_all(records, delivered if wait else None)
+        extension = meanwhile() if meanwhile is not None else None
+        if extension is not None:
+            sent += self._produce_all(extension[0], delivered if wait else None)
+        if wait:
+            self._wait()
+            if failures:
+                self._raise_for(sent, failures)
+        return sent, extension[1] if extension is not None else None
+
+    def _produce_all(
+        self, records: Sequence[KafkaRecord], callback: Callable[..., None] | None
+    ) -> list[KafkaRecord]:
+        topics = set(map(_topic_of, records))
+        routed = set(itertools.compress(map(_topic_of, records), map(_routed_of, records)))
+        try:
+            self._topics.ensure_for_records(topics, routed)
+        except TopicRefused as exc:
+            # The first record bound for it takes the blame; the poison policy decides.
+            record = next(r for r in records if r.topic == exc.topic)
+            raise PoisonRecordError(record, f"topic refused: {exc.reason}") from exc
+        self._check_sizes(records)
+        self._check_partitions(records)
+        self._produce_each(records, callback)
+        return list(records)
+
+    def _check_partitions(self, records: Sequence[KafkaRecord]) -> None:
+        """Refuse a record whose chosen partition its topic does not have (its row's
+        poison): librdkafka would fail it only at delivery, and the batch with it."""
+        if set(map(_PARTITION, records)) == {None}:  # the usual batch: one C-level pass
+            return
+        for record in records:
+            if record.partition is None:
+                continue
+            count = self._partition_counts.get(record.topic, 0)
+            if record.partition >= count:  # unknown, or grown since: look again
+                count = self._partition_count(record.topic)
+            # 0: not there yet; producing waits for it, as for any record.
+            if 0 < count <= record.partition:
+                raise PoisonRecordError(
+                    record,
+                    f"partition {record.partition} does not exist: topic {record.topic!r} "
+                    f"has {count} partitions",
+                )
+
+    def _partition_count(self, topic: str) -> int:
+        try:
+            found = self._producer.list_topics(topic, timeout=self._delivery_timeout_s)
+        except KafkaException as exc:
+            raise classify(exc, f"cannot describe topic {topic!r}") from exc
+        described = found.topics.get(topic)
+        count = 0 if described is None or described.error else len(described.partitions)
+        self._partition_counts[topic] = count
+        return count
+
+    def _check_sizes(self, records: Sequence[KafkaRecord]) -> None:
+        """Refuse an oversized record before producing anything, so a transaction is
+        not begun and then aborted over a rejection we can predict."""
+        limit = int(self._config.get("message.max.bytes", 1_000_000))
+        sizes = list(map(_size_of, records))  # as the encoder counted them: no call each
+        if sizes and min(sizes) >= 0 and max(sizes) <= limit:
+            return
+        for record in records:
+            if (size := record.byte_size()) > limit:
+                raise PoisonRecordError(
+                    record, f"record too large: {size} bytes > message.max.bytes ({limit})"
+                )
+
+    def _produce_each(
+        self, records: Sequence[KafkaRecord], callback: Callable[..., None] | None
+    ) -> None:
+        """``produce()`` every record, in order: one loop, the client's method bound once,
+        rather than a method of ours called per record around it."""
+        produce = self._producer.produce
+        # A delivery report costs a Python call per record: asked for only when needed.
+        report: dict[str, Any] = {"on_delivery": callback} if callback is not None else {}
+        done = 0
+        while done < len(records):
+            record = records[done]
+            try:
+                for record in itertools.islice(records, done, None):
+                    if record.timestamp_ms is None and record.partition is None:
+                        produce(
+                            record.topic, record.value, record.key, headers=record.headers, **report
+                        )
+                    else:
+                        produce(
+                            record.topic,
+                            record.value,
+                            record.key,
+                            headers=record.headers,
+                            # produce()'s own defaults: the producer's clock, the partitioner.
+                            timestamp=record.timestamp_ms or 0,
+                            partition=-1 if record.partition is None else record.partition,
+                            **report,
+                        )
+                    done += 1
+            except BufferError:
+                self._producer.poll(0.05)  # local queue full: let deliveries drain
+            except KafkaException as exc:
+                context = f"cannot produce to {record.topic!r}"
+                raise classify(exc, context, Stage.PRODUCE, record=record) from exc
+
+    def _wait(self) -> None:
+        # One producer per part, so the producer's queue is exactly this batch.
+        # message.timeout.ms bounds every record, so each gets a delivery report; the
+        # deadline only protects against a wedged client.
+        deadline = time.monotonic() + self._delivery_timeout_s * 2 + 10
+        while (remaining := self._flush(1.0)) > 0:
+            if time.monotonic() > deadline:
+                raise BrokerUnavailable(
+                    f"{remaining} records unacknowledged after the delivery timeout"
+                )
+
+    def _flush(self, timeout: float) -> int:
+        try:
+            return _flush_unwrapped(self._producer, timeout)
+        except KafkaException as exc:  # a fatal producer error surfaces here
+            raise classify(exc, "waiting for acknowledgements", Stage.DELIVERY) from exc
+
+    def _raise_for(
+        self, records: Sequence[KafkaRecord], failures: list[tuple[Message, KafkaError]]
+    ) -> None:
+        rejected = [(msg, error) for msg, error in failures if rejects_record(error)]
+        if rejected:
+            msg, error = rejected[0]
+            raise PoisonRecordError(
+                _matching(records, msg), error.str(), ambiguous=len(rejected) > 1
+            )
+        context = f"{len(failures)} records not acknowledged"
+        raise classify(failures[0][1], context, Stage.DELIVERY)
+
+    def close(self) -> None:
+        try:
+            remaining = _flush_unwrapped(self._producer, min(self._delivery_timeout_s, 5.0))
+        except KafkaException as exc:
+            logger.debug(
+                "closing a failed producer: %s",
+                exc,
+                extra=log_extra("kafka_producer_close_failed", error=exc),
+            )
+            return
+        if remaining:
+            logger.warning(
+                "closing with %s records unacknowledged",
+                remaining,
+                extra=log_extra("kafka_producer_closed_unacknowledged", unacknowledged=remaining),
+            )
+
+
+class IdempotentPublisher(_BatchProducer):
+    """Idempotent producer: ordered per key; at-least-once across relay restarts."""
+
+    def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
+        return None  # no Kafka-side checkpoint in this mode
+
+    def publish(self, batch: Batch, meanwhile: Meanwhile | None = None) -> None:
+        self._send(batch.records, meanwhile)
+
+
+class TransactionalPublisher(_BatchProducer):
+    """One Kafka transaction per batch, with the checkpoint committed inside it."""
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        topics: TopicCreator,
+        delivery_timeout_s: float,
+        *,
+        transactional_id: str,
+        group_prefix: str,
+        checkpoint_topic: str,
+        consumer_config: Mapping[str, Any],
+    ) -> None:
+        super().__init__(
+            {
+                **config,
+                "transactional.id": transactional_id,
+                # Longer than a batch can take, within Kafka's default cap (15 min).
+                "transaction.timeout.ms": int(min(900.0, max(60.0, delivery_timeout_s * 3)) * 1000),
+            },
+            topics,
+            delivery_timeout_s,
+        )
+        self.transactional_id = transactional_id
+        self._call_timeout_s = min(delivery_timeout_s, _TXN_CALL_TIMEOUT_S)
+        self._group_prefix = group_prefix
+        self._checkpoint_topic = checkpoint_topic
+        self._consumer_config = dict(consumer_config)
+        # The checkpoint group's metadata (the group's name, as bytes) per generation:
+        # the consumer that reads the checkpoint is closed once it is read, so an idle
+        # producer holds no consumer's threads and sockets.
+        self._group_metadata: dict[str, Any] = {}
+        self._initialised = False
+        self._wedged = False
+        # Why this producer takes no more transactions (an abort that failed), if so.
+        self._unusable: str | None = None
+        self._key_space: UUID | None = None
+        self._commit_pool: ThreadPoolExecutor | None = None
+
+    def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
+        """Fence every earlier producer of this part (aborting its open transaction),
+        then read the checkpoint the last committed transaction recorded."""
+        self._topics.ensure(
+            {self._checkpoint_topic},
+            partitions=_CHECKPOINT_PARTITIONS,
+            **{"cleanup.policy": "compact"},
+        )
+        self._call(self._producer.init_transactions, self._call_timeout_s)
+        self._initialised = True
+        consumer = self._consumer(generation)
+        try:
+            wanted = [TopicPartition(self._checkpoint_topic, p) for p in range(2)]
+            committed = read_committed(consumer, wanted, self._delivery_timeout_s)
+            self._group_metadata[generation] = consumer.consumer_group_metadata()
+        finally:
+            consumer.close()
+        self._key_space = key_space
+        first, second = sorted(committed, key=lambda tp: tp.partition)
+        if first.offset < 0 or second.offset < 0:
+            return None
+        return _checkpoint(Position(first.offset, second.offset), first.metadata)
+
+    def publish(self, batch: Batch, meanwhile: Meanwhile | None = None) -> None:
+        if not batch.records:  # nothing to publish; the Postgres checkpoint alone moves
+            extension = meanwhile() if meanwhile is not None else None
+            if extension is not None:
+                self.publish(Batch(*extension, batch.generation))
+            return
+        assert self._initialised, "recover() first: it fences earlier producers"
+        # On the fast path records are not awaited one by one: the commit flushes them
+        # and fails if any failed. A backlog's batch (it promises not to grow) commits
+        # while ``meanwhile`` reads the next one.
+        overlapping = not batch.may_extend and meanwhile is not None
+        sent = batch
+        try:
+            sent = self._send_in_transaction(batch, None if overlapping else meanwhile, wait=False)
+            self._commit_batch(sent, meanwhile if overlapping else None)
+        except TransactionAborted as exc:
+            # A record failed, so the commit did not happen. Run the batch (as sent,
+            # grown by what joined it) again with a delivery report per record: that
+            # names the record at fault (a poison event), or succeeds if the failure
+            # was passing.
+            logger.info(
+                "transaction aborted (%s); retrying with delivery reports",
+                exc,
+                extra=self._log_extra("kafka_txn_aborted_retrying", error=exc),
+            )
+            self._commit_batch(self._send_in_transaction(sent, None, wait=True), None)
+
+    def _send_in_transaction(
+        self, batch: Batch, meanwhile: Meanwhile | None, *, wait: bool
+    ) -> Batch:
+        """Begin a transaction and produce ``batch`` into it, grown by what ``meanwhile``
+        hands back; returns the batch as sent. ``wait``: await every record's delivery
+        report (a failure then names its record)."""
+        self._call(self._producer.begin_transaction)
+        try:
+            records, extended_to = self._send(batch.records, meanwhile, wait=wait)
+        except BaseException:
+            self._abort()
+            raise
+        end = extended_to or batch.end
+        return Batch(records, end, batch.generation, dead_letters=batch.dead_letters)
+
+    def _commit_batch(self, sent: Batch, during_commit: Callable[[], object] | None) -> None:
+        """Commit the open transaction with ``sent``'s checkpoint; ``during_commit`` runs
+        here while the commit travels on a helper thread."""
+        metadata = self._metadata(sent.generation)
+        end = sent.end
+        # librdkafka silently drops a negative offset from the commit: never send one.
+        assert end.transaction_id >= 0 and end.position >= 0, end
+        offsets = [
+            TopicPartition(
+                self._checkpoint_topic,
+                0,
+                end.transaction_id,
+                metadata=self._tag(sent.records, sent.dead_letters),
+            ),
+            TopicPartition(self._checkpoint_topic, 1, end.position),
+        ]
+        if during_commit is None:
+            self._commit(offsets, metadata)
+        else:
+            self._commit_overlapping(offsets, metadata, during_commit)
+
+    def _commit(self, offsets: list[TopicPartition], metadata: Any) -> None:
+        self._call(
+            self._producer.send_offsets_to_transaction,
+            offsets,
+            metadata,
+            self._call_timeout_s,
+        )
+        self._call(self._producer.commit_transaction, self._call_timeout_s)
+
+    def _commit_overlapping(
+        self, offsets: list[TopicPartition], metadata: Any, during: Callable[[], object]
+    ) -> None:
+        """Commit on a helper thread while ``during`` runs on this one. A backlog's
+        batches then cost the larger of the two, not their sum: the commit's round trips
+        (offsets to the group coordinator, then EndTxn) mostly wait on the broker. The
+        commit's outcome wins: a failed commit is raised even if ``during`` failed too."""
+        committing = self._committer().submit(self._commit, offsets, metadata)
+        try:
+            during()
+        finally:
+            committing.result()
+
+    def _committer(self) -> ThreadPoolExecutor:
+        if self._commit_pool is None:
+            self._commit_pool = ThreadPoolExecutor(1, thread_name_prefix="kafka-commit")
+        return self._commit_pool
+
+    def _tag(self, sent: Sequence[KafkaRecord], dead_letters: Sequence[tuple[str, str]]) -> str:
+        """The checkpoint's provenance: its key space and the last message published,
+        so a later owner can tell whether the checkpoint belongs to the database it
+        serves; and the transaction's dead letters, so that an owner that adopts it
+        records their decisions as this one would have (docs/design.md §7)."""
+        message = sent[-1].outbox_message_id if sent else None
+        space = str(self._key_space) if self._key_space is not None else None
+        tag: dict[str, Any] = {"key_space": space, "message_id": message}
+        if dead_letters:
+            topics = sorted({topic for _, topic in dead_letters})
+            tag["dead_letter_topics"] = topics
+            tag["dead_letters"] = [[m, topics.index(topic)] for m, topic in dead_letters]
+        text = json.dumps(tag, separators=(",", ":"))
+        if len(text) > _MAX_TAG_BYTES:  # the worker keeps it well under: never refused
+            logger.warning(
+                "checkpoint tag too long: its %d dead letters left out",
+                len(dead_letters),
+                extra=self._log_extra(
+                    "kafka_checkpoint_tag_too_long", dead_letters=len(dead_letters)
+                ),
+            )
+            del tag["dead_letter_topics"], tag["dead_letters"]
+            text = json.dumps(tag, separators=(",", ":"))
+        return text
+
+    def close(self) -> None:
+        if self._commit_pool is not None:
+            # A wedged commit (see _watched) is given up on there, never waited for here.
+            self._commit_pool.shutdown(wait=False)
+            self._commit_pool = None
+        # No flush: a record still queued belongs to a transaction that failed (or never
+        # committed), which the next producer's init_transactions aborts. Waiting up to
+        # 5 s for its delivery only lengthened the part's gap when a leader died; and a
+        # wedged producer's flush would hang as well.
+
+    def _metadata(self, generation: str) -> Any:
+        """The checkpoint group's metadata for ``generation`` (a reset starts a new one)."""
+        metadata = self._group_metadata.get(generation)
+        if metadata is None:
+            consumer = self._consumer(generation)
+            try:
+                metadata = self._group_metadata[generation] = consumer.consumer_group_metadata()
+            finally:
+                consumer.close()
+        return metadata
+
+    def _consumer(self, generation: str) -> Consumer:
+        # The group is named after the checkpoint generation: a reset starts a new one,
+        # so offsets from before it can never be mistaken for progress after it.
+        config = {
+            **self._consumer_config,
+            "group.id": f"{self._group_prefix}.{generation}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+        try:
+            return Consumer(config, logger=_client_log)
+        except KafkaException as exc:
+            raise classify(exc, "kafka: invalid consumer configuration", Stage.CONFIGURE) from exc
+
+    def _watched(self, operation: Callable[..., T], *args: Any) -> T:
+        """``operation(*args)``, given up on when it outlives its own timeout.
+
+        librdkafka's transactional calls take a timeout but do not always honour it:
+        after the broker (the coordinator) restarts, send_offsets_to_transaction and
+        commit_transaction can block for good (librdkafka issues 5511, 3779; seen here in
+        the chaos suite). The call then runs on a helper thread; past its timeout plus a
+        grace period the producer is abandoned, and the part starts over with a new one
+        (whose init_transactions fences the stuck one).
+        """
+        if self._wedged:
+            raise ProducerFenced(f"{self.transactional_id}: producer abandoned (a call hung)")
+        if self._unusable is not None:
+            raise BrokerUnavailable(self._unusable)
+        result: list[T] = []
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                result.append(operation(*args))
+            except BaseException as exc:
+                failure.append(exc)
+
+        thread = threading.Thread(target=run, name="kafka-txn-call", daemon=True)
+        began = time.monotonic()
+        thread.start()
+        limit = self._call_timeout_s + _CALL_GRACE_S
+        thread.join(limit)
+        took = time.monotonic() - began
+        name = getattr(operation, "__name__", "a call")
+        if took >= _SLOW_CALL_S:  # where a part's publishing gap goes (issue #29)
+            logger.info(
+                "%s: %s took %.1fs%s",
+                self.transactional_id,
+                name,
+                took,
+                " (given up)" if thread.is_alive() else f" ({failure[0]})" if failure else "",
+                extra=self._log_extra("kafka_txn_call_slow", call=name, seconds=round(took, 2)),
+            )
+        if thread.is_alive():
+            self._wedged = True
+            _abandoned.append(self._producer)  # never destroyed: that would block too
+            raise ProducerFenced(
+                f"{self.transactional_id}: {name} did not "
+                f"return within {limit:.0f}s; starting the part over with a new producer"
+            )
+        if failure:
+            raise failure[0]
+        return result[0]
+
+    def _abort(self) -> None:
+        try:
+            self._watched(self._producer.abort_transaction, self._call_timeout_s)
+        except ProducerFenced as exc:
+            self._give_up_producer(exc)
+        except KafkaException as exc:
+            self._give_up_producer(
+                classify(exc, self.transactional_id, Stage.TRANSACTION, config=self._config)
+            )
+
+    def _log_extra(self, event: str, **fields: object) -> dict[str, object]:
+        """The ``extra`` of this producer's log lines: the event, its transactional id
+        (which names its part), then ``fields``."""
+        return log_extra(event, transactional_id=self.transactional_id, **fields)
+
+    def _give_up_producer(self, failure: RelayError) -> None:
+        """After a failed abort. The next producer's init_transactions aborts it for us.
+        This one takes no more: its abort may still be in progress, and a transaction
+        begun on it failed with "Conflicting abort_transaction API call is already in
+        progress" (a rolling restart, #29), a round trip wasted. Whatever the abort's
+        error, the part then starts over, so its call raises BrokerUnavailable."""
+        logger.warning(
+            "could not abort the transaction: %s",
+            failure,
+            extra=self._log_extra("kafka_txn_abort_failed", error=failure),
+        )
+        self._unusable = (
+            f"{self.transactional_id}: could not abort the transaction ({failure}); "
+            "starting the part over with a new producer"
+        )
+
+    def _call(self, operation: Callable[..., T], *args: Any) -> T:
+        """Run a transaction API call, mapping librdkafka's error flags onto ours."""
+        deadline = time.monotonic() + self._delivery_timeout_s
+        while True:
+            try:
+                return self._watched(operation, *args)
+            except KafkaException as exc:
+                failure = classify(
+                    exc, self.transactional_id, Stage.TRANSACTION, config=self._config
+                )
+                if isinstance(failure, TransactionAborted):
+                    self._abort()
+                if not retry_now(failure) or time.monotonic() > deadline:
+                    raise failure from exc
+                if self._initialised and coordinator_moved(failure):
+                    # Mid-transaction, its coordinator gone: made again here, the call
+                    # hung for the watchdog's whole bound in a node kill (#29). The part
+                    # starts over with a new producer instead, whose init_transactions
+                    # finds the new coordinator and aborts this transaction.
+                    raise failure from exc
+                time.sleep(0.1)
+
+
+def read_committed(
+    consumer: Consumer, wanted: list[TopicPartition], timeout_s: float
+) -> list[TopicPartition]:
+    """The group's committed offsets of ``wanted``. A coordinator being found or loaded
+    (a fresh cluster's first group, a broker restarted) is asked again until
+    ``timeout_s``: it answers within seconds, and failing on it made a command's first
+    run on a new cluster fail (redrive: "Not coordinator")."""
+    context = "cannot read the Kafka-side checkpoint"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            committed = consumer.committed(wanted, timeout=timeout_s)
+            failed = next((tp.error for tp in committed if tp.error is not None), None)
+            if failed is None:
+                return list(committed)
+            failure = classify(failed, context, Stage.GROUP_OFFSETS)
+            if not retry_now(failure) or time.monotonic() > deadline:
+                raise failure
+        except KafkaException as exc:
+            failure = classify(exc, context, Stage.GROUP_OFFSETS)
+            if not retry_now(failure) or time.monotonic() > deadline:
+                raise failure from exc
+        time.sleep(0.2)
+
+
+def _flush_unwrapped(producer: Producer, timeout: float) -> int:
+    """``producer.flush``, with one client quirk undone: when a fenced producer runs a
+    Python delivery callback during flush, confluent-kafka 2.16 raises ``SystemError``
+    chained from the real ``KafkaException``."""
+    try:
+        return producer.flush(timeout)
+    except SystemError as exc:
+        if isinstance(exc.__cause__, KafkaException):
+            raise exc.__cause__ from exc
+        raise
+
+
+def _checkpoint(position: Position, metadata: str | None) -> KafkaCheckpoint:
+    """A Kafka-side checkpoint with its provenance; an unreadable tag (an older relay
+    wrote none) reads as unknown."""
+    try:
+        tag = json.loads(metadata or "{}")
+        space, message = tag.get("key_space"), tag.get("message_id")
+        topics = tag.get("dead_letter_topics", [])
+        letters = tuple((UUID(m), str(topics[i])) for m, i in tag.get("dead_letters", []))
+        return KafkaCheckpoint(
+            position, UUID(space) if space else None, UUID(message) if message else None, letters
+        )
+    except (ValueError, TypeError, AttributeError, IndexError):
+        return KafkaCheckpoint(position)
+
+
+_topic_of = operator.attrgetter("topic")
+_size_of = operator.attrgetter("size")
+_routed_of = operator.attrgetter("routed")
+
+
+def _matching(records: Sequence[KafkaRecord], msg: Message) -> KafkaRecord:
+    """The record a failed delivery report is about. Delivery reports carry no headers
+    (confluent-kafka leaves them out), so it is matched by topic, key and value: the
+    ``id`` header alone matched nothing, and the batch's first record took the blame
+    (and its dead letter) for another's rejection. Records alike in all three are
+    rejected alike, so either is the culprit."""
+    wanted = (msg.topic(), msg.key(), msg.value())
+    for record in records:
+        if (record.topic, record.key, record.value) == wanted:
+            return record
+    return records[0]

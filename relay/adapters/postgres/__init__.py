@@ -1,0 +1,1 @@
+"""The Postgres adapter: connections, SQL, the store and migrations."""

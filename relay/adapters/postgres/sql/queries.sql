@@ -1,0 +1,707 @@
+-- Named queries. Each starts with "-- name: <name>"; {schema} is substituted with a
+-- quoted identifier, %(...)s are bind parameters.
+
+-- name: append_event
+INSERT INTO {schema}.outbox
+    (aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers, idempotency_key)
+VALUES (%(aggregate_type)s, %(aggregate_id)s, %(aggregate_version)s, %(event_type)s,
+        %(payload)s, %(headers)s, %(idempotency_key)s)
+RETURNING message_id;
+
+-- name: append_event_idempotent
+-- Returns the new message id, or nothing when the key already exists (then the
+-- caller looks it up: a row committed by a concurrent writer while we waited on
+-- the unique index is invisible to this statement's snapshot).
+INSERT INTO {schema}.outbox
+    (aggregate_type, aggregate_id, event_type, payload, headers, idempotency_key)
+VALUES (%(aggregate_type)s, %(aggregate_id)s, %(event_type)s,
+        %(payload)s, %(headers)s, %(idempotency_key)s)
+ON CONFLICT (aggregate_type, aggregate_id, idempotency_key) WHERE idempotency_key IS NOT NULL
+DO NOTHING
+RETURNING message_id;
+
+-- name: find_by_idempotency_key
+SELECT message_id FROM {schema}.outbox
+ WHERE aggregate_type = %(aggregate_type)s
+   AND aggregate_id = %(aggregate_id)s
+   AND idempotency_key = %(idempotency_key)s;
+
+-- name: fetch_batch
+-- The heart of the relay (docs/design.md §1): rows of transactions whose fate is decided
+-- (below the oldest running xid) after the checkpoint, in (transaction_id, position)
+-- order. A keyset range scan on the primary key. With several parts, each part takes
+-- the rows whose aggregate_id hashes to it, so one key always stays in one part.
+-- At most %(limit)s rows, and no more once the rows so far reach %(max_bytes)s; always
+-- at least one row. A row counts what the relay would hold of it (docs/design.md §7,
+-- "Large rows"): every text column's bytes and each jsonb column's size uncompressed
+-- (its text, for a compressed one; nothing else is decompressed to measure it). A row
+-- over %(max_row_bytes)s is not fetched: only its identity comes back, its long text
+-- columns cut short, and too_large_bytes says its size (the worker makes it poison).
+-- Two cuts: the running sum of the stored (compressed) sizes first, free from the TOAST
+-- pointers, so that only the rows it keeps are measured; then the running sum of what
+-- each row counts, never less than its stored size, so the first cut never drops a row
+-- the second keeps. What a row counts is an integer (capped at 2^31 - 1, more than
+-- any record can hold), so the running sum is a bigint rather than a slower numeric.
+-- For a subscriber without filters; fetch_batch_filtered and fetch_batch_of_type serve
+-- the others.
+-- ORDER BY names the xid8 column: sorting by the bigint output would be a full sort of
+-- the backlog on every poll instead of an index scan.
+-- Empty headers come back as NULL: parsing '{{}}' per row costs more than the payload.
+SELECT b.transaction_id::text::bigint AS transaction_id, b.position, b.message_id,
+       CASE WHEN b.too_large AND octet_length(b.aggregate_type) > 200
+            THEN left(b.aggregate_type, 200) || '...[cut: ' || octet_length(b.aggregate_type) || ' bytes]'
+            ELSE b.aggregate_type END AS aggregate_type,
+       CASE WHEN b.too_large AND octet_length(b.aggregate_id) > 200
+            THEN left(b.aggregate_id, 200) || '...[cut: ' || octet_length(b.aggregate_id) || ' bytes]'
+            ELSE b.aggregate_id END AS aggregate_id,
+       b.aggregate_version,
+       CASE WHEN b.too_large AND octet_length(b.event_type) > 200
+            THEN left(b.event_type, 200) || '...[cut: ' || octet_length(b.event_type) || ' bytes]'
+            ELSE b.event_type END AS event_type,
+       -- The payload's JSON text as bytes: the relay loads a batch of them in one C loop.
+       CASE WHEN NOT b.too_large THEN convert_to(b.payload::text, 'UTF8') END AS payload,
+       CASE WHEN NOT b.too_large THEN nullif(b.headers, '{{}}'::jsonb) END AS headers,
+       -- Clamped into what Python's datetime holds: a writer may store 'infinity'.
+       least(greatest(b.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
+       b.counted_bytes, CASE WHEN NOT b.too_large THEN b.debezium END AS debezium,
+       CASE WHEN b.too_large THEN b.row_bytes END AS too_large_bytes,
+       -- The "id" header's value, as bytes: written here in a tenth of Python's time.
+       convert_to(b.message_id::text, 'UTF8') AS id_text
+  FROM (SELECT m.*, sum(m.counted_bytes)
+                        OVER (ORDER BY m.transaction_id, m.position ROWS UNBOUNDED PRECEDING)
+                        AS running_bytes
+          FROM (SELECT r.*, r.row_bytes > %(max_row_bytes)s AS too_large,
+                       least(CASE WHEN r.row_bytes > %(max_row_bytes)s THEN r.stored_bytes
+                                  ELSE greatest(r.row_bytes, r.stored_bytes) END,
+                            2147483647)::integer AS counted_bytes
+                  FROM (SELECT s.*,
+                               octet_length(s.aggregate_type)::bigint
+                               + octet_length(s.aggregate_id) + octet_length(s.event_type)
+                               + CASE WHEN pg_column_compression(s.payload) IS NULL
+                                      THEN pg_column_size(s.payload)
+                                      ELSE octet_length(s.payload::text) END
+                               + CASE WHEN pg_column_compression(s.headers) IS NULL
+                                      THEN pg_column_size(s.headers)
+                                      ELSE octet_length(s.headers::text) END
+                               + CASE WHEN s.debezium IS NULL THEN 0
+                                      WHEN pg_column_compression(s.debezium) IS NULL
+                                      THEN pg_column_size(s.debezium)
+                                      ELSE octet_length(s.debezium::text) END AS row_bytes
+                          FROM (SELECT o.*,
+                                       pg_column_size(o.payload) + pg_column_size(o.headers)
+                                           AS stored_bytes,
+                                       sum(pg_column_size(o.payload) + pg_column_size(o.headers))
+                                           OVER (ORDER BY o.transaction_id, o.position
+                                                 ROWS UNBOUNDED PRECEDING) AS running_stored
+                                  FROM {schema}.outbox o
+                                 WHERE (o.transaction_id, o.position)
+                                       > (%(transaction_id)s::text::xid8, %(position)s)
+                                   AND o.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+                                   AND (%(parts)s = 1
+                                        OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
+                                 ORDER BY o.transaction_id, o.position
+                                 LIMIT %(limit)s) AS s
+                         WHERE s.running_stored - s.stored_bytes < %(max_bytes)s
+                         -- Sorted already: saying so spares the window a sort. OFFSET 0
+                         -- fences it: each row is measured once, not once per use.
+                         ORDER BY s.transaction_id, s.position
+                        OFFSET 0) AS r) AS m) AS b
+ WHERE b.running_bytes - b.counted_bytes < %(max_bytes)s
+ ORDER BY b.transaction_id, b.position;
+
+-- name: fetch_batch_filtered
+-- fetch_batch for a subscriber with filters that the index of fetch_batch_of_type does
+-- not serve (event types, several aggregate types). It reads what fetch_batch reads
+-- (with the same two cuts, and rows too large to fetch as in fetch_batch); of those,
+-- only the rows the subscriber's filters keep come back. Every row says how far the
+-- read went (read_*) and whether it came back full; when the filters keep none, one row
+-- of NULLs says it. Nothing read: no row. (Slower than fetch_batch per row read, about
+-- 3x on the server, so subscribers without filters do not use it.)
+WITH w AS (
+    SELECT o.*, pg_column_size(o.payload) + pg_column_size(o.headers) AS stored_bytes,
+           sum(pg_column_size(o.payload) + pg_column_size(o.headers))
+               OVER (ORDER BY o.transaction_id, o.position ROWS UNBOUNDED PRECEDING)
+               AS running_stored,
+           row_number() OVER (ORDER BY o.transaction_id, o.position) AS n
+      FROM {schema}.outbox o
+     WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
+       AND o.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+       AND (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
+     ORDER BY o.transaction_id, o.position
+     LIMIT %(limit)s
+), measured AS MATERIALIZED (  -- each row measured once, not once per use
+    SELECT w.*,
+           octet_length(w.aggregate_type)::bigint
+           + octet_length(w.aggregate_id) + octet_length(w.event_type)
+           + CASE WHEN pg_column_compression(w.payload) IS NULL THEN pg_column_size(w.payload)
+                  ELSE octet_length(w.payload::text) END
+           + CASE WHEN pg_column_compression(w.headers) IS NULL THEN pg_column_size(w.headers)
+                  ELSE octet_length(w.headers::text) END
+           + CASE WHEN w.debezium IS NULL THEN 0
+                  WHEN pg_column_compression(w.debezium) IS NULL THEN pg_column_size(w.debezium)
+                  ELSE octet_length(w.debezium::text) END AS row_bytes
+      FROM w
+     WHERE w.running_stored - w.stored_bytes < %(max_bytes)s
+     ORDER BY w.transaction_id, w.position
+), r AS (
+    SELECT c.* FROM (
+        SELECT m.*, sum(m.counted_bytes)
+                        OVER (ORDER BY m.transaction_id, m.position ROWS UNBOUNDED PRECEDING)
+                        AS running_bytes
+          FROM (SELECT measured.*, measured.row_bytes > %(max_row_bytes)s AS too_large,
+                       least(CASE WHEN measured.row_bytes > %(max_row_bytes)s
+                                  THEN measured.stored_bytes
+                                  ELSE greatest(measured.row_bytes, measured.stored_bytes) END,
+                             2147483647)::integer AS counted_bytes
+                  FROM measured) AS m) AS c
+     WHERE c.running_bytes - c.counted_bytes < %(max_bytes)s
+)
+SELECT last.transaction_id::text::bigint AS read_transaction_id, last.position AS read_position,
+       last.n = %(limit)s OR last.n < (SELECT count(*) FROM w) AS read_full,
+       c.transaction_id::text::bigint AS transaction_id, c.position, c.message_id,
+       CASE WHEN c.too_large AND octet_length(c.aggregate_type) > 200
+            THEN left(c.aggregate_type, 200) || '...[cut: ' || octet_length(c.aggregate_type) || ' bytes]'
+            ELSE c.aggregate_type END AS aggregate_type,
+       CASE WHEN c.too_large AND octet_length(c.aggregate_id) > 200
+            THEN left(c.aggregate_id, 200) || '...[cut: ' || octet_length(c.aggregate_id) || ' bytes]'
+            ELSE c.aggregate_id END AS aggregate_id,
+       c.aggregate_version,
+       CASE WHEN c.too_large AND octet_length(c.event_type) > 200
+            THEN left(c.event_type, 200) || '...[cut: ' || octet_length(c.event_type) || ' bytes]'
+            ELSE c.event_type END AS event_type,
+       CASE WHEN NOT c.too_large THEN convert_to(c.payload::text, 'UTF8') END AS payload,
+       CASE WHEN NOT c.too_large THEN nullif(c.headers, '{{}}'::jsonb) END AS headers,
+       -- Clamped into what Python's datetime holds: a writer may store 'infinity'.
+       least(greatest(c.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
+       c.counted_bytes, CASE WHEN NOT c.too_large THEN c.debezium END AS debezium,
+       CASE WHEN c.too_large THEN c.row_bytes END AS too_large_bytes,
+       convert_to(c.message_id::text, 'UTF8') AS id_text
+  FROM (SELECT r.transaction_id, r.position, r.n FROM r
+         ORDER BY r.transaction_id DESC, r.position DESC LIMIT 1) AS last
+  LEFT JOIN LATERAL (
+       SELECT * FROM r
+        WHERE (%(aggregate_types)s::text[] IS NULL OR r.aggregate_type = ANY(%(aggregate_types)s::text[]))
+          AND (%(event_types)s::text[] IS NULL OR r.event_type = ANY(%(event_types)s::text[]))) AS c
+    ON true
+ ORDER BY c.transaction_id, c.position;
+
+-- name: fetch_batch_of_type
+-- fetch_batch for a subscriber of one aggregate type: a range scan of
+-- outbox_aggregate_type_order reads only that type's rows (with fetch_batch's two cuts,
+-- and rows too large to fetch as there). A fetch that comes back short has read every
+-- decided row of the type, so the read went up to the horizon (read_transaction_id,
+-- position 0) if any row at all was written in between; no row of NULLs otherwise, so
+-- an idle part writes no checkpoint.
+SELECT h.horizon::text::bigint AS read_transaction_id, 0::bigint AS read_position,
+       h.anything AS read_any,
+       c.transaction_id::text::bigint AS transaction_id, c.position, c.message_id,
+       CASE WHEN c.too_large AND octet_length(c.aggregate_type) > 200
+            THEN left(c.aggregate_type, 200) || '...[cut: ' || octet_length(c.aggregate_type) || ' bytes]'
+            ELSE c.aggregate_type END AS aggregate_type,
+       CASE WHEN c.too_large AND octet_length(c.aggregate_id) > 200
+            THEN left(c.aggregate_id, 200) || '...[cut: ' || octet_length(c.aggregate_id) || ' bytes]'
+            ELSE c.aggregate_id END AS aggregate_id,
+       c.aggregate_version,
+       CASE WHEN c.too_large AND octet_length(c.event_type) > 200
+            THEN left(c.event_type, 200) || '...[cut: ' || octet_length(c.event_type) || ' bytes]'
+            ELSE c.event_type END AS event_type,
+       CASE WHEN NOT c.too_large THEN convert_to(c.payload::text, 'UTF8') END AS payload,
+       CASE WHEN NOT c.too_large THEN nullif(c.headers, '{{}}'::jsonb) END AS headers,
+       least(greatest(c.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
+       c.counted_bytes, CASE WHEN NOT c.too_large THEN c.debezium END AS debezium,
+       CASE WHEN c.too_large THEN c.row_bytes END AS too_large_bytes,
+       convert_to(c.message_id::text, 'UTF8') AS id_text
+  FROM (SELECT pg_snapshot_xmin(s) AS horizon,
+               -- The newest decided row, by a backward scan (not EXISTS: see
+               -- newest_decided), lies after the checkpoint.
+               coalesce((SELECT (a.transaction_id, a.position)
+                                  > (%(transaction_id)s::text::xid8, %(position)s)
+                           FROM {schema}.outbox a
+                          WHERE a.transaction_id < pg_snapshot_xmin(s)
+                          ORDER BY a.transaction_id DESC, a.position DESC LIMIT 1),
+                        false) AS anything
+          FROM pg_current_snapshot() AS s) AS h
+  LEFT JOIN LATERAL (
+       SELECT b.* FROM (
+           SELECT m.*, sum(m.counted_bytes)
+                           OVER (ORDER BY m.transaction_id, m.position ROWS UNBOUNDED PRECEDING)
+                           AS running_bytes
+             FROM (SELECT r.*, r.row_bytes > %(max_row_bytes)s AS too_large,
+                          least(CASE WHEN r.row_bytes > %(max_row_bytes)s THEN r.stored_bytes
+                                     ELSE greatest(r.row_bytes, r.stored_bytes) END,
+                               2147483647)::integer AS counted_bytes
+                     FROM (SELECT s.*,
+                                  octet_length(s.aggregate_type)::bigint
+                                  + octet_length(s.aggregate_id) + octet_length(s.event_type)
+                                  + CASE WHEN pg_column_compression(s.payload) IS NULL
+                                         THEN pg_column_size(s.payload)
+                                         ELSE octet_length(s.payload::text) END
+                                  + CASE WHEN pg_column_compression(s.headers) IS NULL
+                                         THEN pg_column_size(s.headers)
+                                         ELSE octet_length(s.headers::text) END
+                                  + CASE WHEN s.debezium IS NULL THEN 0
+                                         WHEN pg_column_compression(s.debezium) IS NULL
+                                         THEN pg_column_size(s.debezium)
+                                         ELSE octet_length(s.debezium::text) END AS row_bytes
+                             FROM (SELECT o.*,
+                                          pg_column_size(o.payload) + pg_column_size(o.headers)
+                                              AS stored_bytes,
+                                          sum(pg_column_size(o.payload) + pg_column_size(o.headers))
+                                              OVER (ORDER BY o.transaction_id, o.position
+                                                    ROWS UNBOUNDED PRECEDING) AS running_stored
+                                     FROM {schema}.outbox o
+                                    WHERE o.aggregate_type = %(aggregate_type)s
+                                      AND (o.transaction_id, o.position)
+                                          > (%(transaction_id)s::text::xid8, %(position)s)
+                                      AND o.transaction_id < h.horizon
+                                      AND (%(parts)s = 1
+                                           OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
+                                      AND (%(event_types)s::text[] IS NULL
+                                           OR o.event_type = ANY(%(event_types)s::text[]))
+                                    ORDER BY o.transaction_id, o.position
+                                    LIMIT %(limit)s) AS s
+                            WHERE s.running_stored - s.stored_bytes < %(max_bytes)s
+                            ORDER BY s.transaction_id, s.position
+                           OFFSET 0) AS r) AS m) AS b
+        WHERE b.running_bytes - b.counted_bytes < %(max_bytes)s) AS c
+    ON true
+ WHERE h.anything
+ ORDER BY c.transaction_id, c.position;
+
+-- name: newest_decided
+-- The commit probe (relay/adapters/postgres/probe.py): the newest row below the horizon (a backward
+-- range scan of the primary key that stops at its first visible row), and whether
+-- committed rows wait at or above the horizon while no transaction runs. Their key is
+-- then an xid not handed out yet (docs/design.md, "Ordering"): taking one releases them.
+-- Both are backward scans that stop at the newest visible row. Not EXISTS: the planner
+-- guesses that a third of the table qualifies and serves it with a sequential scan,
+-- which reads the whole table whenever nothing does, as on every idle probe.
+SELECT newest.transaction_id, newest.position,
+       pg_snapshot_xmin(s) = pg_snapshot_xmax(s)
+       AND (SELECT w.transaction_id FROM {schema}.outbox w
+             ORDER BY w.transaction_id DESC, w.position DESC LIMIT 1) >= pg_snapshot_xmin(s)
+  FROM pg_current_snapshot() AS s
+  LEFT JOIN LATERAL (
+       SELECT o.transaction_id, o.position
+         FROM {schema}.outbox o
+        WHERE o.transaction_id < pg_snapshot_xmin(s)
+        ORDER BY o.transaction_id DESC, o.position DESC
+        LIMIT 1) AS newest ON true;
+
+-- name: decided_types_between
+-- The commit probe (relay/adapters/postgres/probe.py): the aggregate types of the rows decided since its
+-- last look, keys in (after, upto], so that it wakes only the parts that can have rows
+-- of them. A forward range scan of the primary key over at most %(limit)s rows; it says
+-- how many it read (as many as the limit: there may be other types, wake every part).
+SELECT array_agg(DISTINCT r.aggregate_type), count(*)
+  FROM (SELECT o.aggregate_type
+          FROM {schema}.outbox o
+         WHERE (o.transaction_id, o.position)
+               > (%(after_transaction_id)s::text::xid8, %(after_position)s)
+           AND (o.transaction_id, o.position)
+               <= (%(upto_transaction_id)s::text::xid8, %(upto_position)s)
+         ORDER BY o.transaction_id, o.position
+         LIMIT %(limit)s) AS r;
+
+-- name: insert_subscriber
+INSERT INTO {schema}.outbox_subscribers
+    (name, aggregate_types, event_types, topic, value_format, parts, on_poison, dead_letter_topic)
+VALUES (%(name)s, %(aggregate_types)s, %(event_types)s, %(topic)s, %(value_format)s,
+        %(parts)s, %(on_poison)s, %(dead_letter_topic)s)
+ON CONFLICT (name) DO NOTHING
+RETURNING name;
+
+-- name: update_subscriber
+-- The part count is fixed at creation (changing it would move keys between parts
+-- whose checkpoints differ), so it is only compared, never updated.
+-- Bumps the checkpoint versions, so busy workers reload the definition at their next
+-- checkpoint write rather than only when idle.
+WITH s AS (
+    UPDATE {schema}.outbox_subscribers
+       SET aggregate_types = %(aggregate_types)s, event_types = %(event_types)s,
+           topic = %(topic)s, value_format = %(value_format)s, on_poison = %(on_poison)s,
+           dead_letter_topic = %(dead_letter_topic)s, updated_at = now()
+     WHERE name = %(name)s
+    RETURNING name, parts
+), bumped AS (
+    UPDATE {schema}.outbox_checkpoints c SET version = version + 1
+      FROM s WHERE c.subscriber = s.name
+)
+SELECT parts FROM s;
+
+-- name: set_subject_strategy
+-- Apart from insert_subscriber and update_subscriber, which a relay runs on schemas
+-- before 0011 too (rolling deploys): only avro-registry subscribers, which need 0011
+-- anyway, and ones naming a strategy run it.
+UPDATE {schema}.outbox_subscribers SET subject_strategy = %(subject_strategy)s
+ WHERE name = %(name)s;
+
+-- name: set_routing
+-- As set_subject_strategy: run only for subscribers with routing control (or losing
+-- it), which need 0013.
+UPDATE {schema}.outbox_subscribers SET routing = %(routing)s WHERE name = %(name)s;
+-- name: set_key_format
+-- Run for avro-registry subscribers only (0012 ships with 0011): other formats keep
+-- their text keys, whatever the column says (list_subscribers reads it for them only).
+UPDATE {schema}.outbox_subscribers SET key_format = %(key_format)s
+ WHERE name = %(name)s;
+
+-- name: insert_checkpoints
+-- One checkpoint per part. start 'beginning': before every row; 'now': after every
+-- transaction already decided.
+INSERT INTO {schema}.outbox_checkpoints
+    (subscriber, part, transaction_id, position, start_transaction_id, start_position)
+SELECT %(name)s, part, start.xid, 0, start.xid, 0
+  FROM generate_series(0, %(parts)s - 1) AS part,
+       LATERAL (SELECT CASE WHEN %(start)s = 'now' THEN pg_snapshot_xmin(pg_current_snapshot())
+                            ELSE '0'::xid8 END AS xid) AS start
+ON CONFLICT (subscriber, part) DO NOTHING;
+
+-- name: list_subscribers
+-- subject_strategy through to_jsonb: NULL (the default, 'topic') on a schema before
+-- 0011, which a relay of this version may run on during a rolling deploy.
+SELECT s.name, s.aggregate_types, s.event_types, s.topic, s.value_format, s.paused,
+       s.id, s.parts, s.on_poison, s.dead_letter_topic,
+       to_jsonb(s) ->> 'subject_strategy' AS subject_strategy,
+       to_jsonb(s) -> 'routing' AS routing,
+       CASE WHEN s.value_format = 'avro-registry' THEN to_jsonb(s) ->> 'key_format' END
+           AS key_format
+  FROM {schema}.outbox_subscribers s
+ WHERE %(name)s::text IS NULL OR s.name = %(name)s
+ ORDER BY s.name;
+
+-- name: list_parts
+SELECT c.subscriber, c.part, c.transaction_id::text::bigint AS transaction_id, c.position,
+       c.version, c.generation, c.owner, c.halted_error, c.updated_at
+  FROM {schema}.outbox_checkpoints c
+ WHERE %(name)s::text IS NULL OR c.subscriber = %(name)s
+ ORDER BY c.subscriber, c.part;
+
+-- name: get_part
+SELECT s.name, s.aggregate_types, s.event_types, s.topic, s.value_format, s.paused,
+       s.id, s.parts, s.on_poison, s.dead_letter_topic,
+       to_jsonb(s) ->> 'subject_strategy' AS subject_strategy,
+       to_jsonb(s) -> 'routing' AS routing,
+       CASE WHEN s.value_format = 'avro-registry' THEN to_jsonb(s) ->> 'key_format' END
+           AS key_format,
+       c.part, c.transaction_id::text::bigint AS transaction_id, c.position, c.version,
+       c.generation, c.owner, c.halted_error, c.updated_at
+  FROM {schema}.outbox_subscribers s
+  JOIN {schema}.outbox_checkpoints c ON c.subscriber = s.name
+ WHERE s.name = %(name)s AND c.part = %(part)s;
+
+-- name: advance_checkpoint
+-- Compare-and-set: only the claiming session holding the current version may move
+-- the checkpoint, and only forwards. A stale relay can neither rewind a checkpoint
+-- nor overwrite a newer owner's.
+UPDATE {schema}.outbox_checkpoints
+   SET transaction_id = %(transaction_id)s::text::xid8, position = %(position)s,
+       version = version + 1, updated_at = now()
+ WHERE subscriber = %(name)s AND part = %(part)s AND version = %(version)s
+   AND owner = %(owner)s
+   AND (transaction_id, position) <= (%(transaction_id)s::text::xid8, %(position)s)
+RETURNING version;
+
+-- name: dead_letters_between
+-- Decisions already made for a batch's range (by this relay or a predecessor). Not
+-- those redriven since (dead-letters redrive): after a reset, the relay publishes them
+-- as it would any event (or decides anew if they are still poison).
+SELECT message_id, topic, error FROM {schema}.outbox_dead_letters
+ WHERE subscriber = %(name)s AND redriven_at IS NULL
+   AND (transaction_id, position) > (%(from_tx)s::text::xid8, %(from_pos)s)
+   AND (transaction_id, position) <= (%(to_tx)s::text::xid8, %(to_pos)s);
+
+-- name: record_dead_letter
+INSERT INTO {schema}.outbox_dead_letters
+    (subscriber, part, transaction_id, position, message_id, topic, error)
+VALUES (%(name)s, %(part)s, %(transaction_id)s::text::xid8, %(position)s, %(message_id)s,
+        %(topic)s, %(error)s)
+ON CONFLICT DO NOTHING;
+
+-- name: halt_part
+UPDATE {schema}.outbox_checkpoints
+   SET halted_at = now(), halted_error = %(error)s, version = version + 1
+ WHERE subscriber = %(name)s AND part = %(part)s AND owner = %(owner)s
+RETURNING version;
+
+-- name: set_paused
+-- Resuming also clears a poison halt. Bumps the checkpoint versions so a running
+-- relay notices at its next checkpoint.
+WITH s AS (
+    UPDATE {schema}.outbox_subscribers SET paused = %(paused)s, updated_at = now()
+     WHERE name = %(name)s RETURNING name
+)
+UPDATE {schema}.outbox_checkpoints c
+   SET version = version + 1,
+       halted_at = CASE WHEN %(paused)s THEN halted_at END,
+       halted_error = CASE WHEN %(paused)s THEN halted_error END
+  FROM s WHERE c.subscriber = s.name
+RETURNING c.subscriber;
+
+-- name: reset_checkpoint
+-- A new generation: Kafka-side checkpoints from before the reset no longer apply, and
+-- verify expects only what is published after the new start. A reset forward records
+-- where it jumped from (skipped_from_*), so status and verify count the events it
+-- skipped; a second reset forward before anything was published keeps the first one's
+-- origin. The caller has refused a point beyond the horizon (OutboxStore.reset).
+UPDATE {schema}.outbox_checkpoints c
+   SET transaction_id = t.xid, position = t.pos,
+       start_transaction_id = t.xid, start_position = t.pos,
+       skipped_from_transaction_id = CASE
+           WHEN (t.xid, t.pos) <= (c.transaction_id, c.position) THEN NULL
+           WHEN (c.transaction_id, c.position) = (c.start_transaction_id, c.start_position)
+                AND c.skipped_from_transaction_id IS NOT NULL THEN c.skipped_from_transaction_id
+           ELSE c.transaction_id END,
+       skipped_from_position = CASE
+           WHEN (t.xid, t.pos) <= (c.transaction_id, c.position) THEN NULL
+           WHEN (c.transaction_id, c.position) = (c.start_transaction_id, c.start_position)
+                AND c.skipped_from_transaction_id IS NOT NULL THEN c.skipped_from_position
+           ELSE c.position END,
+       version = version + 1, generation = gen_random_uuid(),
+       halted_at = NULL, halted_error = NULL, updated_at = now()
+  FROM (SELECT CASE %(to)s
+                   WHEN 'beginning' THEN '0'::xid8
+                   WHEN 'now' THEN pg_snapshot_xmin(pg_current_snapshot())
+                   ELSE %(transaction_id)s::text::xid8 END AS xid,
+               CASE WHEN %(to)s = 'position' THEN %(position)s::bigint ELSE 0 END AS pos) AS t
+ WHERE c.subscriber = %(name)s
+RETURNING c.subscriber;
+
+-- name: horizon
+-- Every transaction below it has committed or rolled back (docs/design.md §1).
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
+
+-- name: part_skips
+-- For each part of a subscriber: whether its checkpoint lies beyond the horizon (then
+-- every row written now sorts before it and is never published), and the events its
+-- last reset forward skipped, matching the subscriber's filters: of the rows after
+-- skipped_from up to the start, at most %(scan)s scanned (NULL: all), and how many of
+-- those are the part's. A checkpoint beyond the horizon that no reset of this version
+-- recorded (an older version's, or one written by hand) has not moved since it was
+-- set: the rows written since (occurred_at from then on, newest first) are the ones it
+-- jumped over.
+SELECT c.part,
+       (c.transaction_id, c.position) > (pg_snapshot_xmin(pg_current_snapshot()), 0)
+           AS beyond_horizon,
+       coalesce(k.scanned, b.scanned) AS scanned, coalesce(k.counted, b.counted) AS counted
+  FROM {schema}.outbox_checkpoints c
+  JOIN {schema}.outbox_subscribers s ON s.name = c.subscriber
+  LEFT JOIN LATERAL (
+       SELECT count(*) AS scanned,
+              count(*) FILTER (
+                  WHERE (s.parts = 1 OR {schema}.outbox_part(r.aggregate_id, s.parts) = c.part)
+                    AND (s.aggregate_types IS NULL OR r.aggregate_type = ANY(s.aggregate_types))
+                    AND (s.event_types IS NULL OR r.event_type = ANY(s.event_types))) AS counted
+         FROM (SELECT o.aggregate_id, o.aggregate_type, o.event_type
+                 FROM {schema}.outbox o
+                WHERE (o.transaction_id, o.position)
+                          > (c.skipped_from_transaction_id, c.skipped_from_position)
+                  AND (o.transaction_id, o.position) <= (c.start_transaction_id, c.start_position)
+                ORDER BY o.transaction_id, o.position
+                LIMIT %(scan)s) AS r) AS k
+    ON c.skipped_from_transaction_id IS NOT NULL
+  LEFT JOIN LATERAL (
+       SELECT count(*) AS scanned,
+              count(*) FILTER (
+                  WHERE r.occurred_at >= c.updated_at
+                    AND (s.parts = 1 OR {schema}.outbox_part(r.aggregate_id, s.parts) = c.part)
+                    AND (s.aggregate_types IS NULL OR r.aggregate_type = ANY(s.aggregate_types))
+                    AND (s.event_types IS NULL OR r.event_type = ANY(s.event_types))) AS counted
+         FROM (SELECT o.aggregate_id, o.aggregate_type, o.event_type, o.occurred_at
+                 FROM {schema}.outbox o
+                WHERE (o.transaction_id, o.position) <= (c.transaction_id, c.position)
+                ORDER BY o.transaction_id DESC, o.position DESC
+                LIMIT %(scan)s) AS r) AS b
+    ON c.skipped_from_transaction_id IS NULL
+   AND (c.transaction_id, c.position) > (pg_snapshot_xmin(pg_current_snapshot()), 0)
+ WHERE c.subscriber = %(name)s
+ ORDER BY c.part;
+
+-- name: delete_subscriber
+DELETE FROM {schema}.outbox_subscribers WHERE name = %(name)s RETURNING name, parts;
+
+-- name: set_session_timeouts
+-- On each connection of the relay daemon, once (relay/adapters/postgres/db.py): milliseconds, '0' for none.
+SELECT set_config('statement_timeout', %(statement_timeout)s::text, false),
+       set_config('lock_timeout', %(lock_timeout)s::text, false),
+       set_config('idle_in_transaction_session_timeout', %(idle_in_transaction)s::text, false);
+
+-- name: open_session
+INSERT INTO {schema}.outbox_relay_sessions (hostname, pid, expires_at)
+VALUES (%(hostname)s, %(pid)s, now() + make_interval(secs => %(timeout)s))
+RETURNING id;
+
+-- name: heartbeat
+UPDATE {schema}.outbox_relay_sessions
+   SET heartbeat_at = now(), expires_at = now() + make_interval(secs => %(timeout)s)
+ WHERE id = %(id)s
+RETURNING id;
+
+-- name: expire_sessions
+DELETE FROM {schema}.outbox_relay_sessions WHERE expires_at < now() RETURNING id, hostname, pid;
+
+-- name: close_session
+DELETE FROM {schema}.outbox_relay_sessions WHERE id = %(id)s;
+
+-- name: live_sessions
+SELECT id FROM {schema}.outbox_relay_sessions WHERE expires_at >= now() ORDER BY id;
+
+-- name: claim_part
+-- Bumps the version, so a checkpoint write by any earlier owner fails its CAS.
+UPDATE {schema}.outbox_checkpoints SET owner = %(owner)s, version = version + 1
+ WHERE subscriber = %(name)s AND part = %(part)s AND owner IS NULL
+RETURNING part;
+
+-- name: release_part
+UPDATE {schema}.outbox_checkpoints SET owner = NULL, version = version + 1
+ WHERE subscriber = %(name)s AND part = %(part)s AND owner = %(owner)s
+RETURNING part;
+
+-- name: published_events
+-- What verify expects on the topics: each subscriber part's events up to its
+-- checkpoint, matching the subscriber's filter, flagged when dead-lettered and when
+-- redriven since (dead-letters redrive).
+SELECT o.message_id, o.transaction_id::text::bigint, o.position, o.aggregate_type,
+       o.event_type, d.message_id IS NOT NULL AS dead_lettered,
+       d.redriven_at IS NOT NULL AS redriven, c.part
+  FROM {schema}.outbox o
+  JOIN {schema}.outbox_subscribers s ON s.name = %(name)s
+  JOIN {schema}.outbox_checkpoints c
+    ON c.subscriber = s.name
+   AND c.part = CASE WHEN s.parts = 1 THEN 0 ELSE {schema}.outbox_part(o.aggregate_id, s.parts) END
+  LEFT JOIN {schema}.outbox_dead_letters d
+    ON d.subscriber = s.name AND d.transaction_id = o.transaction_id AND d.position = o.position
+ WHERE (o.transaction_id, o.position) <= (c.transaction_id, c.position)
+   AND (o.transaction_id, o.position) > (c.start_transaction_id, c.start_position)
+   AND (%(aggregate_types)s::text[] IS NULL OR o.aggregate_type = ANY(%(aggregate_types)s::text[]))
+   AND (%(event_types)s::text[] IS NULL OR o.event_type = ANY(%(event_types)s::text[]));
+
+-- name: placed_messages
+-- Where the records verify found outside a subscriber's expected range lie: for each
+-- message id still in the outbox, whether it sorts at or before its part's start (a
+-- record of an earlier generation, before a reset) or after its checkpoint (published
+-- before the checkpoint moved: the crash window). Ids not returned were pruned.
+SELECT o.message_id,
+       CASE WHEN (o.transaction_id, o.position) <= (c.start_transaction_id, c.start_position)
+                THEN 'before_start'
+            WHEN (o.transaction_id, o.position) > (c.transaction_id, c.position)
+                THEN 'ahead'
+            ELSE 'filtered' END AS placed
+  FROM {schema}.outbox o
+  JOIN {schema}.outbox_subscribers s ON s.name = %(name)s
+  JOIN {schema}.outbox_checkpoints c
+    ON c.subscriber = s.name
+   AND c.part = CASE WHEN s.parts = 1 THEN 0 ELSE {schema}.outbox_part(o.aggregate_id, s.parts) END
+ WHERE o.message_id = ANY(%(ids)s::uuid[]);
+
+-- name: part_starts
+-- Parts whose generation starts after the beginning (created "now", or reset): verify
+-- checks only what follows, and says so.
+SELECT part, start_transaction_id::text::bigint, start_position FROM {schema}.outbox_checkpoints
+ WHERE subscriber = %(name)s AND (start_transaction_id, start_position) > ('0'::xid8, 0)
+ ORDER BY part;
+
+-- name: horizon_holders
+-- Transactions whose ids hold pg_snapshot_xmin back, oldest first: no event written
+-- after their xid is published until they end. Open sessions' (pg_stat_activity), and
+-- prepared transactions' (pg_prepared_xacts, of any database: the horizon is the
+-- cluster's), which no session shows and which stay until COMMIT/ROLLBACK PREPARED.
+SELECT pid, xid, state, application_name, age_s, query_start, gid, owner, database
+  FROM (SELECT pid, backend_xid::text AS xid, state, application_name,
+               extract(epoch FROM now() - xact_start)::float8 AS age_s, query_start,
+               NULL::text AS gid, NULL::text AS owner, NULL::text AS database,
+               age(backend_xid) AS xid_age
+          FROM pg_stat_activity
+         WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
+        UNION ALL
+        SELECT NULL, transaction::text, 'prepared', NULL,
+               extract(epoch FROM now() - prepared)::float8, NULL,
+               gid, owner::text, database::text, age(transaction)
+          FROM pg_prepared_xacts) AS holders
+ ORDER BY xid_age DESC
+ LIMIT 5;
+
+-- name: list_sessions
+SELECT s.id, s.hostname, s.pid, s.started_at,
+       extract(epoch FROM now() - s.heartbeat_at)::float8 AS heartbeat_age_s,
+       s.expires_at < now() AS expired,
+       (SELECT count(*) FROM {schema}.outbox_checkpoints c WHERE c.owner = s.id) AS parts
+  FROM {schema}.outbox_relay_sessions s
+ ORDER BY s.started_at;
+
+-- name: prune
+-- One batch of retention (migration 0008): published rows older than the retention.
+SELECT {schema}.outbox_prune(%(older_than)s::float8, %(limit)s::integer);
+
+-- name: prune_bound
+-- Before migration 0008 (a rolling deploy), prune_bound and prune_batch instead.
+-- The oldest part checkpoint of all subscribers: every row at or before it is
+-- published for everyone (no row when there is no subscriber: prune nothing).
+SELECT c.transaction_id::text::bigint, c.position FROM {schema}.outbox_checkpoints c
+ ORDER BY c.transaction_id, c.position
+ LIMIT 1;
+
+-- name: prune_batch
+-- Published rows older than the retention, one batch at a time (short transactions,
+-- so autovacuum keeps up instead of one huge delete bloating the table). A stream's
+-- latest version stays: the next event-sourced append checks that it exists.
+WITH doomed AS (
+    SELECT o.ctid FROM {schema}.outbox o
+     WHERE (o.transaction_id, o.position) <= (%(transaction_id)s::text::xid8, %(position)s)
+       AND o.occurred_at < now() - make_interval(secs => %(older_than)s)
+       AND (o.aggregate_version IS NULL OR EXISTS (
+             SELECT 1 FROM {schema}.outbox n
+              WHERE n.aggregate_type = o.aggregate_type AND n.aggregate_id = o.aggregate_id
+                AND n.aggregate_version = o.aggregate_version + 1))
+     ORDER BY o.transaction_id, o.position
+     LIMIT %(limit)s
+)
+DELETE FROM {schema}.outbox WHERE ctid IN (SELECT ctid FROM doomed);
+
+-- name: check_key_space
+-- Run by every relay connection before it publishes or prunes (relay/core/key_space.py).
+SELECT action, key_space, rebased_rows, detail FROM {schema}.outbox_check_key_space();
+
+-- name: key_space
+SELECT id, previous_id, moved_high::text::bigint AS moved_high FROM {schema}.outbox_key_space;
+
+-- name: key_of_message
+SELECT transaction_id::text::bigint, position FROM {schema}.outbox WHERE message_id = %(message_id)s;
+
+-- name: translate_key
+SELECT xid::text::bigint, pos
+  FROM {schema}.outbox_translate_key(%(key_space)s, %(transaction_id)s::text::xid8, %(position)s);
+
+-- name: sees_all_backends
+-- Whether pg_stat_activity shows this role the transaction ids of every role's backends
+-- (a superuser, or a member of pg_read_all_stats). Without it, horizon_holders sees
+-- only the backends of its own role.
+SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE');
+
+-- name: part_lag
+-- What a part's lag is computed from (relay/ops/lag.py), however long its backlog: the rows
+-- after its checkpoint, decided or not, scanned in key order up to %(scan)s (an index
+-- range scan that stops there), how many of them are the part's and match the
+-- subscriber's filters, the position of the first and of the newest row (positions
+-- come from one identity sequence: beyond the scan, their difference estimates the
+-- rows), and the age of the part's oldest matching row among those scanned.
+WITH scanned AS (
+    SELECT o.transaction_id, o.position, o.occurred_at,
+           (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
+           AND (%(aggregate_types)s::text[] IS NULL
+                OR o.aggregate_type = ANY(%(aggregate_types)s::text[]))
+           AND (%(event_types)s::text[] IS NULL OR o.event_type = ANY(%(event_types)s::text[]))
+               AS mine
+      FROM {schema}.outbox o
+     WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
+     ORDER BY o.transaction_id, o.position
+     LIMIT %(scan)s
+)
+SELECT (SELECT count(*) FROM scanned) AS scanned,
+       (SELECT count(*) FROM scanned s WHERE s.mine) AS counted,
+       (SELECT s.position FROM scanned s ORDER BY s.transaction_id, s.position LIMIT 1)
+           AS first_position,
+       (SELECT n.position FROM {schema}.outbox n
+         ORDER BY n.transaction_id DESC, n.position DESC LIMIT 1) AS last_position,
+       (SELECT extract(epoch FROM now() - s.occurred_at)::float8 FROM scanned s
+         WHERE s.mine ORDER BY s.transaction_id, s.position LIMIT 1) AS age_s;

@@ -1,0 +1,662 @@
+"""The Postgres side of the relay: committed events, subscribers, parts and sessions.
+
+:class:`OutboxStore` is the Postgres adapter of the daemon's store port
+(``relay.core.ports.DaemonStore``, which extends the part worker's ``PartStore``), and more:
+the operators' commands (status, lag, reset, remove) use it directly."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
+from uuid import UUID
+
+import orjson
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb, set_json_loads
+
+from relay.adapters.postgres import part_index
+from relay.adapters.postgres.db import has_long_number, wrap_errors
+from relay.adapters.postgres.queries import queries_for
+from relay.core import ports
+from relay.core.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
+from relay.core.model import OutboxEvent, Position, Unreadable
+from relay.core.ports import (
+    DeadLetter,
+    DeadLetterDecision,
+    ExpiredSession,
+    Fetched,
+    HorizonHolder,
+    PartState,
+    Selection,
+)
+from relay.core.subscribers import StartFrom, SubjectStrategy, Subscriber, ValueFormat, collision
+from relay.errors import (
+    CheckpointConflict,
+    ClaimLost,
+    DatabaseError,
+    SubscriberError,
+    UndefinedFunctionError,
+)
+
+# Moved to the ports (the daemon's store port returns it); still importable from here.
+SubscriberState = ports.SubscriberState
+
+
+class LagSample(NamedTuple):
+    """What the ``part_lag`` query reads of one part; relay/ops/lag.py makes its lag of it."""
+
+    scanned: int  # rows after the checkpoint scanned, any part's: at most the scan
+    counted: int  # of those, the part's own that match the subscriber's filters
+    first_position: int | None  # position of the first row scanned
+    last_position: int | None  # position of the newest row of the outbox
+    age_s: float | None  # age of the part's oldest row after its checkpoint
+
+
+_UNDEFINED_COLUMN = "42703"
+
+
+class PartSkips(NamedTuple):
+    """What the ``part_skips`` query reads of one part."""
+
+    part: int
+    beyond_horizon: bool  # the checkpoint sorts after rows yet to be written
+    scanned: int | None  # rows the last reset forward jumped over, scanned (None: none)
+    counted: int | None  # of those, the part's rows matching the subscriber's filters
+
+
+class OutboxStore:
+    """Queries over one outbox schema, on one connection (autocommit)."""
+
+    def __init__(self, conn: psycopg.Connection[Any], schema: str = "public") -> None:
+        self.conn = conn
+        self.schema = schema
+        self._q = queries_for(schema)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether the connection is closed (by :meth:`close`, or broken)."""
+        return self.conn.closed
+
+    # -- the relay's hot path --------------------------------------------------------
+
+    def fetch(self, after: Position, selection: Selection) -> Fetched:
+        name, params = _fetch_query(after, selection)
+        # Binary transfer: integers, uuids and timestamps load without text parsing.
+        with wrap_errors(), self.conn.cursor(binary=True) as cur:
+            set_json_loads(_load_row_json, cur)
+            # A part's poll is planned with its part as a constant (never a prepared,
+            # generic plan): only then may the planner use the part's index.
+            rows = cur.execute(self._q[name], params, prepare=selection.parts == 1).fetchall()
+        limit = selection.max_row_bytes
+        if name == "fetch_batch":  # the hot path: no Python call per row
+            events = [
+                _new_event(
+                    (
+                        tx,
+                        pos,
+                        mid,
+                        atype,
+                        aid,
+                        version,
+                        etype,
+                        payload if big is None else _not_read(big, limit),
+                        headers or {},
+                        at,
+                        size,
+                        dbz,
+                        id_text,
+                    )
+                )
+                for (
+                    (
+                        tx,
+                        pos,
+                        mid,
+                        atype,
+                        aid,
+                        version,
+                        etype,
+                        _,
+                        headers,
+                        at,
+                        size,
+                        dbz,
+                        big,
+                        id_text,
+                    ),
+                    payload,
+                ) in zip(rows, _payloads([row[7] for row in rows]), strict=True)
+            ]
+            if not events:
+                return Fetched([], None)
+            return Fetched(events, events[-1].key, _full(events, selection))
+        if not rows:
+            return Fetched([], None)
+        # The read's extent leads every row; a row of NULLs after it when none was kept.
+        events = [_event(row[3:], limit) for row in rows if row[3] is not None]
+        read_tx, read_pos, full = rows[0][:3]
+        if name == "fetch_batch_filtered":
+            return Fetched(events, Position(read_tx, read_pos), full)
+        # Of one type: a full fetch read up to its last event; a short one, everything
+        # decided below the horizon.
+        full = _full(events, selection)
+        return Fetched(events, events[-1].key if full else Position(read_tx, read_pos), full)
+
+    def advance(
+        self, state: PartState, to: Position, owner: UUID, dead_letters: Sequence[DeadLetter] = ()
+    ) -> int:
+        """Compare-and-set ``state``'s checkpoint to ``to`` and record ``dead_letters`` in
+        one transaction; returns the new version."""
+        params = {
+            "name": state.name,
+            "part": state.part,
+            "transaction_id": to.transaction_id,
+            "position": to.position,
+            "version": state.version,
+            "owner": owner,
+        }
+        conflict = CheckpointConflict(
+            f"checkpoint of {state.name}/{state.part} changed underneath this relay"
+        )
+        if not dead_letters:  # the hot path: one statement
+            with wrap_errors():
+                row = self.conn.execute(self._q["advance_checkpoint"], params).fetchone()
+            if row is None:
+                raise conflict
+            return int(row[0])
+        letters = [
+            {
+                "name": state.name,
+                "part": state.part,
+                "transaction_id": letter.key.transaction_id,
+                "position": letter.key.position,
+                "message_id": letter.message_id,
+                "topic": letter.decision.topic,
+                "error": letter.decision.error,
+            }
+            for letter in dead_letters
+        ]
+        with wrap_errors(), self.conn.transaction():
+            row = self.conn.execute(self._q["advance_checkpoint"], params).fetchone()
+            if row is None:
+                raise conflict  # rolls the transaction back: nothing recorded
+            with self.conn.cursor() as cur:
+                cur.executemany(self._q["record_dead_letter"], letters)
+        return int(row[0])
+
+    def dead_letters(
+        self, name: str, after: Position, upto: Position
+    ) -> dict[UUID, DeadLetterDecision]:
+        """Dead-letter decisions already recorded for events in ``(after, upto]``."""
+        params = {
+            "name": name,
+            "from_tx": after.transaction_id,
+            "from_pos": after.position,
+            "to_tx": upto.transaction_id,
+            "to_pos": upto.position,
+        }
+        with wrap_errors():
+            rows = self.conn.execute(self._q["dead_letters_between"], params).fetchall()
+        return {row[0]: DeadLetterDecision(row[1], row[2]) for row in rows}
+
+    def halt(self, state: PartState, owner: UUID, error: str) -> None:
+        """Record a 'halt' poison decision: the part stays halted until resumed."""
+        params = {"name": state.name, "part": state.part, "owner": owner, "error": error}
+        with wrap_errors():
+            if self.conn.execute(self._q["halt_part"], params).fetchone() is None:
+                raise ClaimLost(f"{state.name}/{state.part} is no longer claimed by this relay")
+
+    def lag_sample(self, state: PartState, scan: int) -> LagSample:
+        """The part's rows after its checkpoint, decided or not, scanned up to ``scan``."""
+        with wrap_errors():
+            row = self.conn.execute(
+                self._q["part_lag"],
+                {
+                    **_part_params(state),
+                    "scan": scan,
+                    "aggregate_types": _sorted(state.subscriber.aggregate_types),
+                    "event_types": _sorted(state.subscriber.event_types),
+                },
+            ).fetchone()
+        assert row is not None
+        return LagSample(*row)
+
+    def horizon(self) -> int:
+        """The oldest transaction id not yet decided: every row below it is final."""
+        with wrap_errors():
+            row = self.conn.execute(self._q["horizon"]).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def part_skips(self, name: str, scan: int | None) -> list[PartSkips]:
+        """Each part's events skipped by its last reset forward, and whether its
+        checkpoint lies beyond the horizon (``scan``: rows scanned at most, None: all)."""
+        try:
+            with wrap_errors():
+                query = self._q["part_skips"]
+                rows = self.conn.execute(query, {"name": name, "scan": scan}).fetchall()
+        except DatabaseError as exc:
+            if exc.sqlstate != _UNDEFINED_COLUMN:
+                raise
+            return []  # a schema before migration 0009: no reset recorded what it skipped
+        return [PartSkips(*row) for row in rows]
+
+    def horizon_holders(self) -> list[HorizonHolder]:
+        """Backends holding the publication horizon back, oldest first."""
+        with wrap_errors():
+            rows = (
+                self.conn.cursor(row_factory=dict_row)
+                .execute(self._q["horizon_holders"])
+                .fetchall()
+            )
+        return [HorizonHolder(**row) for row in rows]
+
+    def sees_all_backends(self) -> bool:
+        """Whether :meth:`horizon_holders` can see every role's sessions, or only its own
+        role's (no ``pg_read_all_stats``: see ``outbox-relay grant --read-all-stats``)."""
+        with wrap_errors():
+            row = self.conn.execute(self._q["sees_all_backends"]).fetchone()
+        return bool(row and row[0])
+
+    def prune(self, older_than_s: float, batch: int = 10_000) -> Iterator[int]:
+        """Delete published rows older than ``older_than_s``, ``batch`` rows per
+        transaction; yields each batch's count. Never an unpublished row.
+
+        Through ``outbox_prune()`` (migration 0008, SECURITY DEFINER), so the relay role
+        needs no DELETE on the outbox; on an older schema (a rolling deploy), directly."""
+        params = {"older_than": older_than_s, "limit": batch}
+        while True:
+            try:
+                with wrap_errors():
+                    row = self.conn.execute(self._q["prune"], params).fetchone()
+            except UndefinedFunctionError:
+                yield from self._prune_directly(older_than_s, batch)
+                return
+            deleted = int(row[0]) if row else 0
+            if deleted <= 0:
+                return
+            yield deleted
+
+    def _prune_directly(self, older_than_s: float, batch: int) -> Iterator[int]:
+        with wrap_errors():
+            row = self.conn.execute(self._q["prune_bound"]).fetchone()
+        if row is None or row[0] is None:
+            return
+        params = {
+            "transaction_id": row[0],
+            "position": row[1],
+            "older_than": older_than_s,
+            "limit": batch,
+        }
+        while True:
+            with wrap_errors():
+                deleted = self.conn.execute(self._q["prune_batch"], params).rowcount
+            if deleted <= 0:
+                return
+            yield deleted
+
+    # -- the key space (restore safety) -----------------------------------------------
+
+    def check_key_space(self) -> KeySpaceCheck | None:
+        """Check (and repair) that the stored keys fit this cluster's transaction ids;
+        None on a schema from before migration 0004 (a rolling deploy)."""
+        try:
+            with wrap_errors():
+                row = self.conn.execute(self._q["check_key_space"]).fetchone()
+        except UndefinedFunctionError:
+            return None
+        assert row is not None
+        return KeySpaceCheck(KeySpaceAction(row[0]), row[1], row[2], row[3])
+
+    def key_space(self) -> KeySpace:
+        with wrap_errors():
+            row = self.conn.execute(self._q["key_space"]).fetchone()
+        assert row is not None, "outbox_key_space has its one row from migration 0004"
+        return KeySpace(row[0], row[1], row[2])
+
+    def key_of(self, message_id: UUID) -> Position | None:
+        with wrap_errors():
+            row = self.conn.execute(
+                self._q["key_of_message"], {"message_id": message_id}
+            ).fetchone()
+        return Position(*row) if row is not None else None
+
+    def translate(self, key_space: UUID, key: Position) -> Position:
+        """A key of ``key_space`` as a key of the space rebased from it."""
+        params = {"key_space": key_space, **key._asdict()}
+        with wrap_errors():
+            row = self.conn.execute(self._q["translate_key"], params).fetchone()
+        assert row is not None
+        return Position(*row)
+
+    # -- sessions and claims (design §4) ------------------------------------------------
+
+    def open_session(self, hostname: str, pid: int, timeout: float) -> UUID:
+        params = {"hostname": hostname, "pid": pid, "timeout": timeout}
+        with wrap_errors():
+            row = self.conn.execute(self._q["open_session"], params).fetchone()
+        assert row is not None
+        return UUID(str(row[0]))
+
+    def heartbeat(self, session: UUID, timeout: float) -> bool:
+        """Extend ``session``; False when it is gone (expired and deleted by a peer)."""
+        with wrap_errors():
+            row = self.conn.execute(
+                self._q["heartbeat"], {"id": session, "timeout": timeout}
+            ).fetchone()
+        return row is not None
+
+    def expire_sessions(self) -> list[ExpiredSession]:
+        """Delete expired sessions (their claims become free); returns them."""
+        with wrap_errors():
+            rows = self.conn.execute(self._q["expire_sessions"]).fetchall()
+        return [ExpiredSession(UUID(str(r[0])), r[1], r[2]) for r in rows]
+
+    def close_session(self, session: UUID) -> None:
+        with wrap_errors():
+            self.conn.execute(self._q["close_session"], {"id": session})
+
+    def live_sessions(self) -> list[UUID]:
+        with wrap_errors():
+            rows = self.conn.execute(self._q["live_sessions"]).fetchall()
+        return [UUID(str(r[0])) for r in rows]
+
+    def list_sessions(self) -> list[dict[str, Any]]:
+        with wrap_errors():
+            return (
+                self.conn.cursor(row_factory=dict_row).execute(self._q["list_sessions"]).fetchall()
+            )
+
+    def claim(self, name: str, part: int, owner: UUID) -> bool:
+        """Claim the free part for ``owner``; False when someone holds it."""
+        return self._set_owner("claim_part", name, part, owner)
+
+    def release(self, name: str, part: int, owner: UUID) -> bool:
+        """Free the part; False when ``owner`` does not hold it."""
+        return self._set_owner("release_part", name, part, owner)
+
+    def _set_owner(self, query: str, name: str, part: int, owner: UUID) -> bool:
+        """Run ``query`` (claim_part, release_part); whether it changed the owner."""
+        params = {"name": name, "part": part, "owner": owner}
+        with wrap_errors():
+            return self.conn.execute(self._q[query], params).fetchone() is not None
+
+    # -- subscribers -------------------------------------------------------------------
+
+    def get_part(self, name: str, part: int) -> PartState:
+        with wrap_errors():
+            row = (
+                self.conn.cursor(row_factory=dict_row)
+                .execute(self._q["get_part"], {"name": name, "part": part})
+                .fetchone()
+            )
+        if row is None:
+            raise SubscriberError(f"no subscriber part {name}/{part}")
+        return _part(Subscriber.from_dict(row), row)
+
+    def get(self, name: str) -> SubscriberState:
+        found = self.list(name)
+        if not found:
+            raise SubscriberError(f"no subscriber named {name!r}")
+        return found[0]
+
+    def list(self, name: str | None = None) -> list[SubscriberState]:
+        with wrap_errors():
+            cursor = self.conn.cursor(row_factory=dict_row)
+            subscribers = cursor.execute(self._q["list_subscribers"], {"name": name}).fetchall()
+            parts = cursor.execute(self._q["list_parts"], {"name": name}).fetchall()
+        found = []
+        for row in subscribers:
+            subscriber = Subscriber.from_dict(row)
+            mine = [
+                _part(subscriber, p, row["id"]) for p in parts if p["subscriber"] == row["name"]
+            ]
+            if mine:  # a subscriber created concurrently may not have its parts yet
+                found.append(SubscriberState(subscriber, row["id"], mine))
+        return found
+
+    def add(
+        self,
+        subscriber: Subscriber,
+        start: StartFrom = StartFrom.BEGINNING,
+        *,
+        replace: bool = False,
+    ) -> bool:
+        """Create ``subscriber`` (returns True), or update its definition when ``replace``.
+
+        An existing subscriber keeps its checkpoints: ``start`` applies to new ones only,
+        and its part count cannot change. Refused when it could publish an event to a
+        topic another subscriber publishes it to.
+        """
+        listed = self.list()
+        for other in listed:
+            reason = other.subscriber.name != subscriber.name and collision(
+                subscriber, other.subscriber
+            )
+            if reason:
+                raise SubscriberError(
+                    f"subscriber {subscriber.name!r} collides with {other.subscriber.name!r}: "
+                    f"{reason}; give it a topic of its own (--topic / topic) or filters "
+                    "that do not overlap"
+                )
+        params = {**subscriber.as_dict(), "start": start.value}
+        with wrap_errors(), self.conn.transaction():
+            created = self.conn.execute(self._q["insert_subscriber"], params).fetchone() is not None
+            if created:
+                self.conn.execute(self._q["insert_checkpoints"], params)
+            elif replace:
+                row = self.conn.execute(self._q["update_subscriber"], params).fetchone()
+                if row is not None and row[0] != subscriber.parts:
+                    raise SubscriberError(
+                        f"subscriber {subscriber.name!r} has {row[0]} parts; the part count is "
+                        "fixed at creation (remove the subscriber and add it again to change it)"
+                    )
+            else:
+                raise SubscriberError(f"subscriber {subscriber.name!r} already exists")
+            if (
+                subscriber.value_format is ValueFormat.AVRO_REGISTRY
+                or subscriber.subject_strategy is not SubjectStrategy.TOPIC
+            ):
+                self.conn.execute(self._q["set_subject_strategy"], params)
+            was = next((o.subscriber for o in listed if o.subscriber.name == subscriber.name), None)
+            if not subscriber.routing.default or (was is not None and not was.routing.default):
+                # As given (not normalised): the stored definition then equals the
+                # configured one, and a relay's sync sees no change to write.
+                given = {
+                    k: params[k] for k in ("key", "partition_by", "placements", "partition_count")
+                }
+                routing = None if subscriber.routing.default else Jsonb(given)
+                self.conn.execute(self._q["set_routing"], {**params, "routing": routing})
+            if subscriber.value_format is ValueFormat.AVRO_REGISTRY:
+                self.conn.execute(self._q["set_key_format"], params)
+        return created
+
+    def index_parts(self) -> None:
+        """Build the part indexes of every part count in use (relay/adapters/postgres/part_index.py):
+        run by `migrate` and `subscribers add`, never by a relay (building one waits
+        for every transaction open on the outbox to end)."""
+        for parts in sorted({s.subscriber.parts for s in self.list()}):
+            part_index.ensure(self.conn, self.schema, parts)
+
+    def set_paused(self, name: str, paused: bool) -> None:
+        with wrap_errors():
+            rows = self.conn.execute(
+                self._q["set_paused"], {"name": name, "paused": paused}
+            ).fetchall()
+        if not rows:
+            raise SubscriberError(f"no subscriber named {name!r}")
+
+    def reset(self, name: str, to: StartFrom | Position) -> None:
+        """Move the checkpoint to the beginning, to now, or to just after a position.
+
+        A position beyond the horizon is refused: transactions still running or not yet
+        begun write rows that sort before it, and they would never be published (issue
+        #28). The horizon only grows, so checking it first leaves no race.
+        """
+        position = to if isinstance(to, Position) else Position(0, 0)
+        if isinstance(to, Position):
+            horizon = self.horizon()
+            if to > Position(horizon, 0):
+                raise SubscriberError(
+                    f"cannot reset {name!r} to {to}: it is beyond what the database has "
+                    f"decided (the horizon is {horizon}:0; transactions from {horizon} on are "
+                    "still running or yet to begin), so events written from now on would sort "
+                    f"before it and never be published. Reset to a point at or below "
+                    f"{horizon}:0, or to 'now'"
+                )
+        params = {
+            "name": name,
+            "to": "position" if isinstance(to, Position) else to.value,
+            "transaction_id": position.transaction_id,
+            "position": position.position,
+        }
+        with wrap_errors():
+            rows = self.conn.execute(self._q["reset_checkpoint"], params).fetchall()
+        if not rows:
+            raise SubscriberError(f"no subscriber named {name!r}")
+
+    def remove(self, name: str) -> None:
+        with wrap_errors():
+            rows = self.conn.execute(self._q["delete_subscriber"], {"name": name}).fetchall()
+        if not rows:
+            raise SubscriberError(f"no subscriber named {name!r}")
+        in_use = [s.subscriber.parts for s in self.list()]
+        part_index.drop_unused(self.conn, self.schema, rows[0][1], in_use)
+
+
+def _fetch_query(after: Position, selection: Selection) -> tuple[str, dict[str, Any]]:
+    """The query that fetches ``selection`` after ``after``, and its parameters. A
+    subscriber of one aggregate type reads only its own rows (fetch_batch_of_type);
+    other filters read every row and leave behind what they drop (fetch_batch_filtered)."""
+    aggregate_types, event_types = selection.aggregate_types, selection.event_types
+    one_type = (
+        next(iter(aggregate_types)) if aggregate_types and len(aggregate_types) == 1 else None
+    )
+    params = {
+        "transaction_id": after.transaction_id,
+        "position": after.position,
+        "limit": selection.limit,
+        "max_bytes": selection.max_bytes,
+        "max_row_bytes": selection.max_row_bytes,
+        "part": selection.part,
+        "parts": selection.parts,
+        "aggregate_types": sorted(aggregate_types) if aggregate_types is not None else None,
+        "event_types": sorted(event_types) if event_types is not None else None,
+        "aggregate_type": one_type,
+    }
+    if one_type is not None:
+        return "fetch_batch_of_type", params
+    if aggregate_types is not None or event_types is not None:
+        return "fetch_batch_filtered", params
+    return "fetch_batch", params
+
+
+# A plain call of tuple.__new__: OutboxEvent's own __new__ is a Python function, and
+# the fetch builds thousands of events per batch.
+_new_event = functools.partial(tuple.__new__, OutboxEvent)
+
+
+def _event(row: Sequence[Any], limit: int) -> OutboxEvent:
+    tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz, big, id_text = row
+    if big is not None:
+        payload = _not_read(big, limit)
+    elif payload is not None:
+        payload = _load_row_json(payload)
+    return OutboxEvent(
+        tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at, size, dbz, id_text
+    )
+
+
+def _not_read(size: int, limit: int) -> Unreadable:
+    """What stands in for the payload of a row the fetch left unread: its poison."""
+    return Unreadable(
+        f"too large to publish: the row holds {size} bytes (its payload, headers and text "
+        f"columns), over the {limit} bytes a row may hold (twice message.max.bytes: no "
+        "record of it could fit); it was not read",
+        read=False,
+    )
+
+
+def _full(events: list[OutboxEvent], selection: Selection) -> bool:
+    """Whether a fetch came back full: ``limit`` events, or cut at ``max_bytes`` (the
+    fetch returns what it counted of each row)."""
+    return (
+        len(events) >= selection.limit or sum(e.stored_bytes for e in events) >= selection.max_bytes
+    )
+
+
+def _payloads(texts: list[bytes | None]) -> list[Any]:
+    """The payloads of a batch, from their JSON text (None: a row not read). orjson over
+    the whole batch in one C loop, the common case; a batch with a row it refuses (or a
+    row not read) goes row by row through :func:`_load_row_json`, which never raises."""
+    try:
+        # One check over the batch: orjson changes integers beyond 64 bits into floats.
+        if not has_long_number(b" ".join(texts)):  # type: ignore[arg-type]
+            return list(map(orjson.loads, texts))  # type: ignore[arg-type]
+    except (orjson.JSONDecodeError, TypeError):
+        pass
+    return [None if text is None else _load_row_json(text) for text in texts]
+
+
+def _load_row_json(data: bytes | bytearray | memoryview | str) -> Any:
+    """A row's payload or headers; never raises. Whatever Postgres accepted but Python
+    cannot load becomes :class:`Unreadable`, which the encoder treats as that row's
+    poison: raising here would fail the whole batch, for ever (docs/design.md §6).
+
+    As :func:`relay.adapters.postgres.db.load_json` (orjson, then the standard library for what orjson
+    refuses), but a number beyond a double's range is unreadable too: jsonb's numeric
+    takes ``1e400``, which the standard library loads as ``inf``, and that was published
+    as ``null`` (JSON) or ``Infinity`` (Avro)."""
+    text = bytes(data) if isinstance(data, memoryview) else data
+    if not has_long_number(text):  # orjson would load a long integer as a float
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass  # numbers beyond a double
+    try:
+        return json.loads(text, parse_float=_finite_float)
+    except Exception as exc:  # any failure: ValueError, RecursionError, MemoryError...
+        return Unreadable(f"{type(exc).__name__}: {str(exc)[:200]}")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"the number {text[:20]}... ({len(text)} characters) is beyond a double")
+    return value
+
+
+def _part(
+    subscriber: Subscriber, row: dict[str, Any], subscriber_id: UUID | None = None
+) -> PartState:
+    return PartState(
+        subscriber=subscriber,
+        subscriber_id=subscriber_id if subscriber_id is not None else row["id"],
+        part=row["part"],
+        checkpoint=Position(row["transaction_id"], row["position"]),
+        version=row["version"],
+        generation=row["generation"],
+        owner=row["owner"],
+        halted_error=row["halted_error"],
+        updated_at=row["updated_at"],
+    )
+
+
+def _part_params(state: PartState) -> dict[str, Any]:
+    return {
+        "transaction_id": state.checkpoint.transaction_id,
+        "position": state.checkpoint.position,
+        "part": state.part,
+        "parts": state.subscriber.parts,
+    }
+
+
+def _sorted(values: frozenset[str] | None) -> list[str] | None:
+    return None if values is None else sorted(values)

@@ -1,0 +1,1 @@
+"""The schema registry adapter: compatibility checks and the Confluent wire format."""

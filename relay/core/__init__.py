@@ -1,0 +1,1 @@
+"""The core: the domain model, the ports, settings and the rules every other part uses."""

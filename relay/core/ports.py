@@ -1,0 +1,356 @@
+"""The relay's ports, and the types that cross them.
+
+A part worker reads and checkpoints events through a :class:`PartStore` (Postgres:
+``relay.adapters.postgres.store.OutboxStore``) and publishes them through a :class:`Publisher` (Kafka:
+``relay.adapters.kafka.kafka.TransactionalPublisher`` or ``IdempotentPublisher``). The daemon around
+the workers (``relay.daemon``, ``relay.engine.sessions``) holds its session, claims parts,
+lists subscribers and keeps the outbox through a :class:`DaemonStore`, the part store
+and more (Postgres: ``relay.adapters.postgres.store.OutboxStore`` too); the lease it holds is a
+:class:`RelaySession`. What is on the topics is read back through a
+:class:`TopicReader` (Kafka: ``relay.adapters.kafka.topic_reader.KafkaTopicReader``): by ``verify``,
+the ``dev`` live view, the tests and the benchmarks. In-memory adapters of all of them
+live in ``relay.engine.testing``; ``tests/contracts/`` holds each port to the same contract,
+whichever adapter is behind it.
+
+Nothing here imports a database or Kafka client: the worker and the daemon's logic
+depend on these ports only (tests/unit/test_layers.py checks the worker).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import NamedTuple, Protocol
+from uuid import UUID
+
+from relay.core.key_space import KeySpace, KeySpaceCheck
+from relay.core.model import ConsumedRecord, KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
+from relay.core.subscribers import StartFrom, Subscriber
+
+
+@dataclass(frozen=True)
+class PartState:
+    """One part of a subscriber as stored: its checkpoint, CAS version and owner."""
+
+    subscriber: Subscriber
+    subscriber_id: UUID
+    part: int
+    checkpoint: Position
+    version: int
+    generation: UUID
+    owner: UUID | None
+    halted_error: str | None
+    updated_at: datetime
+
+    @property
+    def name(self) -> str:
+        return self.subscriber.name
+
+
+@dataclass(frozen=True)
+class SubscriberState:
+    """A subscriber with every part's state (for listings and status)."""
+
+    subscriber: Subscriber
+    subscriber_id: UUID
+    parts: list[PartState]
+
+    @property
+    def checkpoint(self) -> Position:
+        """The oldest part checkpoint: every event at or before it is published."""
+        return min(p.checkpoint for p in self.parts)
+
+
+class ExpiredSession(NamedTuple):
+    """A relay's session that a peer deleted because its heartbeats stopped."""
+
+    id: UUID
+    hostname: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class HorizonHolder:
+    """A backend whose open transaction keeps newer events from being published."""
+
+    # None for a prepared transaction (state 'prepared'): no session holds it.
+    pid: int | None
+    xid: str
+    state: str | None
+    application_name: str | None
+    # None, like state and query_start: another role's session, whose details this role
+    # may not see (it lacks pg_read_all_stats).
+    age_s: float | None
+    query_start: datetime | None
+    # A prepared transaction's name (COMMIT/ROLLBACK PREPARED takes it), owner and
+    # database; None for a session.
+    gid: str | None = None
+    owner: str | None = None
+    database: str | None = None
+
+    def describe(self) -> str:
+        """Who it is, for an operator: a session's pid, or a prepared transaction."""
+        if self.gid is None:
+            return f"pid {self.pid}"
+        return (
+            f"prepared transaction {self.gid!r} (owner {self.owner}, database "
+            f"{self.database}; ROLLBACK PREPARED or COMMIT PREPARED ends it)"
+        )
+
+
+class RelaySession:
+    """This relay process's row in the sessions table (its lease), as the workers see it.
+
+    Not a Postgres connection (a "session" in ``pg_stat_activity``), nor a Spark session.
+
+    :meth:`valid` is the local half of the lease: a relay whose heartbeats have not
+    succeeded for most of the expiry (a network partition, a SIGSTOP) must assume a
+    peer has expired it and stop publishing before it even learns so.
+    """
+
+    def __init__(self, session_id: UUID, timeout: float, heartbeat_interval: float) -> None:
+        self.id = session_id
+        self._timeout = timeout
+        self._margin = heartbeat_interval
+        self._renewed = time.monotonic()
+        self.lost = threading.Event()
+
+    def renewed(self, at: float) -> None:
+        self._renewed = at
+
+    def valid(self) -> bool:
+        if self.lost.is_set():
+            return False
+        return time.monotonic() - self._renewed < self._timeout - self._margin
+
+
+@dataclass(frozen=True)
+class DeadLetterDecision:
+    """A poison event goes to ``topic`` because of ``error`` (recorded in Postgres).
+    ``minimal``: its dead letter carries the event's identity only (the broker refused
+    the full one)."""
+
+    topic: str
+    error: str
+    minimal: bool = False
+
+
+class DeadLetter(NamedTuple):
+    """A dead-letter decision about the event ``message_id`` at ``key``: recorded in
+    Postgres only with the checkpoint that passes it, once the Kafka transaction that
+    carried its record committed (docs/design.md §7)."""
+
+    key: Position
+    message_id: UUID
+    decision: DeadLetterDecision
+
+
+class Fetched(NamedTuple):
+    """What one fetch read: the events to publish, in order; how far the read went
+    (past the rows the subscriber's filters dropped; None: nothing new was read); and
+    whether it came back full, a backlog with more to read."""
+
+    events: list[OutboxEvent]
+    read_to: Position | None
+    full: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """What one fetch reads: up to ``limit`` decided events of ``part`` (of ``parts``),
+    and no more once their sizes (every column the relay reads, uncompressed) reach
+    ``max_bytes`` (at least one). A row larger than ``max_row_bytes`` is not read: it
+    comes back as its identity, its payload :class:`relay.core.model.Unreadable` (poison).
+    Of those, the events the type filters (None: any) drop are left out: the fetch's
+    ``read_to`` goes past them."""
+
+    limit: int
+    max_bytes: int = 2**62
+    part: int = 0
+    parts: int = 1
+    aggregate_types: frozenset[str] | None = None
+    event_types: frozenset[str] | None = None
+    max_row_bytes: int = 2**62
+
+
+class PartStore(Protocol):
+    """What a part worker needs of the outbox: its part's events and checkpoint."""
+
+    def fetch(self, after: Position, selection: Selection) -> Fetched:
+        """The events ``selection`` picks after ``after``, in publication order."""
+
+    def get_part(self, name: str, part: int) -> PartState:
+        """The part as stored; raises ``SubscriberError`` when there is none."""
+
+    def advance(
+        self, state: PartState, to: Position, owner: UUID, dead_letters: Sequence[DeadLetter] = ()
+    ) -> int:
+        """Compare-and-set ``state``'s checkpoint to ``to`` and record ``dead_letters``
+        (events up to ``to``), all or nothing; returns the new version. Raises
+        ``CheckpointConflict`` when the version or owner moved (nothing recorded)."""
+
+    def dead_letters(
+        self, name: str, after: Position, upto: Position
+    ) -> dict[UUID, DeadLetterDecision]:
+        """Dead-letter decisions already recorded for events in ``(after, upto]`` (by a
+        checkpoint that passed them before a reset moved it back)."""
+
+    def halt(self, state: PartState, owner: UUID, error: str) -> None:
+        """Halt the part with ``error``; raises ``ClaimLost`` when ``owner`` lost it."""
+
+    def check_key_space(self) -> KeySpaceCheck | None:
+        """Check (and repair) the stored keys' space; None before migration 0004."""
+
+    def key_space(self) -> KeySpace: ...
+
+    def key_of(self, message_id: UUID) -> Position | None:
+        """The key of the event ``message_id``; None when the outbox lacks it."""
+
+    def translate(self, key_space: UUID, key: Position) -> Position:
+        """A key of ``key_space`` as a key of the space rebased from it."""
+
+    def close(self) -> None:
+        """Release the connection; the store is not used again."""
+
+
+class DaemonStore(PartStore, Protocol):
+    """What the relay daemon needs of the database besides a part's events: its session
+    (lease) and its peers', claims on parts, the subscribers, and the outbox's upkeep
+    (docs/design.md §4).
+
+    A session lives until its ``expires_at``, which a heartbeat moves on; any relay
+    deletes the expired ones, and a session deleted (expired or closed) frees every part
+    it owned. A part has at most one owner, a session; claiming and releasing it move
+    its version on, so a checkpoint written by an earlier owner fails its CAS.
+    """
+
+    @property
+    def closed(self) -> bool:
+        """Whether the store can no longer be used (closed, or its connection broken)."""
+
+    # -- sessions ----------------------------------------------------------------------
+
+    def open_session(self, hostname: str, pid: int, timeout: float) -> UUID:
+        """A new session of the relay ``pid`` on ``hostname``, live for ``timeout`` s."""
+
+    def heartbeat(self, session: UUID, timeout: float) -> bool:
+        """Extend ``session`` by ``timeout`` s from now; False when it is gone (expired
+        and deleted by a peer, or closed)."""
+
+    def expire_sessions(self) -> Sequence[ExpiredSession]:
+        """Delete the sessions past their expiry (their parts become free); returns them."""
+
+    def close_session(self, session: UUID) -> None:
+        """Delete ``session``: every part it owns is free at once (cooperative release)."""
+
+    def live_sessions(self) -> Sequence[UUID]:
+        """The sessions not past their expiry, in id order (deleted or not)."""
+
+    # -- claims ------------------------------------------------------------------------
+
+    def claim(self, name: str, part: int, owner: UUID) -> bool:
+        """Claim the free part for the session ``owner``; False when someone holds it (or
+        there is no such part)."""
+
+    def release(self, name: str, part: int, owner: UUID) -> bool:
+        """Free the part; False when ``owner`` does not hold it."""
+
+    # -- the subscribers ---------------------------------------------------------------
+
+    def add(
+        self,
+        subscriber: Subscriber,
+        start: StartFrom = StartFrom.BEGINNING,
+        *,
+        replace: bool = False,
+    ) -> bool:
+        """Create ``subscriber`` with its parts, free (True), or update its definition
+        when ``replace`` (False; its checkpoints and part count stay). Raises
+        ``SubscriberError`` when it exists and not ``replace``, or collides with another."""
+
+    # -- upkeep ------------------------------------------------------------------------
+
+    def prune(self, older_than_s: float, batch: int = 10_000) -> Iterator[int]:
+        """Delete published events older than ``older_than_s``, yielding each batch's
+        count; never an event some part has yet to publish."""
+
+    def horizon_holders(self) -> Sequence[HorizonHolder]:
+        """The transactions holding the publication horizon back, oldest first."""
+
+    def sees_all_backends(self) -> bool:
+        """Whether :meth:`horizon_holders` sees every role's transactions."""
+
+    def list(self, name: str | None = None) -> Sequence[SubscriberState]:
+        """Every subscriber (or the one named) with all its parts, by name; a subscriber
+        without parts yet (being created) is left out."""
+
+
+# What ``meanwhile`` may hand back: more records for the batch in flight, and its new end.
+Extension = tuple[Sequence[KafkaRecord], Position]
+# What the publisher runs while a batch travels (see Publisher.publish).
+Meanwhile = Callable[[], Extension | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One publish: ``records`` (possibly none: every event was filtered out), the batch
+    of the outbox that ends at ``end``, checkpointed under the part's ``generation``.
+    ``may_extend``: whether ``meanwhile`` may grow it."""
+
+    records: Sequence[KafkaRecord]
+    end: Position
+    generation: str
+    may_extend: bool = True
+    # The batch's dead letters: (message id, dead-letter topic). The Kafka-side
+    # checkpoint carries them, so an owner that adopts it records their decisions.
+    dead_letters: Sequence[tuple[str, str]] = ()
+
+
+class Publisher(Protocol):
+    """Publishes batches for one subscriber part."""
+
+    def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
+        """Take over the part: fence earlier producers, return the Kafka-side checkpoint.
+        Checkpoints written from now on are tagged with ``key_space``."""
+
+    def publish(self, batch: Batch, meanwhile: Meanwhile | None = None) -> None:
+        """Publish ``batch``; return once all its records are durable.
+
+        ``meanwhile`` runs once the records are handed to the client, while they travel:
+        the caller prepares its next batch there. If it returns an extension, those
+        records join this batch, which then ends where the extension does. With
+        ``batch.may_extend`` False the caller promises it returns None: the publisher may
+        then run it while the batch commits, so the next batch's reading overlaps the
+        commit's round trips too (docs/design.md §5).
+
+        Raises :class:`BrokerUnavailable` (retry), :class:`PoisonRecordError` (one record's
+        fault) or :class:`ProducerFenced` (another relay owns the part now).
+        """
+
+    def close(self) -> None: ...
+
+
+# What a reader reports while it reads: (records read, records to read).
+Progress = Callable[[int, int], None]
+
+
+class TopicReader(Protocol):
+    """Reads back what is committed on topics (read_committed), partition by partition
+    from the start of the log: every record of a partition in its order."""
+
+    def read(
+        self, topics: Sequence[str], progress: Progress | None = None
+    ) -> Iterator[ConsumedRecord]:
+        """Every record committed to ``topics`` up to their end as of the call (a topic
+        that does not exist has none); ``progress`` is told how far it got.
+        Raises :class:`BrokerUnavailable` when the topics cannot be read to their end."""
+
+    def follow(
+        self, topics: Sequence[str], idle: float = 0.1
+    ) -> Generator[ConsumedRecord | None, None, None]:
+        """Every record committed to ``topics``, then each one as it is committed, for
+        as long as the caller iterates (close the iterator to stop); None each time
+        ``idle`` seconds pass without one. A topic is read once it exists."""

@@ -1,0 +1,1 @@
+"""The engine: part workers, sessions, scheduling and encoding, behind the ports."""

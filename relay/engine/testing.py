@@ -1,0 +1,516 @@
+"""In-memory adapters of the relay's ports (``relay.core.ports``), for tests of the logic
+above them: no Postgres, no Kafka. ``tests/contracts/`` holds them to what the real
+adapters do."""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import json
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Generator, Iterator, Sequence
+from datetime import UTC, datetime
+from uuid import UUID
+
+from relay.core.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
+from relay.core.model import (
+    ConsumedRecord,
+    KafkaCheckpoint,
+    KafkaRecord,
+    OutboxEvent,
+    Position,
+    Unreadable,
+)
+from relay.core.ports import (
+    Batch,
+    DaemonStore,
+    DeadLetter,
+    DeadLetterDecision,
+    ExpiredSession,
+    Fetched,
+    HorizonHolder,
+    Meanwhile,
+    PartState,
+    Progress,
+    Selection,
+    SubscriberState,
+)
+from relay.core.subscribers import StartFrom, Subscriber, collision
+from relay.errors import CheckpointConflict, ClaimLost, DatabaseError, SubscriberError
+
+
+class InMemoryStore:
+    """A :class:`relay.core.ports.DaemonStore` (and so a ``PartStore``) over lists and dicts:
+    one outbox whose every event is committed (decided), subscribers of any number of
+    parts, and relays' sessions on a clock of the test's choosing.
+
+    Set up as the Postgres store is: :meth:`add` a subscriber, :meth:`open_session` and
+    :meth:`claim` its parts; :meth:`append` stands for an application's committed
+    transaction. An event's part is a hash of its aggregate id, as in Postgres, though
+    not the same hash. Safe to share between threads, as a pool of connections is.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.events: list[OutboxEvent] = []
+        self.parts: dict[tuple[str, int], PartState] = {}
+        # subscriber → message id → (event key, decision)
+        self.dead: dict[str, dict[UUID, tuple[Position, DeadLetterDecision]]] = {}
+        self.sessions: dict[UUID, _Session] = {}
+        self.key_space_id = uuid.uuid4()
+        self.closed = False
+        self._clock = clock
+        self._lock = threading.RLock()
+
+    # -- setting up, as an application and an operator would ---------------------------
+
+    def append(self, event: OutboxEvent) -> OutboxEvent:
+        """Commit ``event``; it gets the next key, whatever key it came with, and its
+        size as JSON text unless it comes with one."""
+        with self._lock:
+            last = self.events[-1].key if self.events else Position(100, 0)
+            size = event.stored_bytes or len(json.dumps(event.payload)) + len(
+                json.dumps(event.headers)
+            )
+            committed = event._replace(
+                transaction_id=last.transaction_id + 1, position=1, stored_bytes=size
+            )
+            self.events.append(committed)
+            return committed
+
+    def set_paused(self, name: str, paused: bool) -> None:
+        """Pause or resume (which clears a halt), bumping the versions as Postgres does."""
+        with self._lock:
+            for state in self._parts_of(name):
+                subscriber = dataclasses.replace(state.subscriber, paused=paused)
+                halted = state.halted_error if paused else None
+                self._set(
+                    dataclasses.replace(
+                        state, subscriber=subscriber, version=state.version + 1, halted_error=halted
+                    )
+                )
+
+    def remove(self, name: str) -> None:
+        """Delete the subscriber and its parts (their owners' workers find them gone)."""
+        with self._lock:
+            for state in self._parts_of(name):
+                del self.parts[state.name, state.part]
+
+    # -- the daemon's port: subscribers ------------------------------------------------
+
+    def add(
+        self,
+        subscriber: Subscriber,
+        start: StartFrom = StartFrom.BEGINNING,
+        *,
+        replace: bool = False,
+    ) -> bool:
+        with self._lock:
+            for other in self.list():
+                reason = other.subscriber.name != subscriber.name and collision(
+                    subscriber, other.subscriber
+                )
+                if reason:
+                    raise SubscriberError(
+                        f"subscriber {subscriber.name!r} collides with "
+                        f"{other.subscriber.name!r}: {reason}"
+                    )
+            existing = [s for (name, _), s in self.parts.items() if name == subscriber.name]
+            if existing and not replace:
+                raise SubscriberError(f"subscriber {subscriber.name!r} already exists")
+            if existing:
+                if len(existing) != subscriber.parts:
+                    raise SubscriberError(
+                        f"subscriber {subscriber.name!r} has {len(existing)} parts; the part "
+                        "count is fixed at creation"
+                    )
+                for state in existing:  # busy workers reload the definition (a new version)
+                    kept = dataclasses.replace(subscriber, paused=state.subscriber.paused)
+                    self._set(
+                        dataclasses.replace(state, subscriber=kept, version=state.version + 1)
+                    )
+                return False
+            begin = Position(0, 0)
+            if start is StartFrom.NOW and self.events:
+                begin = Position(self.events[-1].transaction_id + 1, 0)
+            subscriber_id = uuid.uuid4()
+            for part in range(subscriber.parts):
+                self._set(
+                    PartState(
+                        subscriber=subscriber,
+                        subscriber_id=subscriber_id,
+                        part=part,
+                        checkpoint=begin,
+                        version=1,
+                        generation=uuid.uuid4(),
+                        owner=None,
+                        halted_error=None,
+                        updated_at=datetime.now(UTC),
+                    )
+                )
+            return True
+
+    def list(self, name: str | None = None) -> list[SubscriberState]:
+        with self._lock:
+            found: dict[str, list[PartState]] = {}
+            for (subscriber, _), state in sorted(self.parts.items()):
+                if name is None or subscriber == name:
+                    found.setdefault(subscriber, []).append(state)
+        return [SubscriberState(p[0].subscriber, p[0].subscriber_id, p) for p in found.values()]
+
+    # -- the daemon's port: sessions and claims ----------------------------------------
+
+    def open_session(
+        self, hostname: str, pid: int, timeout: float, *, session_id: UUID | None = None
+    ) -> UUID:
+        """As the port's; ``session_id`` gives the session an id chosen by the test."""
+        with self._lock:
+            session = session_id if session_id is not None else uuid.uuid4()
+            self.sessions[session] = _Session(hostname, pid, self._clock() + timeout)
+            return session
+
+    def heartbeat(self, session: UUID, timeout: float) -> bool:
+        with self._lock:
+            held = self.sessions.get(session)
+            if held is None:
+                return False
+            held.expires_at = self._clock() + timeout
+            return True
+
+    def expire_sessions(self) -> builtins.list[ExpiredSession]:
+        with self._lock:
+            now = self._clock()
+            expired = [
+                ExpiredSession(sid, s.hostname, s.pid)
+                for sid, s in self.sessions.items()
+                if s.expires_at < now
+            ]
+            for gone in expired:
+                self.close_session(gone.id)
+            return expired
+
+    def close_session(self, session: UUID) -> None:
+        with self._lock:
+            if self.sessions.pop(session, None) is None:
+                return
+            # As the foreign key's ON DELETE SET NULL: the owner goes, the version stays.
+            for state in list(self.parts.values()):
+                if state.owner == session:
+                    self._set(dataclasses.replace(state, owner=None))
+
+    def live_sessions(self) -> builtins.list[UUID]:
+        with self._lock:
+            now = self._clock()
+            return sorted(sid for sid, s in self.sessions.items() if s.expires_at >= now)
+
+    def claim(self, name: str, part: int, owner: UUID) -> bool:
+        with self._lock:
+            state = self.parts.get((name, part))
+            if state is None or state.owner is not None:
+                return False
+            if owner not in self.sessions:  # as the foreign key to the sessions refuses it
+                raise DatabaseError(
+                    f"postgres refused the operation [23503]: no session {owner}",
+                    sqlstate="23503",
+                )
+            self._set(dataclasses.replace(state, owner=owner, version=state.version + 1))
+            return True
+
+    def release(self, name: str, part: int, owner: UUID) -> bool:
+        with self._lock:
+            state = self.parts.get((name, part))
+            if state is None or state.owner != owner:
+                return False
+            self._set(dataclasses.replace(state, owner=None, version=state.version + 1))
+            return True
+
+    # -- the daemon's port: upkeep -----------------------------------------------------
+
+    def prune(self, older_than_s: float, batch: int = 10_000) -> Iterator[int]:
+        while True:
+            with self._lock:
+                doomed = self._prunable(older_than_s)[:batch]
+                for event in doomed:
+                    self.events.remove(event)
+            if not doomed:
+                return
+            yield len(doomed)
+
+    def horizon_holders(self) -> builtins.list[HorizonHolder]:
+        return []  # every event here is committed: nothing holds the horizon
+
+    def sees_all_backends(self) -> bool:
+        return True
+
+    # -- the port ---------------------------------------------------------------------
+
+    def fetch(self, after: Position, selection: Selection) -> Fetched:
+        limit, max_bytes = selection.limit, selection.max_bytes
+        read: list[OutboxEvent] = []
+        size = 0
+        with self._lock:
+            events = list(self.events)
+        for event in events:
+            if event.key <= after:
+                continue
+            if selection.parts > 1 and part_of(event.aggregate_id, selection.parts) != (
+                selection.part
+            ):
+                continue
+            if len(read) == limit or (read and size >= max_bytes):
+                break
+            read.append(event)
+            size += event.stored_bytes
+        if not read:
+            return Fetched([], None)
+        aggregate_types, event_types = selection.aggregate_types, selection.event_types
+        kept = [
+            _unless_too_large(e, selection.max_row_bytes)
+            for e in read
+            if (aggregate_types is None or e.aggregate_type in aggregate_types)
+            and (event_types is None or e.event_type in event_types)
+        ]
+        return Fetched(kept, read[-1].key, len(read) == limit or size >= max_bytes)
+
+    def get_part(self, name: str, part: int) -> PartState:
+        state = self.parts.get((name, part))
+        if state is None:
+            raise SubscriberError(f"no subscriber part {name}/{part}")
+        return state
+
+    def advance(
+        self, state: PartState, to: Position, owner: UUID, dead_letters: Sequence[DeadLetter] = ()
+    ) -> int:
+        with self._lock:
+            return self._advance(state, to, owner, dead_letters)
+
+    def _advance(
+        self, state: PartState, to: Position, owner: UUID, dead_letters: Sequence[DeadLetter]
+    ) -> int:
+        current = self.get_part(state.name, state.part)
+        if current.version != state.version or current.owner != owner or to < current.checkpoint:
+            raise CheckpointConflict(
+                f"checkpoint of {state.name}/{state.part} changed underneath this relay"
+            )
+        recorded = self.dead.setdefault(state.name, {})
+        for letter in dead_letters:
+            recorded.setdefault(letter.message_id, (letter.key, letter.decision))
+        return self._set(
+            dataclasses.replace(current, checkpoint=to, version=current.version + 1)
+        ).version
+
+    def dead_letters(
+        self, name: str, after: Position, upto: Position
+    ) -> dict[UUID, DeadLetterDecision]:
+        recorded = self.dead.get(name, {})
+        return {m: d for m, (key, d) in recorded.items() if after < key <= upto}
+
+    def halt(self, state: PartState, owner: UUID, error: str) -> None:
+        with self._lock:
+            current = self.get_part(state.name, state.part)
+            if current.owner != owner:
+                raise ClaimLost(f"{state.name}/{state.part} is no longer claimed by this relay")
+            self._set(dataclasses.replace(current, halted_error=error, version=current.version + 1))
+
+    def check_key_space(self) -> KeySpaceCheck | None:
+        return KeySpaceCheck(KeySpaceAction.UNCHANGED, self.key_space_id, 0, None)
+
+    def key_space(self) -> KeySpace:
+        return KeySpace(self.key_space_id, None, None)
+
+    def key_of(self, message_id: UUID) -> Position | None:
+        return next((e.key for e in self.events if e.message_id == message_id), None)
+
+    def translate(self, key_space: UUID, key: Position) -> Position:
+        # This store is never restored elsewhere, so no key space was rebased from it.
+        raise SubscriberError(f"key space {key_space} was never rebased into this store")
+
+    def close(self) -> None:
+        self.closed = True
+
+    def _set(self, updated: PartState) -> PartState:
+        updated = dataclasses.replace(updated, updated_at=datetime.now(UTC))
+        self.parts[updated.name, updated.part] = updated
+        return updated
+
+    def _parts_of(self, name: str) -> builtins.list[PartState]:
+        found = [state for (subscriber, _), state in self.parts.items() if subscriber == name]
+        if not found:
+            raise SubscriberError(f"no subscriber named {name!r}")
+        return found
+
+    def _prunable(self, older_than_s: float) -> builtins.list[OutboxEvent]:
+        """Events every part has published, older than ``older_than_s``, but a stream's
+        latest version (the next event-sourced append checks that it exists)."""
+        if not self.parts:
+            return []
+        published = min(state.checkpoint for state in self.parts.values())
+        cutoff = datetime.now(UTC).timestamp() - older_than_s
+        versions = {(e.aggregate_type, e.aggregate_id, e.aggregate_version) for e in self.events}
+        return [
+            e
+            for e in self.events
+            if e.key <= published
+            and e.occurred_at.timestamp() <= cutoff
+            and (
+                e.aggregate_version is None
+                or (e.aggregate_type, e.aggregate_id, e.aggregate_version + 1) in versions
+            )
+        ]
+
+
+@dataclasses.dataclass
+class _Session:
+    hostname: str
+    pid: int
+    expires_at: float  # on the store's clock
+
+
+def part_of(aggregate_id: str, parts: int) -> int:
+    """The in-memory store's part of an event: a stable hash of its aggregate id."""
+    return zlib.crc32(aggregate_id.encode()) % parts
+
+
+class InMemoryPublisher:
+    """A :class:`relay.core.ports.Publisher` that stands for a broker and the part's producer:
+    committed transactions in a list, and the Kafka-side checkpoint of each checkpoint
+    generation beside them, as the transactional publisher keeps it.
+
+    Two hooks stand for the world around the batch in flight: ``on_send`` runs as it is
+    handed to the client (before ``meanwhile``: what happens elsewhere while it
+    travels), and ``refuse`` is the broker's verdict on each transaction's records (it
+    raises :class:`PoisonRecordError` for those the broker would refuse).
+    """
+
+    def __init__(self) -> None:
+        self.transactions: list[list[KafkaRecord]] = []
+        self.checkpoints: dict[str, KafkaCheckpoint] = {}
+        self.on_send: Callable[[], None] | None = None
+        self.refuse: Callable[[Sequence[KafkaRecord]], None] | None = None
+        self.closed = False
+        self._key_space: UUID | None = None
+
+    def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
+        self._key_space = key_space
+        return self.checkpoints.get(generation)
+
+    def publish(self, batch: Batch, meanwhile: Meanwhile | None = None) -> None:
+        if self.on_send is not None:
+            self.on_send()
+        records, end, generation = batch.records, batch.end, batch.generation
+        if records and not batch.may_extend:
+            # As the real one: the batch commits as given while the callback runs.
+            self._commit(records, end, generation, batch.dead_letters)
+            if meanwhile is not None and meanwhile() is not None:
+                raise AssertionError("meanwhile extended a batch after promising not to")
+            return
+        # As the real one: the callback runs while the records travel, and an
+        # extension joins the transaction.
+        extension = meanwhile() if meanwhile is not None else None
+        if not records:  # no transaction: the Postgres checkpoint alone moves
+            if extension is not None:
+                self.publish(Batch(*extension, generation))
+            return
+        if extension is not None:
+            records, end = [*records, *extension[0]], extension[1]
+        self._commit(records, end, generation, batch.dead_letters)
+
+    def _commit(
+        self,
+        records: Sequence[KafkaRecord],
+        end: Position,
+        generation: str,
+        dead_letters: Sequence[tuple[str, str]],
+    ) -> None:
+        if self.refuse is not None:
+            self.refuse(records)
+        self.transactions.append(list(records))
+        last = records[-1].outbox_message_id
+        self.checkpoints[generation] = KafkaCheckpoint(
+            end,
+            self._key_space,
+            UUID(last) if last else None,
+            tuple((UUID(m), topic) for m, topic in dead_letters),
+        )
+
+    def close(self) -> None:
+        self.closed = True
+
+    def published(self) -> list[KafkaRecord]:
+        """Every committed record, in order."""
+        return [record for transaction in self.transactions for record in transaction]
+
+
+class InMemoryTopicReader:
+    """A :class:`relay.core.ports.TopicReader` of what an :class:`InMemoryPublisher`
+    committed: one partition per topic, offsets counted per topic."""
+
+    def __init__(self, broker: InMemoryPublisher) -> None:
+        self._broker = broker
+
+    def read(
+        self, topics: Sequence[str], progress: Progress | None = None
+    ) -> Iterator[ConsumedRecord]:
+        records = self._committed(topics)
+        yield from records
+        if progress is not None:
+            progress(len(records), len(records))
+
+    def follow(
+        self, topics: Sequence[str], idle: float = 0.1
+    ) -> Generator[ConsumedRecord | None, None, None]:
+        done = 0
+        while True:
+            records = self._committed(topics)
+            if len(records) == done:
+                time.sleep(idle)  # as a consumer's poll waits for one
+                yield None
+            yield from records[done:]
+            done = len(records)
+
+    def _committed(self, topics: Sequence[str]) -> list[ConsumedRecord]:
+        offsets: dict[str, int] = {}
+        records = []
+        for record in self._broker.published():
+            offset = offsets[record.topic] = offsets.get(record.topic, -1) + 1
+            if record.topic in topics:
+                records.append(_consumed(record, offset))
+        return records
+
+
+def _unless_too_large(event: OutboxEvent, limit: int) -> OutboxEvent:
+    """``event``, or its identity only when it is larger than ``limit``, as the
+    Postgres fetch returns a row too large for any record."""
+    size = event.stored_bytes + sum(
+        len(text.encode()) for text in (event.aggregate_type, event.aggregate_id, event.event_type)
+    )
+    if size <= limit:
+        return event
+    return event._replace(
+        aggregate_type=_cut(event.aggregate_type),
+        aggregate_id=_cut(event.aggregate_id),
+        event_type=_cut(event.event_type),
+        payload=Unreadable(f"too large to publish: the row holds {size} bytes", read=False),
+        headers={},
+        debezium=None,
+    )
+
+
+def _cut(text: str) -> str:
+    size = len(text.encode())
+    return text if size <= 200 else f"{text[:200]}...[cut: {size} bytes]"
+
+
+def _consumed(record: KafkaRecord, offset: int) -> ConsumedRecord:
+    """``record`` as a consumer reads it: header values are bytes on the wire."""
+    headers = [(k, v.encode() if isinstance(v, str) else v) for k, v in record.headers]
+    return ConsumedRecord(
+        record.topic, 0, offset, record.key, record.value, headers, record.timestamp_ms
+    )
+
+
+def _is_a_daemon_store(store: InMemoryStore) -> DaemonStore:
+    """mypy holds the in-memory store to the port here (Postgres's: relay.daemon)."""
+    return store

@@ -1,0 +1,925 @@
+"""One subscriber part's publication loop: fetch → encode → publish → checkpoint.
+
+A claimed part runs in turns on one of the relay's few scheduler threads, and borrows
+one of its few Kafka producers while it publishes (relay/engine/scheduling.py): an idle part
+holds neither. A slow or halted part never stalls the others; its store borrows one of
+the process's few Postgres connections per query (relay/adapters/postgres/pool.py). Whenever the part gets
+a producer it has not recovered with, the worker first runs recovery (docs/design.md §5):
+fence earlier producers of the part, then move the Postgres checkpoint up to the
+Kafka-side one if a transaction committed there without its checkpoint update reaching
+Postgres."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import NamedTuple
+from uuid import UUID
+
+from relay.core.key_space import KeySpace, KeySpaceAction, adoptable, report
+from relay.core.log_fields import log_extra
+from relay.core.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position, Unreadable
+from relay.core.ports import (
+    Batch,
+    DeadLetter,
+    DeadLetterDecision,
+    Extension,
+    PartState,
+    PartStore,
+    Publisher,
+    Selection,
+)
+from relay.core.subscribers import PoisonPolicy
+from relay.engine.encoding import RecordEncoder
+from relay.engine.poison import MAX_DEAD_LETTER_ERROR_BYTES, cap, dead_letter_record
+from relay.engine.scheduling import PartScheduler, ProducerPool
+from relay.engine.sessions import RelaySession
+from relay.errors import (
+    CheckpointConflict,
+    ClaimLost,
+    ConfigError,
+    EncodingError,
+    PoisonRecordError,
+    RelayError,
+    RetryableError,
+    SubscriberError,
+)
+from relay.observability.tracing import PublishHook
+
+logger = logging.getLogger(__name__)
+
+_MAX_BACKOFF_S = 30.0
+# After a notification finds nothing decided yet (an older transaction still holds the
+# horizon), re-poll soon rather than waiting out the whole poll interval.
+_HORIZON_REPOLL_S = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
+_ADVANCE_ATTEMPTS = 5
+# How long a busy part's turn goes on while other parts wait for a thread. Long enough
+# that a part that had to wait for a producer (init_transactions and recovery: hundreds
+# of ms) publishes many batches with it; short enough that waiting parts are served.
+_TURN_S = 2.0
+# Dead letters per Kafka transaction at most: the Kafka-side checkpoint names each
+# (docs/design.md §7), and its tag must stay under offset.metadata.max.bytes (4 KiB).
+_MAX_DEAD_LETTERS = 32
+# What a decision recovered from the Kafka-side checkpoint says (its reason is on the
+# dead-letter record, in the header outbox.error).
+_RECOVERED = "dead-lettered by a previous owner (recorded by recovery; the reason is on the record)"
+
+
+class WorkerState(StrEnum):
+    STARTING = "starting"
+    RUNNING = "running"
+    PAUSED = "paused"
+    RETRYING = "retrying"
+    HALTED = "halted"
+    STOPPED = "stopped"
+
+
+def _counter(metric: str, help_text: str) -> int:
+    """A counter of :class:`WorkerStats`, which /metrics exports per part as ``metric``
+    with ``help_text``: each counter is declared here only (#34 item 5)."""
+    return field(default=0, metadata={"metric": (metric, help_text)})
+
+
+@dataclass
+class WorkerStats:
+    """A part worker's statistics. The worker's thread writes them while scrapes read
+    them: every change and read takes ``lock`` (:meth:`counts` reads the counters)."""
+
+    published: int = _counter("outbox_relay_published_events", "Events published to Kafka")
+    published_bytes: int = _counter("outbox_relay_published_bytes", "Key and value bytes published")
+    batches: int = _counter("outbox_relay_batches", "Batches committed (Kafka, then checkpoint)")
+    errors: int = _counter("outbox_relay_errors", "Errors (retried or halting)")
+    dead_lettered: int = _counter(
+        "outbox_relay_dead_lettered_events", "Poison events dead-lettered"
+    )
+    # Times a Kafka-side checkpoint was ahead of Postgres (and adopted).
+    recovered: int = _counter(
+        "outbox_relay_recoveries", "Kafka-side checkpoints adopted on takeover"
+    )
+    # Kafka-side checkpoints ahead of Postgres that could not be shown to belong to this
+    # database (a restore): not adopted, so what they cover may be published again.
+    recoveries_refused: int = _counter(
+        "outbox_relay_recoveries_refused",
+        "Kafka-side checkpoints ahead of Postgres not shown to belong to this database",
+    )
+    # Events the poison policy handled (dead-lettered or halted on), whatever the cause:
+    # unreadable, unencodable, unroutable, or refused by the broker.
+    poisoned: int = _counter(
+        "outbox_relay_poison_events",
+        "Events the part could not publish (dead-lettered, or halting the part)",
+    )
+    # Exceptions outside the relay's error tree (a bug, or a failure nobody foresaw):
+    # each is logged with its traceback and the part starts over with backoff.
+    unexpected: int = _counter(
+        "outbox_relay_unexpected_errors",
+        "Errors of no known kind in a part worker (logged with a traceback, then retried)",
+    )
+    # A worker that stopped on its own on a fatal error: the daemon counts it when it
+    # retires the worker (only it knows whether the worker was told to stop).
+    failures: int = _counter(
+        "outbox_relay_worker_failures",
+        "Part workers that stopped on an error retrying cannot fix (the part is then halted)",
+    )
+    # Exported by the daemon as outbox_relay_key_space_changes{action=...}, not per part.
+    key_space_rebased: int = 0  # times this part's connection found and rebased a move
+    key_space_continued: int = 0  # ... found a cluster change that kept the key space
+    checkpoint: Position | None = None
+    last_error: str | None = None
+    # The service the part's last attempt found unreachable (RetryableError.waits_on:
+    # "schema_registry", "kafka", "postgres"), until a turn goes through; None otherwise.
+    waiting_on: str | None = None
+    last_published_at: float | None = None
+    state: WorkerState = WorkerState.STARTING
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def counts(self) -> Counter[str]:
+        """Every count at one instant, the key-space changes included (psycopg_pool's
+        get_stats): what the daemon sums per part and /metrics exports."""
+        with self.lock:
+            return Counter({name: getattr(self, name) for name in _COUNTS})
+
+
+# Each counter /metrics exports per part: its field's name -> (metric name, help text).
+COUNTERS: dict[str, tuple[str, str]] = {
+    f.name: f.metadata["metric"] for f in dataclasses.fields(WorkerStats) if f.metadata
+}
+_COUNTS = (*COUNTERS, "key_space_rebased", "key_space_continued")
+
+
+@dataclass
+class _Batch:
+    events: list[OutboxEvent]
+    # How far the fetch read (past events the subscriber drops); None: nothing new.
+    read_to: Position | None
+    full: bool = False  # a backlog: the fetch came back full
+    # Encoded ahead of time when every event encoded cleanly; None: encode on the slow
+    # path, which applies the poison policy.
+    records: list[KafkaRecord] | None = None
+
+
+class _Published(NamedTuple):
+    """A published batch's outcome: the part's new state, and the next batch if it was
+    read while this one travelled."""
+
+    state: PartState
+    ahead: _Batch | None
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """A batch as handed to the publisher, or as committed: then grown by what joined it
+    while it travelled, with the batch read meanwhile that did not join."""
+
+    events: list[OutboxEvent]
+    records: list[KafkaRecord]
+    end: Position
+    ahead: _Batch | None = None
+    full: bool = False
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """The broker refused a record of the batch (grown as it was when refused)."""
+
+    events: list[OutboxEvent]
+    end: Position
+    error: PoisonRecordError
+
+
+class _ReadAhead:
+    """The publisher's ``meanwhile``: reads and encodes the batch after the one in
+    flight while it travels. When the relay is caught up, that batch joins the open
+    transaction rather than waiting a whole cycle for the next one."""
+
+    def __init__(
+        self,
+        prepare: Callable[[PartState], _Batch],
+        state: PartState,
+        sent: _Sent,
+        joining: Callable[[list[KafkaRecord]], list[KafkaRecord]],
+    ) -> None:
+        self._prepare, self._state, self._end = prepare, state, sent.end
+        self._joining = joining  # the records as they join (tracing: the batch's context)
+        self._following: _Batch | None = None
+        self._joined = False
+        # A full batch means a backlog: what follows goes in its own full transaction,
+        # so it is read while this one commits rather than offered to join it.
+        self.may_join = not sent.full
+
+    def __call__(self) -> Extension | None:
+        following = self._prepare(dataclasses.replace(self._state, checkpoint=self._end))
+        self._following = following
+        if not self.may_join or not _joins(following, self._state):
+            return None
+        assert following.records is not None and following.read_to is not None
+        self._joined = True
+        following.records = self._joining(following.records)
+        return following.records, following.read_to
+
+    def grown(self, batch: _Sent) -> _Sent:
+        """``batch`` with what joined it, or with what was read ahead for later."""
+        following = self._following
+        if following is None:
+            return batch
+        if not self._joined:
+            return dataclasses.replace(batch, ahead=following)
+        assert following.records is not None and following.read_to is not None
+        return _Sent(
+            [*batch.events, *following.events],
+            [*batch.records, *following.records],
+            following.read_to,
+        )
+
+
+class PartWorker:
+    """One part's publication, run in turns by a :class:`PartScheduler`: a turn polls
+    the part and, when it has rows, borrows a producer from the :class:`ProducerPool`
+    and publishes until the part is caught up (or, when other parts wait for a
+    thread, for about ``_TURN_S``). Between turns an idle part holds no thread and no
+    producer; its publisher may stay open in the pool until another part needs room.
+
+    Without a scheduler and a pool of its own (tests, one part) the worker makes a
+    private one-thread scheduler and a one-producer pool over ``open_publisher``."""
+
+    def __init__(
+        self,
+        part: PartId,
+        *,
+        session: RelaySession,
+        open_store: Callable[[], PartStore],
+        open_publisher: Callable[[PartState], Publisher],
+        encoder: RecordEncoder,
+        batch_size: int,
+        poll_interval: float,
+        batch_max_bytes: int = 2**62,
+        max_record_bytes: int = 2**61,
+        hook: PublishHook | None = None,
+        scheduler: PartScheduler | None = None,
+        producers: ProducerPool | None = None,
+    ) -> None:
+        # Told of each committed batch: the latency histogram, and spans if tracing is on.
+        self.hook = hook if hook is not None else PublishHook()
+        self.part = part
+        self.session = session
+        self.stats = WorkerStats()
+        self._stopping = threading.Event()
+        self._ended = threading.Event()
+        self._open_store = open_store
+        self._own_scheduler = scheduler is None
+        self._scheduler = scheduler if scheduler is not None else PartScheduler(1)
+        self._producers = producers if producers is not None else ProducerPool(open_publisher, 1)
+        self._encoder = encoder
+        # What every fetch of this part reads at most; the subscriber's parts and filters
+        # join it per fetch (a subscriber read again may filter differently). A row over
+        # twice the largest record (message.max.bytes) cannot fit in one, whatever the
+        # format (JSON text as Postgres writes it is at most about twice as long as the
+        # compact JSON published): it is poison, and never read.
+        self._limits = Selection(
+            batch_size, batch_max_bytes, part.part, max_row_bytes=2 * max_record_bytes
+        )
+        self._poll_interval = poll_interval
+        self._store: PartStore | None = None
+        # The publisher lent by the pool for this turn.
+        self._publisher: Publisher | None = None
+        self._space: KeySpace | None = None
+        self._space_checked = False
+        self._state: PartState | None = None  # None: load it on the next step
+        self._ahead: _Batch | None = None  # the next batch, prepared while the last travelled
+        self._repolls: Iterator[float] = iter(())
+        self._waited = False  # the last step found nothing and waited
+        self._failures = 0
+
+    # -- what the relay calls ------------------------------------------------------------
+
+    def start(self) -> None:
+        self._scheduler.submit(self)
+
+    def stop(self) -> None:
+        """Finish the batch in flight, then stop."""
+        self._stopping.set()
+        self._scheduler.wake(self)
+
+    def wake(self) -> None:
+        """Something may have been committed for this part: poll it soon."""
+        self._scheduler.wake(self)
+
+    def is_alive(self) -> bool:
+        return not self._ended.is_set()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._ended.wait(timeout)
+
+    # -- a turn ------------------------------------------------------------------------
+
+    def turn(self, woken: bool) -> float | None:
+        """Run one turn (on a scheduler thread); returns the seconds until the next one,
+        or None once the worker has stopped."""
+        if not self._stopping.is_set():
+            try:
+                delay = self._serve(woken)
+                self.stats.waiting_on = None
+            except RetryableError as exc:
+                self._failures += 1
+                delay = self._retry_later(exc, self._failures)
+            except ClaimLost as exc:
+                logger.warning(
+                    "part %s: %s; stopping its worker",
+                    self.part,
+                    exc,
+                    extra=self._log_extra("part_claim_lost", error=exc),
+                )
+                self._stopping.set()
+            except SubscriberError:
+                logger.info(
+                    "part %s: its subscriber was removed; stopping",
+                    self.part,
+                    extra=self._log_extra("part_subscriber_removed"),
+                )
+                self._stopping.set()
+            except RelayError as exc:
+                # Not retryable and not an event's fault (a permission error, a bad Kafka
+                # setting...): stop this part only, loudly.
+                self._record_error(WorkerState.HALTED, exc)
+                logger.error(
+                    "part %s stopped: %s",
+                    self.part,
+                    exc,
+                    extra=self._log_extra("part_stopped", error=exc),
+                )
+                self._stopping.set()
+            except Exception as exc:
+                # Not ours: a bug, or a failure no one foresaw. The part must not die of
+                # it (the supervisor would restart it in a silent loop).
+                self._failures += 1
+                with self.stats.lock:
+                    self.stats.unexpected += 1
+                delay = self._retry_later(exc, self._failures, unexpected=True)
+            if not self._stopping.is_set():
+                return delay
+        self._finish()
+        return None
+
+    def _log_extra(self, event: str, **fields: object) -> dict[str, object]:
+        """The ``extra`` of this part's log lines: the event, the part, then ``fields``."""
+        return log_extra(event, part=self.part, **fields)
+
+    def _finish(self) -> None:
+        try:
+            self._drop_connections()
+        finally:
+            if self.stats.state is not WorkerState.HALTED:
+                self.stats.state = WorkerState.STOPPED
+            if self._own_scheduler:
+                self._scheduler.close()
+            self._ended.set()
+
+    def _retry_later(self, exc: Exception, failures: int, *, unexpected: bool = False) -> float:
+        delay: float = min(_MAX_BACKOFF_S, 0.1 * 2 ** min(failures, 10)) * random.uniform(0.5, 1.0)
+        self._record_error(WorkerState.RETRYING, exc)
+        logger.log(
+            logging.ERROR if unexpected else logging.WARNING,
+            "part %s: %s%s; retrying in %.1fs",
+            self.part,
+            f"unexpected {type(exc).__name__}: " if unexpected else "",
+            exc,
+            delay,
+            exc_info=exc if unexpected else None,
+            extra=self._log_extra("part_retrying", retry_in=delay, error=exc),
+        )
+        # Start over from recovery: the transaction's fate may be unknown.
+        self._drop_connections()
+        return delay
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def _serve(self, woken: bool) -> float:
+        """Publish until the part is caught up, stopping, or its turn is up while
+        other parts wait; returns the seconds until its next turn. Raises on errors."""
+        store = self._held_store()
+        if not self._space_checked:  # (re)started: before anything else on this part
+            self._space = self._check_key_space(store)
+            self._space_checked = True
+            # Recover at once, as a part is taken over: earlier owners are fenced now,
+            # not when the first row comes, and a producer Kafka refuses shows at once.
+            self._state = self._lend_publisher(store, self._load(store))
+        ends = time.monotonic() + _TURN_S
+        try:
+            while True:
+                delay = self._step(store, woken)
+                woken = False
+                if delay is not None:
+                    return delay
+                if self._stopping.is_set():
+                    return 0.0
+                if time.monotonic() > ends and self._scheduler.contended():
+                    return 0.0  # others wait for a thread: this part goes on next turn
+        finally:
+            # Between turns the pool may close it; holding it would keep its client alive.
+            self._publisher = None
+            self._producers.release(self)
+
+    def _step(self, store: PartStore, woken: bool) -> float | None:
+        """Publish one batch (None: go on), or say how long to wait for the next."""
+        if self._state is None or (self._waited and not woken):
+            self._state = self._load(store)  # also an idle tick's: notice pause or reset
+        self._waited = False
+        state = self._state
+        if state.subscriber.paused or state.halted_error is not None:
+            self.stats.state = WorkerState.HALTED if state.halted_error else WorkerState.PAUSED
+            self._state, self._ahead = None, None
+            return self._poll_interval
+        self.stats.state = WorkerState.RUNNING
+        ahead, self._ahead = self._ahead, None
+        batch = ahead if ahead is not None and ahead.read_to else self._fetch(store, state)
+        if batch.read_to is None:
+            if woken:
+                self._repolls = iter(_HORIZON_REPOLL_S)
+            self._waited = True
+            return next(self._repolls, self._poll_interval)
+        if not batch.events:
+            # Only rows the subscriber does not take: the Postgres checkpoint alone moves,
+            # and no producer is needed (what Kafka holds of the part stays as it is).
+            self._state = self._advance(store, state, batch.read_to, [])
+            self._count([], 0, batch.read_to)
+            return None
+        recovered = self._lend_publisher(store, state)
+        if recovered is not None:
+            if not _same_batch_start(recovered, state):
+                self._state = None  # recovery moved the checkpoint (or a pause): read again
+                return None
+            state = recovered
+        published = self._publish(store, state, batch)
+        if published is None:  # halted on a poison event
+            self._state = None
+        else:
+            self._state, self._ahead = published
+            self._failures = 0
+        return None
+
+    def _lend_publisher(self, store: PartStore, state: PartState) -> PartState | None:
+        """Borrow this part's publisher from the pool for this turn. One opened for it
+        just now is recovered with first (fencing the part's earlier producers): then
+        the part's state after recovery."""
+        self._publisher, fresh = self._producers.acquire(self, state)
+        if not fresh:
+            return None
+        # Ownership is read from Postgres right before init_transactions fences: a part
+        # this relay no longer owns never gets a new producer (docs/design.md).
+        current = self._load(store)
+        if not self.session.valid():
+            raise ClaimLost("this relay's session may have expired; not recovering")
+        return self._recover(store, current, self._space)
+
+    def _fetch(self, store: PartStore, state: PartState) -> _Batch:
+        subscriber = state.subscriber
+        # Rows the subscriber drops stay in Postgres (all but the last read, which
+        # carries the checkpoint past them); matches() below still decides.
+        selection = dataclasses.replace(
+            self._limits,
+            parts=subscriber.parts,
+            aggregate_types=subscriber.aggregate_types,
+            event_types=subscriber.event_types,
+        )
+        fetched = store.fetch(state.checkpoint, selection)
+        return _Batch(fetched.events, fetched.read_to, fetched.full)
+
+    def _prepare(self, store: PartStore, state: PartState) -> _Batch:
+        """Fetch and encode the batch after ``state``'s checkpoint, leaving any poison
+        event (it needs the store, which the batch in flight is using) to the slow path."""
+        batch = self._fetch(store, state)
+        subscriber = state.subscriber
+        try:
+            batch.records = [
+                self._encoder.encode(event, subscriber)
+                for event in batch.events
+                if subscriber.matches(event) or _not_read(event)
+            ]
+        except Exception:  # whatever it is, the slow path names the event and its error
+            batch.records = None
+        return batch
+
+    def _check_key_space(self, store: PartStore) -> KeySpace | None:
+        """Before anything is published on this connection: are the stored keys this
+        cluster's? (A restore elsewhere may have moved the database under us.)"""
+        check = store.check_key_space()
+        if check is None:
+            return None  # schema before migration 0004
+        if check.action is not KeySpaceAction.UNCHANGED:
+            report(check, f"part {self.part}")
+            with self.stats.lock:
+                if check.action is KeySpaceAction.REBASED:
+                    self.stats.key_space_rebased += 1
+                else:
+                    self.stats.key_space_continued += 1
+        return store.key_space()
+
+    def _recover(self, store: PartStore, state: PartState, space: KeySpace | None) -> PartState:
+        """Fence earlier producers of this part and adopt a newer Kafka-side checkpoint,
+        if it provably belongs to this database's history."""
+        assert self._publisher is not None
+        recovered = self._publisher.recover(
+            str(state.generation), space.id if space is not None else None
+        )
+        logger.info(
+            "part %s: resuming after %s (Kafka-side checkpoint: %s)",
+            self.part,
+            state.checkpoint,
+            recovered.position if recovered is not None else None,
+            extra=self._log_extra("part_resuming", checkpoint=state.checkpoint),
+        )
+        if recovered is None or recovered.position <= state.checkpoint:
+            return state
+        adopted: Position | None = recovered.position
+        why = "no key space recorded"  # schema before migration 0004: no provenance
+        if space is not None:
+            adopted, why = adoptable(recovered, space, store.key_of, store.translate)
+        if adopted is None:
+            logger.warning(
+                "part %s: Kafka holds checkpoint %s, Postgres %s, but it is not adopted: %s "
+                "(the database was restored?); events after %s are published again",
+                self.part,
+                recovered.position,
+                state.checkpoint,
+                why,
+                state.checkpoint,
+                extra=self._log_extra("part_recovery_refused", recovered=recovered.position),
+            )
+            with self.stats.lock:
+                self.stats.recoveries_refused += 1
+            return state
+        if adopted <= state.checkpoint:
+            return state
+        logger.warning(
+            "part %s: Kafka holds checkpoint %s, Postgres %s: the last transaction "
+            "committed without its checkpoint update; adopting %s (%s)",
+            self.part,
+            recovered.position,
+            state.checkpoint,
+            adopted,
+            why,
+            extra=self._log_extra("part_recovered", recovered=adopted),
+        )
+        with self.stats.lock:
+            self.stats.recovered += 1
+        return self._advance(store, state, adopted, _recovered(store, state, adopted, recovered))
+
+    def _publish(self, store: PartStore, state: PartState, batch: _Batch) -> _Published | None:
+        """Publish ``batch``; returns the new state and, prepared meanwhile, the next batch
+        (None: the part halted on a poison event, under the 'halt' policy). A batch the
+        broker failed as a whole is published again one event per transaction."""
+        pending = [batch]  # what is left to publish, the next at the end
+        look_ahead = True
+        published = _Published(state, None)
+        while pending:
+            outcome = self._publish_batch(store, published.state, pending.pop(), look_ahead)
+            if outcome is None:
+                return None
+            if isinstance(outcome, _Published):
+                published = outcome
+                continue
+            # The broker failed several records together: one event per transaction
+            # finds the culprit without blaming its neighbours.
+            pending += [_Batch([event], event.key) for event in reversed(outcome)]
+            look_ahead = False
+        return published
+
+    def _publish_batch(
+        self, store: PartStore, state: PartState, batch: _Batch, look_ahead: bool
+    ) -> _Published | list[OutboxEvent] | None:
+        """Publish ``batch`` in one transaction, after the poison policy dealt with what
+        the broker refused; returns the new state and the batch read meanwhile, or the
+        events to publish one by one (the broker failed them together), or None when the
+        part halted."""
+        if not self.session.valid():
+            raise ClaimLost("this relay's session may have expired; not publishing")
+        assert batch.read_to is not None
+        events, end = list(batch.events), batch.read_to
+        dead: dict[UUID, DeadLetterDecision] = {}
+        if state.subscriber.on_poison is PoisonPolicy.DEAD_LETTER:
+            dead = store.dead_letters(state.name, state.checkpoint, end)
+        records = batch.records if batch.records is not None and not dead else None
+        full = batch.full
+        while True:
+            if records is None:
+                encoded = self._encode(store, state, events, dead)
+                if encoded is None:
+                    return None
+                records, used = encoded
+                if used < len(events):  # cut at _MAX_DEAD_LETTERS: the rest comes next
+                    events, end, full = events[:used], events[used - 1].key, True
+            sent, reader = _Sent(events, records, end, full=full), None
+            if look_ahead:
+                prepare = functools.partial(self._prepare, store)
+                reader = _ReadAhead(prepare, state, sent, self.hook.joining)
+            outcome = self._send(state, sent, reader, _letters(sent.events, dead))
+            if isinstance(outcome, _Sent):
+                return self._record(store, state, outcome, dead)
+            if outcome.error.ambiguous and len(outcome.events) > 1:
+                return outcome.events
+            if not self._blame(store, state, outcome, dead):
+                return None
+            # Encoded again with the decision; what joined the batch stays in it.
+            events, end, records, look_ahead = outcome.events, outcome.end, None, False
+
+    def _send(
+        self,
+        state: PartState,
+        batch: _Sent,
+        reader: _ReadAhead | None,
+        letters: list[DeadLetter],
+    ) -> _Sent | _Refused:
+        """One attempt at publishing ``batch``; what joined it meanwhile, if anything, is
+        part of the outcome."""
+        assert self._publisher is not None
+        batch = dataclasses.replace(batch, records=self.hook.sending(batch.records))
+        may_extend = reader is None or reader.may_join
+        named = [(str(letter.message_id), letter.decision.topic) for letter in letters]
+        sending = Batch(batch.records, batch.end, str(state.generation), may_extend, named)
+        try:
+            self._publisher.publish(sending, reader)
+        except PoisonRecordError as exc:
+            grown = reader.grown(batch) if reader is not None else batch
+            return _Refused(grown.events, grown.end, exc)
+        return reader.grown(batch) if reader is not None else batch
+
+    def _record(
+        self,
+        store: PartStore,
+        state: PartState,
+        sent: _Sent,
+        dead: dict[UUID, DeadLetterDecision],
+    ) -> _Published:
+        """Checkpoint and count a committed batch, recording its dead-letter decisions
+        with the checkpoint (never before: the transaction might have been aborted);
+        returns the state and the next batch."""
+        self.hook.published(sent.events, sent.records, state.subscriber)  # visible now
+        state = self._advance(store, state, sent.end, _letters(sent.events, dead))
+        self._count(sent.records, sum(1 for e in sent.events if e.message_id in dead), sent.end)
+        # A reset meanwhile moves the checkpoint elsewhere: what was read ahead is void.
+        return _Published(state, sent.ahead if state.checkpoint == sent.end else None)
+
+    def _blame(
+        self,
+        store: PartStore,
+        state: PartState,
+        refused: _Refused,
+        dead: dict[UUID, DeadLetterDecision],
+    ) -> bool:
+        """Apply the poison policy to the event whose record the broker refused; False
+        when the part halted."""
+        event = _event_of(refused.error.record, refused.events)
+        decision = dead.get(event.message_id)
+        if decision is None:
+            return self._poison(store, state, event, str(refused.error), dead)
+        # The dead letter itself was rejected: once more with the event's identity only
+        # (a topic with a lower max.message.bytes), then the part halts: that is no
+        # longer the row's doing but the dead-letter topic's.
+        if decision.minimal:
+            self._halt(store, state, event, f"dead-letter record rejected: {refused.error.reason}")
+            return False
+        logger.warning(
+            "part %s: the dead letter of %s was rejected (%s); sending its identity only",
+            self.part,
+            event.message_id,
+            refused.error.reason,
+            extra=self._log_extra("dead_letter_minimal", message_id=event.message_id),
+        )
+        dead[event.message_id] = dataclasses.replace(decision, minimal=True)
+        return True
+
+    def _advance(
+        self, store: PartStore, state: PartState, end: Position, letters: list[DeadLetter]
+    ) -> PartState:
+        """Record a committed batch, even if the version moved (a pause, say) meanwhile."""
+        for _ in range(_ADVANCE_ATTEMPTS):
+            try:
+                version = store.advance(state, end, self.session.id, letters)
+                return dataclasses.replace(state, checkpoint=end, version=version)
+            except CheckpointConflict:
+                current = self._load(store)  # raises ClaimLost if a peer owns it now
+                if current.checkpoint != state.checkpoint or current.generation != state.generation:
+                    logger.info(
+                        "part %s: checkpoint moved (a reset?), reloading",
+                        self.part,
+                        extra=self._log_extra("part_checkpoint_moved"),
+                    )
+                    return current
+                state = current  # only the version moved: the batch is still the right one
+        # Still racing after several tries: start over from recovery, which adopts the
+        # Kafka-side checkpoint of the batch just committed instead of republishing it.
+        raise CheckpointConflict(f"part {self.part}: could not record the batch ending at {end}")
+
+    def _encode(
+        self,
+        store: PartStore,
+        state: PartState,
+        events: list[OutboxEvent],
+        dead: dict[UUID, DeadLetterDecision],
+    ) -> tuple[list[KafkaRecord], int] | None:
+        """The batch's records, poison events dead-lettered, and how many of ``events``
+        they cover (all, unless the batch reached _MAX_DEAD_LETTERS); None when the part
+        halted."""
+        subscriber = state.subscriber
+        records: list[KafkaRecord] = []
+        letters = 0
+        for used, event in enumerate(events):
+            if letters == _MAX_DEAD_LETTERS:
+                return records, used
+            if not subscriber.matches(event) and not _not_read(event):
+                continue
+            if event.message_id not in dead:
+                try:
+                    records.append(self._encoder.encode(event, subscriber))
+                    continue
+                except EncodingError as exc:
+                    if not self._poison(store, state, event, str(exc), dead):
+                        return None
+                except ConfigError as exc:  # the relay's own configuration: never poison
+                    self._halt_config(store, state, exc)
+                    return None
+                except RetryableError:
+                    raise  # the registry is down, say: the batch waits and is retried
+                except Exception as exc:  # a row the encoder did not foresee: still its poison
+                    logger.warning(
+                        "part %s: encoding event %s raised %s",
+                        self.part,
+                        event.message_id,
+                        type(exc).__name__,
+                        exc_info=exc,
+                        extra=self._log_extra("encoding_raised", message_id=event.message_id),
+                    )
+                    if not self._poison(store, state, event, f"{type(exc).__name__}: {exc}", dead):
+                        return None
+            records.append(dead_letter_record(event, subscriber, dead[event.message_id]))
+            letters += 1
+        return records, len(events)
+
+    def _poison(
+        self,
+        store: PartStore,
+        state: PartState,
+        event: OutboxEvent,
+        error: str,
+        dead: dict[UUID, DeadLetterDecision],
+    ) -> bool:
+        """Apply the subscriber's policy: True when the event is dead-lettered, False when
+        the part halted."""
+        with self.stats.lock:
+            self.stats.poisoned += 1
+        error = cap(error, MAX_DEAD_LETTER_ERROR_BYTES)  # it may quote the row
+        if state.subscriber.on_poison is PoisonPolicy.HALT:
+            self._halt(store, state, event, error)
+            return False
+        # Recorded in Postgres with the checkpoint that passes the event (_record).
+        decision = DeadLetterDecision(state.subscriber.dead_letter_topic_name, error)
+        logger.warning(
+            "part %s: poison event %s (%s:%s) goes to %s: %s",
+            self.part,
+            event.message_id,
+            event.transaction_id,
+            event.position,
+            decision.topic,
+            error,
+            extra=self._log_extra("poison_dead_lettered", message_id=event.message_id, error=error),
+        )
+        dead[event.message_id] = decision
+        return True
+
+    def _halt_config(self, store: PartStore, state: PartState, exc: ConfigError) -> None:
+        """Stop the part, whatever its poison policy, until the configuration is fixed
+        and the subscriber resumed: no event is dead-lettered for the relay's fault."""
+        message = f"configuration error: {exc}"
+        store.halt(state, self.session.id, message)
+        self._record_error(WorkerState.HALTED, exc)
+        logger.error(
+            "part %s halted: %s",
+            self.part,
+            message,
+            extra=self._log_extra("part_halted_config", error=message),
+        )
+
+    def _halt(self, store: PartStore, state: PartState, event: OutboxEvent, error: str) -> None:
+        error = cap(error, MAX_DEAD_LETTER_ERROR_BYTES)
+        message = f"poison event {event.message_id} at {event.key}: {error}"
+        store.halt(state, self.session.id, message)
+        self._record_error(WorkerState.HALTED, RelayError(message))
+        logger.error(
+            "part %s halted (policy 'halt'; `outbox-relay subscribers resume %s` retries it): %s",
+            self.part,
+            self.part.subscriber,
+            message,
+            extra=self._log_extra("part_halted_poison", message_id=event.message_id, error=error),
+        )
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _load(self, store: PartStore) -> PartState:
+        state = store.get_part(*self.part)
+        if state.owner != self.session.id:
+            raise ClaimLost(f"part {self.part} is not claimed by this relay")
+        self.stats.checkpoint = state.checkpoint
+        return state
+
+    def _count(self, records: list[KafkaRecord], dead_lettered: int, end: Position) -> None:
+        published = len(records)
+        size = sum(r.byte_size() for r in records)
+        with self.stats.lock:
+            self.stats.published += published
+            self.stats.published_bytes += size
+            self.stats.dead_lettered += dead_lettered
+            self.stats.batches += 1
+            self.stats.checkpoint = end
+            if published:
+                self.stats.last_published_at = time.time()
+
+    def _held_store(self) -> PartStore:
+        if self._store is None:
+            self._store = self._open_store()
+        return self._store
+
+    def _drop_connections(self) -> None:
+        """Forget everything read: the next turn starts over from recovery."""
+        store, self._store = self._store, None
+        self._publisher, self._state, self._ahead = None, None, None
+        self._space_checked, self._waited = False, False
+        try:
+            if store is not None:
+                store.close()
+        finally:
+            self._producers.discard(self)
+
+    def _record_error(self, state: WorkerState, exc: Exception) -> None:
+        with self.stats.lock:
+            self.stats.errors += 1
+            self.stats.last_error = str(exc)
+            self.stats.state = state
+            waits_on = exc.waits_on if isinstance(exc, RetryableError) else None
+            self.stats.waiting_on = waits_on if state is WorkerState.RETRYING else None
+
+
+def _same_batch_start(recovered: PartState, fetched_at: PartState) -> bool:
+    """Whether a batch fetched at ``fetched_at`` can still be published after recovery."""
+    return (
+        recovered.checkpoint == fetched_at.checkpoint
+        and recovered.generation == fetched_at.generation
+        and not recovered.subscriber.paused
+        and recovered.halted_error is None
+        and recovered.subscriber == fetched_at.subscriber
+    )
+
+
+def _joins(following: _Batch, state: PartState) -> bool:
+    """Whether a batch read ahead joins the transaction in flight: only when the relay
+    is caught up (a backlog is better served by full batches, each overlapping the
+    last one's commit), every event encoded cleanly, and no dead-letter decision (made
+    on the slow path) could apply."""
+    return (
+        following.records is not None
+        and following.read_to is not None
+        and not following.full
+        and state.subscriber.on_poison is not PoisonPolicy.DEAD_LETTER
+    )
+
+
+def _letters(events: list[OutboxEvent], dead: dict[UUID, DeadLetterDecision]) -> list[DeadLetter]:
+    """The dead letters among ``events``."""
+    if not dead:
+        return []
+    return [
+        DeadLetter(e.key, e.message_id, dead[e.message_id]) for e in events if e.message_id in dead
+    ]
+
+
+def _recovered(
+    store: PartStore, state: PartState, adopted: Position, recovered: KafkaCheckpoint
+) -> list[DeadLetter]:
+    """The dead letters of the Kafka transaction whose checkpoint is adopted: their
+    decisions, at their keys in this database (a rebase may have moved them)."""
+    letters = []
+    for message_id, topic in recovered.dead_letters:
+        key = store.key_of(message_id)
+        if key is not None and state.checkpoint < key <= adopted:
+            letters.append(DeadLetter(key, message_id, DeadLetterDecision(topic, _RECOVERED)))
+    return letters
+
+
+def _not_read(event: OutboxEvent) -> bool:
+    """A row the fetch left unread (too large): the fetch's own filters kept it, on its
+    full columns; its text columns came back cut short, so they may not match here."""
+    return type(event.payload) is Unreadable and not event.payload.read
+
+
+def _event_of(record: KafkaRecord, events: list[OutboxEvent]) -> OutboxEvent:
+    wanted = record.outbox_message_id
+    for event in events:
+        if str(event.message_id) == wanted:
+            return event
+    raise RelayError(f"the broker rejected a record the batch does not contain: {record.topic}")

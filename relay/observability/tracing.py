@@ -1,0 +1,691 @@
+"""Trace continuity (OpenTelemetry) and the commit→visible latency of published events.
+
+Two ways to trace, ``tracing_spans``:
+
+- ``"batch"`` (the default): one PRODUCER span per published batch (one Kafka
+  transaction), with a span link per traced event to the writer's span (the row's W3C
+  ``traceparent``), the link carrying the event id. Every traced record's
+  ``traceparent`` is the batch span's, so a consumer continues from the batch span,
+  which links back to the writer's (:class:`BatchTracer`). A span costs tens of
+  microseconds in the Python SDK; a link a few: per-event spans cost most of the
+  relay's throughput (README, "Cost").
+- ``"event"``: as follows.
+
+With ``tracing_spans = "event"`` every record the relay publishes gets a PRODUCER span of its own,
+a child of the W3C ``traceparent`` the row's headers carry (the writer's span: see
+:func:`trace_headers`), or a new trace's root when the row has none. The record's
+``traceparent``/``tracestate`` headers are replaced by the new span's, so a consumer
+continues the trace from the relay's span. The span starts when the record is encoded
+and ends once its batch is committed in Kafka (visible to ``read_committed`` consumers);
+it carries the event id, topic, partition and the commit→visible latency. Spans go out
+over OTLP/HTTP in a background thread (the SDK's batch processor).
+
+OpenTelemetry is imported only when tracing is on: with it off, the relay pays for the
+latency histogram alone (:class:`PublishHook`), one bucket increment per event.
+
+"Commit" time: the row's ``occurred_at`` column, which defaults to ``now()`` -- the start
+of the writer's transaction, as Postgres has no commit time without
+``track_commit_timestamp`` (which the relay does not require). The latency is therefore
+an upper bound: it includes the writer's transaction itself. A writer that sets
+``occurred_at`` itself moves it; a value in the future counts as 0.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import random
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from relay.core.log_fields import log_extra
+from relay.core.model import HEADER_ID, KafkaRecord, OutboxEvent
+from relay.engine.encoding import RecordEncoder
+from relay.engine.poison import HEADER_ERROR
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Link, Span, Tracer
+
+    from relay.core.settings import Settings
+    from relay.core.subscribers import Subscriber
+
+logger = logging.getLogger(__name__)
+
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+_TRACE_HEADERS = frozenset({TRACEPARENT, TRACESTATE})
+
+# Seconds; Prometheus's own defaults stretched to 5 min, as a relay catching up on a
+# backlog publishes events minutes old.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+# Keys of a part's statistics (relay/daemon/parts.py) that carry the histogram, which
+# the /metrics collector turns back into one (relay/observability/metrics.py).
+LATENCY_KEY = "commit_to_visible"
+_BUCKET_KEYS = (*(f"{LATENCY_KEY}_le_{b}" for b in LATENCY_BUCKETS), f"{LATENCY_KEY}_le_+Inf")
+# The sum in whole microseconds: statistics are integer counters.
+SUM_KEY, COUNT_KEY = f"{LATENCY_KEY}_sum_us", f"{LATENCY_KEY}_count"
+# Spans started for records that were never committed (a batch read ahead then dropped,
+# a batch failed and read again after recovery) are forgotten, oldest first, beyond this
+# many: they are simply not exported. Bounds the memory they hold (a span is about 1 KB)
+# while leaving room for ten full batches in flight.
+_MAX_PENDING = 50_000
+# At stop: how long the last spans may take to leave (a collector that is down must not
+# hold the relay's shutdown).
+_FLUSH_TIMEOUT_MS = 5000
+# How long a topic's partition count is trusted (partitions can be added).
+_PARTITIONS_TTL_S = 60.0
+
+
+class CommitLatency:
+    """A cumulative histogram of commit→visible latencies (non-cumulative buckets; the
+    collector adds them up)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._buckets = [0] * (len(LATENCY_BUCKETS) + 1)
+        self._sum_us = 0
+
+    def observe(self, latencies: Iterable[float]) -> None:
+        with self._lock:
+            for seconds in latencies:
+                self._buckets[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+                self._sum_us += int(seconds * 1e6)
+
+    def counts(self) -> dict[str, int]:
+        """The histogram as statistics keys (they add up across workers and processes)."""
+        with self._lock:
+            found = dict(zip(_BUCKET_KEYS, self._buckets, strict=True))
+            found[SUM_KEY] = self._sum_us
+            found[COUNT_KEY] = sum(self._buckets)
+        return found
+
+
+def latency_of(event: OutboxEvent, now: float) -> float:
+    """Seconds from the event's commit (its ``occurred_at``) to ``now``; never negative."""
+    return max(0.0, now - event.occurred_at.timestamp())
+
+
+class PublishHook:
+    """Told by a part's worker of each batch it sends and of each it committed. Without
+    tracing it records the latency histogram only; with it, it also ends the batch's
+    spans (per event), or opens the batch's span and puts its context in the records
+    (per batch). One per worker: a worker sends one batch at a time."""
+
+    def __init__(
+        self, tracer: RelayTracer | None = None, batches: BatchTracer | None = None
+    ) -> None:
+        self.latency = CommitLatency()
+        self._tracer = tracer
+        self._batches = batches
+        self._sending: _SentBatch | None = None  # the batch in flight, per batch
+
+    def sending(self, records: list[KafkaRecord]) -> list[KafkaRecord]:
+        """``records``, about to be sent in one transaction, as they are to be sent."""
+        if self._batches is None:
+            return records
+        self._sending = self._batches.open()  # a batch sent again is a new span
+        return self._batches.stamp(self._sending, records)
+
+    def joining(self, records: list[KafkaRecord]) -> list[KafkaRecord]:
+        """``records`` joining the transaction in flight, as they are to be sent."""
+        if self._batches is None or self._sending is None:
+            return records
+        return self._batches.stamp(self._sending, records)
+
+    def published(
+        self, events: Sequence[OutboxEvent], records: Sequence[KafkaRecord], subscriber: Subscriber
+    ) -> None:
+        """``records`` of ``events`` are committed (visible) now."""
+        now = time.time()
+        latencies = [latency_of(e, now) for e in events if subscriber.matches(e)]
+        self.latency.observe(latencies)
+        if self._tracer is not None:
+            self._tracer.finish(records, now)
+        if self._batches is not None and self._sending is not None:
+            self._batches.finish(self._sending, now, latencies)
+            self._sending = None
+
+    def counts(self) -> dict[str, int]:
+        return self.latency.counts()
+
+
+class Tracing:
+    """What the relay process holds: the tracer (None: tracing off) and its provider."""
+
+    def __init__(
+        self, tracer: RelayTracer | None = None, batches: BatchTracer | None = None
+    ) -> None:
+        self.tracer = tracer  # per event
+        self.batches = batches  # per batch
+
+    @classmethod
+    def start(cls, settings: Settings) -> Tracing:
+        if not settings.tracing:
+            return cls()
+        if settings.tracing_spans == "batch":
+            return cls(batches=BatchTracer.from_settings(settings))
+        return cls(RelayTracer.from_settings(settings))
+
+    def wrap(self, encoder: RecordEncoder) -> RecordEncoder:
+        """``encoder``, or with tracing on, one that also starts each record's span."""
+        if self.tracer is None:
+            return encoder
+        return TracingEncoder(encoder, self.tracer)
+
+    def hook(self) -> PublishHook:
+        """A new part worker's hook."""
+        return PublishHook(self.tracer, self.batches)
+
+    def flush(self) -> None:
+        """Export the spans ended so far, and let go of the metadata client (at stop)."""
+        if self.tracer is not None:
+            self.tracer.flush()
+        if self.batches is not None:
+            self.batches.flush()
+
+
+class RelayTracer:
+    """Starts a span per record as it is encoded, and ends it once committed."""
+
+    def __init__(
+        self,
+        provider: TracerProvider,
+        partitions: Callable[[str], int | None],
+        *,
+        sample_ratio: float = 1.0,
+    ) -> None:
+        """``provider`` should record every span it is asked for (``ParentBased(ALWAYS_ON)``):
+        the sampling decision is made here, before it, so that an event that is not
+        recorded costs a header and no span object at all."""
+        from opentelemetry.context import Context
+        from opentelemetry.trace import SpanKind, get_current_span
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self._root = Context()  # a row without a traceparent: a new trace
+        self._span_of = get_current_span
+        self._sample_ratio = sample_ratio
+        self._producer = SpanKind.PRODUCER
+        self._provider = provider
+        self._tracer: Tracer = provider.get_tracer("outbox-relay")
+        self._propagator = TraceContextTextMapPropagator()
+        self._partitions = partitions
+        # traceparent header written -> (its span, the event's commit time in seconds)
+        self._pending: dict[bytes, tuple[Span, float]] = {}
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RelayTracer:
+        provider = _provider(settings)
+        admin = {**settings.kafka, "bootstrap.servers": settings.require_bootstrap_servers()}
+        return cls(provider, PartitionCounts(admin), sample_ratio=settings.tracing_sample_ratio)
+
+    def start(self, event: OutboxEvent, record: KafkaRecord) -> KafkaRecord:
+        """``record`` with its span's context in place of the row's trace headers.
+
+        Sampling is parent-based: a row whose writer sampled its trace gets a recorded
+        span; one whose writer did not gets none, and its headers pass as they are (the
+        writer's context, which a consumer continues, unrecorded too); a row without a
+        traceparent starts a trace recorded at ``sample_ratio``, or passes as it is. An
+        event that is not recorded costs a check and no span, nor any header."""
+        carrier = _trace_carrier(event.headers)
+        parent = self._root
+        if carrier:
+            if _unsampled(carrier):
+                return record
+            parent = self._propagator.extract(carrier)
+            writer = self._span_of(parent).get_span_context()
+            if writer.is_valid and not writer.trace_flags.sampled:
+                return record
+        elif self._sample_ratio < 1.0 and random.random() >= self._sample_ratio:
+            return record
+        # Attributes cost per span, twice (set, then exported): only what the issue asks
+        # for, and what finding the event needs (its id; its position is in its headers).
+        span = self._tracer.start_span(
+            f"{record.topic} publish",
+            context=parent,
+            kind=self._producer,
+            attributes={
+                "messaging.system": "kafka",
+                "messaging.destination.name": record.topic,
+                "messaging.message.id": str(event.message_id),
+            },
+        )
+        # W3C trace context, written here rather than by the propagator (a third of the
+        # cost of a span went into building contexts for it).
+        context = span.get_span_context()
+        traceparent = (
+            f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}".encode()
+        )
+        trace = [(TRACEPARENT, traceparent)]
+        if context.trace_state:
+            trace.append((TRACESTATE, context.trace_state.to_header().encode()))
+        if span.is_recording():
+            self._remember(traceparent, span, event.occurred_at.timestamp())
+        return _with_headers(record, trace)
+
+    def finish(self, records: Sequence[KafkaRecord], now: float) -> None:
+        """End the spans of ``records``, committed at ``now``."""
+        end_ns = int(now * 1e9)
+        for record in records:
+            written = record.header(TRACEPARENT)
+            if not isinstance(written, bytes):
+                continue  # a dead letter (no span of its own)
+            started = self._pending.pop(written, None)
+            if started is None:
+                continue  # not sampled
+            span, committed_at = started
+            span.set_attribute("outbox.commit_to_visible_ms", max(0.0, now - committed_at) * 1e3)
+            partition = self._partition(record)
+            if partition is not None:
+                span.set_attribute("messaging.destination.partition.id", str(partition))
+            span.end(end_time=end_ns)
+
+    def flush(self) -> None:
+        self._provider.force_flush(_FLUSH_TIMEOUT_MS)
+        if isinstance(self._partitions, PartitionCounts):
+            self._partitions.close()
+
+    def _remember(self, traceparent: bytes, span: Span, committed_at: float) -> None:
+        pending = self._pending
+        pending[traceparent] = (span, committed_at)
+        while len(pending) > _MAX_PENDING:  # the oldest were dropped unpublished
+            try:
+                del pending[next(iter(pending))]
+            except (StopIteration, RuntimeError, KeyError):  # another worker got there
+                break
+
+    def _partition(self, record: KafkaRecord) -> int | None:
+        """The producer's partition for ``record``: the one its subscriber chose (routing
+        control), else murmur2_random's, as Java's client."""
+        if record.partition is not None:
+            return record.partition
+        if record.key is None:
+            return None  # a random partition: unknown before delivery
+        count = self._partitions(record.topic)
+        if not count:
+            return None
+        return (murmur2(record.key) & 0x7FFFFFFF) % count
+
+
+def _provider(settings: Settings, ids: Any = None) -> TracerProvider:
+    """The tracer provider: OTLP/HTTP from the SDK's batch processor (a background
+    thread), every span asked for recorded (the relay samples before asking)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": settings.tracing_service_name}),
+        sampler=ParentBased(ALWAYS_ON),
+        id_generator=ids,
+        # A batch span keeps every link it is given (tracing_batch_links bounds them).
+        span_limits=SpanLimits(max_links=max(settings.tracing_batch_links, 1)),
+    )
+    # None: OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, else http://localhost:4318/v1/traces.
+    provider.add_span_processor(
+        BatchSpanProcessor(OTLPSpanExporter(endpoint=settings.tracing_endpoint))
+    )
+    return provider
+
+
+class _SentBatch:
+    """A batch in flight: the ids its span will have, and the events it traces."""
+
+    __slots__ = (
+        "chosen", "headers", "keys", "links", "records", "span_id", "started_ns", "trace_id",
+    )  # fmt: skip
+
+    def __init__(self, trace_id: int, span_id: int) -> None:
+        self.trace_id, self.span_id = trace_id, span_id
+        self.started_ns = time.time_ns()
+        traceparent = f"00-{trace_id:032x}-{span_id:016x}-01".encode()
+        self.headers = [(TRACEPARENT, traceparent)]
+        # (trace id, span id, flags, message id) of each traced event's writer; a row
+        # without a traceparent has trace id 0 (no writer to link).
+        self.links: list[tuple[int, int, int, bytes]] = []
+        self.keys: dict[str, set[bytes]] = {}  # topic -> keys of the traced records
+        self.chosen: set[int] = set()  # partitions the subscriber chose (partition_by)
+        self.records = 0  # sent in the batch, traced or not
+
+
+class BatchTracer:
+    """One span per published batch: its context goes into the traced records' headers
+    when the batch is sent; the span is made once the batch is committed (a batch
+    never committed costs no span), with the ids and start time it had when sent, and
+    a link per traced event to its writer's span.
+
+    At most ``max_links`` events of a batch are traced: a span link costs about 10 µs
+    (made, kept and encoded by the SDK), so a backlog's batches of thousands would
+    cost most of the relay's throughput. The events beyond keep their writer's
+    ``traceparent``: a consumer still continues the writer's trace, without the
+    relay's hop, and the span counts them (``messaging.batch.message_count``). A
+    caught-up relay's batches are small: every event is traced."""
+
+    def __init__(
+        self,
+        provider: TracerProvider,
+        ids: ChosenIds,
+        partitions: Callable[[str], int | None],
+        *,
+        sample_ratio: float = 1.0,
+        max_links: int = 128,
+    ) -> None:
+        from opentelemetry.context import Context
+        from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
+
+        self._root = Context()
+        self._link, self._context, self._flags = Link, SpanContext, TraceFlags
+        self._producer = SpanKind.PRODUCER
+        self._provider = provider
+        self._tracer: Tracer = provider.get_tracer("outbox-relay")
+        self._ids = ids
+        self._partitions = partitions
+        self._sample_ratio = sample_ratio
+        self._max_links = max_links
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> BatchTracer:
+        ids = ChosenIds()
+        provider = _provider(settings, ids)
+        admin = {**settings.kafka, "bootstrap.servers": settings.require_bootstrap_servers()}
+        return cls(
+            provider,
+            ids,
+            PartitionCounts(admin),
+            sample_ratio=settings.tracing_sample_ratio,
+            max_links=settings.tracing_batch_links,
+        )
+
+    def open(self) -> _SentBatch:
+        return _SentBatch(random.getrandbits(128) or 1, random.getrandbits(64) or 1)
+
+    def stamp(self, batch: _SentBatch, records: list[KafkaRecord]) -> list[KafkaRecord]:
+        """``records`` with the batch span's context in place of the row's for each
+        traced event. Parent-based as per event: a row whose writer did not sample its
+        trace passes as it is; a row without a traceparent is traced at
+        ``sample_ratio``. Dead letters pass as they are; so does every record once the
+        batch traces ``max_links`` events."""
+        batch.records += len(records)
+        room = self._max_links - len(batch.links)
+        if room <= 0:
+            return records
+        stamped: list[KafkaRecord] = []
+        for at, record in enumerate(records):
+            written = _traced(record)
+            if written is None:
+                stamped.append(record)
+                continue
+            if written:
+                trace_id, span_id, flags = written
+            elif self._sample_ratio < 1.0 and random.random() >= self._sample_ratio:
+                stamped.append(record)
+                continue
+            else:
+                trace_id = span_id = flags = 0
+            message_id = record.header(HEADER_ID)
+            message = message_id if isinstance(message_id, bytes) else b""
+            batch.links.append((trace_id, span_id, flags, message))
+            keys = batch.keys.setdefault(record.topic, set())
+            if record.partition is not None:
+                batch.chosen.add(record.partition)
+            elif record.key is not None:
+                keys.add(record.key)
+            stamped.append(_with_headers(record, batch.headers))
+            room -= 1
+            if not room:
+                stamped += records[at + 1 :]
+                break
+        return stamped
+
+    def finish(self, batch: _SentBatch, now: float, latencies: Sequence[float]) -> None:
+        """Make ``batch``'s span, committed at ``now``; ``latencies``: commit→visible of
+        its events, in seconds."""
+        if not batch.links:
+            return  # nothing traced: no span
+        topics = sorted(batch.keys)
+        written = self._written(batch)
+        attributes: dict[str, Any] = {
+            "messaging.system": "kafka",
+            "messaging.operation.type": "publish",
+            "messaging.destination.name": topics[0] if len(topics) == 1 else topics,
+            "messaging.batch.message_count": batch.records,
+            "outbox.traced_count": len(batch.links),
+            "outbox.partitions": written,
+        }
+        if len(written) == 1:
+            attributes["messaging.destination.partition.id"] = str(written[0])
+        if latencies:
+            attributes["outbox.commit_to_visible_ms.max"] = max(latencies) * 1e3
+            attributes["outbox.commit_to_visible_ms.min"] = min(latencies) * 1e3
+        name = f"{topics[0] if len(topics) == 1 else 'outbox-relay'} publish"
+        self._ids.choose(batch.trace_id, batch.span_id)
+        try:
+            span = self._tracer.start_span(
+                name,
+                context=self._root,
+                kind=self._producer,
+                attributes=attributes,
+                links=self._links(batch),
+                start_time=batch.started_ns,
+            )
+        finally:
+            self._ids.choose(None)
+        span.end(end_time=int(now * 1e9))
+
+    def flush(self) -> None:
+        self._provider.force_flush(_FLUSH_TIMEOUT_MS)
+        if isinstance(self._partitions, PartitionCounts):
+            self._partitions.close()
+
+    def _links(self, batch: _SentBatch) -> list[Link]:
+        link, context, flags = self._link, self._context, self._flags
+        return [
+            link(
+                context(trace_id, span_id, True, flags(sampled)),
+                {"messaging.message.id": message.decode(errors="replace")},
+            )
+            for trace_id, span_id, sampled, message in batch.links
+            if trace_id
+        ]
+
+    def _written(self, batch: _SentBatch) -> list[int]:
+        """The partitions the traced records went to, as the producer picks them."""
+        found = set(batch.chosen)
+        for topic, keys in batch.keys.items():
+            count = self._partitions(topic) if keys else None
+            if count:
+                found.update((murmur2(key) & 0x7FFFFFFF) % count for key in keys)
+        return sorted(found)
+
+
+class ChosenIds:
+    """The SDK's id generator, except that the ids of the span being made now can be
+    chosen (per thread): a batch span's ids are in its records before the span exists."""
+
+    def __init__(self) -> None:
+        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+        self._random = RandomIdGenerator()
+        self._chosen = threading.local()
+
+    def choose(self, trace_id: int | None, span_id: int | None = None) -> None:
+        """The ids of the next span this thread makes (None: random again)."""
+        self._chosen.ids = None if trace_id is None else (trace_id, span_id)
+
+    def generate_span_id(self) -> int:
+        ids = getattr(self._chosen, "ids", None)
+        return self._random.generate_span_id() if ids is None else int(ids[1])
+
+    def generate_trace_id(self) -> int:
+        ids = getattr(self._chosen, "ids", None)
+        return self._random.generate_trace_id() if ids is None else int(ids[0])
+
+    def is_trace_id_random(self) -> bool:
+        return True
+
+
+def _traced(record: KafkaRecord) -> tuple[int, int, int] | tuple[()] | None:
+    """The writer's (trace id, span id, flags) from ``record``'s traceparent; ``()``
+    when it has none to link (none, or not a valid one); None when the record is not
+    traced: a dead letter, or a writer's trace it did not sample."""
+    traceparent: str | bytes | None = None
+    for name, value in record.headers:
+        if name == TRACEPARENT:
+            traceparent = value
+        elif name == HEADER_ERROR:
+            return None
+    if traceparent is None:
+        return ()
+    text = traceparent.decode("ascii", "replace") if isinstance(traceparent, bytes) else traceparent
+    if len(text) != 55 or text[:3] != "00-" or text[35] != "-" or text[52] != "-":
+        return ()
+    try:
+        trace_id, span_id, flags = int(text[3:35], 16), int(text[36:52], 16), int(text[53:], 16)
+    except ValueError:
+        return ()
+    if not flags & 1:
+        return None  # the writer did not sample it: it passes as it is
+    if not trace_id or not span_id:
+        return ()
+    return trace_id, span_id, flags
+
+
+class PartitionCounts:
+    """Partition counts of topics, read from the cluster's metadata and kept a while."""
+
+    def __init__(self, admin_config: Mapping[str, Any]) -> None:
+        self._config = dict(admin_config)
+        self._admin: Any = None
+        self._known: dict[str, tuple[int, float]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, topic: str) -> int | None:
+        known = self._known.get(topic)
+        if known is not None and time.monotonic() - known[1] < _PARTITIONS_TTL_S:
+            return known[0]
+        with self._lock:
+            count = self._read(topic)
+        if count is not None:
+            self._known[topic] = (count, time.monotonic())
+        return count
+
+    def close(self) -> None:
+        """Drop the admin client (librdkafka's handle goes with it); a later lookup
+        opens another."""
+        with self._lock:
+            self._admin = None
+
+    def _read(self, topic: str) -> int | None:
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+
+        try:
+            if self._admin is None:
+                self._admin = AdminClient(self._config)
+            metadata = self._admin.list_topics(topic=topic, timeout=5).topics.get(topic)
+        except KafkaException as exc:
+            logger.debug(
+                "no partition count for %s: %s",
+                topic,
+                exc,
+                extra=log_extra("tracing_partition_count_unknown", topic=topic, error=exc),
+            )
+            return None
+        if metadata is None or metadata.error is not None or not metadata.partitions:
+            return None
+        return len(metadata.partitions)
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 hash (Java client's ``Utils.murmur2``, librdkafka's murmur2), as
+    an unsigned 32-bit integer."""
+    m, length = 0x5BD1E995, len(data)
+    h = (0x9747B28C ^ length) & 0xFFFFFFFF
+    whole = length // 4
+    for word in struct.unpack_from(f"<{whole}I", data):
+        k = (word * m) & 0xFFFFFFFF
+        k ^= k >> 24
+        h = ((h * m) & 0xFFFFFFFF) ^ ((k * m) & 0xFFFFFFFF)
+    tail, rest = data[whole * 4 :], length % 4
+    if rest == 3:
+        h ^= tail[2] << 16
+    if rest >= 2:
+        h ^= tail[1] << 8
+    if rest >= 1:
+        h ^= tail[0]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    return h ^ (h >> 15)
+
+
+def trace_headers(headers: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``headers`` plus the current OpenTelemetry span's W3C ``traceparent`` (and
+    ``tracestate``), for :meth:`relay.Outbox.append`: the relay's span for the event
+    becomes a child of the writer's. Without an active span, or without OpenTelemetry
+    installed, ``headers`` as they are."""
+    found = dict(headers or {})
+    try:
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    except ImportError:
+        return found
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)
+    if carrier:
+        found = {k: v for k, v in found.items() if k not in _TRACE_HEADERS} | carrier
+    return found
+
+
+def _unsampled(carrier: Mapping[str, str]) -> bool:
+    """Whether the row's traceparent is a version-00 one whose writer did not sample it
+    (read without parsing it all: most rows of a sampled system are such rows)."""
+    traceparent = carrier.get(TRACEPARENT, "")
+    return len(traceparent) == 55 and traceparent[:3] == "00-" and traceparent[-1] in "02468ace"
+
+
+def _trace_carrier(headers: Any) -> dict[str, str]:
+    """The row's trace headers, if they are text (a row may hold anything there)."""
+    if not headers or not isinstance(headers, dict):
+        return {}
+    return {k: v for k in _TRACE_HEADERS if isinstance(v := headers.get(k), str)}
+
+
+def _with_headers(record: KafkaRecord, trace: list[tuple[str, bytes]]) -> KafkaRecord:
+    """``record`` with ``trace`` in place of its trace headers (the row's: the relay's
+    replace them); its size follows (computed from what changed: this runs per event)."""
+    headers: list[tuple[str, str | bytes | None]] = []
+    size = record.size
+    for header in record.headers:
+        if header[0] in _TRACE_HEADERS:
+            size -= len(header[0]) + len(header[1] or b"")
+        else:
+            headers.append(header)
+    headers += trace
+    if record.size >= 0:
+        size += _headers_size(trace)
+    else:
+        size = record.size
+    return record._replace(headers=headers, size=size)
+
+
+def _headers_size(headers: Sequence[tuple[str, str | bytes | None]]) -> int:
+    return sum(len(k) + len(v or b"") for k, v in headers)
+
+
+class TracingEncoder(RecordEncoder):
+    """The relay's encoder, whose records also carry their span's context."""
+
+    def __init__(self, inner: RecordEncoder, tracer: RelayTracer) -> None:
+        # Not the base's __init__: everything but encode() is the inner encoder's.
+        self._inner, self._tracer = inner, tracer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def encode(self, event: OutboxEvent, subscriber: Subscriber) -> KafkaRecord:
+        return self._tracer.start(event, self._inner.encode(event, subscriber))

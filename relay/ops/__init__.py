@@ -1,0 +1,1 @@
+"""Operator commands: verify, lag, Debezium setup, roles and redrive."""

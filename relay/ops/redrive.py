@@ -1,0 +1,426 @@
+"""Dead-letter redrive: publishing a subscriber's dead-lettered events once their cause
+is fixed (a schema added, a topic allowed), exactly once and in their order per key.
+
+Dead letters are read from ``outbox_dead_letters`` with the outbox rows they point at,
+in publication order, and only up to each part's live checkpoint (what the live relay
+has committed). The live checkpoint is never touched: the redriven events are published
+as the relay would publish them now, under a commit protocol of their own, the relay's:
+
+1. number the batch (``redrive_batch``) and mark its dead letters with the number;
+2. one Kafka transaction: the batch's records, and the number as the committed offset
+   of the redrive's consumer group (``<prefix>.redrive.<subscriber id>``);
+3. mark the batch's dead letters redriven.
+
+A redrive starts by fencing every earlier redrive of the subscriber (its
+``transactional.id`` aborts an open transaction), then reads the last committed number:
+that batch is marked redriven (a crash fell between 2 and 3), any other marked batch is
+cleared (it never committed). Nothing is published twice.
+
+An event that is still poison (it still cannot be encoded, or the broker refuses it)
+stays dead-lettered with the reason (``redrive_error``), and so do the later dead
+letters of its key, which would otherwise overtake it: a later redrive publishes them
+in order once it is fixed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import set_json_loads
+
+from relay.adapters.kafka.kafka import TransactionalPublisher, producer_config
+from relay.adapters.postgres.db import wrap_errors
+from relay.adapters.postgres.queries import parse_named, read_sql, with_schema
+from relay.adapters.postgres.store import OutboxStore, SubscriberState, _load_row_json
+from relay.core.log_fields import log_extra
+from relay.core.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
+from relay.core.ports import Batch
+from relay.core.settings import Settings
+from relay.core.subscribers import TopicGuard
+from relay.daemon.publishers import routed_topic_creator
+from relay.engine.encoding import RecordEncoder
+from relay.errors import ConfigError, EncodingError, PoisonRecordError, SubscriberError
+
+logger = logging.getLogger(__name__)
+
+# The redrive group's only generation: its committed offsets number redrive batches.
+GENERATION = "batches"
+DEFAULT_BATCH = 500
+
+
+def group_prefix(kafka_id_prefix: str, subscriber_id: UUID) -> str:
+    """Prefix of the redrive's ``transactional.id`` and consumer group: per subscriber
+    identity, so a subscriber recreated under its name starts afresh."""
+    return f"{kafka_id_prefix}.redrive.{subscriber_id}"
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A dead letter as ``dead-letters list`` shows it."""
+
+    part: int
+    key: Position
+    message_id: UUID
+    topic: str
+    error: str
+    decided_at: datetime
+    redriven_at: datetime | None
+    redrive_error: str | None
+    aggregate_type: str | None  # None: the outbox row is gone (pruned)
+    aggregate_id: str | None
+    event_type: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "part": self.part,
+            "key": str(self.key),
+            "message_id": str(self.message_id),
+            "topic": self.topic,
+            "error": self.error,
+            "decided_at": self.decided_at.isoformat(),
+            "redriven_at": self.redriven_at.isoformat() if self.redriven_at else None,
+            "redrive_error": self.redrive_error,
+            "aggregate_type": self.aggregate_type,
+            "aggregate_id": self.aggregate_id,
+            "event_type": self.event_type,
+        }
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A dead letter to redrive: its key, and its event (None when pruned)."""
+
+    message_id: UUID
+    key: Position
+    event: OutboxEvent | None
+
+
+@dataclass
+class RedriveReport:
+    subscriber: str
+    redriven: int = 0
+    # Marked redriven from the Kafka side: a previous redrive committed them, then stopped.
+    recovered: int = 0
+    still_poison: dict[UUID, str] = field(default_factory=dict)
+    held_back: list[UUID] = field(default_factory=list)  # behind a still-poison event
+    missing: list[UUID] = field(default_factory=list)  # the outbox row was pruned
+
+    @property
+    def left(self) -> int:
+        return len(self.still_poison) + len(self.held_back) + len(self.missing)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "subscriber": self.subscriber,
+            "redriven": self.redriven,
+            "recovered": self.recovered,
+            "still_poison": {str(k): v for k, v in self.still_poison.items()},
+            "held_back": [str(m) for m in self.held_back],
+            "missing": [str(m) for m in self.missing],
+        }
+
+
+class DeadLetterStore:
+    """The dead-letter queries (relay/adapters/postgres/sql/dead_letters.sql) on one autocommit connection."""
+
+    def __init__(self, conn: psycopg.Connection[Any], schema: str = "public") -> None:
+        self.conn = conn
+        self.outbox = OutboxStore(conn, schema)
+        self._q = {
+            name: with_schema(text, schema).as_bytes(None)
+            for name, text in parse_named(read_sql("dead_letters.sql")).items()
+        }
+
+    def subscriber(self, name: str) -> SubscriberState:
+        return self.outbox.get(name)
+
+    def dead_letters(self, name: str, *, include_redriven: bool = False) -> list[DeadLetter]:
+        self.subscriber(name)  # a clear error for an unknown name
+        with wrap_errors():
+            rows = (
+                self.conn.cursor(row_factory=dict_row)
+                .execute(self._q["list_dead_letters"], {"name": name, "all": include_redriven})
+                .fetchall()
+            )
+        return [
+            DeadLetter(
+                **{k: v for k, v in row.items() if k not in ("transaction_id", "position")},
+                key=Position(row["transaction_id"], row["position"]),
+            )
+            for row in rows
+        ]
+
+    def candidates(self, name: str, after: Position, limit: int) -> list[Candidate]:
+        params = {
+            "name": name,
+            "after_tx": after.transaction_id,
+            "after_pos": after.position,
+            "limit": limit,
+        }
+        with wrap_errors(), self.conn.cursor(binary=True) as cur:
+            # Unloadable JSON is the event's poison, never a failed redrive (as in fetch).
+            set_json_loads(_load_row_json, cur)
+            rows = cur.execute(self._q["redrive_candidates"], params).fetchall()
+        found = []
+        for row in rows:
+            _, message_id, *event, dead_tx, dead_pos = row
+            tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz = event
+            found.append(
+                Candidate(
+                    message_id,
+                    Position(dead_tx, dead_pos),
+                    None
+                    if mid is None
+                    else OutboxEvent(
+                        tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz
+                    ),
+                )
+            )
+        return found
+
+    @contextmanager
+    def exclusive(self, name: str) -> Iterator[None]:
+        """Hold the subscriber's redrive lock; :class:`SubscriberError` when another holds it.
+        (Kafka fences an earlier redrive too, but only at its next transaction: two
+        redrives marking dead letters at once could take each other's marks.)"""
+        with wrap_errors():
+            row = self.conn.execute(self._q["redrive_lock"], {"name": name}).fetchone()
+        if not (row and row[0]):
+            raise SubscriberError(f"another redrive of subscriber {name!r} is running")
+        try:
+            yield
+        finally:
+            if not self.conn.closed:
+                with wrap_errors():
+                    self.conn.execute(self._q["redrive_unlock"], {"name": name})
+
+    def settle(self, name: str, committed: int) -> tuple[int, int]:
+        """Mark batch ``committed`` redriven and clear any other in flight; returns the
+        dead letters marked and the highest batch number used so far."""
+        with wrap_errors():
+            row = self.conn.execute(
+                self._q["redrive_settle"], {"name": name, "committed": committed}
+            ).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    def begin(self, name: str, batch: int, ids: Sequence[UUID]) -> None:
+        self._run("redrive_begin", name=name, batch=batch, ids=list(ids))
+
+    def abandon(self, name: str, batch: int) -> None:
+        self._run("redrive_abandon", name=name, batch=batch)
+
+    def done(self, name: str, batch: int) -> None:
+        self._run("redrive_done", name=name, batch=batch)
+
+    def refused(self, name: str, message_id: UUID, error: str) -> None:
+        self._run("redrive_refused", name=name, message_id=message_id, error=error)
+
+    def _run(self, query: str, **params: Any) -> None:
+        with wrap_errors():
+            self.conn.execute(self._q[query], params)
+
+
+class RedriveStore(Protocol):
+    """What a redrive reads and records in Postgres (:class:`DeadLetterStore`)."""
+
+    def exclusive(self, name: str) -> AbstractContextManager[None]: ...
+
+    def settle(self, name: str, committed: int) -> tuple[int, int]: ...
+
+    def candidates(self, name: str, after: Position, limit: int) -> list[Candidate]: ...
+
+    def begin(self, name: str, batch: int, ids: Sequence[UUID]) -> None: ...
+
+    def abandon(self, name: str, batch: int) -> None: ...
+
+    def done(self, name: str, batch: int) -> None: ...
+
+    def refused(self, name: str, message_id: UUID, error: str) -> None: ...
+
+
+class RedrivePublisher(Protocol):
+    """What a redrive needs of a transactional publisher (relay.adapters.kafka.kafka)."""
+
+    def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None: ...
+
+    def publish(self, batch: Batch) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Redrive:
+    """One redrive of one subscriber's dead letters."""
+
+    def __init__(
+        self,
+        store: RedriveStore,
+        publisher: RedrivePublisher,
+        encoder: RecordEncoder,
+        state: SubscriberState,
+        *,
+        batch_size: int = DEFAULT_BATCH,
+        progress: Callable[[RedriveReport], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._publisher = publisher
+        self._encoder = encoder
+        self._subscriber = state.subscriber
+        self._batch_size = batch_size
+        self._progress = progress
+        self.report = RedriveReport(state.subscriber.name)
+        self._blocked: set[str] = set()  # keys with a still-poison event
+        self._batch = 0
+
+    def run(self) -> RedriveReport:
+        with self._store.exclusive(self._subscriber.name):
+            return self._run()
+
+    def _run(self) -> RedriveReport:
+        name = self._subscriber.name
+        committed = self._publisher.recover(GENERATION)  # fences earlier redrives first
+        last = committed.position.transaction_id if committed is not None else 0
+        self.report.recovered, self._batch = self._store.settle(name, last)
+        if self.report.recovered:
+            logger.warning(
+                "subscriber %s: %s dead letters were redriven by a redrive that stopped "
+                "before recording it; recorded now, not published again",
+                name,
+                self.report.recovered,
+                extra=self._log_extra("redrive_settled", recovered=self.report.recovered),
+            )
+        after = Position(0, 0)
+        while candidates := self._store.candidates(name, after, self._batch_size):
+            after = candidates[-1].key
+            self._publish(self._encode(candidates))
+            if self._progress is not None:
+                self._progress(self.report)
+        return self.report
+
+    def _encode(self, candidates: list[Candidate]) -> list[tuple[OutboxEvent, KafkaRecord]]:
+        """The records of the candidates that can be published now, in order."""
+        encoded = []
+        for candidate in candidates:
+            event = candidate.event
+            if event is None:
+                self.report.missing.append(candidate.message_id)
+                self._refuse(candidate.message_id, "the outbox row is gone (pruned)")
+            elif event.aggregate_id in self._blocked:
+                self._hold(event)
+            elif not self._subscriber.matches(event):
+                self._poison(event, "the subscriber's filters no longer select it")
+            else:
+                try:
+                    encoded.append((event, self._encoder.encode(event, self._subscriber)))
+                except EncodingError as exc:
+                    self._poison(event, str(exc))
+                except Exception as exc:  # a row the encoder did not foresee: its poison
+                    self._poison(event, f"{type(exc).__name__}: {exc}")
+        return encoded
+
+    def _publish(self, encoded: list[tuple[OutboxEvent, KafkaRecord]]) -> None:
+        """Publish ``encoded`` in one transaction; a record the broker refuses stays
+        dead-lettered (with its key's later events) and the rest goes again."""
+        name = self._subscriber.name
+        while encoded:
+            batch = self._batch + 1
+            # Any other failure leaves the batch marked: the next redrive learns from
+            # Kafka whether its transaction committed.
+            self._store.begin(name, batch, [event.message_id for event, _ in encoded])
+            try:
+                self._publisher.publish(
+                    Batch([record for _, record in encoded], Position(batch, 0), GENERATION)
+                )
+            except PoisonRecordError as exc:
+                self._store.abandon(name, batch)
+                if exc.ambiguous and len(encoded) > 1:
+                    # Several records failed together: one per transaction finds the culprit.
+                    for one in encoded:
+                        if one[0].aggregate_id in self._blocked:
+                            self._hold(one[0])
+                        else:
+                            self._publish([one])
+                    return
+                encoded = self._without(encoded, exc)
+                continue
+            self._store.done(name, batch)
+            self._batch = batch
+            self.report.redriven += len(encoded)
+            return
+
+    def _without(
+        self, encoded: list[tuple[OutboxEvent, KafkaRecord]], refused: PoisonRecordError
+    ) -> list[tuple[OutboxEvent, KafkaRecord]]:
+        wanted = refused.record.outbox_message_id
+        culprit = next(
+            (event for event, _ in encoded if str(event.message_id) == wanted), encoded[0][0]
+        )
+        self._poison(culprit, str(refused))
+        kept = []
+        for event, record in encoded:
+            if event is culprit:
+                continue
+            if event.aggregate_id in self._blocked:
+                self._hold(event)
+                continue
+            kept.append((event, record))
+        return kept
+
+    def _poison(self, event: OutboxEvent, error: str) -> None:
+        self.report.still_poison[event.message_id] = error
+        self._blocked.add(event.aggregate_id)
+        self._refuse(event.message_id, error)
+
+    def _hold(self, event: OutboxEvent) -> None:
+        self.report.held_back.append(event.message_id)
+        self._refuse(event.message_id, "held back behind a still-poison event of its key")
+
+    def _refuse(self, message_id: UUID, error: str) -> None:
+        self._store.refused(self._subscriber.name, message_id, error)
+        logger.warning(
+            "subscriber %s: dead letter %s stays: %s",
+            self._subscriber.name,
+            message_id,
+            error,
+            extra=self._log_extra("redrive_dead_letter_kept", message_id=message_id),
+        )
+
+    def _log_extra(self, event: str, **fields: object) -> dict[str, object]:
+        """The ``extra`` of this redrive's log lines: the event, the subscriber, then
+        ``fields``."""
+        return log_extra(event, subscriber=self._subscriber.name, **fields)
+
+
+def redrive_publisher(
+    settings: Settings, subscriber_id: UUID, guard: TopicGuard
+) -> TransactionalPublisher:
+    """The redrive's transactional publisher, from the relay's settings. ``guard`` (with
+    the subscribers loaded) tells which topics count towards ``max_created_topics``, as
+    in the relay (the same constructor): counting every topic on a shared cluster
+    refused every new topic."""
+    if settings.delivery != "transactional":
+        raise ConfigError(
+            "delivery: redrive publishes exactly once through Kafka transactions, which "
+            f"delivery = {settings.delivery!r} says this broker does not offer"
+        )
+    bootstrap = settings.require_bootstrap_servers()
+    client = {**settings.kafka, "bootstrap.servers": bootstrap}
+    topics = routed_topic_creator(settings, guard)
+    prefix = group_prefix(settings.kafka_id_prefix, subscriber_id)
+    return TransactionalPublisher(
+        producer_config(bootstrap, settings.kafka, int(settings.delivery_timeout * 1000)),
+        topics,
+        settings.delivery_timeout,
+        transactional_id=prefix,
+        group_prefix=prefix,
+        checkpoint_topic=settings.checkpoint_topic,
+        consumer_config=client,
+    )

@@ -1,0 +1,295 @@
+"""``outbox-relay verify``: compare the outbox with what is on the topics.
+
+For each subscriber, every event at or before its part's checkpoint (and matching its
+filter) must be on its topic exactly once, and each key's records must appear in
+``(transaction_id, position)`` order. Topics are read read_committed, from the start
+of the log to its end as of the start of the run.
+
+Records found past a part's checkpoint are reported as *ahead* (a transaction that
+committed before its Postgres checkpoint update: the next owner adopts it), not as
+errors. Records of events at or before a part's start (published before a reset) and
+records whose rows were pruned are counted apart, so *ahead* is the crash window only.
+Events a reset forward jumped over are counted as *skipped by reset* (not published,
+by the operator's choice, so not a finding); a checkpoint beyond the horizon, which
+skips every event written from then on, is a finding. After ``subscribers reset`` to
+an earlier point, republished events are duplicates by design; verify a fresh
+subscriber instead. A dead-lettered event that ``dead-letters redrive`` published must
+be there exactly once too, after its key's later events: its order is checked only
+among the redriven events.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+import psycopg
+
+from relay.adapters.postgres.db import wrap_errors
+from relay.adapters.postgres.queries import queries_for
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.log_fields import log_extra
+from relay.core.model import ConsumedRecord, Position
+from relay.core.ports import SubscriberState, TopicReader
+from relay.errors import SubscriberError
+from relay.ops.lag import subscriber_lag
+
+logger = logging.getLogger(__name__)
+
+_MAX_EXAMPLES = 20  # findings listed per kind; the counts are always complete
+_PLACE_CHUNK = 10_000  # message ids looked up per query
+
+
+@dataclass
+class SubscriberReport:
+    subscriber: str
+    topics: list[str]
+    expected: int = 0
+    found: int = 0
+    missing: int = 0
+    duplicated: int = 0
+    out_of_order: int = 0
+    ahead: int = 0  # published past the Postgres checkpoint (recovery adopts them)
+    before_start: int = 0  # records of events at or before the part's start (before a reset)
+    not_in_outbox: int = 0  # records whose rows are gone (pruned) or outside the filters
+    skipped_by_reset: int = 0  # events a reset forward jumped over: never published
+    beyond_horizon: list[int] = field(default_factory=list)  # parts no new row can reach
+    dead_lettered: int = 0
+    redriven: int = 0  # dead-lettered, then redriven: expected (and counted in expected)
+    pending: int = 0  # not yet published: after the checkpoint
+    pending_estimated: bool = False  # pending is an estimate (relay/ops/lag.py)
+    # Parts created with --from now or reset since: events before these are not checked.
+    checked_after: list[str] = field(default_factory=list)
+    examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+
+    @property
+    def clean(self) -> bool:
+        return not (self.missing or self.duplicated or self.out_of_order or self.beyond_horizon)
+
+    def example(self, kind: str, text: str) -> None:
+        if len(self.examples[kind]) < _MAX_EXAMPLES:
+            self.examples[kind].append(text)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "subscriber": self.subscriber,
+            "topics": self.topics,
+            "expected": self.expected,
+            "found": self.found,
+            "missing": self.missing,
+            "duplicated": self.duplicated,
+            "out_of_order": self.out_of_order,
+            "ahead": self.ahead,
+            "before_start": self.before_start,
+            "not_in_outbox": self.not_in_outbox,
+            "skipped_by_reset": self.skipped_by_reset,
+            "beyond_horizon": self.beyond_horizon,
+            "dead_lettered": self.dead_lettered,
+            "redriven": self.redriven,
+            "pending": self.pending,
+            "pending_estimated": self.pending_estimated,
+            "checked_after": self.checked_after,
+            "clean": self.clean,
+            "examples": dict(self.examples),
+        }
+
+
+@dataclass
+class _Expected:
+    """Compact expectations: message id bytes → its key in the outbox."""
+
+    positions: dict[bytes, Position] = field(default_factory=dict)
+    topics: set[str] = field(default_factory=set)
+    redriven: set[bytes] = field(default_factory=set)  # published after their key's later events
+    # A subscriber with routing control: each event's part. Its key may be coarser than
+    # the aggregate, and then order holds per key within each part only (docs/design.md
+    # §2, "Another record key"); None: the key is the aggregate id.
+    parts: dict[bytes, int] | None = None
+
+
+def verify(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    reader: TopicReader,
+    *,
+    subscribers: Sequence[str] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> list[SubscriberReport]:
+    """One report per subscriber (all of them unless ``subscribers`` names some)."""
+    store = OutboxStore(conn, schema)
+    states = [s for s in store.list() if subscribers is None or s.subscriber.name in subscribers]
+    unknown = set(subscribers or ()) - {s.subscriber.name for s in states}
+    if unknown:
+        raise SubscriberError(f"no subscriber named {sorted(unknown)}")
+    states = _checkable(states, named=subscribers is not None)
+    reports = []
+    for state in states:
+        name = state.subscriber.name
+        report, expected = _expectations(conn, schema, state)
+        lag = subscriber_lag(store, state)
+        report.pending, report.pending_estimated = lag.events, lag.estimated
+
+        def tick(done: int, total: int, name: str = name) -> None:
+            if progress is not None:
+                progress(name, done, total)
+
+        outside = _compare(report, expected, reader.read(sorted(expected.topics), tick))
+        _place(conn, schema, report, outside)
+        _skips(store, report)
+        reports.append(report)
+    return reports
+
+
+def _checkable(states: list[SubscriberState], *, named: bool) -> list[SubscriberState]:
+    """Records of the debezium format carry Debezium's headers only (no message id or
+    position of the relay's), so verify cannot tell them apart: it says so."""
+    debezium = [s.subscriber.name for s in states if s.subscriber.value_format == "debezium"]
+    if debezium and named:
+        raise SubscriberError(
+            f"cannot verify {debezium}: the debezium format carries no relay headers"
+        )
+    for name in debezium:
+        logger.warning(
+            "not verified: subscriber %s (the debezium format carries no relay headers)",
+            name,
+            extra=log_extra("verify_skipped_debezium", subscriber=name),
+        )
+    return [s for s in states if s.subscriber.name not in debezium]
+
+
+def _expectations(
+    conn: psycopg.Connection[Any], schema: str, state: SubscriberState
+) -> tuple[SubscriberReport, _Expected]:
+    subscriber = state.subscriber
+    expected = _Expected(parts=None if subscriber.routing.default else {})
+    if subscriber.fixed_topic is not None:  # read even when nothing is expected on it
+        expected.topics.add(subscriber.fixed_topic)
+    report = SubscriberReport(subscriber.name, [])
+    params = subscriber.as_dict()  # its name and filters
+    query = queries_for(schema)["published_events"]
+    with wrap_errors(), conn.transaction(), conn.cursor(name="verify") as cursor:
+        cursor.itersize = 10_000
+        cursor.execute(query, params)
+        for row in cursor:
+            (
+                message_id,
+                transaction_id,
+                position,
+                aggregate_type,
+                event_type,
+                dead,
+                redriven,
+                part,
+            ) = row
+            if expected.parts is not None:
+                expected.parts[message_id.bytes] = part
+            if dead and not redriven:
+                report.dead_lettered += 1
+                continue
+            if redriven:
+                report.redriven += 1
+                expected.redriven.add(message_id.bytes)
+            # None: no legal topic, so nothing was published (and the event is missing).
+            topic = subscriber.route(aggregate_type, event_type)
+            if topic is not None:
+                expected.topics.add(topic)
+            expected.positions[message_id.bytes] = Position(transaction_id, position)
+    with wrap_errors():
+        starts = conn.execute(queries_for(schema)["part_starts"], {"name": subscriber.name})
+        report.checked_after = [f"part {part} at {tx}:{pos}" for part, tx, pos in starts]
+    report.expected = len(expected.positions)
+    report.topics = sorted(expected.topics)
+    return report, expected
+
+
+def _skips(store: OutboxStore, report: SubscriberReport) -> None:
+    for part in store.part_skips(report.subscriber, None):
+        report.skipped_by_reset += part.counted or 0
+        if part.beyond_horizon:
+            report.beyond_horizon.append(part.part)
+            report.example(
+                "beyond_horizon",
+                f"part {part.part}: its checkpoint is beyond what the database has decided, "
+                "so every event written from now on is skipped; reset it to 'now'",
+            )
+
+
+def _place(
+    conn: psycopg.Connection[Any], schema: str, report: SubscriberReport, outside: list[UUID]
+) -> None:
+    """Count the records found outside the expected range by where their rows lie."""
+    query = queries_for(schema)["placed_messages"]
+    for start in range(0, len(outside), _PLACE_CHUNK):
+        chunk = outside[start : start + _PLACE_CHUNK]
+        with wrap_errors():
+            rows = conn.execute(query, {"name": report.subscriber, "ids": chunk}).fetchall()
+        placed = dict(rows)
+        for mid in chunk:
+            where = placed.get(mid)
+            if where == "ahead":
+                report.ahead += 1
+            elif where == "before_start":
+                report.before_start += 1
+            else:
+                report.not_in_outbox += 1
+
+
+def _compare(
+    report: SubscriberReport, expected: _Expected, records: Iterable[ConsumedRecord]
+) -> list[UUID]:
+    """Compare, and return the ids of records outside the expected range (once each)."""
+    outside: dict[bytes, None] = {}
+    seen: set[bytes] = set()
+    last_by_key: dict[tuple[str, int, bytes | None, int], Position] = {}
+    # Redriven events follow their key's later events: checked among themselves only.
+    last_redriven_by_key: dict[tuple[str, int, bytes | None, int], Position] = {}
+    parts = expected.parts
+    for record in records:
+        if record.message_id is None or record.position is None:
+            continue  # not written by the relay
+        try:
+            mid = UUID(record.message_id).bytes
+        except ValueError:
+            continue
+        # Order by the event's key in the database, not the one in its headers: after a
+        # move to another xid space (docs/design.md) the database rebased its keys, and
+        # records published before the move carry the old ones.
+        at = expected.positions.get(mid)
+        key = (
+            record.topic,
+            record.partition,
+            record.key,
+            0 if parts is None else parts.get(mid, 0),
+        )
+        order = last_redriven_by_key if mid in expected.redriven else last_by_key
+        previous = order.get(key)
+        if at is not None and previous is not None and at <= previous:
+            report.out_of_order += 1
+            report.example(
+                "out_of_order",
+                f"{record.topic}[{record.partition}]@{record.offset} key {record.key!r}: "
+                f"{at} after {previous}",
+            )
+        if at is not None:
+            order[key] = at
+        if mid not in expected.positions:
+            outside[mid] = None
+            continue
+        if mid in seen:
+            report.duplicated += 1
+            report.example(
+                "duplicated",
+                f"{record.message_id} again at {record.topic}[{record.partition}]@{record.offset}",
+            )
+            continue
+        seen.add(mid)
+        report.found += 1
+    for mid, position in expected.positions.items():
+        if mid not in seen:
+            report.missing += 1
+            report.example("missing", f"{UUID(bytes=mid)} (position {position})")
+    return [UUID(bytes=mid) for mid in outside]

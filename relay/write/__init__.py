@@ -1,0 +1,1 @@
+"""The write API: appending events to the outbox."""
