@@ -689,3 +689,7 @@ class TracingEncoder(RecordEncoder):
 
     def encode(self, event: OutboxEvent, subscriber: Subscriber) -> KafkaRecord:
         return self._tracer.start(event, self._inner.encode(event, subscriber))
+
+    def for_subscriber(self, subscriber: Subscriber) -> Callable[[OutboxEvent], KafkaRecord]:
+        encode, start = self._inner.for_subscriber(subscriber), self._tracer.start
+        return lambda event: start(event, encode(event))
