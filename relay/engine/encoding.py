@@ -100,6 +100,8 @@ class SubscriberEncoder:
         # header is made once per transaction, not per event. A tuple swapped whole:
         # the parts of one subscriber share this encoder across threads.
         self._tx: tuple[int, tuple[str, bytes], int] = (-1, (HEADER_TRANSACTION_ID, b""), 0)
+        # Likewise the last event's type headers: runs of one type are the usual batch.
+        self._types = _type_headers("", "")
         self.encode: Callable[[OutboxEvent], KafkaRecord]
         if subscriber.value_format is ValueFormat.DEBEZIUM:
             registry = owner.schema_registry
@@ -167,7 +169,11 @@ class SubscriberEncoder:
 
     def _headers(self, event: OutboxEvent) -> tuple[list[tuple[str, str | bytes | None]], int]:
         """The record headers and their size in bytes."""
-        types = self._owner.type_headers(event.event_type, event.aggregate_type)
+        types = self._types
+        names = types.names  # compared field by field: no tuple made per event
+        if names[0] != event.event_type or names[1] != event.aggregate_type:
+            types = self._owner.type_headers(event.event_type, event.aggregate_type)
+            self._types = types
         tx = self._tx
         if tx[0] != event.transaction_id:
             tx = _tx_header(event.transaction_id)
@@ -291,6 +297,7 @@ class _TypeHeaders(NamedTuple):
     event_type: tuple[str, bytes]
     aggregate_type: tuple[str, bytes]
     size: int  # of both, and of the names of the id, transaction id and position headers
+    names: tuple[str, str]  # (event type, aggregate type): what they were made of
 
 
 def _type_headers(event_type: str, aggregate_type: str) -> _TypeHeaders:
@@ -298,7 +305,10 @@ def _type_headers(event_type: str, aggregate_type: str) -> _TypeHeaders:
     size = _ID_NAMES_SIZE + len(HEADER_EVENT_TYPE) + len(event_type_bytes)
     size += len(HEADER_AGGREGATE_TYPE) + len(aggregate_type_bytes)
     return _TypeHeaders(
-        (HEADER_EVENT_TYPE, event_type_bytes), (HEADER_AGGREGATE_TYPE, aggregate_type_bytes), size
+        (HEADER_EVENT_TYPE, event_type_bytes),
+        (HEADER_AGGREGATE_TYPE, aggregate_type_bytes),
+        size,
+        (event_type, aggregate_type),
     )
 
 

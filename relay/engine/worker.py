@@ -37,7 +37,7 @@ from relay.core.ports import (
     Publisher,
     Selection,
 )
-from relay.core.subscribers import PoisonPolicy, Subscriber
+from relay.core.subscribers import PoisonPolicy
 from relay.engine.encoding import RecordEncoder
 from relay.engine.poison import MAX_DEAD_LETTER_ERROR_BYTES, cap, dead_letter_record
 from relay.engine.scheduling import PartScheduler, ProducerPool
@@ -480,7 +480,7 @@ class PartWorker:
         subscriber = state.subscriber
         encode = self._encoder.for_subscriber(subscriber)
         try:
-            if _takes_all(subscriber):  # the usual subscriber: one C-level loop
+            if not subscriber.filtered:  # the usual subscriber: one C-level loop
                 batch.records = list(map(encode, batch.events))
             else:
                 batch.records = [
@@ -868,11 +868,6 @@ def _same_batch_start(recovered: PartState, fetched_at: PartState) -> bool:
         and recovered.halted_error is None
         and recovered.subscriber == fetched_at.subscriber
     )
-
-
-def _takes_all(subscriber: Subscriber) -> bool:
-    """Whether the subscriber takes every event its part's fetch reads (no type filter)."""
-    return subscriber.aggregate_types is None and subscriber.event_types is None
 
 
 def _joins(following: _Batch, state: PartState) -> bool:
