@@ -22,21 +22,29 @@ Baselines (with the old targets): the rows read with a plain keyset query (the r
 batch size) and their ``payload::text`` produced as-is, with a flush at the end, or with
 a Kafka transaction per batch: moving the bytes with no relay logic.
 
+With ``OUTBOX_BENCH_BASELINE_CODE`` naming a checkout of the code before (bench/bounded.py),
+the relay of that checkout publishes the same backlog too, Avro and JSON, each run right
+after this relay's: its CPU per event is the baseline of this one's, same run, interleaved.
+
 Each side runs ``scale.repetitions`` times, interleaved, after a CHECKPOINT and a pause;
 figures are medians with their range, and the CPU each process used is in the details.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
 from confluent_kafka import Producer
 
 from bench.harness import (
+    BASELINE_CODE,
     BATCH,
+    REPO,
     SCHEMAS,
     Figure,
     Scale,
@@ -86,14 +94,16 @@ class Sides:
         self.cpu.setdefault(side, []).append(meter.as_json())
         return done / elapsed[0]
 
-    def relay(self, value_format: ValueFormat = ValueFormat.AVRO) -> float:
+    def relay(
+        self, value_format: ValueFormat = ValueFormat.AVRO, code: Path = REPO, side: str = ""
+    ) -> float:
         self.rounds += 1
-        side = _relay_side(value_format)
+        side = side or _relay_side(value_format)
         topic = f"{self.stack.topic_prefix('relay')}.orders"
         fresh_subscribers(
             self.url, [Subscriber(f"bench{self.rounds}", topic=topic, value_format=value_format)]
         )
-        drain = paused_drain(self.stack, self.url, "throughput", 1, batch_size=BATCH)
+        drain = paused_drain(self.stack, self.url, "throughput", 1, code=code, batch_size=BATCH)
         self.cpu.setdefault(side, []).append(drain.cpu)
         cpu_seconds = drain.cpu.get("cpu_cores_relay", 0.0) * drain.seconds
         self.cpu_us.setdefault(side, []).append(cpu_seconds / self.events * 1e6)
@@ -136,9 +146,17 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
     fill_outbox(url, scale.throughput_events)
     settle(url)
     sides = Sides(stack, url, scale.throughput_events)
+    baseline = os.environ.get(BASELINE_CODE)
+    before = {} if not baseline else {
+        "relay before": lambda: sides.relay(ValueFormat.AVRO, Path(baseline), "relay before"),
+        "relay json before": lambda: sides.relay(ValueFormat.JSON, Path(baseline),
+                                                 "relay json before"),
+    }  # fmt: skip
     plan: dict[str, Callable[[], float]] = {
         "relay": sides.relay,
+        **{k: v for k, v in before.items() if k == "relay before"},
         "relay json": lambda: sides.relay(ValueFormat.JSON),
+        **{k: v for k, v in before.items() if k == "relay json before"},
         "raw produce, idempotent": lambda: sides.raw_produce(False),
         "raw produce, transactional": lambda: sides.raw_produce(True),
         "COPY-out": sides.copy_out,
@@ -171,7 +189,19 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
                          Samples(tuple(sides.cpu_us[side])), "µs", target="value<=6",
                          details={**common, "relay_cpu": sides.cpu_medians(side)})  # fmt: skip
 
+    def cpu_versus_before(side: str) -> Figure:
+        # The code before, same run, interleaved: a ratio above 1.05 is a regression.
+        return Figure.of("throughput", f"{side} CPU per event vs the code before",
+                         Samples(tuple(sides.cpu_us[side])), "µs",
+                         Samples(tuple(sides.cpu_us[f"{side} before"])), f"relay of {baseline}",
+                         "ratio<=1.05", {**common, "relay_cpu": sides.cpu_medians(side),
+                         "before_cpu": sides.cpu_medians(f"{side} before")})  # fmt: skip
+
+    ab = [cpu_versus_before(side) for side in ("relay", "relay json") if before]
+    ab += [versus(f"{side} before", None, "code before", side) for side in ("relay", "relay json")
+           if before]  # fmt: skip
     return [
+        *ab,
         cpu_per_event("relay"),
         cpu_per_event("relay json"),
         versus("raw produce, idempotent"),

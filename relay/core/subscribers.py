@@ -189,6 +189,11 @@ class Subscriber:
         """The one topic of a template without fields; None when rows choose it."""
         return None if _TEMPLATE_FIELD.search(self.topic) else self.topic.format()
 
+    @property
+    def filtered(self) -> bool:
+        """Whether a type filter may drop events (else :meth:`matches` takes them all)."""
+        return self.aggregate_types is not None or self.event_types is not None
+
     def matches(self, event: OutboxEvent) -> bool:
         return (self.aggregate_types is None or event.aggregate_type in self.aggregate_types) and (
             self.event_types is None or event.event_type in self.event_types

@@ -1,9 +1,13 @@
-"""Turns outbox rows into Kafka records for a subscriber."""
+"""Turns outbox rows into Kafka records for a subscriber: the one way in for every value
+format. :meth:`RecordEncoder.for_subscriber` picks a subscriber's path once (its value
+format's writer, its key format, its topic, its routing); the worker then calls that
+path once per event (docs/design.md §5, "A batch's way through")."""
 
 from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import orjson
@@ -20,7 +24,7 @@ from relay.core.model import (
     OutboxEvent,
     Unreadable,
 )
-from relay.core.routing import RESERVED_HEADER_NAMES, Routing
+from relay.core.routing import RESERVED_HEADER_NAMES
 from relay.core.schemas import SchemaFolder
 from relay.core.subscribers import KeyFormat, Subscriber, TopicGuard, ValueFormat
 from relay.engine.debezium_format import debezium_record
@@ -31,6 +35,10 @@ if TYPE_CHECKING:  # the registry client is imported only by relays that use it
 
 
 class RecordEncoder:
+    """Turns events into records: :meth:`for_subscriber` chooses, once per subscriber,
+    how its events are encoded (value format, key format, topic, routing), and the
+    chosen :class:`SubscriberEncoder` encodes each event without choosing again."""
+
     def __init__(
         self,
         registry: SchemaFolder | None,
@@ -41,157 +49,219 @@ class RecordEncoder:
         self.guard = guard
         # avro-registry values: None when the relay has no schema_registry_url.
         self.schema_registry = schema_registry
-        # What encode works out once per subscriber rather than per event; keyed by the
-        # subscriber object's identity (hashing a Subscriber costs more than an event's
-        # encoding), the object kept in the value so a recycled id never matches.
-        self._plans: dict[int, tuple[Subscriber, _Plan]] = {}
+        # Keyed by the subscriber object's identity (hashing a Subscriber costs more than
+        # an event's encoding), the object kept in the value so a recycled id never matches.
+        self._chosen: dict[int, tuple[Subscriber, SubscriberEncoder]] = {}
+        # Shared by every subscriber's encoder: rows choose their types.
         self._types: dict[tuple[str, str], _TypeHeaders] = {}
 
     def encode(self, event: OutboxEvent, subscriber: Subscriber) -> KafkaRecord:
         """The record for ``event``; :class:`EncodingError` marks a poison event."""
-        if type(event.payload) is Unreadable or not isinstance(event.headers, dict):
-            _refuse_unreadable(event)
-        plan = self._plan(subscriber)
-        if plan.debezium:
-            framing = None if self.schema_registry is None else self.schema_registry.frame_text
-            record = debezium_record(event, subscriber, framing)
-            self._check_route(record.topic, subscriber, event)
-            return record
-        topic = plan.topic if plan.topic is not None else subscriber.topic_for(event)
-        # Every time, not once per plan: the guard changes as subscribers come and go.
-        self._check_route(topic, subscriber, event)
-        routing = subscriber.routing
-        if not routing.default:
-            return self._routed(event, subscriber, topic, routing)
-        value = self._value(event, subscriber, topic)
-        key = self._key(subscriber, topic, event.aggregate_id)
-        headers, headers_size = self._headers(event)
-        size = len(key) + len(value) + headers_size
-        return _record((topic, key, value, headers, size, plan.topic is None, None, None, None))
+        return self.for_subscriber(subscriber)(event)
 
-    def _plan(self, subscriber: Subscriber) -> _Plan:
-        entry = self._plans.get(id(subscriber))
+    def for_subscriber(self, subscriber: Subscriber) -> Callable[[OutboxEvent], KafkaRecord]:
+        """How ``subscriber``'s events are encoded: one call per event, which raises
+        :class:`EncodingError` for a poison event."""
+        entry = self._chosen.get(id(subscriber))
         if entry is not None and entry[0] is subscriber:
-            return entry[1]
-        plan = _Plan(subscriber.value_format is ValueFormat.DEBEZIUM, subscriber.fixed_topic)
-        if len(self._plans) >= _MAX_CACHED:  # subscribers reloaded over days: stay bounded
-            self._plans.clear()
-        self._plans[id(subscriber)] = (subscriber, plan)
-        return plan
+            return entry[1].encode
+        chosen = SubscriberEncoder(self, subscriber)
+        if len(self._chosen) >= _MAX_CACHED:  # subscribers reloaded over days: stay bounded
+            self._chosen.clear()
+        self._chosen[id(subscriber)] = (subscriber, chosen)
+        return chosen.encode
 
-    def _headers(self, event: OutboxEvent) -> tuple[list[tuple[str, str | bytes | None]], int]:
-        """The record headers and their size in bytes. The event and aggregate type
-        headers repeat from event to event: made once and reused."""
-        types = self._types.get((event.event_type, event.aggregate_type))
+    def type_headers(self, event_type: str, aggregate_type: str) -> _TypeHeaders:
+        """The event and aggregate type headers, which repeat from event to event: made
+        once and reused."""
+        types = self._types.get((event_type, aggregate_type))
         if types is None:
-            types = _type_headers(event.event_type, event.aggregate_type)
+            types = _type_headers(event_type, aggregate_type)
             if len(self._types) >= _MAX_CACHED:  # writers choose the types: stay bounded
                 self._types.clear()
-            self._types[(event.event_type, event.aggregate_type)] = types
-        message_id = event.id_text or str(event.message_id).encode()
-        transaction_id = b"%d" % event.transaction_id
-        position = b"%d" % event.position
-        headers: list[tuple[str, str | bytes | None]] = [
-            (HEADER_ID, message_id),
-            types.event_type,
-            types.aggregate_type,
-            (HEADER_TRANSACTION_ID, transaction_id),
-            (HEADER_POSITION, position),
-        ]
-        size = types.size + len(message_id) + len(transaction_id) + len(position)
-        if event.aggregate_version is not None or event.headers:
-            size += _more_headers(event, headers)
-        return headers, size
+            self._types[(event_type, aggregate_type)] = types
+        return types
 
-    def _routed(
-        self, event: OutboxEvent, subscriber: Subscriber, topic: str, routing: Routing
-    ) -> KafkaRecord:
+
+class SubscriberEncoder:
+    """One subscriber's encoding, chosen once (:meth:`RecordEncoder.for_subscriber`):
+    ``encode`` is the path of its format and routing, its value writer is picked by
+    the value format, so no event dispatches on either again."""
+
+    def __init__(self, owner: RecordEncoder, subscriber: Subscriber) -> None:
+        self._owner, self._subscriber = owner, subscriber
+        # Every time, not once here: the guard changes as subscribers come and go.
+        self._guard = owner.guard
+        self._topic = subscriber.fixed_topic  # None: rows choose it
+        self._routing = subscriber.routing
+        self._value = self._value_writer()
+        self._string_key = subscriber.key_format is KeyFormat.STRING
+        # The last transaction's header: a transaction's events come together, so its
+        # header is made once per transaction, not per event. A tuple swapped whole:
+        # the parts of one subscriber share this encoder across threads.
+        self._tx: tuple[int, tuple[str, bytes], int] = (-1, (HEADER_TRANSACTION_ID, b""), 0)
+        # Likewise the last event's type headers: runs of one type are the usual batch.
+        self._types = _type_headers("", "")
+        self.encode: Callable[[OutboxEvent], KafkaRecord]
+        if subscriber.value_format is ValueFormat.DEBEZIUM:
+            registry = owner.schema_registry
+            self._framing = None if registry is None else registry.frame_text
+            self.encode = self._debezium
+        elif self._routing.default:
+            self.encode = self._plain
+        else:
+            self.encode = self._routed
+
+    def _value_writer(self) -> Callable[[OutboxEvent, str], bytes]:
+        value_format = self._subscriber.value_format
+        if value_format is ValueFormat.JSON:
+            return _json_value
+        if value_format is ValueFormat.AVRO_REGISTRY:
+            return self._registry_value
+        return self._avro_value  # debezium's values are its own (debezium_format.py)
+
+    def _plain(self, event: OutboxEvent) -> KafkaRecord:
+        """The default routing's record: the shortest way, as most subscribers take it."""
+        if type(event.payload) is Unreadable or not isinstance(event.headers, dict):
+            _refuse_unreadable(event)
+        topic = self._topic
+        if topic is None:
+            topic = self._subscriber.topic_for(event)
+        self._check_route(topic, event)
+        value = self._value(event, topic)
+        text = event.aggregate_id
+        key = text.encode() if self._string_key else self._registry_key(topic, text)
+        headers, headers_size = self._headers(event)
+        size = len(key) + len(value) + headers_size
+        return _record((topic, key, value, headers, size, self._topic is None, None, None, None))
+
+    def _routed(self, event: OutboxEvent) -> KafkaRecord:
         """The record under the subscriber's routing control: its key, its partition,
-        its placements (the default routing takes the shorter way in :meth:`encode`)."""
-        key = self._key(subscriber, topic, routing.key_text(event))
+        its placements."""
+        if type(event.payload) is Unreadable or not isinstance(event.headers, dict):
+            _refuse_unreadable(event)
+        topic = self._topic if self._topic is not None else self._subscriber.topic_for(event)
+        self._check_route(topic, event)
+        routing = self._routing
+        text = routing.key_text(event)
+        key = text.encode() if self._string_key else self._registry_key(topic, text)
         partition = routing.partition_for(event)
         if routing.envelope:  # json only (Subscriber refuses it for the other formats)
             wrapped = {"payload": event.payload, **routing.envelope_values(event)}
-            value = self._value(event._replace(payload=wrapped), subscriber, topic)
+            value = self._value(event._replace(payload=wrapped), topic)
         else:
-            value = self._value(event, subscriber, topic)
+            value = self._value(event, topic)
         placed = routing.header_values(event)  # the relay's own names are refused
         names = {name for name, _ in placed}  # placed over the row's header of that name
         headers = [h for h in self._headers(event)[0] if h[0] not in names]
         headers += placed
         size = len(key) + len(value) + sum(len(n) + len(v or b"") for n, v in headers)
         return KafkaRecord(
-            topic,
-            key,
-            value,
-            headers,
-            size,
-            subscriber.fixed_topic is None,
-            partition=partition,
+            topic, key, value, headers, size, self._topic is None, partition=partition
         )
 
-    def _check_route(self, topic: str, subscriber: Subscriber, event: OutboxEvent) -> None:
-        if self.guard is not None and (refusal := self.guard.refusal(topic, subscriber)):
+    def _debezium(self, event: OutboxEvent) -> KafkaRecord:
+        if type(event.payload) is Unreadable or not isinstance(event.headers, dict):
+            _refuse_unreadable(event)
+        record = debezium_record(event, self._subscriber, self._framing)
+        self._check_route(record.topic, event)
+        return record
+
+    def _headers(self, event: OutboxEvent) -> tuple[list[tuple[str, str | bytes | None]], int]:
+        """The record headers and their size in bytes."""
+        types = self._types
+        names = types.names  # compared field by field: no tuple made per event
+        if names[0] != event.event_type or names[1] != event.aggregate_type:
+            types = self._owner.type_headers(event.event_type, event.aggregate_type)
+            self._types = types
+        tx = self._tx
+        if tx[0] != event.transaction_id:
+            tx = _tx_header(event.transaction_id)
+            self._tx = tx
+        message_id = event.id_text or str(event.message_id).encode()
+        position = b"%d" % event.position
+        headers: list[tuple[str, str | bytes | None]] = [
+            (HEADER_ID, message_id),
+            types.event_type,
+            types.aggregate_type,
+            tx[1],
+            (HEADER_POSITION, position),
+        ]
+        size = types.size + tx[2] + len(message_id) + len(position)
+        if event.aggregate_version is not None or event.headers:
+            size += _more_headers(event, headers)
+        return headers, size
+
+    def _check_route(self, topic: str, event: OutboxEvent) -> None:
+        guard = self._guard
+        if guard is not None and (refusal := guard.refusal(topic, self._subscriber)):
             raise EncodingError(f"event {event.message_id}: not routed to {topic!r}: {refusal}")
 
-    def _value(self, event: OutboxEvent, subscriber: Subscriber, topic: str) -> bytes:
-        if subscriber.value_format is ValueFormat.AVRO_REGISTRY:
-            return self._registry_value(event, subscriber, topic)
-        if subscriber.value_format is ValueFormat.JSON:
-            try:
-                # The same compact UTF-8 JSON as the standard library's, at a tenth of
-                # the cost per event (exponents aside: 1e-7, not 1e-07).
-                return orjson.dumps(event.payload)
-            except orjson.JSONEncodeError:
-                pass  # integers beyond 64 bits, nesting beyond 255: the standard library
-            try:
-                return json.dumps(event.payload, separators=(",", ":"), ensure_ascii=False).encode()
-            except (ValueError, TypeError, RecursionError) as exc:
-                raise EncodingError(
-                    f"event {event.message_id}: payload cannot be written as JSON "
-                    f"({type(exc).__name__}: {exc})"
-                ) from exc
-        if self.registry is None:
+    def _avro_value(self, event: OutboxEvent, topic: str) -> bytes:
+        registry = self._owner.registry
+        if registry is None:
             # The relay's configuration, never the row's fault: no dead letter (issue #28).
+            name = self._subscriber.name
             raise ConfigError(
-                f"subscriber {subscriber.name!r} publishes avro, but this relay has no "
+                f"subscriber {name!r} publishes avro, but this relay has no "
                 "schemas folder (schemas_dir, RELAY_SCHEMAS_DIR or --schemas-dir): configure "
                 "it, or switch the subscriber to json, then `outbox-relay subscribers resume "
-                f"{subscriber.name}`"
+                f"{name}`"
             )
         try:
-            return self.registry.encode(event.event_type, event.payload)
+            return registry.encode(event.event_type, event.payload)
         except PayloadValidationError as exc:
             raise EncodingError(
                 f"event {event.message_id} cannot be encoded as Avro: {exc}"
             ) from exc
 
-    def _key(self, subscriber: Subscriber, topic: str, text: str) -> bytes:
-        """The key's bytes: its text (the aggregate id, or the subscriber's key
-        template's), as is or registry-encoded."""
-        if subscriber.key_format is KeyFormat.STRING:
-            return text.encode()
-        # Only avro-registry subscribers have other keys, and _value found their encoder.
-        assert self.schema_registry is not None
-        return self.schema_registry.encode_key(topic, text)
-
-    def _registry_value(self, event: OutboxEvent, subscriber: Subscriber, topic: str) -> bytes:
-        if self.schema_registry is None or self.schema_registry.schemas is None:
+    def _registry_value(self, event: OutboxEvent, topic: str) -> bytes:
+        values = self._owner.schema_registry
+        if values is None or values.schemas is None:
             # The relay's configuration, never the row's fault: no dead letter.
+            name = self._subscriber.name
             raise ConfigError(
-                f"subscriber {subscriber.name!r} publishes avro-registry, but this relay has "
+                f"subscriber {name!r} publishes avro-registry, but this relay has "
                 "no schema registry or no schemas folder (schema_registry_url, "
                 "RELAY_SCHEMA_REGISTRY_URL; schemas_dir, RELAY_SCHEMAS_DIR): configure them, "
-                f"then `outbox-relay subscribers resume {subscriber.name}`"
+                f"then `outbox-relay subscribers resume {name}`"
             )
         try:
-            return self.schema_registry.encode(
-                topic, event.event_type, event.payload, subscriber.subject_strategy
+            return values.encode(
+                topic, event.event_type, event.payload, self._subscriber.subject_strategy
             )
         except PayloadValidationError as exc:
             raise EncodingError(
                 f"event {event.message_id} cannot be encoded as Avro: {exc}"
             ) from exc
+
+    def _registry_key(self, topic: str, text: str) -> bytes:
+        """An avro-registry key (only avro-registry subscribers have one, and their
+        value found the registry encoder first)."""
+        assert self._owner.schema_registry is not None
+        return self._owner.schema_registry.encode_key(topic, text)
+
+
+def _json_value(event: OutboxEvent, topic: str) -> bytes:
+    try:
+        # The same compact UTF-8 JSON as the standard library's, at a tenth of the cost
+        # per event (exponents aside: 1e-7, not 1e-07).
+        return orjson.dumps(event.payload)
+    except orjson.JSONEncodeError:
+        pass  # integers beyond 64 bits, nesting beyond 255: the standard library
+    try:
+        return json.dumps(event.payload, separators=(",", ":"), ensure_ascii=False).encode()
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise EncodingError(
+            f"event {event.message_id}: payload cannot be written as JSON "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+def _tx_header(transaction_id: int) -> tuple[int, tuple[str, bytes], int]:
+    """A transaction's header, and its size with its name."""
+    value = b"%d" % transaction_id
+    return transaction_id, (HEADER_TRANSACTION_ID, value), len(value)
 
 
 def _refuse_unreadable(event: OutboxEvent) -> NoReturn:
@@ -218,22 +288,16 @@ def headers_for(event: OutboxEvent) -> list[tuple[str, str | bytes | None]]:
 # A plain call of tuple.__new__: a NamedTuple's own __new__ is a Python function, and
 # this runs for every event.
 _record = functools.partial(tuple.__new__, KafkaRecord)
-# Cached plans and type headers at most (rows choose their types; subscribers reload).
+# Cached subscriber encoders and type headers at most (rows choose their types; subscribers reload).
 _MAX_CACHED = 4096
 _ID_NAMES_SIZE = len(HEADER_ID) + len(HEADER_TRANSACTION_ID) + len(HEADER_POSITION)
-
-
-class _Plan(NamedTuple):
-    """What encoding a subscriber's events needs to know of it, worked out once."""
-
-    debezium: bool
-    topic: str | None  # the subscriber's one topic; None: rows choose it
 
 
 class _TypeHeaders(NamedTuple):
     event_type: tuple[str, bytes]
     aggregate_type: tuple[str, bytes]
     size: int  # of both, and of the names of the id, transaction id and position headers
+    names: tuple[str, str]  # (event type, aggregate type): what they were made of
 
 
 def _type_headers(event_type: str, aggregate_type: str) -> _TypeHeaders:
@@ -241,7 +305,10 @@ def _type_headers(event_type: str, aggregate_type: str) -> _TypeHeaders:
     size = _ID_NAMES_SIZE + len(HEADER_EVENT_TYPE) + len(event_type_bytes)
     size += len(HEADER_AGGREGATE_TYPE) + len(aggregate_type_bytes)
     return _TypeHeaders(
-        (HEADER_EVENT_TYPE, event_type_bytes), (HEADER_AGGREGATE_TYPE, aggregate_type_bytes), size
+        (HEADER_EVENT_TYPE, event_type_bytes),
+        (HEADER_AGGREGATE_TYPE, aggregate_type_bytes),
+        size,
+        (event_type, aggregate_type),
     )
 
 

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import NamedTuple
+from operator import itemgetter
 from uuid import UUID
 
 from relay.core.key_space import KeySpace, KeySpaceAction, adoptable, report
@@ -71,6 +71,8 @@ _MAX_DEAD_LETTERS = 32
 # What a decision recovered from the Kafka-side checkpoint says (its reason is on the
 # dead-letter record, in the header outbox.error).
 _RECOVERED = "dead-lettered by a previous owner (recorded by recovery; the reason is on the record)"
+# A record's size as the encoder counted it (KafkaRecord.size; -1: not counted).
+_SIZE = itemgetter(4)
 
 
 class WorkerState(StrEnum):
@@ -154,44 +156,22 @@ COUNTERS: dict[str, tuple[str, str]] = {
 _COUNTS = (*COUNTERS, "key_space_rebased", "key_space_continued")
 
 
-@dataclass
+@dataclass(slots=True)
 class _Batch:
+    """A batch on its one way through the worker: the events a fetch read, then their
+    records, then (once sent) what became of it: grown by a batch that joined it, with
+    the batch read meanwhile for later, or refused by the broker. Per batch, never per
+    event: the events and records lists are the only per-event objects it holds."""
+
     events: list[OutboxEvent]
     # How far the fetch read (past events the subscriber drops); None: nothing new.
-    read_to: Position | None
+    end: Position | None
     full: bool = False  # a backlog: the fetch came back full
     # Encoded ahead of time when every event encoded cleanly; None: encode on the slow
     # path, which applies the poison policy.
     records: list[KafkaRecord] | None = None
-
-
-class _Published(NamedTuple):
-    """A published batch's outcome: the part's new state, and the next batch if it was
-    read while this one travelled."""
-
-    state: PartState
-    ahead: _Batch | None
-
-
-@dataclass(frozen=True)
-class _Sent:
-    """A batch as handed to the publisher, or as committed: then grown by what joined it
-    while it travelled, with the batch read meanwhile that did not join."""
-
-    events: list[OutboxEvent]
-    records: list[KafkaRecord]
-    end: Position
-    ahead: _Batch | None = None
-    full: bool = False
-
-
-@dataclass(frozen=True)
-class _Refused:
-    """The broker refused a record of the batch (grown as it was when refused)."""
-
-    events: list[OutboxEvent]
-    end: Position
-    error: PoisonRecordError
+    ahead: _Batch | None = None  # read while this one travelled, for after it
+    refused: PoisonRecordError | None = None  # the broker refused one of its records
 
 
 class _ReadAhead:
@@ -203,9 +183,10 @@ class _ReadAhead:
         self,
         prepare: Callable[[PartState], _Batch],
         state: PartState,
-        sent: _Sent,
+        sent: _Batch,
         joining: Callable[[list[KafkaRecord]], list[KafkaRecord]],
     ) -> None:
+        assert sent.end is not None
         self._prepare, self._state, self._end = prepare, state, sent.end
         self._joining = joining  # the records as they join (tracing: the batch's context)
         self._following: _Batch | None = None
@@ -219,23 +200,25 @@ class _ReadAhead:
         self._following = following
         if not self.may_join or not _joins(following, self._state):
             return None
-        assert following.records is not None and following.read_to is not None
+        assert following.records is not None and following.end is not None
         self._joined = True
         following.records = self._joining(following.records)
-        return following.records, following.read_to
+        return following.records, following.end
 
-    def grown(self, batch: _Sent) -> _Sent:
+    def grown(self, batch: _Batch) -> _Batch:
         """``batch`` with what joined it, or with what was read ahead for later."""
         following = self._following
         if following is None:
             return batch
         if not self._joined:
-            return dataclasses.replace(batch, ahead=following)
-        assert following.records is not None and following.read_to is not None
-        return _Sent(
+            batch.ahead = following
+            return batch
+        assert batch.records is not None and following.records is not None
+        # New lists: the publisher may keep the ones it was handed.
+        return _Batch(
             [*batch.events, *following.events],
-            [*batch.records, *following.records],
-            following.read_to,
+            following.end,
+            records=[*batch.records, *following.records],
         )
 
 
@@ -438,8 +421,8 @@ class PartWorker:
             return self._poll_interval
         self.stats.state = WorkerState.RUNNING
         ahead, self._ahead = self._ahead, None
-        batch = ahead if ahead is not None and ahead.read_to else self._fetch(store, state)
-        if batch.read_to is None:
+        batch = ahead if ahead is not None and ahead.end else self._fetch(store, state)
+        if batch.end is None:
             if woken:
                 self._repolls = iter(_HORIZON_REPOLL_S)
             self._waited = True
@@ -447,8 +430,8 @@ class PartWorker:
         if not batch.events:
             # Only rows the subscriber does not take: the Postgres checkpoint alone moves,
             # and no producer is needed (what Kafka holds of the part stays as it is).
-            self._state = self._advance(store, state, batch.read_to, [])
-            self._count([], 0, batch.read_to)
+            self._state = self._advance(store, state, batch.end, [])
+            self._count([], 0, batch.end)
             return None
         recovered = self._lend_publisher(store, state)
         if recovered is not None:
@@ -456,11 +439,10 @@ class PartWorker:
                 self._state = None  # recovery moved the checkpoint (or a pause): read again
                 return None
             state = recovered
-        published = self._publish(store, state, batch)
-        if published is None:  # halted on a poison event
-            self._state = None
+        self._state = self._publish(store, state, batch)  # None: halted on a poison event
+        if self._state is None:
+            self._ahead = None
         else:
-            self._state, self._ahead = published
             self._failures = 0
         return None
 
@@ -488,20 +470,24 @@ class PartWorker:
             aggregate_types=subscriber.aggregate_types,
             event_types=subscriber.event_types,
         )
-        fetched = store.fetch(state.checkpoint, selection)
-        return _Batch(fetched.events, fetched.read_to, fetched.full)
+        events, read_to, full = store.fetch(state.checkpoint, selection)
+        return _Batch(events, read_to, full)
 
     def _prepare(self, store: PartStore, state: PartState) -> _Batch:
         """Fetch and encode the batch after ``state``'s checkpoint, leaving any poison
         event (it needs the store, which the batch in flight is using) to the slow path."""
         batch = self._fetch(store, state)
         subscriber = state.subscriber
+        encode = self._encoder.for_subscriber(subscriber)
         try:
-            batch.records = [
-                self._encoder.encode(event, subscriber)
-                for event in batch.events
-                if subscriber.matches(event) or _not_read(event)
-            ]
+            if not subscriber.filtered:  # the usual subscriber: one C-level loop
+                batch.records = list(map(encode, batch.events))
+            else:
+                batch.records = [
+                    encode(event)
+                    for event in batch.events
+                    if subscriber.matches(event) or _not_read(event)
+                ]
         except Exception:  # whatever it is, the slow path names the event and its error
             batch.records = None
         return batch
@@ -571,37 +557,35 @@ class PartWorker:
             self.stats.recovered += 1
         return self._advance(store, state, adopted, _recovered(store, state, adopted, recovered))
 
-    def _publish(self, store: PartStore, state: PartState, batch: _Batch) -> _Published | None:
-        """Publish ``batch``; returns the new state and, prepared meanwhile, the next batch
-        (None: the part halted on a poison event, under the 'halt' policy). A batch the
-        broker failed as a whole is published again one event per transaction."""
+    def _publish(self, store: PartStore, state: PartState, batch: _Batch) -> PartState | None:
+        """Publish ``batch``; returns the new state, the next batch (prepared meanwhile)
+        in ``_ahead`` (None: the part halted on a poison event, under the 'halt' policy).
+        A batch the broker failed as a whole is published again one event per transaction."""
         pending = [batch]  # what is left to publish, the next at the end
         look_ahead = True
-        published = _Published(state, None)
-        while pending:
-            outcome = self._publish_batch(store, published.state, pending.pop(), look_ahead)
-            if outcome is None:
-                return None
-            if isinstance(outcome, _Published):
-                published = outcome
+        published: PartState | None = state
+        while pending and published is not None:
+            outcome = self._publish_batch(store, published, pending.pop(), look_ahead)
+            if isinstance(outcome, list):
+                # The broker failed several records together: one event per transaction
+                # finds the culprit without blaming its neighbours.
+                pending += [_Batch([event], event.key) for event in reversed(outcome)]
+                look_ahead = False
                 continue
-            # The broker failed several records together: one event per transaction
-            # finds the culprit without blaming its neighbours.
-            pending += [_Batch([event], event.key) for event in reversed(outcome)]
-            look_ahead = False
+            published = outcome
         return published
 
     def _publish_batch(
         self, store: PartStore, state: PartState, batch: _Batch, look_ahead: bool
-    ) -> _Published | list[OutboxEvent] | None:
+    ) -> PartState | list[OutboxEvent] | None:
         """Publish ``batch`` in one transaction, after the poison policy dealt with what
-        the broker refused; returns the new state and the batch read meanwhile, or the
-        events to publish one by one (the broker failed them together), or None when the
-        part halted."""
+        the broker refused; returns the new state (the batch read meanwhile in
+        ``_ahead``), or the events to publish one by one (the broker failed them
+        together), or None when the part halted."""
         if not self.session.valid():
             raise ClaimLost("this relay's session may have expired; not publishing")
-        assert batch.read_to is not None
-        events, end = list(batch.events), batch.read_to
+        assert batch.end is not None
+        events, end = list(batch.events), batch.end
         dead: dict[UUID, DeadLetterDecision] = {}
         if state.subscriber.on_poison is PoisonPolicy.DEAD_LETTER:
             dead = store.dead_letters(state.name, state.checkpoint, end)
@@ -615,81 +599,89 @@ class PartWorker:
                 records, used = encoded
                 if used < len(events):  # cut at _MAX_DEAD_LETTERS: the rest comes next
                     events, end, full = events[:used], events[used - 1].key, True
-            sent, reader = _Sent(events, records, end, full=full), None
+            sending, reader = _Batch(events, end, full, records), None
             if look_ahead:
                 prepare = functools.partial(self._prepare, store)
-                reader = _ReadAhead(prepare, state, sent, self.hook.joining)
-            outcome = self._send(state, sent, reader, _letters(sent.events, dead))
-            if isinstance(outcome, _Sent):
-                return self._record(store, state, outcome, dead)
-            if outcome.error.ambiguous and len(outcome.events) > 1:
-                return outcome.events
-            if not self._blame(store, state, outcome, dead):
+                reader = _ReadAhead(prepare, state, sending, self.hook.joining)
+            sent = self._send(state, sending, reader, _letters(events, dead))
+            if sent.refused is None:
+                return self._record(store, state, sent, dead)
+            if sent.refused.ambiguous and len(sent.events) > 1:
+                return sent.events
+            if not self._blame(store, state, sent, sent.refused, dead):
                 return None
             # Encoded again with the decision; what joined the batch stays in it.
-            events, end, records, look_ahead = outcome.events, outcome.end, None, False
+            assert sent.end is not None
+            events, end, records, look_ahead = sent.events, sent.end, None, False
 
     def _send(
         self,
         state: PartState,
-        batch: _Sent,
+        batch: _Batch,
         reader: _ReadAhead | None,
         letters: list[DeadLetter],
-    ) -> _Sent | _Refused:
-        """One attempt at publishing ``batch``; what joined it meanwhile, if anything, is
-        part of the outcome."""
-        assert self._publisher is not None
-        batch = dataclasses.replace(batch, records=self.hook.sending(batch.records))
+    ) -> _Batch:
+        """One attempt at publishing ``batch``: the batch as sent, grown by what joined
+        it meanwhile, if anything, and with ``refused`` set if the broker refused it."""
+        assert self._publisher is not None and batch.records is not None
+        assert batch.end is not None
+        batch.records = self.hook.sending(batch.records)
         may_extend = reader is None or reader.may_join
         named = [(str(letter.message_id), letter.decision.topic) for letter in letters]
         sending = Batch(batch.records, batch.end, str(state.generation), may_extend, named)
+        refused = None
         try:
             self._publisher.publish(sending, reader)
         except PoisonRecordError as exc:
-            grown = reader.grown(batch) if reader is not None else batch
-            return _Refused(grown.events, grown.end, exc)
-        return reader.grown(batch) if reader is not None else batch
+            refused = exc
+        sent = reader.grown(batch) if reader is not None else batch
+        sent.refused = refused
+        return sent
 
     def _record(
         self,
         store: PartStore,
         state: PartState,
-        sent: _Sent,
+        sent: _Batch,
         dead: dict[UUID, DeadLetterDecision],
-    ) -> _Published:
+    ) -> PartState:
         """Checkpoint and count a committed batch, recording its dead-letter decisions
         with the checkpoint (never before: the transaction might have been aborted);
-        returns the state and the next batch."""
+        returns the state, the next batch in ``_ahead``."""
+        assert sent.records is not None and sent.end is not None
         self.hook.published(sent.events, sent.records, state.subscriber)  # visible now
-        state = self._advance(store, state, sent.end, _letters(sent.events, dead))
-        self._count(sent.records, sum(1 for e in sent.events if e.message_id in dead), sent.end)
+        letters = _letters(sent.events, dead)
+        state = self._advance(store, state, sent.end, letters)
+        self._count(sent.records, len(letters), sent.end)
         # A reset meanwhile moves the checkpoint elsewhere: what was read ahead is void.
-        return _Published(state, sent.ahead if state.checkpoint == sent.end else None)
+        self._ahead = sent.ahead if state.checkpoint == sent.end else None
+        return state
 
     def _blame(
         self,
         store: PartStore,
         state: PartState,
-        refused: _Refused,
+        sent: _Batch,
+        refused: PoisonRecordError,
         dead: dict[UUID, DeadLetterDecision],
     ) -> bool:
-        """Apply the poison policy to the event whose record the broker refused; False
-        when the part halted."""
-        event = _event_of(refused.error.record, refused.events)
+        """Apply the poison policy to the event of ``sent`` whose record the broker
+        refused; False when the part halted."""
+        event = _event_of(refused.record, sent.events)
         decision = dead.get(event.message_id)
         if decision is None:
-            return self._poison(store, state, event, str(refused.error), dead)
+            return self._poison(store, state, event, str(refused), dead)
         # The dead letter itself was rejected: once more with the event's identity only
         # (a topic with a lower max.message.bytes), then the part halts: that is no
         # longer the row's doing but the dead-letter topic's.
         if decision.minimal:
-            self._halt(store, state, event, f"dead-letter record rejected: {refused.error.reason}")
+            self._halt(store, state, event, f"dead-letter record rejected: {refused.reason}")
             return False
         logger.warning(
             "part %s: the dead letter of %s was rejected (%s); sending its identity only",
             self.part,
             event.message_id,
-            refused.error.reason,
+            refused.reason,
             extra=self._log_extra("dead_letter_minimal", message_id=event.message_id),
         )
         dead[event.message_id] = dataclasses.replace(decision, minimal=True)
@@ -728,6 +720,7 @@ class PartWorker:
         they cover (all, unless the batch reached _MAX_DEAD_LETTERS); None when the part
         halted."""
         subscriber = state.subscriber
+        encode = self._encoder.for_subscriber(subscriber)
         records: list[KafkaRecord] = []
         letters = 0
         for used, event in enumerate(events):
@@ -737,7 +730,7 @@ class PartWorker:
                 continue
             if event.message_id not in dead:
                 try:
-                    records.append(self._encoder.encode(event, subscriber))
+                    records.append(encode(event))
                     continue
                 except EncodingError as exc:
                     if not self._poison(store, state, event, str(exc), dead):
@@ -830,7 +823,8 @@ class PartWorker:
 
     def _count(self, records: list[KafkaRecord], dead_lettered: int, end: Position) -> None:
         published = len(records)
-        size = sum(r.byte_size() for r in records)
+        sizes = list(map(_SIZE, records))  # as the encoder counted them: no call each
+        size = sum(sizes) if min(sizes, default=0) >= 0 else sum(r.byte_size() for r in records)
         with self.stats.lock:
             self.stats.published += published
             self.stats.published_bytes += size
@@ -883,7 +877,7 @@ def _joins(following: _Batch, state: PartState) -> bool:
     on the slow path) could apply."""
     return (
         following.records is not None
-        and following.read_to is not None
+        and following.end is not None
         and not following.full
         and state.subscriber.on_poison is not PoisonPolicy.DEAD_LETTER
     )

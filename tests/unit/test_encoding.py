@@ -13,7 +13,7 @@ from relay.adapters.postgres.store import _load_row_json, _payloads
 from relay.core.model import OutboxEvent, Unreadable
 from relay.core.ports import DeadLetterDecision
 from relay.core.subscribers import Subscriber, ValueFormat
-from relay.engine.encoding import RecordEncoder
+from relay.engine.encoding import RecordEncoder, headers_for
 from relay.engine.poison import dead_letter_record
 from relay.errors import EncodingError
 
@@ -96,3 +96,18 @@ def test_an_integer_beyond_64_bits_is_published_exactly_not_as_a_float(number: i
         assert loaded == {"n": number, "s": "x"} and type(loaded["n"]) is int
         value = RecordEncoder(None).encode(event(loaded), JSON).value
         assert value == b'{"n":%d,"s":"x"}' % number
+
+
+def test_a_subscriber_encoder_heads_each_record_with_its_own_event_s_identity() -> None:
+    # The chosen encoder reuses the transaction's and the types' headers from one event
+    # to the next: a batch that changes transaction or type mid-way gets each right.
+    kinds = [(7, "OrderPlaced", "order"), (7, "OrderPaid", "order"), (8, "OrderPaid", "order"),
+             (8, "Refund", "payment"), (7, "OrderPlaced", "order")]  # fmt: skip
+    events = [
+        OutboxEvent(tx, at, uuid.uuid4(), aggregate, "k", None, kind, {}, {}, datetime.now(UTC))
+        for at, (tx, kind, aggregate) in enumerate(kinds)
+    ]
+    encode = RecordEncoder(None).for_subscriber(JSON)
+    for e, record in zip(events, map(encode, events), strict=True):
+        assert record.headers == headers_for(e)
+        assert record.size == record._replace(size=-1).byte_size()
