@@ -72,7 +72,7 @@ _MAX_DEAD_LETTERS = 32
 # dead-letter record, in the header outbox.error).
 _RECOVERED = "dead-lettered by a previous owner (recorded by recovery; the reason is on the record)"
 # A record's size as the encoder counted it (KafkaRecord.size; -1: not counted).
-_SIZE = itemgetter(4)
+_SIZE = itemgetter(KafkaRecord._fields.index("size"))
 
 
 class WorkerState(StrEnum):
