@@ -30,13 +30,13 @@ def test_a_batch_costs_python_work_only_for_the_rows_from_avro_did_not_decode(
     values = pa.array([None] * skipped + [good, b"\xc3\x01unknown!", None], pa.binary())
     skip = pa.array([True] * skipped + [False] * 3)
     calls: list[Any] = []
-    one = decoding._decode_one
+    one = decoding._payload
 
-    def counted(value: bytes | None, *args: Any) -> tuple[str | None, str | None]:
+    def counted(value: bytes | None, *args: Any) -> Any:
         calls.append(value)
         return one(value, *args)
 
-    monkeypatch.setattr(decoding, "_decode_one", counted)
+    monkeypatch.setattr(decoding, "_payload", counted)
     udf = decoding._python_decoder("avro", str(SCHEMAS), None, None)
     result = udf.func(values, skip).to_pylist()
 
@@ -55,7 +55,7 @@ def test_a_batch_from_avro_decoded_entirely_makes_no_python_call(
     def refuse(*args: Any) -> None:
         raise AssertionError("a record from_avro decoded reached the Python decoder")
 
-    monkeypatch.setattr(decoding, "_decode_one", refuse)
+    monkeypatch.setattr(decoding, "_payload", refuse)
     udf = decoding._python_decoder("avro", str(SCHEMAS), None, None)
     result = udf.func(pa.array([None] * 5, pa.binary()), pa.array([True] * 5))
     assert len(result) == 5 and result.type.names == ["payload", "error"]
