@@ -26,10 +26,11 @@ long-running job pays once. Target (#31): read + decode >= 0.5x the plain consum
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import itertools
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -38,7 +39,6 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
-from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 
 from bench.harness import BASELINE_CODE, SCHEMAS, Figure, Scale, Stack, order_payload
@@ -147,18 +147,15 @@ def register(url: str, topic: str) -> RegistrySchema:
     return RegistrySchema(int(schema_id), text)
 
 
-def baseline_decoder(checkout: Path) -> Any:
-    """``decode_events`` of another checkout (the code before), under a module name of
-    its own; pickled by value, as the Python workers cannot import it."""
-    spec = importlib.util.spec_from_file_location(
-        "baseline_decoding", checkout / "spark_jobs" / "decoding.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    cloudpickle.register_pickle_by_value(module)
-    return module.decode_events
+def baseline_decoder(spark: SparkSession, checkout: Path, workdir: Path) -> Any:
+    """``decode_events`` of another checkout (the code before), as a module of its own
+    name that the Python workers import too (its UDF pickles by reference)."""
+    copy = workdir / "baseline_decoding.py"
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(checkout / "spark_jobs" / "decoding.py", copy)
+    spark.sparkContext.addPyFile(str(copy))
+    sys.path.insert(0, str(copy.parent))
+    return importlib.import_module("baseline_decoding").decode_events
 
 
 def run(stack: Stack, scale: Scale) -> list[Figure]:
@@ -220,7 +217,7 @@ def _measure(
         "registry_by_id": spark_side(wire_topic, decoded("from_avro", "avro-registry", [])),
     }  # fmt: skip
     if os.environ.get(BASELINE_CODE):
-        before = baseline_decoder(Path(os.environ[BASELINE_CODE]))
+        before = baseline_decoder(spark, Path(os.environ[BASELINE_CODE]), workdir / "baseline")
         sides["avro_from_avro_before"] = spark_side(
             avro_topic, decoded("from_avro", "avro", [], before)
         )
