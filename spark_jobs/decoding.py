@@ -205,8 +205,10 @@ def _header(frame: DataFrame, header: str, column: str) -> Column:
     if "headers" not in frame.columns:
         text = F.lit(None).cast("string")
     else:
-        found = F.filter("headers", lambda h: h["key"] == F.lit(header))
-        text = F.try_element_at(found, F.lit(-1))["value"].cast("string")
+        # The last of that name is the first of the reversed keys. No lambda (a filter per
+        # header): array functions compile to code, and the reversed keys are shared.
+        found = F.array_position(F.reverse(F.col("headers.key")), header).cast("int")
+        text = F.when(found > 0, F.element_at(F.col("headers.value"), -found)).cast("string")
     if column in _INTEGER_HEADERS:
         # Not a number: a null, not a failed query (Spark's ANSI casts raise).
         text = F.when(text.rlike(r"^-?[0-9]{1,18}$"), text.cast("long"))
