@@ -15,6 +15,10 @@ each reading every record once, interleaved round by round (bench/method.py):
   schema known at start) and by the Python decoder keyed by schema id (a schema
   registered after the job started).
 
+With ``OUTBOX_BENCH_BASELINE_CODE`` naming a checkout of the code before, its
+``spark_jobs/decoding.py`` decodes too (``from_avro`` sides, both formats), interleaved
+with the rest, so the change is measured in the same rounds.
+
 Spark's times exclude the session start but include query planning; each side runs
 once before the measured rounds, to warm the JVM and the Python workers, which a
 long-running job pays once. Target (#31): read + decode >= 0.5x the plain consumer.
@@ -22,8 +26,11 @@ long-running job pays once. Target (#31): read + decode >= 0.5x the plain consum
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
+import os
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -34,7 +41,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from pyspark.sql import DataFrame, SparkSession
 
-from bench.harness import SCHEMAS, Figure, Scale, Stack, order_payload
+from bench.harness import BASELINE_CODE, SCHEMAS, Figure, Scale, Stack, order_payload
 from bench.method import Samples, interleave
 from relay.adapters.registry.confluent_wire import from_single_object
 from relay.adapters.registry.registry_format import registry_client
@@ -140,6 +147,17 @@ def register(url: str, topic: str) -> RegistrySchema:
     return RegistrySchema(int(schema_id), text)
 
 
+def baseline_decoder(spark: SparkSession, checkout: Path, workdir: Path) -> Any:
+    """``decode_events`` of another checkout (the code before), as a module of its own
+    name that the Python workers import too (its UDF pickles by reference)."""
+    copy = workdir / "baseline_decoding.py"
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(checkout / "spark_jobs" / "decoding.py", copy)
+    spark.sparkContext.addPyFile(str(copy))
+    sys.path.insert(0, str(copy.parent))
+    return importlib.import_module("baseline_decoding").decode_events
+
+
 def run(stack: Stack, scale: Scale) -> list[Figure]:
     # Spark pays a fixed cost per query (seconds): quick (20k) only tries the method.
     records = scale.events // 5 if scale.name == "quick" else scale.events * 2
@@ -182,8 +200,10 @@ def _measure(
 
         return measure
 
-    def decoded(decoder: str, fmt: str, known: list[RegistrySchema]) -> Any:
-        return lambda frame: decode_events(
+    def decoded(
+        decoder: str, fmt: str, known: list[RegistrySchema], decode: Any = decode_events
+    ) -> Any:
+        return lambda frame: decode(
             frame, writer_schemas=SCHEMAS, value_format=fmt, avro_decoder=decoder,
             registry=access, registry_schemas=known,
         )  # fmt: skip
@@ -196,6 +216,14 @@ def _measure(
         "registry_from_avro": spark_side(wire_topic, decoded("from_avro", "avro-registry", [planned])),
         "registry_by_id": spark_side(wire_topic, decoded("from_avro", "avro-registry", [])),
     }  # fmt: skip
+    if os.environ.get(BASELINE_CODE):
+        before = baseline_decoder(spark, Path(os.environ[BASELINE_CODE]), workdir / "baseline")
+        sides["avro_from_avro_before"] = spark_side(
+            avro_topic, decoded("from_avro", "avro", [], before)
+        )
+        sides["registry_from_avro_before"] = spark_side(
+            wire_topic, decoded("from_avro", "avro-registry", [planned], before)
+        )
     for measure in sides.values():  # warm-up: the JVM, the Python workers, the caches
         measure()
     return interleave(sides, scale.repetitions)
@@ -222,4 +250,11 @@ def _figures(samples: dict[str, Samples], records: int) -> list[Figure]:
                   samples["avro_from_avro"], "rec/s", samples["avro_fastavro"],
                   "fastavro UDF (Python, Arrow batches)", None, details)
     )  # fmt: skip
+    for key, fmt in (("avro_from_avro", "avro"), ("registry_from_avro", "avro-registry")):
+        if f"{key}_before" in samples:
+            figures.append(
+                Figure.of("spark", f"{fmt}, from_avro: this code vs the code before",
+                          samples[key], "rec/s", samples[f"{key}_before"],
+                          f"{key} with {BASELINE_CODE}'s decoding", None, details)
+            )  # fmt: skip
     return figures

@@ -8,9 +8,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro
+from pyspark.sql.pandas.functions import arrow_udf
 from pyspark.sql.types import (
     BinaryType,
     LongType,
@@ -62,10 +65,12 @@ AVRO_DECODERS = ("from_avro", "fastavro")
 _PYTHON_RESULT = StructType(
     [StructField("payload", StringType()), StructField("error", StringType())]
 )
+_RESULT_NAMES = ["payload", "error"]
 # from_avro: a body that does not decode is a row of nulls, not a failed query;
 # to_json: a null field is written as null, as the Python decoder writes it.
 _FROM_AVRO_OPTIONS = {"mode": "PERMISSIVE"}
 _NATIVE = "__from_avro_payload"
+_HANDLED = "__from_avro_handled"
 _TO_JSON_OPTIONS = {"ignoreNullFields": "false"}
 
 
@@ -115,7 +120,13 @@ def decode_events(
     # did not decode (no branch, or its null row) is the Python decoder's.
     staged = frame.withColumn(_NATIVE, _from_avro_payload(value, branches))
     native = F.col(_NATIVE)
-    handled = native.isNotNull() & ~_from_avro_failed(value, branches, native)
+    staged = staged.withColumn(
+        _HANDLED, native.isNotNull() & ~_from_avro_failed(value, branches, native)
+    )
+    handled = F.col(_HANDLED)
+    # Spark runs a Python UDF for every row, even inside a CASE (it is pulled out into
+    # its own plan node): the values from_avro decoded are sent as nulls, and the
+    # vectorized decoder skips them without a Python call per row.
     python = _python_decoder(value_format, writers, readers, registry)
     fallback = python(F.when(~handled, value), handled)
     columns = [
@@ -194,8 +205,10 @@ def _header(frame: DataFrame, header: str, column: str) -> Column:
     if "headers" not in frame.columns:
         text = F.lit(None).cast("string")
     else:
-        found = F.filter("headers", lambda h: h["key"] == F.lit(header))
-        text = F.try_element_at(found, F.lit(-1))["value"].cast("string")
+        # The last of that name is the first of the reversed keys. No lambda (a filter per
+        # header): array functions compile to code, and the reversed keys are shared.
+        found = F.array_position(F.reverse(F.col("headers.key")), header).cast("int")
+        text = F.when(found > 0, F.element_at(F.col("headers.value"), -found)).cast("string")
     if column in _INTEGER_HEADERS:
         # Not a number: a null, not a failed query (Spark's ANSI casts raise).
         text = F.when(text.rlike(r"^-?[0-9]{1,18}$"), text.cast("long"))
@@ -205,22 +218,43 @@ def _header(frame: DataFrame, header: str, column: str) -> Column:
 def _python_decoder(
     value_format: str, writers: str, readers: str | None, registry: RegistryAccess | None
 ) -> Any:
-    """The UDF ``(value, skip) -> (payload, error)`` for the values from_avro does not
-    take (``skip`` those it does)."""
+    """The vectorized UDF ``(value, skip) -> (payload, error)`` for the values from_avro
+    does not take (``skip`` those it does: no Python work for them)."""
 
-    def decode(value: bytes | None, skip: bool) -> dict[str, str | None] | None:
-        if skip:
-            return None
-        try:
-            payload = _payload(value, value_format, writers, readers, registry)
-            return {"payload": json.dumps(payload, separators=(",", ":"), default=str),
-                    "error": None}  # fmt: skip
-        except SchemaRegistryUnavailable:
-            raise  # the records are fine: fail the batch, a restart reads them again
-        except Exception as exc:  # fastavro raises many types: any is this record's error
-            return {"payload": None, "error": f"{type(exc).__name__}: {exc}"}
+    def decode(values: pa.Array, skip: pa.Array) -> pa.Array:
+        size = len(values)
+        todo = pc.indices_nonzero(pc.invert(skip))
+        if len(todo) == 0:
+            return pa.StructArray.from_arrays([pa.nulls(size, pa.string())] * 2, _RESULT_NAMES)
+        payloads: list[str | None] = [None] * size
+        errors: list[str | None] = [None] * size
+        for row, value in zip(todo.to_pylist(), values.take(todo).to_pylist(), strict=True):
+            payloads[row], errors[row] = _decode_one(
+                value, value_format, writers, readers, registry
+            )
+        return pa.StructArray.from_arrays(
+            [pa.array(payloads, pa.string()), pa.array(errors, pa.string())], _RESULT_NAMES
+        )
 
-    return F.udf(decode, _PYTHON_RESULT, useArrow=True)
+    # Typed arguments tell Spark the UDF's kind (arrays in, array out); the stubs lack that form.
+    return arrow_udf(decode, _PYTHON_RESULT)  # type: ignore[call-overload]
+
+
+def _decode_one(
+    value: bytes | None,
+    value_format: str,
+    writers: str,
+    readers: str | None,
+    registry: RegistryAccess | None,
+) -> tuple[str | None, str | None]:
+    """``(payload, error)`` of one value, by the Python decoder."""
+    try:
+        payload = _payload(value, value_format, writers, readers, registry)
+        return json.dumps(payload, separators=(",", ":"), default=str), None
+    except SchemaRegistryUnavailable:
+        raise  # the records are fine: fail the batch, a restart reads them again
+    except Exception as exc:  # fastavro raises many types: any is this record's error
+        return None, f"{type(exc).__name__}: {exc}"
 
 
 def observe_decoding(

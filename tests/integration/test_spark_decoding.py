@@ -229,3 +229,49 @@ def test_a_registry_that_cannot_be_reached_fails_the_batch_rather_than_the_recor
     with pytest.raises(SchemaRegistryUnavailable) as failed:
         decoding._payload(frame(7, b"\x02"), "auto", str(REPO / "schemas"), None, down)
     assert "s3cret-pw" not in str(failed.value)
+
+
+def test_headers_are_the_last_of_their_name_and_numbers_only_when_they_are(
+    spark: SparkSession, registry: Any
+) -> None:
+    """A header the relay sends twice is read as its last value; a missing one, or a
+    number header that is not a number, is a null, never a failed query."""
+    from datetime import UTC, datetime
+
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    from spark_jobs.decoding import decode_events
+
+    header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+    source = StructType(
+        [StructField("topic", StringType()), StructField("partition", IntegerType()),
+         StructField("offset", LongType()), StructField("timestamp", TimestampType()),
+         StructField("key", BinaryType()), StructField("value", BinaryType()),
+         StructField("headers", ArrayType(header))]
+    )  # fmt: skip
+    [record] = relay_records(registry, 1)
+    now = datetime.now(UTC)
+    rows = [
+        ("t", 0, 0, now, b"twice", record.value,
+         [("id", b"first"), ("position", b"1"), ("id", b"last"), ("position", b"2")]),
+        ("t", 0, 1, now, b"odd", record.value,
+         [("position", b"12x"), ("transaction_id", b"99999999999999999999")]),
+        ("t", 0, 2, now, b"none", record.value, []),
+        ("t", 0, 3, now, b"null", record.value, None),
+    ]  # fmt: skip
+    decoded = decode_events(spark.createDataFrame(rows, source), writer_schemas=REPO / "schemas")
+    got = {r.key: r for r in decoded.collect()}
+    assert (got["twice"].message_id, got["twice"].position) == ("last", 2)
+    assert (got["odd"].position, got["odd"].transaction_id, got["odd"].message_id) == (None,) * 3
+    for key in ("none", "null"):
+        assert (got[key].message_id, got[key].position, got[key].event_type) == (None,) * 3
+    assert all(r.error is None and r.payload for r in got.values())
