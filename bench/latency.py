@@ -261,10 +261,11 @@ def relay_run(
     return stamps, arrivals, totals
 
 
-def process_latency(stack: Stack, scale: Scale, code: Path = REPO) -> Samples:
+def process_latency(stack: Stack, scale: Scale, code: Path = REPO, **env: Any) -> Samples:
     """The exactly-once relay as ``outbox-relay run`` from the checkout ``code`` (this
-    one, or another worktree: a before/after figure). The subscriber starts paused and
-    is resumed once its part is up, so the writer starts on a running relay."""
+    one, or another worktree: a before/after figure), with settings ``env`` (e.g.
+    ``kafka__linger_ms=0``). The subscriber starts paused and is resumed once its part
+    is up, so the writer starts on a running relay."""
     url = stack.database("latency")
     routes = aggregate_types(scale)
     prefix = stack.topic_prefix("latency-process")
@@ -273,7 +274,8 @@ def process_latency(stack: Stack, scale: Scale, code: Path = REPO) -> Samples:
     add_subscribers(url, [Subscriber("latency", topic=prefix + ".{aggregate_type}", paused=True)])
     port = free_port()
     relays = RelayProcesses(stack, url, "latency", code=code, metrics_enabled=True,
-                            metrics_port=port, create_topics=False, topic_partitions=PARTITIONS)  # fmt: skip
+                            metrics_port=port, create_topics=False, topic_partitions=PARTITIONS,
+                            **env)  # fmt: skip
     checkpoints = relays.env["RELAY_CHECKPOINT_TOPIC"]
     create_topics(stack.bootstrap, [checkpoints], 2, {"cleanup.policy": "compact"})
     with relays:
