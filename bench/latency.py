@@ -271,7 +271,8 @@ def process_latency(stack: Stack, scale: Scale, code: Path = REPO, **env: Any) -
     prefix = stack.topic_prefix("latency-process")
     topics = [f"{prefix}.{route}" for route in routes]
     create_topics(stack.bootstrap, topics, PARTITIONS)
-    add_subscribers(url, [Subscriber("latency", topic=prefix + ".{aggregate_type}", paused=True)])
+    add_subscribers(url, [Subscriber("latency", topic=prefix + ".{aggregate_type}")])
+    set_all_paused(url, paused=True)  # as `subscribers pause`: adding keeps it running
     port = free_port()
     relays = RelayProcesses(stack, url, "latency", code=code, metrics_enabled=True,
                             metrics_port=port, create_topics=False, topic_partitions=PARTITIONS,
