@@ -42,7 +42,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from bench.harness import Figure, Scale, Stack
-from bench.latency import relay_latency, relay_run, samples_of
+from bench.latency import WARMUP_S, relay_latency, relay_run, samples_of
 from bench.method import Samples as Repeated
 from bench.method import interleave
 from relay.adapters.kafka.kafka import TransactionalPublisher, _BatchProducer
@@ -192,7 +192,7 @@ def traced_run(stack: Stack, scale: Scale) -> dict[str, Any]:
     with traced() as trace:
         stamps, arrivals, totals = relay_run(stack, scale)
     samples = samples_of(stamps, arrivals, scale, totals["published"] / max(1, totals["batches"]))
-    measured = stamps[round(scale.latency_rate * 2.0) :]  # latency.WARMUP_S
+    measured = stamps[round(scale.latency_rate * WARMUP_S) :]
     parts = _event_parts(trace, measured, arrivals)
     window = samples.window_s or 1.0
     phases = {
@@ -221,7 +221,7 @@ def traced_run(stack: Stack, scale: Scale) -> dict[str, Any]:
 
 def _run_scale(scale: Scale) -> float:
     """The run's length over the measured window's (the spans cover the warm-up too)."""
-    return (2.0 + scale.latency_seconds) / scale.latency_seconds
+    return (WARMUP_S + scale.latency_seconds) / scale.latency_seconds
 
 
 def _event_parts(
