@@ -205,18 +205,6 @@ def test_closing_waits_for_no_record_of_a_failed_transaction() -> None:
     assert flushed == []
 
 
-def test_a_transactional_call_that_came_before_the_markers_is_retried_within_2_ms() -> None:
-    # send_offsets_to_transaction right after a commit meets CONCURRENT_TRANSACTIONS
-    # until the broker has written the last transaction's markers (a few ms): librdkafka
-    # retries it after retry.backoff.ms, which at 10 ms was most of a caught-up part's
-    # wait (#31, bench/README.md). Failures still back off exponentially from there.
-    config = relay.adapters.kafka.kafka.producer_config("b:1", {}, 30_000)
-    assert config["retry.backoff.ms"] <= 2
-    assert "retry.backoff.max.ms" not in config  # librdkafka's 1 s cap on the growth
-    overridden = relay.adapters.kafka.kafka.producer_config("b:1", {"retry.backoff.ms": 50}, 1)
-    assert overridden["retry.backoff.ms"] == 50  # the operator's setting wins
-
-
 def test_producers_retry_a_restarted_broker_within_a_second() -> None:
     # librdkafka's default backs off up to 10 s from a broker that was down; after a
     # rolling restart that broker leads again and its partitions waited that long.

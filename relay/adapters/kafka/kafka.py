@@ -86,12 +86,8 @@ def producer_config(
         # librdkafka speaks the pre-KIP-890 transaction protocol: a transaction begun
         # right after a commit gets CONCURRENT_TRANSACTIONS until the broker has written
         # the last one's markers, and the default 100 ms backoff then dominated latency
-        # (Kafka 4.1, 1k ev/s: p90 83 ms at 100, 10 ms at 10). The markers take a few ms,
-        # so send_offsets_to_transaction's AddOffsetsToTxn, retried after this backoff,
-        # still waited 10 ms when it came too early: 2 ms cut the exactly-once p50 to
-        # 0.81x (bench/README.md, #31). Failures keep backing off exponentially, up to
-        # retry.backoff.max.ms (1 s).
-        "retry.backoff.ms": 2,
+        # (Kafka 4.1, 1k ev/s: p90 83 ms at 100, 10 ms at 10).
+        "retry.backoff.ms": 10,
         # Same key → partition mapping as the Java client (and so Kafka Connect/Debezium).
         "partitioner": "murmur2_random",
         "message.timeout.ms": delivery_timeout_ms,
