@@ -37,10 +37,11 @@ BENCHMARKS = (
     "soak",
     "tracing",
     "cluster",
+    "eos_phases",
 )
 # Run only when named (--only soak): the soak takes 8 minutes at the default scale, the
-# cluster's faults about 20.
-ON_REQUEST = ("soak", "cluster")
+# cluster's faults about 20; eos_phases is a diagnosis (bench/README.md), not a figure.
+ON_REQUEST = ("soak", "cluster", "eos_phases")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,9 +50,12 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
+import os
 import queue
+import re
 import threading
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -62,24 +65,31 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event
+from pathlib import Path
 from typing import Any, Protocol
 
 import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
 
 from bench.harness import (
+    BASELINE_CODE,
+    REPO,
     SCHEMAS,
     SPAWN,
     Figure,
+    RelayProcesses,
     Scale,
     Stack,
+    add_subscribers,
     create_topics,
     order_payload,
     reap,
     receive,
     relay_settings,
+    set_all_paused,
     spawn_child,
     subscriber,
+    wait_all_paused,
     wait_until,
 )
 from bench.method import Samples as Repeated
@@ -88,8 +98,10 @@ from relay.adapters.kafka.kafka import producer_config
 from relay.core.model import HEADER_ID
 from relay.core.schemas import SchemaFolder
 from relay.core.settings import SubscriberSettings
+from relay.core.subscribers import Subscriber
 from relay.daemon import Relay, tune_gc
 from relay.engine.worker import WorkerState
+from relay.localstack.process import free_port
 from relay.write.outbox import Outbox
 
 WARMUP_S = 2.0  # events committed in the first seconds are not measured
@@ -163,7 +175,10 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
         scale.repetitions,
     )  # fmt: skip
     relay, floor = runs["relay"], runs["floor"]
+    baseline = os.environ.get(BASELINE_CODE)
+    ab = code_ab(stack, scale, Path(baseline)) if baseline else []
     return [
+        *ab,
         # #31: exactly-once within 1.2x (p50) and 1.5x (p99) of the broker's floor, a
         # pipelined transactional producer stamped as the relay is.
         _figure("p50", 0.5, relay, floor, scale, "ratio<=1.2"),
@@ -201,6 +216,19 @@ def relay_latency(
     """The relay's run on ``url`` (a new database by default), in ``delivery`` mode
     (transactional: exactly once; idempotent: at least once); ``fields`` go to its
     subscriber (e.g. ``value_format``)."""
+    stamps, arrivals, totals = relay_run(stack, scale, url, delivery, **fields)
+    return samples_of(stamps, arrivals, scale, totals["published"] / max(1, totals["batches"]))
+
+
+def relay_run(
+    stack: Stack,
+    scale: Scale,
+    url: str | None = None,
+    delivery: str = "transactional",
+    **fields: Any,
+) -> tuple[Stamps, dict[str, float], Counter[str]]:
+    """:func:`relay_latency`'s run, raw: the writer's stamps, the consumer's arrivals and
+    the relay's part totals (bench/eos_phases.py matches them with its own trace)."""
     url = url or stack.database("latency")
     routes = aggregate_types(scale)
     settings = relay_settings(
@@ -230,7 +258,89 @@ def relay_latency(
             totals = sum(relay.part_totals().values(), Counter[str]())
         finally:
             relay.stop()
+    return stamps, arrivals, totals
+
+
+def process_latency(stack: Stack, scale: Scale, code: Path = REPO, **env: Any) -> Samples:
+    """The exactly-once relay as ``outbox-relay run`` from the checkout ``code`` (this
+    one, or another worktree: a before/after figure), with settings ``env`` (e.g.
+    ``kafka__linger_ms=0``). The subscriber starts paused and is resumed once its part
+    is up, so the writer starts on a running relay."""
+    url = stack.database("latency")
+    routes = aggregate_types(scale)
+    prefix = stack.topic_prefix("latency-process")
+    topics = [f"{prefix}.{route}" for route in routes]
+    create_topics(stack.bootstrap, topics, PARTITIONS)
+    add_subscribers(url, [Subscriber("latency", topic=prefix + ".{aggregate_type}")])
+    set_all_paused(url, paused=True)  # as `subscribers pause`: adding keeps it running
+    port = free_port()
+    relays = RelayProcesses(stack, url, "latency", code=code, metrics_enabled=True,
+                            metrics_port=port, create_topics=False, topic_partitions=PARTITIONS,
+                            **env)  # fmt: skip
+    checkpoints = relays.env["RELAY_CHECKPOINT_TOPIC"]
+    create_topics(stack.bootstrap, [checkpoints], 2, {"cleanup.policy": "compact"})
+    with relays:
+        wait_all_paused(port, 1, relays.check_alive)
+        set_all_paused(url, paused=False)
+        _wait_state(port, "running", relays.check_alive)
+        stamps, _, arrivals = measure(stack.bootstrap, topics, scale, ("outbox", [url, *routes]))
+        totals = _metric_totals(port)
     return samples_of(stamps, arrivals, scale, totals["published"] / max(1, totals["batches"]))
+
+
+def _wait_state(port: int, state: str, check: Callable[[], None], timeout: float = 60) -> None:
+    pattern = re.compile(rf'^outbox_relay_part_state\{{.*state="{state}".*\}} 1\.0$', re.M)
+    deadline = time.monotonic() + timeout
+    while not pattern.search(_metrics(port)):
+        check()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the part did not reach {state} within {timeout:.0f}s")
+        time.sleep(0.05)
+
+
+def _metric_totals(port: int) -> Counter[str]:
+    """Events published and batches committed, from the relay's /metrics."""
+    body = _metrics(port)
+    totals = Counter[str]()
+    for name, metric in (("published", "outbox_relay_published_events"),
+                         ("batches", "outbox_relay_batches")):  # fmt: skip
+        for value in re.findall(rf"^{metric}(?:_total)?(?:\{{[^}}]*\}})? (\S+)$", body, re.M):
+            totals[name] += int(float(value))
+    return totals
+
+
+def _metrics(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            return str(r.read().decode())
+    except OSError:
+        return ""  # not listening yet
+
+
+def code_ab(stack: Stack, scale: Scale, baseline: Path) -> list[Figure]:
+    """Exactly-once p50 and p99, this checkout's relay against ``baseline``'s, both run
+    as ``outbox-relay run``, interleaved."""
+    runs: dict[str, list[Samples]] = {"this": [], "baseline": []}
+
+    def side(name: str, code: Path) -> Callable[[], float]:
+        def once() -> float:
+            runs[name].append(process_latency(stack, scale, code))
+            return runs[name][-1].ms(0.5)
+
+        return once
+
+    interleave({"this": side("this", REPO), "baseline": side("baseline", baseline)},
+               scale.repetitions)  # fmt: skip
+    return [
+        Figure.of("latency", f"exactly-once {name} vs the baseline code, {scale.latency_rate} ev/s",
+                  Repeated(tuple(r.ms(q) for r in runs["this"])), "ms",
+                  Repeated(tuple(r.ms(q) for r in runs["baseline"])),
+                  f"{baseline.name} (outbox-relay run), same run", None,
+                  {"this": [summary(r) for r in runs["this"]],
+                   "baseline": [summary(r) for r in runs["baseline"]],
+                   "baseline_code": str(baseline)})
+        for name, q in (("p50", 0.5), ("p99", 0.99))
+    ]  # fmt: skip
 
 
 @contextmanager
