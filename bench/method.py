@@ -65,11 +65,14 @@ def interleave(
     *,
     before_each: Callable[[], None] | None = None,
 ) -> dict[str, Samples]:
-    """Run every side once per round, in the order given, for ``times`` rounds (A B A B …);
-    ``before_each`` (e.g. :func:`settle`) runs before every run of every side."""
+    """Run every side once per round for ``times`` rounds, every other round in reverse
+    (A B, B A, A B …): these runs get faster round after round (a warming cache, JIT,
+    the broker's log), so a side always run first would pay for it. ``before_each``
+    (e.g. :func:`settle`) runs before every run of every side."""
     values: dict[str, list[float]] = {name: [] for name in sides}
-    for _ in range(times):
-        for name, measure in sides.items():
+    forward = list(sides.items())
+    for round_ in range(times):
+        for name, measure in forward if round_ % 2 == 0 else reversed(forward):
             if before_each is not None:
                 before_each()
             values[name].append(measure())
