@@ -396,21 +396,24 @@ class PartWorker:
         ends = time.monotonic() + _TURN_S
         try:
             while True:
-                delay = self._step(store, woken)
+                # The turn's last step when others wait for a thread: it reads nothing
+                # ahead, since a batch kept until the next turn is memory held by every
+                # waiting part at once (hundreds of busy parts on a few threads).
+                last = time.monotonic() > ends and self._scheduler.contended()
+                delay = self._step(store, woken, read_ahead=not last)
                 woken = False
                 if delay is not None:
                     return delay
-                if self._stopping.is_set():
-                    return 0.0
-                if time.monotonic() > ends and self._scheduler.contended():
-                    return 0.0  # others wait for a thread: this part goes on next turn
+                if self._stopping.is_set() or last:
+                    return 0.0  # stopping, or others wait: this part goes on next turn
         finally:
             # Between turns the pool may close it; holding it would keep its client alive.
             self._publisher = None
             self._producers.release(self)
 
-    def _step(self, store: PartStore, woken: bool) -> float | None:
-        """Publish one batch (None: go on), or say how long to wait for the next."""
+    def _step(self, store: PartStore, woken: bool, *, read_ahead: bool) -> float | None:
+        """Publish one batch (None: go on), or say how long to wait for the next;
+        ``read_ahead``: read the batch after it while it travels."""
         if self._state is None or (self._waited and not woken):
             self._state = self._load(store)  # also an idle tick's: notice pause or reset
         self._waited = False
@@ -439,7 +442,8 @@ class PartWorker:
                 self._state = None  # recovery moved the checkpoint (or a pause): read again
                 return None
             state = recovered
-        self._state = self._publish(store, state, batch)  # None: halted on a poison event
+        # None: halted on a poison event
+        self._state = self._publish(store, state, batch, read_ahead)
         if self._state is None:
             self._ahead = None
         else:
@@ -557,12 +561,14 @@ class PartWorker:
             self.stats.recovered += 1
         return self._advance(store, state, adopted, _recovered(store, state, adopted, recovered))
 
-    def _publish(self, store: PartStore, state: PartState, batch: _Batch) -> PartState | None:
-        """Publish ``batch``; returns the new state, the next batch (prepared meanwhile)
-        in ``_ahead`` (None: the part halted on a poison event, under the 'halt' policy).
-        A batch the broker failed as a whole is published again one event per transaction."""
+    def _publish(
+        self, store: PartStore, state: PartState, batch: _Batch, look_ahead: bool
+    ) -> PartState | None:
+        """Publish ``batch``; returns the new state, the next batch (prepared meanwhile
+        if ``look_ahead``) in ``_ahead`` (None: the part halted on a poison event, under
+        the 'halt' policy). A batch the broker failed as a whole is published again one
+        event per transaction."""
         pending = [batch]  # what is left to publish, the next at the end
-        look_ahead = True
         published: PartState | None = state
         while pending and published is not None:
             outcome = self._publish_batch(store, published, pending.pop(), look_ahead)

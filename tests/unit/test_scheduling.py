@@ -5,14 +5,18 @@ their own, and part workers sharing them over the in-memory store and publisher 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from relay.core.model import OutboxEvent, PartId
-from relay.core.ports import Batch, Meanwhile, PartState
+import pytest
+
+from relay.core.model import OutboxEvent, PartId, Position
+from relay.core.ports import Batch, Fetched, Meanwhile, PartState, Selection
 from relay.core.subscribers import Subscriber, ValueFormat
+from relay.engine import worker as worker_module
 from relay.engine.encoding import RecordEncoder
 from relay.engine.scheduling import PartScheduler, ProducerPool
 from relay.engine.sessions import RelaySession
@@ -320,3 +324,69 @@ def test_a_part_moved_away_while_its_producer_was_lent_elsewhere_never_recovers_
     # No producer of a recovered (fencing the peer) or published since.
     assert ("recover", "a") not in opener.log[seen:] and ("publish", "a") not in opener.log[seen:]
     stop([b], scheduler)
+
+
+class Reads(InMemoryStore):
+    """An in-memory store that remembers the furthest event a fetch returned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.furthest: Position | None = None
+
+    def fetch(self, after: Position, selection: Selection) -> Fetched:
+        fetched = super().fetch(after, selection)
+        if fetched.events and (self.furthest is None or fetched.events[-1].key > self.furthest):
+            self.furthest = fetched.events[-1].key
+        return fetched
+
+
+class Watching(InMemoryPublisher):
+    """An in-memory publisher that calls ``before`` as each transaction starts."""
+
+    def __init__(self, before: Callable[[], None]) -> None:
+        super().__init__()
+        self._before = before
+
+    def publish(self, batch: Batch, meanwhile: Meanwhile | None = None) -> None:
+        self._before()
+        super().publish(batch, meanwhile)
+
+
+def test_a_part_that_yields_its_thread_to_waiting_parts_holds_no_batch_read_ahead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hundreds of busy parts take turns on a few threads: a batch each waiting part
+    read ahead and kept until its next turn is memory held by all of them at once."""
+    monkeypatch.setattr(worker_module, "_TURN_S", 0.0)  # every turn ends after a batch
+    scheduler = PartScheduler(1)
+    stores = {"a": Reads(), "b": Reads()}
+    held: list[tuple[Position, Position]] = []  # the waiting part's (read to, published to)
+    opened: list[Watching] = []
+
+    def watch_the_other(name: str) -> None:  # on the one thread: the other part waits
+        other = "b" if name == "a" else "a"
+        read, published = stores[other].furthest, stores[other].get_part(other, 0).checkpoint
+        if read is not None and read > published:
+            held.append((read, published))
+
+    def opener(state: PartState) -> Watching:
+        opened.append(Watching(functools.partial(watch_the_other, state.name)))
+        return opened[-1]
+
+    workers = []
+    for name, store in stores.items():
+        store.open_session("test", 1, timeout=3600, session_id=OWNER)  # claims need one
+        store.add(subscriber(name))
+        assert store.claim(name, 0, OWNER)
+        for n in range(500):  # 5 batches each
+            store.append(event(n))
+        workers.append(worker(name, store, scheduler, ProducerPool(opener, 1)))
+    for w in workers:
+        w.start()
+    wait_until(
+        lambda: all(s.get_part(n, 0).checkpoint == s.events[-1].key for n, s in stores.items()),
+        what="both parts published",
+    )
+    stop(workers, scheduler)
+    assert sum(len(t) for p in opened for t in p.transactions) == 1000  # each event once
+    assert held == []  # while one part published, the other held nothing it had not
