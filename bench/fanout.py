@@ -90,6 +90,9 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
         "batches_per_subscriber": events // MANY / batch,
         **{f"cpu_{name}": [d.cpu for d in drains[name]] for name in sides},
         **{f"threads_{name}": [d.threads for d in drains[name]] for name in sides},
+        **{
+            f"producers_opened_{name}": [d.producers_opened for d in drains[name]] for name in sides
+        },
         "baseline_code": baseline,
     }
     rss = f"value<={RSS_TARGET_MIB}"

@@ -562,6 +562,9 @@ class Drain:
     # The most threads the relay's processes ran at once while publishing, librdkafka's
     # native ones included (issue #30: they grew with the parts).
     threads: int = 0
+    # Producers the relay opened, summed over its parts (None: a relay without the
+    # counter): a part opens one per turn on which the pool had closed its last.
+    producers_opened: int | None = None
 
 
 def paused_drain(
@@ -595,8 +598,19 @@ def paused_drain(
             set_all_paused(url, paused=False)
             _, done = wait_published(url, targets, tick=tick)
             meter.sample()  # before the relay stops
+        opened = metric_total(port, "outbox_relay_producers_opened_total")
         peak = sum(relays.peak_rss_mb())
-    return Drain(done - resumed, startup, meter.as_json(), peak, samples, max(threads, default=0))
+    return Drain(done - resumed, startup, meter.as_json(), peak, samples, max(threads, default=0),
+                 opened)  # fmt: skip
+
+
+def metric_total(port: int, name: str) -> int | None:
+    """The sum of the samples of counter ``name`` on the relay's /metrics (None: no
+    such counter, as on the code of an older checkout)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        body = r.read().decode()
+    values = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", body, re.M)
+    return round(sum(float(v) for v in values)) if values else None
 
 
 def fresh_subscribers(url: str, subscribers: list[Subscriber]) -> None:

@@ -118,6 +118,12 @@ class WorkerStats:
         "outbox_relay_poison_events",
         "Events the part could not publish (dead-lettered, or halting the part)",
     )
+    # Each pays init_transactions and the checkpoint read (hundreds of ms): many per part
+    # means more parts are busy at once than max_producers, and they take turns on them.
+    producers_opened: int = _counter(
+        "outbox_relay_producers_opened",
+        "Transactional producers opened for the part (each fences and recovers)",
+    )
     # Exceptions outside the relay's error tree (a bug, or a failure nobody foresaw):
     # each is logged with its traceback and the part starts over with backoff.
     unexpected: int = _counter(
@@ -457,6 +463,8 @@ class PartWorker:
         self._publisher, fresh = self._producers.acquire(self, state)
         if not fresh:
             return None
+        with self.stats.lock:
+            self.stats.producers_opened += 1
         # Ownership is read from Postgres right before init_transactions fences: a part
         # this relay no longer owns never gets a new producer (docs/design.md).
         current = self._load(store)

@@ -32,6 +32,7 @@ EXPORTED = {
     "outbox_relay_poison_events",
     "outbox_relay_unexpected_errors",
     "outbox_relay_worker_failures",
+    "outbox_relay_producers_opened",
 }
 
 

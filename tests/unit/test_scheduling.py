@@ -285,6 +285,8 @@ def test_busy_parts_share_a_pool_smaller_than_them_and_recover_on_each_new_produ
     stop(workers, scheduler)
     assert opener.committed() == 6 * 30  # every event once per subscriber
     assert len(opener.opened) > 2  # the parts took turns on the pool's two producers
+    # Each opening is counted on its part (outbox_relay_producers_opened).
+    assert sum(w.stats.producers_opened for w in workers) == len(opener.opened)
     # A part never publishes on a producer it has not recovered with (init_transactions
     # is the fence): each of its publishes follows a recovery, with no close between.
     for name in names:
