@@ -46,16 +46,29 @@ def checkpoint(db: psycopg.Connection[Any], writer_db: psycopg.Connection[Any]) 
     return Position(row[0], row[1])
 
 
+def poll(checkpoint: Position, part: int = 0, parts: int = 1) -> dict[str, Any]:
+    """fetch_batch_of_type's parameters: type3's next ``LIMIT`` rows of ``part``."""
+    return {"transaction_id": checkpoint.transaction_id, "position": checkpoint.position,
+            "limit": LIMIT, "max_bytes": 2**40, "max_row_bytes": 2**40, "part": part,
+            "parts": parts, "event_types": None, "aggregate_type": "type3"}  # fmt: skip
+
+
 def test_a_one_type_poll_mid_backlog_reads_only_its_types_rows(
     relay_db: psycopg.Connection[Any], checkpoint: Position
 ) -> None:
     query = queries_for("public")["fetch_batch_of_type"]
-    params = {"transaction_id": checkpoint.transaction_id, "position": checkpoint.position,
-              "limit": LIMIT, "max_bytes": 2**40, "max_row_bytes": 2**40, "part": 0,
-              "parts": 1, "event_types": None, "aggregate_type": "type3"}  # fmt: skip
     # The batch (and the window's one row of look-ahead), and the newest row once: not
     # the other types' rows in between, nor the newest row again for every row returned.
-    assert outbox_rows_read(relay_db, query, params) <= LIMIT + 2
+    assert outbox_rows_read(relay_db, query, poll(checkpoint)) <= LIMIT + 2
+
+
+def test_a_one_type_poll_of_one_part_reads_only_its_types_rows(
+    relay_db: psycopg.Connection[Any], checkpoint: Position
+) -> None:
+    query = queries_for("public")["fetch_batch_of_type"]
+    # The type's rows of every part until the part's LIMIT-th (about 4 x LIMIT), as the
+    # range scan finds them: not every type's rows, nor every row of the type.
+    assert outbox_rows_read(relay_db, query, poll(checkpoint, part=1, parts=4)) <= 6 * LIMIT
 
 
 def test_a_one_type_poll_mid_backlog_returns_the_types_next_rows_in_order(
