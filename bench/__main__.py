@@ -30,6 +30,7 @@ BENCHMARKS = (
     "write_costs",
     "growth",
     "fanout",
+    "fanout_fetch",
     "bounded",
     "sharding",
     "spark",

@@ -211,7 +211,7 @@ SELECT h.horizon::text::bigint AS read_transaction_id, 0::bigint AS read_positio
        c.counted_bytes, CASE WHEN NOT c.too_large THEN c.debezium END AS debezium,
        CASE WHEN c.too_large THEN c.row_bytes END AS too_large_bytes,
        convert_to(c.message_id::text, 'UTF8') AS id_text
-  FROM (SELECT pg_snapshot_xmin(s) AS horizon,
+  FROM (SELECT pg_snapshot_xmin(s) AS horizon, %(aggregate_type)s::text AS aggregate_type,
                -- The newest decided row, by a backward scan (not EXISTS: see
                -- newest_decided), lies after the checkpoint.
                coalesce((SELECT (a.transaction_id, a.position)
@@ -220,11 +220,14 @@ SELECT h.horizon::text::bigint AS read_transaction_id, 0::bigint AS read_positio
                           WHERE a.transaction_id < pg_snapshot_xmin(s)
                           ORDER BY a.transaction_id DESC, a.position DESC LIMIT 1),
                         false) AS anything
-          FROM pg_current_snapshot() AS s) AS h
+          FROM pg_current_snapshot() AS s
+         -- OFFSET 0 fences it: flattened, the backward scan ran once per row returned
+         -- (read_any is in every row), a thousand index descents per batch.
+        OFFSET 0) AS h
   LEFT JOIN LATERAL (
        SELECT b.* FROM (
            SELECT m.*, sum(m.counted_bytes)
-                           OVER (ORDER BY m.transaction_id, m.position ROWS UNBOUNDED PRECEDING)
+                           OVER (ORDER BY m.aggregate_type, m.transaction_id, m.position ROWS UNBOUNDED PRECEDING)
                            AS running_bytes
              FROM (SELECT r.*, r.row_bytes > %(max_row_bytes)s AS too_large,
                           least(CASE WHEN r.row_bytes > %(max_row_bytes)s THEN r.stored_bytes
@@ -247,21 +250,33 @@ SELECT h.horizon::text::bigint AS read_transaction_id, 0::bigint AS read_positio
                                           pg_column_size(o.payload) + pg_column_size(o.headers)
                                               AS stored_bytes,
                                           sum(pg_column_size(o.payload) + pg_column_size(o.headers))
-                                              OVER (ORDER BY o.transaction_id, o.position
+                                              OVER (ORDER BY o.aggregate_type, o.transaction_id, o.position
                                                     ROWS UNBOUNDED PRECEDING) AS running_stored
                                      FROM {schema}.outbox o
-                                    WHERE o.aggregate_type = %(aggregate_type)s
-                                      AND (o.transaction_id, o.position)
-                                          > (%(transaction_id)s::text::xid8, %(position)s)
-                                      AND o.transaction_id < h.horizon
+                                    -- The type's rows after the checkpoint and below
+                                    -- the horizon, as the bounds of one range of the
+                                    -- type's index. No equality on the type: then only
+                                    -- that index gives the order asked for, and no plan
+                                    -- reads the primary key's range, every type's rows
+                                    -- (the planner's choice when it guessed, from the
+                                    -- checkpoint, a row or so to read: 100x the rows).
+                                    -- The bounds come from h and the limit from a
+                                    -- sub-select: the planner's guess then ignores the
+                                    -- checkpoint, and it reckons on reading a tenth of
+                                    -- the rows, so no bitmap of all the type's rows and
+                                    -- a sort beats the range scan that stops at the
+                                    -- limit. (In the ORDER BYs, one type: no cost.)
+                                    WHERE (o.aggregate_type, o.transaction_id, o.position)
+                                          > (h.aggregate_type, %(transaction_id)s::text::xid8, %(position)s)
+                                      AND (o.aggregate_type, o.transaction_id) < (h.aggregate_type, h.horizon)
                                       AND (%(parts)s = 1
                                            OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
                                       AND (%(event_types)s::text[] IS NULL
                                            OR o.event_type = ANY(%(event_types)s::text[]))
-                                    ORDER BY o.transaction_id, o.position
-                                    LIMIT %(limit)s) AS s
+                                    ORDER BY o.aggregate_type, o.transaction_id, o.position
+                                    LIMIT (SELECT %(limit)s::bigint)) AS s
                             WHERE s.running_stored - s.stored_bytes < %(max_bytes)s
-                            ORDER BY s.transaction_id, s.position
+                            ORDER BY s.aggregate_type, s.transaction_id, s.position
                            OFFSET 0) AS r) AS m) AS b
         WHERE b.running_bytes - b.counted_bytes < %(max_bytes)s) AS c
     ON true
