@@ -39,10 +39,12 @@ BENCHMARKS = (
     "tracing",
     "cluster",
     "eos_phases",
+    "levers",
 )
 # Run only when named (--only soak): the soak takes 8 minutes at the default scale, the
-# cluster's faults about 20; eos_phases is a diagnosis (bench/README.md), not a figure.
-ON_REQUEST = ("soak", "cluster", "eos_phases")
+# cluster's faults about 20; eos_phases and levers are diagnoses (bench/README.md), not
+# figures with targets.
+ON_REQUEST = ("soak", "cluster", "eos_phases", "levers")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,315 @@
+"""Two of issue #31's levers, measured in-process (``time.thread_time``), no Kafka, no
+relay: what each would save per event, and what it would change.
+
+The outbox holds the throughput bench's rows (bench/harness.py ``fill_outbox``: ~300-byte
+OrderPlaced payloads), fetched with the relay's own ``fetch_batch`` query in batches of
+the relay's batch size (5,000). Each side of a lever runs once per round, interleaved
+(bench/method.py), and its figure is the median of the rounds, in µs of this thread's CPU
+per event.
+
+1. **JSON passed through as bytes** (a json subscriber, default routing, no envelope).
+   Today the store loads each payload's JSON text (``_payloads``: orjson over the batch)
+   and the encoder writes it again (``_json_value``: orjson.dumps). Passed through, the
+   encoder's value would be the fetched text itself. Sides: *today* (load the batch, then
+   one ``_json_value`` call per event; the two steps are timed apart and added) against
+   *pass-through* (one call per event that returns the fetched bytes). The value's
+   size both ways is a figure too (jsonb's text is not compact), and the details hold
+   what a few JSON texts become both ways (numbers, nesting, escapes).
+2. **Rows loaded as bytes.** One sweep of the outbox in batches, each batch a
+   ``fetch_batch`` execute and its loading, four ways: *store* (``OutboxStore.fetch`` as
+   the relay calls it: binary rows, psycopg's C loaders, events built in the store);
+   *bytes → events* (binary rows, every column loaded as bytes by psycopg's C bytea
+   loader, then the same OutboxEvent built from the bytes in Python: the first batch is
+   checked equal to the store's); *bytes tuples* (the same rows, no events built);
+   *execute only* (the query run and its result received, no row loaded: the floor
+   under every side). The connection is made outside the clock.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg.types.string import ByteaBinaryLoader
+
+from bench.harness import BATCH, Figure, Scale, Stack, fill_outbox
+from bench.method import Samples, interleave, settle
+from relay.adapters.postgres.queries import queries_for
+from relay.adapters.postgres.store import (
+    OutboxStore,
+    _fetch_query,
+    _load_row_json,
+    _new_event,
+    _not_read,
+    _payloads,
+)
+from relay.core.model import OutboxEvent, Position, Unreadable
+from relay.core.ports import Selection
+from relay.engine.encoding import _json_value
+
+MAX_BYTES = 4 * 1024 * 1024  # the relay's default batch_max_bytes
+MAX_ROW_BYTES = 2 * 1_048_588  # twice message.max.bytes, as the relay sets it
+SELECTION = Selection(BATCH, MAX_BYTES, max_row_bytes=MAX_ROW_BYTES)
+TOPIC = "bench.orders"
+# Every type the fetch_batch query returns, loaded as its wire bytes on the bytes sides.
+BYTES_TYPES = ("int4", "int8", "text", "uuid", "jsonb", "timestamptz", "bytea")
+_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)  # where Postgres's binary timestamps count from
+# What a few written JSON texts become, published today and passed through.
+EXAMPLES = (
+    '{"a":1,"b":[1,2]}',
+    '{"b":1,"aa":2,"a":3,"a":4}',
+    '{"n":1.50,"m":1E2,"f":1e-7}',
+    '{"n":0.1000000000000000000001}',
+    '{"n":12345678901234567890123}',
+    '{"n":1e400}',
+    '{"n":1e-400}',
+    '{"s":"caf\\u00e9 \\/ \\n \\ud83d\\ude00"}',
+    "[" * 300 + "]" * 300,
+    "[" * 2000 + "]" * 2000,
+)
+
+
+def run(stack: Stack, scale: Scale) -> list[Figure]:
+    batches = 4 if scale.name == "quick" else 10
+    url = stack.database("levers")
+    fill_outbox(url, batches * BATCH)
+    settle(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        starts = _batch_starts(OutboxStore(conn))
+        texts = _payload_texts(conn, starts[0])
+        examples = [_example(conn, text) for text in EXAMPLES]
+    return _json_lever(texts, scale, examples) + _row_lever(url, starts, scale)
+
+
+# -- 1. JSON passed through ---------------------------------------------------------------
+
+
+def _json_lever(texts: list[bytes], scale: Scale, examples: list[dict[str, Any]]) -> list[Figure]:
+    loops = 4 if scale.name == "quick" else 20  # batches per round: 100k events
+    loaded = _payloads(list(texts))
+    template = _event(None)
+    parts: dict[str, list[float]] = {"load": [], "dump": []}
+
+    def today() -> float:
+        load = dump = 0.0
+        for _ in range(loops):
+            start = time.thread_time()
+            payloads = _payloads(list(texts))
+            load += time.thread_time() - start
+            events = [template._replace(payload=p) for p in payloads]
+            start = time.thread_time()
+            for event in events:
+                _json_value(event, TOPIC)
+            dump += time.thread_time() - start
+        per = 1e6 / (loops * len(texts))
+        parts["load"].append(load * per)
+        parts["dump"].append(dump * per)
+        return (load + dump) * per
+
+    raw = [template._replace(payload=text) for text in texts]
+
+    def passed() -> float:
+        spent = 0.0
+        for _ in range(loops):
+            start = time.thread_time()
+            for event in raw:
+                _passthrough_value(event, TOPIC)
+            spent += time.thread_time() - start
+        return spent * 1e6 / (loops * len(texts))
+
+    cpu = interleave({"today": today, "pass-through": passed}, scale.repetitions)
+    compact = [_json_value(template._replace(payload=p), TOPIC) for p in loaded]
+    size = sum(map(len, texts)) / len(texts)
+    today_size = sum(map(len, compact)) / len(compact)
+    details = {
+        "events_per_round": loops * len(texts),
+        "load_us": Samples(tuple(parts["load"])).as_json(),
+        "dump_us": Samples(tuple(parts["dump"])).as_json(),
+        "examples": examples,
+    }
+    return [
+        Figure.of("levers", "JSON value CPU us/event, pass-through vs load+dump",
+                  cpu["pass-through"], "us", cpu["today"], "orjson load + dump", None,
+                  details),
+        Figure("levers", "JSON value bytes/event, jsonb text vs compact", size, "B",
+               today_size, "orjson compact", None, {"events": len(texts)}),
+    ]  # fmt: skip
+
+
+def _passthrough_value(event: OutboxEvent, topic: str) -> bytes:
+    """The value a pass-through would publish: the fetched text as it is."""
+    payload: bytes = event.payload
+    return payload
+
+
+def _event(payload: Any) -> OutboxEvent:
+    return OutboxEvent(0, 0, uuid.uuid4(), "order", "1", None, "OrderPlaced", payload, {},
+                       _EPOCH)  # fmt: skip
+
+
+def _payload_texts(conn: psycopg.Connection[Any], after: Position) -> list[bytes]:
+    """One batch's payload column as the store fetches it: the JSON text as bytes."""
+    with conn.cursor(binary=True) as cur:
+        rows = _execute(cur, after).fetchall()
+    return [row[7] for row in rows]
+
+
+def _example(conn: psycopg.Connection[Any], written: str) -> dict[str, Any]:
+    """What ``written`` (stored as jsonb) becomes: published today, and passed through."""
+    row = conn.execute("SELECT convert_to(%s::jsonb::text, 'UTF8')", (written,)).fetchone()
+    assert row is not None
+    text: bytes = row[0]
+    loaded = _load_row_json(text)
+    if isinstance(loaded, Unreadable):
+        published = f"poison: {loaded}"
+    else:
+        try:
+            published = _json_value(_event(loaded), TOPIC).decode()
+        except Exception as exc:  # EncodingError: poison at the encoder
+            published = f"poison: {exc}"
+    return {"written": _short(written), "today": _short(published),
+            "pass_through": _short(text.decode())}  # fmt: skip
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 120 else f"{text[:100]}...({len(text)} characters)"
+
+
+# -- 2. Rows loaded as bytes ----------------------------------------------------------
+
+
+def _row_lever(url: str, starts: list[Position], scale: Scale) -> list[Figure]:
+    rows = len(starts) * BATCH
+
+    def side(
+        sweep: Callable[[psycopg.Connection[Any], list[Position]], int],
+    ) -> Callable[[], float]:
+        def measure() -> float:
+            with psycopg.connect(url, autocommit=True) as conn:
+                start = time.thread_time()
+                fetched = sweep(conn, starts)
+                spent = time.thread_time() - start
+            if fetched != rows:
+                raise RuntimeError(f"fetched {fetched} rows of {rows}")
+            return spent * 1e6 / rows
+
+        return measure
+
+    _check_same_events(url, starts[0])
+    cpu = interleave(
+        {"store": side(_store_sweep), "bytes events": side(_bytes_events_sweep),
+         "bytes tuples": side(_bytes_tuples_sweep), "execute only": side(_execute_sweep)},
+        scale.repetitions,
+    )  # fmt: skip
+    details = {"rows_per_round": rows, "batch_size": BATCH,
+               "execute_only_us": cpu["execute only"].as_json()}  # fmt: skip
+    return [
+        Figure.of("levers", "fetch CPU us/row, bytes -> same OutboxEvent vs store",
+                  cpu["bytes events"], "us", cpu["store"], "store today", None, details),
+        Figure.of("levers", "fetch CPU us/row, tuples of bytes (no events) vs store",
+                  cpu["bytes tuples"], "us", cpu["store"], "store today", None, details),
+        Figure.of("levers", "fetch CPU us/row, execute only (no rows loaded) vs store",
+                  cpu["execute only"], "us", cpu["store"], "store today", None, details),
+    ]  # fmt: skip
+
+
+def _batch_starts(store: OutboxStore) -> list[Position]:
+    """Where each full batch of the outbox starts: every side fetches the same batches."""
+    starts: list[Position] = []
+    after = Position(0, 0)
+    while True:
+        got = store.fetch(after, SELECTION)
+        if len(got.events) < BATCH or got.read_to is None:
+            return starts
+        starts.append(after)
+        after = got.read_to
+
+
+def _execute(cur: psycopg.Cursor[Any], after: Position) -> psycopg.Cursor[Any]:
+    """The store's fetch_batch, executed as the store executes it (prepared, one part)."""
+    name, params = _fetch_query(after, SELECTION)
+    return cur.execute(queries_for("public")[name], params, prepare=True)
+
+
+def _store_sweep(conn: psycopg.Connection[Any], starts: list[Position]) -> int:
+    store = OutboxStore(conn)
+    return sum(len(store.fetch(after, SELECTION).events) for after in starts)
+
+
+def _bytes_cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
+    """A binary cursor that loads every column of the fetch as its wire bytes (psycopg
+    picks its C bytea loader for each)."""
+    cur = conn.cursor(binary=True)
+    for name in BYTES_TYPES:
+        cur.adapters.register_loader(name, ByteaBinaryLoader)
+    return cur
+
+
+def _bytes_tuples_sweep(conn: psycopg.Connection[Any], starts: list[Position]) -> int:
+    fetched = 0
+    with _bytes_cursor(conn) as cur:
+        for after in starts:
+            fetched += len(_execute(cur, after).fetchall())
+    return fetched
+
+
+def _bytes_events_sweep(conn: psycopg.Connection[Any], starts: list[Position]) -> int:
+    fetched = 0
+    with _bytes_cursor(conn) as cur:
+        for after in starts:
+            fetched += len(events_from_bytes(_execute(cur, after).fetchall()))
+    return fetched
+
+
+def _execute_sweep(conn: psycopg.Connection[Any], starts: list[Position]) -> int:
+    fetched = 0
+    with conn.cursor(binary=True) as cur:
+        for after in starts:
+            fetched += _execute(cur, after).rowcount
+    return fetched
+
+
+def _int(data: bytes) -> int:
+    return int.from_bytes(data, "big", signed=True)
+
+
+def _uuid(data: bytes) -> uuid.UUID:
+    """A UUID without UUID.__init__'s checks, as psycopg's own loader makes it."""
+    value = object.__new__(uuid.UUID)
+    object.__setattr__(value, "int", int.from_bytes(data, "big"))
+    object.__setattr__(value, "is_safe", uuid.SafeUUID.unknown)
+    return value
+
+
+def events_from_bytes(rows: Sequence[tuple[Any, ...]]) -> list[OutboxEvent]:
+    """The store's events, built in Python from rows of wire bytes (binary format: jsonb
+    is a version byte and its text; timestamps are µs since 2000)."""
+    payloads = _payloads([row[7] for row in rows])
+    return [
+        _new_event((
+            _int(tx), _int(pos), _uuid(mid), atype.decode(), aid.decode(),
+            None if version is None else _int(version), etype.decode(),
+            payload if big is None else _not_read(_int(big), MAX_ROW_BYTES),
+            {} if headers is None else _load_row_json(headers[1:]),
+            _EPOCH + timedelta(microseconds=_int(at)), _int(size),
+            None if dbz is None else _load_row_json(dbz[1:]), id_text,
+        ))
+        for (tx, pos, mid, atype, aid, version, etype, _, headers, at, size, dbz, big,
+             id_text), payload in zip(rows, payloads, strict=True)
+    ]  # fmt: skip
+
+
+def _check_same_events(url: str, after: Position) -> None:
+    """The bytes side must build what the store builds, or its figure means nothing."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        expected = OutboxStore(conn).fetch(after, SELECTION).events
+        with _bytes_cursor(conn) as cur:
+            rows = _execute(cur, after).fetchall()
+    if any(not isinstance(v, bytes | None) for row in rows for v in row):
+        raise RuntimeError("a column did not load as bytes")
+    if events_from_bytes(rows) != expected:
+        raise RuntimeError("events built from bytes differ from the store's")
