@@ -16,12 +16,13 @@ per event.
    size both ways is a figure too (jsonb's text is not compact), and the details hold
    what a few JSON texts become both ways (numbers, nesting, escapes).
 2. **Rows loaded as bytes.** One sweep of the outbox in batches, each batch a
-   ``fetch_batch`` execute and its loading, four ways: *store* (``OutboxStore.fetch`` as
+   ``fetch_batch`` execute and its loading, five ways: *store* (``OutboxStore.fetch`` as
    the relay calls it: binary rows, psycopg's C loaders, events built in the store);
    *bytes → events* (binary rows, every column loaded as bytes by psycopg's C bytea
    loader, then the same OutboxEvent built from the bytes in Python: the first batch is
-   checked equal to the store's); *bytes tuples* (the same rows, no events built);
-   *execute only* (the query run and its result received, no row loaded: the floor
+   checked equal to the store's); *typed tuples* (the store's cursor and loaders, rows
+   fetched, no payload loaded, no event built); *bytes tuples* (the bytes rows, no
+   events built); *execute only* (the query run and its result received, no row loaded: the floor
    under every side). The connection is made outside the clock.
 """
 
@@ -34,6 +35,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.types.json import set_json_loads
 from psycopg.types.string import ByteaBinaryLoader
 
 from bench.harness import BATCH, Figure, Scale, Stack, fill_outbox
@@ -202,14 +204,18 @@ def _row_lever(url: str, starts: list[Position], scale: Scale) -> list[Figure]:
     _check_same_events(url, starts[0])
     cpu = interleave(
         {"store": side(_store_sweep), "bytes events": side(_bytes_events_sweep),
-         "bytes tuples": side(_bytes_tuples_sweep), "execute only": side(_execute_sweep)},
+         "typed tuples": side(_typed_tuples_sweep), "bytes tuples": side(_bytes_tuples_sweep),
+         "execute only": side(_execute_sweep)},
         scale.repetitions,
     )  # fmt: skip
     details = {"rows_per_round": rows, "batch_size": BATCH,
+               "typed_tuples_us": cpu["typed tuples"].as_json(),
                "execute_only_us": cpu["execute only"].as_json()}  # fmt: skip
     return [
         Figure.of("levers", "fetch CPU us/row, bytes -> same OutboxEvent vs store",
                   cpu["bytes events"], "us", cpu["store"], "store today", None, details),
+        Figure.of("levers", "fetch CPU us/row, typed tuples (no events) vs store",
+                  cpu["typed tuples"], "us", cpu["store"], "store today", None, details),
         Figure.of("levers", "fetch CPU us/row, tuples of bytes (no events) vs store",
                   cpu["bytes tuples"], "us", cpu["store"], "store today", None, details),
         Figure.of("levers", "fetch CPU us/row, execute only (no rows loaded) vs store",
@@ -247,6 +253,16 @@ def _bytes_cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
     for name in BYTES_TYPES:
         cur.adapters.register_loader(name, ByteaBinaryLoader)
     return cur
+
+
+def _typed_tuples_sweep(conn: psycopg.Connection[Any], starts: list[Position]) -> int:
+    """The store's cursor and loaders, its rows fetched, no payload loaded, no event."""
+    fetched = 0
+    with conn.cursor(binary=True) as cur:
+        set_json_loads(_load_row_json, cur)
+        for after in starts:
+            fetched += len(_execute(cur, after).fetchall())
+    return fetched
 
 
 def _bytes_tuples_sweep(conn: psycopg.Connection[Any], starts: list[Position]) -> int:
