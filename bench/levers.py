@@ -279,38 +279,31 @@ def _bytes_cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
     return cur
 
 
+def _sweep(
+    cur: psycopg.Cursor[Any], starts: list[Position], rows: Callable[[psycopg.Cursor[Any]], int]
+) -> int:
+    """Run the fetch from each of ``starts`` on ``cur``; the rows ``rows`` counts of each."""
+    with cur:
+        return sum(rows(_execute(cur, after)) for after in starts)
+
+
 def _typed_tuples_sweep(conn: psycopg.Connection[Any], starts: list[Position]) -> int:
     """The store's cursor and loaders, its rows fetched, no payload loaded, no event."""
-    fetched = 0
-    with conn.cursor(binary=True) as cur:
-        set_json_loads(_load_row_json, cur)
-        for after in starts:
-            fetched += len(_execute(cur, after).fetchall())
-    return fetched
+    cur = conn.cursor(binary=True)
+    set_json_loads(_load_row_json, cur)
+    return _sweep(cur, starts, lambda c: len(c.fetchall()))
 
 
 def _bytes_tuples_sweep(conn: psycopg.Connection[Any], starts: list[Position]) -> int:
-    fetched = 0
-    with _bytes_cursor(conn) as cur:
-        for after in starts:
-            fetched += len(_execute(cur, after).fetchall())
-    return fetched
+    return _sweep(_bytes_cursor(conn), starts, lambda c: len(c.fetchall()))
 
 
 def _bytes_events_sweep(conn: psycopg.Connection[Any], starts: list[Position]) -> int:
-    fetched = 0
-    with _bytes_cursor(conn) as cur:
-        for after in starts:
-            fetched += len(events_from_bytes(_execute(cur, after).fetchall()))
-    return fetched
+    return _sweep(_bytes_cursor(conn), starts, lambda c: len(events_from_bytes(c.fetchall())))
 
 
 def _execute_sweep(conn: psycopg.Connection[Any], starts: list[Position]) -> int:
-    fetched = 0
-    with conn.cursor(binary=True) as cur:
-        for after in starts:
-            fetched += _execute(cur, after).rowcount
-    return fetched
+    return _sweep(conn.cursor(binary=True), starts, lambda c: c.rowcount)
 
 
 def _int(data: bytes) -> int:
