@@ -422,10 +422,34 @@ class HealthServer:
     def stop(self) -> None:
         # Close every socket from the I/O thread itself (a trigger runs it there), so
         # its poll never sees a descriptor closed underneath it; then its loop ends.
-        self._server.trigger.pull_trigger(self._close_all)
+        if not self._run_in_loop(self._close_all):
+            # Nothing can wake the loop: close from here. Each socket leaves the loop's
+            # map as it closes, so the loop ignores what poll says of it, then ends.
+            self._close_all()
         self._thread.join(5.0)
         self._server.task_dispatcher.shutdown(timeout=5)
         self.collector.database.close()
+
+    def _run_in_loop(self, thunk: Callable[[], None]) -> bool:
+        """Have the I/O thread run ``thunk``; False when its wake-up pipe is gone.
+
+        waitress's loop closes that pipe itself when poll() reports it hung up or
+        invalid, and writing to its old number then fails (or, were the number reused,
+        would write into someone else's file), so a closed one is never written to."""
+        trigger = self._server.trigger
+        try:
+            if not trigger._closed:
+                trigger.pull_trigger(thunk)
+                return True
+            error = "closed by the server's loop"
+        except OSError as exc:
+            error = exc.strerror or str(exc)
+        logger.warning(
+            "the HTTP server's wake-up pipe is gone (%s): closing its sockets from here",
+            error,
+            extra=log_extra("http_wakeup_lost", error=error),
+        )
+        return False
 
     def _close_all(self) -> None:
         for dispatcher in list(self._server._map.values()):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -269,6 +270,27 @@ def test_the_endpoints_answer_in_a_process_holding_over_1024_descriptors() -> No
     finally:
         for fd in held:
             os.close(fd)
+
+
+def test_the_server_stops_when_its_loop_has_closed_its_wake_up_pipe(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # waitress's loop closes that pipe itself when poll() reports it hung up or invalid
+    # (CI saw stop() fail with EBADF once, the cause of the report not found); here the
+    # loop is made to close it the way it would.
+    server = _idle_server()
+    trigger = server._server.trigger
+    trigger.pull_trigger(trigger.close)
+    deadline = time.monotonic() + 10
+    while not trigger._closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert trigger._closed
+    with caplog.at_level(logging.WARNING, logger="relay.observability.metrics"):
+        server.stop()
+    assert not server._thread.is_alive(), "the loop ends once its sockets are closed"
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=5).close()
+    assert [r.event for r in caplog.records] == ["http_wakeup_lost"]  # type: ignore[attr-defined]
 
 
 def test_scrape_storms_share_one_read_of_postgres(
