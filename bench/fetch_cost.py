@@ -8,7 +8,8 @@ the start to the end in batches of 1,000 on a fresh connection, binary and prepa
 the relay fetches; its figure is that connection's backend CPU per row
 (``/proc/<pid>/stat``), its wall per row beside it. The sides:
 
-* *poll*: ``OutboxStore.fetch`` as the relay calls it (``fetch_batch``).
+* *poll*: ``OutboxStore.fetch`` as the relay calls it (``fetch_batch``); *poll, raw*:
+  the same query by the raw sweep of the sides below, their baseline.
 * *plain*: ``SELECT`` of the poll's columns as they are stored, keyset-bounded below the
   horizon, ``ORDER BY`` the key, ``LIMIT``: no byte cut, no expression. The floor.
 * *plain + outputs*: the plain read with the poll's output expressions (payload as
@@ -123,7 +124,8 @@ def measure(
     """The sides (those in ``names``, or all), with ``extra`` queries (name -> text) as
     further sides, ``repetitions`` interleaved rounds; a figure per side, against plain."""
     poll = queries_for("public")["fetch_batch"].decode()
-    queries = {"plain": PLAIN, "plain + outputs": PLAIN_OUTPUTS}
+    # The poll by the raw sweep too: the variants' baseline, with the same client.
+    queries = {"poll, raw": poll, "plain": PLAIN, "plain + outputs": PLAIN_OUTPUTS}
     queries |= {name: rewrite(poll, swaps) for name, swaps in VARIANTS.items()}
     queries |= dict(extra or {})
 
