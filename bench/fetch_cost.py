@@ -18,8 +18,9 @@ the relay fetches; its figure is that connection's backend CPU per row
 * the poll with one group removed: each ``VARIANTS`` entry rewrites the poll's text
   (the row need not stay correct: these are measurements, not queries to ship).
 
-The raw sides load jsonb as bytes and take the xid8 key as its 8 bytes: the client then
-does little, and the backend's figure is what it would be under the relay."""
+The raw sides load jsonb as bytes and take the xid8 key as its 8 bytes, so the client
+does little; the store's slower client adds a little to the backend's figure too (the
+poll both ways, bench/README.md), hence the raw poll as the variants' baseline."""
 
 from __future__ import annotations
 
