@@ -709,15 +709,24 @@ class PartWorker:
             try:
                 version = store.advance(state, end, self.session.id, letters)
                 return dataclasses.replace(state, checkpoint=end, version=version)
-            except CheckpointConflict:
+            except CheckpointConflict as exc:
                 current = self._load(store)  # raises ClaimLost if a peer owns it now
-                if current.checkpoint != state.checkpoint or current.generation != state.generation:
+                if current.generation != state.generation:
                     logger.info(
-                        "part %s: checkpoint moved (a reset?), reloading",
+                        "part %s: checkpoint reset, reloading",
                         self.part,
                         extra=self._log_extra("part_checkpoint_moved"),
                     )
                     return current
+                if current.checkpoint != state.checkpoint:
+                    # Moved in the same generation: a restored database or a key-space
+                    # rebase, not an operator. Going on from it would publish again what
+                    # this batch committed; recovery adopts the batch's Kafka-side
+                    # checkpoint instead, with its checks (docs/design.md §6).
+                    raise CheckpointConflict(
+                        f"part {self.part}: checkpoint moved to {current.checkpoint} "
+                        f"in the same generation"
+                    ) from exc
                 state = current  # only the version moved: the batch is still the right one
         # Still racing after several tries: start over from recovery, which adopts the
         # Kafka-side checkpoint of the batch just committed instead of republishing it.

@@ -5,6 +5,7 @@ is published, then looks at what reached Kafka and Postgres."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -107,6 +108,30 @@ def test_a_batch_is_recorded_once_even_if_the_version_moves_twice_meanwhile() ->
     # Recorded on the spot, not after a failure and a recovery from the Kafka side.
     assert (w.stats.errors, w.stats.recovered) == (0, 0)
     assert published_ids(kafka) == ids(written)
+
+
+def test_a_checkpoint_moved_back_in_the_same_generation_is_recovered_not_published_again() -> None:
+    """A database restored (or a key space rebased) under a running worker moves its
+    checkpoint back while a batch travels. The batch's Kafka-side checkpoint is adopted
+    through recovery; nothing is published twice."""
+    store = claimed()
+    start = store.get_part("s", 0).checkpoint
+    written = [store.append(event(n)) for n in range(1, 5)]
+    kafka = InMemoryPublisher()
+    restored: list[bool] = []
+
+    def restore() -> None:  # while the second batch travels
+        if len(kafka.transactions) == 1 and not restored:
+            part = store.get_part("s", 0)
+            store.parts["s", 0] = dataclasses.replace(part, checkpoint=start, version=1000)
+            restored.append(True)
+
+    kafka.on_send = restore
+    w = worker(store, kafka, batch_size=2)
+    run_until_published(w, store)
+    assert restored
+    assert published_ids(kafka) == ids(written)
+    assert (w.stats.recovered, w.stats.recoveries_refused) == (1, 0)
 
 
 def test_recovery_adopts_a_kafka_checkpoint_ahead_of_postgres() -> None:
