@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 
@@ -37,20 +38,9 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
     walls: dict[str, list[float]] = {"of type": [], "unfiltered": []}
 
     def side(name: str, sweep: Callable[[OutboxStore, int], int]) -> Callable[[], float]:
-        def measure() -> float:
-            with psycopg.connect(url, autocommit=True) as conn:
-                store = OutboxStore(conn)
-                pid = conn.info.backend_pid
-                cpu, start = own_cpu_seconds(pid) or 0.0, time.perf_counter()
-                rows = sweep(store, batch)
-                wall = time.perf_counter() - start
-                cpu = (own_cpu_seconds(pid) or 0.0) - cpu
-            if rows != events:
-                raise RuntimeError(f"{name}: fetched {rows} rows of {events}")
-            walls[name].append(wall / rows * 1e6)
-            return cpu / rows * 1e6
-
-        return measure
+        return backend_cpu_side(
+            url, events, name, lambda conn: sweep(OutboxStore(conn), batch), walls
+        )
 
     cpu = interleave(
         {"of type": side("of type", by_type), "unfiltered": side("unfiltered", unfiltered)},
@@ -64,6 +54,31 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
                   Samples(tuple(walls["of type"])), "us", Samples(tuple(walls["unfiltered"])),
                   "1 unfiltered", None, details),
     ]  # fmt: skip
+
+
+def backend_cpu_side(
+    url: str,
+    events: int,
+    name: str,
+    sweep: Callable[[psycopg.Connection[Any]], int],
+    walls: dict[str, list[float]],
+) -> Callable[[], float]:
+    """A side of an interleaved sweep: ``sweep`` on a fresh connection, its figure the
+    backend's CPU per row (its wall time per row goes to ``walls[name]``)."""
+
+    def measure() -> float:
+        with psycopg.connect(url, autocommit=True) as conn:
+            pid = conn.info.backend_pid
+            cpu, start = own_cpu_seconds(pid) or 0.0, time.perf_counter()
+            rows = sweep(conn)
+            wall = time.perf_counter() - start
+            cpu = (own_cpu_seconds(pid) or 0.0) - cpu
+        if rows != events:
+            raise RuntimeError(f"{name}: fetched {rows} rows of {events}")
+        walls[name].append(wall / rows * 1e6)
+        return cpu / rows * 1e6
+
+    return measure
 
 
 def by_type(store: OutboxStore, batch: int) -> int:

@@ -25,7 +25,6 @@ poll both ways, bench/README.md), hence the raw poll as the variants' baseline."
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -33,9 +32,9 @@ import psycopg
 from psycopg.adapt import Loader
 from psycopg.pq import Format
 
-from bench.fanout_fetch import MAX_BYTES, MAX_ROW_BYTES, TYPES, unfiltered
+from bench.fanout_fetch import MAX_BYTES, MAX_ROW_BYTES, TYPES, backend_cpu_side, unfiltered
 from bench.harness import Figure, Scale, Stack, fill_outbox
-from bench.method import Samples, interleave, own_cpu_seconds, settle
+from bench.method import Samples, interleave, settle
 from relay.adapters.postgres.queries import queries_for
 from relay.adapters.postgres.store import OutboxStore
 
@@ -136,7 +135,7 @@ def measure(
     sweeps = {"poll": store_sweep} | {name: _raw_sweep(q) for name, q in queries.items()}
     sweeps = {name: s for name, s in sweeps.items() if names is None or name in names}
     walls: dict[str, list[float]] = {name: [] for name in sweeps}
-    sides = {name: _side(url, events, name, s, walls) for name, s in sweeps.items()}
+    sides = {name: backend_cpu_side(url, events, name, s, walls) for name, s in sweeps.items()}
     cpu = interleave(sides, repetitions, before_each=lambda: settle(url, 1.0))
     details = {"events": events, "types": TYPES, "batch_size": BATCH}
     return [
@@ -159,28 +158,6 @@ def rewrite(text: str, swaps: tuple[tuple[str, str], ...]) -> str:
         if not found:
             raise ValueError(f"not in the query: {old[:60]!r}")
     return text
-
-
-def _side(
-    url: str,
-    events: int,
-    name: str,
-    sweep: Callable[[psycopg.Connection[Any]], int],
-    walls: dict[str, list[float]],
-) -> Callable[[], float]:
-    def measure() -> float:
-        with psycopg.connect(url, autocommit=True) as conn:
-            pid = conn.info.backend_pid
-            cpu, start = own_cpu_seconds(pid) or 0.0, time.perf_counter()
-            rows = sweep(conn)
-            wall = time.perf_counter() - start
-            cpu = (own_cpu_seconds(pid) or 0.0) - cpu
-        if rows != events:
-            raise RuntimeError(f"{name}: fetched {rows} rows of {events}")
-        walls[name].append(wall / rows * 1e6)
-        return cpu / rows * 1e6
-
-    return measure
 
 
 class _BytesLoader(Loader):
