@@ -25,7 +25,7 @@ poll both ways, bench/README.md), hence the raw poll as the variants' baseline."
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -114,26 +114,17 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
     return measure(url, scale.fanout_events, scale.repetitions)
 
 
-def measure(
-    url: str,
-    events: int,
-    repetitions: int,
-    extra: Mapping[str, str] | None = None,
-    names: Collection[str] | None = None,
-) -> list[Figure]:
-    """The sides (those in ``names``, or all), with ``extra`` queries (name -> text) as
-    further sides, ``repetitions`` interleaved rounds; a figure per side, against plain."""
+def measure(url: str, events: int, repetitions: int) -> list[Figure]:
+    """Every side, ``repetitions`` interleaved rounds; a figure per side, against plain."""
     poll = queries_for("public")["fetch_batch"].decode()
     # The poll by the raw sweep too: the variants' baseline, with the same client.
     queries = {"poll, raw": poll, "plain": PLAIN, "plain + outputs": PLAIN_OUTPUTS}
     queries |= {name: rewrite(poll, swaps) for name, swaps in VARIANTS.items()}
-    queries |= dict(extra or {})
 
     def store_sweep(conn: psycopg.Connection[Any]) -> int:
         return unfiltered(OutboxStore(conn), BATCH)
 
     sweeps = {"poll": store_sweep} | {name: _raw_sweep(q) for name, q in queries.items()}
-    sweeps = {name: s for name, s in sweeps.items() if names is None or name in names}
     walls: dict[str, list[float]] = {name: [] for name in sweeps}
     sides = {name: backend_cpu_side(url, events, name, s, walls) for name, s in sweeps.items()}
     cpu = interleave(sides, repetitions, before_each=lambda: settle(url, 1.0))
