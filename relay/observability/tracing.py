@@ -42,6 +42,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
@@ -93,10 +94,11 @@ class CommitLatency:
         self._buckets = [0] * (len(LATENCY_BUCKETS) + 1)
         self._sum_us = 0
 
-    def observe(self, latencies: Sequence[float]) -> None:
-        # C loops (map over builtins): this runs for every event published.
-        counted = Counter(map(_BUCKET_OF, latencies))
-        sum_us = sum(map(int, map(operator.mul, latencies, repeat(1e6))))
+    def observe(self, ages: Sequence[timedelta]) -> None:
+        # C loops (map over builtins): this runs for every event published. Ages stay
+        # timedeltas: a float per event (``datetime.timestamp``) cost twice as much.
+        counted = Counter(map(_BUCKET_OF, ages))
+        sum_us = sum(ages, _ZERO) // _MICROSECOND
         with self._lock:
             for bucket, count in counted.items():
                 self._buckets[bucket] += count
@@ -111,17 +113,24 @@ class CommitLatency:
         return found
 
 
-def latencies_of(events: Sequence[OutboxEvent], now: float) -> list[float]:
-    """Seconds from each event's commit (its ``occurred_at``) to ``now``; never negative
-    (``now`` less the earlier of the two). C loops, as :meth:`CommitLatency.observe`."""
-    stamps = map(_TIMESTAMP, map(_OCCURRED_AT, events))
-    return list(map(operator.sub, repeat(now), map(min, stamps, repeat(now))))
+def ages_of(events: Sequence[OutboxEvent], now: datetime) -> list[timedelta]:
+    """Time from each event's commit (its ``occurred_at``) to ``now``; never negative (a
+    writer's clock, or its ``occurred_at``, can be ahead). C loops, as
+    :meth:`CommitLatency.observe`."""
+    ages = list(map(operator.sub, repeat(now), map(_OCCURRED_AT, events)))
+    if ages and min(ages) < _ZERO:
+        return list(map(max, ages, repeat(_ZERO)))
+    return ages
 
 
-# Per event, in C: a latency's bucket; an event's occurred_at, as a Unix time.
-_BUCKET_OF = functools.partial(bisect.bisect_left, LATENCY_BUCKETS)
+_ZERO = timedelta()
+_MICROSECOND = timedelta(microseconds=1)
+_MILLISECOND = timedelta(milliseconds=1)
+# Per event, in C: an age's bucket; an event's occurred_at.
+_BUCKET_OF = functools.partial(
+    bisect.bisect_left, tuple(timedelta(seconds=b) for b in LATENCY_BUCKETS)
+)
 _OCCURRED_AT = operator.attrgetter("occurred_at")
-_TIMESTAMP = operator.methodcaller("timestamp")
 
 
 class PublishHook:
@@ -158,12 +167,12 @@ class PublishHook:
         now = time.time()
         if subscriber.filtered:
             events = [e for e in events if subscriber.matches(e)]
-        latencies = latencies_of(events, now)
-        self.latency.observe(latencies)
+        ages = ages_of(events, datetime.fromtimestamp(now, UTC))
+        self.latency.observe(ages)
         if self._tracer is not None:
             self._tracer.finish(records, now)
         if self._batches is not None and self._sending is not None:
-            self._batches.finish(self._sending, now, latencies)
+            self._batches.finish(self._sending, now, ages)
             self._sending = None
 
     def counts(self) -> dict[str, int]:
@@ -459,9 +468,9 @@ class BatchTracer:
                 break
         return stamped
 
-    def finish(self, batch: _SentBatch, now: float, latencies: Sequence[float]) -> None:
-        """Make ``batch``'s span, committed at ``now``; ``latencies``: commit→visible of
-        its events, in seconds."""
+    def finish(self, batch: _SentBatch, now: float, ages: Sequence[timedelta]) -> None:
+        """Make ``batch``'s span, committed at ``now``; ``ages``: commit→visible of its
+        events."""
         if not batch.links:
             return  # nothing traced: no span
         topics = sorted(batch.keys)
@@ -476,9 +485,9 @@ class BatchTracer:
         }
         if len(written) == 1:
             attributes["messaging.destination.partition.id"] = str(written[0])
-        if latencies:
-            attributes["outbox.commit_to_visible_ms.max"] = max(latencies) * 1e3
-            attributes["outbox.commit_to_visible_ms.min"] = min(latencies) * 1e3
+        if ages:
+            attributes["outbox.commit_to_visible_ms.max"] = max(ages) / _MILLISECOND
+            attributes["outbox.commit_to_visible_ms.min"] = min(ages) / _MILLISECOND
         name = f"{topics[0] if len(topics) == 1 else 'outbox-relay'} publish"
         self._ids.choose(batch.trace_id, batch.span_id)
         try:
