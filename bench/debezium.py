@@ -40,7 +40,12 @@ Backlog throughput, warm
        CHECKPOINT and a pause.
     2. Debezium is started and publishes them from its slot; then it is stopped.
     3. The relay publishes the same rows (a new subscriber from the beginning, one
-       ``outbox-relay run`` process), exactly-once; then again, idempotent.
+       ``outbox-relay run`` process), exactly-once; then again, idempotent; then
+       exactly-once as a 2-core deployment runs it: ``workers=2`` and a subscriber of 2
+       parts, paused until they have spread one per member.
+
+    The first side to run in a round writes its rows (rounds alternate in direction).
+    ``OUTBOX_BENCH_DEBEZIUM_SIDES`` (:func:`chosen_sides`) runs a subset of the sides.
 
     Each side's rate runs from the batch that brought its consumer's count to the
     warm-up backlog to the last record: the first ``debezium_warmup`` records (300k by
