@@ -126,3 +126,23 @@ def test_the_two_worker_side_is_exactly_once_with_a_part_per_worker() -> None:
     assert side.delivery == "transactional"
     assert side.workers == 2 and side.parts >= side.workers
     assert RELAY_SIDES[EXACTLY_ONCE].workers == 1  # the 1-process figure is kept
+
+
+def test_each_round_writes_its_rows_once_whichever_side_runs_first() -> None:
+    from bench.debezium import CONNECT, _Backlog
+
+    backlog = _Backlog.__new__(_Backlog)  # no stack: only the round bookkeeping
+    backlog.rounds, backlog.filled = {}, 0
+    refills: list[int] = []
+    backlog._refill = lambda: refills.append(backlog.filled)  # type: ignore[method-assign]
+    sides = [DEBEZIUM, CONNECT, EXACTLY_ONCE]
+    first = []
+    for round_ in range(3):  # A B C, C B A, A B C: as bench.method.interleave runs them
+        for name in sides if round_ % 2 == 0 else sides[::-1]:
+            before = len(refills)
+            backlog._round_rows(name)
+            if len(refills) > before:
+                first.append(name)
+            backlog.rounds.setdefault(name, []).append({})
+    assert refills == [0, 1, 2]  # once a round
+    assert first == [DEBEZIUM, EXACTLY_ONCE, DEBEZIUM]  # by the first side to run in it
