@@ -40,7 +40,12 @@ Backlog throughput, warm
        CHECKPOINT and a pause.
     2. Debezium is started and publishes them from its slot; then it is stopped.
     3. The relay publishes the same rows (a new subscriber from the beginning, one
-       ``outbox-relay run`` process), exactly-once; then again, idempotent.
+       ``outbox-relay run`` process), exactly-once; then again, idempotent; then
+       exactly-once as a 2-core deployment runs it: ``workers=2`` and a subscriber of 2
+       parts, paused until they have spread one per member.
+
+    The first side to run in a round writes its rows (rounds alternate in direction).
+    ``OUTBOX_BENCH_DEBEZIUM_SIDES`` (:func:`chosen_sides`) runs a subset of the sides.
 
     Each side's rate runs from the batch that brought its consumer's count to the
     warm-up backlog to the last record: the first ``debezium_warmup`` records (300k by
@@ -84,6 +89,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import sys
 import time
@@ -118,6 +124,7 @@ from bench.harness import (
     wait_until,
 )
 from bench.method import CpuMeter, Samples, interleave, settle
+from bench.sharding import set_paused, wait_spread
 from relay.artifacts.maven import ArtifactFetchError
 from relay.core.subscribers import Subscriber, ValueFormat
 from relay.localstack import LocalPostgres
@@ -149,27 +156,78 @@ EXACTLY_ONCE = "relay, exactly-once (transactional)"
 IDEMPOTENT = "relay, at-least-once (idempotent)"
 CONNECT = "Kafka Connect + Debezium, exactly-once (KIP-618)"
 MODES = {EXACTLY_ONCE: "transactional", IDEMPOTENT: "idempotent"}
+# The relay as a 2-core deployment runs it (deploy/README.md): one member process per
+# core, and a subscriber of as many key-hashed parts, one on each member.
+WORKERS = 2
+WORKER_PARTS = 2
+WORKERS_EXACTLY_ONCE = f"relay, exactly-once, {WORKERS} workers x {WORKER_PARTS} parts"
+SIDES_ENV = "OUTBOX_BENCH_DEBEZIUM_SIDES"
+# What SIDES_ENV may name; Debezium Server always runs (its round writes the rows).
+SIDE_KEYS = {
+    "debezium": DEBEZIUM,
+    "connect": CONNECT,
+    "exactly-once": EXACTLY_ONCE,
+    "idempotent": IDEMPOTENT,
+    "workers": WORKERS_EXACTLY_ONCE,
+    "latency": "latency",
+}
+
+
+@dataclass(frozen=True)
+class RelaySide:
+    """How a relay side runs: its delivery mode, member processes and the parts of its
+    subscriber."""
+
+    delivery: str
+    workers: int = 1
+    parts: int = 1
+
+
+RELAY_SIDES = {
+    EXACTLY_ONCE: RelaySide("transactional"),
+    IDEMPOTENT: RelaySide("idempotent"),
+    WORKERS_EXACTLY_ONCE: RelaySide("transactional", WORKERS, WORKER_PARTS),
+}
+
+
+def chosen_sides(value: str | None) -> frozenset[str]:
+    """The sides ``OUTBOX_BENCH_DEBEZIUM_SIDES`` names (comma-separated keys of
+    ``SIDE_KEYS``), Debezium Server's always among them; every side when unset, so a
+    long run can be cut to the sides a change is about."""
+    keys = {key.strip() for key in (value or "").split(",") if key.strip()}
+    if not keys:
+        return frozenset(SIDE_KEYS.values())
+    unknown = sorted(keys - SIDE_KEYS.keys())
+    if unknown:
+        raise ValueError(f"{SIDES_ENV}: unknown {unknown}; choose from {sorted(SIDE_KEYS)}")
+    return frozenset({DEBEZIUM, *(SIDE_KEYS[key] for key in keys)})
 
 
 def run(stack: Stack, scale: Scale) -> list[Figure]:
+    chosen = chosen_sides(os.environ.get(SIDES_ENV))
     with _logical_postgres(stack) as server:
         url = stack.database("debezium", server)
         prefix = stack.topic_prefix("debezium")
         properties = _properties(stack, server, url, prefix)
         debezium = LocalDebeziumServer(stack.workdir / f"{prefix}.server", properties)
         # Set up first: its primer row must reach no slot but its own.
-        connect = _ConnectPeer.start(stack, url, properties)
+        connect = (
+            _ConnectPeer.start(stack, url, properties)
+            if CONNECT in chosen
+            else _ConnectPeer(None, why_not=f"not chosen ({SIDES_ENV})")
+        )
         try:
             _create_slot(stack, url, debezium, prefix)
             backlog = _Backlog(stack, scale, server, url, debezium, connect)
-            sides = {DEBEZIUM: backlog.debezium}  # first: it writes each round's rows
+            sides = {DEBEZIUM: backlog.debezium}
             if connect.worker is not None:
                 sides[CONNECT] = backlog.connect
-            rates = interleave(
-                {**sides, **{side: backlog.relay(side) for side in MODES}}, scale.repetitions
-            )
+            relays = {side: backlog.relay(side) for side in RELAY_SIDES if side in chosen}
+            rates = interleave({**sides, **relays}, scale.repetitions)
             connect.stop()
             throughput = _throughput_figures(rates, backlog.rounds, scale, connect.why_not)
+            if "latency" not in chosen:
+                return throughput
             try:
                 latencies = _latency_rounds(stack, scale, server, url, debezium)
             except Exception:
@@ -449,7 +507,11 @@ def _consume_all(
                 return done
 
             wait_until(reached(max(1, warmup)), consumer, timeout, "the warm-up records")
-            with CpuMeter({"side": side.pids, **(roots or {})}) as meter:
+            # The consumer too: it shares the two cores, so it is part of the budget.
+            counter = {"consumer": lambda: [consumer.pid]}
+            with CpuMeter(
+                {"side": side.pids, **(roots or {}), **counter}, alone=counter.keys()
+            ) as meter:
                 wait_until(reached(expected), consumer, timeout, "every record")
                 meter.sample()
         points, tally = receive(results, consumer, 30.0)
@@ -524,10 +586,19 @@ class _Backlog:
         self.peer = connect
         self.rounds: dict[str, list[dict[str, Any]]] = {}
         self.written = Tally()
+        self.filled = 0  # rounds whose rows have been written
         self.timeout = 120 + (scale.debezium_warmup + scale.debezium_events) / 500
 
     def _roots(self) -> dict[str, Callable[[], list[int | None]]]:
         return {"postgres": lambda: [self.server.pid], "broker": lambda: [self.stack.broker.pid]}
+
+    def _round_rows(self, name: str) -> None:
+        """The first side to run in a round writes its rows: interleave reverses every
+        other round, and Debezium Server and Kafka Connect stream only rows written
+        after their last run, whichever of them runs first."""
+        if len(self.rounds.get(name, [])) == self.filled:
+            self._refill()
+            self.filled += 1
 
     def _refill(self) -> None:
         """This round's rows: the outbox emptied and filled again, then settled."""
@@ -544,9 +615,8 @@ class _Backlog:
         settle(self.url)
 
     def debezium(self) -> float:
-        """Debezium's round; the round's rows are written first (it streams only what
-        is written after its slot's offset)."""
-        self._refill()
+        """Debezium's round (it streams only what is written after its slot's offset)."""
+        self._round_rows(DEBEZIUM)
         prefix = self.stack.topic_prefix("debezium")
         topic = f"{prefix}.{BACKLOG_TYPE}"
         create_topics(self.stack.bootstrap, [topic], latency.PARTITIONS)
@@ -559,27 +629,33 @@ class _Backlog:
         return run.rate
 
     def connect(self) -> float:
-        """Kafka Connect's round, on the rows Debezium Server's round wrote."""
+        """Kafka Connect's round, on the round's rows."""
+        self._round_rows(CONNECT)
         settle(self.url)
         run = self._measure(self.peer.topic, self.peer.running)
         self.rounds.setdefault(CONNECT, []).append(run.details)
         return run.rate
 
     def relay(self, name: str) -> Callable[[], float]:
+        side = RELAY_SIDES[name]
+
         def once() -> float:
-            label = f"debezium-relay-{MODES[name]}"
+            label = f"debezium-relay-{side.delivery}-w{side.workers}"
             topic = f"{self.stack.topic_prefix(label)}.orders"
             create_topics(self.stack.bootstrap, [topic], latency.PARTITIONS)
+            self._round_rows(name)
             n = len(self.rounds.get(name, []))
-            fresh_subscribers(
-                self.url,
-                [Subscriber(f"{MODES[name]}{n}", topic=topic, value_format=ValueFormat.JSON)],
-            )
+            subscriber = Subscriber(f"{side.delivery}{n}w{side.workers}", topic=topic,
+                                    value_format=ValueFormat.JSON, parts=side.parts)  # fmt: skip
+            fresh_subscribers(self.url, [subscriber])
             settle(self.url)
+            owners: dict[str, Any] = {}
             run = self._measure(
-                topic, lambda: _relay_running(self.stack, self.url, label, MODES[name])
+                topic,
+                lambda: _relay_running(self.stack, self.url, label, side, subscriber.name, owners),
             )
-            self.rounds.setdefault(name, []).append(run.details)
+            details = {**run.details, **owners, "rows_per_part": _rows_per_part(self.url, side)}
+            self.rounds.setdefault(name, []).append(details)
             return run.rate
 
         return once
@@ -619,9 +695,39 @@ def _debezium_running(
 
 
 @contextmanager
-def _relay_running(stack: Stack, url: str, label: str, delivery: str) -> Iterator[Side]:
-    with RelayProcesses(stack, url, label, delivery=delivery) as relays:
+def _relay_running(
+    stack: Stack, url: str, label: str, side: RelaySide, subscriber: str, notes: dict[str, Any]
+) -> Iterator[Side]:
+    """``outbox-relay run`` with the side's workers, default settings otherwise. With
+    several members, the subscriber is paused until its parts have spread over them: the
+    first member up claims every part, and the hand-over is not the steady state (the
+    warm-up records come after it)."""
+    workers = {"workers": side.workers} if side.workers > 1 else {}
+    with RelayProcesses(stack, url, label, delivery=side.delivery, **workers) as relays:
+        if side.workers > 1:
+            set_paused(url, subscriber, paused=True)
+            wait_spread(url, side.parts, side.workers, relays.check_alive)
+            set_paused(url, subscriber, paused=False)
+        # The supervisor's tree: its member processes count (CpuMeter reads descendants).
         yield Side(lambda: [p.pid for p in relays.procs], relays.check_alive)
+        notes["owners_at_end"] = _owners(url)  # still running: did the parts stay spread?
+
+
+def _owners(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(DISTINCT owner) FROM outbox_checkpoints").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _rows_per_part(url: str, side: RelaySide) -> list[int]:
+    """How the round's rows fell over the subscriber's parts (the key hash the relay
+    reads them by): an uneven split leaves one member with more to do."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT outbox_part(aggregate_id, %s), count(*) FROM outbox GROUP BY 1 ORDER BY 1",
+            (side.parts,),
+        ).fetchall()
+    return [int(count) for _, count in rows]
 
 
 # -- latency ---------------------------------------------------------------------------
@@ -726,23 +832,35 @@ def _throughput_figures(
     debezium = rates[DEBEZIUM]
     cpu = {name: Samples(tuple(r["cpu_us_per_event_side"] for r in runs))
            for name, runs in rounds.items()}  # fmt: skip
-    return [
-        Figure.of("debezium", "relay exactly-once ev/s vs Debezium (at-least-once)",
-                  rates[EXACTLY_ONCE], "ev/s", debezium, f"{DEBEZIUM}, warm, same rows",
-                  "ratio>=2", details),
-        Figure.of("debezium", "relay at-least-once (idempotent) ev/s vs Debezium",
-                  rates[IDEMPOTENT], "ev/s", debezium, f"{DEBEZIUM}, warm, same rows"),
-        Figure.of("debezium", "relay exactly-once CPU us/event vs Debezium JVM",
-                  cpu[EXACTLY_ONCE], "us", cpu[DEBEZIUM], "Debezium Server JVM CPU per event"),
-        Figure.of("debezium", "relay at-least-once CPU us/event vs Debezium JVM",
-                  cpu[IDEMPOTENT], "us", cpu[DEBEZIUM], "Debezium Server JVM CPU per event"),
-    ] + ([
-        Figure.of("debezium", "relay exactly-once ev/s vs Kafka Connect exactly-once",
-                  rates[EXACTLY_ONCE], "ev/s", rates[CONNECT], f"{CONNECT}, warm, same rows",
-                  "ratio>=2", details),
-        Figure.of("debezium", "relay exactly-once CPU us/event vs Kafka Connect",
-                  cpu[EXACTLY_ONCE], "us", cpu[CONNECT], "Kafka Connect worker JVM CPU per event"),
-    ] if CONNECT in rates else [])  # fmt: skip
+    baseline = f"{DEBEZIUM}, warm, same rows"
+    jvm = "Debezium Server JVM CPU per event"
+    figures = []
+    # (side, throughput figure, CPU figure, target): the names of earlier runs kept.
+    many = f"relay exactly-once, {WORKERS} workers x {WORKER_PARTS} parts"
+    for name, rate_figure, cpu_figure, target in (
+        (EXACTLY_ONCE, "relay exactly-once ev/s vs Debezium (at-least-once)",
+         "relay exactly-once CPU us/event vs Debezium JVM", "ratio>=2"),
+        (WORKERS_EXACTLY_ONCE, f"{many} ev/s vs Debezium Server",
+         f"{many}, CPU us/event (process tree) vs Debezium JVM", "ratio>=2"),
+        (IDEMPOTENT, "relay at-least-once (idempotent) ev/s vs Debezium",
+         "relay at-least-once CPU us/event vs Debezium JVM", None),
+    ):  # fmt: skip
+        if name in rates:
+            figures += [
+                Figure.of("debezium", rate_figure, rates[name], "ev/s", debezium, baseline,
+                          target, details),
+                Figure.of("debezium", cpu_figure, cpu[name], "us", cpu[DEBEZIUM], jvm),
+            ]  # fmt: skip
+    if CONNECT in rates and EXACTLY_ONCE in rates:
+        figures += [
+            Figure.of("debezium", "relay exactly-once ev/s vs Kafka Connect exactly-once",
+                      rates[EXACTLY_ONCE], "ev/s", rates[CONNECT], f"{CONNECT}, warm, same rows",
+                      "ratio>=2", details),
+            Figure.of("debezium", "relay exactly-once CPU us/event vs Kafka Connect",
+                      cpu[EXACTLY_ONCE], "us", cpu[CONNECT],
+                      "Kafka Connect worker JVM CPU per event"),
+        ]  # fmt: skip
+    return figures
 
 
 def _latency_figures(runs: dict[str, list[latency.Samples]], scale: Scale) -> list[Figure]:

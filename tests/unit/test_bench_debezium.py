@@ -10,7 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from bench.debezium import Span, Tally, gc_pauses, jvm_options
+from bench.debezium import (
+    DEBEZIUM,
+    EXACTLY_ONCE,
+    RELAY_SIDES,
+    SIDE_KEYS,
+    WORKERS_EXACTLY_ONCE,
+    Span,
+    Tally,
+    chosen_sides,
+    gc_pauses,
+    jvm_options,
+)
 
 IDS = [str(uuid.uuid4()) for _ in range(5)]
 
@@ -92,3 +103,46 @@ def test_the_connect_peer_takes_debezium_servers_source_and_producer_settings() 
     assert worker["bootstrap.servers"] == "127.0.0.1:9092" and worker["producer.linger.ms"] == "5"
     assert not any(k.startswith("producer.") and "serializer" in k for k in worker)
     assert "producer.bootstrap.servers" not in worker
+
+
+@pytest.mark.parametrize("unset", [None, "", " , "])
+def test_every_side_runs_when_none_is_chosen(unset: str | None) -> None:
+    assert chosen_sides(unset) == frozenset(SIDE_KEYS.values())
+
+
+def test_a_subset_of_sides_always_keeps_debezium_server_which_writes_the_rows() -> None:
+    chosen = chosen_sides(" exactly-once,workers ")
+    assert chosen == {DEBEZIUM, EXACTLY_ONCE, WORKERS_EXACTLY_ONCE}
+    assert "latency" not in chosen  # the latency rounds run only when named
+
+
+def test_an_unknown_side_is_refused_with_the_names_to_choose_from() -> None:
+    with pytest.raises(ValueError, match="unknown \\['worker'\\]; choose from"):
+        chosen_sides("exactly-once,worker")
+
+
+def test_the_two_worker_side_is_exactly_once_with_a_part_per_worker() -> None:
+    side = RELAY_SIDES[WORKERS_EXACTLY_ONCE]
+    assert side.delivery == "transactional"
+    assert side.workers == 2 and side.parts >= side.workers
+    assert RELAY_SIDES[EXACTLY_ONCE].workers == 1  # the 1-process figure is kept
+
+
+def test_each_round_writes_its_rows_once_whichever_side_runs_first() -> None:
+    from bench.debezium import CONNECT, _Backlog
+
+    backlog = _Backlog.__new__(_Backlog)  # no stack: only the round bookkeeping
+    backlog.rounds, backlog.filled = {}, 0
+    refills: list[int] = []
+    backlog._refill = lambda: refills.append(backlog.filled)  # type: ignore[method-assign]
+    sides = [DEBEZIUM, CONNECT, EXACTLY_ONCE]
+    first = []
+    for round_ in range(3):  # A B C, C B A, A B C: as bench.method.interleave runs them
+        for name in sides if round_ % 2 == 0 else sides[::-1]:
+            before = len(refills)
+            backlog._round_rows(name)
+            if len(refills) > before:
+                first.append(name)
+            backlog.rounds.setdefault(name, []).append({})
+    assert refills == [0, 1, 2]  # once a round
+    assert first == [DEBEZIUM, EXACTLY_ONCE, DEBEZIUM]  # by the first side to run in it
