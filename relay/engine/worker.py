@@ -253,7 +253,11 @@ class PartWorker:
         hook: PublishHook | None = None,
         scheduler: PartScheduler | None = None,
         producers: ProducerPool | None = None,
+        kafka_checkpoint: bool = False,
     ) -> None:
+        # Transactional delivery: each Kafka transaction holds the part's checkpoint too,
+        # and recovery adopts it, so the Postgres one need not wait for the WAL flush.
+        self._kafka_checkpoint = kafka_checkpoint
         # Told of each committed batch: the latency histogram, and spans if tracing is on.
         self.hook = hook if hook is not None else PublishHook()
         self.part = part
@@ -707,7 +711,9 @@ class PartWorker:
         """Record a committed batch, even if the version moved (a pause, say) meanwhile."""
         for _ in range(_ADVANCE_ATTEMPTS):
             try:
-                version = store.advance(state, end, self.session.id, letters)
+                version = store.advance(
+                    state, end, self.session.id, letters, durable=self._durable(letters)
+                )
                 return dataclasses.replace(state, checkpoint=end, version=version)
             except CheckpointConflict as exc:
                 current = self._load(store)  # raises ClaimLost if a peer owns it now
@@ -731,6 +737,15 @@ class PartWorker:
         # Still racing after several tries: start over from recovery, which adopts the
         # Kafka-side checkpoint of the batch just committed instead of republishing it.
         raise CheckpointConflict(f"part {self.part}: could not record the batch ending at {end}")
+
+    def _durable(self, letters: list[DeadLetter]) -> bool:
+        """Whether this checkpoint must be durable before the part goes on. Not when Kafka
+        holds it: a crash of Postgres that loses it leaves an earlier checkpoint of this
+        generation, and recovery adopts Kafka's (docs/design.md §5). But dead letters
+        are: recovery rebuilds only those of the last Kafka transaction, and a durable
+        write makes every earlier one durable too (the WAL is written in order), so only
+        checkpoints without dead letters are ever lost."""
+        return not self._kafka_checkpoint or bool(letters)
 
     def _encode(
         self,
