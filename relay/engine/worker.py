@@ -425,7 +425,7 @@ class PartWorker:
         """Publish one batch (None: go on), or say how long to wait for the next;
         ``read_ahead``: read the batch after it while it travels."""
         if self._state is None or (self._waited and not woken):
-            self._state = self._load(store)  # also an idle tick's: notice pause or reset
+            self._state = self._reload(store, self._state)  # an idle tick's: pause or reset
         self._waited = False
         state = self._state
         if state.subscriber.paused or state.halted_error is not None:
@@ -857,6 +857,25 @@ class PartWorker:
         if state.owner != self.session.id:
             raise ClaimLost(f"part {self.part} is not claimed by this relay")
         self.stats.checkpoint = state.checkpoint
+        return state
+
+    def _reload(self, store: PartStore, known: PartState | None) -> PartState:
+        """The part as stored now, ``known`` the state this worker last had of it.
+
+        A checkpoint behind ``known``'s in the same generation was lost by Postgres (an
+        asynchronous commit before a crash, docs/design.md §5) or restored (§6); going
+        on from it would publish again what Kafka holds. The part starts over from
+        recovery, which adopts Kafka's checkpoint."""
+        state = self._load(store)
+        if (
+            known is not None
+            and state.generation == known.generation
+            and state.checkpoint < known.checkpoint
+        ):
+            raise CheckpointConflict(
+                f"part {self.part}: checkpoint went back from {known.checkpoint} "
+                f"to {state.checkpoint} in the same generation"
+            )
         return state
 
     def _count(self, records: list[KafkaRecord], dead_lettered: int, end: Position) -> None:
