@@ -725,8 +725,8 @@ class PartWorker:
                     )
                     return current
                 if current.checkpoint != state.checkpoint:
-                    # Moved in the same generation: a restored database or a key-space
-                    # rebase, not an operator. Going on from it would publish again what
+                    # Moved in the same generation: a restored database, a key-space
+                    # rebase or a crash that lost asynchronous advances, not an operator. Going on from it would publish again what
                     # this batch committed; recovery adopts the batch's Kafka-side
                     # checkpoint instead, with its checks (docs/design.md §6).
                     raise CheckpointConflict(
