@@ -186,11 +186,21 @@ class PartStore(Protocol):
         """The part as stored; raises ``SubscriberError`` when there is none."""
 
     def advance(
-        self, state: PartState, to: Position, owner: UUID, dead_letters: Sequence[DeadLetter] = ()
+        self,
+        state: PartState,
+        to: Position,
+        owner: UUID,
+        dead_letters: Sequence[DeadLetter] = (),
+        *,
+        durable: bool = True,
     ) -> int:
         """Compare-and-set ``state``'s checkpoint to ``to`` and record ``dead_letters``
         (events up to ``to``), all or nothing; returns the new version. Raises
-        ``CheckpointConflict`` when the version or owner moved (nothing recorded)."""
+        ``CheckpointConflict`` when the version or owner moved (nothing recorded).
+
+        ``durable=False``: the store may acknowledge before the write is durable, so a
+        crash of the store may lose it (with every later one) and leave an earlier
+        checkpoint of the same generation. Only for a checkpoint that Kafka holds too."""
 
     def dead_letters(
         self, name: str, after: Position, upto: Position

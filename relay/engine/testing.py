@@ -281,8 +281,15 @@ class InMemoryStore:
         return state
 
     def advance(
-        self, state: PartState, to: Position, owner: UUID, dead_letters: Sequence[DeadLetter] = ()
+        self,
+        state: PartState,
+        to: Position,
+        owner: UUID,
+        dead_letters: Sequence[DeadLetter] = (),
+        *,
+        durable: bool = True,
     ) -> int:
+        # Every write is durable here: a lost one is simulated by moving the part back.
         with self._lock:
             return self._advance(state, to, owner, dead_letters)
 

@@ -253,7 +253,11 @@ class PartWorker:
         hook: PublishHook | None = None,
         scheduler: PartScheduler | None = None,
         producers: ProducerPool | None = None,
+        kafka_checkpoint: bool = False,
     ) -> None:
+        # Transactional delivery: each Kafka transaction holds the part's checkpoint too,
+        # and recovery adopts it, so the Postgres one need not wait for the WAL flush.
+        self._kafka_checkpoint = kafka_checkpoint
         # Told of each committed batch: the latency histogram, and spans if tracing is on.
         self.hook = hook if hook is not None else PublishHook()
         self.part = part
@@ -421,7 +425,7 @@ class PartWorker:
         """Publish one batch (None: go on), or say how long to wait for the next;
         ``read_ahead``: read the batch after it while it travels."""
         if self._state is None or (self._waited and not woken):
-            self._state = self._load(store)  # also an idle tick's: notice pause or reset
+            self._state = self._reload(store, self._state)  # an idle tick's: pause or reset
         self._waited = False
         state = self._state
         if state.subscriber.paused or state.halted_error is not None:
@@ -707,7 +711,9 @@ class PartWorker:
         """Record a committed batch, even if the version moved (a pause, say) meanwhile."""
         for _ in range(_ADVANCE_ATTEMPTS):
             try:
-                version = store.advance(state, end, self.session.id, letters)
+                version = store.advance(
+                    state, end, self.session.id, letters, durable=self._durable(letters)
+                )
                 return dataclasses.replace(state, checkpoint=end, version=version)
             except CheckpointConflict as exc:
                 current = self._load(store)  # raises ClaimLost if a peer owns it now
@@ -719,8 +725,8 @@ class PartWorker:
                     )
                     return current
                 if current.checkpoint != state.checkpoint:
-                    # Moved in the same generation: a restored database or a key-space
-                    # rebase, not an operator. Going on from it would publish again what
+                    # Moved in the same generation: a restored database, a key-space
+                    # rebase or a crash that lost asynchronous advances, not an operator. Going on from it would publish again what
                     # this batch committed; recovery adopts the batch's Kafka-side
                     # checkpoint instead, with its checks (docs/design.md §6).
                     raise CheckpointConflict(
@@ -731,6 +737,15 @@ class PartWorker:
         # Still racing after several tries: start over from recovery, which adopts the
         # Kafka-side checkpoint of the batch just committed instead of republishing it.
         raise CheckpointConflict(f"part {self.part}: could not record the batch ending at {end}")
+
+    def _durable(self, letters: list[DeadLetter]) -> bool:
+        """Whether this checkpoint must be durable before the part goes on. Not when Kafka
+        holds it: a crash of Postgres that loses it leaves an earlier checkpoint of this
+        generation, and recovery adopts Kafka's (docs/design.md §5). But dead letters
+        are: recovery rebuilds only those of the last Kafka transaction, and a durable
+        write makes every earlier one durable too (the WAL is written in order), so only
+        checkpoints without dead letters are ever lost."""
+        return not self._kafka_checkpoint or bool(letters)
 
     def _encode(
         self,
@@ -842,6 +857,25 @@ class PartWorker:
         if state.owner != self.session.id:
             raise ClaimLost(f"part {self.part} is not claimed by this relay")
         self.stats.checkpoint = state.checkpoint
+        return state
+
+    def _reload(self, store: PartStore, known: PartState | None) -> PartState:
+        """The part as stored now, ``known`` the state this worker last had of it.
+
+        A checkpoint behind ``known``'s in the same generation was lost by Postgres (an
+        asynchronous commit before a crash, docs/design.md §5) or restored (§6); going
+        on from it would publish again what Kafka holds. The part starts over from
+        recovery, which adopts Kafka's checkpoint."""
+        state = self._load(store)
+        if (
+            known is not None
+            and state.generation == known.generation
+            and state.checkpoint < known.checkpoint
+        ):
+            raise CheckpointConflict(
+                f"part {self.part}: checkpoint went back from {known.checkpoint} "
+                f"to {state.checkpoint} in the same generation"
+            )
         return state
 
     def _count(self, records: list[KafkaRecord], dead_lettered: int, end: Position) -> None:

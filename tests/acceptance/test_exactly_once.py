@@ -83,6 +83,88 @@ def test_a_commit_that_reached_kafka_but_not_postgres_is_adopted_not_republished
     assert worker(relay, "s").stats.recovered == 1
 
 
+def test_a_checkpoint_postgres_lost_is_adopted_from_kafka_not_republished(
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    """Transactional delivery commits the Postgres checkpoint with synchronous_commit
+    off (docs/design.md §5): a crash of Postgres may lose the last ones, leaving an
+    earlier checkpoint of the same generation under a running relay. The relay
+    recovers from the Kafka-side checkpoint: every event once, in key order."""
+    relay = start_relay(subscribers=[sub("s", topic_prefix, value_format="json")])
+    for n in range(4):
+        write_orders(writer_db, outbox, [f"o-{n}-{k}" for k in "abc"], key=f"k{n % 2}")
+    wait_until(lambda: caught_up(db, "s"), what="the relay to publish")
+    [end] = db.execute(CHECKPOINT).fetchall()
+    # As the owner, play the crash: the part's last advance (its position and version)
+    # is gone, so Postgres says the last 7 events are not published yet.
+    db.execute(
+        "UPDATE outbox_checkpoints SET (transaction_id, position) = "
+        "(SELECT transaction_id, position FROM outbox ORDER BY transaction_id, position "
+        "OFFSET 4 LIMIT 1), version = version - 1 WHERE subscriber = 's'"
+    )
+    # Back at the end only once the idle relay noticed: no new event wakes it.
+    wait_until(lambda: db.execute(CHECKPOINT).fetchall() == [end], what="the relay to notice")
+    write_orders(writer_db, outbox, ["o-later"], key="k0")
+    wait_until(lambda: caught_up(db, "s"), what="the later event")
+    seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 13)
+    assert Counter(ids_of(seen)).most_common(1)[0][1] == 1, "an event was published twice"
+    assert len(seen) == 13
+    written = db.execute(
+        "SELECT aggregate_id, message_id::text FROM outbox ORDER BY transaction_id, position"
+    ).fetchall()
+    in_order = {key: [m for k, m in written if k == key] for key in ("k0", "k1")}
+    assert {k: ids_of(records) for k, records in by_key(seen).items()} == in_order
+    assert worker(relay, "s").stats.recovered == 1
+
+
+@pytest.mark.parametrize(
+    ("delivery", "commit_mode"), [("transactional", "off"), ("idempotent", "on")]
+)
+def test_the_checkpoint_waits_for_the_wal_flush_only_without_a_kafka_side_one(
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    outbox: Outbox,
+    topic_prefix: str,
+    start_relay: StartRelay,
+    delivery: str,
+    commit_mode: str,
+) -> None:
+    """Each checkpoint's transaction runs with the synchronous_commit its delivery
+    allows, as a trigger of the owner's sees it (the server's default is on)."""
+    assert db.execute("SHOW synchronous_commit").fetchone() == ("on",)
+    db.execute(COMMIT_MODES)
+    relay = start_relay(
+        subscribers=[sub("s", topic_prefix, value_format="json")], delivery=delivery
+    )
+    write_orders(writer_db, outbox, [f"o-{i}" for i in range(5)])
+    wait_until(lambda: caught_up(db, "s"), what="the relay to publish")
+    relay.stop()
+    modes = db.execute("SELECT DISTINCT setting FROM advance_commit_modes").fetchall()
+    assert modes == [(commit_mode,)]
+
+
+CHECKPOINT = "SELECT transaction_id::text, position, generation FROM outbox_checkpoints"
+
+# The setting in force in each transaction that moves a checkpoint (the owner's test
+# scaffolding: SECURITY DEFINER, so the relay role's updates may write its table).
+COMMIT_MODES = """
+CREATE TABLE advance_commit_modes (setting text NOT NULL);
+CREATE FUNCTION record_commit_mode() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    INSERT INTO advance_commit_modes VALUES (current_setting('synchronous_commit'));
+    RETURN NULL;
+END $$;
+CREATE TRIGGER record_commit_mode AFTER UPDATE ON outbox_checkpoints FOR EACH ROW
+    WHEN ((OLD.transaction_id, OLD.position) IS DISTINCT FROM (NEW.transaction_id, NEW.position))
+    EXECUTE FUNCTION record_commit_mode();
+"""
+
+
 def test_a_new_owner_fences_the_old_producer(
     db: psycopg.Connection[Any],
     writer_db: psycopg.Connection[Any],

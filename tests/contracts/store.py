@@ -122,22 +122,25 @@ class StoreContract:
         assert not store.claim("s", 0, uuid.uuid4())
         assert store.get_part("s", 0).owner == owner
 
+    # durable=False (transactional delivery's checkpoint) is the same compare-and-set.
+    @pytest.mark.parametrize("durable", [True, False])
     def test_advance_moves_the_checkpoint_and_the_version(
-        self, store: AdminStore, committed: OutboxEvent, owner: UUID
+        self, store: AdminStore, committed: OutboxEvent, owner: UUID, durable: bool
     ) -> None:
         state = store.get_part("s", 0)
-        version = store.advance(state, committed.key, owner)
+        version = store.advance(state, committed.key, owner, durable=durable)
         stored = store.get_part("s", 0)
         assert stored.checkpoint == committed.key and stored.version == version > state.version
         assert store.fetch(stored.checkpoint, Selection(10)) == Fetched([], None)
 
+    @pytest.mark.parametrize("durable", [True, False])
     def test_advance_from_a_stale_version_is_a_conflict(
-        self, store: AdminStore, committed: OutboxEvent, owner: UUID
+        self, store: AdminStore, committed: OutboxEvent, owner: UUID, durable: bool
     ) -> None:
         stale = store.get_part("s", 0)
-        store.advance(stale, committed.key, owner)
+        store.advance(stale, committed.key, owner, durable=durable)
         with pytest.raises(CheckpointConflict):
-            store.advance(stale, committed.key, owner)
+            store.advance(stale, committed.key, owner, durable=durable)
 
     def test_advance_by_another_owner_is_a_conflict(
         self, store: AdminStore, committed: OutboxEvent, owner: UUID

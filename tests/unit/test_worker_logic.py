@@ -10,8 +10,10 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+import pytest
+
 from relay.core.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position, Unreadable
-from relay.core.ports import Fetched, RelaySession, Selection
+from relay.core.ports import DeadLetter, Fetched, PartState, RelaySession, Selection
 from relay.core.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.engine.encoding import RecordEncoder
 from relay.engine.testing import InMemoryPublisher, InMemoryStore
@@ -54,6 +56,7 @@ def worker(
     kafka: InMemoryPublisher,
     batch_size: int = 100,
     batch_max_bytes: int = 2**62,
+    kafka_checkpoint: bool = False,
 ) -> PartWorker:
     return PartWorker(
         PartId("s", 0),
@@ -64,6 +67,7 @@ def worker(
         batch_size=batch_size,
         batch_max_bytes=batch_max_bytes,
         poll_interval=0.05,
+        kafka_checkpoint=kafka_checkpoint,
     )
 
 
@@ -131,6 +135,34 @@ def test_a_checkpoint_moved_back_in_the_same_generation_is_recovered_not_publish
     run_until_published(w, store)
     assert restored
     assert published_ids(kafka) == ids(written)
+    assert (w.stats.recovered, w.stats.recoveries_refused) == (1, 0)
+
+
+def test_a_checkpoint_postgres_lost_while_the_part_idles_is_recovered_not_published_again() -> None:
+    """Transactional delivery commits the Postgres checkpoint without waiting for the
+    WAL flush: a crash of Postgres can lose the last ones, and the idle worker's next
+    reload finds its checkpoint behind, in the same generation. It recovers (adopting
+    Kafka's checkpoint) instead of publishing those events again."""
+    store = claimed()
+    first = [store.append(event(n)) for n in range(1, 5)]
+    kafka = InMemoryPublisher()
+    w = worker(store, kafka, batch_size=2)
+    w.start()
+    try:
+        wait_until(lambda: store.get_part("s", 0).checkpoint == first[-1].key, what="caught up")
+        part = store.get_part("s", 0)  # lose the last advance: its position and its version
+        store.parts["s", 0] = dataclasses.replace(
+            part, checkpoint=first[1].key, version=part.version - 1
+        )
+        # Back at the end only once the idle worker noticed (no event wakes it).
+        wait_until(lambda: store.get_part("s", 0).checkpoint == first[-1].key, what="noticed")
+        later = store.append(event(5))
+        w.wake()
+        wait_until(lambda: store.get_part("s", 0).checkpoint == later.key, what="the later event")
+    finally:
+        w.stop()
+        w.join(10)
+    assert published_ids(kafka) == ids([*first, later])
     assert (w.stats.recovered, w.stats.recoveries_refused) == (1, 0)
 
 
@@ -253,6 +285,53 @@ def test_a_poison_event_read_ahead_is_left_to_the_policy() -> None:
     assert published_ids(kafka, subscriber.dead_letter_topic_name) == ids([poison])
     assert list(store.dead["s"]) == [poison.message_id]
     assert (w.stats.poisoned, w.stats.dead_lettered) == (1, 1)
+
+
+class _AdvanceLog(InMemoryStore):
+    """Notes, for each checkpoint written, whether it carried dead letters and whether
+    it was asked to be durable."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.advances: list[tuple[bool, bool]] = []
+
+    def advance(
+        self,
+        state: PartState,
+        to: Position,
+        owner: uuid.UUID,
+        dead_letters: Sequence[DeadLetter] = (),
+        *,
+        durable: bool = True,
+    ) -> int:
+        self.advances.append((bool(dead_letters), durable))
+        return super().advance(state, to, owner, dead_letters, durable=durable)
+
+
+@pytest.mark.parametrize("kafka_checkpoint", [True, False])
+def test_only_a_checkpoint_kafka_holds_without_dead_letters_may_be_lost(
+    kafka_checkpoint: bool,
+) -> None:
+    """Recovery rebuilds the dead letters of the last Kafka transaction only: a
+    checkpoint carrying some is durable even when Kafka holds the checkpoint."""
+    subscriber = Subscriber(
+        "s",
+        topic="{aggregate_type}",
+        value_format=ValueFormat.JSON,
+        on_poison=PoisonPolicy.DEAD_LETTER,
+    )
+    store = claimed(subscriber, _AdvanceLog())
+    store.append(event(1, "t"))
+    store.append(event(2, "no topic!"))  # routes to an illegal name: dead-lettered
+    store.append(event(3, "t"))
+    run_until_published(
+        worker(store, InMemoryPublisher(), batch_size=1, kafka_checkpoint=kafka_checkpoint), store
+    )
+    assert store.advances == [
+        (False, not kafka_checkpoint),
+        (True, True),
+        (False, not kafka_checkpoint),
+    ]
 
 
 def test_a_batch_cut_at_batch_max_bytes_is_full_and_does_not_join_the_one_in_flight() -> None:

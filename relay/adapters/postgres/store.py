@@ -150,10 +150,17 @@ class OutboxStore:
         return Fetched(events, events[-1].key if full else Position(read_tx, read_pos), full)
 
     def advance(
-        self, state: PartState, to: Position, owner: UUID, dead_letters: Sequence[DeadLetter] = ()
+        self,
+        state: PartState,
+        to: Position,
+        owner: UUID,
+        dead_letters: Sequence[DeadLetter] = (),
+        *,
+        durable: bool = True,
     ) -> int:
         """Compare-and-set ``state``'s checkpoint to ``to`` and record ``dead_letters`` in
-        one transaction; returns the new version."""
+        one transaction; returns the new version. ``durable=False`` commits it with
+        ``synchronous_commit = off``."""
         params = {
             "name": state.name,
             "part": state.part,
@@ -161,6 +168,7 @@ class OutboxStore:
             "position": to.position,
             "version": state.version,
             "owner": owner,
+            "synchronous_commit": None if durable else "off",
         }
         conflict = CheckpointConflict(
             f"checkpoint of {state.name}/{state.part} changed underneath this relay"

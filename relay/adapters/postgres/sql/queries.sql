@@ -409,9 +409,20 @@ SELECT s.name, s.aggregate_types, s.event_types, s.topic, s.value_format, s.paus
 -- Compare-and-set: only the claiming session holding the current version may move
 -- the checkpoint, and only forwards. A stale relay can neither rewind a checkpoint
 -- nor overwrite a newer owner's.
+-- %(synchronous_commit)s: 'off' commits without waiting for the WAL flush, for a
+-- checkpoint Kafka also holds (docs/design.md §5); NULL keeps the session's setting.
+-- set_config(..., true) lasts until this statement's transaction ends, and the join
+-- makes sure it ran before any row is updated: one statement, one round trip.
+WITH commit_mode AS (
+    SELECT set_config('synchronous_commit',
+                      coalesce(%(synchronous_commit)s::text,
+                               current_setting('synchronous_commit')),
+                      true)
+)
 UPDATE {schema}.outbox_checkpoints
    SET transaction_id = %(transaction_id)s::text::xid8, position = %(position)s,
        version = version + 1, updated_at = now()
+  FROM commit_mode
  WHERE subscriber = %(name)s AND part = %(part)s AND version = %(version)s
    AND owner = %(owner)s
    AND (transaction_id, position) <= (%(transaction_id)s::text::xid8, %(position)s)
