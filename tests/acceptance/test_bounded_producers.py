@@ -20,8 +20,8 @@ from tests.support import consume, wait_until
 SUBSCRIBERS = 200
 MAX_PRODUCERS = 4
 # The relay's own threads (supervisor, session keeper, probe, HTTP server, scheduler)
-# and, per producer, librdkafka's (main, broker and internal threads) and its commit
-# helper: far below one per part.
+# and, per producer, librdkafka's (main, broker and internal threads), its commit
+# helper and its call thread (#31): far below one per part.
 MAX_NEW_THREADS = 64
 
 

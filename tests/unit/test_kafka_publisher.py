@@ -306,3 +306,100 @@ def test_a_producer_whose_abort_failed_takes_no_more_transactions() -> None:
     ):
         publisher(producer).publish(Batch(records(b"a"), Position(1, 1), "gen"))
     assert producer.begun == 1 and producer.committed == []
+
+
+class ThreadRecordingProducer(FakeProducer):
+    """Records the thread each transactional call runs on (the objects, whose identity,
+    unlike a thread's id, is never reused)."""
+
+    def __init__(self) -> None:
+        super().__init__(reject=b"never")
+        self.threads: dict[str, list[threading.Thread]] = {"begin": [], "bounded": []}
+
+    def begin_transaction(self) -> None:
+        self.threads["begin"].append(threading.current_thread())
+        super().begin_transaction()
+
+    def send_offsets_to_transaction(self, *args: Any) -> None:
+        self.threads["bounded"].append(threading.current_thread())
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.threads["bounded"].append(threading.current_thread())
+        super().commit_transaction(timeout)
+
+
+def test_transactional_calls_start_no_thread_per_call() -> None:
+    # Issue #31: a thread started per call cost ~0.25 ms each, three a transaction.
+    # begin_transaction sends nothing to the broker, so it runs on the part's thread;
+    # the calls that wait on the broker share one call thread for the producer's life.
+    producer = ThreadRecordingProducer()
+    pub = publisher(producer)
+    for n in range(3):
+        pub.publish(Batch(records(b"a"), Position(1, n + 1), "gen"))
+    pub.close()
+    assert len(producer.committed) == 3
+    assert set(producer.threads["begin"]) == {threading.current_thread()}
+    bounded = set(producer.threads["bounded"])
+    assert len(producer.threads["bounded"]) == 6 and len(bounded) == 1, bounded
+    assert threading.current_thread() not in bounded
+
+
+def test_closing_a_publisher_ends_its_call_thread() -> None:
+    # The pool closes idle parts' publishers so that an idle relay holds no threads.
+    producer = ThreadRecordingProducer()
+    pub = publisher(producer)
+    pub.publish(Batch(records(b"a"), Position(1, 1), "gen"))
+    (thread,) = set(producer.threads["bounded"])
+    pub.close()
+    thread.join(10.0)  # a wait for the thread's end, not a measure of it
+    assert not thread.is_alive()
+
+
+def test_a_hung_call_keeps_its_thread_and_the_next_producer_gets_a_fresh_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(relay.adapters.kafka.kafka, "_CALL_GRACE_S", 0.2)
+    hanging = HangingProducer()
+    stuck = publisher(hanging)
+    stuck._call_timeout_s = 0.1
+    hung_on: list[threading.Thread] = []
+    release = hanging.release
+
+    def commit_transaction(timeout: float) -> None:
+        hung_on.append(threading.current_thread())
+        release.wait()
+
+    hanging.commit_transaction = commit_transaction  # type: ignore[method-assign]
+    try:
+        with pytest.raises(ProducerFenced, match="did not return within"):
+            stuck.publish(Batch(records(b"a"), Position(1, 1), "gen"))
+        stuck.close()
+        # The part starts over with a new producer: its calls do not queue behind the
+        # hung one, they run on a thread of its own.
+        fresh = ThreadRecordingProducer()
+        publisher(fresh).publish(Batch(records(b"b"), Position(1, 2), "gen"))
+        assert fresh.committed == [[b"b"]]
+        assert hung_on[0] not in set(fresh.threads["bounded"])
+        assert hung_on[0].is_alive()  # still blocked in librdkafka: abandoned, not reused
+    finally:
+        release.set()
+    hung_on[0].join(10.0)  # closed: it ends once the hung call returns
+    assert not hung_on[0].is_alive()
+    assert hanging.committed == []
+
+
+class ConflictingBeginProducer(FakeProducer):
+    """begin_transaction while the last transaction is not finished: librdkafka refuses
+    it at once ("Conflicting commit_transaction API call is already in progress")."""
+
+    def begin_transaction(self) -> None:
+        raise KafkaException(
+            KafkaError(KafkaError._CONFLICT, "Conflicting commit_transaction API call")
+        )
+
+
+def test_a_refused_begin_is_classified_like_any_transactional_call() -> None:
+    producer = ConflictingBeginProducer(reject=b"never")
+    with pytest.raises(BrokerUnavailable, match="Conflicting commit_transaction") as raised:
+        publisher(producer).publish(Batch(records(b"a"), Position(1, 1), "gen"))
+    assert raised.value.code == KafkaError._CONFLICT and producer.committed == []
