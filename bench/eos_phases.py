@@ -162,10 +162,10 @@ def _prepare(trace: Trace, f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _call(trace: Trace, f: Callable[..., Any]) -> Callable[..., Any]:
-    def wrapper(self: Any, operation: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: Any, operation: Callable[..., Any], *args: Any) -> Any:
         began = time.monotonic()
         try:
-            return f(self, operation, *args, **kwargs)
+            return f(self, operation, *args)
         finally:
             trace.span(getattr(operation, "__name__", "call"), began)
 

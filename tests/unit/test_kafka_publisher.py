@@ -328,22 +328,6 @@ class ThreadRecordingProducer(FakeProducer):
         super().commit_transaction(timeout)
 
 
-def test_transactional_calls_start_no_thread_per_call() -> None:
-    # Issue #31: a thread started per call cost ~0.25 ms each, three a transaction.
-    # begin_transaction sends nothing to the broker, so it runs on the part's thread;
-    # the calls that wait on the broker share one call thread for the producer's life.
-    producer = ThreadRecordingProducer()
-    pub = publisher(producer)
-    for n in range(3):
-        pub.publish(Batch(records(b"a"), Position(1, n + 1), "gen"))
-    pub.close()
-    assert len(producer.committed) == 3
-    assert set(producer.threads["begin"]) == {threading.current_thread()}
-    bounded = set(producer.threads["bounded"])
-    assert len(producer.threads["bounded"]) == 6 and len(bounded) == 1, bounded
-    assert threading.current_thread() not in bounded
-
-
 def test_closing_a_publisher_ends_its_call_thread() -> None:
     # The pool closes idle parts' publishers so that an idle relay holds no threads.
     producer = ThreadRecordingProducer()
@@ -386,20 +370,3 @@ def test_a_hung_call_keeps_its_thread_and_the_next_producer_gets_a_fresh_one(
     hung_on[0].join(10.0)  # closed: it ends once the hung call returns
     assert not hung_on[0].is_alive()
     assert hanging.committed == []
-
-
-class ConflictingBeginProducer(FakeProducer):
-    """begin_transaction while the last transaction is not finished: librdkafka refuses
-    it at once ("Conflicting commit_transaction API call is already in progress")."""
-
-    def begin_transaction(self) -> None:
-        raise KafkaException(
-            KafkaError(KafkaError._CONFLICT, "Conflicting commit_transaction API call")
-        )
-
-
-def test_a_refused_begin_is_classified_like_any_transactional_call() -> None:
-    producer = ConflictingBeginProducer(reject=b"never")
-    with pytest.raises(BrokerUnavailable, match="Conflicting commit_transaction") as raised:
-        publisher(producer).publish(Batch(records(b"a"), Position(1, 1), "gen"))
-    assert raised.value.code == KafkaError._CONFLICT and producer.committed == []

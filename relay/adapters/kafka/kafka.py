@@ -542,13 +542,7 @@ class TransactionalPublisher(_BatchProducer):
         """Begin a transaction and produce ``batch`` into it, grown by what ``meanwhile``
         hands back; returns the batch as sent. ``wait``: await every record's delivery
         report (a failure then names its record)."""
-        # Local: librdkafka's own thread moves the transaction to "in transaction" and
-        # nothing goes to the broker (partitions join the transaction as records are
-        # produced to them), so it needs no watchdog. An unfinished transaction makes it
-        # raise at once ("Conflicting ... API call is already in progress", "Operation
-        # not valid in state ..."), classified as any call's error. Handed to the call
-        # thread, it took ~0.1 ms instead of ~0.04 (a thread per call: ~0.3).
-        self._call(self._producer.begin_transaction, bounded=False)
+        self._call(self._producer.begin_transaction)
         try:
             records, extended_to = self._send(batch.records, meanwhile, wait=wait)
         except BaseException:
@@ -666,7 +660,7 @@ class TransactionalPublisher(_BatchProducer):
         except KafkaException as exc:
             raise classify(exc, "kafka: invalid consumer configuration", Stage.CONFIGURE) from exc
 
-    def _watched(self, operation: Callable[..., T], *args: Any, bounded: bool = True) -> T:
+    def _watched(self, operation: Callable[..., T], *args: Any) -> T:
         """``operation(*args)``, given up on when it outlives its own timeout.
 
         librdkafka's transactional calls take a timeout but do not always honour it:
@@ -674,19 +668,13 @@ class TransactionalPublisher(_BatchProducer):
         commit_transaction can block for good (librdkafka issues 5511, 3779; seen here in
         the chaos suite). The call then runs on the producer's call thread; past its
         timeout plus a grace period the producer is abandoned, and the part starts over
-        with a new one (whose init_transactions fences the stuck one). ``bounded=False``
-        is for a call that sends nothing to the broker: it runs here, unwatched.
+        with a new one (whose init_transactions fences the stuck one).
         """
         if self._wedged:
             raise ProducerFenced(f"{self.transactional_id}: producer abandoned (a call hung)")
         if self._unusable is not None:
             raise BrokerUnavailable(self._unusable)
         began = time.monotonic()
-        if not bounded:
-            try:
-                return operation(*args)
-            finally:
-                self._log_if_slow(operation, time.monotonic() - began, "")
         limit = self._call_timeout_s + _CALL_GRACE_S
         call = self._calls.call(operation, args, limit)
         hung = not call.finished.is_set()
@@ -751,12 +739,12 @@ class TransactionalPublisher(_BatchProducer):
             "starting the part over with a new producer"
         )
 
-    def _call(self, operation: Callable[..., T], *args: Any, bounded: bool = True) -> T:
+    def _call(self, operation: Callable[..., T], *args: Any) -> T:
         """Run a transaction API call, mapping librdkafka's error flags onto ours."""
         deadline = time.monotonic() + self._delivery_timeout_s
         while True:
             try:
-                return self._watched(operation, *args, bounded=bounded)
+                return self._watched(operation, *args)
             except KafkaException as exc:
                 failure = classify(
                     exc, self.transactional_id, Stage.TRANSACTION, config=self._config
