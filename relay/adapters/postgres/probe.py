@@ -48,6 +48,9 @@ logger = logging.getLogger(__name__)
 # wakes every part rather than read on.
 _TYPES_SCANNED = 1000
 _UNSEEN = object()
+# The longest the probe sleeps while no part waits: it notices a stop only between sleeps
+# (the parts' signal, not its own, ends them early).
+_MAX_REST_S = 1.0
 # What a wake-up concerns: rows of these aggregate types (None: any).
 Wake = Callable[[frozenset[str] | None], None]
 
@@ -144,10 +147,10 @@ class CommitProbe(threading.Thread):
 
     def _worth_a_look(self) -> bool:
         """Whether a part waits for news; if none does, sleep until one may (or for
-        the idle interval, to notice a stop) and say no."""
+        the idle interval, at most a second, to notice a stop) and say no."""
         if self._waiters is None or self._waiters.waiting():
             return True
-        self._waiters.wait_for_waiting(self._idle_interval)
+        self._waiters.wait_for_waiting(min(self._idle_interval, _MAX_REST_S))
         return False
 
     def _types_between(
