@@ -135,6 +135,7 @@ class Relay:
             self.parts.wake,
             interval=self.settings.probe_interval,
             idle_interval=self.settings.probe_idle_interval,
+            waiters=self.parts,
         )
         self._probe.start()
         self._rebalance_safely()

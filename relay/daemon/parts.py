@@ -4,6 +4,7 @@ The workers take turns on a few threads and borrow a few producers (relay/engine
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -58,6 +59,9 @@ class ClaimedParts:
         self._retired: dict[PartId, Counter[str]] = {}
         # Workers this relay told to stop; any other that ends did so on its own.
         self._told_to_stop: set[PartWorker] = set()
+        # Set when a worker starts waiting for news: the commit probe sleeps while none
+        # waits (a busy part polls again by itself) and looks as soon as one does.
+        self._part_waits = threading.Event()
 
     # -- statistics --------------------------------------------------------------------
 
@@ -84,6 +88,18 @@ class ClaimedParts:
             wanted = self._types.get(part)
             if aggregate_types is None or wanted is None or not wanted.isdisjoint(aggregate_types):
                 worker.wake()
+
+    def waiting(self) -> bool:
+        """Whether some worker's last poll found nothing new (a wake-up can help it)."""
+        return any(worker.waiting for worker in list(self.workers.values()))
+
+    def wait_for_waiting(self, timeout: float) -> None:
+        """Return once a worker may have started waiting since the last call, or after
+        ``timeout`` seconds; the caller checks :meth:`waiting` next."""
+        self._part_waits.wait(timeout)
+        # Cleared before the caller's check: a worker that starts waiting later sets it
+        # again (after its flag), so the next call returns at once.
+        self._part_waits.clear()
 
     # -- rebalancing -------------------------------------------------------------------
 
@@ -159,6 +175,7 @@ class ClaimedParts:
             poll_interval=self._ctx.settings.poll_interval,
             hook=self._tracing.hook(),
             kafka_checkpoint=self._ctx.settings.delivery == "transactional",
+            on_wait=self._part_waits.set,
         )
         self.workers[part] = worker
         worker.start()

@@ -254,10 +254,14 @@ class PartWorker:
         scheduler: PartScheduler | None = None,
         producers: ProducerPool | None = None,
         kafka_checkpoint: bool = False,
+        on_wait: Callable[[], None] | None = None,
     ) -> None:
         # Transactional delivery: each Kafka transaction holds the part's checkpoint too,
         # and recovery adopts it, so the Postgres one need not wait for the WAL flush.
         self._kafka_checkpoint = kafka_checkpoint
+        # Called when :attr:`waiting` turns true: the commit probe looks for news only
+        # while some part waits for it.
+        self._on_wait = on_wait
         # Told of each committed batch: the latency histogram, and spans if tracing is on.
         self.hook = hook if hook is not None else PublishHook()
         self.part = part
@@ -288,6 +292,7 @@ class PartWorker:
         self._ahead: _Batch | None = None  # the next batch, prepared while the last travelled
         self._repolls: Iterator[float] = iter(())
         self._waited = False  # the last step found nothing and waited
+        self._caught_up = False  # the last fetch found nothing new (idle polls keep it)
         self._failures = 0
 
     # -- what the relay calls ------------------------------------------------------------
@@ -303,6 +308,12 @@ class PartWorker:
     def wake(self) -> None:
         """Something may have been committed for this part: poll it soon."""
         self._scheduler.wake(self)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether its last poll found nothing new: only then can :meth:`wake` help it
+        (a part with a backlog polls again by itself)."""
+        return self._caught_up
 
     def is_alive(self) -> bool:
         return not self._ended.is_set()
@@ -439,7 +450,11 @@ class PartWorker:
             if woken:
                 self._repolls = iter(_HORIZON_REPOLL_S)
             self._waited = True
+            was_caught_up, self._caught_up = self._caught_up, True
+            if not was_caught_up and self._on_wait is not None:
+                self._on_wait()  # after the flag: the probe checks it once told
             return next(self._repolls, self._poll_interval)
+        self._caught_up = False
         if not batch.events:
             # Only rows the subscriber does not take: the Postgres checkpoint alone moves,
             # and no producer is needed (what Kafka holds of the part stays as it is).

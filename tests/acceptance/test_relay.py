@@ -224,6 +224,24 @@ def test_two_subscribers_with_different_filters_routes_and_formats(
     )
 
 
+def test_a_part_that_drained_its_backlog_is_woken_by_the_probe_not_its_timer(
+    writer_db: psycopg.Connection[Any],
+    outbox: Outbox,
+    start_relay: StartRelay,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+) -> None:
+    """The commit probe looks only while a part waits for news (#31). While the part
+    drains its backlog the probe rests; once it has caught up, a new commit still
+    reaches Kafka, though the part's own poll timer is five minutes away."""
+    write_orders(writer_db, outbox, [f"o-{n}" for n in range(50)])
+    start_relay(subscribers=[sub("s", topic_prefix)], poll_interval=300, batch_size=10)
+    topics = [topic_prefix + "outbox.event.order"]
+    assert len(consume(kafka_bootstrap, topics, 50)) == 50
+    write_orders(writer_db, outbox, ["late"])
+    assert "late" in keys(consume(kafka_bootstrap, topics, 51))
+
+
 def test_a_subscriber_of_one_type_reads_past_other_types_and_rests_when_idle(
     db: psycopg.Connection[Any],
     writer_db: psycopg.Connection[Any],

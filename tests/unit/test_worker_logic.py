@@ -455,3 +455,48 @@ def test_recovery_records_the_dead_letters_of_the_kafka_checkpoint_it_adopts() -
     assert kafka.transactions == [] and w.stats.recovered == 1
     [(key, decision)] = store.dead["s"].values()
     assert key == poison.key and decision.topic == "dlq"
+
+
+class _CountingStore(InMemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fetches = 0
+
+    def fetch(self, after: Position, selection: Selection) -> Fetched:
+        self.fetches += 1
+        return super().fetch(after, selection)
+
+
+def test_a_part_says_it_waits_once_it_catches_up_not_while_it_drains() -> None:
+    # The commit probe looks for news only while some part waits (issue #31).
+    store = claimed(store=_CountingStore())
+    assert isinstance(store, _CountingStore)
+    for n in range(5):
+        store.append(event(n))
+    kafka = InMemoryPublisher()
+    seen: list[tuple[bool, int]] = []  # (waiting, events published) at each call
+    w = PartWorker(
+        PartId("s", 0),
+        session=RelaySession(OWNER, timeout=60, heartbeat_interval=1),
+        open_store=lambda: store,
+        open_publisher=lambda state: kafka,
+        encoder=RecordEncoder(None),
+        batch_size=1,
+        poll_interval=0.01,
+        on_wait=lambda: seen.append((w.waiting, len(kafka.published()))),
+    )
+    assert not w.waiting
+    w.start()
+    try:
+        wait_until(lambda: len(seen) >= 1, what="the part catching up")
+        fetches = store.fetches
+        wait_until(lambda: store.fetches >= fetches + 3, what="idle polls")
+        assert len(seen) == 1  # idle polls that find nothing do not say it again
+        store.append(event(5))
+        w.wake()
+        wait_until(lambda: len(seen) >= 2, what="the part catching up again")
+    finally:
+        w.stop()
+        w.join(10)
+    # Told after the whole backlog (one event a batch), with the flag already up.
+    assert seen == [(True, 5), (True, 6)]
