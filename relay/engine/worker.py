@@ -741,9 +741,10 @@ class PartWorker:
                     return current
                 if current.checkpoint != state.checkpoint:
                     # Moved in the same generation: a restored database, a key-space
-                    # rebase or a crash that lost asynchronous advances, not an operator. Going on from it would publish again what
-                    # this batch committed; recovery adopts the batch's Kafka-side
-                    # checkpoint instead, with its checks (docs/design.md §6).
+                    # rebase or a crash that lost asynchronous advances, not an
+                    # operator. Going on from it would publish again what this batch
+                    # committed; recovery adopts the batch's Kafka-side checkpoint
+                    # instead, with its checks (docs/design.md §6).
                     raise CheckpointConflict(
                         f"part {self.part}: checkpoint moved to {current.checkpoint} "
                         f"in the same generation"

@@ -457,20 +457,10 @@ def test_recovery_records_the_dead_letters_of_the_kafka_checkpoint_it_adopts() -
     assert key == poison.key and decision.topic == "dlq"
 
 
-class _CountingStore(InMemoryStore):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fetches = 0
-
-    def fetch(self, after: Position, selection: Selection) -> Fetched:
-        self.fetches += 1
-        return super().fetch(after, selection)
-
-
 def test_a_part_says_it_waits_once_it_catches_up_not_while_it_drains() -> None:
     # The commit probe looks for news only while some part waits (issue #31).
-    store = claimed(store=_CountingStore())
-    assert isinstance(store, _CountingStore)
+    store = claimed(store=CountingStore())
+    assert isinstance(store, CountingStore)
     for n in range(5):
         store.append(event(n))
     kafka = InMemoryPublisher()
