@@ -52,6 +52,7 @@ DEMO_TOPICS = ("outbox.event.order", "outbox.event.customer")
 ROLLBACK_SHARE = 0.05  # of demo transactions, rolled back on purpose
 LATENCY_WINDOW = 1000  # samples behind the live p50/p99
 RATE_WINDOW_S = 5.0  # published events/s is measured over this many seconds
+END_OFFSETS_TIMEOUT_S = 60.0  # a restarted broker's partitions answering again
 DRAIN_TIMEOUT_S = 5.0  # at shutdown, wait this long for committed events to arrive
 REFRESH_S = 0.5
 RECENT = 5
@@ -516,7 +517,9 @@ def _start(stack: ExitStack, demo: DemoRun) -> None:
         metrics_port=0,  # any free port: the demo must not fail on a busy 9187
     )
     _create_demo_topics(settings)
-    demo.tally.since = _end_offsets(demo.broker.bootstrap_servers)  # before the relay starts
+    demo.tally.since = _end_offsets(  # before the relay starts
+        demo.broker.bootstrap_servers, settings.topic_partitions
+    )
     consumer = DemoConsumer(demo.broker.bootstrap_servers, demo.tally)
     stack.callback(consumer.close)
     consumer.start()
@@ -545,28 +548,44 @@ def _create_demo_topics(settings: Settings) -> None:
         )
 
 
-def _end_offsets(bootstrap_servers: str) -> dict[tuple[str, int], int]:
-    """Each demo topic partition's end: what an earlier run left there."""
+def _end_offsets(bootstrap_servers: str, partitions: int) -> dict[tuple[str, int], int]:
+    """Each demo topic partition's end: what an earlier run left there.
+
+    Asked until every partition answers: a broker just restarted on an old log lists
+    its topics before their leaders are back, and a partition left out would count the
+    earlier run's records as this run's.
+    """
+    deadline = time.monotonic() + END_OFFSETS_TIMEOUT_S
     consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "outbox-relay-dev"})
     try:
-        topics = consumer.list_topics(timeout=10).topics
-        ends = {}
-        for topic in DEMO_TOPICS:
-            for partition in topics[topic].partitions if topic in topics else ():
-                _, high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=10
-                )
-                ends[(topic, partition)] = high
-        return ends
-    except KafkaException as exc:  # then every record counts, as before
-        logger.info(
-            "demo topics' offsets unknown: %s",
-            exc,
-            extra=log_extra("demo_offsets_unknown", error=exc),
-        )
-        return {}
+        while True:
+            try:
+                return _read_end_offsets(consumer, partitions)
+            except (KafkaException, LookupError) as exc:
+                if time.monotonic() >= deadline:  # then every record counts, and it says so
+                    logger.warning(
+                        "demo topics' offsets unknown, the summary counts earlier runs' "
+                        "records too: %s",
+                        exc,
+                        extra=log_extra("demo_offsets_unknown", error=exc),
+                    )
+                    return {}
+                time.sleep(0.5)
     finally:
         consumer.close()
+
+
+def _read_end_offsets(consumer: Consumer, partitions: int) -> dict[tuple[str, int], int]:
+    topics = consumer.list_topics(timeout=10).topics
+    ends = {}
+    for topic in DEMO_TOPICS:
+        found = topics[topic].partitions if topic in topics else {}
+        if topic in topics and len(found) < partitions:
+            raise LookupError(f"{topic} lists {len(found)} of its {partitions} partitions")
+        for partition in found:
+            _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            ends[(topic, partition)] = high
+    return ends
 
 
 def _start_relay(stack: ExitStack, demo: DemoRun, settings: Settings) -> None:
