@@ -107,7 +107,7 @@ class SubscriberSync:
                 "created" if created else "updated",
                 declared.name,
                 extra=log_extra(
-                    "subscriber_from_config", subscriber=declared.name, created=created
+                    "subscriber_from_config", subscriber=declared.name, new=created
                 ),
             )
         if not store.list():

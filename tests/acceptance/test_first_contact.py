@@ -95,3 +95,51 @@ def test_avro_subscribers_without_schemas_are_an_error_at_start(
     with pytest.raises(ConfigError, match=r"subscribers \['typed'\] publish Avro"):
         relay.start()
     relay.stop()
+
+
+def test_a_subscriber_declared_in_the_config_file_is_created_and_published(
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    relay_url: str,
+    kafka_bootstrap: str,
+    tmp_path: Path,
+) -> None:
+    # As deploy/relay.example.toml declares one, with the CLI's INFO logging: the line
+    # saying the subscriber was created once crashed the relay at start.
+    aggregate = f"cfg{uuid.uuid4().hex[:8]}"
+    config = tmp_path / "relay.toml"
+    config.write_text(
+        "[relay]\n"
+        "[[relay.subscribers]]\n"
+        'name = "from-config"\n'
+        'value_format = "json"\n'
+        f'aggregate_types = ["{aggregate}"]\n'
+    )
+    env = {
+        **os.environ,
+        "RELAY_DATABASE_URL": relay_url,
+        "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "RELAY_METRICS_PORT": "0",
+        "RELAY_LOG_LEVEL": "INFO",
+        "PYTHONPATH": str(REPO),
+    }
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "relay", "--config", str(config), "run"],
+        cwd=tmp_path,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        writer_db.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+            "VALUES (%s, '7', 'Configured', '{\"n\": 7}')",
+            (aggregate,),
+        )
+        seen = consume(kafka_bootstrap, [f"outbox.event.{aggregate}"], 1, timeout=60)
+    finally:
+        relay.terminate()
+        _, stderr = relay.communicate(timeout=60)
+    assert relay.returncode == 0, stderr
+    assert [json.loads(s.value) for s in seen] == [{"n": 7}], stderr
+    assert "created subscriber from-config from config" in stderr

@@ -24,6 +24,9 @@ PACKAGES = ("relay", "spark_jobs")
 # deploy/prometheus/alerts.yml name them, and operators' filters may match them.
 DOCUMENTED_DOTTED = {"registry.unreachable", "registry.reachable"}
 _SNAKE = re.compile(r"[a-z][a-z0-9]*(_[a-z0-9]+)*")
+# A field named like a LogRecord attribute makes logging raise KeyError for the line (a
+# relay declaring a subscriber in its config once crashed at start on "created").
+_RECORD_ATTRIBUTES = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
 _LEVELS = {"debug", "info", "warning", "warn", "error", "exception", "critical", "log"}
 
 
@@ -72,6 +75,9 @@ def _fault(call: ast.Call) -> str | None:
         return "no constant event name"
     if not _SNAKE.fullmatch(event.value) and event.value not in DOCUMENTED_DOTTED:
         return f"event {event.value!r} is not snake_case"
+    clashing = sorted(k.arg for k in extra.keywords if k.arg in _RECORD_ATTRIBUTES)
+    if clashing:
+        return f"fields {clashing} are LogRecord attributes"
     return None
 
 
@@ -100,11 +106,13 @@ def test_the_check_sees_the_log_lines() -> None:
         '_log.info("x", extra={"event": "a_b"})\n'
         '_log.info("x", extra=log_extra("registry.schema_id"))\n'
         '_log.info("x")\n'
+        '_log.info("x", extra=log_extra("a_b", created=True))\n'
     )
     assert [_fault(c) for c in _log_calls(ast.parse(source))] == [
         "extra not built by a log_extra helper",
         "event 'registry.schema_id' is not snake_case",
         "no extra",
+        "fields ['created'] are LogRecord attributes",
     ]
 
 
