@@ -98,7 +98,15 @@ def producer_config(
         **overrides,
     }
     # Not negotiable: without these, retries may reorder or duplicate within a key.
-    config.update({"enable.idempotence": True, "acks": "all"})
+    # One request in flight per broker: with more, a batch refused as "not leader" (a
+    # partition just created, or whose leader just moved) was counted delivered when a
+    # later batch of the same producer succeeded ("implicitly acked") while the broker,
+    # holding no state for the producer there, took that later batch as the first: the
+    # earlier records were lost, and a transaction committed without them (seen in CI;
+    # confluentinc/confluent-kafka-go#921). One in flight retries the refused batch first.
+    config.update(
+        {"enable.idempotence": True, "acks": "all", "max.in.flight.requests.per.connection": 1}
+    )
     return config
 
 
