@@ -164,6 +164,9 @@ class KafkaBatchSink:
                     {
                         "transactional.id": f"spark-sink.{self.sink}",
                         "enable.idempotence": True,
+                        # With more in flight, a batch refused "not leader" can be
+                        # counted delivered and dropped (docs/design.md §5).
+                        "max.in.flight.requests.per.connection": 1,
                         "linger.ms": 5,
                     }
                 )
