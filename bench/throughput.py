@@ -322,7 +322,13 @@ def keyset_produce(url: str, producer: Producer, topic: str, transactional: bool
 
 
 def _producer(bootstrap: str, transactional_id: str | None) -> Producer:
-    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "enable.idempotence": True}
+    # The relay's safety settings (relay/adapters/kafka/kafka.py producer_config): a
+    # ceiling that may lose records is no ceiling.
+    config: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "enable.idempotence": True,
+        "max.in.flight.requests.per.connection": 1,
+    }
     if transactional_id is not None:
         config["transactional.id"] = f"{transactional_id}.ceiling"
     return Producer(config)
