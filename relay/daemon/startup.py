@@ -106,9 +106,7 @@ class SubscriberSync:
                 "%s subscriber %s from config",
                 "created" if created else "updated",
                 declared.name,
-                extra=log_extra(
-                    "subscriber_from_config", subscriber=declared.name, new=created
-                ),
+                extra=log_extra("subscriber_from_config", subscriber=declared.name, new=created),
             )
         if not store.list():
             default = Subscriber(DEFAULT_SUBSCRIBER, value_format=self.default_format)
