@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import bisect
 import functools
+import json
 import statistics
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -75,6 +76,26 @@ class Trace:
         self.fetched: dict[str, float] = {}
         self.committed: dict[str, float] = {}
         self.local = threading.local()  # inside the read-ahead?
+        # librdkafka's statistics, the last of each producer: requests sent, by type.
+        self.requests: dict[str, Counter[str]] = {}
+
+    def statistics(self, report: str) -> None:
+        stats = json.loads(report)
+        sent: Counter[str] = Counter()
+        for broker in stats.get("brokers", {}).values():
+            sent.update({kind: n for kind, n in broker.get("req", {}).items() if n})
+        with self.lock:
+            self.requests[stats["name"]] = sent
+
+    def requests_per_transaction(self) -> dict[str, float]:
+        """Each transactional request type, per committed transaction (EndTxn): above
+        1 for AddPartitionsToTxn, the retries librdkafka made (CONCURRENT_TRANSACTIONS
+        while the last transaction's markers are written gets a fixed 20 ms wait)."""
+        with self.lock:
+            total = sum(self.requests.values(), Counter())
+        ends = total.get("EndTxn", 0)
+        kinds = ("AddPartitionsToTxn", "AddOffsetsToTxn", "TxnOffsetCommit", "Produce")
+        return {kind: round(total.get(kind, 0) / ends, 3) for kind in kinds} if ends else {}
 
     def span(self, phase: str, began: float) -> None:
         with self.lock:
@@ -100,6 +121,7 @@ def traced() -> Iterator[Trace]:
     patch(_BatchProducer, "_produce_all", lambda f: _timed(trace, "produce", f))
     patch(TransactionalPublisher, "_call", lambda f: _call(trace, f))
     patch(PublishHook, "published", lambda f: _published(trace, f))
+    patch(_BatchProducer, "_new_producer", lambda f: _with_statistics(trace, f))
     try:
         yield trace
     finally:
@@ -172,6 +194,20 @@ def _call(trace: Trace, f: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _with_statistics(trace: Trace, f: Callable[..., Any]) -> Callable[..., Any]:
+    """A producer that reports its statistics (served by the flush each commit does)."""
+
+    def wrapper(self: Any) -> Any:
+        self._config = {
+            **self._config,
+            "statistics.interval.ms": 500,
+            "stats_cb": trace.statistics,
+        }
+        return f(self)
+
+    return wrapper
+
+
 def _published(trace: Trace, f: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(self: Any, events: Any, *args: Any) -> Any:
         now = time.monotonic()
@@ -215,6 +251,7 @@ def traced_run(stack: Stack, scale: Scale) -> dict[str, Any]:
         "events": {k: round(statistics.median(v) * 1000, 3) for k, v in parts.items() if v},
         "events_p90": {k: round(_quantile(v, 0.9) * 1000, 3) for k, v in parts.items() if v},
         "phases": phases,
+        "requests_per_transaction": trace.requests_per_transaction(),
         "missing": samples.missing,
     }
 
@@ -286,4 +323,9 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
                                  Repeated(median), "ms", details={"calls": calls}))  # fmt: skip
         figures.append(Figure.of("eos_phases", f"phase {phase}: share of the run",
                                  Repeated(share), "%"))  # fmt: skip
+    adds = tuple(r["requests_per_transaction"].get("AddPartitionsToTxn", 0.0) for r in runs)
+    figures.append(Figure.of("eos_phases", "AddPartitionsToTxn requests per transaction",
+                             Repeated(adds), "req", details={
+                                 "per_transaction": [r["requests_per_transaction"] for r in runs]
+                             }))  # fmt: skip
     return figures
