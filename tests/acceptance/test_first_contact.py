@@ -19,6 +19,28 @@ from relay.errors import ConfigError
 from tests.support import REPO, consume, run_cli, wait_caught_up
 
 
+def _relay_process(
+    relay_url: str, kafka_bootstrap: str, cwd: Path, *options: str, **env: str
+) -> subprocess.Popen[str]:
+    """``python -m relay [options] run`` in ``cwd``, as the relay role, its stderr piped."""
+    environment = {
+        **os.environ,
+        "RELAY_DATABASE_URL": relay_url,
+        "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "RELAY_METRICS_PORT": "0",
+        "PYTHONPATH": str(REPO),
+        **env,
+    }
+    environment.pop("RELAY_SCHEMAS_DIR", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "relay", *options, "run"],
+        cwd=cwd,
+        env=environment,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def test_plain_sql_rows_of_any_event_type_are_published_without_schemas(
     db: psycopg.Connection[Any],
     writer_db: psycopg.Connection[Any],
@@ -27,22 +49,8 @@ def test_plain_sql_rows_of_any_event_type_are_published_without_schemas(
     tmp_path: Path,
 ) -> None:
     aggregate = f"shop{uuid.uuid4().hex[:8]}"
-    env = {
-        **os.environ,
-        "RELAY_DATABASE_URL": relay_url,
-        "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "RELAY_METRICS_PORT": "0",
-        "PYTHONPATH": str(REPO),
-    }
-    env.pop("RELAY_SCHEMAS_DIR", None)
     # From a folder without schemas/, as a user's own project would be.
-    relay = subprocess.Popen(
-        [sys.executable, "-m", "relay", "run"],
-        cwd=tmp_path,
-        env=env,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    relay = _relay_process(relay_url, kafka_bootstrap, tmp_path)
     try:
         for event_type in ("OrderPlaced", "SomethingNobodyDeclared"):
             writer_db.execute(
@@ -115,20 +123,8 @@ def test_a_subscriber_declared_in_the_config_file_is_created_and_published(
         'value_format = "json"\n'
         f'aggregate_types = ["{aggregate}"]\n'
     )
-    env = {
-        **os.environ,
-        "RELAY_DATABASE_URL": relay_url,
-        "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "RELAY_METRICS_PORT": "0",
-        "RELAY_LOG_LEVEL": "INFO",
-        "PYTHONPATH": str(REPO),
-    }
-    relay = subprocess.Popen(
-        [sys.executable, "-m", "relay", "--config", str(config), "run"],
-        cwd=tmp_path,
-        env=env,
-        stderr=subprocess.PIPE,
-        text=True,
+    relay = _relay_process(
+        relay_url, kafka_bootstrap, tmp_path, "--config", str(config), RELAY_LOG_LEVEL="INFO"
     )
     try:
         writer_db.execute(
