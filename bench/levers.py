@@ -1,4 +1,4 @@
-"""Two of issue #31's levers, measured in-process (``time.thread_time``), no Kafka, no
+"""Three of issue #31's levers, measured in-process (``time.thread_time``), no Kafka, no
 relay: what each would save per event, and what it would change.
 
 The outbox holds the throughput bench's rows (bench/harness.py ``fill_outbox``: ~300-byte
@@ -24,6 +24,12 @@ per event.
    fetched, no payload loaded, no event built); *bytes tuples* (the bytes rows, no
    events built); *execute only* (the query run and its result received, no row loaded: the floor
    under every side). The connection is made outside the clock.
+3. **The session's time zone.** psycopg loads each row's ``occurred_at`` into the
+   session's zone, and the commit-latency histogram subtracts it from now for every event
+   published (``ages_of``). Sides: the store's fetch plus ``ages_of`` over its events,
+   in a session whose ``TimeZone`` is ``Europe/Berlin`` or ``Etc/UTC`` (zoneinfo zones,
+   as a server's default makes them) or ``UTC`` (what the daemon sets since #31:
+   ``datetime.timezone.utc``). The two steps are timed apart.
 
 The garbage collector is set as ``outbox-relay run`` sets it (``tune_gc``) throughout.
 """
@@ -57,6 +63,7 @@ from relay.core.model import OutboxEvent, Position, Unreadable
 from relay.core.ports import Selection
 from relay.daemon import tune_gc
 from relay.engine.encoding import _json_value
+from relay.observability.tracing import ages_of
 
 MAX_BYTES = 4 * 1024 * 1024  # the relay's default batch_max_bytes
 MAX_ROW_BYTES = 2 * 1_048_588  # twice message.max.bytes, as the relay sets it
@@ -108,7 +115,11 @@ def _run(stack: Stack, scale: Scale) -> list[Figure]:
         starts = _batch_starts(OutboxStore(conn))
         texts = _payload_texts(conn, starts[0])
         examples = [_example(conn, text) for text in EXAMPLES]
-    return _json_lever(texts, scale, examples) + _row_lever(url, starts, scale)
+    return (
+        _json_lever(texts, scale, examples)
+        + _row_lever(url, starts, scale)
+        + _zone_lever(url, starts, scale)
+    )
 
 
 # -- 1. JSON passed through ---------------------------------------------------------------
@@ -346,3 +357,46 @@ def _check_same_events(url: str, after: Position) -> None:
         raise RuntimeError("a column did not load as bytes")
     if events_from_bytes(rows) != expected:
         raise RuntimeError("events built from bytes differ from the store's")
+
+
+# -- 3. The session's time zone ------------------------------------------------------------
+
+ZONES = ("Europe/Berlin", "Etc/UTC", "UTC")
+
+
+def _zone_lever(url: str, starts: list[Position], scale: Scale) -> list[Figure]:
+    rows = len(starts) * BATCH
+    parts: dict[str, dict[str, list[float]]] = {z: {"fetch": [], "ages": []} for z in ZONES}
+
+    def side(zone: str) -> Callable[[], float]:
+        def measure() -> float:
+            fetch = ages = 0.0
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("SELECT set_config('TimeZone', %s, false)", (zone,))
+                store = OutboxStore(conn)
+                for after in starts:
+                    start = time.thread_time()
+                    events = store.fetch(after, SELECTION).events
+                    middle = time.thread_time()
+                    ages_of(events, datetime.now(UTC))
+                    fetch, ages = fetch + middle - start, ages + time.thread_time() - middle
+            parts[zone]["fetch"].append(fetch * 1e6 / rows)
+            parts[zone]["ages"].append(ages * 1e6 / rows)
+            return (fetch + ages) * 1e6 / rows
+
+        return measure
+
+    cpu = interleave({zone: side(zone) for zone in ZONES}, scale.repetitions)
+    details = {
+        "rows_per_round": rows,
+        **{
+            f"{zone}_{step}_us": Samples(tuple(values)).as_json()
+            for zone, steps in parts.items()
+            for step, values in steps.items()
+        },
+    }
+    return [
+        Figure.of("levers", f"fetch + ages CPU us/row, session in UTC vs {zone}",
+                  cpu["UTC"], "us", cpu[zone], f"session in {zone}", None, details)
+        for zone in ZONES[:2]
+    ]  # fmt: skip

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from relay.adapters.postgres.db import wrap_errors
 from relay.core.settings import load_settings
@@ -58,5 +60,42 @@ def test_pooled_connections_set_the_session_timeouts_too(
     try:
         with pool.connection() as conn:
             assert conn.execute("SHOW lock_timeout").fetchone() == ("250ms",)
+    finally:
+        pool.close()
+
+
+def test_the_daemon_reads_occurred_at_in_utc_whatever_the_servers_zone(
+    db: psycopg.Connection[Any], writer_db: psycopg.Connection[Any], relay_url: str
+) -> None:
+    """A server in a local zone: the daemon's fetch, pooled or not, still loads each
+    event's occurred_at as UTC (the cheap zone to load and subtract; the same instant),
+    and so renders it with +00:00 (a routed occurred_at, a dead letter)."""
+    from relay.adapters.postgres.pool import RelayPool
+    from relay.adapters.postgres.store import OutboxStore
+    from relay.core.model import Position
+    from relay.core.ports import Selection
+    from relay.daemon.lifecycle import session_timeouts
+
+    database = db.execute("SELECT current_database()").fetchone()
+    assert database is not None
+    db.execute(sql.SQL("ALTER DATABASE {} SET TimeZone = 'Europe/Berlin'").format(
+        sql.Identifier(database[0])))  # fmt: skip
+    writer_db.execute(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, occurred_at)"
+        " VALUES ('Order', 'o-1', 'OrderPlaced', '{}', '2026-07-01 12:00:00+00')"
+    )
+    written = datetime(2026, 7, 1, 12, tzinfo=UTC)
+    settings = load_settings(database_url=relay_url)
+    with psycopg.connect(relay_url) as plain:  # what the server's zone gives a session
+        assert plain.execute("SHOW TimeZone").fetchone() == ("Europe/Berlin",)
+    pool = RelayPool(relay_url, max_size=1, keep_free=0, timeouts=session_timeouts(settings))
+    try:
+        with connect_daemon(settings) as conn, pool.connection() as pooled:
+            for connection in (conn, pooled):
+                fetched = OutboxStore(connection).fetch(Position(0, 0), Selection(limit=10))
+                occurred_at = fetched.events[0].occurred_at
+                assert occurred_at == written
+                assert occurred_at.tzinfo is UTC
+                assert occurred_at.isoformat() == "2026-07-01T12:00:00+00:00"
     finally:
         pool.close()

@@ -299,8 +299,8 @@ def connect(
     timeouts: SessionTimeouts | None = None,
     **kwargs: Any,
 ) -> psycopg.Connection[Any]:
-    """Open a connection, mapping failures onto relay errors; with ``timeouts`` set on
-    its session (by a query rather than libpq's ``options``, which poolers refuse)."""
+    """Open a connection, mapping failures onto relay errors; with ``timeouts``, a
+    daemon's session (:func:`configure`)."""
     params = connect_params(url, autocommit=autocommit, **kwargs)
     with wrap_errors(parse_url(url).get("password")):
         conn = psycopg.connect(url, **params)
@@ -321,18 +321,21 @@ def connect_params(url: str, *, autocommit: bool = True, **kwargs: Any) -> dict[
 
 
 def configure(conn: psycopg.Connection[Any], timeouts: SessionTimeouts | None = None) -> None:
-    """What every relay connection gets once opened, pooled or not (relay/adapters/postgres/pool.py)."""
+    """What every relay connection gets once opened, pooled or not
+    (relay/adapters/postgres/pool.py). With ``timeouts`` (the daemon's connections), the
+    session's timeouts and UTC as its time zone, by a query rather than libpq's
+    ``options``, which poolers refuse."""
     if timeouts is not None:
-        _set_timeouts(conn, timeouts)
+        _configure_daemon_session(conn, timeouts)
     set_json_loads(load_json, conn)
 
 
-def _set_timeouts(conn: psycopg.Connection[Any], timeouts: SessionTimeouts) -> None:
+def _configure_daemon_session(conn: psycopg.Connection[Any], timeouts: SessionTimeouts) -> None:
     def ms(seconds: float) -> str:
         return str(round(seconds * 1000))
 
     conn.execute(
-        queries_for("public")["set_session_timeouts"],  # names no table: any schema
+        queries_for("public")["configure_daemon_session"],  # names no table: any schema
         {
             "statement_timeout": ms(timeouts.statement),
             "lock_timeout": ms(timeouts.lock),
