@@ -37,7 +37,7 @@ from relay.core.ports import (
     Publisher,
     Selection,
 )
-from relay.core.subscribers import PoisonPolicy
+from relay.core.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.engine.encoding import RecordEncoder
 from relay.engine.poison import MAX_DEAD_LETTER_ERROR_BYTES, cap, dead_letter_record
 from relay.engine.scheduling import PartScheduler, ProducerPool
@@ -775,7 +775,7 @@ class PartWorker:
         halted."""
         subscriber = state.subscriber
         encode = self._encoder.for_subscriber(subscriber)
-        if not dead and subscriber.aggregate_types is None and subscriber.event_types is None:
+        if not dead and _in_one_loop(subscriber):
             every = _encode_every(encode, events)
             if every is not None:
                 return every, len(events)
@@ -960,13 +960,29 @@ def _joins(following: _Batch, state: PartState) -> bool:
     )
 
 
+# Formats whose encoding asks no registry: encoding an event again meets the same error.
+_LOCAL_FORMATS = frozenset({ValueFormat.JSON, ValueFormat.AVRO})
+
+
+def _in_one_loop(subscriber: Subscriber) -> bool:
+    """Whether a batch of ``subscriber`` with no dead-letter decision may be encoded by
+    :func:`_encode_every`: no filter to apply, and a format encoded locally (a registry's
+    answer may differ from one call to the next, and registering twice is not free)."""
+    return (
+        subscriber.aggregate_types is None
+        and subscriber.event_types is None
+        and subscriber.value_format in _LOCAL_FORMATS
+    )
+
+
 def _encode_every(
     encode: Callable[[OutboxEvent], KafkaRecord], events: list[OutboxEvent]
 ) -> list[KafkaRecord] | None:
     """Every event's record, in one C loop: the usual batch (no filter, no dead letter
     decided yet) needs no filter call and no dead-letter lookup per event (hashing a UUID
-    is a Python call). None when an event raised: encoding is a function of the event
-    alone, so the worker's loop meets the same error on it and applies the poison policy."""
+    is a Python call). None when an event raised: a local format's encoding is a
+    function of the event (:func:`_in_one_loop`), so the worker's loop meets the same
+    error on it and applies the poison policy."""
     try:
         return list(map(encode, events))
     except RetryableError:
