@@ -247,8 +247,8 @@ def _json_value(event: OutboxEvent, topic: str) -> bytes:
         # The same compact UTF-8 JSON as the standard library's, at a tenth of the cost
         # per event (exponents aside: 1e-7, not 1e-07). Copied out: orjson hands back the
         # 4 KiB buffer it wrote into, whatever the value's length. A batch keeps its
-        # records until the commit, so 5,000 small values held 20 MB, and each took a
-        # fresh page from the kernel: about 2 us per event (bench/README.md, levers).
+        # records until the commit, so 5,000 small values held 20 MB under the 4 MiB
+        # batch_max_bytes (docs/design.md, "What a record holds").
         return memoryview(orjson.dumps(event.payload)).tobytes()
     except orjson.JSONEncodeError:
         pass  # integers beyond 64 bits, nesting beyond 255: the standard library

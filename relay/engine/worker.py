@@ -986,7 +986,7 @@ def _encode_every(
     try:
         return list(map(encode, events))
     except RetryableError:
-        raise  # the registry is down, say: the batch waits and is retried
+        raise  # not the event's fault: the batch waits and is retried, as in the loop
     except Exception:
         return None
 
