@@ -34,6 +34,11 @@ if TYPE_CHECKING:  # the registry client is imported only by relays that use it
     from relay.adapters.registry.registry_format import RegistryValueEncoder
 
 
+# Value formats encoded without asking a registry: encoding an event again gives the
+# same record or the same error (the worker encodes their batches in one loop).
+LOCAL_FORMATS = frozenset({ValueFormat.JSON, ValueFormat.AVRO})
+
+
 class RecordEncoder:
     """Turns events into records: :meth:`for_subscriber` chooses, once per subscriber,
     how its events are encoded (value format, key format, topic, routing), and the

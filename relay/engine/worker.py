@@ -37,8 +37,8 @@ from relay.core.ports import (
     Publisher,
     Selection,
 )
-from relay.core.subscribers import PoisonPolicy, Subscriber, ValueFormat
-from relay.engine.encoding import RecordEncoder
+from relay.core.subscribers import PoisonPolicy, Subscriber
+from relay.engine.encoding import LOCAL_FORMATS, RecordEncoder
 from relay.engine.poison import MAX_DEAD_LETTER_ERROR_BYTES, cap, dead_letter_record
 from relay.engine.scheduling import PartScheduler, ProducerPool
 from relay.engine.sessions import RelaySession
@@ -960,10 +960,6 @@ def _joins(following: _Batch, state: PartState) -> bool:
     )
 
 
-# Formats whose encoding asks no registry: encoding an event again meets the same error.
-_LOCAL_FORMATS = frozenset({ValueFormat.JSON, ValueFormat.AVRO})
-
-
 def _in_one_loop(subscriber: Subscriber) -> bool:
     """Whether a batch of ``subscriber`` with no dead-letter decision may be encoded by
     :func:`_encode_every`: no filter to apply, and a format encoded locally (a registry's
@@ -971,7 +967,7 @@ def _in_one_loop(subscriber: Subscriber) -> bool:
     return (
         subscriber.aggregate_types is None
         and subscriber.event_types is None
-        and subscriber.value_format in _LOCAL_FORMATS
+        and subscriber.value_format in LOCAL_FORMATS
     )
 
 
@@ -985,10 +981,8 @@ def _encode_every(
     error on it and applies the poison policy."""
     try:
         return list(map(encode, events))
-    except RetryableError:
-        raise  # not the event's fault: the batch waits and is retried, as in the loop
     except Exception:
-        return None
+        return None  # the loop meets it again: poison, the relay's config, or a retry
 
 
 def _letters(events: list[OutboxEvent], dead: dict[UUID, DeadLetterDecision]) -> list[DeadLetter]:
