@@ -9,6 +9,7 @@ from relay.adapters.kafka.kafka import (
     TransactionalPublisher,
     producer_config,
 )
+from relay.adapters.kafka.turns import TurnTakingPublisher, second_transactional_id
 from relay.core.ports import PartState, Publisher
 from relay.core.settings import Settings
 from relay.core.subscribers import TopicGuard
@@ -47,12 +48,18 @@ class PublisherFactory:
         if s.delivery == "idempotent":
             return IdempotentPublisher(config, self._topics, s.delivery_timeout)
         name = f"{s.kafka_id_prefix}.{state.name}.{state.part}"
-        return TransactionalPublisher(
-            config,
-            self._topics,
-            s.delivery_timeout,
-            transactional_id=f"{name}.{state.subscriber_id}",
-            group_prefix=name,
-            checkpoint_topic=s.checkpoint_topic,
-            consumer_config={**s.kafka, "bootstrap.servers": self._bootstrap_servers},
-        )
+        first = f"{name}.{state.subscriber_id}"
+        ids = [first, second_transactional_id(first)][: s.transaction_producers]
+        publishers = [
+            TransactionalPublisher(
+                config,
+                self._topics,
+                s.delivery_timeout,
+                transactional_id=transactional_id,
+                group_prefix=name,
+                checkpoint_topic=s.checkpoint_topic,
+                consumer_config={**s.kafka, "bootstrap.servers": self._bootstrap_servers},
+            )
+            for transactional_id in ids
+        ]
+        return publishers[0] if len(publishers) == 1 else TurnTakingPublisher(publishers)

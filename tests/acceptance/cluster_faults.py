@@ -25,6 +25,7 @@ from confluent_kafka.admin import AdminClient
 
 from relay import Outbox
 from relay.adapters.kafka.topic_reader import KafkaTopicReader
+from relay.adapters.kafka.turns import second_transactional_id
 from relay.core.schemas import SchemaFolder
 from relay.core.settings import load_settings
 from relay.daemon import Relay
@@ -296,7 +297,7 @@ def kill_coordinator(
 ) -> None:
     """``kill -9`` the node coordinating most of ``ids``; restart it later."""
     coordinator = coordinators(cluster, ids).most_common(1)[0][0]
-    kill_and_restart(cluster, coordinator, down_for, log, "coordinates most parts", while_down)
+    kill_and_restart(cluster, coordinator, down_for, log, "coordinates most producers", while_down)
 
 
 def kill_leader_and_coordinator(
@@ -317,11 +318,11 @@ def kill_leader_and_coordinator(
         kill_leader(cluster, topics, log, while_down, down_for)
         kill_coordinator(cluster, ids, log, while_down, down_for)
         return
-    what = f"coordinates {ranked[0][1]} of {len(ids)} parts, leads {led[node]} partitions"
+    what = f"coordinates {ranked[0][1]} of {len(ids)} producers, leads {led[node]} partitions"
     kill_and_restart(cluster, node, down_for, log, what, while_down)
 
 
-#: (cluster, the topics written, the parts' transactional ids, the log, while_down,
+#: (cluster, the topics written, the parts' producers' transactional ids, the log, while_down,
 #: how long a killed node stays down)
 Fault = Callable[[LocalKafkaCluster, list[str], list[str], list[str], WhileDown, float], None]
 FAULTS: dict[str, Fault] = {
@@ -388,7 +389,8 @@ def ride_out(
                 write_orders(writer, outbox, [f"first-{i}" for i in range(40)])
             wait_caught_up(db, "s", timeout=60)  # the topic exists, every part publishes
             assert replicas(cluster, [topic, TRANSACTION_STATE]) == {3}
-            ids = [f"outbox-relay.s.{p}.{subscriber_id(db)}" for p in range(PARTS)]
+            firsts = [f"outbox-relay.s.{p}.{subscriber_id(db)}" for p in range(PARTS)]
+            ids = [*firsts, *map(second_transactional_id, firsts)]  # producers taking turns
             writers.start()
             started = time.monotonic()
             probe.start()

@@ -189,11 +189,12 @@ def test_a_new_owner_fences_the_old_producer(
     old, new = relay.publishers(state), relay.publishers(state)
     try:
         old.recover(str(state.generation))
-        new.recover(str(state.generation))  # same transactional.id: the broker fences `old`
+        new.recover(str(state.generation))  # same transactional ids: the broker fences `old`
         [event] = store.fetch(state.checkpoint, Selection(10)).events
         record = relay.encoder.encode(event, state.subscriber)
-        with pytest.raises(ProducerFenced):
-            old.publish(Batch([record], event.key, str(state.generation)))
+        for _ in range(2):  # each of the part's two producers, taking turns
+            with pytest.raises(ProducerFenced):
+                old.publish(Batch([record], event.key, str(state.generation)))
         new.publish(Batch([record], event.key, str(state.generation)))
     finally:
         old.close()

@@ -16,6 +16,7 @@ from uuid import UUID
 import pytest
 
 from relay.adapters.kafka.kafka import TopicCreator, TransactionalPublisher
+from relay.adapters.kafka.turns import TurnTakingPublisher, second_transactional_id
 from relay.core.model import KafkaCheckpoint, KafkaRecord, Position
 from relay.core.ports import Batch, Extension, Publisher
 from relay.errors import BrokerUnavailable
@@ -127,6 +128,20 @@ class PublisherContract:
         publisher.publish(Batch([record(topic, 0)], Position(10, 1), generation))
         assert take_over(open_publisher, str(uuid.uuid4())).checkpoint is None
 
+    def test_batches_in_a_row_leave_the_last_ones_checkpoint(
+        self, open_publisher: OpenPublisher, topic: str, read: Read, generation: str
+    ) -> None:
+        """A part publishing back to back: every batch once, the last one's checkpoint
+        (two producers taking turns commit it alternately to one group)."""
+        publisher = take_over(open_publisher, generation).publisher
+        records = [record(topic, n) for n in range(5)]
+        for n, one in enumerate(records):
+            publisher.publish(Batch([one], Position(10 + n, 1), generation))
+        assert take_over(open_publisher, generation).checkpoint == KafkaCheckpoint(
+            Position(14, 1), SPACE, message_of(records[-1])
+        )
+        assert sorted(read(5)) == [f"k{n}" for n in range(5)]
+
     def test_a_batch_of_nothing_leaves_the_kafka_side_checkpoint_alone(
         self, open_publisher: OpenPublisher, topic: str, generation: str
     ) -> None:
@@ -164,22 +179,30 @@ def message_of(record: KafkaRecord) -> UUID:
 
 
 @contextmanager
-def kafka_publishers(bootstrap: str, prefix: str, part: str) -> Iterator[OpenPublisher]:
+def kafka_publishers(
+    bootstrap: str, prefix: str, part: str, *, producers: int = 1
+) -> Iterator[OpenPublisher]:
     """Opens transactional publishers of one part on Apache Kafka, each a new owner of
-    it; closes them all on exit."""
+    it (with ``producers=2``, two taking turns, as the relay opens them); closes them
+    all on exit."""
     config = {"bootstrap.servers": bootstrap}
     opened: list[Publisher] = []
+    ids = [f"{prefix}{part}", second_transactional_id(f"{prefix}{part}")][:producers]
 
     def open_publisher() -> Publisher:
-        publisher = TransactionalPublisher(
-            config,
-            TopicCreator(config),
-            10.0,
-            transactional_id=f"{prefix}{part}",
-            group_prefix=f"{prefix}{part}",
-            checkpoint_topic=f"{prefix}checkpoints",
-            consumer_config=config,
-        )
+        legs = [
+            TransactionalPublisher(
+                config,
+                TopicCreator(config),
+                10.0,
+                transactional_id=transactional_id,
+                group_prefix=f"{prefix}{part}",
+                checkpoint_topic=f"{prefix}checkpoints",
+                consumer_config=config,
+            )
+            for transactional_id in ids
+        ]
+        publisher = legs[0] if len(legs) == 1 else TurnTakingPublisher(legs)
         opened.append(publisher)
         return publisher
 

@@ -11,7 +11,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from relay.core.model import Position
 from relay.core.ports import Batch
-from relay.errors import PoisonRecordError
+from relay.errors import PoisonRecordError, ProducerFenced
 from tests.contracts.publisher import (
     OpenPublisher,
     PublisherContract,
@@ -38,6 +38,47 @@ class TestTransactionalPublisher(PublisherContract):
             return keys(consume(kafka_bootstrap, [topic], expected))
 
         return read
+
+
+class TestTurnTakingPublisher(TestTransactionalPublisher):
+    """Two transactional producers of the part taking turns, as the relay opens them."""
+
+    @pytest.fixture
+    def open_publisher(self, kafka_bootstrap: str, topic_prefix: str) -> Iterator[OpenPublisher]:
+        part = uuid.uuid4().hex
+        with kafka_publishers(kafka_bootstrap, topic_prefix, part, producers=2) as opener:
+            yield opener
+
+
+def test_turns_keep_a_keys_order(kafka_bootstrap: str, topic_prefix: str) -> None:
+    """One key's records, a transaction each, on two producers taking turns: the topic
+    holds them in the order published."""
+    topic = f"{topic_prefix}ordered"
+    values = [str(n).encode() for n in range(8)]
+    with kafka_publishers(kafka_bootstrap, topic_prefix, "p", producers=2) as open_publisher:
+        publisher = open_publisher()
+        publisher.recover("g")
+        for n, value in enumerate(values):
+            one = record(topic, 0)._replace(value=value)
+            publisher.publish(Batch([one], Position(10 + n, 1), "g"))
+    assert [r.value for r in consume(kafka_bootstrap, [topic], len(values))] == values
+
+
+def test_a_new_owner_fences_both_producers(kafka_bootstrap: str, topic_prefix: str) -> None:
+    """Taking the part over fences each of the old owner's producers: neither can
+    commit again, so no earlier owner's transaction lands after the checkpoint read."""
+    topic = f"{topic_prefix}fenced"
+    with kafka_publishers(kafka_bootstrap, topic_prefix, "p", producers=2) as open_publisher:
+        old = open_publisher()
+        old.recover("g")
+        old.publish(Batch([record(topic, 0)], Position(10, 1), "g"))  # the first producer
+        new = open_publisher()
+        assert new.recover("g") is not None
+        for n in (1, 2):  # the second producer's turn, then the first's again
+            with pytest.raises(ProducerFenced):
+                old.publish(Batch([record(topic, n)], Position(10 + n, 1), "g"))
+        new.publish(Batch([record(topic, 3)], Position(13, 1), "g"))
+    assert sorted(keys(consume(kafka_bootstrap, [topic], 2, quiet=2.0))) == ["k0", "k3"]
 
 
 def test_the_record_the_broker_rejects_is_the_one_blamed(
