@@ -9,7 +9,7 @@ from relay.adapters.kafka.kafka import (
     TransactionalPublisher,
     producer_config,
 )
-from relay.adapters.kafka.turns import TurnTakingPublisher, second_transactional_id
+from relay.adapters.kafka.turns import part_publisher
 from relay.core.ports import PartState, Publisher
 from relay.core.settings import Settings
 from relay.core.subscribers import TopicGuard
@@ -48,10 +48,9 @@ class PublisherFactory:
         if s.delivery == "idempotent":
             return IdempotentPublisher(config, self._topics, s.delivery_timeout)
         name = f"{s.kafka_id_prefix}.{state.name}.{state.part}"
-        first = f"{name}.{state.subscriber_id}"
-        ids = [first, second_transactional_id(first)][: s.transaction_producers]
-        publishers = [
-            TransactionalPublisher(
+
+        def open_producer(transactional_id: str) -> Publisher:
+            return TransactionalPublisher(
                 config,
                 self._topics,
                 s.delivery_timeout,
@@ -60,6 +59,7 @@ class PublisherFactory:
                 checkpoint_topic=s.checkpoint_topic,
                 consumer_config={**s.kafka, "bootstrap.servers": self._bootstrap_servers},
             )
-            for transactional_id in ids
-        ]
-        return publishers[0] if len(publishers) == 1 else TurnTakingPublisher(publishers)
+
+        return part_publisher(
+            open_producer, f"{name}.{state.subscriber_id}", s.transaction_producers
+        )

@@ -16,7 +16,7 @@ from uuid import UUID
 import pytest
 
 from relay.adapters.kafka.kafka import TopicCreator, TransactionalPublisher
-from relay.adapters.kafka.turns import TurnTakingPublisher, second_transactional_id
+from relay.adapters.kafka.turns import part_publisher
 from relay.core.model import KafkaCheckpoint, KafkaRecord, Position
 from relay.core.ports import Batch, Extension, Publisher
 from relay.errors import BrokerUnavailable
@@ -187,22 +187,20 @@ def kafka_publishers(
     all on exit."""
     config = {"bootstrap.servers": bootstrap}
     opened: list[Publisher] = []
-    ids = [f"{prefix}{part}", second_transactional_id(f"{prefix}{part}")][:producers]
+
+    def open_producer(transactional_id: str) -> Publisher:
+        return TransactionalPublisher(
+            config,
+            TopicCreator(config),
+            10.0,
+            transactional_id=transactional_id,
+            group_prefix=f"{prefix}{part}",
+            checkpoint_topic=f"{prefix}checkpoints",
+            consumer_config=config,
+        )
 
     def open_publisher() -> Publisher:
-        legs = [
-            TransactionalPublisher(
-                config,
-                TopicCreator(config),
-                10.0,
-                transactional_id=transactional_id,
-                group_prefix=f"{prefix}{part}",
-                checkpoint_topic=f"{prefix}checkpoints",
-                consumer_config=config,
-            )
-            for transactional_id in ids
-        ]
-        publisher = legs[0] if len(legs) == 1 else TurnTakingPublisher(legs)
+        publisher = part_publisher(open_producer, f"{prefix}{part}", producers)
         opened.append(publisher)
         return publisher
 

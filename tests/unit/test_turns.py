@@ -7,7 +7,11 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from relay.adapters.kafka.turns import TurnTakingPublisher, second_transactional_id
+from relay.adapters.kafka.turns import (
+    TurnTakingPublisher,
+    part_publisher,
+    second_transactional_id,
+)
 from relay.core.model import KafkaCheckpoint, Position
 from relay.core.ports import Batch, Meanwhile
 from relay.errors import BrokerUnavailable
@@ -93,3 +97,15 @@ def test_the_second_id_is_the_first_with_a_suffix_no_other_part_ends_with() -> N
     # A part's id ends with its subscriber's UUID, which has no dot.
     first = f"outbox-relay.orders.0.{uuid4()}"
     assert second_transactional_id(first) == f"{first}.2"
+
+
+def test_a_part_publisher_is_one_producer_or_two_taking_turns() -> None:
+    opened: list[str] = []
+
+    def open_producer(transactional_id: str) -> Recording:
+        opened.append(transactional_id)
+        return Recording(transactional_id)
+
+    assert isinstance(part_publisher(open_producer, "p.s.0.u", 1), Recording)
+    assert isinstance(part_publisher(open_producer, "p.s.0.u", 2), TurnTakingPublisher)
+    assert opened == ["p.s.0.u", "p.s.0.u", "p.s.0.u.2"]

@@ -23,7 +23,7 @@ Why order and exactly-once still hold:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from uuid import UUID
 
@@ -35,6 +35,17 @@ def second_transactional_id(transactional_id: str) -> str:
     """The second producer's transactional id: the first's with ``.2``. The first keeps
     the id one producer per part always had, so an upgrade fences an older relay's."""
     return f"{transactional_id}.2"
+
+
+def part_publisher(
+    open_producer: Callable[[str], Publisher], transactional_id: str, producers: int
+) -> Publisher:
+    """A part's transactional publisher: ``open_producer(id)`` for the part's id, and with
+    ``producers=2`` for the second id too, the two taking turns."""
+    if producers == 1:
+        return open_producer(transactional_id)
+    ids = (transactional_id, second_transactional_id(transactional_id))
+    return TurnTakingPublisher([open_producer(one) for one in ids])
 
 
 class TurnTakingPublisher:
