@@ -224,3 +224,17 @@ class ProducerFenced(BrokerUnavailable):
     ``transaction.timeout.ms`` (it bumps the epoch, which fences us too). So the worker
     starts over: it reloads its claim (a peer's claim stops it) and recovers with a new
     producer."""
+
+
+class TransactionalIdRefused(ProducerFenced):
+    """The broker refuses this transactional id to the relay's principal (no ``Write`` on
+    it: an ACL). The producer is unusable, as if fenced, and the part retries until the
+    ACL is fixed; nobody without that right can commit under the id either."""
+
+    def __init__(self, transactional_id: str, reason: str, *, code: int | None = None) -> None:
+        self.transactional_id = transactional_id
+        super().__init__(
+            f"{transactional_id}: the broker refuses this transactional id ({reason}); grant "
+            "the relay's principal Write and Describe on it (deploy/README.md, ACLs)",
+            code=code,
+        )

@@ -81,6 +81,26 @@ def test_a_new_owner_fences_both_producers(kafka_bootstrap: str, topic_prefix: s
     assert sorted(keys(consume(kafka_bootstrap, [topic], 2, quiet=2.0))) == ["k0", "k3"]
 
 
+def test_one_producer_fences_the_second_id_too(kafka_bootstrap: str, topic_prefix: str) -> None:
+    """Going from two producers to one (``transaction_producers = 1``) is a rolling
+    change: the new owner fences the old owner's second producer as well, so the
+    transaction that producer would take next cannot commit behind the new owner."""
+    topic = f"{topic_prefix}fenced"
+    with (
+        kafka_publishers(kafka_bootstrap, topic_prefix, "p", producers=2) as open_two,
+        kafka_publishers(kafka_bootstrap, topic_prefix, "p", producers=1) as open_one,
+    ):
+        old = open_two()
+        old.recover("g")
+        old.publish(Batch([record(topic, 0)], Position(10, 1), "g"))  # the first producer
+        new = open_one()
+        assert new.recover("g") is not None
+        with pytest.raises(ProducerFenced):  # the second producer's turn
+            old.publish(Batch([record(topic, 1)], Position(11, 1), "g"))
+        new.publish(Batch([record(topic, 2)], Position(12, 1), "g"))
+    assert sorted(keys(consume(kafka_bootstrap, [topic], 2, quiet=2.0))) == ["k0", "k2"]
+
+
 def test_the_record_the_broker_rejects_is_the_one_blamed(
     kafka_bootstrap: str, topic_prefix: str
 ) -> None:

@@ -40,6 +40,7 @@ from relay.errors import (
     StreamVersionAhead,
     TopicRefused,
     TransactionAborted,
+    TransactionalIdRefused,
     UndefinedFunctionError,
 )
 
@@ -134,7 +135,8 @@ TRANSACTION = [
     (KafkaError.PRODUCER_FENCED, {"abort": True}, ProducerFenced),
     (KafkaError._FENCED, {}, ProducerFenced),
     (KafkaError.INVALID_PRODUCER_EPOCH, {}, ProducerFenced),
-    (KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, {}, ProducerFenced),
+    (KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, {}, TransactionalIdRefused),
+    (KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, {"fatal": True}, TransactionalIdRefused),
     (KafkaError._TIMED_OUT, {"fatal": True}, ProducerFenced),
     (KafkaError.UNSUPPORTED_VERSION, {}, BrokerError),
     (KafkaError._UNSUPPORTED_FEATURE, {"abort": True}, BrokerError),
@@ -235,6 +237,17 @@ def test_a_refused_transaction_timeout_quotes_the_setting_and_the_fix() -> None:
 def test_a_fenced_transactional_producer_is_named() -> None:
     failure = classify(kafka(KafkaError.PRODUCER_FENCED), "relay.s.0", Stage.TRANSACTION)
     assert str(failure).startswith("relay.s.0: producer fenced")
+
+
+def test_a_refused_transactional_id_names_the_id_and_the_acl_not_a_newer_owner() -> None:
+    """It was reported as "producer fenced (a newer owner ...)", which sent an operator
+    looking for another relay rather than at the broker's ACLs."""
+    code = KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    failure = classify(kafka(code), "relay.s.0.2", Stage.TRANSACTION)
+    assert isinstance(failure, TransactionalIdRefused)
+    assert failure.transactional_id == "relay.s.0.2"
+    assert str(failure).startswith("relay.s.0.2: the broker refuses this transactional id")
+    assert "Write and Describe" in str(failure) and "newer owner" not in str(failure)
 
 
 @pytest.mark.parametrize(

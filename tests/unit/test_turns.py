@@ -14,7 +14,7 @@ from relay.adapters.kafka.turns import (
 )
 from relay.core.model import KafkaCheckpoint, Position
 from relay.core.ports import Batch, Meanwhile
-from relay.errors import BrokerUnavailable
+from relay.errors import BrokerUnavailable, TransactionalIdRefused
 
 CALLS: list[str] = []
 
@@ -99,13 +99,62 @@ def test_the_second_id_is_the_first_with_a_suffix_no_other_part_ends_with() -> N
     assert second_transactional_id(first) == f"{first}.2"
 
 
-def test_a_part_publisher_is_one_producer_or_two_taking_turns() -> None:
+def test_a_part_publisher_opens_both_ids_and_takes_turns_only_with_two() -> None:
     opened: list[str] = []
 
     def open_producer(transactional_id: str) -> Recording:
         opened.append(transactional_id)
         return Recording(transactional_id)
 
-    assert isinstance(part_publisher(open_producer, "p.s.0.u", 1), Recording)
-    assert isinstance(part_publisher(open_producer, "p.s.0.u", 2), TurnTakingPublisher)
-    assert opened == ["p.s.0.u", "p.s.0.u", "p.s.0.u.2"]
+    for producers in (1, 2):
+        publisher = part_publisher(open_producer, "p", producers)
+        publisher.recover("g")
+        for n in range(3):
+            publisher.publish(batch(n))
+    assert opened == ["p", "p.2", "p", "p.2"]
+    one, two = CALLS[:6], CALLS[6:]
+    assert sorted(one[:3]) == ["p recover", "p.2 close", "p.2 recover"]
+    assert one[3:] == ["p publish 0", "p publish 1", "p publish 2"]
+    assert two[2:] == ["p publish 0", "p.2 publish 1", "p publish 2"]
+
+
+def test_with_one_producer_the_second_is_fenced_and_its_checkpoint_counts() -> None:
+    """Going from two producers to one: the new owner's recovery fences the second id
+    too, and trusts its later checkpoint, so a relay still taking turns cannot commit
+    behind it. Then the second's client is closed, and never publishes."""
+    second = Recording("b", KafkaCheckpoint(Position(9, 1)))
+    one = TurnTakingPublisher([Recording("a", KafkaCheckpoint(Position(5, 1))), second],
+                              take_turns=False)  # fmt: skip
+    assert one.recover("g") == KafkaCheckpoint(Position(9, 1))
+    one.publish(batch(1))
+    one.publish(batch(2))
+    one.close()
+    assert CALLS[2:] == ["b close", "a publish 1", "a publish 2", "a close"]
+
+
+class Refused(Recording):
+    def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
+        CALLS.append(f"{self.name} recover")
+        raise TransactionalIdRefused(self.name, "Transactional Id authorization failed")
+
+
+def test_a_second_id_the_broker_refuses_leaves_the_first_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An ACL naming each part's id literally has none for the second: the part goes on
+    with one producer (nobody can have committed under a refused id), and says why."""
+    turns = TurnTakingPublisher([Recording("a", KafkaCheckpoint(Position(5, 1))), Refused("a.2")])
+    assert turns.recover("g") == KafkaCheckpoint(Position(5, 1))
+    turns.publish(batch(1))
+    turns.publish(batch(2))
+    turns.close()
+    assert CALLS[2:] == ["a.2 close", "a publish 1", "a publish 2", "a close"]
+    (warning,) = [r for r in caplog.records if r.event == "kafka_second_producer_refused"]
+    assert warning.transactional_id == "a.2" and "first transactional id alone" in warning.message
+
+
+def test_a_first_id_the_broker_refuses_fails_the_recovery() -> None:
+    # The part's own id is the one that fences older relays: without it, no publishing.
+    turns = TurnTakingPublisher([Refused("a"), Recording("a.2")])
+    with pytest.raises(TransactionalIdRefused):
+        turns.recover("g")

@@ -28,6 +28,7 @@ from relay.errors import (
     RelayError,
     TopicRefused,
     TransactionAborted,
+    TransactionalIdRefused,
 )
 
 
@@ -231,6 +232,8 @@ def _transaction(error: KafkaError, transactional_id: str, config: Mapping[str, 
             "delivery_timeout (the relay uses 3 x delivery_timeout, at least "
             "60 s) or raise the brokers' transaction.max.timeout.ms"
         )
+    if code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
+        return TransactionalIdRefused(transactional_id, error.str(), code=code)
     if _fenced(error):
         return ProducerFenced(
             f"{transactional_id}: producer fenced (a newer owner, or the "

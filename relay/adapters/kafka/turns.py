@@ -18,17 +18,28 @@ Why order and exactly-once still hold:
   ``__consumer_offsets``), whichever transaction's markers land first.
 * Fencing. :meth:`recover` fences both transactional ids, and trusts the later
   checkpoint of the two reads, each made after its producer's fence: no earlier owner's
-  transaction on either can commit after it.
+  transaction on either can commit after it. With one producer per part
+  (``transaction_producers = 1``) the second id is fenced all the same, then its client
+  closed: a relay that still takes turns cannot commit behind the new owner's back, so
+  going from two to one is a rolling change.
+* An id the broker refuses. A deployment whose ACL names each part's id literally has
+  none for the second: the part then publishes on its own id alone, and says so. Nobody
+  without ``Write`` on an id can commit under it, so there is nothing to fence.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from uuid import UUID
 
+from relay.core.log_fields import log_extra
 from relay.core.model import KafkaCheckpoint, Position
 from relay.core.ports import Batch, Meanwhile, Publisher
+from relay.errors import TransactionalIdRefused
+
+logger = logging.getLogger(__name__)
 
 
 def second_transactional_id(transactional_id: str) -> str:
@@ -40,21 +51,23 @@ def second_transactional_id(transactional_id: str) -> str:
 def part_publisher(
     open_producer: Callable[[str], Publisher], transactional_id: str, producers: int
 ) -> Publisher:
-    """A part's transactional publisher: ``open_producer(id)`` for the part's id, and with
-    ``producers=2`` for the second id too, the two taking turns."""
-    if producers == 1:
-        return open_producer(transactional_id)
+    """A part's transactional publisher over ``open_producer(id)`` for the part's id and
+    the second id: the two taking turns with ``producers=2``; with ``producers=1`` the
+    second is opened only to be fenced at recovery."""
     ids = (transactional_id, second_transactional_id(transactional_id))
-    return TurnTakingPublisher([open_producer(one) for one in ids])
+    return TurnTakingPublisher([open_producer(one) for one in ids], take_turns=producers == 2)
 
 
 class TurnTakingPublisher:
     """A :class:`~relay.core.ports.Publisher` over two transactional publishers of one
-    part, each transaction on the one that did not take the last."""
+    part, each transaction on the one that did not take the last (``take_turns``), or
+    all on the first, the second fenced at recovery and closed."""
 
-    def __init__(self, publishers: Sequence[Publisher]) -> None:
-        assert len(publishers) == 2, "two producers take turns"
-        self._publishers = tuple(publishers)
+    def __init__(self, publishers: Sequence[Publisher], *, take_turns: bool = True) -> None:
+        assert len(publishers) == 2, "a part's two transactional ids"
+        self._first, self._second = publishers
+        self._take_turns = take_turns
+        self._second_open = True
         self._turn = 0
 
     def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
@@ -63,13 +76,35 @@ class TurnTakingPublisher:
         # so an earlier owner's commit on either is in that producer's read, and the
         # later checkpoint of the two covers both.
         with ThreadPoolExecutor(1, thread_name_prefix="kafka-recover") as helper:
-            second = helper.submit(self._publishers[1].recover, generation, key_space)
-            first = self._publishers[0].recover(generation, key_space)
-            found = [c for c in (first, second.result()) if c is not None]
+            second = helper.submit(self._second.recover, generation, key_space)
+            first = self._first.recover(generation, key_space)
+            found = [c for c in (first, self._second_recovered(second)) if c is not None]
         return max(found, key=_position, default=None)
 
+    def _second_recovered(
+        self, recovering: Future[KafkaCheckpoint | None]
+    ) -> KafkaCheckpoint | None:
+        """The second's checkpoint once fenced; None, and the second closed, when the
+        broker refuses its id (it cannot hold a transaction then)."""
+        try:
+            checkpoint = recovering.result()
+        except TransactionalIdRefused as exc:
+            logger.warning(
+                "%s; this part publishes on its first transactional id alone (one "
+                "producer, as with transaction_producers = 1)",
+                exc,
+                extra=log_extra(
+                    "kafka_second_producer_refused", transactional_id=exc.transactional_id
+                ),
+            )
+            self._close_second()
+            return None
+        if not self._take_turns:
+            self._close_second()  # fenced, and its checkpoint read: its work is done
+        return checkpoint
+
     def publish(self, batch: Batch, meanwhile: Meanwhile | None = None) -> None:
-        publisher = self._publishers[self._turn]
+        publisher = self._second if self._turn and self._second_open else self._first
         # Turned before publishing: after a failed transaction (aborted, its markers on
         # the way) the other producer takes the next one too.
         self._turn ^= 1
@@ -77,9 +112,14 @@ class TurnTakingPublisher:
 
     def close(self) -> None:
         try:
-            self._publishers[0].close()
+            self._first.close()
         finally:
-            self._publishers[1].close()
+            self._close_second()
+
+    def _close_second(self) -> None:
+        if self._second_open:
+            self._second_open = False
+            self._second.close()
 
 
 def _position(checkpoint: KafkaCheckpoint) -> Position:

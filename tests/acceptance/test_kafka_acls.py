@@ -1,0 +1,228 @@
+"""The relay on a broker that authorizes: a SCRAM principal with the ACLs deploy/README.md
+lists, and no more. Every other test's broker lets anyone do anything, which is how the
+second transactional id of a part (``.2``) shipped without a test of what a deployment
+whose ACLs name each part's id literally then sees."""
+
+from __future__ import annotations
+
+import logging
+import re
+import shlex
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import psycopg
+import pytest
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+)
+
+from relay import Outbox
+from relay.core.settings import load_settings
+from relay.daemon import Relay
+from relay.localstack.kafka import LocalKafka
+from tests.support import consume, keys, write_orders
+
+REPO = Path(__file__).resolve().parents[2]
+USER, PASSWORD = "outbox-relay", f"scram-{uuid.uuid4().hex}"
+PRINCIPAL = f"User:{USER}"
+RESOURCES = {
+    "--topic": ResourceType.TOPIC,
+    "--group": ResourceType.GROUP,
+    "--transactional-id": ResourceType.TRANSACTIONAL_ID,
+}
+
+
+@pytest.fixture(scope="module")
+def authorizing_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    """A broker whose SASL listener authorizes by ACL; its plain listener is the admin's
+    (a super user) and the tests' consumers'."""
+    broker = LocalKafka(
+        tmp_path_factory.mktemp("acl-kafka"),
+        scram_users={USER: PASSWORD},
+        config={
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": "User:ANONYMOUS",
+        },
+    )
+    with broker:
+        yield broker
+
+
+def readme_acls() -> list[AclBinding]:
+    """The ``kafka-acls.sh --add`` commands of deploy/README.md's ACL block, as bindings."""
+    text = (REPO / "deploy" / "README.md").read_text()
+    block = text.split("**ACLs** for the relay's principal", 1)[1].split("```sh", 1)[1]
+    block = block.split("```", 1)[0].replace("\\\n", " ")
+    commands = [shlex.split(line) for line in block.splitlines() if line.startswith("kafka-acls")]
+    assert len(commands) >= 6, block
+    return [binding for command in commands for binding in _bindings(command)]
+
+
+def _bindings(argv: list[str]) -> list[AclBinding]:
+    options = list(zip(argv[1:], [*argv[2:], ""], strict=True))
+    operations = [_operation(value) for flag, value in options if flag == "--operation"]
+    if "--cluster" in argv:
+        resource, name, pattern = ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL
+    else:
+        ((flag, name),) = [(f, v) for f, v in options if f in RESOURCES]
+        resource = RESOURCES[flag]
+        prefixed = ("--resource-pattern-type", "prefixed") in options
+        pattern = ResourcePatternType.PREFIXED if prefixed else ResourcePatternType.LITERAL
+    assert "$P" in argv and operations, argv
+    return [
+        AclBinding(resource, name, pattern, PRINCIPAL, "*", op, AclPermissionType.ALLOW)
+        for op in operations
+    ]
+
+
+def _operation(name: str) -> AclOperation:
+    """``IdempotentWrite`` (kafka-acls.sh) is ``AclOperation.IDEMPOTENT_WRITE``."""
+    return AclOperation[re.sub(r"(?<!^)(?=[A-Z])", "_", name).upper()]
+
+
+def grant(broker: LocalKafka, bindings: list[AclBinding]) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    for created in admin.create_acls(bindings).values():
+        created.result(30)
+
+
+class Deployment(NamedTuple):
+    """What a test of this module works with: the broker, a way to start a relay as the
+    SASL principal (it returns the topic of orders), and the app writing orders."""
+
+    broker: LocalKafka
+    start_relay: Callable[[], str]
+    write: Callable[[str], None]
+
+
+@pytest.fixture
+def deployment(
+    authorizing_kafka: LocalKafka,
+    relay_url: str,
+    registry: Any,
+    writer_db: psycopg.Connection[Any],
+    outbox: Outbox,
+) -> Iterator[Deployment]:
+    """At teardown the relays stop and every ACL is deleted: each test grants its own."""
+    started: list[Relay] = []
+
+    def start_one() -> str:
+        relay, topic = start(authorizing_kafka, relay_url, registry)
+        started.append(relay)
+        return topic
+
+    def write(order_id: str) -> None:  # one app transaction
+        write_orders(writer_db, outbox, [order_id])
+
+    yield Deployment(authorizing_kafka, start_one, write)
+    for relay in started:
+        relay.stop()
+    admin = AdminClient({"bootstrap.servers": authorizing_kafka.bootstrap_servers})
+    for deleted in admin.delete_acls([_every_acl()]).values():
+        deleted.result(30)
+
+
+def _every_acl() -> Any:
+    from confluent_kafka.admin import AclBindingFilter
+
+    return AclBindingFilter(
+        ResourceType.ANY, None, ResourcePatternType.ANY, None, None,
+        AclOperation.ANY, AclPermissionType.ANY,
+    )  # fmt: skip
+
+
+def start(broker: LocalKafka, relay_url: str, registry: Any) -> tuple[Relay, str]:
+    """A relay as the SASL principal, its subscriber's topic one the README's ACLs cover
+    (the default template's, made this test's own); returns it and the topic of orders."""
+    suffix = uuid.uuid4().hex[:6]
+    relay = Relay(
+        load_settings(
+            database_url=relay_url,
+            bootstrap_servers=broker.sasl_bootstrap_servers,
+            kafka={
+                "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": "SCRAM-SHA-256",
+                "sasl.username": USER,
+                "sasl.password": PASSWORD,
+            },
+            subscribers=[
+                {"name": f"acl{suffix}", "topic": f"outbox.event.{{aggregate_type}}-{suffix}"}
+            ],
+            metrics_port=0,
+            heartbeat_interval=0.3,
+            session_timeout=3.0,
+            poll_interval=0.2,
+        ),
+        registry=registry,
+    )
+    relay.start()
+    return relay, f"outbox.event.order-{suffix}"
+
+
+def test_the_readme_acls_let_the_relay_publish_exactly_once(
+    deployment: Deployment, caplog: pytest.LogCaptureFixture
+) -> None:
+    """deploy/README.md's ACLs, as written, are all a transactional relay needs: its part's
+    two producers (a prefixed ACL covers both ids), topics, the checkpoint group."""
+    grant(deployment.broker, readme_acls())
+    caplog.set_level(logging.INFO)
+    topic = deployment.start_relay()
+    ids = [f"o-{n}" for n in range(6)]
+    for i in ids:  # one transaction each: the part's producers take turns
+        deployment.write(i)
+    seen = consume(deployment.broker.bootstrap_servers, [topic], len(ids), quiet=2.0)
+    assert keys(seen) == sorted(ids)
+    assert not [r for r in caplog.records if "authoriz" in r.getMessage().lower()]
+
+
+def test_a_literal_acl_on_the_parts_own_id_publishes_with_one_producer(
+    deployment: Deployment, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ACLs that name each part's transactional id literally, as one producer per part
+    needed: the broker refuses the second id, and the part goes on with its own alone,
+    saying so. (It was "producer fenced (a newer owner ...)", retried for ever: every
+    part of such a deployment stopped at the upgrade.) Until the part's own id is granted
+    the relay says which id and which ACL, and retries."""
+    readme = readme_acls()
+    grant(deployment.broker, [b for b in readme if b.restype != ResourceType.TRANSACTIONAL_ID])
+    caplog.set_level(logging.INFO)
+    topic = deployment.start_relay()
+    deployment.write("o-1")
+    first_id = _refused_id(caplog)
+    assert not first_id.endswith(".2")  # the part's own id is tried first, and named
+    grant(deployment.broker, [
+        AclBinding(ResourceType.TRANSACTIONAL_ID, first_id, ResourcePatternType.LITERAL,
+                   PRINCIPAL, "*", op, AclPermissionType.ALLOW)
+        for op in (AclOperation.WRITE, AclOperation.DESCRIBE)
+    ])  # fmt: skip
+    deployment.write("o-2")
+    deployment.write("o-3")
+    seen = consume(deployment.broker.bootstrap_servers, [topic], 3, timeout=60, quiet=2.0)
+    assert keys(seen) == ["o-1", "o-2", "o-3"]
+    alone = [
+        r for r in caplog.records if getattr(r, "event", "") == "kafka_second_producer_refused"
+    ]
+    assert alone and {r.transactional_id for r in alone} == {f"{first_id}.2"}
+
+
+def _refused_id(caplog: pytest.LogCaptureFixture, timeout: float = 30.0) -> str:
+    """The transactional id the relay's first refusal names."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for record in list(caplog.records):
+            found = re.search(
+                r"(\S+): the broker refuses this transactional id", record.getMessage()
+            )
+            if found:
+                return found.group(1)
+        time.sleep(0.2)
+    raise AssertionError("the relay never said the broker refused its transactional id")
