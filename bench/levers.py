@@ -31,6 +31,17 @@ per event.
    as a server's default makes them) or ``UTC`` (what the daemon sets since #31:
    ``datetime.timezone.utc``). The two steps are timed apart.
 
+4. **The libraries' floor.** What an event costs in the calls no glue can avoid, with
+   the libraries the design card names: the fetch's rows (*typed tuples*, as in 2), the
+   value's encoding by the library itself (fastavro's compiled writer as the relay calls
+   it; orjson's load and dump), both in this thread's CPU, and the produce: the relay's
+   records (its key and five headers) produced to the stack's broker, a Kafka
+   transaction per 5,000, in this process's CPU (``getrusage``: librdkafka's threads
+   included, as the relay's own figure includes them). Each round adds its three steps,
+   so the floor has a range. A relay cannot spend less than this per event; #31's target
+   is 6 µs. Beside it, ``produce()``'s call alone with the relay's headers and without
+   (a producer whose broker never answers: nothing sent, queue purged outside the clock).
+
 The garbage collector is set as ``outbox-relay run`` sets it (``tune_gc``) throughout.
 """
 
@@ -38,18 +49,22 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import resource
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
 import psycopg
+from confluent_kafka import Producer
 from psycopg.types.json import set_json_loads
 from psycopg.types.string import ByteaBinaryLoader
 
-from bench.harness import BATCH, Figure, Scale, Stack, fill_outbox
+from bench.harness import BATCH, SCHEMAS, Figure, Scale, Stack, create_topics, fill_outbox
 from bench.method import Samples, interleave, settle
+from bench.throughput import ceiling_producer, produce_batches, records_of
 from relay.adapters.postgres.queries import queries_for
 from relay.adapters.postgres.store import (
     OutboxStore,
@@ -59,8 +74,10 @@ from relay.adapters.postgres.store import (
     _not_read,
     _payloads,
 )
-from relay.core.model import OutboxEvent, Position, Unreadable
+from relay.core.model import KafkaRecord, OutboxEvent, Position, Unreadable
 from relay.core.ports import Selection
+from relay.core.schemas import SchemaFolder, encode_with
+from relay.core.subscribers import ValueFormat
 from relay.daemon import tune_gc
 from relay.engine.encoding import _json_value
 from relay.observability.tracing import ages_of
@@ -119,6 +136,7 @@ def _run(stack: Stack, scale: Scale) -> list[Figure]:
         _json_lever(texts, scale, examples)
         + _row_lever(url, starts, scale)
         + _zone_lever(url, starts, scale)
+        + _floor_lever(stack, url, starts, texts, scale)
     )
 
 
@@ -400,3 +418,115 @@ def _zone_lever(url: str, starts: list[Position], scale: Scale) -> list[Figure]:
                   cpu["UTC"], "us", cpu[zone], f"session in {zone}", None, details)
         for zone in ZONES[:2]
     ]  # fmt: skip
+
+
+# -- 4. The libraries' floor ----------------------------------------------------------------
+
+
+def _floor_lever(
+    stack: Stack, url: str, starts: list[Position], texts: list[bytes], scale: Scale
+) -> list[Figure]:
+    loops = 4 if scale.name == "quick" else 20  # batches per round, as lever 1
+    with psycopg.connect(url, autocommit=True) as conn:
+        events = OutboxStore(conn).fetch(starts[0], SELECTION).events
+    schema = SchemaFolder.from_dir(SCHEMAS).writer_for(events[0].event_type)
+    payloads = [event.payload for event in events]
+    records = records_of(events, ValueFormat.JSON)  # the relay's record: key and headers
+    sent = loops * len(records)
+    rows = len(starts) * BATCH
+    topic = f"{stack.topic_prefix('floor')}.orders"
+    create_topics(stack.bootstrap, [topic], 3)  # as the relay creates its topics
+
+    def per_event(step: Callable[[], object]) -> Callable[[], float]:
+        def measure() -> float:
+            start = time.thread_time()
+            for _ in range(loops):
+                step()
+            return (time.thread_time() - start) * 1e6 / sent
+
+        return measure
+
+    def fetched() -> float:
+        with psycopg.connect(url, autocommit=True) as conn:
+            start = time.thread_time()
+            _typed_tuples_sweep(conn, starts)
+            return (time.thread_time() - start) * 1e6 / rows
+
+    def produced() -> float:
+        producer = ceiling_producer(stack.bootstrap, topic)
+        start = _process_cpu()
+        produce_batches(producer, topic, records, sent, transactional=True)
+        return (_process_cpu() - start) * 1e6 / sent
+
+    cpu = interleave(
+        {"rows": fetched,
+         "fastavro": per_event(lambda: [encode_with(schema, p) for p in payloads]),
+         "orjson": per_event(lambda: _json_round_trip(texts)),
+         "transactional produce": produced,
+         **_produce_calls(records, loops)},
+        scale.repetitions,
+    )  # fmt: skip
+    details: dict[str, Any] = {name: samples.as_json() for name, samples in cpu.items()}
+    details["events_per_round"] = sent
+    steps = (cpu["rows"], cpu["transactional produce"])
+    return [
+        Figure.of("levers", f"library floor CPU us/event, {name}",
+                  _added(cpu[value], *steps), "us", target="value<=6",
+                  details={**details, "steps": ["rows (typed tuples)", value,
+                                                "transactional produce (process)"]})
+        for name, value in (("Avro", "fastavro"), ("JSON", "orjson"))
+    ] + [
+        Figure.of("levers", "produce() call CPU us/record, the relay's headers vs none",
+                  cpu["produce() call"], "us", cpu["produce() call, no headers"], "no headers",
+                  None, details),
+    ]  # fmt: skip
+
+
+def _produce_calls(records: list[KafkaRecord], loops: int) -> dict[str, Callable[[], float]]:
+    """``produce()``'s own cost per record, with the records' headers and without, to a
+    producer that never sends (its queue purged after each round, outside the clock)."""
+    producer = Producer({**UNANSWERED, "queue.buffering.max.messages": 2 * len(records) * loops})
+    produce = producer.produce
+
+    def with_headers() -> None:
+        for r in records:
+            produce(TOPIC, r.value, r.key, headers=r.headers)
+
+    def without() -> None:
+        for r in records:
+            produce(TOPIC, r.value, r.key)
+
+    def side(step: Callable[[], None]) -> Callable[[], float]:
+        def measure() -> float:
+            start = time.thread_time()
+            try:
+                for _ in range(loops):
+                    step()
+                return (time.thread_time() - start) * 1e6 / (loops * len(records))
+            finally:
+                producer.purge()
+                producer.poll(0)  # the purged records' reports: only then are they freed
+
+        return measure
+
+    return {"produce() call": side(with_headers), "produce() call, no headers": side(without)}
+
+
+def _json_round_trip(texts: list[bytes]) -> list[bytes]:
+    """orjson as the relay calls it: a batch's texts loaded, each value dumped and copied
+    out of orjson's 4 KiB buffer (kept, a batch of those buffers cost a page fault each)."""
+    return [memoryview(orjson.dumps(payload)).tobytes() for payload in map(orjson.loads, texts)]
+
+
+def _process_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+# A producer whose broker never answers: produce() queues, and nothing is sent.
+UNANSWERED = {"bootstrap.servers": "127.0.0.1:9", "log_level": 0, "linger.ms": 60_000}
+
+
+def _added(*steps: Samples) -> Samples:
+    """Each round's steps added: the floor of that round."""
+    return Samples(tuple(map(sum, zip(*(step.values for step in steps), strict=True))))

@@ -112,7 +112,7 @@ class Sides:
     def raw_produce(self, transactional: bool) -> float:
         topic = f"{self.stack.topic_prefix('raw')}.orders"
         create_topics(self.stack.bootstrap, [topic], 3)  # as the relay creates its topics
-        producer = _producer(self.stack.bootstrap, topic if transactional else None)
+        producer = ceiling_producer(self.stack.bootstrap, topic if transactional else None)
         side = "raw produce, transactional" if transactional else "raw produce, idempotent"
         return self._metered(
             side, lambda: produce_batches(producer, topic, self.records, self.events, transactional)
@@ -130,7 +130,7 @@ class Sides:
     def keyset(self, transactional: bool) -> float:
         topic = f"{self.stack.topic_prefix('keyset')}.orders"
         create_topics(self.stack.bootstrap, [topic], 3)
-        producer = _producer(self.stack.bootstrap, topic if transactional else None)
+        producer = ceiling_producer(self.stack.bootstrap, topic if transactional else None)
         side = "keyset + transactional produce" if transactional else "keyset + produce"
         return self._metered(side, lambda: keyset_produce(self.url, producer, topic, transactional))
 
@@ -321,7 +321,7 @@ def keyset_produce(url: str, producer: Producer, topic: str, transactional: bool
     return produced
 
 
-def _producer(bootstrap: str, transactional_id: str | None) -> Producer:
+def ceiling_producer(bootstrap: str, transactional_id: str | None) -> Producer:
     # The relay's safety settings (relay/adapters/kafka/kafka.py producer_config): a
     # ceiling that may lose records is no ceiling.
     config: dict[str, Any] = {
