@@ -213,6 +213,18 @@ class CheckpointConflict(RetryableError):
     """The checkpoint changed underneath us (reset, pause, or another owner): reload it."""
 
 
+class GroupRefused(BrokerUnavailable):
+    """The broker refuses a consumer group to the relay's principal (no ``Read`` on it: an
+    ACL), so the Kafka-side checkpoint cannot be read; retried until the ACL is fixed."""
+
+    def __init__(self, context: str, reason: str, *, code: int | None = None) -> None:
+        super().__init__(
+            f"{context}: the broker refuses this consumer group ({reason}); grant the relay's "
+            "principal Read on it (deploy/README.md, ACLs)",
+            code=code,
+        )
+
+
 class ClaimLost(RelayError):
     """This relay no longer owns the subscriber part (its session expired, or another
     relay took over). It must stop publishing that part; nothing is retried."""

@@ -159,6 +159,8 @@ def start(broker: LocalKafka, relay_url: str, registry: Any) -> tuple[Relay, str
             ],
             metrics_port=0,
             heartbeat_interval=0.3,
+            # A refused group shows only once reading its offsets times out: sooner.
+            delivery_timeout=10.0,
             session_timeout=3.0,
             poll_interval=0.2,
         ),
@@ -226,3 +228,52 @@ def _refused_id(caplog: pytest.LogCaptureFixture, timeout: float = 30.0) -> str:
                 return found.group(1)
         time.sleep(0.2)
     raise AssertionError("the relay never said the broker refused its transactional id")
+
+
+# Each of the README's grants a relay needs as it publishes, withheld in turn.
+WITHHELD: dict[str, Callable[[AclBinding], bool]] = {
+    "Write on the output topics": lambda b: (
+        b.restype == ResourceType.TOPIC and b.name == "outbox.event."
+        and b.operation == AclOperation.WRITE
+    ),
+    "Read on the checkpoint groups": lambda b: b.restype == ResourceType.GROUP,
+    "Read on the checkpoint topic": lambda b: (
+        b.restype == ResourceType.TOPIC and b.name == "outbox-relay.checkpoints"
+        and b.operation == AclOperation.READ
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("missing", list(WITHHELD))
+def test_a_missing_acl_is_reported_retried_and_loses_nothing(
+    deployment: Deployment, caplog: pytest.LogCaptureFixture, missing: str
+) -> None:
+    """Without one of the ACLs the relay says the broker refused it and keeps retrying,
+    never exits and never publishes what it cannot commit; once the ACL is granted,
+    every event written meanwhile arrives exactly once."""
+    withheld = WITHHELD[missing]
+    readme = readme_acls()
+    grant(deployment.broker, [b for b in readme if not withheld(b)])
+    caplog.set_level(logging.INFO)
+    topic = deployment.start_relay()
+    deployment.write("o-1")
+    deployment.write("o-2")
+    refusal = _logged(caplog, "authoriz", timeout=60.0)
+    assert refusal.levelno >= logging.WARNING, refusal.getMessage()
+    grant(deployment.broker, [b for b in readme if withheld(b)])
+    deployment.write("o-3")
+    seen = consume(deployment.broker.bootstrap_servers, [topic], 3, timeout=90, quiet=2.0)
+    assert keys(seen) == ["o-1", "o-2", "o-3"]
+
+
+def _logged(
+    caplog: pytest.LogCaptureFixture, text: str, timeout: float = 30.0
+) -> logging.LogRecord:
+    """The first log record whose message holds ``text`` (any case), once there is one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for record in list(caplog.records):
+            if text in record.getMessage().lower():
+                return record
+        time.sleep(0.2)
+    raise AssertionError(f"nothing logged with {text!r} within {timeout}s")

@@ -31,6 +31,7 @@ from relay.errors import (
     ConsumerHiccup,
     DatabaseError,
     DatabaseUnavailable,
+    GroupRefused,
     NotMigratedError,
     PoisonRecordError,
     ProducerFenced,
@@ -237,6 +238,14 @@ def test_a_refused_transaction_timeout_quotes_the_setting_and_the_fix() -> None:
 def test_a_fenced_transactional_producer_is_named() -> None:
     failure = classify(kafka(KafkaError.PRODUCER_FENCED), "relay.s.0", Stage.TRANSACTION)
     assert str(failure).startswith("relay.s.0: producer fenced")
+
+
+def test_a_refused_checkpoint_group_asks_for_its_acl() -> None:
+    code = KafkaError.GROUP_AUTHORIZATION_FAILED
+    failure = classify(kafka(code), "reading group 'g'", Stage.GROUP_OFFSETS)
+    assert isinstance(failure, GroupRefused) and failure.code == code
+    assert str(failure).startswith("reading group 'g': the broker refuses this consumer group")
+    assert "Read on it" in str(failure)
 
 
 def test_a_refused_transactional_id_names_the_id_and_the_acl_not_a_newer_owner() -> None:

@@ -27,6 +27,7 @@ from uuid import UUID
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from relay.adapters.kafka.broker_watch import connection_config
 from relay.adapters.kafka.call_thread import CallThread
 from relay.adapters.kafka.client_logs import client_logger
 from relay.adapters.kafka.kafka_errors import (
@@ -41,6 +42,7 @@ from relay.core.model import KafkaCheckpoint, KafkaRecord, Position
 from relay.core.ports import Batch, Meanwhile
 from relay.errors import (
     BrokerUnavailable,
+    GroupRefused,
     PoisonRecordError,
     ProducerFenced,
     RelayError,
@@ -506,8 +508,7 @@ class TransactionalPublisher(_BatchProducer):
         self._initialised = True
         consumer = self._consumer(generation)
         try:
-            wanted = [TopicPartition(self._checkpoint_topic, p) for p in range(2)]
-            committed = read_committed(consumer, wanted, self._delivery_timeout_s)
+            committed = self._read_checkpoint(consumer, f"{self._group_prefix}.{generation}")
             self._group_metadata[generation] = consumer.consumer_group_metadata()
         finally:
             consumer.close()
@@ -516,6 +517,18 @@ class TransactionalPublisher(_BatchProducer):
         if first.offset < 0 or second.offset < 0:
             return None
         return _checkpoint(Position(first.offset, second.offset), first.metadata)
+
+    def _read_checkpoint(self, consumer: Consumer, group: str) -> list[TopicPartition]:
+        """The checkpoint group's committed offsets; when they cannot be read because the
+        broker refuses the group, an error that says so."""
+        wanted = [TopicPartition(self._checkpoint_topic, p) for p in range(2)]
+        try:
+            return read_committed(consumer, wanted, self._delivery_timeout_s)
+        except BrokerUnavailable as exc:
+            refused = group_refusal(self._consumer_config, group, self._call_timeout_s)
+            if refused is None:
+                raise
+            raise refused from exc
 
     def publish(self, batch: Batch, meanwhile: Meanwhile | None = None) -> None:
         if not batch.records:  # nothing to publish; the Postgres checkpoint alone moves
@@ -797,6 +810,23 @@ def read_committed(
             if not retry_now(failure) or time.monotonic() > deadline:
                 raise failure from exc
         time.sleep(0.2)
+
+
+def group_refusal(config: Mapping[str, Any], group: str, timeout_s: float) -> GroupRefused | None:
+    """The broker's refusal of ``group`` to this principal, when that is why its offsets
+    could not be read. The consumer meets GROUP_AUTHORIZATION_FAILED only while looking for
+    the group's coordinator, which librdkafka asks again, reporting nothing, until
+    ``committed()`` times out; an admin client's describe of the group is refused at once."""
+    admin = AdminClient(connection_config(dict(config)))
+    context = f"cannot read the Kafka-side checkpoint of group {group!r}"
+    try:
+        admin.describe_consumer_groups([group], request_timeout=timeout_s)[group].result(timeout_s)
+    except KafkaException as exc:
+        failure = classify(exc, context, Stage.GROUP_OFFSETS)
+        return failure if isinstance(failure, GroupRefused) else None
+    except TimeoutError:  # a diagnosis only: the read's own error stands
+        return None
+    return None
 
 
 def _flush_unwrapped(producer: Producer, timeout: float) -> int:

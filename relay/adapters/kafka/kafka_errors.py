@@ -23,6 +23,7 @@ from relay.errors import (
     BrokerUnavailable,
     ConfigError,
     ConsumerHiccup,
+    GroupRefused,
     PoisonRecordError,
     ProducerFenced,
     RelayError,
@@ -172,6 +173,8 @@ def classify(
         return _create_topic(error, context)
     if stage is Stage.READ:
         return _read(error, context)
+    if stage is Stage.GROUP_OFFSETS and error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+        return GroupRefused(context, error.str(), code=error.code())
     retry_call = stage is Stage.GROUP_OFFSETS and error.code() in GROUP_TRANSIENT
     return BrokerUnavailable(f"{context}: {error.str()}", code=error.code(), retry_call=retry_call)
 
