@@ -100,7 +100,7 @@ class Deployment(NamedTuple):
     SASL principal (it returns the topic of orders), and the app writing orders."""
 
     broker: LocalKafka
-    start_relay: Callable[[], str]
+    start_relay: Callable[..., str]  # settings as keywords
     write: Callable[[str], None]
 
 
@@ -115,8 +115,8 @@ def deployment(
     """At teardown the relays stop and every ACL is deleted: each test grants its own."""
     started: list[Relay] = []
 
-    def start_one() -> str:
-        relay, topic = start(authorizing_kafka, relay_url, registry)
+    def start_one(**settings: Any) -> str:
+        relay, topic = start(authorizing_kafka, relay_url, registry, **settings)
         started.append(relay)
         return topic
 
@@ -140,7 +140,7 @@ def _every_acl() -> Any:
     )  # fmt: skip
 
 
-def start(broker: LocalKafka, relay_url: str, registry: Any) -> tuple[Relay, str]:
+def start(broker: LocalKafka, relay_url: str, registry: Any, **settings: Any) -> tuple[Relay, str]:
     """A relay as the SASL principal, its subscriber's topic one the README's ACLs cover
     (the default template's, made this test's own); returns it and the topic of orders."""
     suffix = uuid.uuid4().hex[:6]
@@ -163,6 +163,7 @@ def start(broker: LocalKafka, relay_url: str, registry: Any) -> tuple[Relay, str
             delivery_timeout=10.0,
             session_timeout=3.0,
             poll_interval=0.2,
+            **settings,
         ),
         registry=registry,
     )
@@ -183,6 +184,25 @@ def test_the_readme_acls_let_the_relay_publish_exactly_once(
         deployment.write(i)
     seen = consume(deployment.broker.bootstrap_servers, [topic], len(ids), quiet=2.0)
     assert keys(seen) == sorted(ids)
+    assert not [r for r in caplog.records if "authoriz" in r.getMessage().lower()]
+
+
+def test_idempotent_mode_needs_none_of_the_transactional_acls(
+    deployment: Deployment, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The README's grants without its transactional ones (ids, groups, the checkpoint
+    topic) are enough for ``delivery = "idempotent"``."""
+    transactional = {ResourceType.TRANSACTIONAL_ID, ResourceType.GROUP}
+    grant(deployment.broker, [
+        b for b in readme_acls()
+        if b.restype not in transactional and b.name != "outbox-relay.checkpoints"
+    ])  # fmt: skip
+    caplog.set_level(logging.INFO)
+    topic = deployment.start_relay(delivery="idempotent")
+    for i in ("o-1", "o-2"):
+        deployment.write(i)
+    seen = consume(deployment.broker.bootstrap_servers, [topic], 2, quiet=2.0)
+    assert keys(seen) == ["o-1", "o-2"]
     assert not [r for r in caplog.records if "authoriz" in r.getMessage().lower()]
 
 
