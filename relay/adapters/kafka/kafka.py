@@ -51,6 +51,8 @@ from relay.errors import (
 )
 
 logger = logging.getLogger(__name__)
+# How long the relay asks the broker why a group's offsets could not be read.
+_DIAGNOSIS_TIMEOUT_S = 2.0
 _PARTITION = operator.attrgetter("partition")
 # librdkafka's own lines: deduplicated, at most one of a kind a minute.
 _client_log = client_logger()
@@ -525,7 +527,13 @@ class TransactionalPublisher(_BatchProducer):
         try:
             return read_committed(consumer, wanted, self._delivery_timeout_s)
         except BrokerUnavailable as exc:
-            refused = group_refusal(self._consumer_config, group, self._call_timeout_s)
+            # Only a timeout can hide a refused group; a broker that is away answers no
+            # describe either, and the diagnosis is bounded so as not to delay the retry.
+            refused = (
+                group_refusal(self._consumer_config, group, _DIAGNOSIS_TIMEOUT_S)
+                if exc.code == KafkaError._TIMED_OUT
+                else None
+            )
             if refused is None:
                 raise
             raise refused from exc
