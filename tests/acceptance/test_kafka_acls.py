@@ -5,6 +5,7 @@ whose ACLs name each part's id literally then sees."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import shlex
@@ -16,11 +17,14 @@ from typing import Any, NamedTuple
 
 import psycopg
 import pytest
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import (
     AclBinding,
+    AclBindingFilter,
     AclOperation,
     AclPermissionType,
     AdminClient,
+    NewTopic,
     ResourcePatternType,
     ResourceType,
 )
@@ -132,18 +136,18 @@ def deployment(
 
 
 def _every_acl() -> Any:
-    from confluent_kafka.admin import AclBindingFilter
-
     return AclBindingFilter(
         ResourceType.ANY, None, ResourcePatternType.ANY, None, None,
         AclOperation.ANY, AclPermissionType.ANY,
     )  # fmt: skip
 
 
-def start(broker: LocalKafka, relay_url: str, registry: Any, **settings: Any) -> tuple[Relay, str]:
+def start(
+    broker: LocalKafka, relay_url: str, registry: Any, suffix: str = "", **settings: Any
+) -> tuple[Relay, str]:
     """A relay as the SASL principal, its subscriber's topic one the README's ACLs cover
     (the default template's, made this test's own); returns it and the topic of orders."""
-    suffix = uuid.uuid4().hex[:6]
+    suffix = suffix or uuid.uuid4().hex[:6]
     relay = Relay(
         load_settings(
             database_url=relay_url,
@@ -297,3 +301,27 @@ def _logged(
                 return record
         time.sleep(0.2)
     raise AssertionError(f"nothing logged with {text!r} within {timeout}s")
+
+
+def test_without_create_acls_the_operator_creates_the_topics(
+    deployment: Deployment, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``create_topics = false`` and none of the README's Create grants: the topics the
+    README tells the operator to create first are all the relay needs."""
+    grant(deployment.broker, [b for b in readme_acls() if b.operation != AclOperation.CREATE])
+    suffix = uuid.uuid4().hex[:6]
+    admin = AdminClient({"bootstrap.servers": deployment.broker.bootstrap_servers})
+    created = admin.create_topics([
+        NewTopic(f"outbox.event.order-{suffix}", 3),
+        NewTopic("outbox-relay.checkpoints", 2, config={"cleanup.policy": "compact"}),
+    ])  # fmt: skip
+    for future in created.values():
+        with contextlib.suppress(KafkaException):  # the checkpoint topic may exist already
+            future.result(30)
+    caplog.set_level(logging.INFO)
+    topic = deployment.start_relay(create_topics=False, suffix=suffix)
+    for i in ("o-1", "o-2"):
+        deployment.write(i)
+    seen = consume(deployment.broker.bootstrap_servers, [topic], 2, quiet=2.0)
+    assert keys(seen) == ["o-1", "o-2"]
+    assert not [r for r in caplog.records if "authoriz" in r.getMessage().lower()]

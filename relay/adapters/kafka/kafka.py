@@ -802,7 +802,8 @@ def read_committed(
     (a fresh cluster's first group, a broker restarted) is asked again until
     ``timeout_s``: it answers within seconds, and failing on it made a command's first
     run on a new cluster fail (redrive: "Not coordinator")."""
-    context = "cannot read the Kafka-side checkpoint"
+    # The topic named: a checkpoint topic that is missing, or refused by an ACL, says so.
+    context = f"cannot read the Kafka-side checkpoint (topic {wanted[0].topic!r})"
     deadline = time.monotonic() + timeout_s
     while True:
         try:
