@@ -30,7 +30,6 @@ from confluent_kafka.admin import (
 )
 
 from relay import Outbox
-from relay.core.settings import load_settings
 from relay.daemon import Relay
 from relay.localstack.kafka import LocalKafka
 from tests.support import consume, keys, write_orders
@@ -111,47 +110,18 @@ class Deployment(NamedTuple):
 @pytest.fixture
 def deployment(
     authorizing_kafka: LocalKafka,
-    relay_url: str,
-    registry: Any,
+    start_relay: Callable[..., Relay],
     writer_db: psycopg.Connection[Any],
     outbox: Outbox,
 ) -> Iterator[Deployment]:
-    """At teardown the relays stop and every ACL is deleted: each test grants its own."""
-    started: list[Relay] = []
+    """At teardown every ACL is deleted (and the relays stop): each test grants its own."""
 
-    def start_one(**settings: Any) -> str:
-        relay, topic = start(authorizing_kafka, relay_url, registry, **settings)
-        started.append(relay)
-        return topic
-
-    def write(order_id: str) -> None:  # one app transaction
-        write_orders(writer_db, outbox, [order_id])
-
-    yield Deployment(authorizing_kafka, start_one, write)
-    for relay in started:
-        relay.stop()
-    admin = AdminClient({"bootstrap.servers": authorizing_kafka.bootstrap_servers})
-    for deleted in admin.delete_acls([_every_acl()]).values():
-        deleted.result(30)
-
-
-def _every_acl() -> Any:
-    return AclBindingFilter(
-        ResourceType.ANY, None, ResourcePatternType.ANY, None, None,
-        AclOperation.ANY, AclPermissionType.ANY,
-    )  # fmt: skip
-
-
-def start(
-    broker: LocalKafka, relay_url: str, registry: Any, suffix: str = "", **settings: Any
-) -> tuple[Relay, str]:
-    """A relay as the SASL principal, its subscriber's topic one the README's ACLs cover
-    (the default template's, made this test's own); returns it and the topic of orders."""
-    suffix = suffix or uuid.uuid4().hex[:6]
-    relay = Relay(
-        load_settings(
-            database_url=relay_url,
-            bootstrap_servers=broker.sasl_bootstrap_servers,
+    def start_one(suffix: str = "", **settings: Any) -> str:
+        """A relay as the SASL principal, its subscriber's topic one the README's ACLs
+        cover (the default template's, made this test's own); returns the orders' topic."""
+        suffix = suffix or uuid.uuid4().hex[:6]
+        start_relay(
+            bootstrap_servers=authorizing_kafka.sasl_bootstrap_servers,
             kafka={
                 "security.protocol": "SASL_PLAINTEXT",
                 "sasl.mechanism": "SCRAM-SHA-256",
@@ -161,18 +131,26 @@ def start(
             subscribers=[
                 {"name": f"acl{suffix}", "topic": f"outbox.event.{{aggregate_type}}-{suffix}"}
             ],
-            metrics_port=0,
-            heartbeat_interval=0.3,
             # A refused group shows only once reading its offsets times out: sooner.
             delivery_timeout=10.0,
-            session_timeout=3.0,
-            poll_interval=0.2,
             **settings,
-        ),
-        registry=registry,
-    )
-    relay.start()
-    return relay, f"outbox.event.order-{suffix}"
+        )
+        return f"outbox.event.order-{suffix}"
+
+    def write(order_id: str) -> None:  # one app transaction
+        write_orders(writer_db, outbox, [order_id])
+
+    yield Deployment(authorizing_kafka, start_one, write)
+    admin = AdminClient({"bootstrap.servers": authorizing_kafka.bootstrap_servers})
+    for deleted in admin.delete_acls([_every_acl()]).values():
+        deleted.result(30)
+
+
+def _every_acl() -> AclBindingFilter:
+    return AclBindingFilter(
+        ResourceType.ANY, None, ResourcePatternType.ANY, None, None,
+        AclOperation.ANY, AclPermissionType.ANY,
+    )  # fmt: skip
 
 
 def test_the_readme_acls_let_the_relay_publish_exactly_once(

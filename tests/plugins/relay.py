@@ -93,8 +93,8 @@ def outbox(registry: SchemaFolder) -> Outbox:
 def start_relay(
     relay_url: str, kafka_bootstrap: str, registry: SchemaFolder
 ) -> Iterator[Callable[..., Relay]]:
-    """Start an in-process relay on the test database as the relay role; stopped at
-    teardown."""
+    """Start an in-process relay on the test database as the relay role (on the session's
+    broker unless ``bootstrap_servers`` says otherwise); stopped at teardown."""
     started: list[Relay] = []
 
     def start(**settings: Any) -> Relay:
@@ -103,10 +103,8 @@ def start_relay(
         settings.setdefault("heartbeat_interval", 0.3)
         settings.setdefault("session_timeout", 3.0)
         settings.setdefault("metrics_port", 0)  # several relays share this host: any free port
-        relay = Relay(
-            load_settings(database_url=relay_url, bootstrap_servers=kafka_bootstrap, **settings),
-            registry=registry,
-        )
+        settings.setdefault("bootstrap_servers", kafka_bootstrap)
+        relay = Relay(load_settings(database_url=relay_url, **settings), registry=registry)
         relay.start()
         started.append(relay)
         return relay
