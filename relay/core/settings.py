@@ -231,8 +231,8 @@ class Settings(BaseSettings):
     max_producers: int = Field(default=8, ge=1, le=256)
     # Transactional producers per part that publishes, taking turns a transaction each:
     # with 2, a part that commits back to back does not wait for its last transaction's
-    # markers (relay/adapters/kafka/turns.py). 1 halves the producers' threads and the
-    # init_transactions a part pays when it gets a producer.
+    # markers (relay/adapters/kafka/turns.py). 1 halves the clients (threads, sockets) a
+    # publishing part holds; its recovery still fences the second id, then closes it.
     transaction_producers: int = Field(default=2, ge=1, le=2)
     # A relay opens no connection that would leave fewer free slots than this to others
     # (applications): it waits and retries instead.
