@@ -7,6 +7,7 @@ from uuid import UUID, uuid4
 
 import pytest
 
+from relay.adapters.kafka import turns as turns_module
 from relay.adapters.kafka.turns import (
     TurnTakingPublisher,
     part_publisher,
@@ -44,6 +45,7 @@ class Recording:
 @pytest.fixture(autouse=True)
 def _calls() -> None:
     CALLS.clear()
+    turns_module._REFUSALS_SAID.clear()  # once per id and process: each test is a new process
 
 
 def batch(n: int) -> Batch:
@@ -151,6 +153,22 @@ def test_a_second_id_the_broker_refuses_leaves_the_first_alone(
     assert CALLS[2:] == ["a.2 close", "a publish 1", "a publish 2", "a close"]
     (warning,) = [r for r in caplog.records if r.event == "kafka_second_producer_refused"]
     assert warning.transactional_id == "a.2" and "first transactional id alone" in warning.message
+
+
+def test_a_refused_second_id_is_warned_of_once_then_said_at_info(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A part recovers at every reopen of its publisher: an unchanged ACL is a warning
+    the first time only (per id: another part's refusal is news)."""
+    caplog.set_level("INFO")
+    for name in ("b", "b", "b", "c"):
+        TurnTakingPublisher([Recording(name), Refused(f"{name}.2")]).recover("g")
+    said = [
+        (r.transactional_id, r.levelname)
+        for r in caplog.records
+        if r.event == "kafka_second_producer_refused"
+    ]
+    assert said == [("b.2", "WARNING"), ("b.2", "INFO"), ("b.2", "INFO"), ("c.2", "WARNING")]
 
 
 def test_a_first_id_the_broker_refuses_fails_the_recovery() -> None:

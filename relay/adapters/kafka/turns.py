@@ -30,6 +30,7 @@ Why order and exactly-once still hold:
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from uuid import UUID
@@ -40,6 +41,13 @@ from relay.core.ports import Batch, Meanwhile, Publisher
 from relay.errors import TransactionalIdRefused
 
 logger = logging.getLogger(__name__)
+
+# A part recovers each time its publisher is opened again (the producer pool closes idle
+# ones), so the refusal of its second id is said at WARNING once per id and process,
+# then at INFO: an unchanged ACL is not news at every reopen.
+_REFUSALS_SAID: set[str] = set()
+_REFUSALS_LOCK = threading.Lock()
+_MAX_REFUSALS_SAID = 10_000
 
 
 def second_transactional_id(transactional_id: str) -> str:
@@ -89,7 +97,8 @@ class TurnTakingPublisher:
         try:
             checkpoint = recovering.result()
         except TransactionalIdRefused as exc:
-            logger.warning(
+            logger.log(
+                _refusal_level(exc.transactional_id),
                 "%s; this part publishes on its first transactional id alone (one "
                 "producer, as with transaction_producers = 1)",
                 exc,
@@ -120,6 +129,17 @@ class TurnTakingPublisher:
         if self._second_open:
             self._second_open = False
             self._second.close()
+
+
+def _refusal_level(transactional_id: str) -> int:
+    """WARNING the first time this process hears ``transactional_id`` refused, else INFO."""
+    with _REFUSALS_LOCK:
+        if transactional_id in _REFUSALS_SAID:
+            return logging.INFO
+        if len(_REFUSALS_SAID) >= _MAX_REFUSALS_SAID:  # bounded: at worst, said again
+            _REFUSALS_SAID.clear()
+        _REFUSALS_SAID.add(transactional_id)
+        return logging.WARNING
 
 
 def _position(checkpoint: KafkaCheckpoint) -> Position:
