@@ -156,6 +156,13 @@ EXACTLY_ONCE = "relay, exactly-once (transactional)"
 IDEMPOTENT = "relay, at-least-once (idempotent)"
 CONNECT = "Kafka Connect + Debezium, exactly-once (KIP-618)"
 MODES = {EXACTLY_ONCE: "transactional", IDEMPOTENT: "idempotent"}
+# The broker's floors (bench/latency.py), measured in the same latency run: what any
+# relay's mode, and Debezium, add their own work to.
+FLOOR_IDEMPOTENT = "floor, idempotent producer"
+FLOOR_TRANSACTIONAL = "floor, pipelined transactional producer"
+FLOORS = {FLOOR_IDEMPOTENT: "idempotent", FLOOR_TRANSACTIONAL: "transactional"}
+# Each relay mode's floor.
+MODE_FLOORS = {IDEMPOTENT: FLOOR_IDEMPOTENT, EXACTLY_ONCE: FLOOR_TRANSACTIONAL}
 # The relay as a 2-core deployment runs it (deploy/README.md): one member process per
 # core, and a subscriber of as many key-hashed parts, one on each member.
 WORKERS = 2
@@ -769,9 +776,13 @@ def _latency_rounds(
 
             return once
 
+        def floor_round(producer: str) -> Callable[[], latency.Samples]:
+            return lambda: latency.broker_floor(stack, scale, producer)
+
         interleave(
             {DEBEZIUM: side(DEBEZIUM, debezium_round),
-             **{name: side(name, relay_round(mode)) for name, mode in MODES.items()}},
+             **{name: side(name, relay_round(mode)) for name, mode in MODES.items()},
+             **{name: side(name, floor_round(producer)) for name, producer in FLOORS.items()}},
             scale.repetitions,
         )  # fmt: skip
     return runs
@@ -880,6 +891,25 @@ def _latency_figures(runs: dict[str, list[latency.Samples]], scale: Scale) -> li
                 Samples(tuple(s.ms(quantile) for s in runs[DEBEZIUM])),
                 f"{DEBEZIUM} {label}, linger.ms=0, poll.interval.ms=1", target, details,
             ))  # fmt: skip
+    if FLOOR_IDEMPOTENT not in runs:
+        return figures
+    # How far the targets above are reachable at all: a relay's latency is its floor's
+    # plus its own work (finding the rows, a Postgres round trip at least), so a floor
+    # above a target's ratio of Debezium's p50 puts that target out of any relay's reach
+    # on this machine (a transactional floor above 2x: exactly-once <= 2x).
+    for floor, bound in ((FLOOR_IDEMPOTENT, 0.5), (FLOOR_TRANSACTIONAL, 2.0)):
+        figures.append(Figure.of(
+            "debezium", f"commit to visible p50, {floor} vs Debezium",
+            Samples(tuple(s.ms(0.5) for s in runs[floor])), "ms",
+            Samples(tuple(s.ms(0.5) for s in runs[DEBEZIUM])), f"{DEBEZIUM} p50", None,
+            {**details, "reachable_if_ratio_below": bound},
+        ))  # fmt: skip
+    for name, floor in MODE_FLOORS.items():
+        figures.append(Figure.of(
+            "debezium", f"commit to visible p50, {name} vs its floor in this run",
+            Samples(tuple(s.ms(0.5) for s in runs[name])), "ms",
+            Samples(tuple(s.ms(0.5) for s in runs[floor])), f"{floor} p50", None, details,
+        ))  # fmt: skip
     return figures
 
 

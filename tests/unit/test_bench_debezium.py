@@ -10,18 +10,24 @@ from pathlib import Path
 
 import pytest
 
+from bench import latency
 from bench.debezium import (
     DEBEZIUM,
     EXACTLY_ONCE,
+    FLOOR_IDEMPOTENT,
+    FLOOR_TRANSACTIONAL,
+    IDEMPOTENT,
     RELAY_SIDES,
     SIDE_KEYS,
     WORKERS_EXACTLY_ONCE,
     Span,
     Tally,
+    _latency_figures,
     chosen_sides,
     gc_pauses,
     jvm_options,
 )
+from bench.harness import Scale
 
 IDS = [str(uuid.uuid4()) for _ in range(5)]
 
@@ -146,3 +152,20 @@ def test_each_round_writes_its_rows_once_whichever_side_runs_first() -> None:
             backlog.rounds.setdefault(name, []).append({})
     assert refills == [0, 1, 2]  # once a round
     assert first == [DEBEZIUM, EXACTLY_ONCE, DEBEZIUM]  # by the first side to run in it
+
+
+def _run(ms: float) -> latency.Samples:
+    return latency.Samples([ms / 1000] * 10, 10, 1.0, 1.0)
+
+
+def test_the_latency_figures_set_each_relay_mode_and_debezium_against_the_brokers_floors() -> None:
+    """The floors say how far a target is reachable: a relay's latency is its floor's
+    plus its own work, so each is set against Debezium's p50 and under its relay mode."""
+    runs = {DEBEZIUM: [_run(2.0)], EXACTLY_ONCE: [_run(12.0)], IDEMPOTENT: [_run(3.0)],
+            FLOOR_IDEMPOTENT: [_run(0.4)], FLOOR_TRANSACTIONAL: [_run(5.0)]}  # fmt: skip
+    ratios = {f.name: f.value / f.baseline for f in _latency_figures(runs, Scale.named("quick"))}
+    assert ratios[f"commit to visible p50, {FLOOR_TRANSACTIONAL} vs Debezium"] == 2.5
+    assert ratios[f"commit to visible p50, {FLOOR_IDEMPOTENT} vs Debezium"] == 0.2
+    assert ratios[f"commit to visible p50, {EXACTLY_ONCE} vs its floor in this run"] == 2.4
+    assert ratios[f"commit to visible p50, {IDEMPOTENT} vs its floor in this run"] == 7.5
+    assert ratios[f"commit to visible p50, {EXACTLY_ONCE} vs Debezium"] == 6.0
