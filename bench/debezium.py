@@ -779,6 +779,17 @@ def _latency_rounds(
         def floor_round(producer: str) -> Callable[[], latency.Samples]:
             return lambda: latency.broker_floor(stack, scale, producer)
 
+        def relay_warm_up(mode: str) -> Callable[[Scale], latency.Samples]:
+            def once(short: Scale) -> latency.Samples:
+                db = stack.database("latency", server)
+                return latency.relay_latency(stack, short, db, mode, value_format="json")
+
+            return once
+
+        # Debezium Server drained its warm-up backlog; the broker's transactions and the
+        # relay's runs warm up here.
+        latency.warm_up(stack, scale, *map(relay_warm_up, MODES.values()))
+
         interleave(
             {DEBEZIUM: side(DEBEZIUM, debezium_round),
              **{name: side(name, relay_round(mode)) for name, mode in MODES.items()},
