@@ -21,8 +21,8 @@ Baseline: the broker's floor
     while one commits goes into another's transaction at once rather than waiting
     behind the commit (a single producer's wait was once left off the floor's clock
     instead, which the relay's clock does not do). The ratio is the relay's overhead
-    over that floor, its own wait behind its commit included, and a figure checks the
-    floor is below the relay, at p50 and p99, in every round.
+    over that floor, its own wait behind its commit included, and figures check the
+    floor is below the relay: at p50 in every round, at p99 on the rounds' medians.
 
 Repetitions
     Floor and relay alternate, ``scale.repetitions`` rounds of ``scale.latency_seconds``
@@ -228,7 +228,7 @@ def aggregate_types(scale: Scale) -> list[str]:
 
 def broker_floor(stack: Stack, scale: Scale, producer: str = "transactional") -> Samples:
     """The broker's floor: the writer produces straight to Kafka, with ``producer``
-    "transactional" (the pipelined pair of :class:`_KafkaWriter`) or "idempotent"
+    "transactional" (the pipelined producers of :class:`_KafkaWriter`) or "idempotent"
     (:class:`_IdempotentWriter`, no transaction, as the relay's at-least-once mode)."""
     prefix = stack.topic_prefix(f"latency-floor-{producer}")
     topics = [f"{prefix}.{route}" for route in aggregate_types(scale)]
@@ -619,8 +619,9 @@ class _KafkaWriter:
     taken when a single producer was free (after the previous commit), which left that
     wait off the floor's clock while the relay's clock has it. What is left is the
     produce, a transaction's commit and the consumer's fetch, none of which the relay can
-    skip, so the floor is a true floor: a relay with one producer per part cannot pipeline
-    its commits, and any time it spends waiting behind its own commit is its overhead.
+    skip, so the floor is a true floor: a relay keeps each key's order by committing one
+    transaction of a part at a time, and any time it spends waiting behind its own
+    commit is its overhead.
     (Across producers a key's messages may land out of order: no matter for a clock.)
     """
 
