@@ -174,7 +174,6 @@ class ClaimedParts:
             max_record_bytes=int(self._ctx.settings.kafka.get("message.max.bytes", 1_000_000)),
             poll_interval=self._ctx.settings.poll_interval,
             hook=self._tracing.hook(),
-            kafka_checkpoint=self._ctx.settings.delivery == "transactional",
             on_wait=self._part_waits.set,
         )
         self.workers[part] = worker

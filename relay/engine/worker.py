@@ -253,12 +253,8 @@ class PartWorker:
         hook: PublishHook | None = None,
         scheduler: PartScheduler | None = None,
         producers: ProducerPool | None = None,
-        kafka_checkpoint: bool = False,
         on_wait: Callable[[], None] | None = None,
     ) -> None:
-        # Transactional delivery: each Kafka transaction holds the part's checkpoint too,
-        # and recovery adopts it, so the Postgres one need not wait for the WAL flush.
-        self._kafka_checkpoint = kafka_checkpoint
         # Called when :attr:`waiting` turns true: the commit probe looks for news only
         # while some part waits for it.
         self._on_wait = on_wait
@@ -726,9 +722,13 @@ class PartWorker:
         """Record a committed batch, even if the version moved (a pause, say) meanwhile."""
         for _ in range(_ADVANCE_ATTEMPTS):
             try:
-                version = store.advance(
-                    state, end, self.session.id, letters, durable=self._durable(letters)
-                )
+                # Durable only with dead letters. A crash of Postgres that loses a
+                # checkpoint leaves an earlier one of this generation: transactional
+                # delivery's recovery adopts Kafka's; idempotent delivery publishes again
+                # from it, as at-least-once allows (docs/design.md §5). Dead letters are
+                # not rebuilt past the last Kafka transaction, and a durable commit makes
+                # every earlier one durable (the WAL is written in order).
+                version = store.advance(state, end, self.session.id, letters, durable=bool(letters))
                 return dataclasses.replace(state, checkpoint=end, version=version)
             except CheckpointConflict as exc:
                 current = self._load(store)  # raises ClaimLost if a peer owns it now
@@ -753,15 +753,6 @@ class PartWorker:
         # Still racing after several tries: start over from recovery, which adopts the
         # Kafka-side checkpoint of the batch just committed instead of republishing it.
         raise CheckpointConflict(f"part {self.part}: could not record the batch ending at {end}")
-
-    def _durable(self, letters: list[DeadLetter]) -> bool:
-        """Whether this checkpoint must be durable before the part goes on. Not when Kafka
-        holds it: a crash of Postgres that loses it leaves an earlier checkpoint of this
-        generation, and recovery adopts Kafka's (docs/design.md §5). But dead letters
-        are: recovery rebuilds only those of the last Kafka transaction, and a durable
-        write makes every earlier one durable too (the WAL is written in order), so only
-        checkpoints without dead letters are ever lost."""
-        return not self._kafka_checkpoint or bool(letters)
 
     def _encode(
         self,

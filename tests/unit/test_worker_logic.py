@@ -10,8 +10,6 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-import pytest
-
 from relay.core.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position, Unreadable
 from relay.core.ports import DeadLetter, Fetched, PartState, RelaySession, Selection
 from relay.core.subscribers import PoisonPolicy, Subscriber, ValueFormat
@@ -56,7 +54,6 @@ def worker(
     kafka: InMemoryPublisher,
     batch_size: int = 100,
     batch_max_bytes: int = 2**62,
-    kafka_checkpoint: bool = False,
 ) -> PartWorker:
     return PartWorker(
         PartId("s", 0),
@@ -67,7 +64,6 @@ def worker(
         batch_size=batch_size,
         batch_max_bytes=batch_max_bytes,
         poll_interval=0.05,
-        kafka_checkpoint=kafka_checkpoint,
     )
 
 
@@ -308,12 +304,10 @@ class _AdvanceLog(InMemoryStore):
         return super().advance(state, to, owner, dead_letters, durable=durable)
 
 
-@pytest.mark.parametrize("kafka_checkpoint", [True, False])
-def test_only_a_checkpoint_kafka_holds_without_dead_letters_may_be_lost(
-    kafka_checkpoint: bool,
-) -> None:
-    """Recovery rebuilds the dead letters of the last Kafka transaction only: a
-    checkpoint carrying some is durable even when Kafka holds the checkpoint."""
+def test_only_a_checkpoint_without_dead_letters_may_be_lost() -> None:
+    """A checkpoint is committed without waiting for the WAL flush in both modes (a lost
+    one is adopted from Kafka, or published again at least once), but one carrying dead
+    letters is durable: recovery rebuilds those of the last Kafka transaction only."""
     subscriber = Subscriber(
         "s",
         topic="{aggregate_type}",
@@ -324,14 +318,8 @@ def test_only_a_checkpoint_kafka_holds_without_dead_letters_may_be_lost(
     store.append(event(1, "t"))
     store.append(event(2, "no topic!"))  # routes to an illegal name: dead-lettered
     store.append(event(3, "t"))
-    run_until_published(
-        worker(store, InMemoryPublisher(), batch_size=1, kafka_checkpoint=kafka_checkpoint), store
-    )
-    assert store.advances == [
-        (False, not kafka_checkpoint),
-        (True, True),
-        (False, not kafka_checkpoint),
-    ]
+    run_until_published(worker(store, InMemoryPublisher(), batch_size=1), store)
+    assert store.advances == [(False, False), (True, True), (False, False)]
 
 
 def test_a_batch_cut_at_batch_max_bytes_is_full_and_does_not_join_the_one_in_flight() -> None:
