@@ -68,7 +68,8 @@ Debezium's settings (``THROUGHPUT_TUNING``, ``LATENCY_TUNING``; in every figure'
     * ``poll.interval.ms`` 5 for the backlog, 1 for latency (default 500): the connector
       sleeps this long when the replication stream has nothing, and the queue waits up to
       this long to fill a batch.
-    * The Kafka producer: ``linger.ms`` 5 for the backlog (the relay's), 0 for latency;
+    * The Kafka producer: ``linger.ms`` 5 for the backlog (the exactly-once relay's;
+      the idempotent relay's is 0), 0 for latency;
       ``batch.size`` 1000000 (librdkafka's default, which the relay keeps; the Java
       client's 16 KiB would split each batch into many requests); ``acks=all`` and
       idempotence on both sides; no compression.

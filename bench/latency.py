@@ -691,14 +691,14 @@ class _KafkaWriter:
 
 class _IdempotentWriter:
     """The floor of at-least-once delivery: each message produced the moment it falls
-    due (its stamp), by one producer with the relay's settings (idempotent, acks=all,
-    one request in flight) but ``linger.ms=0``, and never waited for: what falls due
+    due (its stamp), by one producer with the idempotent relay's settings (acks=all, one
+    request in flight, ``linger.ms=0``), and never waited for: what falls due
     while a request travels goes in the next, as the client batches it. The relay's
     idempotent mode does more (it finds the rows, and awaits each batch), so its
     latency can only be above this one's; Debezium's too (bench/debezium.py)."""
 
     def __init__(self, bootstrap: str, *topics: str) -> None:
-        self._producer = Producer({**producer_config(bootstrap, {}, 30_000), "linger.ms": 0})
+        self._producer = Producer(producer_config(bootstrap, {}, 30_000, delivery="idempotent"))
         self._registry = SchemaFolder.from_dir(SCHEMAS)
         self._topics = topics
         self.transactions = 0  # one per message (it has no transactions)

@@ -44,7 +44,9 @@ class PublisherFactory:
 
     def __call__(self, state: PartState) -> Publisher:
         s = self._settings
-        config = producer_config(self._bootstrap_servers, s.kafka, int(s.delivery_timeout * 1000))
+        config = producer_config(
+            self._bootstrap_servers, s.kafka, int(s.delivery_timeout * 1000), delivery=s.delivery
+        )
         if s.delivery == "idempotent":
             return IdempotentPublisher(config, self._topics, s.delivery_timeout)
         name = f"{s.kafka_id_prefix}.{state.name}.{state.part}"

@@ -19,6 +19,9 @@ import relay.adapters.kafka.kafka
 from relay.adapters.kafka.kafka import TopicCreator, TransactionalPublisher
 from relay.core.model import KafkaRecord, Position
 from relay.core.ports import Batch
+from relay.core.settings import Settings
+from relay.core.subscribers import TopicGuard
+from relay.daemon.publishers import PublisherFactory
 from relay.errors import BrokerUnavailable, PoisonRecordError, ProducerFenced, RelayError
 
 
@@ -216,6 +219,29 @@ def test_producers_retry_a_restarted_broker_within_a_second() -> None:
         ]
         == 5000
     )  # the operator's setting wins
+
+
+@pytest.mark.parametrize(("delivery", "linger_ms"), [("idempotent", 0), ("transactional", 5)])
+def test_a_part_s_producer_lingers_only_when_its_commit_flushes(
+    delivery: str, linger_ms: int
+) -> None:
+    """An idempotent batch's records are visible once acknowledged, so they go at once;
+    a transaction's only at its commit, which flushes them anyway. The operator's
+    ``linger.ms`` wins in both modes."""
+    for overrides, expected in (({}, linger_ms), ({"linger.ms": 20}, 20)):
+        settings = Settings(bootstrap_servers="b:1", delivery=delivery, kafka=overrides)
+        factory = PublisherFactory(settings, TopicGuard(settings.checkpoint_topic))
+        state = SimpleNamespace(name="s", part=0, subscriber_id=1)
+        publisher = factory(state)  # type: ignore[arg-type]
+        # A transactional part's publisher takes turns between two producers.
+        producers = (
+            [publisher._first, publisher._second]  # type: ignore[attr-defined]
+            if delivery == "transactional"
+            else [publisher]
+        )
+        assert {p._config["linger.ms"] for p in producers} == {expected}
+        for p in producers:
+            p.close()
 
 
 def test_producers_keep_one_request_in_flight_whatever_the_settings_say() -> None:

@@ -83,11 +83,19 @@ _MAX_TAG_BYTES = 4000
 
 
 def producer_config(
-    bootstrap_servers: str, overrides: Mapping[str, Any], delivery_timeout_ms: int
+    bootstrap_servers: str,
+    overrides: Mapping[str, Any],
+    delivery_timeout_ms: int,
+    *,
+    delivery: str = "transactional",
 ) -> dict[str, Any]:
     config: dict[str, Any] = {
         "bootstrap.servers": bootstrap_servers,
-        "linger.ms": 5,
+        # An idempotent batch's records are visible once acknowledged, but with a linger
+        # they waited in the client while the part read ahead, until the flush (p50 at
+        # 1k ev/s: 1.77 ms at 5, 1.29 at 0). A transaction's are visible only at its
+        # commit, which flushes them anyway (no gain measured at 0).
+        "linger.ms": 0 if delivery == "idempotent" else 5,
         # librdkafka speaks the pre-KIP-890 transaction protocol: a transaction begun
         # right after a commit gets CONCURRENT_TRANSACTIONS until the broker has written
         # the last one's markers, and the default 100 ms backoff then dominated latency
