@@ -660,7 +660,7 @@ class _KafkaWriter:
                     except queue.Empty:
                         break
                     if following is None:
-                        self._due.put(None)  # the other producer stops too
+                        self._due.put(None)  # the other producers stop too
                         break
                     batch.append(following)
                 self._commit(producer, batch)
@@ -670,10 +670,7 @@ class _KafkaWriter:
     def _commit(self, producer: Producer, batch: list[tuple[int, str]]) -> None:
         producer.begin_transaction()
         for i, topic in batch:
-            value = self._registry.encode(EVENT_TYPE, order_payload(i))
-            producer.produce(
-                topic, value, str(i % KEYS).encode(), headers=[("id", f"b{i}".encode())]
-            )
+            _produce_order(producer, self._registry, topic, i)
         producer.commit_transaction(30)
         with self._lock:
             self.transactions += 1
@@ -705,13 +702,7 @@ class _IdempotentWriter:
 
     def write(self, first: int, plan: Plan, stamps: Stamps) -> int:
         stamps.append((f"b{first}", time.monotonic()))
-        value = self._registry.encode(EVENT_TYPE, order_payload(first))
-        self._producer.produce(
-            self._topics[plan.route(first)],
-            value,
-            str(first % KEYS).encode(),
-            headers=[("id", f"b{first}".encode())],
-        )
+        _produce_order(self._producer, self._registry, self._topics[plan.route(first)], first)
         self._producer.poll(0)  # delivery reports: none asked for, but the queue drains
         self.transactions += 1
         return first + 1
@@ -719,6 +710,13 @@ class _IdempotentWriter:
     def close(self) -> None:
         if self._producer.flush(30) > 0:
             raise RuntimeError("the idempotent floor's producer left messages undelivered")
+
+
+def _produce_order(producer: Producer, registry: SchemaFolder, topic: str, i: int) -> None:
+    """Produce a floor's message ``i``: the Avro order the relay would publish for it,
+    keyed as the outbox writer keys it, its id in the header the consumer stamps by."""
+    value = registry.encode(EVENT_TYPE, order_payload(i))
+    producer.produce(topic, value, str(i % KEYS).encode(), headers=[("id", f"b{i}".encode())])
 
 
 # -- plumbing --------------------------------------------------------------------------
