@@ -55,7 +55,10 @@ Backlog throughput, warm
 
 Latency at 1k ev/s
     Debezium is restarted with its latency settings (``linger.ms=0``, ``poll.interval.ms``
-    1) and drains a warm-up backlog; it then runs through every round. Each round runs
+    1) and drains a warm-up backlog; it then stays up, its JIT warm, but is suspended
+    (SIGSTOP) through every other side's run, warm-ups included (:func:`_suspended`): its
+    idle JVM polls every millisecond and took 0.4 of a core while the relay ran, which
+    the relay's rounds paid for and its own did not. Each round runs
     bench/latency.py's app writer and read_committed consumer (separate processes, one
     event per transaction through the write API, commit → visible) against Debezium,
     the relay idempotent and the relay exactly-once (in-process, production defaults
@@ -92,11 +95,12 @@ import logging
 import math
 import os
 import re
+import signal
 import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.sharedctypes import Synchronized
@@ -152,6 +156,7 @@ ROWS_PER_TRANSACTION = 1000  # the backlog is written by many transactions, as a
 ROUTER_COLUMNS = ("message_id", "aggregate_type", "aggregate_id", "event_type", "payload")
 ROUTER_TOPIC = "debezium.transforms.outbox.route.topic.replacement"
 EXTRA_S = 1.0  # after the last expected record, how long a consumer waits for more
+RESUMED_S = 2.0  # after Debezium Server resumes, for the timers that fell due meanwhile
 DEBEZIUM = "Debezium Server, at-least-once"
 EXACTLY_ONCE = "relay, exactly-once (transactional)"
 IDEMPOTENT = "relay, at-least-once (idempotent)"
@@ -319,7 +324,9 @@ def _logical_postgres(stack: Stack) -> Iterator[LocalPostgres]:
     server = LocalPostgres(
         stack.workdir / "pg-logical",
         fsync=stack.postgres.fsync,
-        settings={"wal_level": "logical"},
+        # No walsender timeout: Debezium Server's process is suspended through the other
+        # sides' latency rounds (_suspended), longer than the default minute at `full`.
+        settings={"wal_level": "logical", "wal_sender_timeout": "0"},
     )
     server.start()
     try:
@@ -770,7 +777,8 @@ def _latency_rounds(
 
         def side(name: str, measure: Callable[[], latency.Samples]) -> Callable[[], float]:
             def once() -> float:
-                runs.setdefault(name, []).append(measure())
+                with nullcontext() if name == DEBEZIUM else _suspended(debezium):
+                    runs.setdefault(name, []).append(measure())
                 summary = _summary(name, runs[name][-1])
                 print(f"debezium latency: {name} {summary}", file=sys.stderr, flush=True)
                 return runs[name][-1].ms(0.5)
@@ -789,7 +797,8 @@ def _latency_rounds(
 
         # Debezium Server drained its warm-up backlog; the broker's transactions and the
         # relay's runs warm up here.
-        latency.warm_up(stack, scale, *map(relay_warm_up, MODES.values()))
+        with _suspended(debezium):
+            latency.warm_up(stack, scale, *map(relay_warm_up, MODES.values()))
 
         interleave(
             {DEBEZIUM: side(DEBEZIUM, debezium_round),
@@ -824,6 +833,25 @@ def _warm_latency_server(
         yield
     finally:
         debezium.stop()
+
+
+@contextmanager
+def _suspended(debezium: LocalDebeziumServer) -> Iterator[None]:
+    """Debezium Server stopped in its tracks (SIGSTOP) for the block, then resumed: no
+    side's round shares the two cores with another side's process. A resumed JVM keeps
+    its compiled code, so its rounds stay warm without a new warm-up backlog."""
+    pid = debezium.pid
+    if pid is None:
+        raise RuntimeError(f"Debezium Server is not running; its log: {debezium.log_path}")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        with suppress(ProcessLookupError):  # it died meanwhile: said below
+            os.kill(pid, signal.SIGCONT)
+    time.sleep(RESUMED_S)
+    if not debezium.running:
+        raise RuntimeError(f"Debezium Server exited; its log: {debezium.log_path}")
 
 
 # -- figures ---------------------------------------------------------------------------

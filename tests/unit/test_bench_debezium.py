@@ -5,11 +5,14 @@ No figure is measured here (performance lives in bench/)."""
 from __future__ import annotations
 
 import math
+import subprocess
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from bench import debezium as debezium_bench
 from bench import latency
 from bench.debezium import (
     DEBEZIUM,
@@ -23,6 +26,7 @@ from bench.debezium import (
     Span,
     Tally,
     _latency_figures,
+    _suspended,
     chosen_sides,
     gc_pauses,
     jvm_options,
@@ -169,3 +173,51 @@ def test_the_latency_figures_set_each_relay_mode_and_debezium_against_the_broker
     assert ratios[f"commit to visible p50, {EXACTLY_ONCE} vs its floor in this run"] == 2.4
     assert ratios[f"commit to visible p50, {IDEMPOTENT} vs its floor in this run"] == 7.5
     assert ratios[f"commit to visible p50, {EXACTLY_ONCE} vs Debezium"] == 6.0
+
+
+class _Process:
+    """What _suspended reads of a LocalDebeziumServer, over any child process."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.pid: int | None = proc.pid
+        self._proc = proc
+        self.log_path = Path("/dev/null")
+
+    @property
+    def running(self) -> bool:
+        return self._proc.poll() is None
+
+
+def _state(pid: int, *, becomes: str) -> str:
+    """The process's state once it is ``becomes`` (a signal takes effect a moment
+    later), or as it is after a few seconds: /proc/<pid>/stat's "pid (comm) state"."""
+    for _ in range(500):
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state in becomes:
+            break
+        time.sleep(0.01)
+    return state
+
+
+def test_debezium_server_is_suspended_while_another_side_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(debezium_bench, "RESUMED_S", 0.0)
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        with _suspended(_Process(proc)):  # type: ignore[arg-type]
+            assert _state(proc.pid, becomes="T") == "T"  # stopped by a signal
+        assert _state(proc.pid, becomes="SR") in "SR"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_debezium_server_that_died_while_suspended_fails_the_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(debezium_bench, "RESUMED_S", 0.0)
+    proc = subprocess.Popen(["sleep", "60"])
+    with pytest.raises(RuntimeError, match="exited"), _suspended(_Process(proc)):  # type: ignore[arg-type]
+        proc.kill()
+        proc.wait()
