@@ -114,7 +114,8 @@ class RelayPool:
         on_connect: Callable[[OutboxStore], None] | None = None,
         timeouts: db.SessionTimeouts | None = None,
     ) -> None:
-        self._url = url
+        # For redacting errors; parsed once, not at every borrow (one per store call).
+        self._secret = db.parse_url(url).get("password")
         self._timeouts = timeouts
         self._schema = schema
         # Run on every new connection, before it is used: the relay's key-space check.
@@ -144,7 +145,7 @@ class RelayPool:
     ) -> AbstractContextManager[psycopg.Connection[Any]]:
         """Borrow a connection (given back, or discarded if broken, on exit), waiting
         at most ``timeout`` seconds (the pool's 30 s by default)."""
-        return _Borrowed(self._pool, self._url, timeout)
+        return _Borrowed(self._pool, self._secret, timeout)
 
     def store(self, schema: str) -> OutboxStore:
         return PooledStore(self, schema)
@@ -160,7 +161,7 @@ class RelayPool:
         failure = _REFUSALS.last_failure
         if failure is None:
             return None
-        error = db.classify(failure, db.parse_url(self._url).get("password"))
+        error = db.classify(failure, self._secret)
         return None if isinstance(error, DatabaseUnavailable) else error
 
     def close(self, timeout: float = 5.0) -> None:
@@ -204,10 +205,10 @@ class _Borrowed:
     """``pool.connection()``, its wait and its refusals as relay errors."""
 
     def __init__(
-        self, pool: ConnectionPool[_RelayConnection], url: str, timeout: float | None
+        self, pool: ConnectionPool[_RelayConnection], secret: str | None, timeout: float | None
     ) -> None:
         self._cm = pool.connection(timeout)
-        self._secret = db.parse_url(url).get("password")
+        self._secret = secret
 
     def __enter__(self) -> psycopg.Connection[Any]:
         with db.wrap_errors(self._secret):
