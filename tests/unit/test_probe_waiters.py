@@ -147,5 +147,54 @@ def test_a_part_that_catches_up_after_a_long_drain_gets_the_short_interval(
     probe.join(30)
     assert not probe.is_alive()
     assert len(looks) == 3
-    # After the first look, the idle one, then the short interval again.
-    assert sleeps.lengths == [0.001, 0.01, 0.001]
+    # After the first look, the idle one, then a quick look: the part has just caught up.
+    assert sleeps.lengths == pytest.approx([0.001, 0.01, 0.001 / probe_module._QUICK_FACTOR])
+
+
+def test_a_part_that_starts_waiting_gets_a_few_quick_looks_then_the_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    parts, looks, wakes = _Parts(), [], []
+    sleeps = _Sleeps()
+    quick = probe_module._QUICK_LOOKS
+
+    def scenario() -> None:
+        if len(looks) == quick + 3:
+            sleeps.set()  # stop after this look
+
+    original = parts.wait_for_waiting
+
+    def starts_waiting(timeout: float) -> None:
+        parts.part_waits = True
+        original(timeout)
+
+    monkeypatch.setattr(parts, "wait_for_waiting", starts_waiting)
+    probe = _probe(parts, looks, wakes, scenario)
+    monkeypatch.setattr(probe, "_stopping", sleeps)
+    probe.start()
+    probe.join(30)
+    assert not probe.is_alive()
+    # Busy at first: no look until the part waits; then quick looks, then the interval
+    # for as long as it keeps waiting.
+    fast = 0.001 / probe_module._QUICK_FACTOR
+    assert sleeps.lengths == pytest.approx([fast] * quick + [0.001] * 3)
+
+
+def test_parts_that_wait_from_the_start_get_no_quick_looks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An idle relay: its parts never drained anything, so nothing just caught up.
+    parts, looks, wakes = _Parts(), [], []
+    parts.part_waits = True
+    sleeps = _Sleeps()
+
+    def scenario() -> None:
+        if len(looks) == 3:
+            sleeps.set()
+
+    probe = _probe(parts, looks, wakes, scenario)
+    monkeypatch.setattr(probe, "_stopping", sleeps)
+    probe.start()
+    probe.join(30)
+    assert not probe.is_alive()
+    assert sleeps.lengths == [0.001, 0.001, 0.001]
