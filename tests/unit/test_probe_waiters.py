@@ -115,6 +115,45 @@ class _Sleeps(threading.Event):
         return super().wait(timeout)
 
 
+def _sleeps_between_looks(
+    monkeypatch: pytest.MonkeyPatch,
+    parts: _Parts,
+    looks: int,
+    scenario: Callable[[list[int]], None] = lambda looked: None,
+) -> list[float]:
+    """Run the probe over ``parts`` until its ``looks``-th look (``scenario`` sees the
+    looks so far after each); how long it slept after each look."""
+    looked: list[int] = []
+    sleeps = _Sleeps()
+
+    def on_look() -> None:
+        scenario(looked)
+        if len(looked) == looks:
+            sleeps.set()  # stop after this look
+
+    probe = _probe(parts, looked, [], on_look)
+    monkeypatch.setattr(probe, "_stopping", sleeps)
+    probe.start()
+    probe.join(30)
+    assert not probe.is_alive()
+    assert len(looked) == looks
+    return sleeps.lengths
+
+
+def _starts_waiting(
+    monkeypatch: pytest.MonkeyPatch, parts: _Parts, then: Callable[[], None]
+) -> None:
+    """The busy parts start waiting (after ``then``) as soon as the probe sleeps on them."""
+    original = parts.wait_for_waiting
+
+    def starts_waiting(timeout: float) -> None:
+        then()
+        parts.part_waits = True
+        original(timeout)
+
+    monkeypatch.setattr(parts, "wait_for_waiting", starts_waiting)
+
+
 def test_a_part_that_catches_up_after_a_long_drain_gets_the_short_interval(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -122,79 +161,40 @@ def test_a_part_that_catches_up_after_a_long_drain_gets_the_short_interval(
     # from the probe's last change before it.
     clock = [0.0]
     monkeypatch.setattr(probe_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
-    parts, looks, wakes = _Parts(), [], []
+    parts = _Parts()
     parts.part_waits = True
-    sleeps = _Sleeps()
 
-    def scenario() -> None:
-        if len(looks) == 2:  # 100 s without news: idle; then the part drains a backlog
+    def scenario(looked: list[int]) -> None:
+        if len(looked) == 2:  # 100 s without news: idle; then the part drains a backlog
             clock[0] = 100.0
             parts.part_waits = False
-        if len(looks) == 3:
-            sleeps.set()  # stop after this look
 
-    original = parts.wait_for_waiting
-
-    def caught_up(timeout: float) -> None:  # the drain ends a second later
+    def drained() -> None:  # a second later
         clock[0] = 101.0
-        parts.part_waits = True
-        original(timeout)
 
-    monkeypatch.setattr(parts, "wait_for_waiting", caught_up)
-    probe = _probe(parts, looks, wakes, scenario)
-    monkeypatch.setattr(probe, "_stopping", sleeps)
-    probe.start()
-    probe.join(30)
-    assert not probe.is_alive()
-    assert len(looks) == 3
+    _starts_waiting(monkeypatch, parts, then=drained)
+    sleeps = _sleeps_between_looks(monkeypatch, parts, 3, scenario)
     # After the first look, the idle one, then a quick look: the part has just caught up.
-    assert sleeps.lengths == pytest.approx([0.001, 0.01, 0.001 / probe_module._QUICK_FACTOR])
+    assert sleeps == pytest.approx([0.001, 0.01, 0.001 / probe_module._QUICK_FACTOR])
 
 
 def test_a_part_that_starts_waiting_gets_a_few_quick_looks_then_the_interval(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    parts, looks, wakes = _Parts(), [], []
-    sleeps = _Sleeps()
+    parts = _Parts()
     quick = probe_module._QUICK_LOOKS
-
-    def scenario() -> None:
-        if len(looks) == quick + 3:
-            sleeps.set()  # stop after this look
-
-    original = parts.wait_for_waiting
-
-    def starts_waiting(timeout: float) -> None:
-        parts.part_waits = True
-        original(timeout)
-
-    monkeypatch.setattr(parts, "wait_for_waiting", starts_waiting)
-    probe = _probe(parts, looks, wakes, scenario)
-    monkeypatch.setattr(probe, "_stopping", sleeps)
-    probe.start()
-    probe.join(30)
-    assert not probe.is_alive()
+    _starts_waiting(monkeypatch, parts, then=lambda: None)
+    sleeps = _sleeps_between_looks(monkeypatch, parts, quick + 3)
     # Busy at first: no look until the part waits; then quick looks, then the interval
     # for as long as it keeps waiting.
     fast = 0.001 / probe_module._QUICK_FACTOR
-    assert sleeps.lengths == pytest.approx([fast] * quick + [0.001] * 3)
+    assert sleeps == pytest.approx([fast] * quick + [0.001] * 3)
 
 
 def test_parts_that_wait_from_the_start_get_no_quick_looks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # An idle relay: its parts never drained anything, so nothing just caught up.
-    parts, looks, wakes = _Parts(), [], []
+    parts = _Parts()
     parts.part_waits = True
-    sleeps = _Sleeps()
-
-    def scenario() -> None:
-        if len(looks) == 3:
-            sleeps.set()
-
-    probe = _probe(parts, looks, wakes, scenario)
-    monkeypatch.setattr(probe, "_stopping", sleeps)
-    probe.start()
-    probe.join(30)
-    assert not probe.is_alive()
-    assert sleeps.lengths == [0.001, 0.001, 0.001]
+    assert _sleeps_between_looks(monkeypatch, parts, 3) == [0.001, 0.001, 0.001]
