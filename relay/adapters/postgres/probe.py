@@ -51,10 +51,11 @@ _UNSEEN = object()
 # The longest the probe sleeps while no part waits: it notices a stop only between sleeps
 # (the parts' signal, not its own, ends them early).
 _MAX_REST_S = 1.0
-# After a part starts waiting, the probe's next looks come this many times as often as
-# ``interval``: a part that just caught up with a steady stream usually has its next
-# row within a few milliseconds, which a whole interval would make it wait for. Only so
-# many looks, so a relay that keeps waiting costs no more than before.
+# After a part starts waiting, the probe's next _QUICK_LOOKS looks come _QUICK_FACTOR
+# times as often as ``interval``: a part that just caught up with a steady stream
+# usually has its next row within a few milliseconds, which a whole interval would make
+# it wait for. Only so many looks, so a relay that keeps waiting costs no more than
+# before.
 _QUICK_LOOKS = 4
 _QUICK_FACTOR = 5
 # What a wake-up concerns: rows of these aggregate types (None: any).
@@ -151,10 +152,12 @@ class CommitProbe(threading.Thread):
             if changed:
                 last, changed_at = newest, now
                 self._wake(woken)
-            self._stopping.wait(self._rest(idle=now - changed_at > self._idle_after, quick=quick))
+            self._stopping.wait(
+                self._rest(idle=now - changed_at > self._idle_after, quick=quick > 0)
+            )
             quick = max(0, quick - 1)
 
-    def _rest(self, *, idle: bool, quick: int) -> float:
+    def _rest(self, *, idle: bool, quick: bool) -> float:
         """How long to wait before the next look."""
         if idle:
             return self._idle_interval
