@@ -58,6 +58,7 @@ def test_a_setting_for_the_other_kind_of_client_is_not_a_warning(
             producer.poll(0.2)
         finally:
             consumer.close()
+            producer.close()
     notes = [r for r in caplog.records if "will be ignored by this" in r.getMessage()]
     # One note each: linger.ms for the consumer, session.timeout.ms for the producer.
     assert [r.levelno for r in notes] == [logging.DEBUG] * 2, [
