@@ -49,6 +49,7 @@ class FakeProducer:
 
     def __init__(self, reject: bytes, times: int = 1_000) -> None:
         self.reject, self.times = reject, times
+        self.epoch = 0  # init_transactions calls after the first (a new client's epoch)
         self.pending: list[tuple[KafkaRecord, Any]] = []
         self.flushed: list[bytes] = []
         self.failed = False
@@ -87,6 +88,9 @@ class FakeProducer:
     def abort_transaction(self, timeout: float) -> None:
         self.pending, self.failed = [], False
 
+    def init_transactions(self, timeout: float) -> None:
+        self.epoch += 1
+
 
 def publisher(producer: FakeProducer, delivery_timeout_s: float = 5.0) -> TransactionalPublisher:
     pub = TransactionalPublisher(
@@ -99,6 +103,8 @@ def publisher(producer: FakeProducer, delivery_timeout_s: float = 5.0) -> Transa
         consumer_config={"bootstrap.servers": "127.0.0.1:1"},
     )
     pub._producer = producer  # type: ignore[assignment]
+    # A new client of the id (after an abort) is this stand-in again, at its next epoch.
+    pub._new_producer = lambda: producer  # type: ignore[method-assign,assignment,return-value]
     pub._initialised = True  # recover() needs a broker; not what is tested here
     return pub
 
@@ -120,6 +126,22 @@ def test_a_passing_failure_commits_the_batch_once() -> None:
     producer = FakeProducer(reject=b"b", times=1)
     publisher(producer).publish(Batch(records(b"a", b"b"), Position(1, 1), "gen"))
     assert producer.committed == [[b"a", b"b"]]
+
+
+def test_the_retry_after_an_abort_runs_at_a_new_epoch() -> None:
+    """At the aborted transaction's epoch, a record the client re-sends under its old
+    sequence number is taken by the broker for the aborted batch and never appended."""
+    producer = FakeProducer(reject=b"b", times=1)
+    epochs: list[int] = []
+    commit = producer.commit_transaction
+
+    def commit_noting_the_epoch(timeout: float) -> None:
+        epochs.append(producer.epoch)
+        commit(timeout)
+
+    producer.commit_transaction = commit_noting_the_epoch  # type: ignore[method-assign]
+    publisher(producer).publish(Batch(records(b"a", b"b"), Position(1, 1), "gen"))
+    assert epochs == [0, 1] and producer.committed == [[b"a", b"b"]]
 
 
 def test_the_fast_path_asks_for_no_delivery_reports() -> None:

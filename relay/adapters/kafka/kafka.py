@@ -571,7 +571,19 @@ class TransactionalPublisher(_BatchProducer):
                 exc,
                 extra=self._log_extra("kafka_txn_aborted_retrying", error=exc),
             )
+            self._next_epoch()
             self._commit_batch(self._send_in_transaction(sent, None, wait=True), None)
+
+    def _next_epoch(self) -> None:
+        """Go on from an aborted transaction on a new client of this transactional id,
+        whose init_transactions gives it the next epoch. At the same epoch a record whose
+        outcome the client never learned (its leader killed as it appended it) may be
+        sent again under its old sequence number: the broker answers it as a duplicate of
+        the aborted batch and does not append it, and the retry commits without it (a
+        loss seen in CI: two events, stop 27). A new epoch starts the sequences over.
+        librdkafka does not speak KIP-890, which bumps the epoch at every transaction."""
+        self._producer = self._new_producer()  # the old one is destroyed once dropped
+        self._call(self._producer.init_transactions, self._call_timeout_s)
 
     def _send_in_transaction(
         self, batch: Batch, meanwhile: Meanwhile | None, *, wait: bool
