@@ -579,8 +579,9 @@ class TransactionalPublisher(_BatchProducer):
         whose init_transactions gives it the next epoch. At the same epoch a record whose
         outcome the client never learned (its leader killed as it appended it) may be
         sent again under its old sequence number: the broker answers it as a duplicate of
-        the aborted batch and does not append it, and the retry commits without it (a
-        loss seen in CI: two events, stop 27). A new epoch starts the sequences over.
+        the aborted batch and does not append it, and the retry commits without it (two
+        events lost once in CI's cluster availability test). A new epoch starts the
+        sequences over.
         librdkafka does not speak KIP-890, which bumps the epoch at every transaction."""
         self._producer = self._new_producer()  # the old one is destroyed once dropped
         self._call(self._producer.init_transactions, self._call_timeout_s)
