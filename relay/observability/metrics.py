@@ -302,15 +302,19 @@ _PART_GAUGES = (
         "outbox_relay_lag_events",
         f"Events not yet published (counted up to {EXACT_UP_TO}, estimated beyond)",
     ),
-    ("outbox_relay_lag_seconds", "Age of the oldest event not yet published"),
+    (
+        "outbox_relay_lag_seconds",
+        "Seconds since the database recorded the oldest event not yet published (its "
+        "recorded_at: the INSERT's time, never the occurred_at a writer may set)",
+    ),
     ("outbox_relay_checkpoint_age_seconds", "Seconds since the part's checkpoint last changed"),
     ("outbox_relay_part_claimed", "1 when a live relay owns the part"),
     ("outbox_relay_part_halted", "1 when a poison event halted the part"),
     (
         "outbox_relay_publish_stalled_seconds",
         "Seconds the part has had events to publish without publishing any (0 while it "
-        "has none): since its checkpoint last moved, or since its oldest pending event "
-        "if that is younger",
+        "has none): since its checkpoint last moved, or since the database recorded its "
+        "oldest pending event if that is younger",
     ),
 )
 
