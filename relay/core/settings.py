@@ -246,6 +246,10 @@ class Settings(BaseSettings):
     metrics_enabled: bool = True
     metrics_port: int = Field(default=9187, ge=0, le=65535)
     metrics_host: str = Field(default="127.0.0.1", min_length=1)
+    # /healthz and /readyz alone, on a port of their own on metrics_host, which scrapes
+    # cannot use up (relay/observability/metrics.py); point the probes at it. None: the
+    # metrics port + 1 (9188), or any free port when metrics_port is 0.
+    probe_port: int | None = Field(default=None, ge=0, le=65535)
     # Scrapes within this many seconds share one read of the Postgres-derived figures
     # (read in the background; a scrape waits for it 5 s at most, then serves the last).
     metrics_cache_ttl: float = Field(default=5.0, ge=0, le=300)
@@ -327,6 +331,23 @@ class Settings(BaseSettings):
                 f"(got {self.heartbeat_interval}s and {self.session_timeout}s)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _probe_port_apart(self) -> Settings:
+        port = self.probe_listen_port
+        if port > 65535 or (port and port == self.metrics_port):
+            raise ValueError(
+                f"probe_port must be a port other than metrics_port (got {port}); "
+                "set RELAY_PROBE_PORT"
+            )
+        return self
+
+    @property
+    def probe_listen_port(self) -> int:
+        """The probe port: probe_port, or the metrics port + 1 (0 for 0)."""
+        if self.probe_port is not None:
+            return self.probe_port
+        return self.metrics_port + 1 if self.metrics_port else 0
 
     @field_validator("subscribers")
     @classmethod

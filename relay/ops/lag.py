@@ -8,7 +8,10 @@ from one identity sequence, so the newest row's position minus the first pending
 row's is about the number of rows between them (more when rolled-back inserts left
 gaps), of which a part of a split subscriber holds the share it held in the scan.
 Only rows the subscriber's filters match count: a subscriber of one aggregate type
-has no lag from other types' rows.
+has no lag from other types' rows. The lag in seconds is the time since the database
+recorded the oldest of those rows (``recorded_at``, migration 0018), never a time a
+writer chose (``occurred_at``): a row dated in the future cannot hide a backlog, nor one
+dated 1970 fake one.
 
 Events a reset forward jumped over are counted apart (:class:`Skipped`), as is a
 checkpoint beyond the horizon, which would skip every row written from then on.
@@ -27,7 +30,8 @@ EXACT_UP_TO = 10_000
 
 @dataclass(frozen=True)
 class Lag:
-    """How far publication is behind: in events, and in the oldest event's age."""
+    """How far publication is behind: in events, and in seconds since the database
+    recorded the oldest pending event."""
 
     events: int
     seconds: float = 0.0

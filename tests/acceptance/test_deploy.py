@@ -50,6 +50,7 @@ COMPOSE = REPO / "deploy" / "docker-compose.yml"
 # work on. It has to be among the versions kubernetes-validate bundles.
 K8S_VERSION = "1.31.0"
 METRICS_PORT = 9187
+PROBE_PORT = 9188  # /healthz and /readyz alone
 LABEL = ("app.kubernetes.io/name", "outbox-relay")
 # RELAY_* variables the relay knows. A mistyped one is silently ignored, so every
 # artifact's RELAY_* names are checked against the settings.
@@ -358,8 +359,9 @@ def test_healthcheck_calls_the_health_endpoint(runtime: Stage) -> None:
     assert runtime.healthcheck and runtime.healthcheck.upper() != "NONE"
     command = healthcheck_command(runtime.healthcheck)
     assert command[:2] == ["python", "-c"], "no curl in slim images: use python"
-    assert "urllib" in command[2] and "/healthz" in command[2] and str(METRICS_PORT) in command[2]
-    assert str(METRICS_PORT) in runtime.expose
+    assert "urllib" in command[2] and "/healthz" in command[2]
+    assert "RELAY_PROBE_PORT" in command[2] and str(METRICS_PORT) in command[2]
+    assert {str(METRICS_PORT), str(PROBE_PORT)} <= set(runtime.expose)
 
 
 class _Health(http.server.BaseHTTPRequestHandler):
@@ -389,19 +391,25 @@ def health_server() -> Iterator[tuple[int, type[_Health]]]:
 def test_healthcheck_command_really_checks(
     runtime: Stage, health_server: tuple[int, type[_Health]]
 ) -> None:
-    """The HEALTHCHECK one-liner, run as is (on the port it reads from RELAY_METRICS_PORT):
-    healthy on a 200, unhealthy on a 503 and when nothing listens."""
+    """The HEALTHCHECK one-liner, run as is (on the probe port: RELAY_PROBE_PORT, else
+    RELAY_METRICS_PORT + 1, as the relay derives it): healthy on a 200, unhealthy on a
+    503 and when nothing listens."""
     assert runtime.healthcheck
     command = healthcheck_command(runtime.healthcheck)
     port, handler = health_server
 
-    def check(on_port: int) -> int:
-        env = {**os.environ, "RELAY_METRICS_PORT": str(on_port)}
+    def check(on_port: int, derived: bool = False) -> int:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+        if derived:
+            env["RELAY_METRICS_PORT"] = str(on_port - 1)
+        else:
+            env["RELAY_PROBE_PORT"] = str(on_port)
         run = [sys.executable, *command[1:]]
         return subprocess.run(run, check=False, capture_output=True, timeout=30, env=env).returncode
 
     handler.status = 200
     assert check(port) == 0
+    assert check(port, derived=True) == 0
     handler.status = 503
     assert check(port) != 0
     with socket.socket() as sock:  # a port that nothing listens on
@@ -554,15 +562,19 @@ def test_k8s_relay_probes_and_metrics() -> None:
     (container,) = template["spec"]["containers"]
     assert container["args"] == ["run"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"metrics": METRICS_PORT}
+    assert ports == {"metrics": METRICS_PORT, "probes": PROBE_PORT}
 
     def probe(kind: str) -> tuple[str, int]:
         get = container[kind]["httpGet"]
         port = get["port"]
         return get["path"], ports[port] if isinstance(port, str) else port
 
-    assert probe("livenessProbe") == ("/healthz", METRICS_PORT)
-    assert probe("readinessProbe") == ("/readyz", METRICS_PORT)
+    assert probe("startupProbe") == ("/healthz", PROBE_PORT)
+    assert probe("livenessProbe") == ("/healthz", PROBE_PORT)
+    assert probe("readinessProbe") == ("/readyz", PROBE_PORT)
+    config = k8s_one("ConfigMap", "outbox-relay")["data"]
+    assert config["RELAY_METRICS_PORT"] == str(METRICS_PORT)
+    assert config["RELAY_PROBE_PORT"] == str(PROBE_PORT)
     assert container["resources"]["requests"]
 
     annotations = template["metadata"]["annotations"]

@@ -145,3 +145,25 @@ def test_a_rolling_deploy_publishes_everything_across_migration_3(
             relay.stop()
         written = conn.execute("SELECT message_id::text FROM outbox ORDER BY position").fetchall()
     assert ids_of(seen) == [w[0] for w in written]
+
+
+def test_the_lag_is_read_on_a_schema_before_migration_18(database_url: str) -> None:
+    """Relays that roll before `migrate` (a rolling deploy) read the lag without
+    recorded_at: from occurred_at, as before 0018; after it, from recorded_at."""
+    from relay.adapters.postgres.store import OutboxStore
+    from relay.core.subscribers import Subscriber
+    from relay.ops.lag import subscriber_lag
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        migrations.migrate(conn, up_to=13)
+        store = OutboxStore(conn)
+        store.add(Subscriber("s", topic="t"))
+        conn.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, occurred_at)"
+            " VALUES ('order', 'o-1', 'OrderPlaced', '{}', now() - interval '1 hour')"
+        )
+        before = subscriber_lag(store, store.get("s"))
+        migrations.migrate(conn)
+        after = subscriber_lag(store, store.get("s"))
+    assert before.events == after.events == 1
+    assert before.seconds >= 3600 > after.seconds

@@ -236,3 +236,12 @@ def test_log_lines_and_tracebacks_mask_passwords(capsys: pytest.CaptureFixture[s
         assert "postgresql://app:***@db/app" in written and "password=***" in written
         assert "SECRET" not in written and "SEC RET" not in written
         assert "Traceback" in written or '"exception"' in written
+
+
+def test_the_probe_port_follows_the_metrics_port_unless_set() -> None:
+    assert load_settings().probe_listen_port == 9188
+    assert load_settings(metrics_port=0).probe_listen_port == 0  # any free port, both
+    assert load_settings(metrics_port=9300, probe_port=8081).probe_listen_port == 8081
+    for clash in ({"metrics_port": 9300, "probe_port": 9300}, {"metrics_port": 65535}):
+        with pytest.raises(ConfigError, match="probe_port"):
+            load_settings(**clash)

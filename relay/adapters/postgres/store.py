@@ -53,7 +53,9 @@ class LagSample(NamedTuple):
     counted: int  # of those, the part's own that match the subscriber's filters
     first_position: int | None  # position of the first row scanned
     last_position: int | None  # position of the newest row of the outbox
-    age_s: float | None  # age of the part's oldest row after its checkpoint
+    # Seconds since the database recorded the part's oldest row after its checkpoint
+    # (recorded_at; a writer's occurred_at only on a schema before migration 0018).
+    age_s: float | None
 
 
 _UNDEFINED_COLUMN = "42703"
@@ -223,16 +225,21 @@ class OutboxStore:
 
     def lag_sample(self, state: PartState, scan: int) -> LagSample:
         """The part's rows after its checkpoint, decided or not, scanned up to ``scan``."""
-        with wrap_errors():
-            row = self.conn.execute(
-                self._q["part_lag"],
-                {
-                    **_part_params(state),
-                    "scan": scan,
-                    "aggregate_types": _sorted(state.subscriber.aggregate_types),
-                    "event_types": _sorted(state.subscriber.event_types),
-                },
-            ).fetchone()
+        params = {
+            **_part_params(state),
+            "scan": scan,
+            "aggregate_types": _sorted(state.subscriber.aggregate_types),
+            "event_types": _sorted(state.subscriber.event_types),
+        }
+        try:
+            with wrap_errors():
+                row = self.conn.execute(self._q["part_lag"], params).fetchone()
+        except DatabaseError as exc:
+            if exc.sqlstate != _UNDEFINED_COLUMN:
+                raise
+            # A schema before migration 0018 (a rolling deploy): no recorded_at yet.
+            with wrap_errors():
+                row = self.conn.execute(self._q["part_lag_by_occurred_at"], params).fetchone()
         assert row is not None
         return LagSample(*row)
 

@@ -716,7 +716,32 @@ SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE');
 -- range scan that stops there), how many of them are the part's and match the
 -- subscriber's filters, the position of the first and of the newest row (positions
 -- come from one identity sequence: beyond the scan, their difference estimates the
--- rows), and the age of the part's oldest matching row among those scanned.
+-- rows), and how long ago the database recorded the oldest of the part's rows among
+-- those scanned (recorded_at, migration 0018: never occurred_at, which writers set).
+WITH scanned AS (
+    SELECT o.transaction_id, o.position, o.recorded_at,
+           (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
+           AND (%(aggregate_types)s::text[] IS NULL
+                OR o.aggregate_type = ANY(%(aggregate_types)s::text[]))
+           AND (%(event_types)s::text[] IS NULL OR o.event_type = ANY(%(event_types)s::text[]))
+               AS mine
+      FROM {schema}.outbox o
+     WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
+     ORDER BY o.transaction_id, o.position
+     LIMIT %(scan)s
+)
+SELECT (SELECT count(*) FROM scanned) AS scanned,
+       (SELECT count(*) FROM scanned s WHERE s.mine) AS counted,
+       (SELECT s.position FROM scanned s ORDER BY s.transaction_id, s.position LIMIT 1)
+           AS first_position,
+       (SELECT n.position FROM {schema}.outbox n
+         ORDER BY n.transaction_id DESC, n.position DESC LIMIT 1) AS last_position,
+       (SELECT extract(epoch FROM now() - min(s.recorded_at))::float8 FROM scanned s
+         WHERE s.mine) AS age_s;
+
+-- name: part_lag_by_occurred_at
+-- part_lag on a schema without recorded_at (a rolling deploy: relays rolled before
+-- `migrate`): the age of the first row's occurred_at, as before migration 0018.
 WITH scanned AS (
     SELECT o.transaction_id, o.position, o.occurred_at,
            (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)

@@ -24,6 +24,10 @@ CREATE TABLE {schema}.outbox (
     headers           jsonb NOT NULL DEFAULT '{{}}'::jsonb CHECK (jsonb_typeof(headers) = 'object'),
     idempotency_key   text,
     occurred_at       timestamptz NOT NULL DEFAULT now(),
+    -- When the database recorded the row: the start of its INSERT statement (migration
+    -- 0018). The lag and stall figures read it, never occurred_at, which writers set;
+    -- writers get no INSERT on it, and outbox_assign_recorded_at overwrites any value.
+    recorded_at       timestamptz NOT NULL DEFAULT pg_catalog.statement_timestamp(),
     -- Set only on rows copied by `outbox-relay debezium attach` (migration 0006): what
     -- Debezium's Outbox Event Router would publish for them (relay/engine/debezium_format.py).
     debezium          jsonb,
@@ -132,6 +136,24 @@ CREATE TRIGGER outbox_freeze_order_key
     WHEN (NEW.transaction_id IS DISTINCT FROM OLD.transaction_id
           OR NEW.position IS DISTINCT FROM OLD.position)
     EXECUTE FUNCTION {schema}.outbox_freeze_order_key();
+
+-- recorded_at is the database's, never a writer's (migration 0018): a role that holds
+-- INSERT on every column gets the statement's time whatever it gives.
+CREATE FUNCTION {schema}.outbox_assign_recorded_at() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    NEW.recorded_at := pg_catalog.statement_timestamp();
+    RETURN NEW;
+END
+$$;
+
+REVOKE ALL ON FUNCTION {schema}.outbox_assign_recorded_at() FROM PUBLIC;
+
+CREATE TRIGGER outbox_assign_recorded_at
+    BEFORE INSERT ON {schema}.outbox
+    FOR EACH ROW
+    WHEN (NEW.recorded_at IS DISTINCT FROM pg_catalog.statement_timestamp())
+    EXECUTE FUNCTION {schema}.outbox_assign_recorded_at();
 
 CREATE TABLE {schema}.outbox_subscribers (
     name            text PRIMARY KEY CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}$'),
