@@ -32,7 +32,7 @@ SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute a
 -- name: find_own_by_idempotency_key
 -- The caller's own event with this key, and whether it is the event appended now
 -- (headers aside: a retry carries a new trace context).
-SELECT message_id, event_type = %(event_type)s AND payload = %(payload)s, event_type
+SELECT message_id, event_type = %(event_type)s AND payload = %(payload)s
   FROM {schema}.outbox_own_keys
  WHERE aggregate_type = %(aggregate_type)s
    AND aggregate_id = %(aggregate_id)s
