@@ -104,9 +104,15 @@ def _restrict_types(
         return f"any aggregate type to {role}"
     state = conn.execute(blocks["row_security_state"], {"schema": schema}).fetchone()
     enabled, has_rows_policy = state or (False, False)
-    if not has_rows_policy:
-        conn.execute(sql.SQL(blocks["rows_policy"]).format(**names))
+    if enabled and not has_rows_policy:  # adding it would widen someone's own policies
+        raise ConfigError(
+            f"row-level security on {schema}.outbox is on, without the policy outbox_rows "
+            "that `grant --aggregate-types` creates: policies of your own decide who may "
+            "read and write the outbox; restrict the writer role in them"
+        )
     if not enabled:
+        if not has_rows_policy:
+            conn.execute(sql.SQL(blocks["rows_policy"]).format(**names))
         conn.execute(sql.SQL(blocks["enable_row_security"]).format(**names))
     conn.execute(
         sql.SQL(blocks["writer_types_policy"]).format(

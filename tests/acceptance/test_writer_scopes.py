@@ -15,7 +15,7 @@ import pytest
 from relay import Event, Outbox
 from relay.daemon import Relay
 from relay.errors import DatabaseError
-from tests.support import SECOND_WRITER_ROLE, WRITER_ROLE, consume, run_cli, sub
+from tests.support import SECOND_WRITER_ROLE, WRITER_ROLE, Roles, consume, run_cli, sub
 
 TRANSFER: dict[str, Any] = dict(
     aggregate_type="account", aggregate_id="a-1", event_type="TransferRequested"
@@ -109,3 +109,18 @@ def test_grant_refuses_an_empty_aggregate_type(database_url: str) -> None:
         env={"RELAY_DATABASE_URL": database_url},
     )  # fmt: skip
     assert refused.returncode == 2 and "empty type" in refused.stderr
+
+
+def test_grant_leaves_row_security_of_the_operators_own_alone(
+    db: psycopg.Connection[Any], database_url: str, roles: Roles
+) -> None:
+    """Row-level security the owner set up on the outbox itself (deliberately, as the
+    owner) is not widened by `grant`'s permissive policy: the restriction is refused."""
+    db.execute("CREATE POLICY own ON outbox FOR SELECT USING (aggregate_type <> 'secret')")
+    db.execute("ALTER TABLE outbox ENABLE ROW LEVEL SECURITY")
+    refused = run_cli(
+        "grant", "--writer-role", WRITER_ROLE, "--aggregate-types", "order",
+        env={"RELAY_DATABASE_URL": database_url},
+    )  # fmt: skip
+    assert refused.returncode != 0 and "policies of your own" in refused.stderr
+    assert db.execute("SELECT polname FROM pg_policy").fetchall() == [("own",)]

@@ -70,11 +70,11 @@ CREATE POLICY outbox_rows ON {schema}.outbox USING (true) WITH CHECK (true);
 ALTER TABLE {schema}.outbox ENABLE ROW LEVEL SECURITY;
 
 -- name: writer_types_policies
--- The restrictive INSERT policies of one role (found by role, not by name: a renamed
--- role keeps its policy).
+-- The policies writer_types_policy made for one role (found by role, as a renamed role
+-- keeps its policy and its policy's name).
 SELECT p.polname FROM pg_catalog.pg_policy p
  WHERE p.polrelid = pg_catalog.to_regclass(pg_catalog.format('%%I.outbox', %(schema)s::text))
-   AND NOT p.polpermissive AND p.polcmd = 'a'
+   AND NOT p.polpermissive AND p.polcmd = 'a' AND p.polname LIKE 'aggregate types of %%'
    AND p.polroles = ARRAY[(SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = %(role)s)];
 
 -- name: drop_policy
