@@ -71,6 +71,26 @@ class ConcurrencyError(RetryableError):
         super().__init__(message)
 
 
+class IdempotencyKeyReused(RelayError):
+    """An append came with an idempotency key this writer already used for another event
+    (another event type or payload) of the same aggregate. Nothing was written, the first
+    event stays, and the caller's transaction is still usable: a retry must repeat its
+    event, and a new event needs a new key. ``message_id`` is the first event's."""
+
+    def __init__(
+        self, aggregate_type: str, aggregate_id: str, idempotency_key: str, message_id: str
+    ) -> None:
+        self.aggregate_type = aggregate_type
+        self.aggregate_id = aggregate_id
+        self.idempotency_key = idempotency_key
+        self.message_id = message_id
+        super().__init__(
+            f"idempotency key {idempotency_key!r} of {aggregate_type}/{aggregate_id} was "
+            f"used for another event (message {message_id}): nothing was appended; a "
+            "retry must append the same event type and payload, a new event needs a new key"
+        )
+
+
 class StreamConflict(ConcurrencyError):
     """An event-sourced append to one stream (``aggregate_type``/``aggregate_id``) did not
     fit the stream's versions: ``expected_version`` was stale or ahead of it."""

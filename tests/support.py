@@ -107,6 +107,7 @@ def by_key(seen: list[ConsumedRecord]) -> dict[str, list[ConsumedRecord]]:
 RELAY_ROLE = "outbox_test_relay"
 WRITER_ROLE = "outbox_test_writer"
 STRANGER_ROLE = "outbox_test_stranger"
+SECOND_WRITER_ROLE = "outbox_test_writer_b"  # another application's writer role
 ROLE_PASSWORD = "outbox-test-role"
 
 
@@ -174,6 +175,19 @@ def grant_test_roles(
         writer_url=as_role(owner_url, WRITER_ROLE),
         stranger_url=as_role(owner_url, STRANGER_ROLE),
     )
+
+
+def grant_writer(owner_url: str, role: str, schema: str = "public") -> str:
+    """``role`` granted as `outbox-relay grant --create --writer-role ROLE` does, with the
+    test password; returns the database's URL as that role."""
+    with psycopg.connect(owner_url, autocommit=True) as conn:
+        grant_roles(conn, schema, writer_role=role, create=True)
+        conn.execute(
+            sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                sql.Identifier(role), sql.Literal(ROLE_PASSWORD)
+            )
+        )
+    return as_role(owner_url, role)
 
 
 # -- writing demo events -----------------------------------------------------------

@@ -159,6 +159,15 @@ def grant(
             "Relays need replicas x workers x max_db_connections (deploy/README.md).",
         ),
     ] = None,
+    aggregate_types: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated aggregate types the --writer-role may insert, and no "
+            "other (row-level security on the outbox): a writer cannot write another's "
+            "streams or topics. '*': any type again. Without it, what an earlier grant "
+            "set stays.",
+        ),
+    ] = None,
     database_url: DatabaseUrl = None,
     schema: Schema = None,
 ) -> None:
@@ -169,6 +178,9 @@ def grant(
         raise typer.BadParameter("name --relay-role and/or --writer-role")
     if connection_limit is not None and relay_role is None:
         raise typer.BadParameter("--connection-limit caps the --relay-role: name it")
+    types = _aggregate_types(aggregate_types)
+    if types is not None and writer_role is None:
+        raise typer.BadParameter("--aggregate-types restricts the --writer-role: name it")
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
         done = grant_roles(
@@ -179,8 +191,22 @@ def grant(
             create=create,
             read_all_stats=read_all_stats,
             connection_limit=connection_limit,
+            aggregate_types=types,
         )
     out.print("granted: " + ", ".join(done))
+
+
+def _aggregate_types(given: str | None) -> list[str] | None:
+    if given is None:
+        return None
+    types = [t.strip() for t in given.split(",")]
+    if not all(types):
+        raise typer.BadParameter(
+            f"--aggregate-types {given!r} has an empty type: name them, comma-separated"
+        )
+    if "*" in types and len(types) > 1:
+        raise typer.BadParameter("--aggregate-types '*' (any type) stands alone")
+    return types
 
 
 def prune(

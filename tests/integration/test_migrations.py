@@ -112,30 +112,38 @@ def test_migrate_cli_creates_tables_in_a_custom_schema(database_url: str) -> Non
     assert row == (0,)
 
 
+def _relay_as_owner(database_url: str, kafka_bootstrap: str, topic_prefix: str) -> Any:
+    """A started relay, as the owner: on a schema with migrations pending, `grant` (which
+    makes the relay role) refuses to run (tests/README.md, "Roles")."""
+    from relay.core.settings import load_settings
+    from relay.daemon import Relay
+
+    relay = Relay(
+        load_settings(
+            database_url=database_url,
+            bootstrap_servers=kafka_bootstrap,
+            subscribers=[{"name": "s", "topic": topic_prefix + "{aggregate_type}"}],
+            poll_interval=0.2,
+            metrics_port=0,
+        )
+    )
+    relay.start()
+    return relay
+
+
 def test_a_rolling_deploy_publishes_everything_across_migration_3(
     database_url: str, kafka_bootstrap: str, topic_prefix: str
 ) -> None:
     """The relay runs on the schema before 0003 (NOTIFY trigger, raw xids); 0003 is then
     applied under it while writers go on: every row is published once, in order."""
     from relay import Outbox
-    from relay.core.settings import load_settings
-    from relay.daemon import Relay
     from tests.support import consume, ids_of, write_orders
 
     outbox = Outbox(None)
     with psycopg.connect(database_url, autocommit=True) as conn:
         migrations.migrate(conn, up_to=2)
         write_orders(conn, outbox, ["before-1", "before-2"], key="k")
-        relay = Relay(
-            load_settings(
-                database_url=database_url,
-                bootstrap_servers=kafka_bootstrap,
-                subscribers=[{"name": "s", "topic": topic_prefix + "{aggregate_type}"}],
-                poll_interval=0.2,
-                metrics_port=0,
-            )
-        )
-        relay.start()
+        relay = _relay_as_owner(database_url, kafka_bootstrap, topic_prefix)
         try:
             write_orders(conn, outbox, ["old-schema"], key="k")
             assert migrations.migrate(conn)  # 0003, under the running relay
@@ -167,3 +175,37 @@ def test_the_lag_is_read_on_a_schema_before_migration_18(database_url: str) -> N
         after = subscriber_lag(store, store.get("s"))
     assert before.events == after.events == 1
     assert before.seconds >= 3600 > after.seconds
+
+
+def test_a_rolling_deploy_publishes_everything_across_migration_15(
+    database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """Writers of this version append with idempotency keys on the schema before 0015,
+    under a running relay; 0015 is then applied under both: every event is published
+    once, in order, and a retry after the migration still finds its key."""
+    from relay import Outbox
+    from tests.support import consume, ids_of, order
+
+    outbox = Outbox(None)
+
+    def append(conn: psycopg.Connection[Any], i: str) -> Any:
+        return outbox.append(conn, aggregate_type="order", aggregate_id="k",
+                             event_type="OrderPlaced", payload=order(i), idempotency_key=i)  # fmt: skip
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        migrations.migrate(conn, up_to=14)
+        append(conn, "before")
+        relay = _relay_as_owner(database_url, kafka_bootstrap, topic_prefix)
+        try:
+            append(conn, "old-schema")
+            assert [m.version for m in migrations.migrate(conn, up_to=15)] == [
+                15
+            ]  # under the relay
+            first = append(conn, "new-schema-1")
+            assert append(conn, "new-schema-1") == first
+            append(conn, "new-schema-2")
+            seen = consume(kafka_bootstrap, [topic_prefix + "order"], 4)
+        finally:
+            relay.stop()
+        written = conn.execute("SELECT message_id::text FROM outbox ORDER BY position").fetchall()
+    assert ids_of(seen) == [w[0] for w in written] and len(written) == 4

@@ -148,6 +148,12 @@ _GRANT_HINT = (
     "the role lacks a privilege the relay needs: run `outbox-relay grant --relay-role ROLE` "
     "(and `--writer-role` for writers) as the owner of the outbox tables"
 )
+# A writer role restricted to some aggregate types (row-level security, set up by
+# `grant --aggregate-types`) inserted another: the row's type is refused, no grant missing.
+_TYPES_HINT = (
+    "this role may not write events of that aggregate type: `outbox-relay grant "
+    "--writer-role ROLE --aggregate-types ...` names the types a writer role may write"
+)
 
 
 def _refused_login(exc: psycopg.Error, text: str) -> DatabaseError | None:
@@ -166,7 +172,7 @@ def _by_class(exc: psycopg.Error, sqlstate: str, text: str) -> RelayError:
     """Fatal, retry the transaction, or retry later: by the SQLSTATE's class."""
     error_class = sqlstate[:2]
     if error_class in _FATAL_CLASSES:
-        hint = f"; {_GRANT_HINT}" if sqlstate == _INSUFFICIENT_PRIVILEGE else ""
+        hint = _privilege_hint(sqlstate, text)
         return DatabaseError(
             f"postgres refused the operation [{sqlstate}] (permanent: retrying cannot fix "
             f"it): {text}{hint}",
@@ -187,6 +193,12 @@ def _by_class(exc: psycopg.Error, sqlstate: str, text: str) -> RelayError:
             f"postgres error [{sqlstate}], will retry: {text}", sqlstate=exc.sqlstate
         )
     return DatabaseError(f"postgres error [{sqlstate}]: {text}", sqlstate=exc.sqlstate)
+
+
+def _privilege_hint(sqlstate: str, text: str) -> str:
+    if sqlstate != _INSUFFICIENT_PRIVILEGE:
+        return ""
+    return f"; {_TYPES_HINT if 'row-level security policy' in text else _GRANT_HINT}"
 
 
 def _stream_conflict(exc: psycopg.Error, stream: StreamRef) -> StreamConflict | None:

@@ -11,16 +11,35 @@ RETURNING message_id;
 -- name: append_event_idempotent
 -- Returns the new message id, or nothing when the key already exists (then the
 -- caller looks it up: a row committed by a concurrent writer while we waited on
--- the unique index is invisible to this statement's snapshot).
+-- the unique index is invisible to this statement's snapshot). No conflict target:
+-- the key's unique index is (aggregate_type, aggregate_id, idempotency_key) before
+-- migration 0015 and has the writer too after it, and this statement runs on both.
 INSERT INTO {schema}.outbox
     (aggregate_type, aggregate_id, event_type, payload, headers, idempotency_key)
 VALUES (%(aggregate_type)s, %(aggregate_id)s, %(event_type)s,
         %(payload)s, %(headers)s, %(idempotency_key)s)
-ON CONFLICT (aggregate_type, aggregate_id, idempotency_key) WHERE idempotency_key IS NOT NULL
-DO NOTHING
+ON CONFLICT DO NOTHING
 RETURNING message_id;
 
+-- name: keys_per_writer
+-- Whether the outbox scopes keys per writer (migration 0015): asked only when a key
+-- already exists, so an app may run this version before the migration.
+SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                WHERE a.attrelid = pg_catalog.to_regclass(
+                                       pg_catalog.format('%%I.outbox', %(schema)s::text))
+                  AND a.attname = 'writer' AND NOT a.attisdropped);
+
+-- name: find_own_by_idempotency_key
+-- The caller's own event with this key, and whether it is the event appended now
+-- (headers aside: a retry carries a new trace context).
+SELECT message_id, event_type = %(event_type)s AND payload = %(payload)s
+  FROM {schema}.outbox_own_keys
+ WHERE aggregate_type = %(aggregate_type)s
+   AND aggregate_id = %(aggregate_id)s
+   AND idempotency_key = %(idempotency_key)s;
+
 -- name: find_by_idempotency_key
+-- Before migration 0015: the one event with this key, whoever wrote it.
 SELECT message_id FROM {schema}.outbox
  WHERE aggregate_type = %(aggregate_type)s
    AND aggregate_id = %(aggregate_id)s

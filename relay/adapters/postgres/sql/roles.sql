@@ -45,3 +45,44 @@ REVOKE INSERT ON {schema}.outbox FROM {role};
 GRANT INSERT (message_id, aggregate_type, aggregate_id, aggregate_version, event_type,
               payload, headers, idempotency_key, occurred_at)
     ON {schema}.outbox TO {role};
+-- Its own keyed events, which a retried append compares (migration 0015 grants the view
+-- to PUBLIC; a restore without privileges drops that).
+GRANT SELECT ON {schema}.outbox_own_keys TO {role};
+
+-- name: row_security_state
+-- `grant --aggregate-types` (row-level security on the outbox): whether it is on, and
+-- whether the policy that keeps every other role's access as its privileges say exists.
+SELECT c.relrowsecurity,
+       EXISTS (SELECT FROM pg_catalog.pg_policy p
+                WHERE p.polrelid = c.oid AND p.polname = 'outbox_rows')
+  FROM pg_catalog.pg_class c
+ WHERE c.oid = pg_catalog.to_regclass(pg_catalog.format('%%I.outbox', %(schema)s::text));
+
+-- name: rows_policy
+-- Row-level security lets a role see or write no row without a policy: this one gives
+-- back every row to every role, so that privileges alone decide, as before. Restricted
+-- writer roles get a restrictive policy each (writer_types_policy). The owner, and so
+-- the SECURITY DEFINER functions (the Debezium copy, prune, the rebase), is not subject
+-- to row-level security.
+CREATE POLICY outbox_rows ON {schema}.outbox USING (true) WITH CHECK (true);
+
+-- name: enable_row_security
+ALTER TABLE {schema}.outbox ENABLE ROW LEVEL SECURITY;
+
+-- name: writer_types_policies
+-- The policies writer_types_policy made for one role (found by role, as a renamed role
+-- keeps its policy and its policy's name).
+SELECT p.polname FROM pg_catalog.pg_policy p
+ WHERE p.polrelid = pg_catalog.to_regclass(pg_catalog.format('%%I.outbox', %(schema)s::text))
+   AND NOT p.polpermissive AND p.polcmd = 'a' AND p.polname LIKE 'aggregate types of %%'
+   AND p.polroles = ARRAY[(SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = %(role)s)];
+
+-- name: drop_policy
+DROP POLICY {policy} ON {schema}.outbox;
+
+-- name: writer_types_policy
+-- The writer role inserts rows of these aggregate types only, through the write API or
+-- plain SQL alike: another type fails its INSERT (42501, "new row violates row-level
+-- security policy").
+CREATE POLICY {policy} ON {schema}.outbox AS RESTRICTIVE FOR INSERT TO {role}
+    WITH CHECK (aggregate_type = ANY ({types}));

@@ -31,16 +31,21 @@ CREATE TABLE {schema}.outbox (
     -- Set only on rows copied by `outbox-relay debezium attach` (migration 0006): what
     -- Debezium's Outbox Event Router would publish for them (relay/engine/debezium_format.py).
     debezium          jsonb,
+    -- The role that inserted the row (migration 0015): it scopes idempotency keys. The
+    -- trigger outbox_assign_writer overwrites whatever a writer gives. NULL on rows
+    -- written before 0015.
+    writer            text DEFAULT CURRENT_USER,
     -- Serves the relay's keyset scan: ORDER BY transaction_id, position.
     CONSTRAINT outbox_pkey PRIMARY KEY (transaction_id, position)
 );
 
 CREATE UNIQUE INDEX outbox_message_id_key ON {schema}.outbox (message_id);
 
--- A retried request with the same key writes nothing (docs/design.md §7). Partial, so rows
+-- A retried request with the same key writes nothing (docs/design.md §7). Per writer
+-- (migration 0015): one writer's key never holds another's event back. Partial, so rows
 -- without a key cost nothing here.
 CREATE UNIQUE INDEX outbox_idempotency_key
-    ON {schema}.outbox (aggregate_type, aggregate_id, idempotency_key)
+    ON {schema}.outbox (aggregate_type, aggregate_id, idempotency_key, writer)
     WHERE idempotency_key IS NOT NULL;
 
 -- Serves subscribers of one aggregate type: their poll reads only their own rows, in
@@ -103,9 +108,34 @@ CREATE TRIGGER outbox_assign_order_key
           OR NEW.position IS DISTINCT FROM currval('{schema}.outbox_position_seq'))
     EXECUTE FUNCTION {schema}.outbox_assign_order_key();
 
+-- The writer of a row is the inserting role, whatever a role that may name the column
+-- gives (migration 0015). Not SECURITY DEFINER: CURRENT_USER must be the inserting role.
+CREATE FUNCTION {schema}.outbox_assign_writer() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    NEW.writer := CURRENT_USER;
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER outbox_assign_writer
+    BEFORE INSERT ON {schema}.outbox
+    FOR EACH ROW WHEN (NEW.writer IS DISTINCT FROM CURRENT_USER)
+    EXECUTE FUNCTION {schema}.outbox_assign_writer();
+
+-- What a retry compares (migration 0015): the querying role's own keyed events, payloads
+-- included, and no other role's.
+CREATE VIEW {schema}.outbox_own_keys WITH (security_barrier) AS
+SELECT o.message_id, o.aggregate_type, o.aggregate_id, o.idempotency_key, o.event_type,
+       o.payload
+  FROM {schema}.outbox o
+ WHERE o.idempotency_key IS NOT NULL AND o.writer = CURRENT_USER;
+
+GRANT SELECT ON {schema}.outbox_own_keys TO PUBLIC;
+
 -- Key-like columns are bounded (migration 0008), so a writer gets a clear error at
 -- INSERT instead of an index or the relay failing later (docs/writing-events.md, "Limits"). In bytes: the
--- widest index entry (outbox_idempotency_key: type, id and key) then stays below the
+-- widest index entry (outbox_idempotency_key: type, id, key and writer) then stays below the
 -- B-tree limit (2704 bytes), so a row within the limits never fails. NOT VALID: rows
 -- written before migration 0008 are not scanned (no long lock on a large outbox, and no
 -- failed upgrade for an old oversized row); every new row is checked.
