@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from relay import Outbox
@@ -50,20 +50,38 @@ REGISTRY = Subscriber(
 
 
 class Registry:
-    """Answers ``register_schema`` with id 7 once ``failures`` calls have raised."""
+    """Answers ``register_schema`` with id 7 once ``failures`` calls have raised, and
+    ``get_schema(7)`` with the schema last registered (as the relay checks an id)."""
 
     def __init__(self, failures: list[Exception]) -> None:
         self.failures = failures
         self.subjects: list[str] = []
         self.observe: Callable[[], object] = lambda: None
         self.observed: list[object] = []  # observe() at each call
+        self.held: Schema | None = None
 
-    def register_schema(self, subject: str, schema: Any) -> int:
+    def register_schema(self, subject: str, schema: Schema) -> int:
         self.subjects.append(subject)
         self.observed.append(self.observe())
         if self.failures:
             raise self.failures.pop(0)
+        self.held = schema
         return 7
+
+    def get_schema(self, schema_id: int) -> Schema:
+        assert schema_id == 7 and self.held is not None
+        return self.held
+
+    def lookup_schema(self, subject: str, schema: Schema) -> Any:
+        raise SchemaRegistryError(404, 40403, "Schema not found")
+
+    def test_compatibility_all_versions(self, subject: str, schema: Schema) -> bool:
+        return False  # a 409 is a refusal
+
+    def get_compatibility(self, subject: str | None = None) -> str:
+        if subject is not None:
+            raise SchemaRegistryError(404, 40408, "no level of its own")
+        return "BACKWARD"
 
 
 def part_worker(store: InMemoryStore, kafka: InMemoryPublisher, registry: Registry) -> PartWorker:
@@ -112,6 +130,8 @@ def test_an_unreachable_registry_is_retried_and_nothing_is_poison(
         (logging.WARNING, "registry.unreachable"),
         (logging.INFO, "registry.reachable"),
     ]
+    [reachable] = [r for r in caplog.records if getattr(r, "event", None) == "registry.reachable"]
+    assert "2 requests failed" in reachable.getMessage()
 
 
 def test_a_schema_the_registry_refuses_halts_the_part_with_its_reason() -> None:
@@ -123,6 +143,7 @@ def test_a_schema_the_registry_refuses_halts_the_part_with_its_reason() -> None:
     halted = store.get_part("s", 0).halted_error or ""
     assert halted.startswith("configuration error")
     assert "field n changed type" in halted and "'t-value'" in halted
+    assert "(compatibility BACKWARD)" in halted  # the level the registry applies
     assert kafka.published() == []
     assert (w.stats.poisoned, w.stats.dead_lettered) == (0, 0)
     assert w.stats.state is WorkerState.HALTED
