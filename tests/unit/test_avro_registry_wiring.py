@@ -177,6 +177,29 @@ def test_registry_settings_are_masked_and_the_password_may_come_from_a_file(
     assert "s3cret-registry-pw" not in redact("401 for relay:s3cret-registry-pw")
 
 
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"schema_registry_url": "http://registry:8081", "schema_registry_user": "relay"},
+        {"schema_registry_url": "http://registry:8081", "schema_registry_password": "s3cret-pw"},
+        {"schema_registry_url": "http://relay:s3cret-pw@registry:8081"},
+        {"schema_registry_url": "https://a:8081,http://b:8081", "schema_registry_user": "relay"},
+    ],
+)
+def test_credentials_over_plain_http_are_refused_unless_allowed(given: dict[str, str]) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_settings(**given)
+    message = str(refused.value)
+    assert "schema_registry_allow_http_credentials" in message and "https://" in message
+    assert "s3cret-pw" not in message
+    assert load_settings(**given, schema_registry_allow_http_credentials=True)
+
+
+def test_plain_http_without_credentials_and_https_with_them_are_accepted() -> None:
+    assert load_settings(schema_registry_url="http://registry:8081")
+    assert load_settings(schema_registry_url="https://registry:8081", schema_registry_user="u")
+
+
 class Subscribers:
     """The store's subscriber list, as start-up reads it."""
 
