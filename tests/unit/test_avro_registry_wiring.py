@@ -102,6 +102,7 @@ def test_an_unreachable_registry_is_retried_and_nothing_is_poison(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="relay.adapters.registry.registry_format")
+    caplog.set_level(logging.INFO, logger="relay.engine.worker")
     store = claimed(REGISTRY)
     for n in range(3):
         store.append(event(n))
@@ -130,6 +131,13 @@ def test_an_unreachable_registry_is_retried_and_nothing_is_poison(
         (logging.WARNING, "registry.unreachable"),
         (logging.INFO, "registry.reachable"),
     ]
+    # And the part: one warning for its first retry, the others counted (issue #49).
+    assert [e for e in events if e[1] in ("part_retrying", "part_waited")] == [
+        (logging.WARNING, "part_retrying"),
+        (logging.INFO, "part_waited"),
+    ]
+    [waited] = [r for r in caplog.records if getattr(r, "event", None) == "part_waited"]
+    assert "after 2 attempts that failed" in waited.getMessage()
     [reachable] = [r for r in caplog.records if getattr(r, "event", None) == "registry.reachable"]
     assert "2 requests failed" in reachable.getMessage()
 
