@@ -290,7 +290,9 @@ class PartWorker:
         self._waited = False  # the last step found nothing and waited
         self._caught_up = False  # the last fetch found nothing new (idle polls keep it)
         self._failures = 0
-        self._outage_failures = 0  # attempts failed for the service waited for (waiting_on)
+        # The service waited for and how it failed (waiting_on), and the attempts failed.
+        self._outage: tuple[str, type[Exception]] | None = None
+        self._outage_failures = 0
 
     # -- what the relay calls ------------------------------------------------------------
 
@@ -385,10 +387,13 @@ class PartWorker:
 
     def _retry_later(self, exc: Exception, failures: int, *, unexpected: bool = False) -> float:
         delay: float = min(_MAX_BACKOFF_S, 0.1 * 2 ** min(failures, 10)) * random.uniform(0.5, 1.0)
-        # An outage logs once per part: the retries that follow for the same service
-        # are counted (outbox_relay_errors, and the line when it answers again).
+        # An outage logs once per part: the retries that follow for the same service,
+        # failing the same way, are counted (outbox_relay_errors, and the line when it
+        # answers again). Another kind of failure is logged: it may need someone.
         waits_on = exc.waits_on if isinstance(exc, RetryableError) else None
-        again = waits_on is not None and waits_on == self.stats.waiting_on
+        outage = None if waits_on is None else (waits_on, type(exc))
+        again = outage is not None and outage == self._outage and self.stats.waiting_on is not None
+        self._outage = outage
         self._outage_failures = self._outage_failures + 1 if again else 1
         self._record_error(WorkerState.RETRYING, exc)
         logger.log(

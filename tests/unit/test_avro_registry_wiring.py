@@ -53,7 +53,7 @@ class Registry:
     """Answers ``register_schema`` with id 7 once ``failures`` calls have raised, and
     ``get_schema(7)`` with the schema last registered (as the relay checks an id)."""
 
-    def __init__(self, failures: list[Exception]) -> None:
+    def __init__(self, failures: list[Exception | int]) -> None:
         self.failures = failures
         self.subjects: list[str] = []
         self.observe: Callable[[], object] = lambda: None
@@ -63,9 +63,12 @@ class Registry:
     def register_schema(self, subject: str, schema: Schema) -> int:
         self.subjects.append(subject)
         self.observed.append(self.observe())
-        if self.failures:
-            raise self.failures.pop(0)
         self.held = schema
+        if self.failures:
+            failure = self.failures.pop(0)
+            if isinstance(failure, Exception):
+                raise failure
+            return failure  # a wrong answer
         return 7
 
     def get_schema(self, schema_id: int) -> Schema:
@@ -140,6 +143,28 @@ def test_an_unreachable_registry_is_retried_and_nothing_is_poison(
     assert "after 2 attempts that failed" in waited.getMessage()
     [reachable] = [r for r in caplog.records if getattr(r, "event", None) == "registry.reachable"]
     assert "2 requests failed" in reachable.getMessage()
+
+
+def test_a_part_logs_a_new_kind_of_registry_failure_and_counts_the_same_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="relay.engine.worker")
+    store = claimed(REGISTRY)
+    store.append(event(1))
+    kafka = InMemoryPublisher()
+    registry = Registry([ConnectionError("connection refused"), -7, -7])
+    w = part_worker(store, kafka, registry)
+    w.start()
+    try:
+        wait_until(lambda: store.get_part("s", 0).checkpoint == store.events[-1].key)
+    finally:
+        w.stop()
+        w.join(10)
+    retries = [r for r in caplog.records if getattr(r, "event", None) == "part_retrying"]
+    assert [r.levelno for r in retries] == [logging.WARNING, logging.WARNING, logging.DEBUG]
+    assert "answered -7" in retries[1].getMessage()
+    assert (w.stats.poisoned, w.stats.dead_lettered) == (0, 0)
+    assert [unframe(r.value)[0] for r in kafka.published()] == [7]
 
 
 def test_a_schema_the_registry_refuses_halts_the_part_with_its_reason() -> None:
