@@ -389,7 +389,7 @@ class PartWorker:
         delay: float = min(_MAX_BACKOFF_S, 0.1 * 2 ** min(failures, 10)) * random.uniform(0.5, 1.0)
         # An outage logs once per part: the retries that follow for the same service,
         # failing the same way, are counted (outbox_relay_errors, and the line when it
-        # answers again). Another kind of failure is logged: it may need someone.
+        # is waited for no longer). Another kind of failure is logged: it may need someone.
         waits_on = exc.waits_on if isinstance(exc, RetryableError) else None
         outage = None if waits_on is None else (waits_on, type(exc))
         again = outage is not None and outage == self._outage and self.stats.waiting_on is not None
@@ -415,7 +415,7 @@ class PartWorker:
         with how many retries the outage cost (logged at DEBUG after the first)."""
         service, self.stats.waiting_on = self.stats.waiting_on, None
         logger.info(
-            "part %s: %s answers again, after %d attempts that failed",
+            "part %s: no longer waiting for %s, after %d attempts that failed",
             self.part,
             service,
             self._outage_failures,
