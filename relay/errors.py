@@ -209,6 +209,13 @@ class SchemaRegistryUnavailable(RetryableError):
     waits_on = "schema_registry"
 
 
+class SchemaRegistryFault(SchemaRegistryUnavailable):
+    """The schema registry answered, but wrongly: an id that is no schema id or names
+    another schema, a conflict its own compatibility test does not confirm. Its fault,
+    never the events' nor the operator's: waited for like an outage, the answer never
+    kept."""
+
+
 class EncodingError(RelayError):
     """An outbox row cannot be turned into a Kafka record (a poison event)."""
 

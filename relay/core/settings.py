@@ -11,6 +11,7 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -180,6 +181,9 @@ class Settings(BaseSettings):
     schema_registry_user: str | None = None
     schema_registry_password: SecretStr | None = None
     schema_registry_ca: Path | None = None
+    # Basic-auth credentials (a user, a password, or both in the URL) over plain http://
+    # cross the network in clear: refused unless this says the network is trusted.
+    schema_registry_allow_http_credentials: bool = Field(default=False, validate_default=True)
     # 5000: per-batch costs (a transaction, a checkpoint write) amortized; see bench/.
     batch_size: int = Field(default=5000, ge=1, le=100_000)
     # And at most this many bytes of payloads and headers, as Postgres stores them
@@ -349,6 +353,20 @@ class Settings(BaseSettings):
             return self.probe_port
         return self.metrics_port + 1 if self.metrics_port else 0
 
+    @field_validator("schema_registry_allow_http_credentials")
+    @classmethod
+    def _registry_credentials_over_tls(cls, allowed: bool, info: ValidationInfo) -> bool:
+        given = info.data
+        configured = any(given.get(k) is not None for k in _REGISTRY_CREDENTIALS)
+        if allowed or not _plain_http_credentials(given.get("schema_registry_url"), configured):
+            return allowed
+        raise ValueError(
+            "schema_registry_url is plain http://, so the registry's credentials "
+            "(schema_registry_user, schema_registry_password or a password in the URL) would "
+            "cross the network in clear: use https://, or set this to true if the network "
+            "is trusted"
+        )
+
     @field_validator("subscribers")
     @classmethod
     def _unique_names(cls, value: list[SubscriberSettings]) -> list[SubscriberSettings]:
@@ -506,6 +524,18 @@ def _describe(exc: ValidationError) -> str:
         env = f" (RELAY_{key.upper()})" if "." not in key else ""
         lines.append(f"{key}{env}: {error['msg']}")
     return "invalid settings:\n  " + "\n  ".join(lines)
+
+
+_REGISTRY_CREDENTIALS = ("schema_registry_user", "schema_registry_password")
+
+
+def _plain_http_credentials(url: str | None, configured: bool) -> bool:
+    """Whether the registry ``url`` (a comma-separated list, as the client takes it)
+    would get basic-auth credentials over plain HTTP (``configured``: a user or a
+    password is set besides the URL)."""
+    urls = [] if url is None else [u.strip() for u in url.split(",")]
+    plain = [u for u in urls if u.lower().startswith("http://")]
+    return bool(plain) and (configured or any("@" in urlsplit(u).netloc for u in urls))
 
 
 def _mask(key: str, value: Any) -> Any:

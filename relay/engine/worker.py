@@ -290,6 +290,9 @@ class PartWorker:
         self._waited = False  # the last step found nothing and waited
         self._caught_up = False  # the last fetch found nothing new (idle polls keep it)
         self._failures = 0
+        # The service waited for and how it failed (waiting_on), and the attempts failed.
+        self._outage: tuple[str, type[Exception]] | None = None
+        self._outage_failures = 0
 
     # -- what the relay calls ------------------------------------------------------------
 
@@ -325,7 +328,8 @@ class PartWorker:
         if not self._stopping.is_set():
             try:
                 delay = self._serve(woken)
-                self.stats.waiting_on = None
+                if self.stats.waiting_on is not None:
+                    self._waited_out()
             except RetryableError as exc:
                 self._failures += 1
                 delay = self._retry_later(exc, self._failures)
@@ -383,9 +387,17 @@ class PartWorker:
 
     def _retry_later(self, exc: Exception, failures: int, *, unexpected: bool = False) -> float:
         delay: float = min(_MAX_BACKOFF_S, 0.1 * 2 ** min(failures, 10)) * random.uniform(0.5, 1.0)
+        # An outage logs once per part: the retries that follow for the same service,
+        # failing the same way, are counted (outbox_relay_errors, and the line when it
+        # is waited for no longer). Another kind of failure is logged: it may need someone.
+        waits_on = exc.waits_on if isinstance(exc, RetryableError) else None
+        outage = None if waits_on is None else (waits_on, type(exc))
+        again = outage is not None and outage == self._outage and self.stats.waiting_on is not None
+        self._outage = outage
+        self._outage_failures = self._outage_failures + 1 if again else 1
         self._record_error(WorkerState.RETRYING, exc)
         logger.log(
-            logging.ERROR if unexpected else logging.WARNING,
+            logging.ERROR if unexpected else logging.DEBUG if again else logging.WARNING,
             "part %s: %s%s; retrying in %.1fs",
             self.part,
             f"unexpected {type(exc).__name__}: " if unexpected else "",
@@ -397,6 +409,18 @@ class PartWorker:
         # Start over from recovery: the transaction's fate may be unknown.
         self._drop_connections()
         return delay
+
+    def _waited_out(self) -> None:
+        """A turn went through after retries for an unreachable service: say so once,
+        with how many retries the outage cost (logged at DEBUG after the first)."""
+        service, self.stats.waiting_on = self.stats.waiting_on, None
+        logger.info(
+            "part %s: no longer waiting for %s, after %d attempts that failed",
+            self.part,
+            service,
+            self._outage_failures,
+            extra=self._log_extra("part_waited", service=service, failed=self._outage_failures),
+        )
 
     # -- the loop ----------------------------------------------------------------------
 
