@@ -38,6 +38,7 @@ from relay.core.log_fields import log_extra
 from relay.core.model import HEADER_EVENT_TYPE, ConsumedRecord
 from relay.core.schemas import SchemaFolder
 from relay.core.settings import Settings, load_settings
+from relay.core.terminal import printable
 from relay.daemon import Relay
 from relay.errors import RelayError, SchemaError
 from relay.localstack import KAFKA_VERSION, LocalKafka, LocalPostgres, free_port
@@ -397,8 +398,9 @@ def _payload(record: ConsumedRecord, registry: SchemaFolder) -> str:
 def _recent_table(recent: list[tuple[str, str, str, str]]) -> Table:
     table = Table("topic", "key", "event", "payload", box=box.SIMPLE, title="last consumed")
     for row in reversed(recent):
-        # Consumed data, whoever wrote it: plain text, never rich markup.
-        table.add_row(*(Text(field) for field in row))
+        # Consumed data, whoever wrote it: plain text, never rich markup nor a control
+        # character the terminal would obey.
+        table.add_row(*(Text(printable(field)) for field in row))
     return table
 
 
