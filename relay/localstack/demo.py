@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import shlex
 import signal
 import threading
 import time
@@ -624,7 +625,10 @@ def _banner(demo: DemoRun) -> None:
     console.print(
         "[bold]outbox-relay dev[/bold]: local Postgres + Apache Kafka, relay, demo writer"
     )
-    console.print(f"  postgres   psql {demo.database_url}", soft_wrap=True, highlight=False)
+    # Quoted: the URL's "?" would be a glob to the shell it is pasted into.
+    console.print(
+        f"  postgres   psql {shlex.quote(demo.database_url)}", soft_wrap=True, highlight=False
+    )
     console.print(
         f"  kafka      Apache Kafka {KAFKA_VERSION}, bootstrap servers "
         f"{demo.broker.bootstrap_servers}, topics {', '.join(DEMO_TOPICS)}, "
