@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,6 +18,7 @@ from relay.cli.common import (
     _settings,
     err,
     out,
+    print_json,
 )
 
 dead_letters_app = typer.Typer(
@@ -48,7 +47,7 @@ def dead_letters_list(
             subscriber, include_redriven=include_redriven
         )
     if as_json:
-        sys.stdout.write(json.dumps([d.as_dict() for d in letters], indent=2) + "\n")
+        print_json([d.as_dict() for d in letters])
         return
     table = Table("key", "part", "message id", "aggregate", "event type", "error", "redrive")
     for d in letters:
@@ -118,7 +117,7 @@ def dead_letters_redrive(
             )
             report = redrive.run()
     if as_json:
-        sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n")
+        print_json(report.as_dict())
     else:
         _print_redrive(report)
     if report.left:

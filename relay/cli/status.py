@@ -6,8 +6,6 @@ The command reads a typed :class:`StatusReport`; ``--json`` prints its
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
@@ -20,7 +18,16 @@ from rich.text import Text
 
 from relay.adapters.postgres.store import OutboxStore
 from relay.cli.backlog import SkipLine, events, print_estimate_note, print_skips, skipped
-from relay.cli.common import DatabaseUrl, JsonFlag, Schema, _settings, _store, err, out
+from relay.cli.common import (
+    DatabaseUrl,
+    JsonFlag,
+    Schema,
+    _settings,
+    _store,
+    err,
+    out,
+    print_json,
+)
 from relay.core.ports import HorizonHolder
 from relay.ops.lag import Lag, Skipped, subscriber_statuses
 
@@ -100,7 +107,7 @@ def status(
     with _store(settings) as store:
         report = _status(store)
     if as_json:
-        sys.stdout.write(json.dumps(report.as_dict(), indent=2, default=str) + "\n")
+        print_json(report.as_dict())
         return
     if not report.parts and not report.sessions:
         out.print(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -21,6 +19,7 @@ from relay.cli.common import (
     _store,
     err,
     out,
+    print_json,
 )
 from relay.core import subscribers as subs
 from relay.core.model import Position
@@ -253,7 +252,7 @@ def subscribers_list(
         statuses = subscriber_statuses(store)
     rows = [_listed(status) for status in statuses]
     if as_json:
-        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        print_json(rows)
         return
     table = Table(
         "name", "topic", "format", "filter", "state", "parts", "checkpoint", "lag (events)",

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import Annotated, Any
 
 import typer
@@ -19,6 +17,7 @@ from relay.cli.common import (
     _settings,
     err,
     out,
+    print_json,
 )
 from relay.core.settings import Settings
 from relay.errors import ConfigError, RelayError
@@ -66,7 +65,7 @@ def verify(
         err.print(f"outbox-relay: could not check: {exc}")
         raise typer.Exit(_COULD_NOT_CHECK) from exc
     if as_json:
-        sys.stdout.write(json.dumps([r.as_dict() for r in reports], indent=2) + "\n")
+        print_json([r.as_dict() for r in reports])
     else:
         _print_reports(reports)
     if not all(r.clean for r in reports):
@@ -80,6 +79,7 @@ def _verify_all(
     as_json: bool,
     run_verify: Any,
 ) -> list[Any]:
+    from rich.markup import escape
     from rich.progress import Progress
 
     with (
@@ -90,7 +90,9 @@ def _verify_all(
 
         def advance(name: str, done: int, total: int) -> None:
             if name not in tasks:
-                tasks[name] = progress.add_task(f"reading {name}'s topics", total=total or None)
+                # The progress bar reads its description as rich markup.
+                described = f"reading {escape(name)}'s topics"
+                tasks[name] = progress.add_task(described, total=total or None)
             progress.update(tasks[name], completed=done, total=total or None)
 
         reports: list[Any] = run_verify(

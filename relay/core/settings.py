@@ -456,7 +456,7 @@ class _TomlFile(PydanticBaseSettingsSource):
 
 
 # Secrets may come from files (Docker and Kubernetes secrets): RELAY_<KEY>_FILE.
-_SECRET_FILE_KEYS = ("database_url", "kafka", "schema_registry_password")
+SECRET_FILE_KEYS = ("database_url", "kafka", "schema_registry_password")
 
 
 def secret_from_environment(key: str) -> str | None:
@@ -474,15 +474,21 @@ def _secret_file(key: str) -> str | None:
     path = os.environ.get(variable)
     if path is None:
         return None
+    # Never quote the file's contents: they are the secret.
     try:
-        return Path(path).read_text(encoding="utf-8").strip()
+        text = Path(path).read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise ConfigError(f"{key} ({variable}): cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{key} ({variable}): {path} is not UTF-8 text") from exc
+    if not text:
+        raise ConfigError(f"{key} ({variable}): {path} is empty")
+    return text
 
 
 def _secret_files(flags: dict[str, Any]) -> dict[str, Any]:
     found: dict[str, Any] = {}
-    for key in _SECRET_FILE_KEYS:
+    for key in SECRET_FILE_KEYS:
         if key in flags or f"RELAY_{key.upper()}" in os.environ:
             continue
         text = _secret_file(key)

@@ -37,6 +37,7 @@ from relay.localstack.process import (
     reaper,
     signal_and_wait,
     spawn,
+    write_private,
 )
 
 __all__ = [
@@ -120,7 +121,7 @@ def postgres_to_kafka(postgres: LocalPostgres, dbname: str, bootstrap: str) -> d
         "debezium.source.database.hostname": "127.0.0.1",
         "debezium.source.database.port": str(postgres.port),
         "debezium.source.database.user": "postgres",
-        "debezium.source.database.password": "unused",
+        "debezium.source.database.password": postgres.password,
         "debezium.source.database.dbname": dbname,
         "debezium.source.topic.prefix": "dbz",
         "debezium.source.plugin.name": "pgoutput",
@@ -160,15 +161,17 @@ class LocalDebeziumServer(LocalServer):
         java = find_java21()
         home = debezium_home()
         config = self.work_dir / "config"
-        config.mkdir(parents=True, exist_ok=True)
+        config.mkdir(mode=0o700, parents=True, exist_ok=True)
         settings = {
             "quarkus.http.port": str(free_port()),
             "quarkus.log.console.json": "false",
             "debezium.source.offset.storage.file.filename": str(self.work_dir / "offsets.dat"),
             **self.properties,
         }
-        (config / "application.properties").write_text(
-            "".join(f"{name}={_escape(value)}\n" for name, value in settings.items())
+        # It holds the database password.
+        write_private(
+            config / "application.properties",
+            "".join(f"{name}={_escape(value)}\n" for name, value in settings.items()),
         )
         (runner,) = home.glob("debezium-server-*runner.jar")
         classpath = os.pathsep.join(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import shlex
 import signal
 import threading
 import time
@@ -38,6 +39,7 @@ from relay.core.log_fields import log_extra
 from relay.core.model import HEADER_EVENT_TYPE, ConsumedRecord
 from relay.core.schemas import SchemaFolder
 from relay.core.settings import Settings, load_settings
+from relay.core.terminal import printable
 from relay.daemon import Relay
 from relay.errors import RelayError, SchemaError
 from relay.localstack import KAFKA_VERSION, LocalKafka, LocalPostgres, free_port
@@ -397,8 +399,9 @@ def _payload(record: ConsumedRecord, registry: SchemaFolder) -> str:
 def _recent_table(recent: list[tuple[str, str, str, str]]) -> Table:
     table = Table("topic", "key", "event", "payload", box=box.SIMPLE, title="last consumed")
     for row in reversed(recent):
-        # Consumed data, whoever wrote it: plain text, never rich markup.
-        table.add_row(*(Text(field) for field in row))
+        # Consumed data, whoever wrote it: plain text, never rich markup nor a control
+        # character the terminal would obey.
+        table.add_row(*(Text(printable(field)) for field in row))
     return table
 
 
@@ -622,7 +625,10 @@ def _banner(demo: DemoRun) -> None:
     console.print(
         "[bold]outbox-relay dev[/bold]: local Postgres + Apache Kafka, relay, demo writer"
     )
-    console.print(f"  postgres   psql {demo.database_url}", soft_wrap=True, highlight=False)
+    # Quoted: the URL's "?" would be a glob to the shell it is pasted into.
+    console.print(
+        f"  postgres   psql {shlex.quote(demo.database_url)}", soft_wrap=True, highlight=False
+    )
     console.print(
         f"  kafka      Apache Kafka {KAFKA_VERSION}, bootstrap servers "
         f"{demo.broker.bootstrap_servers}, topics {', '.join(DEMO_TOPICS)}, "

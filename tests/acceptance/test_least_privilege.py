@@ -7,7 +7,6 @@ import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -16,14 +15,9 @@ from psycopg import sql
 from relay import Outbox
 from relay.core.settings import load_settings
 from relay.daemon import Relay
-from tests.support import STRANGER_ROLE, consume, keys, run_cli, sub, write_orders
+from tests.support import STRANGER_ROLE, consume, keys, login_url, run_cli, sub, write_orders
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def as_user(url: str, user: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(netloc=f"{user}@{parts.hostname}:{parts.port}"))
 
 
 def test_relay_publishes_as_a_least_privilege_role(
@@ -41,11 +35,11 @@ def test_relay_publishes_as_a_least_privilege_role(
     )  # fmt: skip
     assert granted.returncode == 0, granted.stderr
     try:
-        with psycopg.connect(as_user(database_url, writer_role), autocommit=True) as app:
+        with psycopg.connect(login_url(database_url, writer_role), autocommit=True) as app:
             write_orders(app, outbox, ["o-1", "o-2"])  # the app's role can write events
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 app.execute("DELETE FROM outbox")
-        relay_url = as_user(database_url, relay_role)
+        relay_url = login_url(database_url, relay_role)
         with psycopg.connect(relay_url) as conn:
             assert conn.execute(
                 "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
@@ -87,7 +81,7 @@ def test_pg_read_all_stats_only_when_asked_and_status_says_what_is_hidden(
         granted = run_cli("grant", "--relay-role", role, "--create", env=env)
         assert granted.returncode == 0, granted.stderr
         assert db.execute(member, (role,)).fetchone() == (False,)
-        as_relay = {"RELAY_DATABASE_URL": as_user(database_url, role), "COLUMNS": "300"}
+        as_relay = {"RELAY_DATABASE_URL": login_url(database_url, role), "COLUMNS": "300"}
         with psycopg.connect(database_url, application_name="long-report") as holder:
             holder.execute("SELECT pg_current_xact_id()")  # the owner's open transaction
             blind = run_cli("status", env=as_relay)

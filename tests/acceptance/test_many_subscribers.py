@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from relay import Outbox
 from relay.adapters.postgres import migrations
@@ -26,7 +27,7 @@ from relay.daemon.lifecycle import start_with_retries
 from relay.localstack import LocalPostgres, LocalServerError
 from relay.ops.roles import grant_roles
 from tests.plugins.postgres import _new_local_postgres
-from tests.support import consume, run_cli, wait_until
+from tests.support import ROLE_PASSWORD, as_role, consume, run_cli, wait_until
 
 TYPES = 120
 EVENTS_PER_TYPE = 20
@@ -59,6 +60,12 @@ def _prepare(server: LocalPostgres) -> None:
         for role in RELAY_ROLES:
             grant_roles(conn, "public", relay_role=role, create=True)
         conn.execute("CREATE ROLE app LOGIN")
+        for role in (*RELAY_ROLES, "app"):
+            conn.execute(
+                sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                    sql.Identifier(role), sql.Literal(ROLE_PASSWORD)
+                )
+            )
 
 
 @pytest.fixture
@@ -74,7 +81,7 @@ def small_postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _as(url: str, role: str) -> str:
-    return url.replace("postgres@", f"{role}@", 1)
+    return as_role(url, role)
 
 
 def _relay(url: str, role: str, kafka_bootstrap: str, **settings: Any) -> Relay:

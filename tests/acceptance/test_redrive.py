@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 from uuid import UUID
 
 import psycopg
@@ -28,7 +27,16 @@ from relay.daemon import Relay
 from relay.engine.encoding import RecordEncoder
 from relay.errors import BrokerUnavailable
 from relay.ops.redrive import DeadLetterStore, Redrive, redrive_publisher
-from tests.support import REPO, by_key, consume, run_cli, sub, wait_caught_up, wait_until
+from tests.support import (
+    REPO,
+    by_key,
+    consume,
+    login_url,
+    run_cli,
+    sub,
+    wait_caught_up,
+    wait_until,
+)
 
 REFUNDED = {
     "type": "record",
@@ -131,9 +139,8 @@ def relay_role(db: psycopg.Connection[Any], database_url: str) -> Iterator[str]:
         "grant", "--relay-role", role, "--create", env={"RELAY_DATABASE_URL": database_url}
     )
     assert granted.returncode == 0, granted.stderr
-    parts = urlsplit(database_url)
     try:
-        yield urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}"))
+        yield login_url(database_url, role)
     finally:
         name = sql.Identifier(role)
         db.execute(sql.SQL("DROP OWNED BY {}; DROP ROLE IF EXISTS {}").format(name, name))

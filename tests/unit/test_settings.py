@@ -125,6 +125,38 @@ def test_secrets_can_come_from_files(tmp_path: Path, monkeypatch: pytest.MonkeyP
         load_settings()
 
 
+@pytest.mark.parametrize(
+    ("contents", "why"),
+    [
+        (b"", "is empty"),
+        (b"\n  \n", "is empty"),
+        (b"postgresql://relay:\xffs3cret@db/app", "is not UTF-8 text"),
+    ],
+)
+def test_a_secret_file_that_holds_no_secret_is_refused_naming_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, contents: bytes, why: str
+) -> None:
+    """Issue #47 (k8s secrets as files): an empty file used to become an empty URL,
+    which libpq reads as "the local socket, as this OS user"."""
+    secret = tmp_path / "database-url"
+    secret.write_bytes(contents)
+    monkeypatch.setenv("RELAY_DATABASE_URL_FILE", str(secret))
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert str(info.value) == f"database_url (RELAY_DATABASE_URL_FILE): {secret} {why}"
+
+
+def test_a_mistyped_url_in_a_secret_file_names_the_key_and_hides_the_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = tmp_path / "database-url"
+    secret.write_text("postgresq://relay:S3CRET-in-file@db/app\n")
+    monkeypatch.setenv("RELAY_DATABASE_URL_FILE", str(secret))
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert "database_url" in str(info.value) and "S3CRET" not in str(info.value)
+
+
 def test_a_mistyped_database_url_names_the_key_and_hides_the_password(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -135,7 +135,8 @@ _REFUSED_LOGINS = (
     (
         re.compile(
             r'password authentication failed|role ".*" does not exist|no pg_hba\.conf entry'
-            r"|authentication failed"
+            # libpq's own: the server asks for a password the URL does not give.
+            r"|authentication failed|no password supplied"
         ),
         "fix the user or password in database_url (or the server's pg_hba.conf)",
     ),
