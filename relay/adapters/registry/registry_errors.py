@@ -16,13 +16,13 @@ its own compatibility test confirms: relay/adapters/registry/registration.py) is
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from relay.core.redact import redact
+from relay.core.terminal import printable
 from relay.errors import SchemaIncompatible, SchemaRegistryFault, SchemaRegistryUnavailable
 
 __all__ = ["CONFLICT", "MAX_TEXT", "registry_call", "registry_text"]
@@ -36,9 +36,6 @@ _INVALID = 422  # the schema itself is refused (not valid under the registry's p
 # Characters of the registry's text kept: enough for any real reason (Apicurio's name
 # the field and both types), far below what a hostile answer can send.
 MAX_TEXT = 1000
-# C0 and C1 controls (ESC, CR, LF, ...), DEL, and the Unicode line separators and
-# direction overrides, which a terminal or a log viewer would act on.
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def registry_text(text: object, limit: int = MAX_TEXT) -> str:
@@ -48,12 +45,7 @@ def registry_text(text: object, limit: int = MAX_TEXT) -> str:
     shown = str(text)
     if len(shown) > limit:
         shown = f"{shown[:limit]}...[cut: {len(shown)} characters]"
-    return redact(_UNSAFE.sub(_escaped, shown))
-
-
-def _escaped(found: re.Match[str]) -> str:
-    code = ord(found.group())
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+    return redact(printable(shown))
 
 
 def registry_call(
