@@ -8,7 +8,9 @@ lists subscribers and keeps the outbox through a :class:`DaemonStore`, the part 
 and more (Postgres: ``relay.adapters.postgres.store.OutboxStore`` too); the lease it holds is a
 :class:`RelaySession`. What is on the topics is read back through a
 :class:`TopicReader` (Kafka: ``relay.adapters.kafka.topic_reader.KafkaTopicReader``): by ``verify``,
-the ``dev`` live view, the tests and the benchmarks. In-memory adapters of all of them
+the ``dev`` live view, the tests and the benchmarks. The topics the outbox created are
+kept in a :class:`TopicRecord` (Postgres: ``relay.adapters.postgres.topic_record``),
+which confines the topics rows choose. In-memory adapters of all of them
 live in ``relay.engine.testing``; ``tests/contracts/`` holds each port to the same contract,
 whichever adapter is behind it.
 
