@@ -84,8 +84,9 @@ def dead_letters_redrive(
     checkpoint does not move. Exits 1 when some stay dead-lettered (still poison, or
     behind a still-poison event of their key)."""
     import re
-    from contextlib import closing
+    from contextlib import closing, nullcontext
 
+    from relay.adapters.postgres.topic_record import PostgresTopicRecord
     from relay.core.subscribers import TopicGuard
     from relay.daemon.startup import load_schemas, registry_encoder
     from relay.engine.encoding import RecordEncoder
@@ -107,7 +108,9 @@ def dead_letters_redrive(
         store = DeadLetterStore(conn, settings.database_schema)
         state = store.subscriber(subscriber)
         guard.update(s.subscriber for s in store.outbox.list())
-        with closing(redrive_publisher(settings, state.subscriber_id, guard)) as publisher:
+        record = PostgresTopicRecord(lambda: nullcontext(conn), settings.database_schema)
+        publisher = redrive_publisher(settings, state.subscriber_id, guard, record)
+        with closing(publisher):
             redrive = Redrive(
                 store,
                 publisher,

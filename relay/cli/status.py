@@ -7,6 +7,7 @@ The command reads a typed :class:`StatusReport`; ``--json`` prints its
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Any
@@ -17,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from relay.adapters.postgres.store import OutboxStore
+from relay.adapters.postgres.topic_record import PostgresTopicRecord
 from relay.cli.backlog import SkipLine, events, print_estimate_note, print_skips, skipped
 from relay.cli.common import (
     DatabaseUrl,
@@ -78,20 +80,38 @@ class Session:
 
 
 @dataclass(frozen=True)
+class TopicBudget:
+    """The topics rows made (they count against max_created_topics), and the cap as
+    this command's settings have it (-1: none)."""
+
+    used: int
+    cap: int
+
+    @property
+    def full(self) -> bool:
+        return 0 <= self.cap <= self.used
+
+
+@dataclass(frozen=True)
 class StatusReport:
     parts: list[PartLine]
     sessions: list[Session]
     horizon_holders: list[HorizonHolder]
     # False: other roles' sessions are hidden from this role (no pg_read_all_stats).
     horizon_holders_complete: bool
+    topic_budget: TopicBudget | None = None  # None: a schema before migration 0017
 
     def as_dict(self) -> dict[str, Any]:
         """The ``--json`` output."""
+        budget = self.topic_budget
         return {
             "parts": [p.as_dict() for p in self.parts],
             "sessions": [asdict(s) for s in self.sessions],
             "horizon_holders": [vars(h) for h in self.horizon_holders],
             "horizon_holders_complete": self.horizon_holders_complete,
+            "topics_created_for_rows": None if budget is None else budget.used,
+            "max_created_topics": None if budget is None else budget.cap,
+            "topic_budget_full": budget is not None and budget.full,
         }
 
 
@@ -105,7 +125,7 @@ def status(
     transactions holding publication back."""
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with _store(settings) as store:
-        report = _status(store)
+        report = _status(store, settings.max_created_topics)
     if as_json:
         print_json(report.as_dict())
         return
@@ -116,7 +136,20 @@ def status(
         )
     else:
         _print_parts_and_sessions(report)
+    _print_topic_budget(report.topic_budget)
     _print_horizon(report)
+
+
+def _print_topic_budget(budget: TopicBudget | None) -> None:
+    """A full budget stalls the parts whose rows name a new topic: say so, and the fix."""
+    if budget is None or not budget.full:
+        return
+    out.print(
+        Text(f"topics created for rows: {budget.used} of max_created_topics ({budget.cap}), "
+             "full: a part whose rows name a new topic waits (outbox_relay_part_waiting, "
+             "service topic_budget). Raise max_created_topics, or confine the subscriber's "
+             "topics (a filter that lists the values, or topic_allow)", style="bold red")
+    )  # fmt: skip
 
 
 def _print_parts_and_sessions(report: StatusReport) -> None:
@@ -191,7 +224,7 @@ def _print_halts(parts: list[PartLine]) -> None:
         out.print(Text.assemble((f"  {p.part}: ", "red"), p.halted or ""))
 
 
-def _status(store: OutboxStore) -> StatusReport:
+def _status(store: OutboxStore, max_created_topics: int) -> StatusReport:
     sessions = [Session.from_row(row) for row in store.list_sessions()]
     names = {s.id: f"{s.hostname}:{s.pid}" for s in sessions}
     parts = [
@@ -212,4 +245,11 @@ def _status(store: OutboxStore) -> StatusReport:
         sessions=sessions,
         horizon_holders=store.horizon_holders(),
         horizon_holders_complete=store.sees_all_backends(),
+        topic_budget=_topic_budget(store, max_created_topics),
     )
+
+
+def _topic_budget(store: OutboxStore, cap: int) -> TopicBudget | None:
+    record = PostgresTopicRecord(lambda: nullcontext(store.conn), store.schema)
+    used = record.row_topics()
+    return None if used is None else TopicBudget(used, cap)

@@ -8,7 +8,9 @@ lists subscribers and keeps the outbox through a :class:`DaemonStore`, the part 
 and more (Postgres: ``relay.adapters.postgres.store.OutboxStore`` too); the lease it holds is a
 :class:`RelaySession`. What is on the topics is read back through a
 :class:`TopicReader` (Kafka: ``relay.adapters.kafka.topic_reader.KafkaTopicReader``): by ``verify``,
-the ``dev`` live view, the tests and the benchmarks. In-memory adapters of all of them
+the ``dev`` live view, the tests and the benchmarks. The topics the outbox created are
+kept in a :class:`TopicRecord` (Postgres: ``relay.adapters.postgres.topic_record``),
+which confines the topics rows choose. In-memory adapters of all of them
 live in ``relay.engine.testing``; ``tests/contracts/`` holds each port to the same contract,
 whichever adapter is behind it.
 
@@ -20,9 +22,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import NamedTuple, Protocol
 from uuid import UUID
 
@@ -341,6 +344,47 @@ class Publisher(Protocol):
         """
 
     def close(self) -> None: ...
+
+
+class TopicOrigin(StrEnum):
+    """Why a topic is in the outbox's record of its topics (:class:`TopicRecord`)."""
+
+    ROW = "row"  # a row's free template field named it: counts against max_created_topics
+    DECLARED = "declared"  # the operator's: a fixed topic, or one a filter names
+    ADOPTED = "adopted"  # on the cluster at the first start after migration 0017
+
+
+class TopicRecord(Protocol):
+    """The topics this outbox created, shared by all its relays and kept across restarts
+    (Postgres: ``outbox_topics``, migration 0017; docs/design.md §7, "Rows name topics").
+    A row may publish to an existing topic its template reaches only if it is recorded
+    here, a filter names it or ``topic_allow`` matches it; the rows' own topics count
+    against ``max_created_topics`` here, so the cap is exact across relays."""
+
+    def recorded(self) -> frozenset[str] | None:
+        """Every recorded topic; None when the schema keeps no record (before 0017)."""
+
+    def record(self, topics: Iterable[str], origin: TopicOrigin) -> None:
+        """Record ``topics`` (just created, or adopted), unless recorded already."""
+
+    def reserve(self, topic: str, cap: int | None) -> bool | None:
+        """Record ``topic`` as a row's, before creating it, if fewer than ``cap`` (None:
+        no cap) rows' topics are recorded: True when it is recorded (now, or already),
+        False when the cap is reached, None when the schema keeps no record."""
+
+    def release(self, topic: str) -> None:
+        """Forget a row's topic that was reserved but that the broker refused for good."""
+
+    def row_topics(self) -> int | None:
+        """How many topics rows made (what max_created_topics caps); None: no record."""
+
+    def adoption_pending(self) -> bool:
+        """Whether migration 0017 found an outbox that had published already, whose
+        existing topics no relay has adopted yet."""
+
+    def adopt(self, topics: Iterable[str]) -> bool:
+        """Record ``topics`` as adopted and mark the adoption done, unless a relay did it
+        first: True when this call did."""
 
 
 # What a reader reports while it reads: (records read, records to read).

@@ -10,6 +10,7 @@ import re
 import threading
 import time
 from collections import Counter
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import psycopg
@@ -18,6 +19,7 @@ from relay.adapters.postgres import db
 from relay.adapters.postgres.pool import RelayPool
 from relay.adapters.postgres.probe import CommitProbe
 from relay.adapters.postgres.store import OutboxStore
+from relay.adapters.postgres.topic_record import PostgresTopicRecord
 from relay.core.log_fields import log_extra
 from relay.core.model import PartId
 from relay.core.ports import DaemonStore, PartStore
@@ -31,6 +33,7 @@ from relay.daemon.publishers import PublisherFactory
 from relay.daemon.startup import (
     KeySpaceChecks,
     SubscriberSync,
+    adopt_topics,
     check_schema,
     load_schemas,
     registry_encoder,
@@ -69,7 +72,9 @@ class Relay:
         self._pool: RelayPool | None = None
         self._supervisor: threading.Thread | None = None
         self.http: HealthServer | None = None
-        self.publishers = PublisherFactory(settings, self.topic_guard)
+        # The outbox's record of its topics, on this process's pool (issue #47).
+        self.topic_record = PostgresTopicRecord(self._connection, settings.database_schema)
+        self.publishers = PublisherFactory(settings, self.topic_guard, self.topic_record)
         context = DaemonContext(settings, self._open_store, self._stopping)
         self.membership = Membership(
             context,
@@ -122,6 +127,8 @@ class Relay:
                 check_schema(conn, self.settings.database_schema)
                 self.key_space.check(store, "start-up")
                 self.subscriber_sync.sync(store)
+                subscribers = [s.subscriber for s in store.list()]
+            adopt_topics(self.settings, self.topic_guard, self.topic_record, subscribers)
         except DatabaseUnavailable as exc:
             # The pool retries every refusal; one no retry can fix ends the start.
             permanent = self._pool.permanent_refusal()
@@ -334,6 +341,12 @@ class Relay:
 
     def _check_key_space(self, store: PartStore) -> None:
         self.key_space.check(store, "a new connection")
+
+    def _connection(self) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """A connection of this process's pool, borrowed for a ``with`` block."""
+        if self._pool is None:
+            raise DatabaseUnavailable("the relay is not running")
+        return self._pool.connection()
 
     def _open_store(self) -> OutboxStore:
         """A store on this process's pool: its calls borrow connections (relay/adapters/postgres/pool.py)."""

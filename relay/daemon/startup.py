@@ -12,10 +12,16 @@ import psycopg
 from relay.adapters.postgres import migrations
 from relay.core.key_space import KeySpaceAction, report
 from relay.core.log_fields import log_extra
-from relay.core.ports import DaemonStore, PartStore
+from relay.core.ports import DaemonStore, PartStore, TopicRecord
 from relay.core.schemas import SchemaFolder
 from relay.core.settings import Settings
-from relay.core.subscribers import DEFAULT_SUBSCRIBER, StartFrom, Subscriber, ValueFormat
+from relay.core.subscribers import (
+    DEFAULT_SUBSCRIBER,
+    StartFrom,
+    Subscriber,
+    TopicGuard,
+    ValueFormat,
+)
 from relay.errors import (
     BrokerUnavailable,
     ConfigError,
@@ -48,6 +54,38 @@ def check_schema(conn: psycopg.Connection[Any], schema: str) -> None:
             names,
             extra=log_extra("schema_migrations_pending", schema=schema, missing=names),
         )
+
+
+def adopt_topics(
+    settings: Settings, guard: TopicGuard, record: TopicRecord, subscribers: list[Subscriber]
+) -> None:
+    """On an outbox that published before migration 0017, record as its own the existing
+    topics its subscribers' templates let rows reach: its relays created them (or
+    published there) before the record existed, and its rows must keep reaching them.
+    Once, by whichever relay starts first; a new outbox adopts nothing (issue #47).
+    Trust on first use: a topic of another outbox that a template already reached is
+    adopted too, so the log names every one adopted, for the operator to review."""
+    if not record.adoption_pending():
+        return
+    from relay.adapters.kafka.topics import admin_client, list_topics
+
+    guard.update(subscribers)
+    client = {**settings.kafka, "bootstrap.servers": settings.require_bootstrap_servers()}
+    found = sorted(t.name for t in list_topics(admin_client(client)) if guard.row_chosen(t.name))
+    if record.adopt(found) and found:
+        shown = ", ".join(found[:_ADOPTED_SHOWN]) + (" ..." if len(found) > _ADOPTED_SHOWN else "")
+        logger.warning(
+            "adopted %d existing topics the subscribers' templates reach, created before "
+            "the outbox recorded its topics (migration 0017): %s. Review them (SELECT topic "
+            "FROM outbox_topics WHERE origin = 'adopted'); DELETE the row of any that is "
+            "not this outbox's, and rows will no longer publish there",
+            len(found),
+            shown,
+            extra=log_extra("topics_adopted", count=len(found), topics=found[:_ADOPTED_SHOWN]),
+        )
+
+
+_ADOPTED_SHOWN = 50
 
 
 class KeySpaceChecks:

@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from uuid import UUID
 
@@ -37,6 +37,8 @@ from relay.core.ports import (
     Progress,
     Selection,
     SubscriberState,
+    TopicOrigin,
+    TopicRecord,
 )
 from relay.core.subscribers import StartFrom, Subscriber, collision
 from relay.errors import CheckpointConflict, ClaimLost, DatabaseError, SubscriberError
@@ -450,6 +452,55 @@ class InMemoryPublisher:
         return [record for transaction in self.transactions for record in transaction]
 
 
+class InMemoryTopicRecord:
+    """The outbox's record of its topics (``TopicRecord``), in memory. ``adopting``: as
+    migration 0017 leaves an outbox that had published already."""
+
+    def __init__(self, *, adopting: bool = False) -> None:
+        self.origins: dict[str, TopicOrigin] = {}
+        self._adopting = adopting
+        self._lock = threading.Lock()
+
+    def recorded(self) -> frozenset[str] | None:
+        return frozenset(self.origins)
+
+    def record(self, topics: Iterable[str], origin: TopicOrigin) -> None:
+        with self._lock:
+            for topic in topics:
+                self.origins.setdefault(topic, origin)
+
+    def reserve(self, topic: str, cap: int | None) -> bool | None:
+        with self._lock:
+            if topic not in self.origins:
+                if cap is not None and self._rows() >= cap:
+                    return False
+                self.origins[topic] = TopicOrigin.ROW
+            return True
+
+    def release(self, topic: str) -> None:
+        with self._lock:
+            if self.origins.get(topic) is TopicOrigin.ROW:
+                del self.origins[topic]
+
+    def row_topics(self) -> int | None:
+        return self._rows()
+
+    def adoption_pending(self) -> bool:
+        return self._adopting
+
+    def adopt(self, topics: Iterable[str]) -> bool:
+        with self._lock:
+            if not self._adopting:
+                return False
+            self._adopting = False
+            for topic in topics:
+                self.origins.setdefault(topic, TopicOrigin.ADOPTED)
+            return True
+
+    def _rows(self) -> int:
+        return sum(1 for origin in self.origins.values() if origin is TopicOrigin.ROW)
+
+
 class InMemoryTopicReader:
     """A :class:`relay.core.ports.TopicReader` of what an :class:`InMemoryPublisher`
     committed: one partition per topic, offsets counted per topic."""
@@ -521,3 +572,8 @@ def _consumed(record: KafkaRecord, offset: int) -> ConsumedRecord:
 def _is_a_daemon_store(store: InMemoryStore) -> DaemonStore:
     """mypy holds the in-memory store to the port here (Postgres's: relay.daemon)."""
     return store
+
+
+def _is_a_topic_record(record: InMemoryTopicRecord) -> TopicRecord:
+    """mypy holds the in-memory record to the port here (Postgres's: relay.daemon)."""
+    return record

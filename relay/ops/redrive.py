@@ -42,7 +42,7 @@ from relay.adapters.postgres.queries import parse_named, read_sql, with_schema
 from relay.adapters.postgres.store import OutboxStore, SubscriberState, _load_row_json
 from relay.core.log_fields import log_extra
 from relay.core.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
-from relay.core.ports import Batch
+from relay.core.ports import Batch, TopicRecord
 from relay.core.settings import Settings
 from relay.core.subscribers import TopicGuard
 from relay.daemon.publishers import routed_topic_creator
@@ -400,12 +400,12 @@ class Redrive:
 
 
 def redrive_publisher(
-    settings: Settings, subscriber_id: UUID, guard: TopicGuard
+    settings: Settings, subscriber_id: UUID, guard: TopicGuard, record: TopicRecord | None
 ) -> TransactionalPublisher:
     """The redrive's transactional publisher, from the relay's settings. ``guard`` (with
-    the subscribers loaded) tells which topics count towards ``max_created_topics``, as
-    in the relay (the same constructor): counting every topic on a shared cluster
-    refused every new topic."""
+    the subscribers loaded) and ``record`` (the outbox's record of its topics) confine
+    the topics rows chose, and count the new ones towards ``max_created_topics``, as in
+    the relay (the same constructor)."""
     if settings.delivery != "transactional":
         raise ConfigError(
             "delivery: redrive publishes exactly once through Kafka transactions, which "
@@ -413,7 +413,7 @@ def redrive_publisher(
         )
     bootstrap = settings.require_bootstrap_servers()
     client = {**settings.kafka, "bootstrap.servers": bootstrap}
-    topics = routed_topic_creator(settings, guard)
+    topics = routed_topic_creator(settings, guard, record)
     prefix = group_prefix(settings.kafka_id_prefix, subscriber_id)
     return TransactionalPublisher(
         producer_config(bootstrap, settings.kafka, int(settings.delivery_timeout * 1000)),

@@ -9,7 +9,7 @@ import json
 import shutil
 import uuid
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import closing, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -18,6 +18,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from relay.adapters.postgres.topic_record import PostgresTopicRecord
 from relay.core.model import ConsumedRecord
 from relay.core.ports import Batch
 from relay.core.schemas import SchemaFolder
@@ -283,7 +284,7 @@ def test_a_crash_mid_redrive_publishes_nothing_twice(
             for i in range(4)
         ]
     # The redrive creates the topic (the live relay only dead-lettered): a cap of one
-    # topic counts the subscribers' topics only, not every topic of the shared broker.
+    # topic counts the topics rows made for this outbox, not every topic of the broker.
     settings = settings_for(
         database_url, kafka_bootstrap, topic_prefix, schemas, max_created_topics=1
     )
@@ -297,7 +298,8 @@ def test_a_crash_mid_redrive_publishes_nothing_twice(
 
     def redrive(store: DeadLetterStore, wrap: Any = None) -> Any:
         state = store.subscriber("s")
-        with closing(redrive_publisher(settings, state.subscriber_id, guard)) as publisher:
+        record = PostgresTopicRecord(lambda: nullcontext(db))
+        with closing(redrive_publisher(settings, state.subscriber_id, guard, record)) as publisher:
             chosen = wrap(publisher) if wrap is not None else publisher
             return Redrive(store, chosen, encoder, state, batch_size=3).run()
 

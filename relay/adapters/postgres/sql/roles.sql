@@ -18,6 +18,10 @@ GRANT EXECUTE ON FUNCTION {schema}.outbox_prune(double precision, integer) TO {r
 GRANT SELECT ON {schema}.outbox_key_space TO {role};
 GRANT EXECUTE ON FUNCTION {schema}.outbox_check_key_space(),
     {schema}.outbox_translate_key(uuid, xid8, bigint) TO {role};
+-- The topics the outbox created (migration 0017): the relay records what it creates,
+-- forgets a row's topic the broker refused, and adopts an upgraded outbox's topics once.
+GRANT SELECT, INSERT, DELETE ON {schema}.outbox_topics TO {role};
+GRANT SELECT, DELETE ON {schema}.outbox_topic_adoption TO {role};
 
 -- name: relay_read_all_stats
 -- Only when asked (`grant --read-all-stats`): pg_stat_activity shows other roles'

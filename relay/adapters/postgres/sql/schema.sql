@@ -634,3 +634,22 @@ $$;
 -- SECURITY DEFINER: only the roles `outbox-relay grant` names may call them.
 REVOKE EXECUTE ON FUNCTION {schema}.outbox_prune(double precision, integer),
     {schema}.outbox_from_debezium() FROM PUBLIC;
+
+-- The topics this outbox created (migration 0017; docs/design.md §7, "Rows name
+-- topics"): a row whose template field is free may publish to an existing topic only if
+-- it is recorded here, a filter names it, or topic_allow matches it. The rows' topics
+-- count against max_created_topics here.
+CREATE TABLE {schema}.outbox_topics (
+    topic       text PRIMARY KEY CHECK (pg_catalog.octet_length(topic) BETWEEN 1 AND 249),
+    -- 'row': a row's free template field named it (counted against max_created_topics);
+    -- 'declared': a subscriber's fixed topic, or one its filters name (never counted);
+    -- 'adopted': on the cluster when a relay first started after migration 0017.
+    origin      text NOT NULL CHECK (origin IN ('row', 'declared', 'adopted')),
+    recorded_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+
+-- Set by migration 0017 on an outbox that had published before: the first relay to
+-- start adopts the existing topics its subscribers' templates reach, and deletes it.
+CREATE TABLE {schema}.outbox_topic_adoption (
+    requested_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
