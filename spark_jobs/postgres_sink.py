@@ -36,7 +36,7 @@ CREATE TABLE IF NOT EXISTS {table} (
     sink       text NOT NULL,
     batch_id   bigint NOT NULL,
     rows       bigint NOT NULL,
-    written_at timestamptz NOT NULL DEFAULT now(),
+    written_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     PRIMARY KEY (sink, batch_id)
 )
 """
@@ -45,7 +45,7 @@ OWNERS_DDL = """
 CREATE TABLE IF NOT EXISTS {table} (
     sink      text PRIMARY KEY,
     query_id  text NOT NULL,
-    since     timestamptz NOT NULL DEFAULT now()
+    since     timestamptz NOT NULL DEFAULT pg_catalog.now()
 )
 """
 
@@ -62,7 +62,35 @@ CREATE TABLE IF NOT EXISTS {table} (
 )
 """
 
+# Every connection of the sinks resolves names in pg_catalog first, then in the schema
+# their tables live in (the role's own, where they were always created), then pg_temp:
+# no function a role puts in that schema (every role may CREATE in `public` before
+# Postgres 15) can come before a built-in, and the sinks' SQL calls built-ins only,
+# qualified (tests/unit/test_sql_qualified.py). Pinned by a query, as the relay pins its
+# own (relay/adapters/postgres/db.py): poolers refuse libpq's options. Qualified itself:
+# it runs before the path is pinned.
+PIN_SEARCH_PATH = """
+SELECT pg_catalog.set_config(
+    'search_path',
+    pg_catalog.concat_ws(', ', 'pg_catalog',
+                         pg_catalog.quote_ident(pg_catalog.current_schema()), 'pg_temp'),
+    false)
+"""
+
 Write = Callable[[psycopg.Connection[Any]], int]
+
+
+def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection[Any]:
+    """A connection of the Spark jobs to their database, its search_path pinned."""
+    conn = psycopg.connect(url, autocommit=True)
+    try:
+        conn.execute(PIN_SEARCH_PATH)
+        conn.autocommit = autocommit
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
 
 RESET_SINK_HELP = (
     "Take the sink over from the query of an earlier checkpoint (after deleting or "
@@ -95,21 +123,21 @@ class PostgresBatchSink:
         self.corrupt = sql.Identifier(corrupt_table)
 
     def ensure_tables(self) -> None:
-        with psycopg.connect(self.url, autocommit=True) as conn:
+        with connect(self.url, autocommit=True) as conn:
             conn.execute(sql.SQL(MARKERS_DDL).format(table=self.markers))
             conn.execute(sql.SQL(OWNERS_DDL).format(table=self.owners))
             conn.execute(sql.SQL(CORRUPT_DDL).format(table=self.corrupt))
 
     def claim(self, query_id: str) -> None:
         """Make ``query_id`` the sink's owner, or raise :class:`SinkOwnedError`."""
-        with psycopg.connect(self.url) as conn, conn.transaction():
+        with connect(self.url) as conn, conn.transaction():
             self._claim(conn, query_id)
 
     def commit(self, batch_id: int, write: Write, query_id: str) -> bool:
         """Run ``write`` and record the batch of query ``query_id``, in one transaction;
         False if the batch was already committed (a replay), in which case nothing is
         written."""
-        with psycopg.connect(self.url) as conn, conn.transaction():
+        with connect(self.url) as conn, conn.transaction():
             self._claim(conn, query_id)
             claimed = conn.execute(
                 sql.SQL(

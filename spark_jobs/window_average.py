@@ -41,7 +41,7 @@ from spark_jobs.decoding import observe_decoding
 from spark_jobs.job import await_query, job_session, run
 from spark_jobs.kafka_clients import KafkaClients, connection_settings
 from spark_jobs.kafka_sink import KafkaBatchSink, Record, ensure_topic
-from spark_jobs.postgres_sink import PostgresBatchSink
+from spark_jobs.postgres_sink import PostgresBatchSink, connect
 from spark_jobs.sink_job_args import sink_job_options, sink_job_parser
 from spark_jobs.spark_session import streaming_query_id
 
@@ -149,7 +149,7 @@ def start(
     max_offsets_per_trigger: int | None = None,
     reset_sink: bool = False,
 ) -> Any:
-    with psycopg.connect(database_url, autocommit=True) as conn:
+    with connect(database_url, autocommit=True) as conn:
         conn.execute(COUNTERS_DDL)
     counters = PostgresBatchSink(database_url, f"window-average:{counter}", take_over=reset_sink)
     counters.ensure_tables()

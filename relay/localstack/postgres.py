@@ -24,7 +24,9 @@ from urllib.parse import quote
 
 import psycopg
 
+from relay.adapters.postgres import db
 from relay.core.log_fields import log_extra
+from relay.errors import RelayError
 from relay.localstack.process import (
     LocalServer,
     LocalServerError,
@@ -338,9 +340,11 @@ class LocalPostgres(LocalServer):
                     f"{log_tail(self.log_path)}"
                 )
             try:
-                with psycopg.connect(self.url, connect_timeout=2, autocommit=True) as conn:
-                    row = conn.execute("SELECT current_setting('data_directory')").fetchone()
-            except psycopg.Error as exc:
+                with db.connect(self.url, connect_timeout=2) as conn:
+                    row = conn.execute(
+                        "SELECT pg_catalog.current_setting('data_directory')"
+                    ).fetchone()
+            except (psycopg.Error, RelayError) as exc:
                 last_error = exc
             else:
                 self._check_is_ours(row[0] if row else "")
