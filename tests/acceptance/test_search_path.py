@@ -1,5 +1,5 @@
 """The relay's code never resolves to a function outside pg_catalog and its own schema
-(issue #47, the CVE-2018-1058 pattern; docs/design.md §9, "search_path").
+(issue #47, the CVE-2018-1058 pattern; docs/design.md §2, "Names").
 
 On Postgres before 15 (and every cluster pg_upgraded from one) every role may CREATE in
 `public`. There a role with no grant puts overloads of built-ins that match the relay's
@@ -27,6 +27,7 @@ from relay.daemon import Relay
 from relay.ops.roles import grant_roles
 from tests.support import (
     RELAY_ROLE,
+    REPO,
     STRANGER_ROLE,
     WRITER_ROLE,
     as_role,
@@ -237,6 +238,13 @@ def test_migration_14_unbinds_an_install_made_while_the_overloads_were_there(
     assert calls(owner)[0] == before
 
 
+def readme_revoke() -> str:
+    """The SQL block of deploy/README.md's "Security", "Names"."""
+    text = (REPO / "deploy" / "README.md").read_text()
+    section = text.split("**Names (`search_path`).**", 1)[1]
+    return section.split("```sql\n", 1)[1].split("```", 1)[0]
+
+
 def test_migrate_and_grant_refuse_a_schema_every_role_may_create_in(database_url: str) -> None:
     create_test_roles(database_url)
     env = {"RELAY_DATABASE_URL": database_url}
@@ -260,7 +268,7 @@ def test_migrate_and_grant_refuse_a_schema_every_role_may_create_in(database_url
         assert refused.returncode == 1
         assert "REVOKE CREATE ON SCHEMA public FROM PUBLIC" in refused.stderr
         assert run_cli(*grant, "--allow-public-create", env=env).returncode == 0
-        owner.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+        owner.execute(readme_revoke())  # what deploy/README.md tells the operator to run
         assert run_cli(*grant, env=env).returncode == 0
         closed = run_cli("migrate", env=env)
         assert closed.returncode == 0, closed.stderr

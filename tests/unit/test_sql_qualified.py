@@ -1,5 +1,5 @@
 """The project's SQL qualifies every call of a built-in with ``pg_catalog.`` and types
-the arguments of its own functions exactly (docs/design.md §9, "search_path"): some of
+the arguments of its own functions exactly (docs/design.md §2, "Names"): some of
 it runs in sessions whose ``search_path`` the relay does not own (the write API, the
 triggers, a pooled backend), where a role that may CREATE in a schema on that path could
 otherwise put a better-matching overload in front of it (issue #47, CVE-2018-1058).
@@ -38,14 +38,15 @@ INLINE = (
 
 # Words followed by "(" that are syntax, not calls. The syntax forms among them
 # (coalesce, greatest, least, nullif, extract, position, substring...) are resolved in
-# pg_catalog whatever the path says.
+# pg_catalog whatever the path says; OPERATOR(pg_catalog.=) names an operator in full.
 SYNTAX = frozenset(
     (
         "all", "and", "any", "array", "as", "atomic", "between", "by", "cast", "check",
         "coalesce", "conflict", "do", "else", "exists", "extract", "filter", "from", "greatest",
         "grouping", "if", "in", "insert", "into", "join", "key", "lateral", "least", "like",
-        "limit", "materialized", "not", "nullif", "on", "or", "over", "primary", "references",
-        "return", "returning", "returns", "row", "rows", "select", "set", "some", "table",
+        "limit", "materialized", "not", "nullif", "on", "operator", "or", "over", "primary",
+        "references", "return", "returning", "returns", "row", "rows", "select", "set", "some",
+        "table",
         "then", "union", "unique", "update", "using", "values", "when", "where", "window",
         "with", "within",
     )

@@ -323,7 +323,7 @@ def connect_params(url: str, *, autocommit: bool = True, **kwargs: Any) -> dict[
 
 
 # Every connection the relay opens resolves names in pg_catalog, then pg_temp, and
-# nowhere else (docs/design.md §9, "search_path"): a role that may CREATE in a schema on
+# nowhere else (docs/design.md §2, "Names"): a role that may CREATE in a schema on
 # the server's default path (PUBLIC in `public` before Postgres 15) cannot put a better
 # matching overload of a built-in, or of the relay's own functions, in front of the
 # relay's queries. pg_temp last: a temporary table never shadows a relation. The relay's

@@ -2,7 +2,7 @@
 
 Postgres before 15 (and every cluster pg_upgraded from one) lets PUBLIC CREATE in the
 `public` schema. The relay pins its own connections' search_path and qualifies its
-calls (docs/design.md §9), so a function some role puts there never runs in its
+calls (docs/design.md §2, "Names"), so a function some role puts there never runs in its
 queries. What remains is said by ``migrate`` and ``grant``, which the owner runs:
 
 - PUBLIC may CREATE in the relay's own schema: refused unless the operator allows it.

@@ -1,5 +1,5 @@
 -- The relay's code never resolves to a function outside pg_catalog and its own schema
--- (issue #47, the CVE-2018-1058 pattern; docs/design.md §9, "search_path").
+-- (issue #47, the CVE-2018-1058 pattern; docs/design.md §2, "Names").
 --
 -- Every migration now runs with search_path = pg_catalog, pg_temp, and the relay's
 -- connections are pinned the same way. But a stored definition binds its calls when it
