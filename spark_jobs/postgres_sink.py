@@ -92,6 +92,17 @@ def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection[Any]:
     return conn
 
 
+def create_table(conn: psycopg.Connection[Any], ddl: str, name: str) -> None:
+    """Run ``ddl`` (``CREATE TABLE IF NOT EXISTS {table} ...``) for table ``name``, in
+    the schema :func:`connect` put after pg_catalog: named in full, as a CREATE of an
+    unqualified name picks the path's first schema."""
+    row = conn.execute("SELECT pg_catalog.current_schemas(false)").fetchone()
+    path = list(row[0]) if row else []
+    home = path[1] if len(path) > 1 and not path[1].startswith("pg_temp") else None
+    table = sql.Identifier(home, name) if home else sql.Identifier(name)
+    conn.execute(sql.SQL(ddl).format(table=table))
+
+
 RESET_SINK_HELP = (
     "Take the sink over from the query of an earlier checkpoint (after deleting or "
     "replacing the checkpoint): its batch markers are dropped, what it wrote stays."
@@ -118,15 +129,16 @@ class PostgresBatchSink:
         self.url = url
         self.sink = sink
         self.take_over = take_over
+        self._tables = ((MARKERS_DDL, markers_table), (OWNERS_DDL, owners_table),
+                        (CORRUPT_DDL, corrupt_table))  # fmt: skip
         self.markers = sql.Identifier(markers_table)
         self.owners = sql.Identifier(owners_table)
         self.corrupt = sql.Identifier(corrupt_table)
 
     def ensure_tables(self) -> None:
         with connect(self.url, autocommit=True) as conn:
-            conn.execute(sql.SQL(MARKERS_DDL).format(table=self.markers))
-            conn.execute(sql.SQL(OWNERS_DDL).format(table=self.owners))
-            conn.execute(sql.SQL(CORRUPT_DDL).format(table=self.corrupt))
+            for ddl, name in self._tables:
+                create_table(conn, ddl, name)
 
     def claim(self, query_id: str) -> None:
         """Make ``query_id`` the sink's owner, or raise :class:`SinkOwnedError`."""

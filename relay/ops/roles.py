@@ -18,8 +18,8 @@ _ROLE_EXISTS = "SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s"
 # which neither GRANT nor REVOKE of it would change).
 _READS_ALL_STATS = """
 SELECT EXISTS (SELECT FROM pg_catalog.pg_auth_members m
-                WHERE m.roleid = 'pg_read_all_stats'::regrole
-                  AND m.member = %s::text::regrole)
+                  JOIN pg_catalog.pg_roles r ON r.oid = m.member
+                 WHERE m.roleid = 'pg_read_all_stats'::regrole AND r.rolname = %s)
 """
 
 
