@@ -37,6 +37,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 
 from relay.adapters.kafka.kafka import TransactionalPublisher, producer_config
+from relay.adapters.postgres.advisory import lock_holder
 from relay.adapters.postgres.db import wrap_errors
 from relay.adapters.postgres.queries import parse_named, read_sql, with_schema
 from relay.adapters.postgres.store import OutboxStore, SubscriberState, _load_row_json
@@ -193,8 +194,14 @@ class DeadLetterStore:
         redrives marking dead letters at once could take each other's marks.)"""
         with wrap_errors():
             row = self.conn.execute(self._q["redrive_lock"], {"name": name}).fetchone()
-        if not (row and row[0]):
-            raise SubscriberError(f"another redrive of subscriber {name!r} is running")
+        assert row is not None
+        if not row[1]:
+            holder = lock_holder(self.conn, row[0])
+            raise SubscriberError(
+                f"another redrive of subscriber {name!r} is running: its lock is held by "
+                f"{holder or 'a session that has just ended'} (if that is no outbox-relay, "
+                "end it with pg_terminate_backend)"
+            )
         try:
             yield
         finally:

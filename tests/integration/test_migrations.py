@@ -8,9 +8,12 @@ import threading
 from typing import Any
 
 import psycopg
+import pytest
 
 from relay.adapters.postgres import migrations
 from relay.adapters.postgres.queries import read_sql, with_schema
+from relay.errors import LockTimeout
+from tests.support import STRANGER_ROLE
 
 # Everything that defines the schema, in a form that does not depend on the schema name.
 _CATALOG = {
@@ -28,8 +31,10 @@ _CATALOG = {
         SELECT tgrelid::regclass::text, tgname, replace(pg_get_triggerdef(oid), %(s)s || '.', '')
           FROM pg_trigger WHERE NOT tgisinternal
            AND tgrelid::regclass::text LIKE %(s)s || '.%%' ORDER BY tgname""",
+    # The whole definition: its body (an SQL-standard body is not in prosrc), and its
+    # SECURITY DEFINER and SET search_path (migration 0014).
     "functions": """
-        SELECT proname, replace(prosrc, %(s)s || '.', '') FROM pg_proc
+        SELECT proname, replace(pg_get_functiondef(oid), %(s)s || '.', '') FROM pg_proc
          WHERE pronamespace = %(s)s::regnamespace ORDER BY proname""",
 }
 
@@ -87,6 +92,23 @@ def test_concurrent_migrations_apply_each_version_once(database_url: str) -> Non
     with psycopg.connect(database_url) as conn:
         versions = conn.execute("SELECT version FROM shared.outbox_relay_migrations").fetchall()
     assert versions == [(m.version,) for m in migrations.available()]
+
+
+def test_a_migration_lock_held_by_another_role_times_out_naming_it(
+    db: psycopg.Connection[Any], stranger_url: str
+) -> None:
+    """Any role may take the migration lock's key (issue #47): migrate waits a bounded
+    time for it, then fails naming the session that holds it."""
+    with psycopg.connect(stranger_url, autocommit=True, application_name="squatter") as other:
+        row = other.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        other.execute("SELECT pg_advisory_lock(%s)", (migrations.LOCK_KEY,))
+        with pytest.raises(LockTimeout) as refused:
+            migrations.migrate(db, lock_wait_s=0.2)
+    message = str(refused.value)
+    assert f"held by pid {row[0]} (role {STRANGER_ROLE}, application 'squatter')" in message
+    assert f"pg_terminate_backend({row[0]})" in message
+    assert migrations.migrate(db) == []  # the lock is free again: migrate goes on
 
 
 def test_migrate_cli_creates_tables_in_a_custom_schema(database_url: str) -> None:
