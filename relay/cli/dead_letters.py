@@ -21,6 +21,8 @@ from relay.cli.common import (
     err,
     out,
 )
+from relay.cli.interventions import DryRun, Yes, actor, gate
+from relay.ops import interventions
 
 dead_letters_app = typer.Typer(
     help="List a subscriber's dead letters; publish them once their cause is fixed.",
@@ -76,14 +78,16 @@ def dead_letters_redrive(
         int, typer.Option(min=1, max=10_000, help="Events per Kafka transaction.")
     ] = 500,
     as_json: JsonFlag = False,
+    dry_run: DryRun = False,
+    yes: Yes = False,
     database_url: DatabaseUrl = None,
     bootstrap_servers: Bootstrap = None,
     schema: Schema = None,
 ) -> None:
     """Publish a subscriber's dead-lettered events, exactly once and in order per key,
     as the relay would publish them now (after a fix: a schema added, say). The live
-    checkpoint does not move. Exits 1 when some stay dead-lettered (still poison, or
-    behind a still-poison event of their key)."""
+    checkpoint does not move. Counts them first (--dry-run: only that). Exits 1 when
+    some stay dead-lettered (still poison, or behind a still-poison event of their key)."""
     import re
     from contextlib import closing
 
@@ -107,6 +111,10 @@ def dead_letters_redrive(
     ) as conn:
         store = DeadLetterStore(conn, settings.database_schema)
         state = store.subscriber(subscriber)
+        pending = [d.message_id for d in store.dead_letters(subscriber)]
+        confirm = gate(dry_run=dry_run, yes=yes, machine_output=as_json)
+        if not confirm(interventions.redrive_preview(subscriber, pending)):
+            return
         guard.update(s.subscriber for s in store.outbox.list())
         with closing(redrive_publisher(settings, state.subscriber_id, guard)) as publisher:
             redrive = Redrive(
@@ -117,6 +125,9 @@ def dead_letters_redrive(
                 batch_size=batch_size,
             )
             report = redrive.run()
+        interventions.record_redrive(
+            store.outbox, subscriber, state.subscriber_id, actor(), report.as_dict()
+        )
     if as_json:
         sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n")
     else:

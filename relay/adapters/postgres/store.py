@@ -41,6 +41,7 @@ from relay.errors import (
     CheckpointConflict,
     ClaimLost,
     DatabaseError,
+    NotMigratedError,
     SubscriberError,
     UndefinedFunctionError,
     UndefinedTableError,
@@ -594,26 +595,13 @@ class OutboxStore:
         begun write rows that sort before it, and they would never be published (issue
         #28). The horizon only grows, so checking it first leaves no race.
         """
-        target = Position(0, 0) if to is StartFrom.BEGINNING else None
-        if isinstance(to, Position):
-            horizon = self.horizon()
-            if to > Position(horizon, 0):
-                raise SubscriberError(
-                    f"cannot reset {name!r} to {to}: it is beyond what the database has "
-                    f"decided (the horizon is {horizon}:0; transactions from {horizon} on are "
-                    "still running or yet to begin), so events written from now on would sort "
-                    f"before it and never be published. Reset to a point at or below "
-                    f"{horizon}:0, or to 'now'"
-                )
-            target = to
         with wrap_errors(), self.conn.transaction():
             # The parts are locked first: a relay's advance waits, so the moves counted
             # are the moves made.
             locked = self.conn.execute(self._q["lock_parts"], {"name": name}).fetchall()
             if not locked:
                 raise SubscriberError(f"no subscriber named {name!r}")
-            if target is None:  # 'now': after every transaction decided
-                target = Position(self.horizon(), 0)
+            target = self.reset_target(name, to)
             state = self.get(name)
             moves = [
                 PartMove(
@@ -629,6 +617,26 @@ class OutboxStore:
             if record is not None:
                 self._record_reset(record, state, moves)
         return moves
+
+    def reset_target(self, name: str, to: StartFrom | Position) -> Position:
+        """Where a reset of ``name`` to ``to`` puts the checkpoints: 'beginning' before
+        every row, 'now' after every transaction decided (the horizon); a position
+        beyond the horizon is refused."""
+        if to is StartFrom.BEGINNING:
+            return Position(0, 0)
+        horizon = self.horizon()
+        if to is StartFrom.NOW:
+            return Position(horizon, 0)
+        assert isinstance(to, Position)
+        if to > Position(horizon, 0):
+            raise SubscriberError(
+                f"cannot reset {name!r} to {to}: it is beyond what the database has "
+                f"decided (the horizon is {horizon}:0; transactions from {horizon} on are "
+                "still running or yet to begin), so events written from now on would sort "
+                f"before it and never be published. Reset to a point at or below "
+                f"{horizon}:0, or to 'now'"
+            )
+        return to
 
     def count_events(
         self, state: SubscriberState, part: int, after: Position, upto: Position
@@ -705,7 +713,15 @@ class OutboxStore:
             "params": Jsonb(intervention.params),
             "events": intervention.events,
         }
-        row = self.conn.execute(self._q["record_intervention"], params).fetchone()
+        try:
+            row = self.conn.execute(self._q["record_intervention"], params).fetchone()
+        except psycopg.errors.UndefinedTable as exc:
+            # Every intervention is on the record, or it is not made: its transaction
+            # rolls back with this error.
+            raise NotMigratedError(
+                "the ledger of interventions is missing (migration 0019): run `outbox-relay "
+                "migrate`; nothing was changed"
+            ) from exc
         assert row is not None
         return int(row[0])
 

@@ -542,8 +542,8 @@ SELECT c.part,
   FROM {schema}.outbox_checkpoints c
   JOIN {schema}.outbox_subscribers s ON s.name = c.subscriber
   LEFT JOIN LATERAL (
-       SELECT pg_catalog.sum(x.events) FILTER (WHERE x.message_id IS NULL) AS by_reset,
-              pg_catalog.sum(x.events) FILTER (WHERE x.message_id IS NOT NULL) AS by_skip
+       SELECT pg_catalog.sum(x.events) FILTER (WHERE x.message_id IS NULL)::bigint AS by_reset,
+              pg_catalog.sum(x.events) FILTER (WHERE x.message_id IS NOT NULL)::bigint AS by_skip
          FROM {schema}.outbox_skipped x
         WHERE x.subscriber_id = s.id AND x.part = c.part) AS k ON true
   LEFT JOIN LATERAL (
