@@ -50,6 +50,13 @@ def _ids(records: list[ConsumedRecord]) -> list[str | None]:
     return sorted(r.message_id for r in records)
 
 
+def publish_all(db: psycopg.Connection[Any], start_relay: Any, name: str) -> None:
+    """A relay publishes every event of ``name`` so far, then stops."""
+    relay = start_relay()
+    wait_caught_up(db, name, timeout=300)  # a ceiling: the first relay waits for Kafka
+    relay.stop()
+
+
 def recipe(section: str, command: str) -> list[str]:
     """The line of deploy/README.md's sh block after ``section`` that runs ``command``,
     as written (its comment dropped)."""
@@ -132,9 +139,7 @@ def test_every_reset_forward_stays_reported_as_skipped(
     writer_db.execute(INSERT, ("order", 4))
     assert run_cli("subscribers", "reset", "s", "--to", "now", "--yes", env=env).returncode == 0
     writer_db.execute(INSERT, ("order", 3))
-    relay = start_relay()
-    wait_caught_up(db, "s", timeout=300)
-    relay.stop()
+    publish_all(db, start_relay, "s")
     writer_db.execute(INSERT, ("order", 2))
     second = run_cli("subscribers", "reset", "s", "--to", "now", "--yes", env=env)
     assert second.returncode == 0, second.stderr
@@ -171,9 +176,7 @@ def test_a_reset_to_the_beginning_shows_what_it_republishes_and_asks_first(
     added = run_cli("subscribers", "add", "s", "--topic", topic_prefix + "s", env=env)
     assert added.returncode == 0, added.stderr
     writer_db.execute(INSERT, ("order", 37))
-    relay = start_relay()
-    wait_caught_up(db, "s", timeout=300)
-    relay.stop()
+    publish_all(db, start_relay, "s")
     before = _part(db)
 
     dry = run_cli("subscribers", "reset", "s", "--to", "beginning", "--dry-run", env=env)
@@ -241,9 +244,7 @@ def test_a_skip_of_a_published_unknown_or_other_subscribers_event_is_refused(
         "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
         "VALUES ('order', '1', 'OrderPlaced', '{}') RETURNING message_id::text"
     ).fetchall()
-    relay = start_relay()
-    wait_caught_up(db, "orders", timeout=300)
-    relay.stop()
+    publish_all(db, start_relay, "orders")
     [[customer]] = writer_db.execute(
         "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
         "VALUES ('customer', '1', 'CustomerJoined', '{}') RETURNING message_id::text"

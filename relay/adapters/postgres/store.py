@@ -11,12 +11,14 @@ import dataclasses
 import functools
 import json
 import math
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 from uuid import UUID
 
 import orjson
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb, set_json_loads
 
@@ -64,6 +66,11 @@ class LagSample(NamedTuple):
 
 
 _UNDEFINED_COLUMN = "42703"
+# Schemas found without migration 0019 (a rolling deploy), until when: their parts are
+# read without a skip list meanwhile, not with a failed query every poll; then the
+# query is tried again (`migrate` may have run).
+_WITHOUT_SKIPS: dict[tuple[str, int, str, str], float] = {}
+_RECHECK_SKIPS_S = 60.0
 
 
 class PartSkips(NamedTuple):
@@ -477,15 +484,30 @@ class OutboxStore:
     # -- subscribers -------------------------------------------------------------------
 
     def get_part(self, name: str, part: int) -> PartState:
-        with wrap_errors():
-            row = (
-                self.conn.cursor(row_factory=dict_row)
-                .execute(self._q["get_part"], {"name": name, "part": part})
-                .fetchone()
-            )
-        if row is None:
+        rows = self._parts("get_part", {"name": name, "part": part})
+        if not rows:
             raise SubscriberError(f"no subscriber part {name}/{part}")
-        return _part(Subscriber.from_dict(row), row)
+        return _part(Subscriber.from_dict(rows[0]), rows[0])
+
+    def _parts(self, query: str, params: dict[str, Any]) -> builtins.list[dict[str, Any]]:
+        """The rows of ``query`` (get_part, list_parts), each part with its skip list;
+        on a schema before migration 0019 (a rolling deploy), of its variant without."""
+        without = f"{query}_without_skips"
+        info = self.conn.info
+        schema = (info.host, info.port, info.dbname, self.schema)
+        if time.monotonic() < _WITHOUT_SKIPS.get(schema, 0.0):
+            query = without
+        cursor = self.conn.cursor(row_factory=dict_row)
+        try:
+            with wrap_errors():
+                return cursor.execute(self._q[query], params).fetchall()
+        except DatabaseError as exc:
+            in_transaction = self.conn.info.transaction_status != TransactionStatus.IDLE
+            if exc.sqlstate != _UNDEFINED_COLUMN or query == without or in_transaction:
+                raise
+        _WITHOUT_SKIPS[schema] = time.monotonic() + _RECHECK_SKIPS_S
+        with wrap_errors():
+            return cursor.execute(self._q[without], params).fetchall()
 
     def get(self, name: str) -> SubscriberState:
         found = self.list(name)
@@ -497,7 +519,7 @@ class OutboxStore:
         with wrap_errors():
             cursor = self.conn.cursor(row_factory=dict_row)
             subscribers = cursor.execute(self._q["list_subscribers"], {"name": name}).fetchall()
-            parts = cursor.execute(self._q["list_parts"], {"name": name}).fetchall()
+        parts = self._parts("list_parts", {"name": name})
         found = []
         for row in subscribers:
             subscriber = Subscriber.from_dict(row)
@@ -925,7 +947,7 @@ def _part(
         owner=row["owner"],
         halted_error=row["halted_error"],
         updated_at=row["updated_at"],
-        skips=frozenset(row["skips"] or ()),
+        skips=frozenset(row.get("skips") or ()),
     )
 
 

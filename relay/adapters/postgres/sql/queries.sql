@@ -386,23 +386,29 @@ SELECT s.name, s.aggregate_types, s.event_types, s.topic, s.value_format, s.paus
  ORDER BY s.name;
 
 -- name: list_parts
+-- With the events after each checkpoint that the operator skipped (`subscribers skip`,
+-- migration 0019), looked up by message id; nothing to look up, no subquery run.
 SELECT c.subscriber, c.part, c.transaction_id::text::bigint AS transaction_id, c.position,
        c.version, c.generation, c.owner, c.halted_error, c.updated_at,
-       -- The events after the checkpoint that the operator skipped (`subscribers skip`,
-       -- migration 0019): read through to_jsonb, so that this runs on a schema before
-       -- 0019 too (a rolling deploy), where there are none. Looked up by message id.
-       ARRAY(SELECT o.message_id
-               FROM pg_catalog.jsonb_array_elements_text(
-                        CASE WHEN pg_catalog.jsonb_typeof(pg_catalog.to_jsonb(c) -> 'skip_message_ids')
-                                  = 'array'
-                             THEN pg_catalog.to_jsonb(c) -> 'skip_message_ids' END) AS k (id)
-               JOIN {schema}.outbox o ON o.message_id = k.id::uuid
-              WHERE (o.transaction_id, o.position) > (c.transaction_id, c.position)) AS skips
+       CASE WHEN c.skip_message_ids IS NOT NULL THEN
+           ARRAY(SELECT o.message_id FROM {schema}.outbox o
+                  WHERE o.message_id = ANY(c.skip_message_ids)
+                    AND (o.transaction_id, o.position) > (c.transaction_id, c.position))
+       END AS skips
+  FROM {schema}.outbox_checkpoints c
+ WHERE %(name)s::text IS NULL OR c.subscriber = %(name)s
+ ORDER BY c.subscriber, c.part;
+
+-- name: list_parts_without_skips
+-- list_parts on a schema before migration 0019 (a rolling deploy): no skip list.
+SELECT c.subscriber, c.part, c.transaction_id::text::bigint AS transaction_id, c.position,
+       c.version, c.generation, c.owner, c.halted_error, c.updated_at
   FROM {schema}.outbox_checkpoints c
  WHERE %(name)s::text IS NULL OR c.subscriber = %(name)s
  ORDER BY c.subscriber, c.part;
 
 -- name: get_part
+-- With the events after the checkpoint that the operator skipped, as list_parts.
 SELECT s.name, s.aggregate_types, s.event_types, s.topic, s.value_format, s.paused,
        s.id, s.parts, s.on_poison, s.dead_letter_topic,
        to_jsonb(s) ->> 'subject_strategy' AS subject_strategy,
@@ -411,14 +417,25 @@ SELECT s.name, s.aggregate_types, s.event_types, s.topic, s.value_format, s.paus
            AS key_format,
        c.part, c.transaction_id::text::bigint AS transaction_id, c.position, c.version,
        c.generation, c.owner, c.halted_error, c.updated_at,
-       -- As in list_parts.
-       ARRAY(SELECT o.message_id
-               FROM pg_catalog.jsonb_array_elements_text(
-                        CASE WHEN pg_catalog.jsonb_typeof(pg_catalog.to_jsonb(c) -> 'skip_message_ids')
-                                  = 'array'
-                             THEN pg_catalog.to_jsonb(c) -> 'skip_message_ids' END) AS k (id)
-               JOIN {schema}.outbox o ON o.message_id = k.id::uuid
-              WHERE (o.transaction_id, o.position) > (c.transaction_id, c.position)) AS skips
+       CASE WHEN c.skip_message_ids IS NOT NULL THEN
+           ARRAY(SELECT o.message_id FROM {schema}.outbox o
+                  WHERE o.message_id = ANY(c.skip_message_ids)
+                    AND (o.transaction_id, o.position) > (c.transaction_id, c.position))
+       END AS skips
+  FROM {schema}.outbox_subscribers s
+  JOIN {schema}.outbox_checkpoints c ON c.subscriber = s.name
+ WHERE s.name = %(name)s AND c.part = %(part)s;
+
+-- name: get_part_without_skips
+-- get_part on a schema before migration 0019 (a rolling deploy): no skip list.
+SELECT s.name, s.aggregate_types, s.event_types, s.topic, s.value_format, s.paused,
+       s.id, s.parts, s.on_poison, s.dead_letter_topic,
+       to_jsonb(s) ->> 'subject_strategy' AS subject_strategy,
+       to_jsonb(s) -> 'routing' AS routing,
+       CASE WHEN s.value_format = 'avro-registry' THEN to_jsonb(s) ->> 'key_format' END
+           AS key_format,
+       c.part, c.transaction_id::text::bigint AS transaction_id, c.position, c.version,
+       c.generation, c.owner, c.halted_error, c.updated_at
   FROM {schema}.outbox_subscribers s
   JOIN {schema}.outbox_checkpoints c ON c.subscriber = s.name
  WHERE s.name = %(name)s AND c.part = %(part)s;
