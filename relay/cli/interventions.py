@@ -18,7 +18,7 @@ from relay.cli.common import err, out
 from relay.core.interventions import Actor, OperatorSkip, Recorded
 from relay.ops.interventions import Confirm, Preview
 
-# verify's and the gate's exit code for "refused: nothing changed" (as a usage error).
+# The gate's exit code when it refuses for want of --yes (as a usage error): nothing changed.
 REFUSED = 2
 
 DryRun = Annotated[

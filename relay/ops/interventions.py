@@ -57,12 +57,7 @@ def reset(
     # 'now' is pinned to the horizon as previewed, so the reset confirmed is the reset
     # made (events written meanwhile wait, and are published).
     target = store.reset_target(name, to)
-    moves = [
-        PartMove(
-            p.part, p.checkpoint, target, store.count_events(state, p.part, p.checkpoint, target)
-        )
-        for p in state.parts
-    ]
+    moves = store.moves(state, target)
     shown = to.value if isinstance(to, StartFrom) else str(to)
     preview = Preview(
         Action.RESET,

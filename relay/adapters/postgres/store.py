@@ -625,15 +625,8 @@ class OutboxStore:
                 raise SubscriberError(f"no subscriber named {name!r}")
             target = self.reset_target(name, to)
             state = self.get(name)
-            moves = [
-                PartMove(
-                    part,
-                    Position(tx, pos),
-                    target,
-                    self._between(state, part, Position(tx, pos), target),
-                )
-                for part, tx, pos, _, _ in locked
-            ]
+            checkpoints = {part: Position(tx, pos) for part, tx, pos, _, _ in locked}
+            moves = self._moves(state, checkpoints, target)
             params = {"name": name, "to": "position", **_key_params(target)}
             self.conn.execute(self._q["reset_checkpoint"], params)
             if record is not None:
@@ -660,31 +653,35 @@ class OutboxStore:
             )
         return to
 
-    def count_events(
-        self, state: SubscriberState, part: int, after: Position, upto: Position
-    ) -> int:
-        """The events of ``part`` between two points (either way round) that the
-        subscriber's filters match, but those the operator skipped already: what a
-        reset from one to the other skips or publishes again."""
+    def moves(self, state: SubscriberState, target: Position) -> builtins.list[PartMove]:
+        """What a reset of ``state``'s parts to ``target`` would do to each: the events
+        of the part between its checkpoint and the target that the subscriber's filters
+        match, but those the operator skipped already (skipped forward, or published
+        again backward)."""
         with wrap_errors():
-            return self._between(state, part, after, upto)
+            return self._moves(state, {p.part: p.checkpoint for p in state.parts}, target)
 
-    def _between(self, state: SubscriberState, part: int, one: Position, other: Position) -> int:
-        after, upto = min(one, other), max(one, other)
+    def _moves(
+        self, state: SubscriberState, checkpoints: dict[int, Position], target: Position
+    ) -> builtins.list[PartMove]:
+        ranges = {part: (min(at, target), max(at, target)) for part, at in checkpoints.items()}
         subscriber = state.subscriber
         params = {
-            "after_transaction_id": after.transaction_id,
-            "after_position": after.position,
-            "upto_transaction_id": upto.transaction_id,
-            "upto_position": upto.position,
-            "part": part,
             "parts": subscriber.parts,
+            "part": list(ranges),
+            **_keys_params([r[0] for r in ranges.values()], "after_"),
+            **_keys_params([r[1] for r in ranges.values()], "upto_"),
+            **_key_params(min(r[0] for r in ranges.values()), "low_"),
+            **_key_params(max(r[1] for r in ranges.values()), "high_"),
             "aggregate_types": _sorted(subscriber.aggregate_types),
             "event_types": _sorted(subscriber.event_types),
             "subscriber_id": state.subscriber_id,
         }
-        row = self.conn.execute(self._q["count_part_events"], params).fetchone()
-        return int(row[0]) if row else 0
+        counts = dict(self.conn.execute(self._q["count_moved_events"], params).fetchall())
+        return [
+            PartMove(part, at, target, counts.get(part, 0))
+            for part, at in sorted(checkpoints.items())
+        ]
 
     def _record_reset(
         self, record: Intervention, state: SubscriberState, moves: builtins.list[PartMove]
@@ -966,6 +963,13 @@ def _sorted(values: frozenset[str] | None) -> list[str] | None:
 
 def _key_params(key: Position, prefix: str = "") -> dict[str, int]:
     return {f"{prefix}transaction_id": key.transaction_id, f"{prefix}position": key.position}
+
+
+def _keys_params(keys: builtins.list[Position], prefix: str) -> dict[str, builtins.list[int]]:
+    return {
+        f"{prefix}transaction_id": [k.transaction_id for k in keys],
+        f"{prefix}position": [k.position for k in keys],
+    }
 
 
 def _recorded(row: Sequence[Any]) -> Recorded:

@@ -13,19 +13,44 @@ SELECT c.part, c.transaction_id::text::bigint AS transaction_id, c.position,
  ORDER BY c.part
    FOR UPDATE;
 
--- name: count_part_events
--- The events of one part in (after, upto] that the subscriber's filters match, but
--- those the operator skipped already (`subscribers skip`): what a reset to upto would
--- skip (after < upto) or publish again (the other way round).
-SELECT pg_catalog.count(*)
-  FROM {schema}.outbox o
- WHERE (o.transaction_id, o.position) > (%(after_transaction_id)s::text::xid8, %(after_position)s)
-   AND (o.transaction_id, o.position) <= (%(upto_transaction_id)s::text::xid8, %(upto_position)s)
-   AND (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
-   AND (%(aggregate_types)s::text[] IS NULL OR o.aggregate_type = ANY(%(aggregate_types)s::text[]))
-   AND (%(event_types)s::text[] IS NULL OR o.event_type = ANY(%(event_types)s::text[]))
-   AND NOT EXISTS (SELECT FROM {schema}.outbox_skipped k
-                    WHERE k.subscriber_id = %(subscriber_id)s AND k.message_id = o.message_id);
+-- name: count_moved_events
+-- What a reset would do to each part (relay/core/interventions.py, PartMove): the
+-- events of the part in its range (after, upto] (from its checkpoint to the target, or
+-- back) that the subscriber's filters match, but those the operator skipped already
+-- (`subscribers skip`), counted per part. One scan of the outbox over every range
+-- (low, high], each row's part computed once and joined to its part's range: not one
+-- scan per part, each reading every part's rows.
+WITH r AS (
+    SELECT u.part, u.after_transaction_id::text::xid8 AS after_transaction_id,
+           u.after_position, u.upto_transaction_id::text::xid8 AS upto_transaction_id,
+           u.upto_position
+      FROM ROWS FROM (pg_catalog.unnest(%(part)s::integer[]),
+                      pg_catalog.unnest(%(after_transaction_id)s::bigint[]),
+                      pg_catalog.unnest(%(after_position)s::bigint[]),
+                      pg_catalog.unnest(%(upto_transaction_id)s::bigint[]),
+                      pg_catalog.unnest(%(upto_position)s::bigint[]))
+           AS u (part, after_transaction_id, after_position, upto_transaction_id, upto_position)
+), e AS (
+    SELECT o.transaction_id, o.position,
+           CASE WHEN %(parts)s = 1 THEN 0
+                ELSE {schema}.outbox_part(o.aggregate_id, %(parts)s) END AS part
+      FROM {schema}.outbox o
+     WHERE (o.transaction_id, o.position) > (%(low_transaction_id)s::text::xid8, %(low_position)s)
+       AND (o.transaction_id, o.position)
+           <= (%(high_transaction_id)s::text::xid8, %(high_position)s)
+       AND (%(aggregate_types)s::text[] IS NULL
+            OR o.aggregate_type = ANY(%(aggregate_types)s::text[]))
+       AND (%(event_types)s::text[] IS NULL OR o.event_type = ANY(%(event_types)s::text[]))
+       AND NOT EXISTS (SELECT FROM {schema}.outbox_skipped k
+                        WHERE k.subscriber_id = %(subscriber_id)s
+                          AND k.message_id = o.message_id)
+)
+SELECT r.part, pg_catalog.count(*)
+  FROM e
+  JOIN r ON r.part = e.part
+ WHERE (e.transaction_id, e.position) > (r.after_transaction_id, r.after_position)
+   AND (e.transaction_id, e.position) <= (r.upto_transaction_id, r.upto_position)
+ GROUP BY r.part;
 
 -- name: skip_targets
 -- What `subscribers skip` checks of each event asked for: whether the outbox has it, its
