@@ -20,6 +20,8 @@ from relay.cli.common import (
     out,
     print_json,
 )
+from relay.cli.interventions import DryRun, Yes, actor, gate
+from relay.ops import interventions
 
 dead_letters_app = typer.Typer(
     help="List a subscriber's dead letters; publish them once their cause is fixed.",
@@ -75,14 +77,16 @@ def dead_letters_redrive(
         int, typer.Option(min=1, max=10_000, help="Events per Kafka transaction.")
     ] = 500,
     as_json: JsonFlag = False,
+    dry_run: DryRun = False,
+    yes: Yes = False,
     database_url: DatabaseUrl = None,
     bootstrap_servers: Bootstrap = None,
     schema: Schema = None,
 ) -> None:
     """Publish a subscriber's dead-lettered events, exactly once and in order per key,
     as the relay would publish them now (after a fix: a schema added, say). The live
-    checkpoint does not move. Exits 1 when some stay dead-lettered (still poison, or
-    behind a still-poison event of their key)."""
+    checkpoint does not move. Counts them first (--dry-run: only that). Exits 1 when
+    some stay dead-lettered (still poison, or behind a still-poison event of their key)."""
     import re
     from contextlib import closing, nullcontext
 
@@ -107,6 +111,10 @@ def dead_letters_redrive(
     ) as conn:
         store = DeadLetterStore(conn, settings.database_schema)
         state = store.subscriber(subscriber)
+        pending = [d.message_id for d in store.dead_letters(subscriber)]
+        confirm = gate(dry_run=dry_run, yes=yes, machine_output=as_json)
+        if not confirm(interventions.redrive_preview(subscriber, pending)):
+            return
         guard.update(s.subscriber for s in store.outbox.list())
         record = PostgresTopicRecord(lambda: nullcontext(conn), settings.database_schema)
         publisher = redrive_publisher(settings, state.subscriber_id, guard, record)
@@ -119,6 +127,9 @@ def dead_letters_redrive(
                 batch_size=batch_size,
             )
             report = redrive.run()
+        interventions.record_redrive(
+            store.outbox, subscriber, state.subscriber_id, actor(), report.as_dict()
+        )
     if as_json:
         print_json(report.as_dict())
     else:

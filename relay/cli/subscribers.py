@@ -1,9 +1,10 @@
-"""``subscribers add|list|pause|resume|reset|remove``."""
+"""``subscribers add|list|pause|resume|reset|skip|history|remove``."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Any, Optional
+from uuid import UUID
 
 import typer
 from rich.table import Table
@@ -21,12 +22,15 @@ from relay.cli.common import (
     out,
     print_json,
 )
+from relay.cli.interventions import DryRun, Yes, actor, gate, print_ledger, print_operator_skips
 from relay.core import subscribers as subs
+from relay.core.interventions import OperatorSkip
 from relay.core.model import Position
 from relay.core.redact import redact
 from relay.core.routing import DEFAULT_KEY
 from relay.core.settings import Settings
 from relay.errors import BrokerUnavailable, ConfigError, SchemaRegistryUnavailable
+from relay.ops import interventions
 from relay.ops.lag import SubscriberStatus, subscriber_statuses
 
 subscribers_app = typer.Typer(
@@ -168,7 +172,7 @@ def subscribers_add(
         _check_registry(settings, subscriber)
     _check_partitions(settings, subscriber)
     with _store(settings) as store:
-        created = store.add(subscriber, start, replace=replace)
+        created = interventions.add(store, subscriber, start, actor(), replace=replace)
         if parts > 1:
             out.print(f"indexing its {parts} parts (waits for open transactions to end)")
             store.index_parts()
@@ -250,13 +254,14 @@ def subscribers_list(
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with _store(settings) as store:
         statuses = subscriber_statuses(store)
-    rows = [_listed(status) for status in statuses]
+        skips = interventions.operator_skips(store, [s.state.subscriber_id for s in statuses])
+    rows = [_listed(status, skips[status.state.subscriber_id]) for status in statuses]
     if as_json:
         print_json(rows)
         return
     table = Table(
         "name", "topic", "format", "filter", "state", "parts", "checkpoint", "lag (events)",
-        "skipped by reset",
+        "skipped by operator",
     )  # fmt: skip
     for r, status in zip(rows, statuses, strict=True):
         flt = [f"{k}={','.join(r[k])}" for k in ("aggregate_types", "event_types") if r[k]]
@@ -278,6 +283,8 @@ def subscribers_list(
     print_skips(
         [SkipLine(s.state.subscriber.name, str(s.state.checkpoint), s.skipped) for s in statuses]
     )
+    for status in statuses:
+        print_operator_skips(status.state.subscriber.name, skips[status.state.subscriber_id])
     for r in rows:
         for p in r["parts"]:
             if p["halted"]:
@@ -286,7 +293,7 @@ def subscribers_list(
                 )
 
 
-def _listed(status: SubscriberStatus) -> dict[str, Any]:
+def _listed(status: SubscriberStatus, skips: list[OperatorSkip]) -> dict[str, Any]:
     """A subscriber as ``subscribers list`` shows it."""
     definition = status.state.subscriber.as_dict()
     return {
@@ -306,9 +313,12 @@ def _listed(status: SubscriberStatus) -> dict[str, Any]:
         "checkpoint": str(status.state.checkpoint),
         "lag_events": status.lag.events,
         "lag_estimated": status.lag.estimated,
-        "skipped_by_reset": status.skipped.events,
+        "skipped_by_operator": status.skipped.events,
+        "skipped_by_reset": status.skipped.by_reset,
+        "skipped_by_skip": status.skipped.by_skip,
         "skipped_at_least": status.skipped.at_least,
         "beyond_horizon": status.skipped.beyond_horizon,
+        "skips": [k.as_dict() for k in skips],
         "parts": [
             {
                 "part": p.part,
@@ -345,10 +355,13 @@ def subscribers_reset(
     to: Annotated[
         str, typer.Option(help="'beginning', 'now', or TRANSACTION_ID:POSITION (resume after it).")
     ],
+    dry_run: DryRun = False,
+    yes: Yes = False,
     database_url: DatabaseUrl = None,
     schema: Schema = None,
 ) -> None:
-    """Move a subscriber's checkpoint (republishes or skips events!)."""
+    """Move a subscriber's checkpoints: skips or republishes events, which it counts
+    first (--dry-run: only that). To skip one event, use `subscribers skip`."""
     target: subs.StartFrom | Position
     if to in (subs.StartFrom.BEGINNING.value, subs.StartFrom.NOW.value):
         target = subs.StartFrom(to)
@@ -359,18 +372,75 @@ def subscribers_reset(
             raise typer.BadParameter(str(exc), param_hint="--to") from exc
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with _store(settings) as store:
-        store.reset(name, target)
-    out.print(f"subscriber {name!r} reset to {to}")
+        moves = interventions.reset(store, name, target, actor(), gate(dry_run=dry_run, yes=yes))
+    if moves is not None:
+        out.print(f"subscriber {name!r} reset to {to}")
+        for move in moves:
+            out.print(f"  {move.describe()}")
+
+
+@subscribers_app.command("skip")
+def subscribers_skip(
+    ctx: typer.Context,
+    name: str,
+    event: Annotated[
+        list[str],
+        typer.Option(
+            "--event",
+            help="The message id of an event to skip (repeatable); a halt's error names it.",
+            show_default=False,
+        ),
+    ],
+    dry_run: DryRun = False,
+    yes: Yes = False,
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
+) -> None:
+    """Skip exactly these events (not yet published) of a halted or running subscriber:
+    every other event is published. A part halted on one of them resumes."""
+    try:
+        ids = [UUID(e) for e in event]
+    except ValueError as exc:
+        raise typer.BadParameter(f"not a message id (a UUID): {exc}", param_hint="--event") from exc
+    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    with _store(settings) as store:
+        done = interventions.skip(store, name, ids, actor(), gate(dry_run=dry_run, yes=yes))
+    if done is None:
+        return
+    out.print(f"subscriber {name!r}: {done.events} event(s) skipped")
+    for part in done.resumed:
+        out.print(f"  part {part} resumed (it was halted on a skipped event)")
+    for part, error in done.still_halted.items():
+        err.print(Text.assemble((f"{name}/{part} still halted:", "red"), " ", error))
+
+
+@subscribers_app.command("history")
+def subscribers_history(
+    ctx: typer.Context,
+    name: str,
+    as_json: JsonFlag = False,
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
+) -> None:
+    """The ledger of a subscriber's interventions (removed subscribers of that name
+    too): who, when, what and how many events."""
+    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    with _store(settings) as store:
+        entries = interventions.history(store, name)
+    if as_json:
+        print_json([e.as_dict() for e in entries])
+        return
+    print_ledger(entries)
 
 
 @subscribers_app.command("remove")
 def subscribers_remove(
     ctx: typer.Context, name: str, database_url: DatabaseUrl = None, schema: Schema = None
 ) -> None:
-    """Delete a subscriber and its checkpoint."""
+    """Delete a subscriber and its checkpoint (the ledger keeps its history)."""
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with _store(settings) as store:
-        store.remove(name)
+        interventions.remove(store, name, actor())
     out.print(f"removed subscriber {name!r}")
 
 
@@ -379,5 +449,7 @@ def _set_paused(
 ) -> None:
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with _store(settings) as store:
-        store.set_paused(name, paused)
+        cleared = interventions.set_paused(store, name, paused, actor())
     out.print(f"subscriber {name!r} {'paused' if paused else 'resumed'}")
+    for part, error in cleared.items():
+        out.print(f"  part {part}: cleared its halt ({error})")

@@ -47,6 +47,9 @@ class PartState:
     owner: UUID | None
     halted_error: str | None
     updated_at: datetime
+    # Events after the checkpoint the operator skipped (`subscribers skip`): the worker
+    # drops them when it meets them, so the checkpoint passes them with their batch.
+    skips: frozenset[UUID] = frozenset()
 
     @property
     def name(self) -> str:
@@ -186,7 +189,8 @@ class PartStore(Protocol):
         """The events ``selection`` picks after ``after``, in publication order."""
 
     def get_part(self, name: str, part: int) -> PartState:
-        """The part as stored; raises ``SubscriberError`` when there is none."""
+        """The part as stored, with the events after its checkpoint that the operator
+        skipped; raises ``SubscriberError`` when there is none."""
 
     def advance(
         self,
@@ -211,8 +215,12 @@ class PartStore(Protocol):
         """Dead-letter decisions already recorded for events in ``(after, upto]`` (by a
         checkpoint that passed them before a reset moved it back)."""
 
-    def halt(self, state: PartState, owner: UUID, error: str) -> None:
-        """Halt the part with ``error``; raises ``ClaimLost`` when ``owner`` lost it."""
+    def halt(
+        self, state: PartState, owner: UUID, error: str, message_id: UUID | None = None
+    ) -> None:
+        """Halt the part with ``error``, on the poison event ``message_id`` if it names
+        one (`subscribers skip` of that event resumes the part); raises ``ClaimLost``
+        when ``owner`` lost it."""
 
     def check_key_space(self) -> KeySpaceCheck | None:
         """Check (and repair) the stored keys' space; None before migration 0004."""

@@ -15,6 +15,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from uuid import UUID
 
+from relay.core.interventions import Intervention
 from relay.core.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.core.model import (
     ConsumedRecord,
@@ -61,6 +62,10 @@ class InMemoryStore:
         # subscriber → message id → (event key, decision)
         self.dead: dict[str, dict[UUID, tuple[Position, DeadLetterDecision]]] = {}
         self.sessions: dict[UUID, _Session] = {}
+        # (subscriber, part) → the events the operator skipped; the event a halt is on.
+        self.skip_lists: dict[tuple[str, int], set[UUID]] = {}
+        self.halted_on: dict[tuple[str, int], UUID | None] = {}
+        self.ledger: list[Intervention] = []
         self.key_space_id = uuid.uuid4()
         self.closed = False
         self._clock = clock
@@ -93,6 +98,39 @@ class InMemoryStore:
                         state, subscriber=subscriber, version=state.version + 1, halted_error=halted
                     )
                 )
+
+    def skip(self, name: str, message_ids: Sequence[UUID], record: Intervention) -> list[int]:
+        """As the Postgres store's: skip these events (refused unless each is in the
+        outbox, taken by the subscriber, not published yet and not skipped already); a
+        part halted on one of them resumes. Returns the parts resumed."""
+        with self._lock:
+            states = {s.part: s for s in self._parts_of(name)}
+            subscriber = states[0].subscriber
+            targets = []
+            for message_id in message_ids:
+                event = next((e for e in self.events if e.message_id == message_id), None)
+                if event is None or not subscriber.matches(event):
+                    raise SubscriberError(f"event {message_id} is not one {name!r} publishes")
+                part = part_of(event.aggregate_id, subscriber.parts) if subscriber.parts > 1 else 0
+                skipped = self.skip_lists.setdefault((name, part), set())
+                if event.key <= states[part].checkpoint or message_id in skipped:
+                    raise SubscriberError(f"event {message_id} is published or skipped already")
+                targets.append((part, message_id))
+            resumed = []
+            for part, message_id in targets:
+                self.skip_lists[name, part].add(message_id)
+                state = self.get_part(name, part)
+                halted_on_it = state.halted_error is not None and (
+                    self.halted_on.get((name, part)) == message_id
+                )
+                if halted_on_it:
+                    resumed.append(part)
+                halted = None if halted_on_it else state.halted_error
+                self._set(
+                    dataclasses.replace(state, halted_error=halted, version=state.version + 1)
+                )
+            self.ledger.append(record)
+            return sorted(resumed)
 
     def remove(self, name: str) -> None:
         """Delete the subscriber and its parts (their owners' workers find them gone)."""
@@ -159,7 +197,7 @@ class InMemoryStore:
             found: dict[str, list[PartState]] = {}
             for (subscriber, _), state in sorted(self.parts.items()):
                 if name is None or subscriber == name:
-                    found.setdefault(subscriber, []).append(state)
+                    found.setdefault(subscriber, []).append(self._with_skips(state))
         return [SubscriberState(p[0].subscriber, p[0].subscriber_id, p) for p in found.values()]
 
     # -- the daemon's port: sessions and claims ----------------------------------------
@@ -280,7 +318,16 @@ class InMemoryStore:
         state = self.parts.get((name, part))
         if state is None:
             raise SubscriberError(f"no subscriber part {name}/{part}")
-        return state
+        return self._with_skips(state)
+
+    def _with_skips(self, state: PartState) -> PartState:
+        """``state`` with the skipped events after its checkpoint, as Postgres reads them."""
+        skipped = self.skip_lists.get((state.name, state.part))
+        if not skipped:
+            return state
+        keys = {e.message_id: e.key for e in self.events if e.message_id in skipped}
+        pending = frozenset(m for m, key in keys.items() if key > state.checkpoint)
+        return dataclasses.replace(state, skips=pending)
 
     def advance(
         self,
@@ -316,11 +363,14 @@ class InMemoryStore:
         recorded = self.dead.get(name, {})
         return {m: d for m, (key, d) in recorded.items() if after < key <= upto}
 
-    def halt(self, state: PartState, owner: UUID, error: str) -> None:
+    def halt(
+        self, state: PartState, owner: UUID, error: str, message_id: UUID | None = None
+    ) -> None:
         with self._lock:
             current = self.get_part(state.name, state.part)
             if current.owner != owner:
                 raise ClaimLost(f"{state.name}/{state.part} is no longer claimed by this relay")
+            self.halted_on[state.name, state.part] = message_id
             self._set(dataclasses.replace(current, halted_error=error, version=current.version + 1))
 
     def check_key_space(self) -> KeySpaceCheck | None:
@@ -340,7 +390,8 @@ class InMemoryStore:
         self.closed = True
 
     def _set(self, updated: PartState) -> PartState:
-        updated = dataclasses.replace(updated, updated_at=datetime.now(UTC))
+        # Skips are kept apart (skip_lists): the stored state holds none.
+        updated = dataclasses.replace(updated, updated_at=datetime.now(UTC), skips=frozenset())
         self.parts[updated.name, updated.part] = updated
         return updated
 

@@ -522,7 +522,26 @@ class PartWorker:
             event_types=subscriber.event_types,
         )
         events, read_to, full = store.fetch(state.checkpoint, selection)
+        if state.skips:  # rare: a set lookup per event only while the operator skips some
+            events = self._without_skips(events, state.skips)
         return _Batch(events, read_to, full)
+
+    def _without_skips(
+        self, events: list[OutboxEvent], skips: frozenset[UUID]
+    ) -> list[OutboxEvent]:
+        """``events`` but those the operator skipped (`subscribers skip`): the batch's
+        end still passes them, so its checkpoint does, in the batch's own commit."""
+        kept = [e for e in events if e.message_id not in skips]
+        for event in events:
+            if event.message_id in skips:
+                logger.info(
+                    "part %s: event %s at %s skipped by the operator, not published",
+                    self.part,
+                    event.message_id,
+                    event.key,
+                    extra=self._log_extra("event_skipped", message_id=event.message_id),
+                )
+        return kept
 
     def _prepare(self, store: PartStore, state: PartState) -> _Batch:
         """Fetch and encode the batch after ``state``'s checkpoint, leaving any poison
@@ -704,11 +723,14 @@ class PartWorker:
         assert sent.records is not None and sent.end is not None
         self.hook.published(sent.events, sent.records, state.subscriber)  # visible now
         letters = _letters(sent.events, dead)
-        state = self._advance(store, state, sent.end, letters)
+        advanced = self._advance(store, state, sent.end, letters)
         self._count(sent.records, len(letters), sent.end)
-        # A reset meanwhile moves the checkpoint elsewhere: what was read ahead is void.
-        self._ahead = sent.ahead if state.checkpoint == sent.end else None
-        return state
+        # A reset meanwhile moves the checkpoint elsewhere, and a skip changes what is
+        # dropped (it bumps the version, so the advance reloaded the part): what was read
+        # ahead is void.
+        same = advanced.checkpoint == sent.end and advanced.skips == state.skips
+        self._ahead = sent.ahead if same else None
+        return advanced
 
     def _blame(
         self,
@@ -723,12 +745,13 @@ class PartWorker:
         event = _event_of(refused.record, sent.events)
         decision = dead.get(event.message_id)
         if decision is None:
-            return self._poison(store, state, event, str(refused), dead)
+            return self._poison(store, state, event, str(refused), dead, sent.events)
         # The dead letter itself was rejected: once more with the event's identity only
         # (a topic with a lower max.message.bytes), then the part halts: that is no
         # longer the row's doing but the dead-letter topic's.
         if decision.minimal:
-            self._halt(store, state, event, f"dead-letter record rejected: {refused.reason}")
+            why = f"dead-letter record rejected: {refused.reason}"
+            self._halt(store, state, event, why, sent.events)
             return False
         logger.warning(
             "part %s: the dead letter of %s was rejected (%s); sending its identity only",
@@ -806,7 +829,7 @@ class PartWorker:
                     records.append(encode(event))
                     continue
                 except EncodingError as exc:
-                    if not self._poison(store, state, event, str(exc), dead):
+                    if not self._poison(store, state, event, str(exc), dead, events):
                         return None
                 except ConfigError as exc:  # the relay's own configuration: never poison
                     self._halt_config(store, state, exc)
@@ -822,7 +845,8 @@ class PartWorker:
                         exc_info=exc,
                         extra=self._log_extra("encoding_raised", message_id=event.message_id),
                     )
-                    if not self._poison(store, state, event, f"{type(exc).__name__}: {exc}", dead):
+                    error = f"{type(exc).__name__}: {exc}"
+                    if not self._poison(store, state, event, error, dead, events):
                         return None
             records.append(dead_letter_record(event, subscriber, dead[event.message_id]))
             letters += 1
@@ -835,14 +859,15 @@ class PartWorker:
         event: OutboxEvent,
         error: str,
         dead: dict[UUID, DeadLetterDecision],
+        batch: list[OutboxEvent],
     ) -> bool:
-        """Apply the subscriber's policy: True when the event is dead-lettered, False when
-        the part halted."""
+        """Apply the subscriber's policy to ``event`` of ``batch``: True when the event is
+        dead-lettered, False when the part halted."""
         with self.stats.lock:
             self.stats.poisoned += 1
         error = cap(error, MAX_DEAD_LETTER_ERROR_BYTES)  # it may quote the row
         if state.subscriber.on_poison is PoisonPolicy.HALT:
-            self._halt(store, state, event, error)
+            self._halt(store, state, event, error, batch)
             return False
         # Recorded in Postgres with the checkpoint that passes the event (_record).
         decision = DeadLetterDecision(state.subscriber.dead_letter_topic_name, error)
@@ -872,10 +897,28 @@ class PartWorker:
             extra=self._log_extra("part_halted_config", error=message),
         )
 
-    def _halt(self, store: PartStore, state: PartState, event: OutboxEvent, error: str) -> None:
+    def _halt(
+        self,
+        store: PartStore,
+        state: PartState,
+        event: OutboxEvent,
+        error: str,
+        batch: list[OutboxEvent],
+    ) -> None:
+        """Halt the part on the poison ``event`` of ``batch`` (a batch starts just after
+        the checkpoint), saying how to skip it alone, and what a reset past it would
+        skip: the events of the batch up to it (issue #48)."""
         error = cap(error, MAX_DEAD_LETTER_ERROR_BYTES)
-        message = f"poison event {event.message_id} at {event.key}: {error}"
-        store.halt(state, self.session.id, message)
+        subscriber = state.subscriber
+        upto = [e for e in batch if e.key <= event.key and (subscriber.matches(e) or _not_read(e))]
+        n = max(len(upto), 1)
+        message = (
+            f"poison event {event.message_id} at {event.key}: {error}. To skip this event "
+            f"alone (every other event is published): `outbox-relay subscribers skip "
+            f"{subscriber.name} --event {event.message_id}`; a reset to {event.key} would "
+            f"skip {n} event(s) of this part, {n - 1} of them before this one"
+        )
+        store.halt(state, self.session.id, message, event.message_id)
         self._record_error(WorkerState.HALTED, RelayError(message))
         logger.error(
             "part %s halted (policy 'halt'; `outbox-relay subscribers resume %s` retries it): %s",
@@ -959,6 +1002,7 @@ def _same_batch_start(recovered: PartState, fetched_at: PartState) -> bool:
         and not recovered.subscriber.paused
         and recovered.halted_error is None
         and recovered.subscriber == fetched_at.subscriber
+        and recovered.skips == fetched_at.skips
     )
 
 

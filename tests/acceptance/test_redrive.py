@@ -190,9 +190,8 @@ def test_redrive_publishes_dead_letters_once_in_order_per_key(
         assert all("OrderRefunded" in d["error"] for d in pending)
 
         add_schema(schemas)  # the fix
-        first = run_cli(
-            "dead-letters", "redrive", "s", "--schemas-dir", str(schemas), "--json", env=env
-        )
+        redrive = ("dead-letters", "redrive", "s", "--schemas-dir", str(schemas), "--yes")
+        first = run_cli(*redrive, "--json", env=env)
         assert first.returncode == 1, first.stderr  # some stay dead-lettered
         report = json.loads(first.stdout)
         assert report["redriven"] == 3
@@ -213,9 +212,7 @@ def test_redrive_publishes_dead_letters_once_in_order_per_key(
         assert (checked["redriven"], checked["dead_lettered"], checked["found"]) == (3, 2, 5)
 
         # Again: nothing is published twice.
-        again = run_cli(
-            "dead-letters", "redrive", "s", "--schemas-dir", str(schemas), "--json", env=env
-        )
+        again = run_cli(*redrive, "--json", env=env)
         assert json.loads(again.stdout)["redriven"] == 0, again.stderr
         remaining = json.loads(run_cli("dead-letters", "list", "s", "--json", env=env).stdout)
         assert [d["message_id"] for d in remaining] == [str(k3_a), str(k3_b)]
@@ -225,7 +222,7 @@ def test_redrive_publishes_dead_letters_once_in_order_per_key(
 
         # Fixed for good: the held-back event follows the one it waited for.
         add_schema(schemas, ["int", "string"])
-        last = run_cli("dead-letters", "redrive", "s", "--schemas-dir", str(schemas), env=env)
+        last = run_cli(*redrive, env=env)
         assert last.returncode == 0, last.stdout + last.stderr
         assert "redriven 2" in last.stdout
         seen = consume(kafka_bootstrap, [topic], 7, quiet=2.0)
@@ -326,7 +323,8 @@ def test_a_crash_mid_redrive_publishes_nothing_twice(
 
     # A reset replays redriven events as events, not as dead letters again.
     reset = run_cli(
-        "subscribers", "reset", "s", "--to", "beginning", env={"RELAY_DATABASE_URL": database_url}
+        *("subscribers", "reset", "s", "--to", "beginning", "--yes"),
+        env={"RELAY_DATABASE_URL": database_url},
     )
     assert reset.returncode == 0, reset.stderr
     with running(settings):  # now with the schema it lacked

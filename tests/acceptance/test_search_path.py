@@ -227,7 +227,7 @@ def test_migration_14_unbinds_an_install_made_while_the_overloads_were_there(
     before = calls(owner)[0]
     assert before > 1
     applied = migrations.migrate(owner, allow_public_create=True)
-    assert [m.version for m in applied][0] == 14
+    assert applied[0].version == 14
     assert bound_to_hostile(owner) == []
     grant_roles(owner, "public", relay_role=RELAY_ROLE, writer_role=WRITER_ROLE,
                 create=True, allow_public_create=True)  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import uuid
 from typing import Any
 
 import psycopg
@@ -237,3 +238,40 @@ def test_a_rolling_deploy_publishes_everything_across_migration_15(
             relay.stop()
         written = conn.execute("SELECT message_id::text FROM outbox ORDER BY position").fetchall()
     assert ids_of(seen) == [w[0] for w in written] and len(written) == 4
+
+
+def test_a_relay_runs_on_a_schema_before_migration_19(database_url: str) -> None:
+    """Relays that roll before `migrate` read a part without a skip list and halt
+    without recording the event; status reads the last reset as before the ledger.
+    After it, the reset 0009 recorded is on the ledger, counted as status counted it."""
+    from relay.adapters.postgres.queries import queries_for
+    from relay.adapters.postgres.store import OutboxStore
+    from relay.core.subscribers import Subscriber
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        migrations.migrate(conn, up_to=18)
+        store = OutboxStore(conn)
+        store.add(Subscriber("s", topic="t"))
+        conn.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
+            " SELECT 'order', n::text, 'OrderPlaced', '{}' FROM generate_series(1, 3) AS n"
+        )
+        # A reset forward, as the previous version made it: no ledger to write.
+        reset = queries_for("public")["reset_checkpoint"]
+        conn.execute(reset, {"name": "s", "to": "now", "transaction_id": 0, "position": 0})
+        session = store.open_session("host", 1, 60)
+        assert store.claim("s", 0, session)
+        part = store.get_part("s", 0)
+        assert part.skips == frozenset()
+        store.halt(part, session, "poison event", uuid.uuid4())
+        assert store.get_part("s", 0).halted_error == "poison event"
+        [before] = store.part_skips("s", None)
+        assert (before.counted, before.by_reset) == (3, 0)
+        assert store.operator_skips(part.subscriber_id) == []
+
+        migrations.migrate(conn)
+        [after] = store.part_skips("s", None)
+        assert (after.counted, after.by_reset, after.by_skip) == (None, 3, 0)
+        [entry] = store.ledger("s")
+        assert (entry.action, entry.events) == ("reset", 3)
+        assert "migration 0019" in entry.params["recorded_by"]

@@ -405,6 +405,21 @@ SELECT s.name, s.aggregate_types, s.event_types, s.topic, s.value_format, s.paus
  ORDER BY s.name;
 
 -- name: list_parts
+-- With the events after each checkpoint that the operator skipped (`subscribers skip`,
+-- migration 0019), looked up by message id; nothing to look up, no subquery run.
+SELECT c.subscriber, c.part, c.transaction_id::text::bigint AS transaction_id, c.position,
+       c.version, c.generation, c.owner, c.halted_error, c.updated_at,
+       CASE WHEN c.skip_message_ids IS NOT NULL THEN
+           ARRAY(SELECT o.message_id FROM {schema}.outbox o
+                  WHERE o.message_id = ANY(c.skip_message_ids)
+                    AND (o.transaction_id, o.position) > (c.transaction_id, c.position))
+       END AS skips
+  FROM {schema}.outbox_checkpoints c
+ WHERE %(name)s::text IS NULL OR c.subscriber = %(name)s
+ ORDER BY c.subscriber, c.part;
+
+-- name: list_parts_without_skips
+-- list_parts on a schema before migration 0019 (a rolling deploy): no skip list.
 SELECT c.subscriber, c.part, c.transaction_id::text::bigint AS transaction_id, c.position,
        c.version, c.generation, c.owner, c.halted_error, c.updated_at
   FROM {schema}.outbox_checkpoints c
@@ -412,6 +427,26 @@ SELECT c.subscriber, c.part, c.transaction_id::text::bigint AS transaction_id, c
  ORDER BY c.subscriber, c.part;
 
 -- name: get_part
+-- With the events after the checkpoint that the operator skipped, as list_parts.
+SELECT s.name, s.aggregate_types, s.event_types, s.topic, s.value_format, s.paused,
+       s.id, s.parts, s.on_poison, s.dead_letter_topic,
+       pg_catalog.to_jsonb(s) ->> 'subject_strategy' AS subject_strategy,
+       pg_catalog.to_jsonb(s) -> 'routing' AS routing,
+       CASE WHEN s.value_format = 'avro-registry' THEN pg_catalog.to_jsonb(s) ->> 'key_format' END
+           AS key_format,
+       c.part, c.transaction_id::text::bigint AS transaction_id, c.position, c.version,
+       c.generation, c.owner, c.halted_error, c.updated_at,
+       CASE WHEN c.skip_message_ids IS NOT NULL THEN
+           ARRAY(SELECT o.message_id FROM {schema}.outbox o
+                  WHERE o.message_id = ANY(c.skip_message_ids)
+                    AND (o.transaction_id, o.position) > (c.transaction_id, c.position))
+       END AS skips
+  FROM {schema}.outbox_subscribers s
+  JOIN {schema}.outbox_checkpoints c ON c.subscriber = s.name
+ WHERE s.name = %(name)s AND c.part = %(part)s;
+
+-- name: get_part_without_skips
+-- get_part on a schema before migration 0019 (a rolling deploy): no skip list.
 SELECT s.name, s.aggregate_types, s.event_types, s.topic, s.value_format, s.paused,
        s.id, s.parts, s.on_poison, s.dead_letter_topic,
        pg_catalog.to_jsonb(s) ->> 'subject_strategy' AS subject_strategy,
@@ -464,6 +499,15 @@ VALUES (%(name)s, %(part)s, %(transaction_id)s::text::xid8, %(position)s, %(mess
 ON CONFLICT DO NOTHING;
 
 -- name: halt_part
+-- halted_message_id: the poison event, if the halt names one (migration 0019).
+UPDATE {schema}.outbox_checkpoints
+   SET halted_at = pg_catalog.now(), halted_error = %(error)s,
+       halted_message_id = %(message_id)s, version = version + 1
+ WHERE subscriber = %(name)s AND part = %(part)s AND owner = %(owner)s
+RETURNING version;
+
+-- name: halt_part_without_message_id
+-- halt_part on a schema before migration 0019 (a rolling deploy).
 UPDATE {schema}.outbox_checkpoints
    SET halted_at = pg_catalog.now(), halted_error = %(error)s, version = version + 1
  WHERE subscriber = %(name)s AND part = %(part)s AND owner = %(owner)s
@@ -517,6 +561,46 @@ RETURNING c.subscriber;
 SELECT pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text::bigint;
 
 -- name: part_skips
+-- For each part of a subscriber: whether its checkpoint lies beyond the horizon (then
+-- every row written now sorts before it and is never published); the events the
+-- operator skipped, from the ledger (migration 0019: every reset forward's range and
+-- every `subscribers skip`, counted when they were made, so they stay reported across
+-- any number of later resets); and, for a checkpoint beyond the horizon (an older
+-- version's reset, or one written by hand: a reset refuses such a point), which has not
+-- moved since it was set: the rows written since (occurred_at from then on, newest first), of which at
+-- most %(scan)s scanned (NULL: all), and how many of those are the part's.
+SELECT c.part,
+       (c.transaction_id, c.position)
+           > (pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()), 0)
+           AS beyond_horizon,
+       b.scanned, b.counted,
+       coalesce(k.by_reset, 0) AS by_reset, coalesce(k.by_skip, 0) AS by_skip
+  FROM {schema}.outbox_checkpoints c
+  JOIN {schema}.outbox_subscribers s ON s.name = c.subscriber
+  LEFT JOIN LATERAL (
+       SELECT pg_catalog.sum(x.events) FILTER (WHERE x.message_id IS NULL)::bigint AS by_reset,
+              pg_catalog.sum(x.events) FILTER (WHERE x.message_id IS NOT NULL)::bigint AS by_skip
+         FROM {schema}.outbox_skipped x
+        WHERE x.subscriber_id = s.id AND x.part = c.part) AS k ON true
+  LEFT JOIN LATERAL (
+       SELECT pg_catalog.count(*) AS scanned,
+              pg_catalog.count(*) FILTER (
+                  WHERE r.occurred_at >= c.updated_at
+                    AND (s.parts = 1 OR {schema}.outbox_part(r.aggregate_id, s.parts) = c.part)
+                    AND (s.aggregate_types IS NULL OR r.aggregate_type = ANY(s.aggregate_types))
+                    AND (s.event_types IS NULL OR r.event_type = ANY(s.event_types))) AS counted
+         FROM (SELECT o.aggregate_id, o.aggregate_type, o.event_type, o.occurred_at
+                 FROM {schema}.outbox o
+                WHERE (o.transaction_id, o.position) <= (c.transaction_id, c.position)
+                ORDER BY o.transaction_id DESC, o.position DESC
+                LIMIT %(scan)s) AS r) AS b
+    ON (c.transaction_id, c.position)
+           > (pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()), 0)
+ WHERE c.subscriber = %(name)s
+ ORDER BY c.part;
+
+-- name: part_skips_before_ledger
+-- part_skips on a schema before migration 0019 (a rolling deploy): the last reset only.
 -- For each part of a subscriber: whether its checkpoint lies beyond the horizon (then
 -- every row written now sorts before it and is never published), and the events its
 -- last reset forward skipped, matching the subscriber's filters: of the rows after

@@ -277,6 +277,11 @@ CREATE TABLE {schema}.outbox_checkpoints (
     -- were skipped by that reset (NULL: nothing skipped). Migration 0009.
     skipped_from_transaction_id xid8,
     skipped_from_position bigint,
+    -- The events the operator skipped (`subscribers skip`, migration 0019): the relay
+    -- drops them when it meets them, and reads only those after the checkpoint.
+    skip_message_ids uuid[],
+    -- The event a poison halt stopped on (0019); read only while halted_error is set.
+    halted_message_id uuid,
     PRIMARY KEY (subscriber, part)
 );
 
@@ -300,6 +305,58 @@ CREATE TABLE {schema}.outbox_dead_letters (
     redrive_error  text,
     PRIMARY KEY (subscriber, transaction_id, position)
 );
+
+-- The ledger of interventions (migration 0019): every operator action that changes what
+-- a subscriber publishes (skip, reset, replay, redrive, set, pause, resume, remove, add,
+-- replace), with who (the database role, and the OS user and host the command line
+-- reports), when, what (the action's parameters) and how many events. Keyed by the subscriber's name and id, with
+-- no foreign key: it outlives `subscribers remove`. Append-only for the relay role
+-- (roles.sql grants INSERT, and not on recorded_at and db_role, which the database
+-- fills in: a client cannot write another role's name or another time).
+CREATE TABLE {schema}.outbox_interventions (
+    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    subscriber    text NOT NULL,
+    subscriber_id uuid,
+    action        text NOT NULL CHECK (action IN ('add', 'replace', 'set', 'pause', 'resume',
+                                                  'reset', 'skip', 'remove', 'redrive', 'replay')),
+    recorded_at   timestamptz NOT NULL DEFAULT pg_catalog.statement_timestamp(),
+    -- session_user is SQL syntax, not a function looked up on the search_path.
+    db_role       text NOT NULL DEFAULT session_user,
+    os_user       text CHECK (pg_catalog.octet_length(os_user) <= 256),
+    host          text CHECK (pg_catalog.octet_length(host) <= 256),
+    params        jsonb NOT NULL DEFAULT '{{}}'::jsonb
+                  CHECK (pg_catalog.jsonb_typeof(params) = 'object'),
+    -- Events the action skipped, republished or changed course for; NULL: not counted.
+    events        bigint CHECK (events >= 0)
+);
+
+CREATE INDEX outbox_interventions_subscriber ON {schema}.outbox_interventions (subscriber, id);
+
+-- What the operator skipped, per part: one event (`subscribers skip`), or the range a
+-- reset forward jumped over, (after, upto], with the part's events in it that the
+-- subscriber's filters match. status, subscribers list and verify read it: every
+-- skip stays reported, across any number of later resets. Append-only, as the ledger.
+CREATE TABLE {schema}.outbox_skipped (
+    intervention  bigint NOT NULL REFERENCES {schema}.outbox_interventions (id),
+    subscriber_id uuid NOT NULL,
+    part          integer NOT NULL CHECK (part >= 0),
+    message_id    uuid,
+    after_transaction_id xid8,
+    after_position bigint,
+    upto_transaction_id xid8,
+    upto_position bigint,
+    events        bigint NOT NULL CHECK (events >= 0),
+    CONSTRAINT outbox_skipped_event_or_range CHECK (
+        (message_id IS NOT NULL AND events = 1 AND after_transaction_id IS NULL
+         AND after_position IS NULL AND upto_transaction_id IS NULL AND upto_position IS NULL)
+        OR (message_id IS NULL AND after_transaction_id IS NOT NULL
+            AND after_position IS NOT NULL AND upto_transaction_id IS NOT NULL
+            AND upto_position IS NOT NULL))
+);
+
+CREATE INDEX outbox_skipped_part ON {schema}.outbox_skipped (subscriber_id, part);
+CREATE UNIQUE INDEX outbox_skipped_event ON {schema}.outbox_skipped (subscriber_id, message_id)
+    WHERE message_id IS NOT NULL;
 
 -- Restore safety (docs/design.md, "Moving the database"): which xid space the keys are
 -- in, and the check every relay connection runs before it publishes or prunes.
