@@ -499,23 +499,27 @@ def sync(setup: Setup, store: OutboxStore) -> list[Change]:
     report = check(setup, active, broker_required=False)
     for line in report.warnings:
         logger.warning("%s", line, extra=log_extra("subscriber_check_skipped", problem=line))
-    report.refuse(lambda name: _fix_at_start(name, stored))
+    report.refuse(lambda name: _fix_at_start(name, stored, changes))
     store.add_all([(c.after, c.start) for c in changes])
     # LEDGER (#48): each of `changes` (from the config) could be recorded here.
     _log_sync(changes, report, {declared.name for declared in setup.settings.subscribers})
     return changes
 
 
-def _fix_at_start(name: str, stored: Mapping[str, Subscriber]) -> str:
-    if name in stored:
+def _fix_at_start(name: str, stored: Mapping[str, Subscriber], changes: Sequence[Change]) -> str:
+    """What to do about a refused subscriber, and that the refusal wrote nothing."""
+    pause = f"or pause it to start without it: outbox-relay subscribers pause {name}"
+    if name not in stored:
         return (
-            f"nothing was written: subscriber {name!r} stays as stored; fix it, or pause it "
-            f"to start without it: outbox-relay subscribers pause {name}"
+            f"nothing was written: subscriber {name!r} is not created; fix its definition "
+            "in the config file, or remove it from there"
         )
-    return (
-        f"nothing was written: subscriber {name!r} is not created; fix its definition in "
-        "the config file, or remove it from there"
-    )
+    if any(c.after.name == name for c in changes):
+        return (
+            f"nothing was written: subscriber {name!r} stays as stored; fix its definition "
+            f"in the config file, {pause}"
+        )
+    return f"fix it, {pause}"
 
 
 def _log_sync(changes: Sequence[Change], report: Report, configured: Collection[str]) -> None:
