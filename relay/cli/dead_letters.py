@@ -92,9 +92,9 @@ def dead_letters_redrive(
 
     from relay.adapters.postgres.topic_record import PostgresTopicRecord
     from relay.core.subscribers import TopicGuard
-    from relay.daemon.startup import load_schemas, registry_encoder
     from relay.engine.encoding import RecordEncoder
     from relay.ops.redrive import DeadLetterStore, Redrive, redrive_publisher
+    from relay.ops.subscribers import load_schemas, registry_encoder
 
     settings = _settings(
         ctx,

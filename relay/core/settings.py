@@ -41,7 +41,6 @@ from relay.core.subscribers import (
     PoisonPolicy,
     StartFrom,
     SubjectStrategy,
-    Subscriber,
     ValueFormat,
     validate_name,
     validate_topic_template,
@@ -148,11 +147,6 @@ class SubscriberSettings(BaseModel):
         except SubscriberError as exc:
             raise ValueError(str(exc)) from exc
         return self
-
-    def to_subscriber(self, default_format: ValueFormat) -> Subscriber:
-        return Subscriber.from_dict(
-            {**self.model_dump(), "value_format": self.value_format or default_format}
-        )
 
 
 class Settings(BaseSettings):

@@ -567,13 +567,18 @@ class OutboxStore:
                         "fixed at creation (remove the subscriber and add it again to change it)"
                     )
             else:
-                raise SubscriberError(f"subscriber {subscriber.name!r} already exists")
+                raise SubscriberError(
+                    f"subscriber {subscriber.name!r} already exists; change some of its "
+                    f"options with `outbox-relay subscribers set {subscriber.name} --OPTION "
+                    "VALUE`, or define it anew with --replace"
+                )
+            was = next((o.subscriber for o in listed if o.subscriber.name == subscriber.name), None)
             if (
                 subscriber.value_format is ValueFormat.AVRO_REGISTRY
                 or subscriber.subject_strategy is not SubjectStrategy.TOPIC
+                or (was is not None and was.subject_strategy is not SubjectStrategy.TOPIC)
             ):
                 self.conn.execute(self._q["set_subject_strategy"], params)
-            was = next((o.subscriber for o in listed if o.subscriber.name == subscriber.name), None)
             if not subscriber.routing.default or (was is not None and not was.routing.default):
                 # As given (not normalised): the stored definition then equals the
                 # configured one, and a relay's sync sees no change to write.
@@ -585,6 +590,29 @@ class OutboxStore:
             if subscriber.value_format is ValueFormat.AVRO_REGISTRY:
                 self.conn.execute(self._q["set_key_format"], params)
         return created
+
+    def add_all(self, subscribers: Sequence[tuple[Subscriber, StartFrom]]) -> None:
+        """:meth:`add` each (``replace``), in one transaction: a refusal of any (a
+        collision, a part count) writes none."""
+        with wrap_errors(), self.conn.transaction():
+            for subscriber, start in subscribers:
+                self.add(subscriber, start, replace=True)
+
+    def replace(self, before: Subscriber, after: Subscriber) -> None:
+        """Replace the definition ``before`` by ``after`` (as :meth:`add` with
+        ``replace``), only if the stored one is still ``before`` (its pause aside):
+        a change computed from a definition someone changed meanwhile is refused."""
+        with wrap_errors(), self.conn.transaction():
+            locked = self.conn.execute(self._q["lock_subscriber"], {"name": before.name})
+            if locked.fetchone() is None:
+                raise SubscriberError(f"no subscriber named {before.name!r}")
+            current = self.get(before.name).subscriber
+            if dataclasses.replace(current, paused=before.paused) != before:
+                raise SubscriberError(
+                    f"subscriber {before.name!r} was changed by someone else meanwhile; "
+                    "nothing was written: run the command again"
+                )
+            self.add(after, replace=True)
 
     def index_parts(self) -> None:
         """Build the part indexes of every part count in use (relay/adapters/postgres/part_index.py):

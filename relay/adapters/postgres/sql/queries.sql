@@ -363,6 +363,11 @@ WITH s AS (
 )
 SELECT parts FROM s;
 
+-- name: lock_subscriber
+-- OutboxStore.replace: the definition read after this lock is the one the change
+-- replaces (a concurrent change waits, or is seen).
+SELECT name FROM {schema}.outbox_subscribers WHERE name = %(name)s FOR UPDATE;
+
 -- name: set_subject_strategy
 -- Apart from insert_subscriber and update_subscriber, which a relay runs on schemas
 -- before 0011 too (rolling deploys): only avro-registry subscribers, which need 0011
