@@ -100,6 +100,10 @@ def test_set_changes_only_the_options_given_and_the_filter_still_holds_in_kafka(
     assert (listed["aggregate_types"], listed["topic"], listed["on_poison"]) == (
         ["order"], topic, "dead-letter",
     )  # fmt: skip
+    # On the ledger, with the change field by field.
+    entries = _history(env, "shop")
+    assert [e["action"] for e in entries] == ["add", "set"]
+    assert entries[1]["params"]["changed"] == ["on_poison: halt → dead-letter"]
     _write(writer_db, ("order", "o1"), ("customer", "c1"), ("order", "o2"))
     start_relay()
     wait_caught_up(relay_db, "shop")
@@ -148,6 +152,13 @@ def _run_refused(tmp_path: Path, env: dict[str, str], *subscribers: dict[str, An
     done = run_cli("run", env=run_env, timeout=180)
     assert done.returncode == 2, done.stderr
     return " ".join(done.stderr.split())
+
+
+def _history(env: dict[str, str], name: str) -> list[dict[str, Any]]:
+    done = run_cli("subscribers", "history", name, "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    entries: list[dict[str, Any]] = json.loads(done.stdout)
+    return entries
 
 
 def _toml(table: dict[str, Any]) -> str:
@@ -282,6 +293,8 @@ def test_resume_all_resumes_every_paused_or_halted_subscriber(
     states = {s.subscriber.name: s for s in store.list()}
     assert not any(s.subscriber.paused for s in states.values())
     assert [p.halted_error for s in states.values() for p in s.parts] == [None, None, None]
+    assert [e["action"] for e in _history(env, "halting")] == ["add", "resume"]
+    assert [e["action"] for e in _history(env, "calm")] == ["add", "pause", "resume"]
     again = run_cli("subscribers", "resume", "--all", env=env)
     assert again.returncode == 0 and "no subscriber is paused or halted" in again.stdout
     neither = run_cli("subscribers", "resume", env=env)
