@@ -219,6 +219,9 @@ class PartStore(Protocol):
     def key_of(self, message_id: UUID) -> Position | None:
         """The key of the event ``message_id``; None when the outbox lacks it."""
 
+    def messages_at(self, keys: Sequence[Position]) -> dict[Position, UUID]:
+        """The message id of the event at each of ``keys`` the outbox holds."""
+
     def translate(self, key_space: UUID, key: Position) -> Position:
         """A key of ``key_space`` as a key of the space rebased from it."""
 
@@ -314,9 +317,10 @@ class Batch:
     end: Position
     generation: str
     may_extend: bool = True
-    # The batch's dead letters: (message id, dead-letter topic). The Kafka-side
-    # checkpoint carries them, so an owner that adopts it records their decisions.
-    dead_letters: Sequence[tuple[str, str]] = ()
+    # The batch's dead letters: (key, dead-letter topic). The Kafka-side checkpoint
+    # names them (relay/core/dead_letter_tag.py), so an owner that adopts it records
+    # their decisions.
+    dead_letters: Sequence[tuple[Position, str]] = ()
 
 
 class Publisher(Protocol):

@@ -15,6 +15,7 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from datetime import UTC, datetime
 from uuid import UUID
 
+from relay.core import dead_letter_tag
 from relay.core.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.core.model import (
     ConsumedRecord,
@@ -330,6 +331,10 @@ class InMemoryStore:
     def key_of(self, message_id: UUID) -> Position | None:
         return next((e.key for e in self.events if e.message_id == message_id), None)
 
+    def messages_at(self, keys: Sequence[Position]) -> dict[Position, UUID]:
+        wanted = set(keys)
+        return {e.key: e.message_id for e in self.events if e.key in wanted}
+
     def translate(self, key_space: UUID, key: Position) -> Position:
         # This store is never restored elsewhere, so no key space was rebased from it.
         raise SubscriberError(f"key space {key_space} was never rebased into this store")
@@ -429,17 +434,20 @@ class InMemoryPublisher:
         records: Sequence[KafkaRecord],
         end: Position,
         generation: str,
-        dead_letters: Sequence[tuple[str, str]],
+        dead_letters: Sequence[tuple[Position, str]],
     ) -> None:
         if self.refuse is not None:
             self.refuse(records)
+        # As the broker would refuse the tag (offset.metadata.max.bytes): the worker cuts
+        # a batch whose dead letters it cannot name.
+        assert dead_letter_tag.fitting(dead_letters) == len(dead_letters), "tag too long"
         self.transactions.append(list(records))
         last = records[-1].outbox_message_id
         self.checkpoints[generation] = KafkaCheckpoint(
             end,
             self._key_space,
             UUID(last) if last else None,
-            tuple((UUID(m), topic) for m, topic in dead_letters),
+            dead_letter_tag.read(dead_letter_tag.fields(dead_letters)),  # as Kafka keeps them
         )
 
     def close(self) -> None:

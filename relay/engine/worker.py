@@ -11,6 +11,7 @@ Postgres."""
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import logging
@@ -21,9 +22,12 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import accumulate
 from operator import itemgetter
+from typing import Any
 from uuid import UUID
 
+from relay.core import dead_letter_tag
 from relay.core.key_space import KeySpace, KeySpaceAction, adoptable, report
 from relay.core.log_fields import log_extra
 from relay.core.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position, Unreadable
@@ -39,7 +43,12 @@ from relay.core.ports import (
 )
 from relay.core.subscribers import PoisonPolicy, Subscriber
 from relay.engine.encoding import LOCAL_FORMATS, RecordEncoder
-from relay.engine.poison import MAX_DEAD_LETTER_ERROR_BYTES, cap, dead_letter_record
+from relay.engine.poison import (
+    MAX_DEAD_LETTER_ERROR_BYTES,
+    MAX_STORED_ERROR_BYTES,
+    cap,
+    dead_letter_record,
+)
 from relay.engine.scheduling import PartScheduler, ProducerPool
 from relay.engine.sessions import RelaySession
 from relay.errors import (
@@ -52,6 +61,7 @@ from relay.errors import (
     RetryableError,
     SubscriberError,
 )
+from relay.observability.log_sampling import SampledLog
 from relay.observability.tracing import PublishHook
 
 logger = logging.getLogger(__name__)
@@ -65,9 +75,6 @@ _ADVANCE_ATTEMPTS = 5
 # that a part that had to wait for a producer (init_transactions and recovery: hundreds
 # of ms) publishes many batches with it; short enough that waiting parts are served.
 _TURN_S = 2.0
-# Dead letters per Kafka transaction at most: the Kafka-side checkpoint names each
-# (docs/design.md §7), and its tag must stay under offset.metadata.max.bytes (4 KiB).
-_MAX_DEAD_LETTERS = 32
 # What a decision recovered from the Kafka-side checkpoint says (its reason is on the
 # dead-letter record, in the header outbox.error).
 _RECOVERED = "dead-lettered by a previous owner (recorded by recovery; the reason is on the record)"
@@ -117,6 +124,12 @@ class WorkerStats:
     poisoned: int = _counter(
         "outbox_relay_poison_events",
         "Events the part could not publish (dead-lettered, or halting the part)",
+    )
+    # A flood of poison rows logs the first few a minute one by one, then a summary
+    # (relay/observability/log_sampling.py): the warnings left out.
+    poison_warnings_sampled_out: int = _counter(
+        "outbox_relay_poison_warnings_sampled_out",
+        "Poison warnings not logged one by one (sampling; a summary line counts them)",
     )
     # Each pays init_transactions and the checkpoint read (hundreds of ms): many per part
     # means more parts are busy at once than max_producers, and they take turns on them.
@@ -290,6 +303,13 @@ class PartWorker:
         self._waited = False  # the last step found nothing and waited
         self._caught_up = False  # the last fetch found nothing new (idle polls keep it)
         self._failures = 0
+        # Poison warnings, sampled: a flood of poison rows logs a few, then a summary.
+        self._poison_log = SampledLog(
+            logger,
+            f"part {part}: %d more poison events in the last %.0f s were not logged one by "
+            "one (`outbox-relay dead-letters list` shows the dead letters)",
+            self._sampled_out,
+        )
 
     # -- what the relay calls ------------------------------------------------------------
 
@@ -371,7 +391,18 @@ class PartWorker:
         """The ``extra`` of this part's log lines: the event, the part, then ``fields``."""
         return log_extra(event, part=self.part, **fields)
 
+    def _sampled_out(self, count: int) -> dict[str, object]:
+        """The ``extra`` of the line that sums up ``count`` poison warnings left out."""
+        return self._log_extra("poison_warnings_sampled_out", count=count)
+
+    def _warn_poison(self, msg: str, *args: object, **kwargs: Any) -> None:
+        """A poison event's warning, sampled (a flood logs a few, then a summary)."""
+        if not self._poison_log.warning(msg, *args, **kwargs):
+            with self.stats.lock:
+                self.stats.poison_warnings_sampled_out += 1
+
     def _finish(self) -> None:
+        self._poison_log.flush()
         try:
             self._drop_connections()
         finally:
@@ -443,6 +474,7 @@ class PartWorker:
         ahead, self._ahead = self._ahead, None
         batch = ahead if ahead is not None and ahead.end else self._fetch(store, state)
         if batch.end is None:
+            self._poison_log.flush()  # caught up: a flood is over, say what was left out
             if woken:
                 self._repolls = iter(_HORIZON_REPOLL_S)
             self._waited = True
@@ -582,7 +614,8 @@ class PartWorker:
         )
         with self.stats.lock:
             self.stats.recovered += 1
-        return self._advance(store, state, adopted, _recovered(store, state, adopted, recovered))
+        letters = _recovered(store, state, space, adopted, recovered)
+        return self._advance(store, state, adopted, letters)
 
     def _publish(
         self, store: PartStore, state: PartState, batch: _Batch, look_ahead: bool
@@ -620,35 +653,44 @@ class PartWorker:
             dead = store.dead_letters(state.name, state.checkpoint, end)
         records = batch.records if batch.records is not None and not dead else None
         full = batch.full
+        rest: _Batch | None = None  # what a cut left for the next transaction
         while True:
             if records is None:
                 encoded = self._encode(store, state, events, dead)
                 if encoded is None:
                     return None
                 records, used = encoded
-                if used < len(events):  # cut at _MAX_DEAD_LETTERS: the rest comes next
-                    events, end, full = events[:used], events[used - 1].key, True
+                if used < len(events):
+                    # Cut where the Kafka-side checkpoint can name no more dead letters:
+                    # the rest, already read, goes next (read again, it cost a fetch of
+                    # batch_size rows per cut: issue #47).
+                    rest = _Batch(events[used:], end, full)
+                    events, end, full, look_ahead = events[:used], events[used - 1].key, True, False
             sending, reader = _Batch(events, end, full, records), None
             if look_ahead:
                 prepare = functools.partial(self._prepare, store)
                 reader = _ReadAhead(prepare, state, sending, self.hook.joining)
-            sent = self._send(state, sending, reader, _letters(events, dead))
+            sent = self._send(state, sending, reader, _named(events, dead))
             if sent.refused is None:
-                return self._record(store, state, sent, dead)
+                recorded = self._record(store, state, sent, dead)
+                if rest is not None and recorded.checkpoint == sent.end:
+                    self._ahead = rest
+                return recorded
             if sent.refused.ambiguous and len(sent.events) > 1:
                 return sent.events
             if not self._blame(store, state, sent, sent.refused, dead):
                 return None
             # Encoded again with the decision; what joined the batch stays in it.
             assert sent.end is not None
-            events, end, records, look_ahead = sent.events, sent.end, None, False
+            # (What a cut left is read again after it: a broker's refusal is rare.)
+            events, end, records, look_ahead, rest = sent.events, sent.end, None, False, None
 
     def _send(
         self,
         state: PartState,
         batch: _Batch,
         reader: _ReadAhead | None,
-        letters: list[DeadLetter],
+        letters: list[tuple[Position, str]],
     ) -> _Batch:
         """One attempt at publishing ``batch``: the batch as sent, grown by what joined
         it meanwhile, if anything, and with ``refused`` set if the broker refused it."""
@@ -656,8 +698,7 @@ class PartWorker:
         assert batch.end is not None
         batch.records = self.hook.sending(batch.records)
         may_extend = reader is None or reader.may_join
-        named = [(str(letter.message_id), letter.decision.topic) for letter in letters]
-        sending = Batch(batch.records, batch.end, str(state.generation), may_extend, named)
+        sending = Batch(batch.records, batch.end, str(state.generation), may_extend, letters)
         refused = None
         try:
             self._publisher.publish(sending, reader)
@@ -706,7 +747,7 @@ class PartWorker:
         if decision.minimal:
             self._halt(store, state, event, f"dead-letter record rejected: {refused.reason}")
             return False
-        logger.warning(
+        self._warn_poison(
             "part %s: the dead letter of %s was rejected (%s); sending its identity only",
             self.part,
             event.message_id,
@@ -762,8 +803,9 @@ class PartWorker:
         dead: dict[UUID, DeadLetterDecision],
     ) -> tuple[list[KafkaRecord], int] | None:
         """The batch's records, poison events dead-lettered, and how many of ``events``
-        they cover (all, unless the batch reached _MAX_DEAD_LETTERS); None when the part
-        halted."""
+        they cover (all, unless its dead letters are more than the Kafka-side checkpoint
+        can name, or than batch_max_bytes holds: then up to the first too many); None
+        when the part halted."""
         subscriber = state.subscriber
         encode = self._encoder.for_subscriber(subscriber)
         if not dead and _in_one_loop(subscriber):
@@ -771,10 +813,9 @@ class PartWorker:
             if every is not None:
                 return every, len(events)
         records: list[KafkaRecord] = []
-        letters = 0
-        for used, event in enumerate(events):
-            if letters == _MAX_DEAD_LETTERS:
-                return records, used
+        # Each dead letter's event and record, by index: where the batch is cut.
+        letters: list[tuple[int, int]] = []
+        for at, event in enumerate(events):
             if not subscriber.matches(event) and not _not_read(event):
                 continue
             if event.message_id not in dead:
@@ -790,7 +831,7 @@ class PartWorker:
                 except RetryableError:
                     raise  # the registry is down, say: the batch waits and is retried
                 except Exception as exc:  # a row the encoder did not foresee: still its poison
-                    logger.warning(
+                    self._warn_poison(
                         "part %s: encoding event %s raised %s",
                         self.part,
                         event.message_id,
@@ -800,9 +841,20 @@ class PartWorker:
                     )
                     if not self._poison(store, state, event, f"{type(exc).__name__}: {exc}", dead):
                         return None
+            letters.append((at, len(records)))
             records.append(dead_letter_record(event, subscriber, dead[event.message_id]))
-            letters += 1
-        return records, len(events)
+        # A dead letter can be far larger than its row (the error, up to 8 KiB, twice):
+        # the fetch's byte cap does not bound them, so the cut does.
+        sizes = accumulate(records[record].byte_size() for _, record in letters)
+        fit = max(1, bisect.bisect_right(list(sizes), self._limits.max_bytes)) if letters else 0
+        named = [(events[at].key, dead[events[at].message_id].topic) for at, _ in letters[:fit]]
+        fit = dead_letter_tag.fitting(named)
+        if fit == len(letters):
+            return records, len(events)
+        # The first dead letter the tag cannot name; never the first of all (one always
+        # fits: a topic name is at most 249 characters), so the cut keeps an event.
+        at, record = letters[fit]
+        return records[:record], at
 
     def _poison(
         self,
@@ -822,15 +874,16 @@ class PartWorker:
             return False
         # Recorded in Postgres with the checkpoint that passes the event (_record).
         decision = DeadLetterDecision(state.subscriber.dead_letter_topic_name, error)
-        logger.warning(
+        short = cap(error, MAX_STORED_ERROR_BYTES)  # the record keeps it all
+        self._warn_poison(
             "part %s: poison event %s (%s:%s) goes to %s: %s",
             self.part,
             event.message_id,
             event.transaction_id,
             event.position,
             decision.topic,
-            error,
-            extra=self._log_extra("poison_dead_lettered", message_id=event.message_id, error=error),
+            short,
+            extra=self._log_extra("poison_dead_lettered", message_id=event.message_id, error=short),
         )
         dead[event.message_id] = decision
         return True
@@ -977,21 +1030,50 @@ def _encode_every(
 
 
 def _letters(events: list[OutboxEvent], dead: dict[UUID, DeadLetterDecision]) -> list[DeadLetter]:
-    """The dead letters among ``events``."""
+    """The dead letters among ``events``, as Postgres records them: the error cut at
+    MAX_STORED_ERROR_BYTES (the record on the dead-letter topic carries it whole)."""
     if not dead:
         return []
     return [
-        DeadLetter(e.key, e.message_id, dead[e.message_id]) for e in events if e.message_id in dead
+        DeadLetter(e.key, e.message_id, _stored(dead[e.message_id]))
+        for e in events
+        if e.message_id in dead
     ]
 
 
+def _stored(decision: DeadLetterDecision) -> DeadLetterDecision:
+    error = cap(decision.error, MAX_STORED_ERROR_BYTES)
+    return decision if error is decision.error else dataclasses.replace(decision, error=error)
+
+
+def _named(
+    events: list[OutboxEvent], dead: dict[UUID, DeadLetterDecision]
+) -> list[tuple[Position, str]]:
+    """The dead letters among ``events`` as the Kafka-side checkpoint names them."""
+    if not dead:
+        return []
+    return [(e.key, dead[e.message_id].topic) for e in events if e.message_id in dead]
+
+
 def _recovered(
-    store: PartStore, state: PartState, adopted: Position, recovered: KafkaCheckpoint
+    store: PartStore,
+    state: PartState,
+    space: KeySpace | None,
+    adopted: Position,
+    recovered: KafkaCheckpoint,
 ) -> list[DeadLetter]:
     """The dead letters of the Kafka transaction whose checkpoint is adopted: their
     decisions, at their keys in this database (a rebase may have moved them)."""
-    letters = []
-    for message_id, topic in recovered.dead_letters:
+    keys = [key for key, _ in recovered.dead_letters]
+    if space is not None and recovered.key_space not in (None, space.id):
+        keys = [store.translate(recovered.key_space, key) for key in keys]  # rebased since
+    found = store.messages_at(keys) if keys else {}
+    letters = [
+        DeadLetter(key, found[key], DeadLetterDecision(topic, _RECOVERED))
+        for key, (_, topic) in zip(keys, recovered.dead_letters, strict=True)
+        if key in found and state.checkpoint < key <= adopted
+    ]
+    for message_id, topic in recovered.named_dead_letters:  # a relay before issue #47's
         key = store.key_of(message_id)
         if key is not None and state.checkpoint < key <= adopted:
             letters.append(DeadLetter(key, message_id, DeadLetterDecision(topic, _RECOVERED)))

@@ -437,11 +437,19 @@ SELECT message_id, topic, error FROM {schema}.outbox_dead_letters
    AND (transaction_id, position) > (%(from_tx)s::text::xid8, %(from_pos)s)
    AND (transaction_id, position) <= (%(to_tx)s::text::xid8, %(to_pos)s);
 
--- name: record_dead_letter
+-- name: record_dead_letters
+-- A batch's dead letters, in one statement: the arrays pair up by index (ROWS FROM:
+-- unnest of several arrays, schema-qualified).
 INSERT INTO {schema}.outbox_dead_letters
     (subscriber, part, transaction_id, position, message_id, topic, error)
-VALUES (%(name)s, %(part)s, %(transaction_id)s::text::xid8, %(position)s, %(message_id)s,
-        %(topic)s, %(error)s)
+SELECT %(name)s, %(part)s, l.transaction_id::text::xid8, l.position, l.message_id, l.topic,
+       l.error
+  FROM ROWS FROM (pg_catalog.unnest(%(transaction_ids)s::bigint[]),
+                  pg_catalog.unnest(%(positions)s::bigint[]),
+                  pg_catalog.unnest(%(message_ids)s::uuid[]),
+                  pg_catalog.unnest(%(topics)s::text[]),
+                  pg_catalog.unnest(%(errors)s::text[]))
+       AS l(transaction_id, position, message_id, topic, error)
 ON CONFLICT DO NOTHING;
 
 -- name: halt_part
@@ -699,6 +707,14 @@ SELECT id, previous_id, moved_high::text::bigint AS moved_high FROM {schema}.out
 
 -- name: key_of_message
 SELECT transaction_id::text::bigint, position FROM {schema}.outbox WHERE message_id = %(message_id)s;
+
+-- name: messages_at_keys
+-- The message id at each of a Kafka-side checkpoint's dead-letter keys (recovery).
+SELECT o.transaction_id::text::bigint, o.position, o.message_id
+  FROM ROWS FROM (pg_catalog.unnest(%(transaction_ids)s::bigint[]),
+                  pg_catalog.unnest(%(positions)s::bigint[])) AS k(transaction_id, position)
+  JOIN {schema}.outbox o
+    ON o.transaction_id = k.transaction_id::text::xid8 AND o.position = k.position;
 
 -- name: translate_key
 SELECT xid::text::bigint, pos
