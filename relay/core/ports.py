@@ -288,7 +288,20 @@ class DaemonStore(PartStore, Protocol):
 
     def prune(self, older_than_s: float, batch: int = 10_000) -> Iterator[int]:
         """Delete published events older than ``older_than_s``, yielding each batch's
-        count; never an event some part has yet to publish."""
+        count; never an event some part has yet to publish, nor one whose dead letter is
+        not yet redriven."""
+
+    def prune_dead_letters(
+        self,
+        subscriber: str | None = None,
+        *,
+        pending_older_than_s: float | None = None,
+        batch: int = 10_000,
+    ) -> Iterator[int]:
+        """Delete dead letters whose retention is over, yielding each batch's count:
+        redriven ones whose event :meth:`prune` deleted; with ``pending_older_than_s``
+        (only when the operator says so), instead those not redriven, decided longer ago
+        than that. ``subscriber``: its dead letters only."""
 
     def horizon_holders(self) -> Sequence[HorizonHolder]:
         """The transactions holding the publication horizon back, oldest first."""

@@ -57,8 +57,10 @@ class InMemoryStore:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.events: list[OutboxEvent] = []
         self.parts: dict[tuple[str, int], PartState] = {}
-        # subscriber → message id → (event key, decision)
+        # subscriber → message id → (event key, decision); and when each was decided
+        # (none is ever redriven here: redrive runs on Postgres only).
         self.dead: dict[str, dict[UUID, tuple[Position, DeadLetterDecision]]] = {}
+        self.decided_at: dict[UUID, float] = {}
         self.sessions: dict[UUID, _Session] = {}
         self.key_space_id = uuid.uuid4()
         self.closed = False
@@ -239,6 +241,31 @@ class InMemoryStore:
                 return
             yield len(doomed)
 
+    def prune_dead_letters(
+        self,
+        subscriber: str | None = None,
+        *,
+        pending_older_than_s: float | None = None,
+        batch: int = 10_000,
+    ) -> Iterator[int]:
+        if pending_older_than_s is None:
+            return  # none is redriven here
+        cutoff = time.time() - pending_older_than_s
+        while True:
+            with self._lock:
+                doomed = [
+                    (name, m)
+                    for name, recorded in self.dead.items()
+                    if subscriber in (None, name)
+                    for m in recorded
+                    if self.decided_at.get(m, 0.0) < cutoff
+                ][:batch]
+                for name, message_id in doomed:
+                    del self.dead[name][message_id]
+            if not doomed:
+                return
+            yield len(doomed)
+
     def horizon_holders(self) -> builtins.list[HorizonHolder]:
         return []  # every event here is committed: nothing holds the horizon
 
@@ -305,6 +332,7 @@ class InMemoryStore:
         recorded = self.dead.setdefault(state.name, {})
         for letter in dead_letters:
             recorded.setdefault(letter.message_id, (letter.key, letter.decision))
+            self.decided_at.setdefault(letter.message_id, time.time())
         return self._set(
             dataclasses.replace(current, checkpoint=to, version=current.version + 1)
         ).version
@@ -355,16 +383,20 @@ class InMemoryStore:
 
     def _prunable(self, older_than_s: float) -> builtins.list[OutboxEvent]:
         """Events every part has published, older than ``older_than_s``, but a stream's
-        latest version (the next event-sourced append checks that it exists)."""
+        latest version (the next event-sourced append checks that it exists) and a
+        dead letter's event."""
         if not self.parts:
             return []
         published = min(state.checkpoint for state in self.parts.values())
         cutoff = datetime.now(UTC).timestamp() - older_than_s
         versions = {(e.aggregate_type, e.aggregate_id, e.aggregate_version) for e in self.events}
+        # A dead letter's event stays until it is redriven (never, here) or pruned.
+        dead = {key for recorded in self.dead.values() for key, _ in recorded.values()}
         return [
             e
             for e in self.events
             if e.key <= published
+            and e.key not in dead
             and e.occurred_at.timestamp() <= cutoff
             and (
                 e.aggregate_version is None

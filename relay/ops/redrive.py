@@ -158,6 +158,25 @@ class DeadLetterStore:
             for row in rows
         ]
 
+    def prune(
+        self, name: str, *, pending_older_than_s: float | None = None, batch: int = 10_000
+    ) -> tuple[int, int]:
+        """Delete ``name``'s dead letters whose retention is over, while no redrive of it
+        runs: the redriven ones whose rows are gone, and with ``pending_older_than_s``
+        those not redriven decided longer ago than that (the operator's word: they
+        cannot be redriven afterwards). Returns how many of each."""
+        self.subscriber(name)  # a clear error for an unknown name
+        with self.exclusive(name):
+            redriven = sum(self.outbox.prune_dead_letters(name, batch=batch))
+            pending = 0
+            if pending_older_than_s is not None:
+                pending = sum(
+                    self.outbox.prune_dead_letters(
+                        name, pending_older_than_s=pending_older_than_s, batch=batch
+                    )
+                )
+        return redriven, pending
+
     def candidates(self, name: str, after: Position, limit: int) -> list[Candidate]:
         params = {
             "name": name,

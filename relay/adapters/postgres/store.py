@@ -290,6 +290,28 @@ class OutboxStore:
                 return
             yield deleted
 
+    def prune_dead_letters(
+        self,
+        subscriber: str | None = None,
+        *,
+        pending_older_than_s: float | None = None,
+        batch: int = 10_000,
+    ) -> Iterator[int]:
+        """Delete dead letters (``subscriber``'s, or every subscriber's) whose retention
+        is over, ``batch`` per transaction; yields each batch's count. Redriven ones
+        whose event the outbox's retention pruned; with ``pending_older_than_s`` (the
+        operator's word: they cannot be redriven afterwards), instead those not redriven
+        decided longer ago than that."""
+        params = {"name": subscriber, "older_than": pending_older_than_s, "limit": batch}
+        pending = pending_older_than_s is not None
+        query = self._q["prune_pending_dead_letters" if pending else "prune_redriven_dead_letters"]
+        while True:
+            with wrap_errors():
+                deleted = self.conn.execute(query, params).rowcount
+            if deleted <= 0:
+                return
+            yield deleted
+
     def _prune_directly(self, older_than_s: float, batch: int) -> Iterator[int]:
         with wrap_errors():
             row = self.conn.execute(self._q["prune_bound"]).fetchone()

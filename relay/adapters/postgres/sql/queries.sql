@@ -673,6 +673,33 @@ SELECT s.id, s.hostname, s.pid, s.started_at,
 -- One batch of retention (migration 0008): published rows older than the retention.
 SELECT {schema}.outbox_prune(%(older_than)s::float8, %(limit)s::integer);
 
+-- name: prune_redriven_dead_letters
+-- Retention of dead letters (migration 0016), one batch: redriven ones whose event the
+-- outbox's retention pruned (with it, verify would expect the event in order).
+-- %(name)s: one subscriber's; NULL: every subscriber's.
+WITH doomed AS (
+    SELECT d.ctid FROM {schema}.outbox_dead_letters d
+     WHERE (%(name)s::text IS NULL OR d.subscriber = %(name)s::text)
+       AND d.redriven_at IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM {schema}.outbox o
+                        WHERE o.transaction_id = d.transaction_id AND o.position = d.position)
+     LIMIT %(limit)s
+)
+DELETE FROM {schema}.outbox_dead_letters WHERE ctid IN (SELECT ctid FROM doomed);
+
+-- name: prune_pending_dead_letters
+-- Dead letters not yet redriven, decided more than %(older_than)s seconds ago, one batch:
+-- only when the operator asks (`dead-letters prune --pending-older-than`, or the
+-- dead_letter_retention setting). Never one a redrive has in flight (redrive_batch).
+WITH doomed AS (
+    SELECT d.ctid FROM {schema}.outbox_dead_letters d
+     WHERE (%(name)s::text IS NULL OR d.subscriber = %(name)s::text)
+       AND d.redriven_at IS NULL AND d.redrive_batch IS NULL
+       AND d.decided_at < pg_catalog.now() - pg_catalog.make_interval(secs => %(older_than)s::float8)
+     LIMIT %(limit)s
+)
+DELETE FROM {schema}.outbox_dead_letters WHERE ctid IN (SELECT ctid FROM doomed);
+
 -- name: prune_bound
 -- Before migration 0008 (a rolling deploy), prune_bound and prune_batch instead.
 -- The oldest part checkpoint of all subscribers: every row at or before it is
