@@ -36,18 +36,47 @@ _MAX_INFLATED = 16 * 2**20
 TOPICS = "dead_letter_topics"
 KEYS = "dead_letter_keys"
 NAMED = "dead_letters"
+_START = Position(0, 0)  # what each topic's first key is a delta from
+
+
+class Named:
+    """A tag's dead letters, named one at a time (a batch's, as the worker decides
+    them): cheap to add to, measured by :meth:`size`."""
+
+    def __init__(self) -> None:
+        self._raw: dict[str, bytearray] = {}  # per topic, the varints so far
+        self._last: dict[str, Position] = {}
+        self.count = 0
+
+    def add(self, key: Position, topic: str) -> None:
+        raw = self._raw.get(topic)
+        if raw is None:
+            raw = self._raw[topic] = bytearray()
+        tx, pos = self._last.get(topic, _START)
+        if key.transaction_id == tx:
+            _put(raw, _zigzag(key.position - pos) << 1)
+        else:
+            _put(raw, _zigzag(key.transaction_id - tx) << 1 | 1)
+            _put(raw, _zigzag(key.position - pos))
+        self._last[topic] = key
+        self.count += 1
+
+    def fields(self) -> dict[str, Any]:
+        """The tag's fields; none when there are no dead letters."""
+        if not self._raw:
+            return {}
+        topics = sorted(self._raw)
+        return {TOPICS: topics, KEYS: [_deflate(self._raw[topic]) for topic in topics]}
+
+    def size(self) -> int:
+        """The bytes :meth:`fields` take in the tag."""
+        return len(json.dumps(self.fields(), separators=(",", ":")))
 
 
 def fields(letters: Sequence[tuple[Position, str]]) -> dict[str, Any]:
     """The tag's fields naming ``letters`` ((key, dead-letter topic), in batch order);
     none when there are none."""
-    if not letters:
-        return {}
-    topics = sorted({topic for _, topic in letters})
-    return {
-        TOPICS: topics,
-        KEYS: [_encode([key for key, t in letters if t == topic]) for topic in topics],
-    }
+    return _named(letters).fields()
 
 
 def fitting(letters: Sequence[tuple[Position, str]]) -> int:
@@ -78,20 +107,18 @@ def read(tag: dict[str, Any]) -> tuple[tuple[Position, str], ...]:
 
 
 def _size(letters: Sequence[tuple[Position, str]]) -> int:
-    return len(json.dumps(fields(letters), separators=(",", ":")))
+    return _named(letters).size()
 
 
-def _encode(keys: Sequence[Position]) -> str:
-    raw = bytearray()
-    tx, pos = 0, 0
-    for key in keys:
-        if key.transaction_id == tx:
-            _put(raw, _zigzag(key.position - pos) << 1)
-        else:
-            _put(raw, _zigzag(key.transaction_id - tx) << 1 | 1)
-            _put(raw, _zigzag(key.position - pos))
-        tx, pos = key
-    return base64.b64encode(zlib.compress(bytes(raw), 9)).decode("ascii")
+def _named(letters: Sequence[tuple[Position, str]]) -> Named:
+    named = Named()
+    for key, topic in letters:
+        named.add(key, topic)
+    return named
+
+
+def _deflate(raw: bytearray) -> str:
+    return base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
 
 
 def _decode(text: object) -> list[Position]:

@@ -11,7 +11,6 @@ Postgres."""
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import functools
 import logging
@@ -22,9 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from itertools import accumulate
 from operator import itemgetter
-from typing import Any
 from uuid import UUID
 
 from relay.core import dead_letter_tag
@@ -186,11 +183,23 @@ class _Batch:
     # How far the fetch read (past events the subscriber drops); None: nothing new.
     end: Position | None
     full: bool = False  # a backlog: the fetch came back full
-    # Encoded ahead of time when every event encoded cleanly; None: encode on the slow
-    # path, which applies the poison policy.
+    # Encoded ahead of time when every event encoded cleanly (or, on a dead-letter
+    # subscriber, with ``decided``); None: encode on the slow path, which applies the
+    # poison policy.
     records: list[KafkaRecord] | None = None
     ahead: _Batch | None = None  # read while this one travelled, for after it
     refused: PoisonRecordError | None = None  # the broker refused one of its records
+    # Decided ahead of time on a dead-letter subscriber: the dead-letter decisions of
+    # ``records`` (those recorded before included).
+    decided: dict[UUID, DeadLetterDecision] | None = None
+    # What a cut left (its dead letters reached what one transaction takes): the next
+    # batch, already read (issue #47: each cut used to read the batch again).
+    rest: _Batch | None = None
+
+    def cut(self, used: int) -> None:
+        """Keep the first ``used`` events; the others become :attr:`rest`."""
+        self.rest = _Batch(self.events[used:], self.end, self.full)
+        self.events, self.end, self.full = self.events[:used], self.events[used - 1].key, True
 
 
 class _ReadAhead:
@@ -395,11 +404,14 @@ class PartWorker:
         """The ``extra`` of the line that sums up ``count`` poison warnings left out."""
         return self._log_extra("poison_warnings_sampled_out", count=count)
 
-    def _warn_poison(self, msg: str, *args: object, **kwargs: Any) -> None:
-        """A poison event's warning, sampled (a flood logs a few, then a summary)."""
-        if not self._poison_log.warning(msg, *args, **kwargs):
-            with self.stats.lock:
-                self.stats.poison_warnings_sampled_out += 1
+    def _warn_poison(self) -> bool:
+        """Whether a poison event's warning is logged: sampled, a flood logs a few, then
+        a summary; one left out is counted."""
+        if self._poison_log.allows():
+            return True
+        with self.stats.lock:
+            self.stats.poison_warnings_sampled_out += 1
+        return False
 
     def _finish(self) -> None:
         self._poison_log.flush()
@@ -532,10 +544,15 @@ class PartWorker:
         events, read_to, full = store.fetch(state.checkpoint, selection)
         return _Batch(events, read_to, full)
 
-    def _prepare(self, store: PartStore, state: PartState) -> _Batch:
-        """Fetch and encode the batch after ``state``'s checkpoint, leaving any poison
-        event (it needs the store, which the batch in flight is using) to the slow path."""
-        batch = self._fetch(store, state)
+    def _prepare(self, store: PartStore, state: PartState, read: _Batch | None = None) -> _Batch:
+        """Fetch (or take ``read``: what a cut left) and encode the batch after
+        ``state``'s checkpoint. A poison event is left to the slow path (a halt needs the
+        store, which the batch in flight is using), but on a dead-letter subscriber: its
+        dead letters are decided here, so a flood of them is encoded while the last
+        batch commits, as a backlog of good events is."""
+        batch = (
+            self._fetch(store, state) if read is None else _Batch(read.events, read.end, read.full)
+        )
         subscriber = state.subscriber
         encode = self._encoder.for_subscriber(subscriber)
         try:
@@ -549,7 +566,26 @@ class PartWorker:
                 ]
         except Exception:  # whatever it is, the slow path names the event and its error
             batch.records = None
+            if subscriber.on_poison is PoisonPolicy.DEAD_LETTER and batch.end is not None:
+                self._decide_ahead(store, state, batch)
         return batch
+
+    def _decide_ahead(self, store: PartStore, state: PartState, batch: _Batch) -> None:
+        """Encode ``batch`` of a dead-letter subscriber with its poison events' dead
+        letters, cut where one transaction's dead letters end; what only the slow path
+        may do (halt on the relay's configuration, wait for a registry) is left to it."""
+        assert batch.end is not None
+        try:
+            dead = store.dead_letters(state.name, state.checkpoint, batch.end)
+            encoded = self._encode(store, state, batch.events, dead, ahead=True)
+        except (ConfigError, RelayError):
+            return  # the slow path meets it again
+        if encoded is None:
+            return
+        batch.records, used = encoded
+        batch.decided = dead
+        if used < len(batch.events):
+            batch.cut(used)
 
     def _check_key_space(self, store: PartStore) -> KeySpace | None:
         """Before anything is published on this connection: are the stored keys this
@@ -646,44 +682,47 @@ class PartWorker:
         together), or None when the part halted."""
         if not self.session.valid():
             raise ClaimLost("this relay's session may have expired; not publishing")
-        assert batch.end is not None
-        events, end = list(batch.events), batch.end
-        dead: dict[UUID, DeadLetterDecision] = {}
-        if state.subscriber.on_poison is PoisonPolicy.DEAD_LETTER:
-            dead = store.dead_letters(state.name, state.checkpoint, end)
-        records = batch.records if batch.records is not None and not dead else None
-        full = batch.full
-        rest: _Batch | None = None  # what a cut left for the next transaction
+        sending, dead = self._decided(store, state, batch)
         while True:
-            if records is None:
-                encoded = self._encode(store, state, events, dead)
+            if sending.records is None:
+                encoded = self._encode(store, state, sending.events, dead)
                 if encoded is None:
                     return None
-                records, used = encoded
-                if used < len(events):
-                    # Cut where the Kafka-side checkpoint can name no more dead letters:
-                    # the rest, already read, goes next (read again, it cost a fetch of
-                    # batch_size rows per cut: issue #47).
-                    rest = _Batch(events[used:], end, full)
-                    events, end, full, look_ahead = events[:used], events[used - 1].key, True, False
-            sending, reader = _Batch(events, end, full, records), None
-            if look_ahead:
-                prepare = functools.partial(self._prepare, store)
+                sending.records, used = encoded
+                if used < len(sending.events):
+                    sending.cut(used)
+            reader = None
+            if look_ahead:  # what a cut left is encoded meanwhile, as a batch read
+                prepare = functools.partial(self._prepare, store, read=sending.rest)
                 reader = _ReadAhead(prepare, state, sending, self.hook.joining)
-            sent = self._send(state, sending, reader, _named(events, dead))
+            sent = self._send(state, sending, reader, _named(sending.events, dead))
             if sent.refused is None:
-                recorded = self._record(store, state, sent, dead)
-                if rest is not None and recorded.checkpoint == sent.end:
-                    self._ahead = rest
-                return recorded
+                return self._record(store, state, sent, dead, sending.rest)
             if sent.refused.ambiguous and len(sent.events) > 1:
                 return sent.events
             if not self._blame(store, state, sent, sent.refused, dead):
                 return None
-            # Encoded again with the decision; what joined the batch stays in it.
+            # Encoded again with the decision; what joined the batch stays in it. (What
+            # a cut left is read again after it: a broker's refusal is rare.)
             assert sent.end is not None
-            # (What a cut left is read again after it: a broker's refusal is rare.)
-            events, end, records, look_ahead, rest = sent.events, sent.end, None, False, None
+            sending, look_ahead = _Batch(sent.events, sent.end, sent.full), False
+
+    def _decided(
+        self, store: PartStore, state: PartState, batch: _Batch
+    ) -> tuple[_Batch, dict[UUID, DeadLetterDecision]]:
+        """``batch`` as it goes out, its records kept if they still hold, and the
+        dead-letter decisions that apply to it: made ahead with its records, or
+        recorded before for its range (a reset moved the checkpoint back)."""
+        assert batch.end is not None
+        dead: dict[UUID, DeadLetterDecision] = {}
+        if batch.decided is not None:
+            dead = batch.decided
+        elif state.subscriber.on_poison is PoisonPolicy.DEAD_LETTER:
+            dead = store.dead_letters(state.name, state.checkpoint, batch.end)
+        sending = _Batch(list(batch.events), batch.end, batch.full, rest=batch.rest)
+        if batch.decided is not None or not dead:
+            sending.records = batch.records
+        return sending, dead
 
     def _send(
         self,
@@ -714,17 +753,20 @@ class PartWorker:
         state: PartState,
         sent: _Batch,
         dead: dict[UUID, DeadLetterDecision],
+        rest: _Batch | None = None,
     ) -> PartState:
         """Checkpoint and count a committed batch, recording its dead-letter decisions
         with the checkpoint (never before: the transaction might have been aborted);
-        returns the state, the next batch in ``_ahead``."""
+        returns the state, the next batch in ``_ahead``: the one read meanwhile, else
+        ``rest``, what a cut left of the batch."""
         assert sent.records is not None and sent.end is not None
         self.hook.published(sent.events, sent.records, state.subscriber)  # visible now
         letters = _letters(sent.events, dead)
         state = self._advance(store, state, sent.end, letters)
         self._count(sent.records, len(letters), sent.end)
         # A reset meanwhile moves the checkpoint elsewhere: what was read ahead is void.
-        self._ahead = sent.ahead if state.checkpoint == sent.end else None
+        following = sent.ahead if sent.ahead is not None else rest
+        self._ahead = following if state.checkpoint == sent.end else None
         return state
 
     def _blame(
@@ -747,13 +789,14 @@ class PartWorker:
         if decision.minimal:
             self._halt(store, state, event, f"dead-letter record rejected: {refused.reason}")
             return False
-        self._warn_poison(
-            "part %s: the dead letter of %s was rejected (%s); sending its identity only",
-            self.part,
-            event.message_id,
-            refused.reason,
-            extra=self._log_extra("dead_letter_minimal", message_id=event.message_id),
-        )
+        if self._warn_poison():
+            logger.warning(
+                "part %s: the dead letter of %s was rejected (%s); sending its identity only",
+                self.part,
+                event.message_id,
+                refused.reason,
+                extra=self._log_extra("dead_letter_minimal", message_id=event.message_id),
+            )
         dead[event.message_id] = dataclasses.replace(decision, minimal=True)
         return True
 
@@ -801,11 +844,14 @@ class PartWorker:
         state: PartState,
         events: list[OutboxEvent],
         dead: dict[UUID, DeadLetterDecision],
+        *,
+        ahead: bool = False,
     ) -> tuple[list[KafkaRecord], int] | None:
         """The batch's records, poison events dead-lettered, and how many of ``events``
         they cover (all, unless its dead letters are more than the Kafka-side checkpoint
         can name, or than batch_max_bytes holds: then up to the first too many); None
-        when the part halted."""
+        when the part halted. ``ahead``: while another batch travels, where the relay's
+        configuration raises rather than halt the part."""
         subscriber = state.subscriber
         encode = self._encoder.for_subscriber(subscriber)
         if not dead and _in_one_loop(subscriber):
@@ -813,48 +859,62 @@ class PartWorker:
             if every is not None:
                 return every, len(events)
         records: list[KafkaRecord] = []
-        # Each dead letter's event and record, by index: where the batch is cut.
-        letters: list[tuple[int, int]] = []
+        cut = _Cut(self._limits.max_bytes)
         for at, event in enumerate(events):
             if not subscriber.matches(event) and not _not_read(event):
                 continue
             if event.message_id not in dead:
-                try:
-                    records.append(encode(event))
+                encoded = self._encode_one(store, state, encode, event, dead, ahead)
+                if encoded is None:
+                    return None  # halted
+                if isinstance(encoded, KafkaRecord):
+                    records.append(encoded)
                     continue
-                except EncodingError as exc:
-                    if not self._poison(store, state, event, str(exc), dead):
-                        return None
-                except ConfigError as exc:  # the relay's own configuration: never poison
-                    self._halt_config(store, state, exc)
-                    return None
-                except RetryableError:
-                    raise  # the registry is down, say: the batch waits and is retried
-                except Exception as exc:  # a row the encoder did not foresee: still its poison
-                    self._warn_poison(
-                        "part %s: encoding event %s raised %s",
-                        self.part,
-                        event.message_id,
-                        type(exc).__name__,
-                        exc_info=exc,
-                        extra=self._log_extra("encoding_raised", message_id=event.message_id),
-                    )
-                    if not self._poison(store, state, event, f"{type(exc).__name__}: {exc}", dead):
-                        return None
-            letters.append((at, len(records)))
-            records.append(dead_letter_record(event, subscriber, dead[event.message_id]))
-        # A dead letter can be far larger than its row (the error, up to 8 KiB, twice):
-        # the fetch's byte cap does not bound them, so the cut does.
-        sizes = accumulate(records[record].byte_size() for _, record in letters)
-        fit = max(1, bisect.bisect_right(list(sizes), self._limits.max_bytes)) if letters else 0
-        named = [(events[at].key, dead[events[at].message_id].topic) for at, _ in letters[:fit]]
-        fit = dead_letter_tag.fitting(named)
-        if fit == len(letters):
-            return records, len(events)
-        # The first dead letter the tag cannot name; never the first of all (one always
-        # fits: a topic name is at most 249 characters), so the cut keeps an event.
-        at, record = letters[fit]
-        return records[:record], at
+            decision = dead[event.message_id]
+            letter = dead_letter_record(event, subscriber, decision)
+            if not cut.admits(event.key, decision.topic, letter, at, len(records)):
+                break
+            records.append(letter)
+        else:
+            at = len(events)
+        return cut.cut(records, at)
+
+    def _encode_one(
+        self,
+        store: PartStore,
+        state: PartState,
+        encode: Callable[[OutboxEvent], KafkaRecord],
+        event: OutboxEvent,
+        dead: dict[UUID, DeadLetterDecision],
+        ahead: bool,
+    ) -> KafkaRecord | DeadLetterDecision | None:
+        """``event``'s record; or its dead-letter decision, now in ``dead``; or None
+        when the part halted (the 'halt' policy, or the relay's own configuration)."""
+        try:
+            return encode(event)
+        except EncodingError as exc:
+            error = str(exc)
+        except ConfigError as exc:  # the relay's own configuration: never poison
+            if ahead:
+                raise
+            self._halt_config(store, state, exc)
+            return None
+        except RetryableError:
+            raise  # the registry is down, say: the batch waits and is retried
+        except Exception as exc:  # a row the encoder did not foresee: still its poison
+            if self._warn_poison():
+                logger.warning(
+                    "part %s: encoding event %s raised %s",
+                    self.part,
+                    event.message_id,
+                    type(exc).__name__,
+                    exc_info=exc,
+                    extra=self._log_extra("encoding_raised", message_id=event.message_id),
+                )
+            error = f"{type(exc).__name__}: {exc}"
+        if not self._poison(store, state, event, error, dead):
+            return None
+        return dead[event.message_id]
 
     def _poison(
         self,
@@ -874,17 +934,20 @@ class PartWorker:
             return False
         # Recorded in Postgres with the checkpoint that passes the event (_record).
         decision = DeadLetterDecision(state.subscriber.dead_letter_topic_name, error)
-        short = cap(error, MAX_STORED_ERROR_BYTES)  # the record keeps it all
-        self._warn_poison(
-            "part %s: poison event %s (%s:%s) goes to %s: %s",
-            self.part,
-            event.message_id,
-            event.transaction_id,
-            event.position,
-            decision.topic,
-            short,
-            extra=self._log_extra("poison_dead_lettered", message_id=event.message_id, error=short),
-        )
+        if self._warn_poison():
+            short = cap(error, MAX_STORED_ERROR_BYTES)  # the record keeps it all
+            logger.warning(
+                "part %s: poison event %s (%s:%s) goes to %s: %s",
+                self.part,
+                event.message_id,
+                event.transaction_id,
+                event.position,
+                decision.topic,
+                short,
+                extra=self._log_extra(
+                    "poison_dead_lettered", message_id=event.message_id, error=short
+                ),
+            )
         dead[event.message_id] = decision
         return True
 
@@ -978,6 +1041,48 @@ class PartWorker:
             self.stats.state = state
             waits_on = exc.waits_on if isinstance(exc, RetryableError) else None
             self.stats.waiting_on = waits_on if state is WorkerState.RETRYING else None
+
+
+class _Cut:
+    """Where a batch with dead letters is cut: before the first dead letter the
+    Kafka-side checkpoint cannot name (docs/design.md §7), or that would take them past
+    ``max_bytes`` (a dead letter outweighs a small row); never before the first. Told of
+    each dead letter as it is made, so a cut batch encodes little past the cut."""
+
+    # How often the tag is measured (it is deflated: no sum of sizes tells its size);
+    # past the cut, at most this many dead letters are made for nothing.
+    _EVERY = 256
+
+    def __init__(self, max_bytes: int) -> None:
+        self._max_bytes, self._bytes = max_bytes, 0
+        self._named = dead_letter_tag.Named()
+        self._letters: list[tuple[Position, str]] = []
+        self._at: list[tuple[int, int]] = []  # each dead letter's event and record
+
+    def admits(
+        self, key: Position, topic: str, letter: KafkaRecord, event: int, record: int
+    ) -> bool:
+        """Whether the dead letter of the event at ``event`` (its record at ``record``)
+        joins the batch; False: the batch ends before that event."""
+        self._bytes += letter.byte_size()
+        if self._at and self._bytes > self._max_bytes:
+            return False
+        self._named.add(key, topic)
+        self._letters.append((key, topic))
+        self._at.append((event, record))
+        return bool(len(self._at) % self._EVERY) or self._fits()
+
+    def cut(self, records: list[KafkaRecord], end: int) -> tuple[list[KafkaRecord], int]:
+        """The records of the batch and how many of its events they cover, given the
+        ``records`` made and the ``end`` of the events they cover."""
+        if self._fits():
+            return records, end
+        fit = dead_letter_tag.fitting(self._letters)  # at least 1: one always fits
+        event, record = self._at[fit]
+        return records[:record], event
+
+    def _fits(self) -> bool:
+        return self._named.size() <= dead_letter_tag.MAX_TAG_BYTES
 
 
 def _same_batch_start(recovered: PartState, fetched_at: PartState) -> bool:

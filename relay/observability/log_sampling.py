@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 # Warnings logged one by one per interval, and the interval: a flood writes at most
 # FIRST + 1 lines a minute per part.
@@ -23,9 +22,10 @@ INTERVAL_S = 60.0
 
 
 class SampledLog:
-    """Warnings of one kind from one source (a part's poison events), sampled.
-    ``summary`` is the line that says how many were left out: a %-format taking that
-    number and the seconds they came in."""
+    """Warnings of one kind from one source (a part's poison events), sampled: the
+    caller logs a warning only if :meth:`allows` says so (so a warning left out costs
+    no formatting). ``summary`` is the line that says how many were left out: a
+    %-format taking that number and the seconds they came in."""
 
     def __init__(
         self,
@@ -43,16 +43,15 @@ class SampledLog:
         self._logged = 0  # in the current interval
         self._left_out = 0  # in the current interval, not yet summed up
 
-    def warning(self, msg: str, *args: object, **kwargs: Any) -> bool:
-        """Log ``msg`` if the interval still has room; True when it was logged, False
-        when it was only counted."""
+    def allows(self) -> bool:
+        """Whether the next warning may be logged one by one (the caller logs it);
+        False: it is counted, for the summary."""
         now = self._clock()
         if self._started is None or now - self._started >= self._interval:
             self.flush()
             self._started, self._logged = now, 0
         if self._logged < self._first:
             self._logged += 1
-            self._logger.warning(msg, *args, stacklevel=2, **kwargs)
             return True
         self._left_out += 1
         return False
