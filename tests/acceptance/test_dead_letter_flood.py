@@ -19,8 +19,12 @@ import psycopg
 import pytest
 
 from relay import Outbox
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.ports import Batch, DeadLetterDecision, Selection
+from relay.core.settings import load_settings
+from relay.core.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.daemon import Relay
-from relay.engine.poison import MAX_STORED_ERROR_BYTES
+from relay.engine.poison import MAX_STORED_ERROR_BYTES, dead_letter_record
 from relay.observability.log_sampling import FIRST
 from tests.support import consume, sub, wait_until, worker, write_orders
 
@@ -95,3 +99,58 @@ def test_a_flood_of_poison_rows_is_dead_lettered_once_each_and_bounded(
     )
     record_property("dead_letter_rows_per_s", round(rate))
     record_property("good_event_after_s", round(arrived, 1))
+
+
+def test_a_new_owner_records_every_dead_letter_of_the_transaction_it_adopts(
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    relay_db: psycopg.Connection[Any],
+    outbox: Outbox,
+    relay_url: str,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: StartRelay,
+) -> None:
+    """The crash between the Kafka commit and the Postgres one (docs/design.md §5, §7),
+    with a batch of 5,000 dead letters: the Kafka-side checkpoint names them all (it
+    named 32 at most), and the owner that adopts it records every decision, publishing
+    none of them again."""
+    rows = 5000
+    writer_db.execute(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
+        " SELECT 'bad type', 'k' || g, 'Note', '{}' FROM generate_series(1, %s) AS g",
+        (rows,),
+    )
+    dead = topic_prefix + "dead"
+    subscriber = Subscriber(
+        "dl", topic=topic_prefix + "{aggregate_type}", value_format=ValueFormat.JSON,
+        on_poison=PoisonPolicy.DEAD_LETTER, dead_letter_topic=dead,
+    )  # fmt: skip
+    store = OutboxStore(relay_db)  # the doomed relay's
+    store.add(subscriber)
+    # A relay that commits the batch of dead letters to Kafka and dies before Postgres.
+    doomed = Relay(load_settings(database_url=relay_url, bootstrap_servers=kafka_bootstrap))
+    session = store.open_session("doomed", 1, 30)
+    assert store.claim("dl", 0, session)
+    state = store.get_part("dl", 0)
+    publisher = doomed.publishers(state)
+    assert publisher.recover(str(state.generation), store.key_space().id) is None
+    events = store.fetch(state.checkpoint, Selection(rows)).events
+    assert len(events) == rows
+    decision = DeadLetterDecision(dead, "routed to an illegal topic name")
+    records = [dead_letter_record(e, subscriber, decision) for e in events]
+    named = [(e.key, dead) for e in events]
+    publisher.publish(Batch(records, events[-1].key, str(state.generation), dead_letters=named))
+    publisher.close()
+    store.close_session(session)
+    assert db.execute("SELECT count(*) FROM outbox_dead_letters").fetchone() == (0,)
+
+    write_orders(writer_db, outbox, ["good"])
+    relay = start_relay()
+    [good] = consume(kafka_bootstrap, [topic_prefix + "order"], 1, timeout=120)
+    assert good.key == b"good"
+    letters = consume(kafka_bootstrap, [dead], rows, timeout=120, quiet=2.0)
+    assert len(letters) == rows and len({r.message_id for r in letters}) == rows
+    recorded = {str(m) for (m,) in db.execute("SELECT message_id FROM outbox_dead_letters")}
+    assert recorded == {str(e.message_id) for e in events}
+    assert worker(relay, "dl").stats.recovered == 1
