@@ -578,7 +578,7 @@ class PartWorker:
         try:
             dead = store.dead_letters(state.name, state.checkpoint, batch.end)
             encoded = self._encode(store, state, batch.events, dead, ahead=True)
-        except (ConfigError, RelayError):
+        except RelayError:  # the relay's configuration, a registry down...
             return  # the slow path meets it again
         if encoded is None:
             return
@@ -764,6 +764,7 @@ class PartWorker:
         letters = _letters(sent.events, dead)
         state = self._advance(store, state, sent.end, letters)
         self._count(sent.records, len(letters), sent.end)
+        self._poison_log.tick()  # a summary of the poison warnings left out, when due
         # A reset meanwhile moves the checkpoint elsewhere: what was read ahead is void.
         following = sent.ahead if sent.ahead is not None else rest
         self._ahead = following if state.checkpoint == sent.end else None

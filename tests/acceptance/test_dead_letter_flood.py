@@ -32,6 +32,7 @@ StartRelay = Callable[..., Relay]
 FLOOD = 20_000
 
 
+@pytest.mark.timeout(900)  # 20,000 rows through the relay and back, on 2 busy cores
 def test_a_flood_of_poison_rows_is_dead_lettered_once_each_and_bounded(
     db: psycopg.Connection[Any],
     writer_db: psycopg.Connection[Any],
