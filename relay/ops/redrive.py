@@ -47,6 +47,7 @@ from relay.core.settings import Settings
 from relay.core.subscribers import TopicGuard
 from relay.daemon.publishers import routed_topic_creator
 from relay.engine.encoding import RecordEncoder
+from relay.engine.poison import MAX_STORED_ERROR_BYTES, cap
 from relay.errors import ConfigError, EncodingError, PoisonRecordError, SubscriberError
 
 logger = logging.getLogger(__name__)
@@ -394,6 +395,7 @@ class Redrive:
         return kept
 
     def _poison(self, event: OutboxEvent, error: str) -> None:
+        error = cap(error, MAX_STORED_ERROR_BYTES)  # reported, stored and logged
         self.report.still_poison[event.message_id] = error
         self._blocked.add(event.aggregate_id)
         self._refuse(event.message_id, error)
@@ -403,6 +405,7 @@ class Redrive:
         self._refuse(event.message_id, "held back behind a still-poison event of its key")
 
     def _refuse(self, message_id: UUID, error: str) -> None:
+        error = cap(error, MAX_STORED_ERROR_BYTES)  # it may quote the row
         self._store.refused(self._subscriber.name, message_id, error)
         logger.warning(
             "subscriber %s: dead letter %s stays: %s",
