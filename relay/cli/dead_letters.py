@@ -1,4 +1,4 @@
-"""``dead-letters list|redrive``."""
+"""``dead-letters list|redrive|prune``."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from relay.cli.interventions import DryRun, Yes, actor, gate
 from relay.ops import interventions
 
 dead_letters_app = typer.Typer(
-    help="List a subscriber's dead letters; publish them once their cause is fixed.",
+    help="List a subscriber's dead letters; publish them once their cause is fixed; "
+    "delete those past their retention.",
     no_args_is_help=True,
 )
 
@@ -136,6 +137,49 @@ def dead_letters_redrive(
         _print_redrive(report)
     if report.left:
         raise typer.Exit(1)
+
+
+@dead_letters_app.command("prune")
+def dead_letters_prune(
+    ctx: typer.Context,
+    subscriber: Annotated[str, typer.Argument(help="The subscriber.")],
+    pending_older_than: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="Also delete dead letters NOT yet redriven, decided more than this many "
+            "seconds ago: they can no longer be redriven (their records stay on the "
+            "dead-letter topic).",
+        ),
+    ] = None,
+    batch: Annotated[
+        int, typer.Option(min=1, help="Dead letters deleted per transaction.")
+    ] = 10_000,
+    as_json: JsonFlag = False,
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
+) -> None:
+    """Delete a subscriber's dead letters past their retention: those redriven whose
+    outbox rows retention pruned (as the relay's retention pass does). Dead letters not
+    yet redriven are kept, with their outbox rows, unless --pending-older-than says
+    otherwise."""
+    from relay.ops.redrive import DeadLetterStore
+
+    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
+        redriven, pending = DeadLetterStore(conn, settings.database_schema).prune(
+            subscriber, pending_older_than_s=pending_older_than, batch=batch
+        )
+    if as_json:
+        report = {"subscriber": subscriber, "redriven": redriven, "pending": pending}
+        print_json(report)
+        return
+    out.print(f"{subscriber}: pruned {redriven} redriven dead letters")
+    if pending_older_than is not None:
+        out.print(
+            f"{subscriber}: pruned {pending} dead letters not redriven, decided more than "
+            f"{pending_older_than:g} s ago: they can no longer be redriven"
+        )
 
 
 def _print_redrive(report: Any) -> None:

@@ -263,6 +263,10 @@ class Settings(BaseSettings):
     # subscriber has published and that are older than retention seconds.
     prune_every: float = Field(default=3600.0, ge=0)
     retention: float = Field(default=7 * 86_400.0, ge=0)
+    # Dead letters not yet redriven are kept (and their rows, which redrive reads) until
+    # redriven or pruned by hand; with this (seconds), retention deletes those decided
+    # longer ago. Redriven ones go with their rows. None: never (docs/design.md §7).
+    dead_letter_retention: float | None = Field(default=None, ge=0)
     # Log the backends that hold the publication horizon back for longer than this.
     horizon_warn_after: float = Field(default=60.0, gt=0)
     # SIGTERM: how long to let batches in flight finish before exiting anyway.

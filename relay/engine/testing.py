@@ -15,6 +15,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from uuid import UUID
 
+from relay.core import dead_letter_tag
 from relay.core.interventions import Intervention
 from relay.core.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.core.model import (
@@ -59,8 +60,10 @@ class InMemoryStore:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.events: list[OutboxEvent] = []
         self.parts: dict[tuple[str, int], PartState] = {}
-        # subscriber → message id → (event key, decision)
+        # subscriber → message id → (event key, decision); and when each was decided
+        # (none is ever redriven here: redrive runs on Postgres only).
         self.dead: dict[str, dict[UUID, tuple[Position, DeadLetterDecision]]] = {}
+        self.decided_at: dict[UUID, float] = {}
         self.sessions: dict[UUID, _Session] = {}
         # (subscriber, part) → the events the operator skipped; the event a halt is on.
         self.skip_lists: dict[tuple[str, int], set[UUID]] = {}
@@ -278,6 +281,31 @@ class InMemoryStore:
                 return
             yield len(doomed)
 
+    def prune_dead_letters(
+        self,
+        subscriber: str | None = None,
+        *,
+        pending_older_than_s: float | None = None,
+        batch: int = 10_000,
+    ) -> Iterator[int]:
+        if pending_older_than_s is None:
+            return  # none is redriven here
+        cutoff = time.time() - pending_older_than_s
+        while True:
+            with self._lock:
+                doomed = [
+                    (name, m)
+                    for name, recorded in self.dead.items()
+                    if subscriber in (None, name)
+                    for m in recorded
+                    if self.decided_at.get(m, 0.0) < cutoff
+                ][:batch]
+                for name, message_id in doomed:
+                    del self.dead[name][message_id]
+            if not doomed:
+                return
+            yield len(doomed)
+
     def horizon_holders(self) -> builtins.list[HorizonHolder]:
         return []  # every event here is committed: nothing holds the horizon
 
@@ -353,6 +381,7 @@ class InMemoryStore:
         recorded = self.dead.setdefault(state.name, {})
         for letter in dead_letters:
             recorded.setdefault(letter.message_id, (letter.key, letter.decision))
+            self.decided_at.setdefault(letter.message_id, time.time())
         return self._set(
             dataclasses.replace(current, checkpoint=to, version=current.version + 1)
         ).version
@@ -382,6 +411,10 @@ class InMemoryStore:
     def key_of(self, message_id: UUID) -> Position | None:
         return next((e.key for e in self.events if e.message_id == message_id), None)
 
+    def messages_at(self, keys: Sequence[Position]) -> dict[Position, UUID]:
+        wanted = set(keys)
+        return {e.key: e.message_id for e in self.events if e.key in wanted}
+
     def translate(self, key_space: UUID, key: Position) -> Position:
         # This store is never restored elsewhere, so no key space was rebased from it.
         raise SubscriberError(f"key space {key_space} was never rebased into this store")
@@ -403,16 +436,20 @@ class InMemoryStore:
 
     def _prunable(self, older_than_s: float) -> builtins.list[OutboxEvent]:
         """Events every part has published, older than ``older_than_s``, but a stream's
-        latest version (the next event-sourced append checks that it exists)."""
+        latest version (the next event-sourced append checks that it exists) and a
+        dead letter's event."""
         if not self.parts:
             return []
         published = min(state.checkpoint for state in self.parts.values())
         cutoff = datetime.now(UTC).timestamp() - older_than_s
         versions = {(e.aggregate_type, e.aggregate_id, e.aggregate_version) for e in self.events}
+        # A dead letter's event stays until it is redriven (never, here) or pruned.
+        dead = {key for recorded in self.dead.values() for key, _ in recorded.values()}
         return [
             e
             for e in self.events
             if e.key <= published
+            and e.key not in dead
             and e.occurred_at.timestamp() <= cutoff
             and (
                 e.aggregate_version is None
@@ -482,17 +519,20 @@ class InMemoryPublisher:
         records: Sequence[KafkaRecord],
         end: Position,
         generation: str,
-        dead_letters: Sequence[tuple[str, str]],
+        dead_letters: Sequence[tuple[Position, str]],
     ) -> None:
         if self.refuse is not None:
             self.refuse(records)
+        # As the broker would refuse the tag (offset.metadata.max.bytes): the worker cuts
+        # a batch whose dead letters it cannot name.
+        assert dead_letter_tag.fitting(dead_letters) == len(dead_letters), "tag too long"
         self.transactions.append(list(records))
         last = records[-1].outbox_message_id
         self.checkpoints[generation] = KafkaCheckpoint(
             end,
             self._key_space,
             UUID(last) if last else None,
-            tuple((UUID(m), topic) for m, topic in dead_letters),
+            dead_letter_tag.read(dead_letter_tag.fields(dead_letters)),  # as Kafka keeps them
         )
 
     def close(self) -> None:

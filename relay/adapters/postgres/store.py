@@ -235,24 +235,22 @@ class OutboxStore:
             if row is None:
                 raise conflict
             return int(row[0])
-        letters = [
-            {
-                "name": state.name,
-                "part": state.part,
-                "transaction_id": letter.key.transaction_id,
-                "position": letter.key.position,
-                "message_id": letter.message_id,
-                "topic": letter.decision.topic,
-                "error": letter.decision.error,
-            }
-            for letter in dead_letters
-        ]
+        # One statement for the batch's dead letters, however many (a flood of poison
+        # rows dead-letters thousands a transaction).
+        letters = {
+            "name": state.name,
+            "part": state.part,
+            "transaction_ids": [letter.key.transaction_id for letter in dead_letters],
+            "positions": [letter.key.position for letter in dead_letters],
+            "message_ids": [letter.message_id for letter in dead_letters],
+            "topics": [letter.decision.topic for letter in dead_letters],
+            "errors": [letter.decision.error for letter in dead_letters],
+        }
         with wrap_errors(), self.conn.transaction():
             row = self.conn.execute(self._q["advance_checkpoint"], params).fetchone()
             if row is None:
                 raise conflict  # rolls the transaction back: nothing recorded
-            with self.conn.cursor() as cur:
-                cur.executemany(self._q["record_dead_letter"], letters)
+            self.conn.execute(self._q["record_dead_letters"], letters)
         return int(row[0])
 
     def dead_letters(
@@ -377,6 +375,28 @@ class OutboxStore:
                 return
             yield deleted
 
+    def prune_dead_letters(
+        self,
+        subscriber: str | None = None,
+        *,
+        pending_older_than_s: float | None = None,
+        batch: int = 10_000,
+    ) -> Iterator[int]:
+        """Delete dead letters (``subscriber``'s, or every subscriber's) whose retention
+        is over, ``batch`` per transaction; yields each batch's count. Redriven ones
+        whose event the outbox's retention pruned; with ``pending_older_than_s`` (the
+        operator's word: they cannot be redriven afterwards), instead those not redriven
+        decided longer ago than that."""
+        params = {"name": subscriber, "older_than": pending_older_than_s, "limit": batch}
+        pending = pending_older_than_s is not None
+        query = self._q["prune_pending_dead_letters" if pending else "prune_redriven_dead_letters"]
+        while True:
+            with wrap_errors():
+                deleted = self.conn.execute(query, params).rowcount
+            if deleted <= 0:
+                return
+            yield deleted
+
     def _prune_directly(self, older_than_s: float, batch: int) -> Iterator[int]:
         with wrap_errors():
             row = self.conn.execute(self._q["prune_bound"]).fetchone()
@@ -420,6 +440,16 @@ class OutboxStore:
                 self._q["key_of_message"], {"message_id": message_id}
             ).fetchone()
         return Position(*row) if row is not None else None
+
+    def messages_at(self, keys: Sequence[Position]) -> dict[Position, UUID]:
+        """The message id of the event at each of ``keys`` the outbox holds."""
+        params = {
+            "transaction_ids": [key.transaction_id for key in keys],
+            "positions": [key.position for key in keys],
+        }
+        with wrap_errors():
+            rows = self.conn.execute(self._q["messages_at_keys"], params).fetchall()
+        return {Position(tx, pos): message_id for tx, pos, message_id in rows}
 
     def translate(self, key_space: UUID, key: Position) -> Position:
         """A key of ``key_space`` as a key of the space rebased from it."""

@@ -496,11 +496,19 @@ SELECT message_id, topic, error FROM {schema}.outbox_dead_letters
    AND (transaction_id, position) > (%(from_tx)s::text::xid8, %(from_pos)s)
    AND (transaction_id, position) <= (%(to_tx)s::text::xid8, %(to_pos)s);
 
--- name: record_dead_letter
+-- name: record_dead_letters
+-- A batch's dead letters, in one statement: the arrays pair up by index (ROWS FROM:
+-- unnest of several arrays, schema-qualified).
 INSERT INTO {schema}.outbox_dead_letters
     (subscriber, part, transaction_id, position, message_id, topic, error)
-VALUES (%(name)s, %(part)s, %(transaction_id)s::text::xid8, %(position)s, %(message_id)s,
-        %(topic)s, %(error)s)
+SELECT %(name)s, %(part)s, l.transaction_id::text::xid8, l.position, l.message_id, l.topic,
+       l.error
+  FROM ROWS FROM (pg_catalog.unnest(%(transaction_ids)s::bigint[]),
+                  pg_catalog.unnest(%(positions)s::bigint[]),
+                  pg_catalog.unnest(%(message_ids)s::uuid[]),
+                  pg_catalog.unnest(%(topics)s::text[]),
+                  pg_catalog.unnest(%(errors)s::text[]))
+       AS l(transaction_id, position, message_id, topic, error)
 ON CONFLICT DO NOTHING;
 
 -- name: halt_part
@@ -805,6 +813,33 @@ SELECT s.id, s.hostname, s.pid, s.started_at,
 -- One batch of retention (migration 0008): published rows older than the retention.
 SELECT {schema}.outbox_prune(%(older_than)s::float8, %(limit)s::integer);
 
+-- name: prune_redriven_dead_letters
+-- Retention of dead letters (migration 0016), one batch: redriven ones whose event the
+-- outbox's retention pruned (with it, verify would expect the event in order).
+-- %(name)s: one subscriber's; NULL: every subscriber's.
+WITH doomed AS (
+    SELECT d.ctid FROM {schema}.outbox_dead_letters d
+     WHERE (%(name)s::text IS NULL OR d.subscriber = %(name)s::text)
+       AND d.redriven_at IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM {schema}.outbox o
+                        WHERE o.transaction_id = d.transaction_id AND o.position = d.position)
+     LIMIT %(limit)s
+)
+DELETE FROM {schema}.outbox_dead_letters WHERE ctid IN (SELECT ctid FROM doomed);
+
+-- name: prune_pending_dead_letters
+-- Dead letters not yet redriven, decided more than %(older_than)s seconds ago, one batch:
+-- only when the operator asks (`dead-letters prune --pending-older-than`, or the
+-- dead_letter_retention setting). Never one a redrive has in flight (redrive_batch).
+WITH doomed AS (
+    SELECT d.ctid FROM {schema}.outbox_dead_letters d
+     WHERE (%(name)s::text IS NULL OR d.subscriber = %(name)s::text)
+       AND d.redriven_at IS NULL AND d.redrive_batch IS NULL
+       AND d.decided_at < pg_catalog.now() - pg_catalog.make_interval(secs => %(older_than)s::float8)
+     LIMIT %(limit)s
+)
+DELETE FROM {schema}.outbox_dead_letters WHERE ctid IN (SELECT ctid FROM doomed);
+
 -- name: prune_bound
 -- Before migration 0008 (a rolling deploy), prune_bound and prune_batch instead.
 -- The oldest part checkpoint of all subscribers: every row at or before it is
@@ -839,6 +874,14 @@ SELECT id, previous_id, moved_high::text::bigint AS moved_high FROM {schema}.out
 
 -- name: key_of_message
 SELECT transaction_id::text::bigint, position FROM {schema}.outbox WHERE message_id = %(message_id)s;
+
+-- name: messages_at_keys
+-- The message id at each of a Kafka-side checkpoint's dead-letter keys (recovery).
+SELECT o.transaction_id::text::bigint, o.position, o.message_id
+  FROM ROWS FROM (pg_catalog.unnest(%(transaction_ids)s::bigint[]),
+                  pg_catalog.unnest(%(positions)s::bigint[])) AS k(transaction_id, position)
+  JOIN {schema}.outbox o
+    ON o.transaction_id = k.transaction_id::text::xid8 AND o.position = k.position;
 
 -- name: translate_key
 SELECT xid::text::bigint, pos

@@ -7,6 +7,9 @@ GRANT SELECT ON {schema}.outbox, {schema}.outbox_relay_migrations TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.outbox_subscribers, {schema}.outbox_checkpoints TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.outbox_relay_sessions TO {role};
 GRANT SELECT, INSERT ON {schema}.outbox_dead_letters TO {role};
+-- Retention of dead letters (migration 0016): what `dead-letters prune` and the
+-- relay's retention pass delete (relay/adapters/postgres/sql/queries.sql says which).
+GRANT DELETE ON {schema}.outbox_dead_letters TO {role};
 -- `dead-letters redrive` records its progress (migration 0010).
 GRANT UPDATE (redrive_batch, redriven_at, redrive_error) ON {schema}.outbox_dead_letters TO {role};
 -- The ledger of interventions (migration 0019), which the CLI writes as this role:

@@ -305,6 +305,9 @@ CREATE TABLE {schema}.outbox_dead_letters (
     redrive_error  text,
     PRIMARY KEY (subscriber, transaction_id, position)
 );
+-- The outbox's retention keeps a dead letter's event until it is redriven (0016).
+CREATE INDEX outbox_dead_letters_pending
+    ON {schema}.outbox_dead_letters (transaction_id, position) WHERE redriven_at IS NULL;
 
 -- The ledger of interventions (migration 0019): every operator action that changes what
 -- a subscriber publishes (skip, reset, replay, redrive, set, pause, resume, remove, add,
@@ -537,7 +540,8 @@ REVOKE EXECUTE ON FUNCTION {schema}.outbox_check_key_space(),
 -- published rows past the retention, and only those. The bound is read here, from the checkpoints,
 -- once per batch (a reset that moves a checkpoint back stops the deletion there).
 -- One batch per call: short transactions, so autovacuum keeps up. A stream's latest
--- version stays: the next event-sourced append checks that it exists.
+-- version stays: the next event-sourced append checks that it exists, and so does a
+-- dead letter's event until it is redriven (migration 0016).
 CREATE FUNCTION {schema}.outbox_prune(older_than_s double precision, batch_size integer)
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -565,6 +569,11 @@ BEGIN
                  SELECT 1 FROM {schema}.outbox n
                   WHERE n.aggregate_type = o.aggregate_type AND n.aggregate_id = o.aggregate_id
                     AND n.aggregate_version = o.aggregate_version + 1))
+           -- A dead letter not yet redriven: redrive reads its event here.
+           AND NOT EXISTS (
+                 SELECT 1 FROM {schema}.outbox_dead_letters d
+                  WHERE d.transaction_id = o.transaction_id AND d.position = o.position
+                    AND d.redriven_at IS NULL)
          ORDER BY o.transaction_id, o.position
          LIMIT batch_size
     )
