@@ -232,7 +232,8 @@ def _print_halts(parts: list[PartLine]) -> None:
              "subscribers skip NAME --event MESSAGE_ID` of the event it names", style="bold red")
     )  # fmt: skip
     for p in halted:
-        out.print(Text.assemble((f"  {p.part}: ", "red"), p.halted or ""))
+        # Unwrapped: the error ends with the command to copy, which a wrap would break.
+        out.print(Text.assemble((f"  {p.part}: ", "red"), p.halted or ""), soft_wrap=True)
 
 
 def _status(store: OutboxStore, max_created_topics: int) -> StatusReport:
