@@ -149,12 +149,14 @@ def dead_letters_prune(
             min=0,
             help="Also delete dead letters NOT yet redriven, decided more than this many "
             "seconds ago: they can no longer be redriven (their records stay on the "
-            "dead-letter topic).",
+            "dead-letter topic). Previewed, confirmed, and on the ledger.",
         ),
     ] = None,
     batch: Annotated[
-        int, typer.Option(min=1, help="Dead letters deleted per transaction.")
+        int, typer.Option(min=1, help="Redriven dead letters deleted per transaction.")
     ] = 10_000,
+    dry_run: DryRun = False,
+    yes: Yes = False,
     as_json: JsonFlag = False,
     database_url: DatabaseUrl = None,
     schema: Schema = None,
@@ -162,23 +164,35 @@ def dead_letters_prune(
     """Delete a subscriber's dead letters past their retention: those redriven whose
     outbox rows retention pruned (as the relay's retention pass does). Dead letters not
     yet redriven are kept, with their outbox rows, unless --pending-older-than says
-    otherwise."""
+    otherwise: that deletion is shown first and needs --yes (or a yes on a terminal)."""
     from relay.ops.redrive import DeadLetterStore
 
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
-        redriven, pending = DeadLetterStore(conn, settings.database_schema).prune(
-            subscriber, pending_older_than_s=pending_older_than, batch=batch
-        )
+        store = DeadLetterStore(conn, settings.database_schema)
+        pending: int | None = None
+        if pending_older_than is not None:
+            confirm = gate(dry_run=dry_run, yes=yes, machine_output=as_json)
+            pending = interventions.prune_pending(
+                store, subscriber, pending_older_than, actor(), confirm
+            )
+            if pending is None:
+                return
+        redriven = 0 if dry_run else store.prune(subscriber, batch=batch)
+    _print_prune(subscriber, redriven, pending, pending_older_than, as_json=as_json)
+
+
+def _print_prune(
+    subscriber: str, redriven: int, pending: int | None, older_than: float | None, *, as_json: bool
+) -> None:
     if as_json:
-        report = {"subscriber": subscriber, "redriven": redriven, "pending": pending}
-        print_json(report)
+        print_json({"subscriber": subscriber, "redriven": redriven, "pending": pending or 0})
         return
     out.print(f"{subscriber}: pruned {redriven} redriven dead letters")
-    if pending_older_than is not None:
+    if pending is not None:
         out.print(
             f"{subscriber}: pruned {pending} dead letters not redriven, decided more than "
-            f"{pending_older_than:g} s ago: they can no longer be redriven"
+            f"{older_than:g} s ago: they can no longer be redriven"
         )
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
@@ -41,6 +41,7 @@ from relay.adapters.postgres.advisory import lock_holder
 from relay.adapters.postgres.db import wrap_errors
 from relay.adapters.postgres.queries import parse_named, read_sql, with_schema
 from relay.adapters.postgres.store import OutboxStore, SubscriberState, _load_row_json
+from relay.core.interventions import Intervention
 from relay.core.log_fields import log_extra
 from relay.core.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
 from relay.core.ports import Batch, TopicRecord
@@ -160,24 +161,36 @@ class DeadLetterStore:
             for row in rows
         ]
 
-    def prune(
-        self, name: str, *, pending_older_than_s: float | None = None, batch: int = 10_000
-    ) -> tuple[int, int]:
-        """Delete ``name``'s dead letters whose retention is over, while no redrive of it
-        runs: the redriven ones whose rows are gone, and with ``pending_older_than_s``
-        those not redriven decided longer ago than that (the operator's word: they
-        cannot be redriven afterwards). Returns how many of each."""
+    def prune(self, name: str, *, batch: int = 10_000) -> int:
+        """Delete ``name``'s redriven dead letters whose rows retention pruned, while no
+        redrive of it runs; returns how many."""
         self.subscriber(name)  # a clear error for an unknown name
         with self.exclusive(name):
-            redriven = sum(self.outbox.prune_dead_letters(name, batch=batch))
-            pending = 0
-            if pending_older_than_s is not None:
-                pending = sum(
-                    self.outbox.prune_dead_letters(
-                        name, pending_older_than_s=pending_older_than_s, batch=batch
-                    )
-                )
-        return redriven, pending
+            return sum(self.outbox.prune_dead_letters(name, batch=batch))
+
+    def pending_before(self, name: str, older_than_s: float) -> list[UUID]:
+        """The dead letters not redriven (nor in flight) decided more than
+        ``older_than_s`` seconds ago: what ``prune --pending-older-than`` would delete."""
+        self.subscriber(name)
+        params = {"name": name, "older_than": older_than_s}
+        with wrap_errors():
+            rows = self.conn.execute(self._q["pending_dead_letters_before"], params).fetchall()
+        return [m for (m,) in rows]
+
+    def prune_pending(self, name: str, ids: Sequence[UUID], entry: Intervention) -> int:
+        """Delete exactly ``ids`` of ``name``'s dead letters still pending, while no
+        redrive of it runs, and put ``entry`` (its count filled in) on the ledger, with
+        each event skipped by it, in one transaction; returns how many. They cannot be
+        redriven afterwards."""
+        with self.exclusive(name), self.conn.transaction(), wrap_errors():
+            params: dict[str, Any] = {"name": name, "ids": list(ids)}
+            locked = [
+                m for (m,) in self.conn.execute(self._q["lock_pending_dead_letter_ids"], params)
+            ]
+            params |= {"ids": locked, "subscriber_id": entry.subscriber_id}
+            params["intervention"] = self.outbox.record(replace(entry, events=len(locked)))
+            self.conn.execute(self._q["prune_pending_dead_letter_ids"], params)
+        return len(locked)
 
     def candidates(self, name: str, after: Position, limit: int) -> list[Candidate]:
         params = {
