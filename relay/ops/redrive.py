@@ -25,7 +25,8 @@ in order once it is fixed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -45,7 +46,7 @@ from relay.core.log_fields import log_extra
 from relay.core.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
 from relay.core.ports import Batch, TopicRecord
 from relay.core.settings import Settings
-from relay.core.subscribers import TopicGuard
+from relay.core.subscribers import Subscriber, TopicGuard
 from relay.daemon.publishers import routed_topic_creator
 from relay.engine.encoding import RecordEncoder
 from relay.engine.poison import MAX_STORED_ERROR_BYTES, cap
@@ -428,6 +429,22 @@ class Redrive:
         return log_extra(event, subscriber=self._subscriber.name, **fields)
 
 
+def relay_encoder(
+    settings: Settings, subscribers: Iterable[Subscriber]
+) -> tuple[TopicGuard, RecordEncoder]:
+    """The relay's encoding of ``subscribers``' events as the settings say (schemas,
+    schema registry), and the guard that confines their topics (``topic_allow``, the
+    other subscribers' topics), for an operator's command that publishes as the relay
+    does (redrive, replay)."""
+    from relay.ops.subscribers import load_schemas, registry_encoder
+
+    schemas = load_schemas(settings)
+    allow = None if settings.topic_allow is None else re.compile(settings.topic_allow)
+    guard = TopicGuard(settings.checkpoint_topic, allow)
+    guard.update(subscribers)
+    return guard, RecordEncoder(schemas, guard, registry_encoder(settings, schemas))
+
+
 def redrive_publisher(
     settings: Settings, subscriber_id: UUID, guard: TopicGuard, record: TopicRecord | None
 ) -> TransactionalPublisher:
@@ -435,15 +452,23 @@ def redrive_publisher(
     the subscribers loaded) and ``record`` (the outbox's record of its topics) confine
     the topics rows chose, and count the new ones towards ``max_created_topics``, as in
     the relay (the same constructor)."""
+    prefix = group_prefix(settings.kafka_id_prefix, subscriber_id)
+    return exactly_once_publisher(settings, prefix, guard, record, "redrive")
+
+
+def exactly_once_publisher(
+    settings: Settings, prefix: str, guard: TopicGuard, record: TopicRecord | None, command: str
+) -> TransactionalPublisher:
+    """A transactional publisher of an operator's ``command`` (redrive, replay): its
+    ``transactional.id`` and checkpoint group are ``prefix`` (plus the generation)."""
     if settings.delivery != "transactional":
         raise ConfigError(
-            "delivery: redrive publishes exactly once through Kafka transactions, which "
+            f"delivery: {command} publishes exactly once through Kafka transactions, which "
             f"delivery = {settings.delivery!r} says this broker does not offer"
         )
     bootstrap = settings.require_bootstrap_servers()
     client = {**settings.kafka, "bootstrap.servers": bootstrap}
     topics = routed_topic_creator(settings, guard, record)
-    prefix = group_prefix(settings.kafka_id_prefix, subscriber_id)
     return TransactionalPublisher(
         producer_config(bootstrap, settings.kafka, int(settings.delivery_timeout * 1000)),
         topics,
