@@ -20,7 +20,7 @@ from relay.cli.common import (
     out,
     print_json,
 )
-from relay.cli.interventions import DryRun, Yes, actor, gate
+from relay.cli.interventions import BatchSize, DryRun, Yes, actor, gate
 from relay.ops import interventions
 
 dead_letters_app = typer.Typer(
@@ -74,9 +74,7 @@ def dead_letters_redrive(
     schemas_dir: Annotated[
         Path | None, typer.Option(help="Avro schemas folder [RELAY_SCHEMAS_DIR]")
     ] = None,
-    batch_size: Annotated[
-        int, typer.Option(min=1, max=10_000, help="Events per Kafka transaction.")
-    ] = 500,
+    batch_size: BatchSize = 500,
     as_json: JsonFlag = False,
     dry_run: DryRun = False,
     yes: Yes = False,

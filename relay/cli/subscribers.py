@@ -23,7 +23,15 @@ from relay.cli.common import (
     out,
     print_json,
 )
-from relay.cli.interventions import DryRun, Yes, actor, gate, print_ledger, print_operator_skips
+from relay.cli.interventions import (
+    BatchSize,
+    DryRun,
+    Yes,
+    actor,
+    gate,
+    print_ledger,
+    print_operator_skips,
+)
 from relay.core import subscribers as subs
 from relay.core.interventions import OperatorSkip
 from relay.core.model import Position
@@ -560,9 +568,7 @@ def subscribers_replay(
     ] = None,
     aggregate_type: AggregateTypes = None,
     event_type: EventTypes = None,
-    batch_size: Annotated[
-        int, typer.Option(min=1, max=10_000, help="Events per Kafka transaction.")
-    ] = 500,
+    batch_size: BatchSize = 500,
     as_json: JsonFlag = False,
     dry_run: DryRun = False,
     yes: Yes = False,

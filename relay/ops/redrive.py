@@ -38,7 +38,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 
 from relay.adapters.kafka.kafka import TransactionalPublisher, producer_config
-from relay.adapters.postgres.advisory import lock_holder
+from relay.adapters.postgres.advisory import session_lock
 from relay.adapters.postgres.db import wrap_errors
 from relay.adapters.postgres.queries import parse_named, read_sql, with_schema
 from relay.adapters.postgres.store import OutboxStore, SubscriberState, _load_row_json
@@ -50,7 +50,7 @@ from relay.core.subscribers import Subscriber, TopicGuard
 from relay.daemon.publishers import routed_topic_creator
 from relay.engine.encoding import RecordEncoder
 from relay.engine.poison import MAX_STORED_ERROR_BYTES, cap
-from relay.errors import ConfigError, EncodingError, PoisonRecordError, SubscriberError
+from relay.errors import ConfigError, EncodingError, PoisonRecordError
 
 logger = logging.getLogger(__name__)
 
@@ -213,22 +213,14 @@ class DeadLetterStore:
         """Hold the subscriber's redrive lock; :class:`SubscriberError` when another holds it.
         (Kafka fences an earlier redrive too, but only at its next transaction: two
         redrives marking dead letters at once could take each other's marks.)"""
-        with wrap_errors():
-            row = self.conn.execute(self._q["redrive_lock"], {"name": name}).fetchone()
-        assert row is not None
-        if not row[1]:
-            holder = lock_holder(self.conn, row[0])
-            raise SubscriberError(
-                f"another redrive of subscriber {name!r} is running: its lock is held by "
-                f"{holder or 'a session that has just ended'} (if that is no outbox-relay, "
-                "end it with pg_terminate_backend)"
-            )
-        try:
+        with session_lock(
+            self.conn,
+            self._q["redrive_lock"],
+            self._q["redrive_unlock"],
+            {"name": name},
+            f"redrive of subscriber {name!r}",
+        ):
             yield
-        finally:
-            if not self.conn.closed:
-                with wrap_errors():
-                    self.conn.execute(self._q["redrive_unlock"], {"name": name})
 
     def settle(self, name: str, committed: int) -> tuple[int, int]:
         """Mark batch ``committed`` redriven and clear any other in flight; returns the

@@ -30,7 +30,7 @@ from uuid import UUID
 
 import psycopg
 
-from relay.adapters.postgres.advisory import lock_holder
+from relay.adapters.postgres.advisory import session_lock
 from relay.adapters.postgres.db import wrap_errors
 from relay.adapters.postgres.queries import parse_named, read_sql, with_schema
 from relay.adapters.postgres.store import OutboxStore
@@ -290,24 +290,14 @@ class ReplayStore:
     def exclusive(self, name: str, subscriber_id: UUID) -> Iterator[None]:
         """Hold the subscriber's replay lock; :class:`SubscriberError` when another
         replay of it holds it."""
-        with wrap_errors():
-            row = self.conn.execute(
-                self._q["replay_lock"], {"subscriber_id": subscriber_id}
-            ).fetchone()
-        assert row is not None
-        if not row[1]:
-            holder = lock_holder(self.conn, row[0])
-            raise SubscriberError(
-                f"another replay of subscriber {name!r} is running: its lock is held by "
-                f"{holder or 'a session that has just ended'} (if that is no outbox-relay, "
-                "end it with pg_terminate_backend)"
-            )
-        try:
+        with session_lock(
+            self.conn,
+            self._q["replay_lock"],
+            self._q["replay_unlock"],
+            {"subscriber_id": subscriber_id},
+            f"replay of subscriber {name!r}",
+        ):
             yield
-        finally:
-            if not self.conn.closed:
-                with wrap_errors():
-                    self.conn.execute(self._q["replay_unlock"], {"subscriber_id": subscriber_id})
 
 
 @dataclass(frozen=True)
