@@ -6,8 +6,8 @@ module is checked against Go's checksum database, so the pin fixes the code), on
 machine, into the cache the project's other fetched tools use (``RELAY_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/outbox-relay``), under a file lock. It is built without Prometheus's
 service discoveries (tag ``remove_all_sd``: the rules need none), which leaves about
-250 MB of modules to download into Go's own cache and some 1,100 packages to compile:
-minutes, once. Tests that need it are skipped, saying why, only when the Go module proxy
+160 MB of modules to download into Go's own cache (800 MB unpacked) and some 1,100
+packages to compile: minutes, once. Tests that need it are skipped, saying why, only when the Go module proxy
 cannot be reached (or no Go is installed); a build that fails otherwise fails them.
 """
 
