@@ -6,21 +6,16 @@ the deploy README tells operators to run them."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.plugins.promtool import run_promtool
 
 PROMETHEUS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 
 # The first use builds promtool (tests/plugins/promtool.py): minutes on a busy machine.
 pytestmark = pytest.mark.timeout(1800)
-
-
-def run_promtool(promtool: Path, *args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(  # the exit code is the verdict
-        [str(promtool), *map(str, args)], check=False, capture_output=True, text=True, timeout=300
-    )
 
 
 def test_the_rules_load_and_pass_their_unit_tests(promtool: Path) -> None:

@@ -22,8 +22,8 @@ from psycopg import sql
 
 from relay import Outbox
 from relay.daemon import Relay
-from tests.acceptance.test_alert_rules import run_promtool
 from tests.acceptance.test_observability import get, sample
+from tests.plugins.promtool import run_promtool
 from tests.support import sub, wait_caught_up, wait_until, write_orders
 from tests.unit.test_grafana_dashboard import metric_names
 

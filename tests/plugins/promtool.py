@@ -73,6 +73,12 @@ def _build(go: str, home: Path) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def run_promtool(promtool: Path, *args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(  # the exit code is the verdict
+        [str(promtool), *map(str, args)], check=False, capture_output=True, text=True, timeout=300
+    )
+
+
 @pytest.fixture(scope="session")
 def promtool() -> Path:
     """The pinned promtool, built on first use."""
