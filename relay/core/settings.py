@@ -41,7 +41,6 @@ from relay.core.subscribers import (
     PoisonPolicy,
     StartFrom,
     SubjectStrategy,
-    Subscriber,
     ValueFormat,
     validate_name,
     validate_topic_template,
@@ -149,11 +148,6 @@ class SubscriberSettings(BaseModel):
             raise ValueError(str(exc)) from exc
         return self
 
-    def to_subscriber(self, default_format: ValueFormat) -> Subscriber:
-        return Subscriber.from_dict(
-            {**self.model_dump(), "value_format": self.value_format or default_format}
-        )
-
 
 class Settings(BaseSettings):
     """Everything the relay can be told. Keys are the same in the file, as ``RELAY_<KEY>``
@@ -197,14 +191,15 @@ class Settings(BaseSettings):
     # At most 300 s: a batch's transaction must fit in Kafka's 15-minute cap (3x this).
     delivery_timeout: float = Field(default=30.0, gt=0, le=300)
     create_topics: bool = True
-    # Rows choose topic names through {aggregate_type}/{event_type}: no topic is created
-    # for events once this many topics that subscribers route to exist on the cluster
-    # (counted there, so across restarts, workers and replicas; 0: none; -1: no cap). A
-    # row routed to a topic that does not exist beyond it is poison.
+    # Rows choose topic names through a template field no filter lists: at most this
+    # many topics are created for rows (counted in Postgres, outbox_topics: across
+    # restarts, workers and replicas; -1: no cap). The operator's topics (fixed, or named
+    # by a filter) never count. Beyond it, a row's new topic waits (never poison).
     max_created_topics: int = Field(default=100, ge=-1)
-    # A regular expression every topic an event is routed to must match in full (None:
-    # any topic but the reserved ones: _*, connect-*, the checkpoint and dead-letter
-    # topics, other subscribers' topics).
+    # A regular expression every topic a row chooses must match in full (None: any but
+    # the reserved ones: _*, connect-*, the checkpoint and dead-letter topics, other
+    # subscribers' topics). Topics it matches may be reached though the outbox did not
+    # create them; without it only those it created or a filter names (issue #47).
     topic_allow: str | None = None
     topic_partitions: int = Field(default=3, ge=1)
     topic_replication_factor: int = Field(default=-1, ge=-1)
@@ -268,6 +263,10 @@ class Settings(BaseSettings):
     # subscriber has published and that are older than retention seconds.
     prune_every: float = Field(default=3600.0, ge=0)
     retention: float = Field(default=7 * 86_400.0, ge=0)
+    # Dead letters not yet redriven are kept (and their rows, which redrive reads) until
+    # redriven or pruned by hand; with this (seconds), retention deletes those decided
+    # longer ago. Redriven ones go with their rows. None: never (docs/design.md §7).
+    dead_letter_retention: float | None = Field(default=None, ge=0)
     # Log the backends that hold the publication horizon back for longer than this.
     horizon_warn_after: float = Field(default=60.0, gt=0)
     # SIGTERM: how long to let batches in flight finish before exiting anyway.

@@ -35,6 +35,7 @@ from relay.adapters.kafka.kafka import TopicCreator
 from relay.adapters.kafka.topic_reader import KafkaTopicReader
 from relay.adapters.postgres import db
 from relay.adapters.postgres.store import OutboxStore
+from relay.adapters.postgres.topic_record import PostgresTopicRecord
 from relay.core.log_fields import log_extra
 from relay.core.model import HEADER_EVENT_TYPE, ConsumedRecord
 from relay.core.schemas import SchemaFolder
@@ -535,11 +536,18 @@ def _start(stack: ExitStack, demo: DemoRun) -> None:
 
 def _create_demo_topics(settings: Settings) -> None:
     """Create the demo topics as the relay would (same partitions), so the consumer is
-    assigned before the first event arrives (no consumer warm-up in the latencies)."""
+    assigned before the first event arrives (no consumer warm-up in the latencies), and
+    record them as the outbox's: the default subscriber's rows publish only to topics
+    the outbox created (docs/design.md §7, "Rows name topics")."""
+    url = settings.require_database_url()
+    record = PostgresTopicRecord(
+        lambda: db.connect(url, application_name="outbox-relay-dev"), settings.database_schema
+    )
     topics = TopicCreator(
         {"bootstrap.servers": settings.require_bootstrap_servers()},
         partitions=settings.topic_partitions,
         replication_factor=settings.topic_replication_factor,
+        record=record,
     )
     try:
         topics.ensure(set(DEMO_TOPICS))

@@ -139,8 +139,10 @@ class RelayCollector(Collector):
         waiting = GaugeMetricFamily(
             "outbox_relay_part_waiting",
             "1 while a part waits to retry because a service it needs could not be reached "
-            "(service: schema_registry, kafka or postgres); it publishes nothing meanwhile, "
-            "and dead-letters nothing for it",
+            "(service: schema_registry, kafka or postgres), or because max_created_topics "
+            "topics were created for rows already and a row's new topic must wait "
+            "(service: topic_budget); it publishes nothing meanwhile, and dead-letters "
+            "nothing for it",
             labels=["subscriber", "part", "service"],
         )
         for part, service in sorted(self._relay.part_waits().items()):
@@ -160,6 +162,11 @@ class RelayCollector(Collector):
             "outbox_relay_pruned_events",
             "Published rows deleted by retention",
             value=retention["pruned"],
+        )
+        yield CounterMetricFamily(
+            "outbox_relay_pruned_dead_letters",
+            "Dead letters deleted by retention (redriven, or past dead_letter_retention)",
+            value=retention["dead_letters_pruned"],
         )
         yield CounterMetricFamily(
             "outbox_relay_prune_failures",
