@@ -40,6 +40,7 @@ import yaml
 
 from relay.core.schemas import SchemaFolder
 from relay.core.settings import SECRET_FILE_KEYS, Settings
+from relay.ops.subscribers import Setup, define
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
@@ -929,14 +930,14 @@ def _value_formats(env: dict[str, str], mounts: set[str]) -> set[str]:
     """The value formats a relay with ``env`` (over the image's) publishes, its volumes
     mounted at ``mounts``: Avro for subscribers that name no format only with writer
     schemas, which must then be mounted where RELAY_SCHEMAS_DIR points."""
-    from relay.core.subscribers import ValueFormat
-
     schemas = env.get("RELAY_SCHEMAS_DIR")
     assert schemas is None or schemas in mounts, f"RELAY_SCHEMAS_DIR={schemas}: nothing mounted"
-    default = ValueFormat.AVRO if schemas else ValueFormat.JSON
-    declared = Settings(subscribers=json.loads(env.get("RELAY_SUBSCRIBERS", "[]"))).subscribers
-    formats = {s.to_subscriber(default).value_format for s in declared} or {default}
-    return {f.value for f in formats}
+    settings = Settings(subscribers=json.loads(env.get("RELAY_SUBSCRIBERS", "[]")))
+    # The relay's own definition of each (relay/ops/subscribers.py), with writer schemas
+    # loaded only when the folder is set: the repository's stand for the mounted ones.
+    setup = Setup(settings, SchemaFolder.from_dir(REPO / "schemas") if schemas else None)
+    declared = {define(setup, s.model_dump()).value_format for s in settings.subscribers}
+    return {f.value for f in declared or {setup.default_format}}
 
 
 def test_compose_publishes_json_until_the_avro_file_mounts_schemas(
