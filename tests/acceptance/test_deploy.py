@@ -28,6 +28,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -1014,6 +1015,28 @@ def test_k8s_relays_publish_json_until_the_patch_mounts_schemas(
         f"kubectl patch deployment outbox-relay --patch-file deploy/k8s/examples/{AVRO_PATCH.name}"
         in recipe
     )
+
+
+def test_an_image_of_your_own_with_schemas_publishes_avro(
+    stages: dict[str, Stage], tmp_path: Path
+) -> None:
+    """deploy/README.md's Dockerfile for an image of your own (The image): FROM the tag
+    its `docker build` gives the runtime image, it copies the schemas where it points
+    RELAY_SCHEMAS_DIR, passes hadolint, and its relays publish Avro."""
+    readme = (REPO / "deploy" / "README.md").read_text()
+    section = readme.split("\n## The image\n", 1)[1].split("\n## ", 1)[0]
+    [tag] = re.findall(r"^docker build -t (\S+) \.$", section, flags=re.MULTILINE)
+    [yours] = re.findall(r"```dockerfile\n(.*?)```", section, flags=re.DOTALL)
+    dockerfile = textwrap.dedent(yours)
+    (tmp_path / "Dockerfile").write_text(dockerfile)
+    assert hadolint(tmp_path / "Dockerfile", tmp_path).returncode == 0, dockerfile
+    assert dockerfile.startswith(f"FROM {tag}\n")
+    built = dockerfile_stages(DOCKERFILE.read_text() + dockerfile.replace(tag, "runtime"))
+    image = list(built.values())[-1]
+    [(_, sources, target)] = image.copies[len(stages["runtime"].copies) :]
+    assert image.env["RELAY_SCHEMAS_DIR"] == target.rstrip("/")
+    assert SchemaFolder.from_dir(REPO / sources[0]).event_types  # a folder like yours
+    assert _value_formats(image.env, {image.env["RELAY_SCHEMAS_DIR"]}) == {"avro"}
 
 
 def test_containers_listen_for_probes_on_every_interface(runtime: Stage) -> None:
