@@ -53,32 +53,31 @@ FROM builder AS spark-builder
 RUN python -m pip --python /opt/venv/bin/python install --require-hashes --no-deps \
         -r requirements-spark.lock
 
-# --- base: what both images share (user, environment, schemas); no venv yet ---
+# --- base: what both images share (user, environment); no venv yet ---
 FROM ${PYTHON_IMAGE} AS base
 
 ARG RELAY_UID=10001
 # PYTHONDONTWRITEBYTECODE: the root filesystem may be read-only (the venv's .pyc files
 # were compiled in the builder). HOME/TMPDIR: the only writable place is /tmp.
-# RELAY_SCHEMAS_DIR: absolute, so it does not depend on the working directory.
 # RELAY_METRICS_HOST: the relay listens on loopback by default; a container must listen
 # on every interface for probes and scrapes to reach it (see deploy/README.md, Security).
+# No RELAY_SCHEMAS_DIR and no writer schemas: subscribers that name no format publish
+# JSON. The repository's schemas/ are the demo's; a default pointing at them made every
+# real event type poison. For Avro, mount your own (at /app/schemas, read-only) and set
+# RELAY_SCHEMAS_DIR=/app/schemas (deploy/README.md, The image).
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PYTHONFAULTHANDLER=1 \
     HOME=/tmp \
     TMPDIR=/tmp \
-    RELAY_SCHEMAS_DIR=/app/schemas \
     RELAY_METRICS_HOST=0.0.0.0
 
 RUN groupadd --system --gid ${RELAY_UID} relay \
  && useradd --system --uid ${RELAY_UID} --gid ${RELAY_UID} --home-dir /tmp \
         --no-create-home --shell /usr/sbin/nologin relay
 
-# Replace the demo schemas by mounting your own over /app/schemas (read-only is fine)
-# or by building FROM this image with `COPY schemas/ /app/schemas/`.
 WORKDIR /app
-COPY schemas/ /app/schemas/
 
 # Numeric, so Kubernetes' runAsNonRoot can verify it.
 USER ${RELAY_UID}:${RELAY_UID}
@@ -92,12 +91,14 @@ USER 0:0
 # Spark 4 runs on Java 17 or 21; Debian trixie ships 21. Versions come from the pinned
 # Debian release rather than apt pins, which break whenever Debian publishes a fix.
 # man1 must exist: the JRE's postinst registers man pages that slim images leave out.
+# /app/schemas: the jobs' --schemas folder, empty (JSON values need no schema); mount
+# your writer schemas over it to decode Avro.
 # hadolint ignore=DL3008
 RUN apt-get update \
  && mkdir -p /usr/share/man/man1 \
  && apt-get install -y --no-install-recommends openjdk-21-jre-headless \
  && rm -rf /var/lib/apt/lists/* \
- && mkdir -p /data \
+ && mkdir -p /data /app/schemas \
  && chown ${RELAY_UID}:${RELAY_UID} /data
 
 COPY --from=spark-builder /opt/venv /opt/venv

@@ -22,6 +22,7 @@ pytest_plugins = [
     "tests.plugins.relay",
     "tests.plugins.spark",
     "tests.plugins.registry",
+    "tests.plugins.promtool",
 ]
 
 LAYERS = ("unit", "integration", "acceptance")

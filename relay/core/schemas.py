@@ -106,6 +106,10 @@ class SchemaFolder:
         writers: list[AvroSchema] = []
         history: list[AvroSchema] = []
         for path in sorted(root.rglob("*.avsc")):
+            if any(part.startswith(".") for part in path.relative_to(root).parts):
+                # Hidden: a ConfigMap or Secret volume holds each file three times, as
+                # NAME, ..data/NAME and ..<timestamp>/NAME; NAME alone is the file.
+                continue
             try:
                 document = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError) as exc:

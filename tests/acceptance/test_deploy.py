@@ -28,6 +28,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,13 +39,17 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from relay.core.schemas import SchemaFolder
 from relay.core.settings import SECRET_FILE_KEYS, Settings
+from relay.ops.subscribers import Setup, define
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 K8S = REPO / "deploy" / "k8s"
 COMPOSE = REPO / "deploy" / "docker-compose.yml"
+COMPOSE_AVRO = REPO / "deploy" / "docker-compose.avro.yml"  # adds writer schemas
+AVRO_PATCH = K8S / "examples" / "avro-schemas-patch.yaml"  # a patch, not an object
 
 # The Kubernetes version the manifests are validated against: the oldest one they must
 # work on. It has to be among the versions kubernetes-validate bundles.
@@ -136,6 +141,15 @@ def compose_config(path: Path, home: Path) -> subprocess.CompletedProcess[str]:
     return _run([docker_compose_binary(), "-f", str(path), "config", "--quiet"], home)
 
 
+def compose_model(paths: list[Path], home: Path) -> dict[str, Any]:
+    """The project compose makes of ``paths`` (merged in order, as ``-f A -f B``)."""
+    files = [arg for path in paths for arg in ("-f", str(path))]
+    result = _run([docker_compose_binary(), *files, "config", "--format", "json"], home)
+    assert result.returncode == 0, "docker compose config: " + _output(result)
+    model: dict[str, Any] = json.loads(result.stdout)
+    return model
+
+
 def k8s_errors(doc: dict[str, Any]) -> list[str]:
     """kubernetes-validate's verdict on one object, strict; an unknown kind is an error
     (its command line only warns about one)."""
@@ -156,7 +170,8 @@ def k8s_errors(doc: dict[str, Any]) -> list[str]:
 
 
 def k8s_files() -> list[Path]:
-    return sorted(K8S.rglob("*.yaml")) + sorted(K8S.rglob("*.yml"))
+    found = sorted(K8S.rglob("*.yaml")) + sorted(K8S.rglob("*.yml"))
+    return [path for path in found if path != AVRO_PATCH]
 
 
 def k8s_docs(path: Path) -> list[dict[str, Any]]:
@@ -349,13 +364,17 @@ def test_read_only_root_filesystem_settings(runtime: Stage) -> None:
     assert runtime.env.get("PATH", "").startswith("/opt/venv/bin:")
 
 
-def test_schemas_are_in_the_image(runtime: Stage) -> None:
-    assert runtime.env.get("RELAY_SCHEMAS_DIR") == "/app/schemas"
-    assert any(
-        src == ["schemas/"] and dest.rstrip("/") == "/app/schemas"
-        for _, src, dest in runtime.copies
-    )
-    assert any((REPO / "schemas").rglob("*.avsc")), "no schemas to copy"
+def test_the_images_carry_no_demo_schemas_as_a_default(stages: dict[str, Stage]) -> None:
+    """Issue #48, item 10: the image set RELAY_SCHEMAS_DIR to the demo's schemas, so a
+    deployment's `default` subscriber published Avro against them and halted on the
+    first real event type. Neither image sets it or carries the demo's schemas; the
+    Spark image has an empty /app/schemas for the jobs' --schemas, to mount over."""
+    for name in ("runtime", "spark"):
+        stage = stages[name]
+        assert "RELAY_SCHEMAS_DIR" not in stage.env, name
+        copied = [src for _, sources, _ in stage.copies for src in sources]
+        assert not [s for s in copied if s.rstrip("/") == "schemas"], f"{name}: {copied}"
+    assert any("/app/schemas" in run for run in stages["spark"].runs)
 
 
 def test_healthcheck_calls_the_health_endpoint(runtime: Stage) -> None:
@@ -451,7 +470,8 @@ def test_dockerignore_keeps_the_build_context_small_but_complete(
         if f is None
         for src in srcs
     }
-    assert {"pyproject.toml", "README.md", "relay", "spark_jobs", "schemas"} <= sources
+    assert {"pyproject.toml", "README.md", "relay", "spark_jobs"} <= sources
+    assert "schemas" in patterns, "the demo's schemas are no part of any image"
     for source in sources:
         assert (REPO / source).exists(), f"COPY {source}: no such path"
         # An approximation of Docker's matching (Go filepath.Match, plus **).
@@ -902,6 +922,121 @@ def test_k8s_spark_example_runs_the_archive(monkeypatch: pytest.MonkeyPatch) -> 
     assert args["available_now"] is True
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert {"/tmp", "/data"} <= mounts
+
+
+# --- what the examples publish: JSON until writer schemas are mounted (issue #48, item 10)
+
+
+def _value_formats(env: dict[str, str], mounts: set[str]) -> set[str]:
+    """The value formats a relay with ``env`` (over the image's) publishes, its volumes
+    mounted at ``mounts``: Avro for subscribers that name no format only with writer
+    schemas, which must then be mounted where RELAY_SCHEMAS_DIR points."""
+    schemas = env.get("RELAY_SCHEMAS_DIR")
+    assert schemas is None or schemas in mounts, f"RELAY_SCHEMAS_DIR={schemas}: nothing mounted"
+    settings = Settings(subscribers=json.loads(env.get("RELAY_SUBSCRIBERS", "[]")))
+    # The relay's own definition of each (relay/ops/subscribers.py), with writer schemas
+    # loaded only when the folder is set: the repository's stand for the mounted ones.
+    setup = Setup(settings, SchemaFolder.from_dir(REPO / "schemas") if schemas else None)
+    declared = {define(setup, s.model_dump()).value_format for s in settings.subscribers}
+    return {f.value for f in declared or {setup.default_format}}
+
+
+def test_compose_publishes_json_until_the_avro_file_mounts_schemas(
+    stages: dict[str, Stage], tmp_path: Path
+) -> None:
+    def relay(model: dict[str, Any], name: str = "relay") -> tuple[dict[str, str], set[str]]:
+        service = model["services"][name]
+        env = {**stages["runtime"].env, **service.get("environment", {})}
+        return env, {volume["target"] for volume in service.get("volumes", [])}
+
+    assert _value_formats(*relay(compose_model([COMPOSE], tmp_path))) == {"json"}
+    avro = compose_model([COMPOSE, COMPOSE_AVRO], tmp_path)
+    assert _value_formats(*relay(avro)) == {"avro"}
+    for name in ("relay", "spark-archive"):
+        [schemas] = [v for v in avro["services"][name]["volumes"] if v["target"] == "/app/schemas"]
+        assert schemas["read_only"] is True, name
+        assert SchemaFolder.from_dir(schemas["source"]).event_types, f"{name}: no schemas"
+    assert avro["services"]["spark-archive"]["command"][-2:] == ["--schemas", "/app/schemas"]
+    readme = (REPO / "deploy" / "README.md").read_text()
+    assert f"-f deploy/docker-compose.yml -f deploy/{COMPOSE_AVRO.name} up" in readme
+
+
+# The patch's lists merge by these keys, as `kubectl patch` merges a Deployment's.
+_MERGE_KEYS = {"containers": "name", "volumes": "name", "env": "name", "volumeMounts": "mountPath"}
+
+
+def _strategic_merge(base: Any, patch: Any, field: str = "") -> Any:
+    if isinstance(base, dict) and isinstance(patch, dict):
+        merged = dict(base)
+        for key, value in patch.items():
+            merged[key] = _strategic_merge(base[key], value, key) if key in base else value
+        return merged
+    if isinstance(base, list) and field in _MERGE_KEYS:
+        by, merged_list = _MERGE_KEYS[field], list(base)
+        for item in patch:
+            at = [i for i, old in enumerate(merged_list) if old[by] == item[by]]
+            if at:
+                merged_list[at[0]] = _strategic_merge(merged_list[at[0]], item)
+            else:
+                merged_list.append(item)
+        return merged_list
+    return patch
+
+
+def test_k8s_relays_publish_json_until_the_patch_mounts_schemas(
+    stages: dict[str, Stage], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def relay(deployment: dict[str, Any]) -> tuple[dict[str, str], set[str]]:
+        (container,) = _pod_spec(deployment)["containers"]
+        env = dict(stages["runtime"].env)
+        for source in container.get("envFrom", []):
+            env.update(k8s_one("ConfigMap", source["configMapRef"]["name"])["data"])
+        env.update({v["name"]: v["value"] for v in container.get("env", []) if "value" in v})
+        # The relay reads them so too: its settings name a schemas folder only if set.
+        settings = _mounted_settings(deployment, tmp_path / str(len(seen)), monkeypatch)
+        seen.append(settings)
+        assert (settings.schemas_dir is None) == ("RELAY_SCHEMAS_DIR" not in env)
+        return env, {m["mountPath"] for m in container["volumeMounts"]}
+
+    seen: list[Settings] = []
+    shipped = k8s_one("Deployment", "outbox-relay")
+    assert _value_formats(*relay(shipped)) == {"json"}
+    patched = _strategic_merge(shipped, yaml.safe_load(AVRO_PATCH.read_text()))
+    assert k8s_errors(patched) == []
+    assert _value_formats(*relay(patched)) == {"avro"}
+    (container,) = _pod_spec(patched)["containers"]
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == "/app/schemas"]
+    [volume] = [v for v in _pod_spec(patched)["volumes"] if v["name"] == mount["name"]]
+    assert mount["readOnly"] is True
+    # deploy/k8s/README.md's recipe: the ConfigMap the patch mounts, then the patch.
+    recipe = (K8S / "README.md").read_text().split("## Avro", 1)[1]
+    assert f"kubectl create configmap {volume['configMap']['name']} --from-file=" in recipe
+    assert (
+        f"kubectl patch deployment outbox-relay --patch-file deploy/k8s/examples/{AVRO_PATCH.name}"
+        in recipe
+    )
+
+
+def test_an_image_of_your_own_with_schemas_publishes_avro(
+    stages: dict[str, Stage], tmp_path: Path
+) -> None:
+    """deploy/README.md's Dockerfile for an image of your own (The image): FROM the tag
+    its `docker build` gives the runtime image, it copies the schemas where it points
+    RELAY_SCHEMAS_DIR, passes hadolint, and its relays publish Avro."""
+    readme = (REPO / "deploy" / "README.md").read_text()
+    section = readme.split("\n## The image\n", 1)[1].split("\n## ", 1)[0]
+    [tag] = re.findall(r"^docker build -t (\S+) \.$", section, flags=re.MULTILINE)
+    [yours] = re.findall(r"```dockerfile\n(.*?)```", section, flags=re.DOTALL)
+    dockerfile = textwrap.dedent(yours)
+    (tmp_path / "Dockerfile").write_text(dockerfile)
+    assert hadolint(tmp_path / "Dockerfile", tmp_path).returncode == 0, dockerfile
+    assert dockerfile.startswith(f"FROM {tag}\n")
+    built = dockerfile_stages(DOCKERFILE.read_text() + dockerfile.replace(tag, "runtime"))
+    image = list(built.values())[-1]
+    [(_, sources, target)] = image.copies[len(stages["runtime"].copies) :]
+    assert image.env["RELAY_SCHEMAS_DIR"] == target.rstrip("/")
+    assert SchemaFolder.from_dir(REPO / sources[0]).event_types  # a folder like yours
+    assert _value_formats(image.env, {image.env["RELAY_SCHEMAS_DIR"]}) == {"avro"}
 
 
 def test_containers_listen_for_probes_on_every_interface(runtime: Stage) -> None:
