@@ -113,6 +113,10 @@ def run_promtool(promtool: Path, *args: str | Path) -> subprocess.CompletedProce
 @pytest.fixture(scope="session")
 def promtool() -> Path:
     """The pinned promtool, built on first use."""
+    return _promtool()
+
+
+def _promtool() -> Path:
     home = _home()
     binary = home / "promtool"
     if binary.exists():
@@ -126,3 +130,15 @@ def promtool() -> Path:
     with (home / ".build.lock").open("w") as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)  # the cache is shared by every run of the machine
         return binary if binary.exists() else _build(go, home)
+
+
+if __name__ == "__main__":
+    # `./dev.sh test` starts the build here in the background, so that its minutes on a
+    # fresh machine overlap lint, typing and the tests before the rules' (which wait on
+    # the build's file lock).
+    import sys
+
+    try:
+        print(_promtool())
+    except pytest.fail.Exception as exc:
+        sys.exit(f"promtool: {exc}")
