@@ -30,6 +30,7 @@ from relay.adapters.postgres.store import OutboxStore
 from relay.adapters.postgres.topic_record import PostgresTopicRecord
 from relay.core.model import ConsumedRecord, KafkaRecord, Position
 from relay.core.ports import Batch
+from relay.core.settings import load_settings
 from relay.core.subscribers import Subscriber, ValueFormat
 from relay.daemon import Relay
 from relay.daemon.publishers import PublisherFactory
@@ -136,3 +137,64 @@ def test_a_zombies_open_transaction_times_out_with_the_session(
             what="the healthy relay's records past the zombie's open transaction",
         )
         assert b"zombie" not in visible()  # aborted, never committed
+
+
+def test_a_relay_taking_the_part_over_aborts_the_zombies_transaction_at_once(
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    relay_db: psycopg.Connection[Any],
+    relay_url: str,
+    outbox: Outbox,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    start_relay: Callable[..., Relay],
+) -> None:
+    # The zombie's transaction would outlive the wait (60 s, then the broker's check):
+    # only the taking relay's init_transactions on the part's ids can end it in time. Its
+    # part ("s") has no row to publish, so only a recovery run as the part is claimed
+    # does; a peer part ("p") writes to the same partition.
+    topic = topic_prefix + "outbox.event.order"
+    store = OutboxStore(relay_db)
+    store.add(
+        Subscriber(
+            "s",
+            topic=topic,
+            value_format=ValueFormat.JSON,
+            event_types=frozenset({"NeverWritten"}),
+        )
+    )
+    store.add(
+        Subscriber(
+            "p",
+            topic=topic,
+            value_format=ValueFormat.JSON,
+            event_types=frozenset({"OrderPlaced"}),
+        )
+    )
+    write_orders(writer_db, outbox, ["taken-1"])
+    settings = load_settings(
+        database_url=relay_url,
+        bootstrap_servers=kafka_bootstrap,
+        session_timeout=60.0,
+        topic_partitions=1,
+        metrics_port=0,
+    )
+    zombie = _factory(Relay(settings), relay_db)(OutboxStore(relay_db).get_part("s", 0))
+    uncommitted: list[ConsumedRecord] = []
+    committed: list[ConsumedRecord] = []
+    with (
+        closing(_reader(kafka_bootstrap, topic, "read_uncommitted")) as raw,
+        closing(_reader(kafka_bootstrap, topic, "read_committed")) as readers,
+        _open_transaction(zombie, KafkaRecord(topic, b"k", b"zombie", [])),
+    ):
+        appended = _seen(raw, uncommitted)
+        wait_until(lambda: b"zombie" in appended(), what="the zombie's record appended")
+        start_relay(session_timeout=SESSION_TIMEOUT, heartbeat_interval=1.0, topic_partitions=1)
+        write_orders(writer_db, outbox, ["taken-2"])
+        visible = _seen(readers, committed)
+        wait_until(
+            lambda: sum(b"taken-" in v for v in visible()) == 2,
+            timeout=40.0,
+            what="the taking relay's records past the zombie's aborted transaction",
+        )
+        assert b"zombie" not in visible()
