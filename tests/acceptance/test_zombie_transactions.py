@@ -95,6 +95,22 @@ def _seen(records: Records, into: list[ConsumedRecord]) -> Callable[[], list[byt
     return read
 
 
+@contextmanager
+def _zombie(publisher: Any, bootstrap: str, topic: str) -> Iterator[Callable[[], list[bytes]]]:
+    """``publisher``'s transaction open, its record on ``topic`` appended; yields what a
+    ``read_committed`` reader of ``topic`` has seen so far."""
+    uncommitted: list[ConsumedRecord] = []
+    committed: list[ConsumedRecord] = []
+    with (
+        closing(_reader(bootstrap, topic, "read_uncommitted")) as raw,
+        closing(_reader(bootstrap, topic, "read_committed")) as readers,
+        _open_transaction(publisher, KafkaRecord(topic, b"k", b"zombie", [])),
+    ):
+        appended = _seen(raw, uncommitted)
+        wait_until(lambda: b"zombie" in appended(), what="the zombie's record appended")
+        yield _seen(readers, committed)
+
+
 def _subscriber(relay_db: psycopg.Connection[Any], topic_prefix: str) -> None:
     OutboxStore(relay_db).add(
         Subscriber(
@@ -119,18 +135,9 @@ def test_a_zombies_open_transaction_times_out_with_the_session(
     wait_until(lambda: caught_up(db, "s"), what="the relay to publish")
     # A part no relay serves: nobody takes it over, only the timeout ends its transaction.
     zombie = _factory(relay, relay_db)(SimpleNamespace(name="removed", part=0, subscriber_id=0))  # type: ignore[arg-type]
-    uncommitted: list[ConsumedRecord] = []
-    committed: list[ConsumedRecord] = []
-    with (
-        closing(_reader(kafka_bootstrap, topic, "read_uncommitted")) as raw,
-        closing(_reader(kafka_bootstrap, topic, "read_committed")) as readers,
-        _open_transaction(zombie, KafkaRecord(topic, b"k", b"zombie", [])),
-    ):
-        appended = _seen(raw, uncommitted)
-        wait_until(lambda: b"zombie" in appended(), what="the zombie's record appended")
+    with _zombie(zombie, kafka_bootstrap, topic) as visible:
         write_orders(writer_db, outbox, ["after-1", "after-2"])
         wait_until(lambda: caught_up(db, "s"), what="the healthy relay to commit")
-        visible = _seen(readers, committed)
         wait_until(
             lambda: sum(b"after-" in v for v in visible()) == 2,
             timeout=VISIBLE_WITHIN,
@@ -180,18 +187,9 @@ def test_a_relay_taking_the_part_over_aborts_the_zombies_transaction_at_once(
         metrics_port=0,
     )
     zombie = _factory(Relay(settings), relay_db)(OutboxStore(relay_db).get_part("s", 0))
-    uncommitted: list[ConsumedRecord] = []
-    committed: list[ConsumedRecord] = []
-    with (
-        closing(_reader(kafka_bootstrap, topic, "read_uncommitted")) as raw,
-        closing(_reader(kafka_bootstrap, topic, "read_committed")) as readers,
-        _open_transaction(zombie, KafkaRecord(topic, b"k", b"zombie", [])),
-    ):
-        appended = _seen(raw, uncommitted)
-        wait_until(lambda: b"zombie" in appended(), what="the zombie's record appended")
+    with _zombie(zombie, kafka_bootstrap, topic) as visible:
         start_relay(session_timeout=SESSION_TIMEOUT, heartbeat_interval=1.0, topic_partitions=1)
         write_orders(writer_db, outbox, ["taken-2"])
-        visible = _seen(readers, committed)
         wait_until(
             lambda: sum(b"taken-" in v for v in visible()) == 2,
             timeout=40.0,
