@@ -188,7 +188,8 @@ class Settings(BaseSettings):
     # how often once nothing has changed for 10 s.
     probe_interval: float = Field(default=0.005, gt=0, le=10)
     probe_idle_interval: float = Field(default=0.05, gt=0, le=60)
-    # At most 300 s: a batch's transaction must fit in Kafka's 15-minute cap (3x this).
+    # At most 300 s. Transactional producers use at most their transaction timeout
+    # (session_timeout, at least 10 s: librdkafka refuses more; relay/adapters/kafka/kafka.py).
     delivery_timeout: float = Field(default=30.0, gt=0, le=300)
     create_topics: bool = True
     # Rows choose topic names through a template field no filter lists: at most this

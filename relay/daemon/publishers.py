@@ -8,6 +8,7 @@ from relay.adapters.kafka.kafka import (
     TopicCreator,
     TransactionalPublisher,
     producer_config,
+    transaction_timeout,
 )
 from relay.adapters.kafka.turns import part_publisher
 from relay.core.ports import PartState, Publisher, TopicRecord
@@ -63,6 +64,7 @@ class PublisherFactory:
                 self._topics,
                 s.delivery_timeout,
                 transactional_id=transactional_id,
+                transaction_timeout_s=transaction_timeout(s.session_timeout),
                 group_prefix=name,
                 checkpoint_topic=s.checkpoint_topic,
                 consumer_config={**s.kafka, "bootstrap.servers": self._bootstrap_servers},

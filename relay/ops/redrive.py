@@ -37,7 +37,11 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 
-from relay.adapters.kafka.kafka import TransactionalPublisher, producer_config
+from relay.adapters.kafka.kafka import (
+    TransactionalPublisher,
+    producer_config,
+    transaction_timeout,
+)
 from relay.adapters.postgres.advisory import session_lock
 from relay.adapters.postgres.db import wrap_errors
 from relay.adapters.postgres.queries import parse_named, read_sql, with_schema
@@ -479,6 +483,7 @@ def exactly_once_publisher(
         topics,
         settings.delivery_timeout,
         transactional_id=prefix,
+        transaction_timeout_s=transaction_timeout(settings.session_timeout),
         group_prefix=prefix,
         checkpoint_topic=settings.checkpoint_topic,
         consumer_config=client,

@@ -209,6 +209,7 @@ def kafka_publishers(
             TopicCreator(config),
             10.0,
             transactional_id=transactional_id,
+            transaction_timeout_s=10.0,
             group_prefix=f"{prefix}{part}",
             checkpoint_topic=f"{prefix}checkpoints",
             consumer_config=config,

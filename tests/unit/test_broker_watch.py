@@ -1,7 +1,8 @@
 """How the broker watch judges Kafka reachable (relay/adapters/kafka/broker_watch.py), against a
 stand-in admin client: any broker answering metadata is enough, and one request lost
 to a broker that just died is not an outage. A partition the relay writes without a
-live leader is named, and stalls only its parts: the relay stays reachable."""
+live leader is named, and stalls only its parts: the relay stays reachable. Kafka's
+silence is counted from its last answer, on a clock of the test's own."""
 
 from __future__ import annotations
 
@@ -15,11 +16,23 @@ import relay.adapters.kafka.broker_watch
 from relay.adapters.kafka.broker_watch import BrokerWatch
 
 
+class FakeClock:
+    """Seconds that pass only when the test (or a request it times out) says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class FakeAdmin:
     """Answers ``list_topics`` with the outcomes queued: an exception, a broker count, or
-    metadata (:func:`metadata`)."""
+    metadata (:func:`metadata`). A request that fails takes its whole ``timeout`` on
+    :attr:`clock`, as a request into a black hole does."""
 
     outcomes: ClassVar[list[Any]] = []
+    clock: ClassVar[FakeClock] = FakeClock()
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.asked = 0
@@ -27,6 +40,7 @@ class FakeAdmin:
     def list_topics(self, timeout: float) -> Any:
         outcome = FakeAdmin.outcomes.pop(0)
         if isinstance(outcome, Exception):
+            FakeAdmin.clock.now += timeout
             raise outcome
         if isinstance(outcome, SimpleNamespace):
             return outcome
@@ -140,3 +154,51 @@ def test_leaders_elected_again_clear_the_stall(
     writer._ask()
     assert writer.leaderless == () and writer.reachable is True
     assert "has a leader again" in caplog.records[-1].getMessage()
+
+
+@pytest.fixture
+def clocked(monkeypatch: pytest.MonkeyPatch) -> tuple[BrokerWatch, FakeClock]:
+    """A watch asking every 2 s, each request given 5 s, on a fake clock."""
+    monkeypatch.setattr(relay.adapters.kafka.broker_watch, "AdminClient", FakeAdmin)
+    clock = FakeAdmin.clock = FakeClock()
+    watch = BrokerWatch({"bootstrap.servers": "a:1"}, interval=2.0, timeout=5.0, clock=clock)
+    return watch, clock
+
+
+def test_silence_is_counted_from_the_last_answer(clocked: tuple[BrokerWatch, FakeClock]) -> None:
+    # Issue #49: counted from the second failed request's end, a relay cut from Kafka
+    # held its parts for two requests' timeouts more than session_timeout (27-29 s).
+    watch, clock = clocked
+    FakeAdmin.outcomes = [3, timed_out(), timed_out()]
+    watch._ask()
+    answered = clock.now
+    clock.now += 2.0  # the interval; then the cut: both requests time out (5 s each)
+    watch._ask()
+    assert watch.reachable is False
+    assert watch.unreachable_for() == clock.now - answered == 12.0
+    clock.now += 3.0
+    assert watch.unreachable_for() == 15.0
+
+
+def test_an_answer_again_resets_the_count(clocked: tuple[BrokerWatch, FakeClock]) -> None:
+    watch, clock = clocked
+    FakeAdmin.outcomes = [3, timed_out(), timed_out(), 3, timed_out(), timed_out()]
+    watch._ask()
+    clock.now += 2.0
+    watch._ask()
+    clock.now += 2.0
+    watch._ask()  # Kafka answers again
+    assert watch.reachable is True and watch.unreachable_for() == 0.0
+    answered = clock.now
+    clock.now += 2.0
+    watch._ask()
+    assert watch.unreachable_for() == clock.now - answered == 12.0
+
+
+def test_a_relay_that_never_reached_kafka_counts_from_its_start(
+    clocked: tuple[BrokerWatch, FakeClock],
+) -> None:
+    watch, _ = clocked
+    FakeAdmin.outcomes = [timed_out()]
+    watch._ask()  # nothing answered yet: no second request
+    assert watch.reachable is False and watch.unreachable_for() == 5.0

@@ -232,7 +232,7 @@ def test_a_refused_transaction_timeout_quotes_the_setting_and_the_fix() -> None:
         kafka(KafkaError.INVALID_TRANSACTION_TIMEOUT), "txn", Stage.TRANSACTION, config=config
     )
     assert "transaction.timeout.ms=120000" in str(failure)
-    assert "delivery_timeout" in str(failure) and "transaction.max.timeout.ms" in str(failure)
+    assert "session_timeout" in str(failure) and "transaction.max.timeout.ms" in str(failure)
 
 
 def test_a_fenced_transactional_producer_is_named() -> None:
@@ -371,7 +371,7 @@ BAD_CONFIG = {"bootstrap.servers": "127.0.0.1:1", "no.such.setting": "1"}
 def _transactional(producer: dict[str, Any], consumer: dict[str, Any]) -> Any:
     publisher = TransactionalPublisher(
         producer, TopicCreator({}, enabled=False), 5.0, transactional_id="t",
-        group_prefix="g", checkpoint_topic="c", consumer_config=consumer,
+        transaction_timeout_s=10.0, group_prefix="g", checkpoint_topic="c", consumer_config=consumer,
     )  # fmt: skip
     return publisher._consumer("gen")
 

@@ -98,6 +98,7 @@ def publisher(producer: FakeProducer, delivery_timeout_s: float = 5.0) -> Transa
         TopicCreator({}, enabled=False),
         delivery_timeout_s,
         transactional_id="t",
+        transaction_timeout_s=10.0,
         group_prefix="g",
         checkpoint_topic="c",
         consumer_config={"bootstrap.servers": "127.0.0.1:1"},
@@ -264,6 +265,37 @@ def test_a_part_s_producer_lingers_only_when_its_commit_flushes(
         assert {p._config["linger.ms"] for p in producers} == {expected}
         for p in producers:
             p.close()
+
+
+@pytest.mark.parametrize(
+    ("settings", "transaction_ms", "message_ms"),
+    [
+        ({}, 10_000, 10_000),  # the defaults: session_timeout 10 s, delivery_timeout 30 s
+        ({"session_timeout": 6.0}, 10_000, 10_000),  # never below 10 s: a batch must fit
+        ({"session_timeout": 40.0, "heartbeat_interval": 2.0}, 40_000, 30_000),
+        ({"session_timeout": 3600.0}, 900_000, 30_000),  # the brokers' default cap
+        ({"session_timeout": 20.0, "kafka": {"delivery.timeout.ms": 60_000}}, 20_000, 20_000),
+        ({"kafka": {"socket.timeout.ms": 60_000, "message.timeout.ms": 5_000}}, 10_000, 5_000),
+    ],
+)
+def test_a_transaction_times_out_with_the_session_not_a_minute_later(
+    settings: dict[str, Any], transaction_ms: int, message_ms: int
+) -> None:
+    """Issue #49: a relay cut off from Kafka left its transaction open for the old
+    max(60 s, 3 x delivery_timeout), and the last stable offset of the partitions it
+    wrote stayed there: a healthy peer's records were invisible to read_committed
+    readers. librdkafka refuses a record or socket timeout beyond the transaction's."""
+    factory = PublisherFactory(
+        s := Settings(bootstrap_servers="b:1", **settings), TopicGuard(s.checkpoint_topic), None
+    )
+    publisher = factory(SimpleNamespace(name="s", part=0, subscriber_id=1))  # type: ignore[arg-type]
+    for producer in (publisher._first, publisher._second):  # type: ignore[attr-defined]
+        config = producer._config
+        assert config["transaction.timeout.ms"] == transaction_ms
+        assert config["message.timeout.ms"] == message_ms
+        assert config.get("delivery.timeout.ms", message_ms) == message_ms
+        assert config.get("socket.timeout.ms", 0) <= transaction_ms
+        producer.close()
 
 
 def test_producers_keep_one_request_in_flight_whatever_the_settings_say() -> None:

@@ -58,6 +58,7 @@ class BrokerWatch(threading.Thread):
         interval: float,
         timeout: float,
         written_topics: Callable[[], Collection[str]] = frozenset,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(name="relay-broker-watch", daemon=True)
         self._admin = AdminClient(connection_config(config))
@@ -68,8 +69,11 @@ class BrokerWatch(threading.Thread):
         self._answered = threading.Event()
         self.reachable: bool | None = None  # None until the first answer or failure
         self.error: str | None = None
-        self._since = time.monotonic()
-        self._since_wall = datetime.now(UTC)
+        self._clock = clock
+        # When Kafka last answered (or the watch started): its silence counts from
+        # there, not from when the requests that found it out gave up (issue #49).
+        self._answered_at = clock()
+        self._answered_at_wall = datetime.now(UTC)
         self._reminded: float | None = None
         self._written_topics = written_topics
         #: Partitions of the topics the relay writes with no live leader, as "topic[p]".
@@ -86,14 +90,14 @@ class BrokerWatch(threading.Thread):
         return self.reachable
 
     def unreachable_for(self) -> float:
-        """Seconds Kafka has not answered for (0 while it answers)."""
-        return 0.0 if self.reachable is not False else time.monotonic() - self._since
+        """Seconds since Kafka last answered, once it is judged unreachable (0 until)."""
+        return 0.0 if self.reachable is not False else self._clock() - self._answered_at
 
     def describe(self) -> str:
         if self.reachable is False:
             return (
                 f"Kafka at {self._servers} unreachable since "
-                f"{self._since_wall.isoformat(timespec='seconds')}: {self.error}"
+                f"{self._answered_at_wall.isoformat(timespec='seconds')}: {self.error}"
             )
         if not self.reachable:
             return "Kafka not asked yet"
@@ -154,7 +158,7 @@ class BrokerWatch(threading.Thread):
 
     def _note_leaders(self, leaderless: tuple[str, ...]) -> None:
         """Logged on change and reminded every minute: they stall their parts only."""
-        now = time.monotonic()
+        now = self._clock()
         if leaderless and not self.leaderless:
             self._leaderless_since, self._leaderless_reminded = datetime.now(UTC), None
         elif self.leaderless and not leaderless:
@@ -180,14 +184,11 @@ class BrokerWatch(threading.Thread):
                 self._servers,
                 extra=log_extra("kafka_reachable", bootstrap_servers=self._servers),
             )
-        if self.reachable is not True:
-            self._since, self._since_wall = time.monotonic(), datetime.now(UTC)
+        self._answered_at, self._answered_at_wall = self._clock(), datetime.now(UTC)
         self.reachable, self.error = True, None
 
     def _failed(self, error: str) -> None:
-        now = time.monotonic()
-        if self.reachable is not False:
-            self._since, self._since_wall = now, datetime.now(UTC)
+        now = self._clock()
         self.reachable, self.error = False, error
         if self._reminded is None or now - self._reminded >= _REMIND_EVERY_S:
             self._reminded = now

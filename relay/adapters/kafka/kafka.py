@@ -84,6 +84,41 @@ _CHECKPOINT_PARTITIONS = 2
 _MAX_TAG_BYTES = 4000
 
 
+# The brokers' default transaction.max.timeout.ms (15 min): a longer timeout is refused.
+_MAX_TRANSACTION_TIMEOUT_S = 900.0
+# A healthy batch's transaction (its records, then the commit's round trips) must fit in
+# the timeout, on a loaded host too: a shorter session_timeout does not shorten it.
+_MIN_TRANSACTION_TIMEOUT_S = 10.0
+
+
+def transaction_timeout(session_timeout_s: float) -> float:
+    """``transaction.timeout.ms`` (in seconds) of a relay's transactional producers: the
+    session timeout, within 10 s and 15 min. A relay cut off from Kafka cannot end its
+    open transaction, which pins the last stable offset of every partition it wrote, and
+    ``read_committed`` readers see nothing there, a healthy peer's records included. The
+    broker aborts it this long after it began (and its next check of timed-out
+    transactions, every 10 s by default), so about when the relay's session ends, not a
+    minute later; a peer that takes the part over aborts it at once (issue #49)."""
+    return min(_MAX_TRANSACTION_TIMEOUT_S, max(_MIN_TRANSACTION_TIMEOUT_S, session_timeout_s))
+
+
+def transactional_config(
+    config: Mapping[str, Any], transactional_id: str, transaction_timeout_s: float
+) -> dict[str, Any]:
+    """``config`` for a transactional producer of ``transactional_id``. librdkafka
+    refuses a ``message.timeout.ms`` (alias ``delivery.timeout.ms``) or a
+    ``socket.timeout.ms`` above the transaction timeout: delivery_timeout's, or the
+    operator's, are capped to it."""
+    timeout_ms = int(transaction_timeout_s * 1000)
+    capped = ("message.timeout.ms", "delivery.timeout.ms", "socket.timeout.ms")
+    return {
+        **config,
+        **{key: min(int(config[key]), timeout_ms) for key in capped if key in config},
+        "transactional.id": transactional_id,
+        "transaction.timeout.ms": timeout_ms,
+    }
+
+
 def producer_config(
     bootstrap_servers: str,
     overrides: Mapping[str, Any],
@@ -542,17 +577,13 @@ class TransactionalPublisher(_BatchProducer):
         delivery_timeout_s: float,
         *,
         transactional_id: str,
+        transaction_timeout_s: float,
         group_prefix: str,
         checkpoint_topic: str,
         consumer_config: Mapping[str, Any],
     ) -> None:
         super().__init__(
-            {
-                **config,
-                "transactional.id": transactional_id,
-                # Longer than a batch can take, within Kafka's default cap (15 min).
-                "transaction.timeout.ms": int(min(900.0, max(60.0, delivery_timeout_s * 3)) * 1000),
-            },
+            transactional_config(config, transactional_id, transaction_timeout_s),
             topics,
             delivery_timeout_s,
         )

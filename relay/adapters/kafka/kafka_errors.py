@@ -232,8 +232,8 @@ def _transaction(error: KafkaError, transactional_id: str, config: Mapping[str, 
         return ConfigError(
             f"the broker refuses transaction.timeout.ms="
             f"{config.get('transaction.timeout.ms')} ({error.str()}): lower "
-            "delivery_timeout (the relay uses 3 x delivery_timeout, at least "
-            "60 s) or raise the brokers' transaction.max.timeout.ms"
+            "session_timeout (the relay uses session_timeout, at least 10 s and at most "
+            "15 min) or raise the brokers' transaction.max.timeout.ms"
         )
     if code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
         return TransactionalIdRefused(transactional_id, error.str(), code=code)

@@ -132,16 +132,15 @@ def _classify(
 # A refused login carries no SQLSTATE (libpq reports it as a connection failure), so
 # these are told from an unreachable server by the server's words: each is permanent,
 # and says what fixes it (issue #28: they used to be retried for ever).
+_AUTHENTICATION = re.compile(
+    r'password authentication failed|role ".*" does not exist|no pg_hba\.conf entry'
+    # libpq's own: the server asks for a password the URL does not give.
+    r"|authentication failed|no password supplied"
+)
+_AUTHENTICATION_FIX = "fix the user or password in database_url (or the server's pg_hba.conf)"
 _REFUSED_LOGINS = (
     (re.compile(r'database ".*" does not exist'), "create the database, or fix database_url"),
-    (
-        re.compile(
-            r'password authentication failed|role ".*" does not exist|no pg_hba\.conf entry'
-            # libpq's own: the server asks for a password the URL does not give.
-            r"|authentication failed|no password supplied"
-        ),
-        "fix the user or password in database_url (or the server's pg_hba.conf)",
-    ),
+    (_AUTHENTICATION, _AUTHENTICATION_FIX),
     (
         re.compile(r"permission denied for database|does not have CONNECT privilege"),
         "let the role connect: `outbox-relay grant --relay-role ROLE` as the owner",
@@ -169,6 +168,82 @@ def _refused_login(exc: psycopg.Error, text: str) -> DatabaseError | None:
                 f"{text}; {fix}"
             )
     return None
+
+
+class Refusal(NamedTuple):
+    """Why Postgres refused a connection (a stable name: ``cause``), and what fixes it."""
+
+    cause: str
+    remedy: str
+
+
+# A connection refused, by cause: its SQLSTATEs (a refusal at connect time usually has
+# none) and the server's or libpq's words, first match wins. Each says what helps: "raise
+# max_connections" for every refusal sent operators the wrong way during a failover, a
+# partition and a rotated password alike (issue #49). Order: a multi-host URL's error
+# names every host's failure, and a standby among them says more than a host that is down.
+_REFUSALS = (
+    (
+        Refusal(
+            "too_many_clients",
+            "Raise max_connections (or the role's CONNECTION LIMIT), or lower "
+            "max_db_connections x workers x replicas (deploy/README.md)",
+        ),
+        {"53300"},
+        re.compile(
+            r"too many clients|too many connections for|remaining connection slots are reserved"
+        ),
+    ),
+    (
+        Refusal(
+            "authentication",
+            f"Authentication failed: {_AUTHENTICATION_FIX}, or PGPASSWORD; retries cannot "
+            "succeed until then",
+        ),
+        {"28P01", "28000"},
+        _AUTHENTICATION,
+    ),
+    (
+        Refusal(
+            "read_only",
+            "The server is a standby or read-only (a failover under way?): the relay waits "
+            "for a primary. List every host in database_url with target_session_attrs="
+            "read-write so that it follows the failover (deploy/README.md, Connection URL)",
+        ),
+        {"25006"},
+        # libpq's words for a host target_session_attrs passed over, and the server's.
+        re.compile(r"session is read-only|in a read-only transaction|is in hot standby mode"),
+    ),
+    (
+        Refusal(
+            "unreachable",
+            "Postgres does not answer (down, restarting, or the network between): check "
+            "the hosts and ports of database_url; the relay reconnects once it answers",
+        ),
+        {"57P03", "08001", "08006"},
+        re.compile(
+            r"connection refused|timeout expired|timed out|could not connect|no route to host"
+            r"|network is unreachable|could not translate host name|name or service not known"
+            r"|server closed the connection|connection reset|could not receive data"
+            r"|starting up|shutting down|in recovery mode|not yet accepting connections"
+        ),
+    ),
+)
+_OTHER_REFUSAL = Refusal("other", "The server's log says why")
+
+
+def refusal(exc: psycopg.Error) -> Refusal:
+    """Why Postgres refused a connection, and its remedy (for the log: the error itself
+    is classified by :func:`classify`)."""
+    text = str(exc)
+    lowered = text.lower()
+    for cause, codes, words in _REFUSALS:
+        if exc.sqlstate in codes or words.search(lowered):
+            return cause
+    for pattern, fix in _REFUSED_LOGINS:  # a missing database, no CONNECT privilege
+        if pattern.search(text):
+            return Refusal("login", fix[:1].upper() + fix[1:])
+    return _OTHER_REFUSAL
 
 
 def _by_class(exc: psycopg.Error, sqlstate: str, text: str) -> RelayError:

@@ -8,9 +8,11 @@ borrows a connection for one store call (a query, or one explicit transaction) a
 gives it back. Nothing the relay does spans two calls on one backend (the checkpoint
 is a single compare-and-set statement, docs/design.md §5), so any backend will do.
 
-Refusals are handled here too: a connection Postgres refuses (``too many clients``)
-or one that would leave fewer than ``keep_free_connections`` slots to everyone else
-is given up, logged once, and retried with the pool's backoff.
+Refusals are handled here too: a connection Postgres refuses (``too many clients``, a
+standby during a failover, a wrong password, no answer) or one that would leave fewer
+than ``keep_free_connections`` slots to everyone else is given up, logged once per
+cause with that cause's remedy (relay/adapters/postgres/db.py tells them apart), and
+retried with the pool's backoff.
 """
 
 from __future__ import annotations
@@ -37,6 +39,13 @@ logger = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
+# The relay's own refusal: a connection that would leave too few slots to applications.
+_KEEP_FREE = db.Refusal(
+    "keep_free_connections",
+    "Raise max_connections, or lower max_db_connections x workers x replicas or "
+    "keep_free_connections (deploy/README.md)",
+)
+
 # Free slots left to everyone else: Postgres' max_connections less the slots reserved for
 # superusers less the client backends it runs. Counted from pg_stat_activity, whose rows
 # of other roles (to a role without pg_read_all_stats) include a few background
@@ -50,30 +59,30 @@ SELECT pg_catalog.current_setting('max_connections')::int
 
 
 class _Refusals:
-    """Says once that Postgres refuses this relay's connections, and once that it
-    accepts them again (not at every retry of every connection)."""
+    """Says once that Postgres refuses this relay a connection, again only when the
+    cause changes (a failover: unreachable, then a standby), and once that it accepts
+    them again (not at every retry of every connection)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._refused = False
+        self._cause: str | None = None
         self.last_failure: psycopg.OperationalError | None = None
 
-    def refused(self, reason: str) -> None:
+    def refused(self, reason: str, why: db.Refusal) -> None:
         with self._lock:
-            first, self._refused = not self._refused, True
-        if first:
+            new, self._cause = self._cause != why.cause, why.cause
+        if new:
             logger.warning(
                 "Postgres refuses this relay a connection (%s); it keeps to the ones it "
-                "has (at most max_db_connections) and retries with backoff. Raise "
-                "max_connections, or lower max_db_connections x workers x replicas "
-                "(deploy/README.md)",
+                "has (at most max_db_connections) and retries with backoff. %s",
                 reason,
-                extra=log_extra("db_connection_refused", error=reason),
+                why.remedy,
+                extra=log_extra("db_connection_refused", error=reason, cause=why.cause),
             )
 
     def accepted(self) -> None:
         with self._lock:
-            was, self._refused = self._refused, False
+            was, self._cause = self._cause is not None, None
             self.last_failure = None
         if was:
             logger.info(
@@ -96,7 +105,7 @@ class _RelayConnection(psycopg.Connection[TupleRow]):
             return super().connect(conninfo, **kwargs)
         except psycopg.OperationalError as exc:
             _REFUSALS.last_failure = exc
-            _REFUSALS.refused(redact(str(exc)).strip())
+            _REFUSALS.refused(redact(str(exc)).strip(), db.refusal(exc))
             raise
 
 
@@ -179,7 +188,7 @@ class RelayPool:
                 f"only {free} free connection slots would remain; the relay leaves at "
                 f"least {self._keep_free} (keep_free_connections) to applications"
             )
-            _REFUSALS.refused(reason)
+            _REFUSALS.refused(reason, _KEEP_FREE)
             raise psycopg.OperationalError(reason)
         _REFUSALS.accepted()
 
