@@ -211,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     summary = ArchiveSummary("archive")
 
     def job() -> None:
-        spark = job_session("archive", args.debug, None if args.backfill else summary)
+        spark = job_session("archive", args.debug)
         if args.backfill:
             backfill(
                 spark,
@@ -222,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
             return
         query = start(spark, checkpoint=args.checkpoint, available_now=args.available_now, **common)
-        await_query(query)
+        await_query(query, summary)
 
     run("archive", args.debug, job, summary)
 

@@ -101,17 +101,22 @@ class _CtrlC:
 _ctrl_c = _CtrlC()
 
 
-def await_query(query: Any) -> None:
-    """Wait for a streaming query to end (re-raising its failure); Ctrl-C stops it and
-    raises KeyboardInterrupt (the checkpoint replays a batch it interrupted)."""
+def await_query(query: Any, summary: RunSummary | None = None) -> None:
+    """Wait for a streaming query to end (re-raising its failure), telling ``summary``
+    of its batches as they go; Ctrl-C stops it and raises KeyboardInterrupt (the
+    checkpoint replays a batch it interrupted)."""
     _ctrl_c.waiting = True
     try:
         while not query.awaitTermination(1):
+            if summary is not None:
+                summary.progressed(query.recentProgress)
             if _ctrl_c.pressed.is_set():
                 query.stop()
                 raise KeyboardInterrupt
     finally:
         _ctrl_c.waiting = False
+        if summary is not None:
+            summary.progressed(query.recentProgress)
 
 
 def run(
@@ -146,17 +151,15 @@ def _say_summary(summary: RunSummary | None) -> None:
         sys.stdout.flush()
 
 
-def job_session(name: str, debug: bool, summary: RunSummary | None = None) -> Any:
+def job_session(name: str, debug: bool) -> Any:
     """The job's Spark session: its own log quiet unless ``--debug``, and the
-    :class:`DecodingAlarm` and the run's ``summary`` listening to its queries."""
+    :class:`DecodingAlarm` listening to its queries."""
     spark = local_spark_session(name)
     # pyspark's SparkContext installs a SIGINT handler of its own (cancel the jobs, raise
     # KeyboardInterrupt inside whatever py4j call runs): ours again, see _CtrlC.
     signal.signal(signal.SIGINT, _ctrl_c)
     quiet_spark(spark, debug)
     spark.streams.addListener(DecodingAlarm(name))
-    if summary is not None:
-        spark.streams.addListener(summary)
     return spark
 
 

@@ -286,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     def job() -> None:
         query = start(
-            job_session("order_projection", args.debug, summary),
+            job_session("order_projection", args.debug),
             topic=args.topic,
             schemas=schemas,
             value_format=args.value_format,
@@ -295,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             summary=summary,
             **options,
         )
-        await_query(query)
+        await_query(query, summary)
 
     run("order_projection", args.debug, job, summary)
 

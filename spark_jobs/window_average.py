@@ -238,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     def job() -> None:
         query = start(
-            job_session("window_average", args.debug, summary),
+            job_session("window_average", args.debug),
             topics=args.topics.split(","),
             output_topic=args.output_topic,
             create_output_topic=args.create_output_topic,
@@ -247,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             summary=summary,
             **options,
         )
-        await_query(query)
+        await_query(query, summary)
 
     run("window_average", args.debug, job, summary)
 

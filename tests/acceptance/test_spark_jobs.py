@@ -350,6 +350,8 @@ def test_jobs_read_the_database_url_from_the_environment(
     seen: list[str] = []
 
     class Query:
+        recentProgress: tuple[Any, ...] = ()
+
         def awaitTermination(self, timeout: float) -> bool:
             return True
 
@@ -357,7 +359,7 @@ def test_jobs_read_the_database_url_from_the_environment(
         seen.append(kwargs["database_url"])
         return Query()
 
-    monkeypatch.setattr(module, "job_session", lambda name, debug, summary=None: None)
+    monkeypatch.setattr(module, "job_session", lambda name, debug: None)
     monkeypatch.setattr(module, "start", start)
     argv = ["--bootstrap-servers", "k:9092", "--checkpoint", str(tmp_path / "c")]
     argv += ["--topics", "a,b"] if job == "window_average" else []
@@ -567,6 +569,8 @@ def test_the_registry_comes_from_the_relays_settings_and_its_secrets_stay_masked
     seen: list[Any] = []
 
     class Query:
+        recentProgress: tuple[Any, ...] = ()
+
         def awaitTermination(self, timeout: float) -> bool:
             return True
 
@@ -574,7 +578,7 @@ def test_the_registry_comes_from_the_relays_settings_and_its_secrets_stay_masked
         seen.append(kwargs["registry"])
         return Query()
 
-    monkeypatch.setattr(archive, "job_session", lambda name, debug, summary=None: None)
+    monkeypatch.setattr(archive, "job_session", lambda name, debug: None)
     monkeypatch.setattr(archive, "run", lambda name, debug, body, summary=None: body())
     monkeypatch.setattr(archive, "start", start)
     for name in ("URL", "USER", "PASSWORD", "CA"):
