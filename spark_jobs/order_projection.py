@@ -43,6 +43,8 @@ from spark_jobs.run_summary import RunSummary
 from spark_jobs.sink_job_args import sink_job_options, sink_job_parser
 from spark_jobs.spark_session import kafka_options, streaming_query_id
 
+logger = logging.getLogger(__name__)
+
 ORDERS_DDL = """
 CREATE TABLE IF NOT EXISTS orders (
     order_id       text PRIMARY KEY,
@@ -69,8 +71,6 @@ ON CONFLICT (order_id) DO UPDATE SET
     position = EXCLUDED.position
 WHERE (o.transaction_id, o.position) < (EXCLUDED.transaction_id, EXCLUDED.position)
 """
-logger = logging.getLogger(__name__)
-
 _STATUS = {"OrderPlaced": "placed", "OrderShipped": "shipped"}
 _PAYLOAD = "order_id string, customer_id string, amount_cents long, carrier string"
 # Where an event is in Kafka: how a quarantined one is found again.

@@ -284,7 +284,7 @@ def test_driver_killed_mid_run_ends_with_the_same_result_as_a_clean_run(
     last = driver("--available-now")
     assert last.wait(timeout=300) == 0
     # Its run, in one line: what it read and wrote, and that it quarantined nothing.
-    summary = r"order_projection: \d+ batches.*, \d+ rows in, \d+ rows out, 0 quarantined"
+    summary = r"order_projection: \d+ batch(?:es)?.*, \d+ rows in, \d+ rows out, 0 quarantined"
     assert re.search(rf"^{summary}$", logs[-1].read_text(), re.M), logs[-1].read_text()[-3000:]
 
     expected = sorted(

@@ -236,7 +236,9 @@ def test_each_job_runs_as_the_readme_shows_against_the_relays_defaults(
     assert sorted(rows) == sorted(
         (f"o-{i}", f"c-{i % 3}", 100 * i, "shipped" if i % 2 == 0 else "placed") for i in range(10)
     )
-    summary = r"order_projection: \d+ batch(es)?, 16 rows in, 15 rows out, 1 quarantined"
+    # Batches and rows in: those Spark finished; Ctrl-C may stop one after its sink
+    # committed (the next run replays it, and the sink skips it).
+    summary = r"order_projection: \d+ batch(?:es)?, \d+ rows in, 15 rows out, 1 quarantined"
     assert re.search(rf"^{summary}$", job.output(), re.M), job.output()[-3000:]
     # The README's query of what the jobs quarantined.
     [quarantined] = db.execute(readme_quarantine_query()).fetchall()
@@ -252,7 +254,7 @@ def test_each_job_runs_as_the_readme_shows_against_the_relays_defaults(
     job.wait_for(lambda: output in AdminClient({"bootstrap.servers": bootstrap}).list_topics(
         timeout=10).topics and len(as_expected(averages(bootstrap, output))) == 3)  # fmt: skip
     assert job.interrupt() == 130
-    summary = r"window_average: \d+ batch(es)?, \d+ rows in, 3 rows out, 0 quarantined"
+    summary = r"window_average: \d+ batch(?:es)?, \d+ rows in, 3 rows out, 0 quarantined"
     assert re.search(rf"^{summary}$", job.output(), re.M), job.output()[-3000:]
     values = averages(bootstrap, output)
     assert as_expected(values) == EXPECTED_AVERAGES
@@ -266,7 +268,7 @@ def test_each_job_runs_as_the_readme_shows_against_the_relays_defaults(
     job = Job(argv, env, log)
     job.wait_for((archive / "_spark_metadata" / "0").exists)
     assert job.interrupt() == 130
-    summary = r"archive: \d+ batch(es)?, 16 rows in, 16 rows out, 0 quarantined"
+    summary = r"archive: \d+ batch(?:es)?, (\d+) rows in, \1 rows out, 0 quarantined"
     assert re.search(rf"^{summary}$", job.output(), re.M), job.output()[-3000:]
     assert_archived(archive, ids)
 
