@@ -127,13 +127,14 @@ FROM base AS runtime
 
 COPY --from=builder /opt/venv /opt/venv
 
-# The relay serves GET /healthz on metrics_port (default 9187). There is no curl in
-# the slim image, so the check is a Python one-liner: urlopen raises on a refused
-# connection, a timeout or any non-2xx status, which makes the exit code non-zero.
+# The relay serves GET /healthz on probe_port (default metrics_port + 1: 9188), a port
+# that serves the probes alone. There is no curl in the slim image, so the check is a
+# Python one-liner: urlopen raises on a refused connection, a timeout or any non-2xx
+# status, which makes the exit code non-zero.
 HEALTHCHECK --interval=30s --timeout=10s --start-period=30s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('RELAY_METRICS_PORT', '9187'), timeout=5)"]
+    CMD ["python", "-c", "import os, urllib.request; port = os.environ.get('RELAY_PROBE_PORT') or int(os.environ.get('RELAY_METRICS_PORT', '9187')) + 1; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % port, timeout=5)"]
 
-EXPOSE 9187
+EXPOSE 9187 9188
 
 ENTRYPOINT ["outbox-relay"]
 CMD ["run"]

@@ -28,6 +28,7 @@ Not a CI test: run it with ``./dev.sh bench --only soak [--scale quick]``.
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -37,6 +38,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+from psycopg import sql
 
 from bench.harness import (
     SPAWN,
@@ -202,15 +204,23 @@ def _figures(
 
 def _grant(owner_url: str) -> tuple[str, str]:
     """`outbox-relay grant --create` for the two roles; their URLs. The local Postgres
-    trusts loopback logins, so the roles need no password."""
+    checks passwords, so each role gets one, for this run."""
+    password = secrets.token_urlsafe(16)
     with psycopg.connect(owner_url, autocommit=True) as conn:
         grant_roles(conn, "public", relay_role=RELAY_ROLE, writer_role=WRITER_ROLE, create=True)
-    return _as(owner_url, RELAY_ROLE), _as(owner_url, WRITER_ROLE)
+        for role in (RELAY_ROLE, WRITER_ROLE):
+            conn.execute(
+                sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                    sql.Identifier(role), sql.Literal(password)
+                )
+            )
+    return _as(owner_url, RELAY_ROLE, password), _as(owner_url, WRITER_ROLE, password)
 
 
-def _as(url: str, role: str) -> str:
+def _as(url: str, role: str, password: str) -> str:
     parts = urlsplit(url)
-    return urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}"))
+    login = f"{role}:{password}@{parts.hostname}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=login))
 
 
 # -- the writer process ------------------------------------------------------------------

@@ -250,7 +250,7 @@ class Side:
 def concurrent_writers(stack: Stack, scale: Scale, registry: SchemaFolder) -> Figure:
     seconds = min(1.5, max(0.75, scale.events / 120_000))  # per run: 0.75 s quick, 1.5 s default
     outbox_url = stack.database("writers")
-    datastore = _es_datastore(stack.database("es"))
+    datastore = _es_datastore(stack.database("es"), stack.postgres.password)
     try:
         recorder = PostgresApplicationRecorder(datastore)
         recorder.create_table()
@@ -372,14 +372,15 @@ def _es_insert(
             recorder._fetch_ids_after_insert_events(curs, events)
 
 
-def _es_datastore(url: str) -> PostgresDatastore:
+def _es_datastore(url: str, password: str) -> PostgresDatastore:
+    # The URL names the local server's password file, which the datastore cannot read.
     params = conninfo_to_dict(url)
     return PostgresDatastore(
         dbname=str(params["dbname"]),
         host=str(params["host"]),
         port=str(params["port"]),
         user=str(params["user"]),
-        password=str(params.get("password", "")),
+        password=password,
         pool_size=WRITERS,  # one connection per writer, as on the outbox side
     )
 

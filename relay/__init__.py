@@ -12,13 +12,19 @@ Applications append events inside their own transactions::
 """
 
 from relay.core.schemas import SchemaFolder
-from relay.errors import ConcurrencyError, PayloadValidationError, RelayError
+from relay.errors import (
+    ConcurrencyError,
+    IdempotencyKeyReused,
+    PayloadValidationError,
+    RelayError,
+)
 from relay.observability.tracing import trace_headers
 from relay.write.outbox import Event, Outbox, StreamAppend, append, append_to_stream
 
 __all__ = [
     "ConcurrencyError",
     "Event",
+    "IdempotencyKeyReused",
     "Outbox",
     "PayloadValidationError",
     "RelayError",

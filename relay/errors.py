@@ -71,6 +71,26 @@ class ConcurrencyError(RetryableError):
         super().__init__(message)
 
 
+class IdempotencyKeyReused(RelayError):
+    """An append came with an idempotency key this writer already used for another event
+    (another event type or payload) of the same aggregate. Nothing was written, the first
+    event stays, and the caller's transaction is still usable: a retry must repeat its
+    event, and a new event needs a new key. ``message_id`` is the first event's."""
+
+    def __init__(
+        self, aggregate_type: str, aggregate_id: str, idempotency_key: str, message_id: str
+    ) -> None:
+        self.aggregate_type = aggregate_type
+        self.aggregate_id = aggregate_id
+        self.idempotency_key = idempotency_key
+        self.message_id = message_id
+        super().__init__(
+            f"idempotency key {idempotency_key!r} of {aggregate_type}/{aggregate_id} was "
+            f"used for another event (message {message_id}): nothing was appended; a "
+            "retry must append the same event type and payload, a new event needs a new key"
+        )
+
+
 class StreamConflict(ConcurrencyError):
     """An event-sourced append to one stream (``aggregate_type``/``aggregate_id``) did not
     fit the stream's versions: ``expected_version`` was stale or ahead of it."""
@@ -127,6 +147,18 @@ class DatabaseUnavailable(RetryableError):
         super().__init__(message)
 
 
+class LockTimeout(RetryableError):
+    """A lock another session holds was not granted in time (the migration lock, say);
+    the message names that session."""
+
+    waits_on = "postgres"
+
+
+class SchemaOpenToPublic(DatabaseError):
+    """Every role may CREATE in the relay's own schema (Postgres before 15 lets PUBLIC
+    create in `public`): ``migrate`` and ``grant`` refuse it unless allowed."""
+
+
 class UndefinedTableError(DatabaseError):
     """A statement named a table the database does not have."""
 
@@ -150,13 +182,17 @@ class BrokerError(RelayError):
 
 
 class TopicRefused(BrokerError):
-    """A topic could not be created, for good (an illegal or colliding name, a policy, the
-    cap on created topics). Publishing a row to it is that row's poison."""
+    """A row may not publish to a topic, for good: its name is illegal or collides, a
+    policy refuses it, or it exists but is another's (neither this outbox's nor allowed,
+    issue #47). Publishing the row is that row's poison."""
 
-    def __init__(self, topic: str, reason: str, *, code: int | None = None) -> None:
+    def __init__(
+        self, topic: str, reason: str, *, code: int | None = None, creating: bool = True
+    ) -> None:
         self.topic = topic
         self.reason = reason
-        super().__init__(f"cannot create topic {topic!r}: {reason}", code=code)
+        what = "cannot create topic" if creating else "may not publish to topic"
+        super().__init__(f"{what} {topic!r}: {reason}", code=code)
 
 
 class BrokerUnavailable(RetryableError):
@@ -187,6 +223,26 @@ class SchemaRegistryUnavailable(RetryableError):
     wait for it (never poison)."""
 
     waits_on = "schema_registry"
+
+
+class SchemaRegistryFault(SchemaRegistryUnavailable):
+    """The schema registry answered, but wrongly: an id that is no schema id or names
+    another schema, a conflict its own compatibility test does not confirm. Its fault,
+    never the events' nor the operator's: waited for like an outage, the answer never
+    kept."""
+
+
+class TopicBudgetFull(RetryableError):
+    """A row's topic is allowed, but ``max_created_topics`` topics were created for rows
+    already (or the schema has no record of them yet, before migration 0017): the
+    relay's configuration, never the row's fault. The part waits and retries (issue
+    #47), alerted through ``outbox_relay_part_waiting{service="topic_budget"}``."""
+
+    waits_on = "topic_budget"
+
+    def __init__(self, topic: str, reason: str) -> None:
+        self.topic = topic
+        super().__init__(f"topic {topic!r} waits: {reason}")
 
 
 class EncodingError(RelayError):

@@ -102,11 +102,12 @@ def by_key(seen: list[ConsumedRecord]) -> dict[str, list[ConsumedRecord]]:
 # -- the roles production runs as (tests/README.md, "Roles") -------------------------
 
 # Cluster-wide names, created on a server the first time a test grants them (roles
-# outlive the per-test databases; grants die with them). The password lets the URLs
-# work on servers that check one (a container's); the local server trusts loopback.
+# outlive the per-test databases; grants die with them). Every server checks the
+# password (the local one too: issue #47), so each role gets this one.
 RELAY_ROLE = "outbox_test_relay"
 WRITER_ROLE = "outbox_test_writer"
 STRANGER_ROLE = "outbox_test_stranger"
+SECOND_WRITER_ROLE = "outbox_test_writer_b"  # another application's writer role
 ROLE_PASSWORD = "outbox-test-role"
 
 
@@ -117,6 +118,19 @@ def as_role(url: str, role: str, password: str | None = ROLE_PASSWORD) -> str:
     parts = urlsplit(url)
     login = quote(role, safe="") + (f":{quote(password, safe='')}" if password else "")
     return urlunsplit(parts._replace(netloc=f"{login}@{parts.hostname}:{parts.port}"))
+
+
+def login_url(owner_url: str, role: str) -> str:
+    """``role``'s URL on the database at ``owner_url``, once the owner has given it the
+    test password: a role `outbox-relay grant --create` makes has none, and the servers
+    check one."""
+    with psycopg.connect(owner_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                sql.Identifier(role), sql.Literal(ROLE_PASSWORD)
+            )
+        )
+    return as_role(owner_url, role)
 
 
 @dataclass(frozen=True)
@@ -176,6 +190,19 @@ def grant_test_roles(
     )
 
 
+def grant_writer(owner_url: str, role: str, schema: str = "public") -> str:
+    """``role`` granted as `outbox-relay grant --create --writer-role ROLE` does, with the
+    test password; returns the database's URL as that role."""
+    with psycopg.connect(owner_url, autocommit=True) as conn:
+        grant_roles(conn, schema, writer_role=role, create=True)
+        conn.execute(
+            sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                sql.Identifier(role), sql.Literal(ROLE_PASSWORD)
+            )
+        )
+    return as_role(owner_url, role)
+
+
 # -- writing demo events -----------------------------------------------------------
 
 
@@ -222,10 +249,13 @@ REPO = Path(__file__).resolve().parent.parent
 def run_cli(
     *args: str, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    """``outbox-relay ARGS`` in a subprocess; its exit code is part of what tests check."""
+    """``outbox-relay ARGS`` in a subprocess; its exit code is part of what tests check.
+    Its stdin is no terminal (as in CI, whoever runs the tests): a command that would ask
+    for confirmation refuses instead."""
     return subprocess.run(
         [sys.executable, "-m", "relay", *args],
         check=False,
+        stdin=subprocess.DEVNULL,
         env={**os.environ, **(env or {})},
         cwd=REPO,
         capture_output=True,

@@ -21,6 +21,7 @@ from relay.cli.debezium import debezium_app
 from relay.cli.subscribers import subscribers_app
 from relay.cli.topics import topics_app
 from relay.core.redact import redact
+from relay.core.terminal import printable
 from relay.errors import ConfigError, RelayError
 
 __all__ = ["app", "main"]
@@ -66,13 +67,16 @@ def main() -> None:
     """Console-script entry point: clear errors, meaningful exit codes."""
     try:
         app(prog_name="outbox-relay")
-    # Redacted once more here: whatever path a URL took into a message, it is masked.
     except ConfigError as exc:
-        sys.stderr.write(f"outbox-relay: configuration error: {redact(str(exc))}\n")
-        sys.exit(2)
+        _fail(f"configuration error: {exc}", 2)
     except RelayError as exc:
-        sys.stderr.write(f"outbox-relay: {redact(str(exc))}\n")
-        sys.exit(1)
+        _fail(str(exc), 1)
     except psycopg.Error as exc:  # should have been wrapped; never show a traceback for it
-        sys.stderr.write(f"outbox-relay: database error: {redact(str(exc))}\n")
-        sys.exit(1)
+        _fail(f"database error: {exc}", 1)
+
+
+def _fail(message: str, code: int) -> None:
+    # Redacted once more here: whatever path a URL took into a message, it is masked.
+    # An error may quote data (a row's, a server's): its control characters are escaped.
+    sys.stderr.write(f"outbox-relay: {printable(redact(message), keep_newlines=True)}\n")
+    sys.exit(code)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,12 +17,15 @@ from typing import Annotated, Any, Optional
 
 import psycopg
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType
+from rich.segment import Segment
+from rich.text import Span, Text
 
 from relay.adapters.postgres import db
 from relay.adapters.postgres.store import OutboxStore
 from relay.core.log_fields import log_extra
 from relay.core.settings import Settings, load_settings
+from relay.core.terminal import printable
 from relay.errors import DatabaseUnavailable
 from relay.observability import logs
 
@@ -36,11 +40,54 @@ def _width(stream: Any) -> int | None:
     return int(columns) if columns.isdigit() else 250
 
 
+class _Terminal(Console):
+    """A console that never lets a control character of what it prints reach the
+    terminal (relay/core/terminal.py): every string and rich Text it renders, table
+    cells included, is escaped on the way, whoever built it."""
+
+    def render_str(self, text: str, **options: Any) -> Text:
+        return super().render_str(printable(text), **options)
+
+    def render(
+        self, renderable: RenderableType, options: ConsoleOptions | None = None
+    ) -> Iterable[Segment]:
+        if isinstance(renderable, Text):
+            renderable = _printable_text(renderable)
+        return super().render(renderable, options)
+
+
+def _printable_text(text: Text) -> Text:
+    """``text`` escaped as :func:`printable` escapes a string, its styles kept on the
+    characters they styled. (A table measures a Text cell before this: give data to
+    a table as strings, which are measured escaped.)"""
+    plain = text.plain
+    if plain.isprintable():
+        return text
+    pieces = [printable(c) for c in plain]
+    starts = [0]
+    for piece in pieces:
+        starts.append(starts[-1] + len(piece))
+    escaped = text.copy()
+    escaped.plain = "".join(pieces)
+    escaped.spans = [
+        Span(starts[s.start], starts[min(s.end, len(plain))], s.style) for s in text.spans
+    ]
+    return escaped
+
+
 # Everything printed comes from data that writers, operators and other database clients
 # control (event types, aggregate types, halt errors, application names): none of it is
-# parsed as rich markup or emoji codes. Styling is given explicitly, with rich Text.
-out = Console(markup=False, emoji=False, highlight=False, width=_width(sys.stdout))
-err = Console(stderr=True, markup=False, emoji=False, highlight=False, width=_width(sys.stderr))
+# parsed as rich markup or emoji codes, and its control characters are escaped
+# (_Terminal). Styling is given explicitly, with rich Text.
+out = _Terminal(markup=False, emoji=False, highlight=False, width=_width(sys.stdout))
+err = _Terminal(stderr=True, markup=False, emoji=False, highlight=False, width=_width(sys.stderr))
+
+
+def print_json(value: Any) -> None:
+    """``--json`` output: JSON escapes every control character in its strings but DEL,
+    escaped here too (it can appear only inside a string)."""
+    text = json.dumps(value, indent=2, default=str).replace("\x7f", "\\u007f")
+    sys.stdout.write(text + "\n")
 
 
 # Options shared by several commands. Flags win over RELAY_* variables and the file.
@@ -55,6 +102,15 @@ Bootstrap = Annotated[
     typer.Option("--bootstrap-servers", help="Kafka HOST:PORT[,...] [RELAY_BOOTSTRAP_SERVERS]"),
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+AllowPublicCreate = Annotated[
+    bool,
+    typer.Option(
+        "--allow-public-create",
+        help="Go on although every role may CREATE in the relay's schema (Postgres before 15 "
+        "lets PUBLIC create in `public`): better, REVOKE CREATE ON SCHEMA public FROM PUBLIC "
+        "(deploy/README.md, Security).",
+    ),
+]
 
 
 @dataclass

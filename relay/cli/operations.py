@@ -14,6 +14,7 @@ import typer
 from relay.adapters.postgres import db, migrations
 from relay.adapters.postgres.store import OutboxStore
 from relay.cli.common import (
+    AllowPublicCreate,
     Bootstrap,
     DatabaseUrl,
     Schema,
@@ -30,11 +31,29 @@ from relay.core.log_fields import log_extra
 logger = logging.getLogger(__name__)
 
 
-def migrate(ctx: typer.Context, database_url: DatabaseUrl = None, schema: Schema = None) -> None:
+def migrate(
+    ctx: typer.Context,
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
+    allow_public_create: AllowPublicCreate = False,
+    lock_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Seconds to wait for the migration lock (another migrate holds it, or any "
+            "other session: the error names it).",
+        ),
+    ] = migrations.LOCK_WAIT_S,
+) -> None:
     """Create or upgrade the outbox tables (idempotent, safe to run concurrently)."""
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with _connect_waiting(settings, "outbox-relay-migrate") as conn:
-        applied = migrations.migrate(conn, settings.database_schema)
+        applied = migrations.migrate(
+            conn,
+            settings.database_schema,
+            allow_public_create=allow_public_create,
+            lock_wait_s=lock_timeout,
+        )
         store = OutboxStore(conn, settings.database_schema)
         # A restore procedure migrates before writers start: the best moment to rebase.
         moved = store.check_key_space()
@@ -159,8 +178,18 @@ def grant(
             "Relays need replicas x workers x max_db_connections (deploy/README.md).",
         ),
     ] = None,
+    aggregate_types: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated aggregate types the --writer-role may insert, and no "
+            "other (row-level security on the outbox): a writer cannot write another's "
+            "streams or topics. '*': any type again. Without it, what an earlier grant "
+            "set stays.",
+        ),
+    ] = None,
     database_url: DatabaseUrl = None,
     schema: Schema = None,
+    allow_public_create: AllowPublicCreate = False,
 ) -> None:
     """Grant least privileges to the relay's and the writers' roles (run as the owner)."""
     from relay.ops.roles import grant_roles
@@ -169,6 +198,9 @@ def grant(
         raise typer.BadParameter("name --relay-role and/or --writer-role")
     if connection_limit is not None and relay_role is None:
         raise typer.BadParameter("--connection-limit caps the --relay-role: name it")
+    types = _aggregate_types(aggregate_types)
+    if types is not None and writer_role is None:
+        raise typer.BadParameter("--aggregate-types restricts the --writer-role: name it")
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
         done = grant_roles(
@@ -179,8 +211,23 @@ def grant(
             create=create,
             read_all_stats=read_all_stats,
             connection_limit=connection_limit,
+            aggregate_types=types,
+            allow_public_create=allow_public_create,
         )
     out.print("granted: " + ", ".join(done))
+
+
+def _aggregate_types(given: str | None) -> list[str] | None:
+    if given is None:
+        return None
+    types = [t.strip() for t in given.split(",")]
+    if not all(types):
+        raise typer.BadParameter(
+            f"--aggregate-types {given!r} has an empty type: name them, comma-separated"
+        )
+    if "*" in types and len(types) > 1:
+        raise typer.BadParameter("--aggregate-types '*' (any type) stands alone")
+    return types
 
 
 def prune(

@@ -6,9 +6,8 @@ The command reads a typed :class:`StatusReport`; ``--json`` prints its
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Any
@@ -19,9 +18,22 @@ from rich.table import Table
 from rich.text import Text
 
 from relay.adapters.postgres.store import OutboxStore
+from relay.adapters.postgres.topic_record import PostgresTopicRecord
 from relay.cli.backlog import SkipLine, events, print_estimate_note, print_skips, skipped
-from relay.cli.common import DatabaseUrl, JsonFlag, Schema, _settings, _store, err, out
+from relay.cli.common import (
+    DatabaseUrl,
+    JsonFlag,
+    Schema,
+    _settings,
+    _store,
+    err,
+    out,
+    print_json,
+)
+from relay.cli.interventions import print_operator_skips
+from relay.core.interventions import OperatorSkip
 from relay.core.ports import HorizonHolder
+from relay.ops.interventions import operator_skips
 from relay.ops.lag import Lag, Skipped, subscriber_statuses
 
 
@@ -44,7 +56,9 @@ class PartLine:
             "lag_events": self.lag.events,
             "lag_estimated": self.lag.estimated,
             "lag_seconds": self.lag.seconds,
-            "skipped_by_reset": self.skipped.events,
+            "skipped_by_operator": self.skipped.events,
+            "skipped_by_reset": self.skipped.by_reset,
+            "skipped_by_skip": self.skipped.by_skip,
             "skipped_at_least": self.skipped.at_least,
             "beyond_horizon": self.skipped.beyond_horizon,
             "owner": self.owner,
@@ -71,20 +85,41 @@ class Session:
 
 
 @dataclass(frozen=True)
+class TopicBudget:
+    """The topics rows made (they count against max_created_topics), and the cap as
+    this command's settings have it (-1: none)."""
+
+    used: int
+    cap: int
+
+    @property
+    def full(self) -> bool:
+        return 0 <= self.cap <= self.used
+
+
+@dataclass(frozen=True)
 class StatusReport:
     parts: list[PartLine]
+    # What the operator skipped, per subscriber, with the ledger entries (issue #48).
+    skips: dict[str, list[OperatorSkip]]
     sessions: list[Session]
     horizon_holders: list[HorizonHolder]
     # False: other roles' sessions are hidden from this role (no pg_read_all_stats).
     horizon_holders_complete: bool
+    topic_budget: TopicBudget | None = None  # None: a schema before migration 0017
 
     def as_dict(self) -> dict[str, Any]:
         """The ``--json`` output."""
+        budget = self.topic_budget
         return {
             "parts": [p.as_dict() for p in self.parts],
+            "skips": {name: [k.as_dict() for k in found] for name, found in self.skips.items()},
             "sessions": [asdict(s) for s in self.sessions],
             "horizon_holders": [vars(h) for h in self.horizon_holders],
             "horizon_holders_complete": self.horizon_holders_complete,
+            "topics_created_for_rows": None if budget is None else budget.used,
+            "max_created_topics": None if budget is None else budget.cap,
+            "topic_budget_full": budget is not None and budget.full,
         }
 
 
@@ -98,9 +133,9 @@ def status(
     transactions holding publication back."""
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with _store(settings) as store:
-        report = _status(store)
+        report = _status(store, settings.max_created_topics)
     if as_json:
-        sys.stdout.write(json.dumps(report.as_dict(), indent=2, default=str) + "\n")
+        print_json(report.as_dict())
         return
     if not report.parts and not report.sessions:
         out.print(
@@ -109,12 +144,25 @@ def status(
         )
     else:
         _print_parts_and_sessions(report)
+    _print_topic_budget(report.topic_budget)
     _print_horizon(report)
+
+
+def _print_topic_budget(budget: TopicBudget | None) -> None:
+    """A full budget stalls the parts whose rows name a new topic: say so, and the fix."""
+    if budget is None or not budget.full:
+        return
+    out.print(
+        Text(f"topics created for rows: {budget.used} of max_created_topics ({budget.cap}), "
+             "full: a part whose rows name a new topic waits (outbox_relay_part_waiting, "
+             "service topic_budget). Raise max_created_topics, or confine the subscriber's "
+             "topics (a filter that lists the values, or topic_allow)", style="bold red")
+    )  # fmt: skip
 
 
 def _print_parts_and_sessions(report: StatusReport) -> None:
     parts = Table(
-        "part", "checkpoint", "lag (events)", "lag (s)", "skipped by reset", "owner", "state"
+        "part", "checkpoint", "lag (events)", "lag (s)", "skipped by operator", "owner", "state"
     )
     for p in report.parts:
         parts.add_row(
@@ -125,6 +173,8 @@ def _print_parts_and_sessions(report: StatusReport) -> None:
     print_estimate_note(p.lag for p in report.parts)
     _print_halts(report.parts)
     print_skips([SkipLine(p.part, p.checkpoint, p.skipped) for p in report.parts])
+    for name, skips in report.skips.items():
+        print_operator_skips(name, skips)
     sessions = Table("session", "host", "pid", "heartbeat (s ago)", "parts")
     for s in report.sessions:
         sessions.add_row(
@@ -178,15 +228,17 @@ def _print_halts(parts: list[PartLine]) -> None:
         return
     out.print(
         Text(f"{len(halted)} halted part(s): nothing is published for them until "
-             "`outbox-relay subscribers resume NAME`", style="bold red")
+             "`outbox-relay subscribers resume NAME` (after a fix), or `outbox-relay "
+             "subscribers skip NAME --event MESSAGE_ID` of the event it names", style="bold red")
     )  # fmt: skip
     for p in halted:
         out.print(Text.assemble((f"  {p.part}: ", "red"), p.halted or ""))
 
 
-def _status(store: OutboxStore) -> StatusReport:
+def _status(store: OutboxStore, max_created_topics: int) -> StatusReport:
     sessions = [Session.from_row(row) for row in store.list_sessions()]
     names = {s.id: f"{s.hostname}:{s.pid}" for s in sessions}
+    subscribers = subscriber_statuses(store)
     parts = [
         PartLine(
             part=f"{p.state.name}/{p.state.part}",
@@ -197,12 +249,21 @@ def _status(store: OutboxStore) -> StatusReport:
             paused=subscriber.state.subscriber.paused,
             halted=p.state.halted_error,
         )
-        for subscriber in subscriber_statuses(store)
+        for subscriber in subscribers
         for p in subscriber.parts
     ]
+    skips = operator_skips(store, [s.state.subscriber_id for s in subscribers])
     return StatusReport(
         parts=parts,
+        skips={s.state.subscriber.name: skips[s.state.subscriber_id] for s in subscribers},
         sessions=sessions,
         horizon_holders=store.horizon_holders(),
         horizon_holders_complete=store.sees_all_backends(),
+        topic_budget=_topic_budget(store, max_created_topics),
     )
+
+
+def _topic_budget(store: OutboxStore, cap: int) -> TopicBudget | None:
+    record = PostgresTopicRecord(lambda: nullcontext(store.conn), store.schema)
+    used = record.row_topics()
+    return None if used is None else TopicBudget(used, cap)

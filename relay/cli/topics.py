@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import Annotated, Any
 
 import typer
@@ -15,6 +13,7 @@ from relay.cli.common import (
     _settings,
     err,
     out,
+    print_json,
 )
 from relay.core.settings import Settings
 
@@ -48,7 +47,7 @@ def topics_list(
     admin, _ = _admin(ctx, bootstrap_servers)
     topics = list_topics(admin, internal=internal)
     if as_json:
-        sys.stdout.write(json.dumps([t.as_dict() for t in topics], indent=2) + "\n")
+        print_json([t.as_dict() for t in topics])
         return
     table = Table("topic", "partitions", "replication factor")
     for t in topics:

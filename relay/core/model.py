@@ -44,13 +44,15 @@ BEGINNING = Position(0, 0)
 class KafkaCheckpoint(NamedTuple):
     """What the last committed Kafka transaction of a part recorded: where it ended, in
     which key space, and the last message it published (None: an older relay wrote it);
-    and its dead letters, (message id, dead-letter topic), whose decisions an owner that
-    adopts the checkpoint records."""
+    and its dead letters, whose decisions an owner that adopts the checkpoint records:
+    (key in ``key_space``, dead-letter topic), or (message id, dead-letter topic) as
+    relays before issue #47 named them (``named_dead_letters``)."""
 
     position: Position
     key_space: UUID | None = None
     message_id: UUID | None = None
-    dead_letters: tuple[tuple[UUID, str], ...] = ()
+    dead_letters: tuple[tuple[Position, str], ...] = ()
+    named_dead_letters: tuple[tuple[UUID, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +110,10 @@ class KafkaRecord(NamedTuple):
     value: bytes | None  # None: a tombstone (the debezium format only)
     headers: list[tuple[str, str | bytes | None]]
     size: int = -1  # key + value + headers in bytes, when the encoder computed it
-    # The row's own fields named the topic (a template with fields): when the topic
-    # does not exist and the relay may not create it, that is the row's poison.
+    # A row's field that no filter lists named the topic: the row chose it, so the
+    # publisher confines it (an existing topic must be the outbox's or allowed, a new one
+    # counts against max_created_topics; issue #47), and when it does not exist and the
+    # relay may not create it, that is the row's poison. False: the operator declared it.
     routed: bool = False
     timestamp_ms: int | None = None  # None: the producer's clock
     # The outbox row's message id when the "id" header does not carry it (the debezium

@@ -8,7 +8,9 @@ lists subscribers and keeps the outbox through a :class:`DaemonStore`, the part 
 and more (Postgres: ``relay.adapters.postgres.store.OutboxStore`` too); the lease it holds is a
 :class:`RelaySession`. What is on the topics is read back through a
 :class:`TopicReader` (Kafka: ``relay.adapters.kafka.topic_reader.KafkaTopicReader``): by ``verify``,
-the ``dev`` live view, the tests and the benchmarks. In-memory adapters of all of them
+the ``dev`` live view, the tests and the benchmarks. The topics the outbox created are
+kept in a :class:`TopicRecord` (Postgres: ``relay.adapters.postgres.topic_record``),
+which confines the topics rows choose. In-memory adapters of all of them
 live in ``relay.engine.testing``; ``tests/contracts/`` holds each port to the same contract,
 whichever adapter is behind it.
 
@@ -20,9 +22,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import NamedTuple, Protocol
 from uuid import UUID
 
@@ -44,6 +47,9 @@ class PartState:
     owner: UUID | None
     halted_error: str | None
     updated_at: datetime
+    # Events after the checkpoint the operator skipped (`subscribers skip`): the worker
+    # drops them when it meets them, so the checkpoint passes them with their batch.
+    skips: frozenset[UUID] = frozenset()
 
     @property
     def name(self) -> str:
@@ -183,7 +189,8 @@ class PartStore(Protocol):
         """The events ``selection`` picks after ``after``, in publication order."""
 
     def get_part(self, name: str, part: int) -> PartState:
-        """The part as stored; raises ``SubscriberError`` when there is none."""
+        """The part as stored, with the events after its checkpoint that the operator
+        skipped; raises ``SubscriberError`` when there is none."""
 
     def advance(
         self,
@@ -208,8 +215,12 @@ class PartStore(Protocol):
         """Dead-letter decisions already recorded for events in ``(after, upto]`` (by a
         checkpoint that passed them before a reset moved it back)."""
 
-    def halt(self, state: PartState, owner: UUID, error: str) -> None:
-        """Halt the part with ``error``; raises ``ClaimLost`` when ``owner`` lost it."""
+    def halt(
+        self, state: PartState, owner: UUID, error: str, message_id: UUID | None = None
+    ) -> None:
+        """Halt the part with ``error``, on the poison event ``message_id`` if it names
+        one (`subscribers skip` of that event resumes the part); raises ``ClaimLost``
+        when ``owner`` lost it."""
 
     def check_key_space(self) -> KeySpaceCheck | None:
         """Check (and repair) the stored keys' space; None before migration 0004."""
@@ -218,6 +229,9 @@ class PartStore(Protocol):
 
     def key_of(self, message_id: UUID) -> Position | None:
         """The key of the event ``message_id``; None when the outbox lacks it."""
+
+    def messages_at(self, keys: Sequence[Position]) -> dict[Position, UUID]:
+        """The message id of the event at each of ``keys`` the outbox holds."""
 
     def translate(self, key_space: UUID, key: Position) -> Position:
         """A key of ``key_space`` as a key of the space rebased from it."""
@@ -285,7 +299,20 @@ class DaemonStore(PartStore, Protocol):
 
     def prune(self, older_than_s: float, batch: int = 10_000) -> Iterator[int]:
         """Delete published events older than ``older_than_s``, yielding each batch's
-        count; never an event some part has yet to publish."""
+        count; never an event some part has yet to publish, nor one whose dead letter is
+        not yet redriven."""
+
+    def prune_dead_letters(
+        self,
+        subscriber: str | None = None,
+        *,
+        pending_older_than_s: float | None = None,
+        batch: int = 10_000,
+    ) -> Iterator[int]:
+        """Delete dead letters whose retention is over, yielding each batch's count:
+        redriven ones whose event :meth:`prune` deleted; with ``pending_older_than_s``
+        (only when the operator says so), instead those not redriven, decided longer ago
+        than that. ``subscriber``: its dead letters only."""
 
     def horizon_holders(self) -> Sequence[HorizonHolder]:
         """The transactions holding the publication horizon back, oldest first."""
@@ -314,9 +341,10 @@ class Batch:
     end: Position
     generation: str
     may_extend: bool = True
-    # The batch's dead letters: (message id, dead-letter topic). The Kafka-side
-    # checkpoint carries them, so an owner that adopts it records their decisions.
-    dead_letters: Sequence[tuple[str, str]] = ()
+    # The batch's dead letters: (key, dead-letter topic). The Kafka-side checkpoint
+    # names them (relay/core/dead_letter_tag.py), so an owner that adopts it records
+    # their decisions.
+    dead_letters: Sequence[tuple[Position, str]] = ()
 
 
 class Publisher(Protocol):
@@ -341,6 +369,47 @@ class Publisher(Protocol):
         """
 
     def close(self) -> None: ...
+
+
+class TopicOrigin(StrEnum):
+    """Why a topic is in the outbox's record of its topics (:class:`TopicRecord`)."""
+
+    ROW = "row"  # a row's free template field named it: counts against max_created_topics
+    DECLARED = "declared"  # the operator's: a fixed topic, or one a filter names
+    ADOPTED = "adopted"  # on the cluster at the first start after migration 0017
+
+
+class TopicRecord(Protocol):
+    """The topics this outbox created, shared by all its relays and kept across restarts
+    (Postgres: ``outbox_topics``, migration 0017; docs/design.md §7, "Rows name topics").
+    A row may publish to an existing topic its template reaches only if it is recorded
+    here, a filter names it or ``topic_allow`` matches it; the rows' own topics count
+    against ``max_created_topics`` here, so the cap is exact across relays."""
+
+    def recorded(self) -> frozenset[str] | None:
+        """Every recorded topic; None when the schema keeps no record (before 0017)."""
+
+    def record(self, topics: Iterable[str], origin: TopicOrigin) -> None:
+        """Record ``topics`` (just created, or adopted), unless recorded already."""
+
+    def reserve(self, topic: str, cap: int | None) -> bool | None:
+        """Record ``topic`` as a row's, before creating it, if fewer than ``cap`` (None:
+        no cap) rows' topics are recorded: True when it is recorded (now, or already),
+        False when the cap is reached, None when the schema keeps no record."""
+
+    def release(self, topic: str) -> None:
+        """Forget a row's topic that was reserved but that the broker refused for good."""
+
+    def row_topics(self) -> int | None:
+        """How many topics rows made (what max_created_topics caps); None: no record."""
+
+    def adoption_pending(self) -> bool:
+        """Whether migration 0017 found an outbox that had published already, whose
+        existing topics no relay has adopted yet."""
+
+    def adopt(self, topics: Iterable[str]) -> bool:
+        """Record ``topics`` as adopted and mark the adoption done, unless a relay did it
+        first: True when this call did."""
 
 
 # What a reader reports while it reads: (records read, records to read).

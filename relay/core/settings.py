@@ -11,6 +11,7 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -40,7 +41,6 @@ from relay.core.subscribers import (
     PoisonPolicy,
     StartFrom,
     SubjectStrategy,
-    Subscriber,
     ValueFormat,
     validate_name,
     validate_topic_template,
@@ -148,11 +148,6 @@ class SubscriberSettings(BaseModel):
             raise ValueError(str(exc)) from exc
         return self
 
-    def to_subscriber(self, default_format: ValueFormat) -> Subscriber:
-        return Subscriber.from_dict(
-            {**self.model_dump(), "value_format": self.value_format or default_format}
-        )
-
 
 class Settings(BaseSettings):
     """Everything the relay can be told. Keys are the same in the file, as ``RELAY_<KEY>``
@@ -180,6 +175,9 @@ class Settings(BaseSettings):
     schema_registry_user: str | None = None
     schema_registry_password: SecretStr | None = None
     schema_registry_ca: Path | None = None
+    # Basic-auth credentials (a user, a password, or both in the URL) over plain http://
+    # cross the network in clear: refused unless this says the network is trusted.
+    schema_registry_allow_http_credentials: bool = Field(default=False, validate_default=True)
     # 5000: per-batch costs (a transaction, a checkpoint write) amortized; see bench/.
     batch_size: int = Field(default=5000, ge=1, le=100_000)
     # And at most this many bytes of payloads and headers, as Postgres stores them
@@ -193,14 +191,15 @@ class Settings(BaseSettings):
     # At most 300 s: a batch's transaction must fit in Kafka's 15-minute cap (3x this).
     delivery_timeout: float = Field(default=30.0, gt=0, le=300)
     create_topics: bool = True
-    # Rows choose topic names through {aggregate_type}/{event_type}: no topic is created
-    # for events once this many topics that subscribers route to exist on the cluster
-    # (counted there, so across restarts, workers and replicas; 0: none; -1: no cap). A
-    # row routed to a topic that does not exist beyond it is poison.
+    # Rows choose topic names through a template field no filter lists: at most this
+    # many topics are created for rows (counted in Postgres, outbox_topics: across
+    # restarts, workers and replicas; -1: no cap). The operator's topics (fixed, or named
+    # by a filter) never count. Beyond it, a row's new topic waits (never poison).
     max_created_topics: int = Field(default=100, ge=-1)
-    # A regular expression every topic an event is routed to must match in full (None:
-    # any topic but the reserved ones: _*, connect-*, the checkpoint and dead-letter
-    # topics, other subscribers' topics).
+    # A regular expression every topic a row chooses must match in full (None: any but
+    # the reserved ones: _*, connect-*, the checkpoint and dead-letter topics, other
+    # subscribers' topics). Topics it matches may be reached though the outbox did not
+    # create them; without it only those it created or a filter names (issue #47).
     topic_allow: str | None = None
     topic_partitions: int = Field(default=3, ge=1)
     topic_replication_factor: int = Field(default=-1, ge=-1)
@@ -246,6 +245,10 @@ class Settings(BaseSettings):
     metrics_enabled: bool = True
     metrics_port: int = Field(default=9187, ge=0, le=65535)
     metrics_host: str = Field(default="127.0.0.1", min_length=1)
+    # /healthz and /readyz alone, on a port of their own on metrics_host, which scrapes
+    # cannot use up (relay/observability/metrics.py); point the probes at it. None: the
+    # metrics port + 1 (9188), or any free port when metrics_port is 0.
+    probe_port: int | None = Field(default=None, ge=0, le=65535)
     # Scrapes within this many seconds share one read of the Postgres-derived figures
     # (read in the background; a scrape waits for it 5 s at most, then serves the last).
     metrics_cache_ttl: float = Field(default=5.0, ge=0, le=300)
@@ -260,6 +263,10 @@ class Settings(BaseSettings):
     # subscriber has published and that are older than retention seconds.
     prune_every: float = Field(default=3600.0, ge=0)
     retention: float = Field(default=7 * 86_400.0, ge=0)
+    # Dead letters not yet redriven are kept (and their rows, which redrive reads) until
+    # redriven or pruned by hand; with this (seconds), retention deletes those decided
+    # longer ago. Redriven ones go with their rows. None: never (docs/design.md §7).
+    dead_letter_retention: float | None = Field(default=None, ge=0)
     # Log the backends that hold the publication horizon back for longer than this.
     horizon_warn_after: float = Field(default=60.0, gt=0)
     # SIGTERM: how long to let batches in flight finish before exiting anyway.
@@ -327,6 +334,37 @@ class Settings(BaseSettings):
                 f"(got {self.heartbeat_interval}s and {self.session_timeout}s)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _probe_port_apart(self) -> Settings:
+        port = self.probe_listen_port
+        if port > 65535 or (port and port == self.metrics_port):
+            raise ValueError(
+                f"probe_port must be a port other than metrics_port (got {port}); "
+                "set RELAY_PROBE_PORT"
+            )
+        return self
+
+    @property
+    def probe_listen_port(self) -> int:
+        """The probe port: probe_port, or the metrics port + 1 (0 for 0)."""
+        if self.probe_port is not None:
+            return self.probe_port
+        return self.metrics_port + 1 if self.metrics_port else 0
+
+    @field_validator("schema_registry_allow_http_credentials")
+    @classmethod
+    def _registry_credentials_over_tls(cls, allowed: bool, info: ValidationInfo) -> bool:
+        given = info.data
+        configured = any(given.get(k) is not None for k in _REGISTRY_CREDENTIALS)
+        if allowed or not _plain_http_credentials(given.get("schema_registry_url"), configured):
+            return allowed
+        raise ValueError(
+            "schema_registry_url is plain http://, so the registry's credentials "
+            "(schema_registry_user, schema_registry_password or a password in the URL) would "
+            "cross the network in clear: use https://, or set this to true if the network "
+            "is trusted"
+        )
 
     @field_validator("subscribers")
     @classmethod
@@ -417,7 +455,7 @@ class _TomlFile(PydanticBaseSettingsSource):
 
 
 # Secrets may come from files (Docker and Kubernetes secrets): RELAY_<KEY>_FILE.
-_SECRET_FILE_KEYS = ("database_url", "kafka", "schema_registry_password")
+SECRET_FILE_KEYS = ("database_url", "kafka", "schema_registry_password")
 
 
 def secret_from_environment(key: str) -> str | None:
@@ -435,15 +473,21 @@ def _secret_file(key: str) -> str | None:
     path = os.environ.get(variable)
     if path is None:
         return None
+    # Never quote the file's contents: they are the secret.
     try:
-        return Path(path).read_text(encoding="utf-8").strip()
+        text = Path(path).read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise ConfigError(f"{key} ({variable}): cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{key} ({variable}): {path} is not UTF-8 text") from exc
+    if not text:
+        raise ConfigError(f"{key} ({variable}): {path} is empty")
+    return text
 
 
 def _secret_files(flags: dict[str, Any]) -> dict[str, Any]:
     found: dict[str, Any] = {}
-    for key in _SECRET_FILE_KEYS:
+    for key in SECRET_FILE_KEYS:
         if key in flags or f"RELAY_{key.upper()}" in os.environ:
             continue
         text = _secret_file(key)
@@ -485,6 +529,18 @@ def _describe(exc: ValidationError) -> str:
         env = f" (RELAY_{key.upper()})" if "." not in key else ""
         lines.append(f"{key}{env}: {error['msg']}")
     return "invalid settings:\n  " + "\n  ".join(lines)
+
+
+_REGISTRY_CREDENTIALS = ("schema_registry_user", "schema_registry_password")
+
+
+def _plain_http_credentials(url: str | None, configured: bool) -> bool:
+    """Whether the registry ``url`` (a comma-separated list, as the client takes it)
+    would get basic-auth credentials over plain HTTP (``configured``: a user or a
+    password is set besides the URL)."""
+    urls = [] if url is None else [u.strip() for u in url.split(",")]
+    plain = [u for u in urls if u.lower().startswith("http://")]
+    return bool(plain) and (configured or any("@" in urlsplit(u).netloc for u in urls))
 
 
 def _mask(key: str, value: Any) -> Any:

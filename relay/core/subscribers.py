@@ -189,6 +189,15 @@ class Subscriber:
         """The one topic of a template without fields; None when rows choose it."""
         return None if _TEMPLATE_FIELD.search(self.topic) else self.topic.format()
 
+    @functools.cached_property
+    def free_fields(self) -> frozenset[str]:
+        """The template's fields no filter lists the values of: a row chooses their
+        values, so its topic is the row's choice. Without any, every topic is one the
+        operator declared (a fixed topic, or one a filter names) (issue #47)."""
+        listed = {"aggregate_type": self.aggregate_types, "event_type": self.event_types}
+        used = {f for _, f, _, _ in string.Formatter().parse(self.topic) if f is not None}
+        return frozenset(f for f in used if listed[f] is None)
+
     @property
     def filtered(self) -> bool:
         """Whether a type filter may drop events (else :meth:`matches` takes them all)."""
@@ -378,16 +387,20 @@ class TopicGuard:
             # Swapped whole, never mutated: workers read them without a lock.
             self._reserved, self._templates, self._refusals = reserved, templates, {}
 
-    def routable(self, topic: str) -> bool:
-        """Whether a subscriber routes events to ``topic``: its fixed topic, or one its
-        template makes for an event its filters take. Not the relay's own topics, nor
-        internal ones (refused anyway)."""
-        if topic.startswith(INTERNAL_PREFIXES):
+    def row_chosen(self, topic: str) -> bool:
+        """Whether a row can route events to ``topic`` through a template field no
+        filter lists (the topics an upgraded outbox adopts); never a reserved or
+        internal topic, nor one ``allow`` refuses."""
+        if topic.startswith(INTERNAL_PREFIXES) or topic in self._reserved:
             return False
-        owner = self._reserved.get(topic)
-        if owner is not None:
-            return owner[0] != ""
-        return any(claim.reach.fullmatch(topic) for claim in self._templates)
+        if topic.startswith(DEAD_LETTER_PREFIX) or not self.allow_listed(topic, True):
+            return False
+        return any(claim.free and claim.reach.fullmatch(topic) for claim in self._templates)
+
+    def allow_listed(self, topic: str, unset: bool = False) -> bool:
+        """Whether ``topic_allow`` matches ``topic`` in full (``unset`` when there is no
+        ``topic_allow``)."""
+        return unset if self._allow is None else self._allow.fullmatch(topic) is not None
 
     def relay_owned(self, topic: str) -> bool:
         """The checkpoint topic or a dead-letter topic: the relay's own, not a row's."""
@@ -435,6 +448,7 @@ class _TemplateClaim:
     template: str
     pattern: re.Pattern[str]
     reach: re.Pattern[str]
+    free: bool  # a field no filter lists: rows choose the topic
 
     @classmethod
     def of(cls, subscriber: Subscriber) -> _TemplateClaim:
@@ -443,6 +457,7 @@ class _TemplateClaim:
             subscriber.topic,
             _template_pattern(subscriber, "[A-Za-z0-9_-]+"),
             _template_pattern(subscriber, "[A-Za-z0-9._-]+"),
+            bool(subscriber.free_fields),
         )
 
     def produces(self, topic: str) -> bool:

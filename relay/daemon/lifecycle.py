@@ -10,6 +10,7 @@ import re
 import threading
 import time
 from collections import Counter
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import psycopg
@@ -18,6 +19,7 @@ from relay.adapters.postgres import db
 from relay.adapters.postgres.pool import RelayPool
 from relay.adapters.postgres.probe import CommitProbe
 from relay.adapters.postgres.store import OutboxStore
+from relay.adapters.postgres.topic_record import PostgresTopicRecord
 from relay.core.log_fields import log_extra
 from relay.core.model import PartId
 from relay.core.ports import DaemonStore, PartStore
@@ -28,19 +30,15 @@ from relay.daemon.context import DaemonContext
 from relay.daemon.membership import Membership
 from relay.daemon.parts import ClaimedParts
 from relay.daemon.publishers import PublisherFactory
-from relay.daemon.startup import (
-    KeySpaceChecks,
-    SubscriberSync,
-    check_schema,
-    load_schemas,
-    registry_encoder,
-)
+from relay.daemon.startup import KeySpaceChecks, adopt_topics, check_schema
 from relay.daemon.upkeep import HorizonWatch, Retention
 from relay.engine.encoding import RecordEncoder
 from relay.engine.worker import PartWorker, WorkerState
 from relay.errors import DatabaseUnavailable, RelayError, RetryableError
 from relay.observability.metrics import HealthServer
 from relay.observability.tracing import Tracing
+from relay.ops.subscribers import Setup, load_schemas, registry_encoder
+from relay.ops.subscribers import sync as sync_subscribers
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +67,9 @@ class Relay:
         self._pool: RelayPool | None = None
         self._supervisor: threading.Thread | None = None
         self.http: HealthServer | None = None
-        self.publishers = PublisherFactory(settings, self.topic_guard)
+        # The outbox's record of its topics, on this process's pool (issue #47).
+        self.topic_record = PostgresTopicRecord(self._connection, settings.database_schema)
+        self.publishers = PublisherFactory(settings, self.topic_guard, self.topic_record)
         context = DaemonContext(settings, self._open_store, self._stopping)
         self.membership = Membership(
             context,
@@ -86,7 +86,8 @@ class Relay:
             tracing=self.tracing,
         )
         self.key_space = KeySpaceChecks()
-        self.subscriber_sync = SubscriberSync(settings, self.registry, schema_registry)
+        # Its subscribers are defined and checked as `subscribers add` does.
+        self.setup = Setup(settings, self.registry, schema_registry)
         self.retention = Retention(settings, self.membership, self.key_space)
         self.horizon = HorizonWatch(settings)
 
@@ -121,7 +122,9 @@ class Relay:
                 store = OutboxStore(conn, self.settings.database_schema)
                 check_schema(conn, self.settings.database_schema)
                 self.key_space.check(store, "start-up")
-                self.subscriber_sync.sync(store)
+                sync_subscribers(self.setup, store)
+                subscribers = [s.subscriber for s in store.list()]
+            adopt_topics(self.settings, self.topic_guard, self.topic_record, subscribers)
         except DatabaseUnavailable as exc:
             # The pool retries every refusal; one no retry can fix ends the start.
             permanent = self._pool.permanent_refusal()
@@ -334,6 +337,12 @@ class Relay:
 
     def _check_key_space(self, store: PartStore) -> None:
         self.key_space.check(store, "a new connection")
+
+    def _connection(self) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """A connection of this process's pool, borrowed for a ``with`` block."""
+        if self._pool is None:
+            raise DatabaseUnavailable("the relay is not running")
+        return self._pool.connection()
 
     def _open_store(self) -> OutboxStore:
         """A store on this process's pool: its calls borrow connections (relay/adapters/postgres/pool.py)."""

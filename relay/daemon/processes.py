@@ -7,7 +7,7 @@ the relay starts N member processes instead. Each is a whole relay with its own 
 same claims, fencing and hand-overs, so nothing about exactly-once changes.
 
 The supervisor (this process) serves ``/metrics``, ``/healthz`` and ``/readyz`` for all
-of them, from reports each member sends on request over a pipe. It restarts a member
+of them (the probes on the probe port too), from reports each member sends on request over a pipe. It restarts a member
 that dies (its parts wait for its session to expire, as after a crash), stops them all
 on SIGTERM, and fails as a whole when a member meets a fatal error, which every member
 would meet alike (a bad setting, a missing privilege).

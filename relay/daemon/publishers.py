@@ -10,15 +10,18 @@ from relay.adapters.kafka.kafka import (
     producer_config,
 )
 from relay.adapters.kafka.turns import part_publisher
-from relay.core.ports import PartState, Publisher
+from relay.core.ports import PartState, Publisher, TopicRecord
 from relay.core.settings import Settings
 from relay.core.subscribers import TopicGuard
 
 
-def routed_topic_creator(settings: Settings, guard: TopicGuard) -> TopicCreator:
-    """The topic creator for topics rows are routed to, as the settings and ``guard``
-    (the subscribers loaded) say: its cap counts the subscribers' topics only, never the
-    relay's own or the rest of the cluster's. The relay and redrive both use this one."""
+def routed_topic_creator(
+    settings: Settings, guard: TopicGuard, record: TopicRecord | None
+) -> TopicCreator:
+    """The topic creator for the topics records go to, as the settings, ``guard`` (the
+    subscribers loaded) and ``record`` (the outbox's record of its topics) say: the
+    operator's and the relay's own topics are created whatever the count, the rows'
+    are confined and counted (issue #47). The relay and redrive both use this one."""
     return TopicCreator(
         {**settings.kafka, "bootstrap.servers": settings.require_bootstrap_servers()},
         enabled=settings.create_topics,
@@ -26,17 +29,20 @@ def routed_topic_creator(settings: Settings, guard: TopicGuard) -> TopicCreator:
         replication_factor=settings.topic_replication_factor,
         max_created=None if settings.max_created_topics < 0 else settings.max_created_topics,
         relay_owned=guard.relay_owned,
-        counts=guard.routable,
+        record=record,
+        allow_listed=guard.allow_listed,
     )
 
 
 class PublisherFactory:
     """Opens a part's publisher; every publisher shares one topic creator."""
 
-    def __init__(self, settings: Settings, topic_guard: TopicGuard) -> None:
+    def __init__(
+        self, settings: Settings, topic_guard: TopicGuard, record: TopicRecord | None
+    ) -> None:
         self._settings = settings
         self._bootstrap_servers = settings.require_bootstrap_servers()
-        self._topics = routed_topic_creator(settings, topic_guard)
+        self._topics = routed_topic_creator(settings, topic_guard, record)
 
     def written_topics(self) -> frozenset[str]:
         """The topics this relay's parts have published to (their checkpoint topic too)."""

@@ -85,7 +85,7 @@ def _native_record(event: OutboxEvent, subscriber: Subscriber) -> KafkaRecord:
     headers: list[Header] = [(HEADER_ID, message_id)]
     size = len(key) + len(value) + len(HEADER_ID) + len(message_id)
     return KafkaRecord(
-        subscriber.topic_for(event), key, value, headers, size, subscriber.fixed_topic is None
+        subscriber.topic_for(event), key, value, headers, size, bool(subscriber.free_fields)
     )
 
 

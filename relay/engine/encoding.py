@@ -97,7 +97,10 @@ class SubscriberEncoder:
         self._owner, self._subscriber = owner, subscriber
         # Every time, not once here: the guard changes as subscribers come and go.
         self._guard = owner.guard
-        self._topic = subscriber.fixed_topic  # None: rows choose it
+        self._topic = subscriber.fixed_topic  # None: the row's fields make it
+        # Whether a row's field no filter lists makes it: then the topic is the row's
+        # choice, confined by the publisher (issue #47); else the operator declared it.
+        self._free = bool(subscriber.free_fields)
         self._routing = subscriber.routing
         self._value = self._value_writer()
         self._string_key = subscriber.key_format is KeyFormat.STRING
@@ -138,7 +141,7 @@ class SubscriberEncoder:
         key = text.encode() if self._string_key else self._registry_key(topic, text)
         headers, headers_size = self._headers(event)
         size = len(key) + len(value) + headers_size
-        return _record((topic, key, value, headers, size, self._topic is None, None, None, None))
+        return _record((topic, key, value, headers, size, self._free, None, None, None))
 
     def _routed(self, event: OutboxEvent) -> KafkaRecord:
         """The record under the subscriber's routing control: its key, its partition,
@@ -161,9 +164,7 @@ class SubscriberEncoder:
         headers = [h for h in self._headers(event)[0] if h[0] not in names]
         headers += placed
         size = len(key) + len(value) + sum(len(n) + len(v or b"") for n, v in headers)
-        return KafkaRecord(
-            topic, key, value, headers, size, self._topic is None, partition=partition
-        )
+        return KafkaRecord(topic, key, value, headers, size, self._free, partition=partition)
 
     def _debezium(self, event: OutboxEvent) -> KafkaRecord:
         if type(event.payload) is Unreadable or not isinstance(event.headers, dict):

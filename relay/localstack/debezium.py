@@ -25,6 +25,7 @@ from typing import Any
 
 import psycopg
 
+from relay.adapters.postgres import db
 from relay.artifacts.maven import Lock, fetch_lock
 from relay.core.log_fields import log_extra
 from relay.localstack.kafka import java_major
@@ -37,6 +38,7 @@ from relay.localstack.process import (
     reaper,
     signal_and_wait,
     spawn,
+    write_private,
 )
 
 __all__ = [
@@ -120,7 +122,7 @@ def postgres_to_kafka(postgres: LocalPostgres, dbname: str, bootstrap: str) -> d
         "debezium.source.database.hostname": "127.0.0.1",
         "debezium.source.database.port": str(postgres.port),
         "debezium.source.database.user": "postgres",
-        "debezium.source.database.password": "unused",
+        "debezium.source.database.password": postgres.password,
         "debezium.source.database.dbname": dbname,
         "debezium.source.topic.prefix": "dbz",
         "debezium.source.plugin.name": "pgoutput",
@@ -160,15 +162,17 @@ class LocalDebeziumServer(LocalServer):
         java = find_java21()
         home = debezium_home()
         config = self.work_dir / "config"
-        config.mkdir(parents=True, exist_ok=True)
+        config.mkdir(mode=0o700, parents=True, exist_ok=True)
         settings = {
             "quarkus.http.port": str(free_port()),
             "quarkus.log.console.json": "false",
             "debezium.source.offset.storage.file.filename": str(self.work_dir / "offsets.dat"),
             **self.properties,
         }
-        (config / "application.properties").write_text(
-            "".join(f"{name}={_escape(value)}\n" for name, value in settings.items())
+        # It holds the database password.
+        write_private(
+            config / "application.properties",
+            "".join(f"{name}={_escape(value)}\n" for name, value in settings.items()),
         )
         (runner,) = home.glob("debezium-server-*runner.jar")
         classpath = os.pathsep.join(
@@ -194,7 +198,7 @@ class LocalDebeziumServer(LocalServer):
         """Wait until the connector streams from its replication slot."""
         slot = self.properties.get("debezium.source.slot.name", "debezium")
         deadline = time.monotonic() + timeout
-        with psycopg.connect(database_url, autocommit=True) as conn:
+        with db.connect(database_url, application_name="outbox-relay-local") as conn:
             while not _slot_active(conn, slot):
                 if self._proc is None or self._proc.poll() is not None:
                     raise LocalServerError(
@@ -231,6 +235,6 @@ def _escape(value: str) -> str:
 
 def _slot_active(conn: psycopg.Connection[Any], slot: str) -> bool:
     row = conn.execute(
-        "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        "SELECT active FROM pg_catalog.pg_replication_slots WHERE slot_name = %s", (slot,)
     ).fetchone()
     return bool(row and row[0])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import shlex
 import signal
 import threading
 import time
@@ -34,10 +35,12 @@ from relay.adapters.kafka.kafka import TopicCreator
 from relay.adapters.kafka.topic_reader import KafkaTopicReader
 from relay.adapters.postgres import db
 from relay.adapters.postgres.store import OutboxStore
+from relay.adapters.postgres.topic_record import PostgresTopicRecord
 from relay.core.log_fields import log_extra
 from relay.core.model import HEADER_EVENT_TYPE, ConsumedRecord
 from relay.core.schemas import SchemaFolder
 from relay.core.settings import Settings, load_settings
+from relay.core.terminal import printable
 from relay.daemon import Relay
 from relay.errors import RelayError, SchemaError
 from relay.localstack import KAFKA_VERSION, LocalKafka, LocalPostgres, free_port
@@ -397,8 +400,9 @@ def _payload(record: ConsumedRecord, registry: SchemaFolder) -> str:
 def _recent_table(recent: list[tuple[str, str, str, str]]) -> Table:
     table = Table("topic", "key", "event", "payload", box=box.SIMPLE, title="last consumed")
     for row in reversed(recent):
-        # Consumed data, whoever wrote it: plain text, never rich markup.
-        table.add_row(*(Text(field) for field in row))
+        # Consumed data, whoever wrote it: plain text, never rich markup nor a control
+        # character the terminal would obey.
+        table.add_row(*(Text(printable(field)) for field in row))
     return table
 
 
@@ -532,11 +536,18 @@ def _start(stack: ExitStack, demo: DemoRun) -> None:
 
 def _create_demo_topics(settings: Settings) -> None:
     """Create the demo topics as the relay would (same partitions), so the consumer is
-    assigned before the first event arrives (no consumer warm-up in the latencies)."""
+    assigned before the first event arrives (no consumer warm-up in the latencies), and
+    record them as the outbox's: the default subscriber's rows publish only to topics
+    the outbox created (docs/design.md §7, "Rows name topics")."""
+    url = settings.require_database_url()
+    record = PostgresTopicRecord(
+        lambda: db.connect(url, application_name="outbox-relay-dev"), settings.database_schema
+    )
     topics = TopicCreator(
         {"bootstrap.servers": settings.require_bootstrap_servers()},
         partitions=settings.topic_partitions,
         replication_factor=settings.topic_replication_factor,
+        record=record,
     )
     try:
         topics.ensure(set(DEMO_TOPICS))
@@ -622,7 +633,10 @@ def _banner(demo: DemoRun) -> None:
     console.print(
         "[bold]outbox-relay dev[/bold]: local Postgres + Apache Kafka, relay, demo writer"
     )
-    console.print(f"  postgres   psql {demo.database_url}", soft_wrap=True, highlight=False)
+    # Quoted: the URL's "?" would be a glob to the shell it is pasted into.
+    console.print(
+        f"  postgres   psql {shlex.quote(demo.database_url)}", soft_wrap=True, highlight=False
+    )
     console.print(
         f"  kafka      Apache Kafka {KAFKA_VERSION}, bootstrap servers "
         f"{demo.broker.bootstrap_servers}, topics {', '.join(DEMO_TOPICS)}, "

@@ -4,6 +4,12 @@ When we run as root (containers, CI), PostgreSQL refuses to start, so ``initdb``
 ``postgres`` run as the ``postgres`` system user and the data directory is chowned to
 it. Every ancestor directory of the data directory must then be searchable by that user
 (``pytest``'s ``tmp_path`` is not: it lives under a 0700 directory).
+
+No other user of the machine may use the server (issue #47): every TCP login needs the
+password generated for the cluster, kept in a 0600 password file in its data directory
+that the URLs name (``passfile=``), so no password shows in a URL, a process list or a
+terminal; the Unix socket, trusted, is in the 0700 data directory, which only the server's
+user (and root) can enter.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import glob
 import logging
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import stat
@@ -20,11 +27,16 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
+from relay.adapters.postgres import db
 from relay.core.log_fields import log_extra
+from relay.errors import RelayError
 from relay.localstack.process import (
     LocalServer,
     LocalServerError,
@@ -35,6 +47,7 @@ from relay.localstack.process import (
     reaper,
     signal_and_wait,
     spawn,
+    write_private,
 )
 
 __all__ = ["LocalPostgres"]
@@ -44,6 +57,20 @@ _log = logging.getLogger(__name__)
 _PG_SYSTEM_USER = "postgres"
 _PG_START_TIMEOUT = 30.0
 _MAX_SOCKET_DIR_LEN = 80
+# The superuser's password, as a libpq password file (host:port:database:user:password).
+_PASSFILE = "outbox-relay.pgpass"
+_SUPERUSER = "postgres"
+# Written at every start, so a cluster made when the stack trusted every loopback login
+# (before issue #47) loses that too.
+_PG_HBA = """\
+# Written by outbox-relay's local stack at every start (relay/localstack/postgres.py).
+# TCP: the password only (scram-sha-256). The Unix socket is in the 0700 data directory:
+# only the server's own OS user (and root) can reach it.
+local   all          all                 trust
+local   replication  all                 trust
+host    all          all   127.0.0.1/32  scram-sha-256
+host    replication  all   127.0.0.1/32  scram-sha-256
+"""
 
 # --------------------------------------------------------------------------- Postgres
 
@@ -74,7 +101,8 @@ def _searchable_by(path: Path, uid: int, gids: set[int]) -> bool:
 
 
 class LocalPostgres(LocalServer):
-    """A PostgreSQL server in ``data_dir``, listening on 127.0.0.1 only, trust auth.
+    """A PostgreSQL server in ``data_dir``, listening on 127.0.0.1 only, with a password
+    (``passfile``) for every TCP login.
 
     ``fsync=False`` turns off ``fsync`` only: fast for tests, and commits still survive a
     SIGKILL of the server (the WAL is written, just not flushed to disk); only an OS
@@ -101,6 +129,7 @@ class LocalPostgres(LocalServer):
             else self.data_dir.parent / f"{self.data_dir.name}.log"
         )
         self._proc: subprocess.Popen[bytes] | None = None
+        self._socket_dir: Path | None = None
         self._tmp_socket_dir: Path | None = None
         self._run_as: str | None = _PG_SYSTEM_USER if os.geteuid() == 0 else None
 
@@ -111,12 +140,26 @@ class LocalPostgres(LocalServer):
 
     @property
     def url(self) -> str:
-        """Admin URL of the ``postgres`` database (superuser ``postgres``, no password)."""
+        """Admin URL of the ``postgres`` database (superuser ``postgres``)."""
         return self.url_for("postgres")
 
     def url_for(self, dbname: str) -> str:
-        """URL of database ``dbname`` on this server."""
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{quote(dbname, safe='')}"
+        """URL of database ``dbname`` on this server, as the superuser: its password
+        is read from :attr:`passfile` (libpq's ``passfile``), never written in the URL."""
+        return (
+            f"postgresql://{_SUPERUSER}@127.0.0.1:{self.port}/{quote(dbname, safe='')}"
+            f"?passfile={quote(str(self.passfile), safe='/')}"
+        )
+
+    @property
+    def passfile(self) -> Path:
+        """The superuser's password, as a libpq password file (mode 0600)."""
+        return self.data_dir / _PASSFILE
+
+    @property
+    def password(self) -> str:
+        """The superuser's password, for clients that cannot read a password file."""
+        return self.passfile.read_text(encoding="utf-8").strip().rsplit(":", 1)[1]
 
     def start(self) -> None:
         """Create the cluster if needed, start the server and wait until it accepts logins."""
@@ -127,9 +170,10 @@ class LocalPostgres(LocalServer):
         self._prepare_data_dir()
         if not (self.data_dir / "PG_VERSION").exists():
             self._initdb(initdb)
+        self._write_private(self.data_dir / "pg_hba.conf", _PG_HBA)
         self._clear_stale_pidfile()
         self._check_port_free()
-        socket_dir = self._make_socket_dir()
+        socket_dir = self._socket_dir = self._make_socket_dir()
 
         sync = "on" if self.fsync else "off"
         argv = [
@@ -182,6 +226,7 @@ class LocalPostgres(LocalServer):
         if self._tmp_socket_dir is not None:
             shutil.rmtree(self._tmp_socket_dir, ignore_errors=True)
             self._tmp_socket_dir = None
+        self._socket_dir = None
 
     # -- internals
 
@@ -210,8 +255,7 @@ class LocalPostgres(LocalServer):
         self.data_dir.mkdir(parents=True, exist_ok=True)
         ids = self._ids()
         if ids is None:
-            if not (self.data_dir / "PG_VERSION").exists():
-                self.data_dir.chmod(0o700)
+            self.data_dir.chmod(0o700)  # it holds the trusted socket and the password
             return
         uid, gid = ids
         gids = {gid, *os.getgrouplist(self._run_as or _PG_SYSTEM_USER, gid)}
@@ -231,12 +275,34 @@ class LocalPostgres(LocalServer):
             os.chown(self.data_dir, uid, gid)
         self.data_dir.chmod(0o700)
 
+    def _write_private(self, path: Path, text: str) -> None:
+        write_private(path, text, owner=self._ids())
+
     def _initdb(self, initdb: str) -> None:
+        password = secrets.token_urlsafe(24)
+        # initdb reads the password from a file the server's user can read, outside the
+        # data directory (which must be empty): in a 0700 directory of its own.
+        staging = Path(tempfile.mkdtemp(prefix="outbox-pw-"))
+        try:
+            self._chown(staging)
+            self._write_private(staging / "password", password + "\n")
+            self._run_initdb(initdb, staging / "password")
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        self._save_password(password)
+
+    def _save_password(self, password: str) -> None:
+        # Any host, port and database: the port may change between starts.
+        self._write_private(self.passfile, f"*:*:*:{_SUPERUSER}:{password}\n")
+
+    def _run_initdb(self, initdb: str, password_file: Path) -> None:
         argv = [
             initdb,
             "-D", str(self.data_dir),
-            "-U", "postgres",
-            "--auth=trust",
+            "-U", _SUPERUSER,
+            f"--pwfile={password_file}",
+            "--auth-local=trust",
+            "--auth-host=scram-sha-256",
             "--encoding=UTF8",
             "--locale=C",
             "--no-instructions",
@@ -327,7 +393,13 @@ class LocalPostgres(LocalServer):
         return b"postgres" in cmdline
 
     def _wait_ready(self) -> None:
-        assert self._proc is not None
+        """Until the server answers on its own socket; then a cluster without a password
+        file (made before the stack had passwords) gets one, and a login over TCP, with
+        the password, must reach this very server."""
+        assert self._proc is not None and self._socket_dir is not None
+        socket_login = make_conninfo(
+            host=str(self._socket_dir), port=self.port, user=_SUPERUSER, dbname="postgres"
+        )
         deadline = time.monotonic() + _PG_START_TIMEOUT
         last_error: Exception | None = None
         while True:
@@ -338,12 +410,13 @@ class LocalPostgres(LocalServer):
                     f"{log_tail(self.log_path)}"
                 )
             try:
-                with psycopg.connect(self.url, connect_timeout=2, autocommit=True) as conn:
-                    row = conn.execute("SELECT current_setting('data_directory')").fetchone()
-            except psycopg.Error as exc:
+                with db.connect(socket_login, connect_timeout=2) as conn:
+                    if not self.passfile.exists():
+                        self._set_password(conn)
+            except (psycopg.Error, RelayError) as exc:
                 last_error = exc
             else:
-                self._check_is_ours(row[0] if row else "")
+                self._check_is_ours()
                 return
             if time.monotonic() > deadline:
                 raise LocalServerError(
@@ -353,9 +426,39 @@ class LocalPostgres(LocalServer):
                 )
             time.sleep(0.1)
 
-    def _check_is_ours(self, data_directory: str) -> None:
-        """The server that answered must be the one we started, not another one that
-        took the port before ours could bind it."""
+    def _set_password(self, conn: psycopg.Connection[Any]) -> None:
+        password = secrets.token_urlsafe(24)
+        # The SCRAM verifier is computed here: the password never reaches the server,
+        # nor its log.
+        verifier = conn.pgconn.encrypt_password(
+            password.encode(), _SUPERUSER.encode(), b"scram-sha-256"
+        )
+        role = sql.Identifier(_SUPERUSER)
+        conn.execute(
+            sql.SQL("ALTER ROLE {} PASSWORD {}").format(role, sql.Literal(verifier.decode()))
+        )
+        self._save_password(password)
+        _log.info(
+            "local postgres %s: the superuser now logs in with the password in %s",
+            self.data_dir,
+            self.passfile,
+            extra=self._log_extra("local_postgres_password_set", passfile=self.passfile),
+        )
+
+    def _check_is_ours(self) -> None:
+        """The server a TCP login reaches must be the one we started, not another one
+        that took the port before ours could bind it."""
+        try:
+            with db.connect(self.url, connect_timeout=5) as conn:
+                row = conn.execute("SELECT pg_catalog.current_setting('data_directory')").fetchone()
+        except (psycopg.Error, RelayError) as exc:
+            raise LocalServerError(
+                f"port {self.port} on 127.0.0.1 refuses the local Postgres' own login "
+                f"({exc}): another server holds it, or {self.passfile} is not this "
+                "cluster's password. Stop the other server or choose another port "
+                "(--postgres-port); or delete the password file to have a new one set"
+            ) from exc
+        data_directory = row[0] if row else ""
         if Path(data_directory).resolve() != self.data_dir.resolve():
             raise LocalServerError(
                 f"port {self.port} on 127.0.0.1 is in use by another Postgres (data "

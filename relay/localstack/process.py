@@ -42,6 +42,7 @@ __all__ = [
     "reaper",
     "signal_and_wait",
     "spawn",
+    "write_private",
 ]
 
 
@@ -54,6 +55,19 @@ _log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 _LOG_TAIL_BYTES = 4000
+
+
+def write_private(path: Path, text: str, *, owner: tuple[int, int] | None = None) -> None:
+    """Write ``path`` whole, readable by its owner only (0600) from the first byte on:
+    it holds a password. ``owner``: (uid, gid) to give it to (the server's user)."""
+    staging = path.with_name(f".{path.name}.tmp")
+    staging.unlink(missing_ok=True)
+    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    if owner is not None:
+        os.chown(staging, *owner)
+    staging.replace(path)
 
 
 class LocalServer:

@@ -8,6 +8,7 @@ export, so ``outbox-relay run`` and an app can use them from another terminal.
 from __future__ import annotations
 
 import logging
+import shlex
 import signal
 import sys
 import threading
@@ -45,8 +46,9 @@ def run_local(
             sys.stdout.write(
                 f"Postgres {postgres.data_dir} and Apache Kafka {KAFKA_VERSION} "
                 f"(started in {kafka.startup_seconds or 0:.1f} s) are running. Use:\n"
-                f"export RELAY_DATABASE_URL={url}\n"
-                f"export RELAY_BOOTSTRAP_SERVERS={kafka.bootstrap_servers}\n"
+                f"export RELAY_DATABASE_URL={shlex.quote(url)}\n"
+                f"export RELAY_BOOTSTRAP_SERVERS={shlex.quote(kafka.bootstrap_servers)}\n"
+                f"The URL's password is in {postgres.passfile} (yours alone to read).\n"
                 "Ctrl-C stops both; their data stays in "
                 f"{workdir}.\n"
             )

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from relay.core.redact import redact
+from relay.core.terminal import printable
 
 # Attributes every LogRecord has; anything else came in through `extra=`.
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
@@ -19,10 +20,21 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
 
 class RedactingFormatter(logging.Formatter):
     """Masks passwords in every line, tracebacks included: a driver error chained under
-    a relay error may quote a whole database URL."""
+    a relay error may quote a whole database URL. Escapes control characters: a message
+    quoting a row or a server's answer can neither drive the terminal nor start a
+    forged line (tracebacks keep their lines)."""
 
     def format(self, record: logging.LogRecord) -> str:
         return redact(super().format(record))
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        return printable(super().formatException(ei), keep_newlines=True)
+
+    def formatStack(self, stack_info: str) -> str:
+        return printable(super().formatStack(stack_info), keep_newlines=True)
 
 
 class JsonFormatter(logging.Formatter):

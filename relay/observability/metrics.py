@@ -34,7 +34,6 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
-from waitress.server import create_server  # type: ignore[import-untyped]
 from waitress.task import ThreadedTaskDispatcher  # type: ignore[import-untyped]
 
 from relay.adapters.postgres.store import OutboxStore
@@ -44,6 +43,7 @@ from relay.core.settings import Settings
 from relay.engine.worker import COUNTERS as _COUNTERS  # the workers' counters, declared there
 from relay.errors import ConfigError, RelayError
 from relay.observability import tracing
+from relay.observability.listener import Listener
 from relay.ops.lag import EXACT_UP_TO, subscriber_statuses
 
 if TYPE_CHECKING:
@@ -139,8 +139,10 @@ class RelayCollector(Collector):
         waiting = GaugeMetricFamily(
             "outbox_relay_part_waiting",
             "1 while a part waits to retry because a service it needs could not be reached "
-            "(service: schema_registry, kafka or postgres); it publishes nothing meanwhile, "
-            "and dead-letters nothing for it",
+            "(service: schema_registry, kafka or postgres), or because max_created_topics "
+            "topics were created for rows already and a row's new topic must wait "
+            "(service: topic_budget); it publishes nothing meanwhile, and dead-letters "
+            "nothing for it",
             labels=["subscriber", "part", "service"],
         )
         for part, service in sorted(self._relay.part_waits().items()):
@@ -160,6 +162,11 @@ class RelayCollector(Collector):
             "outbox_relay_pruned_events",
             "Published rows deleted by retention",
             value=retention["pruned"],
+        )
+        yield CounterMetricFamily(
+            "outbox_relay_pruned_dead_letters",
+            "Dead letters deleted by retention (redriven, or past dead_letter_retention)",
+            value=retention["dead_letters_pruned"],
         )
         yield CounterMetricFamily(
             "outbox_relay_prune_failures",
@@ -302,15 +309,19 @@ _PART_GAUGES = (
         "outbox_relay_lag_events",
         f"Events not yet published (counted up to {EXACT_UP_TO}, estimated beyond)",
     ),
-    ("outbox_relay_lag_seconds", "Age of the oldest event not yet published"),
+    (
+        "outbox_relay_lag_seconds",
+        "Seconds since the database recorded the oldest event not yet published (its "
+        "recorded_at: the INSERT's time, never the occurred_at a writer may set)",
+    ),
     ("outbox_relay_checkpoint_age_seconds", "Seconds since the part's checkpoint last changed"),
     ("outbox_relay_part_claimed", "1 when a live relay owns the part"),
     ("outbox_relay_part_halted", "1 when a poison event halted the part"),
     (
         "outbox_relay_publish_stalled_seconds",
         "Seconds the part has had events to publish without publishing any (0 while it "
-        "has none): since its checkpoint last moved, or since its oldest pending event "
-        "if that is younger",
+        "has none): since its checkpoint last moved, or since the database recorded its "
+        "oldest pending event if that is younger",
     ),
 )
 
@@ -321,21 +332,17 @@ def _stalled_for(pending: int, oldest_pending_s: float, checkpoint_age_s: float)
     return min(oldest_pending_s, checkpoint_age_s) if pending else 0.0
 
 
-# The HTTP server: waitress multiplexes connections on one I/O thread and hands
-# complete requests to thread pools, so idle or slow clients cost a socket each, never a
-# thread; a client silent for CLIENT_TIMEOUT_S is disconnected, and past
-# MAX_CONNECTIONS new ones wait in the listen backlog. The probes have a pool of their
-# own (PROBE_THREADS), so that no number of slow scrapes can delay them: a liveness
-# probe that times out restarts the relay, and every replica's at once.
+# The HTTP server: waitress multiplexes connections on one I/O thread per port and
+# hands complete requests to thread pools, so idle or slow clients cost a socket each,
+# never a thread; relay/observability/listener.py bounds how long and how many of them
+# a port holds. The probes have a port of their own (probe_port), which serves nothing
+# else, so that no number of scrapes and slow clients can use up what the kubelet
+# reaches: a liveness probe that times out restarts the relay, and every replica's at
+# once. The metrics port answers them too (older manifests probe it), from a pool of
+# their own (PROBE_THREADS), so that slow scrapes never delay them there either.
 HTTP_THREADS = 2
 PROBE_THREADS = 2  # liveness and readiness at once
 PROBE_PATHS = frozenset({"/healthz", "/readyz"})
-MAX_CONNECTIONS = 100
-CLIENT_TIMEOUT_S = 10
-# No endpoint takes a body: one is refused (413) from its headers, before waitress would
-# read it, and so spool it to a temporary file. Headers stay small too.
-MAX_BODY_BYTES = 0
-MAX_HEADER_BYTES = 16 * 1024
 ALLOWED_METHODS = ("GET", "HEAD")
 
 
@@ -347,12 +354,8 @@ class _ProbesApart:
     is the connection's first pending one, which decides the pool."""
 
     def __init__(self) -> None:
-        self.probes = ThreadedTaskDispatcher()
-        self.others = ThreadedTaskDispatcher()
-        self.probes.set_thread_count(PROBE_THREADS)
-
-    def set_thread_count(self, count: int) -> None:
-        self.others.set_thread_count(count)
+        self.probes = _pool(PROBE_THREADS)
+        self.others = _pool(HTTP_THREADS)
 
     def add_task(self, channel: Any) -> None:
         requests = getattr(channel, "requests", None)
@@ -365,108 +368,121 @@ class _ProbesApart:
         return bool(probes and others)
 
 
+def _pool(threads: int) -> ThreadedTaskDispatcher:
+    pool = ThreadedTaskDispatcher()
+    pool.set_thread_count(threads)
+    return pool
+
+
 class HealthServer:
-    """``/metrics``, ``/healthz`` and ``/readyz`` on one port, served by waitress."""
+    """``/metrics``, ``/healthz`` and ``/readyz`` on the metrics port; ``/healthz`` and
+    ``/readyz`` alone on the probe port."""
 
     def __init__(
         self, relay: RelayView, open_store: Callable[[], OutboxStore], settings: Settings
     ) -> None:
-        host, port = settings.metrics_host, settings.metrics_port
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = RelayCollector(relay, open_store, settings.metrics_cache_ttl)
         self.registry.register(self.collector)
         self._relay = relay
         self._metrics = make_wsgi_app(self.registry)
-        dispatcher = _ProbesApart()
-        dispatcher.set_thread_count(HTTP_THREADS)
+        self.host = settings.metrics_host
+        self.listener = _listen(
+            "metrics", self._app, self.host, settings.metrics_port, _ProbesApart()
+        )
         try:
-            self._server = create_server(
-                self._app,
-                host=host,
-                port=port,
-                # waitress's hook for a dispatcher of one's own (it calls it a test
-                # shim; waitress is pinned below 4, and tests/acceptance/
-                # test_observability.py checks that probes keep their threads).
-                _dispatcher=dispatcher,
-                connection_limit=MAX_CONNECTIONS,
-                channel_timeout=CLIENT_TIMEOUT_S,
-                cleanup_interval=1,
-                max_request_body_size=MAX_BODY_BYTES,
-                max_request_header_size=MAX_HEADER_BYTES,
-                ident="outbox-relay",
-                clear_untrusted_proxy_headers=True,
-                # poll(), not select(): select() fails on descriptors above 1023, and a
-                # relay of 100 parts holds more than that (a connection and a producer's
-                # sockets each), which would stop the endpoints.
-                asyncore_use_poll=True,
+            self.probe_listener = _listen(
+                "probes",
+                self._probe_app,
+                self.host,
+                settings.probe_listen_port,
+                _pool(PROBE_THREADS),
             )
-        except OSError as exc:
-            dispatcher.shutdown(timeout=1)
-            raise ConfigError(
-                f"metrics_port: cannot listen on {host}:{port}: {exc.strerror} "
-                "(RELAY_METRICS_PORT=0 picks a free port, RELAY_METRICS_ENABLED=false turns it off)"
-            ) from exc
-        self.host = host
-        self.port = int(self._server.effective_port)
-        self._thread = threading.Thread(target=self._server.run, name="relay-http", daemon=True)
+        except ConfigError:
+            self.listener.stop()
+            raise
+        self.port = self.listener.port
+        self.probe_port = self.probe_listener.port
+        self.registry.register(_DroppedConnections(self))
 
     def start(self) -> None:
-        self._thread.start()
+        self.listener.start()
+        self.probe_listener.start()
         logger.info(
-            "serving /metrics, /healthz and /readyz on %s:%s",
+            "serving /metrics, /healthz and /readyz on %s:%s, and /healthz and /readyz on %s:%s",
             self.host,
             self.port,
-            extra=log_extra("http_serving", host=self.host, port=self.port),
+            self.host,
+            self.probe_port,
+            extra=log_extra(
+                "http_serving", host=self.host, port=self.port, probe_port=self.probe_port
+            ),
         )
 
     def stop(self) -> None:
-        # Close every socket from the I/O thread itself (a trigger runs it there), so
-        # its poll never sees a descriptor closed underneath it; then its loop ends.
-        if not self._run_in_loop(self._close_all):
-            # Nothing can wake the loop: close from here. Each socket leaves the loop's
-            # map as it closes, so the loop ignores what poll says of it, then ends.
-            self._close_all()
-        self._thread.join(5.0)
-        self._server.task_dispatcher.shutdown(timeout=5)
+        self.probe_listener.stop()
+        self.listener.stop()
         self.collector.database.close()
 
-    def _run_in_loop(self, thunk: Callable[[], None]) -> bool:
-        """Have the I/O thread run ``thunk``; False when its wake-up pipe is gone.
-
-        waitress's loop closes that pipe itself when poll() reports it hung up or
-        invalid, and writing to its old number then fails (or, were the number reused,
-        would write into someone else's file), so a closed one is never written to."""
-        trigger = self._server.trigger
-        try:
-            if not trigger._closed:
-                trigger.pull_trigger(thunk)
-                return True
-            error = "closed by the server's loop"
-        except OSError as exc:
-            error = exc.strerror or str(exc)
-        logger.warning(
-            "the HTTP server's wake-up pipe is gone (%s): closing its sockets from here",
-            error,
-            extra=log_extra("http_wakeup_lost", error=error),
-        )
-        return False
-
-    def _close_all(self) -> None:
-        for dispatcher in list(self._server._map.values()):
-            dispatcher.close()
-
     def _app(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        if environ.get("REQUEST_METHOD") not in ALLOWED_METHODS:
-            return _text(start_response, False, "only GET and HEAD", 405, allow=ALLOWED_METHODS)
-        path = environ.get("PATH_INFO", "")
-        if path == "/metrics":
+        if environ.get("PATH_INFO", "") == "/metrics" and _allowed(environ):
             body: Iterable[bytes] = self._metrics(environ, start_response)
             return body
+        return self._probe_app(environ, start_response)
+
+    def _probe_app(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        if not _allowed(environ):
+            return _text(start_response, False, "only GET and HEAD", 405, allow=ALLOWED_METHODS)
+        path = environ.get("PATH_INFO", "")
         if path == "/healthz":
             return _text(start_response, *self._relay.healthy())
         if path == "/readyz":
             return _text(start_response, *self._relay.ready())
-        return _text(start_response, False, "not found: try /metrics, /healthz or /readyz", 404)
+        return _text(start_response, False, f"not found: try {self._paths(environ)}", 404)
+
+    def _paths(self, environ: dict[str, Any]) -> str:
+        on_probes = environ.get("SERVER_PORT") == str(self.probe_port)
+        return "/healthz or /readyz" if on_probes else "/metrics, /healthz or /readyz"
+
+
+def _allowed(environ: dict[str, Any]) -> bool:
+    return environ.get("REQUEST_METHOD") in ALLOWED_METHODS
+
+
+def _listen(name: str, app: Any, host: str, port: int, dispatcher: Any) -> Listener:
+    key = "probe_port" if name == "probes" else "metrics_port"
+    try:
+        return Listener(name, app, host, port, dispatcher)
+    except OSError as exc:
+        dispatcher.shutdown(timeout=1)
+        raise ConfigError(
+            f"{key}: cannot listen on {host}:{port}: {exc.strerror} "
+            f"(RELAY_{key.upper()}=0 picks a free port, RELAY_METRICS_ENABLED=false turns "
+            "the HTTP endpoints off)"
+        ) from exc
+
+
+class _DroppedConnections(Collector):
+    """What the listeners closed to keep room for new clients, by port and reason."""
+
+    def __init__(self, server: HealthServer) -> None:
+        self._server = server
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "outbox_relay_http_connections_dropped",
+            "Connections the HTTP server closed before they sent a complete request: past "
+            "the deadline on a request's headers (header_deadline), or to make room for a "
+            "new one (peer_limit: too many from one address; connection_limit: too many)",
+            labels=["listener", "reason"],
+        )
+        for name, listener in (
+            ("metrics", self._server.listener),
+            ("probes", self._server.probe_listener),
+        ):
+            for reason in ("header_deadline", "peer_limit", "connection_limit"):
+                family.add_metric([name, reason], listener.dropped[reason])
+        yield family
 
 
 def _text(

@@ -25,16 +25,28 @@ from psycopg.types.json import Jsonb
 from relay.adapters.postgres.db import StreamRef, wrap_errors
 from relay.adapters.postgres.queries import queries_for, with_schema
 from relay.core.schemas import SchemaFolder
-from relay.errors import ConcurrencyError, PayloadValidationError, RelayError
+from relay.errors import (
+    ConcurrencyError,
+    IdempotencyKeyReused,
+    PayloadValidationError,
+    RelayError,
+)
 
 Connectable = psycopg.Connection[Any] | psycopg.Transaction
 
+# It runs in the application's session, whose search_path the relay does not own: every
+# call and type is qualified (tests/unit/test_sql_qualified.py), so nothing a role put in
+# a schema on that path can be a better match. (unnest of several arrays is shorthand
+# for this ROWS FROM, and only unqualified.)
 _STREAM_INSERT = """
 INSERT INTO {schema}.outbox
     (aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers)
 SELECT %(aggregate_type)s, %(aggregate_id)s, e.version, e.event_type, e.payload, e.headers
-  FROM unnest(%(versions)s::bigint[], %(event_types)s::text[], %(payloads)s::jsonb[],
-              %(headers)s::jsonb[]) WITH ORDINALITY AS e(version, event_type, payload, headers, n)
+  FROM ROWS FROM (pg_catalog.unnest(%(versions)s::pg_catalog.int8[]),
+                  pg_catalog.unnest(%(event_types)s::pg_catalog.text[]),
+                  pg_catalog.unnest(%(payloads)s::pg_catalog.jsonb[]),
+                  pg_catalog.unnest(%(headers)s::pg_catalog.jsonb[]))
+       WITH ORDINALITY AS e(version, event_type, payload, headers, n)
  ORDER BY e.n
 RETURNING aggregate_version, message_id
 """
@@ -79,8 +91,10 @@ class Outbox:
     ) -> UUID:
         """Append one event; returns its message id.
 
-        With an ``idempotency_key`` (unique per aggregate), appending again with the
-        same key writes nothing and returns the first append's message id.
+        With an ``idempotency_key`` (unique per writer role and aggregate), appending the
+        same event again with the same key writes nothing and returns the first append's
+        message id; another event (event type or payload) with a key this role already
+        used raises :class:`IdempotencyKeyReused`. Another role's key is not this one's.
         """
         self._check(aggregate_type, aggregate_id, event_type, payload, headers)
         params = {
@@ -97,16 +111,32 @@ class Outbox:
             if idempotency_key is None:
                 return _one(connection.execute(self._queries["append_event"], params).fetchone())
             row = connection.execute(self._queries["append_event_idempotent"], params).fetchone()
-            if row is None:
-                row = connection.execute(
-                    self._queries["find_by_idempotency_key"], params
-                ).fetchone()
-            if row is None:
-                raise ConcurrencyError(
-                    f"idempotency key {idempotency_key!r} of {aggregate_type}/{aggregate_id} is held "
-                    "by a transaction this snapshot cannot see; retry the transaction"
+            return _one(row) if row is not None else self._first_append(connection, params)
+
+    def _first_append(self, connection: psycopg.Connection[Any], params: dict[str, Any]) -> UUID:
+        """The message id of the event that took this append's key first: this writer's
+        own (migration 0015), which must be the same event; before that migration, the
+        one event with the key, whoever wrote it."""
+        queries = self._queries
+        scoped = connection.execute(queries["keys_per_writer"], {"schema": self.schema}).fetchone()
+        if scoped is not None and scoped[0]:
+            row = connection.execute(queries["find_own_by_idempotency_key"], params).fetchone()
+            if row is not None and not row[1]:
+                raise IdempotencyKeyReused(
+                    params["aggregate_type"],
+                    params["aggregate_id"],
+                    params["idempotency_key"],
+                    str(row[0]),
                 )
-            return _one(row)
+        else:
+            row = connection.execute(queries["find_by_idempotency_key"], params).fetchone()
+        if row is None:
+            raise ConcurrencyError(
+                f"idempotency key {params['idempotency_key']!r} of {params['aggregate_type']}/"
+                f"{params['aggregate_id']} is held by a transaction this snapshot cannot see; "
+                "retry the transaction"
+            )
+        return _one(row)
 
     def append_to_stream(
         self,

@@ -5,6 +5,7 @@ for a Postgres that is down, as `run` does."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,9 @@ from psycopg import sql
 
 from relay.localstack import LocalPostgres, free_port
 from tests.plugins.postgres import PgServer
-from tests.support import REPO, run_cli
+from tests.support import REPO, login_url, run_cli
+
+_REFUSED = r"does not exist|password authentication failed|no password supplied"
 
 
 def test_an_unknown_database_is_permanent_and_run_exits(pg_server: PgServer) -> None:
@@ -35,16 +38,20 @@ def test_an_unknown_database_is_permanent_and_run_exits(pg_server: PgServer) -> 
 
 
 def test_a_refused_login_is_permanent_and_names_the_fix(pg_server: PgServer) -> None:
-    """Issue #28: a login the server refuses (here an unknown role; a bad password and a
-    missing pg_hba.conf entry read alike) has no SQLSTATE, and was retried for ever as
-    an unreachable server."""
-    url = psycopg.conninfo.make_conninfo(pg_server.url, user=f"nobody_{uuid.uuid4().hex[:8]}")
-    env = {"RELAY_DATABASE_URL": url, "RELAY_BOOTSTRAP_SERVERS": "127.0.0.1:1"}
-    for args in (("status",), ("migrate",), ("run",)):
-        result = run_cli(*args, env={**env, "RELAY_METRICS_ENABLED": "false"}, timeout=60)
-        assert result.returncode == 1, result.stderr
-        assert "permanent" in result.stderr and "does not exist" in result.stderr
-        assert "fix the user or password" in result.stderr and "Traceback" not in result.stderr
+    """Issue #28: a login the server refuses (here an unknown role, with a password and
+    without; a bad password and a missing pg_hba.conf entry read alike) has no SQLSTATE,
+    and was retried for ever as an unreachable server. A server that trusts the login
+    says the role does not exist; one that checks passwords (issue #47: the local one),
+    that the password failed, or libpq that the URL gives none."""
+    nobody = f"nobody_{uuid.uuid4().hex[:8]}"
+    for password in ("wrong", None):
+        url = psycopg.conninfo.make_conninfo(pg_server.url, user=nobody, password=password)
+        env = {"RELAY_DATABASE_URL": url, "RELAY_BOOTSTRAP_SERVERS": "127.0.0.1:1"}
+        for args in (("status",), ("migrate",), ("run",)):
+            result = run_cli(*args, env={**env, "RELAY_METRICS_ENABLED": "false"}, timeout=60)
+            assert result.returncode == 1, result.stderr
+            assert "permanent" in result.stderr and "fix the user or password" in result.stderr
+            assert re.search(_REFUSED, result.stderr) and "Traceback" not in result.stderr
 
 
 def test_missing_grants_are_permanent_and_name_the_grant_command(
@@ -54,7 +61,7 @@ def test_missing_grants_are_permanent_and_name_the_grant_command(
     db.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
     try:
         info = psycopg.conninfo.conninfo_to_dict(database_url)
-        url = psycopg.conninfo.make_conninfo(database_url, user=role)
+        url = login_url(database_url, role)
         assert info.get("user") != role
         env = {
             "RELAY_DATABASE_URL": url,

@@ -22,6 +22,7 @@ from tests.acceptance.test_debezium_conformance import (
     SETUPS,
     STANDARD,
     create_topics,
+    ours_allowed,
     server_properties,
     start_relay_on,
 )
@@ -129,7 +130,8 @@ def test_cut_over_from_a_running_debezium_loses_and_duplicates_nothing(
         debezium.stop()
 
         # 3. The relay takes over.
-        relay = start_relay_on(url, kafka_bootstrap, registry)
+        # Debezium made the topics, not the relay: the operator names them (issue #47).
+        relay = start_relay_on(url, kafka_bootstrap, registry, topic_allow=ours_allowed(prefix))
         try:
             app.wait_for(len(app.written) + 100)
             app.stopping.set()

@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from relay.core.settings import Settings
+from relay.core.settings import SECRET_FILE_KEYS, Settings
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
@@ -50,10 +50,14 @@ COMPOSE = REPO / "deploy" / "docker-compose.yml"
 # work on. It has to be among the versions kubernetes-validate bundles.
 K8S_VERSION = "1.31.0"
 METRICS_PORT = 9187
+PROBE_PORT = 9188  # /healthz and /readyz alone
 LABEL = ("app.kubernetes.io/name", "outbox-relay")
 # RELAY_* variables the relay knows. A mistyped one is silently ignored, so every
 # artifact's RELAY_* names are checked against the settings.
 KNOWN_ENV = {f"RELAY_{name.upper()}" for name in Settings.model_fields}
+# Secrets, as variables, and the variables naming their files.
+SECRET_ENV = {f"RELAY_{key.upper()}" for key in SECRET_FILE_KEYS}
+KNOWN_ENV |= {f"{name}_FILE" for name in SECRET_ENV}
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -358,8 +362,9 @@ def test_healthcheck_calls_the_health_endpoint(runtime: Stage) -> None:
     assert runtime.healthcheck and runtime.healthcheck.upper() != "NONE"
     command = healthcheck_command(runtime.healthcheck)
     assert command[:2] == ["python", "-c"], "no curl in slim images: use python"
-    assert "urllib" in command[2] and "/healthz" in command[2] and str(METRICS_PORT) in command[2]
-    assert str(METRICS_PORT) in runtime.expose
+    assert "urllib" in command[2] and "/healthz" in command[2]
+    assert "RELAY_PROBE_PORT" in command[2] and str(METRICS_PORT) in command[2]
+    assert {str(METRICS_PORT), str(PROBE_PORT)} <= set(runtime.expose)
 
 
 class _Health(http.server.BaseHTTPRequestHandler):
@@ -389,19 +394,25 @@ def health_server() -> Iterator[tuple[int, type[_Health]]]:
 def test_healthcheck_command_really_checks(
     runtime: Stage, health_server: tuple[int, type[_Health]]
 ) -> None:
-    """The HEALTHCHECK one-liner, run as is (on the port it reads from RELAY_METRICS_PORT):
-    healthy on a 200, unhealthy on a 503 and when nothing listens."""
+    """The HEALTHCHECK one-liner, run as is (on the probe port: RELAY_PROBE_PORT, else
+    RELAY_METRICS_PORT + 1, as the relay derives it): healthy on a 200, unhealthy on a
+    503 and when nothing listens."""
     assert runtime.healthcheck
     command = healthcheck_command(runtime.healthcheck)
     port, handler = health_server
 
-    def check(on_port: int) -> int:
-        env = {**os.environ, "RELAY_METRICS_PORT": str(on_port)}
+    def check(on_port: int, derived: bool = False) -> int:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+        if derived:
+            env["RELAY_METRICS_PORT"] = str(on_port - 1)
+        else:
+            env["RELAY_PROBE_PORT"] = str(on_port)
         run = [sys.executable, *command[1:]]
         return subprocess.run(run, check=False, capture_output=True, timeout=30, env=env).returncode
 
     handler.status = 200
     assert check(port) == 0
+    assert check(port, derived=True) == 0
     handler.status = 503
     assert check(port) != 0
     with socket.socket() as sock:  # a port that nothing listens on
@@ -554,15 +565,19 @@ def test_k8s_relay_probes_and_metrics() -> None:
     (container,) = template["spec"]["containers"]
     assert container["args"] == ["run"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"metrics": METRICS_PORT}
+    assert ports == {"metrics": METRICS_PORT, "probes": PROBE_PORT}
 
     def probe(kind: str) -> tuple[str, int]:
         get = container[kind]["httpGet"]
         port = get["port"]
         return get["path"], ports[port] if isinstance(port, str) else port
 
-    assert probe("livenessProbe") == ("/healthz", METRICS_PORT)
-    assert probe("readinessProbe") == ("/readyz", METRICS_PORT)
+    assert probe("startupProbe") == ("/healthz", PROBE_PORT)
+    assert probe("livenessProbe") == ("/healthz", PROBE_PORT)
+    assert probe("readinessProbe") == ("/readyz", PROBE_PORT)
+    config = k8s_one("ConfigMap", "outbox-relay")["data"]
+    assert config["RELAY_METRICS_PORT"] == str(METRICS_PORT)
+    assert config["RELAY_PROBE_PORT"] == str(PROBE_PORT)
     assert container["resources"]["requests"]
 
     annotations = template["metadata"]["annotations"]
@@ -580,14 +595,13 @@ def test_k8s_relay_probes_and_metrics() -> None:
 
 def test_k8s_settings_come_from_the_configmap_and_the_secret() -> None:
     configmap = k8s_one("ConfigMap", "outbox-relay")["data"]
-    secret = k8s_one("Secret", "outbox-relay")
     assert set(configmap) <= KNOWN_ENV, f"unknown settings: {set(configmap) - KNOWN_ENV}"
     assert {"RELAY_BOOTSTRAP_SERVERS", "RELAY_LOG_FORMAT"} <= set(configmap)
     assert configmap["RELAY_LOG_FORMAT"] == "json"
-    assert not {"RELAY_DATABASE_URL", "RELAY_KAFKA"} & set(configmap), "secrets in a ConfigMap"
-    secret_keys = set(secret["stringData"])
-    for value in secret["stringData"].values():
-        assert "CHANGE-ME" in value, "the example Secret holds placeholders only"
+    assert not SECRET_ENV & set(configmap), "secrets in a ConfigMap"
+    for secret in k8s_secrets():
+        for value in secret["stringData"].values():
+            assert "CHANGE-ME" in value, "the example Secrets hold placeholders only"
 
     for obj in _workloads():
         where = f"{obj['kind']}/{obj['metadata']['name']}"
@@ -598,15 +612,106 @@ def test_k8s_settings_come_from_the_configmap_and_the_secret() -> None:
                 if var["name"].startswith("RELAY_"):
                     assert var["name"] in KNOWN_ENV, f"{where}: unknown {var['name']}"
                 ref = var.get("valueFrom", {})
-                if "secretKeyRef" in ref:
-                    assert ref["secretKeyRef"]["name"] == "outbox-relay", where
-                    assert ref["secretKeyRef"]["key"] in secret_keys, where
                 if "configMapKeyRef" in ref:
                     assert ref["configMapKeyRef"]["key"] in configmap, where
 
-    (relay,) = k8s_one("Deployment", "outbox-relay")["spec"]["template"]["spec"]["containers"]
-    from_secret = {v["name"] for v in relay["env"] if "secretKeyRef" in v.get("valueFrom", {})}
-    assert from_secret == {"RELAY_DATABASE_URL", "RELAY_KAFKA"}
+
+def k8s_secrets() -> list[dict[str, Any]]:
+    return [o for o in k8s_objects() if o["kind"] == "Secret"]
+
+
+def _secret_mounts(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """mount path -> the Secret volume mounted there."""
+    volumes = {v["name"]: v["secret"] for v in pod["volumes"] if "secret" in v}
+    return {
+        m["mountPath"]: volumes[m["name"]]
+        for m in container["volumeMounts"]
+        if m["name"] in volumes
+    }
+
+
+def test_k8s_secrets_are_read_only_files_never_variables() -> None:
+    """Issue #47: the relay's and the owner's database URLs and RELAY_KAFKA were
+    environment variables (every process of the container, `kubectl describe` and crash
+    dumps show those). Now no container takes a Secret as a variable; each reads its
+    secrets from files of a Secret volume mounted read-only, readable by the pod's group
+    only, through the RELAY_<KEY>_FILE the relay knows."""
+    for obj in _workloads():
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
+        pod = _pod_spec(obj)
+        for container in pod["containers"]:
+            names = {var["name"] for var in container.get("env", [])}
+            assert not SECRET_ENV & names, f"{where}: a secret as a variable"
+            for var in container.get("env", []):
+                assert "secretKeyRef" not in var.get("valueFrom", {}), f"{where}: {var['name']}"
+            assert all("secretRef" not in s for s in container.get("envFrom", [])), where
+            mounts = _secret_mounts(pod, container)
+            readonly = {m["mountPath"] for m in container["volumeMounts"] if m.get("readOnly")}
+            assert set(mounts) <= readonly, f"{where}: a Secret mounted writable"
+            for path, volume in mounts.items():
+                mode = volume["defaultMode"]
+                assert mode & 0o337 == 0, f"{where}: {path} mode {mode:o}: 0440 at most"
+                assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+            for var in container.get("env", []):
+                if var["name"].endswith("_FILE"):
+                    folder, _, key = var["value"].rpartition("/")
+                    secret = k8s_one("Secret", mounts[folder]["secretName"])
+                    assert key in secret["stringData"], f"{where}: {var['value']}"
+
+
+def _mounted_settings(obj: dict[str, Any], root: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The settings a workload's container starts with, its Secrets written as the kubelet
+    mounts them (under ``root``) and its variables as the manifests give them."""
+    from relay.core.settings import load_settings
+
+    pod = _pod_spec(obj)
+    (container,) = pod["containers"]
+    for path, volume in _secret_mounts(pod, container).items():
+        folder = root / path.lstrip("/")
+        folder.mkdir(parents=True)
+        for key, value in k8s_one("Secret", volume["secretName"])["stringData"].items():
+            (folder / key).write_text(value)
+    for name in [n for n in os.environ if n.startswith("RELAY_")]:
+        monkeypatch.delenv(name)
+    for source in container.get("envFrom", []):
+        for name, value in k8s_one("ConfigMap", source["configMapRef"]["name"])["data"].items():
+            monkeypatch.setenv(name, value)
+    for var in container.get("env", []):
+        value = var["value"]
+        monkeypatch.setenv(
+            var["name"], str(root / value.lstrip("/")) if value.startswith("/") else value
+        )
+    return load_settings()
+
+
+def test_k8s_each_role_reads_its_own_secret_from_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One Secret per role: the Jobs read the owner's URL, the relays the relay role's
+    URL and the Kafka settings, each from its own Secret's files, as the kubelet mounts
+    them; neither pod holds the other role's Secret."""
+    owner = k8s_one("Secret", "outbox-relay-owner")["stringData"]
+    relay = k8s_one("Secret", "outbox-relay")["stringData"]
+    mounted: dict[str, set[str]] = {}
+    for obj in _workloads():
+        if obj["kind"] == "CronJob":
+            continue  # the Spark example reads no database
+        name = obj["metadata"]["name"]
+        settings = _mounted_settings(obj, tmp_path / name, monkeypatch)
+        wanted = relay if obj["kind"] == "Deployment" else owner
+        assert settings.require_database_url() == wanted["database-url"], name
+        if obj["kind"] == "Deployment":
+            assert settings.kafka == json.loads(relay["kafka"])
+        pod = _pod_spec(obj)
+        (container,) = pod["containers"]
+        mounted[name] = {v["secretName"] for v in _secret_mounts(pod, container).values()}
+    assert mounted == {
+        "outbox-relay": {"outbox-relay"},
+        "outbox-relay-migrate": {"outbox-relay-owner"},
+        "outbox-relay-grant": {"outbox-relay-owner"},
+    }
+    assert urlsplit(owner["database-url"]).username != urlsplit(relay["database-url"]).username
+    assert set(owner) == {"database-url"}, "the owner's Secret holds the owner's URL only"
 
 
 def test_k8s_migrate_job() -> None:
@@ -618,8 +723,8 @@ def test_k8s_migrate_job() -> None:
 
 
 def test_k8s_grant_job_creates_the_relays_role_as_the_owner() -> None:
-    """The relays log in as a role of their own (the Secret's database-url); the grant
-    Job, run as the owner, creates it and grants it what `run` needs."""
+    """The relays log in as a role of their own (their Secret's database-url); the grant
+    Job, run as the owner (the owner's Secret), creates it and grants it what `run` needs."""
     job = k8s_one("Job", "outbox-relay-grant")
     pod = job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -627,12 +732,14 @@ def test_k8s_grant_job_creates_the_relays_role_as_the_owner() -> None:
     args = container["args"]
     assert args[0] == "grant" and "--create" in args
     relay_role = args[args.index("--relay-role") + 1]
-    secret = k8s_one("Secret", "outbox-relay")["stringData"]
-    assert urlsplit(secret["database-url"]).username == relay_role
-    owner = urlsplit(secret["migrate-database-url"]).username
-    assert owner and owner != relay_role, "the relays must not run as the owner"
-    (url,) = [v for v in container["env"] if v["name"] == "RELAY_DATABASE_URL"]
-    assert url["valueFrom"]["secretKeyRef"]["key"] == "migrate-database-url"
+    assert urlsplit(k8s_one("Secret", "outbox-relay")["stringData"]["database-url"]).username == (
+        relay_role
+    )
+    owner = urlsplit(k8s_one("Secret", "outbox-relay-owner")["stringData"]["database-url"])
+    assert owner.username and owner.username != relay_role, "the relays must not run as the owner"
+    assert {v["secretName"] for v in _secret_mounts(pod, container).values()} == {
+        "outbox-relay-owner"
+    }
 
 
 def _deploy_steps() -> list[list[str]]:
@@ -672,6 +779,19 @@ def test_k8s_deploy_steps_run_each_job_in_order() -> None:
     assert relays == len(steps) - 1, "the folder (the Deployment) is applied last"
     assert waits["grant"][1] < relays, "relays started before their role was granted"
     assert k8s_one("Deployment", "outbox-relay")  # what the folder step starts
+
+
+def test_k8s_deploy_steps_create_each_roles_secret_first() -> None:
+    """The Deploy block creates every Secret the manifests mount, with its keys, before
+    the first Job that mounts one."""
+    steps = _deploy_steps()
+    first_job = _step(steps, "apply", "deploy/k8s/migrate-job.yaml")
+    for secret in k8s_secrets():
+        name = secret["metadata"]["name"]
+        create = _step(steps, "create", "secret", "generic", name)
+        given = {arg.split("=")[1] for arg in steps[create] if arg.startswith("--from-literal=")}
+        assert given == set(secret["stringData"]), f"{name}: keys {given}"
+        assert create < first_job, f"{name} created after the Jobs that mount it"
 
 
 # --- docker compose -----------------------------------------------------------------------
@@ -845,14 +965,25 @@ def test_compose_publishes_ports_on_loopback_only() -> None:
             assert host_ip == "127.0.0.1", f"{name} publishes {port} on every interface"
 
 
+def _compose_secret(service: dict[str, Any], variable: str) -> str:
+    """The value of ``variable``'s file in a compose service, as Docker mounts it:
+    /run/secrets/NAME is the top-level secret NAME, which the service must list."""
+    path = service["environment"][variable]
+    folder, _, name = path.rpartition("/")
+    assert folder == "/run/secrets" and name in service.get("secrets", []), path
+    source = COMPOSE.parent / compose()["secrets"][name]["file"]
+    return source.read_text().strip()
+
+
 def test_compose_relay_runs_as_the_least_privilege_role() -> None:
     services = compose()["services"]
     owner = services["postgres"]["environment"]["POSTGRES_USER"]
-    relay_user = urlsplit(services["relay"]["environment"]["RELAY_DATABASE_URL"]).username
+    relay_url = _compose_secret(services["relay"], "RELAY_DATABASE_URL_FILE")
+    relay_user = urlsplit(relay_url).username
     assert relay_user and relay_user != owner, "the relay must not run as the owner/superuser"
     grant = services["relay-grant"]
     assert grant["command"][:3] == ["grant", "--relay-role", relay_user]
-    assert urlsplit(grant["environment"]["RELAY_DATABASE_URL"]).username == owner
+    assert urlsplit(_compose_secret(grant, "RELAY_DATABASE_URL_FILE")).username == owner
     assert grant["depends_on"]["relay-migrate"]["condition"] == "service_completed_successfully"
     assert services["relay"]["depends_on"]["relay-grant"]["condition"] == (
         "service_completed_successfully"
@@ -861,8 +992,36 @@ def test_compose_relay_runs_as_the_least_privilege_role() -> None:
     assert init, "nothing creates the relay's login role"
     folder = COMPOSE.parent / init[0].split(":")[0]
     scripts = " ".join(p.read_text() for p in folder.glob("*.sql"))
-    assert re.search(rf"CREATE ROLE {relay_user} LOGIN", scripts)
+    password = urlsplit(relay_url).password
+    assert re.search(rf"CREATE ROLE {relay_user} LOGIN PASSWORD '{password}'", scripts)
     assert "SUPERUSER" not in scripts.upper().replace("NOSUPERUSER", "")
+
+
+def test_compose_secrets_are_files_one_per_role() -> None:
+    """Issue #47: no service takes a secret as a variable (`docker inspect` shows those);
+    each mounts, as a Docker secret, only its own role's."""
+    services = compose()["services"]
+    for name, service in services.items():
+        environment = dict(service.get("environment", {}))
+        # RELAY_KAFKA may stay a variable while it holds no secret (no SASL here).
+        kafka = json.loads(environment.pop("RELAY_KAFKA", "{}"))
+        assert Settings(kafka=kafka).kafka_secrets() == [], f"{name}: RELAY_KAFKA has secrets"
+        assert not (SECRET_ENV | {"POSTGRES_PASSWORD"}) & set(environment), name
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD_FILE"] == (
+        "/run/secrets/postgres-password"
+    )
+    mounted = {name: set(service.get("secrets", [])) for name, service in services.items()}
+    assert mounted == {
+        "postgres": {"postgres-password"},
+        "kafka": set(),
+        "relay-migrate": {"owner-database-url"},
+        "relay-grant": {"owner-database-url"},
+        "relay": {"relay-database-url"},
+        "spark-archive": set(),
+    }
+    owner = _compose_secret(services["relay-migrate"], "RELAY_DATABASE_URL_FILE")
+    password = (COMPOSE.parent / compose()["secrets"]["postgres-password"]["file"]).read_text()
+    assert urlsplit(owner).password == password.strip(), "the owner's URL and password agree"
 
 
 def _locked(path: Path) -> dict[str, str]:

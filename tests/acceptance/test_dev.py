@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -142,7 +143,8 @@ def test_local_runs_postgres_and_kafka_for_your_own_app(workdir: Path) -> None:
             line = proc.stdout.readline()
             assert line, "outbox-relay local exited early"
             if line.startswith("export "):
-                key, _, value = line.removeprefix("export ").strip().partition("=")
+                # As a shell reads it (the values are quoted).
+                key, _, value = shlex.split(line)[1].partition("=")
                 settings[key] = value
         assert set(settings) == {"RELAY_DATABASE_URL", "RELAY_BOOTSTRAP_SERVERS"}
         with psycopg.connect(settings["RELAY_DATABASE_URL"], autocommit=True) as conn:

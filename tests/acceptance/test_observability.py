@@ -246,7 +246,7 @@ def test_bodies_and_methods_other_than_get_and_head_are_refused() -> None:
 
 
 def test_a_silent_client_is_disconnected() -> None:
-    from relay.observability.metrics import CLIENT_TIMEOUT_S
+    from relay.observability.listener import CLIENT_TIMEOUT_S
 
     server = _idle_server()
     try:
@@ -279,15 +279,15 @@ def test_the_server_stops_when_its_loop_has_closed_its_wake_up_pipe(
     # (CI saw stop() fail with EBADF once, the cause of the report not found); here the
     # loop is made to close it the way it would.
     server = _idle_server()
-    trigger = server._server.trigger
+    trigger = server.listener._server.trigger
     trigger.pull_trigger(trigger.close)
     deadline = time.monotonic() + 10
     while not trigger._closed and time.monotonic() < deadline:
         time.sleep(0.01)
     assert trigger._closed
-    with caplog.at_level(logging.WARNING, logger="relay.observability.metrics"):
+    with caplog.at_level(logging.WARNING, logger="relay.observability.listener"):
         server.stop()
-    assert not server._thread.is_alive(), "the loop ends once its sockets are closed"
+    assert not server.listener._thread.is_alive(), "the loop ends once its sockets are closed"
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", server.port), timeout=5).close()
     assert [r.event for r in caplog.records] == ["http_wakeup_lost"]  # type: ignore[attr-defined]

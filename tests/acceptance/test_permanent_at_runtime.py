@@ -13,8 +13,7 @@ from psycopg import sql
 
 from relay.core.settings import load_settings
 from relay.daemon import Relay
-from tests.acceptance.test_least_privilege import as_user
-from tests.support import http_get, run_cli, sub, wait_until
+from tests.support import http_get, login_url, run_cli, sub, wait_until
 
 
 def test_a_revoked_grant_is_reported_as_permanent_by_readyz_and_the_log(
@@ -31,7 +30,7 @@ def test_a_revoked_grant_is_reported_as_permanent_by_readyz_and_the_log(
     assert granted.returncode == 0, granted.stderr
     relay = Relay(
         load_settings(
-            database_url=as_user(database_url, role),
+            database_url=login_url(database_url, role),
             bootstrap_servers=kafka_bootstrap,
             subscribers=[sub("s", topic_prefix)],
             metrics_port=0,

@@ -377,7 +377,8 @@ def _standby_of(primary: LocalPostgres, tmp_path: Path) -> LocalPostgres:
     subprocess.run(
         [
             find_pg_binary("pg_basebackup"),
-            *("-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres"),
+            # The URL names the primary's password file; -R hands it on to the standby.
+            *("-d", primary.url),
             *("-D", str(data_dir), "-R", "-X", "stream", "--no-sync", "--checkpoint=fast"),
         ],
         check=True,

@@ -6,7 +6,6 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -21,7 +20,7 @@ from relay.core.settings import load_settings
 from relay.core.subscribers import Subscriber
 from relay.daemon import Relay
 from relay.ops.roles import grant_roles
-from tests.support import sub, wait_caught_up, wait_until, write_orders
+from tests.support import login_url, sub, wait_caught_up, wait_until, write_orders
 
 
 def test_prune_keeps_unpublished_rows_and_each_streams_latest_version(
@@ -109,11 +108,6 @@ def relay_role(db: psycopg.Connection[Any]) -> Iterator[str]:
     db.execute(sql.SQL("DROP OWNED BY {}; DROP ROLE IF EXISTS {}").format(name, name))
 
 
-def as_user(url: str, user: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(netloc=f"{user}@{parts.hostname}:{parts.port}"))
-
-
 def test_the_relay_role_prunes_published_rows_without_delete_on_the_outbox(
     db: psycopg.Connection[Any], outbox: Outbox, database_url: str, relay_role: str
 ) -> None:
@@ -124,7 +118,7 @@ def test_the_relay_role_prunes_published_rows_without_delete_on_the_outbox(
     session = owner.open_session("x", 1, 60)
     owner.claim("s", 0, session)
     owner.advance(owner.get_part("s", 0), rows[1].key, session)
-    with psycopg.connect(as_user(database_url, relay_role), autocommit=True) as conn:
+    with psycopg.connect(login_url(database_url, relay_role), autocommit=True) as conn:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("DELETE FROM outbox")
         assert sum(OutboxStore(conn).prune(older_than_s=0, batch=1)) == 2
@@ -171,7 +165,7 @@ def test_the_relay_prunes_on_its_own_as_the_grant_role_and_counts_it(
     relay_role: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    relay = start_as(as_user(database_url, relay_role), kafka_bootstrap, topic_prefix, registry)
+    relay = start_as(login_url(database_url, relay_role), kafka_bootstrap, topic_prefix, registry)
     try:
         write_orders(db, outbox, ["o-1", "o-2"])
         wait_pruned(db)
@@ -196,7 +190,7 @@ def test_a_failed_retention_pass_is_named_and_counted_as_such(
             sql.Identifier(relay_role)
         )
     )
-    relay = start_as(as_user(database_url, relay_role), kafka_bootstrap, topic_prefix, registry)
+    relay = start_as(login_url(database_url, relay_role), kafka_bootstrap, topic_prefix, registry)
     try:
         wait_until(
             lambda: relay.retention_totals()["failures"] >= 2,

@@ -10,7 +10,6 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -22,7 +21,7 @@ from relay.adapters.postgres.store import OutboxStore
 from relay.core.subscribers import Subscriber
 from relay.errors import ConcurrencyError, RelayError
 from relay.ops.roles import grant_roles
-from tests.support import run_cli, write_orders
+from tests.support import login_url, run_cli, write_orders
 
 DEBEZIUM_TABLE = (
     "CREATE TABLE outbox_events (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL,"
@@ -42,11 +41,6 @@ FORGED_OPTIONS = json.dumps(
 )  # fmt: skip
 
 
-def as_user(url: str, user: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(netloc=f"{user}@{parts.hostname}:{parts.port}"))
-
-
 @dataclass(frozen=True)
 class Roles:
     writer: str  # `grant --writer-role`
@@ -54,7 +48,7 @@ class Roles:
     url: str
 
     def connect(self, role: str) -> psycopg.Connection[Any]:
-        return psycopg.connect(as_user(self.url, role), autocommit=True)
+        return psycopg.connect(login_url(self.url, role), autocommit=True)
 
 
 @pytest.fixture

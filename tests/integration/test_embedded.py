@@ -27,7 +27,7 @@ def test_postgres_answers(database_url: str) -> None:
         assert row is not None
         assert row[0] > 0
         assert conn.execute("select current_database()").fetchone() == (
-            database_url.rsplit("/", 1)[-1],
+            psycopg.conninfo.conninfo_to_dict(database_url)["dbname"],
         )
 
 

@@ -9,7 +9,8 @@ from uuid import UUID
 import psycopg
 import pytest
 
-from relay import ConcurrencyError, Event, Outbox, PayloadValidationError
+from relay import ConcurrencyError, Event, IdempotencyKeyReused, Outbox, PayloadValidationError
+from relay.adapters.postgres import migrations
 
 ORDER = {"order_id": "o-1", "customer_id": "c-1", "amount_cents": 1250}
 
@@ -167,6 +168,118 @@ def test_idempotency_key_under_a_concurrent_duplicate(
         second.commit()
     assert result == [first_id]
     assert count(writer_db) == 1
+
+
+# -- idempotency keys are per writer role (issue #47, "idempotency-key squatting") --------
+
+TRANSFER: dict[str, Any] = dict(
+    aggregate_type="account", aggregate_id="a-1", event_type="TransferRequested"
+)
+
+
+def test_another_writers_key_holds_no_event_back(
+    writer_db: psycopg.Connection[Any],
+    second_writer_url: str,
+    db: psycopg.Connection[Any],
+) -> None:
+    """Writer A takes the key writer B is about to use: B's append writes B's event and
+    returns B's own message id, not A's; each keeps its own key."""
+    outbox = Outbox(None)
+    squatted = outbox.append(
+        writer_db, payload={"to": "attacker-account"}, idempotency_key="req-7", **TRANSFER
+    )
+    with psycopg.connect(second_writer_url, autocommit=True) as honest:
+        own = outbox.append(honest, payload={"to": "a-2"}, idempotency_key="req-7", **TRANSFER)
+        assert own != squatted
+        assert (
+            outbox.append(honest, payload={"to": "a-2"}, idempotency_key="req-7", **TRANSFER) == own
+        )
+    assert (
+        outbox.append(
+            writer_db, payload={"to": "attacker-account"}, idempotency_key="req-7", **TRANSFER
+        )
+        == squatted
+    )
+    rows = db.execute("SELECT message_id, payload FROM outbox ORDER BY position").fetchall()
+    assert rows == [(squatted, {"to": "attacker-account"}), (own, {"to": "a-2"})]
+
+
+def test_a_key_used_for_another_event_is_refused_and_the_transaction_goes_on(
+    writer_db: psycopg.Connection[Any], db: psycopg.Connection[Any]
+) -> None:
+    outbox = Outbox(None)
+    first = outbox.append(writer_db, payload={"to": "a-2"}, idempotency_key="req-8", **TRANSFER)
+    with writer_db.transaction():
+        for changed in ({"payload": {"to": "a-3"}}, {"event_type": "TransferCancelled"}):
+            event = {**TRANSFER, "payload": {"to": "a-2"}, **changed}
+            with pytest.raises(IdempotencyKeyReused) as refused:
+                outbox.append(writer_db, idempotency_key="req-8", **event)
+            assert refused.value.message_id == str(first)
+            assert "req-8" in str(refused.value) and "account/a-1" in str(refused.value)
+        # Nothing was written, and the transaction is still usable.
+        again = outbox.append(
+            writer_db,
+            payload={"to": "a-2"},
+            headers={"traceparent": "00-retry"},  # a retry's new trace: still the same event
+            idempotency_key="req-8",
+            **TRANSFER,
+        )
+    assert again == first
+    assert count(db) == 1
+
+
+def test_the_writer_is_the_inserting_role_whatever_a_row_says(
+    writer_db: psycopg.Connection[Any], second_writer_url: str, db: psycopg.Connection[Any]
+) -> None:
+    insert = (
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, idempotency_key{})"
+        " VALUES ('account', 'a-1', 'TransferRequested', '{{\"to\": \"x\"}}', 'req-9'{})"
+    )
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):  # grant leaves the column out
+        writer_db.execute(insert.format(", writer", ", 'outbox_test_writer_b'"))
+    # The owner may name it (deliberate tampering, as a role granted the whole table
+    # could): the outbox records the inserting role all the same.
+    db.execute(insert.format(", writer", ", 'outbox_test_writer_b'"))
+    owner = db.execute("SELECT current_user").fetchone()
+    assert db.execute("SELECT writer FROM outbox").fetchall() == [owner]
+    # The docs' idempotent SQL: the second writer's row goes in beside the owner's key.
+    idempotent = insert.format("", "") + " ON CONFLICT DO NOTHING RETURNING message_id"
+    with psycopg.connect(second_writer_url, autocommit=True) as honest:
+        assert honest.execute(idempotent).fetchone() is not None
+        assert honest.execute(idempotent).fetchone() is None  # its own retry
+        own = honest.execute(
+            "SELECT count(*) FROM outbox_own_keys WHERE idempotency_key = 'req-9'"
+        ).fetchone()
+    assert own == (1,)  # only its own row, of the two with that key
+    assert count(db) == 2
+
+
+def test_the_write_api_runs_before_migration_15_and_after(
+    database_url: str, outbox: Outbox
+) -> None:
+    """Writers upgrade first (deploy/README.md, "Upgrading: migration 0015"): this write
+    API on the schema before 0015, then on 0015 applied under it. As the owner: `grant`
+    refuses a schema with migrations pending. The old API's conflict target is refused
+    from 0015 on, which is why the writers go first."""
+    kwargs: dict[str, Any] = dict(
+        aggregate_type="order", aggregate_id="o-1", event_type="OrderPlaced", payload=ORDER
+    )
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        migrations.migrate(conn, up_to=14)
+        before = outbox.append(conn, idempotency_key="req-1", **kwargs)
+        assert outbox.append(conn, idempotency_key="req-1", **kwargs) == before
+        assert migrations.migrate(conn, up_to=15)[-1].version == 15
+        after = outbox.append(conn, idempotency_key="req-2", **kwargs)
+        assert outbox.append(conn, idempotency_key="req-2", **kwargs) == after
+        # A key written before 0015 has no writer: it holds no one's append back.
+        assert outbox.append(conn, idempotency_key="req-1", **kwargs) not in (before, after)
+        with pytest.raises(psycopg.errors.InvalidColumnReference):
+            conn.execute(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload,"
+                " idempotency_key) VALUES ('order', 'o-1', 'OrderPlaced', '{}', 'req-3')"
+                " ON CONFLICT (aggregate_type, aggregate_id, idempotency_key)"
+                " WHERE idempotency_key IS NOT NULL DO NOTHING"
+            )
 
 
 def test_stream_append_assigns_versions(

@@ -1,6 +1,6 @@
 """outbox-relay on the test servers: the Avro schemas, a migrated database (``db``),
 the roles production runs as (``relay_url``, ``writer_url``, ``writer_db``,
-``stranger_url``, ``relay_db``), the write API (``outbox``) and in-process relays (``start_relay``,
+``second_writer_url``, ``stranger_url``, ``relay_db``), the write API (``outbox``) and in-process relays (``start_relay``,
 as the relay role)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from relay.core.schemas import SchemaFolder
 from relay.core.settings import load_settings
 from relay.daemon import Relay
 from relay.write.outbox import Outbox
-from tests.support import Roles, grant_test_roles
+from tests.support import SECOND_WRITER_ROLE, Roles, grant_test_roles, grant_writer
 
 # -- outbox-relay fixtures ---------------------------------------------------------------
 
@@ -61,6 +61,13 @@ def relay_url(roles: Roles) -> str:
 def writer_url(roles: Roles) -> str:
     """The migrated database as the writer role (`grant --writer-role`)."""
     return roles.writer_url
+
+
+@pytest.fixture
+def second_writer_url(roles: Roles) -> str:
+    """The migrated database as a second writer role (`grant --writer-role` again):
+    another application, for what one writer can and cannot do to another's events."""
+    return grant_writer(roles.owner_url, SECOND_WRITER_ROLE)
 
 
 @pytest.fixture

@@ -8,11 +8,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from relay import Outbox
@@ -24,11 +23,11 @@ from relay.core.redact import redact
 from relay.core.schemas import AvroSchema, SchemaFolder
 from relay.core.settings import load_settings
 from relay.core.subscribers import KeyFormat, PoisonPolicy, SubjectStrategy, Subscriber, ValueFormat
-from relay.daemon.startup import SubscriberSync
 from relay.engine.encoding import RecordEncoder
 from relay.engine.testing import InMemoryPublisher, InMemoryStore
 from relay.engine.worker import PartWorker, WorkerState
 from relay.errors import ConfigError, EncodingError, PayloadValidationError, SubscriberError
+from relay.ops.subscribers import Setup, check
 from tests.support import wait_until
 from tests.unit.test_worker_logic import OWNER, claimed, event, run_until_halted
 
@@ -50,20 +49,41 @@ REGISTRY = Subscriber(
 
 
 class Registry:
-    """Answers ``register_schema`` with id 7 once ``failures`` calls have raised."""
+    """Answers ``register_schema`` with id 7 once ``failures`` calls have raised, and
+    ``get_schema(7)`` with the schema last registered (as the relay checks an id)."""
 
-    def __init__(self, failures: list[Exception]) -> None:
+    def __init__(self, failures: list[Exception | int]) -> None:
         self.failures = failures
         self.subjects: list[str] = []
         self.observe: Callable[[], object] = lambda: None
         self.observed: list[object] = []  # observe() at each call
+        self.held: Schema | None = None
 
-    def register_schema(self, subject: str, schema: Any) -> int:
+    def register_schema(self, subject: str, schema: Schema) -> int:
         self.subjects.append(subject)
         self.observed.append(self.observe())
+        self.held = schema
         if self.failures:
-            raise self.failures.pop(0)
+            failure = self.failures.pop(0)
+            if isinstance(failure, Exception):
+                raise failure
+            return failure  # a wrong answer
         return 7
+
+    def get_schema(self, schema_id: int) -> Schema:
+        assert schema_id == 7 and self.held is not None
+        return self.held
+
+    def lookup_schema(self, subject: str, schema: Schema) -> Any:
+        raise SchemaRegistryError(404, 40403, "Schema not found")
+
+    def test_compatibility_all_versions(self, subject: str, schema: Schema) -> bool:
+        return False  # a 409 is a refusal
+
+    def get_compatibility(self, subject: str | None = None) -> str:
+        if subject is not None:
+            raise SchemaRegistryError(404, 40408, "no level of its own")
+        return "BACKWARD"
 
 
 def part_worker(store: InMemoryStore, kafka: InMemoryPublisher, registry: Registry) -> PartWorker:
@@ -84,6 +104,7 @@ def test_an_unreachable_registry_is_retried_and_nothing_is_poison(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="relay.adapters.registry.registry_format")
+    caplog.set_level(logging.INFO, logger="relay.engine.worker")
     store = claimed(REGISTRY)
     for n in range(3):
         store.append(event(n))
@@ -112,6 +133,37 @@ def test_an_unreachable_registry_is_retried_and_nothing_is_poison(
         (logging.WARNING, "registry.unreachable"),
         (logging.INFO, "registry.reachable"),
     ]
+    # And the part: one warning for its first retry, the others counted (issue #49).
+    assert [e for e in events if e[1] in ("part_retrying", "part_waited")] == [
+        (logging.WARNING, "part_retrying"),
+        (logging.INFO, "part_waited"),
+    ]
+    [waited] = [r for r in caplog.records if getattr(r, "event", None) == "part_waited"]
+    assert "after 2 attempts that failed" in waited.getMessage()
+    [reachable] = [r for r in caplog.records if getattr(r, "event", None) == "registry.reachable"]
+    assert "2 requests failed" in reachable.getMessage()
+
+
+def test_a_part_logs_a_new_kind_of_registry_failure_and_counts_the_same_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="relay.engine.worker")
+    store = claimed(REGISTRY)
+    store.append(event(1))
+    kafka = InMemoryPublisher()
+    registry = Registry([ConnectionError("connection refused"), -7, -7])
+    w = part_worker(store, kafka, registry)
+    w.start()
+    try:
+        wait_until(lambda: store.get_part("s", 0).checkpoint == store.events[-1].key)
+    finally:
+        w.stop()
+        w.join(10)
+    retries = [r for r in caplog.records if getattr(r, "event", None) == "part_retrying"]
+    assert [r.levelno for r in retries] == [logging.WARNING, logging.WARNING, logging.DEBUG]
+    assert "answered -7" in retries[1].getMessage()
+    assert (w.stats.poisoned, w.stats.dead_lettered) == (0, 0)
+    assert [unframe(r.value)[0] for r in kafka.published()] == [7]
 
 
 def test_a_schema_the_registry_refuses_halts_the_part_with_its_reason() -> None:
@@ -123,6 +175,7 @@ def test_a_schema_the_registry_refuses_halts_the_part_with_its_reason() -> None:
     halted = store.get_part("s", 0).halted_error or ""
     assert halted.startswith("configuration error")
     assert "field n changed type" in halted and "'t-value'" in halted
+    assert "(compatibility BACKWARD)" in halted  # the level the registry applies
     assert kafka.published() == []
     assert (w.stats.poisoned, w.stats.dead_lettered) == (0, 0)
     assert w.stats.state is WorkerState.HALTED
@@ -156,23 +209,41 @@ def test_registry_settings_are_masked_and_the_password_may_come_from_a_file(
     assert "s3cret-registry-pw" not in redact("401 for relay:s3cret-registry-pw")
 
 
-class Subscribers:
-    """The store's subscriber list, as start-up reads it."""
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"schema_registry_url": "http://registry:8081", "schema_registry_user": "relay"},
+        {"schema_registry_url": "http://registry:8081", "schema_registry_password": "s3cret-pw"},
+        {"schema_registry_url": "http://relay:s3cret-pw@registry:8081"},
+        {"schema_registry_url": "https://a:8081,http://b:8081", "schema_registry_user": "relay"},
+    ],
+)
+def test_credentials_over_plain_http_are_refused_unless_allowed(given: dict[str, str]) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_settings(**given)
+    message = str(refused.value)
+    assert "schema_registry_allow_http_credentials" in message and "https://" in message
+    assert "s3cret-pw" not in message
+    assert load_settings(**given, schema_registry_allow_http_credentials=True)
 
-    def __init__(self, *subscribers: Subscriber) -> None:
-        self.subscribers = subscribers
 
-    def list(self) -> list[SimpleNamespace]:
-        return [SimpleNamespace(subscriber=s) for s in self.subscribers]
+def test_plain_http_without_credentials_and_https_with_them_are_accepted() -> None:
+    assert load_settings(schema_registry_url="http://registry:8081")
+    assert load_settings(schema_registry_url="https://registry:8081", schema_registry_user="u")
 
 
-def test_avro_registry_without_a_registry_url_is_refused_at_start_up() -> None:
-    store = cast(Any, Subscribers(REGISTRY))
-    with pytest.raises(ConfigError, match=r"\['s'\].*schema_registry_url"):
-        SubscriberSync(load_settings(), SCHEMAS).sync(store)
-    with pytest.raises(ConfigError, match=r"schemas_dir"):
-        SubscriberSync(load_settings(schema_registry_url="http://r:8081"), None).sync(store)
-    SubscriberSync(load_settings(schema_registry_url="http://r:8081"), SCHEMAS).sync(store)
+def test_avro_registry_without_a_registry_url_or_schemas_is_refused() -> None:
+    """As `subscribers add` and `run` check a definition (relay/ops/subscribers.py)."""
+
+    def refusals(setup: Setup) -> list[str]:
+        return [str(r.error) for r in check(setup, [REGISTRY]).refusals]
+
+    [refused] = refusals(Setup(load_settings(), SCHEMAS))
+    assert "subscriber 's' publishes avro-registry" in refused
+    assert "schema_registry_url" in refused
+    [refused] = refusals(Setup(load_settings(schema_registry_url="http://r:8081"), None))
+    assert "schemas_dir" in refused
+    assert refusals(Setup(load_settings(schema_registry_url="http://r:8081"), SCHEMAS)) == []
 
 
 def test_avro_registry_keys_are_avro_strings_under_the_topics_key_subject() -> None:

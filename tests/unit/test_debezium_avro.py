@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -145,7 +146,8 @@ def test_a_relay_without_a_schema_registry_halts_rather_than_poisoning() -> None
 
 
 class Client:
-    """The registry client's ``register_schema``: id 9 for any schema, calls recorded."""
+    """The registry client's ``register_schema``: id 9 for any schema, calls recorded;
+    ``get_schema(9)``: the schema last registered (the relay checks a new id)."""
 
     def __init__(self) -> None:
         self.registered: list[tuple[str, str]] = []
@@ -153,6 +155,10 @@ class Client:
     def register_schema(self, subject: str, schema: Any) -> int:
         self.registered.append((subject, schema.schema_str))
         return 9
+
+    def get_schema(self, schema_id: int) -> Any:
+        assert schema_id == 9
+        return SimpleNamespace(schema_str=self.registered[-1][1])
 
 
 def test_the_relays_registry_serves_the_debezium_format_without_a_schemas_folder() -> None:

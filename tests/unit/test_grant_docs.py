@@ -38,6 +38,23 @@ def test_the_deploy_readme_lists_every_statement_grant_runs() -> None:
             assert expected in listed, f"deploy/README.md lacks: {expected}"
 
 
+def test_the_deploy_readme_shows_the_row_security_grant_sets_up() -> None:
+    """`grant --aggregate-types order,invoice` for app_writer, as the README lists it."""
+    blocks = parse_named(read_sql("roles.sql"))
+    readme = (REPO / "deploy" / "README.md").read_text()
+    start = readme.index("**`--aggregate-types a,b`**")
+    listed = readme[start:].split("```sql", 1)[1].split("```", 1)[0]
+    names = {"schema": "public", "role": "app_writer", "types": "'{order,invoice}'"}
+    names["policy"] = '"aggregate types of app_writer"'
+    run = [blocks[b] for b in ("rows_policy", "enable_row_security", "writer_types_policy")]
+
+    def statements(text: str) -> list[str]:
+        code = re.sub(r"--[^\n]*", "", text)
+        return [" ".join(s.split()) for s in code.split(";") if s.split()]
+
+    assert statements(listed) == [s.format(**names) for b in run for s in statements(b)]
+
+
 def test_grant_runs_each_statement_once() -> None:
     blocks = parse_named(read_sql("roles.sql"))
     for name in ROLES:

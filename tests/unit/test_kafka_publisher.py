@@ -252,7 +252,7 @@ def test_a_part_s_producer_lingers_only_when_its_commit_flushes(
     ``linger.ms`` wins in both modes."""
     for overrides, expected in (({}, linger_ms), ({"linger.ms": 20}, 20)):
         settings = Settings(bootstrap_servers="b:1", delivery=delivery, kafka=overrides)
-        factory = PublisherFactory(settings, TopicGuard(settings.checkpoint_topic))
+        factory = PublisherFactory(settings, TopicGuard(settings.checkpoint_topic), None)
         state = SimpleNamespace(name="s", part=0, subscriber_id=1)
         publisher = factory(state)  # type: ignore[arg-type]
         # A transactional part's publisher takes turns between two producers.

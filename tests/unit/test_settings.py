@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from relay.core.settings import load_settings
-from relay.core.subscribers import ValueFormat
 from relay.errors import ConfigError
 
 
@@ -28,9 +27,7 @@ def test_precedence_flags_over_env_over_file(
     assert settings.batch_size == 20
     assert settings.poll_interval == 1.5
     assert settings.kafka == {"security.protocol": "SSL"}
-    assert settings.subscribers[0].to_subscriber(ValueFormat.AVRO).aggregate_types == frozenset(
-        {"order"}
-    )
+    assert settings.subscribers[0].aggregate_types == ["order"]
 
 
 def test_nested_kafka_options_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,6 +120,38 @@ def test_secrets_can_come_from_files(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("RELAY_KAFKA_FILE", str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="RELAY_KAFKA_FILE"):
         load_settings()
+
+
+@pytest.mark.parametrize(
+    ("contents", "why"),
+    [
+        (b"", "is empty"),
+        (b"\n  \n", "is empty"),
+        (b"postgresql://relay:\xffs3cret@db/app", "is not UTF-8 text"),
+    ],
+)
+def test_a_secret_file_that_holds_no_secret_is_refused_naming_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, contents: bytes, why: str
+) -> None:
+    """Issue #47 (k8s secrets as files): an empty file used to become an empty URL,
+    which libpq reads as "the local socket, as this OS user"."""
+    secret = tmp_path / "database-url"
+    secret.write_bytes(contents)
+    monkeypatch.setenv("RELAY_DATABASE_URL_FILE", str(secret))
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert str(info.value) == f"database_url (RELAY_DATABASE_URL_FILE): {secret} {why}"
+
+
+def test_a_mistyped_url_in_a_secret_file_names_the_key_and_hides_the_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = tmp_path / "database-url"
+    secret.write_text("postgresq://relay:S3CRET-in-file@db/app\n")
+    monkeypatch.setenv("RELAY_DATABASE_URL_FILE", str(secret))
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert "database_url" in str(info.value) and "S3CRET" not in str(info.value)
 
 
 def test_a_mistyped_database_url_names_the_key_and_hides_the_password(
@@ -236,3 +265,12 @@ def test_log_lines_and_tracebacks_mask_passwords(capsys: pytest.CaptureFixture[s
         assert "postgresql://app:***@db/app" in written and "password=***" in written
         assert "SECRET" not in written and "SEC RET" not in written
         assert "Traceback" in written or '"exception"' in written
+
+
+def test_the_probe_port_follows_the_metrics_port_unless_set() -> None:
+    assert load_settings().probe_listen_port == 9188
+    assert load_settings(metrics_port=0).probe_listen_port == 0  # any free port, both
+    assert load_settings(metrics_port=9300, probe_port=8081).probe_listen_port == 8081
+    for clash in ({"metrics_port": 9300, "probe_port": 9300}, {"metrics_port": 65535}):
+        with pytest.raises(ConfigError, match="probe_port"):
+            load_settings(**clash)

@@ -103,15 +103,31 @@ def test_schema_registry_confluent_and_connect_topics_are_refused(topic: str) ->
     assert refusal is not None and "internal" in refusal
 
 
-def test_routable_topics_are_what_the_topic_cap_counts() -> None:
+def test_only_a_field_no_filter_lists_leaves_the_topic_to_the_row() -> None:
+    """Issue #47: a topic the operator declared (fixed, or one a filter names) is not a
+    row's choice; a template field no filter lists is."""
+    assert s("fixed", topic="audit").free_fields == frozenset()
+    assert (
+        s("named", topic="billing.{aggregate_type}", aggregate_types={"Invoice"}).free_fields
+        == frozenset()
+    )
+    assert s("free", topic="orders.{event_type}", aggregate_types={"order"}).free_fields == {
+        "event_type"
+    }
+    assert s("default").free_fields == {"aggregate_type"}
+
+
+def test_the_topics_an_upgraded_outbox_adopts_are_those_rows_could_reach() -> None:
     guard = TopicGuard("cp")
     guard.update(
         [
             s("orders", topic="orders.{event_type}", aggregate_types={"order"}),
+            s("billing", topic="billing.{aggregate_type}", aggregate_types={"Invoice"}),
             s("audit", topic="audit", dead_letter_topic="audit.dead"),
         ]
     )
-    assert guard.routable("orders.Placed") and guard.routable("orders.v2.Placed")
-    assert guard.routable("audit")
-    for topic in ("cp", "audit.dead", "outbox.dead-letter.orders", "_schemas", "payments"):
-        assert not guard.routable(topic), topic
+    assert guard.row_chosen("orders.Placed") and guard.row_chosen("orders.v2.Placed")
+    # The operator's topics need no adopting; the relay's and the platform's are refused.
+    for topic in ("audit", "billing.Invoice", "cp", "audit.dead", "outbox.dead-letter.orders",
+                  "_schemas", "payments"):  # fmt: skip
+        assert not guard.row_chosen(topic), topic

@@ -37,15 +37,17 @@ from relay.adapters.kafka.kafka_errors import (
     rejects_record,
     retry_now,
 )
+from relay.core import dead_letter_tag
 from relay.core.log_fields import log_extra
 from relay.core.model import KafkaCheckpoint, KafkaRecord, Position
-from relay.core.ports import Batch, Meanwhile
+from relay.core.ports import Batch, Meanwhile, TopicOrigin, TopicRecord
 from relay.errors import (
     BrokerUnavailable,
     GroupRefused,
     PoisonRecordError,
     ProducerFenced,
     RelayError,
+    TopicBudgetFull,
     TopicRefused,
     TransactionAborted,
 )
@@ -123,18 +125,24 @@ def producer_config(
 
 
 class TopicCreator:
-    """Creates topics the relay routes to, once per process (a no-op when disabled).
+    """Makes sure of the topics the relay publishes to, once per process: creates what
+    is missing (when ``enabled``), and confines the topics rows choose (issue #17, item
+    7; issue #47; docs/design.md §7, "Rows name topics"):
 
-    ``max_created`` caps the topics events can be routed to (issue #17, item 7; issue
-    #27): rows choose topic names, so without a cap one INSERT of many aggregate types
-    creates as many topics. The cap counts the topics that exist on the cluster and that
-    ``counts`` (a subscriber routes events to them, whoever created them), so it bounds
-    the total whatever the number of processes, restarts, workers and replicas; each
-    creation counts them afresh. The relay's own topics (``relay_owned``: checkpoint
-    and dead-letter topics) never count. Beyond the cap, a topic that does not exist yet
-    is refused (:class:`TopicRefused`). Relays creating topics at the same instant may
-    each see room for one more: the cap can be passed by one topic per relay process
-    creating at that instant, no more."""
+    * the operator's and the relay's own topics (:meth:`ensure`, and records not
+      ``routed``: a fixed topic, one a filter names, the checkpoint and dead-letter
+      topics) are created whatever ``max_created`` says, and never count against it;
+    * a topic a row chose (a record ``routed``) that exists must be one this outbox
+      created (in ``record``) or one ``allow_listed``: another may be another outbox's,
+      and is refused (:class:`TopicRefused`, the row's poison);
+    * a topic a row chose that does not exist is reserved in ``record``, where at most
+      ``max_created`` such topics are (counted in Postgres under a lock: exact across
+      processes, restarts and replicas), then created. With no room left, or no record
+      (a schema before migration 0017), it waits (:class:`TopicBudgetFull`, retried):
+      the relay's configuration, never the row's fault.
+
+    ``record`` None (the demo's and the tests' own creators) keeps no record: no topic
+    a row chose is refused for existing, and none is created."""
 
     def __init__(
         self,
@@ -145,7 +153,8 @@ class TopicCreator:
         replication_factor: int = -1,
         max_created: int | None = None,
         relay_owned: Callable[[str], bool] = lambda topic: False,
-        counts: Callable[[str], bool] = lambda topic: True,
+        record: TopicRecord | None = None,
+        allow_listed: Callable[[str], bool] = lambda topic: False,
     ) -> None:
         self._admin_config = dict(admin_config)
         self._enabled = enabled
@@ -153,7 +162,8 @@ class TopicCreator:
         self._replication = replication_factor
         self._max_created = max_created
         self._relay_owned = relay_owned
-        self._counts = counts
+        self._record = record
+        self._allow_listed = allow_listed
         self._known: set[str] = set()
         self._lock = threading.Lock()  # shared by every worker of the relay
 
@@ -163,15 +173,16 @@ class TopicCreator:
         return frozenset(self._known)
 
     def ensure(self, topics: set[str], *, partitions: int | None = None, **config: str) -> None:
-        """Create what is missing of ``topics``. Raises :class:`TopicRefused` for the
-        first topic refused for good, after creating the others."""
+        """Create what is missing of ``topics`` (the operator's or the relay's own).
+        Raises :class:`TopicRefused` for the first topic refused for good, after
+        creating the others."""
         self._ensure(topics, set(), partitions, config)
 
     def ensure_for_records(self, topics: set[str], routed: set[str]) -> None:
-        """:meth:`ensure` for the topics of records, ``routed`` those that rows named.
-        When creation is disabled, a missing topic that rows named is refused; any other
-        missing topic is the operator's to create, and producing to it retries until it
-        exists."""
+        """:meth:`ensure` for the topics of records, ``routed`` those that rows chose
+        (confined as the class says). When creation is disabled, a missing topic that
+        rows chose is refused; any other missing topic is the operator's to create, and
+        producing to it retries until it exists."""
         self._ensure(topics, routed, None, {})
 
     def _ensure(
@@ -182,49 +193,92 @@ class TopicCreator:
             return
         with self._lock:
             missing -= self._known
-            if not missing:
-                return
-            if self._enabled:
-                self._create(missing, partitions, config)
-            else:
-                self._check_routed(missing, routed)
+            chosen = missing & routed
+            if missing - chosen:
+                self._ensure_declared(missing - chosen, partitions, config)
+            if chosen:
+                self._confine(chosen)
 
-    def _check_routed(self, missing: set[str], routed: set[str]) -> None:
-        if missing & routed:
-            existing = self._existing(self._admin())
-            absent = sorted(missing & routed - existing)
-            self._known |= missing - set(absent)
-            if absent:
-                raise TopicRefused(absent[0], "it does not exist and create_topics is false")
-        self._known |= missing
+    def _ensure_declared(
+        self, missing: set[str], partitions: int | None, config: dict[str, str]
+    ) -> None:
+        if not self._enabled:
+            self._known |= missing  # the operator's to create: producing waits for it
+            return
+        created, refused = self._create_topics(self._admin(), missing, partitions, config)
+        if self._record is not None:
+            ours = {t for t in created if not self._relay_owned(t)}
+            self._record.record(ours, TopicOrigin.DECLARED)
+        if refused:
+            raise refused[0]
+
+    def _confine(self, chosen: set[str]) -> None:
+        """Make sure of topics rows chose; raises for the first refused (the row's
+        poison), then :class:`TopicBudgetFull` for one that must wait."""
+        admin = self._admin()
+        existing = self._existing(admin)
+        recorded = None if self._record is None else self._record.recorded()
+        refused: list[TopicRefused] = []
+        new = []
+        for topic in sorted(chosen):
+            if topic not in existing:
+                new.append(topic)
+            elif recorded is None or topic in recorded or self._allow_listed(topic):
+                self._known.add(topic)
+            else:
+                refused.append(TopicRefused(topic, _NOT_OURS, creating=False))
+        waiting = None
+        if new and not self._enabled:
+            refused += [
+                TopicRefused(t, "it does not exist and create_topics is false") for t in new
+            ]
+        elif new:
+            wanted, waiting = self._reserve(new, recorded)
+            failed = self._create_topics(admin, set(wanted), None, {})[1]
+            for failure in failed:
+                assert self._record is not None  # only a record reserves
+                self._record.release(failure.topic)  # no room taken by a refused name
+            refused += failed
+        if refused:
+            raise refused[0]
+        if waiting is not None:
+            raise waiting
+
+    def _reserve(
+        self, new: list[str], recorded: frozenset[str] | None
+    ) -> tuple[list[str], TopicBudgetFull | None]:
+        """The topics of ``new`` to create: this outbox's already (deleted since), or
+        reserved now; and the wait for the first that found no room."""
+        wanted: list[str] = []
+        waiting = None
+        for topic in new:
+            if recorded is not None and topic in recorded:
+                wanted.append(topic)
+                continue
+            reserved = (
+                None if self._record is None else self._record.reserve(topic, self._max_created)
+            )
+            if reserved:
+                wanted.append(topic)
+            elif waiting is None:
+                waiting = TopicBudgetFull(topic, self._no_room(reserved))
+        return wanted, waiting
+
+    def _no_room(self, reserved: bool | None) -> str:
+        if reserved is None:
+            return (
+                "the outbox keeps no record of the topics it creates before migration 0017: "
+                "run `outbox-relay migrate`"
+            )
+        return (
+            f"max_created_topics ({self._max_created}) topics were created for rows already: "
+            "raise max_created_topics, or confine the subscriber's topics (a filter that "
+            "lists the values, or topic_allow); the part goes on once there is room"
+        )
 
     def _admin(self) -> AdminClient:
         client: dict[str, Any] = {**self._admin_config, "logger": _client_log}
         return AdminClient(client)
-
-    def _create(self, missing: set[str], partitions: int | None, config: dict[str, str]) -> None:
-        admin = self._admin()
-        wanted, over_cap = self._within_cap(admin, missing)
-        refused: list[TopicRefused] = [
-            TopicRefused(t, f"max_created_topics ({self._max_created}) reached") for t in over_cap
-        ]
-        if wanted:
-            refused += self._create_topics(admin, wanted, partitions, config)
-        if refused:
-            raise refused[0]
-
-    def _within_cap(self, admin: AdminClient, missing: set[str]) -> tuple[set[str], set[str]]:
-        """Split ``missing`` into topics to create and topics over the cap (a topic
-        that exists already is no creation: it is only marked known)."""
-        counted = sorted(t for t in missing if not self._relay_owned(t))
-        if self._max_created is None or not counted:
-            return missing, set()
-        existing = self._existing(admin)
-        self._known |= missing & existing
-        used = sum(1 for t in existing if self._counts(t) and not self._relay_owned(t))
-        room = self._max_created - used
-        beyond = [t for t in counted if t not in existing][max(room, 0) :]
-        return missing - existing - set(beyond), set(beyond)
 
     def _existing(self, admin: AdminClient) -> set[str]:
         try:
@@ -234,8 +288,13 @@ class TopicCreator:
 
     def _create_topics(
         self, admin: AdminClient, missing: set[str], partitions: int | None, config: dict[str, str]
-    ) -> list[TopicRefused]:
+    ) -> tuple[set[str], list[TopicRefused]]:
+        """Create ``missing``: the topics created (not those that existed already), and
+        those refused for good."""
+        created: set[str] = set()
         refused: list[TopicRefused] = []
+        if not missing:
+            return created, refused
         futures = admin.create_topics(
             [
                 NewTopic(
@@ -244,7 +303,7 @@ class TopicCreator:
                     replication_factor=self._replication,
                     config=config,
                 )
-                for t in missing
+                for t in sorted(missing)
             ],
             operation_timeout=10,
             request_timeout=15,
@@ -252,6 +311,7 @@ class TopicCreator:
         for topic, future in futures.items():
             try:
                 future.result()
+                created.add(topic)
                 logger.info(
                     "created topic %s", topic, extra=log_extra("kafka_topic_created", topic=topic)
                 )
@@ -263,7 +323,15 @@ class TopicCreator:
                 if failure is not None:
                     raise failure from exc
             self._known.add(topic)
-        return refused
+        return created, refused
+
+
+# Why a row may not publish to an existing topic outside the outbox's record.
+_NOT_OURS = (
+    "it exists, but this outbox did not create it, no filter names it and topic_allow "
+    "does not match it: it may be another outbox's topic. To publish there, list it in "
+    "topic_allow (or the type in the subscriber's filter)"
+)
 
 
 class _BatchProducer:
@@ -649,7 +717,9 @@ class TransactionalPublisher(_BatchProducer):
             self._commit_pool = ThreadPoolExecutor(1, thread_name_prefix="kafka-commit")
         return self._commit_pool
 
-    def _tag(self, sent: Sequence[KafkaRecord], dead_letters: Sequence[tuple[str, str]]) -> str:
+    def _tag(
+        self, sent: Sequence[KafkaRecord], dead_letters: Sequence[tuple[Position, str]]
+    ) -> str:
         """The checkpoint's provenance: its key space and the last message published,
         so a later owner can tell whether the checkpoint belongs to the database it
         serves; and the transaction's dead letters, so that an owner that adopts it
@@ -657,11 +727,7 @@ class TransactionalPublisher(_BatchProducer):
         message = sent[-1].outbox_message_id if sent else None
         space = str(self._key_space) if self._key_space is not None else None
         tag: dict[str, Any] = {"key_space": space, "message_id": message}
-        if dead_letters:
-            topics = sorted({topic for _, topic in dead_letters})
-            tag["dead_letter_topics"] = topics
-            tag["dead_letters"] = [[m, topics.index(topic)] for m, topic in dead_letters]
-        text = json.dumps(tag, separators=(",", ":"))
+        text = json.dumps({**tag, **dead_letter_tag.fields(dead_letters)}, separators=(",", ":"))
         if len(text) > _MAX_TAG_BYTES:  # the worker keeps it well under: never refused
             logger.warning(
                 "checkpoint tag too long: its %d dead letters left out",
@@ -670,7 +736,6 @@ class TransactionalPublisher(_BatchProducer):
                     "kafka_checkpoint_tag_too_long", dead_letters=len(dead_letters)
                 ),
             )
-            del tag["dead_letter_topics"], tag["dead_letters"]
             text = json.dumps(tag, separators=(",", ":"))
         return text
 
@@ -877,13 +942,31 @@ def _checkpoint(position: Position, metadata: str | None) -> KafkaCheckpoint:
     try:
         tag = json.loads(metadata or "{}")
         space, message = tag.get("key_space"), tag.get("message_id")
-        topics = tag.get("dead_letter_topics", [])
-        letters = tuple((UUID(m), str(topics[i])) for m, i in tag.get("dead_letters", []))
-        return KafkaCheckpoint(
-            position, UUID(space) if space else None, UUID(message) if message else None, letters
+        provenance = KafkaCheckpoint(
+            position, UUID(space) if space else None, UUID(message) if message else None
         )
-    except (ValueError, TypeError, AttributeError, IndexError):
+    except (ValueError, TypeError, AttributeError):
         return KafkaCheckpoint(position)
+    try:
+        return provenance._replace(
+            dead_letters=dead_letter_tag.read(tag), named_dead_letters=_named(tag)
+        )
+    except (ValueError, TypeError, AttributeError, IndexError) as exc:
+        # Its provenance still holds: the checkpoint may be adopted, without decisions.
+        logger.warning(
+            "the Kafka-side checkpoint at %s names dead letters that cannot be read (%s): "
+            "an owner that adopts it records none of them",
+            position,
+            exc,
+            extra=log_extra("kafka_checkpoint_tag_unreadable", error=exc),
+        )
+        return provenance
+
+
+def _named(tag: dict[str, Any]) -> tuple[tuple[UUID, str], ...]:
+    """Dead letters by message id, as relays before issue #47 named them."""
+    topics = tag.get(dead_letter_tag.TOPICS, [])
+    return tuple((UUID(m), str(topics[i])) for m, i in tag.get(dead_letter_tag.NAMED, []))
 
 
 _topic_of = operator.attrgetter("topic")

@@ -11,19 +11,24 @@ from __future__ import annotations
 from relay.core.schemas import SINGLE_OBJECT_MAGIC
 from relay.errors import EncodingError
 
-__all__ = ["MAGIC", "frame", "from_single_object", "unframe"]
+__all__ = ["MAGIC", "MAX_ID", "frame", "from_single_object", "is_registry_id", "unframe"]
 
 MAGIC = b"\x00"
 _ID_BYTES = 4
 _HEADER_LEN = len(MAGIC) + _ID_BYTES
 _SINGLE_OBJECT_HEADER_LEN = len(SINGLE_OBJECT_MAGIC) + 8
-_MAX_ID = 2**31 - 1  # registries hand out ids as Java ints
+MAX_ID = 2**31 - 1  # registries hand out ids as Java ints
+
+
+def is_registry_id(schema_id: int) -> bool:
+    """Whether ``schema_id`` can be a registry's schema id (and so framed)."""
+    return 0 <= schema_id <= MAX_ID
 
 
 def frame(schema_id: int, body: bytes) -> bytes:
     """``body`` (schemaless Avro) framed for the registry schema ``schema_id``."""
-    if not 0 <= schema_id <= _MAX_ID:
-        raise EncodingError(f"schema id {schema_id} is not a registry id (0..{_MAX_ID})")
+    if not is_registry_id(schema_id):
+        raise EncodingError(f"schema id {schema_id} is not a registry id (0..{MAX_ID})")
     return MAGIC + schema_id.to_bytes(_ID_BYTES, "big") + body
 
 

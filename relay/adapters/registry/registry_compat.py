@@ -31,25 +31,20 @@ from typing import Any
 from urllib.parse import quote
 
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from relay.core.redact import redact
+from relay.adapters.registry.registry_errors import registry_call, registry_text
 from relay.core.schemas import AvroSchema, SchemaFolder
 from relay.core.subscribers import KeyFormat, SubjectStrategy, Subscriber
-from relay.errors import SchemaIncompatible, SchemaRegistryUnavailable, UnknownEventTypeError
+from relay.errors import SchemaIncompatible, SchemaRegistryFault, UnknownEventTypeError
 
 __all__ = [
     "KEY_SCHEMA",
     "CompatibilityReport",
+    "applied_level",
     "check_subscriber",
-    "registry_call",
+    "compatibility",
     "schema_text",
 ]
-
-_NOT_FOUND = 404
-# Statuses that say "this schema, under this subject, is refused" rather than "the
-# registry is unwell": 409 incompatible, 422 invalid schema.
-_REFUSALS = frozenset({409, 422})
 
 # The schema of avro-registry keys (the aggregate_id): an Avro string.
 KEY_SCHEMA = '"string"'
@@ -194,37 +189,61 @@ def _local(schema: AvroSchema) -> str:
 
 def _check(client: SchemaRegistryClient, subject: str, text: str, local: str) -> _Verdict:
     """The registry's verdict on the schema ``text`` (``local`` says which) under
-    ``subject``."""
+    ``subject``. What the registry answered is shown through :func:`registry_text`."""
     candidate = Schema(text, "AVRO")
     registered = _ask(subject, lambda: client.lookup_schema(subject, candidate))
     if registered is not None:
-        return _Verdict(
-            True,
-            f"{subject}: {local} is version {registered.version} (id {registered.schema_id})",
-        )
+        version, schema_id = _shown(registered.version), _shown(registered.schema_id)
+        return _Verdict(True, f"{subject}: {local} is version {version} (id {schema_id})")
     versions = _ask(subject, lambda: client.get_versions(subject)) or []
     if not versions:
         return _Verdict(True, f"{subject}: new subject, {local} is registered at first publish")
-    level = _level(client, subject)
-    compatible, reason = _test(client, subject, candidate)
-    where = f"subject {subject!r} (compatibility {level}, versions {versions})"
+    compatible, reason = compatibility(client, subject, candidate)
+    level = applied_level(client, subject, refused=not compatible)
+    shown = _shown(versions)
     if compatible:
-        return _Verdict(
-            True, f"{subject}: {local} is compatible with versions {versions} ({level})"
-        )
-    return _Verdict(False, f"{where} refuses {local}: {reason}")
+        return _Verdict(True, f"{subject}: {local} is compatible with versions {shown} ({level})")
+    where = f"subject {subject!r} (compatibility {level}, versions {shown})"
+    return _Verdict(False, f"{where} refuses {local}: {reason or '(no reason given)'}")
 
 
-def _level(client: SchemaRegistryClient, subject: str) -> str:
-    level = _ask(subject, lambda: client.get_compatibility(subject))
-    if level is None:  # no rule of its own: the registry's global one applies
-        level = _ask(subject, client.get_compatibility) or "unknown"
-    return str(level)
+def _shown(value: object) -> str:
+    """A short value of the registry's answer (a version, an id, a list of versions)."""
+    return registry_text(value, 200)
 
 
-def _test(client: SchemaRegistryClient, subject: str, candidate: Schema) -> tuple[bool, str]:
+def applied_level(client: SchemaRegistryClient, subject: str, *, refused: bool = False) -> str:
+    """The compatibility level the registry applies to ``subject``: the subject's own,
+    else the global one. ``refused``: the registry has just refused a schema there, so
+    a subject level of NONE (which refuses nothing) cannot be the one it applied:
+    Apicurio answers NONE for a subject without a rule of its own, not 404. Otherwise
+    such a NONE is shown with the global level beside it."""
+    level = _ask(subject, lambda: _subject_level(client, subject))
+    if level is not None and str(level).upper() != "NONE":
+        return registry_text(level, 40)
+    applied = registry_text(_ask(subject, client.get_compatibility) or "unknown", 40)
+    if level is None or refused or applied.upper() == "NONE":
+        return applied
+    return f"NONE, or the global {applied} if the subject has no level of its own"
+
+
+def _subject_level(client: SchemaRegistryClient, subject: str) -> Any:
+    """The subject's level, or the global one where the registry falls back to it
+    itself (``defaultToGlobal``: Confluent, Karapace)."""
+    rest = getattr(client, "_rest_client", None)
+    if rest is None:  # another client release: the subject's own level, or 404
+        return client.get_compatibility(subject)
+    answer = rest.get(f"config/{_quoted(subject)}", {"defaultToGlobal": "true"})
+    return answer.get("compatibilityLevel") if isinstance(answer, dict) else None
+
+
+def compatibility(
+    client: SchemaRegistryClient, subject: str, candidate: Schema
+) -> tuple[bool, str]:
     """The registry's verdict on ``candidate`` against the subject's versions (as its
-    compatibility level says: the transitive levels test them all), with its reason.
+    compatibility level says: the transitive levels test them all), with its reason
+    (made safe to show; empty if none); :class:`SchemaRegistryFault` when it gives no
+    verdict.
 
     The client's ``test_compatibility_all_versions`` returns the verdict and drops the
     reason; the same request goes through the client's own REST transport to keep it
@@ -232,15 +251,26 @@ def _test(client: SchemaRegistryClient, subject: str, candidate: Schema) -> tupl
     rest = getattr(client, "_rest_client", None)
     if rest is None:  # another client release: the verdict without the reason
         verdict = _ask(subject, lambda: client.test_compatibility_all_versions(subject, candidate))
-        return bool(verdict), "(the client gave no reason)"
+        return _verdict(subject, {"is_compatible": verdict}), ""
     path = f"compatibility/subjects/{_quoted(subject)}/versions?verbose=true"
     answer: Any = _ask(subject, lambda: rest.post(path, body=candidate.to_dict()))
-    if not isinstance(answer, dict):
+    if answer is None:
         return True, ""  # the subject went away meanwhile: nothing to be compatible with
-    reasons = answer.get("messages") or answer.get("reason") or "(the registry gave no reason)"
+    reasons = answer.get("messages") or answer.get("reason") if isinstance(answer, dict) else None
     if isinstance(reasons, list):
         reasons = "; ".join(str(r) for r in reasons)
-    return bool(answer.get("is_compatible")), redact(str(reasons))
+    return _verdict(subject, answer), registry_text(reasons or "")
+
+
+def _verdict(subject: str, answer: Any) -> bool:
+    """``is_compatible`` of the registry's answer, if it is a boolean."""
+    verdict = answer.get("is_compatible") if isinstance(answer, dict) else None
+    if not isinstance(verdict, bool):
+        raise SchemaRegistryFault(
+            f"the schema registry's compatibility test for {subject!r} gave no verdict: "
+            f"{registry_text(answer, 200)}"
+        )
+    return verdict
 
 
 def _quoted(subject: str) -> str:
@@ -250,30 +280,3 @@ def _quoted(subject: str) -> str:
 def _ask(subject: str, call: Callable[[], Any]) -> Any:
     """``call()``; None when the registry answers 404 (no such subject or schema)."""
     return registry_call(subject, call, "a check", missing_ok=True)
-
-
-def registry_call(
-    subject: str, call: Callable[[], Any], what: str, *, missing_ok: bool = False
-) -> Any:
-    """``call()``, a request about ``subject``, with the registry's errors mapped in one
-    place (every message redacted): :class:`SchemaIncompatible` when it refuses ``what``
-    (409 incompatible, 422 invalid schema); :class:`SchemaRegistryUnavailable` when it
-    cannot answer (a server error, a transport failure); a 404 is None with
-    ``missing_ok``, else unavailable too."""
-    try:
-        return call()
-    except SchemaRegistryError as exc:
-        if exc.http_status_code == _NOT_FOUND and missing_ok:
-            return None
-        if exc.http_status_code in _REFUSALS:
-            raise SchemaIncompatible(
-                f"the schema registry refused {what} under {subject!r}: "
-                f"{redact(str(exc.error_message))}"
-            ) from exc
-        raise SchemaRegistryUnavailable(
-            redact(f"schema registry error for {subject!r}: {exc}")
-        ) from exc
-    except Exception as exc:  # the client's transport raises its own (httpx) errors
-        raise SchemaRegistryUnavailable(
-            redact(f"schema registry unreachable for {subject!r}: {type(exc).__name__}: {exc}")
-        ) from exc

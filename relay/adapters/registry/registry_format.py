@@ -9,10 +9,13 @@ fingerprint) for the life of the process: the registry is asked once per schema 
 subject, not per event, and again after a restart (never persisted: an id remembered
 from a registry since wiped or replaced would point at another schema). Keys are the
 aggregate_id, as text or (``key_format`` avro-registry) as an Avro string under
-``<topic>-key``. A schema the registry refuses (incompatible with the subject's
-history) is :class:`SchemaIncompatible`, a configuration error carrying the registry's
-reason (the part halts; no event is dead-lettered for it); a registry that cannot be
-reached is retryable, never a poison event.
+``<topic>-key``. Each id is checked before it is first used, and a 409 confirmed with
+the registry's compatibility test (relay/adapters/registry/registration.py). A schema
+the registry refuses (incompatible with the subject's history) is
+:class:`SchemaIncompatible`, a configuration error carrying the registry's reason (the
+part halts; no event is dead-lettered for it); a registry that cannot be reached, or
+answers what cannot be right, is retryable, never a poison event, and its answer is
+not cached.
 
 Schemas that reference named types of other files are not supported yet (the registry
 would need them as references).
@@ -27,15 +30,21 @@ from datetime import UTC, datetime
 from typing import Any
 
 import fastavro
-from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from relay.adapters.registry.confluent_wire import frame, from_single_object
-from relay.adapters.registry.registry_compat import KEY_SCHEMA, registry_call, schema_text
+from relay.adapters.registry.registration import Registrar
+from relay.adapters.registry.registry_compat import KEY_SCHEMA, schema_text
 from relay.core.log_fields import log_extra
 from relay.core.schemas import AvroSchema, SchemaFolder, encode_with
 from relay.core.settings import Settings
 from relay.core.subscribers import SubjectStrategy
-from relay.errors import ConfigError, SchemaIncompatible, SchemaRegistryUnavailable
+from relay.errors import (
+    ConfigError,
+    SchemaIncompatible,
+    SchemaRegistryFault,
+    SchemaRegistryUnavailable,
+)
 
 __all__ = [
     "RegistryValueEncoder",
@@ -95,6 +104,7 @@ class RegistryValueEncoder:
     def __init__(self, schemas: SchemaFolder | None, client: SchemaRegistryClient) -> None:
         self.schemas = schemas
         self.client = client
+        self._registrar = Registrar(client)
         self._ids: dict[tuple[str, bytes], int] = {}
         self._key_ids: dict[str, int] = {}
         self._text_ids: dict[tuple[str, str], int] = {}
@@ -102,6 +112,7 @@ class RegistryValueEncoder:
         # Why the registry could not be reached, and since when (None: it answers). Its
         # parts say so each retry; this says it once per outage (event registry.unreachable).
         self.unreachable: tuple[datetime, str] | None = None
+        self._failed = 0  # registrations failed since (counted, not logged)
 
     def encode(
         self,
@@ -180,13 +191,7 @@ class RegistryValueEncoder:
 
     def _register_text(self, subject: str, text: str, what: str) -> int:
         try:
-            schema_id = int(
-                registry_call(
-                    subject,
-                    lambda: self.client.register_schema(subject, Schema(text, "AVRO")),
-                    what,
-                )
-            )
+            schema_id = self._registrar.register(subject, text, what)
         except SchemaRegistryUnavailable as exc:
             self._note_unreachable(exc)
             raise
@@ -195,12 +200,14 @@ class RegistryValueEncoder:
 
     def _note_unreachable(self, exc: SchemaRegistryUnavailable) -> None:
         with self._lock:
+            self._failed += 1
             if self.unreachable is not None:
-                return
+                return  # logged once per outage; the later failures are counted
             self.unreachable = (datetime.now(UTC), str(exc))
         _log.warning(
-            "schema registry unreachable: parts that need a schema id wait for it "
-            "(nothing is dead-lettered): %s",
+            "schema registry %s: parts that need a schema id wait for it (nothing is "
+            "dead-lettered, no answer kept): %s",
+            "answers wrongly" if isinstance(exc, SchemaRegistryFault) else "unreachable",
             exc,
             # A documented name (README, deploy/prometheus/alerts.yml): dotted, unlike
             # the others, and kept so that operators' filters keep matching.
@@ -210,11 +217,13 @@ class RegistryValueEncoder:
     def _note_reachable(self) -> None:
         with self._lock:
             down, self.unreachable = self.unreachable, None
+            failed, self._failed = self._failed, 0
         if down is not None:
             _log.info(
-                "schema registry reachable again (unreachable since %s)",
+                "schema registry reachable again (unreachable since %s; %d requests failed)",
                 down[0].isoformat(timespec="seconds"),
-                extra=log_extra("registry.reachable", since=down[0].isoformat()),
+                failed,
+                extra=log_extra("registry.reachable", since=down[0].isoformat(), failed=failed),
             )
 
 
