@@ -468,7 +468,8 @@ def test_archive_of_the_wrong_format_keeps_every_value_and_says_so_at_its_first_
     """Told JSON where the relay published Avro: nothing decodes, but every record is
     archived with its raw value (nothing unrecoverable) and an ERROR gives the counts."""
     from spark_jobs import archive
-    from spark_jobs.job import DecodingAlarm
+    from spark_jobs.job import DecodingAlarm, await_query
+    from spark_jobs.run_summary import ArchiveSummary
 
     alarm = DecodingAlarm("archive")
     spark.streams.addListener(alarm)
@@ -479,8 +480,8 @@ def test_archive_of_the_wrong_format_keeps_every_value_and_says_so_at_its_first_
             path=str(path), checkpoint=str(tmp_path / "ckpt"), schemas=str(REPO / "schemas"),
             value_format="json", available_now=True,
         )  # fmt: skip
-        query.awaitTermination(300)
-        assert query.exception() is None, query.exception()
+        summary = ArchiveSummary("archive")
+        await_query(query, summary)
         deadline = time.monotonic() + 60  # listeners hear of progress asynchronously
         while "cannot be decoded" not in caplog.text and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -493,6 +494,10 @@ def test_archive_of_the_wrong_format_keeps_every_value_and_says_so_at_its_first_
     assert sorted(r.message_id for r in archived) == sorted(published_story)
     assert all(r.payload is None and r.error for r in archived)
     assert all(bytes(r.value).startswith(b"\xc3\x01") for r in archived)  # recoverable
+    # The run's line: every record archived, each of them the archive's quarantine.
+    assert re.fullmatch(
+        r"archive: \d+ batch(es)?, 15 rows in, 15 rows out, 15 quarantined", summary.line()
+    ), summary.line()
 
 
 @pytest.mark.registry

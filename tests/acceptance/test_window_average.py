@@ -238,6 +238,7 @@ def test_inputs_that_are_not_numbers_are_reported_and_quarantined_exactly_once(
     import time
 
     from spark_jobs.job import DecodingAlarm
+    from spark_jobs.run_summary import RunSummary
 
     story = Story(kafka_bootstrap)
     producer = Producer({"bootstrap.servers": kafka_bootstrap})
@@ -251,8 +252,9 @@ def test_inputs_that_are_not_numbers_are_reported_and_quarantined_exactly_once(
     ckpt = tmp_path / "ckpt"
     alarm = DecodingAlarm("window_average")
     spark.streams.addListener(alarm)
+    summary = RunSummary("window_average")
     try:
-        assert run_in_session(spark, story, database_url, ckpt) is None
+        assert run_in_session(spark, story, database_url, ckpt, summary=summary) is None
         deadline = time.monotonic() + 60  # listeners hear of progress asynchronously
         while "cannot be decoded" not in caplog.text and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -278,10 +280,13 @@ def test_inputs_that_are_not_numbers_are_reported_and_quarantined_exactly_once(
     assert sorted(e if "finite" in e else e[:14] for *_, e in rows) == reasons
     assert len({tuple(place) for *place, _ in rows}) == len(rows)  # each once
     assert sorted(story.averages()) == [(-5000, 1.0, 1), (0, 1.0, 1)]
+    assert (summary.rows_out, summary.quarantined) == (2, 11)  # what the run's line says
 
     commits = spark_commits(ckpt)  # a crash before Spark logged the last batch
     (ckpt / "commits" / str(commits[-1])).unlink()
     (ckpt / "commits" / f".{commits[-1]}.crc").unlink(missing_ok=True)
-    assert run_in_session(spark, story, database_url, ckpt) is None
+    replay = RunSummary("window_average")
+    assert run_in_session(spark, story, database_url, ckpt, summary=replay) is None
     assert sorted(quarantined()) == sorted(rows)  # nothing twice
+    assert (replay.rows_out, replay.quarantined, replay.replayed) == (0, 0, 1)
     assert sorted(story.averages()) == [(-5000, 1.0, 1), (0, 1.0, 1)]
