@@ -46,7 +46,7 @@ def write_order_story(
 
 # Order events an app may write (legal under the relay's JSON defaults) that the orders
 # table cannot take: by aggregate id (the record's key), the payload and the reason.
-UNAPPLICABLE = {
+UNAPPLICABLE: dict[str, tuple[dict[str, Any], str]] = {
     "no-id": ({"customer_id": "c-1", "amount_cents": 5}, "no order_id"),
     "huge": (
         {"order_id": "o-huge", "amount_cents": 2**70},
