@@ -71,13 +71,13 @@ def write_unapplicable_orders(writer_db: psycopg.Connection[Any]) -> None:
 def run_projection(
     spark: SparkSession, url: str, bootstrap: str, topic: str, ckpt: Path, **options: Any
 ) -> int:
+    options = {"schemas": str(REPO / "schemas"), **options}
     query = order_projection.start(
         spark,
         bootstrap_servers=bootstrap,
         topic=topic,
         database_url=url,
         checkpoint=str(ckpt),
-        schemas=str(REPO / "schemas"),
         available_now=True,
         **options,
     )
@@ -128,7 +128,9 @@ def test_projection_is_exact_quarantines_what_it_cannot_apply_and_a_replay_chang
     )
     assert last_batch(db) == -1  # nothing written
 
-    assert run_projection(spark, database_url, kafka_bootstrap, topic, ckpt) == 18
+    # JSON values (the relay without schemas): the job needs no schemas folder.
+    json_only = {"schemas": None}
+    assert run_projection(spark, database_url, kafka_bootstrap, topic, ckpt, **json_only) == 18
     expected = [
         (f"o-{i}", f"c-{i % 3}", 100 * i, "shipped" if i % 2 == 0 else "placed",
          "dhl" if i % 2 == 0 else None)
@@ -149,7 +151,7 @@ def test_projection_is_exact_quarantines_what_it_cannot_apply_and_a_replay_chang
     commits = sorted((ckpt / "commits").glob("[0-9]*"), key=lambda p: int(p.name))
     commits[-1].unlink()
     (commits[-1].parent / f".{commits[-1].name}.crc").unlink(missing_ok=True)
-    assert run_projection(spark, database_url, kafka_bootstrap, topic, ckpt) == 18
+    assert run_projection(spark, database_url, kafka_bootstrap, topic, ckpt, **json_only) == 18
     assert sorted(db.execute(query).fetchall()) == sorted(expected)
     assert db.execute(quarantined).fetchall() == reasons
     markers = db.execute("SELECT count(*), sum(rows) FROM spark_sink_batches").fetchone()
@@ -673,8 +675,10 @@ def test_a_job_refuses_bad_arguments_and_folders_before_spark_starts(
 
 
 def test_a_json_job_needs_no_schemas_folder_where_it_runs(tmp_path: Path) -> None:
-    """Run from a folder without `schemas/`, a job reading JSON goes on to start Spark
-    (which cannot start here: no Java), where it used to need the folder."""
+    """Run from a folder without `schemas/`, a job reading JSON is not refused by its
+    checks before Spark: it goes on to start Spark (which cannot start here: no Java).
+    A guard on those checks; that such a job then runs is the README test's (it runs
+    the jobs from outside the clone) and the projection test's (``schemas=None``)."""
     for module, argv in (
         ("order_projection", ["--checkpoint", "ckpt", "--format", "json"]),
         ("archive", ["--path", "archive", "--checkpoint", "ckpt"]),  # auto: no Avro folder
