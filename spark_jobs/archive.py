@@ -10,6 +10,9 @@ fixed offset range (``--starting-offsets`` to ``--ending-offsets``, each ``earli
 archive's folder: readers there see only the files its ``_spark_metadata`` log lists,
 so backfilled files would be invisible. The folder must not exist yet, so running the
 same backfill twice fails instead of archiving its events twice.
+
+Nothing is left out: a record that cannot be decoded is archived all the same, with
+its ``error`` and its raw ``value`` (the archive's quarantine: ``error IS NOT NULL``).
 """
 
 from __future__ import annotations
@@ -33,7 +36,15 @@ from spark_jobs.job import (
     report_decoding,
     run,
 )
+from spark_jobs.preflight import (
+    SCHEMAS_HELP,
+    checkpoint_folder,
+    new_folder,
+    offsets,
+    schemas_folder,
+)
 from spark_jobs.registry_schemas import RegistryAccess, planned_schemas
+from spark_jobs.run_summary import ArchiveSummary, RunSummary
 from spark_jobs.spark_session import kafka_options
 
 
@@ -70,7 +81,7 @@ def start(
     topics: str,
     path: str,
     checkpoint: str,
-    schemas: str,
+    schemas: str | None,
     value_format: str = "auto",
     kafka_settings: Mapping[str, KafkaValue] | None = None,
     available_now: bool = False,
@@ -135,15 +146,17 @@ def backfill(
     bootstrap_servers: str,
     topics: str,
     path: str,
-    schemas: str,
+    schemas: str | None,
     starting_offsets: str = "earliest",
     ending_offsets: str = "latest",
     value_format: str = "auto",
     kafka_settings: Mapping[str, KafkaValue] | None = None,
     registry: RegistryAccess | None = None,
+    summary: RunSummary | None = None,
 ) -> None:
     """Archive one offset range to ``path`` (which must not exist) and return; logs an
-    error when most records could not be decoded (they are archived all the same)."""
+    error when most records could not be decoded (they are archived all the same, with
+    their error: the archive's quarantine), and tells ``summary``."""
     from pyspark.sql import Observation
 
     records = read_range(
@@ -158,10 +171,12 @@ def backfill(
     rows = archive_rows(observe_decoding(decoded, into=seen))
     rows.write.mode("errorifexists").partitionBy("date").parquet(path)
     counts = seen.get
-    if counts.get("records"):
-        report_decoding(
-            "archive", counts["records"], counts["undecodable"] or 0, counts["first_error"]
-        )
+    read, undecodable = counts.get("records") or 0, counts.get("undecodable") or 0
+    if read:
+        report_decoding("archive", read, undecodable, counts["first_error"])
+    if summary is not None:
+        summary.batches, summary.rows_in = 1, read
+        summary.wrote(read, undecodable)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -170,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--topics", default=r"outbox\.event\..*", help="A topic regex.")
     parser.add_argument("--path", required=True, help="Archive folder (local, HDFS, S3...).")
     parser.add_argument("--checkpoint", help="Required unless --backfill.")
-    parser.add_argument("--schemas", default="schemas")
+    parser.add_argument("--schemas", help=SCHEMAS_HELP)
     parser.add_argument(
         "--format",
         dest="value_format",
@@ -186,13 +201,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--starting-offsets", default="earliest", help="With --backfill.")
     parser.add_argument("--ending-offsets", default="latest", help="With --backfill.")
     args = parser.parse_args(argv)
-    if args.checkpoint is None and not args.backfill:
-        parser.error("--checkpoint is required (or pass --backfill)")
+    check_locations(parser, args)
     kafka_settings = dict(kafka_clients(parser, args).settings)
     common = {"bootstrap_servers": args.bootstrap_servers, "topics": args.topics,
-              "path": args.path, "schemas": args.schemas, "value_format": args.value_format,
+              "path": args.path, "value_format": args.value_format,
+              "schemas": schemas_folder(parser, args.schemas, args.value_format, args.config),
               "kafka_settings": kafka_settings,
               "registry": registry_access(parser, args)}  # fmt: skip
+    summary = ArchiveSummary("archive")
 
     def job() -> None:
         spark = job_session("archive", args.debug)
@@ -201,13 +217,27 @@ def main(argv: Sequence[str] | None = None) -> None:
                 spark,
                 starting_offsets=args.starting_offsets,
                 ending_offsets=args.ending_offsets,
+                summary=summary,
                 **common,
             )
             return
         query = start(spark, checkpoint=args.checkpoint, available_now=args.available_now, **common)
-        await_query(query)
+        await_query(query, summary)
 
-    run("archive", args.debug, job)
+    run("archive", args.debug, job, summary)
+
+
+def check_locations(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The folders and offsets, before Spark starts: a backfill's folder must be new and
+    its offsets Spark's; a streaming archive needs a checkpoint it can write."""
+    if args.backfill:
+        new_folder(parser, args.path, "--path")
+        offsets(parser, args.starting_offsets, "--starting-offsets")
+        offsets(parser, args.ending_offsets, "--ending-offsets")
+        return
+    if args.checkpoint is None:
+        parser.error("--checkpoint is required (or pass --backfill)")
+    checkpoint_folder(parser, args.checkpoint, "--checkpoint")
 
 
 if __name__ == "__main__":

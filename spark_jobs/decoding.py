@@ -91,7 +91,7 @@ class AvroBranch:
 def decode_events(
     frame: DataFrame,
     *,
-    writer_schemas: str | Path,
+    writer_schemas: str | Path | None,
     reader_schemas: str | Path | None = None,
     value_format: str = "auto",
     keep_value: bool = False,
@@ -104,12 +104,14 @@ def decode_events(
     record, see the module doc), ``avro``, ``avro-registry`` or ``json`` (anything else
     is an error row). ``registry``: where ``avro-registry`` values' schemas are looked
     up; ``registry_schemas``: those of them ``from_avro`` decodes (looked up by the
-    caller: :meth:`RegistryAccess.latest_for_topics`)."""
+    caller: :meth:`RegistryAccess.latest_for_topics`). ``writer_schemas`` None: the job
+    has no schemas folder, and a single-object Avro value is an error row saying so."""
     if value_format not in VALUE_FORMATS:
         raise ValueError(f"value_format must be one of {VALUE_FORMATS}, got {value_format!r}")
     if avro_decoder not in AVRO_DECODERS:
         raise ValueError(f"avro_decoder must be one of {AVRO_DECODERS}, got {avro_decoder!r}")
-    writers, readers = str(writer_schemas), None if reader_schemas is None else str(reader_schemas)
+    writers = None if writer_schemas is None else str(writer_schemas)
+    readers = None if reader_schemas is None else str(reader_schemas)
     branches = (
         avro_branches(value_format, writers, readers, registry_schemas)
         if avro_decoder == "from_avro"
@@ -144,14 +146,14 @@ def decode_events(
 
 def avro_branches(
     value_format: str,
-    writers: str,
+    writers: str | None,
     readers: str | None,
     registry_schemas: Sequence[RegistrySchema] = (),
 ) -> list[AvroBranch]:
     """What ``from_avro`` decodes for ``value_format``: every writer schema of the folder
     (single-object values, by fingerprint) and the registry schemas (by id)."""
     branches: list[AvroBranch] = []
-    if value_format in ("auto", "avro"):
+    if value_format in ("auto", "avro") and writers is not None:
         for schema in _registry(writers).schemas():
             branches.append(_branch(schema.header, schema, readers))
     if value_format in ("auto", "avro-registry"):
@@ -216,7 +218,7 @@ def _header(frame: DataFrame, header: str, column: str) -> Column:
 
 
 def _python_decoder(
-    value_format: str, writers: str, readers: str | None, registry: RegistryAccess | None
+    value_format: str, writers: str | None, readers: str | None, registry: RegistryAccess | None
 ) -> Any:
     """The vectorized UDF ``(value, skip) -> (payload, error)`` for the values from_avro
     does not take (``skip`` those it does: no Python work for them)."""
@@ -243,7 +245,7 @@ def _python_decoder(
 def _decode_one(
     value: bytes | None,
     value_format: str,
-    writers: str,
+    writers: str | None,
     readers: str | None,
     registry: RegistryAccess | None,
 ) -> tuple[str | None, str | None]:
@@ -286,7 +288,7 @@ def split_corrupt(decoded: DataFrame) -> tuple[DataFrame, DataFrame]:
 def _payload(
     value: bytes | None,
     value_format: str,
-    writers: str,
+    writers: str | None,
     readers: str | None,
     registry: RegistryAccess | None,
 ) -> Any:
@@ -299,6 +301,11 @@ def _payload(
         return _registry_payload(data, readers, registry)
     if value_format == "json" or (value_format == "auto" and not data.startswith(AVRO_MAGIC)):
         return json.loads(data)
+    if writers is None:
+        raise SchemaError(
+            "an Avro single-object value, but the job has no writer schemas: pass --schemas "
+            "(or set RELAY_SCHEMAS_DIR), the folder the relay encodes with"
+        )
     folder = _registry(writers)
     writer = folder.by_fingerprint(data[2:10])  # after the 2 magic bytes
     reader = None if writer is None else _reader_for(readers, writer.full_name)

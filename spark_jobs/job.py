@@ -21,6 +21,7 @@ from relay.core.log_fields import log_extra
 from relay.errors import ConfigError
 from spark_jobs.kafka_clients import KafkaClients
 from spark_jobs.registry_schemas import RegistryAccess
+from spark_jobs.run_summary import RunSummary
 from spark_jobs.spark_session import local_spark_session
 
 logger = logging.getLogger(__name__)
@@ -100,28 +101,37 @@ class _CtrlC:
 _ctrl_c = _CtrlC()
 
 
-def await_query(query: Any) -> None:
-    """Wait for a streaming query to end (re-raising its failure); Ctrl-C stops it and
-    raises KeyboardInterrupt (the checkpoint replays a batch it interrupted)."""
+def await_query(query: Any, summary: RunSummary | None = None) -> None:
+    """Wait for a streaming query to end (re-raising its failure), telling ``summary``
+    of its batches as they go; Ctrl-C stops it and raises KeyboardInterrupt (the
+    checkpoint replays a batch it interrupted)."""
     _ctrl_c.waiting = True
     try:
         while not query.awaitTermination(1):
+            if summary is not None:
+                summary.progressed(query.recentProgress)
             if _ctrl_c.pressed.is_set():
                 query.stop()
                 raise KeyboardInterrupt
     finally:
         _ctrl_c.waiting = False
+        if summary is not None:
+            summary.progressed(query.recentProgress)
 
 
-def run(name: str, debug: bool, body: Callable[[], None]) -> None:
-    """Run a job's ``body``; returns when it ends. Ctrl-C exits 130, quietly; a failure
-    exits 1, shown as one line on stderr: the reason, not 150 lines of py4j trace (that
-    one is logged at DEBUG, which ``--debug`` shows)."""
+def run(
+    name: str, debug: bool, body: Callable[[], None], summary: RunSummary | None = None
+) -> None:
+    """Run a job's ``body``; returns when it ends, with the ``summary`` of its run on
+    stdout (after Ctrl-C too). Ctrl-C exits 130, quietly; a failure exits 1, shown as
+    one line on stderr: its root cause, not 150 lines of py4j trace (that one is logged
+    at DEBUG, which ``--debug`` shows)."""
     configure_logging(debug)
     previous = signal.signal(signal.SIGINT, _ctrl_c)
     try:
         body()
     except KeyboardInterrupt:
+        _say_summary(summary)
         sys.exit(EXIT_INTERRUPTED)
     except Exception as exc:
         logger.debug(
@@ -132,6 +142,13 @@ def run(name: str, debug: bool, body: Callable[[], None]) -> None:
         sys.exit(EXIT_FAILED)
     finally:
         signal.signal(signal.SIGINT, previous)
+    _say_summary(summary)
+
+
+def _say_summary(summary: RunSummary | None) -> None:
+    if summary is not None:
+        sys.stdout.write(summary.line() + "\n")
+        sys.stdout.flush()
 
 
 def job_session(name: str, debug: bool) -> Any:
@@ -161,8 +178,8 @@ def quiet_spark(spark: Any, debug: bool) -> None:
     spark.sparkContext.setLogLevel("WARN" if debug else "OFF")
 
 
-# "org.apache.kafka.common.errors.TopicAuthorizationException: Not authorized ...",
-# "relay.errors.SinkOwnedError: ...", "ValueError: ...": a cause's first line.
+# "org.apache.kafka.common.errors.TopicAuthorizationException: Not authorized ...": a JVM
+# cause's first line.
 _CAUSE = re.compile(r"^(?:[\w$]+\.)*([A-Z][\w$]*(?:Error|Exception|Failure)): (.+)$")
 _WRAPPERS = frozenset(
     {
@@ -175,24 +192,67 @@ _WRAPPERS = frozenset(
         "RuntimeException",
     }
 )
+_TRACEBACK = "Traceback (most recent call last):"
+# A Python traceback's last line: "psycopg.errors.NotNullViolation: null value in ...".
+_RAISED = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*)(?:: (.*))?$")
 
 
 def failure_reason(exc: BaseException) -> str:
-    """The innermost cause a job failure names, on one line. py4j and Spark wrap a
-    cause in layers (the query failed, because a task failed, because of a Python
-    exception in foreachBatch...), each repeating the message in a longer trace."""
-    text = str(exc)
-    causes = [
+    """The root cause of a job failure, on one line. py4j and Spark wrap a cause in
+    layers (the query failed, because a task failed, because of a Python exception in
+    foreachBatch...), each repeating the message in a longer trace; a Python exception
+    names its own cause. The innermost is the one that says what to fix."""
+    if isinstance(exc, ConfigError):  # says what to fix, by key: no type, one line
+        return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    root = _innermost(exc)
+    text = str(root)
+    found = _python_raised(text) or _jvm_cause(text)
+    if found:
+        return found
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    if _jvm_causes(text):
+        return first  # "[STREAM_FAILED] Query ... terminated with exception: ..."
+    return f"{type(root).__name__}: {first}" if first else type(root).__name__
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    while True:
+        inner = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+        if inner is None:
+            return exc
+        exc = inner
+
+
+def _python_raised(text: str) -> str | None:
+    """The exception a Python traceback in ``text`` (a foreachBatch's, a UDF's) starts
+    from: Python prints a chain's root cause first."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if _TRACEBACK in line), None)
+    if start is None:
+        return None
+    for line in lines[start + 1 :]:
+        if not line.strip() or line[0].isspace():
+            continue  # the frames, their code, the carets
+        raised = _RAISED.match(line.strip())
+        if raised is None:
+            return None
+        kind, message = raised.groups()
+        return f"{kind}: {message.strip()}" if message else kind
+    return None
+
+
+def _jvm_causes(text: str) -> list[tuple[str, str]]:
+    return [
         (m.group(1), m.group(2).strip())
         for line in text.splitlines()
         if (m := _CAUSE.match(line.strip().removeprefix("Caused by: ")))
     ]
-    inner = [c for c in causes if c[0] not in _WRAPPERS]
-    if inner:
-        kind, message = inner[-1]
-        return f"{kind}: {message}"
-    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    return first if causes or isinstance(exc, ConfigError) else f"{type(exc).__name__}: {first}"
+
+
+def _jvm_cause(text: str) -> str | None:
+    """The innermost JVM cause that is not a wrapper (the last ``Caused by``)."""
+    inner = [c for c in _jvm_causes(text) if c[0] not in _WRAPPERS]
+    return f"{inner[-1][0]}: {inner[-1][1]}" if inner else None
 
 
 class DecodingAlarm(StreamingQueryListener):

@@ -6,6 +6,12 @@ each micro-batch commits in one Postgres transaction with its batch marker
 ``(transaction_id, position)``, the relay's publication order, so even a replay from an
 older checkpoint can never move an order's state backwards.
 
+An order event the table cannot take (no ``order_id``, an ``amount_cents`` that is not
+a whole number within bigint, no relay headers; or a row Postgres refuses, such as a
+constraint added to the table) is quarantined, not retried forever: it goes, with its
+reason, to the sink's error table (``spark_corrupt_records``, where ``--on-corrupt
+route`` sends undecodable records), in the batch's transaction, and the job goes on.
+
 Run locally (embedded default) or with ``spark-submit``::
 
     RELAY_DATABASE_URL_FILE=/run/secrets/db-url \\
@@ -17,22 +23,27 @@ Run locally (embedded default) or with ``spark-submit``::
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import psycopg
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
+from relay.core.log_fields import log_extra
 from relay.core.settings import KafkaValue
 from relay.errors import RelayError
 from spark_jobs.decoding import VALUE_FORMATS, decode_events, split_corrupt
 from spark_jobs.job import await_query, job_session, registry_access, report_decoding, run
 from spark_jobs.postgres_sink import PostgresBatchSink, connect, create_table
+from spark_jobs.preflight import SCHEMAS_HELP, schemas_folder
 from spark_jobs.registry_schemas import RegistryAccess, planned_schemas
+from spark_jobs.run_summary import RunSummary
 from spark_jobs.sink_job_args import sink_job_options, sink_job_parser
 from spark_jobs.spark_session import kafka_options, streaming_query_id
+
+logger = logging.getLogger(__name__)
 
 ORDERS_DDL = """
 CREATE TABLE IF NOT EXISTS {table} (
@@ -61,19 +72,52 @@ ON CONFLICT (order_id) DO UPDATE SET
 WHERE (o.transaction_id, o.position) < (EXCLUDED.transaction_id, EXCLUDED.position)
 """
 _STATUS = {"OrderPlaced": "placed", "OrderShipped": "shipped"}
+_PAYLOAD = "order_id string, customer_id string, amount_cents long, carrier string"
+# Where an event is in Kafka: how a quarantined one is found again.
+_SOURCE = ("topic", "partition", "offset", "key")
+# A row's own fault, which Postgres finds: a constraint the DataFrame code does not know
+# (a CHECK or a foreign key added to the table), a value it cannot store.
+_ROW_FAULTS = (psycopg.DataError, psycopg.IntegrityError)
 
 
-def order_changes(events: DataFrame) -> DataFrame:
-    """Decoded events → one change row per order event (pure; testable on its own)."""
-    payload = F.from_json(
-        "payload", "order_id string, customer_id string, amount_cents long, carrier string"
-    )
+def order_changes(events: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """Decoded events → ``(changes, quarantined)`` (pure; testable on its own): one change
+    row per order event the ``orders`` table can take, and one row per order event it
+    cannot, with where it is in Kafka and the ``error`` that says why. Events of other
+    types are no order changes: neither."""
+    judged = _judged(events)
+    change = ["order_id", "customer_id", "amount_cents", "status", "carrier"]
+    changes = judged.where("error IS NULL").select(*change, "transaction_id", "position", *_SOURCE)
+    return changes, judged.where("error IS NOT NULL").select(*_SOURCE, "error")
+
+
+def _judged(events: DataFrame) -> DataFrame:
+    """The order events, each with its change and the reason it cannot be applied (or
+    null): every NOT NULL column and type of ``ORDERS_DDL``, checked here."""
     status = F.coalesce(
         *[F.when(F.col("event_type").endswith(t), F.lit(s)) for t, s in _STATUS.items()]
     )
+    # from_json gives a null for a value not of the field's type (1.5, "5", 2**70): told
+    # apart from an absent one by the raw value.
+    raw_amount = F.get_json_object("payload", "$.amount_cents")
+    error = (
+        F.when(
+            F.col("transaction_id").isNull() | F.col("position").isNull(),
+            F.lit("no transaction_id or position header: not published by the relay?"),
+        )
+        .when(~F.col("payload").startswith("{"), F.lit("the payload is not a JSON object"))
+        .when(F.col("p.order_id").isNull(), F.lit("no order_id"))
+        .when(
+            raw_amount.isNotNull() & F.col("p.amount_cents").isNull(),
+            F.concat(
+                F.lit("amount_cents is not a whole number within bigint: "),
+                F.substring(raw_amount, 1, 40),
+            ),
+        )
+    )
     return (
         events.where(F.col("aggregate_type") == "order")
-        .withColumn("p", payload)
+        .withColumn("p", F.from_json("payload", _PAYLOAD))
         .withColumn("status", status)
         .where("status IS NOT NULL")
         .select(
@@ -84,14 +128,41 @@ def order_changes(events: DataFrame) -> DataFrame:
             F.col("p.carrier").alias("carrier"),
             "transaction_id",
             "position",
+            *_SOURCE,
+            error.alias("error"),
         )
     )
 
 
-def write_changes(conn: psycopg.Connection[Any], rows: Sequence[Row]) -> None:
+def write_changes(conn: psycopg.Connection[Any], rows: Sequence[Row]) -> list[Row]:
+    """Upsert ``rows`` in publication order; returns those Postgres refused, as
+    quarantine rows with its reason. Only when the batch fails for a row's fault does
+    it go again row by row, each in a savepoint, leaving out the ones refused."""
     ordered = sorted(rows, key=lambda r: (r.transaction_id, r.position))
-    with conn.cursor() as cursor:
-        cursor.executemany(UPSERT, [r.asDict() for r in ordered])
+    try:
+        with conn.transaction(), conn.cursor() as cursor:
+            cursor.executemany(UPSERT, [r.asDict() for r in ordered])
+        return []
+    except _ROW_FAULTS as exc:
+        logger.warning(
+            "order_projection: Postgres refused a change (%s): applying the batch row by "
+            "row to quarantine the refused ones",
+            _first_line(exc),
+            extra=log_extra("spark_projection_row_refused"),
+        )
+    refused = []
+    for row in ordered:
+        try:
+            with conn.transaction():
+                conn.execute(UPSERT, row.asDict())
+        except _ROW_FAULTS as exc:
+            reason = f"refused by Postgres: {type(exc).__name__}: {_first_line(exc)}"
+            refused.append(Row(**{c: row[c] for c in _SOURCE}, error=reason))
+    return refused
+
+
+def _first_line(exc: BaseException) -> str:
+    return next(iter(str(exc).strip().splitlines()), type(exc).__name__)
 
 
 def ensure_tables(url: str) -> None:
@@ -103,9 +174,12 @@ class CorruptRecordsError(RelayError):
     """Records that cannot be decoded, under the ``fail`` policy."""
 
 
-def batch_writer(sink: PostgresBatchSink, on_corrupt: str) -> Callable[[DataFrame, int], None]:
-    """The ``foreachBatch`` function: changes (and routed corrupt records) commit in one
-    Postgres transaction with the batch marker."""
+def batch_writer(
+    sink: PostgresBatchSink, on_corrupt: str, summary: RunSummary | None = None
+) -> Callable[[DataFrame, int], None]:
+    """The ``foreachBatch`` function: changes, and the events that cannot be applied
+    (and routed corrupt records), commit in one Postgres transaction with the batch
+    marker; the quarantined ones go to the sink's error table with their reason."""
     if on_corrupt not in ("fail", "route"):
         raise ValueError(f"on_corrupt must be 'fail' or 'route', got {on_corrupt!r}")
 
@@ -131,14 +205,20 @@ def batch_writer(sink: PostgresBatchSink, on_corrupt: str) -> Callable[[DataFram
                 f"{len(bad)} undecodable records, first {first.topic}[{first.partition}]"
                 f"@{first.offset}: {first.error} (use on_corrupt='route' to divert them)"
             )
-        changes = order_changes(events).collect()
+        changes, quarantined = (frame.collect() for frame in order_changes(events))
+        outcome: list[int] = []
 
         def write(conn: psycopg.Connection[Any]) -> int:
-            write_changes(conn, changes)
-            sink.write_corrupt(conn, batch_id, bad)
-            return len(changes) + len(bad)
+            kept = [*bad, *quarantined, *write_changes(conn, changes)]
+            sink.write_corrupt(conn, batch_id, kept)
+            outcome[:] = [len(changes) + len(bad) + len(quarantined) - len(kept), len(kept)]
+            return len(changes) + len(bad) + len(quarantined)
 
-        sink.commit(batch_id, write, streaming_query_id(batch))
+        written = sink.commit(batch_id, write, streaming_query_id(batch))
+        if summary is not None and written:
+            summary.wrote(*outcome)
+        elif summary is not None:
+            summary.skipped_replay()
 
     return write_batch
 
@@ -150,7 +230,7 @@ def start(
     topic: str,
     database_url: str,
     checkpoint: str,
-    schemas: str,
+    schemas: str | None,
     value_format: str = "auto",
     kafka_settings: Mapping[str, KafkaValue] | None = None,
     available_now: bool = False,
@@ -159,9 +239,11 @@ def start(
     max_offsets_per_trigger: int | None = None,
     reset_sink: bool = False,
     registry: RegistryAccess | None = None,
+    summary: RunSummary | None = None,
 ) -> Any:
     """Start the streaming query; returns it. ``reset_sink``: take the sink over from the
-    query of an earlier checkpoint (see :mod:`spark_jobs.postgres_sink`)."""
+    query of an earlier checkpoint (see :mod:`spark_jobs.postgres_sink`); ``summary``:
+    told what each batch wrote and quarantined."""
     ensure_tables(database_url)
     writer = PostgresBatchSink(database_url, sink, take_over=reset_sink)
     writer.ensure_tables()
@@ -177,7 +259,7 @@ def start(
         source, writer_schemas=schemas, value_format=value_format, registry=registry,
         registry_schemas=planned_schemas(registry, value_format, topic),
     )  # fmt: skip
-    stream = decoded.writeStream.foreachBatch(batch_writer(writer, on_corrupt))
+    stream = decoded.writeStream.foreachBatch(batch_writer(writer, on_corrupt, summary))
     stream = stream.option("checkpointLocation", checkpoint)
     stream = stream.trigger(availableNow=True) if available_now else stream
     return stream.start()
@@ -186,7 +268,7 @@ def start(
 def main(argv: Sequence[str] | None = None) -> None:
     parser = sink_job_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--topic", default="outbox.event.order")
-    parser.add_argument("--schemas", default=str(Path("schemas")))
+    parser.add_argument("--schemas", help=SCHEMAS_HELP)
     parser.add_argument("--on-corrupt", choices=["fail", "route"], default="fail")
     parser.add_argument(
         "--format",
@@ -199,20 +281,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     options = sink_job_options(parser, args)
     registry = registry_access(parser, args)
+    schemas = schemas_folder(parser, args.schemas, args.value_format, args.config)
+    summary = RunSummary("order_projection")
 
     def job() -> None:
         query = start(
             job_session("order_projection", args.debug),
             topic=args.topic,
-            schemas=args.schemas,
+            schemas=schemas,
             value_format=args.value_format,
             on_corrupt=args.on_corrupt,
             registry=registry,
+            summary=summary,
             **options,
         )
-        await_query(query)
+        await_query(query, summary)
 
-    run("order_projection", args.debug, job)
+    run("order_projection", args.debug, job, summary)
 
 
 if __name__ == "__main__":

@@ -214,7 +214,8 @@ class PostgresBatchSink:
     def write_corrupt(
         self, conn: psycopg.Connection[Any], batch_id: int, rows: Sequence[Row]
     ) -> None:
-        """Route undecodable records to the error table (same transaction)."""
+        """Route undecodable records, and events a job cannot apply, to the error table
+        (same transaction), each with its reason."""
         with conn.cursor() as cursor:
             cursor.executemany(
                 sql.SQL(
@@ -222,7 +223,14 @@ class PostgresBatchSink:
                     "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
                 ).format(self.corrupt),
                 [
-                    (self.sink, batch_id, r.topic, r.partition, r.offset, r.key, r.error)
+                    (self.sink, batch_id, r.topic, r.partition, r.offset,
+                     _storable(r.key), _storable(r.error))
                     for r in rows
                 ],
-            )
+            )  # fmt: skip
+
+
+def _storable(text: str | None) -> str | None:
+    """``text`` as Postgres text can hold it: a key or a reason quoting a record's bytes
+    may hold NUL, which would fail the batch that quarantines it, again at every run."""
+    return None if text is None else text.replace("\x00", "\\x00")

@@ -10,6 +10,7 @@ from typing import TypedDict
 from relay.core.settings import KafkaValue
 from spark_jobs.job import add_common_options, kafka_clients
 from spark_jobs.postgres_sink import RESET_SINK_HELP
+from spark_jobs.preflight import checkpoint_folder, positive
 from spark_jobs.secrets import DATABASE_URL_HELP, resolve_database_url
 
 
@@ -32,7 +33,7 @@ def sink_job_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--database-url", help=DATABASE_URL_HELP)
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--available-now", action="store_true", help="Process what is there, stop.")
-    parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
+    parser.add_argument("--max-offsets-per-trigger", type=positive, default=None)
     parser.add_argument("--reset-sink", action="store_true", help=RESET_SINK_HELP)
     return parser
 
@@ -40,12 +41,13 @@ def sink_job_parser(description: str) -> argparse.ArgumentParser:
 def sink_job_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SinkJobOptions:
     """``start``'s shared keywords. The database URL comes from the flag, or else from the
     environment (secrets stay out of argv); none at all is a usage error of ``parser``.
-    The Kafka client settings are the relay's (:func:`spark_jobs.job.kafka_clients`)."""
+    The Kafka client settings are the relay's (:func:`spark_jobs.job.kafka_clients`).
+    Each is checked here, before Spark starts."""
     return SinkJobOptions(
         bootstrap_servers=args.bootstrap_servers,
         kafka_settings=dict(kafka_clients(parser, args).settings),
         database_url=resolve_database_url(parser, args.database_url),
-        checkpoint=args.checkpoint,
+        checkpoint=checkpoint_folder(parser, args.checkpoint, "--checkpoint"),
         available_now=args.available_now,
         max_offsets_per_trigger=args.max_offsets_per_trigger,
         reset_sink=args.reset_sink,

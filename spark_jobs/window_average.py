@@ -2,7 +2,10 @@
 
 Two streams of numbers; over a sliding time window, the average of the numbers goes to
 the output stream (a Kafka topic), and each window that holds more numbers than a
-threshold increments a counter in an external Postgres database by one.
+threshold increments a counter in an external Postgres database by one. A record that is
+not a finite number counts in no window: it is quarantined, with its reason, in the
+sink's error table (``spark_corrupt_records``, in the counter's transaction) when the
+last window that holds its time closes.
 
 Why it is exactly once, and deterministic despite the task's two sources of
 nondeterminism:
@@ -42,6 +45,7 @@ from spark_jobs.job import await_query, job_session, run
 from spark_jobs.kafka_clients import KafkaClients, connection_settings
 from spark_jobs.kafka_sink import KafkaBatchSink, Record, ensure_topic
 from spark_jobs.postgres_sink import PostgresBatchSink, connect, create_table
+from spark_jobs.run_summary import RunSummary
 from spark_jobs.sink_job_args import sink_job_options, sink_job_parser
 from spark_jobs.spark_session import streaming_query_id
 
@@ -68,27 +72,41 @@ DEFAULT_WINDOW = SlidingWindow()
 
 def window_averages(numbers: DataFrame, window: SlidingWindow) -> DataFrame:
     """Kafka rows whose value is a JSON number (or ``{"value": n}``) → one row per closed
-    sliding window: ``window_start``, ``window_end``, ``average``, ``numbers``. Values
-    that are not numbers count nowhere, but in the query's ``decoding`` metrics."""
+    sliding window: ``window_start``, ``window_end``, ``average``, ``numbers``, and
+    ``rejected``: the records of the window that are not finite numbers, each with its
+    place in Kafka and its ``error``, so the job can quarantine them. A record is in
+    several sliding windows, but rejected in one only: the last, which closes last."""
     text = F.col("value").cast("string")
     # try_cast: under ANSI SQL (Spark 4's default) a cast of "abc" fails the whole query.
     value = F.coalesce(F.get_json_object(text, "$.value"), text).try_cast("double")
-    parsed = numbers.select(
-        F.col("timestamp").alias("event_time"), value.alias("number"), text.alias("text")
+    number = F.col("number")
+    shown = F.substring(F.coalesce("text", F.lit("null")), 1, 80)
+    error = F.when(number.isNull(), F.concat(F.lit("not a number: "), shown)).when(
+        F.isnan(number) | F.abs(number).eqNullSafe(float("inf")),
+        F.concat(F.lit("not a finite number: "), shown),
     )
-    not_a_number = F.col("number").isNull()
-    why = F.concat(F.lit("not a number: "), F.substring(F.coalesce("text", F.lit("null")), 1, 80))
+    parsed = numbers.select(
+        F.col("timestamp").alias("event_time"), value.alias("number"), text.alias("text"),
+        "topic", "partition", "offset", F.col("key").cast("string").alias("key"),
+    ).withColumn("error", error)  # fmt: skip
+    good = F.col("error").isNull()
+    place = F.struct("topic", "partition", "offset", "key", "error", "event_time")
+    last_slide = F.col("window.start") + F.expr(f"INTERVAL {window.slide}")
     return (
-        observe_decoding(parsed, not_a_number, why)
-        .where("number IS NOT NULL")
+        observe_decoding(parsed, ~good, F.col("error"))
         .withWatermark("event_time", window.lateness)
         .groupBy(F.window("event_time", window.length, window.slide))
-        .agg(F.avg("number").alias("average"), F.count("number").alias("numbers"))
+        .agg(
+            F.avg(F.when(good, number)).alias("average"),
+            F.count(F.when(good, number)).alias("numbers"),
+            F.collect_list(F.when(~good, place)).alias("rejected"),
+        )
         .select(
             F.col("window.start").alias("window_start"),
             F.col("window.end").alias("window_end"),
             "average",
             "numbers",
+            F.filter("rejected", lambda r: r["event_time"] < last_slide).alias("rejected"),
         )
     )
 
@@ -108,16 +126,26 @@ def _utc(moment: datetime) -> str:
 
 
 def batch_writer(
-    averages: KafkaBatchSink, counters: PostgresBatchSink, threshold: int, counter: str
+    averages: KafkaBatchSink,
+    counters: PostgresBatchSink,
+    threshold: int,
+    counter: str,
+    summary: RunSummary | None = None,
 ) -> Callable[[DataFrame, int], None]:
+    """The ``foreachBatch`` function: the averages of the closed windows in one Kafka
+    transaction; the counter's increment and the windows' rejected records (to the
+    sink's error table) in one Postgres transaction with the counter's marker."""
+
     def write_batch(batch: DataFrame, batch_id: int) -> None:
         query_id = streaming_query_id(batch)
         # Before anything is written: a query of a new checkpoint fails here unless told
         # to take the counter over (its averages' marker is per query, see KafkaBatchSink).
         counters.claim(query_id)
         windows = batch.collect()  # runs the aggregation: the batch's state is saved here
-        averages.commit(batch_id, [average_record(w) for w in windows], query_id)
+        records = [average_record(w) for w in windows if w.numbers]
+        sent = averages.commit(batch_id, records, query_id)
         crowded = sum(1 for w in windows if w.numbers > threshold)
+        rejected = [r for w in windows for r in w.rejected]
 
         def increment(conn: psycopg.Connection[Any]) -> int:
             conn.execute(
@@ -125,9 +153,14 @@ def batch_writer(
                 "ON CONFLICT (name) DO UPDATE SET value = window_counters.value + EXCLUDED.value",
                 (counter, crowded),
             )
-            return crowded
+            counters.write_corrupt(conn, batch_id, rejected)
+            return crowded + len(rejected)
 
-        counters.commit(batch_id, increment, query_id)
+        counted = counters.commit(batch_id, increment, query_id)
+        if summary is not None:
+            summary.wrote(len(records) if sent else 0, len(rejected) if counted else 0)
+            if not (sent or counted):
+                summary.skipped_replay()
 
     return write_batch
 
@@ -148,6 +181,7 @@ def start(
     available_now: bool = False,
     max_offsets_per_trigger: int | None = None,
     reset_sink: bool = False,
+    summary: RunSummary | None = None,
 ) -> Any:
     with connect(database_url, autocommit=True) as conn:
         create_table(conn, COUNTERS_DDL, "window_counters")
@@ -172,7 +206,7 @@ def start(
     stream = (
         window_averages(numbers, window)
         .writeStream.outputMode("append")
-        .foreachBatch(batch_writer(averages, counters, threshold, counter))
+        .foreachBatch(batch_writer(averages, counters, threshold, counter, summary))
         .option("checkpointLocation", checkpoint)
     )
     stream = stream.trigger(availableNow=True) if available_now else stream
@@ -200,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     options = sink_job_options(parser, args)
+    summary = RunSummary("window_average")
 
     def job() -> None:
         query = start(
@@ -209,11 +244,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             create_output_topic=args.create_output_topic,
             window=SlidingWindow(args.length, args.slide, args.lateness),
             threshold=args.threshold,
+            summary=summary,
             **options,
         )
-        await_query(query)
+        await_query(query, summary)
 
-    run("window_average", args.debug, job)
+    run("window_average", args.debug, job, summary)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -10,6 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 pytest.importorskip("pyspark")
 
@@ -25,33 +29,65 @@ pytestmark = pytest.mark.spark
 REPO = Path(__file__).resolve().parents[2]
 
 
-def write_order_story(writer_db: psycopg.Connection[Any], outbox: Outbox) -> None:
+def write_order_story(
+    writer_db: psycopg.Connection[Any], outbox: Outbox, between: Callable[[], object] = dict
+) -> None:
+    """Ten orders placed, then (after ``between``) every other one shipped."""
     for i in range(10):
         with writer_db.transaction():
             payload = {"order_id": f"o-{i}", "customer_id": f"c-{i % 3}", "amount_cents": 100 * i}
             outbox.append(writer_db, aggregate_type="order", aggregate_id=f"o-{i}",
                           event_type="OrderPlaced", payload=payload)  # fmt: skip
+    between()
     for i in range(0, 10, 2):
         outbox.append(writer_db, aggregate_type="order", aggregate_id=f"o-{i}",
                       event_type="OrderShipped", payload={"order_id": f"o-{i}", "carrier": "dhl"})  # fmt: skip
 
 
-def run_projection(spark: SparkSession, url: str, bootstrap: str, topic: str, ckpt: Path) -> int:
+# Order events an app may write (legal under the relay's JSON defaults) that the orders
+# table cannot take: by aggregate id (the record's key), the payload and the reason.
+UNAPPLICABLE: dict[str, tuple[dict[str, Any], str]] = {
+    "no-id": ({"customer_id": "c-1", "amount_cents": 5}, "no order_id"),
+    "huge": (
+        {"order_id": "o-huge", "amount_cents": 2**70},
+        f"amount_cents is not a whole number within bigint: {2**70}",
+    ),
+    # A rule the operator added to the table: only Postgres knows it.
+    "banned": (
+        {"order_id": "o-banned", "customer_id": "c-banned"},
+        'refused by Postgres: CheckViolation: new row for relation "orders" violates check '
+        'constraint "no_banned_customers"',
+    ),
+}
+
+
+def write_unapplicable_orders(writer_db: psycopg.Connection[Any]) -> None:
+    json_app = Outbox(None)  # an app that publishes JSON only: its payloads are not validated
+    for key, (payload, _) in UNAPPLICABLE.items():
+        json_app.append(writer_db, aggregate_type="order", aggregate_id=key,
+                      event_type="OrderPlaced", payload=payload)  # fmt: skip
+
+
+def run_projection(
+    spark: SparkSession, url: str, bootstrap: str, topic: str, ckpt: Path, **options: Any
+) -> int:
+    options = {"schemas": str(REPO / "schemas"), **options}
     query = order_projection.start(
         spark,
         bootstrap_servers=bootstrap,
         topic=topic,
         database_url=url,
         checkpoint=str(ckpt),
-        schemas=str(REPO / "schemas"),
         available_now=True,
+        **options,
     )
     query.awaitTermination(300)
     assert query.exception() is None, query.exception()
     return sum(p["numInputRows"] for p in query.recentProgress)
 
 
-def test_projection_is_exact_and_a_replayed_batch_changes_nothing(
+@pytest.mark.timeout(1800)  # three runs of the query, on 2 busy cores
+def test_projection_is_exact_quarantines_what_it_cannot_apply_and_a_replay_changes_nothing(
     spark: SparkSession,
     db: psycopg.Connection[Any],
     writer_db: psycopg.Connection[Any],
@@ -62,12 +98,39 @@ def test_projection_is_exact_and_a_replayed_batch_changes_nothing(
     start_relay: Callable[..., Relay],
     tmp_path: Path,
 ) -> None:
-    start_relay(subscribers=[sub("s", topic_prefix)])
-    write_order_story(writer_db, outbox)
+    """Issue #48: order events the table cannot take, among good ones, used to fail
+    every run at batch 0. They are quarantined with their reason, exactly once."""
+    start_relay(subscribers=[sub("s", topic_prefix, value_format="json")])
+    order_projection.ensure_tables(database_url)  # the owner's own rule on its read model
+    db.execute(
+        "ALTER TABLE orders ADD CONSTRAINT no_banned_customers CHECK (customer_id <> 'c-banned')"
+    )
+    write_order_story(writer_db, outbox, between=lambda: write_unapplicable_orders(writer_db))
     wait_caught_up(db, "s", timeout=60)
     topic, ckpt = topic_prefix + "outbox.event.order", tmp_path / "ckpt"
 
-    assert run_projection(spark, database_url, kafka_bootstrap, topic, ckpt) == 15
+    # A batch that fails (a migration holds the table): the one line names the root
+    # cause, the Python exception inside Spark's and py4j's wrappers.
+    holder = psycopg.connect(database_url)
+    try:
+        holder.execute("LOCK TABLE orders IN ACCESS EXCLUSIVE MODE")
+        query = order_projection.start(
+            spark, bootstrap_servers=kafka_bootstrap, topic=topic,
+            database_url=make_conninfo(database_url, options="-c lock_timeout=1000"),
+            checkpoint=str(ckpt), schemas=str(REPO / "schemas"), available_now=True,
+        )  # fmt: skip
+        with pytest.raises(Exception, match="LockNotAvailable") as failed:
+            query.awaitTermination(300)
+    finally:
+        holder.close()
+    assert failure_reason(failed.value) == (
+        "LockNotAvailable: canceling statement due to lock timeout"
+    )
+    assert last_batch(db) == -1  # nothing written
+
+    # JSON values (the relay without schemas): the job needs no schemas folder.
+    json_only = {"schemas": None}
+    assert run_projection(spark, database_url, kafka_bootstrap, topic, ckpt, **json_only) == 18
     expected = [
         (f"o-{i}", f"c-{i % 3}", 100 * i, "shipped" if i % 2 == 0 else "placed",
          "dhl" if i % 2 == 0 else None)
@@ -76,18 +139,23 @@ def test_projection_is_exact_and_a_replayed_batch_changes_nothing(
     query = (
         "SELECT order_id, customer_id, amount_cents, status, carrier FROM orders ORDER BY position"
     )
-    rows = db.execute(query).fetchall()
-    assert sorted(rows) == sorted(expected)
+    quarantined = (
+        "SELECT key, error FROM spark_corrupt_records WHERE sink = 'order-projection' ORDER BY 1"
+    )
+    reasons = sorted((key, why) for key, (_, why) in UNAPPLICABLE.items())
+    assert sorted(db.execute(query).fetchall()) == sorted(expected)
+    assert db.execute(quarantined).fetchall() == reasons
 
     # A driver crash after the sink committed but before Spark logged the batch: Spark
     # runs the batch again on restart. The marker makes the sink skip it.
     commits = sorted((ckpt / "commits").glob("[0-9]*"), key=lambda p: int(p.name))
     commits[-1].unlink()
     (commits[-1].parent / f".{commits[-1].name}.crc").unlink(missing_ok=True)
-    assert run_projection(spark, database_url, kafka_bootstrap, topic, ckpt) == 15
+    assert run_projection(spark, database_url, kafka_bootstrap, topic, ckpt, **json_only) == 18
     assert sorted(db.execute(query).fetchall()) == sorted(expected)
+    assert db.execute(quarantined).fetchall() == reasons
     markers = db.execute("SELECT count(*), sum(rows) FROM spark_sink_batches").fetchone()
-    assert markers == (1, 15)
+    assert markers == (1, 18)
 
 
 def test_projection_from_a_new_checkpoint_fails_unless_told_to_take_the_sink_over(
@@ -169,6 +237,7 @@ def test_driver_killed_mid_run_ends_with_the_same_result_as_a_clean_run(
     topic, ckpt = topic_prefix + "outbox.event.order", tmp_path / "ckpt"
     stop = threading.Event()
     written: list[int] = []
+    logs: list[Path] = []
 
     def writer() -> None:  # orders keep arriving while drivers die
         with psycopg.connect(writer_url, autocommit=True) as conn:
@@ -191,7 +260,8 @@ def test_driver_killed_mid_run_ends_with_the_same_result_as_a_clean_run(
                 "--database-url", database_url, "--checkpoint", str(ckpt),
                 "--schemas", str(REPO / "schemas"), "--max-offsets-per-trigger", "60",
                 *extra]  # fmt: skip
-        log = (tmp_path / f"driver-{time.monotonic_ns()}.log").open("wb")
+        logs.append(tmp_path / f"driver-{time.monotonic_ns()}.log")
+        log = logs[-1].open("wb")
         # Its own process group: kill -9 takes the JVM down with the Python driver.
         return subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=log, start_new_session=True)
 
@@ -215,6 +285,9 @@ def test_driver_killed_mid_run_ends_with_the_same_result_as_a_clean_run(
     wait_caught_up(db, "s", timeout=60)
     last = driver("--available-now")
     assert last.wait(timeout=300) == 0
+    # Its run, in one line: what it read and wrote, and that it quarantined nothing.
+    summary = r"order_projection: \d+ batch(?:es)?.*, \d+ rows in, \d+ rows out, 0 quarantined"
+    assert re.search(rf"^{summary}$", logs[-1].read_text(), re.M), logs[-1].read_text()[-3000:]
 
     expected = sorted(
         (f"o-{i}", "c", i, "shipped" if i % 3 == 0 else "placed", "ups" if i % 3 == 0 else None)
@@ -279,6 +352,8 @@ def test_jobs_read_the_database_url_from_the_environment(
     seen: list[str] = []
 
     class Query:
+        recentProgress: tuple[Any, ...] = ()
+
         def awaitTermination(self, timeout: float) -> bool:
             return True
 
@@ -395,7 +470,8 @@ def test_archive_of_the_wrong_format_keeps_every_value_and_says_so_at_its_first_
     """Told JSON where the relay published Avro: nothing decodes, but every record is
     archived with its raw value (nothing unrecoverable) and an ERROR gives the counts."""
     from spark_jobs import archive
-    from spark_jobs.job import DecodingAlarm
+    from spark_jobs.job import DecodingAlarm, await_query
+    from spark_jobs.run_summary import ArchiveSummary
 
     alarm = DecodingAlarm("archive")
     spark.streams.addListener(alarm)
@@ -406,8 +482,8 @@ def test_archive_of_the_wrong_format_keeps_every_value_and_says_so_at_its_first_
             path=str(path), checkpoint=str(tmp_path / "ckpt"), schemas=str(REPO / "schemas"),
             value_format="json", available_now=True,
         )  # fmt: skip
-        query.awaitTermination(300)
-        assert query.exception() is None, query.exception()
+        summary = ArchiveSummary("archive")
+        await_query(query, summary)
         deadline = time.monotonic() + 60  # listeners hear of progress asynchronously
         while "cannot be decoded" not in caplog.text and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -420,6 +496,10 @@ def test_archive_of_the_wrong_format_keeps_every_value_and_says_so_at_its_first_
     assert sorted(r.message_id for r in archived) == sorted(published_story)
     assert all(r.payload is None and r.error for r in archived)
     assert all(bytes(r.value).startswith(b"\xc3\x01") for r in archived)  # recoverable
+    # The run's line: every record archived, each of them the archive's quarantine.
+    assert re.fullmatch(
+        r"archive: \d+ batch(es)?, 15 rows in, 15 rows out, 15 quarantined", summary.line()
+    ), summary.line()
 
 
 @pytest.mark.registry
@@ -496,6 +576,8 @@ def test_the_registry_comes_from_the_relays_settings_and_its_secrets_stay_masked
     seen: list[Any] = []
 
     class Query:
+        recentProgress: tuple[Any, ...] = ()
+
         def awaitTermination(self, timeout: float) -> bool:
             return True
 
@@ -504,7 +586,7 @@ def test_the_registry_comes_from_the_relays_settings_and_its_secrets_stay_masked
         return Query()
 
     monkeypatch.setattr(archive, "job_session", lambda name, debug: None)
-    monkeypatch.setattr(archive, "run", lambda name, debug, body: body())
+    monkeypatch.setattr(archive, "run", lambda name, debug, body, summary=None: body())
     monkeypatch.setattr(archive, "start", start)
     for name in ("URL", "USER", "PASSWORD", "CA"):
         monkeypatch.delenv(f"RELAY_SCHEMA_REGISTRY_{name}", raising=False)
@@ -526,3 +608,82 @@ def test_the_registry_comes_from_the_relays_settings_and_its_secrets_stay_masked
     )  # fmt: skip
     assert "hunter2-registry" not in caplog.text + repr(access)
     assert "registry.example" in caplog.text
+
+
+REFUSED_BEFORE_SPARK = {
+    "a schemas folder that is not there": (
+        "order_projection", ["--checkpoint", "ckpt", "--schemas", "absent"],
+        r"--schemas: schemas folder \S*/absent does not exist",
+    ),
+    "--format avro with no schemas folder": (
+        "archive", ["--path", "archive", "--checkpoint", "ckpt", "--format", "avro"],
+        r"--format avro needs the writer schemas: --schemas DIR, or the relay's schemas_dir .*",
+    ),
+    "a checkpoint that is a file": (
+        "window_average", ["--checkpoint", "a-file", "--topics", "a,b"],
+        r"--checkpoint a-file: a file, not a folder",
+    ),
+    "a database URL libpq cannot parse": (
+        "order_projection",
+        ["--checkpoint", "ckpt", "--database-url", "postgresql://job:hunter2@db:port/app"],
+        r"the database URL cannot be used: the port is not a number; .*",
+    ),
+    "a backfill into a folder that exists": (
+        "archive", ["--backfill", "--path", "a-folder"],
+        r"--path a-folder: exists already \(a backfill writes a new folder\)",
+    ),
+    "offsets that are not Spark's": (
+        "archive", ["--backfill", "--path", "new", "--ending-offsets", '{"t": {0: 1}}'],
+        r"--ending-offsets: not earliest, latest or JSON \(.*\)",
+    ),
+}  # fmt: skip
+
+
+def spark_job_without_java(
+    module: str, argv: list[str], cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    """``python -m spark_jobs.<module>`` from ``cwd``, where Spark cannot start: JAVA_HOME
+    names no Java, so a job that got as far as starting Spark says so."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env |= {"JAVA_HOME": str(cwd / "no-java"), "RELAY_DATABASE_URL": "postgresql://job@db/app"}
+    command = [sys.executable, "-m", f"spark_jobs.{module}", "--bootstrap-servers", "k:9092"]
+    return subprocess.run(
+        [*command, *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("case", REFUSED_BEFORE_SPARK)
+def test_a_job_refuses_bad_arguments_and_folders_before_spark_starts(
+    case: str, tmp_path: Path
+) -> None:
+    """Issue #48: a bad folder used to fail only once Spark had started (73 s)."""
+    module, argv, message = REFUSED_BEFORE_SPARK[case]
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "a-folder").mkdir()
+    refused = spark_job_without_java(module, argv, tmp_path)
+    last = refused.stderr.strip().splitlines()[-1]
+    assert refused.returncode == 2, refused.stderr
+    assert re.fullmatch(rf"{module}\.py: error: {message}", last), refused.stderr
+    assert "JAVA_GATEWAY_EXITED" not in refused.stderr + refused.stdout  # Spark never started
+    assert "hunter2" not in refused.stderr
+
+
+def test_a_json_job_needs_no_schemas_folder_where_it_runs(tmp_path: Path) -> None:
+    """Run from a folder without `schemas/`, a job reading JSON is not refused by its
+    checks before Spark: it goes on to start Spark (which cannot start here: no Java).
+    A guard on those checks; that such a job then runs is the README test's (it runs
+    the jobs from outside the clone) and the projection test's (``schemas=None``)."""
+    for module, argv in (
+        ("order_projection", ["--checkpoint", "ckpt", "--format", "json"]),
+        ("archive", ["--path", "archive", "--checkpoint", "ckpt"]),  # auto: no Avro folder
+    ):
+        started = spark_job_without_java(module, argv, tmp_path)
+        assert started.returncode == 1, started.stderr
+        last = started.stderr.strip().splitlines()[-1]
+        assert "JAVA_GATEWAY_EXITED" in last and last.startswith(f"{module}: "), started.stderr

@@ -57,6 +57,13 @@ def readme_commands() -> tuple[dict[str, str], list[list[str]]]:
     return env, commands
 
 
+def readme_quarantine_query() -> str:
+    """The README's query of the quarantined events."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("### Events a job cannot apply") :]
+    return section[section.index("```sql\n") + len("```sql\n") :].split("```")[0]
+
+
 def readme_command(module: str, *, backfill: bool = False) -> list[str]:
     [argv] = [c for c in readme_commands()[1] if c[2] == module and ("--backfill" in c) == backfill]
     return argv
@@ -90,9 +97,10 @@ class Job:
         self.log = log
         Job.started.append(self)
         with log.open("ab") as out:
-            # Its own process group, like a shell's job: Ctrl-C goes to the group.
+            # Its own process group, like a shell's job: Ctrl-C goes to the group. Not
+            # from the clone: a job must not need the folder it starts in (schemas/).
             self.proc = subprocess.Popen(
-                [sys.executable, *argv[1:]], cwd=REPO, env={**os.environ, **env},
+                [sys.executable, *argv[1:]], cwd=log.parent, env={**os.environ, **env},
                 stdout=out, stderr=out, start_new_session=True,
             )  # fmt: skip
 
@@ -142,6 +150,10 @@ def write_orders(db: psycopg.Connection[Any], outbox: Outbox) -> None:
         payload = {"order_id": f"o-{i}", "customer_id": f"c-{i % 3}", "amount_cents": 100 * i}
         outbox.append(db, aggregate_type="order", aggregate_id=f"o-{i}",
                       event_type="OrderPlaced", payload=payload)  # fmt: skip
+    # Legal for a relay without schemas (an app that writes JSON only, unvalidated), but
+    # no order the read model can hold: quarantined, not a wedge (issue #48).
+    Outbox(None).append(db, aggregate_type="order", aggregate_id="no-id",
+                        event_type="OrderPlaced", payload={"customer_id": "c-1"})  # fmt: skip
     for i in range(0, 10, 2):
         outbox.append(db, aggregate_type="order", aggregate_id=f"o-{i}",
                       event_type="OrderShipped", payload={"order_id": f"o-{i}", "carrier": "dhl"})  # fmt: skip
@@ -224,6 +236,14 @@ def test_each_job_runs_as_the_readme_shows_against_the_relays_defaults(
     assert sorted(rows) == sorted(
         (f"o-{i}", f"c-{i % 3}", 100 * i, "shipped" if i % 2 == 0 else "placed") for i in range(10)
     )
+    # Batches and rows in: those Spark finished; Ctrl-C may stop one after its sink
+    # committed (the next run replays it, and the sink skips it).
+    summary = r"order_projection: \d+ batch(?:es)?, \d+ rows in, 15 rows out, 1 quarantined"
+    assert re.search(rf"^{summary}$", job.output(), re.M), job.output()[-3000:]
+    # The README's query of what the jobs quarantined.
+    [quarantined] = db.execute(readme_quarantine_query()).fetchall()
+    assert quarantined[:2] == ("order-projection", "outbox.event.order")
+    assert quarantined[4:] == ("no-id", "no order_id")
 
     # (b) The window averages: the output topic does not exist yet, the job creates it.
     argv = readme_command("spark_jobs.window_average")
@@ -234,6 +254,8 @@ def test_each_job_runs_as_the_readme_shows_against_the_relays_defaults(
     job.wait_for(lambda: output in AdminClient({"bootstrap.servers": bootstrap}).list_topics(
         timeout=10).topics and len(as_expected(averages(bootstrap, output))) == 3)  # fmt: skip
     assert job.interrupt() == 130
+    summary = r"window_average: \d+ batch(?:es)?, \d+ rows in, 3 rows out, 0 quarantined"
+    assert re.search(rf"^{summary}$", job.output(), re.M), job.output()[-3000:]
     values = averages(bootstrap, output)
     assert as_expected(values) == EXPECTED_AVERAGES
     first = min(values, key=lambda v: str(v["window_start"]))
@@ -246,6 +268,8 @@ def test_each_job_runs_as_the_readme_shows_against_the_relays_defaults(
     job = Job(argv, env, log)
     job.wait_for((archive / "_spark_metadata" / "0").exists)
     assert job.interrupt() == 130
+    summary = r"archive: \d+ batch(?:es)?, (\d+) rows in, \1 rows out, 0 quarantined"
+    assert re.search(rf"^{summary}$", job.output(), re.M), job.output()[-3000:]
     assert_archived(archive, ids)
 
     # The backfill, up to the ends the topic has now.
@@ -260,6 +284,8 @@ def test_each_job_runs_as_the_readme_shows_against_the_relays_defaults(
     assert job.proc.wait(timeout=WAIT_S) == 0, job.output()[-3000:]
     assert_archived(Path(argv[argv.index("--path") + 1]), ids)
     assert "cannot be decoded" not in job.output()
+    last = job.output().strip().splitlines()[-1]
+    assert last == "archive: 1 batch, 16 rows in, 16 rows out, 0 quarantined", last
 
 
 def assert_archived(folder: Path, ids: set[str]) -> None:

@@ -224,29 +224,37 @@ def test_a_new_checkpoint_fails_before_writing_unless_told_to_take_the_sinks_ove
     assert counted == 2 * story.crowded and marked == spark_commits(ckpt)
 
 
-def test_inputs_that_are_not_numbers_are_reported_at_the_first_batch(
+@pytest.mark.timeout(1200)  # two runs of the query, on 2 busy cores
+def test_inputs_that_are_not_numbers_are_reported_and_quarantined_exactly_once(
     spark: SparkSession,
     database_url: str,
     kafka_bootstrap: str,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Avro values where the job expects JSON numbers: nothing to average, and an ERROR
-    that says how many of the first records were not numbers."""
+    """Avro values where the job expects JSON numbers, and numbers that are not finite:
+    an ERROR that says how many of the first records were not numbers, and each of them
+    quarantined once, with its reason, when its last window closes (issue #48)."""
     import time
 
     from spark_jobs.job import DecodingAlarm
+    from spark_jobs.run_summary import RunSummary
 
     story = Story(kafka_bootstrap)
     producer = Producer({"bootstrap.servers": kafka_bootstrap})
     for i in range(9):
         producer.produce(story.inputs[i % 2], b"\xc3\x01\x00\x01avro" + bytes([i]), timestamp=T0)
     producer.produce(story.inputs[0], b'{"value": 1}', timestamp=T0)
+    producer.produce(story.inputs[1], b'{"value": "NaN"}', timestamp=T0 + 1000)
+    producer.produce(story.inputs[1], b"1e999", timestamp=T0 + 6000)  # beyond a double
+    producer.produce(story.inputs[0], b"0", timestamp=T0 + 1_000_000)  # closes the windows
     producer.flush(30)
+    ckpt = tmp_path / "ckpt"
     alarm = DecodingAlarm("window_average")
     spark.streams.addListener(alarm)
+    summary = RunSummary("window_average")
     try:
-        assert run_in_session(spark, story, database_url, tmp_path / "ckpt") is None
+        assert run_in_session(spark, story, database_url, ckpt, summary=summary) is None
         deadline = time.monotonic() + 60  # listeners hear of progress asynchronously
         while "cannot be decoded" not in caplog.text and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -255,5 +263,30 @@ def test_inputs_that_are_not_numbers_are_reported_at_the_first_batch(
     [alarmed] = [r for r in caplog.records if "cannot be decoded" in r.getMessage()]
     assert alarmed.levelname == "ERROR"
     message = alarmed.getMessage()
-    assert message.startswith("window_average: 9 of the first 10 records cannot be decoded")
-    assert "not a number" in message
+    assert message.startswith("window_average: 11 of the first 13 records cannot be decoded")
+    assert "(not a finite number: 1e999)" in message
+
+    def quarantined() -> list[tuple[Any, ...]]:
+        with psycopg.connect(database_url) as conn:
+            return conn.execute(
+                'SELECT topic, partition, "offset", error FROM spark_corrupt_records '
+                "WHERE sink = 'window-average:crowded_windows' AND topic = ANY(%s)",
+                (story.inputs,),
+            ).fetchall()
+
+    reasons = sorted(["not a number: "] * 9 + ['not a finite number: {"value": "NaN"}',
+                      "not a finite number: 1e999"])  # fmt: skip
+    rows = quarantined()
+    assert sorted(e if "finite" in e else e[:14] for *_, e in rows) == reasons
+    assert len({tuple(place) for *place, _ in rows}) == len(rows)  # each once
+    assert sorted(story.averages()) == [(-5000, 1.0, 1), (0, 1.0, 1)]
+    assert (summary.rows_out, summary.quarantined) == (2, 11)  # what the run's line says
+
+    commits = spark_commits(ckpt)  # a crash before Spark logged the last batch
+    (ckpt / "commits" / str(commits[-1])).unlink()
+    (ckpt / "commits" / f".{commits[-1]}.crc").unlink(missing_ok=True)
+    replay = RunSummary("window_average")
+    assert run_in_session(spark, story, database_url, ckpt, summary=replay) is None
+    assert sorted(quarantined()) == sorted(rows)  # nothing twice
+    assert (replay.rows_out, replay.quarantined, replay.replayed) == (0, 0, 1)
+    assert sorted(story.averages()) == [(-5000, 1.0, 1), (0, 1.0, 1)]

@@ -98,6 +98,33 @@ def test_the_jobs_read_the_relays_kafka_settings_and_mask_secrets(
             "query a, but this query is b\n",
             "SinkOwnedError: sink s holds the batches of streaming query a, but this query is b",
         ),
+        (  # issue #48: the line stopped just before the cause, whose name ends in neither
+            "[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: "
+            "[FOREACH_BATCH_USER_FUNCTION_ERROR] An error occurred in the user provided "
+            "function in foreach batch sink. Reason: An exception was raised by the Python "
+            "Proxy. Return Message: Traceback (most recent call last):\n"
+            '  File "py4j/clientserver.py", line 644, in _call_proxy\n'
+            "    return_value = getattr(self.pool[obj_id], method)(*params)\n"
+            "                   ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+            '  File "spark_jobs/order_projection.py", line 99, in write\n'
+            'psycopg.errors.NotNullViolation: null value in column "order_id" of relation '
+            '"orders" violates not-null constraint\n'
+            "DETAIL:  Failing row contains (null).\n SQLSTATE: 39000 SQLSTATE: XXKST\n"
+            "=== Streaming Query ===\nIdentifier: [id = 1, runId = 2]\n"
+            "\tat org.apache.spark.sql.execution.streaming.sources.ForeachBatchSink...",
+            'NotNullViolation: null value in column "order_id" of relation "orders" violates '
+            "not-null constraint",
+        ),
+        (  # a chained Python exception: its root is printed first
+            "Return Message: Traceback (most recent call last):\n"
+            '  File "spark_jobs/kafka_sink.py", line 120, in commit\n'
+            "cimpl.KafkaException: KafkaError{code=_FENCED,val=-144}\n\n"
+            "The above exception was the direct cause of the following exception:\n\n"
+            "Traceback (most recent call last):\n"
+            '  File "spark_jobs/kafka_sink.py", line 125, in commit\n'
+            "spark_jobs.kafka_sink.KafkaSinkError: sink s: batch 3 not committed\n",
+            "KafkaException: KafkaError{code=_FENCED,val=-144}",
+        ),
     ],
 )
 def test_a_failure_is_shown_by_its_innermost_cause(text: str, reason: str) -> None:
@@ -107,3 +134,19 @@ def test_a_failure_is_shown_by_its_innermost_cause(text: str, reason: str) -> No
     assert failure_reason(RuntimeError(text)) == reason
     assert failure_reason(ConfigError("kafka: bad")) == "kafka: bad"
     assert failure_reason(ValueError("no")) == "ValueError: no"
+
+
+def test_a_python_failure_is_shown_by_its_root_cause_and_a_config_error_in_one_line() -> None:
+    pytest.importorskip("pyspark")
+    from relay.errors import RelayError
+    from spark_jobs.job import failure_reason
+
+    try:
+        try:
+            raise ConnectionRefusedError("connection refused")
+        except OSError as exc:
+            raise RelayError("cannot reach the registry") from exc
+    except RelayError as wrapped:
+        assert failure_reason(wrapped) == "ConnectionRefusedError: connection refused"
+    settings = ConfigError("invalid settings:\n  kafka: bad\n  batch_size: too big")
+    assert failure_reason(settings) == "invalid settings: kafka: bad batch_size: too big"
