@@ -9,7 +9,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from contextlib import closing
+from contextlib import closing, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,8 +22,10 @@ from psycopg.conninfo import make_conninfo
 
 from relay import Outbox
 from relay.adapters.kafka.topic_reader import KafkaTopicReader
+from relay.adapters.postgres.topic_record import PostgresTopicRecord
 from relay.core.model import ConsumedRecord, PartId
 from relay.daemon import Relay
+from relay.daemon.publishers import PublisherFactory
 from relay.engine.worker import PartWorker
 from relay.localstack.process import LocalServer
 from relay.ops.roles import grant_roles
@@ -330,3 +332,10 @@ def http_get(url: str, timeout: float = 15.0) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+
+
+def unstarted_publishers(relay: Relay, conn: psycopg.Connection[Any]) -> PublisherFactory:
+    """The publishers of a relay that is not started (it has no pool), for tests that
+    play a relay's part: their record of topics borrows ``conn`` (autocommit)."""
+    record = PostgresTopicRecord(lambda: nullcontext(conn), relay.settings.database_schema)
+    return PublisherFactory(relay.settings, relay.topic_guard, record)

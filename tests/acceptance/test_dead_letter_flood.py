@@ -26,7 +26,7 @@ from relay.core.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.daemon import Relay
 from relay.engine.poison import MAX_STORED_ERROR_BYTES, dead_letter_record
 from relay.observability.log_sampling import FIRST
-from tests.support import consume, sub, wait_until, worker, write_orders
+from tests.support import consume, sub, unstarted_publishers, wait_until, worker, write_orders
 
 StartRelay = Callable[..., Relay]
 FLOOD = 20_000
@@ -134,7 +134,7 @@ def test_a_new_owner_records_every_dead_letter_of_the_transaction_it_adopts(
     session = store.open_session("doomed", 1, 30)
     assert store.claim("dl", 0, session)
     state = store.get_part("dl", 0)
-    publisher = doomed.publishers(state)
+    publisher = unstarted_publishers(doomed, relay_db)(state)
     assert publisher.recover(str(state.generation), store.key_space().id) is None
     events = store.fetch(state.checkpoint, Selection(rows)).events
     assert len(events) == rows

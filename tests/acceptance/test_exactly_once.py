@@ -10,7 +10,6 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +19,11 @@ from confluent_kafka import Producer
 
 from relay import Outbox
 from relay.adapters.postgres.store import OutboxStore
-from relay.adapters.postgres.topic_record import PostgresTopicRecord
 from relay.core.model import PartId, Position
 from relay.core.ports import Batch, Selection
 from relay.core.settings import load_settings
 from relay.core.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.daemon import Relay
-from relay.daemon.publishers import PublisherFactory
 from relay.engine.worker import WorkerState
 from relay.errors import CheckpointConflict, ProducerFenced
 from tests.support import (
@@ -36,6 +33,7 @@ from tests.support import (
     ids_of,
     run_cli,
     sub,
+    unstarted_publishers,
     wait_until,
     worker,
     write_orders,
@@ -69,7 +67,7 @@ def test_a_commit_that_reached_kafka_but_not_postgres_is_adopted_not_republished
     session = store.open_session("doomed", 1, 30)
     assert store.claim("s", 0, session)
     state = store.get_part("s", 0)
-    publisher = _publishers(doomed, relay_db)(state)
+    publisher = unstarted_publishers(doomed, relay_db)(state)
     assert publisher.recover(str(state.generation)) is None
     events = store.fetch(state.checkpoint, Selection(100)).events
     records = [doomed.encoder.encode(e, state.subscriber) for e in events]
@@ -193,13 +191,6 @@ CHECKPOINT = "SELECT transaction_id::text, position, generation FROM outbox_chec
 
 # The setting in force in each transaction that moves a checkpoint (the owner's test
 # scaffolding: SECURITY DEFINER, so the relay role's updates may write its table).
-def _publishers(relay: Relay, conn: psycopg.Connection[Any]) -> PublisherFactory:
-    """The publishers of a relay that is not started (it has no pool): their record of
-    topics borrows the test's connection as the relay role."""
-    record = PostgresTopicRecord(lambda: nullcontext(conn))
-    return PublisherFactory(relay.settings, relay.topic_guard, record)
-
-
 # The trigger pins its search_path, as the relay's sessions pin theirs (issue #47).
 COMMIT_MODES = """
 CREATE TABLE advance_commit_modes (setting text NOT NULL);
@@ -236,7 +227,7 @@ def test_a_new_owner_fences_the_old_producer(
     )
     relay = Relay(settings)
     state = store.get_part("s", 0)
-    publishers = _publishers(relay, relay_db)
+    publishers = unstarted_publishers(relay, relay_db)
     old, new = publishers(state), publishers(state)
     try:
         old.recover(str(state.generation))

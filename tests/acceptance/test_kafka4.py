@@ -21,7 +21,7 @@ from relay.daemon import Relay
 from relay.engine.worker import WorkerState
 from relay.errors import ConfigError
 from relay.localstack import LocalKafka
-from tests.support import consume, ids_of, write_orders
+from tests.support import consume, ids_of, unstarted_publishers, write_orders
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +44,13 @@ def test_a_transaction_timeout_above_the_brokers_cap_is_a_config_error_naming_th
 ) -> None:
     store = OutboxStore(db)
     store.add(Subscriber("s"))
-    # 3 x 40 s = 120 s of transaction.timeout.ms, above the broker's 100 s.
+    # A session of 120 s: 120 s of transaction.timeout.ms, above the broker's 100 s.
     settings = load_settings(
         database_url=relay_url,
         bootstrap_servers=strict_kafka.bootstrap_servers,
-        delivery_timeout=40,
+        session_timeout=120,
     )
-    publisher = Relay(settings).publishers(store.get_part("s", 0))
+    publisher = unstarted_publishers(Relay(settings), db)(store.get_part("s", 0))
     try:
         with pytest.raises(ConfigError) as refused:
             publisher.recover("g")
@@ -58,7 +58,7 @@ def test_a_transaction_timeout_above_the_brokers_cap_is_a_config_error_naming_th
         publisher.close()
     message = str(refused.value)
     assert "transaction.timeout.ms=120000" in message
-    assert "delivery_timeout" in message and "transaction.max.timeout.ms" in message
+    assert "session_timeout" in message and "transaction.max.timeout.ms" in message
 
 
 def test_an_expired_transactional_id_costs_a_retry_not_an_event(
