@@ -92,10 +92,18 @@ class FakeProducer:
         self.epoch += 1
 
 
+def topic_t_exists() -> TopicCreator:
+    """Without creation, and topic "t" there already: no admin client is reached."""
+    creator = TopicCreator({}, enabled=False)
+    creator._admin = lambda: None  # type: ignore[method-assign,assignment,return-value]
+    creator._existing = lambda admin: {"t"}  # type: ignore[method-assign]
+    return creator
+
+
 def publisher(producer: FakeProducer, delivery_timeout_s: float = 5.0) -> TransactionalPublisher:
     pub = TransactionalPublisher(
         {"bootstrap.servers": "127.0.0.1:1"},
-        TopicCreator({}, enabled=False),
+        topic_t_exists(),
         delivery_timeout_s,
         transactional_id="t",
         group_prefix="g",
