@@ -21,6 +21,7 @@ from relay.core.model import (
     KafkaCheckpoint,
     KafkaRecord,
     OutboxEvent,
+    PartId,
     Position,
     Unreadable,
 )
@@ -60,6 +61,10 @@ class InMemoryStore:
         self.parts: dict[tuple[str, int], PartState] = {}
         # subscriber → message id → (event key, decision)
         self.dead: dict[str, dict[UUID, tuple[Position, DeadLetterDecision]]] = {}
+        # What each part waits for (its waits_on and error), as record_wait left it.
+        self.waits: dict[PartId, tuple[str, str]] = {}
+        # Every record_wait call, in order (how often a waiting part writes).
+        self.wait_writes: builtins.list[PartId] = []
         self.sessions: dict[UUID, _Session] = {}
         self.key_space_id = uuid.uuid4()
         self.closed = False
@@ -322,6 +327,18 @@ class InMemoryStore:
             if current.owner != owner:
                 raise ClaimLost(f"{state.name}/{state.part} is no longer claimed by this relay")
             self._set(dataclasses.replace(current, halted_error=error, version=current.version + 1))
+
+    def record_wait(
+        self, part: PartId, owner: UUID, waits_on: str | None, error: str | None
+    ) -> None:
+        with self._lock:
+            self.wait_writes.append(part)
+            if self.get_part(*part).owner != owner:
+                return
+            if waits_on is None or error is None:
+                self.waits.pop(part, None)
+            else:
+                self.waits[part] = (waits_on, error)
 
     def check_key_space(self) -> KeySpaceCheck | None:
         return KeySpaceCheck(KeySpaceAction.UNCHANGED, self.key_space_id, 0, None)

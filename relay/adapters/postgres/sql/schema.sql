@@ -258,6 +258,12 @@ CREATE TABLE {schema}.outbox_checkpoints (
     -- were skipped by that reset (NULL: nothing skipped). Migration 0009.
     skipped_from_transaction_id xid8,
     skipped_from_position bigint,
+    -- What the part waits for (a topic, a privilege, an ACL, a service: RelayError's
+    -- waits_on), why and since when; NULL while it waits for nothing. Written by its
+    -- owner, for `status` (migration 0020).
+    waiting_on     text,
+    waiting_error  text,
+    waiting_since  timestamptz,
     PRIMARY KEY (subscriber, part)
 );
 
