@@ -41,6 +41,7 @@ from relay.core.log_fields import log_extra
 from relay.core.model import KafkaCheckpoint, KafkaRecord, Position
 from relay.core.ports import Batch, Meanwhile, TopicOrigin, TopicRecord
 from relay.errors import (
+    AclRefused,
     BrokerUnavailable,
     GroupRefused,
     PoisonRecordError,
@@ -687,11 +688,30 @@ class TransactionalPublisher(_BatchProducer):
         self._call(self._producer.begin_transaction)
         try:
             records, extended_to = self._send(batch.records, meanwhile, wait=wait)
-        except BaseException:
+        except BaseException as exc:
+            cause = self._purged_by(exc)
             self._abort()
-            raise
+            if cause is None:
+                raise
+            raise cause from exc
         end = extended_to or batch.end
         return Batch(records, end, batch.generation, dead_letters=batch.dead_letters)
+
+    def _purged_by(self, failure: BaseException) -> AclRefused | None:
+        """Why the client purged the records (``_PURGE_QUEUE``), when it is an ACL the
+        transaction lacks: the transaction failed on its own (adding a topic the
+        principal may not write), and the purge alone said only "Purged in queue", so a
+        part waiting for an ACL showed as waiting for Kafka (#48). Inside a failed
+        transaction librdkafka answers any transactional call with the transaction's
+        error; begin_transaction changes nothing inside one."""
+        if not isinstance(failure, BrokerUnavailable) or failure.code != KafkaError._PURGE_QUEUE:
+            return None
+        try:
+            self._producer.begin_transaction()
+        except KafkaException as exc:
+            cause = classify(exc, self.transactional_id, Stage.TRANSACTION, config=self._config)
+            return cause if isinstance(cause, AclRefused) else None
+        return None
 
     def _commit_batch(self, sent: Batch, during_commit: Callable[[], object] | None) -> None:
         """Commit the open transaction with ``sent``'s checkpoint; ``during_commit`` runs
