@@ -36,6 +36,7 @@ BENCHMARKS = (
     "sharding",
     "spark",
     "large_rows",
+    "deadletters",
     "soak",
     "tracing",
     "cluster",

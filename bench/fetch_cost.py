@@ -45,7 +45,7 @@ SELECT transaction_id, position, message_id, aggregate_type, aggregate_id,
        aggregate_version, event_type, payload, headers, occurred_at
   FROM outbox
  WHERE (transaction_id, position) > (%(transaction_id)s::text::xid8, %(position)s)
-   AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+   AND transaction_id < pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())
  ORDER BY transaction_id, position
  LIMIT %(limit)s"""
 
@@ -53,31 +53,29 @@ SELECT transaction_id, position, message_id, aggregate_type, aggregate_id,
 # and sorting by it is a sort of the whole backlog.
 PLAIN_OUTPUTS = """
 SELECT o.transaction_id::text::bigint, o.position, o.message_id, o.aggregate_type,
-       o.aggregate_id, o.aggregate_version, o.event_type, convert_to(o.payload::text, 'UTF8'),
+       o.aggregate_id, o.aggregate_version, o.event_type, pg_catalog.convert_to(o.payload::text, 'UTF8'),
        nullif(o.headers, '{}'::jsonb),
        least(greatest(o.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00'),
-       convert_to(o.message_id::text, 'UTF8')
+       pg_catalog.convert_to(o.message_id::text, 'UTF8')
   FROM outbox o
  WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
-   AND o.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+   AND o.transaction_id < pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())
  ORDER BY o.transaction_id, o.position
  LIMIT %(limit)s"""
 
-_CUT = "CASE WHEN b.too_large AND octet_length(b.{0}) > 200 THEN left(b.{0}, 200) || '...[cut: ' || octet_length(b.{0}) || ' bytes]' ELSE b.{0} END"
-_STORED_SUM = "sum(pg_column_size(o.payload) + pg_column_size(o.headers)) OVER (ORDER BY o.transaction_id, o.position ROWS UNBOUNDED PRECEDING)"
-_COUNTED_SUM = (
-    "sum(m.counted_bytes) OVER (ORDER BY m.transaction_id, m.position ROWS UNBOUNDED PRECEDING)"
-)
-_MEASURE = """octet_length(s.aggregate_type)::bigint
-    + octet_length(s.aggregate_id) + octet_length(s.event_type)
-    + CASE WHEN pg_column_compression(s.payload) IS NULL THEN pg_column_size(s.payload)
-           ELSE octet_length(s.payload::text) END
-    + CASE WHEN pg_column_compression(s.headers) IS NULL THEN pg_column_size(s.headers)
-           ELSE octet_length(s.headers::text) END
+_CUT = "CASE WHEN b.too_large AND pg_catalog.octet_length(b.{0}) > 200 THEN pg_catalog.left(b.{0}, 200) || '...[cut: ' || pg_catalog.octet_length(b.{0}) || ' bytes]' ELSE b.{0} END"
+_STORED_SUM = "pg_catalog.sum(pg_catalog.pg_column_size(o.payload) + pg_catalog.pg_column_size(o.headers)) OVER (ORDER BY o.transaction_id, o.position ROWS UNBOUNDED PRECEDING)"
+_COUNTED_SUM = "pg_catalog.sum(m.counted_bytes) OVER (ORDER BY m.transaction_id, m.position ROWS UNBOUNDED PRECEDING)"
+_MEASURE = """pg_catalog.octet_length(s.aggregate_type)::bigint
+    + pg_catalog.octet_length(s.aggregate_id) + pg_catalog.octet_length(s.event_type)
+    + CASE WHEN pg_catalog.pg_column_compression(s.payload) IS NULL THEN pg_catalog.pg_column_size(s.payload)
+           ELSE pg_catalog.octet_length(s.payload::text) END
+    + CASE WHEN pg_catalog.pg_column_compression(s.headers) IS NULL THEN pg_catalog.pg_column_size(s.headers)
+           ELSE pg_catalog.octet_length(s.headers::text) END
     + CASE WHEN s.debezium IS NULL THEN 0
-           WHEN pg_column_compression(s.debezium) IS NULL THEN pg_column_size(s.debezium)
-           ELSE octet_length(s.debezium::text) END AS row_bytes"""
-_PAYLOAD = "convert_to(b.payload::text, 'UTF8')"
+           WHEN pg_catalog.pg_column_compression(s.debezium) IS NULL THEN pg_catalog.pg_column_size(s.debezium)
+           ELSE pg_catalog.octet_length(s.debezium::text) END AS row_bytes"""
+_PAYLOAD = "pg_catalog.convert_to(b.payload::text, 'UTF8')"
 
 # The poll with one group of expressions removed or simplified: (old, new) rewrites of its
 # text, whitespace-insensitive; every old must occur.
@@ -95,10 +93,10 @@ VARIANTS: dict[str, tuple[tuple[str, str], ...]] = {
         ("CASE WHEN b.too_large THEN b.row_bytes END", "NULL::bigint"),
     ),
     "payload as jsonb": ((_PAYLOAD, "b.payload"),),
-    "payload by textsend": ((_PAYLOAD, "textsend(b.payload::text)"),),
+    "payload by textsend": ((_PAYLOAD, "pg_catalog.textsend(b.payload::text)"),),
     "no payload": ((_PAYLOAD, "NULL::bytea"),),
     "headers, no nullif": (("nullif(b.headers, '{}'::jsonb)", "b.headers"),),
-    "no id_text": (("convert_to(b.message_id::text, 'UTF8')", "NULL::bytea"),),
+    "no id_text": (("pg_catalog.convert_to(b.message_id::text, 'UTF8')", "NULL::bytea"),),
     "no occurred_at clamp": (
         ("least(greatest(b.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00')",
          "b.occurred_at"),

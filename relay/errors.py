@@ -158,6 +158,18 @@ class PrivilegeMissing(DatabaseError):
     waits_on = "postgres_privilege"
 
 
+class LockTimeout(RetryableError):
+    """A lock another session holds was not granted in time (the migration lock, say);
+    the message names that session."""
+
+    waits_on = "postgres"
+
+
+class SchemaOpenToPublic(DatabaseError):
+    """Every role may CREATE in the relay's own schema (Postgres before 15 lets PUBLIC
+    create in `public`): ``migrate`` and ``grant`` refuse it unless allowed."""
+
+
 class UndefinedTableError(DatabaseError):
     """A statement named a table the database does not have."""
 

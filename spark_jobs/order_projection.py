@@ -29,13 +29,13 @@ from relay.core.settings import KafkaValue
 from relay.errors import RelayError
 from spark_jobs.decoding import VALUE_FORMATS, decode_events, split_corrupt
 from spark_jobs.job import await_query, job_session, registry_access, report_decoding, run
-from spark_jobs.postgres_sink import PostgresBatchSink
+from spark_jobs.postgres_sink import PostgresBatchSink, connect, create_table
 from spark_jobs.registry_schemas import RegistryAccess, planned_schemas
 from spark_jobs.sink_job_args import sink_job_options, sink_job_parser
 from spark_jobs.spark_session import kafka_options, streaming_query_id
 
 ORDERS_DDL = """
-CREATE TABLE IF NOT EXISTS orders (
+CREATE TABLE IF NOT EXISTS {table} (
     order_id       text PRIMARY KEY,
     customer_id    text,
     amount_cents   bigint,
@@ -95,8 +95,8 @@ def write_changes(conn: psycopg.Connection[Any], rows: Sequence[Row]) -> None:
 
 
 def ensure_tables(url: str) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(ORDERS_DDL)
+    with connect(url, autocommit=True) as conn:
+        create_table(conn, ORDERS_DDL, "orders")
 
 
 class CorruptRecordsError(RelayError):

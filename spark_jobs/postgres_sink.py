@@ -36,7 +36,7 @@ CREATE TABLE IF NOT EXISTS {table} (
     sink       text NOT NULL,
     batch_id   bigint NOT NULL,
     rows       bigint NOT NULL,
-    written_at timestamptz NOT NULL DEFAULT now(),
+    written_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     PRIMARY KEY (sink, batch_id)
 )
 """
@@ -45,7 +45,7 @@ OWNERS_DDL = """
 CREATE TABLE IF NOT EXISTS {table} (
     sink      text PRIMARY KEY,
     query_id  text NOT NULL,
-    since     timestamptz NOT NULL DEFAULT now()
+    since     timestamptz NOT NULL DEFAULT pg_catalog.now()
 )
 """
 
@@ -62,7 +62,46 @@ CREATE TABLE IF NOT EXISTS {table} (
 )
 """
 
+# Every connection of the sinks resolves names in pg_catalog first, then in the schema
+# their tables live in (the role's own, where they were always created), then pg_temp:
+# no function a role puts in that schema (every role may CREATE in `public` before
+# Postgres 15) can come before a built-in, and the sinks' SQL calls built-ins only,
+# qualified (tests/unit/test_sql_qualified.py). Pinned by a query, as the relay pins its
+# own (relay/adapters/postgres/db.py): poolers refuse libpq's options. Qualified itself:
+# it runs before the path is pinned.
+PIN_SEARCH_PATH = """
+SELECT pg_catalog.set_config(
+    'search_path',
+    pg_catalog.concat_ws(', ', 'pg_catalog',
+                         pg_catalog.quote_ident(pg_catalog.current_schema()), 'pg_temp'),
+    false)
+"""
+
 Write = Callable[[psycopg.Connection[Any]], int]
+
+
+def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection[Any]:
+    """A connection of the Spark jobs to their database, its search_path pinned."""
+    conn = psycopg.connect(url, autocommit=True)
+    try:
+        conn.execute(PIN_SEARCH_PATH)
+        conn.autocommit = autocommit
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def create_table(conn: psycopg.Connection[Any], ddl: str, name: str) -> None:
+    """Run ``ddl`` (``CREATE TABLE IF NOT EXISTS {table} ...``) for table ``name``, in
+    the schema :func:`connect` put after pg_catalog: named in full, as a CREATE of an
+    unqualified name picks the path's first schema."""
+    row = conn.execute("SELECT pg_catalog.current_schemas(false)").fetchone()
+    path = list(row[0]) if row else []
+    home = path[1] if len(path) > 1 and not path[1].startswith("pg_temp") else None
+    table = sql.Identifier(home, name) if home else sql.Identifier(name)
+    conn.execute(sql.SQL(ddl).format(table=table))
+
 
 RESET_SINK_HELP = (
     "Take the sink over from the query of an earlier checkpoint (after deleting or "
@@ -90,26 +129,27 @@ class PostgresBatchSink:
         self.url = url
         self.sink = sink
         self.take_over = take_over
+        self._tables = ((MARKERS_DDL, markers_table), (OWNERS_DDL, owners_table),
+                        (CORRUPT_DDL, corrupt_table))  # fmt: skip
         self.markers = sql.Identifier(markers_table)
         self.owners = sql.Identifier(owners_table)
         self.corrupt = sql.Identifier(corrupt_table)
 
     def ensure_tables(self) -> None:
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            conn.execute(sql.SQL(MARKERS_DDL).format(table=self.markers))
-            conn.execute(sql.SQL(OWNERS_DDL).format(table=self.owners))
-            conn.execute(sql.SQL(CORRUPT_DDL).format(table=self.corrupt))
+        with connect(self.url, autocommit=True) as conn:
+            for ddl, name in self._tables:
+                create_table(conn, ddl, name)
 
     def claim(self, query_id: str) -> None:
         """Make ``query_id`` the sink's owner, or raise :class:`SinkOwnedError`."""
-        with psycopg.connect(self.url) as conn, conn.transaction():
+        with connect(self.url) as conn, conn.transaction():
             self._claim(conn, query_id)
 
     def commit(self, batch_id: int, write: Write, query_id: str) -> bool:
         """Run ``write`` and record the batch of query ``query_id``, in one transaction;
         False if the batch was already committed (a replay), in which case nothing is
         written."""
-        with psycopg.connect(self.url) as conn, conn.transaction():
+        with connect(self.url) as conn, conn.transaction():
             self._claim(conn, query_id)
             claimed = conn.execute(
                 sql.SQL(

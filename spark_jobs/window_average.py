@@ -41,11 +41,11 @@ from spark_jobs.decoding import observe_decoding
 from spark_jobs.job import await_query, job_session, run
 from spark_jobs.kafka_clients import KafkaClients, connection_settings
 from spark_jobs.kafka_sink import KafkaBatchSink, Record, ensure_topic
-from spark_jobs.postgres_sink import PostgresBatchSink
+from spark_jobs.postgres_sink import PostgresBatchSink, connect, create_table
 from spark_jobs.sink_job_args import sink_job_options, sink_job_parser
 from spark_jobs.spark_session import streaming_query_id
 
-COUNTERS_DDL = """CREATE TABLE IF NOT EXISTS window_counters (
+COUNTERS_DDL = """CREATE TABLE IF NOT EXISTS {table} (
     name  text PRIMARY KEY,
     value bigint NOT NULL DEFAULT 0
 )"""
@@ -149,8 +149,8 @@ def start(
     max_offsets_per_trigger: int | None = None,
     reset_sink: bool = False,
 ) -> Any:
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(COUNTERS_DDL)
+    with connect(database_url, autocommit=True) as conn:
+        create_table(conn, COUNTERS_DDL, "window_counters")
     counters = PostgresBatchSink(database_url, f"window-average:{counter}", take_over=reset_sink)
     counters.ensure_tables()
     clients = KafkaClients(bootstrap_servers, connection_settings(kafka_settings or {}))

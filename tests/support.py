@@ -249,10 +249,13 @@ REPO = Path(__file__).resolve().parent.parent
 def run_cli(
     *args: str, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    """``outbox-relay ARGS`` in a subprocess; its exit code is part of what tests check."""
+    """``outbox-relay ARGS`` in a subprocess; its exit code is part of what tests check.
+    Its stdin is no terminal (as in CI, whoever runs the tests): a command that would ask
+    for confirmation refuses instead."""
     return subprocess.run(
         [sys.executable, "-m", "relay", *args],
         check=False,
+        stdin=subprocess.DEVNULL,
         env={**os.environ, **(env or {})},
         cwd=REPO,
         capture_output=True,

@@ -1,5 +1,5 @@
 """How a backlog prints, in ``status`` and ``subscribers list``: a lag in events, the
-events a reset skipped, and the notes that explain their marks."""
+events the operator skipped, and the notes that explain their marks."""
 
 from __future__ import annotations
 
@@ -34,23 +34,24 @@ def print_estimate_note(lags: Iterable[Lag]) -> None:
 
 
 def skipped(skips: Skipped) -> str:
-    """Events a reset forward jumped over, as printed: ``+`` marks a lower bound."""
+    """Events the operator skipped, as printed: ``+`` marks a lower bound."""
     return f"{skips.events}{'+' if skips.at_least else ''}"
 
 
 def print_skips(lines: list[SkipLine]) -> None:
-    """A reset that skipped events, or a checkpoint no row can reach, must not pass for
-    a caught-up subscriber (issue #28)."""
+    """Events the operator skipped, or a checkpoint no row can reach, must not pass for
+    a caught-up subscriber (issues #28, #48)."""
     for line in lines:
         if line.skipped.beyond_horizon:
             out.print(
                 Text(f"{line.name}: its checkpoint {line.checkpoint} is beyond what the "
                      "database has decided: every event written now sorts before it and is "
-                     "NEVER published (counted as skipped by reset); reset it to 'now' or "
+                     "NEVER published (counted as skipped by operator); reset it to 'now' or "
                      "to a point below the horizon", style="bold red")
             )  # fmt: skip
     if any(line.skipped.events for line in lines):
         out.print(
-            f"skipped by reset: events the last `subscribers reset` forward jumped over "
-            f"(+: counted over the first {EXACT_UP_TO} rows only); they are not published"
+            "skipped by operator: events every `subscribers reset` forward jumped over and "
+            f"every `subscribers skip` skipped (+: counted over the first {EXACT_UP_TO} rows "
+            "only); they are not published"
         )

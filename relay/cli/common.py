@@ -102,6 +102,15 @@ Bootstrap = Annotated[
     typer.Option("--bootstrap-servers", help="Kafka HOST:PORT[,...] [RELAY_BOOTSTRAP_SERVERS]"),
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+AllowPublicCreate = Annotated[
+    bool,
+    typer.Option(
+        "--allow-public-create",
+        help="Go on although every role may CREATE in the relay's schema (Postgres before 15 "
+        "lets PUBLIC create in `public`): better, REVOKE CREATE ON SCHEMA public FROM PUBLIC "
+        "(deploy/README.md, Security).",
+    ),
+]
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""``dead-letters list|redrive``."""
+"""``dead-letters list|redrive|prune``."""
 
 from __future__ import annotations
 
@@ -20,9 +20,12 @@ from relay.cli.common import (
     out,
     print_json,
 )
+from relay.cli.interventions import DryRun, Yes, actor, gate
+from relay.ops import interventions
 
 dead_letters_app = typer.Typer(
-    help="List a subscriber's dead letters; publish them once their cause is fixed.",
+    help="List a subscriber's dead letters; publish them once their cause is fixed; "
+    "delete those past their retention.",
     no_args_is_help=True,
 )
 
@@ -75,22 +78,24 @@ def dead_letters_redrive(
         int, typer.Option(min=1, max=10_000, help="Events per Kafka transaction.")
     ] = 500,
     as_json: JsonFlag = False,
+    dry_run: DryRun = False,
+    yes: Yes = False,
     database_url: DatabaseUrl = None,
     bootstrap_servers: Bootstrap = None,
     schema: Schema = None,
 ) -> None:
     """Publish a subscriber's dead-lettered events, exactly once and in order per key,
     as the relay would publish them now (after a fix: a schema added, say). The live
-    checkpoint does not move. Exits 1 when some stay dead-lettered (still poison, or
-    behind a still-poison event of their key)."""
+    checkpoint does not move. Counts them first (--dry-run: only that). Exits 1 when
+    some stay dead-lettered (still poison, or behind a still-poison event of their key)."""
     import re
     from contextlib import closing, nullcontext
 
     from relay.adapters.postgres.topic_record import PostgresTopicRecord
     from relay.core.subscribers import TopicGuard
-    from relay.daemon.startup import load_schemas, registry_encoder
     from relay.engine.encoding import RecordEncoder
     from relay.ops.redrive import DeadLetterStore, Redrive, redrive_publisher
+    from relay.ops.subscribers import load_schemas, registry_encoder
 
     settings = _settings(
         ctx,
@@ -107,6 +112,10 @@ def dead_letters_redrive(
     ) as conn:
         store = DeadLetterStore(conn, settings.database_schema)
         state = store.subscriber(subscriber)
+        pending = [d.message_id for d in store.dead_letters(subscriber)]
+        confirm = gate(dry_run=dry_run, yes=yes, machine_output=as_json)
+        if not confirm(interventions.redrive_preview(subscriber, pending)):
+            return
         guard.update(s.subscriber for s in store.outbox.list())
         record = PostgresTopicRecord(lambda: nullcontext(conn), settings.database_schema)
         publisher = redrive_publisher(settings, state.subscriber_id, guard, record)
@@ -119,12 +128,58 @@ def dead_letters_redrive(
                 batch_size=batch_size,
             )
             report = redrive.run()
+        interventions.record_redrive(
+            store.outbox, subscriber, state.subscriber_id, actor(), report.as_dict()
+        )
     if as_json:
         print_json(report.as_dict())
     else:
         _print_redrive(report)
     if report.left:
         raise typer.Exit(1)
+
+
+@dead_letters_app.command("prune")
+def dead_letters_prune(
+    ctx: typer.Context,
+    subscriber: Annotated[str, typer.Argument(help="The subscriber.")],
+    pending_older_than: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="Also delete dead letters NOT yet redriven, decided more than this many "
+            "seconds ago: they can no longer be redriven (their records stay on the "
+            "dead-letter topic).",
+        ),
+    ] = None,
+    batch: Annotated[
+        int, typer.Option(min=1, help="Dead letters deleted per transaction.")
+    ] = 10_000,
+    as_json: JsonFlag = False,
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
+) -> None:
+    """Delete a subscriber's dead letters past their retention: those redriven whose
+    outbox rows retention pruned (as the relay's retention pass does). Dead letters not
+    yet redriven are kept, with their outbox rows, unless --pending-older-than says
+    otherwise."""
+    from relay.ops.redrive import DeadLetterStore
+
+    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
+        redriven, pending = DeadLetterStore(conn, settings.database_schema).prune(
+            subscriber, pending_older_than_s=pending_older_than, batch=batch
+        )
+    if as_json:
+        report = {"subscriber": subscriber, "redriven": redriven, "pending": pending}
+        print_json(report)
+        return
+    out.print(f"{subscriber}: pruned {redriven} redriven dead letters")
+    if pending_older_than is not None:
+        out.print(
+            f"{subscriber}: pruned {pending} dead letters not redriven, decided more than "
+            f"{pending_older_than:g} s ago: they can no longer be redriven"
+        )
 
 
 def _print_redrive(report: Any) -> None:

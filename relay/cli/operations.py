@@ -14,6 +14,7 @@ import typer
 from relay.adapters.postgres import db, migrations
 from relay.adapters.postgres.store import OutboxStore
 from relay.cli.common import (
+    AllowPublicCreate,
     Bootstrap,
     DatabaseUrl,
     Schema,
@@ -30,11 +31,29 @@ from relay.core.log_fields import log_extra
 logger = logging.getLogger(__name__)
 
 
-def migrate(ctx: typer.Context, database_url: DatabaseUrl = None, schema: Schema = None) -> None:
+def migrate(
+    ctx: typer.Context,
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
+    allow_public_create: AllowPublicCreate = False,
+    lock_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Seconds to wait for the migration lock (another migrate holds it, or any "
+            "other session: the error names it).",
+        ),
+    ] = migrations.LOCK_WAIT_S,
+) -> None:
     """Create or upgrade the outbox tables (idempotent, safe to run concurrently)."""
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with _connect_waiting(settings, "outbox-relay-migrate") as conn:
-        applied = migrations.migrate(conn, settings.database_schema)
+        applied = migrations.migrate(
+            conn,
+            settings.database_schema,
+            allow_public_create=allow_public_create,
+            lock_wait_s=lock_timeout,
+        )
         store = OutboxStore(conn, settings.database_schema)
         # A restore procedure migrates before writers start: the best moment to rebase.
         moved = store.check_key_space()
@@ -170,6 +189,7 @@ def grant(
     ] = None,
     database_url: DatabaseUrl = None,
     schema: Schema = None,
+    allow_public_create: AllowPublicCreate = False,
 ) -> None:
     """Grant least privileges to the relay's and the writers' roles (run as the owner)."""
     from relay.ops.roles import grant_roles
@@ -192,6 +212,7 @@ def grant(
             read_all_stats=read_all_stats,
             connection_limit=connection_limit,
             aggregate_types=types,
+            allow_public_create=allow_public_create,
         )
     out.print("granted: " + ", ".join(done))
 

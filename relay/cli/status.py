@@ -30,8 +30,11 @@ from relay.cli.common import (
     out,
     print_json,
 )
+from relay.cli.interventions import print_operator_skips
+from relay.core.interventions import OperatorSkip
 from relay.core.model import PartId
 from relay.core.ports import HorizonHolder
+from relay.ops.interventions import operator_skips
 from relay.ops.lag import Lag, Skipped, subscriber_statuses
 
 
@@ -58,7 +61,9 @@ class PartLine:
             "lag_events": self.lag.events,
             "lag_estimated": self.lag.estimated,
             "lag_seconds": self.lag.seconds,
-            "skipped_by_reset": self.skipped.events,
+            "skipped_by_operator": self.skipped.events,
+            "skipped_by_reset": self.skipped.by_reset,
+            "skipped_by_skip": self.skipped.by_skip,
             "skipped_at_least": self.skipped.at_least,
             "beyond_horizon": self.skipped.beyond_horizon,
             "owner": self.owner,
@@ -103,6 +108,8 @@ class TopicBudget:
 @dataclass(frozen=True)
 class StatusReport:
     parts: list[PartLine]
+    # What the operator skipped, per subscriber, with the ledger entries (issue #48).
+    skips: dict[str, list[OperatorSkip]]
     sessions: list[Session]
     horizon_holders: list[HorizonHolder]
     # False: other roles' sessions are hidden from this role (no pg_read_all_stats).
@@ -114,6 +121,7 @@ class StatusReport:
         budget = self.topic_budget
         return {
             "parts": [p.as_dict() for p in self.parts],
+            "skips": {name: [k.as_dict() for k in found] for name, found in self.skips.items()},
             "sessions": [asdict(s) for s in self.sessions],
             "horizon_holders": [vars(h) for h in self.horizon_holders],
             "horizon_holders_complete": self.horizon_holders_complete,
@@ -162,7 +170,7 @@ def _print_topic_budget(budget: TopicBudget | None) -> None:
 
 def _print_parts_and_sessions(report: StatusReport) -> None:
     parts = Table(
-        "part", "checkpoint", "lag (events)", "lag (s)", "skipped by reset", "owner", "state"
+        "part", "checkpoint", "lag (events)", "lag (s)", "skipped by operator", "owner", "state"
     )
     for p in report.parts:
         parts.add_row(
@@ -174,6 +182,8 @@ def _print_parts_and_sessions(report: StatusReport) -> None:
     _print_halts(report.parts)
     _print_waits(report.parts)
     print_skips([SkipLine(p.part, p.checkpoint, p.skipped) for p in report.parts])
+    for name, skips in report.skips.items():
+        print_operator_skips(name, skips)
     sessions = Table("session", "host", "pid", "heartbeat (s ago)", "parts")
     for s in report.sessions:
         sessions.add_row(
@@ -229,7 +239,8 @@ def _print_halts(parts: list[PartLine]) -> None:
         return
     out.print(
         Text(f"{len(halted)} halted part(s): nothing is published for them until "
-             "`outbox-relay subscribers resume NAME`", style="bold red")
+             "`outbox-relay subscribers resume NAME` (after a fix), or `outbox-relay "
+             "subscribers skip NAME --event MESSAGE_ID` of the event it names", style="bold red")
     )  # fmt: skip
     for p in halted:
         out.print(Text.assemble((f"  {p.part}: ", "red"), p.halted or ""))
@@ -255,6 +266,7 @@ def _status(store: OutboxStore, max_created_topics: int) -> StatusReport:
     sessions = [Session.from_row(row) for row in store.list_sessions()]
     names = {s.id: f"{s.hostname}:{s.pid}" for s in sessions}
     waits = store.part_waits()
+    subscribers = subscriber_statuses(store)
     parts = [
         PartLine(
             part=f"{p.state.name}/{p.state.part}",
@@ -266,11 +278,13 @@ def _status(store: OutboxStore, max_created_topics: int) -> StatusReport:
             halted=p.state.halted_error,
             waiting=waits.get(PartId(p.state.name, p.state.part)),
         )
-        for subscriber in subscriber_statuses(store)
+        for subscriber in subscribers
         for p in subscriber.parts
     ]
+    skips = operator_skips(store, [s.state.subscriber_id for s in subscribers])
     return StatusReport(
         parts=parts,
+        skips={s.state.subscriber.name: skips[s.state.subscriber_id] for s in subscribers},
         sessions=sessions,
         horizon_holders=store.horizon_holders(),
         horizon_holders_complete=store.sees_all_backends(),

@@ -1,9 +1,11 @@
-"""``subscribers add|list|pause|resume|reset|remove``."""
+"""``subscribers add|set|list|pause|resume|reset|skip|history|remove``."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Optional
+from uuid import UUID
 
 import typer
 from rich.table import Table
@@ -21,12 +23,14 @@ from relay.cli.common import (
     out,
     print_json,
 )
+from relay.cli.interventions import DryRun, Yes, actor, gate, print_ledger, print_operator_skips
 from relay.core import subscribers as subs
+from relay.core.interventions import OperatorSkip
 from relay.core.model import Position
-from relay.core.redact import redact
 from relay.core.routing import DEFAULT_KEY
 from relay.core.settings import Settings
-from relay.errors import BrokerUnavailable, ConfigError, SchemaRegistryUnavailable
+from relay.ops import interventions
+from relay.ops import subscribers as subscriber_ops
 from relay.ops.lag import SubscriberStatus, subscriber_statuses
 
 subscribers_app = typer.Typer(
@@ -34,110 +38,234 @@ subscribers_app = typer.Typer(
 )
 
 
+# The options of a definition, shared by `add` and `set`, and the field each sets.
+Topic = Annotated[str | None, typer.Option(help="Topic template: {aggregate_type}, {event_type}.")]
+Format = Annotated[
+    Optional[subs.ValueFormat],  # noqa: UP045
+    typer.Option(
+        "--format",
+        help="Value encoding [avro when schemas_dir is configured, else json]; avro "
+        "needs the schemas folder, avro-registry that and schema_registry_url.",
+        show_default=False,
+    ),
+]
+AggregateTypes = Annotated[
+    list[str] | None, typer.Option(help="Only these aggregate types (repeatable).")
+]
+EventTypes = Annotated[list[str] | None, typer.Option(help="Only these event types (repeatable).")]
+OnPoison = Annotated[
+    Optional[subs.PoisonPolicy],  # noqa: UP045
+    typer.Option(help="What to do with an event that cannot be published."),
+]
+DeadLetterTopic = Annotated[
+    str | None,
+    typer.Option(
+        help="Dead-letter topic [outbox.dead-letter.<name>] (with --on-poison dead-letter)."
+    ),
+]
+Strategy = Annotated[
+    Optional[subs.SubjectStrategy],  # noqa: UP045
+    typer.Option(
+        help="avro-registry: register schemas under <topic>-value (topic), the "
+        "record's full name (record) or <topic>-<record> (topic-record)."
+    ),
+]
+Key = Annotated[
+    str | None,
+    typer.Option(
+        help="Record key: a template over aggregate_id, aggregate_type, event_type, "
+        "message_id, aggregate_version, occurred_at, payload.<field>, headers.<name>."
+    ),
+]
+PartitionBy = Annotated[
+    str | None,
+    typer.Option(
+        help="A field whose number is the record's partition [by key]; needs "
+        "--partition-count and the broker (to check the topics' partitions)."
+    ),
+]
+PartitionCount = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="With --partition-by: its values are 0 to N-1, and the subscriber's "
+        "topics must have N partitions (those that exist, or topic_partitions).",
+    ),
+]
+Placements = Annotated[
+    list[str] | None,
+    typer.Option(help="field:header[:alias] or field:envelope[:alias] (json only); repeatable."),
+]
+KeyFormat = Annotated[
+    Optional[subs.KeyFormat],  # noqa: UP045
+    typer.Option(
+        help="The record key: the aggregate_id as text (string), or as an Avro string "
+        "registered under <topic>-key (avro-registry; with --format avro-registry)."
+    ),
+]
+SchemasDir = Annotated[Path | None, typer.Option(help="Avro schemas folder [RELAY_SCHEMAS_DIR]")]
+RegistryUrl = Annotated[
+    str | None, typer.Option(help="Schema registry of avro-registry [RELAY_SCHEMA_REGISTRY_URL]")
+]
+ApplyYes = Annotated[
+    bool,
+    typer.Option(
+        "--yes",
+        help="Apply a change that resets options not given (add --replace) or narrows "
+        "the filter (the events it drops are not published by this subscriber).",
+    ),
+]
+FIELDS = {
+    "topic": "topic",
+    "value_format": "value_format",
+    "aggregate_type": "aggregate_types",
+    "event_type": "event_types",
+    "parts": "parts",
+    "on_poison": "on_poison",
+    "dead_letter_topic": "dead_letter_topic",
+    "subject_strategy": "subject_strategy",
+    "key": "key",
+    "partition_by": "partition_by",
+    "partition_count": "partition_count",
+    "placement": "placements",
+    "key_format": "key_format",
+}
+
+
+class Unset(StrEnum):
+    """The options `subscribers set --unset` sets back to their defaults."""
+
+    TOPIC = "topic"
+    FORMAT = "format"
+    AGGREGATE_TYPE = "aggregate-type"
+    EVENT_TYPE = "event-type"
+    ON_POISON = "on-poison"
+    DEAD_LETTER_TOPIC = "dead-letter-topic"
+    SUBJECT_STRATEGY = "subject-strategy"
+    KEY = "key"
+    PARTITION_BY = "partition-by"
+    PARTITION_COUNT = "partition-count"
+    PLACEMENT = "placement"
+    KEY_FORMAT = "key-format"
+
+    @property
+    def field(self) -> str:
+        return FIELDS["value_format" if self is Unset.FORMAT else self.value.replace("-", "_")]
+
+
 @subscribers_app.command("add")
 def subscribers_add(
     ctx: typer.Context,
     name: str,
-    topic: Annotated[
-        str, typer.Option(help="Topic template: {aggregate_type}, {event_type}.")
-    ] = subs.DEFAULT_TOPIC,
-    value_format: Annotated[
-        Optional[subs.ValueFormat],  # noqa: UP045
-        typer.Option(
-            "--format",
-            help="Value encoding [avro when schemas_dir is configured, else json]; avro "
-            "needs the schemas folder, avro-registry that and schema_registry_url.",
-            show_default=False,
-        ),
-    ] = None,
-    aggregate_type: Annotated[
-        list[str] | None, typer.Option(help="Only these aggregate types (repeatable).")
-    ] = None,
-    event_type: Annotated[
-        list[str] | None, typer.Option(help="Only these event types (repeatable).")
-    ] = None,
+    topic: Topic = subs.DEFAULT_TOPIC,
+    value_format: Format = None,
+    aggregate_type: AggregateTypes = None,
+    event_type: EventTypes = None,
     start: Annotated[
         subs.StartFrom, typer.Option("--from", help="Where a new subscriber starts.")
     ] = subs.StartFrom.BEGINNING,
     replace: Annotated[
-        bool, typer.Option(help="Update an existing subscriber's definition.")
+        bool,
+        typer.Option(
+            help="Define an existing subscriber anew: the options not given take their "
+            "defaults (shown, and applied with --yes only; `subscribers set` changes "
+            "only the options given)."
+        ),
     ] = False,
+    yes: ApplyYes = False,
     parts: Annotated[
         int,
         typer.Option(
             min=1, max=subs.MAX_PARTS, help="Shard over relays by aggregate_id (fixed at creation)."
         ),
     ] = 1,
-    on_poison: Annotated[
-        subs.PoisonPolicy, typer.Option(help="What to do with an event that cannot be published.")
-    ] = subs.PoisonPolicy.HALT,
-    dead_letter_topic: Annotated[
-        str | None,
-        typer.Option(
-            help="Dead-letter topic [outbox.dead-letter.<name>] (with --on-poison dead-letter)."
-        ),
-    ] = None,
-    subject_strategy: Annotated[
-        subs.SubjectStrategy,
-        typer.Option(
-            help="avro-registry: register schemas under <topic>-value (topic), the "
-            "record's full name (record) or <topic>-<record> (topic-record)."
-        ),
-    ] = subs.SubjectStrategy.TOPIC,
-    key: Annotated[
-        str,
-        typer.Option(
-            help="Record key: a template over aggregate_id, aggregate_type, event_type, "
-            "message_id, aggregate_version, occurred_at, payload.<field>, headers.<name>."
-        ),
-    ] = DEFAULT_KEY,
-    partition_by: Annotated[
-        str | None,
-        typer.Option(
-            help="A field whose number is the record's partition [by key]; needs "
-            "--partition-count and the broker (to check the topics' partitions)."
-        ),
-    ] = None,
-    partition_count: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="With --partition-by: its values are 0 to N-1, and the subscriber's "
-            "topics must have N partitions (those that exist, or topic_partitions).",
-        ),
-    ] = None,
-    placement: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="field:header[:alias] or field:envelope[:alias] (json only); repeatable."
-        ),
-    ] = None,
-    key_format: Annotated[
-        subs.KeyFormat,
-        typer.Option(
-            help="The record key: the aggregate_id as text (string), or as an Avro string "
-            "registered under <topic>-key (avro-registry; with --format avro-registry)."
-        ),
-    ] = subs.KeyFormat.STRING,
-    schemas_dir: Annotated[
-        Path | None, typer.Option(help="Avro schemas folder [RELAY_SCHEMAS_DIR]")
-    ] = None,
-    schema_registry_url: Annotated[
-        str | None,
-        typer.Option(help="Schema registry of avro-registry [RELAY_SCHEMA_REGISTRY_URL]"),
-    ] = None,
+    on_poison: OnPoison = subs.PoisonPolicy.HALT,
+    dead_letter_topic: DeadLetterTopic = None,
+    subject_strategy: Strategy = subs.SubjectStrategy.TOPIC,
+    key: Key = DEFAULT_KEY,
+    partition_by: PartitionBy = None,
+    partition_count: PartitionCount = None,
+    placement: Placements = None,
+    key_format: KeyFormat = subs.KeyFormat.STRING,
+    schemas_dir: SchemasDir = None,
+    schema_registry_url: RegistryUrl = None,
     bootstrap_servers: Bootstrap = None,
     database_url: DatabaseUrl = None,
     schema: Schema = None,
 ) -> None:
     """Add a subscriber (a running relay picks it up within seconds)."""
-    if dead_letter_topic is not None and on_poison is not subs.PoisonPolicy.DEAD_LETTER:
-        raise typer.BadParameter(
-            "a dead-letter topic is used only with --on-poison dead-letter; add it, or drop "
-            "--dead-letter-topic",
-            param_hint="--dead-letter-topic",
-        )
-    settings = _settings(
+    options = {FIELDS[k]: v for k, v in locals().items() if k in FIELDS}
+    given = _given(ctx)
+    settings = _definition_settings(ctx, database_url, schema, schemas_dir, schema_registry_url,
+                                    bootstrap_servers)  # fmt: skip
+    setup = subscriber_ops.Setup.load(settings)
+    with _store(settings) as store:
+        outcome = subscriber_ops.add(
+            setup, store, {"name": name, **options}, start=start, replace=replace,
+            given=given, yes=yes, indexing=_indexing, actor=actor(),
+        )  # fmt: skip
+    _print_outcome(outcome)
+    if outcome.change.changed and not outcome.applied:
+        raise typer.Exit(2)
+
+
+@subscribers_app.command("set")
+def subscribers_set(
+    ctx: typer.Context,
+    name: str,
+    topic: Topic = None,
+    value_format: Format = None,
+    aggregate_type: AggregateTypes = None,
+    event_type: EventTypes = None,
+    on_poison: OnPoison = None,
+    dead_letter_topic: DeadLetterTopic = None,
+    subject_strategy: Strategy = None,
+    key: Key = None,
+    partition_by: PartitionBy = None,
+    partition_count: PartitionCount = None,
+    placement: Placements = None,
+    key_format: KeyFormat = None,
+    unset: Annotated[
+        list[Unset] | None,
+        typer.Option(help="Set this option back to its default (repeatable).", show_default=False),
+    ] = None,
+    yes: ApplyYes = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show the change; write nothing.")
+    ] = False,
+    schemas_dir: SchemasDir = None,
+    schema_registry_url: RegistryUrl = None,
+    bootstrap_servers: Bootstrap = None,
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
+) -> None:
+    """Change only the options given of a subscriber (the rest of its definition, its
+    checkpoints and parts stay), checked as `add` checks a new one. A change that
+    narrows its filter is applied with --yes only."""
+    options = {FIELDS[k]: v for k, v in locals().items() if k in FIELDS}
+    settings = _definition_settings(ctx, database_url, schema, schemas_dir, schema_registry_url,
+                                    bootstrap_servers)  # fmt: skip
+    setup = subscriber_ops.Setup.load(settings)
+    with _store(settings) as store:
+        outcome = subscriber_ops.set_options(
+            setup, store, name, options, unset=[u.field for u in unset or ()], yes=yes,
+            dry_run=dry_run, actor=actor(),
+        )  # fmt: skip
+    _print_outcome(outcome, dry_run=dry_run)
+    if outcome.change.changed and not outcome.applied and not dry_run:
+        raise typer.Exit(2)
+
+
+def _definition_settings(
+    ctx: typer.Context,
+    database_url: str | None,
+    schema: str | None,
+    schemas_dir: Path | None,
+    schema_registry_url: str | None,
+    bootstrap_servers: str | None,
+) -> Settings:
+    """The settings a definition is checked with: the relay's, as `run` reads them."""
+    return _settings(
         ctx,
         database_url=database_url,
         database_schema=schema,
@@ -145,98 +273,60 @@ def subscribers_add(
         schema_registry_url=schema_registry_url,
         bootstrap_servers=bootstrap_servers,
     )
-    value_format = _value_format(value_format, settings, name)
-    subscriber = subs.Subscriber.from_dict(
-        {
-            "name": name,
-            "topic": topic,
-            "value_format": value_format,
-            "aggregate_types": aggregate_type or None,  # no option given: every type
-            "event_types": event_type or None,
-            "parts": parts,
-            "on_poison": on_poison,
-            "dead_letter_topic": dead_letter_topic,
-            "subject_strategy": subject_strategy,
-            "key": key,
-            "partition_by": partition_by,
-            "partition_count": partition_count,
-            "placements": placement or (),
-            "key_format": key_format,
-        }
-    )
-    if subscriber.value_format is subs.ValueFormat.AVRO_REGISTRY:
-        _check_registry(settings, subscriber)
-    _check_partitions(settings, subscriber)
-    with _store(settings) as store:
-        created = store.add(subscriber, start, replace=replace)
-        if parts > 1:
-            out.print(f"indexing its {parts} parts (waits for open transactions to end)")
-            store.index_parts()
-    out.print(f"{'added' if created else 'updated'} subscriber {name!r}")
 
 
-def _check_partitions(settings: Settings, subscriber: subs.Subscriber) -> None:
-    """Refuse a partition field whose range the subscriber's topics do not have, or
-    cannot be shown to have (no broker to ask): each of its rows beyond would be poison."""
-    if subscriber.partition_count is None:
-        return
-    from relay.adapters.kafka.topics import partition_room_refusal
-
-    why = "--partition-by: the partitions of the subscriber's topics must be checked"
-    try:
-        refusal = partition_room_refusal(settings, [subscriber])
-    except ConfigError as exc:
-        raise ConfigError(f"{why}, which needs the broker: {exc}") from exc
-    except BrokerUnavailable as exc:
-        raise ConfigError(f"{why}, and the broker does not answer: {redact(str(exc))}") from exc
-    if refusal is not None:
-        raise ConfigError(f"subscriber {refusal[0]!r}: {refusal[1]}")
+def _given(ctx: typer.Context) -> set[str]:
+    """The fields of the options given on the command line (not left to their default;
+    typer's click may be its own copy, so the source is told by name)."""
+    sources = {k: ctx.get_parameter_source(k) for k in FIELDS}
+    return {FIELDS[k] for k, source in sources.items() if source and source.name != "DEFAULT"}
 
 
-def _check_registry(settings: Settings, subscriber: subs.Subscriber) -> None:
-    """Refuse (exit 2) a subscriber whose schemas the registry's compatibility rules
-    refuse, naming the subject, its versions and the registry's reason; print what
-    was checked and what only the first publish can check. A registry that cannot
-    answer is a warning."""
-    from relay.adapters.registry.registry_compat import check_subscriber
-    from relay.adapters.registry.registry_format import encoder_for
-    from relay.daemon.startup import load_schemas
-
-    schemas = load_schemas(settings)
-    encoder = encoder_for(settings, schemas)
-    assert schemas is not None and encoder is not None  # _value_format checked the keys
-    try:
-        report = check_subscriber(encoder.client, schemas, subscriber)
-    except SchemaRegistryUnavailable as exc:
-        # As at start-up: the relay checks again when it registers (a refusal halts
-        # the part), and an outage of the registry should not block a definition.
-        err.print(f"warning: schemas not checked against the registry: {redact(str(exc))}")
-        return
-    for line in report.checked:
-        out.print(f"schema registry: {line}")
-    for line in report.unchecked:
-        out.print(f"schema registry: not checked before the first publish: {line}")
+def _indexing(parts: int) -> None:
+    out.print(f"indexing its {parts} parts (waits for open transactions to end)")
 
 
-def _value_format(
-    given: subs.ValueFormat | None, settings: Settings, name: str
-) -> subs.ValueFormat:
-    """The format asked for, else Avro when writer schemas are configured (as for the
-    relay's own subscribers). Avro without them would fail every event: refused here,
-    naming the key, rather than found by the relay."""
-    if given is None:
-        return subs.ValueFormat.AVRO if settings.schemas_dir else subs.ValueFormat.JSON
-    if given is subs.ValueFormat.AVRO and settings.schemas_dir is None:
-        raise ConfigError(
-            f"subscriber {name!r}: the avro format needs the writer schemas, and schemas_dir "
-            "is not configured (config file, RELAY_SCHEMAS_DIR or --schemas-dir); configure "
-            "it as the relay has it, or use --format json"
+def _print_outcome(outcome: subscriber_ops.Outcome, *, dry_run: bool = False) -> None:
+    """The checks' findings, the change field by field, what a changed filter means for
+    the events, and what was done."""
+    report, change = outcome.report, outcome.change
+    for line in [*report.checked, *report.unchecked]:
+        out.print(line)
+    for line in report.warnings:
+        err.print(f"warning: {line}")
+    name = change.after.name
+    for difference in change.differences:
+        out.print(f"  {difference}")
+    if change.narrowed:
+        waiting = (
+            ""
+            if outcome.dropped is None
+            else (f"{events(outcome.dropped)} events waiting after its checkpoint, and ")
         )
-    if given is subs.ValueFormat.AVRO_REGISTRY:
-        missing = settings.registry_format_missing()
-        if missing:
-            raise ConfigError(f"subscriber {name!r}: the avro-registry format needs {missing}")
-    return given
+        err.print(
+            f"the filter narrows ({', '.join(change.narrowed)}): {waiting}every later event "
+            f"of the kinds it no longer takes, will not be published by {name!r}"
+        )
+    if change.widened:
+        err.print(
+            f"the filter widens ({', '.join(change.widened)}): events of the kinds it adds "
+            "are published from the checkpoint on; earlier ones are not"
+        )
+    if outcome.applied:
+        out.print(f"{'added' if change.before is None else 'updated'} subscriber {name!r}")
+    elif not change.changed:
+        out.print(f"subscriber {name!r}: nothing to change")
+    elif dry_run:
+        out.print("dry run: nothing written")
+    elif outcome.resets:
+        reset = ", ".join(d.field for d in outcome.resets)
+        err.print(
+            f"not applied: --replace sets the options not given back to their defaults "
+            f"({reset}); give them again, change only some options with `outbox-relay "
+            f"subscribers set {name} --OPTION VALUE`, or repeat with --yes"
+        )
+    elif outcome.needs_yes:
+        err.print("not applied: repeat with --yes to apply")
 
 
 @subscribers_app.command("list")
@@ -250,13 +340,14 @@ def subscribers_list(
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with _store(settings) as store:
         statuses = subscriber_statuses(store)
-    rows = [_listed(status) for status in statuses]
+        skips = interventions.operator_skips(store, [s.state.subscriber_id for s in statuses])
+    rows = [_listed(status, skips[status.state.subscriber_id]) for status in statuses]
     if as_json:
         print_json(rows)
         return
     table = Table(
         "name", "topic", "format", "filter", "state", "parts", "checkpoint", "lag (events)",
-        "skipped by reset",
+        "skipped by operator",
     )  # fmt: skip
     for r, status in zip(rows, statuses, strict=True):
         flt = [f"{k}={','.join(r[k])}" for k in ("aggregate_types", "event_types") if r[k]]
@@ -278,6 +369,8 @@ def subscribers_list(
     print_skips(
         [SkipLine(s.state.subscriber.name, str(s.state.checkpoint), s.skipped) for s in statuses]
     )
+    for status in statuses:
+        print_operator_skips(status.state.subscriber.name, skips[status.state.subscriber_id])
     for r in rows:
         for p in r["parts"]:
             if p["halted"]:
@@ -286,7 +379,7 @@ def subscribers_list(
                 )
 
 
-def _listed(status: SubscriberStatus) -> dict[str, Any]:
+def _listed(status: SubscriberStatus, skips: list[OperatorSkip]) -> dict[str, Any]:
     """A subscriber as ``subscribers list`` shows it."""
     definition = status.state.subscriber.as_dict()
     return {
@@ -306,9 +399,12 @@ def _listed(status: SubscriberStatus) -> dict[str, Any]:
         "checkpoint": str(status.state.checkpoint),
         "lag_events": status.lag.events,
         "lag_estimated": status.lag.estimated,
-        "skipped_by_reset": status.skipped.events,
+        "skipped_by_operator": status.skipped.events,
+        "skipped_by_reset": status.skipped.by_reset,
+        "skipped_by_skip": status.skipped.by_skip,
         "skipped_at_least": status.skipped.at_least,
         "beyond_horizon": status.skipped.beyond_horizon,
+        "skips": [k.as_dict() for k in skips],
         "parts": [
             {
                 "part": p.part,
@@ -332,10 +428,27 @@ def subscribers_pause(
 
 @subscribers_app.command("resume")
 def subscribers_resume(
-    ctx: typer.Context, name: str, database_url: DatabaseUrl = None, schema: Schema = None
+    ctx: typer.Context,
+    name: Annotated[str | None, typer.Argument(show_default=False)] = None,
+    every: Annotated[
+        bool, typer.Option("--all", help="Every paused or halted subscriber.")
+    ] = False,
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
 ) -> None:
-    """Resume a paused subscriber, or one halted by a poison event, from its checkpoint."""
-    _set_paused(ctx, name, False, database_url, schema)
+    """Resume a paused subscriber, or one halted by a poison event, from its checkpoint
+    (a halted part retries its event)."""
+    if (name is None) is not every:
+        raise typer.BadParameter("name a subscriber, or give --all (not both)")
+    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    with _store(settings) as store:
+        resumed = subscriber_ops.resume(store, None if every else [name or ""], actor())
+    for r in resumed:
+        why = ["was paused"] if r.paused and every else []
+        why += [f"part {part} was halted: {error}" for part, error in r.halted.items()]
+        out.print(f"subscriber {r.name!r} resumed" + (f" ({'; '.join(why)})" if why else ""))
+    if every and not resumed:
+        out.print("no subscriber is paused or halted")
 
 
 @subscribers_app.command("reset")
@@ -345,10 +458,13 @@ def subscribers_reset(
     to: Annotated[
         str, typer.Option(help="'beginning', 'now', or TRANSACTION_ID:POSITION (resume after it).")
     ],
+    dry_run: DryRun = False,
+    yes: Yes = False,
     database_url: DatabaseUrl = None,
     schema: Schema = None,
 ) -> None:
-    """Move a subscriber's checkpoint (republishes or skips events!)."""
+    """Move a subscriber's checkpoints: skips or republishes events, which it counts
+    first (--dry-run: only that). To skip one event, use `subscribers skip`."""
     target: subs.StartFrom | Position
     if to in (subs.StartFrom.BEGINNING.value, subs.StartFrom.NOW.value):
         target = subs.StartFrom(to)
@@ -359,18 +475,75 @@ def subscribers_reset(
             raise typer.BadParameter(str(exc), param_hint="--to") from exc
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with _store(settings) as store:
-        store.reset(name, target)
-    out.print(f"subscriber {name!r} reset to {to}")
+        moves = interventions.reset(store, name, target, actor(), gate(dry_run=dry_run, yes=yes))
+    if moves is not None:
+        out.print(f"subscriber {name!r} reset to {to}")
+        for move in moves:
+            out.print(f"  {move.describe()}")
+
+
+@subscribers_app.command("skip")
+def subscribers_skip(
+    ctx: typer.Context,
+    name: str,
+    event: Annotated[
+        list[str],
+        typer.Option(
+            "--event",
+            help="The message id of an event to skip (repeatable); a halt's error names it.",
+            show_default=False,
+        ),
+    ],
+    dry_run: DryRun = False,
+    yes: Yes = False,
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
+) -> None:
+    """Skip exactly these events (not yet published) of a halted or running subscriber:
+    every other event is published. A part halted on one of them resumes."""
+    try:
+        ids = [UUID(e) for e in event]
+    except ValueError as exc:
+        raise typer.BadParameter(f"not a message id (a UUID): {exc}", param_hint="--event") from exc
+    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    with _store(settings) as store:
+        done = interventions.skip(store, name, ids, actor(), gate(dry_run=dry_run, yes=yes))
+    if done is None:
+        return
+    out.print(f"subscriber {name!r}: {done.events} event(s) skipped")
+    for part in done.resumed:
+        out.print(f"  part {part} resumed (it was halted on a skipped event)")
+    for part, error in done.still_halted.items():
+        err.print(Text.assemble((f"{name}/{part} still halted:", "red"), " ", error))
+
+
+@subscribers_app.command("history")
+def subscribers_history(
+    ctx: typer.Context,
+    name: str,
+    as_json: JsonFlag = False,
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
+) -> None:
+    """The ledger of a subscriber's interventions (removed subscribers of that name
+    too): who, when, what and how many events."""
+    settings = _settings(ctx, database_url=database_url, database_schema=schema)
+    with _store(settings) as store:
+        entries = interventions.history(store, name)
+    if as_json:
+        print_json([e.as_dict() for e in entries])
+        return
+    print_ledger(entries)
 
 
 @subscribers_app.command("remove")
 def subscribers_remove(
     ctx: typer.Context, name: str, database_url: DatabaseUrl = None, schema: Schema = None
 ) -> None:
-    """Delete a subscriber and its checkpoint."""
+    """Delete a subscriber and its checkpoint (the ledger keeps its history)."""
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with _store(settings) as store:
-        store.remove(name)
+        interventions.remove(store, name, actor())
     out.print(f"removed subscriber {name!r}")
 
 
@@ -379,5 +552,7 @@ def _set_paused(
 ) -> None:
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with _store(settings) as store:
-        store.set_paused(name, paused)
+        cleared = interventions.set_paused(store, name, paused, actor())
     out.print(f"subscriber {name!r} {'paused' if paused else 'resumed'}")
+    for part, error in cleared.items():
+        out.print(f"  part {part}: cleared its halt ({error})")

@@ -22,8 +22,10 @@ from relay.cli.common import (
 from relay.core.settings import Settings
 from relay.errors import ConfigError, RelayError
 
-# verify's exit code when Postgres or Kafka could not be read (1 means findings).
+# verify's exit code when Postgres or Kafka could not be read (1 means findings), and
+# when it found none but events the operator skipped (issue #48: never passed for clean).
 _COULD_NOT_CHECK = 3
+_SKIPPED_BY_OPERATOR = 4
 
 
 def verify(
@@ -41,8 +43,9 @@ def verify(
 ) -> None:
     """Check the topics against the outbox: missing, duplicated, out-of-order events.
 
-    Exits 0 when clean, 1 when it finds any, 2 on a configuration error, and 3 when it
-    could not check (Postgres or Kafka unreachable, a topic unreadable in time).
+    Exits 0 when clean, 1 when it finds any, 2 on a configuration error, 3 when it
+    could not check (Postgres or Kafka unreachable, a topic unreadable in time), and 4
+    when it finds none but events the operator skipped (listed with their actions).
     """
     from relay.adapters.kafka.topic_reader import KafkaTopicReader
     from relay.ops.verify import verify as run_verify
@@ -68,8 +71,10 @@ def verify(
         print_json([r.as_dict() for r in reports])
     else:
         _print_reports(reports)
-    if not all(r.clean for r in reports):
+    if any(r.problems for r in reports):
         raise typer.Exit(1)
+    if not all(r.clean for r in reports):
+        raise typer.Exit(_SKIPPED_BY_OPERATOR)
 
 
 def _verify_all(
@@ -104,25 +109,28 @@ def _verify_all(
 def _print_reports(reports: list[Any]) -> None:
     table = Table(
         "subscriber", "expected", "found", "missing", "duplicated", "out of order", "ahead",
-        "before start", "not in outbox", "skipped by reset", "dead-lettered", "pending",
+        "before start", "not in outbox", "skipped by operator", "dead-lettered", "pending",
         "verdict",
     )  # fmt: skip
     for r in reports:
         table.add_row(
             r.subscriber,
             *(str(v) for v in (r.expected, r.found, r.missing, r.duplicated, r.out_of_order)),
-            *(str(v) for v in (r.ahead, r.before_start, r.not_in_outbox, r.skipped_by_reset)),
+            *(str(v) for v in (r.ahead, r.before_start, r.not_in_outbox, r.skipped_by_operator)),
             str(r.dead_lettered),
             f"~{r.pending}" if r.pending_estimated else str(r.pending),
-            Text("clean", style="green") if r.clean else Text("PROBLEMS", style="red"),
+            _verdict(r.verdict),
         )
     out.print(table)
     err.print(
         "ahead: published just before a crash, adopted by the next owner; before start: "
-        "published before a reset; not in outbox: rows pruned since; skipped by reset: "
-        "events a reset forward jumped over, never published"
+        "published before a reset; not in outbox: rows pruned since; skipped by operator: "
+        "events every reset forward jumped over and every `subscribers skip` skipped, "
+        "never published (each below with its ledger entry)"
     )
     for r in reports:
+        for skip in r.skips:
+            err.print(f"{r.subscriber}: {skip.describe()}")
         if r.checked_after:
             err.print(
                 f"{r.subscriber}: checked only events after {', '.join(r.checked_after)}, "
@@ -131,3 +139,8 @@ def _print_reports(reports: list[Any]) -> None:
         for kind, examples in r.examples.items():
             for text in examples:
                 err.print(f"{r.subscriber}: {kind}: {text}")
+
+
+def _verdict(verdict: str) -> Text:
+    styles = {"clean": "green", "skipped by operator": "yellow", "problems": "red"}
+    return Text(verdict.upper() if verdict == "problems" else verdict, style=styles[verdict])

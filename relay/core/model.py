@@ -44,13 +44,15 @@ BEGINNING = Position(0, 0)
 class KafkaCheckpoint(NamedTuple):
     """What the last committed Kafka transaction of a part recorded: where it ended, in
     which key space, and the last message it published (None: an older relay wrote it);
-    and its dead letters, (message id, dead-letter topic), whose decisions an owner that
-    adopts the checkpoint records."""
+    and its dead letters, whose decisions an owner that adopts the checkpoint records:
+    (key in ``key_space``, dead-letter topic), or (message id, dead-letter topic) as
+    relays before issue #47 named them (``named_dead_letters``)."""
 
     position: Position
     key_space: UUID | None = None
     message_id: UUID | None = None
-    dead_letters: tuple[tuple[UUID, str], ...] = ()
+    dead_letters: tuple[tuple[Position, str], ...] = ()
+    named_dead_letters: tuple[tuple[UUID, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

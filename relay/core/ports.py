@@ -54,6 +54,9 @@ class PartState:
     owner: UUID | None
     halted_error: str | None
     updated_at: datetime
+    # Events after the checkpoint the operator skipped (`subscribers skip`): the worker
+    # drops them when it meets them, so the checkpoint passes them with their batch.
+    skips: frozenset[UUID] = frozenset()
 
     @property
     def name(self) -> str:
@@ -193,7 +196,8 @@ class PartStore(Protocol):
         """The events ``selection`` picks after ``after``, in publication order."""
 
     def get_part(self, name: str, part: int) -> PartState:
-        """The part as stored; raises ``SubscriberError`` when there is none."""
+        """The part as stored, with the events after its checkpoint that the operator
+        skipped; raises ``SubscriberError`` when there is none."""
 
     def advance(
         self,
@@ -218,8 +222,12 @@ class PartStore(Protocol):
         """Dead-letter decisions already recorded for events in ``(after, upto]`` (by a
         checkpoint that passed them before a reset moved it back)."""
 
-    def halt(self, state: PartState, owner: UUID, error: str) -> None:
-        """Halt the part with ``error``; raises ``ClaimLost`` when ``owner`` lost it."""
+    def halt(
+        self, state: PartState, owner: UUID, error: str, message_id: UUID | None = None
+    ) -> None:
+        """Halt the part with ``error``, on the poison event ``message_id`` if it names
+        one (`subscribers skip` of that event resumes the part); raises ``ClaimLost``
+        when ``owner`` lost it."""
 
     def record_wait(
         self, part: PartId, owner: UUID, waits_on: str | None, error: str | None
@@ -235,6 +243,9 @@ class PartStore(Protocol):
 
     def key_of(self, message_id: UUID) -> Position | None:
         """The key of the event ``message_id``; None when the outbox lacks it."""
+
+    def messages_at(self, keys: Sequence[Position]) -> dict[Position, UUID]:
+        """The message id of the event at each of ``keys`` the outbox holds."""
 
     def translate(self, key_space: UUID, key: Position) -> Position:
         """A key of ``key_space`` as a key of the space rebased from it."""
@@ -302,7 +313,20 @@ class DaemonStore(PartStore, Protocol):
 
     def prune(self, older_than_s: float, batch: int = 10_000) -> Iterator[int]:
         """Delete published events older than ``older_than_s``, yielding each batch's
-        count; never an event some part has yet to publish."""
+        count; never an event some part has yet to publish, nor one whose dead letter is
+        not yet redriven."""
+
+    def prune_dead_letters(
+        self,
+        subscriber: str | None = None,
+        *,
+        pending_older_than_s: float | None = None,
+        batch: int = 10_000,
+    ) -> Iterator[int]:
+        """Delete dead letters whose retention is over, yielding each batch's count:
+        redriven ones whose event :meth:`prune` deleted; with ``pending_older_than_s``
+        (only when the operator says so), instead those not redriven, decided longer ago
+        than that. ``subscriber``: its dead letters only."""
 
     def horizon_holders(self) -> Sequence[HorizonHolder]:
         """The transactions holding the publication horizon back, oldest first."""
@@ -331,9 +355,10 @@ class Batch:
     end: Position
     generation: str
     may_extend: bool = True
-    # The batch's dead letters: (message id, dead-letter topic). The Kafka-side
-    # checkpoint carries them, so an owner that adopts it records their decisions.
-    dead_letters: Sequence[tuple[str, str]] = ()
+    # The batch's dead letters: (key, dead-letter topic). The Kafka-side checkpoint
+    # names them (relay/core/dead_letter_tag.py), so an owner that adopts it records
+    # their decisions.
+    dead_letters: Sequence[tuple[Position, str]] = ()
 
 
 class Publisher(Protocol):

@@ -41,7 +41,6 @@ from relay.core.subscribers import (
     PoisonPolicy,
     StartFrom,
     SubjectStrategy,
-    Subscriber,
     ValueFormat,
     validate_name,
     validate_topic_template,
@@ -148,11 +147,6 @@ class SubscriberSettings(BaseModel):
         except SubscriberError as exc:
             raise ValueError(str(exc)) from exc
         return self
-
-    def to_subscriber(self, default_format: ValueFormat) -> Subscriber:
-        return Subscriber.from_dict(
-            {**self.model_dump(), "value_format": self.value_format or default_format}
-        )
 
 
 class Settings(BaseSettings):
@@ -269,6 +263,10 @@ class Settings(BaseSettings):
     # subscriber has published and that are older than retention seconds.
     prune_every: float = Field(default=3600.0, ge=0)
     retention: float = Field(default=7 * 86_400.0, ge=0)
+    # Dead letters not yet redriven are kept (and their rows, which redrive reads) until
+    # redriven or pruned by hand; with this (seconds), retention deletes those decided
+    # longer ago. Redriven ones go with their rows. None: never (docs/design.md §7).
+    dead_letter_retention: float | None = Field(default=None, ge=0)
     # Log the backends that hold the publication horizon back for longer than this.
     horizon_warn_after: float = Field(default=60.0, gt=0)
     # SIGTERM: how long to let batches in flight finish before exiting anyway.

@@ -8,7 +8,9 @@ workers to match. The commit probe wakes the workers; they also poll on a timer.
 :class:`Relay` (``lifecycle``) composes one object per concern: ``membership`` (the
 session, held while Kafka answers), ``parts`` (claims and their workers),
 ``publishers`` (a Kafka publisher per part), ``upkeep`` (retention and horizon
-warnings) and ``startup`` (schema check, subscriber sync, key-space checks).
+warnings) and ``startup`` (schema check, key-space checks); its subscribers are
+defined, checked and written by :func:`relay.ops.subscribers.sync`, as `subscribers add`
+defines them.
 :class:`RelayProcesses` (``processes``) runs several of them as member processes.
 
 The package imports them when first asked for (PEP 562): ``lifecycle`` wires the

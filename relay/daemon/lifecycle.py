@@ -30,20 +30,15 @@ from relay.daemon.context import DaemonContext
 from relay.daemon.membership import Membership
 from relay.daemon.parts import ClaimedParts
 from relay.daemon.publishers import PublisherFactory
-from relay.daemon.startup import (
-    KeySpaceChecks,
-    SubscriberSync,
-    adopt_topics,
-    check_schema,
-    load_schemas,
-    registry_encoder,
-)
+from relay.daemon.startup import KeySpaceChecks, adopt_topics, check_schema
 from relay.daemon.upkeep import HorizonWatch, Retention
 from relay.engine.encoding import RecordEncoder
 from relay.engine.worker import PartWorker, WorkerState
 from relay.errors import DatabaseUnavailable, RelayError, RetryableError
 from relay.observability.metrics import HealthServer
 from relay.observability.tracing import Tracing
+from relay.ops.subscribers import Setup, load_schemas, registry_encoder
+from relay.ops.subscribers import sync as sync_subscribers
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +93,8 @@ class Relay:
             tracing=self.tracing,
         )
         self.key_space = KeySpaceChecks()
-        self.subscriber_sync = SubscriberSync(settings, self.registry, schema_registry)
+        # Its subscribers are defined and checked as `subscribers add` does.
+        self.setup = Setup(settings, self.registry, schema_registry)
         self.retention = Retention(settings, self.membership, self.key_space)
         self.horizon = HorizonWatch(settings)
 
@@ -133,7 +129,7 @@ class Relay:
                 store = OutboxStore(conn, self.settings.database_schema)
                 check_schema(conn, self.settings.database_schema)
                 self.key_space.check(store, "start-up")
-                self.subscriber_sync.sync(store)
+                sync_subscribers(self.setup, store)
                 subscribers = [s.subscriber for s in store.list()]
             adopt_topics(self.settings, self.topic_guard, self.topic_record, subscribers)
         except DatabaseUnavailable as exc:

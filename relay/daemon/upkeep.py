@@ -19,8 +19,10 @@ logger = logging.getLogger(__name__)
 
 
 class Retention:
-    """Deletes published rows past ``retention``, by one relay only: the one with the
-    oldest live session id."""
+    """Deletes published rows past ``retention``, then the dead letters whose retention
+    is over (redriven ones whose rows are gone; with ``dead_letter_retention``, those
+    not redriven decided longer ago), by one relay only: the one with the oldest live
+    session id."""
 
     def __init__(
         self, settings: Settings, membership: Membership, key_space: KeySpaceChecks
@@ -28,9 +30,10 @@ class Retention:
         self._settings = settings
         self._membership = membership
         self._key_space = key_space
-        # Rows deleted, and passes that failed: /metrics (outbox_relay_pruned_events,
+        # Rows and dead letters deleted, and passes that failed: /metrics
+        # (outbox_relay_pruned_events, outbox_relay_pruned_dead_letters,
         # outbox_relay_prune_failures).
-        self.totals: Counter[str] = Counter(pruned=0, failures=0)
+        self.totals: Counter[str] = Counter(pruned=0, dead_letters_pruned=0, failures=0)
 
     def prune(self, store: DaemonStore) -> None:
         """One retention pass. Its failure is its own (logged and counted here): the
@@ -44,6 +47,7 @@ class Retention:
             for batch in store.prune(self._settings.retention):
                 deleted += batch
                 self.totals["pruned"] += batch
+            letters = self._prune_dead_letters(store)
         except RelayError as exc:
             self.totals["failures"] += 1
             logger.warning(
@@ -59,12 +63,25 @@ class Retention:
                 ),
             )
             return
-        if deleted:
+        if deleted or letters:
             logger.info(
-                "pruned %s published rows",
+                "pruned %s published rows and %s dead letters",
                 deleted,
-                extra=log_extra("retention_pruned", pruned=deleted),
+                letters,
+                extra=log_extra("retention_pruned", pruned=deleted, dead_letters_pruned=letters),
             )
+
+    def _prune_dead_letters(self, store: DaemonStore) -> int:
+        pending = self._settings.dead_letter_retention
+        passes = [store.prune_dead_letters()]
+        if pending is not None:  # the operator's word: these cannot be redriven after
+            passes.append(store.prune_dead_letters(pending_older_than_s=pending))
+        deleted = 0
+        for batches in passes:
+            for batch in batches:
+                deleted += batch
+                self.totals["dead_letters_pruned"] += batch
+        return deleted
 
     def _mine(self, store: DaemonStore) -> bool:
         session = self._membership.session

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
+
 from relay.core.model import RESERVED_HEADER_PREFIX, KafkaRecord, OutboxEvent, Unreadable
 from relay.core.ports import DeadLetterDecision
 from relay.core.subscribers import Subscriber
@@ -26,6 +28,10 @@ MAX_DEAD_LETTER_PAYLOAD_BYTES = 256 * 1024
 MAX_DEAD_LETTER_HEADERS_BYTES = 16 * 1024  # the row's headers, as JSON
 MAX_DEAD_LETTER_TEXT_BYTES = 1024  # aggregate_type, aggregate_id, event_type
 MAX_DEAD_LETTER_ERROR_BYTES = 8 * 1024  # errors may quote the row (a topic, a value)
+# What outbox_dead_letters and the log keep of a dead letter's error: a flood of poison
+# rows is stored and logged (issue #47: 1.4 KB a row, 1.3 KB a warning). The record on
+# the dead-letter topic carries it up to MAX_DEAD_LETTER_ERROR_BYTES.
+MAX_STORED_ERROR_BYTES = 512
 
 
 def dead_letter_record(
@@ -55,7 +61,9 @@ def dead_letter_record(
     }
     if decision.minimal:
         document["omitted"] = "payload and headers: the broker refused the full dead letter"
-        return _record(decision, short._replace(headers={}), document, error, subscriber)
+        return _record(decision, short._replace(headers={}), document, [], error, subscriber)
+    # The headers and payload, written once: to measure them, then as they are.
+    written: list[bytes] = []
     headers = _json_or_reason(event.headers)
     if isinstance(headers, str):
         document["headers_omitted"] = headers
@@ -64,34 +72,39 @@ def dead_letter_record(
         document["headers_omitted_bytes"] = len(headers)
         short = short._replace(headers={})
     else:
-        document["headers"] = event.headers
+        written.append(b'"headers":' + headers)
     payload = _json_or_reason(event.payload)
     if isinstance(payload, str):
         document["payload_omitted"] = payload
     elif len(payload) <= MAX_DEAD_LETTER_PAYLOAD_BYTES:
-        document["payload"] = event.payload
+        written.append(b'"payload":' + payload)
     else:
         document["payload_omitted_bytes"] = len(payload)
-    return _record(decision, short, document, error, subscriber)
+    return _record(decision, short, document, written, error, subscriber)
 
 
 def _record(
     decision: DeadLetterDecision,
     short: OutboxEvent,
     document: dict[str, Any],
+    written: list[bytes],
     error: str,
     subscriber: Subscriber,
 ) -> KafkaRecord:
-    return KafkaRecord(
+    value = _dumps(document)
+    if written:  # the document's last members, already JSON
+        value = b"".join((value[:-1], b",", b",".join(written), b"}"))
+    record = KafkaRecord(
         topic=decision.topic,
         key=short.aggregate_id.encode(),
-        value=json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode(),
+        value=value,
         headers=[
             *_safe_headers(short),
             (HEADER_ERROR, error.encode()),
             (HEADER_ORIGINAL_SUBSCRIBER, subscriber.name.encode()),
         ],
     )
+    return record._replace(size=record.byte_size())  # counted once: the cut and stats read it
 
 
 def cap(text: str, limit: int) -> str:
@@ -111,9 +124,19 @@ def _json_or_reason(value: Any) -> bytes | str:
     if isinstance(value, Unreadable):
         return str(value)
     try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        return _dumps(value)
     except (ValueError, TypeError, RecursionError) as exc:
         return f"cannot be written as JSON ({type(exc).__name__}: {exc})"
+
+
+def _dumps(value: Any) -> bytes:
+    """``value`` as compact UTF-8 JSON: orjson's (a dead letter each poison row of a
+    flood: issue #47), copied out of the buffer it wrote into (relay/engine/encoding.py
+    says why), else the standard library's (integers beyond 64 bits, deep nesting)."""
+    try:
+        return memoryview(orjson.dumps(value)).tobytes()
+    except orjson.JSONEncodeError:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def _safe_headers(event: OutboxEvent) -> list[tuple[str, str | bytes | None]]:

@@ -15,6 +15,8 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from uuid import UUID
 
+from relay.core import dead_letter_tag
+from relay.core.interventions import Intervention
 from relay.core.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.core.model import (
     ConsumedRecord,
@@ -59,13 +61,19 @@ class InMemoryStore:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.events: list[OutboxEvent] = []
         self.parts: dict[tuple[str, int], PartState] = {}
-        # subscriber → message id → (event key, decision)
+        # subscriber → message id → (event key, decision); and when each was decided
+        # (none is ever redriven here: redrive runs on Postgres only).
         self.dead: dict[str, dict[UUID, tuple[Position, DeadLetterDecision]]] = {}
         # What each part waits for (its waits_on and error), as record_wait left it.
         self.waits: dict[PartId, tuple[str, str]] = {}
         # Every record_wait call, in order (how often a waiting part writes).
         self.wait_writes: builtins.list[PartId] = []
+        self.decided_at: dict[UUID, float] = {}
         self.sessions: dict[UUID, _Session] = {}
+        # (subscriber, part) → the events the operator skipped; the event a halt is on.
+        self.skip_lists: dict[tuple[str, int], set[UUID]] = {}
+        self.halted_on: dict[tuple[str, int], UUID | None] = {}
+        self.ledger: list[Intervention] = []
         self.key_space_id = uuid.uuid4()
         self.closed = False
         self._clock = clock
@@ -98,6 +106,39 @@ class InMemoryStore:
                         state, subscriber=subscriber, version=state.version + 1, halted_error=halted
                     )
                 )
+
+    def skip(self, name: str, message_ids: Sequence[UUID], record: Intervention) -> list[int]:
+        """As the Postgres store's: skip these events (refused unless each is in the
+        outbox, taken by the subscriber, not published yet and not skipped already); a
+        part halted on one of them resumes. Returns the parts resumed."""
+        with self._lock:
+            states = {s.part: s for s in self._parts_of(name)}
+            subscriber = states[0].subscriber
+            targets = []
+            for message_id in message_ids:
+                event = next((e for e in self.events if e.message_id == message_id), None)
+                if event is None or not subscriber.matches(event):
+                    raise SubscriberError(f"event {message_id} is not one {name!r} publishes")
+                part = part_of(event.aggregate_id, subscriber.parts) if subscriber.parts > 1 else 0
+                skipped = self.skip_lists.setdefault((name, part), set())
+                if event.key <= states[part].checkpoint or message_id in skipped:
+                    raise SubscriberError(f"event {message_id} is published or skipped already")
+                targets.append((part, message_id))
+            resumed = []
+            for part, message_id in targets:
+                self.skip_lists[name, part].add(message_id)
+                state = self.get_part(name, part)
+                halted_on_it = state.halted_error is not None and (
+                    self.halted_on.get((name, part)) == message_id
+                )
+                if halted_on_it:
+                    resumed.append(part)
+                halted = None if halted_on_it else state.halted_error
+                self._set(
+                    dataclasses.replace(state, halted_error=halted, version=state.version + 1)
+                )
+            self.ledger.append(record)
+            return sorted(resumed)
 
     def remove(self, name: str) -> None:
         """Delete the subscriber and its parts (their owners' workers find them gone)."""
@@ -164,7 +205,7 @@ class InMemoryStore:
             found: dict[str, list[PartState]] = {}
             for (subscriber, _), state in sorted(self.parts.items()):
                 if name is None or subscriber == name:
-                    found.setdefault(subscriber, []).append(state)
+                    found.setdefault(subscriber, []).append(self._with_skips(state))
         return [SubscriberState(p[0].subscriber, p[0].subscriber_id, p) for p in found.values()]
 
     # -- the daemon's port: sessions and claims ----------------------------------------
@@ -245,6 +286,31 @@ class InMemoryStore:
                 return
             yield len(doomed)
 
+    def prune_dead_letters(
+        self,
+        subscriber: str | None = None,
+        *,
+        pending_older_than_s: float | None = None,
+        batch: int = 10_000,
+    ) -> Iterator[int]:
+        if pending_older_than_s is None:
+            return  # none is redriven here
+        cutoff = time.time() - pending_older_than_s
+        while True:
+            with self._lock:
+                doomed = [
+                    (name, m)
+                    for name, recorded in self.dead.items()
+                    if subscriber in (None, name)
+                    for m in recorded
+                    if self.decided_at.get(m, 0.0) < cutoff
+                ][:batch]
+                for name, message_id in doomed:
+                    del self.dead[name][message_id]
+            if not doomed:
+                return
+            yield len(doomed)
+
     def horizon_holders(self) -> builtins.list[HorizonHolder]:
         return []  # every event here is committed: nothing holds the horizon
 
@@ -285,7 +351,16 @@ class InMemoryStore:
         state = self.parts.get((name, part))
         if state is None:
             raise SubscriberError(f"no subscriber part {name}/{part}")
-        return state
+        return self._with_skips(state)
+
+    def _with_skips(self, state: PartState) -> PartState:
+        """``state`` with the skipped events after its checkpoint, as Postgres reads them."""
+        skipped = self.skip_lists.get((state.name, state.part))
+        if not skipped:
+            return state
+        keys = {e.message_id: e.key for e in self.events if e.message_id in skipped}
+        pending = frozenset(m for m, key in keys.items() if key > state.checkpoint)
+        return dataclasses.replace(state, skips=pending)
 
     def advance(
         self,
@@ -311,6 +386,7 @@ class InMemoryStore:
         recorded = self.dead.setdefault(state.name, {})
         for letter in dead_letters:
             recorded.setdefault(letter.message_id, (letter.key, letter.decision))
+            self.decided_at.setdefault(letter.message_id, time.time())
         return self._set(
             dataclasses.replace(current, checkpoint=to, version=current.version + 1)
         ).version
@@ -321,11 +397,14 @@ class InMemoryStore:
         recorded = self.dead.get(name, {})
         return {m: d for m, (key, d) in recorded.items() if after < key <= upto}
 
-    def halt(self, state: PartState, owner: UUID, error: str) -> None:
+    def halt(
+        self, state: PartState, owner: UUID, error: str, message_id: UUID | None = None
+    ) -> None:
         with self._lock:
             current = self.get_part(state.name, state.part)
             if current.owner != owner:
                 raise ClaimLost(f"{state.name}/{state.part} is no longer claimed by this relay")
+            self.halted_on[state.name, state.part] = message_id
             self._set(dataclasses.replace(current, halted_error=error, version=current.version + 1))
 
     def record_wait(
@@ -349,6 +428,10 @@ class InMemoryStore:
     def key_of(self, message_id: UUID) -> Position | None:
         return next((e.key for e in self.events if e.message_id == message_id), None)
 
+    def messages_at(self, keys: Sequence[Position]) -> dict[Position, UUID]:
+        wanted = set(keys)
+        return {e.key: e.message_id for e in self.events if e.key in wanted}
+
     def translate(self, key_space: UUID, key: Position) -> Position:
         # This store is never restored elsewhere, so no key space was rebased from it.
         raise SubscriberError(f"key space {key_space} was never rebased into this store")
@@ -357,7 +440,8 @@ class InMemoryStore:
         self.closed = True
 
     def _set(self, updated: PartState) -> PartState:
-        updated = dataclasses.replace(updated, updated_at=datetime.now(UTC))
+        # Skips are kept apart (skip_lists): the stored state holds none.
+        updated = dataclasses.replace(updated, updated_at=datetime.now(UTC), skips=frozenset())
         self.parts[updated.name, updated.part] = updated
         return updated
 
@@ -369,16 +453,20 @@ class InMemoryStore:
 
     def _prunable(self, older_than_s: float) -> builtins.list[OutboxEvent]:
         """Events every part has published, older than ``older_than_s``, but a stream's
-        latest version (the next event-sourced append checks that it exists)."""
+        latest version (the next event-sourced append checks that it exists) and a
+        dead letter's event."""
         if not self.parts:
             return []
         published = min(state.checkpoint for state in self.parts.values())
         cutoff = datetime.now(UTC).timestamp() - older_than_s
         versions = {(e.aggregate_type, e.aggregate_id, e.aggregate_version) for e in self.events}
+        # A dead letter's event stays until it is redriven (never, here) or pruned.
+        dead = {key for recorded in self.dead.values() for key, _ in recorded.values()}
         return [
             e
             for e in self.events
             if e.key <= published
+            and e.key not in dead
             and e.occurred_at.timestamp() <= cutoff
             and (
                 e.aggregate_version is None
@@ -448,17 +536,20 @@ class InMemoryPublisher:
         records: Sequence[KafkaRecord],
         end: Position,
         generation: str,
-        dead_letters: Sequence[tuple[str, str]],
+        dead_letters: Sequence[tuple[Position, str]],
     ) -> None:
         if self.refuse is not None:
             self.refuse(records)
+        # As the broker would refuse the tag (offset.metadata.max.bytes): the worker cuts
+        # a batch whose dead letters it cannot name.
+        assert dead_letter_tag.fitting(dead_letters) == len(dead_letters), "tag too long"
         self.transactions.append(list(records))
         last = records[-1].outbox_message_id
         self.checkpoints[generation] = KafkaCheckpoint(
             end,
             self._key_space,
             UUID(last) if last else None,
-            tuple((UUID(m), topic) for m, topic in dead_letters),
+            dead_letter_tag.read(dead_letter_tag.fields(dead_letters)),  # as Kafka keeps them
         )
 
     def close(self) -> None:

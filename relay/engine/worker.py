@@ -24,6 +24,7 @@ from enum import StrEnum
 from operator import itemgetter
 from uuid import UUID
 
+from relay.core import dead_letter_tag
 from relay.core.key_space import KeySpace, KeySpaceAction, adoptable, report
 from relay.core.log_fields import log_extra
 from relay.core.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position, Unreadable
@@ -39,7 +40,12 @@ from relay.core.ports import (
 )
 from relay.core.subscribers import PoisonPolicy, Subscriber
 from relay.engine.encoding import LOCAL_FORMATS, RecordEncoder
-from relay.engine.poison import MAX_DEAD_LETTER_ERROR_BYTES, cap, dead_letter_record
+from relay.engine.poison import (
+    MAX_DEAD_LETTER_ERROR_BYTES,
+    MAX_STORED_ERROR_BYTES,
+    cap,
+    dead_letter_record,
+)
 from relay.engine.scheduling import PartScheduler, ProducerPool
 from relay.engine.sessions import RelaySession
 from relay.engine.waiting import WaitRecord
@@ -53,6 +59,7 @@ from relay.errors import (
     RetryableError,
     SubscriberError,
 )
+from relay.observability.log_sampling import SampledLog
 from relay.observability.tracing import PublishHook
 
 logger = logging.getLogger(__name__)
@@ -66,9 +73,6 @@ _ADVANCE_ATTEMPTS = 5
 # that a part that had to wait for a producer (init_transactions and recovery: hundreds
 # of ms) publishes many batches with it; short enough that waiting parts are served.
 _TURN_S = 2.0
-# Dead letters per Kafka transaction at most: the Kafka-side checkpoint names each
-# (docs/design.md §7), and its tag must stay under offset.metadata.max.bytes (4 KiB).
-_MAX_DEAD_LETTERS = 32
 # What a decision recovered from the Kafka-side checkpoint says (its reason is on the
 # dead-letter record, in the header outbox.error).
 _RECOVERED = "dead-lettered by a previous owner (recorded by recovery; the reason is on the record)"
@@ -118,6 +122,12 @@ class WorkerStats:
     poisoned: int = _counter(
         "outbox_relay_poison_events",
         "Events the part could not publish (dead-lettered, or halting the part)",
+    )
+    # A flood of poison rows logs the first few a minute one by one, then a summary
+    # (relay/observability/log_sampling.py): the warnings left out.
+    poison_warnings_sampled_out: int = _counter(
+        "outbox_relay_poison_warnings_sampled_out",
+        "Poison warnings not logged one by one (sampling; a summary line counts them)",
     )
     # Each pays init_transactions and the checkpoint read (hundreds of ms): many per part
     # means more parts are busy at once than max_producers, and they take turns on them.
@@ -175,11 +185,23 @@ class _Batch:
     # How far the fetch read (past events the subscriber drops); None: nothing new.
     end: Position | None
     full: bool = False  # a backlog: the fetch came back full
-    # Encoded ahead of time when every event encoded cleanly; None: encode on the slow
-    # path, which applies the poison policy.
+    # Encoded ahead of time when every event encoded cleanly (or, on a dead-letter
+    # subscriber, with ``decided``); None: encode on the slow path, which applies the
+    # poison policy.
     records: list[KafkaRecord] | None = None
     ahead: _Batch | None = None  # read while this one travelled, for after it
     refused: PoisonRecordError | None = None  # the broker refused one of its records
+    # Decided ahead of time on a dead-letter subscriber: the dead-letter decisions of
+    # ``records`` (those recorded before included).
+    decided: dict[UUID, DeadLetterDecision] | None = None
+    # What a cut left (its dead letters reached what one transaction takes): the next
+    # batch, already read (issue #47: each cut used to read the batch again).
+    rest: _Batch | None = None
+
+    def cut(self, used: int) -> None:
+        """Keep the first ``used`` events; the others become :attr:`rest`."""
+        self.rest = _Batch(self.events[used:], self.end, self.full)
+        self.events, self.end, self.full = self.events[:used], self.events[used - 1].key, True
 
 
 class _ReadAhead:
@@ -297,6 +319,13 @@ class PartWorker:
         self._outage_failures = 0
         # What it waits for, as its checkpoint row says it for `status` (issue #48).
         self._wait_record = WaitRecord(part, session.id)
+        # Poison warnings, sampled: a flood of poison rows logs a few, then a summary.
+        self._poison_log = SampledLog(
+            logger,
+            f"part {part}: %d more poison events in the last %.0f s were not logged one by "
+            "one (`outbox-relay dead-letters list` shows the dead letters)",
+            self._sampled_out,
+        )
 
     # -- what the relay calls ------------------------------------------------------------
 
@@ -389,7 +418,21 @@ class PartWorker:
         """The ``extra`` of this part's log lines: the event, the part, then ``fields``."""
         return log_extra(event, part=self.part, **fields)
 
+    def _sampled_out(self, count: int) -> dict[str, object]:
+        """The ``extra`` of the line that sums up ``count`` poison warnings left out."""
+        return self._log_extra("poison_warnings_sampled_out", count=count)
+
+    def _warn_poison(self) -> bool:
+        """Whether a poison event's warning is logged: sampled, a flood logs a few, then
+        a summary; one left out is counted."""
+        if self._poison_log.allows():
+            return True
+        with self.stats.lock:
+            self.stats.poison_warnings_sampled_out += 1
+        return False
+
     def _finish(self) -> None:
+        self._poison_log.flush()
         try:
             self._drop_connections()
         finally:
@@ -486,6 +529,7 @@ class PartWorker:
         ahead, self._ahead = self._ahead, None
         batch = ahead if ahead is not None and ahead.end else self._fetch(store, state)
         if batch.end is None:
+            self._poison_log.flush()  # caught up: a flood is over, say what was left out
             if woken:
                 self._repolls = iter(_HORIZON_REPOLL_S)
             self._waited = True
@@ -541,12 +585,36 @@ class PartWorker:
             event_types=subscriber.event_types,
         )
         events, read_to, full = store.fetch(state.checkpoint, selection)
+        if state.skips:  # rare: a set lookup per event only while the operator skips some
+            events = self._without_skips(events, state.skips)
         return _Batch(events, read_to, full)
 
-    def _prepare(self, store: PartStore, state: PartState) -> _Batch:
-        """Fetch and encode the batch after ``state``'s checkpoint, leaving any poison
-        event (it needs the store, which the batch in flight is using) to the slow path."""
-        batch = self._fetch(store, state)
+    def _without_skips(
+        self, events: list[OutboxEvent], skips: frozenset[UUID]
+    ) -> list[OutboxEvent]:
+        """``events`` but those the operator skipped (`subscribers skip`): the batch's
+        end still passes them, so its checkpoint does, in the batch's own commit."""
+        kept = [e for e in events if e.message_id not in skips]
+        for event in events:
+            if event.message_id in skips:
+                logger.info(
+                    "part %s: event %s at %s skipped by the operator, not published",
+                    self.part,
+                    event.message_id,
+                    event.key,
+                    extra=self._log_extra("event_skipped", message_id=event.message_id),
+                )
+        return kept
+
+    def _prepare(self, store: PartStore, state: PartState, read: _Batch | None = None) -> _Batch:
+        """Fetch (or take ``read``: what a cut left) and encode the batch after
+        ``state``'s checkpoint. A poison event is left to the slow path (a halt needs the
+        store, which the batch in flight is using), but on a dead-letter subscriber: its
+        dead letters are decided here, so a flood of them is encoded while the last
+        batch commits, as a backlog of good events is."""
+        batch = (
+            self._fetch(store, state) if read is None else _Batch(read.events, read.end, read.full)
+        )
         subscriber = state.subscriber
         encode = self._encoder.for_subscriber(subscriber)
         try:
@@ -560,7 +628,26 @@ class PartWorker:
                 ]
         except Exception:  # whatever it is, the slow path names the event and its error
             batch.records = None
+            if subscriber.on_poison is PoisonPolicy.DEAD_LETTER and batch.end is not None:
+                self._decide_ahead(store, state, batch)
         return batch
+
+    def _decide_ahead(self, store: PartStore, state: PartState, batch: _Batch) -> None:
+        """Encode ``batch`` of a dead-letter subscriber with its poison events' dead
+        letters, cut where one transaction's dead letters end; what only the slow path
+        may do (halt on the relay's configuration, wait for a registry) is left to it."""
+        assert batch.end is not None
+        try:
+            dead = store.dead_letters(state.name, state.checkpoint, batch.end)
+            encoded = self._encode(store, state, batch.events, dead, ahead=True)
+        except RelayError:  # the relay's configuration, a registry down...
+            return  # the slow path meets it again
+        if encoded is None:
+            return
+        batch.records, used = encoded
+        batch.decided = dead
+        if used < len(batch.events):
+            batch.cut(used)
 
     def _check_key_space(self, store: PartStore) -> KeySpace | None:
         """Before anything is published on this connection: are the stored keys this
@@ -625,7 +712,8 @@ class PartWorker:
         )
         with self.stats.lock:
             self.stats.recovered += 1
-        return self._advance(store, state, adopted, _recovered(store, state, adopted, recovered))
+        letters = _recovered(store, state, space, adopted, recovered)
+        return self._advance(store, state, adopted, letters)
 
     def _publish(
         self, store: PartStore, state: PartState, batch: _Batch, look_ahead: bool
@@ -656,42 +744,54 @@ class PartWorker:
         together), or None when the part halted."""
         if not self.session.valid():
             raise ClaimLost("this relay's session may have expired; not publishing")
-        assert batch.end is not None
-        events, end = list(batch.events), batch.end
-        dead: dict[UUID, DeadLetterDecision] = {}
-        if state.subscriber.on_poison is PoisonPolicy.DEAD_LETTER:
-            dead = store.dead_letters(state.name, state.checkpoint, end)
-        records = batch.records if batch.records is not None and not dead else None
-        full = batch.full
+        sending, dead = self._decided(store, state, batch)
         while True:
-            if records is None:
-                encoded = self._encode(store, state, events, dead)
+            if sending.records is None:
+                encoded = self._encode(store, state, sending.events, dead)
                 if encoded is None:
                     return None
-                records, used = encoded
-                if used < len(events):  # cut at _MAX_DEAD_LETTERS: the rest comes next
-                    events, end, full = events[:used], events[used - 1].key, True
-            sending, reader = _Batch(events, end, full, records), None
-            if look_ahead:
-                prepare = functools.partial(self._prepare, store)
+                sending.records, used = encoded
+                if used < len(sending.events):
+                    sending.cut(used)
+            reader = None
+            if look_ahead:  # what a cut left is encoded meanwhile, as a batch read
+                prepare = functools.partial(self._prepare, store, read=sending.rest)
                 reader = _ReadAhead(prepare, state, sending, self.hook.joining)
-            sent = self._send(state, sending, reader, _letters(events, dead))
+            sent = self._send(state, sending, reader, _named(sending.events, dead))
             if sent.refused is None:
-                return self._record(store, state, sent, dead)
+                return self._record(store, state, sent, dead, sending.rest)
             if sent.refused.ambiguous and len(sent.events) > 1:
                 return sent.events
             if not self._blame(store, state, sent, sent.refused, dead):
                 return None
-            # Encoded again with the decision; what joined the batch stays in it.
+            # Encoded again with the decision; what joined the batch stays in it. (What
+            # a cut left is read again after it: a broker's refusal is rare.)
             assert sent.end is not None
-            events, end, records, look_ahead = sent.events, sent.end, None, False
+            sending, look_ahead = _Batch(sent.events, sent.end, sent.full), False
+
+    def _decided(
+        self, store: PartStore, state: PartState, batch: _Batch
+    ) -> tuple[_Batch, dict[UUID, DeadLetterDecision]]:
+        """``batch`` as it goes out, its records kept if they still hold, and the
+        dead-letter decisions that apply to it: made ahead with its records, or
+        recorded before for its range (a reset moved the checkpoint back)."""
+        assert batch.end is not None
+        dead: dict[UUID, DeadLetterDecision] = {}
+        if batch.decided is not None:
+            dead = batch.decided
+        elif state.subscriber.on_poison is PoisonPolicy.DEAD_LETTER:
+            dead = store.dead_letters(state.name, state.checkpoint, batch.end)
+        sending = _Batch(list(batch.events), batch.end, batch.full, rest=batch.rest)
+        if batch.decided is not None or not dead:
+            sending.records = batch.records
+        return sending, dead
 
     def _send(
         self,
         state: PartState,
         batch: _Batch,
         reader: _ReadAhead | None,
-        letters: list[DeadLetter],
+        letters: list[tuple[Position, str]],
     ) -> _Batch:
         """One attempt at publishing ``batch``: the batch as sent, grown by what joined
         it meanwhile, if anything, and with ``refused`` set if the broker refused it."""
@@ -699,8 +799,7 @@ class PartWorker:
         assert batch.end is not None
         batch.records = self.hook.sending(batch.records)
         may_extend = reader is None or reader.may_join
-        named = [(str(letter.message_id), letter.decision.topic) for letter in letters]
-        sending = Batch(batch.records, batch.end, str(state.generation), may_extend, named)
+        sending = Batch(batch.records, batch.end, str(state.generation), may_extend, letters)
         refused = None
         try:
             self._publisher.publish(sending, reader)
@@ -720,18 +819,25 @@ class PartWorker:
         state: PartState,
         sent: _Batch,
         dead: dict[UUID, DeadLetterDecision],
+        rest: _Batch | None = None,
     ) -> PartState:
         """Checkpoint and count a committed batch, recording its dead-letter decisions
         with the checkpoint (never before: the transaction might have been aborted);
-        returns the state, the next batch in ``_ahead``."""
+        returns the state, the next batch in ``_ahead``: the one read meanwhile, else
+        ``rest``, what a cut left of the batch."""
         assert sent.records is not None and sent.end is not None
         self.hook.published(sent.events, sent.records, state.subscriber)  # visible now
         letters = _letters(sent.events, dead)
-        state = self._advance(store, state, sent.end, letters)
+        advanced = self._advance(store, state, sent.end, letters)
         self._count(sent.records, len(letters), sent.end)
-        # A reset meanwhile moves the checkpoint elsewhere: what was read ahead is void.
-        self._ahead = sent.ahead if state.checkpoint == sent.end else None
-        return state
+        self._poison_log.tick()  # a summary of the poison warnings left out, when due
+        # A reset meanwhile moves the checkpoint elsewhere, and a skip changes what is
+        # dropped (it bumps the version, so the advance reloaded the part): what was read
+        # ahead is void.
+        same = advanced.checkpoint == sent.end and advanced.skips == state.skips
+        following = sent.ahead if sent.ahead is not None else rest
+        self._ahead = following if same else None
+        return advanced
 
     def _blame(
         self,
@@ -746,20 +852,22 @@ class PartWorker:
         event = _event_of(refused.record, sent.events)
         decision = dead.get(event.message_id)
         if decision is None:
-            return self._poison(store, state, event, str(refused), dead)
+            return self._poison(store, state, event, str(refused), dead, sent.events)
         # The dead letter itself was rejected: once more with the event's identity only
         # (a topic with a lower max.message.bytes), then the part halts: that is no
         # longer the row's doing but the dead-letter topic's.
         if decision.minimal:
-            self._halt(store, state, event, f"dead-letter record rejected: {refused.reason}")
+            why = f"dead-letter record rejected: {refused.reason}"
+            self._halt(store, state, event, why, sent.events)
             return False
-        logger.warning(
-            "part %s: the dead letter of %s was rejected (%s); sending its identity only",
-            self.part,
-            event.message_id,
-            refused.reason,
-            extra=self._log_extra("dead_letter_minimal", message_id=event.message_id),
-        )
+        if self._warn_poison():
+            logger.warning(
+                "part %s: the dead letter of %s was rejected (%s); sending its identity only",
+                self.part,
+                event.message_id,
+                refused.reason,
+                extra=self._log_extra("dead_letter_minimal", message_id=event.message_id),
+            )
         dead[event.message_id] = dataclasses.replace(decision, minimal=True)
         return True
 
@@ -807,10 +915,14 @@ class PartWorker:
         state: PartState,
         events: list[OutboxEvent],
         dead: dict[UUID, DeadLetterDecision],
+        *,
+        ahead: bool = False,
     ) -> tuple[list[KafkaRecord], int] | None:
         """The batch's records, poison events dead-lettered, and how many of ``events``
-        they cover (all, unless the batch reached _MAX_DEAD_LETTERS); None when the part
-        halted."""
+        they cover (all, unless its dead letters are more than the Kafka-side checkpoint
+        can name, or than batch_max_bytes holds: then up to the first too many); None
+        when the part halted. ``ahead``: while another batch travels, where the relay's
+        configuration raises rather than halt the part."""
         subscriber = state.subscriber
         encode = self._encoder.for_subscriber(subscriber)
         if not dead and _in_one_loop(subscriber):
@@ -818,38 +930,63 @@ class PartWorker:
             if every is not None:
                 return every, len(events)
         records: list[KafkaRecord] = []
-        letters = 0
-        for used, event in enumerate(events):
-            if letters == _MAX_DEAD_LETTERS:
-                return records, used
+        cut = _Cut(self._limits.max_bytes)
+        for at, event in enumerate(events):
             if not subscriber.matches(event) and not _not_read(event):
                 continue
             if event.message_id not in dead:
-                try:
-                    records.append(encode(event))
+                encoded = self._encode_one(store, state, encode, event, dead, ahead, events)
+                if encoded is None:
+                    return None  # halted
+                if isinstance(encoded, KafkaRecord):
+                    records.append(encoded)
                     continue
-                except EncodingError as exc:
-                    if not self._poison(store, state, event, str(exc), dead):
-                        return None
-                except ConfigError as exc:  # the relay's own configuration: never poison
-                    self._halt_config(store, state, exc)
-                    return None
-                except RetryableError:
-                    raise  # the registry is down, say: the batch waits and is retried
-                except Exception as exc:  # a row the encoder did not foresee: still its poison
-                    logger.warning(
-                        "part %s: encoding event %s raised %s",
-                        self.part,
-                        event.message_id,
-                        type(exc).__name__,
-                        exc_info=exc,
-                        extra=self._log_extra("encoding_raised", message_id=event.message_id),
-                    )
-                    if not self._poison(store, state, event, f"{type(exc).__name__}: {exc}", dead):
-                        return None
-            records.append(dead_letter_record(event, subscriber, dead[event.message_id]))
-            letters += 1
-        return records, len(events)
+            decision = dead[event.message_id]
+            letter = dead_letter_record(event, subscriber, decision)
+            if not cut.admits(event.key, decision.topic, letter, at, len(records)):
+                break
+            records.append(letter)
+        else:
+            at = len(events)
+        return cut.cut(records, at)
+
+    def _encode_one(
+        self,
+        store: PartStore,
+        state: PartState,
+        encode: Callable[[OutboxEvent], KafkaRecord],
+        event: OutboxEvent,
+        dead: dict[UUID, DeadLetterDecision],
+        ahead: bool,
+        batch: list[OutboxEvent],
+    ) -> KafkaRecord | DeadLetterDecision | None:
+        """``event``'s record; or its dead-letter decision, now in ``dead``; or None
+        when the part halted (the 'halt' policy, or the relay's own configuration)."""
+        try:
+            return encode(event)
+        except EncodingError as exc:
+            error = str(exc)
+        except ConfigError as exc:  # the relay's own configuration: never poison
+            if ahead:
+                raise
+            self._halt_config(store, state, exc)
+            return None
+        except RetryableError:
+            raise  # the registry is down, say: the batch waits and is retried
+        except Exception as exc:  # a row the encoder did not foresee: still its poison
+            if self._warn_poison():
+                logger.warning(
+                    "part %s: encoding event %s raised %s",
+                    self.part,
+                    event.message_id,
+                    type(exc).__name__,
+                    exc_info=exc,
+                    extra=self._log_extra("encoding_raised", message_id=event.message_id),
+                )
+            error = f"{type(exc).__name__}: {exc}"
+        if not self._poison(store, state, event, error, dead, batch):
+            return None
+        return dead[event.message_id]
 
     def _poison(
         self,
@@ -858,27 +995,32 @@ class PartWorker:
         event: OutboxEvent,
         error: str,
         dead: dict[UUID, DeadLetterDecision],
+        batch: list[OutboxEvent],
     ) -> bool:
-        """Apply the subscriber's policy: True when the event is dead-lettered, False when
-        the part halted."""
+        """Apply the subscriber's policy to ``event`` of ``batch``: True when the event is
+        dead-lettered, False when the part halted."""
         with self.stats.lock:
             self.stats.poisoned += 1
         error = cap(error, MAX_DEAD_LETTER_ERROR_BYTES)  # it may quote the row
         if state.subscriber.on_poison is PoisonPolicy.HALT:
-            self._halt(store, state, event, error)
+            self._halt(store, state, event, error, batch)
             return False
         # Recorded in Postgres with the checkpoint that passes the event (_record).
         decision = DeadLetterDecision(state.subscriber.dead_letter_topic_name, error)
-        logger.warning(
-            "part %s: poison event %s (%s:%s) goes to %s: %s",
-            self.part,
-            event.message_id,
-            event.transaction_id,
-            event.position,
-            decision.topic,
-            error,
-            extra=self._log_extra("poison_dead_lettered", message_id=event.message_id, error=error),
-        )
+        if self._warn_poison():
+            short = cap(error, MAX_STORED_ERROR_BYTES)  # the record keeps it all
+            logger.warning(
+                "part %s: poison event %s (%s:%s) goes to %s: %s",
+                self.part,
+                event.message_id,
+                event.transaction_id,
+                event.position,
+                decision.topic,
+                short,
+                extra=self._log_extra(
+                    "poison_dead_lettered", message_id=event.message_id, error=short
+                ),
+            )
         dead[event.message_id] = decision
         return True
 
@@ -895,10 +1037,28 @@ class PartWorker:
             extra=self._log_extra("part_halted_config", error=message),
         )
 
-    def _halt(self, store: PartStore, state: PartState, event: OutboxEvent, error: str) -> None:
+    def _halt(
+        self,
+        store: PartStore,
+        state: PartState,
+        event: OutboxEvent,
+        error: str,
+        batch: list[OutboxEvent],
+    ) -> None:
+        """Halt the part on the poison ``event`` of ``batch`` (a batch starts just after
+        the checkpoint), saying how to skip it alone, and what a reset past it would
+        skip: the events of the batch up to it (issue #48)."""
         error = cap(error, MAX_DEAD_LETTER_ERROR_BYTES)
-        message = f"poison event {event.message_id} at {event.key}: {error}"
-        store.halt(state, self.session.id, message)
+        subscriber = state.subscriber
+        upto = [e for e in batch if e.key <= event.key and (subscriber.matches(e) or _not_read(e))]
+        n = max(len(upto), 1)
+        message = (
+            f"poison event {event.message_id} at {event.key}: {error}. To skip this event "
+            f"alone (every other event is published): `outbox-relay subscribers skip "
+            f"{subscriber.name} --event {event.message_id}`; a reset to {event.key} would "
+            f"skip {n} event(s) of this part, {n - 1} of them before this one"
+        )
+        store.halt(state, self.session.id, message, event.message_id)
         self._record_error(WorkerState.HALTED, RelayError(message))
         logger.error(
             "part %s halted (policy 'halt'; `outbox-relay subscribers resume %s` retries it): %s",
@@ -974,6 +1134,48 @@ class PartWorker:
             self.stats.waiting_on = waits_on if state is WorkerState.RETRYING else None
 
 
+class _Cut:
+    """Where a batch with dead letters is cut: before the first dead letter the
+    Kafka-side checkpoint cannot name (docs/design.md §7), or that would take them past
+    ``max_bytes`` (a dead letter outweighs a small row); never before the first. Told of
+    each dead letter as it is made, so a cut batch encodes little past the cut."""
+
+    # How often the tag is measured (it is deflated: no sum of sizes tells its size);
+    # past the cut, at most this many dead letters are made for nothing.
+    _EVERY = 256
+
+    def __init__(self, max_bytes: int) -> None:
+        self._max_bytes, self._bytes = max_bytes, 0
+        self._named = dead_letter_tag.Named()
+        self._letters: list[tuple[Position, str]] = []
+        self._at: list[tuple[int, int]] = []  # each dead letter's event and record
+
+    def admits(
+        self, key: Position, topic: str, letter: KafkaRecord, event: int, record: int
+    ) -> bool:
+        """Whether the dead letter of the event at ``event`` (its record at ``record``)
+        joins the batch; False: the batch ends before that event."""
+        self._bytes += letter.byte_size()
+        if self._at and self._bytes > self._max_bytes:
+            return False
+        self._named.add(key, topic)
+        self._letters.append((key, topic))
+        self._at.append((event, record))
+        return bool(len(self._at) % self._EVERY) or self._fits()
+
+    def cut(self, records: list[KafkaRecord], end: int) -> tuple[list[KafkaRecord], int]:
+        """The records of the batch and how many of its events they cover, given the
+        ``records`` made and the ``end`` of the events they cover."""
+        if self._fits():
+            return records, end
+        fit = dead_letter_tag.fitting(self._letters)  # at least 1: one always fits
+        event, record = self._at[fit]
+        return records[:record], event
+
+    def _fits(self) -> bool:
+        return self._named.size() <= dead_letter_tag.MAX_TAG_BYTES
+
+
 def _same_batch_start(recovered: PartState, fetched_at: PartState) -> bool:
     """Whether a batch fetched at ``fetched_at`` can still be published after recovery."""
     return (
@@ -982,6 +1184,7 @@ def _same_batch_start(recovered: PartState, fetched_at: PartState) -> bool:
         and not recovered.subscriber.paused
         and recovered.halted_error is None
         and recovered.subscriber == fetched_at.subscriber
+        and recovered.skips == fetched_at.skips
     )
 
 
@@ -1024,21 +1227,50 @@ def _encode_every(
 
 
 def _letters(events: list[OutboxEvent], dead: dict[UUID, DeadLetterDecision]) -> list[DeadLetter]:
-    """The dead letters among ``events``."""
+    """The dead letters among ``events``, as Postgres records them: the error cut at
+    MAX_STORED_ERROR_BYTES (the record on the dead-letter topic carries it whole)."""
     if not dead:
         return []
     return [
-        DeadLetter(e.key, e.message_id, dead[e.message_id]) for e in events if e.message_id in dead
+        DeadLetter(e.key, e.message_id, _stored(dead[e.message_id]))
+        for e in events
+        if e.message_id in dead
     ]
 
 
+def _stored(decision: DeadLetterDecision) -> DeadLetterDecision:
+    error = cap(decision.error, MAX_STORED_ERROR_BYTES)
+    return decision if error is decision.error else dataclasses.replace(decision, error=error)
+
+
+def _named(
+    events: list[OutboxEvent], dead: dict[UUID, DeadLetterDecision]
+) -> list[tuple[Position, str]]:
+    """The dead letters among ``events`` as the Kafka-side checkpoint names them."""
+    if not dead:
+        return []
+    return [(e.key, dead[e.message_id].topic) for e in events if e.message_id in dead]
+
+
 def _recovered(
-    store: PartStore, state: PartState, adopted: Position, recovered: KafkaCheckpoint
+    store: PartStore,
+    state: PartState,
+    space: KeySpace | None,
+    adopted: Position,
+    recovered: KafkaCheckpoint,
 ) -> list[DeadLetter]:
     """The dead letters of the Kafka transaction whose checkpoint is adopted: their
     decisions, at their keys in this database (a rebase may have moved them)."""
-    letters = []
-    for message_id, topic in recovered.dead_letters:
+    keys = [key for key, _ in recovered.dead_letters]
+    if space is not None and recovered.key_space not in (None, space.id):
+        keys = [store.translate(recovered.key_space, key) for key in keys]  # rebased since
+    found = store.messages_at(keys) if keys else {}
+    letters = [
+        DeadLetter(key, found[key], DeadLetterDecision(topic, _RECOVERED))
+        for key, (_, topic) in zip(keys, recovered.dead_letters, strict=True)
+        if key in found and state.checkpoint < key <= adopted
+    ]
+    for message_id, topic in recovered.named_dead_letters:  # a relay before issue #47's
         key = store.key_of(message_id)
         if key is not None and state.checkpoint < key <= adopted:
             letters.append(DeadLetter(key, message_id, DeadLetterDecision(topic, _RECOVERED)))

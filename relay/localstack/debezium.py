@@ -25,6 +25,7 @@ from typing import Any
 
 import psycopg
 
+from relay.adapters.postgres import db
 from relay.artifacts.maven import Lock, fetch_lock
 from relay.core.log_fields import log_extra
 from relay.localstack.kafka import java_major
@@ -197,7 +198,7 @@ class LocalDebeziumServer(LocalServer):
         """Wait until the connector streams from its replication slot."""
         slot = self.properties.get("debezium.source.slot.name", "debezium")
         deadline = time.monotonic() + timeout
-        with psycopg.connect(database_url, autocommit=True) as conn:
+        with db.connect(database_url, application_name="outbox-relay-local") as conn:
             while not _slot_active(conn, slot):
                 if self._proc is None or self._proc.poll() is not None:
                     raise LocalServerError(
@@ -234,6 +235,6 @@ def _escape(value: str) -> str:
 
 def _slot_active(conn: psycopg.Connection[Any], slot: str) -> bool:
     row = conn.execute(
-        "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        "SELECT active FROM pg_catalog.pg_replication_slots WHERE slot_name = %s", (slot,)
     ).fetchone()
     return bool(row and row[0])

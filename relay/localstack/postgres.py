@@ -34,7 +34,9 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from relay.adapters.postgres import db
 from relay.core.log_fields import log_extra
+from relay.errors import RelayError
 from relay.localstack.process import (
     LocalServer,
     LocalServerError,
@@ -408,10 +410,10 @@ class LocalPostgres(LocalServer):
                     f"{log_tail(self.log_path)}"
                 )
             try:
-                with psycopg.connect(socket_login, connect_timeout=2, autocommit=True) as conn:
+                with db.connect(socket_login, connect_timeout=2) as conn:
                     if not self.passfile.exists():
                         self._set_password(conn)
-            except psycopg.Error as exc:
+            except (psycopg.Error, RelayError) as exc:
                 last_error = exc
             else:
                 self._check_is_ours()
@@ -447,9 +449,9 @@ class LocalPostgres(LocalServer):
         """The server a TCP login reaches must be the one we started, not another one
         that took the port before ours could bind it."""
         try:
-            with psycopg.connect(self.url, connect_timeout=5, autocommit=True) as conn:
-                row = conn.execute("SELECT current_setting('data_directory')").fetchone()
-        except psycopg.Error as exc:
+            with db.connect(self.url, connect_timeout=5) as conn:
+                row = conn.execute("SELECT pg_catalog.current_setting('data_directory')").fetchone()
+        except (psycopg.Error, RelayError) as exc:
             raise LocalServerError(
                 f"port {self.port} on 127.0.0.1 refuses the local Postgres' own login "
                 f"({exc}): another server holds it, or {self.passfile} is not this "

@@ -167,6 +167,11 @@ class RelayCollector(Collector):
             value=retention["pruned"],
         )
         yield CounterMetricFamily(
+            "outbox_relay_pruned_dead_letters",
+            "Dead letters deleted by retention (redriven, or past dead_letter_retention)",
+            value=retention["dead_letters_pruned"],
+        )
+        yield CounterMetricFamily(
             "outbox_relay_prune_failures",
             "Retention passes that failed (the rows are kept until a pass succeeds)",
             value=retention["failures"],

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from relay.adapters.postgres.db import wrap_errors
+from relay.adapters.postgres.db import role_search_path, wrap_errors
 from relay.adapters.postgres.queries import parse_named, read_sql
 from relay.core.log_fields import log_extra
 from relay.engine.debezium_format import reserved_header
@@ -355,9 +355,9 @@ def attach(
     slot has confirmed it, Debezium has published everything that is not the relay's.
     """
     options = options or RouterOptions()
-    source = _source(table)
     queries = parse_named(read_sql("debezium.sql"))
-    names = _names(conn, schema, table)
+    source = _source(conn, table)
+    names = _names(conn, schema, table, source)
     with wrap_errors(), conn.transaction():
         kind, schemas, value_schema = _inspect(conn, source, options)
         if cut_over_publication is not None:
@@ -384,25 +384,39 @@ def attach(
 def detach(conn: psycopg.Connection[Any], schema: str, table: str) -> None:
     """Stop copying inserts into ``table`` to the relay's outbox (what is copied stays)."""
     queries = parse_named(read_sql("debezium.sql"))
+    names = _names(conn, schema, table, _source(conn, table))
     try:
         with wrap_errors(), conn.transaction():
-            names = _names(conn, schema, table)
             conn.execute(sql.SQL(queries["detach"]).format(**names))
     except UndefinedTableError as exc:
         raise ConfigError(f"table {table} does not exist") from exc
     logger.info("detached %s", table, extra=log_extra("debezium_table_detached", table=table))
 
 
-def _source(table: str) -> sql.Identifier:
+def _source(conn: psycopg.Connection[Any], table: str) -> sql.Identifier:
+    """The table ``table`` names (``name`` or ``schema.name``), with its schema."""
     source_schema, _, name = table.rpartition(".")
+    source_schema = source_schema or _schema_of(conn, name)
     return sql.Identifier(source_schema, name) if source_schema else sql.Identifier(name)
 
 
-def _names(conn: psycopg.Connection[Any], schema: str, table: str) -> dict[str, sql.Composable]:
-    """What relay/adapters/postgres/sql/debezium.sql names: the table, its triggers, the relay's schema."""
+def _schema_of(conn: psycopg.Connection[Any], name: str) -> str:
+    """The schema in which the connecting role's own search_path finds table ``name``
+    (the relay's connections resolve nothing outside pg_catalog: db.configure), as psql
+    would; "" when it finds none (then the name, unqualified, fails as missing)."""
+    query = parse_named(read_sql("debezium.sql"))["schema_of"]
+    with role_search_path(conn):
+        row = conn.execute(query, {"table": sql.Identifier(name).as_string(conn)}).fetchone()
+    return str(row[0]) if row else ""
+
+
+def _names(
+    conn: psycopg.Connection[Any], schema: str, table: str, source: sql.Identifier
+) -> dict[str, sql.Composable]:
+    """What relay/adapters/postgres/sql/debezium.sql names: the table (``source``), its
+    triggers (named after ``table`` as the operator gave it), the relay's schema."""
     source_schema, _, name = table.rpartition(".")
     suffix = f"{source_schema}_{name}" if source_schema else name
-    source = _source(table)
     return {
         "schema": sql.Identifier(schema),
         "source": source,

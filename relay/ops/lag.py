@@ -13,8 +13,9 @@ recorded the oldest of those rows (``recorded_at``, migration 0018), never a tim
 writer chose (``occurred_at``): a row dated in the future cannot hide a backlog, nor one
 dated 1970 fake one.
 
-Events a reset forward jumped over are counted apart (:class:`Skipped`), as is a
-checkpoint beyond the horizon, which would skip every row written from then on.
+Events the operator skipped are counted apart (:class:`Skipped`): every reset forward's
+range and every ``subscribers skip``, from the ledger (migration 0019), and a checkpoint
+beyond the horizon, which would skip every row written from then on.
 """
 
 from __future__ import annotations
@@ -62,12 +63,16 @@ class Lag:
 
 @dataclass(frozen=True)
 class Skipped:
-    """Events of a part that its last reset forward jumped over: never published by
-    this generation. ``at_least``: counted over the first rows only."""
+    """Events of a part that the operator skipped: never published, by every reset
+    forward (``by_reset``, with what a checkpoint beyond the horizon jumped over) and
+    every ``subscribers skip`` (``by_skip``). ``at_least``: counted over the first rows
+    only (a checkpoint beyond the horizon)."""
 
     events: int = 0
     at_least: bool = False
     beyond_horizon: bool = False  # the checkpoint sorts after rows yet to be written
+    by_reset: int = 0
+    by_skip: int = 0
 
     def __str__(self) -> str:
         return f"{self.events}+" if self.at_least else str(self.events)
@@ -75,7 +80,14 @@ class Skipped:
     @classmethod
     def of(cls, sample: PartSkips, exact_up_to: int = EXACT_UP_TO) -> Skipped:
         scanned, counted = sample.scanned or 0, sample.counted or 0
-        return cls(counted, scanned > exact_up_to, sample.beyond_horizon)
+        by_reset = counted + sample.by_reset
+        return cls(
+            by_reset + sample.by_skip,
+            scanned > exact_up_to,
+            sample.beyond_horizon,
+            by_reset,
+            sample.by_skip,
+        )
 
     @classmethod
     def total(cls, skips: list[Skipped]) -> Skipped:
@@ -83,6 +95,8 @@ class Skipped:
             sum(s.events for s in skips),
             any(s.at_least for s in skips),
             any(s.beyond_horizon for s in skips),
+            sum(s.by_reset for s in skips),
+            sum(s.by_skip for s in skips),
         )
 
 
@@ -114,8 +128,8 @@ def part_lag(store: OutboxStore, state: PartState) -> Lag:
 def subscriber_statuses(
     store: OutboxStore, name: str | None = None, *, skips: bool = True
 ) -> list[SubscriberStatus]:
-    """Every subscriber (or the one named), each part with its lag, and with what a
-    reset skipped unless ``skips`` is False (one query less, where no one shows it)."""
+    """Every subscriber (or the one named), each part with its lag, and with what the
+    operator skipped unless ``skips`` is False (one query less, where no one shows it)."""
     statuses = []
     for s in store.list(name):
         found = store.part_skips(s.subscriber.name, EXACT_UP_TO + 1) if skips else []

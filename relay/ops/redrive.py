@@ -37,6 +37,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 
 from relay.adapters.kafka.kafka import TransactionalPublisher, producer_config
+from relay.adapters.postgres.advisory import lock_holder
 from relay.adapters.postgres.db import wrap_errors
 from relay.adapters.postgres.queries import parse_named, read_sql, with_schema
 from relay.adapters.postgres.store import OutboxStore, SubscriberState, _load_row_json
@@ -47,6 +48,7 @@ from relay.core.settings import Settings
 from relay.core.subscribers import TopicGuard
 from relay.daemon.publishers import routed_topic_creator
 from relay.engine.encoding import RecordEncoder
+from relay.engine.poison import MAX_STORED_ERROR_BYTES, cap
 from relay.errors import ConfigError, EncodingError, PoisonRecordError, SubscriberError
 
 logger = logging.getLogger(__name__)
@@ -158,6 +160,25 @@ class DeadLetterStore:
             for row in rows
         ]
 
+    def prune(
+        self, name: str, *, pending_older_than_s: float | None = None, batch: int = 10_000
+    ) -> tuple[int, int]:
+        """Delete ``name``'s dead letters whose retention is over, while no redrive of it
+        runs: the redriven ones whose rows are gone, and with ``pending_older_than_s``
+        those not redriven decided longer ago than that (the operator's word: they
+        cannot be redriven afterwards). Returns how many of each."""
+        self.subscriber(name)  # a clear error for an unknown name
+        with self.exclusive(name):
+            redriven = sum(self.outbox.prune_dead_letters(name, batch=batch))
+            pending = 0
+            if pending_older_than_s is not None:
+                pending = sum(
+                    self.outbox.prune_dead_letters(
+                        name, pending_older_than_s=pending_older_than_s, batch=batch
+                    )
+                )
+        return redriven, pending
+
     def candidates(self, name: str, after: Position, limit: int) -> list[Candidate]:
         params = {
             "name": name,
@@ -193,8 +214,14 @@ class DeadLetterStore:
         redrives marking dead letters at once could take each other's marks.)"""
         with wrap_errors():
             row = self.conn.execute(self._q["redrive_lock"], {"name": name}).fetchone()
-        if not (row and row[0]):
-            raise SubscriberError(f"another redrive of subscriber {name!r} is running")
+        assert row is not None
+        if not row[1]:
+            holder = lock_holder(self.conn, row[0])
+            raise SubscriberError(
+                f"another redrive of subscriber {name!r} is running: its lock is held by "
+                f"{holder or 'a session that has just ended'} (if that is no outbox-relay, "
+                "end it with pg_terminate_backend)"
+            )
         try:
             yield
         finally:
@@ -375,6 +402,7 @@ class Redrive:
         return kept
 
     def _poison(self, event: OutboxEvent, error: str) -> None:
+        error = cap(error, MAX_STORED_ERROR_BYTES)  # reported, stored and logged
         self.report.still_poison[event.message_id] = error
         self._blocked.add(event.aggregate_id)
         self._refuse(event.message_id, error)
@@ -384,6 +412,7 @@ class Redrive:
         self._refuse(event.message_id, "held back behind a still-poison event of its key")
 
     def _refuse(self, message_id: UUID, error: str) -> None:
+        error = cap(error, MAX_STORED_ERROR_BYTES)  # it may quote the row
         self._store.refused(self._subscriber.name, message_id, error)
         logger.warning(
             "subscriber %s: dead letter %s stays: %s",

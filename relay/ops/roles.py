@@ -9,12 +9,20 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from relay.adapters.postgres.db import wrap_errors
+from relay.adapters.postgres import namespaces
+from relay.adapters.postgres.db import PINNED_SEARCH_PATH, wrap_errors
 from relay.adapters.postgres.migrations import pending
-from relay.adapters.postgres.queries import parse_named, read_sql
-from relay.errors import ConfigError, NotMigratedError
+from relay.adapters.postgres.queries import parse_named, queries_for, read_sql
+from relay.errors import ConfigError, DatabaseError, NotMigratedError
 
-_ROLE_EXISTS = "SELECT 1 FROM pg_roles WHERE rolname = %s"
+_ROLE_EXISTS = "SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s"
+# Whether the role is itself a member of pg_read_all_stats (not through another role,
+# which neither GRANT nor REVOKE of it would change).
+_READS_ALL_STATS = """
+SELECT EXISTS (SELECT FROM pg_catalog.pg_auth_members m
+                  JOIN pg_catalog.pg_roles r ON r.oid = m.member
+                 WHERE m.roleid = 'pg_read_all_stats'::regrole AND r.rolname = %s)
+"""
 # `--aggregate-types '*'`: the writer role may write any aggregate type again.
 ANY_AGGREGATE_TYPE = "*"
 
@@ -29,6 +37,7 @@ def grant_roles(
     read_all_stats: bool = False,
     connection_limit: int | None = None,
     aggregate_types: Sequence[str] | None = None,
+    allow_public_create: bool = False,
 ) -> list[str]:
     """Apply ``relay/adapters/postgres/sql/roles.sql`` for the given roles; returns what was granted.
 
@@ -38,7 +47,13 @@ def grant_roles(
     relay role's backends on the database side (``CONNECTION LIMIT``; -1: no cap): the
     relays' budget, replicas x workers x max_db_connections (deploy/README.md).
     ``aggregate_types`` restricts the writer role to inserting those aggregate types
-    (``[ANY_AGGREGATE_TYPE]``: lifts that); None leaves what an earlier grant set."""
+    (``[ANY_AGGREGATE_TYPE]``: lifts that); None leaves what an earlier grant set.
+
+    It asks for no more than the owner deploy/README.md describes has: no superuser,
+    CREATEROLE only with ``create``, and the ADMIN option on pg_read_all_stats only to
+    change that membership (a role whose membership is already as asked is left alone).
+    A schema PUBLIC may CREATE in is refused as ``migrate`` refuses it."""
+    namespaces.check_public_create(conn, schema, allow=allow_public_create, command="grant")
     blocks = parse_named(read_sql("roles.sql"))
     done = []
     waiting = pending(conn, schema)
@@ -49,22 +64,18 @@ def grant_roles(
             "run `outbox-relay migrate` first"
         )
     with wrap_errors(), conn.transaction():
-        for role, names in (
-            (relay_role, ["relay_grants", _stats_block(read_all_stats)]),
-            (writer_role, ["writer_grants"]),
-        ):
+        conn.execute(
+            queries_for(schema)["pin_search_path_locally"], {"search_path": PINNED_SEARCH_PATH}
+        )
+        for role, kind in ((relay_role, "relay"), (writer_role, "writer")):
             if role is None:
                 continue
             if create and conn.execute(_ROLE_EXISTS, (role,)).fetchone() is None:
                 conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-            for name in names:
-                # One block of statements; without parameters psycopg sends it as is.
-                conn.execute(
-                    sql.SQL(blocks[name]).format(
-                        schema=sql.Identifier(schema), role=sql.Identifier(role)
-                    )
-                )
-            done.append(f"{names[0].split('_')[0]} role {role}")
+            _run(conn, blocks[f"{kind}_grants"], schema, role)
+            if kind == "relay":
+                _set_read_all_stats(conn, blocks, schema, role, read_all_stats)
+            done.append(f"{kind} role {role}")
         if writer_role is not None and aggregate_types is not None:
             done.append(_restrict_types(conn, blocks, schema, writer_role, aggregate_types))
         if relay_role is not None and connection_limit is not None:
@@ -79,8 +90,35 @@ def grant_roles(
     return done
 
 
-def _stats_block(read_all_stats: bool) -> str:
-    return "relay_read_all_stats" if read_all_stats else "relay_no_read_all_stats"
+def _run(conn: psycopg.Connection[Any], block: str, schema: str, role: str) -> None:
+    # One block of statements; without parameters psycopg sends it as is.
+    conn.execute(sql.SQL(block).format(schema=sql.Identifier(schema), role=sql.Identifier(role)))
+
+
+def _set_read_all_stats(
+    conn: psycopg.Connection[Any], blocks: dict[str, str], schema: str, role: str, wanted: bool
+) -> None:
+    """Make ``role`` a member of pg_read_all_stats, or not, only if it is not already so:
+    changing it takes the ADMIN option on pg_read_all_stats (CREATEROLE before Postgres
+    16), which a least-privileged owner lacks."""
+    row = conn.execute(_READS_ALL_STATS, (role,)).fetchone()
+    if row is not None and bool(row[0]) == wanted:
+        return
+    block = "relay_read_all_stats" if wanted else "relay_no_read_all_stats"
+    try:
+        _run(conn, blocks[block], schema, role)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        verb, statement = (
+            ("grant", "GRANT pg_read_all_stats TO")
+            if wanted
+            else ("revoke", "REVOKE pg_read_all_stats FROM")
+        )
+        raise DatabaseError(
+            f"this owner may not {verb} pg_read_all_stats for {role} (that takes the ADMIN "
+            "option on pg_read_all_stats, or CREATEROLE before Postgres 16): ask a superuser "
+            f"to run `{statement} {role}`, then run grant again",
+            sqlstate=exc.sqlstate,
+        ) from exc
 
 
 def _restrict_types(

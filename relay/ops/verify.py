@@ -9,8 +9,12 @@ Records found past a part's checkpoint are reported as *ahead* (a transaction th
 committed before its Postgres checkpoint update: the next owner adopts it), not as
 errors. Records of events at or before a part's start (published before a reset) and
 records whose rows were pruned are counted apart, so *ahead* is the crash window only.
-Events a reset forward jumped over are counted as *skipped by reset* (not published,
-by the operator's choice, so not a finding); a checkpoint beyond the horizon, which
+Events the operator skipped, read from the ledger (migration 0019: the range of every
+reset forward, and every event of ``subscribers skip``, across any number of later
+resets), are *skipped by operator*, each with its ledger entry: neither missing nor
+clean (the verdict says so, and the command exits 4). An event skipped while a batch
+holding it was already on its way is found on the topic: reported apart
+(``published_despite_skip``), not as a skip. A checkpoint beyond the horizon, which
 skips every event written from then on, is a finding. After ``subscribers reset`` to
 an earlier point, republished events are duplicates by design; verify a fresh
 subscriber instead. A dead-lettered event that ``dead-letters redrive`` published must
@@ -32,6 +36,7 @@ import psycopg
 from relay.adapters.postgres.db import wrap_errors
 from relay.adapters.postgres.queries import queries_for
 from relay.adapters.postgres.store import OutboxStore
+from relay.core.interventions import OperatorSkip
 from relay.core.log_fields import log_extra
 from relay.core.model import ConsumedRecord, Position
 from relay.core.ports import SubscriberState, TopicReader
@@ -56,7 +61,12 @@ class SubscriberReport:
     ahead: int = 0  # published past the Postgres checkpoint (recovery adopts them)
     before_start: int = 0  # records of events at or before the part's start (before a reset)
     not_in_outbox: int = 0  # records whose rows are gone (pruned) or outside the filters
-    skipped_by_reset: int = 0  # events a reset forward jumped over: never published
+    # Events the operator skipped: never published, by every reset forward (and a
+    # checkpoint beyond the horizon) and every `subscribers skip`; the entries that did.
+    skipped_by_reset: int = 0
+    skipped_by_skip: int = 0
+    skips: list[OperatorSkip] = field(default_factory=list)
+    published_despite_skip: int = 0  # skipped while their batch was on its way
     beyond_horizon: list[int] = field(default_factory=list)  # parts no new row can reach
     dead_lettered: int = 0
     redriven: int = 0  # dead-lettered, then redriven: expected (and counted in expected)
@@ -67,8 +77,24 @@ class SubscriberReport:
     examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
 
     @property
+    def problems(self) -> bool:
+        """Events lost, doubled or out of order, or a checkpoint no new row can reach."""
+        return bool(self.missing or self.duplicated or self.out_of_order or self.beyond_horizon)
+
+    @property
+    def skipped_by_operator(self) -> int:
+        return self.skipped_by_reset + self.skipped_by_skip
+
+    @property
     def clean(self) -> bool:
-        return not (self.missing or self.duplicated or self.out_of_order or self.beyond_horizon)
+        """No problem, and nothing skipped by the operator (never passed for clean)."""
+        return not self.problems and not self.skipped_by_operator
+
+    @property
+    def verdict(self) -> str:
+        if self.problems:
+            return "problems"
+        return "skipped by operator" if self.skipped_by_operator else "clean"
 
     def example(self, kind: str, text: str) -> None:
         if len(self.examples[kind]) < _MAX_EXAMPLES:
@@ -86,14 +112,20 @@ class SubscriberReport:
             "ahead": self.ahead,
             "before_start": self.before_start,
             "not_in_outbox": self.not_in_outbox,
+            "skipped_by_operator": self.skipped_by_operator,
             "skipped_by_reset": self.skipped_by_reset,
+            "skipped_by_skip": self.skipped_by_skip,
+            "skips": [k.as_dict() for k in self.skips],
+            "published_despite_skip": self.published_despite_skip,
             "beyond_horizon": self.beyond_horizon,
             "dead_lettered": self.dead_lettered,
             "redriven": self.redriven,
             "pending": self.pending,
             "pending_estimated": self.pending_estimated,
             "checked_after": self.checked_after,
+            "problems": self.problems,
             "clean": self.clean,
+            "verdict": self.verdict,
             "examples": dict(self.examples),
         }
 
@@ -105,6 +137,8 @@ class _Expected:
     positions: dict[bytes, Position] = field(default_factory=dict)
     topics: set[str] = field(default_factory=set)
     redriven: set[bytes] = field(default_factory=set)  # published after their key's later events
+    # Skipped by `subscribers skip` (not expected): message id → its ledger entry.
+    skipped: dict[bytes, OperatorSkip] = field(default_factory=dict)
     # A subscriber with routing control: each event's part. Its key may be coarser than
     # the aggregate, and then order holds per key within each part only (docs/design.md
     # §2, "Another record key"); None: the key is the aggregate id.
@@ -129,7 +163,8 @@ def verify(
     reports = []
     for state in states:
         name = state.subscriber.name
-        report, expected = _expectations(conn, schema, state)
+        skips = store.operator_skips(state.subscriber_id)
+        report, expected = _expectations(conn, schema, state, skips)
         lag = subscriber_lag(store, state)
         report.pending, report.pending_estimated = lag.events, lag.estimated
 
@@ -139,7 +174,7 @@ def verify(
 
         outside = _compare(report, expected, reader.read(sorted(expected.topics), tick))
         _place(conn, schema, report, outside)
-        _skips(store, report)
+        _skips(store, report, skips)
         reports.append(report)
     return reports
 
@@ -162,10 +197,11 @@ def _checkable(states: list[SubscriberState], *, named: bool) -> list[Subscriber
 
 
 def _expectations(
-    conn: psycopg.Connection[Any], schema: str, state: SubscriberState
+    conn: psycopg.Connection[Any], schema: str, state: SubscriberState, skips: list[OperatorSkip]
 ) -> tuple[SubscriberReport, _Expected]:
     subscriber = state.subscriber
     expected = _Expected(parts=None if subscriber.routing.default else {})
+    skipped = {k.message_id.bytes: k for k in skips if k.message_id is not None}
     if subscriber.fixed_topic is not None:  # read even when nothing is expected on it
         expected.topics.add(subscriber.fixed_topic)
     report = SubscriberReport(subscriber.name, [])
@@ -187,6 +223,9 @@ def _expectations(
             ) = row
             if expected.parts is not None:
                 expected.parts[message_id.bytes] = part
+            if message_id.bytes in skipped:
+                expected.skipped[message_id.bytes] = skipped[message_id.bytes]
+                continue
             if dead and not redriven:
                 report.dead_lettered += 1
                 continue
@@ -206,9 +245,13 @@ def _expectations(
     return report, expected
 
 
-def _skips(store: OutboxStore, report: SubscriberReport) -> None:
+def _skips(store: OutboxStore, report: SubscriberReport, skips: list[OperatorSkip]) -> None:
+    """What the operator skipped, with the ledger entries; what a skip came too late for
+    (``published_despite_skip``, counted by :func:`_compare`) is not skipped."""
+    report.skips = skips
     for part in store.part_skips(report.subscriber, None):
-        report.skipped_by_reset += part.counted or 0
+        report.skipped_by_reset += (part.counted or 0) + part.by_reset
+        report.skipped_by_skip += part.by_skip
         if part.beyond_horizon:
             report.beyond_horizon.append(part.part)
             report.example(
@@ -216,6 +259,7 @@ def _skips(store: OutboxStore, report: SubscriberReport) -> None:
                 f"part {part.part}: its checkpoint is beyond what the database has decided, "
                 "so every event written from now on is skipped; reset it to 'now'",
             )
+    report.skipped_by_skip -= report.published_despite_skip
 
 
 def _place(
@@ -258,6 +302,15 @@ def _compare(
         # Order by the event's key in the database, not the one in its headers: after a
         # move to another xid space (docs/design.md) the database rebased its keys, and
         # records published before the move carry the old ones.
+        late = expected.skipped.get(mid)
+        if late is not None:
+            report.published_despite_skip += 1
+            report.example(
+                "published_despite_skip",
+                f"{record.message_id} at {record.topic}[{record.partition}]@{record.offset}: "
+                f"skipped by ledger #{late.entry.id} while its batch was on its way",
+            )
+            continue
         at = expected.positions.get(mid)
         key = (
             record.topic,

@@ -34,12 +34,19 @@ from relay.errors import (
 
 Connectable = psycopg.Connection[Any] | psycopg.Transaction
 
+# It runs in the application's session, whose search_path the relay does not own: every
+# call and type is qualified (tests/unit/test_sql_qualified.py), so nothing a role put in
+# a schema on that path can be a better match. (unnest of several arrays is shorthand
+# for this ROWS FROM, and only unqualified.)
 _STREAM_INSERT = """
 INSERT INTO {schema}.outbox
     (aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers)
 SELECT %(aggregate_type)s, %(aggregate_id)s, e.version, e.event_type, e.payload, e.headers
-  FROM unnest(%(versions)s::bigint[], %(event_types)s::text[], %(payloads)s::jsonb[],
-              %(headers)s::jsonb[]) WITH ORDINALITY AS e(version, event_type, payload, headers, n)
+  FROM ROWS FROM (pg_catalog.unnest(%(versions)s::pg_catalog.int8[]),
+                  pg_catalog.unnest(%(event_types)s::pg_catalog.text[]),
+                  pg_catalog.unnest(%(payloads)s::pg_catalog.jsonb[]),
+                  pg_catalog.unnest(%(headers)s::pg_catalog.jsonb[]))
+       WITH ORDINALITY AS e(version, event_type, payload, headers, n)
  ORDER BY e.n
 RETURNING aggregate_version, message_id
 """

@@ -186,7 +186,7 @@ def test_the_relay_refuses_to_start_with_schemas_the_registry_rules_out(
         start_relay(schema_registry_url=schema_registry, subscribers=definition)
     message = str(refused.value)
     assert f"subject '{topic}-value' (compatibility BACKWARD, versions [1])" in message
-    assert "subscribers pause reg" in message
+    assert "subscriber 'reg' is not created" in message
 
 
 # -- keys in the wire format --------------------------------------------------------

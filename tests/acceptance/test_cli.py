@@ -77,10 +77,10 @@ def test_subscriber_commands_round_trip(relay_url: str) -> None:
     duplicate = cli("subscribers", "add", "b", *url)
     assert duplicate.returncode == 1 and "already exists" in duplicate.stderr
     assert cli("subscribers", "pause", "b", *url).returncode == 0
-    assert cli("subscribers", "reset", "b", "--to", "5:7", *url).returncode == 0
+    assert cli("subscribers", "reset", "b", "--to", "5:7", "--yes", *url).returncode == 0
     [row] = json.loads(cli("subscribers", "list", "--json", *url).stdout)
     assert (row["paused"], row["checkpoint"], row["aggregate_types"]) == (True, "5:7", ["order"])
-    bad = cli("subscribers", "reset", "b", "--to", "yesterday", *url)
+    bad = cli("subscribers", "reset", "b", "--to", "yesterday", "--yes", *url)
     assert bad.returncode == 2 and "TRANSACTION_ID:POSITION" in bad.stderr
     assert cli("subscribers", "remove", "b", *url).returncode == 0
     missing = cli("subscribers", "pause", "b", *url)
@@ -203,7 +203,7 @@ def test_verify_says_when_a_reset_narrowed_its_check(relay_url: str, kafka_boots
     assert (
         run_cli("subscribers", "add", "s", "--topic", "v.{aggregate_type}", env=env).returncode == 0
     )
-    assert run_cli("subscribers", "reset", "s", "--to", "now", env=env).returncode == 0
+    assert run_cli("subscribers", "reset", "s", "--to", "now", "--yes", env=env).returncode == 0
     result = run_cli("verify", env=env)
     assert result.returncode == 0, result.stderr
     assert "s: checked only events after part 0 at" in result.stderr

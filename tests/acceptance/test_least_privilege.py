@@ -15,7 +15,17 @@ from psycopg import sql
 from relay import Outbox
 from relay.core.settings import load_settings
 from relay.daemon import Relay
-from tests.support import STRANGER_ROLE, consume, keys, login_url, run_cli, sub, write_orders
+from tests.support import (
+    ROLE_PASSWORD,
+    STRANGER_ROLE,
+    as_role,
+    consume,
+    keys,
+    login_url,
+    run_cli,
+    sub,
+    write_orders,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -135,3 +145,83 @@ def test_a_login_without_grants_can_neither_read_nor_write_nor_call_the_outbox(
         (STRANGER_ROLE,),
     ).fetchall()
     assert callable_definers == []
+
+
+def _owner_of(database_url: str, role: str, attributes: str) -> str:
+    """``database_url``'s database, handed to ``role`` (created, not a superuser, with
+    ``attributes``): the owner deploy/README.md describes; its URL."""
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        name = sql.Identifier(role)
+        if admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() is None:
+            admin.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                name, sql.Literal(ROLE_PASSWORD)))  # fmt: skip
+        admin.execute(sql.SQL("ALTER ROLE {} NOSUPERUSER " + attributes).format(name))
+        dbname = admin.execute("SELECT current_database()").fetchone()
+        assert dbname is not None
+        admin.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(
+            sql.Identifier(dbname[0]), name))  # fmt: skip
+    return as_role(database_url, role)
+
+
+def _drop_roles(database_url: str, *roles: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        for role in roles:
+            name = sql.Identifier(role)
+            if admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
+                admin.execute(sql.SQL("DROP OWNED BY {}; DROP ROLE {}").format(name, name))
+
+
+def test_grant_create_works_for_an_owner_with_createrole_only(
+    database_url: str, outbox: Outbox
+) -> None:
+    """The owner of deploy/README.md, "Roles": not a superuser, CREATEROLE to create the
+    relay's and the writers' roles (issue #47)."""
+    owner_url = _owner_of(database_url, "outbox_test_owner", "CREATEROLE")
+    relay_role, writer_role = f"relay_{uuid.uuid4().hex[:6]}", f"writer_{uuid.uuid4().hex[:6]}"
+    env = {"RELAY_DATABASE_URL": owner_url}
+    try:
+        assert run_cli("migrate", env=env).returncode == 0
+        granted = run_cli(
+            "grant", "--create", "--relay-role", relay_role, "--writer-role", writer_role,
+            "--connection-limit", "8", env=env,
+        )  # fmt: skip
+        assert granted.returncode == 0, granted.stderr
+        # Again: what it already is stays as it is.
+        assert run_cli("grant", "--create", "--relay-role", relay_role, env=env).returncode == 0
+        with psycopg.connect(login_url(database_url, writer_role), autocommit=True) as app:
+            write_orders(app, outbox, ["o-1"])
+        status = run_cli("status", env={"RELAY_DATABASE_URL": login_url(database_url, relay_role)})
+        assert status.returncode == 0, status.stderr
+    finally:
+        _drop_roles(database_url, relay_role, writer_role)
+
+
+def test_grant_works_for_an_owner_without_createrole_on_roles_made_beforehand(
+    database_url: str,
+) -> None:
+    """Without CREATEROLE the operator creates the roles and drops --create
+    (deploy/k8s/README.md): grant then asks for nothing that owner lacks; what it cannot
+    do (pg_read_all_stats) it says who can."""
+    owner_url = _owner_of(database_url, "outbox_test_plain_owner", "NOCREATEROLE")
+    relay_role, writer_role = f"relay_{uuid.uuid4().hex[:6]}", f"writer_{uuid.uuid4().hex[:6]}"
+    env = {"RELAY_DATABASE_URL": owner_url}
+    try:
+        with psycopg.connect(database_url, autocommit=True) as admin:
+            for role in (relay_role, writer_role):
+                admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+            assert run_cli("migrate", env=env).returncode == 0
+            granted = run_cli("grant", "--relay-role", relay_role, "--writer-role", writer_role,
+                              env=env)  # fmt: skip
+            assert granted.returncode == 0, granted.stderr
+            stats = run_cli("grant", "--relay-role", relay_role, "--read-all-stats", env=env)
+            assert stats.returncode == 1
+            assert f"ask a superuser to run `GRANT pg_read_all_stats TO {relay_role}`" in (
+                " ".join(stats.stderr.split())
+            )
+            admin.execute(
+                sql.SQL("GRANT pg_read_all_stats TO {}").format(sql.Identifier(relay_role))
+            )
+            stats = run_cli("grant", "--relay-role", relay_role, "--read-all-stats", env=env)
+            assert stats.returncode == 0, stats.stderr
+    finally:
+        _drop_roles(database_url, relay_role, writer_role)

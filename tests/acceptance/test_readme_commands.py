@@ -20,6 +20,7 @@ import shlex
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.support import REPO, run_cli
 
@@ -89,9 +90,12 @@ def test_the_expansion_reads_the_readme_as_written() -> None:
     for expected in (
         "subscribers pause billing",
         "subscribers resume billing",
-        "subscribers reset billing --to now",
+        "subscribers reset billing --to now --yes",
+        "subscribers reset billing --to beginning --dry-run --yes",
+        "subscribers history billing --json",
         "subscribers list --json",
-        "dead-letters redrive orders --schemas-dir schemas --json",
+        "dead-letters redrive orders --schemas-dir schemas --json --dry-run --yes",
+        "dead-letters redrive orders --yes",
         "verify --subscriber billing --json --timeout 600",
         "status",
         "topics list --internal --json",
@@ -101,6 +105,7 @@ def test_the_expansion_reads_the_readme_as_written() -> None:
     assert not [c for c in commands if "TXID" in c or "[" in c or "|" in c]
 
 
+@pytest.mark.timeout(900)  # some 25 CLI processes, one after another, on 2 busy cores
 def test_the_readmes_ops_commands_run_as_written(
     db: psycopg.Connection[Any], database_url: str, kafka_bootstrap: str
 ) -> None:

@@ -190,9 +190,8 @@ def test_redrive_publishes_dead_letters_once_in_order_per_key(
         assert all("OrderRefunded" in d["error"] for d in pending)
 
         add_schema(schemas)  # the fix
-        first = run_cli(
-            "dead-letters", "redrive", "s", "--schemas-dir", str(schemas), "--json", env=env
-        )
+        redrive = ("dead-letters", "redrive", "s", "--schemas-dir", str(schemas), "--yes")
+        first = run_cli(*redrive, "--json", env=env)
         assert first.returncode == 1, first.stderr  # some stay dead-lettered
         report = json.loads(first.stdout)
         assert report["redriven"] == 3
@@ -213,9 +212,7 @@ def test_redrive_publishes_dead_letters_once_in_order_per_key(
         assert (checked["redriven"], checked["dead_lettered"], checked["found"]) == (3, 2, 5)
 
         # Again: nothing is published twice.
-        again = run_cli(
-            "dead-letters", "redrive", "s", "--schemas-dir", str(schemas), "--json", env=env
-        )
+        again = run_cli(*redrive, "--json", env=env)
         assert json.loads(again.stdout)["redriven"] == 0, again.stderr
         remaining = json.loads(run_cli("dead-letters", "list", "s", "--json", env=env).stdout)
         assert [d["message_id"] for d in remaining] == [str(k3_a), str(k3_b)]
@@ -225,7 +222,7 @@ def test_redrive_publishes_dead_letters_once_in_order_per_key(
 
         # Fixed for good: the held-back event follows the one it waited for.
         add_schema(schemas, ["int", "string"])
-        last = run_cli("dead-letters", "redrive", "s", "--schemas-dir", str(schemas), env=env)
+        last = run_cli(*redrive, env=env)
         assert last.returncode == 0, last.stdout + last.stderr
         assert "redriven 2" in last.stdout
         seen = consume(kafka_bootstrap, [topic], 7, quiet=2.0)
@@ -326,7 +323,8 @@ def test_a_crash_mid_redrive_publishes_nothing_twice(
 
     # A reset replays redriven events as events, not as dead letters again.
     reset = run_cli(
-        "subscribers", "reset", "s", "--to", "beginning", env={"RELAY_DATABASE_URL": database_url}
+        *("subscribers", "reset", "s", "--to", "beginning", "--yes"),
+        env={"RELAY_DATABASE_URL": database_url},
     )
     assert reset.returncode == 0, reset.stderr
     with running(settings):  # now with the schema it lacked
@@ -334,3 +332,86 @@ def test_a_crash_mid_redrive_publishes_nothing_twice(
         assert sorted(r.message_id or "" for r in replayed) == sorted(2 * list(map(str, poison)))
         dead = consume(kafka_bootstrap, [topic_prefix + "dead"], 4, quiet=2.0)
         assert len(dead) == 4, "redriven events were dead-lettered again"
+
+
+def test_retention_keeps_dead_letters_until_redriven_and_prune_is_the_operators(
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    relay_url: str,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    schemas: Path,
+) -> None:
+    """Issue #47: retention kept no dead letter's row from redrive (it was pruned with
+    the published rows, and redrive then reported it gone), and never pruned
+    outbox_dead_letters. Now a dead letter not yet redriven keeps its row; redriven,
+    both go with the outbox's retention; not redriven, only when the operator says so.
+    The relay, redrive and prune run as the relay's role; the writer writes."""
+    refund = {"order_id": "o", "amount_cents": 5}
+    poison = [insert(writer_db, f"k{i}", "OrderRefunded", refund) for i in range(2)]
+    good = insert(writer_db, "g", "OrderPlaced", {"order_id": "g", "customer_id": "c",
+                                                   "amount_cents": 1})  # fmt: skip
+    env = {"RELAY_DATABASE_URL": relay_url, "RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap}
+
+    def rows() -> set[UUID]:
+        return {m for (m,) in db.execute("SELECT message_id FROM outbox")}
+
+    def letters() -> int:
+        return int((db.execute("SELECT count(*) FROM outbox_dead_letters").fetchone() or [0])[0])
+
+    settings = settings_for(relay_url, kafka_bootstrap, topic_prefix, schemas,
+                            prune_every=0.5, retention=0)  # fmt: skip
+    with running(settings):
+        dead_lettered(db, 2)
+        wait_until(lambda: good not in rows(), timeout=60, what="retention to prune")
+        assert rows() == set(poison), "a dead letter's row is kept for redrive"
+        pruned = run_cli("dead-letters", "prune", "s", "--json", env=env)
+        assert pruned.returncode == 0, pruned.stderr
+        assert json.loads(pruned.stdout) == {"subscriber": "s", "redriven": 0, "pending": 0}
+        assert letters() == 2
+
+        add_schema(schemas)  # the fix: redrive still finds both events after the prunes
+        redriven = run_cli(
+            "dead-letters", "redrive", "s", "--schemas-dir", str(schemas), "--json", env=env
+        )
+        assert redriven.returncode == 0, redriven.stdout + redriven.stderr
+        assert json.loads(redriven.stdout)["redriven"] == 2
+        seen = consume(kafka_bootstrap, [topic_prefix + "outbox.event.order"], 3, quiet=2.0)
+        exactly_once(seen)
+        assert {r.message_id for r in seen} == {str(m) for m in [*poison, good]}
+        # Redriven: the rows go with the outbox's retention, then their dead letters.
+        wait_until(lambda: not rows() and letters() == 0, timeout=60, what="both pruned")
+
+        late = insert(writer_db, "k9", "OrderRefunded", {**refund, "amount_cents": "five"})
+        dead_lettered(db, 1)
+        kept = run_cli("dead-letters", "prune", "s", "--pending-older-than", "3600", env=env)
+        assert kept.returncode == 0 and "pruned 0 dead letters not redriven" in kept.stdout
+        assert letters() == 1 and rows() == {late}
+        gone = run_cli("dead-letters", "prune", "s", "--pending-older-than", "0", env=env)
+        assert gone.returncode == 0, gone.stderr
+        assert "pruned 1 dead letters not redriven" in gone.stdout
+        assert "can no longer be redriven" in gone.stdout
+        assert letters() == 0
+        wait_until(lambda: not rows(), timeout=60, what="its row pruned")
+
+
+def test_dead_letter_retention_prunes_those_not_redriven_when_the_operator_sets_it(
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    relay_url: str,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    schemas: Path,
+) -> None:
+    insert(writer_db, "k1", "OrderRefunded", {"order_id": "o", "amount_cents": 5})
+    settings = settings_for(relay_url, kafka_bootstrap, topic_prefix, schemas,
+                            prune_every=0.5, retention=0, dead_letter_retention=0)  # fmt: skip
+    with running(settings) as relay:
+        consume(kafka_bootstrap, [topic_prefix + "dead"], 1)
+        wait_until(
+            lambda: db.execute("SELECT count(*) FROM outbox").fetchone() == (0,),
+            timeout=60,
+            what="the dead letter, then its row, pruned",
+        )
+        assert db.execute("SELECT count(*) FROM outbox_dead_letters").fetchone() == (0,)
+        assert relay.retention_totals()["dead_letters_pruned"] == 1

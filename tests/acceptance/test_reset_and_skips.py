@@ -51,7 +51,8 @@ def test_a_reset_beyond_the_horizon_is_refused_and_nothing_moves(
     assert (status["lag_events"], status["skipped_by_reset"]) == (5, 0)
     # The horizon itself (what 'now' takes) is allowed.
     [[horizon]] = db.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text").fetchall()
-    assert run_cli("subscribers", "reset", "s", "--to", f"{horizon}:0", env=env).returncode == 0
+    at_horizon = ("subscribers", "reset", "s", "--to", f"{horizon}:0", "--yes")
+    assert run_cli(*at_horizon, env=env).returncode == 0
 
 
 def test_status_and_verify_count_what_a_reset_forward_skipped(
@@ -62,20 +63,23 @@ def test_status_and_verify_count_what_a_reset_forward_skipped(
     added = run_cli("subscribers", "add", "s", "--topic", topic, "--format", "json", env=env)
     assert added.returncode == 0, added.stderr
     db.execute(INSERT, (4,))
-    assert run_cli("subscribers", "reset", "s", "--to", "now", env=env).returncode == 0
-    # A second reset forward before anything was published keeps the first one's origin.
+    assert run_cli("subscribers", "reset", "s", "--to", "now", "--yes", env=env).returncode == 0
+    # A second reset forward before anything was published: both ranges count.
     db.execute(INSERT, (2,))
-    assert run_cli("subscribers", "reset", "s", "--to", "now", env=env).returncode == 0
+    assert run_cli("subscribers", "reset", "s", "--to", "now", "--yes", env=env).returncode == 0
 
     [part] = _json(run_cli("status", "--json", env=env))["parts"]
     assert (part["lag_events"], part["skipped_by_reset"], part["beyond_horizon"]) == (0, 6, False)
     table = run_cli("status", env={**env, "COLUMNS": "200"})
-    assert "skipped by reset" in table.stdout
+    assert "skipped by operator" in table.stdout
     [listed] = _json(run_cli("subscribers", "list", "--json", env=env))
     assert listed["skipped_by_reset"] == 6
 
-    [report] = _json(run_cli("verify", "--json", "--timeout", "20", env=env))
-    assert (report["skipped_by_reset"], report["missing"], report["clean"]) == (6, 0, True)
+    # Issue #48: skipped events are never passed for clean (exit 4: only those).
+    verify = run_cli("verify", "--json", "--timeout", "20", env=env)
+    assert verify.returncode == 4, verify.stderr
+    [report] = json.loads(verify.stdout)
+    assert (report["skipped_by_reset"], report["missing"], report["clean"]) == (6, 0, False)
 
 
 def test_a_checkpoint_beyond_the_horizon_is_shown_and_is_a_finding(
@@ -123,7 +127,7 @@ def test_verify_tells_the_crash_window_from_before_a_reset_and_from_pruned_rows(
         "DELETE FROM outbox WHERE position IN "
         "(SELECT position FROM outbox ORDER BY position LIMIT 2)"
     )
-    assert run_cli("subscribers", "reset", "s", "--to", "now", env=env).returncode == 0
+    assert run_cli("subscribers", "reset", "s", "--to", "now", "--yes", env=env).returncode == 0
     # The crash window: the checkpoint moved back under a published record.
     write_orders(db, outbox, ["5"])
     relay = start_relay()
@@ -166,11 +170,14 @@ def test_lag_counts_only_the_events_a_subscribers_filters_match(
 def test_status_runs_on_a_schema_from_before_migration_9(database_url: str) -> None:
     """A rolling deploy: this version's status on the previous schema."""
     from relay.adapters.postgres import migrations
+    from relay.adapters.postgres.store import OutboxStore
+    from relay.core.subscribers import Subscriber, ValueFormat
 
     with psycopg.connect(database_url, autocommit=True) as conn:
         migrations.migrate(conn, up_to=7)
         conn.execute(INSERT, (2,))
+        # As a relay of this version creates one (the CLI's add needs the ledger, 0019).
+        OutboxStore(conn).add(Subscriber("s", topic="s", value_format=ValueFormat.JSON))
     env = {"RELAY_DATABASE_URL": database_url}
-    assert run_cli("subscribers", "add", "s", "--topic", "s", env=env).returncode == 0
     [part] = _json(run_cli("status", "--json", env=env))["parts"]
     assert (part["lag_events"], part["skipped_by_reset"]) == (2, 0)

@@ -189,4 +189,4 @@ def test_the_relay_refuses_to_start_with_a_partition_count_its_topics_cannot_hol
     with pytest.raises(ConfigError) as refused:
         start_relay(subscribers=[{**definition, **routing}])
     assert f"its topic {two!r} has 2 partitions" in str(refused.value)
-    assert "subscribers pause shards" in str(refused.value)
+    assert "subscriber 'shards' is not created" in str(refused.value)

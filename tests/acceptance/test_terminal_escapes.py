@@ -72,7 +72,7 @@ def test_writer_data_reaches_the_terminal_escaped(
     commands = [
         ("dead-letters", "list", "dl"),
         ("dead-letters", "list", "dl", "--json"),
-        ("dead-letters", "redrive", "dl"),
+        ("dead-letters", "redrive", "dl", "--yes"),
         ("status",),
         ("status", "--json"),
         ("subscribers", "list"),

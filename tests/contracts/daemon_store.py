@@ -17,7 +17,7 @@ import uuid
 import pytest
 
 from relay.core.model import Position
-from relay.core.ports import DaemonStore, Selection
+from relay.core.ports import DaemonStore, DeadLetter, DeadLetterDecision, Selection
 from relay.core.subscribers import StartFrom, Subscriber, ValueFormat
 from relay.errors import CheckpointConflict, ClaimLost, RelayError, SubscriberError
 from tests.contracts.store import Write
@@ -246,6 +246,30 @@ class DaemonStoreContract:
         assert sum(store.prune(0)) == 1, "only what both subscribers published"
         left = store.fetch(Position(0, 0), Selection(10)).events
         assert [e.message_id for e in left] == [second.message_id]
+
+    def test_retention_keeps_a_dead_letters_event_until_the_operator_prunes_it(
+        self, store: DaemonStore, write: Write
+    ) -> None:
+        """Issue #47: `dead-letters redrive` publishes a dead letter's event from the
+        outbox, so retention keeps it (it was pruned like any published row), and the
+        dead letter itself, until the operator says otherwise."""
+        write("a")
+        write("b")
+        _, second = store.fetch(Position(0, 0), Selection(10)).events
+        store.add(ONE)
+        me = store.open_session("a", 1, 60)
+        assert store.claim("one", 0, me)
+        letter = DeadLetter(second.key, second.message_id, DeadLetterDecision("dlq", "bad"))
+        store.advance(store.get_part("one", 0), second.key, me, [letter])
+        assert sum(store.prune(0)) == 1, "the dead letter's event stays"
+        assert sum(store.prune_dead_letters()) == 0, "not redriven: kept"
+        assert sum(store.prune_dead_letters("one", pending_older_than_s=3600)) == 0
+        assert sum(store.prune_dead_letters("other", pending_older_than_s=0)) == 0
+        assert [e.key for e in store.fetch(Position(0, 0), Selection(10)).events] == [second.key]
+        assert sum(store.prune_dead_letters("one", pending_older_than_s=0)) == 1
+        assert store.dead_letters("one", Position(0, 0), second.key) == {}
+        assert sum(store.prune(0)) == 1
+        assert store.fetch(Position(0, 0), Selection(10)).events == []
 
     def test_a_store_in_use_is_not_closed(self, store: DaemonStore) -> None:
         """The supervisor opens a new store when its one says it is closed."""

@@ -59,6 +59,21 @@ class PublisherContract:
         )
         assert sorted(read(3)) == ["k0", "k1", "k2"]
 
+    def test_a_batchs_dead_letters_leave_with_its_checkpoint_thousands_of_them(
+        self, open_publisher: OpenPublisher, topic: str, read: Read, generation: str
+    ) -> None:
+        """Issue #47: the checkpoint names a transaction's dead letters by key, within the
+        broker's offset.metadata.max.bytes (4 KiB), a batch_size's worth of them: the
+        next owner that adopts it reads every one back."""
+        letters = [(Position(10, 3 + 3 * n + n % 2), "dlq") for n in range(5000)]
+        first = take_over(open_publisher, generation).publisher
+        records = [record(topic, 0)]
+        first.publish(Batch(records, Position(10, 20_000), generation, dead_letters=letters))
+        checkpoint = take_over(open_publisher, generation).checkpoint
+        assert checkpoint is not None and checkpoint.position == Position(10, 20_000)
+        assert checkpoint.dead_letters == tuple(letters)
+        assert read(1) == ["k0"]
+
     def test_an_extension_joins_the_transaction_and_moves_its_end(
         self, open_publisher: OpenPublisher, topic: str, read: Read, generation: str
     ) -> None:

@@ -7,13 +7,14 @@ subclass it once per adapter."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 from uuid import UUID
 
 import pytest
 
+from relay.core.interventions import Action, Actor, Intervention
 from relay.core.model import OutboxEvent, Position, Unreadable
 from relay.core.ports import DeadLetter, DeadLetterDecision, Fetched, PartStore, Selection
 from relay.core.subscribers import Subscriber, ValueFormat
@@ -23,11 +24,19 @@ SUBSCRIBER = Subscriber("s", topic="t", value_format=ValueFormat.JSON)
 
 
 class AdminStore(PartStore, Protocol):
-    """The port, plus what an operator does before a worker runs."""
+    """The port, plus what an operator does around a worker."""
 
     def add(self, subscriber: Subscriber) -> bool: ...
 
     def claim(self, name: str, part: int, owner: UUID) -> bool: ...
+
+    def skip(self, name: str, message_ids: Sequence[UUID], record: Intervention) -> list[int]: ...
+
+
+def skipping(*message_ids: UUID) -> Intervention:
+    """The ledger entry of a skip of these events of subscriber "s"."""
+    ids = [str(m) for m in message_ids]
+    return Intervention(Action.SKIP, "s", None, Actor("me", "here"), {"events": ids}, len(ids))
 
 
 # Commits one event for the given aggregate id; returns its message id.
@@ -200,6 +209,48 @@ class StoreContract:
         with pytest.raises(ClaimLost):
             store.halt(store.get_part("s", 0), uuid.uuid4(), "poison event")
         assert store.get_part("s", 0).halted_error is None
+
+    def test_a_skipped_event_comes_with_its_parts_state_until_the_checkpoint_passes_it(
+        self, store: AdminStore, write: Write, owner: UUID
+    ) -> None:
+        """Issue #48: the worker drops what it finds there (`subscribers skip`)."""
+        first, second = write("k"), write("k")
+        assert store.get_part("s", 0).skips == frozenset()
+        assert store.skip("s", [second], skipping(second)) == []
+        state = store.get_part("s", 0)
+        assert state.skips == {second}
+        key = store.key_of(second)
+        assert key is not None
+        store.advance(state, key, owner)
+        assert store.get_part("s", 0).skips == frozenset(), "passed: no longer pending"
+        assert store.key_of(first) is not None
+
+    def test_skipping_the_event_a_part_halted_on_resumes_it(
+        self, store: AdminStore, write: Write, owner: UUID
+    ) -> None:
+        poison, other = write("k"), write("k")
+        store.halt(store.get_part("s", 0), owner, "poison event", poison)
+        assert store.skip("s", [other], skipping(other)) == []
+        assert store.get_part("s", 0).halted_error == "poison event", "halted on another"
+        assert store.skip("s", [poison], skipping(poison)) == [0]
+        resumed = store.get_part("s", 0)
+        assert resumed.halted_error is None and resumed.skips == {poison, other}
+
+    def test_a_skip_of_an_event_published_or_skipped_already_is_refused(
+        self, store: AdminStore, write: Write, owner: UUID
+    ) -> None:
+        published, pending = write("k"), write("k")
+        key = store.key_of(published)
+        assert key is not None
+        store.advance(store.get_part("s", 0), key, owner)
+        before = store.get_part("s", 0)
+        for refused in ([published], [pending, published], [uuid.uuid4()]):
+            with pytest.raises(SubscriberError):
+                store.skip("s", refused, skipping(*refused))
+        assert store.get_part("s", 0) == before, "nothing changed"
+        store.skip("s", [pending], skipping(pending))
+        with pytest.raises(SubscriberError):
+            store.skip("s", [pending], skipping(pending))
 
     def test_key_of_finds_an_event_in_the_outbox_only(
         self, store: AdminStore, committed: OutboxEvent

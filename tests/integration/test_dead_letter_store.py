@@ -4,6 +4,7 @@ redrive per subscriber at a time."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import psycopg
@@ -14,6 +15,7 @@ from relay.core.model import Position
 from relay.core.subscribers import StartFrom, Subscriber
 from relay.errors import SubscriberError
 from relay.ops.redrive import DeadLetterStore
+from tests.support import STRANGER_ROLE
 
 
 @pytest.fixture
@@ -86,3 +88,17 @@ def test_one_redrive_per_subscriber_at_a_time(store: DeadLetterStore, database_u
             pass
     with pytest.raises(SubscriberError, match="no subscriber"):
         store.dead_letters("nobody")
+
+
+def test_a_redrive_lock_held_by_another_role_names_its_holder(
+    store: DeadLetterStore, stranger_url: str
+) -> None:
+    """Any role may take any advisory lock key: the refusal says whose session to end."""
+    with psycopg.connect(stranger_url, autocommit=True, application_name="squatter") as other:
+        pid = other.execute("SELECT pg_backend_pid()").fetchone()
+        other.execute("SELECT pg_advisory_lock(hashtextextended('outbox-relay.redrive.s', 0))")
+        held = f"pid {pid[0] if pid else '?'} (role {STRANGER_ROLE}, application 'squatter')"
+        with pytest.raises(SubscriberError, match=re.escape(held)), store.exclusive("s"):
+            pass
+    with store.exclusive("s"):  # the squatter is gone
+        pass

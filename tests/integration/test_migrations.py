@@ -5,12 +5,16 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import uuid
 from typing import Any
 
 import psycopg
+import pytest
 
 from relay.adapters.postgres import migrations
 from relay.adapters.postgres.queries import read_sql, with_schema
+from relay.errors import LockTimeout
+from tests.support import STRANGER_ROLE
 
 # Everything that defines the schema, in a form that does not depend on the schema name.
 _CATALOG = {
@@ -28,8 +32,10 @@ _CATALOG = {
         SELECT tgrelid::regclass::text, tgname, replace(pg_get_triggerdef(oid), %(s)s || '.', '')
           FROM pg_trigger WHERE NOT tgisinternal
            AND tgrelid::regclass::text LIKE %(s)s || '.%%' ORDER BY tgname""",
+    # The whole definition: its body (an SQL-standard body is not in prosrc), and its
+    # SECURITY DEFINER and SET search_path (migration 0014).
     "functions": """
-        SELECT proname, replace(prosrc, %(s)s || '.', '') FROM pg_proc
+        SELECT proname, replace(pg_get_functiondef(oid), %(s)s || '.', '') FROM pg_proc
          WHERE pronamespace = %(s)s::regnamespace ORDER BY proname""",
 }
 
@@ -87,6 +93,23 @@ def test_concurrent_migrations_apply_each_version_once(database_url: str) -> Non
     with psycopg.connect(database_url) as conn:
         versions = conn.execute("SELECT version FROM shared.outbox_relay_migrations").fetchall()
     assert versions == [(m.version,) for m in migrations.available()]
+
+
+def test_a_migration_lock_held_by_another_role_times_out_naming_it(
+    db: psycopg.Connection[Any], stranger_url: str
+) -> None:
+    """Any role may take the migration lock's key (issue #47): migrate waits a bounded
+    time for it, then fails naming the session that holds it."""
+    with psycopg.connect(stranger_url, autocommit=True, application_name="squatter") as other:
+        row = other.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        other.execute("SELECT pg_advisory_lock(%s)", (migrations.LOCK_KEY,))
+        with pytest.raises(LockTimeout) as refused:
+            migrations.migrate(db, lock_wait_s=0.2)
+    message = str(refused.value)
+    assert f"held by pid {row[0]} (role {STRANGER_ROLE}, application 'squatter')" in message
+    assert f"pg_terminate_backend({row[0]})" in message
+    assert migrations.migrate(db) == []  # the lock is free again: migrate goes on
 
 
 def test_migrate_cli_creates_tables_in_a_custom_schema(database_url: str) -> None:
@@ -183,6 +206,8 @@ def test_a_rolling_deploy_publishes_everything_across_migration_15(
     """Writers of this version append with idempotency keys on the schema before 0015,
     under a running relay; 0015 is then applied under both: every event is published
     once, in order, and a retry after the migration still finds its key."""
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
     from relay import Outbox
     from tests.support import consume, ids_of, order
 
@@ -192,6 +217,10 @@ def test_a_rolling_deploy_publishes_everything_across_migration_15(
         return outbox.append(conn, aggregate_type="order", aggregate_id="k",
                              event_type="OrderPlaced", payload=order(i), idempotency_key=i)  # fmt: skip
 
+    # Before 0017 a row's new topic waits for the outbox's record of the topics it
+    # created; an existing one is published to as before.
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(topic_prefix + "order", 1)])[topic_prefix + "order"].result()
     with psycopg.connect(database_url, autocommit=True) as conn:
         migrations.migrate(conn, up_to=14)
         append(conn, "before")
@@ -209,3 +238,40 @@ def test_a_rolling_deploy_publishes_everything_across_migration_15(
             relay.stop()
         written = conn.execute("SELECT message_id::text FROM outbox ORDER BY position").fetchall()
     assert ids_of(seen) == [w[0] for w in written] and len(written) == 4
+
+
+def test_a_relay_runs_on_a_schema_before_migration_19(database_url: str) -> None:
+    """Relays that roll before `migrate` read a part without a skip list and halt
+    without recording the event; status reads the last reset as before the ledger.
+    After it, the reset 0009 recorded is on the ledger, counted as status counted it."""
+    from relay.adapters.postgres.queries import queries_for
+    from relay.adapters.postgres.store import OutboxStore
+    from relay.core.subscribers import Subscriber
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        migrations.migrate(conn, up_to=18)
+        store = OutboxStore(conn)
+        store.add(Subscriber("s", topic="t"))
+        conn.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
+            " SELECT 'order', n::text, 'OrderPlaced', '{}' FROM generate_series(1, 3) AS n"
+        )
+        # A reset forward, as the previous version made it: no ledger to write.
+        reset = queries_for("public")["reset_checkpoint"]
+        conn.execute(reset, {"name": "s", "to": "now", "transaction_id": 0, "position": 0})
+        session = store.open_session("host", 1, 60)
+        assert store.claim("s", 0, session)
+        part = store.get_part("s", 0)
+        assert part.skips == frozenset()
+        store.halt(part, session, "poison event", uuid.uuid4())
+        assert store.get_part("s", 0).halted_error == "poison event"
+        [before] = store.part_skips("s", None)
+        assert (before.counted, before.by_reset) == (3, 0)
+        assert store.operator_skips(part.subscriber_id) == []
+
+        migrations.migrate(conn)
+        [after] = store.part_skips("s", None)
+        assert (after.counted, after.by_reset, after.by_skip) == (None, 3, 0)
+        [entry] = store.ledger("s")
+        assert (entry.action, entry.events) == ("reset", 3)
+        assert "migration 0019" in entry.params["recorded_by"]

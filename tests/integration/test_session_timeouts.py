@@ -44,7 +44,7 @@ def test_a_locked_outbox_is_a_retryable_error_not_a_wait(
     with connect_daemon(settings) as conn, psycopg.connect(database_url) as locker:
         locker.execute("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE")
         with pytest.raises(RetryableError, match="lock timeout"), wrap_errors():
-            conn.execute("SELECT count(*) FROM outbox")
+            conn.execute("SELECT count(*) FROM public.outbox")
         locker.rollback()
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -24,11 +23,11 @@ from relay.core.redact import redact
 from relay.core.schemas import AvroSchema, SchemaFolder
 from relay.core.settings import load_settings
 from relay.core.subscribers import KeyFormat, PoisonPolicy, SubjectStrategy, Subscriber, ValueFormat
-from relay.daemon.startup import SubscriberSync
 from relay.engine.encoding import RecordEncoder
 from relay.engine.testing import InMemoryPublisher, InMemoryStore
 from relay.engine.worker import PartWorker, WorkerState
 from relay.errors import ConfigError, EncodingError, PayloadValidationError, SubscriberError
+from relay.ops.subscribers import Setup, check
 from tests.support import wait_until
 from tests.unit.test_worker_logic import OWNER, claimed, event, run_until_halted
 
@@ -233,23 +232,18 @@ def test_plain_http_without_credentials_and_https_with_them_are_accepted() -> No
     assert load_settings(schema_registry_url="https://registry:8081", schema_registry_user="u")
 
 
-class Subscribers:
-    """The store's subscriber list, as start-up reads it."""
+def test_avro_registry_without_a_registry_url_or_schemas_is_refused() -> None:
+    """As `subscribers add` and `run` check a definition (relay/ops/subscribers.py)."""
 
-    def __init__(self, *subscribers: Subscriber) -> None:
-        self.subscribers = subscribers
+    def refusals(setup: Setup) -> list[str]:
+        return [str(r.error) for r in check(setup, [REGISTRY]).refusals]
 
-    def list(self) -> list[SimpleNamespace]:
-        return [SimpleNamespace(subscriber=s) for s in self.subscribers]
-
-
-def test_avro_registry_without_a_registry_url_is_refused_at_start_up() -> None:
-    store = cast(Any, Subscribers(REGISTRY))
-    with pytest.raises(ConfigError, match=r"\['s'\].*schema_registry_url"):
-        SubscriberSync(load_settings(), SCHEMAS).sync(store)
-    with pytest.raises(ConfigError, match=r"schemas_dir"):
-        SubscriberSync(load_settings(schema_registry_url="http://r:8081"), None).sync(store)
-    SubscriberSync(load_settings(schema_registry_url="http://r:8081"), SCHEMAS).sync(store)
+    [refused] = refusals(Setup(load_settings(), SCHEMAS))
+    assert "subscriber 's' publishes avro-registry" in refused
+    assert "schema_registry_url" in refused
+    [refused] = refusals(Setup(load_settings(schema_registry_url="http://r:8081"), None))
+    assert "schemas_dir" in refused
+    assert refusals(Setup(load_settings(schema_registry_url="http://r:8081"), SCHEMAS)) == []
 
 
 def test_avro_registry_keys_are_avro_strings_under_the_topics_key_subject() -> None:

@@ -30,6 +30,7 @@ EXPORTED = {
     "outbox_relay_recoveries",
     "outbox_relay_recoveries_refused",
     "outbox_relay_poison_events",
+    "outbox_relay_poison_warnings_sampled_out",
     "outbox_relay_unexpected_errors",
     "outbox_relay_worker_failures",
     "outbox_relay_producers_opened",

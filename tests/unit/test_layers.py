@@ -57,8 +57,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "engine": {"core", "observability"},
     # metrics serves the workers' counters and the lag read from Postgres.
     "observability": {"core", "engine", "postgres", "ops"},
-    # redrive publishes as the relay does: through the daemon's publisher factory.
-    "ops": {"core", "engine", "postgres", "kafka", "daemon"},
+    # redrive publishes as the relay does: through the daemon's publisher factory;
+    # subscribers checks a definition against the schema registry.
+    "ops": {"core", "engine", "postgres", "kafka", "registry", "daemon"},
     "daemon": {"core", "engine", "observability", *ADAPTERS},
     "cli": {"core", "engine", "observability", *ADAPTERS, "ops", "daemon", "localstack"},
     "localstack": {"core", "postgres", "kafka", "ops", "write API", "daemon", "artifacts"},
@@ -72,6 +73,9 @@ EXCEPTIONS = {
     ("relay.core.settings", "relay.adapters.postgres.db"),
     # A type only: the daemon's startup builds the registry encoder and hands it in.
     ("relay.engine.encoding", "relay.adapters.registry.registry_format"),
+    # The relay's start-up defines and checks its subscribers by the rules `subscribers
+    # add` and `set` use, held once (issue #48).
+    ("relay.daemon.lifecycle", "relay.ops.subscribers"),
 }
 
 # Modules that must not reach psycopg, however indirectly: the part worker and the

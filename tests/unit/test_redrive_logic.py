@@ -16,6 +16,7 @@ from relay.core.model import KafkaCheckpoint, OutboxEvent, Position
 from relay.core.ports import Batch, SubscriberState
 from relay.core.subscribers import Subscriber
 from relay.engine.encoding import RecordEncoder
+from relay.engine.poison import MAX_STORED_ERROR_BYTES
 from relay.errors import PoisonRecordError
 from relay.ops.redrive import Candidate, Redrive
 
@@ -173,3 +174,14 @@ def test_numbers_never_go_back_below_the_ones_postgres_used(used: int) -> None:
     store = FakeStore([event(1, "a")], used_batches=used)
     redrive(store, FakePublisher(committed=3))
     assert ("done", max(3, used) + 1) in store.calls
+
+
+def test_a_still_poison_events_error_is_cut_where_it_is_stored_and_reported() -> None:
+    """Issue #47: an error may quote the row (here a 2 KB topic name); a redrive of a
+    flood stores and reports each, so each is cut as the relay cuts its own."""
+    still = event(1, "a")._replace(aggregate_type="bad type " + "x" * 2000)
+    store = FakeStore([still])
+    report = redrive(store, FakePublisher())
+    [error] = report.still_poison.values()
+    assert len(error.encode()) <= MAX_STORED_ERROR_BYTES and "...[cut: " in error
+    assert store.refusals[still.message_id] == error

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from relay.core.settings import load_settings
-from relay.core.subscribers import ValueFormat
 from relay.errors import ConfigError
 
 
@@ -28,9 +27,7 @@ def test_precedence_flags_over_env_over_file(
     assert settings.batch_size == 20
     assert settings.poll_interval == 1.5
     assert settings.kafka == {"security.protocol": "SSL"}
-    assert settings.subscribers[0].to_subscriber(ValueFormat.AVRO).aggregate_types == frozenset(
-        {"order"}
-    )
+    assert settings.subscribers[0].aggregate_types == ["order"]
 
 
 def test_nested_kafka_options_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -416,17 +416,17 @@ def test_a_dead_letter_refused_as_too_large_goes_again_with_the_events_identity_
 
 def test_dead_letter_decisions_go_with_the_checkpoint_and_the_kafka_side_one() -> None:
     """Decisions are recorded with the checkpoint, after the Kafka commit; the Kafka-side
-    checkpoint names them (at most 32 a transaction, to fit its tag)."""
+    checkpoint names them by key. (It named them by message id, 32 a transaction at
+    most: 40 poison events took two transactions, issue #47.)"""
     store = claimed(DEAD_LETTERING)
     bad = [event(n, stored_bytes=1)._replace(payload=Unreadable("bad")) for n in range(40)]
     written = [store.append(e) for e in bad]
     kafka = InMemoryPublisher()
     run_until_published(worker(store, kafka), store)
-    assert [len(t) for t in kafka.transactions] == [32, 8]
+    assert [len(t) for t in kafka.transactions] == [40]
     assert set(store.dead["s"]) == {e.message_id for e in written}
-    assert [m for m, _ in kafka.checkpoints[generation(store)].dead_letters] == [
-        e.message_id for e in written[32:]
-    ]
+    named = kafka.checkpoints[generation(store)].dead_letters
+    assert named == tuple((e.key, DEAD_LETTERING.dead_letter_topic_name) for e in written)
 
 
 def test_recovery_records_the_dead_letters_of_the_kafka_checkpoint_it_adopts() -> None:
@@ -436,11 +436,26 @@ def test_recovery_records_the_dead_letters_of_the_kafka_checkpoint_it_adopts() -
     _, poison, last = (store.append(event(n)) for n in range(3))
     kafka = InMemoryPublisher()
     kafka.checkpoints[generation(store)] = KafkaCheckpoint(
-        last.key, store.key_space_id, last.message_id, ((poison.message_id, "dlq"),)
+        last.key, store.key_space_id, last.message_id, ((poison.key, "dlq"),)
     )
     w = worker(store, kafka)
     run_until_published(w, store)
     assert kafka.transactions == [] and w.stats.recovered == 1
+    [(key, decision)] = store.dead["s"].values()
+    assert key == poison.key and decision.topic == "dlq"
+    assert list(store.dead["s"]) == [poison.message_id]
+
+
+def test_recovery_records_dead_letters_an_older_relay_named_by_message_id() -> None:
+    """A relay before issue #47 named them by message id: a rolling upgrade's new owner
+    adopting its last transaction records them all the same."""
+    store = claimed(DEAD_LETTERING)
+    _, poison, last = (store.append(event(n)) for n in range(3))
+    kafka = InMemoryPublisher()
+    kafka.checkpoints[generation(store)] = KafkaCheckpoint(
+        last.key, store.key_space_id, last.message_id, (), ((poison.message_id, "dlq"),)
+    )
+    run_until_published(worker(store, kafka), store)
     [(key, decision)] = store.dead["s"].values()
     assert key == poison.key and decision.topic == "dlq"
 

@@ -37,6 +37,7 @@ from relay.adapters.kafka.kafka_errors import (
     rejects_record,
     retry_now,
 )
+from relay.core import dead_letter_tag
 from relay.core.log_fields import log_extra
 from relay.core.model import KafkaCheckpoint, KafkaRecord, Position
 from relay.core.ports import Batch, Meanwhile, TopicOrigin, TopicRecord
@@ -761,7 +762,9 @@ class TransactionalPublisher(_BatchProducer):
             self._commit_pool = ThreadPoolExecutor(1, thread_name_prefix="kafka-commit")
         return self._commit_pool
 
-    def _tag(self, sent: Sequence[KafkaRecord], dead_letters: Sequence[tuple[str, str]]) -> str:
+    def _tag(
+        self, sent: Sequence[KafkaRecord], dead_letters: Sequence[tuple[Position, str]]
+    ) -> str:
         """The checkpoint's provenance: its key space and the last message published,
         so a later owner can tell whether the checkpoint belongs to the database it
         serves; and the transaction's dead letters, so that an owner that adopts it
@@ -769,11 +772,7 @@ class TransactionalPublisher(_BatchProducer):
         message = sent[-1].outbox_message_id if sent else None
         space = str(self._key_space) if self._key_space is not None else None
         tag: dict[str, Any] = {"key_space": space, "message_id": message}
-        if dead_letters:
-            topics = sorted({topic for _, topic in dead_letters})
-            tag["dead_letter_topics"] = topics
-            tag["dead_letters"] = [[m, topics.index(topic)] for m, topic in dead_letters]
-        text = json.dumps(tag, separators=(",", ":"))
+        text = json.dumps({**tag, **dead_letter_tag.fields(dead_letters)}, separators=(",", ":"))
         if len(text) > _MAX_TAG_BYTES:  # the worker keeps it well under: never refused
             logger.warning(
                 "checkpoint tag too long: its %d dead letters left out",
@@ -782,7 +781,6 @@ class TransactionalPublisher(_BatchProducer):
                     "kafka_checkpoint_tag_too_long", dead_letters=len(dead_letters)
                 ),
             )
-            del tag["dead_letter_topics"], tag["dead_letters"]
             text = json.dumps(tag, separators=(",", ":"))
         return text
 
@@ -989,13 +987,31 @@ def _checkpoint(position: Position, metadata: str | None) -> KafkaCheckpoint:
     try:
         tag = json.loads(metadata or "{}")
         space, message = tag.get("key_space"), tag.get("message_id")
-        topics = tag.get("dead_letter_topics", [])
-        letters = tuple((UUID(m), str(topics[i])) for m, i in tag.get("dead_letters", []))
-        return KafkaCheckpoint(
-            position, UUID(space) if space else None, UUID(message) if message else None, letters
+        provenance = KafkaCheckpoint(
+            position, UUID(space) if space else None, UUID(message) if message else None
         )
-    except (ValueError, TypeError, AttributeError, IndexError):
+    except (ValueError, TypeError, AttributeError):
         return KafkaCheckpoint(position)
+    try:
+        return provenance._replace(
+            dead_letters=dead_letter_tag.read(tag), named_dead_letters=_named(tag)
+        )
+    except (ValueError, TypeError, AttributeError, IndexError) as exc:
+        # Its provenance still holds: the checkpoint may be adopted, without decisions.
+        logger.warning(
+            "the Kafka-side checkpoint at %s names dead letters that cannot be read (%s): "
+            "an owner that adopts it records none of them",
+            position,
+            exc,
+            extra=log_extra("kafka_checkpoint_tag_unreadable", error=exc),
+        )
+        return provenance
+
+
+def _named(tag: dict[str, Any]) -> tuple[tuple[UUID, str], ...]:
+    """Dead letters by message id, as relays before issue #47 named them."""
+    topics = tag.get(dead_letter_tag.TOPICS, [])
+    return tuple((UUID(m), str(topics[i])) for m, i in tag.get(dead_letter_tag.NAMED, []))
 
 
 _topic_of = operator.attrgetter("topic")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, NamedTuple
 
@@ -339,27 +341,62 @@ def connect_params(url: str, *, autocommit: bool = True, **kwargs: Any) -> dict[
     return {**defaults, **kwargs, "autocommit": autocommit}
 
 
+# Every connection the relay opens resolves names in pg_catalog, then pg_temp, and
+# nowhere else (docs/design.md §2, "Names"): a role that may CREATE in a schema on
+# the server's default path (PUBLIC in `public` before Postgres 15) cannot put a better
+# matching overload of a built-in, or of the relay's own functions, in front of the
+# relay's queries. pg_temp last: a temporary table never shadows a relation. The relay's
+# own schema is always named in full.
+PINNED_SEARCH_PATH = "pg_catalog, pg_temp"
+
+
 def configure(conn: psycopg.Connection[Any], timeouts: SessionTimeouts | None = None) -> None:
     """What every relay connection gets once opened, pooled or not
-    (relay/adapters/postgres/pool.py). With ``timeouts`` (the daemon's connections), the
-    session's timeouts and UTC as its time zone, by a query rather than libpq's
-    ``options``, which poolers refuse."""
-    if timeouts is not None:
-        _configure_daemon_session(conn, timeouts)
+    (relay/adapters/postgres/pool.py): its ``search_path`` pinned to
+    :data:`PINNED_SEARCH_PATH`; with ``timeouts`` (the daemon's connections), the
+    session's timeouts and UTC as its time zone too, in the same round trip. By a query
+    rather than libpq's ``options``, which poolers refuse; so the statements the relay
+    runs qualify their calls as well: a pooler in transaction mode may hand them another
+    session's backend, whose path the relay did not pin."""
+    params: dict[str, str] = {"search_path": PINNED_SEARCH_PATH}
+    queries = queries_for("public")  # these name no table: any schema will do
+    if timeouts is None:
+        conn.execute(queries["pin_search_path"], params)
+    else:
+        conn.execute(queries["configure_daemon_session"], {**params, **_timeout_ms(timeouts)})
+    if not conn.autocommit:
+        conn.commit()  # a session setting made in a transaction that rolls back is undone
     set_json_loads(load_json, conn)
 
 
-def _configure_daemon_session(conn: psycopg.Connection[Any], timeouts: SessionTimeouts) -> None:
+def _timeout_ms(timeouts: SessionTimeouts) -> dict[str, str]:
     def ms(seconds: float) -> str:
         return str(round(seconds * 1000))
 
-    conn.execute(
-        queries_for("public")["configure_daemon_session"],  # names no table: any schema
-        {
-            "statement_timeout": ms(timeouts.statement),
-            "lock_timeout": ms(timeouts.lock),
-            "idle_in_transaction": ms(timeouts.idle_in_transaction),
-        },
-    )
-    if not conn.autocommit:
-        conn.commit()
+    return {
+        "statement_timeout": ms(timeouts.statement),
+        "lock_timeout": ms(timeouts.lock),
+        "idle_in_transaction": ms(timeouts.idle_in_transaction),
+    }
+
+
+@contextmanager
+def role_search_path(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """Inside, in a transaction of its own: the connecting role's own search_path, the
+    one :func:`configure` pinned over. Only for looking up what an operator names
+    without a schema (a Debezium table, the schemas ``migrate`` checks), as psql would
+    find it; nothing else runs there."""
+    queries = queries_for("public")
+    with wrap_errors(), conn.transaction():
+        conn.execute(queries["use_role_search_path"])
+        yield
+        # A savepoint's release keeps a local setting until the whole transaction ends.
+        conn.execute(queries["pin_search_path_locally"], {"search_path": PINNED_SEARCH_PATH})
+
+
+def role_schemas(conn: psycopg.Connection[Any]) -> list[str]:
+    """The existing schemas of the connecting role's own search_path, in order (its
+    "$user" schema included when there is one; pg_catalog and pg_temp left out)."""
+    with role_search_path(conn):
+        row = conn.execute(queries_for("public")["current_schemas"]).fetchone()
+    return [] if row is None else list(row[0])

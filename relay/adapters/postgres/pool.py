@@ -42,10 +42,10 @@ R = TypeVar("R")
 # of other roles (to a role without pg_read_all_stats) include a few background
 # processes: an underestimate of what is free, so the relay errs on the side of leaving.
 _FREE_SLOTS = b"""
-SELECT current_setting('max_connections')::int
-     - current_setting('superuser_reserved_connections')::int
-     - count(*) FILTER (WHERE backend_type IS NULL OR backend_type = 'client backend')
-  FROM pg_stat_activity
+SELECT pg_catalog.current_setting('max_connections')::int
+     - pg_catalog.current_setting('superuser_reserved_connections')::int
+     - pg_catalog.count(*) FILTER (WHERE backend_type IS NULL OR backend_type = 'client backend')
+  FROM pg_catalog.pg_stat_activity
 """
 
 

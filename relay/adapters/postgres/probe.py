@@ -144,7 +144,7 @@ class CommitProbe(threading.Thread):
                 if waiting:
                     # Rows keyed to the next xid, on a database where no transaction
                     # runs: take that xid (and commit at once) so the horizon passes them.
-                    conn.execute("SELECT pg_current_xact_id()")
+                    conn.execute("SELECT pg_catalog.pg_current_xact_id()")
                 changed = newest != last
                 if changed and isinstance(last, tuple) and newest is not None:
                     woken = self._types_between(conn, last, newest)

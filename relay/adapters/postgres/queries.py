@@ -1,4 +1,5 @@
-"""Named SQL queries, loaded from ``relay/adapters/postgres/sql/queries.sql``.
+"""Named SQL queries, loaded from ``relay/adapters/postgres/sql/queries.sql`` and
+``interventions.sql`` (the operators' interventions).
 
 Queries are written with a ``{schema}`` placeholder; :func:`queries_for` fills it
 with a quoted :class:`psycopg.sql.Identifier`, so a configured schema name can never
@@ -44,7 +45,7 @@ def with_schema(text: str, schema: str) -> sql.Composed:
 def queries_for(schema: str) -> dict[str, bytes]:
     """Every named query, bound to ``schema`` and rendered once: composing a query
     costs more than some of them take to run (the write API's insert)."""
+    text = "\n".join(read_sql(f) for f in ("queries.sql", "interventions.sql"))
     return {
-        name: with_schema(text, schema).as_bytes(None)
-        for name, text in parse_named(read_sql("queries.sql")).items()
+        name: with_schema(body, schema).as_bytes(None) for name, body in parse_named(text).items()
     }

@@ -6,9 +6,12 @@ the operators' commands (status, lag, reset, remove) use it directly."""
 
 from __future__ import annotations
 
+import builtins
+import dataclasses
 import functools
 import json
 import math
+import time
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -16,6 +19,7 @@ from uuid import UUID
 
 import orjson
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb, set_json_loads
 
@@ -23,6 +27,7 @@ from relay.adapters.postgres import part_index
 from relay.adapters.postgres.db import has_long_number, wrap_errors
 from relay.adapters.postgres.queries import queries_for
 from relay.core import ports
+from relay.core.interventions import Action, Intervention, OperatorSkip, PartMove, Recorded
 from relay.core.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.core.model import OutboxEvent, PartId, Position, Unreadable
 from relay.core.ports import (
@@ -39,8 +44,10 @@ from relay.errors import (
     CheckpointConflict,
     ClaimLost,
     DatabaseError,
+    NotMigratedError,
     SubscriberError,
     UndefinedFunctionError,
+    UndefinedTableError,
 )
 
 # Moved to the ports (the daemon's store port returns it); still importable from here.
@@ -60,6 +67,11 @@ class LagSample(NamedTuple):
 
 
 _UNDEFINED_COLUMN = "42703"
+# Schemas found without migration 0019 (a rolling deploy), until when: their parts are
+# read without a skip list meanwhile, not with a failed query every poll; then the
+# query is tried again (`migrate` may have run).
+_WITHOUT_SKIPS: dict[tuple[str, int, str, str], float] = {}
+_RECHECK_SKIPS_S = 60.0
 
 
 class PartSkips(NamedTuple):
@@ -67,8 +79,50 @@ class PartSkips(NamedTuple):
 
     part: int
     beyond_horizon: bool  # the checkpoint sorts after rows yet to be written
-    scanned: int | None  # rows the last reset forward jumped over, scanned (None: none)
+    # Rows a checkpoint beyond the horizon jumped over, scanned (None: none); on a schema
+    # before migration 0019, those of the last reset forward.
+    scanned: int | None
     counted: int | None  # of those, the part's rows matching the subscriber's filters
+    by_reset: int = 0  # events every reset forward skipped (the ledger, migration 0019)
+    by_skip: int = 0  # events `subscribers skip` skipped
+
+
+class SkipTarget(NamedTuple):
+    """What ``subscribers skip`` checks of one event asked for (``skip_targets``)."""
+
+    message_id: UUID
+    key: Position | None  # None: no such event in the outbox
+    aggregate_type: str | None
+    event_type: str | None
+    part: int | None
+    checkpoint: Position | None  # its part's
+    matches: bool | None  # whether the subscriber's filters take it
+    skipped_by: int | None  # the ledger entry that skipped it already
+    halted_on_it: bool | None  # its part is halted on it
+
+    @property
+    def pending(self) -> bool:
+        """Not published yet by its part: after the checkpoint."""
+        return self.key is not None and self.checkpoint is not None and self.key > self.checkpoint
+
+    def refusal(self, name: str) -> str | None:
+        """Why subscriber ``name`` cannot skip this event; None when it can."""
+        event = f"event {self.message_id}"
+        if self.key is None:
+            return f"{event} is not in the outbox (never written, or pruned)"
+        if not self.matches:
+            return (
+                f"{event} ({self.aggregate_type}/{self.event_type}) is not one subscriber "
+                f"{name!r} publishes: its filters leave it out"
+            )
+        if self.skipped_by is not None:
+            return f"{event} is skipped already (ledger #{self.skipped_by})"
+        if not self.pending:
+            return (
+                f"{event} at {self.key} is published already: part {self.part}'s checkpoint "
+                f"is {self.checkpoint} (skip stops only events not yet published)"
+            )
+        return None
 
 
 class PartWait(NamedTuple):
@@ -191,24 +245,22 @@ class OutboxStore:
             if row is None:
                 raise conflict
             return int(row[0])
-        letters = [
-            {
-                "name": state.name,
-                "part": state.part,
-                "transaction_id": letter.key.transaction_id,
-                "position": letter.key.position,
-                "message_id": letter.message_id,
-                "topic": letter.decision.topic,
-                "error": letter.decision.error,
-            }
-            for letter in dead_letters
-        ]
+        # One statement for the batch's dead letters, however many (a flood of poison
+        # rows dead-letters thousands a transaction).
+        letters = {
+            "name": state.name,
+            "part": state.part,
+            "transaction_ids": [letter.key.transaction_id for letter in dead_letters],
+            "positions": [letter.key.position for letter in dead_letters],
+            "message_ids": [letter.message_id for letter in dead_letters],
+            "topics": [letter.decision.topic for letter in dead_letters],
+            "errors": [letter.decision.error for letter in dead_letters],
+        }
         with wrap_errors(), self.conn.transaction():
             row = self.conn.execute(self._q["advance_checkpoint"], params).fetchone()
             if row is None:
                 raise conflict  # rolls the transaction back: nothing recorded
-            with self.conn.cursor() as cur:
-                cur.executemany(self._q["record_dead_letter"], letters)
+            self.conn.execute(self._q["record_dead_letters"], letters)
         return int(row[0])
 
     def dead_letters(
@@ -226,12 +278,29 @@ class OutboxStore:
             rows = self.conn.execute(self._q["dead_letters_between"], params).fetchall()
         return {row[0]: DeadLetterDecision(row[1], row[2]) for row in rows}
 
-    def halt(self, state: PartState, owner: UUID, error: str) -> None:
-        """Record a 'halt' poison decision: the part stays halted until resumed."""
-        params = {"name": state.name, "part": state.part, "owner": owner, "error": error}
-        with wrap_errors():
-            if self.conn.execute(self._q["halt_part"], params).fetchone() is None:
-                raise ClaimLost(f"{state.name}/{state.part} is no longer claimed by this relay")
+    def halt(
+        self, state: PartState, owner: UUID, error: str, message_id: UUID | None = None
+    ) -> None:
+        """Record a 'halt' poison decision, on the event ``message_id`` if it names one:
+        the part stays halted until resumed (or that event skipped)."""
+        params = {
+            "name": state.name,
+            "part": state.part,
+            "owner": owner,
+            "error": error,
+            "message_id": message_id,
+        }
+        try:
+            with wrap_errors():
+                row = self.conn.execute(self._q["halt_part"], params).fetchone()
+        except DatabaseError as exc:
+            if exc.sqlstate != _UNDEFINED_COLUMN:
+                raise
+            # A schema before migration 0019 (a rolling deploy): no halted_message_id.
+            with wrap_errors():
+                row = self.conn.execute(self._q["halt_part_without_message_id"], params).fetchone()
+        if row is None:
+            raise ClaimLost(f"{state.name}/{state.part} is no longer claimed by this relay")
 
     def record_wait(
         self, part: PartId, owner: UUID, waits_on: str | None, error: str | None
@@ -283,16 +352,23 @@ class OutboxStore:
         return int(row[0])
 
     def part_skips(self, name: str, scan: int | None) -> list[PartSkips]:
-        """Each part's events skipped by its last reset forward, and whether its
-        checkpoint lies beyond the horizon (``scan``: rows scanned at most, None: all)."""
+        """Each part's events the operator skipped (every reset forward and every skip,
+        from the ledger), and whether its checkpoint lies beyond the horizon, with the
+        events such a checkpoint skipped (``scan``: rows scanned at most, None: all)."""
+        params = {"name": name, "scan": scan}
         try:
             with wrap_errors():
-                query = self._q["part_skips"]
-                rows = self.conn.execute(query, {"name": name, "scan": scan}).fetchall()
-        except DatabaseError as exc:
-            if exc.sqlstate != _UNDEFINED_COLUMN:
-                raise
-            return []  # a schema before migration 0009: no reset recorded what it skipped
+                rows = self.conn.execute(self._q["part_skips"], params).fetchall()
+        except UndefinedTableError:
+            # A schema before migration 0019 (a rolling deploy): the last reset only.
+            try:
+                with wrap_errors():
+                    query = self._q["part_skips_before_ledger"]
+                    rows = self.conn.execute(query, params).fetchall()
+            except DatabaseError as exc:
+                if exc.sqlstate != _UNDEFINED_COLUMN:
+                    raise
+                return []  # a schema before migration 0009: no reset recorded what it skipped
         return [PartSkips(*row) for row in rows]
 
     def horizon_holders(self) -> list[HorizonHolder]:
@@ -327,6 +403,28 @@ class OutboxStore:
                 yield from self._prune_directly(older_than_s, batch)
                 return
             deleted = int(row[0]) if row else 0
+            if deleted <= 0:
+                return
+            yield deleted
+
+    def prune_dead_letters(
+        self,
+        subscriber: str | None = None,
+        *,
+        pending_older_than_s: float | None = None,
+        batch: int = 10_000,
+    ) -> Iterator[int]:
+        """Delete dead letters (``subscriber``'s, or every subscriber's) whose retention
+        is over, ``batch`` per transaction; yields each batch's count. Redriven ones
+        whose event the outbox's retention pruned; with ``pending_older_than_s`` (the
+        operator's word: they cannot be redriven afterwards), instead those not redriven
+        decided longer ago than that."""
+        params = {"name": subscriber, "older_than": pending_older_than_s, "limit": batch}
+        pending = pending_older_than_s is not None
+        query = self._q["prune_pending_dead_letters" if pending else "prune_redriven_dead_letters"]
+        while True:
+            with wrap_errors():
+                deleted = self.conn.execute(query, params).rowcount
             if deleted <= 0:
                 return
             yield deleted
@@ -374,6 +472,16 @@ class OutboxStore:
                 self._q["key_of_message"], {"message_id": message_id}
             ).fetchone()
         return Position(*row) if row is not None else None
+
+    def messages_at(self, keys: Sequence[Position]) -> dict[Position, UUID]:
+        """The message id of the event at each of ``keys`` the outbox holds."""
+        params = {
+            "transaction_ids": [key.transaction_id for key in keys],
+            "positions": [key.position for key in keys],
+        }
+        with wrap_errors():
+            rows = self.conn.execute(self._q["messages_at_keys"], params).fetchall()
+        return {Position(tx, pos): message_id for tx, pos, message_id in rows}
 
     def translate(self, key_space: UUID, key: Position) -> Position:
         """A key of ``key_space`` as a key of the space rebased from it."""
@@ -438,15 +546,30 @@ class OutboxStore:
     # -- subscribers -------------------------------------------------------------------
 
     def get_part(self, name: str, part: int) -> PartState:
-        with wrap_errors():
-            row = (
-                self.conn.cursor(row_factory=dict_row)
-                .execute(self._q["get_part"], {"name": name, "part": part})
-                .fetchone()
-            )
-        if row is None:
+        rows = self._parts("get_part", {"name": name, "part": part})
+        if not rows:
             raise SubscriberError(f"no subscriber part {name}/{part}")
-        return _part(Subscriber.from_dict(row), row)
+        return _part(Subscriber.from_dict(rows[0]), rows[0])
+
+    def _parts(self, query: str, params: dict[str, Any]) -> builtins.list[dict[str, Any]]:
+        """The rows of ``query`` (get_part, list_parts), each part with its skip list;
+        on a schema before migration 0019 (a rolling deploy), of its variant without."""
+        without = f"{query}_without_skips"
+        info = self.conn.info
+        schema = (info.host, info.port, info.dbname, self.schema)
+        if time.monotonic() < _WITHOUT_SKIPS.get(schema, 0.0):
+            query = without
+        cursor = self.conn.cursor(row_factory=dict_row)
+        try:
+            with wrap_errors():
+                return cursor.execute(self._q[query], params).fetchall()
+        except DatabaseError as exc:
+            in_transaction = self.conn.info.transaction_status != TransactionStatus.IDLE
+            if exc.sqlstate != _UNDEFINED_COLUMN or query == without or in_transaction:
+                raise
+        _WITHOUT_SKIPS[schema] = time.monotonic() + _RECHECK_SKIPS_S
+        with wrap_errors():
+            return cursor.execute(self._q[without], params).fetchall()
 
     def get(self, name: str) -> SubscriberState:
         found = self.list(name)
@@ -458,7 +581,7 @@ class OutboxStore:
         with wrap_errors():
             cursor = self.conn.cursor(row_factory=dict_row)
             subscribers = cursor.execute(self._q["list_subscribers"], {"name": name}).fetchall()
-            parts = cursor.execute(self._q["list_parts"], {"name": name}).fetchall()
+        parts = self._parts("list_parts", {"name": name})
         found = []
         for row in subscribers:
             subscriber = Subscriber.from_dict(row)
@@ -506,13 +629,18 @@ class OutboxStore:
                         "fixed at creation (remove the subscriber and add it again to change it)"
                     )
             else:
-                raise SubscriberError(f"subscriber {subscriber.name!r} already exists")
+                raise SubscriberError(
+                    f"subscriber {subscriber.name!r} already exists; change some of its "
+                    f"options with `outbox-relay subscribers set {subscriber.name} --OPTION "
+                    "VALUE`, or define it anew with --replace"
+                )
+            was = next((o.subscriber for o in listed if o.subscriber.name == subscriber.name), None)
             if (
                 subscriber.value_format is ValueFormat.AVRO_REGISTRY
                 or subscriber.subject_strategy is not SubjectStrategy.TOPIC
+                or (was is not None and was.subject_strategy is not SubjectStrategy.TOPIC)
             ):
                 self.conn.execute(self._q["set_subject_strategy"], params)
-            was = next((o.subscriber for o in listed if o.subscriber.name == subscriber.name), None)
             if not subscriber.routing.default or (was is not None and not was.routing.default):
                 # As given (not normalised): the stored definition then equals the
                 # configured one, and a relay's sync sees no change to write.
@@ -525,6 +653,29 @@ class OutboxStore:
                 self.conn.execute(self._q["set_key_format"], params)
         return created
 
+    def add_all(self, subscribers: Sequence[tuple[Subscriber, StartFrom]]) -> None:
+        """:meth:`add` each (``replace``), in one transaction: a refusal of any (a
+        collision, a part count) writes none."""
+        with wrap_errors(), self.conn.transaction():
+            for subscriber, start in subscribers:
+                self.add(subscriber, start, replace=True)
+
+    def replace(self, before: Subscriber, after: Subscriber) -> None:
+        """Replace the definition ``before`` by ``after`` (as :meth:`add` with
+        ``replace``), only if the stored one is still ``before`` (its pause aside):
+        a change computed from a definition someone changed meanwhile is refused."""
+        with wrap_errors(), self.conn.transaction():
+            locked = self.conn.execute(self._q["lock_subscriber"], {"name": before.name})
+            if locked.fetchone() is None:
+                raise SubscriberError(f"no subscriber named {before.name!r}")
+            current = self.get(before.name).subscriber
+            if dataclasses.replace(current, paused=before.paused) != before:
+                raise SubscriberError(
+                    f"subscriber {before.name!r} was changed by someone else meanwhile; "
+                    "nothing was written: run the command again"
+                )
+            self.add(after, replace=True)
+
     def index_parts(self) -> None:
         """Build the part indexes of every part count in use (relay/adapters/postgres/part_index.py):
         run by `migrate` and `subscribers add`, never by a relay (building one waits
@@ -532,50 +683,240 @@ class OutboxStore:
         for parts in sorted({s.subscriber.parts for s in self.list()}):
             part_index.ensure(self.conn, self.schema, parts)
 
-    def set_paused(self, name: str, paused: bool) -> None:
-        with wrap_errors():
+    def set_paused(self, name: str, paused: bool, record: Intervention | None = None) -> None:
+        """Pause or resume (which clears a halt) every part; with ``record``, on the
+        ledger in the same transaction."""
+        with wrap_errors(), self.conn.transaction():
             rows = self.conn.execute(
                 self._q["set_paused"], {"name": name, "paused": paused}
             ).fetchall()
-        if not rows:
-            raise SubscriberError(f"no subscriber named {name!r}")
+            if not rows:
+                raise SubscriberError(f"no subscriber named {name!r}")
+            if record is not None:
+                self._record(record)
 
-    def reset(self, name: str, to: StartFrom | Position) -> None:
-        """Move the checkpoint to the beginning, to now, or to just after a position.
+    def reset(
+        self, name: str, to: StartFrom | Position, record: Intervention | None = None
+    ) -> builtins.list[PartMove]:
+        """Move every part's checkpoint to the beginning, to now, or to just after a
+        position; returns what it did to each part. With ``record``, on the ledger in
+        the same transaction, with the moves and the events skipped or published again
+        (and every range skipped, which status and verify report from then on).
 
         A position beyond the horizon is refused: transactions still running or not yet
         begun write rows that sort before it, and they would never be published (issue
         #28). The horizon only grows, so checking it first leaves no race.
         """
-        position = to if isinstance(to, Position) else Position(0, 0)
-        if isinstance(to, Position):
-            horizon = self.horizon()
-            if to > Position(horizon, 0):
-                raise SubscriberError(
-                    f"cannot reset {name!r} to {to}: it is beyond what the database has "
-                    f"decided (the horizon is {horizon}:0; transactions from {horizon} on are "
-                    "still running or yet to begin), so events written from now on would sort "
-                    f"before it and never be published. Reset to a point at or below "
-                    f"{horizon}:0, or to 'now'"
-                )
-        params = {
-            "name": name,
-            "to": "position" if isinstance(to, Position) else to.value,
-            "transaction_id": position.transaction_id,
-            "position": position.position,
-        }
-        with wrap_errors():
-            rows = self.conn.execute(self._q["reset_checkpoint"], params).fetchall()
-        if not rows:
-            raise SubscriberError(f"no subscriber named {name!r}")
+        with wrap_errors(), self.conn.transaction():
+            # The parts are locked first: a relay's advance waits, so the moves counted
+            # are the moves made.
+            locked = self.conn.execute(self._q["lock_parts"], {"name": name}).fetchall()
+            if not locked:
+                raise SubscriberError(f"no subscriber named {name!r}")
+            target = self.reset_target(name, to)
+            state = self.get(name)
+            checkpoints = {part: Position(tx, pos) for part, tx, pos, _, _ in locked}
+            moves = self._moves(state, checkpoints, target)
+            params = {"name": name, "to": "position", **_key_params(target)}
+            self.conn.execute(self._q["reset_checkpoint"], params)
+            if record is not None:
+                self._record_reset(record, state, moves)
+        return moves
 
-    def remove(self, name: str) -> None:
+    def reset_target(self, name: str, to: StartFrom | Position) -> Position:
+        """Where a reset of ``name`` to ``to`` puts the checkpoints: 'beginning' before
+        every row, 'now' after every transaction decided (the horizon); a position
+        beyond the horizon is refused."""
+        if to is StartFrom.BEGINNING:
+            return Position(0, 0)
+        horizon = self.horizon()
+        if to is StartFrom.NOW:
+            return Position(horizon, 0)
+        assert isinstance(to, Position)
+        if to > Position(horizon, 0):
+            raise SubscriberError(
+                f"cannot reset {name!r} to {to}: it is beyond what the database has "
+                f"decided (the horizon is {horizon}:0; transactions from {horizon} on are "
+                "still running or yet to begin), so events written from now on would sort "
+                f"before it and never be published. Reset to a point at or below "
+                f"{horizon}:0, or to 'now'"
+            )
+        return to
+
+    def moves(self, state: SubscriberState, target: Position) -> builtins.list[PartMove]:
+        """What a reset of ``state``'s parts to ``target`` would do to each: the events
+        of the part between its checkpoint and the target that the subscriber's filters
+        match, but those the operator skipped already (skipped forward, or published
+        again backward)."""
         with wrap_errors():
+            return self._moves(state, {p.part: p.checkpoint for p in state.parts}, target)
+
+    def _moves(
+        self, state: SubscriberState, checkpoints: dict[int, Position], target: Position
+    ) -> builtins.list[PartMove]:
+        ranges = {part: (min(at, target), max(at, target)) for part, at in checkpoints.items()}
+        subscriber = state.subscriber
+        params = {
+            "parts": subscriber.parts,
+            "part": list(ranges),
+            **_keys_params([r[0] for r in ranges.values()], "after_"),
+            **_keys_params([r[1] for r in ranges.values()], "upto_"),
+            **_key_params(min(r[0] for r in ranges.values()), "low_"),
+            **_key_params(max(r[1] for r in ranges.values()), "high_"),
+            "aggregate_types": _sorted(subscriber.aggregate_types),
+            "event_types": _sorted(subscriber.event_types),
+            "subscriber_id": state.subscriber_id,
+        }
+        counts = dict(self.conn.execute(self._q["count_moved_events"], params).fetchall())
+        return [
+            PartMove(part, at, target, counts.get(part, 0))
+            for part, at in sorted(checkpoints.items())
+        ]
+
+    def _record_reset(
+        self, record: Intervention, state: SubscriberState, moves: builtins.list[PartMove]
+    ) -> None:
+        params = {**record.params, "parts": [m.as_dict() for m in moves]}
+        entry = self._record(
+            dataclasses.replace(record, params=params, events=sum(m.events for m in moves))
+        )
+        for move in moves:
+            if move.skips and move.events:
+                range_params = {
+                    "intervention": entry,
+                    "subscriber_id": state.subscriber_id,
+                    "part": move.part,
+                    **_key_params(move.before, "after_"),
+                    **_key_params(move.after, "upto_"),
+                    "events": move.events,
+                }
+                self.conn.execute(self._q["record_skipped_range"], range_params)
+
+    def remove(self, name: str, record: Intervention | None = None) -> None:
+        """Delete the subscriber and its checkpoints; with ``record``, on the ledger in
+        the same transaction (the ledger keeps it: it has no foreign key)."""
+        with wrap_errors(), self.conn.transaction():
             rows = self.conn.execute(self._q["delete_subscriber"], {"name": name}).fetchall()
-        if not rows:
-            raise SubscriberError(f"no subscriber named {name!r}")
+            if not rows:
+                raise SubscriberError(f"no subscriber named {name!r}")
+            if record is not None:
+                self._record(record)
         in_use = [s.subscriber.parts for s in self.list()]
         part_index.drop_unused(self.conn, self.schema, rows[0][1], in_use)
+
+    # -- the operators' ledger and skips (migration 0019) --------------------------------
+
+    def record(self, intervention: Intervention) -> int:
+        """Put ``intervention`` on the ledger; returns its entry's id. (An action that
+        changes state records with its change instead, in one transaction.)"""
+        with wrap_errors():
+            return self._record(intervention)
+
+    def _record(self, intervention: Intervention) -> int:
+        params = {
+            "subscriber": intervention.subscriber,
+            "subscriber_id": intervention.subscriber_id,
+            "action": intervention.action.value,
+            "os_user": intervention.actor.os_user,
+            "host": intervention.actor.host,
+            "params": Jsonb(intervention.params),
+            "events": intervention.events,
+        }
+        try:
+            row = self.conn.execute(self._q["record_intervention"], params).fetchone()
+        except psycopg.errors.UndefinedTable as exc:
+            # Every intervention is on the record, or it is not made: its transaction
+            # rolls back with this error.
+            raise NotMigratedError(
+                "the ledger of interventions is missing (migration 0019): run `outbox-relay "
+                "migrate`; nothing was changed"
+            ) from exc
+        assert row is not None
+        return int(row[0])
+
+    def skip_targets(self, name: str, message_ids: Sequence[UUID]) -> builtins.list[SkipTarget]:
+        """What ``subscribers skip`` checks of each event (in the order asked)."""
+        with wrap_errors():
+            return self._skip_targets(name, message_ids)
+
+    def _skip_targets(self, name: str, message_ids: Sequence[UUID]) -> builtins.list[SkipTarget]:
+        query = self._q["skip_targets"]
+        rows = self.conn.execute(query, {"name": name, "ids": list(message_ids)}).fetchall()
+        if not rows:
+            raise SubscriberError(f"no subscriber named {name!r}")
+        found = {
+            row[0]: SkipTarget(
+                row[0],
+                None if row[1] is None else Position(row[1], row[2]),
+                row[3],
+                row[4],
+                row[5],
+                None if row[6] is None else Position(row[6], row[7]),
+                *row[8:],
+            )
+            for row in rows
+        }
+        return [found[m] for m in message_ids]
+
+    def skip(
+        self, name: str, message_ids: Sequence[UUID], record: Intervention
+    ) -> builtins.list[int]:
+        """Skip these events of ``name``: each part drops its own when it meets them,
+        and a part halted on one of them resumes; on the ledger, in one transaction.
+        Refused (``SubscriberError``, nothing changed) unless every event is in the
+        outbox, taken by the subscriber's filters, not published by its part yet, and
+        not skipped already. Returns the parts resumed."""
+        with wrap_errors(), self.conn.transaction():
+            # Locked first: no relay advances past them between the check and the skip.
+            self.conn.execute(self._q["lock_parts"], {"name": name})
+            targets = self._skip_targets(name, message_ids)
+            refusals = [r for t in targets if (r := t.refusal(name)) is not None]
+            if refusals:
+                raise SubscriberError("; ".join(refusals))
+            entry = self._record(record)
+            subscriber_id = self.get(name).subscriber_id
+            by_part: dict[int, list[UUID]] = {}
+            for t in targets:
+                assert t.part is not None
+                by_part.setdefault(t.part, []).append(t.message_id)
+                skipped = {
+                    "intervention": entry,
+                    "subscriber_id": subscriber_id,
+                    "part": t.part,
+                    "message_id": t.message_id,
+                }
+                self.conn.execute(self._q["record_skipped_event"], skipped)
+            for part, ids in by_part.items():
+                self.conn.execute(self._q["skip_on_part"], {"name": name, "part": part, "ids": ids})
+        return sorted({t.part for t in targets if t.halted_on_it and t.part is not None})
+
+    def ledger(self, name: str) -> builtins.list[Recorded]:
+        """The interventions recorded for subscribers named ``name``, oldest first."""
+        with wrap_errors():
+            rows = self.conn.execute(self._q["ledger"], {"name": name}).fetchall()
+        return [_recorded(row) for row in rows]
+
+    def operator_skips(self, subscriber_id: UUID) -> builtins.list[OperatorSkip]:
+        """What the operator skipped of the subscriber ``subscriber_id``, per ledger
+        entry and part (none on a schema before migration 0019)."""
+        try:
+            with wrap_errors():
+                rows = self.conn.execute(
+                    self._q["operator_skips"], {"subscriber_id": subscriber_id}
+                ).fetchall()
+        except UndefinedTableError:
+            return []
+        return [
+            OperatorSkip(
+                _recorded(row[:10]),
+                row[10],
+                row[11],
+                row[12],
+                None if row[13] is None else Position(row[13], row[14]),
+                None if row[15] is None else Position(row[15], row[16]),
+            )
+            for row in rows
+        ]
 
 
 def _fetch_query(after: Position, selection: Selection) -> tuple[str, dict[str, Any]]:
@@ -693,6 +1034,7 @@ def _part(
         owner=row["owner"],
         halted_error=row["halted_error"],
         updated_at=row["updated_at"],
+        skips=frozenset(row.get("skips") or ()),
     )
 
 
@@ -707,3 +1049,20 @@ def _part_params(state: PartState) -> dict[str, Any]:
 
 def _sorted(values: frozenset[str] | None) -> list[str] | None:
     return None if values is None else sorted(values)
+
+
+def _key_params(key: Position, prefix: str = "") -> dict[str, int]:
+    return {f"{prefix}transaction_id": key.transaction_id, f"{prefix}position": key.position}
+
+
+def _keys_params(keys: builtins.list[Position], prefix: str) -> dict[str, builtins.list[int]]:
+    return {
+        f"{prefix}transaction_id": [k.transaction_id for k in keys],
+        f"{prefix}position": [k.position for k in keys],
+    }
+
+
+def _recorded(row: Sequence[Any]) -> Recorded:
+    return Recorded(
+        row[0], row[1], row[2], Action(row[3]), row[4], row[5], row[6], row[7], row[8], row[9]
+    )

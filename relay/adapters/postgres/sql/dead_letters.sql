@@ -39,7 +39,7 @@ SELECT d.part, d.message_id,
 -- is redriven; any other batch in flight was not committed, and is cleared.
 WITH done AS (
     UPDATE {schema}.outbox_dead_letters
-       SET redriven_at = now(), redrive_error = NULL
+       SET redriven_at = pg_catalog.now(), redrive_error = NULL
      WHERE subscriber = %(name)s AND redriven_at IS NULL AND redrive_batch = %(committed)s
     RETURNING 1
 ), cleared AS (
@@ -48,9 +48,9 @@ WITH done AS (
        AND redrive_batch <> %(committed)s
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM done),
+SELECT (SELECT pg_catalog.count(*) FROM done),
        greatest(%(committed)s,
-                (SELECT max(redrive_batch) FROM {schema}.outbox_dead_letters
+                (SELECT pg_catalog.max(redrive_batch) FROM {schema}.outbox_dead_letters
                   WHERE subscriber = %(name)s AND redriven_at IS NOT NULL));
 
 -- name: redrive_begin
@@ -65,7 +65,7 @@ UPDATE {schema}.outbox_dead_letters SET redrive_batch = NULL
 
 -- name: redrive_done
 -- The batch's Kafka transaction committed.
-UPDATE {schema}.outbox_dead_letters SET redriven_at = now(), redrive_error = NULL
+UPDATE {schema}.outbox_dead_letters SET redriven_at = pg_catalog.now(), redrive_error = NULL
  WHERE subscriber = %(name)s AND redriven_at IS NULL AND redrive_batch = %(batch)s;
 
 -- name: redrive_refused
@@ -75,7 +75,11 @@ UPDATE {schema}.outbox_dead_letters SET redrive_error = %(error)s
 
 -- name: redrive_lock
 -- One redrive per subscriber at a time (a session lock: released if the process dies).
-SELECT pg_try_advisory_lock(hashtextextended('outbox-relay.redrive.' || %(name)s, 0));
+-- Its key too: any role may take it, so a refusal names the holder.
+SELECT k.key, pg_catalog.pg_try_advisory_lock(k.key)
+  FROM (SELECT pg_catalog.hashtextextended('outbox-relay.redrive.' || %(name)s::text, 0::bigint)
+                   AS key) AS k;
 
 -- name: redrive_unlock
-SELECT pg_advisory_unlock(hashtextextended('outbox-relay.redrive.' || %(name)s, 0));
+SELECT pg_catalog.pg_advisory_unlock(
+           pg_catalog.hashtextextended('outbox-relay.redrive.' || %(name)s::text, 0::bigint));

@@ -7,6 +7,13 @@
 -- a literal); {trigger}/{update_trigger}: trigger names; {options}: the table's router
 -- options as JSON (relay/ops/debezium.py).
 
+-- name: schema_of
+-- The schema of a table the operator named without one, as the role's own search_path
+-- finds it (run under that path: relay/adapters/postgres/db.py, role_search_path).
+SELECT n.nspname
+  FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+ WHERE c.oid = pg_catalog.to_regclass(%(table)s::text);
+
 -- name: columns
 -- The source table's columns and their types (attach checks the options against them).
 SELECT a.attname, a.attnotnull, t.typname
@@ -22,7 +29,7 @@ DELETE FROM {schema}.outbox_debezium_tables d
  WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = d.source);
 INSERT INTO {schema}.outbox_debezium_tables (source, options)
 VALUES ({source_name}::regclass, {options}::jsonb)
-ON CONFLICT (source) DO UPDATE SET options = excluded.options, attached_at = now();
+ON CONFLICT (source) DO UPDATE SET options = excluded.options, attached_at = pg_catalog.now();
 
 -- name: attach
 DROP TRIGGER IF EXISTS {trigger} ON {source};
@@ -63,4 +70,4 @@ LOCK TABLE {source} IN SHARE ROW EXCLUSIVE MODE;
 ALTER PUBLICATION {publication} DROP TABLE {source};
 
 -- name: wal_position
-SELECT pg_current_wal_lsn()::text;
+SELECT pg_catalog.pg_current_wal_lsn()::text;

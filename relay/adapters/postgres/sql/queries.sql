@@ -67,26 +67,26 @@ SELECT message_id FROM {schema}.outbox
 -- the backlog on every poll instead of an index scan.
 -- Empty headers come back as NULL: parsing '{{}}' per row costs more than the payload.
 SELECT b.transaction_id::text::bigint AS transaction_id, b.position, b.message_id,
-       CASE WHEN b.too_large AND octet_length(b.aggregate_type) > 200
-            THEN left(b.aggregate_type, 200) || '...[cut: ' || octet_length(b.aggregate_type) || ' bytes]'
+       CASE WHEN b.too_large AND pg_catalog.octet_length(b.aggregate_type) > 200
+            THEN pg_catalog.left(b.aggregate_type, 200) || '...[cut: ' || pg_catalog.octet_length(b.aggregate_type) || ' bytes]'
             ELSE b.aggregate_type END AS aggregate_type,
-       CASE WHEN b.too_large AND octet_length(b.aggregate_id) > 200
-            THEN left(b.aggregate_id, 200) || '...[cut: ' || octet_length(b.aggregate_id) || ' bytes]'
+       CASE WHEN b.too_large AND pg_catalog.octet_length(b.aggregate_id) > 200
+            THEN pg_catalog.left(b.aggregate_id, 200) || '...[cut: ' || pg_catalog.octet_length(b.aggregate_id) || ' bytes]'
             ELSE b.aggregate_id END AS aggregate_id,
        b.aggregate_version,
-       CASE WHEN b.too_large AND octet_length(b.event_type) > 200
-            THEN left(b.event_type, 200) || '...[cut: ' || octet_length(b.event_type) || ' bytes]'
+       CASE WHEN b.too_large AND pg_catalog.octet_length(b.event_type) > 200
+            THEN pg_catalog.left(b.event_type, 200) || '...[cut: ' || pg_catalog.octet_length(b.event_type) || ' bytes]'
             ELSE b.event_type END AS event_type,
        -- The payload's JSON text as bytes: the relay loads a batch of them in one C loop.
-       CASE WHEN NOT b.too_large THEN convert_to(b.payload::text, 'UTF8') END AS payload,
+       CASE WHEN NOT b.too_large THEN pg_catalog.convert_to(b.payload::text, 'UTF8') END AS payload,
        CASE WHEN NOT b.too_large THEN nullif(b.headers, '{{}}'::jsonb) END AS headers,
        -- Clamped into what Python's datetime holds: a writer may store 'infinity'.
        least(greatest(b.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
        b.counted_bytes, CASE WHEN NOT b.too_large THEN b.debezium END AS debezium,
        CASE WHEN b.too_large THEN b.row_bytes END AS too_large_bytes,
        -- The "id" header's value, as bytes: written here in a tenth of Python's time.
-       convert_to(b.message_id::text, 'UTF8') AS id_text
-  FROM (SELECT m.*, sum(m.counted_bytes)
+       pg_catalog.convert_to(b.message_id::text, 'UTF8') AS id_text
+  FROM (SELECT m.*, pg_catalog.sum(m.counted_bytes)
                         OVER (ORDER BY m.transaction_id, m.position ROWS UNBOUNDED PRECEDING)
                         AS running_bytes
           FROM (SELECT r.*, r.row_bytes > %(max_row_bytes)s AS too_large,
@@ -94,30 +94,30 @@ SELECT b.transaction_id::text::bigint AS transaction_id, b.position, b.message_i
                                   ELSE greatest(r.row_bytes, r.stored_bytes) END,
                             2147483647)::integer AS counted_bytes
                   FROM (SELECT s.*,
-                               octet_length(s.aggregate_type)::bigint
-                               + octet_length(s.aggregate_id) + octet_length(s.event_type)
-                               + CASE WHEN pg_column_compression(s.payload) IS NULL
-                                      THEN pg_column_size(s.payload)
-                                      ELSE octet_length(s.payload::text) END
-                               + CASE WHEN pg_column_compression(s.headers) IS NULL
-                                      THEN pg_column_size(s.headers)
-                                      ELSE octet_length(s.headers::text) END
+                               pg_catalog.octet_length(s.aggregate_type)::bigint
+                               + pg_catalog.octet_length(s.aggregate_id) + pg_catalog.octet_length(s.event_type)
+                               + CASE WHEN pg_catalog.pg_column_compression(s.payload) IS NULL
+                                      THEN pg_catalog.pg_column_size(s.payload)
+                                      ELSE pg_catalog.octet_length(s.payload::text) END
+                               + CASE WHEN pg_catalog.pg_column_compression(s.headers) IS NULL
+                                      THEN pg_catalog.pg_column_size(s.headers)
+                                      ELSE pg_catalog.octet_length(s.headers::text) END
                                + CASE WHEN s.debezium IS NULL THEN 0
-                                      WHEN pg_column_compression(s.debezium) IS NULL
-                                      THEN pg_column_size(s.debezium)
-                                      ELSE octet_length(s.debezium::text) END AS row_bytes
+                                      WHEN pg_catalog.pg_column_compression(s.debezium) IS NULL
+                                      THEN pg_catalog.pg_column_size(s.debezium)
+                                      ELSE pg_catalog.octet_length(s.debezium::text) END AS row_bytes
                           FROM (SELECT o.*,
-                                       pg_column_size(o.payload) + pg_column_size(o.headers)
+                                       pg_catalog.pg_column_size(o.payload) + pg_catalog.pg_column_size(o.headers)
                                            AS stored_bytes,
-                                       sum(pg_column_size(o.payload) + pg_column_size(o.headers))
+                                       pg_catalog.sum(pg_catalog.pg_column_size(o.payload) + pg_catalog.pg_column_size(o.headers))
                                            OVER (ORDER BY o.transaction_id, o.position
                                                  ROWS UNBOUNDED PRECEDING) AS running_stored
                                   FROM {schema}.outbox o
                                  WHERE (o.transaction_id, o.position)
                                        > (%(transaction_id)s::text::xid8, %(position)s)
-                                   AND o.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+                                   AND o.transaction_id < pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())
                                    AND (%(parts)s = 1
-                                        OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
+                                        OR {schema}.outbox_part(o.aggregate_id, %(parts)s::integer) = %(part)s)
                                  ORDER BY o.transaction_id, o.position
                                  LIMIT %(limit)s) AS s
                          WHERE s.running_stored - s.stored_bytes < %(max_bytes)s
@@ -137,34 +137,34 @@ SELECT b.transaction_id::text::bigint AS transaction_id, b.position, b.message_i
 -- of NULLs says it. Nothing read: no row. (Slower than fetch_batch per row read, about
 -- 3x on the server, so subscribers without filters do not use it.)
 WITH w AS (
-    SELECT o.*, pg_column_size(o.payload) + pg_column_size(o.headers) AS stored_bytes,
-           sum(pg_column_size(o.payload) + pg_column_size(o.headers))
+    SELECT o.*, pg_catalog.pg_column_size(o.payload) + pg_catalog.pg_column_size(o.headers) AS stored_bytes,
+           pg_catalog.sum(pg_catalog.pg_column_size(o.payload) + pg_catalog.pg_column_size(o.headers))
                OVER (ORDER BY o.transaction_id, o.position ROWS UNBOUNDED PRECEDING)
                AS running_stored,
-           row_number() OVER (ORDER BY o.transaction_id, o.position) AS n
+           pg_catalog.row_number() OVER (ORDER BY o.transaction_id, o.position) AS n
       FROM {schema}.outbox o
      WHERE (o.transaction_id, o.position) > (%(transaction_id)s::text::xid8, %(position)s)
-       AND o.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
-       AND (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
+       AND o.transaction_id < pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())
+       AND (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s::integer) = %(part)s)
      ORDER BY o.transaction_id, o.position
      LIMIT %(limit)s
 ), measured AS MATERIALIZED (  -- each row measured once, not once per use
     SELECT w.*,
-           octet_length(w.aggregate_type)::bigint
-           + octet_length(w.aggregate_id) + octet_length(w.event_type)
-           + CASE WHEN pg_column_compression(w.payload) IS NULL THEN pg_column_size(w.payload)
-                  ELSE octet_length(w.payload::text) END
-           + CASE WHEN pg_column_compression(w.headers) IS NULL THEN pg_column_size(w.headers)
-                  ELSE octet_length(w.headers::text) END
+           pg_catalog.octet_length(w.aggregate_type)::bigint
+           + pg_catalog.octet_length(w.aggregate_id) + pg_catalog.octet_length(w.event_type)
+           + CASE WHEN pg_catalog.pg_column_compression(w.payload) IS NULL THEN pg_catalog.pg_column_size(w.payload)
+                  ELSE pg_catalog.octet_length(w.payload::text) END
+           + CASE WHEN pg_catalog.pg_column_compression(w.headers) IS NULL THEN pg_catalog.pg_column_size(w.headers)
+                  ELSE pg_catalog.octet_length(w.headers::text) END
            + CASE WHEN w.debezium IS NULL THEN 0
-                  WHEN pg_column_compression(w.debezium) IS NULL THEN pg_column_size(w.debezium)
-                  ELSE octet_length(w.debezium::text) END AS row_bytes
+                  WHEN pg_catalog.pg_column_compression(w.debezium) IS NULL THEN pg_catalog.pg_column_size(w.debezium)
+                  ELSE pg_catalog.octet_length(w.debezium::text) END AS row_bytes
       FROM w
      WHERE w.running_stored - w.stored_bytes < %(max_bytes)s
      ORDER BY w.transaction_id, w.position
 ), r AS (
     SELECT c.* FROM (
-        SELECT m.*, sum(m.counted_bytes)
+        SELECT m.*, pg_catalog.sum(m.counted_bytes)
                         OVER (ORDER BY m.transaction_id, m.position ROWS UNBOUNDED PRECEDING)
                         AS running_bytes
           FROM (SELECT measured.*, measured.row_bytes > %(max_row_bytes)s AS too_large,
@@ -176,25 +176,25 @@ WITH w AS (
      WHERE c.running_bytes - c.counted_bytes < %(max_bytes)s
 )
 SELECT last.transaction_id::text::bigint AS read_transaction_id, last.position AS read_position,
-       last.n = %(limit)s OR last.n < (SELECT count(*) FROM w) AS read_full,
+       last.n = %(limit)s OR last.n < (SELECT pg_catalog.count(*) FROM w) AS read_full,
        c.transaction_id::text::bigint AS transaction_id, c.position, c.message_id,
-       CASE WHEN c.too_large AND octet_length(c.aggregate_type) > 200
-            THEN left(c.aggregate_type, 200) || '...[cut: ' || octet_length(c.aggregate_type) || ' bytes]'
+       CASE WHEN c.too_large AND pg_catalog.octet_length(c.aggregate_type) > 200
+            THEN pg_catalog.left(c.aggregate_type, 200) || '...[cut: ' || pg_catalog.octet_length(c.aggregate_type) || ' bytes]'
             ELSE c.aggregate_type END AS aggregate_type,
-       CASE WHEN c.too_large AND octet_length(c.aggregate_id) > 200
-            THEN left(c.aggregate_id, 200) || '...[cut: ' || octet_length(c.aggregate_id) || ' bytes]'
+       CASE WHEN c.too_large AND pg_catalog.octet_length(c.aggregate_id) > 200
+            THEN pg_catalog.left(c.aggregate_id, 200) || '...[cut: ' || pg_catalog.octet_length(c.aggregate_id) || ' bytes]'
             ELSE c.aggregate_id END AS aggregate_id,
        c.aggregate_version,
-       CASE WHEN c.too_large AND octet_length(c.event_type) > 200
-            THEN left(c.event_type, 200) || '...[cut: ' || octet_length(c.event_type) || ' bytes]'
+       CASE WHEN c.too_large AND pg_catalog.octet_length(c.event_type) > 200
+            THEN pg_catalog.left(c.event_type, 200) || '...[cut: ' || pg_catalog.octet_length(c.event_type) || ' bytes]'
             ELSE c.event_type END AS event_type,
-       CASE WHEN NOT c.too_large THEN convert_to(c.payload::text, 'UTF8') END AS payload,
+       CASE WHEN NOT c.too_large THEN pg_catalog.convert_to(c.payload::text, 'UTF8') END AS payload,
        CASE WHEN NOT c.too_large THEN nullif(c.headers, '{{}}'::jsonb) END AS headers,
        -- Clamped into what Python's datetime holds: a writer may store 'infinity'.
        least(greatest(c.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
        c.counted_bytes, CASE WHEN NOT c.too_large THEN c.debezium END AS debezium,
        CASE WHEN c.too_large THEN c.row_bytes END AS too_large_bytes,
-       convert_to(c.message_id::text, 'UTF8') AS id_text
+       pg_catalog.convert_to(c.message_id::text, 'UTF8') AS id_text
   FROM (SELECT r.transaction_id, r.position, r.n FROM r
          ORDER BY r.transaction_id DESC, r.position DESC LIMIT 1) AS last
   LEFT JOIN LATERAL (
@@ -214,38 +214,38 @@ SELECT last.transaction_id::text::bigint AS read_transaction_id, last.position A
 SELECT h.horizon::text::bigint AS read_transaction_id, 0::bigint AS read_position,
        h.anything AS read_any,
        c.transaction_id::text::bigint AS transaction_id, c.position, c.message_id,
-       CASE WHEN c.too_large AND octet_length(c.aggregate_type) > 200
-            THEN left(c.aggregate_type, 200) || '...[cut: ' || octet_length(c.aggregate_type) || ' bytes]'
+       CASE WHEN c.too_large AND pg_catalog.octet_length(c.aggregate_type) > 200
+            THEN pg_catalog.left(c.aggregate_type, 200) || '...[cut: ' || pg_catalog.octet_length(c.aggregate_type) || ' bytes]'
             ELSE c.aggregate_type END AS aggregate_type,
-       CASE WHEN c.too_large AND octet_length(c.aggregate_id) > 200
-            THEN left(c.aggregate_id, 200) || '...[cut: ' || octet_length(c.aggregate_id) || ' bytes]'
+       CASE WHEN c.too_large AND pg_catalog.octet_length(c.aggregate_id) > 200
+            THEN pg_catalog.left(c.aggregate_id, 200) || '...[cut: ' || pg_catalog.octet_length(c.aggregate_id) || ' bytes]'
             ELSE c.aggregate_id END AS aggregate_id,
        c.aggregate_version,
-       CASE WHEN c.too_large AND octet_length(c.event_type) > 200
-            THEN left(c.event_type, 200) || '...[cut: ' || octet_length(c.event_type) || ' bytes]'
+       CASE WHEN c.too_large AND pg_catalog.octet_length(c.event_type) > 200
+            THEN pg_catalog.left(c.event_type, 200) || '...[cut: ' || pg_catalog.octet_length(c.event_type) || ' bytes]'
             ELSE c.event_type END AS event_type,
-       CASE WHEN NOT c.too_large THEN convert_to(c.payload::text, 'UTF8') END AS payload,
+       CASE WHEN NOT c.too_large THEN pg_catalog.convert_to(c.payload::text, 'UTF8') END AS payload,
        CASE WHEN NOT c.too_large THEN nullif(c.headers, '{{}}'::jsonb) END AS headers,
        least(greatest(c.occurred_at, '0001-01-02 00:00+00'), '9999-12-30 00:00+00') AS occurred_at,
        c.counted_bytes, CASE WHEN NOT c.too_large THEN c.debezium END AS debezium,
        CASE WHEN c.too_large THEN c.row_bytes END AS too_large_bytes,
-       convert_to(c.message_id::text, 'UTF8') AS id_text
-  FROM (SELECT pg_snapshot_xmin(s) AS horizon, %(aggregate_type)s::text AS aggregate_type,
+       pg_catalog.convert_to(c.message_id::text, 'UTF8') AS id_text
+  FROM (SELECT pg_catalog.pg_snapshot_xmin(s) AS horizon, %(aggregate_type)s::text AS aggregate_type,
                -- The newest decided row, by a backward scan (not EXISTS: see
                -- newest_decided), lies after the checkpoint.
                coalesce((SELECT (a.transaction_id, a.position)
                                   > (%(transaction_id)s::text::xid8, %(position)s)
                            FROM {schema}.outbox a
-                          WHERE a.transaction_id < pg_snapshot_xmin(s)
+                          WHERE a.transaction_id < pg_catalog.pg_snapshot_xmin(s)
                           ORDER BY a.transaction_id DESC, a.position DESC LIMIT 1),
                         false) AS anything
-          FROM pg_current_snapshot() AS s
+          FROM pg_catalog.pg_current_snapshot() AS s
          -- OFFSET 0 fences it: flattened, the backward scan ran once per row returned
          -- (read_any is in every row), a thousand index descents per batch.
         OFFSET 0) AS h
   LEFT JOIN LATERAL (
        SELECT b.* FROM (
-           SELECT m.*, sum(m.counted_bytes)
+           SELECT m.*, pg_catalog.sum(m.counted_bytes)
                            OVER (ORDER BY m.aggregate_type, m.transaction_id, m.position ROWS UNBOUNDED PRECEDING)
                            AS running_bytes
              FROM (SELECT r.*, r.row_bytes > %(max_row_bytes)s AS too_large,
@@ -253,22 +253,22 @@ SELECT h.horizon::text::bigint AS read_transaction_id, 0::bigint AS read_positio
                                      ELSE greatest(r.row_bytes, r.stored_bytes) END,
                                2147483647)::integer AS counted_bytes
                      FROM (SELECT s.*,
-                                  octet_length(s.aggregate_type)::bigint
-                                  + octet_length(s.aggregate_id) + octet_length(s.event_type)
-                                  + CASE WHEN pg_column_compression(s.payload) IS NULL
-                                         THEN pg_column_size(s.payload)
-                                         ELSE octet_length(s.payload::text) END
-                                  + CASE WHEN pg_column_compression(s.headers) IS NULL
-                                         THEN pg_column_size(s.headers)
-                                         ELSE octet_length(s.headers::text) END
+                                  pg_catalog.octet_length(s.aggregate_type)::bigint
+                                  + pg_catalog.octet_length(s.aggregate_id) + pg_catalog.octet_length(s.event_type)
+                                  + CASE WHEN pg_catalog.pg_column_compression(s.payload) IS NULL
+                                         THEN pg_catalog.pg_column_size(s.payload)
+                                         ELSE pg_catalog.octet_length(s.payload::text) END
+                                  + CASE WHEN pg_catalog.pg_column_compression(s.headers) IS NULL
+                                         THEN pg_catalog.pg_column_size(s.headers)
+                                         ELSE pg_catalog.octet_length(s.headers::text) END
                                   + CASE WHEN s.debezium IS NULL THEN 0
-                                         WHEN pg_column_compression(s.debezium) IS NULL
-                                         THEN pg_column_size(s.debezium)
-                                         ELSE octet_length(s.debezium::text) END AS row_bytes
+                                         WHEN pg_catalog.pg_column_compression(s.debezium) IS NULL
+                                         THEN pg_catalog.pg_column_size(s.debezium)
+                                         ELSE pg_catalog.octet_length(s.debezium::text) END AS row_bytes
                              FROM (SELECT o.*,
-                                          pg_column_size(o.payload) + pg_column_size(o.headers)
+                                          pg_catalog.pg_column_size(o.payload) + pg_catalog.pg_column_size(o.headers)
                                               AS stored_bytes,
-                                          sum(pg_column_size(o.payload) + pg_column_size(o.headers))
+                                          pg_catalog.sum(pg_catalog.pg_column_size(o.payload) + pg_catalog.pg_column_size(o.headers))
                                               OVER (ORDER BY o.aggregate_type, o.transaction_id, o.position
                                                     ROWS UNBOUNDED PRECEDING) AS running_stored
                                      FROM {schema}.outbox o
@@ -289,7 +289,7 @@ SELECT h.horizon::text::bigint AS read_transaction_id, 0::bigint AS read_positio
                                           > (h.aggregate_type, %(transaction_id)s::text::xid8, %(position)s)
                                       AND (o.aggregate_type, o.transaction_id) < (h.aggregate_type, h.horizon)
                                       AND (%(parts)s = 1
-                                           OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
+                                           OR {schema}.outbox_part(o.aggregate_id, %(parts)s::integer) = %(part)s)
                                       AND (%(event_types)s::text[] IS NULL
                                            OR o.event_type = ANY(%(event_types)s::text[]))
                                     ORDER BY o.aggregate_type, o.transaction_id, o.position
@@ -311,14 +311,14 @@ SELECT h.horizon::text::bigint AS read_transaction_id, 0::bigint AS read_positio
 -- guesses that a third of the table qualifies and serves it with a sequential scan,
 -- which reads the whole table whenever nothing does, as on every idle probe.
 SELECT newest.transaction_id, newest.position,
-       pg_snapshot_xmin(s) = pg_snapshot_xmax(s)
+       pg_catalog.pg_snapshot_xmin(s) = pg_catalog.pg_snapshot_xmax(s)
        AND (SELECT w.transaction_id FROM {schema}.outbox w
-             ORDER BY w.transaction_id DESC, w.position DESC LIMIT 1) >= pg_snapshot_xmin(s)
-  FROM pg_current_snapshot() AS s
+             ORDER BY w.transaction_id DESC, w.position DESC LIMIT 1) >= pg_catalog.pg_snapshot_xmin(s)
+  FROM pg_catalog.pg_current_snapshot() AS s
   LEFT JOIN LATERAL (
        SELECT o.transaction_id, o.position
          FROM {schema}.outbox o
-        WHERE o.transaction_id < pg_snapshot_xmin(s)
+        WHERE o.transaction_id < pg_catalog.pg_snapshot_xmin(s)
         ORDER BY o.transaction_id DESC, o.position DESC
         LIMIT 1) AS newest ON true;
 
@@ -327,7 +327,7 @@ SELECT newest.transaction_id, newest.position,
 -- last look, keys in (after, upto], so that it wakes only the parts that can have rows
 -- of them. A forward range scan of the primary key over at most %(limit)s rows; it says
 -- how many it read (as many as the limit: there may be other types, wake every part).
-SELECT array_agg(DISTINCT r.aggregate_type), count(*)
+SELECT pg_catalog.array_agg(DISTINCT r.aggregate_type), pg_catalog.count(*)
   FROM (SELECT o.aggregate_type
           FROM {schema}.outbox o
          WHERE (o.transaction_id, o.position)
@@ -354,7 +354,7 @@ WITH s AS (
     UPDATE {schema}.outbox_subscribers
        SET aggregate_types = %(aggregate_types)s, event_types = %(event_types)s,
            topic = %(topic)s, value_format = %(value_format)s, on_poison = %(on_poison)s,
-           dead_letter_topic = %(dead_letter_topic)s, updated_at = now()
+           dead_letter_topic = %(dead_letter_topic)s, updated_at = pg_catalog.now()
      WHERE name = %(name)s
     RETURNING name, parts
 ), bumped AS (
@@ -362,6 +362,11 @@ WITH s AS (
       FROM s WHERE c.subscriber = s.name
 )
 SELECT parts FROM s;
+
+-- name: lock_subscriber
+-- OutboxStore.replace: the definition read after this lock is the one the change
+-- replaces (a concurrent change waits, or is seen).
+SELECT name FROM {schema}.outbox_subscribers WHERE name = %(name)s FOR UPDATE;
 
 -- name: set_subject_strategy
 -- Apart from insert_subscriber and update_subscriber, which a relay runs on schemas
@@ -386,8 +391,8 @@ UPDATE {schema}.outbox_subscribers SET key_format = %(key_format)s
 INSERT INTO {schema}.outbox_checkpoints
     (subscriber, part, transaction_id, position, start_transaction_id, start_position)
 SELECT %(name)s, part, start.xid, 0, start.xid, 0
-  FROM generate_series(0, %(parts)s - 1) AS part,
-       LATERAL (SELECT CASE WHEN %(start)s = 'now' THEN pg_snapshot_xmin(pg_current_snapshot())
+  FROM pg_catalog.generate_series(0, %(parts)s - 1) AS part,
+       LATERAL (SELECT CASE WHEN %(start)s = 'now' THEN pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())
                             ELSE '0'::xid8 END AS xid) AS start
 ON CONFLICT (subscriber, part) DO NOTHING;
 
@@ -396,15 +401,30 @@ ON CONFLICT (subscriber, part) DO NOTHING;
 -- 0011, which a relay of this version may run on during a rolling deploy.
 SELECT s.name, s.aggregate_types, s.event_types, s.topic, s.value_format, s.paused,
        s.id, s.parts, s.on_poison, s.dead_letter_topic,
-       to_jsonb(s) ->> 'subject_strategy' AS subject_strategy,
-       to_jsonb(s) -> 'routing' AS routing,
-       CASE WHEN s.value_format = 'avro-registry' THEN to_jsonb(s) ->> 'key_format' END
+       pg_catalog.to_jsonb(s) ->> 'subject_strategy' AS subject_strategy,
+       pg_catalog.to_jsonb(s) -> 'routing' AS routing,
+       CASE WHEN s.value_format = 'avro-registry' THEN pg_catalog.to_jsonb(s) ->> 'key_format' END
            AS key_format
   FROM {schema}.outbox_subscribers s
  WHERE %(name)s::text IS NULL OR s.name = %(name)s
  ORDER BY s.name;
 
 -- name: list_parts
+-- With the events after each checkpoint that the operator skipped (`subscribers skip`,
+-- migration 0019), looked up by message id; nothing to look up, no subquery run.
+SELECT c.subscriber, c.part, c.transaction_id::text::bigint AS transaction_id, c.position,
+       c.version, c.generation, c.owner, c.halted_error, c.updated_at,
+       CASE WHEN c.skip_message_ids IS NOT NULL THEN
+           ARRAY(SELECT o.message_id FROM {schema}.outbox o
+                  WHERE o.message_id = ANY(c.skip_message_ids)
+                    AND (o.transaction_id, o.position) > (c.transaction_id, c.position))
+       END AS skips
+  FROM {schema}.outbox_checkpoints c
+ WHERE %(name)s::text IS NULL OR c.subscriber = %(name)s
+ ORDER BY c.subscriber, c.part;
+
+-- name: list_parts_without_skips
+-- list_parts on a schema before migration 0019 (a rolling deploy): no skip list.
 SELECT c.subscriber, c.part, c.transaction_id::text::bigint AS transaction_id, c.position,
        c.version, c.generation, c.owner, c.halted_error, c.updated_at
   FROM {schema}.outbox_checkpoints c
@@ -412,11 +432,31 @@ SELECT c.subscriber, c.part, c.transaction_id::text::bigint AS transaction_id, c
  ORDER BY c.subscriber, c.part;
 
 -- name: get_part
+-- With the events after the checkpoint that the operator skipped, as list_parts.
 SELECT s.name, s.aggregate_types, s.event_types, s.topic, s.value_format, s.paused,
        s.id, s.parts, s.on_poison, s.dead_letter_topic,
-       to_jsonb(s) ->> 'subject_strategy' AS subject_strategy,
-       to_jsonb(s) -> 'routing' AS routing,
-       CASE WHEN s.value_format = 'avro-registry' THEN to_jsonb(s) ->> 'key_format' END
+       pg_catalog.to_jsonb(s) ->> 'subject_strategy' AS subject_strategy,
+       pg_catalog.to_jsonb(s) -> 'routing' AS routing,
+       CASE WHEN s.value_format = 'avro-registry' THEN pg_catalog.to_jsonb(s) ->> 'key_format' END
+           AS key_format,
+       c.part, c.transaction_id::text::bigint AS transaction_id, c.position, c.version,
+       c.generation, c.owner, c.halted_error, c.updated_at,
+       CASE WHEN c.skip_message_ids IS NOT NULL THEN
+           ARRAY(SELECT o.message_id FROM {schema}.outbox o
+                  WHERE o.message_id = ANY(c.skip_message_ids)
+                    AND (o.transaction_id, o.position) > (c.transaction_id, c.position))
+       END AS skips
+  FROM {schema}.outbox_subscribers s
+  JOIN {schema}.outbox_checkpoints c ON c.subscriber = s.name
+ WHERE s.name = %(name)s AND c.part = %(part)s;
+
+-- name: get_part_without_skips
+-- get_part on a schema before migration 0019 (a rolling deploy): no skip list.
+SELECT s.name, s.aggregate_types, s.event_types, s.topic, s.value_format, s.paused,
+       s.id, s.parts, s.on_poison, s.dead_letter_topic,
+       pg_catalog.to_jsonb(s) ->> 'subject_strategy' AS subject_strategy,
+       pg_catalog.to_jsonb(s) -> 'routing' AS routing,
+       CASE WHEN s.value_format = 'avro-registry' THEN pg_catalog.to_jsonb(s) ->> 'key_format' END
            AS key_format,
        c.part, c.transaction_id::text::bigint AS transaction_id, c.position, c.version,
        c.generation, c.owner, c.halted_error, c.updated_at
@@ -433,14 +473,14 @@ SELECT s.name, s.aggregate_types, s.event_types, s.topic, s.value_format, s.paus
 -- set_config(..., true) lasts until this statement's transaction ends, and the join
 -- makes sure it ran before any row is updated: one statement, one round trip.
 WITH commit_mode AS (
-    SELECT set_config('synchronous_commit',
+    SELECT pg_catalog.set_config('synchronous_commit',
                       coalesce(%(synchronous_commit)s::text,
-                               current_setting('synchronous_commit')),
+                               pg_catalog.current_setting('synchronous_commit')),
                       true)
 )
 UPDATE {schema}.outbox_checkpoints
    SET transaction_id = %(transaction_id)s::text::xid8, position = %(position)s,
-       version = version + 1, updated_at = now()
+       version = version + 1, updated_at = pg_catalog.now()
   FROM commit_mode
  WHERE subscriber = %(name)s AND part = %(part)s AND version = %(version)s
    AND owner = %(owner)s
@@ -456,16 +496,33 @@ SELECT message_id, topic, error FROM {schema}.outbox_dead_letters
    AND (transaction_id, position) > (%(from_tx)s::text::xid8, %(from_pos)s)
    AND (transaction_id, position) <= (%(to_tx)s::text::xid8, %(to_pos)s);
 
--- name: record_dead_letter
+-- name: record_dead_letters
+-- A batch's dead letters, in one statement: the arrays pair up by index (ROWS FROM:
+-- unnest of several arrays, schema-qualified).
 INSERT INTO {schema}.outbox_dead_letters
     (subscriber, part, transaction_id, position, message_id, topic, error)
-VALUES (%(name)s, %(part)s, %(transaction_id)s::text::xid8, %(position)s, %(message_id)s,
-        %(topic)s, %(error)s)
+SELECT %(name)s, %(part)s, l.transaction_id::text::xid8, l.position, l.message_id, l.topic,
+       l.error
+  FROM ROWS FROM (pg_catalog.unnest(%(transaction_ids)s::bigint[]),
+                  pg_catalog.unnest(%(positions)s::bigint[]),
+                  pg_catalog.unnest(%(message_ids)s::uuid[]),
+                  pg_catalog.unnest(%(topics)s::text[]),
+                  pg_catalog.unnest(%(errors)s::text[]))
+       AS l(transaction_id, position, message_id, topic, error)
 ON CONFLICT DO NOTHING;
 
 -- name: halt_part
+-- halted_message_id: the poison event, if the halt names one (migration 0019).
 UPDATE {schema}.outbox_checkpoints
-   SET halted_at = now(), halted_error = %(error)s, version = version + 1
+   SET halted_at = pg_catalog.now(), halted_error = %(error)s,
+       halted_message_id = %(message_id)s, version = version + 1
+ WHERE subscriber = %(name)s AND part = %(part)s AND owner = %(owner)s
+RETURNING version;
+
+-- name: halt_part_without_message_id
+-- halt_part on a schema before migration 0019 (a rolling deploy).
+UPDATE {schema}.outbox_checkpoints
+   SET halted_at = pg_catalog.now(), halted_error = %(error)s, version = version + 1
  WHERE subscriber = %(name)s AND part = %(part)s AND owner = %(owner)s
 RETURNING version;
 
@@ -497,7 +554,7 @@ SELECT c.subscriber, c.part, w.waiting_on, w.waiting_error, w.waiting_since
 -- Resuming also clears a poison halt. Bumps the checkpoint versions so a running
 -- relay notices at its next checkpoint.
 WITH s AS (
-    UPDATE {schema}.outbox_subscribers SET paused = %(paused)s, updated_at = now()
+    UPDATE {schema}.outbox_subscribers SET paused = %(paused)s, updated_at = pg_catalog.now()
      WHERE name = %(name)s RETURNING name
 )
 UPDATE {schema}.outbox_checkpoints c
@@ -526,11 +583,11 @@ UPDATE {schema}.outbox_checkpoints c
            WHEN (c.transaction_id, c.position) = (c.start_transaction_id, c.start_position)
                 AND c.skipped_from_transaction_id IS NOT NULL THEN c.skipped_from_position
            ELSE c.position END,
-       version = version + 1, generation = gen_random_uuid(),
-       halted_at = NULL, halted_error = NULL, updated_at = now()
+       version = version + 1, generation = pg_catalog.gen_random_uuid(),
+       halted_at = NULL, halted_error = NULL, updated_at = pg_catalog.now()
   FROM (SELECT CASE %(to)s
                    WHEN 'beginning' THEN '0'::xid8
-                   WHEN 'now' THEN pg_snapshot_xmin(pg_current_snapshot())
+                   WHEN 'now' THEN pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())
                    ELSE %(transaction_id)s::text::xid8 END AS xid,
                CASE WHEN %(to)s = 'position' THEN %(position)s::bigint ELSE 0 END AS pos) AS t
  WHERE c.subscriber = %(name)s
@@ -538,9 +595,49 @@ RETURNING c.subscriber;
 
 -- name: horizon
 -- Every transaction below it has committed or rolled back (docs/design.md §1).
-SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
+SELECT pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text::bigint;
 
 -- name: part_skips
+-- For each part of a subscriber: whether its checkpoint lies beyond the horizon (then
+-- every row written now sorts before it and is never published); the events the
+-- operator skipped, from the ledger (migration 0019: every reset forward's range and
+-- every `subscribers skip`, counted when they were made, so they stay reported across
+-- any number of later resets); and, for a checkpoint beyond the horizon (an older
+-- version's reset, or one written by hand: a reset refuses such a point), which has not
+-- moved since it was set: the rows written since (occurred_at from then on, newest first), of which at
+-- most %(scan)s scanned (NULL: all), and how many of those are the part's.
+SELECT c.part,
+       (c.transaction_id, c.position)
+           > (pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()), 0)
+           AS beyond_horizon,
+       b.scanned, b.counted,
+       coalesce(k.by_reset, 0) AS by_reset, coalesce(k.by_skip, 0) AS by_skip
+  FROM {schema}.outbox_checkpoints c
+  JOIN {schema}.outbox_subscribers s ON s.name = c.subscriber
+  LEFT JOIN LATERAL (
+       SELECT pg_catalog.sum(x.events) FILTER (WHERE x.message_id IS NULL)::bigint AS by_reset,
+              pg_catalog.sum(x.events) FILTER (WHERE x.message_id IS NOT NULL)::bigint AS by_skip
+         FROM {schema}.outbox_skipped x
+        WHERE x.subscriber_id = s.id AND x.part = c.part) AS k ON true
+  LEFT JOIN LATERAL (
+       SELECT pg_catalog.count(*) AS scanned,
+              pg_catalog.count(*) FILTER (
+                  WHERE r.occurred_at >= c.updated_at
+                    AND (s.parts = 1 OR {schema}.outbox_part(r.aggregate_id, s.parts) = c.part)
+                    AND (s.aggregate_types IS NULL OR r.aggregate_type = ANY(s.aggregate_types))
+                    AND (s.event_types IS NULL OR r.event_type = ANY(s.event_types))) AS counted
+         FROM (SELECT o.aggregate_id, o.aggregate_type, o.event_type, o.occurred_at
+                 FROM {schema}.outbox o
+                WHERE (o.transaction_id, o.position) <= (c.transaction_id, c.position)
+                ORDER BY o.transaction_id DESC, o.position DESC
+                LIMIT %(scan)s) AS r) AS b
+    ON (c.transaction_id, c.position)
+           > (pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()), 0)
+ WHERE c.subscriber = %(name)s
+ ORDER BY c.part;
+
+-- name: part_skips_before_ledger
+-- part_skips on a schema before migration 0019 (a rolling deploy): the last reset only.
 -- For each part of a subscriber: whether its checkpoint lies beyond the horizon (then
 -- every row written now sorts before it and is never published), and the events its
 -- last reset forward skipped, matching the subscriber's filters: of the rows after
@@ -550,14 +647,14 @@ SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
 -- set: the rows written since (occurred_at from then on, newest first) are the ones it
 -- jumped over.
 SELECT c.part,
-       (c.transaction_id, c.position) > (pg_snapshot_xmin(pg_current_snapshot()), 0)
+       (c.transaction_id, c.position) > (pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()), 0)
            AS beyond_horizon,
        coalesce(k.scanned, b.scanned) AS scanned, coalesce(k.counted, b.counted) AS counted
   FROM {schema}.outbox_checkpoints c
   JOIN {schema}.outbox_subscribers s ON s.name = c.subscriber
   LEFT JOIN LATERAL (
-       SELECT count(*) AS scanned,
-              count(*) FILTER (
+       SELECT pg_catalog.count(*) AS scanned,
+              pg_catalog.count(*) FILTER (
                   WHERE (s.parts = 1 OR {schema}.outbox_part(r.aggregate_id, s.parts) = c.part)
                     AND (s.aggregate_types IS NULL OR r.aggregate_type = ANY(s.aggregate_types))
                     AND (s.event_types IS NULL OR r.event_type = ANY(s.event_types))) AS counted
@@ -570,8 +667,8 @@ SELECT c.part,
                 LIMIT %(scan)s) AS r) AS k
     ON c.skipped_from_transaction_id IS NOT NULL
   LEFT JOIN LATERAL (
-       SELECT count(*) AS scanned,
-              count(*) FILTER (
+       SELECT pg_catalog.count(*) AS scanned,
+              pg_catalog.count(*) FILTER (
                   WHERE r.occurred_at >= c.updated_at
                     AND (s.parts = 1 OR {schema}.outbox_part(r.aggregate_id, s.parts) = c.part)
                     AND (s.aggregate_types IS NULL OR r.aggregate_type = ANY(s.aggregate_types))
@@ -582,44 +679,76 @@ SELECT c.part,
                 ORDER BY o.transaction_id DESC, o.position DESC
                 LIMIT %(scan)s) AS r) AS b
     ON c.skipped_from_transaction_id IS NULL
-   AND (c.transaction_id, c.position) > (pg_snapshot_xmin(pg_current_snapshot()), 0)
+   AND (c.transaction_id, c.position) > (pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()), 0)
  WHERE c.subscriber = %(name)s
  ORDER BY c.part;
 
 -- name: delete_subscriber
 DELETE FROM {schema}.outbox_subscribers WHERE name = %(name)s RETURNING name, parts;
 
+-- name: pin_search_path
+-- On every connection the relay opens, once (relay/adapters/postgres/db.py): the
+-- search_path it resolves names in. Qualified itself: it runs before the path is pinned.
+SELECT pg_catalog.set_config('search_path', %(search_path)s::text, false);
+
+-- name: pin_search_path_locally
+-- The same, until the transaction ends: each migration's (relay/adapters/postgres/migrations.py),
+-- whatever the connection it is given.
+SELECT pg_catalog.set_config('search_path', %(search_path)s::text, true);
+
+-- name: use_role_search_path
+-- Until the transaction ends, the search_path the connecting role has without the
+-- relay's pin (its own, its database's or the server's setting): for the names an
+-- operator gives unqualified (relay/adapters/postgres/db.py, role_search_path).
+SELECT pg_catalog.set_config('search_path', s.reset_val, true)
+  FROM pg_catalog.pg_settings s WHERE s.name = 'search_path';
+
+-- name: current_schemas
+SELECT pg_catalog.current_schemas(false)::text[];
+
+-- name: schemas_public_may_create_in
+-- Of the relay's schema and the schemas on the connecting role's own search_path, those
+-- in which every role (PUBLIC) may CREATE, as Postgres before 15 lets it in `public`
+-- (relay/adapters/postgres/namespaces.py).
+SELECT n.nspname::text, n.nspname = %(schema)s::text AS own
+  FROM pg_catalog.pg_namespace n
+ WHERE (n.nspname = %(schema)s::text OR n.nspname = ANY(%(path)s::text[]))
+   AND pg_catalog.has_schema_privilege('public', n.oid, 'CREATE')
+ ORDER BY n.nspname;
+
 -- name: configure_daemon_session
--- On each connection of the relay daemon, once (relay/adapters/postgres/db.py): the
--- timeouts in milliseconds, '0' for none; and UTC as the session's time zone. psycopg
+-- On each connection of the relay daemon, once (relay/adapters/postgres/db.py), instead
+-- of pin_search_path: the search_path; the timeouts in milliseconds, '0' for none; and
+-- UTC as the session's time zone. psycopg
 -- loads a timestamptz into the session's zone: a zoneinfo zone (a server's 'Etc/UTC' or
 -- 'Europe/Berlin') costs about 0.4 us more per row to load than UTC, and about 0.45 us
 -- more per event when the commit-latency histogram subtracts it from now
 -- (bench/README.md, levers). Every occurred_at the relay renders is in UTC too.
-SELECT set_config('statement_timeout', %(statement_timeout)s::text, false),
-       set_config('lock_timeout', %(lock_timeout)s::text, false),
-       set_config('idle_in_transaction_session_timeout', %(idle_in_transaction)s::text, false),
-       set_config('TimeZone', 'UTC', false);
+SELECT pg_catalog.set_config('search_path', %(search_path)s::text, false),
+       pg_catalog.set_config('statement_timeout', %(statement_timeout)s::text, false),
+       pg_catalog.set_config('lock_timeout', %(lock_timeout)s::text, false),
+       pg_catalog.set_config('idle_in_transaction_session_timeout', %(idle_in_transaction)s::text, false),
+       pg_catalog.set_config('TimeZone', 'UTC', false);
 
 -- name: open_session
 INSERT INTO {schema}.outbox_relay_sessions (hostname, pid, expires_at)
-VALUES (%(hostname)s, %(pid)s, now() + make_interval(secs => %(timeout)s))
+VALUES (%(hostname)s, %(pid)s, pg_catalog.now() + pg_catalog.make_interval(secs => %(timeout)s))
 RETURNING id;
 
 -- name: heartbeat
 UPDATE {schema}.outbox_relay_sessions
-   SET heartbeat_at = now(), expires_at = now() + make_interval(secs => %(timeout)s)
+   SET heartbeat_at = pg_catalog.now(), expires_at = pg_catalog.now() + pg_catalog.make_interval(secs => %(timeout)s)
  WHERE id = %(id)s
 RETURNING id;
 
 -- name: expire_sessions
-DELETE FROM {schema}.outbox_relay_sessions WHERE expires_at < now() RETURNING id, hostname, pid;
+DELETE FROM {schema}.outbox_relay_sessions WHERE expires_at < pg_catalog.now() RETURNING id, hostname, pid;
 
 -- name: close_session
 DELETE FROM {schema}.outbox_relay_sessions WHERE id = %(id)s;
 
 -- name: live_sessions
-SELECT id FROM {schema}.outbox_relay_sessions WHERE expires_at >= now() ORDER BY id;
+SELECT id FROM {schema}.outbox_relay_sessions WHERE expires_at >= pg_catalog.now() ORDER BY id;
 
 -- name: claim_part
 -- Bumps the version, so a checkpoint write by any earlier owner fails its CAS.
@@ -683,30 +812,57 @@ SELECT part, start_transaction_id::text::bigint, start_position FROM {schema}.ou
 -- cluster's), which no session shows and which stay until COMMIT/ROLLBACK PREPARED.
 SELECT pid, xid, state, application_name, age_s, query_start, gid, owner, database
   FROM (SELECT pid, backend_xid::text AS xid, state, application_name,
-               extract(epoch FROM now() - xact_start)::float8 AS age_s, query_start,
+               extract(epoch FROM pg_catalog.now() - xact_start)::float8 AS age_s, query_start,
                NULL::text AS gid, NULL::text AS owner, NULL::text AS database,
-               age(backend_xid) AS xid_age
+               pg_catalog.age(backend_xid) AS xid_age
           FROM pg_stat_activity
-         WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
+         WHERE backend_xid IS NOT NULL AND pid <> pg_catalog.pg_backend_pid()
         UNION ALL
         SELECT NULL, transaction::text, 'prepared', NULL,
-               extract(epoch FROM now() - prepared)::float8, NULL,
-               gid, owner::text, database::text, age(transaction)
+               extract(epoch FROM pg_catalog.now() - prepared)::float8, NULL,
+               gid, owner::text, database::text, pg_catalog.age(transaction)
           FROM pg_prepared_xacts) AS holders
  ORDER BY xid_age DESC
  LIMIT 5;
 
 -- name: list_sessions
 SELECT s.id, s.hostname, s.pid, s.started_at,
-       extract(epoch FROM now() - s.heartbeat_at)::float8 AS heartbeat_age_s,
-       s.expires_at < now() AS expired,
-       (SELECT count(*) FROM {schema}.outbox_checkpoints c WHERE c.owner = s.id) AS parts
+       extract(epoch FROM pg_catalog.now() - s.heartbeat_at)::float8 AS heartbeat_age_s,
+       s.expires_at < pg_catalog.now() AS expired,
+       (SELECT pg_catalog.count(*) FROM {schema}.outbox_checkpoints c WHERE c.owner = s.id) AS parts
   FROM {schema}.outbox_relay_sessions s
  ORDER BY s.started_at;
 
 -- name: prune
 -- One batch of retention (migration 0008): published rows older than the retention.
 SELECT {schema}.outbox_prune(%(older_than)s::float8, %(limit)s::integer);
+
+-- name: prune_redriven_dead_letters
+-- Retention of dead letters (migration 0016), one batch: redriven ones whose event the
+-- outbox's retention pruned (with it, verify would expect the event in order).
+-- %(name)s: one subscriber's; NULL: every subscriber's.
+WITH doomed AS (
+    SELECT d.ctid FROM {schema}.outbox_dead_letters d
+     WHERE (%(name)s::text IS NULL OR d.subscriber = %(name)s::text)
+       AND d.redriven_at IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM {schema}.outbox o
+                        WHERE o.transaction_id = d.transaction_id AND o.position = d.position)
+     LIMIT %(limit)s
+)
+DELETE FROM {schema}.outbox_dead_letters WHERE ctid IN (SELECT ctid FROM doomed);
+
+-- name: prune_pending_dead_letters
+-- Dead letters not yet redriven, decided more than %(older_than)s seconds ago, one batch:
+-- only when the operator asks (`dead-letters prune --pending-older-than`, or the
+-- dead_letter_retention setting). Never one a redrive has in flight (redrive_batch).
+WITH doomed AS (
+    SELECT d.ctid FROM {schema}.outbox_dead_letters d
+     WHERE (%(name)s::text IS NULL OR d.subscriber = %(name)s::text)
+       AND d.redriven_at IS NULL AND d.redrive_batch IS NULL
+       AND d.decided_at < pg_catalog.now() - pg_catalog.make_interval(secs => %(older_than)s::float8)
+     LIMIT %(limit)s
+)
+DELETE FROM {schema}.outbox_dead_letters WHERE ctid IN (SELECT ctid FROM doomed);
 
 -- name: prune_bound
 -- Before migration 0008 (a rolling deploy), prune_bound and prune_batch instead.
@@ -723,7 +879,7 @@ SELECT c.transaction_id::text::bigint, c.position FROM {schema}.outbox_checkpoin
 WITH doomed AS (
     SELECT o.ctid FROM {schema}.outbox o
      WHERE (o.transaction_id, o.position) <= (%(transaction_id)s::text::xid8, %(position)s)
-       AND o.occurred_at < now() - make_interval(secs => %(older_than)s)
+       AND o.occurred_at < pg_catalog.now() - pg_catalog.make_interval(secs => %(older_than)s)
        AND (o.aggregate_version IS NULL OR EXISTS (
              SELECT 1 FROM {schema}.outbox n
               WHERE n.aggregate_type = o.aggregate_type AND n.aggregate_id = o.aggregate_id
@@ -743,15 +899,23 @@ SELECT id, previous_id, moved_high::text::bigint AS moved_high FROM {schema}.out
 -- name: key_of_message
 SELECT transaction_id::text::bigint, position FROM {schema}.outbox WHERE message_id = %(message_id)s;
 
+-- name: messages_at_keys
+-- The message id at each of a Kafka-side checkpoint's dead-letter keys (recovery).
+SELECT o.transaction_id::text::bigint, o.position, o.message_id
+  FROM ROWS FROM (pg_catalog.unnest(%(transaction_ids)s::bigint[]),
+                  pg_catalog.unnest(%(positions)s::bigint[])) AS k(transaction_id, position)
+  JOIN {schema}.outbox o
+    ON o.transaction_id = k.transaction_id::text::xid8 AND o.position = k.position;
+
 -- name: translate_key
 SELECT xid::text::bigint, pos
-  FROM {schema}.outbox_translate_key(%(key_space)s, %(transaction_id)s::text::xid8, %(position)s);
+  FROM {schema}.outbox_translate_key(%(key_space)s::uuid, %(transaction_id)s::text::xid8, %(position)s::bigint);
 
 -- name: sees_all_backends
 -- Whether pg_stat_activity shows this role the transaction ids of every role's backends
 -- (a superuser, or a member of pg_read_all_stats). Without it, horizon_holders sees
 -- only the backends of its own role.
-SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE');
+SELECT pg_catalog.pg_has_role(current_user, 'pg_read_all_stats', 'USAGE');
 
 -- name: part_lag
 -- What a part's lag is computed from (relay/ops/lag.py), however long its backlog: the rows
@@ -763,7 +927,7 @@ SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE');
 -- those scanned (recorded_at, migration 0018: never occurred_at, which writers set).
 WITH scanned AS (
     SELECT o.transaction_id, o.position, o.recorded_at,
-           (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
+           (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s::integer) = %(part)s)
            AND (%(aggregate_types)s::text[] IS NULL
                 OR o.aggregate_type = ANY(%(aggregate_types)s::text[]))
            AND (%(event_types)s::text[] IS NULL OR o.event_type = ANY(%(event_types)s::text[]))
@@ -773,21 +937,21 @@ WITH scanned AS (
      ORDER BY o.transaction_id, o.position
      LIMIT %(scan)s
 )
-SELECT (SELECT count(*) FROM scanned) AS scanned,
-       (SELECT count(*) FROM scanned s WHERE s.mine) AS counted,
+SELECT (SELECT pg_catalog.count(*) FROM scanned) AS scanned,
+       (SELECT pg_catalog.count(*) FROM scanned s WHERE s.mine) AS counted,
        (SELECT s.position FROM scanned s ORDER BY s.transaction_id, s.position LIMIT 1)
            AS first_position,
        (SELECT n.position FROM {schema}.outbox n
          ORDER BY n.transaction_id DESC, n.position DESC LIMIT 1) AS last_position,
-       (SELECT extract(epoch FROM now() - min(s.recorded_at))::float8 FROM scanned s
-         WHERE s.mine) AS age_s;
+       (SELECT extract(epoch FROM pg_catalog.now() - pg_catalog.min(s.recorded_at))::float8
+          FROM scanned s WHERE s.mine) AS age_s;
 
 -- name: part_lag_by_occurred_at
 -- part_lag on a schema without recorded_at (a rolling deploy: relays rolled before
 -- `migrate`): the age of the first row's occurred_at, as before migration 0018.
 WITH scanned AS (
     SELECT o.transaction_id, o.position, o.occurred_at,
-           (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s) = %(part)s)
+           (%(parts)s = 1 OR {schema}.outbox_part(o.aggregate_id, %(parts)s::integer) = %(part)s)
            AND (%(aggregate_types)s::text[] IS NULL
                 OR o.aggregate_type = ANY(%(aggregate_types)s::text[]))
            AND (%(event_types)s::text[] IS NULL OR o.event_type = ANY(%(event_types)s::text[]))
@@ -797,11 +961,44 @@ WITH scanned AS (
      ORDER BY o.transaction_id, o.position
      LIMIT %(scan)s
 )
-SELECT (SELECT count(*) FROM scanned) AS scanned,
-       (SELECT count(*) FROM scanned s WHERE s.mine) AS counted,
+SELECT (SELECT pg_catalog.count(*) FROM scanned) AS scanned,
+       (SELECT pg_catalog.count(*) FROM scanned s WHERE s.mine) AS counted,
        (SELECT s.position FROM scanned s ORDER BY s.transaction_id, s.position LIMIT 1)
            AS first_position,
        (SELECT n.position FROM {schema}.outbox n
          ORDER BY n.transaction_id DESC, n.position DESC LIMIT 1) AS last_position,
-       (SELECT extract(epoch FROM now() - s.occurred_at)::float8 FROM scanned s
+       (SELECT extract(epoch FROM pg_catalog.now() - s.occurred_at)::float8 FROM scanned s
          WHERE s.mine ORDER BY s.transaction_id, s.position LIMIT 1) AS age_s;
+
+-- name: advisory_lock_holder
+-- The session holding advisory lock %(key)s in this database (relay/adapters/postgres/advisory.py):
+-- Postgres files a bigint key as classid = its high 32 bits, objid = its low 32 bits,
+-- objsubid = 1. pg_stat_activity shows any role the pid, role and application_name of
+-- every session.
+SELECT l.pid, a.usename::text, a.application_name
+  FROM pg_catalog.pg_locks l
+  LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                      WHERE d.datname = pg_catalog.current_database())
+   AND l.classid = ((%(key)s::bigint >> 32) & 4294967295)::oid
+   AND l.objid = (%(key)s::bigint & 4294967295)::oid
+ LIMIT 1;
+
+-- name: advisory_try_xact_lock
+SELECT pg_catalog.pg_try_advisory_xact_lock(%(key)s::bigint);
+
+-- name: advisory_xact_lock
+-- Waits for the lock at most %(wait_ms)s (a lock_timeout for this transaction), and
+-- returns the lock_timeout it replaced, which the caller puts back for the rest of the
+-- transaction. The CTEs run in order: each reads the one before.
+WITH previous AS MATERIALIZED (
+    SELECT pg_catalog.current_setting('lock_timeout') AS lock_timeout
+), bounded AS MATERIALIZED (
+    SELECT pg_catalog.set_config('lock_timeout', %(wait_ms)s::text, true) FROM previous
+)
+SELECT p.lock_timeout, pg_catalog.pg_advisory_xact_lock(%(key)s::bigint)
+  FROM previous p, bounded;
+
+-- name: restore_lock_timeout
+SELECT pg_catalog.set_config('lock_timeout', %(lock_timeout)s::text, true);

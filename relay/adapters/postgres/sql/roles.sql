@@ -7,8 +7,19 @@ GRANT SELECT ON {schema}.outbox, {schema}.outbox_relay_migrations TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.outbox_subscribers, {schema}.outbox_checkpoints TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.outbox_relay_sessions TO {role};
 GRANT SELECT, INSERT ON {schema}.outbox_dead_letters TO {role};
+-- Retention of dead letters (migration 0016): what `dead-letters prune` and the
+-- relay's retention pass delete (relay/adapters/postgres/sql/queries.sql says which).
+GRANT DELETE ON {schema}.outbox_dead_letters TO {role};
 -- `dead-letters redrive` records its progress (migration 0010).
 GRANT UPDATE (redrive_batch, redriven_at, redrive_error) ON {schema}.outbox_dead_letters TO {role};
+-- The ledger of interventions (migration 0019), which the CLI writes as this role:
+-- append-only. No UPDATE, DELETE or TRUNCATE (taken back if granted by hand), and no
+-- INSERT on who and when (recorded_at, db_role), which the database fills in.
+REVOKE ALL ON {schema}.outbox_interventions, {schema}.outbox_skipped FROM {role};
+GRANT SELECT ON {schema}.outbox_interventions, {schema}.outbox_skipped TO {role};
+GRANT INSERT (subscriber, subscriber_id, action, os_user, host, params, events)
+    ON {schema}.outbox_interventions TO {role};
+GRANT INSERT ON {schema}.outbox_skipped TO {role};
 GRANT EXECUTE ON FUNCTION {schema}.outbox_part(text, integer) TO {role};
 -- Retention: the relay deletes published rows through this function (SECURITY DEFINER),
 -- never with DELETE on the outbox.

@@ -1,0 +1,169 @@
+"""The ledger of interventions: every operator action that changes what a subscriber
+publishes, with who, when, what and how many events (docs/design.md §1, "Resets",
+and §7, "Skipping one event").
+
+An :class:`Intervention` is what a command records (``OutboxStore.record``, or with its
+change in one transaction); a :class:`Recorded` is a ledger entry as read back, and an
+:class:`OperatorSkip` what one entry skipped of one part.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+from uuid import UUID
+
+from relay.core.model import Position
+
+
+class Action(StrEnum):
+    """What an operator did (the ledger's ``action``; migration 0019 lists the same)."""
+
+    ADD = "add"
+    REPLACE = "replace"
+    SET = "set"
+    PAUSE = "pause"
+    RESUME = "resume"
+    RESET = "reset"
+    SKIP = "skip"
+    REMOVE = "remove"
+    REDRIVE = "redrive"
+    REPLAY = "replay"
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who acts, as the command line reports it. The database role is the ledger's own
+    (``session_user``): a client cannot write it."""
+
+    os_user: str | None = None
+    host: str | None = None
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """An entry to record: ``params`` are the action's parameters (plain JSON values:
+    positions as ``TXID:POS`` text, message ids as text, definitions before and
+    after), ``events`` how many events it skipped or republishes (None: not counted)."""
+
+    action: Action
+    subscriber: str
+    subscriber_id: UUID | None
+    actor: Actor = Actor()
+    params: dict[str, Any] = field(default_factory=dict)
+    events: int | None = None
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A ledger entry as read back."""
+
+    id: int
+    subscriber: str
+    subscriber_id: UUID | None
+    action: Action
+    recorded_at: datetime
+    db_role: str
+    os_user: str | None
+    host: str | None
+    params: dict[str, Any]
+    events: int | None
+
+    @property
+    def who(self) -> str:
+        """``os_user@host as db_role``, with what is known."""
+        where = "@".join(p for p in (self.os_user, self.host) if p)
+        return f"{where} as {self.db_role}" if where else self.db_role
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "subscriber": self.subscriber,
+            "subscriber_id": None if self.subscriber_id is None else str(self.subscriber_id),
+            "action": self.action.value,
+            "recorded_at": self.recorded_at.isoformat(),
+            "db_role": self.db_role,
+            "os_user": self.os_user,
+            "host": self.host,
+            "params": self.params,
+            "events": self.events,
+        }
+
+
+@dataclass(frozen=True)
+class OperatorSkip:
+    """What one ledger entry skipped of one part: one event (``message_id``), or the
+    range a reset forward jumped over, ``(after, upto]``, with ``events`` of the part's
+    events in it that the subscriber's filters match."""
+
+    entry: Recorded
+    part: int
+    events: int
+    message_id: UUID | None = None
+    after: Position | None = None
+    upto: Position | None = None
+
+    def describe(self) -> str:
+        """One line for an operator: what, by which entry, who and when."""
+        what = (
+            f"event {self.message_id}"
+            if self.message_id is not None
+            else f"{self.events} event(s) in ({self.after}, {self.upto}]"
+        )
+        return (
+            f"part {self.part}: {what} skipped by `{self.entry.action}` (ledger #{self.entry.id}, "
+            f"{self.entry.who}, {self.entry.recorded_at:%Y-%m-%d %H:%M:%S %Z})"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ledger_id": self.entry.id,
+            "action": self.entry.action.value,
+            "recorded_at": self.entry.recorded_at.isoformat(),
+            "who": self.entry.who,
+            "part": self.part,
+            "events": self.events,
+            "message_id": None if self.message_id is None else str(self.message_id),
+            "after": None if self.after is None else str(self.after),
+            "upto": None if self.upto is None else str(self.upto),
+        }
+
+
+@dataclass(frozen=True)
+class PartMove:
+    """What a reset does to one part: its checkpoint from ``before`` to ``after``, and
+    the part's events in between that the subscriber's filters match (those skipped by
+    the operator already left out): skipped when it moves forward, published again when
+    it moves back."""
+
+    part: int
+    before: Position
+    after: Position
+    events: int
+
+    @property
+    def skips(self) -> bool:
+        return self.after > self.before
+
+    def describe(self) -> str:
+        if self.after == self.before:
+            return f"part {self.part}: stays at {self.before}"
+        if self.skips:
+            return (
+                f"part {self.part}: SKIPS {self.events} event(s), ({self.before}, {self.after}]"
+                " (never published)"
+            )
+        return (
+            f"part {self.part}: publishes {self.events} event(s) AGAIN, "
+            f"({self.after}, {self.before}]"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "part": self.part,
+            "from": str(self.before),
+            "to": str(self.after),
+            "skipped" if self.skips else "republished": self.events,
+        }
