@@ -243,7 +243,8 @@ def _print_halts(parts: list[PartLine]) -> None:
              "subscribers skip NAME --event MESSAGE_ID` of the event it names", style="bold red")
     )  # fmt: skip
     for p in halted:
-        out.print(Text.assemble((f"  {p.part}: ", "red"), p.halted or ""))
+        # Unwrapped: the error ends with the command to copy, which a wrap would break.
+        out.print(Text.assemble((f"  {p.part}: ", "red"), p.halted or ""), soft_wrap=True)
 
 
 def _print_waits(parts: list[PartLine]) -> None:
@@ -259,7 +260,8 @@ def _print_waits(parts: list[PartLine]) -> None:
     )  # fmt: skip
     for part, wait in waiting:
         since = wait.since.isoformat(timespec="seconds")
-        out.print(Text.assemble((f"  {part}: ", "yellow"), f"waiting since {since}: {wait.error}"))
+        line = Text.assemble((f"  {part}: ", "yellow"), f"waiting since {since}: {wait.error}")
+        out.print(line, soft_wrap=True)  # unwrapped, as a halt: it names the command to copy
 
 
 def _status(store: OutboxStore, max_created_topics: int) -> StatusReport:

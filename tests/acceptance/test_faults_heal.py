@@ -21,7 +21,16 @@ from psycopg import sql
 
 from relay.core.model import ConsumedRecord, PartId
 from relay.daemon import Relay
-from tests.support import RELAY_ROLE, REPO, consume, http_get, run_cli, sub, wait_until
+from tests.support import (
+    RELAY_ROLE,
+    REPO,
+    consume,
+    http_get,
+    part_status,
+    run_cli,
+    sub,
+    wait_until,
+)
 
 PART = PartId("s", 0)
 
@@ -73,14 +82,6 @@ def waiting_metric(relay: Relay, service: str) -> bool:
     return line in body.splitlines()
 
 
-def part_status(url: str) -> dict[str, Any]:
-    """Part s/0 as `outbox-relay status --json` shows it, run as ``url``'s role."""
-    done = run_cli("status", "--json", env={"RELAY_DATABASE_URL": url})
-    assert done.returncode == 0, done.stderr
-    [part] = [p for p in json.loads(done.stdout)["parts"] if p["part"] == "s/0"]
-    return part
-
-
 def halts(db: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
     return db.execute(
         "SELECT halted_error FROM outbox_checkpoints WHERE subscriber = 's'"
@@ -110,8 +111,8 @@ def test_a_missing_topic_waits_without_halting_and_publishes_once_the_operator_c
     # Every replica waits alike: ready, the reply names the part and the topic.
     assert status == 200 and "waiting for topic: s/0" in body and repr(missing) in body, body
     assert waiting_metric(relay, "topic")
-    wait_until(lambda: part_status(relay_url)["waiting_on"] == "topic", what="status to say")
-    part = part_status(relay_url)  # as the relay role, as deploy/README.md runs it
+    wait_until(lambda: part_status(relay_url, PART)["waiting_on"] == "topic", what="status to say")
+    part = part_status(relay_url, PART)  # as the relay role, as deploy/README.md runs it
     assert part["halted"] is None and repr(missing) in part["waiting_error"]
     assert "create_topics is false" in part["waiting_error"]
     table = run_cli("status", env={"RELAY_DATABASE_URL": relay_url})
@@ -127,7 +128,7 @@ def test_a_missing_topic_waits_without_halting_and_publishes_once_the_operator_c
     assert numbers(consume(kafka_bootstrap, [existing], 2, quiet=2.0)) == [1, 3]
     assert numbers(consume(kafka_bootstrap, [missing], 2, quiet=2.0)) == [2, 4]
     assert halts(db) == [(None,)]
-    wait_until(lambda: part_status(relay_url)["waiting_on"] is None, what="the wait cleared")
+    wait_until(lambda: part_status(relay_url, PART)["waiting_on"] is None, what="the wait cleared")
     assert relay.part_waits() == {} and readyz(relay)[0] == 200
 
 
@@ -166,7 +167,7 @@ def test_under_dead_letter_a_row_for_a_missing_topic_is_dead_lettered_and_redriv
     }
     created = run_cli(*[missing if w == "TOPIC" else w for w in fix("a topic")], env=env)
     assert created.returncode == 0, created.stderr
-    redriven = run_cli("dead-letters", "redrive", "s", env=env, timeout=300)
+    redriven = run_cli("dead-letters", "redrive", "s", "--yes", env=env, timeout=300)
     assert redriven.returncode == 0, redriven.stdout + redriven.stderr
     assert numbers(consume(kafka_bootstrap, [missing], 1, quiet=2.0)) == [2]
 
@@ -201,9 +202,9 @@ def test_a_revoked_grant_makes_the_part_wait_unready_and_the_documented_grant_he
     assert mine.returncode == 1 and "permission denied for table outbox" in mine.stderr
     assert "outbox-relay grant --relay-role" in mine.stderr
     # The owner's shows the part waiting, and why.
-    wait_until(lambda: part_status(database_url)["waiting_on"] == "postgres_privilege",
+    wait_until(lambda: part_status(database_url, PART)["waiting_on"] == "postgres_privilege",
                what="status to say")  # fmt: skip
-    part = part_status(database_url)
+    part = part_status(database_url, PART)
     assert part["halted"] is None and "permission denied for table outbox" in part["waiting_error"]
     # deploy/README.md's fix, as the owner, ROLE being the relay's role.
     granted = run_cli(
@@ -214,4 +215,4 @@ def test_a_revoked_grant_makes_the_part_wait_unready_and_the_documented_grant_he
     assert numbers(consume(kafka_bootstrap, [topic], 3, quiet=2.0)) == [1, 2, 3]
     assert halts(db) == [(None,)]
     wait_until(lambda: readyz(relay)[0] == 200, what="ready again")
-    wait_until(lambda: part_status(relay_url)["waiting_on"] is None, what="the wait cleared")
+    wait_until(lambda: part_status(relay_url, PART)["waiting_on"] is None, what="the wait cleared")

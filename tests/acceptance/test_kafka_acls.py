@@ -6,7 +6,6 @@ whose ACLs name each part's id literally then sees."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import re
 import shlex
@@ -31,10 +30,9 @@ from confluent_kafka.admin import (
 )
 
 from relay import Outbox
-from relay.core.model import PartId
 from relay.daemon import Relay
 from relay.localstack.kafka import LocalKafka
-from tests.support import consume, http_get, keys, run_cli, wait_until, write_orders
+from tests.support import consume, http_get, keys, part_status, wait_until, write_orders
 
 REPO = Path(__file__).resolve().parents[2]
 USER, PASSWORD = "outbox-relay", f"scram-{uuid.uuid4().hex}"
@@ -366,21 +364,13 @@ def test_an_acl_removed_makes_the_part_wait_unready_and_it_heals_once_granted(
     _, metrics = http_get(f"http://127.0.0.1:{relay.http.port}/metrics")
     waiting = f'part="0",service="kafka_acl",subscriber="{part.subscriber}"'
     assert f"outbox_relay_part_waiting{{{waiting}}} 1.0" in metrics.splitlines()
-    wait_until(lambda: _status(relay_url, part)["waiting_on"] == "kafka_acl", 90, "status")
-    line = _status(relay_url, part)
+    wait_until(lambda: part_status(relay_url, part)["waiting_on"] == "kafka_acl", 90, "status")
+    line = part_status(relay_url, part)
     assert line["halted"] is None and "deploy/README.md, ACLs" in line["waiting_error"]
     grant(deployment.broker, removed)
     expected = ["o-1", "o-2", "o-3"] if revoked.startswith("Write") else ["o-2", "o-3"]
     seen = consume(deployment.broker.bootstrap_servers, [topic], len(expected), timeout=90,
                    quiet=2.0)  # fmt: skip
     assert keys(seen) == expected  # each once (one event per key: in order)
-    wait_until(lambda: _status(relay_url, part)["waiting_on"] is None, 60, "the wait cleared")
-    assert _status(relay_url, part)["halted"] is None
-
-
-def _status(url: str, part: PartId) -> dict[str, Any]:
-    """``part`` as `outbox-relay status --json` shows it, as the relay role."""
-    done = run_cli("status", "--json", env={"RELAY_DATABASE_URL": url})
-    assert done.returncode == 0, done.stderr
-    [line] = [p for p in json.loads(done.stdout)["parts"] if p["part"] == str(part)]
-    return dict(line)
+    wait_until(lambda: part_status(relay_url, part)["waiting_on"] is None, 60, "the wait cleared")
+    assert part_status(relay_url, part)["halted"] is None
