@@ -20,7 +20,7 @@ from relay.cli.common import (
     out,
     print_json,
 )
-from relay.cli.interventions import DryRun, Yes, actor, gate
+from relay.cli.interventions import BatchSize, DryRun, Yes, actor, gate
 from relay.ops import interventions
 
 dead_letters_app = typer.Typer(
@@ -74,9 +74,7 @@ def dead_letters_redrive(
     schemas_dir: Annotated[
         Path | None, typer.Option(help="Avro schemas folder [RELAY_SCHEMAS_DIR]")
     ] = None,
-    batch_size: Annotated[
-        int, typer.Option(min=1, max=10_000, help="Events per Kafka transaction.")
-    ] = 500,
+    batch_size: BatchSize = 500,
     as_json: JsonFlag = False,
     dry_run: DryRun = False,
     yes: Yes = False,
@@ -88,14 +86,10 @@ def dead_letters_redrive(
     as the relay would publish them now (after a fix: a schema added, say). The live
     checkpoint does not move. Counts them first (--dry-run: only that). Exits 1 when
     some stay dead-lettered (still poison, or behind a still-poison event of their key)."""
-    import re
     from contextlib import closing, nullcontext
 
     from relay.adapters.postgres.topic_record import PostgresTopicRecord
-    from relay.core.subscribers import TopicGuard
-    from relay.engine.encoding import RecordEncoder
-    from relay.ops.redrive import DeadLetterStore, Redrive, redrive_publisher
-    from relay.ops.subscribers import load_schemas, registry_encoder
+    from relay.ops.redrive import DeadLetterStore, Redrive, redrive_publisher, relay_encoder
 
     settings = _settings(
         ctx,
@@ -104,26 +98,24 @@ def dead_letters_redrive(
         database_schema=schema,
         schemas_dir=schemas_dir,
     )
-    registry = load_schemas(settings)
-    allow = None if settings.topic_allow is None else re.compile(settings.topic_allow)
-    guard = TopicGuard(settings.checkpoint_topic, allow)
     with db.connect(
         settings.require_database_url(), application_name="outbox-relay-redrive"
     ) as conn:
         store = DeadLetterStore(conn, settings.database_schema)
         state = store.subscriber(subscriber)
         pending = [d.message_id for d in store.dead_letters(subscriber)]
+        # Its schemas are checked before the preview: a refusal comes before any question.
+        guard, encoder = relay_encoder(settings, (s.subscriber for s in store.outbox.list()))
         confirm = gate(dry_run=dry_run, yes=yes, machine_output=as_json)
         if not confirm(interventions.redrive_preview(subscriber, pending)):
             return
-        guard.update(s.subscriber for s in store.outbox.list())
         record = PostgresTopicRecord(lambda: nullcontext(conn), settings.database_schema)
         publisher = redrive_publisher(settings, state.subscriber_id, guard, record)
         with closing(publisher):
             redrive = Redrive(
                 store,
                 publisher,
-                RecordEncoder(registry, guard, registry_encoder(settings, registry)),
+                encoder,
                 state,
                 batch_size=batch_size,
             )

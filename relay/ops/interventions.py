@@ -3,8 +3,8 @@ on the ledger (migration 0019; docs/design.md §1, "Resets", and §7, "Skipping 
 event").
 
 Each command that skips or republishes events (``subscribers reset``, ``subscribers
-skip``, ``dead-letters redrive``, and ``replay`` to come) first computes a
-:class:`Preview` (how many events, which range or which ids) and hands it to
+skip``, ``subscribers replay`` (relay/ops/replay.py), ``dead-letters redrive``) first
+computes a :class:`Preview` (how many events, which range or which ids) and hands it to
 ``confirm``, the command line's gate (``--dry-run``, ``--yes``, or a question on a
 terminal); only if it says yes is anything changed, and then recorded with the change,
 in one transaction. What the change did is counted again there, under a lock on the
