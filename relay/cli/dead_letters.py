@@ -20,7 +20,7 @@ from relay.cli.common import (
     out,
     print_json,
 )
-from relay.cli.interventions import DryRun, Yes, actor, gate
+from relay.cli.interventions import BatchSize, DryRun, Yes, actor, gate
 from relay.ops import interventions
 
 dead_letters_app = typer.Typer(
@@ -74,9 +74,7 @@ def dead_letters_redrive(
     schemas_dir: Annotated[
         Path | None, typer.Option(help="Avro schemas folder [RELAY_SCHEMAS_DIR]")
     ] = None,
-    batch_size: Annotated[
-        int, typer.Option(min=1, max=10_000, help="Events per Kafka transaction.")
-    ] = 500,
+    batch_size: BatchSize = 500,
     as_json: JsonFlag = False,
     dry_run: DryRun = False,
     yes: Yes = False,
@@ -88,14 +86,10 @@ def dead_letters_redrive(
     as the relay would publish them now (after a fix: a schema added, say). The live
     checkpoint does not move. Counts them first (--dry-run: only that). Exits 1 when
     some stay dead-lettered (still poison, or behind a still-poison event of their key)."""
-    import re
     from contextlib import closing, nullcontext
 
     from relay.adapters.postgres.topic_record import PostgresTopicRecord
-    from relay.core.subscribers import TopicGuard
-    from relay.engine.encoding import RecordEncoder
-    from relay.ops.redrive import DeadLetterStore, Redrive, redrive_publisher
-    from relay.ops.subscribers import load_schemas, registry_encoder
+    from relay.ops.redrive import DeadLetterStore, Redrive, redrive_publisher, relay_encoder
 
     settings = _settings(
         ctx,
@@ -104,26 +98,24 @@ def dead_letters_redrive(
         database_schema=schema,
         schemas_dir=schemas_dir,
     )
-    registry = load_schemas(settings)
-    allow = None if settings.topic_allow is None else re.compile(settings.topic_allow)
-    guard = TopicGuard(settings.checkpoint_topic, allow)
     with db.connect(
         settings.require_database_url(), application_name="outbox-relay-redrive"
     ) as conn:
         store = DeadLetterStore(conn, settings.database_schema)
         state = store.subscriber(subscriber)
         pending = [d.message_id for d in store.dead_letters(subscriber)]
+        # Its schemas are checked before the preview: a refusal comes before any question.
+        guard, encoder = relay_encoder(settings, (s.subscriber for s in store.outbox.list()))
         confirm = gate(dry_run=dry_run, yes=yes, machine_output=as_json)
         if not confirm(interventions.redrive_preview(subscriber, pending)):
             return
-        guard.update(s.subscriber for s in store.outbox.list())
         record = PostgresTopicRecord(lambda: nullcontext(conn), settings.database_schema)
         publisher = redrive_publisher(settings, state.subscriber_id, guard, record)
         with closing(publisher):
             redrive = Redrive(
                 store,
                 publisher,
-                RecordEncoder(registry, guard, registry_encoder(settings, registry)),
+                encoder,
                 state,
                 batch_size=batch_size,
             )
@@ -149,12 +141,14 @@ def dead_letters_prune(
             min=0,
             help="Also delete dead letters NOT yet redriven, decided more than this many "
             "seconds ago: they can no longer be redriven (their records stay on the "
-            "dead-letter topic).",
+            "dead-letter topic). Previewed, confirmed, and on the ledger.",
         ),
     ] = None,
     batch: Annotated[
-        int, typer.Option(min=1, help="Dead letters deleted per transaction.")
+        int, typer.Option(min=1, help="Redriven dead letters deleted per transaction.")
     ] = 10_000,
+    dry_run: DryRun = False,
+    yes: Yes = False,
     as_json: JsonFlag = False,
     database_url: DatabaseUrl = None,
     schema: Schema = None,
@@ -162,23 +156,35 @@ def dead_letters_prune(
     """Delete a subscriber's dead letters past their retention: those redriven whose
     outbox rows retention pruned (as the relay's retention pass does). Dead letters not
     yet redriven are kept, with their outbox rows, unless --pending-older-than says
-    otherwise."""
+    otherwise: that deletion is shown first and needs --yes (or a yes on a terminal)."""
     from relay.ops.redrive import DeadLetterStore
 
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
-        redriven, pending = DeadLetterStore(conn, settings.database_schema).prune(
-            subscriber, pending_older_than_s=pending_older_than, batch=batch
-        )
+        store = DeadLetterStore(conn, settings.database_schema)
+        pending: int | None = None
+        if pending_older_than is not None:
+            confirm = gate(dry_run=dry_run, yes=yes, machine_output=as_json)
+            pending = interventions.prune_pending(
+                store, subscriber, pending_older_than, actor(), confirm
+            )
+            if pending is None:
+                return
+        redriven = 0 if dry_run else store.prune(subscriber, batch=batch)
+    _print_prune(subscriber, redriven, pending, pending_older_than, as_json=as_json)
+
+
+def _print_prune(
+    subscriber: str, redriven: int, pending: int | None, older_than: float | None, *, as_json: bool
+) -> None:
     if as_json:
-        report = {"subscriber": subscriber, "redriven": redriven, "pending": pending}
-        print_json(report)
+        print_json({"subscriber": subscriber, "redriven": redriven, "pending": pending or 0})
         return
     out.print(f"{subscriber}: pruned {redriven} redriven dead letters")
-    if pending_older_than is not None:
+    if pending is not None:
         out.print(
             f"{subscriber}: pruned {pending} dead letters not redriven, decided more than "
-            f"{pending_older_than:g} s ago: they can no longer be redriven"
+            f"{older_than:g} s ago: they can no longer be redriven"
         )
 
 

@@ -28,6 +28,7 @@ DryRun = Annotated[
         help="Print how many events it would skip or republish (and which); change nothing.",
     ),
 ]
+BatchSize = Annotated[int, typer.Option(min=1, max=10_000, help="Events per Kafka transaction.")]
 Yes = Annotated[
     bool,
     typer.Option(

@@ -1,4 +1,4 @@
-"""``subscribers add|set|list|pause|resume|reset|skip|history|remove``."""
+"""``subscribers add|set|list|pause|resume|reset|skip|replay|history|remove``."""
 
 from __future__ import annotations
 
@@ -23,7 +23,15 @@ from relay.cli.common import (
     out,
     print_json,
 )
-from relay.cli.interventions import DryRun, Yes, actor, gate, print_ledger, print_operator_skips
+from relay.cli.interventions import (
+    BatchSize,
+    DryRun,
+    Yes,
+    actor,
+    gate,
+    print_ledger,
+    print_operator_skips,
+)
 from relay.core import subscribers as subs
 from relay.core.interventions import OperatorSkip
 from relay.core.model import Position
@@ -534,6 +542,79 @@ def subscribers_history(
         print_json([e.as_dict() for e in entries])
         return
     print_ledger(entries)
+
+
+@subscribers_app.command("replay")
+def subscribers_replay(
+    ctx: typer.Context,
+    name: str,
+    start: Annotated[
+        str,
+        typer.Option(
+            "--from",
+            help="TRANSACTION_ID:POSITION of the first event (included).",
+            show_default=False,
+        ),
+    ],
+    end: Annotated[
+        str,
+        typer.Option(
+            "--to", help="TRANSACTION_ID:POSITION of the last event (included).", show_default=False
+        ),
+    ],
+    into: Annotated[
+        str | None,
+        typer.Option(help="The topic to publish into [the subscriber's own topics]."),
+    ] = None,
+    aggregate_type: AggregateTypes = None,
+    event_type: EventTypes = None,
+    batch_size: BatchSize = 500,
+    as_json: JsonFlag = False,
+    dry_run: DryRun = False,
+    yes: Yes = False,
+    schemas_dir: SchemasDir = None,
+    schema_registry_url: RegistryUrl = None,
+    bootstrap_servers: Bootstrap = None,
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
+) -> None:
+    """Publish a range of a subscriber's events again, exactly once, as the relay
+    encodes them, each record marked with the header outbox.replay (its ledger entry).
+    Counts them first (--dry-run: only that). Interrupted, run it again with the same
+    options: it goes on where it stopped, publishing nothing twice."""
+    from relay.ops import replay as replay_ops
+
+    try:
+        first, last = Position.parse(start), Position.parse(end)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--from/--to") from exc
+    settings = _definition_settings(ctx, database_url, schema, schemas_dir, schema_registry_url,
+                                    bootstrap_servers)  # fmt: skip
+
+    def asked(subscriber: subs.Subscriber) -> replay_ops.ReplayRange:
+        return replay_ops.ReplayRange.of(subscriber, first, last, into, aggregate_type, event_type)
+
+    confirm = gate(dry_run=dry_run, yes=yes, machine_output=as_json)
+    with _store(settings) as store:
+        done = replay_ops.replay(
+            settings, store.conn, name, asked, actor(), confirm, batch_size=batch_size
+        )
+    if done is None:
+        return
+    if as_json:
+        print_json(done.as_dict())
+        return
+    resumed = f", going on after {done.resumed_after}" if done.resumed_after else ""
+    out.print(
+        f"subscriber {name!r}: replay #{done.entry} done: {done.published} event(s) published "
+        f"by this run{resumed} (header {replay_ops.HEADER_REPLAY}={done.entry})"
+    )
+    if done.pruned:
+        err.print(
+            Text(f"{done.pruned} event(s) of the range were pruned before the replay "
+                 "published them: they are not on the topic", style="red")
+        )  # fmt: skip
+        raise typer.Exit(1)
 
 
 @subscribers_app.command("remove")

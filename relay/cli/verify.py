@@ -131,6 +131,8 @@ def _print_reports(reports: list[Any]) -> None:
     for r in reports:
         for skip in r.skips:
             err.print(f"{r.subscriber}: {skip.describe()}")
+        for replay in r.replays:
+            err.print(f"{r.subscriber}: {replay.describe()}")
         if r.checked_after:
             err.print(
                 f"{r.subscriber}: checked only events after {', '.join(r.checked_after)}, "

@@ -31,6 +31,7 @@ class Action(StrEnum):
     REMOVE = "remove"
     REDRIVE = "redrive"
     REPLAY = "replay"
+    PRUNE = "prune"  # dead letters deleted before their redrive
 
 
 @dataclass(frozen=True)

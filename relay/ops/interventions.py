@@ -3,8 +3,8 @@ on the ledger (migration 0019; docs/design.md §1, "Resets", and §7, "Skipping 
 event").
 
 Each command that skips or republishes events (``subscribers reset``, ``subscribers
-skip``, ``dead-letters redrive``, and ``replay`` to come) first computes a
-:class:`Preview` (how many events, which range or which ids) and hands it to
+skip``, ``subscribers replay`` (relay/ops/replay.py), ``dead-letters redrive``) first
+computes a :class:`Preview` (how many events, which range or which ids) and hands it to
 ``confirm``, the command line's gate (``--dry-run``, ``--yes``, or a question on a
 terminal); only if it says yes is anything changed, and then recorded with the change,
 in one transaction. What the change did is counted again there, under a lock on the
@@ -23,6 +23,7 @@ from relay.core.interventions import Action, Actor, Intervention, OperatorSkip, 
 from relay.core.model import Position
 from relay.core.subscribers import StartFrom, Subscriber
 from relay.errors import SubscriberError
+from relay.ops.redrive import DeadLetterStore
 
 # Ids one `skip` takes at most, and ids a preview names at most.
 MAX_SKIPPED = 1000
@@ -185,16 +186,13 @@ def add(
 
 def redrive_preview(name: str, message_ids: Sequence[UUID]) -> Preview:
     """What ``dead-letters redrive`` would publish: the pending dead letters."""
-    shown = [str(m) for m in message_ids[:_NAMED]]
-    more = len(message_ids) - len(shown)
-    lines = (*shown, *([f"... and {more} more"] if more else []))
     return Preview(
         Action.REDRIVE,
         name,
         len(message_ids),
         f"redrive of subscriber {name!r}: publishes {len(message_ids)} dead-lettered "
         "event(s) to its topics (those still poison stay dead-lettered)",
-        lines,
+        _named(message_ids),
     )
 
 
@@ -205,6 +203,39 @@ def record_redrive(
     params = {k: v for k, v in report.items() if k != "subscriber"}
     redriven = int(report.get("redriven", 0))
     return store.record(Intervention(Action.REDRIVE, name, subscriber_id, actor, params, redriven))
+
+
+def prune_pending(
+    store: DeadLetterStore, name: str, older_than_s: float, actor: Actor, confirm: Confirm
+) -> int | None:
+    """``dead-letters prune --pending-older-than``: preview the dead letters not yet
+    redriven that it would delete (they can never be redriven afterwards), confirm, then
+    delete exactly those and put it on the ledger with their ids. None when not
+    confirmed."""
+    ids = store.pending_before(name, older_than_s)
+    preview = Preview(
+        Action.PRUNE,
+        name,
+        len(ids),
+        f"prune of subscriber {name!r}: deletes {len(ids)} dead letter(s) not redriven, "
+        f"decided more than {older_than_s:g} s ago: they can NEVER be redriven (their "
+        "records stay on the dead-letter topic)",
+        _named(ids),
+    )
+    if not confirm(preview):
+        return None
+    state = store.subscriber(name)
+    params = {"pending_older_than": older_than_s}  # the ids: in outbox_skipped
+    return store.prune_pending(
+        name, ids, Intervention(Action.PRUNE, name, state.subscriber_id, actor, params)
+    )
+
+
+def _named(message_ids: Sequence[UUID]) -> tuple[str, ...]:
+    """The first ids of a preview, and how many more."""
+    shown = [str(m) for m in message_ids[:_NAMED]]
+    more = len(message_ids) - len(shown)
+    return (*shown, *([f"... and {more} more"] if more else []))
 
 
 def history(store: OutboxStore, name: str) -> list[Recorded]:

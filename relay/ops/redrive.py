@@ -25,9 +25,10 @@ in order once it is fixed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
@@ -37,19 +38,20 @@ from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 
 from relay.adapters.kafka.kafka import TransactionalPublisher, producer_config
-from relay.adapters.postgres.advisory import lock_holder
+from relay.adapters.postgres.advisory import session_lock
 from relay.adapters.postgres.db import wrap_errors
 from relay.adapters.postgres.queries import parse_named, read_sql, with_schema
 from relay.adapters.postgres.store import OutboxStore, SubscriberState, _load_row_json
+from relay.core.interventions import Intervention
 from relay.core.log_fields import log_extra
 from relay.core.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
 from relay.core.ports import Batch, TopicRecord
 from relay.core.settings import Settings
-from relay.core.subscribers import TopicGuard
+from relay.core.subscribers import Subscriber, TopicGuard
 from relay.daemon.publishers import routed_topic_creator
 from relay.engine.encoding import RecordEncoder
 from relay.engine.poison import MAX_STORED_ERROR_BYTES, cap
-from relay.errors import ConfigError, EncodingError, PoisonRecordError, SubscriberError
+from relay.errors import ConfigError, EncodingError, PoisonRecordError
 
 logger = logging.getLogger(__name__)
 
@@ -160,24 +162,36 @@ class DeadLetterStore:
             for row in rows
         ]
 
-    def prune(
-        self, name: str, *, pending_older_than_s: float | None = None, batch: int = 10_000
-    ) -> tuple[int, int]:
-        """Delete ``name``'s dead letters whose retention is over, while no redrive of it
-        runs: the redriven ones whose rows are gone, and with ``pending_older_than_s``
-        those not redriven decided longer ago than that (the operator's word: they
-        cannot be redriven afterwards). Returns how many of each."""
+    def prune(self, name: str, *, batch: int = 10_000) -> int:
+        """Delete ``name``'s redriven dead letters whose rows retention pruned, while no
+        redrive of it runs; returns how many."""
         self.subscriber(name)  # a clear error for an unknown name
         with self.exclusive(name):
-            redriven = sum(self.outbox.prune_dead_letters(name, batch=batch))
-            pending = 0
-            if pending_older_than_s is not None:
-                pending = sum(
-                    self.outbox.prune_dead_letters(
-                        name, pending_older_than_s=pending_older_than_s, batch=batch
-                    )
-                )
-        return redriven, pending
+            return sum(self.outbox.prune_dead_letters(name, batch=batch))
+
+    def pending_before(self, name: str, older_than_s: float) -> list[UUID]:
+        """The dead letters not redriven (nor in flight) decided more than
+        ``older_than_s`` seconds ago: what ``prune --pending-older-than`` would delete."""
+        self.subscriber(name)
+        params = {"name": name, "older_than": older_than_s}
+        with wrap_errors():
+            rows = self.conn.execute(self._q["pending_dead_letters_before"], params).fetchall()
+        return [m for (m,) in rows]
+
+    def prune_pending(self, name: str, ids: Sequence[UUID], entry: Intervention) -> int:
+        """Delete exactly ``ids`` of ``name``'s dead letters still pending, while no
+        redrive of it runs, and put ``entry`` (its count filled in) on the ledger, with
+        each event skipped by it, in one transaction; returns how many. They cannot be
+        redriven afterwards."""
+        with self.exclusive(name), self.conn.transaction(), wrap_errors():
+            params: dict[str, Any] = {"name": name, "ids": list(ids)}
+            locked = [
+                m for (m,) in self.conn.execute(self._q["lock_pending_dead_letter_ids"], params)
+            ]
+            params |= {"ids": locked, "subscriber_id": entry.subscriber_id}
+            params["intervention"] = self.outbox.record(replace(entry, events=len(locked)))
+            self.conn.execute(self._q["prune_pending_dead_letter_ids"], params)
+        return len(locked)
 
     def candidates(self, name: str, after: Position, limit: int) -> list[Candidate]:
         params = {
@@ -212,22 +226,14 @@ class DeadLetterStore:
         """Hold the subscriber's redrive lock; :class:`SubscriberError` when another holds it.
         (Kafka fences an earlier redrive too, but only at its next transaction: two
         redrives marking dead letters at once could take each other's marks.)"""
-        with wrap_errors():
-            row = self.conn.execute(self._q["redrive_lock"], {"name": name}).fetchone()
-        assert row is not None
-        if not row[1]:
-            holder = lock_holder(self.conn, row[0])
-            raise SubscriberError(
-                f"another redrive of subscriber {name!r} is running: its lock is held by "
-                f"{holder or 'a session that has just ended'} (if that is no outbox-relay, "
-                "end it with pg_terminate_backend)"
-            )
-        try:
+        with session_lock(
+            self.conn,
+            self._q["redrive_lock"],
+            self._q["redrive_unlock"],
+            {"name": name},
+            f"redrive of subscriber {name!r}",
+        ):
             yield
-        finally:
-            if not self.conn.closed:
-                with wrap_errors():
-                    self.conn.execute(self._q["redrive_unlock"], {"name": name})
 
     def settle(self, name: str, committed: int) -> tuple[int, int]:
         """Mark batch ``committed`` redriven and clear any other in flight; returns the
@@ -428,6 +434,22 @@ class Redrive:
         return log_extra(event, subscriber=self._subscriber.name, **fields)
 
 
+def relay_encoder(
+    settings: Settings, subscribers: Iterable[Subscriber]
+) -> tuple[TopicGuard, RecordEncoder]:
+    """The relay's encoding of ``subscribers``' events as the settings say (schemas,
+    schema registry), and the guard that confines their topics (``topic_allow``, the
+    other subscribers' topics), for an operator's command that publishes as the relay
+    does (redrive, replay)."""
+    from relay.ops.subscribers import load_schemas, registry_encoder
+
+    schemas = load_schemas(settings)
+    allow = None if settings.topic_allow is None else re.compile(settings.topic_allow)
+    guard = TopicGuard(settings.checkpoint_topic, allow)
+    guard.update(subscribers)
+    return guard, RecordEncoder(schemas, guard, registry_encoder(settings, schemas))
+
+
 def redrive_publisher(
     settings: Settings, subscriber_id: UUID, guard: TopicGuard, record: TopicRecord | None
 ) -> TransactionalPublisher:
@@ -435,15 +457,23 @@ def redrive_publisher(
     the subscribers loaded) and ``record`` (the outbox's record of its topics) confine
     the topics rows chose, and count the new ones towards ``max_created_topics``, as in
     the relay (the same constructor)."""
+    prefix = group_prefix(settings.kafka_id_prefix, subscriber_id)
+    return exactly_once_publisher(settings, prefix, guard, record, "redrive")
+
+
+def exactly_once_publisher(
+    settings: Settings, prefix: str, guard: TopicGuard, record: TopicRecord | None, command: str
+) -> TransactionalPublisher:
+    """A transactional publisher of an operator's ``command`` (redrive, replay): its
+    ``transactional.id`` and checkpoint group are ``prefix`` (plus the generation)."""
     if settings.delivery != "transactional":
         raise ConfigError(
-            "delivery: redrive publishes exactly once through Kafka transactions, which "
+            f"delivery: {command} publishes exactly once through Kafka transactions, which "
             f"delivery = {settings.delivery!r} says this broker does not offer"
         )
     bootstrap = settings.require_bootstrap_servers()
     client = {**settings.kafka, "bootstrap.servers": bootstrap}
     topics = routed_topic_creator(settings, guard, record)
-    prefix = group_prefix(settings.kafka_id_prefix, subscriber_id)
     return TransactionalPublisher(
         producer_config(bootstrap, settings.kafka, int(settings.delivery_timeout * 1000)),
         topics,

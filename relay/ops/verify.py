@@ -19,7 +19,10 @@ skips every event written from then on, is a finding. After ``subscribers reset`
 an earlier point, republished events are duplicates by design; verify a fresh
 subscriber instead. A dead-lettered event that ``dead-letters redrive`` published must
 be there exactly once too, after its key's later events: its order is checked only
-among the redriven events.
+among the redriven events. Replayed records (``subscribers replay``: the header
+``outbox.replay``) are checked apart, per replay: every event of a finished replay's
+range that its filters match must be on its topic exactly once with the replay's
+header; an open (interrupted) replay is reported as such, not checked.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from relay.core.model import ConsumedRecord, Position
 from relay.core.ports import SubscriberState, TopicReader
 from relay.errors import SubscriberError
 from relay.ops.lag import subscriber_lag
+from relay.ops.replay import HEADER_REPLAY, ReplayStore
 
 logger = logging.getLogger(__name__)
 
@@ -75,11 +79,14 @@ class SubscriberReport:
     # Parts created with --from now or reset since: events before these are not checked.
     checked_after: list[str] = field(default_factory=list)
     examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    replays: list[ReplayCheck] = field(default_factory=list)
 
     @property
     def problems(self) -> bool:
-        """Events lost, doubled or out of order, or a checkpoint no new row can reach."""
-        return bool(self.missing or self.duplicated or self.out_of_order or self.beyond_horizon)
+        """Events lost, doubled or out of order, or a checkpoint no new row can reach;
+        or a replay's events missing or doubled."""
+        lost = self.missing or self.duplicated or self.out_of_order or self.beyond_horizon
+        return bool(lost) or any(r.problems for r in self.replays)
 
     @property
     def skipped_by_operator(self) -> int:
@@ -127,6 +134,44 @@ class SubscriberReport:
             "clean": self.clean,
             "verdict": self.verdict,
             "examples": dict(self.examples),
+            "replays": [r.as_dict() for r in self.replays],
+        }
+
+
+@dataclass
+class ReplayCheck:
+    """One replay of a subscriber (its ledger entry), checked on its topics."""
+
+    entry: int
+    what: str  # its range, filters and topic
+    done: bool  # False: interrupted, not checked (run it again to finish it)
+    expected: int = 0
+    found: int = 0
+    missing: int = 0
+    duplicated: int = 0
+
+    @property
+    def problems(self) -> bool:
+        return bool(self.missing or self.duplicated)
+
+    def describe(self) -> str:
+        if not self.done:
+            return f"replay #{self.entry} ({self.what}): open, interrupted; not checked"
+        return (
+            f"replay #{self.entry} ({self.what}): expected {self.expected}, found "
+            f"{self.found}, missing {self.missing}, duplicated {self.duplicated}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "entry": self.entry,
+            "what": self.what,
+            "done": self.done,
+            "expected": self.expected,
+            "found": self.found,
+            "missing": self.missing,
+            "duplicated": self.duplicated,
+            "problems": self.problems,
         }
 
 
@@ -175,8 +220,47 @@ def verify(
         outside = _compare(report, expected, reader.read(sorted(expected.topics), tick))
         _place(conn, schema, report, outside)
         _skips(store, report, skips)
+        report.replays = _replays(ReplayStore(conn, schema), state, reader)
         reports.append(report)
     return reports
+
+
+def _replays(
+    replays: ReplayStore, state: SubscriberState, reader: TopicReader
+) -> list[ReplayCheck]:
+    """Each replay of the subscriber: a finished one's events, each once on its topic
+    with its header (records of other replays and the relay's own are not its)."""
+    checks = []
+    for found in replays.replays(state.subscriber_id):
+        wanted = found.wanted
+        check = ReplayCheck(found.entry, wanted.describe(), found.done)
+        checks.append(check)
+        if not found.done:
+            continue
+        events = replays.events(wanted)
+        expected = {mid.bytes for mid, _, _, _ in events}
+        check.expected = len(expected)
+        if wanted.into is not None:
+            topics = {wanted.into}
+        else:
+            routed = (state.subscriber.route(a, e) for _, _, a, e in events)
+            topics = {t for t in routed if t is not None}
+        mark = str(found.entry).encode()
+        seen: set[bytes] = set()
+        for record in reader.read(sorted(topics)):
+            if record.header(HEADER_REPLAY) != mark or record.message_id is None:
+                continue
+            try:
+                mid = UUID(record.message_id).bytes
+            except ValueError:
+                continue  # not a record the relay wrote
+            if mid in seen:
+                check.duplicated += 1
+            elif mid in expected:
+                seen.add(mid)
+        check.found = len(seen)
+        check.missing = len(expected - seen)
+    return checks
 
 
 def _checkable(states: list[SubscriberState], *, named: bool) -> list[SubscriberState]:
@@ -295,6 +379,8 @@ def _compare(
     for record in records:
         if record.message_id is None or record.position is None:
             continue  # not written by the relay
+        if record.header(HEADER_REPLAY) is not None:
+            continue  # a replay's: checked with its replay
         try:
             mid = UUID(record.message_id).bytes
         except ValueError:

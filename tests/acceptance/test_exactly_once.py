@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,13 @@ from confluent_kafka import Producer
 
 from relay import Outbox
 from relay.adapters.postgres.store import OutboxStore
+from relay.adapters.postgres.topic_record import PostgresTopicRecord
 from relay.core.model import PartId, Position
 from relay.core.ports import Batch, Selection
 from relay.core.settings import load_settings
 from relay.core.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.daemon import Relay
+from relay.daemon.publishers import PublisherFactory
 from relay.engine.worker import WorkerState
 from relay.errors import CheckpointConflict, ProducerFenced
 from tests.support import (
@@ -66,7 +69,7 @@ def test_a_commit_that_reached_kafka_but_not_postgres_is_adopted_not_republished
     session = store.open_session("doomed", 1, 30)
     assert store.claim("s", 0, session)
     state = store.get_part("s", 0)
-    publisher = doomed.publishers(state)
+    publisher = _publishers(doomed, relay_db)(state)
     assert publisher.recover(str(state.generation)) is None
     events = store.fetch(state.checkpoint, Selection(100)).events
     records = [doomed.encoder.encode(e, state.subscriber) for e in events]
@@ -187,11 +190,21 @@ def _publish_then_lose_the_last_advances(
 
 CHECKPOINT = "SELECT transaction_id::text, position, generation FROM outbox_checkpoints"
 
+
 # The setting in force in each transaction that moves a checkpoint (the owner's test
 # scaffolding: SECURITY DEFINER, so the relay role's updates may write its table).
+def _publishers(relay: Relay, conn: psycopg.Connection[Any]) -> PublisherFactory:
+    """The publishers of a relay that is not started (it has no pool): their record of
+    topics borrows the test's connection as the relay role."""
+    record = PostgresTopicRecord(lambda: nullcontext(conn))
+    return PublisherFactory(relay.settings, relay.topic_guard, record)
+
+
+# The trigger pins its search_path, as the relay's sessions pin theirs (issue #47).
 COMMIT_MODES = """
 CREATE TABLE advance_commit_modes (setting text NOT NULL);
-CREATE FUNCTION record_commit_mode() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
+CREATE FUNCTION record_commit_mode() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = public, pg_catalog AS $$
 BEGIN
     INSERT INTO advance_commit_modes VALUES (current_setting('synchronous_commit'));
     RETURN NULL;
@@ -223,7 +236,8 @@ def test_a_new_owner_fences_the_old_producer(
     )
     relay = Relay(settings)
     state = store.get_part("s", 0)
-    old, new = relay.publishers(state), relay.publishers(state)
+    publishers = _publishers(relay, relay_db)
+    old, new = publishers(state), publishers(state)
     try:
         old.recover(str(state.generation))
         new.recover(str(state.generation))  # same transactional ids: the broker fences `old`

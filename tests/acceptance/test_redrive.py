@@ -372,7 +372,14 @@ def test_retention_keeps_dead_letters_until_redriven_and_prune_is_the_operators(
 
         add_schema(schemas)  # the fix: redrive still finds both events after the prunes
         redriven = run_cli(
-            "dead-letters", "redrive", "s", "--schemas-dir", str(schemas), "--json", env=env
+            "dead-letters",
+            "redrive",
+            "s",
+            "--schemas-dir",
+            str(schemas),
+            "--json",
+            "--yes",
+            env=env,
         )
         assert redriven.returncode == 0, redriven.stdout + redriven.stderr
         assert json.loads(redriven.stdout)["redriven"] == 2
@@ -384,15 +391,29 @@ def test_retention_keeps_dead_letters_until_redriven_and_prune_is_the_operators(
 
         late = insert(writer_db, "k9", "OrderRefunded", {**refund, "amount_cents": "five"})
         dead_lettered(db, 1)
-        kept = run_cli("dead-letters", "prune", "s", "--pending-older-than", "3600", env=env)
+        prune = ("dead-letters", "prune", "s", "--pending-older-than")
+        kept = run_cli(*prune, "3600", "--yes", env=env)
         assert kept.returncode == 0 and "pruned 0 dead letters not redriven" in kept.stdout
         assert letters() == 1 and rows() == {late}
-        gone = run_cli("dead-letters", "prune", "s", "--pending-older-than", "0", env=env)
+        # Issue #48: deleting what can never be redriven is previewed, confirmed, and
+        # stays on the record: verify names it skipped by the operator, never missing.
+        preview = run_cli(*prune, "0", "--dry-run", env=env)
+        assert preview.returncode == 0, preview.stderr
+        assert "deletes 1 dead letter(s)" in preview.stdout and str(late) in preview.stdout
+        refused = run_cli(*prune, "0", env=env)  # no terminal, no --yes
+        assert refused.returncode == 2 and letters() == 1
+        gone = run_cli(*prune, "0", "--yes", env=env)
         assert gone.returncode == 0, gone.stderr
         assert "pruned 1 dead letters not redriven" in gone.stdout
         assert "can no longer be redriven" in gone.stdout
         assert letters() == 0
+        history = run_cli("subscribers", "history", "s", env=env)
+        assert "prune" in history.stdout, history.stdout
         wait_until(lambda: not rows(), timeout=60, what="its row pruned")
+    verdict = run_cli("verify", "--json", env=env)
+    [mine] = [r for r in json.loads(verdict.stdout) if r["subscriber"] == "s"]
+    assert mine["skipped_by_skip"] == 1 and not mine.get("missing"), mine
+    assert verdict.returncode == 4, verdict.stdout + verdict.stderr
 
 
 def test_dead_letter_retention_prunes_those_not_redriven_when_the_operator_sets_it(

@@ -7,6 +7,8 @@ end (issue #47)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import psycopg
@@ -15,7 +17,7 @@ from psycopg import errors as pg_errors
 from relay.adapters.postgres.db import wrap_errors
 from relay.adapters.postgres.queries import queries_for
 from relay.core.log_fields import log_extra
-from relay.errors import LockTimeout
+from relay.errors import LockTimeout, SubscriberError
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +38,31 @@ def lock_holder(conn: psycopg.Connection[Any], key: int) -> LockHolder | None:
     with wrap_errors():
         row = conn.execute(_queries()["advisory_lock_holder"], {"key": key}).fetchone()
     return None if row is None else LockHolder(*row)
+
+
+@contextmanager
+def session_lock(
+    conn: psycopg.Connection[Any], lock: bytes, unlock: bytes, params: Mapping[str, Any], what: str
+) -> Iterator[None]:
+    """Hold a session advisory lock while the block runs: ``lock`` tries it (returning
+    its key and whether it was granted), ``unlock`` releases it. When another session
+    holds it, :class:`SubscriberError` naming that session: another ``what`` runs."""
+    with wrap_errors():
+        row = conn.execute(lock, params).fetchone()
+    assert row is not None
+    if not row[1]:
+        holder = lock_holder(conn, row[0])
+        raise SubscriberError(
+            f"another {what} is running: its lock is held by "
+            f"{holder or 'a session that has just ended'} (if that is no outbox-relay, "
+            "end it with pg_terminate_backend)"
+        )
+    try:
+        yield
+    finally:
+        if not conn.closed:
+            with wrap_errors():
+                conn.execute(unlock, params)
 
 
 def hold_xact_lock(conn: psycopg.Connection[Any], key: int, wait_s: float, what: str) -> None:

@@ -83,3 +83,31 @@ SELECT k.key, pg_catalog.pg_try_advisory_lock(k.key)
 -- name: redrive_unlock
 SELECT pg_catalog.pg_advisory_unlock(
            pg_catalog.hashtextextended('outbox-relay.redrive.' || %(name)s::text, 0::bigint));
+
+-- name: pending_dead_letters_before
+-- `dead-letters prune --pending-older-than`'s preview: the dead letters not yet redriven,
+-- decided more than %(older_than)s seconds ago, and not in a redrive's flight.
+SELECT d.message_id FROM {schema}.outbox_dead_letters d
+ WHERE d.subscriber = %(name)s AND d.redriven_at IS NULL AND d.redrive_batch IS NULL
+   AND d.decided_at < pg_catalog.now() - pg_catalog.make_interval(secs => %(older_than)s::float8)
+ ORDER BY d.transaction_id, d.position;
+
+-- name: lock_pending_dead_letter_ids
+-- Of the previewed dead letters, those still not redriven and not in flight, locked
+-- until the transaction deletes them (a redrive or a retention pass meanwhile keeps its
+-- own): how many the ledger entry counts.
+SELECT d.message_id FROM {schema}.outbox_dead_letters d
+ WHERE d.subscriber = %(name)s AND d.redriven_at IS NULL AND d.redrive_batch IS NULL
+   AND d.message_id = ANY(%(ids)s::uuid[])
+   FOR UPDATE;
+
+-- name: prune_pending_dead_letter_ids
+-- Deletes the locked dead letters, each then on the record as skipped by the
+-- operator's prune (verify and status read outbox_skipped; migration 0019).
+WITH gone AS (
+    DELETE FROM {schema}.outbox_dead_letters d
+     WHERE d.subscriber = %(name)s AND d.message_id = ANY(%(ids)s::uuid[])
+    RETURNING d.part, d.message_id
+)
+INSERT INTO {schema}.outbox_skipped (intervention, subscriber_id, part, message_id, events)
+SELECT %(intervention)s, %(subscriber_id)s, g.part, g.message_id, 1 FROM gone g;

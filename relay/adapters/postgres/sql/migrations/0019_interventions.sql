@@ -12,7 +12,8 @@ CREATE TABLE {schema}.outbox_interventions (
     subscriber    text NOT NULL,
     subscriber_id uuid,
     action        text NOT NULL CHECK (action IN ('add', 'replace', 'set', 'pause', 'resume',
-                                                  'reset', 'skip', 'remove', 'redrive', 'replay')),
+                                                  'reset', 'skip', 'remove', 'redrive', 'replay',
+                                                  'prune')),
     recorded_at   timestamptz NOT NULL DEFAULT pg_catalog.statement_timestamp(),
     -- session_user is SQL syntax, not a function looked up on the search_path.
     db_role       text NOT NULL DEFAULT session_user,

@@ -1,0 +1,449 @@
+"""``subscribers replay``: republish a range of the outbox, exactly once, into a topic
+of the operator's choice or the subscriber's own topics (docs/design.md §7, "Replay").
+
+A replay is an intervention on the ledger (``outbox_interventions``, action
+``replay``): its 'start' entry holds its arguments (the range, both ends included,
+the filters that narrow the subscriber's, the topic) and the events of its range, and
+its id names the replay everywhere else: the records carry it in the ``outbox.replay``
+header, and the Kafka side is ``<kafka_id_prefix>.replay.<subscriber id>.<entry id>``.
+
+Its progress is kept as the relay keeps a part's (§5): each batch is one Kafka
+transaction under that ``transactional.id``, which commits, as the offsets of that
+consumer group, the key of the last event it published (the cursor). A run begins with
+``init_transactions`` (which fences any earlier run and aborts its open transaction),
+then reads the cursor and goes on after it. So a run killed at any point, run again
+with the same arguments, finds the open replay on the ledger (a 'start' without a
+'done'), and publishes each event of the range once: what committed is behind the
+cursor, and what did not commit was aborted. Postgres holds no cursor, so there is no
+window between the two commits to mend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any, Protocol
+from uuid import UUID
+
+import psycopg
+
+from relay.adapters.postgres.advisory import session_lock
+from relay.adapters.postgres.db import wrap_errors
+from relay.adapters.postgres.queries import parse_named, read_sql, with_schema
+from relay.adapters.postgres.store import OutboxStore
+from relay.adapters.postgres.topic_record import PostgresTopicRecord
+from relay.core.interventions import Action, Actor, Intervention
+from relay.core.log_fields import log_extra
+from relay.core.model import RESERVED_HEADER_PREFIX, KafkaRecord, OutboxEvent, Position
+from relay.core.ports import Batch, Fetched, Selection, SubscriberState
+from relay.core.settings import Settings
+from relay.core.subscribers import Subscriber, TopicGuard, legal_topic
+from relay.errors import EncodingError, SubscriberError
+from relay.ops.interventions import Confirm, Preview
+from relay.ops.redrive import RedrivePublisher, exactly_once_publisher, relay_encoder
+
+logger = logging.getLogger(__name__)
+
+# The header that marks a replayed record, with the replay's ledger entry id (under the
+# relay's reserved prefix: a row's own header of that name is dropped, so no row can
+# pass for a replay).
+HEADER_REPLAY = RESERVED_HEADER_PREFIX + "replay"
+# The checkpoint group's only generation: its committed offsets are the replay's cursor.
+GENERATION = "cursor"
+DEFAULT_BATCH = 500
+
+
+def _narrowed(
+    subscribers: frozenset[str] | None, asked: Sequence[str] | None
+) -> frozenset[str] | None:
+    """What both a subscriber's filter and the replay's take (None: any)."""
+    if not asked:
+        return subscribers
+    given = frozenset(asked)
+    return given if subscribers is None else subscribers & given
+
+
+@dataclass(frozen=True)
+class ReplayRange:
+    """What a replay republishes: the events of ``[start, end]`` (both included) that the
+    subscriber's filters, narrowed by ``aggregate_types`` and ``event_types``, match;
+    into the topic ``into`` (None: the subscriber's own topics)."""
+
+    start: Position
+    end: Position
+    into: str | None = None
+    aggregate_types: frozenset[str] | None = None
+    event_types: frozenset[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.start > self.end:
+            raise SubscriberError(
+                f"--from {self.start} is after --to {self.end}: nothing to replay"
+            )
+        if self.into is not None and not legal_topic(self.into):
+            raise SubscriberError(
+                f"--into {self.into!r} is not a legal Kafka topic name "
+                "(1-249 of [a-zA-Z0-9._-], not '.' or '..')"
+            )
+
+    @classmethod
+    def of(
+        cls,
+        subscriber: Subscriber,
+        start: Position,
+        end: Position,
+        into: str | None,
+        aggregate_types: Sequence[str] | None = None,
+        event_types: Sequence[str] | None = None,
+    ) -> ReplayRange:
+        """The range of ``subscriber``'s events the operator asked for."""
+        return cls(
+            start,
+            end,
+            into,
+            _narrowed(subscriber.aggregate_types, aggregate_types),
+            _narrowed(subscriber.event_types, event_types),
+        )
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any]) -> ReplayRange:
+        """The range a ledger entry's ``args`` record (:meth:`args`)."""
+        types = args.get("aggregate_types")
+        events = args.get("event_types")
+        return cls(
+            Position.parse(args["from"]),
+            Position.parse(args["to"]),
+            args.get("into"),
+            None if types is None else frozenset(types),
+            None if events is None else frozenset(events),
+        )
+
+    def args(self) -> dict[str, Any]:
+        """The replay's identity on the ledger: a run with the same args goes on with it."""
+        return {
+            "from": str(self.start),
+            "to": str(self.end),
+            "into": self.into,
+            "aggregate_types": None
+            if self.aggregate_types is None
+            else sorted(self.aggregate_types),
+            "event_types": None if self.event_types is None else sorted(self.event_types),
+        }
+
+    def query_params(self) -> dict[str, Any]:
+        return {
+            "start_transaction_id": self.start.transaction_id,
+            "start_position": self.start.position,
+            "end_transaction_id": self.end.transaction_id,
+            "end_position": self.end.position,
+            "aggregate_types": self.args()["aggregate_types"],
+            "event_types": self.args()["event_types"],
+        }
+
+    def selection(self, limit: int, max_bytes: int) -> Selection:
+        return Selection(
+            limit, max_bytes, aggregate_types=self.aggregate_types, event_types=self.event_types
+        )
+
+    def before_start(self) -> Position:
+        """The key just before the range: fetches read after it."""
+        return Position(self.start.transaction_id, self.start.position - 1)
+
+    def publisher_of(self, subscriber: Subscriber) -> Subscriber:
+        """The subscriber whose encoding the records take: its own, with the topic
+        ``into`` (so a registry's subject follows the topic, as for the relay)."""
+        if self.into is None:
+            return subscriber
+        return dataclasses.replace(subscriber, topic=self.into)
+
+    def describe(self) -> str:
+        filters = [
+            f"{what} {', '.join(sorted(values))}"
+            for what, values in (
+                ("aggregate types", self.aggregate_types),
+                ("event types", self.event_types),
+            )
+            if values is not None
+        ]
+        where = f"into topic {self.into!r}" if self.into else "into the subscriber's own topics"
+        narrowed = f" of {'; '.join(filters)}" if filters else ""
+        return f"events [{self.start}, {self.end}]{narrowed}, {where}"
+
+
+class Fetcher(Protocol):
+    """What a replay reads of the outbox (``OutboxStore.fetch``)."""
+
+    def fetch(self, after: Position, selection: Selection) -> Fetched: ...
+
+
+class Replay:
+    """One run of one replay: recover the cursor, then publish the rest of the range, a
+    batch per Kafka transaction, each committing its last key as the cursor."""
+
+    def __init__(
+        self,
+        outbox: Fetcher,
+        publisher: RedrivePublisher,
+        encode: Callable[[OutboxEvent], KafkaRecord],
+        wanted: ReplayRange,
+        entry: int,
+        *,
+        batch_size: int = DEFAULT_BATCH,
+        max_bytes: int = 2**62,
+    ) -> None:
+        self._outbox = outbox
+        self._publisher = publisher
+        self._encode = encode
+        self._wanted = wanted
+        self._header = (HEADER_REPLAY, str(entry).encode())
+        self._selection = wanted.selection(batch_size, max_bytes)
+        self.published = 0
+        self.resumed_after: Position | None = None
+
+    def run(self) -> int:
+        """Publish what the cursor has not passed; returns how many events."""
+        cursor = self._publisher.recover(GENERATION)  # fences earlier runs first
+        after = self._wanted.before_start()
+        if cursor is not None:
+            after = self.resumed_after = cursor.position
+        end = self._wanted.end
+        while after < end:
+            fetched = self._outbox.fetch(after, self._selection)
+            events = [e for e in fetched.events if e.key <= end]
+            if events:
+                records = [self._record(e) for e in events]
+                self._publisher.publish(Batch(records, events[-1].key, GENERATION, False))
+                self.published += len(events)
+            if fetched.read_to is None or not fetched.full:
+                break  # every decided row read; the range is below the horizon
+            after = fetched.read_to
+        return self.published
+
+    def _record(self, event: OutboxEvent) -> KafkaRecord:
+        try:
+            record = self._encode(event)
+        except EncodingError as exc:
+            raise SubscriberError(
+                f"event {event.message_id} at {event.key} cannot be replayed: {exc}; the "
+                f"events before it are published (the replay stays open: run it again once "
+                "the cause is fixed, or replay a range or filter that leaves it out)"
+            ) from exc
+        if self._wanted.into is not None:
+            record = record._replace(topic=self._wanted.into)
+        return record._replace(headers=[*record.headers, self._header], size=-1)
+
+
+@dataclass(frozen=True)
+class OpenReplay:
+    """A replay on the ledger: its 'start' entry, its range, and whether it is done."""
+
+    entry: int
+    wanted: ReplayRange
+    events: int
+    done: bool
+
+
+class ReplayStore:
+    """The replay's queries (relay/adapters/postgres/sql/replay.sql) on one autocommit
+    connection."""
+
+    def __init__(self, conn: psycopg.Connection[Any], schema: str = "public") -> None:
+        self.conn = conn
+        self._q = {
+            name: with_schema(text, schema).as_bytes(None)
+            for name, text in parse_named(read_sql("replay.sql")).items()
+        }
+
+    def count(self, wanted: ReplayRange) -> int:
+        with wrap_errors():
+            row = self.conn.execute(self._q["replay_range"], wanted.query_params()).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def events(self, wanted: ReplayRange) -> list[tuple[UUID, Position, str, str]]:
+        """The events of the range (message id, key, aggregate type, event type)."""
+        with wrap_errors():
+            rows = self.conn.execute(self._q["replay_events"], wanted.query_params()).fetchall()
+        return [(mid, Position(tx, pos), atype, etype) for mid, tx, pos, atype, etype in rows]
+
+    def replays(self, subscriber_id: UUID) -> list[OpenReplay]:
+        with wrap_errors():
+            rows = self.conn.execute(
+                self._q["replays"], {"subscriber_id": subscriber_id}
+            ).fetchall()
+        return [
+            OpenReplay(entry, ReplayRange.from_args(args), events or 0, done)
+            for entry, args, events, done in rows
+        ]
+
+    def open(self, subscriber_id: UUID, wanted: ReplayRange) -> OpenReplay | None:
+        """The replay with these arguments that has not finished, if any."""
+        return next(
+            (r for r in reversed(self.replays(subscriber_id)) if not r.done and r.wanted == wanted),
+            None,
+        )
+
+    @contextmanager
+    def exclusive(self, name: str, subscriber_id: UUID) -> Iterator[None]:
+        """Hold the subscriber's replay lock; :class:`SubscriberError` when another
+        replay of it holds it."""
+        with session_lock(
+            self.conn,
+            self._q["replay_lock"],
+            self._q["replay_unlock"],
+            {"subscriber_id": subscriber_id},
+            f"replay of subscriber {name!r}",
+        ):
+            yield
+
+
+@dataclass(frozen=True)
+class ReplayDone:
+    """What ``subscribers replay`` did."""
+
+    entry: int  # the replay's ledger entry (the header's value)
+    events: int  # the events of its range, when it started
+    published: int  # by this run
+    resumed_after: Position | None  # an earlier run's cursor this run went on from
+    resumed: bool  # it went on with an open replay
+    now: int  # the events of its range now: fewer means rows were pruned meanwhile
+
+    @property
+    def pruned(self) -> int:
+        return max(0, self.events - self.now)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "entry": self.entry,
+            "header": f"{HEADER_REPLAY}={self.entry}",
+            "events": self.events,
+            "published": self.published,
+            "resumed": self.resumed,
+            "resumed_after": None if self.resumed_after is None else str(self.resumed_after),
+            "pruned": self.pruned,
+        }
+
+
+def replay_prefix(kafka_id_prefix: str, subscriber_id: UUID, entry: int) -> str:
+    """The replay's ``transactional.id`` and consumer group prefix: per replay."""
+    return f"{kafka_id_prefix}.replay.{subscriber_id}.{entry}"
+
+
+def replay(
+    settings: Settings,
+    conn: psycopg.Connection[Any],
+    name: str,
+    asked: Callable[[Subscriber], ReplayRange],
+    actor: Actor,
+    confirm: Confirm,
+    *,
+    batch_size: int = DEFAULT_BATCH,
+) -> ReplayDone | None:
+    """``subscribers replay``: check the range (decided, a topic the subscriber may
+    publish to), count it, preview, confirm; then start the replay on the ledger, or go
+    on with the open one of the same arguments, publish the rest of it exactly once, and
+    record that it is done. None when not confirmed."""
+    outbox = OutboxStore(conn, settings.database_schema)
+    replays = ReplayStore(conn, settings.database_schema)
+    state = outbox.get(name)
+    wanted = asked(state.subscriber)
+    guard, encoder = relay_encoder(settings, (s.subscriber for s in outbox.list()))
+    _check(outbox, state, wanted, guard)
+    with replays.exclusive(name, state.subscriber_id):
+        found = replays.open(state.subscriber_id, wanted)
+        events = replays.count(wanted) if found is None else found.events
+        if not confirm(_preview(name, wanted, events, found)):
+            return None
+        entry = _record(outbox, state, wanted, actor, events, found)
+        publisher = exactly_once_publisher(
+            settings,
+            replay_prefix(settings.kafka_id_prefix, state.subscriber_id, entry),
+            guard,
+            PostgresTopicRecord(lambda: nullcontext(conn), settings.database_schema),
+            "replay",
+        )
+        run = Replay(
+            outbox,
+            publisher,
+            encoder.for_subscriber(wanted.publisher_of(state.subscriber)),
+            wanted,
+            entry,
+            batch_size=batch_size,
+            max_bytes=settings.batch_max_bytes,
+        )
+        with closing(publisher):
+            run.run()
+        now = replays.count(wanted)
+        done = ReplayDone(entry, events, run.published, run.resumed_after, found is not None, now)
+        params = {"replay": "done", "of": entry, "published": run.published, "events_now": now}
+        outbox.record(Intervention(Action.REPLAY, name, state.subscriber_id, actor, params))
+    if done.pruned:
+        logger.warning(
+            "replay %s of subscriber %s: %s event(s) of its range were pruned before it "
+            "published them",
+            entry,
+            name,
+            done.pruned,
+            extra=log_extra(
+                "replay_rows_pruned", subscriber=name, replay=entry, pruned=done.pruned
+            ),
+        )
+    return done
+
+
+def _check(
+    outbox: OutboxStore, state: SubscriberState, wanted: ReplayRange, guard: TopicGuard
+) -> None:
+    """Refuse a range that is not decided yet (events could still be written into it,
+    and the replay would not be the range's), and a topic the subscriber may not
+    publish to (another's, the relay's own, one ``topic_allow`` refuses)."""
+    name = state.subscriber.name
+    horizon = Position(outbox.horizon(), 0)
+    if wanted.end > horizon:
+        raise SubscriberError(
+            f"cannot replay up to {wanted.end}: transactions from {horizon.transaction_id} on "
+            f"are still running or yet to begin, and may still write events into the range. "
+            f"Replay up to {horizon} at most"
+        )
+    if wanted.into is not None and (refusal := guard.refusal(wanted.into, state.subscriber)):
+        raise SubscriberError(f"subscriber {name!r} cannot replay into {wanted.into!r}: {refusal}")
+
+
+def _preview(name: str, wanted: ReplayRange, events: int, found: OpenReplay | None) -> Preview:
+    lines = [f"each record carries the header {HEADER_REPLAY}=<the replay's ledger entry>"]
+    if found is not None:
+        lines.insert(
+            0,
+            f"goes on with replay #{found.entry}, interrupted: it publishes only what that "
+            "one did not (its cursor is read from Kafka)",
+        )
+    return Preview(
+        Action.REPLAY,
+        name,
+        events,
+        f"replay of subscriber {name!r}: publishes {events} event(s) AGAIN, {wanted.describe()}",
+        tuple(lines),
+    )
+
+
+def _record(
+    outbox: OutboxStore,
+    state: SubscriberState,
+    wanted: ReplayRange,
+    actor: Actor,
+    events: int,
+    found: OpenReplay | None,
+) -> int:
+    """The replay's entry on the ledger: a new 'start', or a 'resume' of ``found``."""
+    name = state.subscriber.name
+    if found is not None:
+        resumed = {"replay": "resume", "of": found.entry}
+        outbox.record(Intervention(Action.REPLAY, name, state.subscriber_id, actor, resumed))
+        return found.entry
+    params = {"replay": "start", "args": wanted.args()}
+    return outbox.record(
+        Intervention(Action.REPLAY, name, state.subscriber_id, actor, params, events)
+    )
