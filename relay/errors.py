@@ -18,15 +18,17 @@ if TYPE_CHECKING:
 
 
 class RelayError(Exception):
-    """Base class of every outbox-relay error."""
+    """Base class of every outbox-relay error. ``waits_on`` names what a running part
+    waits for when it meets this error (``outbox_relay_part_waiting`` shows it per part):
+    a service it cannot reach, or a fix that heals it without a restart (a privilege, an
+    ACL, a topic); None when the part does not wait for it."""
+
+    waits_on: str | None = None
 
 
 class RetryableError(RelayError):
     """A transient fault: the same operation may succeed later. ``waits_on`` names the
-    service whose absence it means (``outbox_relay_part_waiting`` shows it per part);
-    None when it is no outage (a conflict, say)."""
-
-    waits_on: str | None = None
+    service whose absence it means; None when it is no outage (a conflict, say)."""
 
 
 class ConfigError(RelayError):
@@ -147,6 +149,15 @@ class DatabaseUnavailable(RetryableError):
         super().__init__(message)
 
 
+class PrivilegeMissing(DatabaseError):
+    """The role lacks a privilege (42501; not a row-level security policy's refusal):
+    ``outbox-relay grant`` restores it. A command, or a relay starting, ends on it: the
+    operator is there to run the grant. A running relay's part waits for it and goes on
+    once it is granted again: a grant revoked heals, so it never halts a part (#48)."""
+
+    waits_on = "postgres_privilege"
+
+
 class LockTimeout(RetryableError):
     """A lock another session holds was not granted in time (the migration lock, say);
     the message names that session."""
@@ -209,6 +220,14 @@ class BrokerUnavailable(RetryableError):
         super().__init__(message)
 
 
+class AclRefused(BrokerUnavailable):
+    """The broker refuses the relay's principal an operation on a topic or the cluster
+    (an ACL: ``TOPIC_AUTHORIZATION_FAILED``, ``CLUSTER_AUTHORIZATION_FAILED``). Retried
+    until the ACL is granted; never an event's poison, never a halt (#48)."""
+
+    waits_on = "kafka_acl"
+
+
 class TransactionAborted(BrokerUnavailable):
     """The transaction had to be aborted (a record failed, or the broker said so)."""
 
@@ -232,6 +251,20 @@ class SchemaRegistryFault(SchemaRegistryUnavailable):
     kept."""
 
 
+class TopicMissing(RetryableError):
+    """A topic to publish to does not exist, and ``create_topics`` is false: the
+    operator creates it. The part waits and goes on once it exists (#48); only a
+    ``dead-letter`` subscriber takes a row that chose such a topic as poison, so that one
+    row cannot hold back the rest (``PoisonRecordError.wait``)."""
+
+    waits_on = "topic"
+
+    def __init__(self, topic: str, reason: str) -> None:
+        self.topic = topic
+        self.reason = reason
+        super().__init__(f"waiting for topic {topic!r}: {reason}")
+
+
 class TopicBudgetFull(RetryableError):
     """A row's topic is allowed, but ``max_created_topics`` topics were created for rows
     already (or the schema has no record of them yet, before migration 0017): the
@@ -252,12 +285,22 @@ class EncodingError(RelayError):
 class PoisonRecordError(EncodingError):
     """The broker (or the client, before sending) rejected one record for what it is."""
 
-    def __init__(self, record: KafkaRecord, reason: str, *, ambiguous: bool = False) -> None:
+    def __init__(
+        self,
+        record: KafkaRecord,
+        reason: str,
+        *,
+        ambiguous: bool = False,
+        wait: RetryableError | None = None,
+    ) -> None:
         self.record = record
         self.reason = reason
         # True when several records failed together (the broker rejects whole produce
         # batches): ``record`` is only the first of them, maybe not the culprit.
         self.ambiguous = ambiguous
+        # Set when the refusal heals by itself (a topic the row chose does not exist
+        # yet): a 'halt' part waits on it rather than halt; 'dead-letter' takes the row.
+        self.wait = wait
         super().__init__(f"broker rejected a record for topic {record.topic!r}: {reason}")
 
 
@@ -272,6 +315,8 @@ class CheckpointConflict(RetryableError):
 class GroupRefused(BrokerUnavailable):
     """The broker refuses a consumer group to the relay's principal (no ``Read`` on it: an
     ACL), so the Kafka-side checkpoint cannot be read; retried until the ACL is fixed."""
+
+    waits_on = "kafka_acl"
 
     def __init__(self, context: str, reason: str, *, code: int | None = None) -> None:
         super().__init__(
@@ -298,6 +343,8 @@ class TransactionalIdRefused(ProducerFenced):
     """The broker refuses this transactional id to the relay's principal (no ``Write`` on
     it: an ACL). The producer is unusable, as if fenced, and the part retries until the
     ACL is fixed; nobody without that right can commit under the id either."""
+
+    waits_on = "kafka_acl"
 
     def __init__(self, transactional_id: str, reason: str, *, code: int | None = None) -> None:
         self.transactional_id = transactional_id

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -264,6 +265,14 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+def part_status(url: str, part: PartId) -> dict[str, Any]:
+    """``part`` as `outbox-relay status --json` shows it, run as ``url``'s role."""
+    done = run_cli("status", "--json", env={"RELAY_DATABASE_URL": url})
+    assert done.returncode == 0, done.stderr
+    [line] = [p for p in json.loads(done.stdout)["parts"] if p["part"] == str(part)]
+    return dict(line)
 
 
 def caught_up(db: psycopg.Connection[Any], name: str) -> bool:

@@ -17,7 +17,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from relay.adapters.postgres.store import OutboxStore
+from relay.adapters.postgres.store import OutboxStore, PartWait
 from relay.adapters.postgres.topic_record import PostgresTopicRecord
 from relay.cli.backlog import SkipLine, events, print_estimate_note, print_skips, skipped
 from relay.cli.common import (
@@ -32,6 +32,7 @@ from relay.cli.common import (
 )
 from relay.cli.interventions import print_operator_skips
 from relay.core.interventions import OperatorSkip
+from relay.core.model import PartId
 from relay.core.ports import HorizonHolder
 from relay.ops.interventions import operator_skips
 from relay.ops.lag import Lag, Skipped, subscriber_statuses
@@ -48,8 +49,12 @@ class PartLine:
     owner: str | None  # the owning relay session, as host:pid
     paused: bool
     halted: str | None  # the error that halted the part
+    # What it waits for and since when, as its relay recorded it (issue #48); None: no
+    # wait (or a schema before migration 0020).
+    waiting: PartWait | None = None
 
     def as_dict(self) -> dict[str, Any]:
+        wait = self.waiting
         return {
             "part": self.part,
             "checkpoint": self.checkpoint,
@@ -64,6 +69,9 @@ class PartLine:
             "owner": self.owner,
             "paused": self.paused,
             "halted": self.halted,
+            "waiting_on": None if wait is None else wait.waits_on,
+            "waiting_error": None if wait is None else wait.error,
+            "waiting_since": None if wait is None else wait.since.isoformat(),
         }
 
 
@@ -172,6 +180,7 @@ def _print_parts_and_sessions(report: StatusReport) -> None:
     out.print(parts)
     print_estimate_note(p.lag for p in report.parts)
     _print_halts(report.parts)
+    _print_waits(report.parts)
     print_skips([SkipLine(p.part, p.checkpoint, p.skipped) for p in report.parts])
     for name, skips in report.skips.items():
         print_operator_skips(name, skips)
@@ -218,7 +227,9 @@ def _part_state(part: PartLine) -> Text:
         return Text("BEYOND HORIZON", style="bold red")
     if part.halted is not None:
         return Text("HALTED", style="bold red")
-    return Text("paused", style="yellow") if part.paused else Text("active")
+    if part.paused:
+        return Text("paused", style="yellow")
+    return Text("WAITING", style="bold yellow") if part.waiting else Text("active")
 
 
 def _print_halts(parts: list[PartLine]) -> None:
@@ -236,9 +247,27 @@ def _print_halts(parts: list[PartLine]) -> None:
         out.print(Text.assemble((f"  {p.part}: ", "red"), p.halted or ""), soft_wrap=True)
 
 
+def _print_waits(parts: list[PartLine]) -> None:
+    """Waiting parts publish nothing until the cause is fixed, and then go on by
+    themselves: say what each waits for, since when, and what fixes it."""
+    waiting = [(p.part, p.waiting) for p in parts if p.waiting and not (p.halted or p.paused)]
+    if not waiting:
+        return
+    out.print(
+        Text(f"{len(waiting)} waiting part(s): nothing is published for them until what "
+             "they wait for is fixed; they then go on by themselves, with no `resume`",
+             style="bold yellow")
+    )  # fmt: skip
+    for part, wait in waiting:
+        since = wait.since.isoformat(timespec="seconds")
+        line = Text.assemble((f"  {part}: ", "yellow"), f"waiting since {since}: {wait.error}")
+        out.print(line, soft_wrap=True)  # unwrapped, as a halt: it names the command to copy
+
+
 def _status(store: OutboxStore, max_created_topics: int) -> StatusReport:
     sessions = [Session.from_row(row) for row in store.list_sessions()]
     names = {s.id: f"{s.hostname}:{s.pid}" for s in sessions}
+    waits = store.part_waits()
     subscribers = subscriber_statuses(store)
     parts = [
         PartLine(
@@ -249,6 +278,7 @@ def _status(store: OutboxStore, max_created_topics: int) -> StatusReport:
             owner=names.get(p.state.owner) if p.state.owner else None,
             paused=subscriber.state.subscriber.paused,
             halted=p.state.halted_error,
+            waiting=waits.get(PartId(p.state.name, p.state.part)),
         )
         for subscriber in subscribers
         for p in subscriber.parts

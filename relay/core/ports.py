@@ -30,7 +30,14 @@ from typing import NamedTuple, Protocol
 from uuid import UUID
 
 from relay.core.key_space import KeySpace, KeySpaceCheck
-from relay.core.model import ConsumedRecord, KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
+from relay.core.model import (
+    ConsumedRecord,
+    KafkaCheckpoint,
+    KafkaRecord,
+    OutboxEvent,
+    PartId,
+    Position,
+)
 from relay.core.subscribers import StartFrom, Subscriber
 
 
@@ -221,6 +228,13 @@ class PartStore(Protocol):
         """Halt the part with ``error``, on the poison event ``message_id`` if it names
         one (`subscribers skip` of that event resumes the part); raises ``ClaimLost``
         when ``owner`` lost it."""
+
+    def record_wait(
+        self, part: PartId, owner: UUID, waits_on: str | None, error: str | None
+    ) -> None:
+        """Record in the part's row what it waits for (``waits_on``, ``error``) and since
+        when, for ``status``; None clears it. Neither the checkpoint nor its version
+        changes, and nothing is recorded unless ``owner`` holds the part."""
 
     def check_key_space(self) -> KeySpaceCheck | None:
         """Check (and repair) the stored keys' space; None before migration 0004."""

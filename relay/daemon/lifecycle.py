@@ -43,6 +43,13 @@ from relay.ops.subscribers import sync as sync_subscribers
 logger = logging.getLogger(__name__)
 
 _HORIZON_CHECK_EVERY_S = 30.0
+# A part waiting for a right the relay's own credentials lack (a Postgres privilege, a
+# Kafka ACL) makes the relay unready (#48): such a relay cannot do its work, and a new
+# pod with credentials that may is ready. A missing topic, a full topic budget or an
+# unreachable registry leave it ready: every replica, old or new, waits alike.
+_UNREADY_WAITS = frozenset({"postgres_privilege", "kafka_acl"})
+# How many waiting parts /readyz names per cause.
+_WAITS_NAMED = 5
 _START_CONNECT_TIMEOUT_S = 5.0
 
 
@@ -237,8 +244,10 @@ class Relay:
         (and a new one rolled out with the fix) would be unready too, blocking the
         rollout that could fix it. Halts are alerted on from /metrics instead
         (deploy/README.md); the reply names them for whoever looks. So do parts waiting
-        for an unreachable schema registry, as parts waiting for a partition's leader:
-        every replica would wait alike (outbox_relay_part_waiting shows them).
+        for an unreachable schema registry, a topic to be created or room for topics, as
+        parts waiting for a partition's leader: every replica would wait alike
+        (outbox_relay_part_waiting shows them). A part waiting for a privilege or an ACL
+        the relay lacks makes it unready (_UNREADY_WAITS), as a heartbeat refused does.
         """
         if self._stopping.is_set():
             return False, "stopping"
@@ -256,23 +265,34 @@ class Relay:
         halted = sorted(str(p) for p, s in self.part_states().items() if s == WorkerState.HALTED)
         # Still ready: a partition without a leader stalls every relay alike (broker_watch).
         leaderless = broker is not None and broker.reachable and broker.leaderless
-        return True, (
-            f"ready: session {session.id}, {len(self.workers)} parts"
+        waits = self.part_waits()
+        reply = (
+            f"session {session.id}, {len(self.workers)} parts"
             + (f"; halted: {', '.join(halted)}" if halted else "")
-            + self._registry_waits()
+            + "".join(self._waits(on, parts) for on, parts in _by_cause(waits).items())
             + (f"; {broker.describe()}" if broker is not None and leaderless else "")
         )
+        if _UNREADY_WAITS.intersection(waits.values()):
+            return False, (
+                "parts wait for a right the relay's role or principal lacks, and publish "
+                f"once it is granted: {reply}"
+            )
+        return True, f"ready: {reply}"
 
-    def _registry_waits(self) -> str:
-        """ "; waiting for the schema registry ...": the parts stalled on it, and why."""
-        waiting = sorted(str(p) for p, on in self.part_waits().items() if on == "schema_registry")
-        if not waiting:
-            return ""
-        down = None if self.schema_registry is None else self.schema_registry.unreachable
-        why = ""
-        if down is not None:
-            why = f" (unreachable since {down[0].isoformat(timespec='seconds')}: {down[1]})"
-        return f"; waiting for the schema registry{why}: {', '.join(waiting)}"
+    def _waits(self, waits_on: str, parts: list[PartId]) -> str:
+        """ "; waiting for ...": the parts that wait on ``waits_on``, and why."""
+        named = ", ".join(map(str, parts[:_WAITS_NAMED])) + (
+            f" and {len(parts) - _WAITS_NAMED} more" if len(parts) > _WAITS_NAMED else ""
+        )
+        if waits_on == "schema_registry":
+            down = None if self.schema_registry is None else self.schema_registry.unreachable
+            why = ""
+            if down is not None:
+                why = f" (unreachable since {down[0].isoformat(timespec='seconds')}: {down[1]})"
+            return f"; waiting for the schema registry{why}: {named}"
+        worker = self.workers.get(parts[0])
+        error = None if worker is None else worker.stats.last_error
+        return f"; waiting for {waits_on}: {named}" + (f" ({error})" if error else "")
 
     # -- supervision -------------------------------------------------------------------
 
@@ -368,6 +388,14 @@ def connect_daemon(settings: Settings) -> psycopg.Connection[Any]:
         application_name="outbox-relay",
         timeouts=session_timeouts(settings),
     )
+
+
+def _by_cause(waits: dict[PartId, str]) -> dict[str, list[PartId]]:
+    """The waiting parts by what they wait on, each list in order."""
+    causes: dict[str, list[PartId]] = {}
+    for part, waits_on in sorted(waits.items()):
+        causes.setdefault(waits_on, []).append(part)
+    return causes
 
 
 class Startable(Protocol):

@@ -23,6 +23,7 @@ from relay.core.model import (
     KafkaCheckpoint,
     KafkaRecord,
     OutboxEvent,
+    PartId,
     Position,
     Unreadable,
 )
@@ -63,6 +64,10 @@ class InMemoryStore:
         # subscriber → message id → (event key, decision); and when each was decided
         # (none is ever redriven here: redrive runs on Postgres only).
         self.dead: dict[str, dict[UUID, tuple[Position, DeadLetterDecision]]] = {}
+        # What each part waits for (its waits_on and error), as record_wait left it.
+        self.waits: dict[PartId, tuple[str, str]] = {}
+        # Every record_wait call, in order (how often a waiting part writes).
+        self.wait_writes: builtins.list[PartId] = []
         self.decided_at: dict[UUID, float] = {}
         self.sessions: dict[UUID, _Session] = {}
         # (subscriber, part) → the events the operator skipped; the event a halt is on.
@@ -401,6 +406,18 @@ class InMemoryStore:
                 raise ClaimLost(f"{state.name}/{state.part} is no longer claimed by this relay")
             self.halted_on[state.name, state.part] = message_id
             self._set(dataclasses.replace(current, halted_error=error, version=current.version + 1))
+
+    def record_wait(
+        self, part: PartId, owner: UUID, waits_on: str | None, error: str | None
+    ) -> None:
+        with self._lock:
+            self.wait_writes.append(part)
+            if self.get_part(*part).owner != owner:
+                return
+            if waits_on is None or error is None:
+                self.waits.pop(part, None)
+            else:
+                self.waits[part] = (waits_on, error)
 
     def check_key_space(self) -> KeySpaceCheck | None:
         return KeySpaceCheck(KeySpaceAction.UNCHANGED, self.key_space_id, 0, None)

@@ -48,6 +48,7 @@ from relay.engine.poison import (
 )
 from relay.engine.scheduling import PartScheduler, ProducerPool
 from relay.engine.sessions import RelaySession
+from relay.engine.waiting import WaitRecord
 from relay.errors import (
     CheckpointConflict,
     ClaimLost,
@@ -151,8 +152,9 @@ class WorkerStats:
     key_space_continued: int = 0  # ... found a cluster change that kept the key space
     checkpoint: Position | None = None
     last_error: str | None = None
-    # The service the part's last attempt found unreachable (RetryableError.waits_on:
-    # "schema_registry", "kafka", "postgres"), until a turn goes through; None otherwise.
+    # What the part's last attempt waits for (RelayError.waits_on: a service it could
+    # not reach, "schema_registry", "kafka", "postgres"; or a fix that heals it, "topic",
+    # "postgres_privilege", "kafka_acl", "topic_budget"), until a turn goes through.
     waiting_on: str | None = None
     last_published_at: float | None = None
     state: WorkerState = WorkerState.STARTING
@@ -315,6 +317,8 @@ class PartWorker:
         # The service waited for and how it failed (waiting_on), and the attempts failed.
         self._outage: tuple[str, type[Exception]] | None = None
         self._outage_failures = 0
+        # What it waits for, as its checkpoint row says it for `status` (issue #48).
+        self._wait_record = WaitRecord(part, session.id)
         # Poison warnings, sampled: a flood of poison rows logs a few, then a summary.
         self._poison_log = SampledLog(
             logger,
@@ -359,6 +363,7 @@ class PartWorker:
                 delay = self._serve(woken)
                 if self.stats.waiting_on is not None:
                     self._waited_out()
+                self._wait_record.done(self._held_store)
             except RetryableError as exc:
                 self._failures += 1
                 delay = self._retry_later(exc, self._failures)
@@ -378,16 +383,13 @@ class PartWorker:
                 )
                 self._stopping.set()
             except RelayError as exc:
-                # Not retryable and not an event's fault (a permission error, a bad Kafka
-                # setting...): stop this part only, loudly.
-                self._record_error(WorkerState.HALTED, exc)
-                logger.error(
-                    "part %s stopped: %s",
-                    self.part,
-                    exc,
-                    extra=self._log_extra("part_stopped", error=exc),
-                )
-                self._stopping.set()
+                if exc.waits_on is None:
+                    self._stop_on(exc)
+                else:
+                    # Fatal to a command, but it heals (a privilege granted again, #48):
+                    # a running part waits for it, as for an outage, and never halts.
+                    self._failures += 1
+                    delay = self._retry_later(exc, self._failures)
             except Exception as exc:
                 # Not ours: a bug, or a failure no one foresaw. The part must not die of
                 # it (the supervisor would restart it in a silent loop).
@@ -399,6 +401,18 @@ class PartWorker:
                 return delay
         self._finish()
         return None
+
+    def _stop_on(self, exc: RelayError) -> None:
+        """Not retryable, healing by no fix of its own and not an event's fault (a bad
+        Kafka setting...): stop this part only, loudly."""
+        self._record_error(WorkerState.HALTED, exc)
+        logger.error(
+            "part %s stopped: %s",
+            self.part,
+            exc,
+            extra=self._log_extra("part_stopped", error=exc),
+        )
+        self._stopping.set()
 
     def _log_extra(self, event: str, **fields: object) -> dict[str, object]:
         """The ``extra`` of this part's log lines: the event, the part, then ``fields``."""
@@ -433,7 +447,7 @@ class PartWorker:
         # An outage logs once per part: the retries that follow for the same service,
         # failing the same way, are counted (outbox_relay_errors, and the line when it
         # is waited for no longer). Another kind of failure is logged: it may need someone.
-        waits_on = exc.waits_on if isinstance(exc, RetryableError) else None
+        waits_on = exc.waits_on if isinstance(exc, RelayError) else None
         outage = None if waits_on is None else (waits_on, type(exc))
         again = outage is not None and outage == self._outage and self.stats.waiting_on is not None
         self._outage = outage
@@ -449,6 +463,8 @@ class PartWorker:
             exc_info=exc if unexpected else None,
             extra=self._log_extra("part_retrying", retry_in=delay, error=exc),
         )
+        if waits_on is not None:
+            self._wait_record.waiting(self._held_store, waits_on, str(exc))
         # Start over from recovery: the transaction's fate may be unknown.
         self._drop_connections()
         return delay
@@ -457,6 +473,8 @@ class PartWorker:
         """A turn went through after retries for an unreachable service: say so once,
         with how many retries the outage cost (logged at DEBUG after the first)."""
         service, self.stats.waiting_on = self.stats.waiting_on, None
+        if self.stats.state is WorkerState.RETRYING:
+            self.stats.state = WorkerState.RUNNING
         logger.info(
             "part %s: no longer waiting for %s, after %d attempts that failed",
             self.part,
@@ -506,7 +524,8 @@ class PartWorker:
             self.stats.state = WorkerState.HALTED if state.halted_error else WorkerState.PAUSED
             self._state, self._ahead = None, None
             return self._poll_interval
-        self.stats.state = WorkerState.RUNNING
+        if self.stats.waiting_on is None:  # a waiting part stays 'retrying' until it is not
+            self.stats.state = WorkerState.RUNNING
         ahead, self._ahead = self._ahead, None
         batch = ahead if ahead is not None and ahead.end else self._fetch(store, state)
         if batch.end is None:
@@ -785,6 +804,10 @@ class PartWorker:
         try:
             self._publisher.publish(sending, reader)
         except PoisonRecordError as exc:
+            if exc.wait is not None and state.subscriber.on_poison is PoisonPolicy.HALT:
+                # It heals (a topic to be created, #48): waiting is never worse than
+                # halting. Only 'dead-letter' takes the row, lest it hold back the rest.
+                raise exc.wait from None
             refused = exc
         sent = reader.grown(batch) if reader is not None else batch
         sent.refused = refused
@@ -1107,7 +1130,7 @@ class PartWorker:
             self.stats.errors += 1
             self.stats.last_error = str(exc)
             self.stats.state = state
-            waits_on = exc.waits_on if isinstance(exc, RetryableError) else None
+            waits_on = exc.waits_on if isinstance(exc, RelayError) else None
             self.stats.waiting_on = waits_on if state is WorkerState.RETRYING else None
 
 

@@ -11,8 +11,9 @@ never behind scrapes. The hot path is not instrumented.
   Postgres or Kafka is healthy: restarting it would not help.
 * ``/readyz`` (readiness): the relay holds a session, which it opens only while Kafka
   answers, and its heartbeats to Postgres renewed it within the session timeout (less
-  one heartbeat interval). A halted part, or one waiting for the schema registry, leaves
-  it ready (``Relay.ready`` says why).
+  one heartbeat interval), and no part waits for a privilege or an ACL it lacks. A
+  halted part, or one waiting for the schema registry or a topic, leaves it ready
+  (``Relay.ready`` says why).
 """
 
 from __future__ import annotations
@@ -139,10 +140,12 @@ class RelayCollector(Collector):
         waiting = GaugeMetricFamily(
             "outbox_relay_part_waiting",
             "1 while a part waits to retry because a service it needs could not be reached "
-            "(service: schema_registry, kafka or postgres), or because max_created_topics "
-            "topics were created for rows already and a row's new topic must wait "
-            "(service: topic_budget); it publishes nothing meanwhile, and dead-letters "
-            "nothing for it",
+            "(service: schema_registry, kafka or postgres), a topic it publishes to does "
+            "not exist and create_topics is false (topic), the relay's role lacks a "
+            "Postgres privilege (postgres_privilege) or its principal a Kafka ACL "
+            "(kafka_acl), or max_created_topics topics were created for rows already and a "
+            "row's new topic must wait (topic_budget); it publishes nothing meanwhile, and "
+            "halts and dead-letters nothing for it",
             labels=["subscriber", "part", "service"],
         )
         for part, service in sorted(self._relay.part_waits().items()):

@@ -28,12 +28,14 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from relay import Outbox
 from relay.adapters.postgres.store import OutboxStore
+from relay.core.model import PartId
 from relay.daemon import Relay
 from tests.plugins.registry import StandinRegistry
 from tests.support import (
     REPO,
     consume,
     http_get,
+    part_status,
     run_cli,
     sub,
     wait_caught_up,
@@ -101,8 +103,10 @@ def test_an_id_that_is_no_id_stalls_the_part_never_poisons_and_heals(
     schema_registry: str,
     standin_registry: StandinRegistry,
     caplog: pytest.LogCaptureFixture,
+    relay_url: str,
 ) -> None:
-    """An id of -7 used to dead-letter every valid event (and was cached)."""
+    """An id of -7 used to dead-letter every valid event (and was cached). `status`
+    shows the part waiting for the registry, and why, until it heals (issue #48)."""
     standin_registry.script("POST", REGISTER, (200, {"id": -7}))
     definition = [sub("minus", topic_prefix, value_format="avro-registry", on_poison="dead-letter")]
     write_orders(writer_db, outbox, IDS)
@@ -113,9 +117,15 @@ def test_an_id_that_is_no_id_stalls_the_part_never_poisons_and_heals(
     [said] = _warnings(caplog, "registry.unreachable")  # once, not once per retry
     assert "answered -7 as the id of demo.orders.OrderPlaced" in said.getMessage()
     assert len(_warnings(caplog, "part_retrying")) == 1  # the part's retries are counted
+    part = PartId("minus", 0)
+    wait_until(
+        lambda: part_status(relay_url, part)["waiting_on"] == "schema_registry", 60, "status"
+    )
+    assert "answered -7" in part_status(relay_url, part)["waiting_error"]
 
     standin_registry.heal()
     wait_caught_up(db, "minus", timeout=300)
+    wait_until(lambda: part_status(relay_url, part)["waiting_on"] is None, 60, "the wait cleared")
     _every_event_once(schema_registry, kafka_bootstrap, topic_prefix + "outbox.event.order")
     _nothing_dead_or_halted(db, "minus")
 

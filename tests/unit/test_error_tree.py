@@ -24,6 +24,7 @@ from relay.adapters.kafka.kafka_errors import Stage, classify, rejects_record, r
 from relay.adapters.postgres.db import StreamRef, wrap_errors
 from relay.core.model import KafkaRecord
 from relay.errors import (
+    AclRefused,
     BrokerError,
     BrokerUnavailable,
     ConcurrencyError,
@@ -34,6 +35,7 @@ from relay.errors import (
     GroupRefused,
     NotMigratedError,
     PoisonRecordError,
+    PrivilegeMissing,
     ProducerFenced,
     RelayError,
     RetryableError,
@@ -130,6 +132,9 @@ DELIVERY = [
     (KafkaError._MSG_TIMED_OUT, {}, BrokerUnavailable),
     (KafkaError._TRANSPORT, {}, BrokerUnavailable),
     (KafkaError.NOT_ENOUGH_REPLICAS, {"retriable": True}, BrokerUnavailable),
+    # Issue #48: an ACL's refusal waits for the grant, named as such.
+    (KafkaError.TOPIC_AUTHORIZATION_FAILED, {}, AclRefused),
+    (KafkaError.CLUSTER_AUTHORIZATION_FAILED, {}, AclRefused),
 ]
 TRANSACTION = [
     (KafkaError.INVALID_TRANSACTION_TIMEOUT, {}, ConfigError),
@@ -138,6 +143,7 @@ TRANSACTION = [
     (KafkaError.INVALID_PRODUCER_EPOCH, {}, ProducerFenced),
     (KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, {}, TransactionalIdRefused),
     (KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, {"fatal": True}, TransactionalIdRefused),
+    (KafkaError.TOPIC_AUTHORIZATION_FAILED, {"abort": True}, AclRefused),
     (KafkaError._TIMED_OUT, {"fatal": True}, ProducerFenced),
     (KafkaError.UNSUPPORTED_VERSION, {}, BrokerError),
     (KafkaError._UNSUPPORTED_FEATURE, {"abort": True}, BrokerError),
@@ -149,8 +155,9 @@ CREATE_TOPIC = [
     (KafkaError.TOPIC_EXCEPTION, {}, TopicRefused),
     (KafkaError.POLICY_VIOLATION, {}, TopicRefused),
     (KafkaError.TOPIC_ALREADY_EXISTS, {}, None),
-    (KafkaError.TOPIC_AUTHORIZATION_FAILED, {}, BrokerError),
-    (KafkaError.CLUSTER_AUTHORIZATION_FAILED, {}, BrokerError),
+    # Issue #48: a refused creation used to halt the part; it waits for the ACL.
+    (KafkaError.TOPIC_AUTHORIZATION_FAILED, {}, AclRefused),
+    (KafkaError.CLUSTER_AUTHORIZATION_FAILED, {}, AclRefused),
     (KafkaError.INVALID_CONFIG, {}, BrokerError),
     (KafkaError.INVALID_PARTITIONS, {}, BrokerError),
     (KafkaError.INVALID_REQUEST, {}, BrokerError),
@@ -419,7 +426,7 @@ def classified(exc: psycopg.Error, stream: StreamRef | None = None) -> RelayErro
     [
         (pg(pg_errors.UndefinedTable), NotMigratedError, "run `outbox-relay migrate`"),
         (pg(pg_errors.UndefinedFunction), UndefinedFunctionError, "refused the operation [42883]"),
-        (pg(pg_errors.InsufficientPrivilege), DatabaseError, "refused the operation [42501]"),
+        (pg(pg_errors.InsufficientPrivilege), PrivilegeMissing, "refused the operation [42501]"),
         (pg(pg_errors.InvalidPassword), DatabaseError, "refused the operation [28P01]"),
         (pg(pg_errors.InvalidCatalogName), DatabaseError, "refused the operation [3D000]"),
         (pg(pg_errors.SerializationFailure), ConcurrencyError, "rolled the transaction back"),
@@ -453,6 +460,31 @@ def test_retryable_and_fatal_postgres_errors_are_told_apart_by_type() -> None:
     assert isinstance(classified(pg(pg_errors.SerializationFailure)), RetryableError)
     assert isinstance(classified(pg(sqlstate="08006")), RetryableError)
     assert not isinstance(classified(pg(pg_errors.InsufficientPrivilege)), RetryableError)
+
+
+def test_a_missing_privilege_ends_a_command_but_a_running_part_waits_for_the_grant() -> None:
+    """Issue #48: fatal to a command or a start (exit 1, naming `outbox-relay grant`);
+    a running part waits on it, since a grant restored heals it. A row-level security
+    policy's refusal (42501 too) is the row's type, not a missing grant."""
+    missing = classified(pg(pg_errors.InsufficientPrivilege))
+    assert isinstance(missing, DatabaseError) and not isinstance(missing, RetryableError)
+    assert missing.waits_on == "postgres_privilege"
+    assert "permanent until granted" in str(missing)
+    assert "outbox-relay grant --relay-role" in str(missing)
+    policy = pg_errors.InsufficientPrivilege('new row violates row-level security policy "x"')
+    refused = classified(policy)
+    assert type(refused) is DatabaseError and refused.waits_on is None
+    assert "--aggregate-types" in str(refused)
+
+
+def test_an_acl_refusal_waits_for_the_grant_and_names_it() -> None:
+    created = classify(kafka(KafkaError.TOPIC_AUTHORIZATION_FAILED), "t", Stage.CREATE_TOPIC)
+    delivered = classify(kafka(KafkaError.TOPIC_AUTHORIZATION_FAILED), "3 records", Stage.DELIVERY)
+    for failure, right in ((created, "Create on it"), (delivered, "Write and Describe")):
+        assert isinstance(failure, AclRefused) and failure.waits_on == "kafka_acl"
+        assert right in str(failure) and "deploy/README.md, ACLs" in str(failure)
+    group = classify(kafka(KafkaError.GROUP_AUTHORIZATION_FAILED), "g", Stage.GROUP_OFFSETS)
+    assert isinstance(group, GroupRefused) and group.waits_on == "kafka_acl"
 
 
 STREAM = StreamRef("order", "42", 3)

@@ -22,7 +22,13 @@ from relay.core.ports import Batch
 from relay.core.settings import Settings
 from relay.core.subscribers import TopicGuard
 from relay.daemon.publishers import PublisherFactory
-from relay.errors import BrokerUnavailable, PoisonRecordError, ProducerFenced, RelayError
+from relay.errors import (
+    AclRefused,
+    BrokerUnavailable,
+    PoisonRecordError,
+    ProducerFenced,
+    RelayError,
+)
 
 
 class FakeMessage:
@@ -92,10 +98,18 @@ class FakeProducer:
         self.epoch += 1
 
 
+def topic_t_exists() -> TopicCreator:
+    """Without creation, and topic "t" there already: no admin client is reached."""
+    creator = TopicCreator({}, enabled=False)
+    creator._admin = lambda: None  # type: ignore[method-assign,assignment,return-value]
+    creator._existing = lambda admin: {"t"}  # type: ignore[method-assign]
+    return creator
+
+
 def publisher(producer: FakeProducer, delivery_timeout_s: float = 5.0) -> TransactionalPublisher:
     pub = TransactionalPublisher(
         {"bootstrap.servers": "127.0.0.1:1"},
-        TopicCreator({}, enabled=False),
+        topic_t_exists(),
         delivery_timeout_s,
         transactional_id="t",
         transaction_timeout_s=10.0,
@@ -477,3 +491,44 @@ def test_a_hung_call_keeps_its_thread_and_the_next_producer_gets_a_fresh_one(
     hung_on[0].join(10.0)  # closed: it ends once the hung call returns
     assert not hung_on[0].is_alive()
     assert hanging.committed == []
+
+
+class AclRefusingProducer(FakeProducer):
+    """A transaction adding a topic the principal may not write: the client fails the
+    transaction, purges its records, and answers transactional calls with its error."""
+
+    def __init__(self) -> None:
+        super().__init__(reject=b"")
+        self.txn_failed = False
+
+    def begin_transaction(self) -> None:
+        if self.txn_failed:
+            raise KafkaException(
+                KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "Topic authorization failed",
+                           txn_requires_abort=True)
+            )  # fmt: skip
+        super().begin_transaction()
+
+    def flush(self, timeout: float = 0) -> int:
+        for record, callback in self.pending:
+            if callback is not None:
+                callback(KafkaError(KafkaError._PURGE_QUEUE), FakeMessage(record))  # type: ignore[arg-type]
+        self.pending, self.txn_failed = [], True
+        return 0
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.flush()  # the commit saw the failed state only, not why
+        raise KafkaException(KafkaError(KafkaError._STATE, txn_requires_abort=True))
+
+    def abort_transaction(self, timeout: float) -> None:
+        self.pending, self.txn_failed = [], False
+
+
+def test_records_purged_by_a_transaction_an_acl_failed_name_the_acl() -> None:
+    """Issue #48: the retry with delivery reports saw only "Purged in queue", so a part
+    waiting for an ACL showed as waiting for Kafka."""
+    with pytest.raises(AclRefused) as caught:
+        publisher(AclRefusingProducer()).publish(Batch(records(b"a"), Position(1, 1), "gen"))
+    assert caught.value.waits_on == "kafka_acl" and "Topic authorization failed" in str(
+        caught.value
+    )

@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError, KafkaException
 from relay.adapters.kafka.kafka import TopicCreator
 from relay.core.ports import TopicOrigin
 from relay.engine.testing import InMemoryTopicRecord
-from relay.errors import RetryableError, TopicBudgetFull, TopicRefused
+from relay.errors import RetryableError, TopicBudgetFull, TopicMissing, TopicRefused
 
 
 class _Future:
@@ -113,13 +113,21 @@ def test_a_name_the_broker_refuses_is_the_rows_poison_and_takes_no_room() -> Non
     assert admin.created == ["good"]
 
 
-def test_without_creation_a_rows_missing_topic_is_poison_and_the_operators_awaited() -> None:
+def test_without_creation_a_missing_topic_waits_for_the_operator_rows_or_not() -> None:
+    """Issue #48: a row's missing topic was poison, so a 'halt' part halted for good even
+    once the topic was made. Now every missing topic waits, named, with the command
+    that creates it; a row's not yet named also says to name it."""
     admin = FakeAdmin()
     topics = creator(admin, InMemoryTopicRecord(), enabled=False)
-    topics.ensure_for_records({"fixed"}, set())  # producing waits for it
-    with pytest.raises(TopicRefused) as refused:
-        topics.ensure_for_records({"nowhere"}, {"nowhere"})
-    assert "create_topics is false" in refused.value.reason
+    for routed in (set(), {"nowhere"}):
+        with pytest.raises(TopicMissing) as missing:
+            topics.ensure_for_records({"nowhere"}, routed)
+        assert missing.value.waits_on == "topic" and missing.value.topic == "nowhere"
+        assert "does not exist and create_topics is false" in missing.value.reason
+        assert "`outbox-relay topics create nowhere --if-not-exists`" in missing.value.reason
+        assert ("topic_allow" in missing.value.reason) is bool(routed)
+    admin.topics["nowhere"] = object()  # the operator made it
+    topics.ensure_for_records({"nowhere"}, set())
     assert admin.created == []
 
 

@@ -42,12 +42,14 @@ from relay.core.log_fields import log_extra
 from relay.core.model import KafkaCheckpoint, KafkaRecord, Position
 from relay.core.ports import Batch, Meanwhile, TopicOrigin, TopicRecord
 from relay.errors import (
+    AclRefused,
     BrokerUnavailable,
     GroupRefused,
     PoisonRecordError,
     ProducerFenced,
     RelayError,
     TopicBudgetFull,
+    TopicMissing,
     TopicRefused,
     TransactionAborted,
 )
@@ -174,7 +176,9 @@ class TopicCreator:
       ``max_created`` such topics are (counted in Postgres under a lock: exact across
       processes, restarts and replicas), then created. With no room left, or no record
       (a schema before migration 0017), it waits (:class:`TopicBudgetFull`, retried):
-      the relay's configuration, never the row's fault.
+      the relay's configuration, never the row's fault;
+    * without creation (``enabled`` false), a missing topic, the operator's or a row's,
+      waits until the operator creates it (:class:`TopicMissing`, retried; issue #48).
 
     ``record`` None (the demo's and the tests' own creators) keeps no record: no topic
     a row chose is refused for existing, and none is created."""
@@ -215,9 +219,8 @@ class TopicCreator:
 
     def ensure_for_records(self, topics: set[str], routed: set[str]) -> None:
         """:meth:`ensure` for the topics of records, ``routed`` those that rows chose
-        (confined as the class says). When creation is disabled, a missing topic that
-        rows chose is refused; any other missing topic is the operator's to create, and
-        producing to it retries until it exists."""
+        (confined as the class says). When creation is disabled, a missing topic raises
+        :class:`TopicMissing`: the operator's to create, and retried until it exists."""
         self._ensure(topics, routed, None, {})
 
     def _ensure(
@@ -237,8 +240,11 @@ class TopicCreator:
     def _ensure_declared(
         self, missing: set[str], partitions: int | None, config: dict[str, str]
     ) -> None:
-        if not self._enabled:
-            self._known |= missing  # the operator's to create: producing waits for it
+        if not self._enabled:  # the operator's to create: the part waits for it
+            absent = missing - self._existing(self._admin())
+            self._known |= missing - absent
+            if absent:
+                raise TopicMissing(min(absent), _create_it(min(absent)))
             return
         created, refused = self._create_topics(self._admin(), missing, partitions, config)
         if self._record is not None:
@@ -262,11 +268,11 @@ class TopicCreator:
                 self._known.add(topic)
             else:
                 refused.append(TopicRefused(topic, _NOT_OURS, creating=False))
-        waiting = None
+        waiting: RelayError | None = None
         if new and not self._enabled:
-            refused += [
-                TopicRefused(t, "it does not exist and create_topics is false") for t in new
-            ]
+            topic = new[0]
+            unnamed = recorded is not None and not self._allow_listed(topic)
+            waiting = TopicMissing(topic, _create_it(topic) + (_NAME_IT if unnamed else ""))
         elif new:
             wanted, waiting = self._reserve(new, recorded)
             failed = self._create_topics(admin, set(wanted), None, {})[1]
@@ -361,6 +367,20 @@ class TopicCreator:
         return created, refused
 
 
+def _create_it(topic: str) -> str:
+    """Why ``topic`` waits without creation, and the command that ends the wait."""
+    return (
+        "it does not exist and create_topics is false: create it "
+        f"(`outbox-relay topics create {topic} --if-not-exists`)"
+    )
+
+
+# A row's topic the outbox did not create must be named too (issue #47).
+_NAME_IT = (
+    ", and name it in topic_allow (or list its type in the subscriber's filter): rows "
+    "reach only the topics this outbox created or that are named"
+)
+
 # Why a row may not publish to an existing topic outside the outbox's record.
 _NOT_OURS = (
     "it exists, but this outbox did not create it, no filter names it and topic_allow "
@@ -428,6 +448,12 @@ class _BatchProducer:
             # The first record bound for it takes the blame; the poison policy decides.
             record = next(r for r in records if r.topic == exc.topic)
             raise PoisonRecordError(record, f"topic refused: {exc.reason}") from exc
+        except TopicMissing as exc:
+            if exc.topic not in routed:
+                raise  # the operator's topic: every part bound for it waits
+            # A row's: 'halt' waits for it, 'dead-letter' takes the row as poison.
+            record = next(r for r in records if r.topic == exc.topic)
+            raise PoisonRecordError(record, f"topic refused: {exc.reason}", wait=exc) from exc
         self._check_sizes(records)
         self._check_partitions(records)
         self._produce_each(records, callback)
@@ -694,11 +720,30 @@ class TransactionalPublisher(_BatchProducer):
         self._call(self._producer.begin_transaction)
         try:
             records, extended_to = self._send(batch.records, meanwhile, wait=wait)
-        except BaseException:
+        except BaseException as exc:
+            cause = self._purged_by(exc)
             self._abort()
-            raise
+            if cause is None:
+                raise
+            raise cause from exc
         end = extended_to or batch.end
         return Batch(records, end, batch.generation, dead_letters=batch.dead_letters)
+
+    def _purged_by(self, failure: BaseException) -> AclRefused | None:
+        """Why the client purged the records (``_PURGE_QUEUE``), when it is an ACL the
+        transaction lacks: the transaction failed on its own (adding a topic the
+        principal may not write), and the purge alone said only "Purged in queue", so a
+        part waiting for an ACL showed as waiting for Kafka (#48). Inside a failed
+        transaction librdkafka answers any transactional call with the transaction's
+        error; begin_transaction changes nothing inside one."""
+        if not isinstance(failure, BrokerUnavailable) or failure.code != KafkaError._PURGE_QUEUE:
+            return None
+        try:
+            self._producer.begin_transaction()
+        except KafkaException as exc:
+            cause = classify(exc, self.transactional_id, Stage.TRANSACTION, config=self._config)
+            return cause if isinstance(cause, AclRefused) else None
+        return None
 
     def _commit_batch(self, sent: Batch, during_commit: Callable[[], object] | None) -> None:
         """Commit the open transaction with ``sent``'s checkpoint; ``during_commit`` runs

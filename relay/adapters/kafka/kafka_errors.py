@@ -19,6 +19,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from relay.core.model import KafkaRecord
 from relay.errors import (
+    AclRefused,
     BrokerError,
     BrokerUnavailable,
     ConfigError,
@@ -70,10 +71,13 @@ FENCED = frozenset(
 # Other refusals (authorization, replication factor) are the relay's configuration.
 TOPIC_NAME_ERRORS = frozenset({KafkaError.TOPIC_EXCEPTION, KafkaError.POLICY_VIOLATION})
 UNSUPPORTED = frozenset({KafkaError.UNSUPPORTED_VERSION, KafkaError._UNSUPPORTED_FEATURE})
+# The broker refuses the relay's principal a right on a topic or the cluster (an ACL):
+# retried until it is granted (issue #48: a refused creation used to halt the part).
+AUTHORIZATION = frozenset(
+    {KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED}
+)
 CREATION_FATAL = frozenset(
     {
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
         KafkaError.INVALID_CONFIG,
         KafkaError.INVALID_PARTITIONS,
         KafkaError.INVALID_REQUEST,
@@ -219,6 +223,17 @@ def _produce(error: KafkaError, context: str, record: KafkaRecord | None) -> Rel
 
 
 def _delivery(error: KafkaError, context: str) -> RelayError:
+    if error.code() in AUTHORIZATION:
+        right = (
+            "Write and Describe on the topic"
+            if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+            else "IdempotentWrite on the cluster"
+        )
+        return AclRefused(
+            f"{context}: {error.str()}; grant the relay's principal {right} "
+            "(deploy/README.md, ACLs): the part publishes once it may",
+            code=error.code(),
+        )
     if _fenced(error):
         return ProducerFenced(
             f"producer fenced or failed fatally: {error.str()}", code=error.code()
@@ -237,6 +252,16 @@ def _transaction(error: KafkaError, transactional_id: str, config: Mapping[str, 
         )
     if code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
         return TransactionalIdRefused(transactional_id, error.str(), code=code)
+    if code in AUTHORIZATION:
+        # A topic of the transaction refused (adding its partitions, or the checkpoint's
+        # offsets): no retry on this producer helps; the part waits for the ACL (#48).
+        return AclRefused(
+            f"{transactional_id}: the broker refuses the relay's principal a topic of this "
+            f"transaction ({error.str()}); grant it Write and Describe on the output topics "
+            "and Read on the checkpoint topic (deploy/README.md, ACLs): the part publishes "
+            "once it may",
+            code=code,
+        )
     if _fenced(error):
         return ProducerFenced(
             f"{transactional_id}: producer fenced (a newer owner, or the "
@@ -257,14 +282,21 @@ def _transaction(error: KafkaError, transactional_id: str, config: Mapping[str, 
 
 
 def _create_topic(error: KafkaError, topic: str) -> RelayError | None:
-    """Fatal only when the broker says the relay's own setup is wrong (no right to create
-    topics, a topic config or partition count it refuses): anything else, a broker going
-    away mid-request included, passes, so the part retries instead of halting."""
+    """Fatal only when the broker says the relay's own setup is wrong (a topic config or
+    partition count it refuses): anything else, a broker going away mid-request or an
+    ACL not granted yet included, passes, so the part retries instead of halting."""
     code = error.code()
     if code == KafkaError.TOPIC_ALREADY_EXISTS:
         return None
     if code in TOPIC_NAME_ERRORS:
         return TopicRefused(topic, error.str(), code=code)
+    if code in AUTHORIZATION:
+        return AclRefused(
+            f"cannot create topic {topic!r}: {error.str()}; grant the relay's principal "
+            "Create on it (deploy/README.md, ACLs), or create it yourself: the part "
+            "publishes once it exists",
+            code=code,
+        )
     if code in CREATION_FATAL:
         return BrokerError(f"cannot create topic {topic!r}: {error.str()}", code=code)
     hint = ""

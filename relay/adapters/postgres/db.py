@@ -23,6 +23,7 @@ from relay.errors import (
     DatabaseError,
     DatabaseUnavailable,
     NotMigratedError,
+    PrivilegeMissing,
     RelayError,
     StaleStreamVersion,
     StreamConflict,
@@ -150,6 +151,8 @@ _GRANT_HINT = (
     "the role lacks a privilege the relay needs: run `outbox-relay grant --relay-role ROLE` "
     "(and `--writer-role` for writers) as the owner of the outbox tables"
 )
+# Postgres's words when a row-level security policy refused a row (42501 too).
+_ROW_SECURITY = "row-level security policy"
 # A writer role restricted to some aggregate types (row-level security, set up by
 # `grant --aggregate-types`) inserted another: the row's type is refused, no grant missing.
 _TYPES_HINT = (
@@ -249,8 +252,17 @@ def refusal(exc: psycopg.Error) -> Refusal:
 def _by_class(exc: psycopg.Error, sqlstate: str, text: str) -> RelayError:
     """Fatal, retry the transaction, or retry later: by the SQLSTATE's class."""
     error_class = sqlstate[:2]
+    if sqlstate == _INSUFFICIENT_PRIVILEGE and _ROW_SECURITY not in text:
+        # Permanent for a command or a start (they end, naming the grant); a running
+        # relay's parts wait for it: a grant restored heals them (issue #48).
+        return PrivilegeMissing(
+            f"postgres refused the operation [{sqlstate}] (permanent until granted): "
+            f"{text}; {_GRANT_HINT}",
+            sqlstate=exc.sqlstate,
+        )
     if error_class in _FATAL_CLASSES:
-        hint = _privilege_hint(sqlstate, text)
+        # 42501 here is a row-level security policy's refusal: the row's type.
+        hint = f"; {_TYPES_HINT}" if sqlstate == _INSUFFICIENT_PRIVILEGE else ""
         return DatabaseError(
             f"postgres refused the operation [{sqlstate}] (permanent: retrying cannot fix "
             f"it): {text}{hint}",
@@ -271,12 +283,6 @@ def _by_class(exc: psycopg.Error, sqlstate: str, text: str) -> RelayError:
             f"postgres error [{sqlstate}], will retry: {text}", sqlstate=exc.sqlstate
         )
     return DatabaseError(f"postgres error [{sqlstate}]: {text}", sqlstate=exc.sqlstate)
-
-
-def _privilege_hint(sqlstate: str, text: str) -> str:
-    if sqlstate != _INSUFFICIENT_PRIVILEGE:
-        return ""
-    return f"; {_TYPES_HINT if 'row-level security policy' in text else _GRANT_HINT}"
 
 
 def _stream_conflict(exc: psycopg.Error, stream: StreamRef) -> StreamConflict | None:

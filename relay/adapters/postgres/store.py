@@ -13,6 +13,7 @@ import json
 import math
 import time
 from collections.abc import Iterator, Sequence
+from datetime import datetime
 from typing import Any, NamedTuple
 from uuid import UUID
 
@@ -28,7 +29,7 @@ from relay.adapters.postgres.queries import queries_for
 from relay.core import ports
 from relay.core.interventions import Action, Intervention, OperatorSkip, PartMove, Recorded
 from relay.core.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
-from relay.core.model import OutboxEvent, Position, Unreadable
+from relay.core.model import OutboxEvent, PartId, Position, Unreadable
 from relay.core.ports import (
     DeadLetter,
     DeadLetterDecision,
@@ -122,6 +123,15 @@ class SkipTarget(NamedTuple):
                 f"is {self.checkpoint} (skip stops only events not yet published)"
             )
         return None
+
+
+class PartWait(NamedTuple):
+    """What a part owned by a live relay waits for, as its worker recorded it (issue #48;
+    relay/engine/waiting.py)."""
+
+    waits_on: str  # what RelayError.waits_on names: topic, postgres_privilege, ...
+    error: str  # why, with what ends the wait
+    since: datetime
 
 
 class OutboxStore:
@@ -291,6 +301,28 @@ class OutboxStore:
                 row = self.conn.execute(self._q["halt_part_without_message_id"], params).fetchone()
         if row is None:
             raise ClaimLost(f"{state.name}/{state.part} is no longer claimed by this relay")
+
+    def record_wait(
+        self, part: PartId, owner: UUID, waits_on: str | None, error: str | None
+    ) -> None:
+        """Record what the part waits for (None: nothing), for ``status``; a schema
+        before migration 0020 raises (the caller records nothing then)."""
+        params = {
+            "name": part.subscriber,
+            "part": part.part,
+            "owner": owner,
+            "waits_on": waits_on,
+            "error": error,
+        }
+        with wrap_errors():
+            self.conn.execute(self._q["record_wait"], params)
+
+    def part_waits(self) -> dict[PartId, PartWait]:
+        """The parts live relays own that wait, with what for and since when (none on a
+        schema before migration 0020)."""
+        with wrap_errors():
+            rows = self.conn.execute(self._q["part_waits"]).fetchall()
+        return {PartId(name, part): PartWait(*wait) for name, part, *wait in rows}
 
     def lag_sample(self, state: PartState, scan: int) -> LagSample:
         """The part's rows after its checkpoint, decided or not, scanned up to ``scan``."""

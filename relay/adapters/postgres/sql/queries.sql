@@ -526,6 +526,30 @@ UPDATE {schema}.outbox_checkpoints
  WHERE subscriber = %(name)s AND part = %(part)s AND owner = %(owner)s
 RETURNING version;
 
+-- name: record_wait
+-- What the part waits for (NULL: nothing) and since when its wait began (issue #48,
+-- migration 0020; relay/engine/waiting.py). Only its owner writes it; neither version
+-- nor updated_at moves, as the checkpoint did not; an unchanged row is not written.
+UPDATE {schema}.outbox_checkpoints
+   SET waiting_on = %(waits_on)s::text, waiting_error = %(error)s::text,
+       waiting_since = CASE WHEN %(waits_on)s::text IS NOT NULL
+                            THEN coalesce(waiting_since, pg_catalog.now()) END
+ WHERE subscriber = %(name)s AND part = %(part)s AND owner = %(owner)s
+   AND (waiting_on, waiting_error) IS DISTINCT FROM (%(waits_on)s::text, %(error)s::text);
+
+-- name: part_waits
+-- The parts a live relay owns that wait, what for and since when (issue #48). Read
+-- through to_jsonb, so that a schema before migration 0020 answers with none; a part
+-- no live relay owns is left out (its wait was a past owner's).
+SELECT c.subscriber, c.part, w.waiting_on, w.waiting_error, w.waiting_since
+  FROM {schema}.outbox_checkpoints c
+ CROSS JOIN LATERAL pg_catalog.jsonb_to_record(pg_catalog.to_jsonb(c))
+       AS w(waiting_on text, waiting_error text, waiting_since timestamptz)
+ WHERE w.waiting_on IS NOT NULL
+   AND EXISTS (SELECT FROM {schema}.outbox_relay_sessions s
+                WHERE s.id = c.owner AND s.expires_at > pg_catalog.now())
+ ORDER BY c.subscriber, c.part;
+
 -- name: set_paused
 -- Resuming also clears a poison halt. Bumps the checkpoint versions so a running
 -- relay notices at its next checkpoint.

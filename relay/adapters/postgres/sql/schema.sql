@@ -282,6 +282,12 @@ CREATE TABLE {schema}.outbox_checkpoints (
     skip_message_ids uuid[],
     -- The event a poison halt stopped on (0019); read only while halted_error is set.
     halted_message_id uuid,
+    -- What the part waits for (a topic, a privilege, an ACL, a service: RelayError's
+    -- waits_on), why and since when; NULL while it waits for nothing. Written by its
+    -- owner, for `status` (migration 0020).
+    waiting_on     text,
+    waiting_error  text,
+    waiting_since  timestamptz,
     PRIMARY KEY (subscriber, part)
 );
 
