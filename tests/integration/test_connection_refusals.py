@@ -13,7 +13,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from relay.adapters.postgres.db import wrap_errors
 from relay.adapters.postgres.pool import RelayPool
+from relay.errors import DatabaseUnavailable
 from tests.support import RELAY_ROLE, ROLE_PASSWORD, Roles, as_role, wait_until
 
 
@@ -69,3 +71,20 @@ def test_too_many_clients_is_told_to_raise_the_limits(
     assert "too many connections for role" in told.getMessage()
     assert "CONNECTION LIMIT" in told.getMessage()
     assert told.cause == "too_many_clients"  # type: ignore[attr-defined]
+
+
+def test_a_connection_to_a_read_only_server_is_retried_on_a_new_one(roles: Roles) -> None:
+    """A write refused as read-only (a standby, during a failover) is an outage to retry,
+    not a fault of the part, and the pool does not lend that connection again: the next
+    borrow reaches the server that takes writes (here, the same server, once the
+    session's read-only setting, which plays the standby, is gone with it)."""
+    pool = RelayPool(roles.relay_url, max_size=1, keep_free=0)
+    try:
+        with pool.connection() as conn:
+            conn.execute("SET default_transaction_read_only = on")
+        with pytest.raises(DatabaseUnavailable), pool.connection() as conn, wrap_errors():
+            conn.execute("CREATE TEMP TABLE written (n int)")
+        with pool.connection() as conn:
+            conn.execute("CREATE TEMP TABLE written (n int)")
+    finally:
+        pool.close()

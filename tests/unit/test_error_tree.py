@@ -441,6 +441,7 @@ def classified(exc: psycopg.Error, stream: StreamRef | None = None) -> RelayErro
         (pg(pg_errors.LockNotAvailable), DatabaseUnavailable, "postgres is unavailable"),
         (pg(pg_errors.QueryCanceled), DatabaseUnavailable, "postgres is unavailable"),
         (pg(pg_errors.IdleInTransactionSessionTimeout), DatabaseUnavailable, "[25P03], will"),
+        (pg(pg_errors.ReadOnlySqlTransaction), DatabaseUnavailable, "[25006], will"),
         (pg(pg_errors.UniqueViolation), DatabaseError, "postgres error [23505]"),
         (pg(sqlstate="RLY01"), DatabaseError, "postgres error [RLY01]"),
         (pg(psycopg.InterfaceError), DatabaseError, "postgres error []"),

@@ -50,6 +50,9 @@ class SqlState:
     # The session was ended by idle_in_transaction_session_timeout (the relay sets one):
     # reconnect. (A lock not granted within lock_timeout, 55P03, is an OperationalError.)
     IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
+    # A write on a read-only server: a standby during a failover (the session landed on
+    # one, or its primary was demoted). It passes once a primary serves (issue #49).
+    READ_ONLY_SQL_TRANSACTION = "25006"
     # Classes that pass: the connection, the server's resources, an administrator's
     # shutdown or cancel (statement_timeout's too, 57014), an I/O error.
     CONNECTION_EXCEPTION = "08"
@@ -64,7 +67,7 @@ _FATAL_CLASSES = (
     SqlState.INVALID_CATALOG_NAME,
     SqlState.SYNTAX_ERROR_OR_ACCESS_RULE,
 )
-_PASSING_CODES = (SqlState.IDLE_IN_TRANSACTION_TIMEOUT,)
+_PASSING_CODES = (SqlState.IDLE_IN_TRANSACTION_TIMEOUT, SqlState.READ_ONLY_SQL_TRANSACTION)
 _PASSING_CLASSES = (
     SqlState.CONNECTION_EXCEPTION,
     SqlState.INSUFFICIENT_RESOURCES,

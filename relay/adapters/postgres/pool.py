@@ -221,10 +221,23 @@ class _Borrowed:
 
     def __enter__(self) -> psycopg.Connection[Any]:
         with db.wrap_errors(self._secret):
-            return self._cm.__enter__()
+            self._conn = self._cm.__enter__()
+            return self._conn
 
     def __exit__(self, *exc: Any) -> None:
+        if _read_only(exc[1]):
+            # A standby's (a failover): closed, the pool replaces it with a connection
+            # to the host that serves writes now, instead of lending it again.
+            self._conn.close()
         self._cm.__exit__(*exc)
+
+
+def _read_only(exc: BaseException | None) -> bool:
+    while exc is not None:
+        if getattr(exc, "sqlstate", None) == db.SqlState.READ_ONLY_SQL_TRANSACTION:
+            return True
+        exc = exc.__cause__
+    return False
 
 
 class PooledStore(OutboxStore):
