@@ -60,6 +60,9 @@ class InMemoryStore:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.events: list[OutboxEvent] = []
+        # When each event was recorded (Postgres' recorded_at, migration 0018): the age
+        # retention reads, never a writer's occurred_at.
+        self.recorded_at: dict[Position, float] = {}
         self.parts: dict[tuple[str, int], PartState] = {}
         # subscriber → message id → (event key, decision); and when each was decided
         # (none is ever redriven here: redrive runs on Postgres only).
@@ -81,9 +84,10 @@ class InMemoryStore:
 
     # -- setting up, as an application and an operator would ---------------------------
 
-    def append(self, event: OutboxEvent) -> OutboxEvent:
+    def append(self, event: OutboxEvent, recorded_at: float | None = None) -> OutboxEvent:
         """Commit ``event``; it gets the next key, whatever key it came with, and its
-        size as JSON text unless it comes with one."""
+        size as JSON text unless it comes with one; recorded now, or at ``recorded_at``
+        (a Unix time)."""
         with self._lock:
             last = self.events[-1].key if self.events else Position(100, 0)
             size = event.stored_bytes or len(json.dumps(event.payload)) + len(
@@ -93,6 +97,7 @@ class InMemoryStore:
                 transaction_id=last.transaction_id + 1, position=1, stored_bytes=size
             )
             self.events.append(committed)
+            self.recorded_at[committed.key] = time.time() if recorded_at is None else recorded_at
             return committed
 
     def set_paused(self, name: str, paused: bool) -> None:
@@ -458,7 +463,7 @@ class InMemoryStore:
         if not self.parts:
             return []
         published = min(state.checkpoint for state in self.parts.values())
-        cutoff = datetime.now(UTC).timestamp() - older_than_s
+        cutoff = time.time() - older_than_s
         versions = {(e.aggregate_type, e.aggregate_id, e.aggregate_version) for e in self.events}
         # A dead letter's event stays until it is redriven (never, here) or pruned.
         dead = {key for recorded in self.dead.values() for key, _ in recorded.values()}
@@ -467,7 +472,7 @@ class InMemoryStore:
             for e in self.events
             if e.key <= published
             and e.key not in dead
-            and e.occurred_at.timestamp() <= cutoff
+            and self.recorded_at.get(e.key, 0.0) <= cutoff
             and (
                 e.aggregate_version is None
                 or (e.aggregate_type, e.aggregate_id, e.aggregate_version + 1) in versions

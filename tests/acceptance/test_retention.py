@@ -72,6 +72,28 @@ def test_prune_respects_the_minimum_age(
     assert sum(store.prune(older_than_s=0)) == 1
 
 
+def test_the_age_is_the_databases_not_the_writers(
+    relay_db: psycopg.Connection[Any], writer_db: psycopg.Connection[Any]
+) -> None:
+    """Issue #47: retention read occurred_at, which writers set: a row dated 1970 went
+    as soon as it was published, and one dated 2999 never went. Now both keep the
+    retention by the time the database recorded them."""
+    store = OutboxStore(relay_db)
+    store.add(Subscriber("s"))
+    for when in ("1970-01-01 00:00+00", "2999-01-01 00:00+00"):
+        writer_db.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, occurred_at)"
+            " VALUES ('order', 'o', 'OrderPlaced', '{}', %s)",
+            (when,),
+        )
+    rows = store.fetch(Position(0, 0), Selection(10)).events
+    session = store.open_session("x", 1, 60)
+    store.claim("s", 0, session)
+    store.advance(store.get_part("s", 0), rows[-1].key, session)
+    assert sum(store.prune(older_than_s=3600)) == 0, "recorded just now"
+    assert sum(store.prune(older_than_s=0)) == 2
+
+
 def test_the_relay_prunes_on_its_own(
     db: psycopg.Connection[Any],
     writer_db: psycopg.Connection[Any],

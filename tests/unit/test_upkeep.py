@@ -33,7 +33,7 @@ def old_store() -> InMemoryStore:
     """Two day-old events; the one subscriber published the first only."""
     store = InMemoryStore()
     day_ago = datetime.now(UTC) - timedelta(days=1)
-    first, _ = (store.append(event(k)._replace(occurred_at=day_ago)) for k in "ab")
+    first, _ = (store.append(event(k), recorded_at=day_ago.timestamp()) for k in "ab")
     store.add(Subscriber("s", topic="s", value_format=ValueFormat.JSON))
     # A peer whose session opened first, but whose id sorts last.
     store.open_session("peer", 2, 60, session_id=LAST)

@@ -571,7 +571,7 @@ BEGIN
     WITH doomed AS (
         SELECT o.ctid FROM {schema}.outbox o
          WHERE (o.transaction_id, o.position) <= (bound.transaction_id, bound.position)
-           AND o.occurred_at < pg_catalog.now() - pg_catalog.make_interval(secs => older_than_s)
+           AND o.recorded_at < pg_catalog.now() - pg_catalog.make_interval(secs => older_than_s)
            AND (o.aggregate_version IS NULL OR EXISTS (
                  SELECT 1 FROM {schema}.outbox n
                   WHERE n.aggregate_type = o.aggregate_type AND n.aggregate_id = o.aggregate_id
