@@ -26,6 +26,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
+from relay.core.database_url import parse_url
 from relay.core.redact import mask_url, redact, remember
 from relay.core.routing import (
     DEFAULT_KEY,
@@ -306,8 +307,6 @@ class Settings(BaseSettings):
     def _libpq_url(cls, value: SecretStr | None) -> SecretStr | None:
         # Fail at start-up naming the key, not at the first connection; libpq quotes
         # the whole string in its error, so the password is masked.
-        from relay.adapters.postgres.db import parse_url
-
         if value is not None:
             _as_value_error(parse_url, value.get_secret_value())
         return value

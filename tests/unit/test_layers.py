@@ -69,8 +69,6 @@ MAY_IMPORT: dict[str, set[str]] = {
 }
 # The imports against the rules, each for a reason.
 EXCEPTIONS = {
-    # Checks database_url with libpq's own parser, when the setting is validated.
-    ("relay.core.settings", "relay.adapters.postgres.db"),
     # A type only: the daemon's startup builds the registry encoder and hands it in.
     ("relay.engine.encoding", "relay.adapters.registry.registry_format"),
     # The relay's start-up defines and checks its subscribers by the rules `subscribers

@@ -12,14 +12,13 @@ from typing import Any, NamedTuple
 import orjson
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import set_json_loads
 
 from relay.adapters.postgres.queries import queries_for
-from relay.core.redact import mask_url, redact
+from relay.core.database_url import parse_url
+from relay.core.redact import redact
 from relay.errors import (
     ConcurrencyError,
-    ConfigError,
     DatabaseError,
     DatabaseUnavailable,
     NotMigratedError,
@@ -337,49 +336,6 @@ def has_long_number(data: bytes | bytearray | str) -> bool:
     run inside a string or a long fraction goes that way too: slower, never wrong.)"""
     raw = data.encode() if isinstance(data, str) else data
     return _LONG in raw.translate(_DIGITS)
-
-
-def parse_url(url: str) -> dict[str, Any]:
-    """The parameters of a libpq URL or conninfo string; a :class:`ConfigError` when it
-    is not one, which never shows the password: libpq quotes the token it could not
-    parse, and that may be the password alone (``invalid percent-encoded token:
-    "S3cr%ZZet"``), so the error shown is the one of the string with its password masked."""
-    try:
-        params = conninfo_to_dict(url)
-    except psycopg.Error:
-        params = None
-    if params is not None:
-        misread = _misread_password(params)
-        if misread is None:
-            return params
-        # Neither value is quoted: either may hold part of the password.
-        raise ConfigError(f"database_url: {misread}; {_ENCODE_PASSWORD}")
-    try:
-        conninfo_to_dict(mask_url(url))
-    except psycopg.Error as exc:
-        raise ConfigError(f"database_url: not a libpq URL or conninfo: {redact(str(exc))}") from exc
-    # Not chained to libpq's error: its message holds the password.
-    raise ConfigError(
-        f"database_url: the password is not valid in a URL; {_ENCODE_PASSWORD}"
-    ) from None
-
-
-_ENCODE_PASSWORD = (
-    'in a URL, percent-encode "%", " ", "@", "/" and ":" in the password '
-    "(as %25, %20, %40, %2F and %3A)"
-)
-
-
-def _misread_password(params: dict[str, Any]) -> str | None:
-    """What libpq took of a password for the host or the port, if it did: an unencoded
-    "@" leaves part of one in the host ("u:p@ss@host" gives host "ss@host"), a "/" or ":"
-    in the port ("u:p/ss@host" gives port "p"). Connecting would quote it in an error."""
-    if "@" in str(params.get("host") or ""):
-        return 'the host holds an "@"'
-    port = str(params.get("port") or "")
-    if any(p and not p.isdigit() for p in port.split(",")):
-        return "the port is not a number"
-    return None
 
 
 class SessionTimeouts(NamedTuple):

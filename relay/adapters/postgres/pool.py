@@ -30,6 +30,7 @@ from psycopg_pool import ConnectionPool
 
 from relay.adapters.postgres import db
 from relay.adapters.postgres.store import OutboxStore
+from relay.core.database_url import parse_url
 from relay.core.log_fields import log_extra
 from relay.core.redact import redact
 from relay.errors import DatabaseUnavailable, RelayError
@@ -124,7 +125,7 @@ class RelayPool:
         timeouts: db.SessionTimeouts | None = None,
     ) -> None:
         # For redacting errors; parsed once, not at every borrow (one per store call).
-        self._secret = db.parse_url(url).get("password")
+        self._secret = parse_url(url).get("password")
         self._timeouts = timeouts
         self._schema = schema
         # Run on every new connection, before it is used: the relay's key-space check.
