@@ -22,11 +22,11 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from relay import Outbox
+from relay.adapters.kafka.publishers import PublisherFactory
 from relay.adapters.kafka.topic_reader import KafkaTopicReader
 from relay.adapters.postgres.topic_record import PostgresTopicRecord
 from relay.core.model import ConsumedRecord, PartId
 from relay.daemon import Relay
-from relay.daemon.publishers import PublisherFactory
 from relay.engine.worker import PartWorker
 from relay.localstack.process import LocalServer
 from relay.ops.roles import grant_roles

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import psycopg
 
+from relay.adapters.kafka.publishers import PublisherFactory
 from relay.adapters.postgres import db
 from relay.adapters.postgres.pool import RelayPool
 from relay.adapters.postgres.probe import CommitProbe
@@ -29,7 +30,6 @@ from relay.core.subscribers import TopicGuard
 from relay.daemon.context import DaemonContext
 from relay.daemon.membership import Membership
 from relay.daemon.parts import ClaimedParts
-from relay.daemon.publishers import PublisherFactory
 from relay.daemon.startup import KeySpaceChecks, adopt_topics, check_schema
 from relay.daemon.upkeep import HorizonWatch, Retention
 from relay.engine.encoding import RecordEncoder

@@ -42,6 +42,7 @@ from relay.adapters.kafka.kafka import (
     producer_config,
     transaction_timeout,
 )
+from relay.adapters.kafka.publishers import routed_topic_creator
 from relay.adapters.postgres.advisory import session_lock
 from relay.adapters.postgres.db import wrap_errors
 from relay.adapters.postgres.queries import parse_named, read_sql, with_schema
@@ -52,7 +53,6 @@ from relay.core.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
 from relay.core.ports import Batch, TopicRecord
 from relay.core.settings import Settings
 from relay.core.subscribers import Subscriber, TopicGuard
-from relay.daemon.publishers import routed_topic_creator
 from relay.engine.encoding import RecordEncoder
 from relay.engine.poison import MAX_STORED_ERROR_BYTES, cap
 from relay.errors import ConfigError, EncodingError, PoisonRecordError

@@ -25,6 +25,7 @@ from typing import Any
 import psycopg
 
 from relay import Outbox
+from relay.adapters.kafka.publishers import PublisherFactory
 from relay.adapters.kafka.topic_reader import KafkaTopicReader
 from relay.adapters.postgres.store import OutboxStore
 from relay.adapters.postgres.topic_record import PostgresTopicRecord
@@ -33,7 +34,6 @@ from relay.core.ports import Batch
 from relay.core.settings import load_settings
 from relay.core.subscribers import Subscriber, ValueFormat
 from relay.daemon import Relay
-from relay.daemon.publishers import PublisherFactory
 from tests.support import caught_up, wait_until, write_orders
 
 SESSION_TIMEOUT = 6.0

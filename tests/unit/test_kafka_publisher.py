@@ -17,11 +17,11 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 import relay.adapters.kafka.kafka
 from relay.adapters.kafka.kafka import TopicCreator, TransactionalPublisher
+from relay.adapters.kafka.publishers import PublisherFactory
 from relay.core.model import KafkaRecord, Position
 from relay.core.ports import Batch
 from relay.core.settings import Settings
 from relay.core.subscribers import TopicGuard
-from relay.daemon.publishers import PublisherFactory
 from relay.errors import (
     AclRefused,
     BrokerUnavailable,
