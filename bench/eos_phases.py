@@ -48,7 +48,7 @@ from bench.method import Samples as Repeated
 from bench.method import interleave
 from relay.adapters.kafka.kafka import TransactionalPublisher, _BatchProducer
 from relay.engine.worker import PartWorker
-from relay.observability.tracing import PublishHook
+from relay.observability.tracing import TracingHook
 
 # The phases of the part's thread, in cycle order (names of the spans recorded).
 PHASES = (
@@ -120,7 +120,7 @@ def traced() -> Iterator[Trace]:
     patch(PartWorker, "_advance", lambda f: _timed(trace, "advance", f))
     patch(_BatchProducer, "_produce_all", lambda f: _timed(trace, "produce", f))
     patch(TransactionalPublisher, "_call", lambda f: _call(trace, f))
-    patch(PublishHook, "published", lambda f: _published(trace, f))
+    patch(TracingHook, "published", lambda f: _published(trace, f))
     patch(_BatchProducer, "_new_producer", lambda f: _with_statistics(trace, f))
     try:
         yield trace

@@ -100,8 +100,8 @@ from relay.core.model import HEADER_ID
 from relay.core.schemas import SchemaFolder
 from relay.core.settings import SubscriberSettings
 from relay.core.subscribers import Subscriber
+from relay.core.worker_stats import WorkerState
 from relay.daemon import Relay, tune_gc
-from relay.engine.worker import WorkerState
 from relay.localstack.process import free_port
 from relay.write.outbox import Outbox
 

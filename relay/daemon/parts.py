@@ -14,12 +14,13 @@ from relay.core.log_fields import log_extra
 from relay.core.model import PartId
 from relay.core.ports import DaemonStore, PartState, Publisher
 from relay.core.subscribers import TopicGuard
+from relay.core.worker_stats import WorkerState
 from relay.daemon.context import DaemonContext
 from relay.daemon.membership import Membership
 from relay.engine.encoding import RecordEncoder
 from relay.engine.scheduling import PartScheduler, ProducerPool
 from relay.engine.sessions import assign
-from relay.engine.worker import PartWorker, WorkerState
+from relay.engine.worker import PartWorker
 from relay.errors import RelayError
 from relay.observability.tracing import Tracing
 

@@ -41,7 +41,7 @@ from relay.adapters.postgres.store import OutboxStore
 from relay.core.log_fields import log_extra
 from relay.core.model import PartId
 from relay.core.settings import Settings
-from relay.engine.worker import COUNTERS as _COUNTERS  # the workers' counters, declared there
+from relay.core.worker_stats import COUNTERS as _COUNTERS  # the workers' counters, declared there
 from relay.errors import ConfigError, RelayError
 from relay.observability import tracing
 from relay.observability.listener import Listener

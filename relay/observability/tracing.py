@@ -21,7 +21,7 @@ it carries the event id, topic, partition and the commit→visible latency. Span
 over OTLP/HTTP in a background thread (the SDK's batch processor).
 
 OpenTelemetry is imported only when tracing is on: with it off, the relay pays for the
-latency histogram alone (:class:`PublishHook`), one bucket increment per event.
+latency histogram alone (:class:`TracingHook`), one bucket increment per event.
 
 "Commit" time: the row's ``occurred_at`` column, which defaults to ``now()`` -- the start
 of the writer's transaction, as Postgres has no commit time without
@@ -133,11 +133,12 @@ _BUCKET_OF = functools.partial(
 _OCCURRED_AT = operator.attrgetter("occurred_at")
 
 
-class PublishHook:
-    """Told by a part's worker of each batch it sends and of each it committed. Without
-    tracing it records the latency histogram only; with it, it also ends the batch's
-    spans (per event), or opens the batch's span and puts its context in the records
-    (per batch). One per worker: a worker sends one batch at a time."""
+class TracingHook:
+    """The relay's :class:`~relay.core.publish_hook.PublishHook`, told by a part's worker
+    of each batch it sends and of each it committed. Without tracing it records the
+    latency histogram only; with it, it also ends the batch's spans (per event), or opens
+    the batch's span and puts its context in the records (per batch). One per worker: a
+    worker sends one batch at a time."""
 
     def __init__(
         self, tracer: RelayTracer | None = None, batches: BatchTracer | None = None
@@ -202,9 +203,9 @@ class Tracing:
             return encoder
         return TracingEncoder(encoder, self.tracer)
 
-    def hook(self) -> PublishHook:
+    def hook(self) -> TracingHook:
         """A new part worker's hook."""
-        return PublishHook(self.tracer, self.batches)
+        return TracingHook(self.tracer, self.batches)
 
     def flush(self) -> None:
         """Export the spans ended so far, and let go of the metadata client (at stop)."""

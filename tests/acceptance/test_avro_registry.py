@@ -22,8 +22,8 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from relay import Outbox
 from relay.adapters.postgres.store import OutboxStore
+from relay.core.worker_stats import WorkerState
 from relay.daemon import Relay
-from relay.engine.worker import WorkerState
 from relay.errors import SchemaIncompatible
 from relay.localstack.process import free_port
 from tests.support import (

@@ -20,12 +20,12 @@ import pytest
 
 from relay import Outbox
 from relay.adapters.postgres.store import OutboxStore
+from relay.core.log_sampling import FIRST
 from relay.core.ports import Batch, DeadLetterDecision, Selection
 from relay.core.settings import load_settings
 from relay.core.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.daemon import Relay
 from relay.engine.poison import MAX_STORED_ERROR_BYTES, dead_letter_record
-from relay.observability.log_sampling import FIRST
 from tests.support import consume, sub, unstarted_publishers, wait_until, worker, write_orders
 
 StartRelay = Callable[..., Relay]

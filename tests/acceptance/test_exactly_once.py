@@ -23,8 +23,8 @@ from relay.core.model import PartId, Position
 from relay.core.ports import Batch, Selection
 from relay.core.settings import load_settings
 from relay.core.subscribers import PoisonPolicy, Subscriber, ValueFormat
+from relay.core.worker_stats import WorkerState
 from relay.daemon import Relay
-from relay.engine.worker import WorkerState
 from relay.errors import CheckpointConflict, ProducerFenced
 from tests.support import (
     by_key,

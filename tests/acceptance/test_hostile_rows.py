@@ -17,8 +17,8 @@ from relay import Outbox
 from relay.adapters.postgres.store import OutboxStore
 from relay.core.model import BEGINNING, PartId
 from relay.core.ports import Selection
+from relay.core.worker_stats import WorkerState
 from relay.daemon import Relay
-from relay.engine.worker import WorkerState
 from tests.support import (
     consume,
     keyed,

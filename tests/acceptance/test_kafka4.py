@@ -17,8 +17,8 @@ from relay import Outbox
 from relay.adapters.postgres.store import OutboxStore
 from relay.core.settings import load_settings
 from relay.core.subscribers import Subscriber, ValueFormat
+from relay.core.worker_stats import WorkerState
 from relay.daemon import Relay
-from relay.engine.worker import WorkerState
 from relay.errors import ConfigError
 from relay.localstack import LocalKafka
 from tests.support import consume, ids_of, unstarted_publishers, write_orders

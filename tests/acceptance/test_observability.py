@@ -19,8 +19,8 @@ import pytest
 from relay import Outbox
 from relay.adapters.postgres.store import OutboxStore
 from relay.core.model import PartId
+from relay.core.worker_stats import WorkerState
 from relay.daemon import Relay
-from relay.engine.worker import WorkerState
 from tests.support import (
     http_get,
     run_cli,

@@ -16,8 +16,8 @@ from relay.adapters.postgres.store import OutboxStore
 from relay.core.model import ConsumedRecord, PartId
 from relay.core.schemas import SchemaFolder
 from relay.core.subscribers import StartFrom, Subscriber
+from relay.core.worker_stats import WorkerState
 from relay.daemon import Relay
-from relay.engine.worker import WorkerState
 from tests.support import by_key, consume, keys, nothing_arrives, order, sub, worker, write_orders
 
 StartRelay = Callable[..., Relay]

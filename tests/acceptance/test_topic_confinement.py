@@ -19,8 +19,8 @@ from relay.adapters.postgres.store import OutboxStore
 from relay.core.model import PartId
 from relay.core.settings import load_settings
 from relay.core.subscribers import PoisonPolicy, Subscriber, ValueFormat
+from relay.core.worker_stats import WorkerState
 from relay.daemon import Relay
-from relay.engine.worker import WorkerState
 from tests.acceptance.test_hostile_rows import insert
 from tests.support import (
     consume,

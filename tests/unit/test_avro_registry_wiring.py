@@ -23,9 +23,10 @@ from relay.core.redact import redact
 from relay.core.schemas import AvroSchema, SchemaFolder
 from relay.core.settings import load_settings
 from relay.core.subscribers import KeyFormat, PoisonPolicy, SubjectStrategy, Subscriber, ValueFormat
+from relay.core.worker_stats import WorkerState
 from relay.engine.encoding import RecordEncoder
 from relay.engine.testing import InMemoryPublisher, InMemoryStore
-from relay.engine.worker import PartWorker, WorkerState
+from relay.engine.worker import PartWorker
 from relay.errors import ConfigError, EncodingError, PayloadValidationError, SubscriberError
 from relay.ops.subscribers import Setup, check
 from tests.support import wait_until

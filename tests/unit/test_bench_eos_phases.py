@@ -9,7 +9,7 @@ import pytest
 from bench.eos_phases import Trace, _event_parts, traced
 from relay.adapters.kafka.kafka import TransactionalPublisher, _BatchProducer
 from relay.engine.worker import PartWorker
-from relay.observability.tracing import PublishHook
+from relay.observability.tracing import TracingHook
 
 WRAPPED = [
     (PartWorker, "wake"),
@@ -19,7 +19,7 @@ WRAPPED = [
     (PartWorker, "_advance"),
     (_BatchProducer, "_produce_all"),
     (TransactionalPublisher, "_call"),
-    (PublishHook, "published"),
+    (TracingHook, "published"),
 ]
 
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import relay.engine.worker
 from relay.core.model import PartId
+from relay.core.worker_stats import COUNTERS, WorkerStats
 from relay.daemon.parts import _counts
-from relay.engine.worker import COUNTERS, WorkerStats
 from relay.observability import metrics
-from relay.observability.tracing import PublishHook
+from relay.observability.tracing import TracingHook
 
 PART = PartId("orders", 2)
 
@@ -41,7 +41,7 @@ class OnePart:
     """A relay running one part, whose worker's statistics are ``stats``."""
 
     def __init__(self, stats: WorkerStats) -> None:
-        self.worker = SimpleNamespace(stats=stats, hook=PublishHook())
+        self.worker = SimpleNamespace(stats=stats, hook=TracingHook())
 
     def part_totals(self) -> dict[PartId, Counter[str]]:
         return {PART: _counts(self.worker)}  # type: ignore[arg-type]

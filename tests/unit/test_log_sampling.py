@@ -1,4 +1,4 @@
-"""Sampled warnings (relay/observability/log_sampling.py, issue #47): a flood of poison
+"""Sampled warnings (relay/core/log_sampling.py, issue #47): a flood of poison
 rows logs the first few of each interval, then one line that counts the rest."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from relay.observability.log_sampling import SampledLog
+from relay.core.log_sampling import SampledLog
 
 LOG = logging.getLogger("tests.sampled")
 

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from relay.core.log_sampling import FIRST
 from relay.core.model import OutboxEvent, PartId, Position
 from relay.core.ports import Fetched, RelaySession, Selection
 from relay.core.subscribers import PoisonPolicy, Subscriber, ValueFormat
@@ -18,7 +19,6 @@ from relay.engine.encoding import RecordEncoder
 from relay.engine.poison import MAX_STORED_ERROR_BYTES
 from relay.engine.testing import InMemoryPublisher, InMemoryStore
 from relay.engine.worker import PartWorker
-from relay.observability.log_sampling import FIRST
 from tests.support import wait_until
 
 OWNER = uuid.uuid4()

@@ -16,12 +16,13 @@ import pytest
 from relay.core.model import OutboxEvent, PartId, Position
 from relay.core.ports import Batch, Fetched, Meanwhile, PartState, Selection
 from relay.core.subscribers import Subscriber, ValueFormat
+from relay.core.worker_stats import WorkerState
 from relay.engine import worker as worker_module
 from relay.engine.encoding import RecordEncoder
 from relay.engine.scheduling import PartScheduler, ProducerPool
 from relay.engine.sessions import RelaySession
 from relay.engine.testing import InMemoryPublisher, InMemoryStore
-from relay.engine.worker import PartWorker, WorkerState
+from relay.engine.worker import PartWorker
 from tests.support import wait_until
 
 OWNER = uuid.uuid4()

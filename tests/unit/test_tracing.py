@@ -36,9 +36,9 @@ from relay.observability.metrics import _latency_histogram
 from relay.observability.tracing import (
     BatchTracer,
     ChosenIds,
-    PublishHook,
     RelayTracer,
     Tracing,
+    TracingHook,
     murmur2,
 )
 from tests.support import wait_until
@@ -226,7 +226,7 @@ def test_the_worker_ends_a_span_per_published_event_and_counts_their_latency(
 
 
 def test_the_latency_histogram_counts_matching_events_from_their_commit() -> None:
-    hook = PublishHook()
+    hook = TracingHook()
     other = Subscriber("o", topic="t", aggregate_types=frozenset({"payment"}))
     events = [event(age=0.02), event(age=3.0), event(age=-60.0)]  # the last: a future clock
     hook.published(events, [], JSON)

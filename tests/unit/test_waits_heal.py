@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from relay.core.model import KafkaRecord, PartId, Position
 from relay.core.ports import Fetched, Selection
 from relay.core.subscribers import PoisonPolicy, Subscriber, ValueFormat
+from relay.core.worker_stats import WorkerState
 from relay.engine.testing import InMemoryPublisher, InMemoryStore
 from relay.engine.waiting import WaitRecord
-from relay.engine.worker import WorkerState
 from relay.errors import DatabaseUnavailable, PoisonRecordError, PrivilegeMissing, TopicMissing
 from tests.support import wait_until
 from tests.unit.test_worker_logic import OWNER, claimed, event, ids, published_ids, worker

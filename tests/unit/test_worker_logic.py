@@ -13,9 +13,10 @@ from datetime import UTC, datetime
 from relay.core.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position, Unreadable
 from relay.core.ports import DeadLetter, Fetched, PartState, RelaySession, Selection
 from relay.core.subscribers import PoisonPolicy, Subscriber, ValueFormat
+from relay.core.worker_stats import WorkerState
 from relay.engine.encoding import RecordEncoder
 from relay.engine.testing import InMemoryPublisher, InMemoryStore
-from relay.engine.worker import PartWorker, WorkerState
+from relay.engine.worker import PartWorker
 from relay.errors import PoisonRecordError
 from tests.support import wait_until
 
