@@ -18,8 +18,8 @@ from relay.errors import (
     PayloadValidationError,
     RelayError,
 )
-from relay.observability.tracing import trace_headers
 from relay.write.outbox import Event, Outbox, StreamAppend, append, append_to_stream
+from relay.write.trace_context import trace_headers
 
 __all__ = [
     "ConcurrencyError",

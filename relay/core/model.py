@@ -18,6 +18,11 @@ HEADER_VERSION = "aggregate_version"
 # Header names the relay writes on dead letters (relay/engine/poison.py); a row's own header
 # under this prefix is dropped, so no consumer can mistake it for the relay's.
 RESERVED_HEADER_PREFIX = "outbox."
+# The W3C trace context: a writer's span (relay.trace_headers) in a row's headers, the
+# relay's span in place of it on the record it publishes (relay/observability/tracing.py).
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+TRACE_HEADERS = frozenset({TRACEPARENT, TRACESTATE})
 
 
 class Position(NamedTuple):

@@ -13,7 +13,7 @@ Two ways to trace, ``tracing_spans``:
 
 With ``tracing_spans = "event"`` every record the relay publishes gets a PRODUCER span of its own,
 a child of the W3C ``traceparent`` the row's headers carry (the writer's span: see
-:func:`trace_headers`), or a new trace's root when the row has none. The record's
+:func:`relay.trace_headers`), or a new trace's root when the row has none. The record's
 ``traceparent``/``tracestate`` headers are replaced by the new span's, so a consumer
 continues the trace from the relay's span. The span starts when the record is encoded
 and ends once its batch is committed in Kafka (visible to ``read_committed`` consumers);
@@ -47,7 +47,14 @@ from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from relay.core.log_fields import log_extra
-from relay.core.model import HEADER_ID, KafkaRecord, OutboxEvent
+from relay.core.model import (
+    HEADER_ID,
+    TRACE_HEADERS,
+    TRACEPARENT,
+    TRACESTATE,
+    KafkaRecord,
+    OutboxEvent,
+)
 from relay.engine.encoding import RecordEncoder
 from relay.engine.poison import HEADER_ERROR
 
@@ -59,10 +66,6 @@ if TYPE_CHECKING:
     from relay.core.subscribers import Subscriber
 
 logger = logging.getLogger(__name__)
-
-TRACEPARENT = "traceparent"
-TRACESTATE = "tracestate"
-_TRACE_HEADERS = frozenset({TRACEPARENT, TRACESTATE})
 
 # Seconds; Prometheus's own defaults stretched to 5 min, as a relay catching up on a
 # backlog publishes events minutes old.
@@ -651,23 +654,6 @@ def murmur2(data: bytes) -> int:
     return h ^ (h >> 15)
 
 
-def trace_headers(headers: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``headers`` plus the current OpenTelemetry span's W3C ``traceparent`` (and
-    ``tracestate``), for :meth:`relay.Outbox.append`: the relay's span for the event
-    becomes a child of the writer's. Without an active span, or without OpenTelemetry
-    installed, ``headers`` as they are."""
-    found = dict(headers or {})
-    try:
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-    except ImportError:
-        return found
-    carrier: dict[str, str] = {}
-    TraceContextTextMapPropagator().inject(carrier)
-    if carrier:
-        found = {k: v for k, v in found.items() if k not in _TRACE_HEADERS} | carrier
-    return found
-
-
 def _unsampled(carrier: Mapping[str, str]) -> bool:
     """Whether the row's traceparent is a version-00 one whose writer did not sample it
     (read without parsing it all: most rows of a sampled system are such rows)."""
@@ -679,7 +665,7 @@ def _trace_carrier(headers: Any) -> dict[str, str]:
     """The row's trace headers, if they are text (a row may hold anything there)."""
     if not headers or not isinstance(headers, dict):
         return {}
-    return {k: v for k in _TRACE_HEADERS if isinstance(v := headers.get(k), str)}
+    return {k: v for k in TRACE_HEADERS if isinstance(v := headers.get(k), str)}
 
 
 def _with_headers(record: KafkaRecord, trace: list[tuple[str, bytes]]) -> KafkaRecord:
@@ -688,7 +674,7 @@ def _with_headers(record: KafkaRecord, trace: list[tuple[str, bytes]]) -> KafkaR
     headers: list[tuple[str, str | bytes | None]] = []
     size = record.size
     for header in record.headers:
-        if header[0] in _TRACE_HEADERS:
+        if header[0] in TRACE_HEADERS:
             size -= len(header[0]) + len(header[1] or b"")
         else:
             headers.append(header)
