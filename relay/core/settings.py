@@ -248,7 +248,7 @@ class Settings(BaseSettings):
     metrics_port: int = Field(default=9187, ge=0, le=65535)
     metrics_host: str = Field(default="127.0.0.1", min_length=1)
     # /healthz and /readyz alone, on a port of their own on metrics_host, which scrapes
-    # cannot use up (relay/observability/metrics.py); point the probes at it. None: the
+    # cannot use up (relay/daemon/metrics.py); point the probes at it. None: the
     # metrics port + 1 (9188), or any free port when metrics_port is 0.
     probe_port: int | None = Field(default=None, ge=0, le=65535)
     # Scrapes within this many seconds share one read of the Postgres-derived figures

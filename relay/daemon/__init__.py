@@ -6,9 +6,10 @@ sessions, claims its share, releases what a peer should own, and starts or stops
 workers to match. The commit probe wakes the workers; they also poll on a timer.
 
 :class:`Relay` (``lifecycle``) composes one object per concern: ``membership`` (the
-session, held while Kafka answers), ``parts`` (claims and their workers),
-``publishers`` (a Kafka publisher per part), ``upkeep`` (retention and horizon
-warnings) and ``startup`` (schema check, key-space checks); its subscribers are
+session, held while Kafka answers), ``parts`` (claims and their workers, each with a
+Kafka publisher from :mod:`relay.adapters.kafka.publishers`), ``upkeep`` (retention
+and horizon warnings), ``startup`` (schema check, key-space checks) and ``metrics``
+(the health and metrics servers, on ``listener``); its subscribers are
 defined, checked and written by :func:`relay.ops.subscribers.sync`, as `subscribers add`
 defines them.
 :class:`RelayProcesses` (``processes``) runs several of them as member processes.

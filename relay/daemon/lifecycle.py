@@ -30,13 +30,13 @@ from relay.core.subscribers import TopicGuard
 from relay.core.worker_stats import WorkerState
 from relay.daemon.context import DaemonContext
 from relay.daemon.membership import Membership
+from relay.daemon.metrics import HealthServer
 from relay.daemon.parts import ClaimedParts
 from relay.daemon.startup import KeySpaceChecks, adopt_topics, check_schema
 from relay.daemon.upkeep import HorizonWatch, Retention
 from relay.engine.encoding import RecordEncoder
 from relay.engine.worker import PartWorker
 from relay.errors import DatabaseUnavailable, RelayError, RetryableError
-from relay.observability.metrics import HealthServer
 from relay.observability.tracing import Tracing
 from relay.ops.subscribers import Setup, load_schemas, registry_encoder
 from relay.ops.subscribers import sync as sync_subscribers

@@ -31,9 +31,9 @@ from relay.core.log_fields import log_extra
 from relay.core.model import PartId
 from relay.core.settings import Settings
 from relay.daemon.lifecycle import Relay, connect_daemon, start_with_retries, tune_gc
+from relay.daemon.metrics import HealthServer
 from relay.errors import ConfigError, RelayError
 from relay.observability import logs
-from relay.observability.metrics import HealthServer
 
 logger = logging.getLogger(__name__)
 

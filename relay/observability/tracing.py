@@ -71,7 +71,7 @@ logger = logging.getLogger(__name__)
 # backlog publishes events minutes old.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 # Keys of a part's statistics (relay/daemon/parts.py) that carry the histogram, which
-# the /metrics collector turns back into one (relay/observability/metrics.py).
+# the /metrics collector turns back into one (relay/daemon/metrics.py).
 LATENCY_KEY = "commit_to_visible"
 _BUCKET_KEYS = (*(f"{LATENCY_KEY}_le_{b}" for b in LATENCY_BUCKETS), f"{LATENCY_KEY}_le_+Inf")
 # The sum in whole microseconds: statistics are integer counters.

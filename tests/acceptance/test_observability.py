@@ -204,7 +204,7 @@ class _Idle:
 
 def _idle_server() -> Any:
     from relay.core.settings import Settings
-    from relay.observability.metrics import HealthServer
+    from relay.daemon.metrics import HealthServer
 
     def no_database() -> Any:
         raise AssertionError("not scraped")
@@ -246,7 +246,7 @@ def test_bodies_and_methods_other_than_get_and_head_are_refused() -> None:
 
 
 def test_a_silent_client_is_disconnected() -> None:
-    from relay.observability.listener import CLIENT_TIMEOUT_S
+    from relay.daemon.listener import CLIENT_TIMEOUT_S
 
     server = _idle_server()
     try:
@@ -285,7 +285,7 @@ def test_the_server_stops_when_its_loop_has_closed_its_wake_up_pipe(
     while not trigger._closed and time.monotonic() < deadline:
         time.sleep(0.01)
     assert trigger._closed
-    with caplog.at_level(logging.WARNING, logger="relay.observability.listener"):
+    with caplog.at_level(logging.WARNING, logger="relay.daemon.listener"):
         server.stop()
     assert not server.listener._thread.is_alive(), "the loop ends once its sockets are closed"
     with pytest.raises(OSError):

@@ -14,8 +14,8 @@ from typing import Any
 import relay.engine.worker
 from relay.core.model import PartId
 from relay.core.worker_stats import COUNTERS, WorkerStats
+from relay.daemon import metrics
 from relay.daemon.parts import _counts
-from relay.observability import metrics
 from relay.observability.tracing import TracingHook
 
 PART = PartId("orders", 2)

@@ -1,10 +1,10 @@
 """deploy/grafana/outbox-relay.json: a well-formed Grafana dashboard whose every query
 names only series the relay serves; likewise every rule of deploy/prometheus/alerts.yml.
 
-The served series are not listed by hand: the relay's own collector (relay.observability.metrics) is
+The served series are not listed by hand: the relay's own collector (relay.daemon.metrics) is
 run against fakes, and every metric family it yields is turned into the series names
 Prometheus stores for its type (a counter ``x`` is stored as ``x_total``, a histogram as
-``x_bucket``/``x_sum``/``x_count``, ...). A metric added to or renamed in relay.observability.metrics is
+``x_bucket``/``x_sum``/``x_count``, ...). A metric added to or renamed in relay.daemon.metrics is
 therefore what the dashboard is checked against.
 """
 
@@ -23,7 +23,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from relay.core.model import PartId
-from relay.observability import metrics
+from relay.daemon import metrics
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "outbox-relay.json"

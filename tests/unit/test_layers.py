@@ -55,12 +55,13 @@ MAY_IMPORT: dict[str, set[str]] = {
     "write API": {"core", "postgres", "observability"},
     # tracing's PublishHook is told of each committed batch.
     "engine": {"core", "observability"},
-    # metrics serves the workers' counters and the lag read from Postgres.
-    "observability": {"core", "engine", "postgres", "ops"},
+    # tracing wraps the engine's encoder.
+    "observability": {"core", "engine"},
     # redrive publishes as the relay does: through the daemon's publisher factory;
     # subscribers checks a definition against the schema registry.
     "ops": {"core", "engine", "postgres", "kafka", "registry", "daemon"},
-    "daemon": {"core", "engine", "observability", *ADAPTERS},
+    # metrics serves the lag (ops.lag); the start-up defines subscribers as ops does.
+    "daemon": {"core", "engine", "observability", *ADAPTERS, "ops"},
     "cli": {"core", "engine", "observability", *ADAPTERS, "ops", "daemon", "localstack"},
     "localstack": {"core", "postgres", "kafka", "ops", "write API", "daemon", "artifacts"},
     # Shipped to Spark: the relay's errors, settings, wire format and Kafka error
@@ -71,9 +72,6 @@ MAY_IMPORT: dict[str, set[str]] = {
 EXCEPTIONS = {
     # A type only: the daemon's startup builds the registry encoder and hands it in.
     ("relay.engine.encoding", "relay.adapters.registry.registry_format"),
-    # The relay's start-up defines and checks its subscribers by the rules `subscribers
-    # add` and `set` use, held once (issue #48).
-    ("relay.daemon.lifecycle", "relay.ops.subscribers"),
 }
 
 # Modules that must not reach psycopg, however indirectly: the part worker and the

@@ -26,13 +26,13 @@ from relay.core.model import KafkaRecord, OutboxEvent, PartId
 from relay.core.ports import DeadLetterDecision
 from relay.core.settings import load_settings
 from relay.core.subscribers import Subscriber, ValueFormat
+from relay.daemon.metrics import _latency_histogram
 from relay.engine.encoding import RecordEncoder
 from relay.engine.poison import dead_letter_record
 from relay.engine.sessions import RelaySession
 from relay.engine.testing import InMemoryPublisher, InMemoryStore
 from relay.engine.worker import PartWorker
 from relay.errors import ConfigError
-from relay.observability.metrics import _latency_histogram
 from relay.observability.tracing import (
     BatchTracer,
     ChosenIds,

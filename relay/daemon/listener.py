@@ -1,4 +1,4 @@
-"""One HTTP listener of the relay (relay/observability/metrics.py serves two: the
+"""One HTTP listener of the relay (relay/daemon/metrics.py serves two: the
 metrics port and the probe port), on waitress, guarded against clients that hold
 connections open without finishing a request (slowloris).
 

@@ -42,9 +42,9 @@ from relay.core.log_fields import log_extra
 from relay.core.model import PartId
 from relay.core.settings import Settings
 from relay.core.worker_stats import COUNTERS as _COUNTERS  # the workers' counters, declared there
+from relay.daemon.listener import Listener
 from relay.errors import ConfigError, RelayError
 from relay.observability import tracing
-from relay.observability.listener import Listener
 from relay.ops.lag import EXACT_UP_TO, subscriber_statuses
 
 if TYPE_CHECKING:
@@ -337,7 +337,7 @@ def _stalled_for(pending: int, oldest_pending_s: float, checkpoint_age_s: float)
 
 # The HTTP server: waitress multiplexes connections on one I/O thread per port and
 # hands complete requests to thread pools, so idle or slow clients cost a socket each,
-# never a thread; relay/observability/listener.py bounds how long and how many of them
+# never a thread; relay/daemon/listener.py bounds how long and how many of them
 # a port holds. The probes have a port of their own (probe_port), which serves nothing
 # else, so that no number of scrapes and slow clients can use up what the kubelet
 # reaches: a liveness probe that times out restarts the relay, and every replica's at
