@@ -13,6 +13,8 @@ import of the package runs and which re-exports the write API.
 from __future__ import annotations
 
 import ast
+import graphlib
+import subprocess
 import sys
 from fnmatch import fnmatch
 from pathlib import Path
@@ -24,7 +26,8 @@ PACKAGES = ("relay", "spark_jobs")
 
 # Each module of relay/ and spark_jobs/ belongs to exactly one group: the first whose
 # patterns match its name. A group is a folder; relay.errors stays at the top, as the
-# exceptions' qualified names appear in output. docs/design.md's map shows the same table.
+# exceptions' qualified names appear in output. docs/design.md's map says what each may
+# import (MAY_IMPORT, read from it).
 GROUPS: dict[str, tuple[str, ...]] = {
     "write API": ("relay", "relay.write", "relay.write.*"),
     # relay.adapters holds a docstring only.
@@ -42,37 +45,27 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "spark_jobs": ("spark_jobs", "spark_jobs.*"),
 }
 
-ADAPTERS = {"postgres", "kafka", "registry"}
-# What each group may import besides itself. Nothing imports cli; only cli, redrive
-# and the local stack's demo import the daemon.
-MAY_IMPORT: dict[str, set[str]] = {
-    "core": set(),
-    "artifacts": {"core"},
-    "kafka": {"core"},
-    "registry": {"core"},
-    "postgres": {"core"},
-    # trace_headers (observability): the writer's span goes into the event's headers.
-    "write API": {"core", "postgres", "observability"},
-    # tracing's PublishHook is told of each committed batch.
-    "engine": {"core", "observability"},
-    # tracing wraps the engine's encoder.
-    "observability": {"core", "engine"},
-    # redrive publishes as the relay does: through the daemon's publisher factory;
-    # subscribers checks a definition against the schema registry.
-    "ops": {"core", "engine", "postgres", "kafka", "registry", "daemon"},
-    # metrics serves the lag (ops.lag); the start-up defines subscribers as ops does.
-    "daemon": {"core", "engine", "observability", *ADAPTERS, "ops"},
-    "cli": {"core", "engine", "observability", *ADAPTERS, "ops", "daemon", "localstack"},
-    "localstack": {"core", "postgres", "kafka", "ops", "write API", "daemon", "artifacts"},
-    # Shipped to Spark: the relay's errors, settings, wire format and Kafka error
-    # reading; never its daemon, its Postgres adapter, or the local stack.
-    "spark_jobs": {"core", "kafka", "registry", "artifacts"},
-}
-# The imports against the rules, each for a reason.
+
+def _design_map() -> dict[str, set[str]]:
+    """What each group may import besides itself: the table of docs/design.md's §10,
+    read here, so that the map the maintainers read is the one the imports are held to."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    section = text.split("\n## 10. The map\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")][2:]  # past its head
+    found: dict[str, set[str]] = {}
+    for row in rows:
+        group, _, may, *_ = (cell.strip() for cell in row.strip("|").split("|"))
+        found[group] = set() if may == "nothing" else {g.strip() for g in may.split(",")}
+    return found
+
+
+MAY_IMPORT = _design_map()
+# The imports against the rules, each for a reason; they count as arrows of the map too.
 EXCEPTIONS = {
     # A type only: the daemon's startup builds the registry encoder and hands it in.
     ("relay.engine.encoding", "relay.adapters.registry.registry_format"),
 }
+
 
 # Modules that must not reach psycopg, however indirectly: the part worker and the
 # daemon's logic reach the database through the ports (relay/core/ports.py) only.
@@ -182,6 +175,40 @@ def import_chain(start: str, target: str) -> list[str] | None:
 def test_every_module_is_in_one_group_of_the_map() -> None:
     assert [m for m in _modules() if group_of(m) is None] == []
     assert set(MAY_IMPORT) == set(GROUPS)
+
+
+def _floors(may_import: dict[str, set[str]]) -> list[str]:
+    """The groups in an order where each comes after all it may import: a
+    :class:`graphlib.CycleError` names the loop when there is none."""
+    arrows = {group: set(allowed) for group, allowed in may_import.items()}
+    for module, imported in EXCEPTIONS:
+        arrows[group_of(module) or module].add(group_of(imported) or imported)
+    return list(graphlib.TopologicalSorter(arrows).static_order())
+
+
+def test_the_groups_import_each_other_in_no_loop() -> None:
+    """The map is a directed acyclic graph, its exceptions counted as arrows: each group
+    stands above all it imports, and none reaches back to one that imports it."""
+    floors = _floors(MAY_IMPORT)
+    assert floors[0] == "core" and set(floors) == set(GROUPS)
+
+
+def test_the_sort_finds_a_loop() -> None:
+    """The check itself: were the core to import the daemon, the map would hold a loop."""
+    with pytest.raises(graphlib.CycleError):
+        _floors({**MAY_IMPORT, "core": {"daemon"}})
+
+
+def test_importing_the_write_api_loads_neither_the_relay_nor_kafka() -> None:
+    """``import relay`` is what an application runs to append events: it brings the
+    write API and its Postgres adapter, never the engine, the daemon, the tracing of the
+    relay's side or the Kafka client. Asked of a new interpreter: this one has them all."""
+    heavy = ("relay.engine", "relay.observability", "relay.daemon", "confluent_kafka")
+    probe = f"import relay, sys; print(sorted(m for m in sys.modules if m.startswith({heavy})))"
+    found = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert found.stdout.strip() == "[]"
 
 
 def _broken_rules(module: str) -> list[str]:
