@@ -40,10 +40,14 @@ T0 = 1_700_000_000_000  # ms, on a 5 s boundary
 WAIT_S = 600.0  # a Spark driver's start and first batches, on a busy 2-core machine
 
 
-def readme_commands() -> tuple[dict[str, str], list[list[str]]]:
-    """The environment the README's Spark block exports, and its job command lines."""
+def readme_commands(
+    after: str = "## Spark Structured Streaming",
+    command: tuple[str, ...] = (".venv/bin/python", "-m"),
+) -> tuple[dict[str, str], list[list[str]]]:
+    """The environment the README's first bash block ``after`` a heading (or a
+    sentence) exports, and its command lines that start with ``command``."""
     text = (REPO / "README.md").read_text()
-    section = text[text.index("## Spark Structured Streaming") :]
+    section = text[text.index(after) :]
     block = section[section.index("```bash\n") + len("```bash\n") :]
     block = block[: block.index("```")].replace("\\\n", " ")
     env, commands = {}, []
@@ -52,7 +56,7 @@ def readme_commands() -> tuple[dict[str, str], list[list[str]]]:
         if words[:1] == ["export"]:
             name, _, value = words[1].partition("=")
             env[name] = value
-        elif words[:2] == [".venv/bin/python", "-m"]:
+        elif tuple(words[: len(command)]) == command:
             commands.append(words)
     return env, commands
 
@@ -89,7 +93,8 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
 
 
 class Job:
-    """A job's driver, run as the README shows (``.venv/bin/python`` is this one)."""
+    """A job's driver, run as the README shows (``.venv/bin/python`` is this one), or
+    any other command (``spark-submit``)."""
 
     started: ClassVar[list[Job]] = []
 
@@ -99,8 +104,9 @@ class Job:
         with log.open("ab") as out:
             # Its own process group, like a shell's job: Ctrl-C goes to the group. Not
             # from the clone: a job must not need the folder it starts in (schemas/).
+            python = argv[0] == ".venv/bin/python"
             self.proc = subprocess.Popen(
-                [sys.executable, *argv[1:]], cwd=log.parent, env={**os.environ, **env},
+                [sys.executable, *argv[1:]] if python else argv, cwd=log.parent, env={**os.environ, **env},
                 stdout=out, stderr=out, start_new_session=True,
             )  # fmt: skip
 
