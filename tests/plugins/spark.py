@@ -66,6 +66,8 @@ class StandaloneCluster:
         master = "org.apache.spark.deploy.master.Master"
         self._spawn("master", master, "--host", "127.0.0.1", "--port", str(self.port),
                     "--webui-port", str(self.ui_port))  # fmt: skip
+        # Spark takes the next port when one is taken meanwhile: the ports it says it bound.
+        wait_until(self._bound, 120, "the Spark master's ports\n" + self.logs())
         wait_until(lambda: self.state() is not None, 120, "the Spark master's UI")
         for n in range(self.workers):
             work = self.folder / f"worker-{n}"
@@ -82,13 +84,22 @@ class StandaloneCluster:
             self.procs[name] = spawn([str(self.home / "bin" / "spark-class"), main_class, *args],
                                      log, cwd=self.folder, env=self.env)  # fmt: skip
 
+    def _bound(self) -> bool:
+        log = (self.folder / "master.log").read_text(errors="replace")
+        master = re.search(r"Starting Spark master at spark://127\.0\.0\.1:(\d+)", log)
+        ui = re.search(r"Successfully started service 'MasterUI' on port (\d+)", log)
+        if master is None or ui is None:
+            return False
+        self.port, self.ui_port = int(master[1]), int(ui[1])
+        return True
+
     def state(self) -> dict[str, Any] | None:
         """The master's JSON status (workers, running and completed applications)."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as r:
                 answer: dict[str, Any] = json.load(r)
                 return answer
-        except OSError:
+        except (OSError, ValueError):  # not up yet, or its HTML page while it starts
             return None
 
     def executors(self) -> list[int]:
