@@ -31,13 +31,12 @@ from tests.acceptance.test_spark_readme import (  # noqa: F401  (no_job_left: au
     averages,
     broker,
     no_job_left,
+    publish_with_defaults,
     readme_commands,
-    relay_with_defaults,
     substituted,
     write_numbers,
 )
 from tests.plugins.spark import StandaloneCluster, running_tasks
-from tests.support import wait_caught_up
 
 ORDERS = 1000  # and a shipment of every other one: a batch that runs for seconds
 _BATCH = re.compile(r"\d+(\.compact)?")  # a file sink log's entry (not its .crc)
@@ -114,12 +113,7 @@ def test_each_job_runs_on_a_standalone_cluster_as_the_readme_submits_it(
     tmp_path: Path,
 ) -> None:
     bootstrap = broker.bootstrap_servers
-    relay = relay_with_defaults(relay_url, bootstrap)
-    try:
-        write_orders(writer_db, outbox)
-        wait_caught_up(db, "default", timeout=WAIT_S)
-    finally:
-        relay.stop()
+    publish_with_defaults(db, relay_url, bootstrap, lambda: write_orders(writer_db, outbox))
     committed = [str(r[0]) for r in db.execute("SELECT message_id FROM outbox").fetchall()]
     assert len(committed) == ORDERS + ORDERS // 2
 

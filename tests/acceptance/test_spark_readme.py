@@ -151,6 +151,18 @@ def relay_with_defaults(database_url: str, bootstrap: str) -> Relay:
     return relay
 
 
+def publish_with_defaults(
+    db: psycopg.Connection[Any], relay_url: str, bootstrap: str, write: Callable[[], None]
+) -> None:
+    """``write`` the app's events, and wait until a relay with its defaults published them."""
+    relay = relay_with_defaults(relay_url, bootstrap)
+    try:
+        write()
+        wait_caught_up(db, "default", timeout=WAIT_S)
+    finally:
+        relay.stop()
+
+
 def write_orders(db: psycopg.Connection[Any], outbox: Outbox) -> None:
     for i in range(10):
         payload = {"order_id": f"o-{i}", "customer_id": f"c-{i % 3}", "amount_cents": 100 * i}
@@ -212,12 +224,7 @@ def test_each_job_runs_as_the_readme_shows_against_the_relays_defaults(
 ) -> None:
     bootstrap = broker.bootstrap_servers
     # The relay and the app as production runs them; the sinks' tables are the test's own.
-    relay = relay_with_defaults(relay_url, bootstrap)
-    try:
-        write_orders(writer_db, outbox)
-        wait_caught_up(db, "default", timeout=60)
-    finally:
-        relay.stop()
+    publish_with_defaults(db, relay_url, bootstrap, lambda: write_orders(writer_db, outbox))
     ids = {str(r[0]) for r in db.execute("SELECT message_id FROM outbox").fetchall()}
     exported, _ = readme_commands()
     secret = tmp_path / "database-url"
