@@ -22,7 +22,7 @@ from relay.errors import ConfigError
 from spark_jobs.kafka_clients import KafkaClients
 from spark_jobs.registry_schemas import RegistryAccess
 from spark_jobs.run_summary import RunSummary
-from spark_jobs.spark_session import local_spark_session
+from spark_jobs.spark_session import local_spark_session, submitted
 
 logger = logging.getLogger(__name__)
 
@@ -152,13 +152,15 @@ def _say_summary(summary: RunSummary | None) -> None:
 
 
 def job_session(name: str, debug: bool) -> Any:
-    """The job's Spark session: its own log quiet unless ``--debug``, and the
-    :class:`DecodingAlarm` listening to its queries."""
+    """The job's Spark session, and the :class:`DecodingAlarm` listening to its queries.
+    Embedded, Spark's own log is quiet unless ``--debug``; under ``spark-submit`` it is
+    the cluster's, at the level its log4j2 configuration sets."""
     spark = local_spark_session(name)
     # pyspark's SparkContext installs a SIGINT handler of its own (cancel the jobs, raise
     # KeyboardInterrupt inside whatever py4j call runs): ours again, see _CtrlC.
     signal.signal(signal.SIGINT, _ctrl_c)
-    quiet_spark(spark, debug)
+    if not submitted():
+        quiet_spark(spark, debug)
     spark.streams.addListener(DecodingAlarm(name))
     return spark
 

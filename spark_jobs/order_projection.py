@@ -216,7 +216,7 @@ def batch_writer(
 
         written = sink.commit(batch_id, write, streaming_query_id(batch))
         if summary is not None and written:
-            summary.wrote(*outcome)
+            summary.wrote(outcome[0], outcome[1], batch_id)
         elif summary is not None:
             summary.skipped_replay()
 

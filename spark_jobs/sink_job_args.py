@@ -8,10 +8,10 @@ import argparse
 from typing import TypedDict
 
 from relay.core.settings import KafkaValue
+from spark_jobs.database_url import DATABASE_URL_HELP, resolve_database_url
 from spark_jobs.job import add_common_options, kafka_clients
 from spark_jobs.postgres_sink import RESET_SINK_HELP
 from spark_jobs.preflight import checkpoint_folder, positive
-from spark_jobs.secrets import DATABASE_URL_HELP, resolve_database_url
 
 
 class SinkJobOptions(TypedDict):

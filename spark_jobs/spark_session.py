@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pyspark
+from pyspark import SparkConf, SparkContext
 from pyspark.sql import DataFrame, SparkSession
 
 from relay.artifacts.maven import Lock, fetch_lock
@@ -63,37 +64,54 @@ def connector_jars() -> list[Path]:
     return jars
 
 
+# What a job's session takes for each key its user did not set: spark-submit's --conf
+# and spark-defaults.conf win.
+SESSION_DEFAULTS = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.ui.showConsoleProgress": "false",  # a job's log is not a terminal
+    "spark.sql.session.timeZone": "UTC",
+}
+# An embedded run (``python -m``) also: one machine, maybe many jobs, no one at its UI.
+EMBEDDED_DEFAULTS = {"spark.master": "local[2]", "spark.ui.enabled": "false"}
+
+
+def submitted() -> bool:
+    """Whether ``spark-submit`` launched this driver (it hands pyspark a running JVM)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
 def local_spark_session(app_name: str, *, master: str | None = None, **conf: Any) -> SparkSession:
-    """The job's session: ``local[2]`` (the embedded default) when run with ``python``,
-    or whatever master ``spark-submit`` was given (it launches us with a gateway)."""
-    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
-    if master is None and not submitted:
-        master = "local[2]"
+    """The job's session. Under ``spark-submit`` it keeps the master and every setting it
+    was given, adding :data:`SESSION_DEFAULTS` only for the keys not set; run with
+    ``python`` it is embedded, ``local[2]`` with the UI off, the connector's jars from
+    the pinned cache. ``master`` and ``conf`` are the caller's own: they always win."""
     # Workers must run this interpreter: it has pyarrow and confluent-kafka.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if "JAVA_HOME" not in os.environ:
         found = next((d for d in _JVM_DIRS if Path(d, "bin", "java").exists()), None)
         if found:
             os.environ["JAVA_HOME"] = found
-    builder = SparkSession.builder if master is None else SparkSession.builder.master(master)
-    builder = (
-        builder.appName(app_name)
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")  # a job's log is not a terminal
-        .config("spark.sql.session.timeZone", "UTC")
-    )
-    if not submitted:  # spark-submit's JVM is already up: --packages brings the connectors
+    settings = {**_defaults(), **({"spark.master": master} if master else {}), **conf}
+    builder = SparkSession.builder.appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def _defaults() -> dict[str, str]:
+    if not submitted():
         jars = connector_jars()
         logger.debug(
             "Kafka connector and spark-avro jars: %s",
             jars,
             extra=log_extra("spark_connector_jars", jars=[str(p) for p in jars]),
         )
-        builder = builder.config("spark.jars", ",".join(str(p) for p in jars))
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    return builder.getOrCreate()
+        return {**SESSION_DEFAULTS, **EMBEDDED_DEFAULTS, "spark.jars": ",".join(map(str, jars))}
+    # spark-submit's JVM is up, its settings in its system properties, which a SparkConf
+    # loads; --packages (or --jars) brought the connectors.
+    SparkContext._ensure_initialized()
+    given = {key for key, _ in SparkConf().getAll()}
+    return {key: value for key, value in SESSION_DEFAULTS.items() if key not in given}
 
 
 def kafka_options(

@@ -158,7 +158,7 @@ def batch_writer(
 
         counted = counters.commit(batch_id, increment, query_id)
         if summary is not None:
-            summary.wrote(len(records) if sent else 0, len(rejected) if counted else 0)
+            summary.wrote(len(records) if sent else 0, len(rejected) if counted else 0, batch_id)
             if not (sent or counted):
                 summary.skipped_replay()
 

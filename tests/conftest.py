@@ -33,7 +33,7 @@ SERVER_FIXTURES = frozenset(
     | {"roles", "relay_url", "writer_url", "stranger_url", "writer_db", "relay_db"}
     | {"relay_reads_all_stats", "kafka_cluster"}
     | {"kafka", "kafka_bootstrap", "local_kafka", "start_relay", "spark", "schema_registry"}
-    | {"standin_registry"}
+    | {"standin_registry", "spark_standalone"}
 )
 
 

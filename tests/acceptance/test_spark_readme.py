@@ -40,10 +40,14 @@ T0 = 1_700_000_000_000  # ms, on a 5 s boundary
 WAIT_S = 600.0  # a Spark driver's start and first batches, on a busy 2-core machine
 
 
-def readme_commands() -> tuple[dict[str, str], list[list[str]]]:
-    """The environment the README's Spark block exports, and its job command lines."""
+def readme_commands(
+    after: str = "## Spark Structured Streaming",
+    command: tuple[str, ...] = (".venv/bin/python", "-m"),
+) -> tuple[dict[str, str], list[list[str]]]:
+    """The environment the README's first bash block ``after`` a heading (or a
+    sentence) exports, and its command lines that start with ``command``."""
     text = (REPO / "README.md").read_text()
-    section = text[text.index("## Spark Structured Streaming") :]
+    section = text[text.index(after) :]
     block = section[section.index("```bash\n") + len("```bash\n") :]
     block = block[: block.index("```")].replace("\\\n", " ")
     env, commands = {}, []
@@ -52,7 +56,7 @@ def readme_commands() -> tuple[dict[str, str], list[list[str]]]:
         if words[:1] == ["export"]:
             name, _, value = words[1].partition("=")
             env[name] = value
-        elif words[:2] == [".venv/bin/python", "-m"]:
+        elif tuple(words[: len(command)]) == command:
             commands.append(words)
     return env, commands
 
@@ -89,7 +93,8 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
 
 
 class Job:
-    """A job's driver, run as the README shows (``.venv/bin/python`` is this one)."""
+    """A job's driver, run as the README shows (``.venv/bin/python`` is this one), or
+    any other command (``spark-submit``)."""
 
     started: ClassVar[list[Job]] = []
 
@@ -99,8 +104,9 @@ class Job:
         with log.open("ab") as out:
             # Its own process group, like a shell's job: Ctrl-C goes to the group. Not
             # from the clone: a job must not need the folder it starts in (schemas/).
+            python = argv[0] == ".venv/bin/python"
             self.proc = subprocess.Popen(
-                [sys.executable, *argv[1:]], cwd=log.parent, env={**os.environ, **env},
+                [sys.executable, *argv[1:]] if python else argv, cwd=log.parent, env={**os.environ, **env},
                 stdout=out, stderr=out, start_new_session=True,
             )  # fmt: skip
 
@@ -143,6 +149,18 @@ def relay_with_defaults(database_url: str, bootstrap: str) -> Relay:
     relay = Relay(settings)
     relay.start()
     return relay
+
+
+def publish_with_defaults(
+    db: psycopg.Connection[Any], relay_url: str, bootstrap: str, write: Callable[[], None]
+) -> None:
+    """``write`` the app's events, and wait until a relay with its defaults published them."""
+    relay = relay_with_defaults(relay_url, bootstrap)
+    try:
+        write()
+        wait_caught_up(db, "default", timeout=WAIT_S)
+    finally:
+        relay.stop()
 
 
 def write_orders(db: psycopg.Connection[Any], outbox: Outbox) -> None:
@@ -206,12 +224,7 @@ def test_each_job_runs_as_the_readme_shows_against_the_relays_defaults(
 ) -> None:
     bootstrap = broker.bootstrap_servers
     # The relay and the app as production runs them; the sinks' tables are the test's own.
-    relay = relay_with_defaults(relay_url, bootstrap)
-    try:
-        write_orders(writer_db, outbox)
-        wait_caught_up(db, "default", timeout=60)
-    finally:
-        relay.stop()
+    publish_with_defaults(db, relay_url, bootstrap, lambda: write_orders(writer_db, outbox))
     ids = {str(r[0]) for r in db.execute("SELECT message_id FROM outbox").fetchall()}
     exported, _ = readme_commands()
     secret = tmp_path / "database-url"

@@ -44,3 +44,18 @@ def test_the_spark_jobs_maven_locks_ship_beside_the_fetcher() -> None:
 
     assert Lock.load("spark-kafka").artifacts
     assert not list((ROOT / "relay" / "localstack").glob("spark-*.lock"))
+
+
+@pytest.mark.parametrize("package", ["spark_jobs", "relay"])
+def test_no_module_shadows_the_standard_library(package: str) -> None:
+    """``spark-submit spark_jobs/archive.py`` runs the file as a script, so its folder
+    comes first on ``sys.path``: a ``spark_jobs/secrets.py`` was imported for Python's
+    ``secrets`` (pydantic's import of it) and the job failed before Spark started (#51).
+    No module or package at any depth may take a standard library module's name."""
+    import sys
+
+    names = {
+        str(path.relative_to(ROOT)): path.parent.name if path.stem == "__init__" else path.stem
+        for path in (ROOT / package).rglob("*.py")
+    }
+    assert {path: name for path, name in names.items() if name in sys.stdlib_module_names} == {}
