@@ -169,11 +169,26 @@ class KafkaTopicReader:
             if info is None or info.error is not None:
                 continue  # nothing was ever published there
             for partition in info.partitions:
+                ends[(topic, partition)] = self._watermarks(consumer, topic, partition)
+        return ends
+
+    def _watermarks(self, consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:
+        """The partition's low and high offsets. A retriable error (no leader yet, or
+        another: a topic just created, a leader moving) is asked again until the
+        reader's timeout; then it is classified, as any other error at once."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
                 low, high = consumer.get_watermark_offsets(
                     TopicPartition(topic, partition), timeout=self._timeout
                 )
-                ends[(topic, partition)] = (low, high)
-        return ends
+                return low, high
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                passing = getattr(error, "retriable", lambda: False)()
+                if not passing or time.monotonic() >= deadline:
+                    raise classify(exc, f"reading {topic}[{partition}]'s offsets") from exc
+                time.sleep(0.2)
 
 
 def _readable(message: Any) -> bool:
