@@ -305,7 +305,9 @@ def test_scrape_storms_share_one_read_of_postgres(
     write_orders(writer_db, outbox, ["o-1"])
     first = sample(get(relay, "/metrics")[1], "outbox_relay_lag_events", subscriber="s", part="0")
     write_orders(writer_db, outbox, ["o-2", "o-3"])
-    with ThreadPoolExecutor(16) as pool:
+    # 8 at once: one address may hold 16 connections (issue #47), and a client's
+    # closed connection may still count there while its next one opens.
+    with ThreadPoolExecutor(8) as pool:
         storm = list(pool.map(lambda _: get(relay, "/metrics"), range(50)))
     assert {status for status, _ in storm} == {200}
     lags = {sample(body, "outbox_relay_lag_events", subscriber="s", part="0") for _, body in storm}
