@@ -46,7 +46,7 @@ BENCHMARKS = (
 )
 # Run only when named (--only soak): the soak takes 8 minutes at the default scale, the
 # cluster's faults about 20; eos_phases, levers and fetch_cost are diagnoses
-# (bench/README.md), not figures with targets.
+# (bench/RESULTS.md), not figures with targets.
 ON_REQUEST = ("soak", "cluster", "eos_phases", "levers", "fetch_cost")
 
 

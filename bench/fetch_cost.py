@@ -20,7 +20,7 @@ the relay fetches; its figure is that connection's backend CPU per row
 
 The raw sides load jsonb as bytes and take the xid8 key as its 8 bytes, so the client
 does little; the store's slower client adds a little to the backend's figure too (the
-poll both ways, bench/README.md), hence the raw poll as the variants' baseline."""
+poll both ways, bench/RESULTS.md), hence the raw poll as the variants' baseline."""
 
 from __future__ import annotations
 

@@ -113,7 +113,7 @@ PARTITIONS = 3  # the relay's default topic_partitions
 KEYS = 1000
 # The floor's transactional producers, taking turns. Two left a message due while both
 # committed waiting behind them: p99 24.3 ms against 9.3 with four, and the relay's own
-# p99 came out below that "floor" (2026-11-29, bench/README.md). Eight gained nothing
+# p99 came out below that "floor" (2026-11-29, bench/RESULTS.md). Eight gained nothing
 # over four (p50 2.87 against 2.74 ms, p99 10.8 against 9.3).
 PIPELINE = 4
 WARM_UP_RUN_S = 5.0  # each side's unmeasured run before the rounds (warm_up)

@@ -202,7 +202,7 @@ def test_120_subscribers_on_two_relays_leave_a_stock_postgres_room_for_applicati
         backends.join()
 
     published = Counter(r.message_id for r in seen)
-    # The figures of issue #30's table (bench/README.md, "Bounded resources"), shown with -s.
+    # The figures of issue #30's table (bench/RESULTS.md, "Bounded resources"), shown with -s.
     summary = {
         "subscribers": TYPES,
         "events": len(ids),
