@@ -225,8 +225,9 @@ def test_avro_registry_keys_are_read_by_the_stock_deserializer(
 
 
 def _readme_consumer() -> str:
-    """The README's Python block that reads the registry format."""
-    text = (REPO / "README.md").read_text()
+    """The README's Python block that reads the registry format (on its configuration
+    page)."""
+    text = (REPO / "docs" / "configuration.md").read_text()
     blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
     [block] = [b for b in blocks if "AvroDeserializer" in b]
     return block

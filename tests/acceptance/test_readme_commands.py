@@ -1,9 +1,11 @@
 """Issue #28, "Done means": the README's ops commands are run by a test, as written.
 
-Every `outbox-relay` line of the README's ```bash blocks whose command is one of the
-ops commands (subscribers, status, verify, dead-letters, topics) runs against the
-relay's defaults, with only the database URL and the bootstrap servers given, as the
-README says, through RELAY_DATABASE_URL and RELAY_BOOTSTRAP_SERVERS. The README's
+"The README" is README.md and the pages of docs/ it leads to, read in that order
+(README.md, then docs/*.md by name). Every `outbox-relay` line of their ```bash blocks
+whose command is one of the ops commands (subscribers, status, verify, dead-letters,
+topics) runs against the relay's defaults, with only the database URL and the bootstrap
+servers given, as the README says, through RELAY_DATABASE_URL and
+RELAY_BOOTSTRAP_SERVERS. The README's
 notation is expanded, not edited: `[X]` runs once without and once with X (`...`
 dropped), `a | b` and `x|y` run each alternative. Placeholders in capitals
 (TXID:POSITION) are the one thing left out: they name no value to type. Commands run
@@ -17,6 +19,7 @@ import itertools
 import json
 import re
 import shlex
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -28,14 +31,21 @@ OPS = {"subscribers", "status", "verify", "dead-letters", "topics"}
 _PLACEHOLDER = re.compile(r"^[A-Z][A-Z_:]*$")
 
 
+def readme_pages() -> list[Path]:
+    """README.md, then the pages of docs/ by name: the order their commands run in."""
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
 def readme_lines() -> list[str]:
-    """The `outbox-relay ...` lines of README.md's bash blocks, continuations joined."""
-    text = (REPO / "README.md").read_text()
+    """The `outbox-relay ...` lines of the README's pages' bash blocks, continuations
+    joined."""
     lines: list[str] = []
-    for block in re.findall(r"^```bash\n(.*?)^```", text, flags=re.S | re.M):
-        for line in block.replace("\\\n", " ").splitlines():
-            if line.startswith("outbox-relay "):
-                lines.append(line)
+    for page in readme_pages():
+        text = page.read_text()
+        for block in re.findall(r"^```bash\n(.*?)^```", text, flags=re.S | re.M):
+            for line in block.replace("\\\n", " ").splitlines():
+                if line.startswith("outbox-relay "):
+                    lines.append(line)
     return lines
 
 

@@ -1,5 +1,5 @@
-"""The Spark jobs run exactly as README.md shows them (the command lines are read from
-the README, so the two cannot drift), against a relay with its defaults (the default
+"""The Spark jobs run exactly as the README's Spark page, docs/spark.md, shows them (the
+command lines are read from it, so the two cannot drift), against a relay with its defaults (the default
 subscriber, JSON values), on a broker of this module's own: the README's topic names
 are unprefixed. The same broker has a SASL_PLAINTEXT (SCRAM-SHA-256) listener, which
 the jobs reach with the relay's Kafka settings."""
@@ -37,16 +37,17 @@ pytestmark = pytest.mark.spark
 REPO = Path(__file__).resolve().parents[2]
 SCRAM_USER, SCRAM_PASSWORD = "spark-job", f"scram-{uuid.uuid4().hex}"
 T0 = 1_700_000_000_000  # ms, on a 5 s boundary
+SPARK_PAGE = REPO / "docs" / "spark.md"  # the README's Spark section, moved (#50 item 8)
 WAIT_S = 600.0  # a Spark driver's start and first batches, on a busy 2-core machine
 
 
 def readme_commands(
-    after: str = "## Spark Structured Streaming",
+    after: str = "# Spark Structured Streaming",
     command: tuple[str, ...] = (".venv/bin/python", "-m"),
 ) -> tuple[dict[str, str], list[list[str]]]:
-    """The environment the README's first bash block ``after`` a heading (or a
+    """The environment the Spark page's first bash block ``after`` a heading (or a
     sentence) exports, and its command lines that start with ``command``."""
-    text = (REPO / "README.md").read_text()
+    text = SPARK_PAGE.read_text()
     section = text[text.index(after) :]
     block = section[section.index("```bash\n") + len("```bash\n") :]
     block = block[: block.index("```")].replace("\\\n", " ")
@@ -62,9 +63,9 @@ def readme_commands(
 
 
 def readme_quarantine_query() -> str:
-    """The README's query of the quarantined events."""
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("### Events a job cannot apply") :]
+    """The Spark page's query of the quarantined events."""
+    text = SPARK_PAGE.read_text()
+    section = text[text.index("## Events a job cannot apply") :]
     return section[section.index("```sql\n") + len("```sql\n") :].split("```")[0]
 
 

@@ -1,6 +1,6 @@
-"""The docs' code runs (#34 item 8): the Python blocks of README.md and
-docs/writing-events.md are executed against a real Postgres, as the writer role, rather
-than mirrored by hand in other tests.
+"""The docs' code runs (#34 item 8): the Python blocks of README.md and of the pages of
+docs/ are executed against a real Postgres, as the writer role, rather than mirrored by
+hand in other tests.
 
 The blocks of one document run in order in one namespace, as a reader pastes them into
 one session: a later block may use what an earlier one defined (``outbox``). Each starts
@@ -30,7 +30,9 @@ from psycopg import sql
 from relay.write.outbox import default_outbox
 from tests.support import REPO, WRITER_ROLE
 
-DOCUMENTS = ["README.md", "docs/writing-events.md"]
+# The documents whose blocks run; every other page of docs/ must have no block that runs.
+DOCUMENTS = ["README.md", "docs/writing-events.md", "docs/tracing.md"]
+PAGES = ["README.md", *sorted(f"docs/{page.name}" for page in (REPO / "docs").glob("*.md"))]
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>\S*)[ \t]*$")
 _ILLUSTRATIVE = re.compile(r"^\s*<!-- illustrative: (?P<why>\S.*?) -->\s*$")
 
@@ -107,8 +109,9 @@ def test_the_python_blocks_of_the_docs_run(
 
 
 def test_every_python_block_is_found_and_each_illustrative_one_says_why() -> None:
-    """The reader itself: as many blocks as the documents open with ```python."""
-    for document in DOCUMENTS:
+    """The reader itself: as many blocks as the documents open with ```python; and a page
+    with a block that runs is one whose blocks run."""
+    for document in PAGES:
         text = (REPO / document).read_text()
         blocks = python_blocks(document)
         assert len(blocks) == len(re.findall(r"^[ \t]*```python[ \t]*$", text, re.M))
@@ -117,3 +120,5 @@ def test_every_python_block_is_found_and_each_illustrative_one_says_why() -> Non
         assert markers == sum(b.illustrative is not None for b in blocks), (
             f"{document}: an illustrative marker that is not right before a ```python block"
         )
+        if any(b.illustrative is None for b in blocks):
+            assert document in DOCUMENTS, f"{document}: a Python block no test runs"
