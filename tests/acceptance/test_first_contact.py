@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -139,3 +140,54 @@ def test_a_subscriber_declared_in_the_config_file_is_created_and_published(
     assert relay.returncode == 0, stderr
     assert [json.loads(s.value) for s in seen] == [{"n": 7}], stderr
     assert "created subscriber from-config from config" in stderr
+
+
+def _readme_block(language: str, containing: str) -> str:
+    """README.md's one ``language`` block that contains ``containing``."""
+    text = (REPO / "README.md").read_text()
+    blocks = re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.S | re.M)
+    [block] = [b for b in blocks if containing in b]
+    return block
+
+
+def test_the_readmes_first_event_is_seen_in_kafka_as_it_says(
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    relay_url: str,
+    kafka_bootstrap: str,
+    tmp_path: Path,
+) -> None:
+    """README.md's first event, end to end as written: its SQL, as the writer role, to a
+    relay with its defaults; its consumer prints what the README says it prints. Only the
+    aggregate type (hence the topic) and the servers are this test's own."""
+    aggregate = f"first{uuid.uuid4().hex[:8]}"
+    insert = _readme_block("sql", "INSERT INTO outbox")
+    assert "VALUES ('order', '42', 'OrderPlaced'," in insert
+    consumer = _readme_block("python", "Consumer(")
+    for written, here in (
+        ('"127.0.0.1:9092"', f'"{kafka_bootstrap}"'),
+        ('"outbox.event.order"', f'"outbox.event.{aggregate}"'),
+    ):
+        assert written in consumer
+        consumer = consumer.replace(written, here)
+    relay = _relay_process(relay_url, kafka_bootstrap, tmp_path)
+    try:
+        writer_db.execute(insert.replace("'order'", f"'{aggregate}'", 1))
+        # Published first (the README's consumer stops after 10 s without a record).
+        consume(kafka_bootstrap, [f"outbox.event.{aggregate}"], 1, timeout=120)
+        ran = subprocess.run(
+            [sys.executable, "-c", consumer],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    finally:
+        relay.terminate()
+        _, stderr = relay.communicate(timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    printed = ran.stdout.splitlines()
+    said = "b'42' b'OrderPlaced' {'order_id': '42', 'customer_id': 'c-7', 'amount_cents': 1250}"
+    assert printed == [said], (printed, stderr)
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert f"It prints `{said}`" in readme
