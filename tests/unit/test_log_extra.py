@@ -20,7 +20,7 @@ from relay.observability.logs import JsonFormatter
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("relay", "spark_jobs")
-# The one event style: snake_case. These two are dotted but stay: README.md and
+# The one event style: snake_case. These two are dotted but stay: docs/configuration.md and
 # deploy/prometheus/alerts.yml name them, and operators' filters may match them.
 DOCUMENTED_DOTTED = {"registry.unreachable", "registry.reachable"}
 _SNAKE = re.compile(r"[a-z][a-z0-9]*(_[a-z0-9]+)*")
