@@ -47,7 +47,7 @@ from bench.latency import WARMUP_S, relay_latency, relay_run, samples_of
 from bench.method import Samples as Repeated
 from bench.method import interleave
 from relay.adapters.kafka.kafka import TransactionalPublisher, _BatchProducer
-from relay.engine.batch_publisher import BatchPublisher
+from relay.engine.batch_publisher import BatchPublisher, PartReader
 from relay.engine.worker import PartWorker
 from relay.observability.tracing import TracingHook
 
@@ -115,7 +115,7 @@ def traced() -> Iterator[Trace]:
         setattr(cls, name, functools.wraps(original)(make(original)))
 
     patch(PartWorker, "wake", lambda f: _wake(trace, f))
-    patch(BatchPublisher, "fetch", lambda f: _fetch(trace, f))
+    patch(PartReader, "fetch", lambda f: _fetch(trace, f))
     patch(BatchPublisher, "prepare", lambda f: _prepare(trace, f))
     patch(BatchPublisher, "_encode", lambda f: _timed(trace, "encode", f))
     patch(BatchPublisher, "advance", lambda f: _timed(trace, "advance", f))

@@ -20,6 +20,7 @@ from typing import NamedTuple
 from uuid import UUID
 
 from relay.core import dead_letter_tag
+from relay.core.key_space import KeySpace, KeySpaceAction, report
 from relay.core.log_fields import log_extra
 from relay.core.log_sampling import SampledLog
 from relay.core.model import KafkaRecord, OutboxEvent, PartId, Position, Unreadable
@@ -144,29 +145,15 @@ def record_error(stats: WorkerStats, state: WorkerState, exc: Exception) -> None
         stats.waiting_on = waits_on if state is WorkerState.RETRYING else None
 
 
-class BatchPublisher:
-    """One part's batches, one at a time: fetched (or read ahead while the last one
-    travelled), encoded, sent in one Kafka transaction through the producer the loop
-    lends, and recorded with the Postgres checkpoint; the events the broker refuses are
-    blamed one by one under the subscriber's poison policy."""
+class PartReader:
+    """Where a part's batches come from: the part as stored (with its database's key
+    space), and its rows after a checkpoint, as the subscriber selects them."""
 
     def __init__(
-        self,
-        part: PartId,
-        *,
-        session: RelaySession,
-        stats: WorkerStats,
-        encoder: RecordEncoder,
-        limits: Selection,
-        hook: PublishHook,
-        poison_log: SampledLog,
+        self, part: PartId, *, session: RelaySession, stats: WorkerStats, limits: Selection
     ) -> None:
         self.part, self.session, self.stats = part, session, stats
-        self._encoder, self._limits, self._hook = encoder, limits, hook
-        self._poison_log = poison_log
-        self._poison = _PoisonPolicy(part, session, stats, poison_log)
-
-    # -- reading -----------------------------------------------------------------------
+        self.limits = limits  # what every fetch reads at most
 
     def load(self, store: PartStore) -> PartState:
         """The part as stored; raises ClaimLost when this relay no longer owns it."""
@@ -176,12 +163,27 @@ class BatchPublisher:
         self.stats.checkpoint = state.checkpoint
         return state
 
+    def key_space(self, store: PartStore) -> KeySpace | None:
+        """Before anything is published on this connection: are the stored keys this
+        cluster's? (A restore elsewhere may have moved the database under us.)"""
+        check = store.check_key_space()
+        if check is None:
+            return None  # schema before migration 0004
+        if check.action is not KeySpaceAction.UNCHANGED:
+            report(check, f"part {self.part}")
+            with self.stats.lock:
+                if check.action is KeySpaceAction.REBASED:
+                    self.stats.key_space_rebased += 1
+                else:
+                    self.stats.key_space_continued += 1
+        return store.key_space()
+
     def fetch(self, store: PartStore, state: PartState) -> PartBatch:
         subscriber = state.subscriber
         # Rows the subscriber drops stay in Postgres (all but the last read, which
         # carries the checkpoint past them); matches() below still decides.
         selection = dataclasses.replace(
-            self._limits,
+            self.limits,
             parts=subscriber.parts,
             aggregate_types=subscriber.aggregate_types,
             event_types=subscriber.event_types,
@@ -208,6 +210,33 @@ class BatchPublisher:
                 )
         return kept
 
+    def _log_extra(self, event: str, **fields: object) -> dict[str, object]:
+        """The ``extra`` of this part's log lines: the event, the part, then ``fields``."""
+        return log_extra(event, part=self.part, **fields)
+
+
+class BatchPublisher:
+    """One part's batches, one at a time: fetched (or read ahead while the last one
+    travelled), encoded, sent in one Kafka transaction through the producer the loop
+    lends, and recorded with the Postgres checkpoint; the events the broker refuses are
+    blamed one by one under the subscriber's poison policy."""
+
+    def __init__(
+        self,
+        part: PartId,
+        *,
+        session: RelaySession,
+        stats: WorkerStats,
+        encoder: RecordEncoder,
+        reader: PartReader,
+        hook: PublishHook,
+        poison_log: SampledLog,
+    ) -> None:
+        self.part, self.session, self.stats = part, session, stats
+        self._encoder, self._reader, self._hook = encoder, reader, hook
+        self._poison_log = poison_log
+        self._poison = _PoisonPolicy(part, session, stats, poison_log)
+
     def prepare(
         self, store: PartStore, state: PartState, read: PartBatch | None = None
     ) -> PartBatch:
@@ -217,7 +246,7 @@ class BatchPublisher:
         dead letters are decided here, so a flood of them is encoded while the last
         batch commits, as a backlog of good events is."""
         batch = (
-            self.fetch(store, state)
+            self._reader.fetch(store, state)
             if read is None
             else PartBatch(read.events, read.end, read.full)
         )
@@ -422,7 +451,7 @@ class BatchPublisher:
                 version = store.advance(state, end, self.session.id, letters, durable=bool(letters))
                 return dataclasses.replace(state, checkpoint=end, version=version)
             except CheckpointConflict as exc:
-                current = self.load(store)  # raises ClaimLost if a peer owns it now
+                current = self._reader.load(store)  # raises ClaimLost if a peer owns it now
                 if current.generation != state.generation:
                     logger.info(
                         "part %s: checkpoint reset, reloading",
@@ -482,7 +511,7 @@ class BatchPublisher:
                 return _Encoded(every, len(events), dead)
         decided = dict(dead)  # with the decisions made below: a dict of this batch's own
         records: list[KafkaRecord] = []
-        cut = _Cut(self._limits.max_bytes)
+        cut = _Cut(self._reader.limits.max_bytes)
         for at, event in enumerate(events):
             if not subscriber.matches(event) and not _not_read(event):
                 continue

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from relay.core.key_space import KeySpace, KeySpaceAction, adoptable, report
+from relay.core.key_space import KeySpace, adoptable
 from relay.core.log_fields import log_extra
 from relay.core.log_sampling import SampledLog
 from relay.core.model import KafkaCheckpoint, PartId, Position
@@ -40,6 +40,7 @@ from relay.engine.batch_publisher import (
     Committed,
     Halted,
     PartBatch,
+    PartReader,
     record_error,
 )
 from relay.engine.encoding import RecordEncoder
@@ -140,13 +141,14 @@ class PartWorker:
             "one (`outbox-relay dead-letters list` shows the dead letters)",
             self._sampled_out,
         )
+        self._reader = PartReader(part, session=session, stats=self.stats, limits=limits)
         # One batch's fate: encoded, sent, blamed, recorded.
         self._batches = BatchPublisher(
             part,
             session=session,
             stats=self.stats,
             encoder=encoder,
-            limits=limits,
+            reader=self._reader,
             hook=self.hook,
             poison_log=self._poison_log,
         )
@@ -273,11 +275,11 @@ class PartWorker:
         other parts wait; returns the seconds until its next turn. Raises on errors."""
         store = self._held_store()
         if not self._space_checked:  # (re)started: before anything else on this part
-            self._space = self._check_key_space(store)
+            self._space = self._reader.key_space(store)
             self._space_checked = True
             # Recover at once, as a part is taken over: earlier owners are fenced now,
             # not when the first row comes, and a producer Kafka refuses shows at once.
-            self._state = self._lend_publisher(store, self._batches.load(store))
+            self._state = self._lend_publisher(store, self._reader.load(store))
         ends = time.monotonic() + _TURN_S
         try:
             while True:
@@ -310,7 +312,7 @@ class PartWorker:
         if self.stats.waiting_on is None:  # a waiting part stays 'retrying' until it is not
             self.stats.state = WorkerState.RUNNING
         ahead, self._ahead = self._ahead, None
-        batch = ahead if ahead is not None and ahead.end else self._batches.fetch(store, state)
+        batch = ahead if ahead is not None and ahead.end else self._reader.fetch(store, state)
         if batch.end is None:
             self._poison_log.flush()  # caught up: a flood is over, say what was left out
             if woken:
@@ -353,25 +355,10 @@ class PartWorker:
             self.stats.producers_opened += 1
         # Ownership is read from Postgres right before init_transactions fences: a part
         # this relay no longer owns never gets a new producer (docs/design.md).
-        current = self._batches.load(store)
+        current = self._reader.load(store)
         if not self.session.valid():
             raise ClaimLost("this relay's session may have expired; not recovering")
         return self._recover(store, current, self._space)
-
-    def _check_key_space(self, store: PartStore) -> KeySpace | None:
-        """Before anything is published on this connection: are the stored keys this
-        cluster's? (A restore elsewhere may have moved the database under us.)"""
-        check = store.check_key_space()
-        if check is None:
-            return None  # schema before migration 0004
-        if check.action is not KeySpaceAction.UNCHANGED:
-            report(check, f"part {self.part}")
-            with self.stats.lock:
-                if check.action is KeySpaceAction.REBASED:
-                    self.stats.key_space_rebased += 1
-                else:
-                    self.stats.key_space_continued += 1
-        return store.key_space()
 
     def _recover(self, store: PartStore, state: PartState, space: KeySpace | None) -> PartState:
         """Fence earlier producers of this part and adopt a newer Kafka-side checkpoint,
@@ -431,7 +418,7 @@ class PartWorker:
         asynchronous commit before a crash, docs/design.md §5) or restored (§6); going
         on from it would publish again what Kafka holds. The part starts over from
         recovery, which adopts Kafka's checkpoint."""
-        state = self._batches.load(store)
+        state = self._reader.load(store)
         if (
             known is not None
             and state.generation == known.generation

@@ -8,13 +8,13 @@ import pytest
 
 from bench.eos_phases import Trace, _event_parts, traced
 from relay.adapters.kafka.kafka import TransactionalPublisher, _BatchProducer
-from relay.engine.batch_publisher import BatchPublisher
+from relay.engine.batch_publisher import BatchPublisher, PartReader
 from relay.engine.worker import PartWorker
 from relay.observability.tracing import TracingHook
 
 WRAPPED = [
     (PartWorker, "wake"),
-    (BatchPublisher, "fetch"),
+    (PartReader, "fetch"),
     (BatchPublisher, "prepare"),
     (BatchPublisher, "_encode"),
     (BatchPublisher, "advance"),
