@@ -47,6 +47,7 @@ from bench.latency import WARMUP_S, relay_latency, relay_run, samples_of
 from bench.method import Samples as Repeated
 from bench.method import interleave
 from relay.adapters.kafka.kafka import TransactionalPublisher, _BatchProducer
+from relay.engine.batch_publisher import BatchPublisher, PartReader
 from relay.engine.worker import PartWorker
 from relay.observability.tracing import TracingHook
 
@@ -114,10 +115,10 @@ def traced() -> Iterator[Trace]:
         setattr(cls, name, functools.wraps(original)(make(original)))
 
     patch(PartWorker, "wake", lambda f: _wake(trace, f))
-    patch(PartWorker, "_fetch", lambda f: _fetch(trace, f))
-    patch(PartWorker, "_prepare", lambda f: _prepare(trace, f))
-    patch(PartWorker, "_encode", lambda f: _timed(trace, "encode", f))
-    patch(PartWorker, "_advance", lambda f: _timed(trace, "advance", f))
+    patch(PartReader, "fetch", lambda f: _fetch(trace, f))
+    patch(BatchPublisher, "prepare", lambda f: _prepare(trace, f))
+    patch(BatchPublisher, "_encode", lambda f: _timed(trace, "encode", f))
+    patch(BatchPublisher, "advance", lambda f: _timed(trace, "advance", f))
     patch(_BatchProducer, "_produce_all", lambda f: _timed(trace, "produce", f))
     patch(TransactionalPublisher, "_call", lambda f: _call(trace, f))
     patch(TracingHook, "published", lambda f: _published(trace, f))
@@ -168,11 +169,11 @@ def _fetch(trace: Trace, f: Callable[..., Any]) -> Callable[..., Any]:
 def _prepare(trace: Trace, f: Callable[..., Any]) -> Callable[..., Any]:
     """The read-ahead: its fetch is timed by ``_fetch``; the rest is encoding."""
 
-    def wrapper(self: Any, store: Any, state: Any) -> Any:
+    def wrapper(self: Any, store: Any, state: Any, **kwargs: Any) -> Any:
         trace.local.ahead = True
         began = time.monotonic()
         try:
-            return f(self, store, state)
+            return f(self, store, state, **kwargs)  # read=: what a cut left
         finally:
             trace.local.ahead = False
             took = time.monotonic() - began

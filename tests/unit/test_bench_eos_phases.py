@@ -8,15 +8,16 @@ import pytest
 
 from bench.eos_phases import Trace, _event_parts, traced
 from relay.adapters.kafka.kafka import TransactionalPublisher, _BatchProducer
+from relay.engine.batch_publisher import BatchPublisher, PartReader
 from relay.engine.worker import PartWorker
 from relay.observability.tracing import TracingHook
 
 WRAPPED = [
     (PartWorker, "wake"),
-    (PartWorker, "_fetch"),
-    (PartWorker, "_prepare"),
-    (PartWorker, "_encode"),
-    (PartWorker, "_advance"),
+    (PartReader, "fetch"),
+    (BatchPublisher, "prepare"),
+    (BatchPublisher, "_encode"),
+    (BatchPublisher, "advance"),
     (_BatchProducer, "_produce_all"),
     (TransactionalPublisher, "_call"),
     (TracingHook, "published"),

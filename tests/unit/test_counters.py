@@ -11,6 +11,7 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
+import relay.engine.batch_publisher
 import relay.engine.worker
 from relay.core.model import PartId
 from relay.core.worker_stats import COUNTERS, WorkerStats
@@ -111,5 +112,6 @@ def test_every_count_changes_under_the_statistics_lock() -> None:
     """A ``+=`` is a read and a write: unlocked, a scrape's :meth:`WorkerStats.counts`
     may see the counts of a batch half updated, and two threads may lose an increment."""
     counted = set(WorkerStats().counts())
-    tree = ast.parse(inspect.getsource(relay.engine.worker))
-    assert _unlocked_changes(tree, counted) == []
+    for module in (relay.engine.worker, relay.engine.batch_publisher):
+        tree = ast.parse(inspect.getsource(module))
+        assert _unlocked_changes(tree, counted) == []

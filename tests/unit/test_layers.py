@@ -74,6 +74,7 @@ EXCEPTIONS = {
 BEHIND_THE_PORTS = [
     "relay.core.ports",
     "relay.engine.worker",
+    "relay.engine.batch_publisher",
     "relay.engine.sessions",
     "relay.engine.testing",
     "relay.daemon.context",
