@@ -46,7 +46,7 @@ from tests.support import (
     REPO,
     ROLE_PASSWORD,
     WRITER_ROLE,
-    LoopThreads,
+    WriterLoops,
     caught_up,
     consume,
     grant_test_roles,
@@ -77,13 +77,12 @@ class Outcomes:
     errors: int = 0
 
 
-class Writers(LoopThreads):
+class Writers(WriterLoops):
     """Transactions of 1-5 events as the writer role, each COMMIT issued on its own, so
     that a failure before it (rolled back) is told from one at it (outcome unknown)."""
 
     def __init__(self, url: str, outbox: Outbox) -> None:
-        super().__init__(WRITERS)
-        self._url = url
+        super().__init__(url, WRITERS, autocommit=False, pause=0.01)
         self._outbox = outbox
         self.outcomes = Outcomes()
 
@@ -91,23 +90,8 @@ class Writers(LoopThreads):
         with psycopg.connect(self._url) as conn:
             self._transaction(conn, random.Random())
 
-    def _run(self, seed: int) -> None:
-        rng = random.Random(seed)
-        conn: psycopg.Connection[Any] | None = None
-        while not self._stop.is_set():
-            try:
-                conn = conn or psycopg.connect(self._url, connect_timeout=3)
-                self._transaction(conn, rng)
-            except (psycopg.Error, RelayError):  # the failover: reconnect
-                with self._lock:
-                    self.outcomes.errors += 1
-                if conn is not None:
-                    conn.close()
-                conn = None
-                time.sleep(0.1)
-            time.sleep(rng.uniform(0, 0.01))
-        if conn is not None:
-            conn.close()
+    def _failed(self) -> None:  # the failover: reconnect
+        self.outcomes.errors += 1
 
     def _transaction(self, conn: psycopg.Connection[Any], rng: random.Random) -> None:
         ids: list[str] = []
@@ -329,7 +313,7 @@ def log_counts(text: str) -> dict[str, int]:
     return {name: len(pattern.findall(text)) for name, pattern in _LINES.items()}
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)  # a fresh broker and two clusters, on a busy machine
 def test_relays_follow_a_failover_to_a_synchronous_standby_without_loss_or_duplicates(
     new_cluster: Any, kafka_bootstrap: str, topic_prefix: str, outbox: Outbox, tmp_path: Path
 ) -> None:
