@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import psycopg
 
+from relay.adapters.kafka.partitioner import KeyPartitioner
 from relay.adapters.kafka.publishers import PublisherFactory
 from relay.adapters.postgres import db
 from relay.adapters.postgres.pool import RelayPool
@@ -69,7 +70,9 @@ class Relay:
         self.encoder = RecordEncoder(self.registry, self.topic_guard, schema_registry)
         self._stopping = threading.Event()
         self._stop_requested = threading.Event()
-        self.tracing = Tracing.start(settings)  # off: no OpenTelemetry import
+        # Kafka's partitioner, for the spans' partitions: closed at stop.
+        self.partitioner = KeyPartitioner.from_settings(settings)
+        self.tracing = Tracing.start(settings, self.partitioner)  # off: no OpenTelemetry
         self.encoder = self.tracing.wrap(self.encoder)
         self._probe: CommitProbe | None = None
         self._pool: RelayPool | None = None
@@ -184,6 +187,7 @@ class Relay:
             self._probe.join(max(0.0, min(2.0, deadline - time.monotonic())))
         self._close_pool()
         self.tracing.flush()
+        self.partitioner.close()
         logger.info("relay stopped", extra=log_extra("relay_stopped"))
 
     def request_stop(self) -> None:

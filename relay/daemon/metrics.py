@@ -44,7 +44,7 @@ from relay.core.settings import Settings
 from relay.core.worker_stats import COUNTERS as _COUNTERS  # the workers' counters, declared there
 from relay.daemon.listener import Listener
 from relay.errors import ConfigError, RelayError
-from relay.observability import tracing
+from relay.observability import latency
 from relay.ops.lag import EXACT_UP_TO, subscriber_statuses
 
 if TYPE_CHECKING:
@@ -55,23 +55,23 @@ logger = logging.getLogger(__name__)
 
 def _latency_histogram(totals: dict[PartId, Counter[str]]) -> Metric:
     """Commit→visible latency per part, from the buckets its workers counted
-    (relay/observability/tracing.py says where "commit" comes from)."""
+    (relay/observability/latency.py says where "commit" comes from)."""
     family = HistogramMetricFamily(
         "outbox_relay_commit_to_visible_seconds",
         "Seconds from an event's commit (its occurred_at: the writer's transaction start, "
         "unless the writer set it) to its batch's Kafka commit",
         labels=["subscriber", "part"],
     )
-    bounds = [*(str(b) for b in tracing.LATENCY_BUCKETS), "+Inf"]
+    bounds = [*(str(b) for b in latency.LATENCY_BUCKETS), "+Inf"]
     for part, stats in sorted(totals.items()):
         cumulative, buckets = 0.0, []
         for bound in bounds:
-            cumulative += stats.get(f"{tracing.LATENCY_KEY}_le_{bound}", 0)
+            cumulative += stats.get(f"{latency.LATENCY_KEY}_le_{bound}", 0)
             buckets.append((bound, cumulative))
         family.add_metric(
             [part.subscriber, str(part.part)],
             buckets,
-            sum_value=stats.get(tracing.SUM_KEY, 0) / 1e6,
+            sum_value=stats.get(latency.SUM_KEY, 0) / 1e6,
         )
     return family
 
