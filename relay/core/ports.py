@@ -11,7 +11,7 @@ and more (Postgres: ``relay.adapters.postgres.store.OutboxStore`` too); the leas
 the ``dev`` live view, the tests and the benchmarks. The topics the outbox created are
 kept in a :class:`TopicRecord` (Postgres: ``relay.adapters.postgres.topic_record``),
 which confines the topics rows choose. In-memory adapters of all of them
-live in ``relay.engine.testing``; ``tests/contracts/`` holds each port to the same contract,
+live in ``relay.adapters.memory``; ``tests/contracts/`` holds each port to the same contract,
 whichever adapter is behind it.
 
 Nothing here imports a database or Kafka client: the worker and the daemon's logic

@@ -23,6 +23,7 @@ from opentelemetry.trace import SpanKind
 
 from relay import trace_headers
 from relay.adapters.kafka.partitioner import KeyPartitioner, murmur2
+from relay.adapters.memory import InMemoryPublisher, InMemoryStore
 from relay.core.model import KafkaRecord, OutboxEvent, PartId
 from relay.core.ports import DeadLetterDecision
 from relay.core.settings import load_settings
@@ -31,7 +32,6 @@ from relay.daemon.metrics import _latency_histogram
 from relay.engine.encoding import RecordEncoder
 from relay.engine.poison import dead_letter_record
 from relay.engine.sessions import RelaySession
-from relay.engine.testing import InMemoryPublisher, InMemoryStore
 from relay.engine.worker import PartWorker
 from relay.errors import ConfigError
 from relay.observability.tracing import (
