@@ -80,7 +80,7 @@ from relay.core.schemas import SchemaFolder, encode_with
 from relay.core.subscribers import ValueFormat
 from relay.daemon import tune_gc
 from relay.engine.encoding import _json_value
-from relay.observability.tracing import ages_of
+from relay.observability.latency import ages_of
 
 MAX_BYTES = 4 * 1024 * 1024  # the relay's default batch_max_bytes
 MAX_ROW_BYTES = 2 * 1_048_588  # twice message.max.bytes, as the relay sets it

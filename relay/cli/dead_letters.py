@@ -42,11 +42,11 @@ def dead_letters_list(
     schema: Schema = None,
 ) -> None:
     """A subscriber's dead letters, in publication order, with their errors."""
-    from relay.ops.redrive import DeadLetterStore
+    from relay import wiring
 
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
-        letters = DeadLetterStore(conn, settings.database_schema).dead_letters(
+        letters = wiring.dead_letter_store(conn, settings.database_schema).dead_letters(
             subscriber, include_redriven=include_redriven
         )
     if as_json:
@@ -88,8 +88,8 @@ def dead_letters_redrive(
     some stay dead-lettered (still poison, or behind a still-poison event of their key)."""
     from contextlib import closing, nullcontext
 
-    from relay.adapters.postgres.topic_record import PostgresTopicRecord
-    from relay.ops.redrive import DeadLetterStore, Redrive, redrive_publisher, relay_encoder
+    from relay import wiring
+    from relay.ops.redrive import Redrive, redrive_publisher, relay_encoder
 
     settings = _settings(
         ctx,
@@ -101,7 +101,7 @@ def dead_letters_redrive(
     with db.connect(
         settings.require_database_url(), application_name="outbox-relay-redrive"
     ) as conn:
-        store = DeadLetterStore(conn, settings.database_schema)
+        store = wiring.dead_letter_store(conn, settings.database_schema)
         state = store.subscriber(subscriber)
         pending = [d.message_id for d in store.dead_letters(subscriber)]
         # Its schemas are checked before the preview: a refusal comes before any question.
@@ -109,7 +109,7 @@ def dead_letters_redrive(
         confirm = gate(dry_run=dry_run, yes=yes, machine_output=as_json)
         if not confirm(interventions.redrive_preview(subscriber, pending)):
             return
-        record = PostgresTopicRecord(lambda: nullcontext(conn), settings.database_schema)
+        record = wiring.topic_record(lambda: nullcontext(conn), settings.database_schema)
         publisher = redrive_publisher(settings, state.subscriber_id, guard, record)
         with closing(publisher):
             redrive = Redrive(
@@ -157,11 +157,11 @@ def dead_letters_prune(
     outbox rows retention pruned (as the relay's retention pass does). Dead letters not
     yet redriven are kept, with their outbox rows, unless --pending-older-than says
     otherwise: that deletion is shown first and needs --yes (or a yes on a terminal)."""
-    from relay.ops.redrive import DeadLetterStore
+    from relay import wiring
 
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
     with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
-        store = DeadLetterStore(conn, settings.database_schema)
+        store = wiring.dead_letter_store(conn, settings.database_schema)
         pending: int | None = None
         if pending_older_than is not None:
             confirm = gate(dry_run=dry_run, yes=yes, machine_output=as_json)

@@ -87,6 +87,8 @@ def _verify_all(
     from rich.markup import escape
     from rich.progress import Progress
 
+    from relay import wiring
+
     with (
         db.connect(settings.require_database_url(), application_name="outbox-relay-verify") as conn,
         Progress(console=err, transient=True, disable=as_json) as progress,
@@ -100,8 +102,14 @@ def _verify_all(
                 tasks[name] = progress.add_task(described, total=total or None)
             progress.update(tasks[name], completed=done, total=total or None)
 
+        schema = settings.database_schema
         reports: list[Any] = run_verify(
-            conn, settings.database_schema, reader, subscribers=subscriber, progress=advance
+            wiring.store_on(conn, schema),
+            conn,
+            schema,
+            reader,
+            subscribers=subscriber,
+            progress=advance,
         )
     return reports
 

@@ -11,7 +11,7 @@ and more (Postgres: ``relay.adapters.postgres.store.OutboxStore`` too); the leas
 the ``dev`` live view, the tests and the benchmarks. The topics the outbox created are
 kept in a :class:`TopicRecord` (Postgres: ``relay.adapters.postgres.topic_record``),
 which confines the topics rows choose. In-memory adapters of all of them
-live in ``relay.engine.testing``; ``tests/contracts/`` holds each port to the same contract,
+live in ``relay.adapters.memory``; ``tests/contracts/`` holds each port to the same contract,
 whichever adapter is behind it.
 
 Nothing here imports a database or Kafka client: the worker and the daemon's logic
@@ -337,6 +337,51 @@ class DaemonStore(PartStore, Protocol):
     def list(self, name: str | None = None) -> Sequence[SubscriberState]:
         """Every subscriber (or the one named) with all its parts, by name; a subscriber
         without parts yet (being created) is left out."""
+
+
+class LagSample(NamedTuple):
+    """What the ``part_lag`` query reads of one part; ``relay.ops.lag`` makes its lag of it."""
+
+    scanned: int  # rows after the checkpoint scanned, any part's: at most the scan
+    counted: int  # of those, the part's own that match the subscriber's filters
+    first_position: int | None  # position of the first row scanned
+    last_position: int | None  # position of the newest row of the outbox
+    # Seconds since the database recorded the part's oldest row after its checkpoint
+    # (recorded_at; a writer's occurred_at only on a schema before migration 0018).
+    age_s: float | None
+
+
+class PartSkips(NamedTuple):
+    """What the ``part_skips`` query reads of one part."""
+
+    part: int
+    beyond_horizon: bool  # the checkpoint sorts after rows yet to be written
+    # Rows a checkpoint beyond the horizon jumped over, scanned (None: none); on a schema
+    # before migration 0019, those of the last reset forward.
+    scanned: int | None
+    counted: int | None  # of those, the part's rows matching the subscriber's filters
+    by_reset: int = 0  # events every reset forward skipped (the ledger, migration 0019)
+    by_skip: int = 0  # events `subscribers skip` skipped
+
+
+class LagStore(Protocol):
+    """What a subscriber's status and lag are read from (``relay.ops.lag``): its parts,
+    the rows after each part's checkpoint, and what the operator skipped."""
+
+    def list(self, name: str | None = None) -> Sequence[SubscriberState]:
+        """As :meth:`DaemonStore.list`."""
+
+    def lag_sample(self, state: PartState, scan: int) -> LagSample:
+        """The part's rows after its checkpoint, decided or not, scanned up to ``scan``."""
+
+    def part_skips(self, name: str, scan: int | None) -> Sequence[PartSkips]:
+        """Each part's events the operator skipped, and whether its checkpoint lies
+        beyond the horizon (``scan``: rows scanned at most, None: all)."""
+
+
+class StatusStore(DaemonStore, LagStore, Protocol):
+    """What ``/metrics`` reads of the database (``relay.daemon.metrics``): the lag, the
+    claims, the horizon and the sessions."""
 
 
 # What ``meanwhile`` may hand back: more records for the batch in flight, and its new end.

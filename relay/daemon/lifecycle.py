@@ -11,19 +11,12 @@ import threading
 import time
 from collections import Counter
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import psycopg
-
-from relay.adapters.kafka.publishers import PublisherFactory
-from relay.adapters.postgres import db
-from relay.adapters.postgres.pool import RelayPool
-from relay.adapters.postgres.probe import CommitProbe
-from relay.adapters.postgres.store import OutboxStore
-from relay.adapters.postgres.topic_record import PostgresTopicRecord
+from relay import wiring
 from relay.core.log_fields import log_extra
 from relay.core.model import PartId
-from relay.core.ports import DaemonStore, PartStore
+from relay.core.ports import DaemonStore, PartStore, StatusStore
 from relay.core.schemas import SchemaFolder
 from relay.core.settings import Settings
 from relay.core.subscribers import TopicGuard
@@ -40,6 +33,12 @@ from relay.errors import DatabaseUnavailable, RelayError, RetryableError
 from relay.observability.tracing import Tracing
 from relay.ops.subscribers import Setup, load_schemas, registry_encoder
 from relay.ops.subscribers import sync as sync_subscribers
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from relay.adapters.postgres.pool import RelayPool
+    from relay.adapters.postgres.probe import CommitProbe
 
 logger = logging.getLogger(__name__)
 
@@ -69,15 +68,17 @@ class Relay:
         self.encoder = RecordEncoder(self.registry, self.topic_guard, schema_registry)
         self._stopping = threading.Event()
         self._stop_requested = threading.Event()
-        self.tracing = Tracing.start(settings)  # off: no OpenTelemetry import
+        # Kafka's partitioner, for the spans' partitions: closed at stop.
+        self.partitioner = wiring.key_partitioner(settings)
+        self.tracing = Tracing.start(settings, self.partitioner)  # off: no OpenTelemetry
         self.encoder = self.tracing.wrap(self.encoder)
         self._probe: CommitProbe | None = None
         self._pool: RelayPool | None = None
         self._supervisor: threading.Thread | None = None
         self.http: HealthServer | None = None
         # The outbox's record of its topics, on this process's pool (issue #47).
-        self.topic_record = PostgresTopicRecord(self._connection, settings.database_schema)
-        self.publishers = PublisherFactory(settings, self.topic_guard, self.topic_record)
+        self.topic_record = wiring.topic_record(self._connection, settings.database_schema)
+        self.publishers = wiring.publishers(settings, self.topic_guard, self.topic_record)
         context = DaemonContext(settings, self._open_store, self._stopping)
         self.membership = Membership(
             context,
@@ -112,14 +113,7 @@ class Relay:
 
     def _start(self) -> None:
         if self._pool is None or self._pool.closed:
-            self._pool = RelayPool(
-                self.database_url,
-                max_size=self.settings.max_db_connections,
-                keep_free=self.settings.keep_free_connections,
-                schema=self.settings.database_schema,
-                on_connect=self._check_key_space,
-                timeouts=session_timeouts(self.settings),
-            )
+            self._pool = wiring.relay_pool(self.settings, self._check_key_space)
         if self.settings.metrics_enabled and self.http is None:
             self.http = HealthServer(self, self._open_store, self.settings)
             self.http.start()
@@ -127,7 +121,7 @@ class Relay:
         # start_with_retries keeps trying (and stops at once when told to).
         try:
             with self._pool.connection(timeout=_START_CONNECT_TIMEOUT_S) as conn:
-                store = OutboxStore(conn, self.settings.database_schema)
+                store = wiring.store_on(conn, self.settings.database_schema)
                 check_schema(conn, self.settings.database_schema)
                 self.key_space.check(store, "start-up")
                 sync_subscribers(self.setup, store)
@@ -140,14 +134,7 @@ class Relay:
                 raise
             raise permanent from exc
         self.membership.start()
-        self._probe = CommitProbe(
-            self._pool.connection,
-            self.settings.database_schema,
-            self.parts.wake,
-            interval=self.settings.probe_interval,
-            idle_interval=self.settings.probe_idle_interval,
-            waiters=self.parts,
-        )
+        self._probe = wiring.commit_probe(self._pool, self.settings, self.parts.wake, self.parts)
         self._probe.start()
         self._rebalance_safely()
         self._supervisor = threading.Thread(
@@ -184,6 +171,7 @@ class Relay:
             self._probe.join(max(0.0, min(2.0, deadline - time.monotonic())))
         self._close_pool()
         self.tracing.flush()
+        self.partitioner.close()
         logger.info("relay stopped", extra=log_extra("relay_stopped"))
 
     def request_stop(self) -> None:
@@ -365,30 +353,11 @@ class Relay:
             raise DatabaseUnavailable("the relay is not running")
         return self._pool.connection()
 
-    def _open_store(self) -> OutboxStore:
+    def _open_store(self) -> StatusStore:
         """A store on this process's pool: its calls borrow connections (relay/adapters/postgres/pool.py)."""
         if self._pool is None:
             raise DatabaseUnavailable("the relay is not running")
         return self._pool.store(self.settings.database_schema)
-
-
-def session_timeouts(settings: Settings) -> db.SessionTimeouts:
-    """The session timeouts of every connection of the relay daemon."""
-    return db.SessionTimeouts(
-        settings.database_statement_timeout,
-        settings.database_lock_timeout,
-        settings.database_idle_in_transaction_timeout,
-    )
-
-
-def connect_daemon(settings: Settings) -> psycopg.Connection[Any]:
-    """A connection of the relay daemon outside its pool (the /metrics of a relay of
-    several processes), with the session timeouts of ``settings``."""
-    return db.connect(
-        settings.require_database_url(),
-        application_name="outbox-relay",
-        timeouts=session_timeouts(settings),
-    )
 
 
 def _by_cause(waits: dict[PartId, str]) -> dict[str, list[PartId]]:

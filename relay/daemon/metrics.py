@@ -37,14 +37,14 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from waitress.task import ThreadedTaskDispatcher  # type: ignore[import-untyped]
 
-from relay.adapters.postgres.store import OutboxStore
 from relay.core.log_fields import log_extra
 from relay.core.model import PartId
+from relay.core.ports import StatusStore
 from relay.core.settings import Settings
 from relay.core.worker_stats import COUNTERS as _COUNTERS  # the workers' counters, declared there
 from relay.daemon.listener import Listener
 from relay.errors import ConfigError, RelayError
-from relay.observability import tracing
+from relay.observability import latency
 from relay.ops.lag import EXACT_UP_TO, subscriber_statuses
 
 if TYPE_CHECKING:
@@ -55,23 +55,23 @@ logger = logging.getLogger(__name__)
 
 def _latency_histogram(totals: dict[PartId, Counter[str]]) -> Metric:
     """Commit→visible latency per part, from the buckets its workers counted
-    (relay/observability/tracing.py says where "commit" comes from)."""
+    (relay/observability/latency.py says where "commit" comes from)."""
     family = HistogramMetricFamily(
         "outbox_relay_commit_to_visible_seconds",
         "Seconds from an event's commit (its occurred_at: the writer's transaction start, "
         "unless the writer set it) to its batch's Kafka commit",
         labels=["subscriber", "part"],
     )
-    bounds = [*(str(b) for b in tracing.LATENCY_BUCKETS), "+Inf"]
+    bounds = [*(str(b) for b in latency.LATENCY_BUCKETS), "+Inf"]
     for part, stats in sorted(totals.items()):
         cumulative, buckets = 0.0, []
         for bound in bounds:
-            cumulative += stats.get(f"{tracing.LATENCY_KEY}_le_{bound}", 0)
+            cumulative += stats.get(f"{latency.LATENCY_KEY}_le_{bound}", 0)
             buckets.append((bound, cumulative))
         family.add_metric(
             [part.subscriber, str(part.part)],
             buckets,
-            sum_value=stats.get(tracing.SUM_KEY, 0) / 1e6,
+            sum_value=stats.get(latency.SUM_KEY, 0) / 1e6,
         )
     return family
 
@@ -105,7 +105,7 @@ class RelayCollector(Collector):
     """
 
     def __init__(
-        self, relay: RelayView, open_store: Callable[[], OutboxStore], ttl: float = 0.0
+        self, relay: RelayView, open_store: Callable[[], StatusStore], ttl: float = 0.0
     ) -> None:
         self._relay = relay
         self.database = DatabaseFigures(open_store, ttl)
@@ -194,11 +194,11 @@ class DatabaseFigures:
     table or a slow database delays a scrape by FRESH_WAIT_S at most.
     """
 
-    def __init__(self, open_store: Callable[[], OutboxStore], ttl: float) -> None:
+    def __init__(self, open_store: Callable[[], StatusStore], ttl: float) -> None:
         self._open_store = open_store
         self._ttl = ttl
         self._lock = threading.Lock()
-        self._store: OutboxStore | None = None  # used by the reading thread only
+        self._store: StatusStore | None = None  # used by the reading thread only
         self._figures: list[Metric] = []
         self._read_at: float | None = None  # monotonic time of the last good read
         self._started_at: float | None = None
@@ -264,7 +264,7 @@ class DatabaseFigures:
             store.close()
 
 
-def _database(store: OutboxStore) -> Iterator[Metric]:
+def _database(store: StatusStore) -> Iterator[Metric]:
     gauges = [
         GaugeMetricFamily(name, help_text, labels=["subscriber", "part"])
         for name, help_text in _PART_GAUGES
@@ -382,7 +382,7 @@ class HealthServer:
     ``/readyz`` alone on the probe port."""
 
     def __init__(
-        self, relay: RelayView, open_store: Callable[[], OutboxStore], settings: Settings
+        self, relay: RelayView, open_store: Callable[[], StatusStore], settings: Settings
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = RelayCollector(relay, open_store, settings.metrics_cache_ttl)

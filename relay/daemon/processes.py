@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
-from relay.adapters.postgres.store import OutboxStore
+from relay import wiring
 from relay.core import redact
 from relay.core.log_fields import log_extra
 from relay.core.model import PartId
+from relay.core.ports import StatusStore
 from relay.core.settings import Settings
-from relay.daemon.lifecycle import Relay, connect_daemon, start_with_retries, tune_gc
+from relay.daemon.lifecycle import Relay, start_with_retries, tune_gc
 from relay.daemon.metrics import HealthServer
 from relay.errors import ConfigError, RelayError
 from relay.observability import logs
@@ -397,5 +398,5 @@ class RelayProcesses:
                 found.update(report.retention)
         return found
 
-    def _open_store(self) -> OutboxStore:
-        return OutboxStore(connect_daemon(self.settings), self.settings.database_schema)
+    def _open_store(self) -> StatusStore:
+        return wiring.daemon_store(self.settings)

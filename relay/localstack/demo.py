@@ -31,11 +31,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from relay.adapters.kafka.kafka import TopicCreator
-from relay.adapters.kafka.topic_reader import KafkaTopicReader
+from relay import wiring
 from relay.adapters.postgres import db
-from relay.adapters.postgres.store import OutboxStore
-from relay.adapters.postgres.topic_record import PostgresTopicRecord
 from relay.core.log_fields import log_extra
 from relay.core.model import HEADER_EVENT_TYPE, ConsumedRecord
 from relay.core.schemas import SchemaFolder
@@ -308,7 +305,7 @@ class DemoConsumer(_StoppableThread):
         super().__init__("demo-consumer")
         # fetch.wait.max.ms: the broker answers within 10 ms, for the latency figures.
         config = {"bootstrap.servers": bootstrap_servers, "fetch.wait.max.ms": 10}
-        self._reader = KafkaTopicReader(config, group="outbox-relay-dev")
+        self._reader = wiring.topic_reader(config, group="outbox-relay-dev")
         self._tally = tally
 
     def run(self) -> None:
@@ -540,15 +537,10 @@ def _create_demo_topics(settings: Settings) -> None:
     record them as the outbox's: the default subscriber's rows publish only to topics
     the outbox created (docs/design.md §7, "Rows name topics")."""
     url = settings.require_database_url()
-    record = PostgresTopicRecord(
+    record = wiring.topic_record(
         lambda: db.connect(url, application_name="outbox-relay-dev"), settings.database_schema
     )
-    topics = TopicCreator(
-        {"bootstrap.servers": settings.require_bootstrap_servers()},
-        partitions=settings.topic_partitions,
-        replication_factor=settings.topic_replication_factor,
-        record=record,
-    )
+    topics = wiring.topic_creator(settings, record)
     try:
         topics.ensure(set(DEMO_TOPICS))
     except RelayError as exc:  # the relay creates them on first use, then
@@ -616,7 +608,7 @@ def _prepare_database(postgres: LocalPostgres) -> tuple[str, int]:
     """Create the demo database if needed and migrate it; returns its URL and backlog."""
     url = migrated_database(postgres, DEMO_DATABASE, application_name="outbox-relay-dev")
     with db.connect(url, application_name="outbox-relay-dev") as conn:
-        backlog = sum(s.lag.events for s in subscriber_statuses(OutboxStore(conn), skips=False))
+        backlog = sum(s.lag.events for s in subscriber_statuses(wiring.store_on(conn), skips=False))
     return url, backlog
 
 

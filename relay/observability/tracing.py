@@ -21,32 +21,24 @@ it carries the event id, topic, partition and the commit→visible latency. Span
 over OTLP/HTTP in a background thread (the SDK's batch processor).
 
 OpenTelemetry is imported only when tracing is on: with it off, the relay pays for the
-latency histogram alone (:class:`TracingHook`), one bucket increment per event.
+latency histogram alone (:class:`TracingHook`, :mod:`relay.observability.latency`), one
+bucket increment per event.
 
-"Commit" time: the row's ``occurred_at`` column, which defaults to ``now()`` -- the start
-of the writer's transaction, as Postgres has no commit time without
-``track_commit_timestamp`` (which the relay does not require). The latency is therefore
-an upper bound: it includes the writer's transaction itself. A writer that sets
-``occurred_at`` itself moves it; a value in the future counts as 0.
+The partition a keyed record goes to is asked of a :data:`PartitionOf` the relay's
+wiring hands in (Kafka's partitioner: ``relay.adapters.kafka.partitioner``): this module
+speaks OpenTelemetry only, never Kafka.
 """
 
 from __future__ import annotations
 
-import bisect
-import functools
 import logging
-import operator
 import random
-import struct
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
-from relay.core.log_fields import log_extra
 from relay.core.model import (
     HEADER_ID,
     TRACE_HEADERS,
@@ -57,6 +49,7 @@ from relay.core.model import (
 )
 from relay.engine.encoding import RecordEncoder
 from relay.engine.poison import HEADER_ERROR
+from relay.observability.latency import CommitLatency, ages_of
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -67,15 +60,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Seconds; Prometheus's own defaults stretched to 5 min, as a relay catching up on a
-# backlog publishes events minutes old.
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
-# Keys of a part's statistics (relay/daemon/parts.py) that carry the histogram, which
-# the /metrics collector turns back into one (relay/daemon/metrics.py).
-LATENCY_KEY = "commit_to_visible"
-_BUCKET_KEYS = (*(f"{LATENCY_KEY}_le_{b}" for b in LATENCY_BUCKETS), f"{LATENCY_KEY}_le_+Inf")
-# The sum in whole microseconds: statistics are integer counters.
-SUM_KEY, COUNT_KEY = f"{LATENCY_KEY}_sum_us", f"{LATENCY_KEY}_count"
+# The partition Kafka's producer picks for a keyed record of a topic, None when it is
+# not known (yet).
+PartitionOf = Callable[[str, bytes], "int | None"]
+
+_MILLISECOND = timedelta(milliseconds=1)
 # Spans started for records that were never committed (a batch read ahead then dropped,
 # a batch failed and read again after recovery) are forgotten, oldest first, beyond this
 # many: they are simply not exported. Bounds the memory they hold (a span is about 1 KB)
@@ -84,56 +73,6 @@ _MAX_PENDING = 50_000
 # At stop: how long the last spans may take to leave (a collector that is down must not
 # hold the relay's shutdown).
 _FLUSH_TIMEOUT_MS = 5000
-# How long a topic's partition count is trusted (partitions can be added).
-_PARTITIONS_TTL_S = 60.0
-
-
-class CommitLatency:
-    """A cumulative histogram of commit→visible latencies (non-cumulative buckets; the
-    collector adds them up)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._buckets = [0] * (len(LATENCY_BUCKETS) + 1)
-        self._sum_us = 0
-
-    def observe(self, ages: Sequence[timedelta]) -> None:
-        # C loops (map over builtins): this runs for every event published. Ages stay
-        # timedeltas: a float per event (``datetime.timestamp``) cost twice as much.
-        counted = Counter(map(_BUCKET_OF, ages))
-        sum_us = sum(ages, _ZERO) // _MICROSECOND
-        with self._lock:
-            for bucket, count in counted.items():
-                self._buckets[bucket] += count
-            self._sum_us += sum_us
-
-    def counts(self) -> dict[str, int]:
-        """The histogram as statistics keys (they add up across workers and processes)."""
-        with self._lock:
-            found = dict(zip(_BUCKET_KEYS, self._buckets, strict=True))
-            found[SUM_KEY] = self._sum_us
-            found[COUNT_KEY] = sum(self._buckets)
-        return found
-
-
-def ages_of(events: Sequence[OutboxEvent], now: datetime) -> list[timedelta]:
-    """Time from each event's commit (its ``occurred_at``) to ``now``; never negative (a
-    writer's clock, or its ``occurred_at``, can be ahead). C loops, as
-    :meth:`CommitLatency.observe`."""
-    ages = list(map(operator.sub, repeat(now), map(_OCCURRED_AT, events)))
-    if ages and min(ages) < _ZERO:
-        return list(map(max, ages, repeat(_ZERO)))
-    return ages
-
-
-_ZERO = timedelta()
-_MICROSECOND = timedelta(microseconds=1)
-_MILLISECOND = timedelta(milliseconds=1)
-# Per event, in C: an age's bucket; an event's occurred_at.
-_BUCKET_OF = functools.partial(
-    bisect.bisect_left, tuple(timedelta(seconds=b) for b in LATENCY_BUCKETS)
-)
-_OCCURRED_AT = operator.attrgetter("occurred_at")
 
 
 class TracingHook:
@@ -193,12 +132,13 @@ class Tracing:
         self.batches = batches  # per batch
 
     @classmethod
-    def start(cls, settings: Settings) -> Tracing:
+    def start(cls, settings: Settings, partition_of: PartitionOf) -> Tracing:
+        """``partition_of``: where a keyed record goes (the relay's wiring closes it)."""
         if not settings.tracing:
             return cls()
         if settings.tracing_spans == "batch":
-            return cls(batches=BatchTracer.from_settings(settings))
-        return cls(RelayTracer.from_settings(settings))
+            return cls(batches=BatchTracer.from_settings(settings, partition_of))
+        return cls(RelayTracer.from_settings(settings, partition_of))
 
     def wrap(self, encoder: RecordEncoder) -> RecordEncoder:
         """``encoder``, or with tracing on, one that also starts each record's span."""
@@ -211,7 +151,7 @@ class Tracing:
         return TracingHook(self.tracer, self.batches)
 
     def flush(self) -> None:
-        """Export the spans ended so far, and let go of the metadata client (at stop)."""
+        """Export the spans ended so far (at stop)."""
         if self.tracer is not None:
             self.tracer.flush()
         if self.batches is not None:
@@ -224,7 +164,7 @@ class RelayTracer:
     def __init__(
         self,
         provider: TracerProvider,
-        partitions: Callable[[str], int | None],
+        partition_of: PartitionOf,
         *,
         sample_ratio: float = 1.0,
     ) -> None:
@@ -242,15 +182,14 @@ class RelayTracer:
         self._provider = provider
         self._tracer: Tracer = provider.get_tracer("outbox-relay")
         self._propagator = TraceContextTextMapPropagator()
-        self._partitions = partitions
+        self._partition_of = partition_of
         # traceparent header written -> (its span, the event's commit time in seconds)
         self._pending: dict[bytes, tuple[Span, float]] = {}
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> RelayTracer:
+    def from_settings(cls, settings: Settings, partition_of: PartitionOf) -> RelayTracer:
         provider = _provider(settings)
-        admin = {**settings.kafka, "bootstrap.servers": settings.require_bootstrap_servers()}
-        return cls(provider, PartitionCounts(admin), sample_ratio=settings.tracing_sample_ratio)
+        return cls(provider, partition_of, sample_ratio=settings.tracing_sample_ratio)
 
     def start(self, event: OutboxEvent, record: KafkaRecord) -> KafkaRecord:
         """``record`` with its span's context in place of the row's trace headers.
@@ -315,8 +254,6 @@ class RelayTracer:
 
     def flush(self) -> None:
         self._provider.force_flush(_FLUSH_TIMEOUT_MS)
-        if isinstance(self._partitions, PartitionCounts):
-            self._partitions.close()
 
     def _remember(self, traceparent: bytes, span: Span, committed_at: float) -> None:
         pending = self._pending
@@ -334,10 +271,7 @@ class RelayTracer:
             return record.partition
         if record.key is None:
             return None  # a random partition: unknown before delivery
-        count = self._partitions(record.topic)
-        if not count:
-            return None
-        return (murmur2(record.key) & 0x7FFFFFFF) % count
+        return self._partition_of(record.topic, record.key)
 
 
 def _provider(settings: Settings, ids: Any = None) -> TracerProvider:
@@ -400,7 +334,7 @@ class BatchTracer:
         self,
         provider: TracerProvider,
         ids: ChosenIds,
-        partitions: Callable[[str], int | None],
+        partition_of: PartitionOf,
         *,
         sample_ratio: float = 1.0,
         max_links: int = 128,
@@ -414,19 +348,18 @@ class BatchTracer:
         self._provider = provider
         self._tracer: Tracer = provider.get_tracer("outbox-relay")
         self._ids = ids
-        self._partitions = partitions
+        self._partition_of = partition_of
         self._sample_ratio = sample_ratio
         self._max_links = max_links
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> BatchTracer:
+    def from_settings(cls, settings: Settings, partition_of: PartitionOf) -> BatchTracer:
         ids = ChosenIds()
         provider = _provider(settings, ids)
-        admin = {**settings.kafka, "bootstrap.servers": settings.require_bootstrap_servers()}
         return cls(
             provider,
             ids,
-            PartitionCounts(admin),
+            partition_of,
             sample_ratio=settings.tracing_sample_ratio,
             max_links=settings.tracing_batch_links,
         )
@@ -509,8 +442,6 @@ class BatchTracer:
 
     def flush(self) -> None:
         self._provider.force_flush(_FLUSH_TIMEOUT_MS)
-        if isinstance(self._partitions, PartitionCounts):
-            self._partitions.close()
 
     def _links(self, batch: _SentBatch) -> list[Link]:
         link, context, flags = self._link, self._context, self._flags
@@ -527,9 +458,11 @@ class BatchTracer:
         """The partitions the traced records went to, as the producer picks them."""
         found = set(batch.chosen)
         for topic, keys in batch.keys.items():
-            count = self._partitions(topic) if keys else None
-            if count:
-                found.update((murmur2(key) & 0x7FFFFFFF) % count for key in keys)
+            for key in keys:
+                partition = self._partition_of(topic, key)
+                if partition is None:
+                    break  # the topic's partition count is unknown: so for every key
+                found.add(partition)
         return sorted(found)
 
 
@@ -583,75 +516,6 @@ def _traced(record: KafkaRecord) -> tuple[int, int, int] | tuple[()] | None:
     if not trace_id or not span_id:
         return ()
     return trace_id, span_id, flags
-
-
-class PartitionCounts:
-    """Partition counts of topics, read from the cluster's metadata and kept a while."""
-
-    def __init__(self, admin_config: Mapping[str, Any]) -> None:
-        self._config = dict(admin_config)
-        self._admin: Any = None
-        self._known: dict[str, tuple[int, float]] = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, topic: str) -> int | None:
-        known = self._known.get(topic)
-        if known is not None and time.monotonic() - known[1] < _PARTITIONS_TTL_S:
-            return known[0]
-        with self._lock:
-            count = self._read(topic)
-        if count is not None:
-            self._known[topic] = (count, time.monotonic())
-        return count
-
-    def close(self) -> None:
-        """Drop the admin client (librdkafka's handle goes with it); a later lookup
-        opens another."""
-        with self._lock:
-            self._admin = None
-
-    def _read(self, topic: str) -> int | None:
-        from confluent_kafka import KafkaException
-        from confluent_kafka.admin import AdminClient
-
-        try:
-            if self._admin is None:
-                self._admin = AdminClient(self._config)
-            metadata = self._admin.list_topics(topic=topic, timeout=5).topics.get(topic)
-        except KafkaException as exc:
-            logger.debug(
-                "no partition count for %s: %s",
-                topic,
-                exc,
-                extra=log_extra("tracing_partition_count_unknown", topic=topic, error=exc),
-            )
-            return None
-        if metadata is None or metadata.error is not None or not metadata.partitions:
-            return None
-        return len(metadata.partitions)
-
-
-def murmur2(data: bytes) -> int:
-    """Kafka's murmur2 hash (Java client's ``Utils.murmur2``, librdkafka's murmur2), as
-    an unsigned 32-bit integer."""
-    m, length = 0x5BD1E995, len(data)
-    h = (0x9747B28C ^ length) & 0xFFFFFFFF
-    whole = length // 4
-    for word in struct.unpack_from(f"<{whole}I", data):
-        k = (word * m) & 0xFFFFFFFF
-        k ^= k >> 24
-        h = ((h * m) & 0xFFFFFFFF) ^ ((k * m) & 0xFFFFFFFF)
-    tail, rest = data[whole * 4 :], length % 4
-    if rest == 3:
-        h ^= tail[2] << 16
-    if rest >= 2:
-        h ^= tail[1] << 8
-    if rest >= 1:
-        h ^= tail[0]
-        h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * m) & 0xFFFFFFFF
-    return h ^ (h >> 15)
 
 
 def _unsampled(carrier: Mapping[str, str]) -> bool:

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
+from relay.adapters.postgres.dead_letters import DeadLetterStore
 from relay.adapters.postgres.store import OutboxStore
 from relay.core.interventions import Action, Actor, Intervention, OperatorSkip, PartMove, Recorded
 from relay.core.model import Position
 from relay.core.subscribers import StartFrom, Subscriber
 from relay.errors import SubscriberError
-from relay.ops.redrive import DeadLetterStore
 
 # Ids one `skip` takes at most, and ids a preview names at most.
 MAX_SKIPPED = 1000

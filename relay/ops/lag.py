@@ -22,8 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relay.adapters.postgres.store import LagSample, OutboxStore, PartSkips
-from relay.core.ports import PartState, SubscriberState
+from relay.core.ports import LagSample, LagStore, PartSkips, PartState, SubscriberState
 
 # Rows after a checkpoint counted exactly, per part (a few milliseconds of index scan).
 EXACT_UP_TO = 10_000
@@ -121,12 +120,12 @@ class SubscriberStatus:
         return Skipped.total([p.skipped for p in self.parts])
 
 
-def part_lag(store: OutboxStore, state: PartState) -> Lag:
+def part_lag(store: LagStore, state: PartState) -> Lag:
     return Lag.of(store.lag_sample(state, EXACT_UP_TO + 1))
 
 
 def subscriber_statuses(
-    store: OutboxStore, name: str | None = None, *, skips: bool = True
+    store: LagStore, name: str | None = None, *, skips: bool = True
 ) -> list[SubscriberStatus]:
     """Every subscriber (or the one named), each part with its lag, and with what the
     operator skipped unless ``skips`` is False (one query less, where no one shows it)."""
@@ -139,6 +138,6 @@ def subscriber_statuses(
     return statuses
 
 
-def subscriber_lag(store: OutboxStore, state: SubscriberState) -> Lag:
+def subscriber_lag(store: LagStore, state: SubscriberState) -> Lag:
     """The lag of one subscriber over all its parts."""
     return Lag.total([part_lag(store, p) for p in state.parts])

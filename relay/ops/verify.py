@@ -31,18 +31,17 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 
 import psycopg
 
 from relay.adapters.postgres.db import wrap_errors
 from relay.adapters.postgres.queries import queries_for
-from relay.adapters.postgres.store import OutboxStore
 from relay.core.interventions import OperatorSkip
 from relay.core.log_fields import log_extra
 from relay.core.model import ConsumedRecord, Position
-from relay.core.ports import SubscriberState, TopicReader
+from relay.core.ports import LagStore, SubscriberState, TopicReader
 from relay.errors import SubscriberError
 from relay.ops.lag import subscriber_lag
 from relay.ops.replay import HEADER_REPLAY, ReplayStore
@@ -190,7 +189,16 @@ class _Expected:
     parts: dict[bytes, int] | None = None
 
 
+class VerifyStore(LagStore, Protocol):
+    """What verify reads of the outbox's subscribers through the store port (the rest,
+    the events expected on the topics, it reads on ``conn`` itself)."""
+
+    def operator_skips(self, subscriber_id: UUID) -> list[OperatorSkip]:
+        """What the operator skipped of the subscriber, per ledger entry and part."""
+
+
 def verify(
+    store: VerifyStore,
     conn: psycopg.Connection[Any],
     schema: str,
     reader: TopicReader,
@@ -198,8 +206,8 @@ def verify(
     subscribers: Sequence[str] | None = None,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> list[SubscriberReport]:
-    """One report per subscriber (all of them unless ``subscribers`` names some)."""
-    store = OutboxStore(conn, schema)
+    """One report per subscriber (all of them unless ``subscribers`` names some);
+    ``store`` is the outbox's store on ``conn`` (the composition root's, ``relay.wiring``)."""
     states = [s for s in store.list() if subscribers is None or s.subscriber.name in subscribers]
     unknown = set(subscribers or ()) - {s.subscriber.name for s in states}
     if unknown:
@@ -281,7 +289,10 @@ def _checkable(states: list[SubscriberState], *, named: bool) -> list[Subscriber
 
 
 def _expectations(
-    conn: psycopg.Connection[Any], schema: str, state: SubscriberState, skips: list[OperatorSkip]
+    conn: psycopg.Connection[Any],
+    schema: str,
+    state: SubscriberState,
+    skips: list[OperatorSkip],
 ) -> tuple[SubscriberReport, _Expected]:
     subscriber = state.subscriber
     expected = _Expected(parts=None if subscriber.routing.default else {})
@@ -329,7 +340,7 @@ def _expectations(
     return report, expected
 
 
-def _skips(store: OutboxStore, report: SubscriberReport, skips: list[OperatorSkip]) -> None:
+def _skips(store: VerifyStore, report: SubscriberReport, skips: list[OperatorSkip]) -> None:
     """What the operator skipped, with the ledger entries; what a skip came too late for
     (``published_despite_skip``, counted by :func:`_compare`) is not skipped."""
     report.skips = skips

@@ -26,6 +26,7 @@ from confluent_kafka.admin import AdminClient
 from relay import Outbox
 from relay.adapters.kafka.topic_reader import KafkaTopicReader
 from relay.adapters.kafka.turns import second_transactional_id
+from relay.adapters.postgres.store import OutboxStore
 from relay.core.schemas import SchemaFolder
 from relay.core.settings import load_settings
 from relay.daemon import Relay
@@ -422,7 +423,8 @@ def delivery_problems(db: psycopg.Connection[Any], bootstrap: str, topic: str) -
     a read of the topic for duplicates and per-key order. None: every event exactly once,
     in per-key database order."""
     problems: list[str] = []
-    [report] = verify(db, "public", KafkaTopicReader({"bootstrap.servers": bootstrap}))
+    reader = KafkaTopicReader({"bootstrap.servers": bootstrap})
+    [report] = verify(OutboxStore(db), db, "public", reader)
     if (report.missing, report.duplicated, report.out_of_order) != (0, 0, 0) or (
         report.found != report.expected
     ):

@@ -472,7 +472,8 @@ def _run_chaos(
     duration = time.monotonic() - began
 
     with psycopg.connect(url, autocommit=True) as conn:
-        reports = verify(conn, "public", KafkaTopicReader({"bootstrap.servers": bootstrap}))
+        reader = KafkaTopicReader({"bootstrap.servers": bootstrap})
+        reports = verify(OutboxStore(conn), conn, "public", reader)
         rows = conn.execute("SELECT count(*) FROM outbox").fetchone()
         outbox_rows = rows[0] if rows else 0
     # An independent consumer per subscriber: plain read_committed, trusting the broker.

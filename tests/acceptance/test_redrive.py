@@ -18,6 +18,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from relay.adapters.postgres.dead_letters import DeadLetterStore
 from relay.adapters.postgres.topic_record import PostgresTopicRecord
 from relay.core.model import ConsumedRecord
 from relay.core.ports import Batch
@@ -27,7 +28,7 @@ from relay.core.subscribers import TopicGuard
 from relay.daemon import Relay
 from relay.engine.encoding import RecordEncoder
 from relay.errors import BrokerUnavailable
-from relay.ops.redrive import DeadLetterStore, Redrive, redrive_publisher
+from relay.ops.redrive import Redrive, redrive_publisher
 from tests.support import (
     REPO,
     by_key,

@@ -10,11 +10,11 @@ from typing import Any
 import psycopg
 import pytest
 
+from relay.adapters.postgres.dead_letters import DeadLetterStore
 from relay.adapters.postgres.store import OutboxStore
 from relay.core.model import Position
 from relay.core.subscribers import StartFrom, Subscriber
 from relay.errors import SubscriberError
-from relay.ops.redrive import DeadLetterStore
 from tests.support import STRANGER_ROLE
 
 

@@ -11,8 +11,8 @@ from psycopg import sql
 
 from relay.adapters.postgres.db import wrap_errors
 from relay.core.settings import load_settings
-from relay.daemon.lifecycle import connect_daemon
 from relay.errors import RetryableError
+from relay.wiring import connect_daemon
 
 
 def test_daemon_connections_set_the_session_timeouts(
@@ -53,7 +53,7 @@ def test_pooled_connections_set_the_session_timeouts_too(
 ) -> None:
     """Every part, the probe and the session keeper borrow from the pool (relay/adapters/postgres/pool.py)."""
     from relay.adapters.postgres.pool import RelayPool
-    from relay.daemon.lifecycle import session_timeouts
+    from relay.wiring import session_timeouts
 
     settings = load_settings(database_url=database_url, database_lock_timeout=0.25)
     pool = RelayPool(database_url, max_size=1, keep_free=0, timeouts=session_timeouts(settings))
@@ -74,7 +74,7 @@ def test_the_daemon_reads_occurred_at_in_utc_whatever_the_servers_zone(
     from relay.adapters.postgres.store import OutboxStore
     from relay.core.model import Position
     from relay.core.ports import Selection
-    from relay.daemon.lifecycle import session_timeouts
+    from relay.wiring import session_timeouts
 
     database = db.execute("SELECT current_database()").fetchone()
     assert database is not None

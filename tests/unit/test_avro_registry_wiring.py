@@ -15,6 +15,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from relay import Outbox
+from relay.adapters.memory import InMemoryPublisher, InMemoryStore
 from relay.adapters.registry.confluent_wire import unframe
 from relay.adapters.registry.registry_format import RegistryValueEncoder
 from relay.core.model import PartId
@@ -25,7 +26,6 @@ from relay.core.settings import load_settings
 from relay.core.subscribers import KeyFormat, PoisonPolicy, SubjectStrategy, Subscriber, ValueFormat
 from relay.core.worker_stats import WorkerState
 from relay.engine.encoding import RecordEncoder
-from relay.engine.testing import InMemoryPublisher, InMemoryStore
 from relay.engine.worker import PartWorker
 from relay.errors import ConfigError, EncodingError, PayloadValidationError, SubscriberError
 from relay.ops.subscribers import Setup, check

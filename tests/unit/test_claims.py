@@ -17,6 +17,7 @@ from uuid import UUID
 
 import pytest
 
+from relay.adapters.memory import InMemoryPublisher, InMemoryStore
 from relay.core.model import PartId, Position
 from relay.core.ports import PartState, Publisher, RelaySession
 from relay.core.settings import Settings
@@ -25,7 +26,6 @@ from relay.daemon.context import DaemonContext
 from relay.daemon.parts import ClaimedParts
 from relay.engine.encoding import RecordEncoder
 from relay.engine.sessions import assign
-from relay.engine.testing import InMemoryPublisher, InMemoryStore
 from relay.errors import CheckpointConflict, ConfigError
 from tests.support import wait_until
 

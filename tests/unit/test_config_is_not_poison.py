@@ -5,8 +5,8 @@ and the subscriber, whatever its poison policy."""
 
 from __future__ import annotations
 
+from relay.adapters.memory import InMemoryPublisher
 from relay.core.subscribers import PoisonPolicy, Subscriber, ValueFormat
-from relay.engine.testing import InMemoryPublisher
 from tests.unit.test_worker_logic import claimed, event, run_until_halted, worker
 
 

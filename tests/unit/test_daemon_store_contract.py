@@ -7,7 +7,7 @@ from uuid import UUID
 
 import pytest
 
-from relay.engine.testing import InMemoryStore
+from relay.adapters.memory import InMemoryStore
 from tests.contracts.daemon_store import DaemonStoreContract
 from tests.contracts.store import Write, event
 

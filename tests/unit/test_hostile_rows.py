@@ -8,10 +8,10 @@ import re
 
 import pytest
 
+from relay.adapters.memory import InMemoryPublisher, InMemoryStore
 from relay.core.model import Position
 from relay.core.ports import Fetched, Selection
 from relay.core.subscribers import Subscriber, TopicGuard, legal_topic
-from relay.engine.testing import InMemoryPublisher, InMemoryStore
 from tests.support import wait_until
 from tests.unit.test_worker_logic import claimed
 from tests.unit.test_worker_logic import event as logic_event

@@ -11,13 +11,13 @@ from datetime import UTC, datetime
 
 import pytest
 
+from relay.adapters.memory import InMemoryPublisher, InMemoryStore
 from relay.core.log_sampling import FIRST
 from relay.core.model import OutboxEvent, PartId, Position
 from relay.core.ports import Fetched, RelaySession, Selection
 from relay.core.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.engine.encoding import RecordEncoder
 from relay.engine.poison import MAX_STORED_ERROR_BYTES
-from relay.engine.testing import InMemoryPublisher, InMemoryStore
 from relay.engine.worker import PartWorker
 from tests.support import wait_until
 

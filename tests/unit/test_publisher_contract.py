@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from relay.engine.testing import InMemoryPublisher
+from relay.adapters.memory import InMemoryPublisher
 from tests.contracts.publisher import OpenPublisher, PublisherContract, Read
 
 

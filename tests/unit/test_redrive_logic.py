@@ -12,13 +12,14 @@ from uuid import UUID, uuid4
 
 import pytest
 
+from relay.core.dead_letters import Candidate
 from relay.core.model import KafkaCheckpoint, OutboxEvent, Position
 from relay.core.ports import Batch, SubscriberState
 from relay.core.subscribers import Subscriber
 from relay.engine.encoding import RecordEncoder
 from relay.engine.poison import MAX_STORED_ERROR_BYTES
 from relay.errors import PoisonRecordError
-from relay.ops.redrive import Candidate, Redrive
+from relay.ops.redrive import Redrive
 
 SUBSCRIBER = Subscriber.from_dict(
     {"name": "s", "topic": "t.{aggregate_type}", "value_format": "json", "on_poison": "dead-letter"}

@@ -9,11 +9,11 @@ from uuid import uuid4
 
 import pytest
 
+from relay.adapters.memory import InMemoryPublisher, InMemoryStore
 from relay.core.model import OutboxEvent, Position, Unreadable
 from relay.core.ports import Batch
 from relay.core.subscribers import Subscriber
 from relay.engine.encoding import RecordEncoder
-from relay.engine.testing import InMemoryPublisher, InMemoryStore
 from relay.errors import SubscriberError
 from relay.ops.replay import GENERATION, HEADER_REPLAY, Replay, ReplayRange
 

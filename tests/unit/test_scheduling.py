@@ -1,6 +1,6 @@
 """Bounded threads and producers (issue #30): the part scheduler and the producer pool on
 their own, and part workers sharing them over the in-memory store and publisher of
-``relay.engine.testing``. Counts, never timings."""
+``relay.adapters.memory``. Counts, never timings."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from relay.adapters.memory import InMemoryPublisher, InMemoryStore
 from relay.core.model import OutboxEvent, PartId, Position
 from relay.core.ports import Batch, Fetched, Meanwhile, PartState, Selection
 from relay.core.subscribers import Subscriber, ValueFormat
@@ -21,7 +22,6 @@ from relay.engine import worker as worker_module
 from relay.engine.encoding import RecordEncoder
 from relay.engine.scheduling import PartScheduler, ProducerPool
 from relay.engine.sessions import RelaySession
-from relay.engine.testing import InMemoryPublisher, InMemoryStore
 from relay.engine.worker import PartWorker
 from tests.support import wait_until
 

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from relay.adapters.memory import InMemoryStore
 from relay.core.subscribers import Subscriber, ValueFormat
 from relay.engine.sessions import SessionKeeper
-from relay.engine.testing import InMemoryStore
 from tests.support import wait_until
 
 # How long a condition may take to hold on a busy machine (never a figure asserted).

@@ -5,10 +5,10 @@ reaches the batch read meanwhile too. And the halt says how to skip the event al
 
 from __future__ import annotations
 
+from relay.adapters.memory import InMemoryPublisher, InMemoryStore
 from relay.core.interventions import Action, Actor, Intervention
 from relay.core.model import OutboxEvent, Position
 from relay.core.subscribers import Subscriber, ValueFormat
-from relay.engine.testing import InMemoryPublisher, InMemoryStore
 from tests.unit.test_worker_logic import (
     claimed,
     event,

@@ -6,7 +6,7 @@ from uuid import UUID
 
 import pytest
 
-from relay.engine.testing import InMemoryStore
+from relay.adapters.memory import InMemoryStore
 from tests.contracts.store import StoreContract, Write, event
 
 

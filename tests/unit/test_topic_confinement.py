@@ -11,8 +11,8 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from relay.adapters.kafka.kafka import TopicCreator
+from relay.adapters.memory import InMemoryTopicRecord
 from relay.core.ports import TopicOrigin
-from relay.engine.testing import InMemoryTopicRecord
 from relay.errors import RetryableError, TopicBudgetFull, TopicMissing, TopicRefused
 
 

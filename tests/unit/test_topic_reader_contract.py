@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from relay.adapters.memory import InMemoryPublisher, InMemoryTopicReader
 from relay.core.ports import Publisher, TopicReader
-from relay.engine.testing import InMemoryPublisher, InMemoryTopicReader
 from tests.contracts.topic_reader import TopicReaderContract, refuse_oversized
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from relay.adapters.memory import InMemoryTopicRecord
 from relay.core.ports import TopicRecord
-from relay.engine.testing import InMemoryTopicRecord
 from tests.contracts.topic_record import Handles, NewRecord, TopicRecordContract
 
 

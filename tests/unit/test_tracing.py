@@ -22,6 +22,8 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 from opentelemetry.trace import SpanKind
 
 from relay import trace_headers
+from relay.adapters.kafka.partitioner import KeyPartitioner, murmur2
+from relay.adapters.memory import InMemoryPublisher, InMemoryStore
 from relay.core.model import KafkaRecord, OutboxEvent, PartId
 from relay.core.ports import DeadLetterDecision
 from relay.core.settings import load_settings
@@ -30,7 +32,6 @@ from relay.daemon.metrics import _latency_histogram
 from relay.engine.encoding import RecordEncoder
 from relay.engine.poison import dead_letter_record
 from relay.engine.sessions import RelaySession
-from relay.engine.testing import InMemoryPublisher, InMemoryStore
 from relay.engine.worker import PartWorker
 from relay.errors import ConfigError
 from relay.observability.tracing import (
@@ -39,7 +40,6 @@ from relay.observability.tracing import (
     RelayTracer,
     Tracing,
     TracingHook,
-    murmur2,
 )
 from tests.support import wait_until
 
@@ -74,7 +74,9 @@ def exported() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
 
 
 def traced(provider: TracerProvider, partitions: int | None = 3, ratio: float = 1.0) -> Tracing:
-    return Tracing(RelayTracer(provider, lambda topic: partitions, sample_ratio=ratio))
+    return Tracing(
+        RelayTracer(provider, KeyPartitioner(lambda topic: partitions), sample_ratio=ratio)
+    )
 
 
 def header(record: KafkaRecord, name: str) -> str | None:
@@ -331,7 +333,9 @@ def batched(
     links: int = 128,
 ) -> Tracing:
     provider, _, ids = exported
-    tracer = BatchTracer(provider, ids, lambda topic: 3, sample_ratio=ratio, max_links=links)
+    tracer = BatchTracer(
+        provider, ids, KeyPartitioner(lambda topic: 3), sample_ratio=ratio, max_links=links
+    )
     return Tracing(batches=tracer)
 
 

@@ -7,12 +7,12 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from relay.adapters.memory import InMemoryStore
 from relay.core.ports import RelaySession
 from relay.core.settings import Settings
 from relay.core.subscribers import Subscriber, ValueFormat
 from relay.daemon.startup import KeySpaceChecks
 from relay.daemon.upkeep import Retention
-from relay.engine.testing import InMemoryStore
 from tests.contracts.store import event
 
 LAST = uuid.UUID(int=2**128 - 1)

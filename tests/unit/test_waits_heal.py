@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from relay.adapters.memory import InMemoryPublisher, InMemoryStore
 from relay.core.model import KafkaRecord, PartId, Position
 from relay.core.ports import Fetched, Selection
 from relay.core.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.core.worker_stats import WorkerState
-from relay.engine.testing import InMemoryPublisher, InMemoryStore
 from relay.engine.waiting import WaitRecord
 from relay.errors import DatabaseUnavailable, PoisonRecordError, PrivilegeMissing, TopicMissing
 from tests.support import wait_until

@@ -1,5 +1,5 @@
 """The part worker's decisions on their own, over the in-memory store and publisher of
-``relay.engine.testing``: races on the checkpoint, recovery, read-ahead, and blame for
+``relay.adapters.memory``: races on the checkpoint, recovery, read-ahead, and blame for
 batch-wide broker rejections. Each test runs a real worker thread until the outbox
 is published, then looks at what reached Kafka and Postgres."""
 
@@ -10,12 +10,12 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from relay.adapters.memory import InMemoryPublisher, InMemoryStore
 from relay.core.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position, Unreadable
 from relay.core.ports import DeadLetter, Fetched, PartState, RelaySession, Selection
 from relay.core.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.core.worker_stats import WorkerState
 from relay.engine.encoding import RecordEncoder
-from relay.engine.testing import InMemoryPublisher, InMemoryStore
 from relay.engine.worker import PartWorker
 from relay.errors import PoisonRecordError
 from tests.support import wait_until

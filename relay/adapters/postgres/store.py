@@ -36,6 +36,8 @@ from relay.core.ports import (
     ExpiredSession,
     Fetched,
     HorizonHolder,
+    LagSample,
+    PartSkips,
     PartState,
     Selection,
 )
@@ -54,37 +56,12 @@ from relay.errors import (
 SubscriberState = ports.SubscriberState
 
 
-class LagSample(NamedTuple):
-    """What the ``part_lag`` query reads of one part; relay/ops/lag.py makes its lag of it."""
-
-    scanned: int  # rows after the checkpoint scanned, any part's: at most the scan
-    counted: int  # of those, the part's own that match the subscriber's filters
-    first_position: int | None  # position of the first row scanned
-    last_position: int | None  # position of the newest row of the outbox
-    # Seconds since the database recorded the part's oldest row after its checkpoint
-    # (recorded_at; a writer's occurred_at only on a schema before migration 0018).
-    age_s: float | None
-
-
 _UNDEFINED_COLUMN = "42703"
 # Schemas found without migration 0019 (a rolling deploy), until when: their parts are
 # read without a skip list meanwhile, not with a failed query every poll; then the
 # query is tried again (`migrate` may have run).
 _WITHOUT_SKIPS: dict[tuple[str, int, str, str], float] = {}
 _RECHECK_SKIPS_S = 60.0
-
-
-class PartSkips(NamedTuple):
-    """What the ``part_skips`` query reads of one part."""
-
-    part: int
-    beyond_horizon: bool  # the checkpoint sorts after rows yet to be written
-    # Rows a checkpoint beyond the horizon jumped over, scanned (None: none); on a schema
-    # before migration 0019, those of the last reset forward.
-    scanned: int | None
-    counted: int | None  # of those, the part's rows matching the subscriber's filters
-    by_reset: int = 0  # events every reset forward skipped (the ledger, migration 0019)
-    by_skip: int = 0  # events `subscribers skip` skipped
 
 
 class SkipTarget(NamedTuple):

@@ -1,6 +1,14 @@
-"""In-memory adapters of the relay's ports (``relay.core.ports``), for tests of the logic
-above them: no Postgres, no Kafka. ``tests/contracts/`` holds them to what the real
-adapters do."""
+"""In-memory adapters of the relay's ports (``relay.core.ports``): a store
+(:class:`InMemoryStore`, both the part and the daemon store), a publisher, a record of
+the topics and a topic reader, over dicts and lists in this process.
+
+They are for tests and benchmarks of the logic above the ports -- the part worker, the
+daemon's claims and upkeep, the ops commands -- with no Postgres and no Kafka; the relay
+itself never runs over them (its composition root, ``relay.wiring``, builds the real
+adapters). ``tests/contracts/`` holds each of them to the same contract as its real
+adapter (``relay.adapters.postgres``, ``relay.adapters.kafka``), so what passes over a
+fake holds over the real thing. They stand on the core alone.
+"""
 
 from __future__ import annotations
 
