@@ -25,13 +25,16 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fastavro
 
+from relay.core.formats.base import Encoders, Format, RecordWriter
 from relay.core.model import HEADER_ID, RESERVED_HEADER_PREFIX, KafkaRecord, OutboxEvent
-from relay.core.subscribers import Subscriber
 from relay.errors import ConfigError, EncodingError
+
+if TYPE_CHECKING:
+    from relay.core.subscribers import Subscriber
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 # Java's String.trim() drops code points up to U+0020 (the router's "empty payload").
@@ -292,3 +295,24 @@ def _timestamp(event: OutboxEvent, value: Any) -> int | None:
     delta = moment - _EPOCH
     micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
     return -(-micros // 1000) if micros < 0 else micros // 1000
+
+
+def _records(encoders: Encoders, subscriber: Subscriber) -> RecordWriter:
+    registry = encoders.schema_registry
+    framing = None if registry is None else registry.frame_text
+
+    def record(event: OutboxEvent) -> KafkaRecord:
+        return debezium_record(event, subscriber, framing)
+
+    return record
+
+
+FORMAT = Format(
+    records=_records,
+    fixed_routing=(
+        "the debezium format takes its key, partition and placements from `outbox-relay "
+        "debezium attach` (table.field.event.key, table.fields.additional.placement), not "
+        "from key/partition_by/placements"
+    ),
+    relay_headers=False,
+)
