@@ -13,6 +13,7 @@ from typing import Any
 
 from relay.core.formats import WITH_SCHEMAS, format_of
 from relay.core.formats import ValueFormat as ValueFormat  # noqa: PLC0414 (re-exported)
+from relay.core.formats.base import SubjectStrategy as SubjectStrategy  # noqa: PLC0414 (re-exported)
 from relay.core.model import OutboxEvent
 from relay.core.routing import DEFAULT_KEY, Routing
 from relay.errors import EncodingError, SubscriberError
@@ -29,22 +30,6 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _TEMPLATE_FIELD = re.compile(r"\{[a-z_]+\}")
 _MAX_CACHED_REFUSALS = 4096
-
-
-class SubjectStrategy(StrEnum):
-    """The registry subject an avro-registry value's schema is registered under, as
-    Confluent's TopicNameStrategy, RecordNameStrategy and TopicRecordNameStrategy."""
-
-    TOPIC = "topic"  # <topic>-value
-    RECORD = "record"  # <record full name>
-    TOPIC_RECORD = "topic-record"  # <topic>-<record full name>
-
-    def subject(self, topic: str, record: str) -> str:
-        if self is SubjectStrategy.TOPIC:
-            return f"{topic}-value"
-        if self is SubjectStrategy.RECORD:
-            return record
-        return f"{topic}-{record}"
 
 
 class KeyFormat(StrEnum):

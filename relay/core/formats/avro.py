@@ -5,16 +5,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from relay.core.formats.base import Encoders, Format, ValueWriter
+from relay.core.formats.base import Configured, Encoders, Format, Subscribed, ValueWriter
 from relay.errors import ConfigError, EncodingError, PayloadValidationError
 
 if TYPE_CHECKING:
     from relay.core.model import OutboxEvent
-    from relay.core.settings import Settings
-    from relay.core.subscribers import Subscriber
 
 
-def _values(encoders: Encoders, subscriber: Subscriber) -> ValueWriter:
+def _values(encoders: Encoders, subscriber: Subscribed) -> ValueWriter:
     def avro_value(event: OutboxEvent, topic: str) -> bytes:
         registry = encoders.registry
         if registry is None:
@@ -36,7 +34,7 @@ def _values(encoders: Encoders, subscriber: Subscriber) -> ValueWriter:
     return avro_value
 
 
-def _refusal(name: str, settings: Settings, has_schemas: bool) -> str | None:
+def _refusal(name: str, settings: Configured, has_schemas: bool) -> str | None:
     """Without writer schemas every event would fail: refused, naming the keys."""
     if has_schemas:
         return None

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from relay.core.formats.base import Encoders, Format, ValueWriter
+from relay.core.formats.base import Configured, Encoders, Format, Subscribed, ValueWriter
 from relay.errors import ConfigError, EncodingError, PayloadValidationError
 
 if TYPE_CHECKING:
     from relay.core.model import OutboxEvent
-    from relay.core.settings import Settings
-    from relay.core.subscribers import Subscriber
 
 
-def _values(encoders: Encoders, subscriber: Subscriber) -> ValueWriter:
+def _values(encoders: Encoders, subscriber: Subscribed) -> ValueWriter:
     def registry_value(event: OutboxEvent, topic: str) -> bytes:
         values = encoders.schema_registry
         if values is None or values.schemas is None:
@@ -39,7 +37,7 @@ def _values(encoders: Encoders, subscriber: Subscriber) -> ValueWriter:
     return registry_value
 
 
-def missing(settings: Settings, *, has_schemas: bool | None = None) -> str | None:
+def missing(settings: Configured, *, has_schemas: bool | None = None) -> str | None:
     """What an avro-registry subscriber needs and these settings lack, by key
     (``has_schemas``: whether writer schemas are loaded, if not from schemas_dir)."""
     if has_schemas is None:
@@ -55,7 +53,7 @@ def missing(settings: Settings, *, has_schemas: bool | None = None) -> str | Non
     return " and ".join(lacking) or None
 
 
-def _refusal(name: str, settings: Settings, has_schemas: bool) -> str | None:
+def _refusal(name: str, settings: Configured, has_schemas: bool) -> str | None:
     """Without its registry or its schemas every event would fail: refused, naming the keys."""
     lacking = missing(settings, has_schemas=has_schemas)
     if lacking is None:

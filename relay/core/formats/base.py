@@ -7,19 +7,61 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from relay.core.model import KafkaRecord, OutboxEvent
 
 if TYPE_CHECKING:
     from relay.core.schemas import SchemaFolder
-    from relay.core.settings import Settings
-    from relay.core.subscribers import SubjectStrategy, Subscriber
 
 # A value: (event, topic) to its bytes; EncodingError marks a poison event.
 ValueWriter = Callable[[OutboxEvent, str], bytes]
 # A whole record, for a format that decides its key, topic and headers itself.
 RecordWriter = Callable[[OutboxEvent], KafkaRecord]
+
+
+class SubjectStrategy(StrEnum):
+    """The registry subject an avro-registry value's schema is registered under, as
+    Confluent's TopicNameStrategy, RecordNameStrategy and TopicRecordNameStrategy."""
+
+    TOPIC = "topic"  # <topic>-value
+    RECORD = "record"  # <record full name>
+    TOPIC_RECORD = "topic-record"  # <topic>-<record full name>
+
+    def subject(self, topic: str, record: str) -> str:
+        if self is SubjectStrategy.TOPIC:
+            return f"{topic}-value"
+        if self is SubjectStrategy.RECORD:
+            return record
+        return f"{topic}-{record}"
+
+
+class Subscribed(Protocol):
+    """What a format reads of its subscriber (relay/core/subscribers.py's
+    ``Subscriber``, which asks the formats for their traits: named here, not imported)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def subject_strategy(self) -> SubjectStrategy: ...
+
+    @property
+    def free_fields(self) -> frozenset[str]: ...
+
+    def topic_for(self, event: OutboxEvent) -> str: ...
+
+
+class Configured(Protocol):
+    """What a format's precondition reads of the settings (relay/core/settings.py's)."""
+
+    @property
+    def schemas_dir(self) -> Path | None: ...
+
+    @property
+    def schema_registry_url(self) -> str | None: ...
 
 
 class SchemaRegistry(Protocol):
@@ -68,9 +110,9 @@ class Format:
     - ``relay_headers``: its records carry the relay's headers (verify needs them).
     """
 
-    values: Callable[[Encoders, Subscriber], ValueWriter] | None = None
-    records: Callable[[Encoders, Subscriber], RecordWriter] | None = None
-    refusal: Callable[[str, Settings, bool], str | None] = lambda name, settings, has: None
+    values: Callable[[Encoders, Subscribed], ValueWriter] | None = None
+    records: Callable[[Encoders, Subscribed], RecordWriter] | None = None
+    refusal: Callable[[str, Configured, bool], str | None] = lambda name, settings, has: None
     local: bool = False
     registry: bool = False
     envelope: bool = False

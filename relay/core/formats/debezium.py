@@ -25,16 +25,13 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import fastavro
 
-from relay.core.formats.base import Encoders, Format, RecordWriter
+from relay.core.formats.base import Encoders, Format, RecordWriter, Subscribed
 from relay.core.model import HEADER_ID, RESERVED_HEADER_PREFIX, KafkaRecord, OutboxEvent
 from relay.errors import ConfigError, EncodingError
-
-if TYPE_CHECKING:
-    from relay.core.subscribers import Subscriber
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 # Java's String.trim() drops code points up to U+0020 (the router's "empty payload").
@@ -50,7 +47,7 @@ RegistryFraming = Callable[[str, str, bytes], bytes]
 
 
 def debezium_record(
-    event: OutboxEvent, subscriber: Subscriber, registry: RegistryFraming | None = None
+    event: OutboxEvent, subscriber: Subscribed, registry: RegistryFraming | None = None
 ) -> KafkaRecord:
     """The record Debezium's Outbox Event Router would publish for ``event``
     (``registry``: the relay's schema registry, for AvroConverter values)."""
@@ -79,7 +76,7 @@ def debezium_record(
     )
 
 
-def _native_record(event: OutboxEvent, subscriber: Subscriber) -> KafkaRecord:
+def _native_record(event: OutboxEvent, subscriber: Subscribed) -> KafkaRecord:
     """A row written through the relay's own API: as the router would publish it from a
     table of the same columns (key aggregate_id, value the payload, header id)."""
     key = event.aggregate_id.encode()
@@ -166,7 +163,7 @@ def _value(event: OutboxEvent, found: dict[str, Any], converters: dict[str, Any]
 def _avro_value(
     event: OutboxEvent,
     found: dict[str, Any],
-    subscriber: Subscriber,
+    subscriber: Subscribed,
     registry: RegistryFraming | None,
 ) -> bytes | None:
     """What AvroConverter writes: null for a null payload (or a tombstone), else the
@@ -297,7 +294,7 @@ def _timestamp(event: OutboxEvent, value: Any) -> int | None:
     return -(-micros // 1000) if micros < 0 else micros // 1000
 
 
-def _records(encoders: Encoders, subscriber: Subscriber) -> RecordWriter:
+def _records(encoders: Encoders, subscriber: Subscribed) -> RecordWriter:
     registry = encoders.schema_registry
     framing = None if registry is None else registry.frame_text
 

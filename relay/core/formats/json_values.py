@@ -8,12 +8,11 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from relay.core.formats.base import Encoders, Format, ValueWriter
+from relay.core.formats.base import Encoders, Format, Subscribed, ValueWriter
 from relay.errors import EncodingError
 
 if TYPE_CHECKING:
     from relay.core.model import OutboxEvent
-    from relay.core.subscribers import Subscriber
 
 
 def json_value(event: OutboxEvent, topic: str) -> bytes:
@@ -35,7 +34,7 @@ def json_value(event: OutboxEvent, topic: str) -> bytes:
         ) from exc
 
 
-def _values(encoders: Encoders, subscriber: Subscriber) -> ValueWriter:
+def _values(encoders: Encoders, subscriber: Subscribed) -> ValueWriter:
     return json_value
 
 
