@@ -8,9 +8,10 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from relay.core.formats import format_of, local_formats
+from relay.core.formats.base import SchemaRegistry
 from relay.core.model import (
     HEADER_AGGREGATE_TYPE,
     HEADER_EVENT_TYPE,
@@ -28,10 +29,6 @@ from relay.core.schemas import SchemaFolder
 from relay.core.subscribers import KeyFormat, Subscriber, TopicGuard
 from relay.errors import EncodingError
 
-if TYPE_CHECKING:  # the registry client is imported only by relays that use it
-    from relay.adapters.registry.registry_format import RegistryValueEncoder
-
-
 # Value formats encoded without asking a registry: encoding an event again gives the
 # same record or the same error (the worker encodes their batches in one loop).
 LOCAL_FORMATS = local_formats()
@@ -46,7 +43,7 @@ class RecordEncoder:
         self,
         registry: SchemaFolder | None,
         guard: TopicGuard | None = None,
-        schema_registry: RegistryValueEncoder | None = None,
+        schema_registry: SchemaRegistry | None = None,
     ) -> None:
         self.registry = registry
         self.guard = guard
