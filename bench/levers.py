@@ -74,12 +74,12 @@ from relay.adapters.postgres.store import (
     _not_read,
     _payloads,
 )
+from relay.core.formats.json_values import json_value as _json_value
 from relay.core.model import KafkaRecord, OutboxEvent, Position, Unreadable
 from relay.core.ports import Selection
 from relay.core.schemas import SchemaFolder, encode_with
 from relay.core.subscribers import ValueFormat
 from relay.daemon import tune_gc
-from relay.engine.encoding import _json_value
 from relay.observability.latency import ages_of
 
 MAX_BYTES = 4 * 1024 * 1024  # the relay's default batch_max_bytes

@@ -94,7 +94,7 @@ class OutboxEvent(NamedTuple):
     # its jsonb columns uncompressed (docs/design.md §7, "Large rows").
     stored_bytes: int = 0
     # What Debezium's Outbox Event Router would publish for a row copied by
-    # `debezium attach` (relay/engine/debezium_format.py); None for every other row.
+    # `debezium attach` (relay/core/formats/debezium.py); None for every other row.
     debezium: dict[str, Any] | None = None
     # The message id as UTF-8 text, as the fetch reads it (Postgres writes it in a tenth
     # of the time str(UUID) takes): the "id" header's value. None: the encoder makes it.

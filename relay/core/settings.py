@@ -27,6 +27,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from pydantic_settings.exceptions import SettingsError
 
 from relay.core.database_url import parse_url
+from relay.core.formats import format_of
 from relay.core.redact import mask_url, redact, remember
 from relay.core.routing import (
     DEFAULT_KEY,
@@ -132,9 +133,9 @@ class SubscriberSettings(BaseModel):
     @field_validator("key_format")
     @classmethod
     def _key_needs_registry(cls, value: KeyFormat, info: ValidationInfo) -> KeyFormat:
-        if value is KeyFormat.AVRO_REGISTRY and info.data.get("value_format") is not (
-            ValueFormat.AVRO_REGISTRY
-        ):
+        value_format = info.data.get("value_format")
+        registered = value_format is not None and format_of(value_format).registry
+        if value is KeyFormat.AVRO_REGISTRY and not registered:
             raise ValueError(
                 'avro-registry keys need value_format = "avro-registry"; use key_format = '
                 '"string", or that value format'
@@ -405,21 +406,6 @@ class Settings(BaseSettings):
         """The schema registry's password, which its client's errors may quote."""
         password = self.schema_registry_password
         return [] if password is None else [password.get_secret_value()]
-
-    def registry_format_missing(self, *, has_schemas: bool | None = None) -> str | None:
-        """What an avro-registry subscriber needs and these settings lack, by key
-        (``has_schemas``: whether writer schemas are loaded, if not from schemas_dir)."""
-        if has_schemas is None:
-            has_schemas = self.schemas_dir is not None
-        missing = [
-            f"{key} (RELAY_{key.upper()})"
-            for key, present in (
-                ("schema_registry_url", self.schema_registry_url is not None),
-                ("schemas_dir", has_schemas),
-            )
-            if not present
-        ]
-        return " and ".join(missing) or None
 
     def require_database_url(self) -> str:
         if self.database_url is None:

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from relay.core.formats import WITH_SCHEMAS, format_of
+from relay.core.formats import ValueFormat as ValueFormat  # noqa: PLC0414 (re-exported)
+from relay.core.formats.base import SubjectStrategy as SubjectStrategy  # noqa: PLC0414 (re-exported)
 from relay.core.model import OutboxEvent
 from relay.core.routing import DEFAULT_KEY, Routing
 from relay.errors import EncodingError, SubscriberError
@@ -27,30 +30,6 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _TEMPLATE_FIELD = re.compile(r"\{[a-z_]+\}")
 _MAX_CACHED_REFUSALS = 4096
-
-
-class ValueFormat(StrEnum):
-    AVRO = "avro"
-    JSON = "json"
-    DEBEZIUM = "debezium"  # as Debezium's Outbox Event Router (relay/engine/debezium_format.py)
-    # Avro in the Confluent wire format, ids from a schema registry (relay/adapters/registry/registry_format.py).
-    AVRO_REGISTRY = "avro-registry"
-
-
-class SubjectStrategy(StrEnum):
-    """The registry subject an avro-registry value's schema is registered under, as
-    Confluent's TopicNameStrategy, RecordNameStrategy and TopicRecordNameStrategy."""
-
-    TOPIC = "topic"  # <topic>-value
-    RECORD = "record"  # <record full name>
-    TOPIC_RECORD = "topic-record"  # <topic>-<record full name>
-
-    def subject(self, topic: str, record: str) -> str:
-        if self is SubjectStrategy.TOPIC:
-            return f"{topic}-value"
-        if self is SubjectStrategy.RECORD:
-            return record
-        return f"{topic}-{record}"
 
 
 class KeyFormat(StrEnum):
@@ -80,7 +59,7 @@ class Subscriber:
 
     name: str
     topic: str = DEFAULT_TOPIC
-    value_format: ValueFormat = ValueFormat.AVRO
+    value_format: ValueFormat = WITH_SCHEMAS
     aggregate_types: frozenset[str] | None = None  # None: every type
     event_types: frozenset[str] | None = None
     paused: bool = False
@@ -105,10 +84,7 @@ class Subscriber:
             raise SubscriberError(
                 f"dead-letter topic {self.dead_letter_topic!r} is not a legal Kafka topic name"
             )
-        if (
-            self.key_format is KeyFormat.AVRO_REGISTRY
-            and self.value_format is not ValueFormat.AVRO_REGISTRY
-        ):
+        if self.key_format is KeyFormat.AVRO_REGISTRY and not format_of(self.value_format).registry:
             raise SubscriberError(
                 f"subscriber {self.name!r}: key format avro-registry needs value format "
                 f"avro-registry (its registry and schemas), not {self.value_format.value}; "
@@ -120,13 +96,10 @@ class Subscriber:
         routing = self.routing  # parses: a SubscriberError names what is wrong
         if routing.default:
             return
-        if self.value_format is ValueFormat.DEBEZIUM:
-            raise SubscriberError(
-                f"subscriber {self.name!r}: the debezium format takes its key, partition and "
-                "placements from `outbox-relay debezium attach` (table.field.event.key, "
-                "table.fields.additional.placement), not from key/partition_by/placements"
-            )
-        if routing.envelope and self.value_format is not ValueFormat.JSON:
+        value_format = format_of(self.value_format)
+        if value_format.fixed_routing is not None:
+            raise SubscriberError(f"subscriber {self.name!r}: {value_format.fixed_routing}")
+        if routing.envelope and not value_format.envelope:
             raise SubscriberError(
                 f"subscriber {self.name!r}: an envelope placement changes the value's shape, "
                 f"which the {self.value_format.value} format's schema fixes; place the field "

@@ -8,10 +8,10 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
-import orjson
-
+from relay.core.formats import format_of, local_formats
+from relay.core.formats.base import SchemaRegistry
 from relay.core.model import (
     HEADER_AGGREGATE_TYPE,
     HEADER_EVENT_TYPE,
@@ -26,17 +26,12 @@ from relay.core.model import (
 )
 from relay.core.routing import RESERVED_HEADER_NAMES
 from relay.core.schemas import SchemaFolder
-from relay.core.subscribers import KeyFormat, Subscriber, TopicGuard, ValueFormat
-from relay.engine.debezium_format import debezium_record
-from relay.errors import ConfigError, EncodingError, PayloadValidationError
-
-if TYPE_CHECKING:  # the registry client is imported only by relays that use it
-    from relay.adapters.registry.registry_format import RegistryValueEncoder
-
+from relay.core.subscribers import KeyFormat, Subscriber, TopicGuard
+from relay.errors import EncodingError
 
 # Value formats encoded without asking a registry: encoding an event again gives the
 # same record or the same error (the worker encodes their batches in one loop).
-LOCAL_FORMATS = frozenset({ValueFormat.JSON, ValueFormat.AVRO})
+LOCAL_FORMATS = local_formats()
 
 
 class RecordEncoder:
@@ -48,7 +43,7 @@ class RecordEncoder:
         self,
         registry: SchemaFolder | None,
         guard: TopicGuard | None = None,
-        schema_registry: RegistryValueEncoder | None = None,
+        schema_registry: SchemaRegistry | None = None,
     ) -> None:
         self.registry = registry
         self.guard = guard
@@ -102,7 +97,10 @@ class SubscriberEncoder:
         # choice, confined by the publisher (issue #47); else the operator declared it.
         self._free = bool(subscriber.free_fields)
         self._routing = subscriber.routing
-        self._value = self._value_writer()
+        value_format = format_of(subscriber.value_format)
+        self._value = (
+            _no_values if value_format.values is None else (value_format.values(owner, subscriber))
+        )
         self._string_key = subscriber.key_format is KeyFormat.STRING
         # The last transaction's header: a transaction's events come together, so its
         # header is made once per transaction, not per event. A tuple swapped whole:
@@ -111,22 +109,13 @@ class SubscriberEncoder:
         # Likewise the last event's type headers: runs of one type are the usual batch.
         self._types = _type_headers("", "")
         self.encode: Callable[[OutboxEvent], KafkaRecord]
-        if subscriber.value_format is ValueFormat.DEBEZIUM:
-            registry = owner.schema_registry
-            self._framing = None if registry is None else registry.frame_text
-            self.encode = self._debezium
+        if value_format.records is not None:  # the format makes the whole record
+            self._whole = value_format.records(owner, subscriber)
+            self.encode = self._own_record
         elif self._routing.default:
             self.encode = self._plain
         else:
             self.encode = self._routed
-
-    def _value_writer(self) -> Callable[[OutboxEvent, str], bytes]:
-        value_format = self._subscriber.value_format
-        if value_format is ValueFormat.JSON:
-            return _json_value
-        if value_format is ValueFormat.AVRO_REGISTRY:
-            return self._registry_value
-        return self._avro_value  # debezium's values are its own (debezium_format.py)
 
     def _plain(self, event: OutboxEvent) -> KafkaRecord:
         """The default routing's record: the shortest way, as most subscribers take it."""
@@ -166,10 +155,10 @@ class SubscriberEncoder:
         size = len(key) + len(value) + sum(len(n) + len(v or b"") for n, v in headers)
         return KafkaRecord(topic, key, value, headers, size, self._free, partition=partition)
 
-    def _debezium(self, event: OutboxEvent) -> KafkaRecord:
+    def _own_record(self, event: OutboxEvent) -> KafkaRecord:
         if type(event.payload) is Unreadable or not isinstance(event.headers, dict):
             _refuse_unreadable(event)
-        record = debezium_record(event, self._subscriber, self._framing)
+        record = self._whole(event)
         self._check_route(record.topic, event)
         return record
 
@@ -203,44 +192,6 @@ class SubscriberEncoder:
         if guard is not None and (refusal := guard.refusal(topic, self._subscriber)):
             raise EncodingError(f"event {event.message_id}: not routed to {topic!r}: {refusal}")
 
-    def _avro_value(self, event: OutboxEvent, topic: str) -> bytes:
-        registry = self._owner.registry
-        if registry is None:
-            # The relay's configuration, never the row's fault: no dead letter (issue #28).
-            name = self._subscriber.name
-            raise ConfigError(
-                f"subscriber {name!r} publishes avro, but this relay has no "
-                "schemas folder (schemas_dir, RELAY_SCHEMAS_DIR or --schemas-dir): configure "
-                "it, or switch the subscriber to json, then `outbox-relay subscribers resume "
-                f"{name}`"
-            )
-        try:
-            return registry.encode(event.event_type, event.payload)
-        except PayloadValidationError as exc:
-            raise EncodingError(
-                f"event {event.message_id} cannot be encoded as Avro: {exc}"
-            ) from exc
-
-    def _registry_value(self, event: OutboxEvent, topic: str) -> bytes:
-        values = self._owner.schema_registry
-        if values is None or values.schemas is None:
-            # The relay's configuration, never the row's fault: no dead letter.
-            name = self._subscriber.name
-            raise ConfigError(
-                f"subscriber {name!r} publishes avro-registry, but this relay has "
-                "no schema registry or no schemas folder (schema_registry_url, "
-                "RELAY_SCHEMA_REGISTRY_URL; schemas_dir, RELAY_SCHEMAS_DIR): configure them, "
-                f"then `outbox-relay subscribers resume {name}`"
-            )
-        try:
-            return values.encode(
-                topic, event.event_type, event.payload, self._subscriber.subject_strategy
-            )
-        except PayloadValidationError as exc:
-            raise EncodingError(
-                f"event {event.message_id} cannot be encoded as Avro: {exc}"
-            ) from exc
-
     def _registry_key(self, topic: str, text: str) -> bytes:
         """An avro-registry key (only avro-registry subscribers have one, and their
         value found the registry encoder first)."""
@@ -248,23 +199,8 @@ class SubscriberEncoder:
         return self._owner.schema_registry.encode_key(topic, text)
 
 
-def _json_value(event: OutboxEvent, topic: str) -> bytes:
-    try:
-        # The same compact UTF-8 JSON as the standard library's, at a tenth of the cost
-        # per event (exponents aside: 1e-7, not 1e-07). Copied out: orjson hands back the
-        # 4 KiB buffer it wrote into, whatever the value's length. A batch keeps its
-        # records until the commit, so 5,000 small values held 20 MB under the 4 MiB
-        # batch_max_bytes (docs/design.md, "What a record holds").
-        return memoryview(orjson.dumps(event.payload)).tobytes()
-    except orjson.JSONEncodeError:
-        pass  # integers beyond 64 bits, nesting beyond 255: the standard library
-    try:
-        return json.dumps(event.payload, separators=(",", ":"), ensure_ascii=False).encode()
-    except (ValueError, TypeError, RecursionError) as exc:
-        raise EncodingError(
-            f"event {event.message_id}: payload cannot be written as JSON "
-            f"({type(exc).__name__}: {exc})"
-        ) from exc
+def _no_values(event: OutboxEvent, topic: str) -> bytes:
+    raise AssertionError("a format that writes whole records writes no values")
 
 
 def _tx_header(transaction_id: int) -> tuple[int, tuple[str, bytes], int]:

@@ -4,7 +4,7 @@ The relay's guarantees rest on each row's ordering key, which a Debezium table (
 ``aggregatetype``, ``aggregateid``, ``type``, ``payload``, ...) does not carry. So
 ``attach`` adds a trigger that copies every insert into the relay's outbox, inside the
 writer's transaction: apps keep writing exactly what they wrote for Debezium. The copy
-records what the Event Router would publish for the row (relay/engine/debezium_format.py
+records what the Event Router would publish for the row (relay/core/formats/debezium.py
 renders it under the ``debezium`` value format); the router's options are taken by their
 Debezium names, so a connector's configuration carries over as it is.
 """
@@ -23,8 +23,8 @@ from psycopg import sql
 
 from relay.adapters.postgres.db import role_search_path, wrap_errors
 from relay.adapters.postgres.queries import parse_named, read_sql
+from relay.core.formats.debezium import reserved_header
 from relay.core.log_fields import log_extra
-from relay.engine.debezium_format import reserved_header
 from relay.errors import ConfigError, UndefinedTableError
 
 logger = logging.getLogger(__name__)

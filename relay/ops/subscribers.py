@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from relay.adapters.postgres.store import OutboxStore
+from relay.core.formats import default_format, format_of
 from relay.core.interventions import Action, Actor, Intervention
 from relay.core.log_fields import log_extra
 from relay.core.ports import SubscriberState
@@ -105,7 +106,7 @@ class Setup:
     @property
     def default_format(self) -> ValueFormat:
         """A subscriber that names no format: Avro only when there are writer schemas."""
-        return ValueFormat.AVRO if self.schemas is not None else ValueFormat.JSON
+        return default_format(has_schemas=self.schemas is not None)
 
 
 # -- define ------------------------------------------------------------------------
@@ -186,31 +187,17 @@ def check(
 
 
 def _format_refusal(setup: Setup, subscriber: Subscriber) -> ConfigError | None:
-    """Avro without writer schemas, or avro-registry without its registry, would fail
-    every event: refused, naming the keys."""
-    name, fmt = subscriber.name, subscriber.value_format
-    if fmt is ValueFormat.AVRO and setup.schemas is None:
-        return ConfigError(
-            f"subscriber {name!r} publishes avro, which needs the writer schemas, and no "
-            "schemas folder is configured (schemas_dir, RELAY_SCHEMAS_DIR or --schemas-dir); "
-            f"configure it as the relay has it, or publish json: outbox-relay subscribers "
-            f"set {name} --format json"
-        )
-    if fmt is ValueFormat.AVRO_REGISTRY:
-        missing = setup.settings.registry_format_missing(has_schemas=setup.schemas is not None)
-        if missing is not None:
-            return ConfigError(
-                f"subscriber {name!r} publishes avro-registry, which needs {missing}; "
-                "configure them, or switch it to another format: outbox-relay subscribers "
-                f"set {name} --format json"
-            )
-    return None
+    """A format whose needs are not configured would fail every event: refused, naming
+    the keys (the format says what it needs)."""
+    value_format = format_of(subscriber.value_format)
+    refused = value_format.refusal(subscriber.name, setup.settings, setup.schemas is not None)
+    return None if refused is None else ConfigError(refused)
 
 
 def _check_registry(setup: Setup, subscribers: Sequence[Subscriber], report: Report) -> None:
     """Each avro-registry subscriber's schemas against the registry's rules (docs/design.md,
     "Schema registry")."""
-    wanting = [s for s in subscribers if s.value_format is ValueFormat.AVRO_REGISTRY]
+    wanting = [s for s in subscribers if format_of(s.value_format).registry]
     if not wanting or setup.registry is None or setup.schemas is None:
         return  # without them, _format_refusal has refused it
     from relay.adapters.registry.registry_compat import check_subscriber

@@ -38,6 +38,7 @@ import psycopg
 
 from relay.adapters.postgres.db import wrap_errors
 from relay.adapters.postgres.queries import queries_for
+from relay.core.formats import format_of
 from relay.core.interventions import OperatorSkip
 from relay.core.log_fields import log_extra
 from relay.core.model import ConsumedRecord, Position
@@ -274,7 +275,9 @@ def _replays(
 def _checkable(states: list[SubscriberState], *, named: bool) -> list[SubscriberState]:
     """Records of the debezium format carry Debezium's headers only (no message id or
     position of the relay's), so verify cannot tell them apart: it says so."""
-    debezium = [s.subscriber.name for s in states if s.subscriber.value_format == "debezium"]
+    debezium = [
+        s.subscriber.name for s in states if not format_of(s.subscriber.value_format).relay_headers
+    ]
     if debezium and named:
         raise SubscriberError(
             f"cannot verify {debezium}: the debezium format carries no relay headers"

@@ -14,9 +14,9 @@ import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from relay.adapters.registry.registry_format import RegistryValueEncoder
+from relay.core.formats.debezium import debezium_record
 from relay.core.model import OutboxEvent
 from relay.core.subscribers import Subscriber, ValueFormat
-from relay.engine.debezium_format import debezium_record
 from relay.engine.encoding import RecordEncoder
 from relay.errors import ConfigError
 from relay.ops.debezium import APICURIO_AVRO_CONVERTER, parse_options

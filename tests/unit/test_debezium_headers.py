@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from relay.core.formats.debezium import debezium_record
 from relay.core.model import OutboxEvent
 from relay.core.subscribers import Subscriber, ValueFormat
-from relay.engine.debezium_format import debezium_record
 from relay.errors import ConfigError
 from relay.ops.debezium import parse_options
 

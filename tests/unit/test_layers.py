@@ -63,10 +63,7 @@ def _design_map() -> dict[str, set[str]]:
 
 MAY_IMPORT = _design_map()
 # The imports against the rules, each for a reason; they count as arrows of the map too.
-EXCEPTIONS = {
-    # A type only: the daemon's startup builds the registry encoder and hands it in.
-    ("relay.engine.encoding", "relay.adapters.registry.registry_format"),
-}
+EXCEPTIONS: set[tuple[str, str]] = set()
 
 
 # Modules that must not reach psycopg, however indirectly: the part worker and the

@@ -27,6 +27,7 @@ from relay.adapters.postgres import part_index
 from relay.adapters.postgres.db import has_long_number, wrap_errors
 from relay.adapters.postgres.queries import queries_for
 from relay.core import ports
+from relay.core.formats import format_of
 from relay.core.interventions import Action, Intervention, OperatorSkip, PartMove, Recorded
 from relay.core.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.core.model import OutboxEvent, PartId, Position, Unreadable
@@ -41,7 +42,7 @@ from relay.core.ports import (
     PartState,
     Selection,
 )
-from relay.core.subscribers import StartFrom, SubjectStrategy, Subscriber, ValueFormat, collision
+from relay.core.subscribers import StartFrom, SubjectStrategy, Subscriber, collision
 from relay.errors import (
     CheckpointConflict,
     ClaimLost,
@@ -613,7 +614,7 @@ class OutboxStore:
                 )
             was = next((o.subscriber for o in listed if o.subscriber.name == subscriber.name), None)
             if (
-                subscriber.value_format is ValueFormat.AVRO_REGISTRY
+                format_of(subscriber.value_format).registry
                 or subscriber.subject_strategy is not SubjectStrategy.TOPIC
                 or (was is not None and was.subject_strategy is not SubjectStrategy.TOPIC)
             ):
@@ -626,7 +627,7 @@ class OutboxStore:
                 }
                 routing = None if subscriber.routing.default else Jsonb(given)
                 self.conn.execute(self._q["set_routing"], {**params, "routing": routing})
-            if subscriber.value_format is ValueFormat.AVRO_REGISTRY:
+            if format_of(subscriber.value_format).registry:
                 self.conn.execute(self._q["set_key_format"], params)
         return created
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import fastavro
 
+from relay.core.formats.base import Encoders, Format, RecordWriter, Subscribed
 from relay.core.model import HEADER_ID, RESERVED_HEADER_PREFIX, KafkaRecord, OutboxEvent
-from relay.core.subscribers import Subscriber
 from relay.errors import ConfigError, EncodingError
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -47,7 +47,7 @@ RegistryFraming = Callable[[str, str, bytes], bytes]
 
 
 def debezium_record(
-    event: OutboxEvent, subscriber: Subscriber, registry: RegistryFraming | None = None
+    event: OutboxEvent, subscriber: Subscribed, registry: RegistryFraming | None = None
 ) -> KafkaRecord:
     """The record Debezium's Outbox Event Router would publish for ``event``
     (``registry``: the relay's schema registry, for AvroConverter values)."""
@@ -76,7 +76,7 @@ def debezium_record(
     )
 
 
-def _native_record(event: OutboxEvent, subscriber: Subscriber) -> KafkaRecord:
+def _native_record(event: OutboxEvent, subscriber: Subscribed) -> KafkaRecord:
     """A row written through the relay's own API: as the router would publish it from a
     table of the same columns (key aggregate_id, value the payload, header id)."""
     key = event.aggregate_id.encode()
@@ -163,7 +163,7 @@ def _value(event: OutboxEvent, found: dict[str, Any], converters: dict[str, Any]
 def _avro_value(
     event: OutboxEvent,
     found: dict[str, Any],
-    subscriber: Subscriber,
+    subscriber: Subscribed,
     registry: RegistryFraming | None,
 ) -> bytes | None:
     """What AvroConverter writes: null for a null payload (or a tombstone), else the
@@ -292,3 +292,24 @@ def _timestamp(event: OutboxEvent, value: Any) -> int | None:
     delta = moment - _EPOCH
     micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
     return -(-micros // 1000) if micros < 0 else micros // 1000
+
+
+def _records(encoders: Encoders, subscriber: Subscribed) -> RecordWriter:
+    registry = encoders.schema_registry
+    framing = None if registry is None else registry.frame_text
+
+    def record(event: OutboxEvent) -> KafkaRecord:
+        return debezium_record(event, subscriber, framing)
+
+    return record
+
+
+FORMAT = Format(
+    records=_records,
+    fixed_routing=(
+        "the debezium format takes its key, partition and placements from `outbox-relay "
+        "debezium attach` (table.field.event.key, table.fields.additional.placement), not "
+        "from key/partition_by/placements"
+    ),
+    relay_headers=False,
+)
