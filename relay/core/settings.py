@@ -287,7 +287,7 @@ class Settings(BaseSettings):
     tracing_sample_ratio: float = Field(default=1.0, ge=0, le=1)
     # "batch": a span per published batch, linking each traced event's writer span (the
     # records carry the batch span's context); "event": a span per event, a child of
-    # its writer's (several times the cost: README, "Cost").
+    # its writer's (several times the cost: docs/tracing.md, "Cost").
     tracing_spans: Literal["batch", "event"] = "batch"
     # "batch": at most this many events of a batch are traced (linked, and given the
     # batch span's context); the rest keep their writer's traceparent. A link costs

@@ -8,7 +8,7 @@ Two ways to trace, ``tracing_spans``:
   ``traceparent`` is the batch span's, so a consumer continues from the batch span,
   which links back to the writer's (:class:`BatchTracer`). A span costs tens of
   microseconds in the Python SDK; a link a few: per-event spans cost most of the
-  relay's throughput (README, "Cost").
+  relay's throughput (docs/tracing.md, "Cost").
 - ``"event"``: as follows.
 
 With ``tracing_spans = "event"`` every record the relay publishes gets a PRODUCER span of its own,

@@ -209,7 +209,7 @@ class RegistryValueEncoder:
             "dead-lettered, no answer kept): %s",
             "answers wrongly" if isinstance(exc, SchemaRegistryFault) else "unreachable",
             exc,
-            # A documented name (README, deploy/prometheus/alerts.yml): dotted, unlike
+            # A documented name (docs/configuration.md, deploy/prometheus/alerts.yml): dotted, unlike
             # the others, and kept so that operators' filters keep matching.
             extra=log_extra("registry.unreachable", error=exc),
         )
