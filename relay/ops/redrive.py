@@ -45,8 +45,9 @@ from relay.adapters.kafka.kafka import (
 from relay.adapters.kafka.publishers import routed_topic_creator
 from relay.adapters.postgres.advisory import session_lock
 from relay.adapters.postgres.db import wrap_errors
+from relay.adapters.postgres.fetch_plan import load_row_json
 from relay.adapters.postgres.queries import parse_named, read_sql, with_schema
-from relay.adapters.postgres.store import OutboxStore, SubscriberState, _load_row_json
+from relay.adapters.postgres.store import OutboxStore, SubscriberState
 from relay.core.interventions import Intervention
 from relay.core.log_fields import log_extra
 from relay.core.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
@@ -206,7 +207,7 @@ class DeadLetterStore:
         }
         with wrap_errors(), self.conn.cursor(binary=True) as cur:
             # Unloadable JSON is the event's poison, never a failed redrive (as in fetch).
-            set_json_loads(_load_row_json, cur)
+            set_json_loads(load_row_json, cur)
             rows = cur.execute(self._q["redrive_candidates"], params).fetchall()
         found = []
         for row in rows:
