@@ -2,13 +2,15 @@
 
 A :class:`FetchPlan` is chosen once per :class:`~relay.core.ports.Selection` (and
 schema): the query of fetch.sql that serves its filters, its parameters but the
-checkpoint, whether it is prepared, and how its rows are made and read. The store runs
+checkpoint, whether it is prepared, and how its rows are read. The store runs
 it; nothing downstream compares query names.
 
-Rows come back in :data:`EVENT_COLUMNS` order (fetch_rules.sql, ``fetched_columns``).
-The unfiltered fetch reads them by position, as plain tuples: no Python call per row
-but the comprehension's. The filtered fetches make each row with a row factory that
-finds its columns by name, once per execute; they make an event per row anyway.
+Rows come back in :data:`EVENT_COLUMNS` order (fetch_rules.sql, ``fetched_columns``),
+after the read extent of a filtered fetch (``FetchPlan.read``), and are read by position
+from plain tuples: the fetch is the hot path, and a row factory that found the columns by
+name cost the filtered fetches 6-16% more client CPU per row (a Python call per row). The
+names are checked against what Postgres returns in
+tests/integration/test_fetch_plan.py instead.
 """
 
 from __future__ import annotations
@@ -16,13 +18,11 @@ from __future__ import annotations
 import functools
 import json
 import math
-import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from psycopg.rows import RowFactory, RowMaker, tuple_row
 
 from relay.adapters.postgres.db import has_long_number
 from relay.adapters.postgres.queries import queries_for
@@ -47,12 +47,11 @@ EVENT_COLUMNS = (
     "id_text",
 )
 
-# What a filtered fetch's rows say of how far the read went, before the event.
-_READ_FILTERED = ("read_transaction_id", "read_position", "read_full")
-_READ_OF_TYPE = ("read_transaction_id", "read_position")
-
-# A read's extent and its event (None: the row of NULLs when the filters kept none).
-_Read = tuple[tuple[Any, ...], OutboxEvent | None]
+# What a filtered fetch's rows say first: how far the read went (read_any: always true
+# in a row that comes back).
+_READ_FILTERED: tuple[str, ...] = ("read_transaction_id", "read_position", "read_full")
+_READ_OF_TYPE: tuple[str, ...] = ("read_transaction_id", "read_position", "read_any")
+_Rows = list[tuple[Any, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +64,8 @@ class FetchPlan:
     # A part's poll is planned with its part as a constant (never a prepared, generic
     # plan): only then may the planner use the part's index.
     prepare: bool
-    rows: RowFactory[Any]
-    decode: Callable[[list[Any], Selection], Fetched]
+    read: tuple[str, ...]  # the columns before EVENT_COLUMNS: how far a filtered read went
+    decode: Callable[[_Rows, Selection], Fetched]
 
     def params_after(self, after: Position) -> dict[str, Any]:
         return {**self.params, "transaction_id": after.transaction_id, "position": after.position}
@@ -91,21 +90,49 @@ def plan(schema: str, selection: Selection) -> FetchPlan:
         "event_types": sorted(event_types) if event_types is not None else None,
         "aggregate_type": one_type,
     }
-    limit = selection.max_row_bytes
     if one_type is not None:
-        name, rows, decode = "fetch_batch_of_type", _read_rows(_READ_OF_TYPE, limit), _of_type
+        name, read, decode = "fetch_batch_of_type", _READ_OF_TYPE, _of_type
     elif aggregate_types is not None or event_types is not None:
-        name, rows, decode = "fetch_batch_filtered", _read_rows(_READ_FILTERED, limit), _filtered
+        name, read, decode = "fetch_batch_filtered", _READ_FILTERED, _filtered
     else:
-        name, rows, decode = "fetch_batch", tuple_row, _unfiltered
+        name, read, decode = "fetch_batch", (), _unfiltered
     query = queries_for(schema)[name]
-    return FetchPlan(name, query, params, selection.parts == 1, rows, decode)
+    return FetchPlan(name, query, params, selection.parts == 1, read, decode)
 
 
-def _unfiltered(rows: list[tuple[Any, ...]], selection: Selection) -> Fetched:
-    """fetch_batch's rows, the hot path: no Python call per row."""
-    limit = selection.max_row_bytes
-    events = [
+def _unfiltered(rows: _Rows, selection: Selection) -> Fetched:
+    """fetch_batch's rows: events only."""
+    events = _events(rows, selection.max_row_bytes)
+    if not events:
+        return Fetched([], None)
+    return Fetched(events, events[-1].key, _full(events, selection))
+
+
+def _filtered(rows: _Rows, selection: Selection) -> Fetched:
+    """fetch_batch_filtered's rows: each says how far the read went, and if it came back
+    full; a row of NULLs after that when the filters kept none."""
+    if not rows:
+        return Fetched([], None)
+    read_tx, read_pos, full = rows[0][:3]
+    events = _events([row[3:] for row in rows if row[3] is not None], selection.max_row_bytes)
+    return Fetched(events, Position(read_tx, read_pos), full)
+
+
+def _of_type(rows: _Rows, selection: Selection) -> Fetched:
+    """fetch_batch_of_type's rows: a full fetch read up to its last event; a short one,
+    everything decided below the horizon."""
+    if not rows:
+        return Fetched([], None)
+    read_tx, read_pos = rows[0][:2]
+    events = _events([row[3:] for row in rows if row[3] is not None], selection.max_row_bytes)
+    full = _full(events, selection)
+    return Fetched(events, events[-1].key if full else Position(read_tx, read_pos), full)
+
+
+def _events(rows: _Rows, limit: int) -> list[OutboxEvent]:
+    """The events of rows in EVENT_COLUMNS order, the hot path: no Python call per row
+    but the comprehension's; ``limit`` is the selection's ``max_row_bytes``."""
+    return [
         _new_event(
             (
                 tx,
@@ -128,56 +155,6 @@ def _unfiltered(rows: list[tuple[Any, ...]], selection: Selection) -> Fetched:
             payload,
         ) in zip(rows, payloads([row[7] for row in rows]), strict=True)
     ]
-    if not events:
-        return Fetched([], None)
-    return Fetched(events, events[-1].key, _full(events, selection))
-
-
-def _filtered(rows: list[_Read], selection: Selection) -> Fetched:
-    """fetch_batch_filtered's rows: each says how far the read went, and if it came back
-    full."""
-    if not rows:
-        return Fetched([], None)
-    (read_tx, read_pos, full), _ = rows[0]
-    return Fetched([e for _, e in rows if e is not None], Position(read_tx, read_pos), full)
-
-
-def _of_type(rows: list[_Read], selection: Selection) -> Fetched:
-    """fetch_batch_of_type's rows: a full fetch read up to its last event; a short one,
-    everything decided below the horizon."""
-    if not rows:
-        return Fetched([], None)
-    (read_tx, read_pos), _ = rows[0]
-    events = [e for _, e in rows if e is not None]
-    full = _full(events, selection)
-    return Fetched(events, events[-1].key if full else Position(read_tx, read_pos), full)
-
-
-def _read_rows(extent: Sequence[str], limit: int) -> RowFactory[_Read]:
-    """Rows of a filtered fetch as their extent and their event, the columns found by
-    name once per execute; ``limit`` is the selection's ``max_row_bytes``."""
-
-    def factory(cursor: Any) -> RowMaker[_Read]:
-        names = [column.name for column in cursor.description or ()]
-        extent_of = operator.itemgetter(*map(names.index, extent))
-        event_of = operator.itemgetter(*map(names.index, EVENT_COLUMNS))
-
-        def make(values: Sequence[Any]) -> _Read:
-            tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz, big, ids = (
-                event_of(values)
-            )
-            if tx is None:
-                return extent_of(values), None
-            if big is not None:
-                payload = _not_read(big, limit)
-            elif payload is not None:
-                payload = load_row_json(payload)
-            event = (tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at, size)
-            return extent_of(values), _new_event((*event, dbz, ids))
-
-        return make
-
-    return factory
 
 
 # A plain call of tuple.__new__: OutboxEvent's own __new__ is a Python function, and

@@ -151,7 +151,7 @@ class OutboxStore:
     def fetch(self, after: Position, selection: Selection) -> Fetched:
         plan = fetch_plan.plan(self.schema, selection)
         # Binary transfer: integers, uuids and timestamps load without text parsing.
-        with wrap_errors(), self.conn.cursor(binary=True, row_factory=plan.rows) as cur:
+        with wrap_errors(), self.conn.cursor(binary=True) as cur:
             set_json_loads(fetch_plan.load_row_json, cur)
             rows = cur.execute(
                 plan.query, plan.params_after(after), prepare=plan.prepare
