@@ -35,7 +35,7 @@ from psycopg.pq import Format
 from bench.fanout_fetch import MAX_BYTES, MAX_ROW_BYTES, TYPES, backend_cpu_side, unfiltered
 from bench.harness import Figure, Scale, Stack, fill_outbox
 from bench.method import Samples, interleave, settle
-from relay.adapters.postgres.queries import queries_for
+from relay.adapters.postgres.queries import parse_named, queries_for, read_sql
 from relay.adapters.postgres.store import OutboxStore
 
 BATCH = 1000  # as fanout_fetch's unfiltered side on 1M rows
@@ -66,15 +66,8 @@ SELECT o.transaction_id::text::bigint, o.position, o.message_id, o.aggregate_typ
 _CUT = "CASE WHEN b.too_large AND pg_catalog.octet_length(b.{0}) > 200 THEN pg_catalog.left(b.{0}, 200) || '...[cut: ' || pg_catalog.octet_length(b.{0}) || ' bytes]' ELSE b.{0} END"
 _STORED_SUM = "pg_catalog.sum(pg_catalog.pg_column_size(o.payload) + pg_catalog.pg_column_size(o.headers)) OVER (ORDER BY o.transaction_id, o.position ROWS UNBOUNDED PRECEDING)"
 _COUNTED_SUM = "pg_catalog.sum(m.counted_bytes) OVER (ORDER BY m.transaction_id, m.position ROWS UNBOUNDED PRECEDING)"
-_MEASURE = """pg_catalog.octet_length(s.aggregate_type)::bigint
-    + pg_catalog.octet_length(s.aggregate_id) + pg_catalog.octet_length(s.event_type)
-    + CASE WHEN pg_catalog.pg_column_compression(s.payload) IS NULL THEN pg_catalog.pg_column_size(s.payload)
-           ELSE pg_catalog.octet_length(s.payload::text) END
-    + CASE WHEN pg_catalog.pg_column_compression(s.headers) IS NULL THEN pg_catalog.pg_column_size(s.headers)
-           ELSE pg_catalog.octet_length(s.headers::text) END
-    + CASE WHEN s.debezium IS NULL THEN 0
-           WHEN pg_catalog.pg_column_compression(s.debezium) IS NULL THEN pg_catalog.pg_column_size(s.debezium)
-           ELSE pg_catalog.octet_length(s.debezium::text) END AS row_bytes"""
+# The size rule, as the poll renders it (fetch_rules.sql; its comment is not sent).
+_MEASURE = re.sub(r"--[^\n]*\n", "", parse_named(read_sql("fetch_rules.sql"))["row_bytes"])
 _PAYLOAD = "pg_catalog.convert_to(b.payload::text, 'UTF8')"
 
 # The poll with one group of expressions removed or simplified: (old, new) rewrites of its

@@ -65,15 +65,10 @@ from psycopg.types.string import ByteaBinaryLoader
 from bench.harness import BATCH, SCHEMAS, Figure, Scale, Stack, create_topics, fill_outbox
 from bench.method import Samples, interleave, settle
 from bench.throughput import ceiling_producer, produce_batches, records_of
-from relay.adapters.postgres.queries import queries_for
-from relay.adapters.postgres.store import (
-    OutboxStore,
-    _fetch_query,
-    _load_row_json,
-    _new_event,
-    _not_read,
-    _payloads,
-)
+from relay.adapters.postgres.fetch_plan import _new_event, _not_read, plan
+from relay.adapters.postgres.fetch_plan import load_row_json as _load_row_json
+from relay.adapters.postgres.fetch_plan import payloads as _payloads
+from relay.adapters.postgres.store import OutboxStore
 from relay.core.formats.json_values import json_value as _json_value
 from relay.core.model import KafkaRecord, OutboxEvent, Position, Unreadable
 from relay.core.ports import Selection
@@ -290,8 +285,8 @@ def _batch_starts(store: OutboxStore) -> list[Position]:
 
 def _execute(cur: psycopg.Cursor[Any], after: Position) -> psycopg.Cursor[Any]:
     """The store's fetch_batch, executed as the store executes it (prepared, one part)."""
-    name, params = _fetch_query(after, SELECTION)
-    return cur.execute(queries_for("public")[name], params, prepare=True)
+    fetch = plan("public", SELECTION)
+    return cur.execute(fetch.query, fetch.params_after(after), prepare=True)
 
 
 def _store_sweep(conn: psycopg.Connection[Any], starts: list[Position]) -> int:

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from relay.adapters.postgres.store import _load_row_json, _payloads
+from relay.adapters.postgres.fetch_plan import load_row_json as _load_row_json
+from relay.adapters.postgres.fetch_plan import payloads as _payloads
 from relay.core.model import OutboxEvent, Unreadable
 from relay.core.ports import DeadLetterDecision
 from relay.core.subscribers import Subscriber, ValueFormat

@@ -16,8 +16,9 @@ from psycopg.types.json import set_json_loads
 
 from relay.adapters.postgres.advisory import session_lock
 from relay.adapters.postgres.db import wrap_errors
+from relay.adapters.postgres.fetch_plan import load_row_json as _load_row_json
 from relay.adapters.postgres.queries import parse_named, read_sql, with_schema
-from relay.adapters.postgres.store import OutboxStore, _load_row_json
+from relay.adapters.postgres.store import OutboxStore
 from relay.core.dead_letters import Candidate, ListedDeadLetter
 from relay.core.interventions import Intervention
 from relay.core.model import OutboxEvent, Position

@@ -1,9 +1,11 @@
-"""Named SQL queries, loaded from ``relay/adapters/postgres/sql/queries.sql`` and
-``interventions.sql`` (the operators' interventions).
+"""Named SQL queries, loaded from ``relay/adapters/postgres/sql/queries.sql``,
+``interventions.sql`` (the operators' interventions) and ``fetch.sql`` (the relay's
+fetches).
 
 Queries are written with a ``{schema}`` placeholder; :func:`queries_for` fills it
 with a quoted :class:`psycopg.sql.Identifier`, so a configured schema name can never
-inject SQL.
+inject SQL. The fetches also name the fragments of ``fetch_rules.sql`` (``{row_bytes}``:
+the size rule, ...), which it puts in their place: each rule is written once.
 """
 
 from __future__ import annotations
@@ -41,11 +43,30 @@ def with_schema(text: str, schema: str) -> sql.Composed:
     return sql.SQL(text).format(schema=sql.Identifier(schema))
 
 
+def _code(fragment: str) -> str:
+    """A fragment without the comment that leads it: it documents the rule in the .sql
+    file, and would be sent with every query that uses it."""
+    lines = fragment.splitlines()
+    while lines and lines[0].lstrip().startswith("--"):
+        lines.pop(0)
+    return "\n".join(lines)
+
+
 @functools.cache
 def queries_for(schema: str) -> dict[str, bytes]:
     """Every named query, bound to ``schema`` and rendered once: composing a query
     costs more than some of them take to run (the write API's insert)."""
-    text = "\n".join(read_sql(f) for f in ("queries.sql", "interventions.sql"))
+    # Each file parsed alone: a file's leading comment is no part of another's last query.
+    named: dict[str, str] = {}
+    for resource in ("queries.sql", "interventions.sql", "fetch.sql"):
+        for name, body in parse_named(read_sql(resource)).items():
+            if named.setdefault(name, body) is not body:
+                raise ValueError(f"query {name!r} is defined twice")
+    fragments = {
+        name: with_schema(_code(body), schema)
+        for name, body in parse_named(read_sql("fetch_rules.sql")).items()
+    }
     return {
-        name: with_schema(body, schema).as_bytes(None) for name, body in parse_named(text).items()
+        name: sql.SQL(body).format(schema=sql.Identifier(schema), **fragments).as_bytes(None)
+        for name, body in named.items()
     }

@@ -8,29 +8,25 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
-import functools
-import json
-import math
 import time
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 from uuid import UUID
 
-import orjson
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb, set_json_loads
 
-from relay.adapters.postgres import part_index
-from relay.adapters.postgres.db import has_long_number, wrap_errors
+from relay.adapters.postgres import fetch_plan, part_index
+from relay.adapters.postgres.db import wrap_errors
 from relay.adapters.postgres.queries import queries_for
 from relay.core import ports
 from relay.core.formats import format_of
 from relay.core.interventions import Action, Intervention, OperatorSkip, PartMove, Recorded
 from relay.core.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
-from relay.core.model import OutboxEvent, PartId, Position, Unreadable
+from relay.core.model import PartId, Position
 from relay.core.ports import (
     DeadLetter,
     DeadLetterDecision,
@@ -131,67 +127,14 @@ class OutboxStore:
     # -- the relay's hot path --------------------------------------------------------
 
     def fetch(self, after: Position, selection: Selection) -> Fetched:
-        name, params = _fetch_query(after, selection)
+        plan = fetch_plan.plan(self.schema, selection)
         # Binary transfer: integers, uuids and timestamps load without text parsing.
         with wrap_errors(), self.conn.cursor(binary=True) as cur:
-            set_json_loads(_load_row_json, cur)
-            # A part's poll is planned with its part as a constant (never a prepared,
-            # generic plan): only then may the planner use the part's index.
-            rows = cur.execute(self._q[name], params, prepare=selection.parts == 1).fetchall()
-        limit = selection.max_row_bytes
-        if name == "fetch_batch":  # the hot path: no Python call per row
-            events = [
-                _new_event(
-                    (
-                        tx,
-                        pos,
-                        mid,
-                        atype,
-                        aid,
-                        version,
-                        etype,
-                        payload if big is None else _not_read(big, limit),
-                        headers or {},
-                        at,
-                        size,
-                        dbz,
-                        id_text,
-                    )
-                )
-                for (
-                    (
-                        tx,
-                        pos,
-                        mid,
-                        atype,
-                        aid,
-                        version,
-                        etype,
-                        _,
-                        headers,
-                        at,
-                        size,
-                        dbz,
-                        big,
-                        id_text,
-                    ),
-                    payload,
-                ) in zip(rows, _payloads([row[7] for row in rows]), strict=True)
-            ]
-            if not events:
-                return Fetched([], None)
-            return Fetched(events, events[-1].key, _full(events, selection))
-        if not rows:
-            return Fetched([], None)
-        # The read's extent leads every row; a row of NULLs after it when none was kept.
-        events = [_event(row[3:], limit) for row in rows if row[3] is not None]
-        read_tx, read_pos, full = rows[0][:3]
-        if name == "fetch_batch_filtered":
-            return Fetched(events, Position(read_tx, read_pos), full)
-        # Of one type: a full fetch read up to its last event; a short one, everything
-        # decided below the horizon.
-        full = _full(events, selection)
-        return Fetched(events, events[-1].key if full else Position(read_tx, read_pos), full)
+            set_json_loads(fetch_plan.load_row_json, cur)
+            rows = cur.execute(
+                plan.query, plan.params_after(after), prepare=plan.prepare
+            ).fetchall()
+        return plan.decode(rows, selection)
 
     def advance(
         self,
@@ -895,108 +838,6 @@ class OutboxStore:
             )
             for row in rows
         ]
-
-
-def _fetch_query(after: Position, selection: Selection) -> tuple[str, dict[str, Any]]:
-    """The query that fetches ``selection`` after ``after``, and its parameters. A
-    subscriber of one aggregate type reads only its own rows (fetch_batch_of_type);
-    other filters read every row and leave behind what they drop (fetch_batch_filtered)."""
-    aggregate_types, event_types = selection.aggregate_types, selection.event_types
-    one_type = (
-        next(iter(aggregate_types)) if aggregate_types and len(aggregate_types) == 1 else None
-    )
-    params = {
-        "transaction_id": after.transaction_id,
-        "position": after.position,
-        "limit": selection.limit,
-        "max_bytes": selection.max_bytes,
-        "max_row_bytes": selection.max_row_bytes,
-        "part": selection.part,
-        "parts": selection.parts,
-        "aggregate_types": sorted(aggregate_types) if aggregate_types is not None else None,
-        "event_types": sorted(event_types) if event_types is not None else None,
-        "aggregate_type": one_type,
-    }
-    if one_type is not None:
-        return "fetch_batch_of_type", params
-    if aggregate_types is not None or event_types is not None:
-        return "fetch_batch_filtered", params
-    return "fetch_batch", params
-
-
-# A plain call of tuple.__new__: OutboxEvent's own __new__ is a Python function, and
-# the fetch builds thousands of events per batch.
-_new_event = functools.partial(tuple.__new__, OutboxEvent)
-
-
-def _event(row: Sequence[Any], limit: int) -> OutboxEvent:
-    tx, pos, mid, atype, aid, version, etype, payload, headers, at, size, dbz, big, id_text = row
-    if big is not None:
-        payload = _not_read(big, limit)
-    elif payload is not None:
-        payload = _load_row_json(payload)
-    return OutboxEvent(
-        tx, pos, mid, atype, aid, version, etype, payload, headers or {}, at, size, dbz, id_text
-    )
-
-
-def _not_read(size: int, limit: int) -> Unreadable:
-    """What stands in for the payload of a row the fetch left unread: its poison."""
-    return Unreadable(
-        f"too large to publish: the row holds {size} bytes (its payload, headers and text "
-        f"columns), over the {limit} bytes a row may hold (twice message.max.bytes: no "
-        "record of it could fit); it was not read",
-        read=False,
-    )
-
-
-def _full(events: list[OutboxEvent], selection: Selection) -> bool:
-    """Whether a fetch came back full: ``limit`` events, or cut at ``max_bytes`` (the
-    fetch returns what it counted of each row)."""
-    return (
-        len(events) >= selection.limit or sum(e.stored_bytes for e in events) >= selection.max_bytes
-    )
-
-
-def _payloads(texts: list[bytes | None]) -> list[Any]:
-    """The payloads of a batch, from their JSON text (None: a row not read). orjson over
-    the whole batch in one C loop, the common case; a batch with a row it refuses (or a
-    row not read) goes row by row through :func:`_load_row_json`, which never raises."""
-    try:
-        # One check over the batch: orjson changes integers beyond 64 bits into floats.
-        if not has_long_number(b" ".join(texts)):  # type: ignore[arg-type]
-            return list(map(orjson.loads, texts))  # type: ignore[arg-type]
-    except (orjson.JSONDecodeError, TypeError):
-        pass
-    return [None if text is None else _load_row_json(text) for text in texts]
-
-
-def _load_row_json(data: bytes | bytearray | memoryview | str) -> Any:
-    """A row's payload or headers; never raises. Whatever Postgres accepted but Python
-    cannot load becomes :class:`Unreadable`, which the encoder treats as that row's
-    poison: raising here would fail the whole batch, for ever (docs/design.md §6).
-
-    As :func:`relay.adapters.postgres.db.load_json` (orjson, then the standard library for what orjson
-    refuses), but a number beyond a double's range is unreadable too: jsonb's numeric
-    takes ``1e400``, which the standard library loads as ``inf``, and that was published
-    as ``null`` (JSON) or ``Infinity`` (Avro)."""
-    text = bytes(data) if isinstance(data, memoryview) else data
-    if not has_long_number(text):  # orjson would load a long integer as a float
-        try:
-            return orjson.loads(text)
-        except orjson.JSONDecodeError:
-            pass  # numbers beyond a double
-    try:
-        return json.loads(text, parse_float=_finite_float)
-    except Exception as exc:  # any failure: ValueError, RecursionError, MemoryError...
-        return Unreadable(f"{type(exc).__name__}: {str(exc)[:200]}")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise ValueError(f"the number {text[:20]}... ({len(text)} characters) is beyond a double")
-    return value
 
 
 def _part(
