@@ -229,7 +229,7 @@ def warm_up(owner_url: str, writers: Writers) -> None:
         def at_work() -> bool:
             return caught_up(conn, "orders") and conn.execute(owners).fetchone() == (2,)
 
-        wait_until(at_work, timeout=120, what="both relays at work")
+        wait_until(at_work, timeout=300, what="both relays at work")
 
 
 def lagging(primary: LocalPostgres) -> None:
@@ -313,7 +313,7 @@ def log_counts(text: str) -> dict[str, int]:
     return {name: len(pattern.findall(text)) for name, pattern in _LINES.items()}
 
 
-@pytest.mark.timeout(600)  # a fresh broker and two clusters, on a busy machine
+@pytest.mark.timeout(900)  # a fresh broker and two clusters, on a busy machine
 def test_relays_follow_a_failover_to_a_synchronous_standby_without_loss_or_duplicates(
     new_cluster: Any, kafka_bootstrap: str, topic_prefix: str, outbox: Outbox, tmp_path: Path
 ) -> None:
