@@ -66,7 +66,7 @@ CREATE TABLE IF NOT EXISTS {table} (
 # their tables live in (the role's own, where they were always created), then pg_temp:
 # no function a role puts in that schema (every role may CREATE in `public` before
 # Postgres 15) can come before a built-in, and the sinks' SQL calls built-ins only,
-# qualified (tests/unit/test_sql_qualified.py). Pinned by a query, as the relay pins its
+# qualified (tests/unit/adapters/postgres/test_sql_qualified.py). Pinned by a query, as the relay pins its
 # own (relay/adapters/postgres/db.py): poolers refuse libpq's options. Qualified itself:
 # it runs before the path is pinned.
 PIN_SEARCH_PATH = """

@@ -35,7 +35,7 @@ from relay.errors import (
 Connectable = psycopg.Connection[Any] | psycopg.Transaction
 
 # It runs in the application's session, whose search_path the relay does not own: every
-# call and type is qualified (tests/unit/test_sql_qualified.py), so nothing a role put in
+# call and type is qualified (tests/unit/adapters/postgres/test_sql_qualified.py), so nothing a role put in
 # a schema on that path can be a better match. (unnest of several arrays is shorthand
 # for this ROWS FROM, and only unqualified.)
 _STREAM_INSERT = """

@@ -25,7 +25,7 @@ from relay.daemon import Relay
 from tests.acceptance.test_observability import get, sample
 from tests.plugins.promtool import run_promtool
 from tests.support import sub, wait_caught_up, wait_until, write_orders
-from tests.unit.test_grafana_dashboard import metric_names
+from tests.unit.deploy.test_grafana_dashboard import metric_names
 
 PROMETHEUS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 EVERY_S = 15  # the scrape and evaluation interval the scrapes are fed at

@@ -22,7 +22,7 @@ from relay.daemon import Relay
 from tests.acceptance.test_hostile_rows import insert
 from tests.acceptance.test_observability import get, sample
 from tests.support import order, run_cli, sub, wait_caught_up, wait_until, write_orders
-from tests.unit.test_grafana_dashboard import metric_names
+from tests.unit.deploy.test_grafana_dashboard import metric_names
 
 ALERTS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "alerts.yml"
 WAITING = 6  # events written behind the hostile row
@@ -121,7 +121,7 @@ def test_every_alert_rule_watches_series_a_live_relay_serves(
     topic_prefix: str,
     start_relay: Callable[..., Relay],
 ) -> None:
-    """tests/unit/test_grafana_dashboard.py checks the rules against the collector over
+    """tests/unit/deploy/test_grafana_dashboard.py checks the rules against the collector over
     fakes; this one against what a running relay serves, as Prometheus would scrape it
     (with pg_read_all_stats, which the horizon's series needs)."""
     relay = start_relay(subscribers=[sub("s", topic_prefix)], metrics_cache_ttl=0)

@@ -2,8 +2,8 @@
 the subscribers' listing, halting and retention, as the relay daemon relies on them
 (docs/design.md §4). Held against the Postgres store and the in-memory one alike, so
 the unit tests of claiming and assignment over the in-memory store
-(``tests/unit/test_claims.py``) say something about the real one.
-``tests/unit/test_daemon_store_contract.py`` and
+(``tests/unit/engine/test_claims.py``) say something about the real one.
+``tests/unit/adapters/memory/test_daemon_store_contract.py`` and
 ``tests/integration/test_daemon_store_contract.py`` subclass it once per adapter.
 
 A session's expiry is tested with a session opened already expired (a negative

@@ -1,7 +1,7 @@
 """The publisher port's contract (``relay.core.ports.Publisher``): what a part worker relies
 on of Kafka, held against the transactional publisher on Apache Kafka and against the
 in-memory one, so tests of the worker's logic over the in-memory one say something
-about the real one. ``tests/unit/test_publisher_contract.py`` and
+about the real one. ``tests/unit/adapters/memory/test_publisher_contract.py`` and
 ``tests/integration/test_publisher_contract.py`` subclass it once per adapter."""
 
 from __future__ import annotations

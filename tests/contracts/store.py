@@ -1,7 +1,7 @@
 """The store port's contract (``relay.core.ports.PartStore``): what a part worker relies on
 of the outbox, held against the Postgres store and the in-memory one alike, so tests
 of the worker's logic over the in-memory store say something about the real one.
-``tests/unit/test_store_contract.py`` and ``tests/integration/test_store_contract.py``
+``tests/unit/adapters/memory/test_store_contract.py`` and ``tests/integration/test_store_contract.py``
 subclass it once per adapter."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The value formats, registered: each is one module of this package holding its
 writer, its preconditions and its traits (a :class:`~relay.core.formats.base.Format`),
 and one line below. The rest of the relay asks :func:`format_of` for a subscriber's
-format and its traits, and names no format (tests/unit/test_formats.py checks that).
+format and its traits, and names no format (tests/unit/core/test_formats.py checks that).
 
 Adding a format: write its module (``FORMAT = Format(...)``), then add its member to
 :class:`ValueFormat` and its line to ``_REGISTERED`` (docs/design.md, "Value formats")."""

@@ -14,7 +14,7 @@ pa = pytest.importorskip("pyarrow")
 from relay.core.schemas import SchemaFolder  # noqa: E402
 from spark_jobs import decoding  # noqa: E402
 
-SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
+SCHEMAS = Path(__file__).resolve().parents[3] / "schemas"
 
 
 def test_a_batch_costs_python_work_only_for_the_rows_from_avro_did_not_decode(

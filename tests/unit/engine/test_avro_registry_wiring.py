@@ -30,7 +30,7 @@ from relay.engine.worker import PartWorker
 from relay.errors import ConfigError, EncodingError, PayloadValidationError, SubscriberError
 from relay.ops.subscribers import Setup, check
 from tests.support import wait_until
-from tests.unit.test_worker_logic import OWNER, claimed, event, run_until_halted
+from tests.unit.engine.test_worker_logic import OWNER, claimed, event, run_until_halted
 
 SCHEMAS = SchemaFolder(
     [

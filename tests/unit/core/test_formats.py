@@ -11,7 +11,7 @@ import pytest
 
 from relay.core.formats import ValueFormat, default_format, format_of, local_formats
 
-RELAY = Path(__file__).resolve().parents[2] / "relay"
+RELAY = Path(__file__).resolve().parents[3] / "relay"
 # Three at most: the registration, and room for the few rules that pick one format
 # by name (the default format's) should they move out of it.
 MOST_NAMING = 3

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-SQL_DIR = Path(__file__).resolve().parents[2] / "relay" / "adapters" / "postgres" / "sql"
+SQL_DIR = Path(__file__).resolve().parents[4] / "relay" / "adapters" / "postgres" / "sql"
 # Migrations before 0014 ran as they were written; 0014 rebuilt what they left bound, and
 # every migration runs with the search_path pinned (relay/adapters/postgres/migrations.py).
 FIRST_QUALIFIED_MIGRATION = 14

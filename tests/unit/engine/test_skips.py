@@ -9,7 +9,7 @@ from relay.adapters.memory import InMemoryPublisher, InMemoryStore
 from relay.core.interventions import Action, Actor, Intervention
 from relay.core.model import OutboxEvent, Position
 from relay.core.subscribers import Subscriber, ValueFormat
-from tests.unit.test_worker_logic import (
+from tests.unit.engine.test_worker_logic import (
     claimed,
     event,
     ids,

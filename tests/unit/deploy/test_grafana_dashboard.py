@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from relay.core.model import PartId
 from relay.daemon import metrics
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "outbox-relay.json"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PROMETHEUS = REPO / "deploy" / "prometheus"
 README = REPO / "deploy" / "README.md"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from relay.adapters.postgres.queries import parse_named, read_sql
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 ROLES = {"relay_grants": "outbox_relay", "relay_no_read_all_stats": "outbox_relay"}
 ROLES["writer_grants"] = "app_writer"
 

@@ -18,7 +18,7 @@ from relay.core.log_fields import log_extra
 from relay.core.model import PartId, Position
 from relay.observability.logs import JsonFormatter
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = ("relay", "spark_jobs")
 # The one event style: snake_case. These two are dotted but stay: docs/configuration.md and
 # deploy/prometheus/alerts.yml name them, and operators' filters may match them.

@@ -14,7 +14,7 @@ from relay.adapters.postgres.queries import parse_named, queries_for, read_sql
 from relay.core.model import Position
 from relay.core.ports import Selection
 
-SQL_DIR = Path(__file__).resolve().parents[2] / "relay" / "adapters" / "postgres" / "sql"
+SQL_DIR = Path(__file__).resolve().parents[4] / "relay" / "adapters" / "postgres" / "sql"
 FETCHES = ("fetch_batch", "fetch_batch_filtered", "fetch_batch_of_type")
 RULES = parse_named(read_sql("fetch_rules.sql"))
 

@@ -13,9 +13,9 @@ from relay.core.model import Position
 from relay.core.ports import Fetched, Selection
 from relay.core.subscribers import Subscriber, TopicGuard, legal_topic
 from tests.support import wait_until
-from tests.unit.test_worker_logic import claimed
-from tests.unit.test_worker_logic import event as logic_event
-from tests.unit.test_worker_logic import worker as logic_worker
+from tests.unit.engine.test_worker_logic import claimed
+from tests.unit.engine.test_worker_logic import event as logic_event
+from tests.unit.engine.test_worker_logic import worker as logic_worker
 
 
 class _FailingStore(InMemoryStore):

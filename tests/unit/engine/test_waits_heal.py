@@ -17,7 +17,7 @@ from relay.core.worker_stats import WorkerState
 from relay.engine.waiting import WaitRecord
 from relay.errors import DatabaseUnavailable, PoisonRecordError, PrivilegeMissing, TopicMissing
 from tests.support import wait_until
-from tests.unit.test_worker_logic import OWNER, claimed, event, ids, published_ids, worker
+from tests.unit.engine.test_worker_logic import OWNER, claimed, event, ids, published_ids, worker
 
 PART = PartId("s", 0)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from relay.core.schemas import SchemaFolder
 
-DEMO = Path(__file__).resolve().parents[2] / "schemas" / "demo"
+DEMO = Path(__file__).resolve().parents[3] / "schemas" / "demo"
 
 
 def test_a_folder_mounted_from_a_configmap_loads_each_schema_once(tmp_path: Path) -> None:

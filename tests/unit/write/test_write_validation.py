@@ -13,7 +13,7 @@ import pytest
 from relay import Outbox, PayloadValidationError
 from relay.core.schemas import SchemaFolder
 
-SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
+SCHEMAS = Path(__file__).resolve().parents[3] / "schemas"
 
 
 def _append(outbox: Outbox, **fields: Any) -> None:

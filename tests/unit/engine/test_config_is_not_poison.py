@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from relay.adapters.memory import InMemoryPublisher
 from relay.core.subscribers import PoisonPolicy, Subscriber, ValueFormat
-from tests.unit.test_worker_logic import claimed, event, run_until_halted, worker
+from tests.unit.engine.test_worker_logic import claimed, event, run_until_halted, worker
 
 
 def test_avro_without_schemas_halts_the_part_and_dead_letters_nothing() -> None:
