@@ -179,7 +179,7 @@ def test_a_transaction_aborted_after_its_leader_appended_is_retried_without_loss
         leader = _topic_led_away_from(kafka_cluster, topic, _ids(roles.relay_url, "s"))
         with psycopg.connect(roles.writer_url, autocommit=True) as writer:
             write_orders(writer, outbox, [f"first-{i}" for i in range(20)])
-        wait_caught_up(db, "s", timeout=60)
+        wait_caught_up(db, "s", timeout=120)  # a fresh cluster on a loaded host is slow
         writers.start()
         for n in range(ROUNDS):
             _lead_again(kafka_cluster, topic, leader)
@@ -191,7 +191,8 @@ def test_a_transaction_aborted_after_its_leader_appended_is_retried_without_loss
         wait_fully_replicated(kafka_cluster)
         wait_caught_up(db, "s", timeout=120)
     finally:
-        writers.stop()
+        if writers.is_alive():  # a failure before they started has nothing to stop
+            writers.stop()
         relay.stop()
     retried = sum(getattr(r, "event", None) == "kafka_txn_aborted_retrying" for r in caplog.records)
     rows = db.execute("SELECT count(*) FROM outbox").fetchone()
