@@ -142,7 +142,7 @@ def _ids(relay_url: str, name: str) -> list[str]:
     return [first, second_transactional_id(first)]
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)  # a ceiling for a loaded host; a loss costs the read 60 s more
 def test_a_transaction_aborted_after_its_leader_appended_is_retried_without_loss(
     db: psycopg.Connection[Any],
     roles: Roles,
