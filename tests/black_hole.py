@@ -69,7 +69,7 @@ class BlackHole:
             # A connection opened during a cut is accepted (the client sees no refusal)
             # and joined to the server only once the cut heals.
             threading.Thread(
-                target=self._join, args=(client,), name="black-hole-join", daemon=True
+                target=self._join, args=(client,), name="black-hole-pump", daemon=True
             ).start()
 
     def _join(self, client: socket.socket) -> None:
@@ -82,21 +82,30 @@ class BlackHole:
             return
         server.settimeout(None)
         self._keep(server)
-        for source, sink in ((client, server), (server, client)):
-            threading.Thread(
-                target=self._pump, args=(source, sink), name="black-hole-pump", daemon=True
-            ).start()
+        back = threading.Thread(
+            target=self._pump, args=(server, client), name="black-hole-pump", daemon=True
+        )
+        back.start()
+        self._pump(client, server)
+        back.join()
+        # Both ways ended: closed here, so a proxy that outlives many clients (a
+        # benchmark's rounds) holds no descriptor of theirs.
+        with self._lock:
+            self._sockets = [s for s in self._sockets if s not in (client, server)]
+        client.close()
+        server.close()
 
     def _keep(self, sock: socket.socket) -> None:
         with self._lock:
             self._sockets.append(sock)
 
     def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        poller = select.poll()  # not select(): descriptors above 1024 are common here
+        poller.register(source, select.POLLIN)
         try:
             while not self._closed.is_set():
                 self._flowing.wait()
-                readable, _, _ = select.select([source], [], [], _POLL_S)
-                if not readable:
+                if not poller.poll(_POLL_S * 1000):
                     continue
                 data = source.recv(_CHUNK)
                 if not data:
