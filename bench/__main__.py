@@ -3,6 +3,7 @@
     ./dev.sh bench [--scale quick|default|full] [--only throughput,latency,...]
     ./dev.sh bench --only soak [--scale quick]     # the retention soak, on request
     ./dev.sh bench --only cluster [--scale quick]  # broker faults on 3 nodes, on request
+    ./dev.sh bench --only cut [--scale quick]      # one relay cut off, on request
 
 Prints a table and writes bench/results/bench-<time>.json and bench/results/latest.json.
 """
@@ -40,14 +41,15 @@ BENCHMARKS = (
     "soak",
     "tracing",
     "cluster",
+    "cut",
     "eos_phases",
     "levers",
     "fetch_cost",
 )
 # Run only when named (--only soak): the soak takes 8 minutes at the default scale, the
-# cluster's faults about 20; eos_phases, levers and fetch_cost are diagnoses
-# (bench/RESULTS.md), not figures with targets.
-ON_REQUEST = ("soak", "cluster", "eos_phases", "levers", "fetch_cost")
+# cluster's faults about 20, the cuts about 15; eos_phases, levers and fetch_cost are
+# diagnoses (bench/RESULTS.md), not figures with targets.
+ON_REQUEST = ("soak", "cluster", "cut", "eos_phases", "levers", "fetch_cost")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,7 +43,6 @@ import json
 import logging
 import os
 import sys
-import time
 from typing import Any
 
 import psycopg
@@ -117,10 +116,8 @@ def _one(
     down_for: float,
 ) -> dict[str, Any]:
     """One run of ``fault`` on a new database; its record."""
-    roles = grant_test_roles(stack.database("cluster"))
-    prefix = f"{stack.topic_prefix('cluster')}."
-    load_start = os.getloadavg()[0]
-    print(f"   {time.strftime('%X')} {fault}, load {load_start:.1f}", file=sys.stderr, flush=True)
+    url, prefix, load_start = stack.fault_run("cluster", fault)
+    roles = grant_test_roles(url)
     slow = _SlowCalls()
     kafka_log = logging.getLogger("relay.adapters.kafka.kafka")
     level = kafka_log.level

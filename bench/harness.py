@@ -212,6 +212,15 @@ class Stack:
     def topic_prefix(self, label: str) -> str:
         return f"bench{next(self._names)}.{label}"
 
+    def fault_run(self, label: str, fault: str) -> tuple[str, str, float]:
+        """A fault run's new database (its owner's URL), its topic prefix, and the
+        1-minute load average at its start, which it prints."""
+        url = self.database(label)
+        prefix = f"{self.topic_prefix(label)}."
+        load = os.getloadavg()[0]
+        print(f"   {time.strftime('%X')} {fault}, load {load:.1f}", file=sys.stderr, flush=True)
+        return url, prefix, load
+
 
 def create_topics(
     bootstrap: str, topics: list[str], partitions: int, config: dict[str, str] | None = None

@@ -252,6 +252,12 @@ class InMemoryStore:
                 self.close_session(gone.id)
             return expired
 
+    def next_expiry(self) -> float | None:
+        with self._lock:
+            now = self._clock()
+            left = [s.expires_at - now for s in self.sessions.values() if s.expires_at >= now]
+            return min(left, default=None)
+
     def close_session(self, session: UUID) -> None:
         with self._lock:
             if self.sessions.pop(session, None) is None:

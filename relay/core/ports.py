@@ -281,6 +281,9 @@ class DaemonStore(PartStore, Protocol):
     def expire_sessions(self) -> Sequence[ExpiredSession]:
         """Delete the sessions past their expiry (their parts become free); returns them."""
 
+    def next_expiry(self) -> float | None:
+        """Seconds until the soonest live session expires; None when there is none."""
+
     def close_session(self, session: UUID) -> None:
         """Delete ``session``: every part it owns is free at once (cooperative release)."""
 

@@ -51,6 +51,9 @@ _UNREADY_WAITS = frozenset({"postgres_privilege", "kafka_acl"})
 # How many waiting parts /readyz names per cause.
 _WAITS_NAMED = 5
 _START_CONNECT_TIMEOUT_S = 5.0
+# The supervisor's shortest wait: one that wakes just before Kafka's silence reaches the
+# session timeout does not spin.
+_MIN_TICK_S = 0.05
 
 
 class Relay:
@@ -67,6 +70,8 @@ class Relay:
         self.schema_registry = schema_registry
         self.encoder = RecordEncoder(self.registry, self.topic_guard, schema_registry)
         self._stopping = threading.Event()
+        # Wakes the supervisor before its tick: a peer's session expired, or stopping.
+        self._tick = threading.Event()
         self._stop_requested = threading.Event()
         # Kafka's partitioner, for the spans' partitions: closed at stop.
         self.partitioner = wiring.key_partitioner(settings)
@@ -85,6 +90,7 @@ class Relay:
             on_lost=self._abandon_workers,
             stop_workers=self._stop_all_workers,
             written_topics=self.publishers.written_topics,
+            on_peer_expired=self._tick.set,
         )
         self.parts = ClaimedParts(
             context,
@@ -157,6 +163,7 @@ class Relay:
             self.settings.shutdown_timeout if timeout is None else timeout
         )
         self._stopping.set()
+        self._tick.set()
         self._stop_requested.set()
         if self._supervisor is not None:
             self._supervisor.join(max(0.0, deadline - time.monotonic()))
@@ -289,7 +296,7 @@ class Relay:
         store: DaemonStore | None = None
         last_horizon_check = 0.0
         last_prune = time.monotonic()  # not right at start-up: let the relays settle
-        while not self._stopping.wait(self.settings.heartbeat_interval):
+        while not self._ticked():
             try:
                 self.membership.mind_broker()
                 store = store if store is not None and not store.closed else self._open_store()
@@ -310,6 +317,18 @@ class Relay:
                 store = None
         if store is not None:
             store.close()
+
+    def _ticked(self) -> bool:
+        """Wait for the supervisor's next tick; True once the relay is stopping."""
+        self._tick.wait(self._next_tick())
+        self._tick.clear()
+        return self._stopping.is_set()
+
+    def _next_tick(self) -> float:
+        """The supervisor's wait: a heartbeat interval, or less when Kafka's silence
+        reaches the session timeout sooner (a takeover waits for no tick, issue #49)."""
+        until = self.membership.until_giving_up()
+        return max(_MIN_TICK_S, min(self.settings.heartbeat_interval, until))
 
     def _rebalance_safely(self) -> None:
         try:

@@ -35,8 +35,10 @@ class Membership:
         on_lost: Callable[[], None],
         stop_workers: Callable[[float], None],
         written_topics: Callable[[], Collection[str]] = frozenset,
+        on_peer_expired: Callable[[], None] = lambda: None,
     ) -> None:
         self._ctx = context
+        self._on_peer_expired = on_peer_expired
         self._written_topics = written_topics
         self._on_lost = on_lost
         self._stop_workers = stop_workers
@@ -77,18 +79,33 @@ class Membership:
                 )
                 self._open_session()
             return
-        down = broker.unreachable_for()
+        down = broker.silent_for()
         if down >= self._ctx.settings.session_timeout:
             logger.error(
                 "%s (%.0fs): giving this relay's parts to its peers",
-                broker.describe(),
+                broker.describe_silence(),
                 down,
                 extra=log_extra("kafka_unreachable_giving_parts", unreachable_s=down),
             )
             keeper, self.keeper = self.keeper, None
             keeper.session.lost.set()  # workers stop before publishing anything more
-            self._stop_workers(time.monotonic() + 5.0)
+            # The session goes first, so peers claim its parts at once rather than after
+            # the workers stop, which a black-holed broker holds up to the deadline (#49).
+            # Safe: a worker still inside a batch cannot move the part's Postgres
+            # checkpoint (a compare-and-set on the owner, now another), and its Kafka
+            # transaction cannot commit after the new owner's init_transactions fenced
+            # its transactional ids; a commit that lands before the fence is adopted by
+            # the new owner's recovery (docs/design.md §4, "A relay cut off from Kafka").
             keeper.close(timeout=5.0)  # deletes the session: every claim is free at once
+            self._stop_workers(time.monotonic() + 5.0)
+
+    def until_giving_up(self) -> float:
+        """Seconds until Kafka's silence reaches the session timeout, when this relay
+        gives its parts up (inf without a session): the supervisor wakes for it, not a
+        heartbeat interval later."""
+        if self.broker is None or self.keeper is None:
+            return float("inf")
+        return self._ctx.settings.session_timeout - self.broker.silent_for()
 
     def stop(self, deadline: float) -> None:
         """Stop watching the broker and delete the session: peers may claim at once."""
@@ -118,6 +135,7 @@ class Membership:
             timeout=s.session_timeout,
             heartbeat_interval=s.heartbeat_interval,
             on_lost=self._on_lost,
+            on_peer_expired=self._on_peer_expired,
         )
         self.keeper.start()
 

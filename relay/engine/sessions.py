@@ -29,6 +29,10 @@ __all__ = ["RelaySession", "SessionKeeper", "assign"]
 
 logger = logging.getLogger(__name__)
 
+# A session is expired once past its expiry: look just after it, never in a busy loop.
+_EXPIRY_SLACK_S = 0.05
+_MIN_WAIT_S = 0.05
+
 
 def assign(parts: Sequence[PartId], sessions: Sequence[UUID]) -> dict[PartId, UUID]:
     """Round-robin the sorted parts over the sorted live sessions."""
@@ -48,8 +52,14 @@ class SessionKeeper(threading.Thread):
         timeout: float,
         heartbeat_interval: float,
         on_lost: Callable[[], None],
+        on_peer_expired: Callable[[], None] = lambda: None,
     ) -> None:
         super().__init__(name="relay-session", daemon=True)
+        # Called once a beat expired some peer's session: its parts are free now, and
+        # the supervisor claims them at once rather than at its next tick (issue #49).
+        self._on_peer_expired = on_peer_expired
+        # When the soonest live session runs out (monotonic; None: unknown).
+        self._peer_expires_at: float | None = None
         self._open_store = open_store
         self._timeout = timeout
         self._interval = heartbeat_interval
@@ -115,13 +125,18 @@ class SessionKeeper(threading.Thread):
             )
 
     def run(self) -> None:
+        beat_due = time.monotonic() + self._interval
         try:
-            while not self._stopping.wait(self._interval):
+            while not self._stopping.wait(self._next_wait(beat_due)):
                 try:
-                    self._beat()
+                    if time.monotonic() >= beat_due:
+                        beat_due = time.monotonic() + self._interval
+                        self._beat()
+                    self._expire_peers()
                     self.last_error = None
                 except RelayError as exc:
                     self.last_error = exc
+                    self._peer_expires_at = None
                     logger.warning(
                         "session heartbeat failed: %s",
                         exc,
@@ -130,6 +145,15 @@ class SessionKeeper(threading.Thread):
                     self._disconnect()
         finally:
             self._disconnect()
+
+    def _next_wait(self, beat_due: float) -> float:
+        """Until the next beat, or just past the soonest session's expiry if sooner: a
+        peer cut off is expired when its session runs out, not up to a beat later."""
+        now = time.monotonic()
+        due = beat_due
+        if self._peer_expires_at is not None:
+            due = min(due, self._peer_expires_at + _EXPIRY_SLACK_S)
+        return max(_MIN_WAIT_S, due - now)
 
     def _beat(self) -> None:
         store = self._held_store()
@@ -149,7 +173,14 @@ class SessionKeeper(threading.Thread):
             self._on_lost()
             if not self._stopping.is_set():
                 self.session = self._open()
+
+    def _expire_peers(self) -> None:
+        """Delete the sessions past their expiry (a peer's freed parts wake the
+        supervisor), and note when the next one runs out."""
+        store = self._held_store()
+        expired_any = False
         for expired, host, pid in store.expire_sessions():
+            expired_any = True
             logger.warning(
                 "expired the session %s of relay %s (pid %s): its parts are free",
                 expired,
@@ -157,6 +188,10 @@ class SessionKeeper(threading.Thread):
                 pid,
                 extra=log_extra("session_peer_expired", session=expired, host=host, pid=pid),
             )
+        if expired_any:
+            self._on_peer_expired()
+        left = store.next_expiry()
+        self._peer_expires_at = None if left is None else time.monotonic() + left
 
     def _log_extra(self, event: str, **fields: object) -> dict[str, object]:
         """The ``extra`` of this session's log lines: the event, the session, then ``fields``."""

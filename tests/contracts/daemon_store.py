@@ -63,6 +63,14 @@ class DaemonStoreContract:
         assert store.heartbeat(session, 60)
         assert store.expire_sessions() == [] and session in store.live_sessions()
 
+    def test_the_next_expiry_is_the_soonest_live_sessions(self, store: DaemonStore) -> None:
+        assert store.next_expiry() is None
+        store.open_session("host-a", 1, 60)
+        store.open_session("host-b", 2, 30)
+        store.open_session("host-c", 3, EXPIRED)  # past its expiry: not waited for
+        soonest = store.next_expiry()
+        assert soonest is not None and 20 < soonest <= 30
+
     # -- claims ------------------------------------------------------------------------
 
     def test_a_new_subscriber_has_every_part_free(self, store: DaemonStore) -> None:

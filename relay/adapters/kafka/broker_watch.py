@@ -89,9 +89,25 @@ class BrokerWatch(threading.Thread):
         self._answered.wait(timeout)
         return self.reachable
 
-    def unreachable_for(self) -> float:
-        """Seconds since Kafka last answered, once it is judged unreachable (0 until)."""
-        return 0.0 if self.reachable is not False else self._clock() - self._answered_at
+    def silent_for(self) -> float:
+        """Seconds since Kafka last answered (or the watch started), whatever the verdict.
+
+        Not held back until the verdict: behind a black hole (packets dropped, sockets
+        open) each request hangs for its timeout, twice, before Kafka is judged
+        unreachable, and those 10 s would be added to the session timeout (issue #49).
+        While Kafka answers, an answer comes every interval, so only a silence that
+        outlasts the requests' timeouts grows past them.
+        """
+        return self._clock() - self._answered_at
+
+    def describe_silence(self) -> str:
+        """Why Kafka is silent: the verdict's error, or the request still waiting."""
+        if self.reachable is False:
+            return self.describe()
+        return (
+            f"Kafka at {self._servers} has not answered since "
+            f"{self._answered_at_wall.isoformat(timespec='seconds')} (a request still waits)"
+        )
 
     def describe(self) -> str:
         if self.reachable is False:

@@ -435,6 +435,11 @@ class OutboxStore:
             rows = self.conn.execute(self._q["expire_sessions"]).fetchall()
         return [ExpiredSession(UUID(str(r[0])), r[1], r[2]) for r in rows]
 
+    def next_expiry(self) -> float | None:
+        with wrap_errors():
+            row = self.conn.execute(self._q["next_expiry"]).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
     def close_session(self, session: UUID) -> None:
         with wrap_errors():
             self.conn.execute(self._q["close_session"], {"id": session})

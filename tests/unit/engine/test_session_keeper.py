@@ -74,3 +74,21 @@ def test_closing_the_keeper_deletes_its_session(
     assert store.claim("s", 0, keeper.session.id)
     keeper.close(timeout=5)
     assert store.sessions == {} and store.get_part("s", 0).owner is None
+
+
+def test_expiring_a_peers_session_wakes_the_supervisor(store: InMemoryStore) -> None:
+    # The freed parts are claimed at once, not a supervisor tick later (issue #49).
+    woken = threading.Event()
+    keeper = SessionKeeper(
+        lambda: store,
+        timeout=60,
+        heartbeat_interval=0.02,
+        on_lost=lambda: None,
+        on_peer_expired=woken.set,
+    )
+    keeper.start()
+    try:
+        store.open_session("peer", 2, -1.0)  # its heartbeats stopped long ago
+        wait_until(woken.is_set, what="the keeper to tell of the expired peer", timeout=WAIT)
+    finally:
+        keeper.close(timeout=5)

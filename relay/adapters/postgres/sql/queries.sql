@@ -487,6 +487,12 @@ RETURNING id;
 -- name: expire_sessions
 DELETE FROM {schema}.outbox_relay_sessions WHERE expires_at < pg_catalog.now() RETURNING id, hostname, pid;
 
+-- name: next_expiry
+-- Seconds until the soonest live session expires (NULL: none): a peer's keeper expires
+-- it then, not at its next beat (issue #49).
+SELECT pg_catalog.date_part('epoch', pg_catalog.min(expires_at) - pg_catalog.now())
+  FROM {schema}.outbox_relay_sessions WHERE expires_at >= pg_catalog.now();
+
 -- name: close_session
 DELETE FROM {schema}.outbox_relay_sessions WHERE id = %(id)s;
 

@@ -102,7 +102,7 @@ def test_one_request_lost_to_a_dying_broker_is_asked_again(watch: BrokerWatch) -
     FakeAdmin.outcomes = [3, timed_out(), 2]
     watch._ask()
     watch._ask()
-    assert watch.reachable is True and watch.unreachable_for() == 0.0
+    assert watch.reachable is True and watch.silent_for() < 1.0  # just answered
 
 
 def test_a_cluster_that_does_not_answer_is_unreachable(watch: BrokerWatch) -> None:
@@ -119,7 +119,7 @@ def test_a_partition_written_without_a_leader_stalls_its_parts_not_the_relay(
 ) -> None:
     FakeAdmin.outcomes = [metadata([1, 3], orders=[1, -1, 3], relay_checkpoints=[3, 1])]
     writer._ask()
-    assert writer.reachable is True and writer.unreachable_for() == 0.0
+    assert writer.reachable is True and writer.silent_for() < 1.0  # just answered
     assert writer.leaderless == ("orders[1]",)
     assert "no leader since" in writer.describe() and "orders[1]" in writer.describe()
     [warning] = [r for r in caplog.records if r.name == "relay.adapters.kafka.broker_watch"]
@@ -175,9 +175,20 @@ def test_silence_is_counted_from_the_last_answer(clocked: tuple[BrokerWatch, Fak
     clock.now += 2.0  # the interval; then the cut: both requests time out (5 s each)
     watch._ask()
     assert watch.reachable is False
-    assert watch.unreachable_for() == clock.now - answered == 12.0
+    assert watch.silent_for() == clock.now - answered == 12.0
     clock.now += 3.0
-    assert watch.unreachable_for() == 15.0
+    assert watch.silent_for() == 15.0
+
+
+def test_silence_counts_before_the_verdict(clocked: tuple[BrokerWatch, FakeClock]) -> None:
+    # Behind a black hole the request hangs: no verdict for two timeouts (10 s), yet the
+    # silence that the session timeout is measured against has been growing all along.
+    watch, clock = clocked
+    FakeAdmin.outcomes = [3]
+    watch._ask()
+    clock.now += 10.0  # the next request sent, unanswered, still waiting
+    assert watch.reachable is True and watch.silent_for() == 10.0
+    assert "has not answered since" in watch.describe_silence()
 
 
 def test_an_answer_again_resets_the_count(clocked: tuple[BrokerWatch, FakeClock]) -> None:
@@ -188,11 +199,11 @@ def test_an_answer_again_resets_the_count(clocked: tuple[BrokerWatch, FakeClock]
     watch._ask()
     clock.now += 2.0
     watch._ask()  # Kafka answers again
-    assert watch.reachable is True and watch.unreachable_for() == 0.0
+    assert watch.reachable is True and watch.silent_for() == 0.0
     answered = clock.now
     clock.now += 2.0
     watch._ask()
-    assert watch.unreachable_for() == clock.now - answered == 12.0
+    assert watch.silent_for() == clock.now - answered == 12.0
 
 
 def test_a_relay_that_never_reached_kafka_counts_from_its_start(
@@ -201,4 +212,4 @@ def test_a_relay_that_never_reached_kafka_counts_from_its_start(
     watch, _ = clocked
     FakeAdmin.outcomes = [timed_out()]
     watch._ask()  # nothing answered yet: no second request
-    assert watch.reachable is False and watch.unreachable_for() == 5.0
+    assert watch.reachable is False and watch.silent_for() == 5.0
