@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated, Any, Optional
 from uuid import UUID
 
@@ -123,21 +128,89 @@ ApplyYes = Annotated[
         "the filter (the events it drops are not published by this subscriber).",
     ),
 ]
-FIELDS = {
-    "topic": "topic",
-    "value_format": "value_format",
-    "aggregate_type": "aggregate_types",
-    "event_type": "event_types",
-    "parts": "parts",
-    "on_poison": "on_poison",
-    "dead_letter_topic": "dead_letter_topic",
-    "subject_strategy": "subject_strategy",
-    "key": "key",
-    "partition_by": "partition_by",
-    "partition_count": "partition_count",
-    "placement": "placements",
-    "key_format": "key_format",
-}
+
+
+@dataclass(frozen=True)
+class DefinitionOption:
+    """An option of a definition, declared here once for `add` and `set`: its parameter
+    (typer option: flag and help), the Subscriber field it sets, and its default on
+    `add` (on `set` every one defaults to None: not given)."""
+
+    name: str
+    annotation: Any
+    field: str
+    default: Any = None
+
+    def parameter(self, *, defaults: bool) -> inspect.Parameter:
+        default = self.default if defaults else None
+        return inspect.Parameter(
+            self.name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=default,
+            annotation=self.annotation,
+        )
+
+
+# In the order `--help` shows them: what a subscriber takes and where it publishes it,
+# then how it publishes (`add` puts its own --from, --replace, --yes, --parts between).
+WHAT = (
+    DefinitionOption("topic", Topic, "topic", subs.DEFAULT_TOPIC),
+    DefinitionOption("value_format", Format, "value_format"),
+    DefinitionOption("aggregate_type", AggregateTypes, "aggregate_types"),
+    DefinitionOption("event_type", EventTypes, "event_types"),
+)
+HOW = (
+    DefinitionOption("on_poison", OnPoison, "on_poison", subs.PoisonPolicy.HALT),
+    DefinitionOption("dead_letter_topic", DeadLetterTopic, "dead_letter_topic"),
+    DefinitionOption("subject_strategy", Strategy, "subject_strategy", subs.SubjectStrategy.TOPIC),
+    DefinitionOption("key", Key, "key", DEFAULT_KEY),
+    DefinitionOption("partition_by", PartitionBy, "partition_by"),
+    DefinitionOption("partition_count", PartitionCount, "partition_count"),
+    DefinitionOption("placement", Placements, "placements"),
+    DefinitionOption("key_format", KeyFormat, "key_format", subs.KeyFormat.STRING),
+)
+GROUPS = {"what": WHAT, "how": HOW}
+# The field each option sets; `parts` is `add`'s own (fixed at creation).
+FIELDS = {o.name: o.field for o in (*WHAT, *HOW)} | {"parts": "parts"}
+# A command's group of definition options, as it receives them: field -> value; the
+# parameter's default stands in until definition_options declares the group's options.
+Options = Mapping[str, Any]
+DECLARED: Options = MappingProxyType({})
+Command = Callable[..., None]
+
+
+def definition_options(*, defaults: bool) -> Callable[[Command], Command]:
+    """Gives a command the definition options: each of its parameters named after a
+    group of GROUPS (annotated Options) becomes that group's options, with their `add`
+    defaults (``defaults``) or None, and comes back to it as one dict field -> value."""
+
+    def declare(command: Command) -> Command:
+        signature = inspect.signature(command, eval_str=True)
+        parameters = [
+            declared
+            for p in signature.parameters.values()
+            for declared in _declared(p, defaults=defaults)
+        ]
+
+        @functools.wraps(command)
+        def run(**given: Any) -> None:
+            for group in GROUPS.keys() & signature.parameters.keys():
+                given[group] = {o.field: given.pop(o.name) for o in GROUPS[group]}
+            command(**given)
+
+        # typer reads a command's options from its signature.
+        run.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+        return run
+
+    return declare
+
+
+def _declared(parameter: inspect.Parameter, *, defaults: bool) -> list[inspect.Parameter]:
+    """A command's parameter as typer is to see it: a group's options, or itself."""
+    group = GROUPS.get(parameter.name)
+    if group is None:
+        return [parameter]
+    return [option.parameter(defaults=defaults) for option in group]
 
 
 class Unset(StrEnum):
@@ -162,13 +235,11 @@ class Unset(StrEnum):
 
 
 @subscribers_app.command("add")
+@definition_options(defaults=True)
 def subscribers_add(
     ctx: typer.Context,
     name: str,
-    topic: Topic = subs.DEFAULT_TOPIC,
-    value_format: Format = None,
-    aggregate_type: AggregateTypes = None,
-    event_type: EventTypes = None,
+    what: Options = DECLARED,
     start: Annotated[
         subs.StartFrom, typer.Option("--from", help="Where a new subscriber starts.")
     ] = subs.StartFrom.BEGINNING,
@@ -187,14 +258,7 @@ def subscribers_add(
             min=1, max=subs.MAX_PARTS, help="Shard over relays by aggregate_id (fixed at creation)."
         ),
     ] = 1,
-    on_poison: OnPoison = subs.PoisonPolicy.HALT,
-    dead_letter_topic: DeadLetterTopic = None,
-    subject_strategy: Strategy = subs.SubjectStrategy.TOPIC,
-    key: Key = DEFAULT_KEY,
-    partition_by: PartitionBy = None,
-    partition_count: PartitionCount = None,
-    placement: Placements = None,
-    key_format: KeyFormat = subs.KeyFormat.STRING,
+    how: Options = DECLARED,
     schemas_dir: SchemasDir = None,
     schema_registry_url: RegistryUrl = None,
     bootstrap_servers: Bootstrap = None,
@@ -202,15 +266,13 @@ def subscribers_add(
     schema: Schema = None,
 ) -> None:
     """Add a subscriber (a running relay picks it up within seconds)."""
-    options = {FIELDS[k]: v for k, v in locals().items() if k in FIELDS}
-    given = _given(ctx)
+    options = {"name": name, **what, "parts": parts, **how}
     settings = _definition_settings(ctx, database_url, schema, schemas_dir, schema_registry_url,
                                     bootstrap_servers)  # fmt: skip
-    setup = subscriber_ops.Setup.load(settings)
     with _store(settings) as store:
         outcome = subscriber_ops.add(
-            setup, store, {"name": name, **options}, start=start, replace=replace,
-            given=given, yes=yes, indexing=_indexing, actor=actor(),
+            settings, store, options, start=start, replace=replace, given=_given(ctx),
+            yes=yes, indexing=_indexing, actor=actor(),
         )  # fmt: skip
     _print_outcome(outcome)
     if outcome.change.changed and not outcome.applied:
@@ -218,21 +280,12 @@ def subscribers_add(
 
 
 @subscribers_app.command("set")
+@definition_options(defaults=False)
 def subscribers_set(
     ctx: typer.Context,
     name: str,
-    topic: Topic = None,
-    value_format: Format = None,
-    aggregate_type: AggregateTypes = None,
-    event_type: EventTypes = None,
-    on_poison: OnPoison = None,
-    dead_letter_topic: DeadLetterTopic = None,
-    subject_strategy: Strategy = None,
-    key: Key = None,
-    partition_by: PartitionBy = None,
-    partition_count: PartitionCount = None,
-    placement: Placements = None,
-    key_format: KeyFormat = None,
+    what: Options = DECLARED,
+    how: Options = DECLARED,
     unset: Annotated[
         list[Unset] | None,
         typer.Option(help="Set this option back to its default (repeatable).", show_default=False),
@@ -250,14 +303,12 @@ def subscribers_set(
     """Change only the options given of a subscriber (the rest of its definition, its
     checkpoints and parts stay), checked as `add` checks a new one. A change that
     narrows its filter is applied with --yes only."""
-    options = {FIELDS[k]: v for k, v in locals().items() if k in FIELDS}
     settings = _definition_settings(ctx, database_url, schema, schemas_dir, schema_registry_url,
                                     bootstrap_servers)  # fmt: skip
-    setup = subscriber_ops.Setup.load(settings)
     with _store(settings) as store:
         outcome = subscriber_ops.set_options(
-            setup, store, name, options, unset=[u.field for u in unset or ()], yes=yes,
-            dry_run=dry_run, actor=actor(),
+            settings, store, name, {**what, **how}, unset=[u.field for u in unset or ()],
+            yes=yes, dry_run=dry_run, actor=actor(),
         )  # fmt: skip
     _print_outcome(outcome, dry_run=dry_run)
     if outcome.change.changed and not outcome.applied and not dry_run:

@@ -355,7 +355,7 @@ class Outcome:
 
 
 def add(
-    setup: Setup,
+    settings: Settings,
     store: OutboxStore,
     options: Mapping[str, Any],
     *,
@@ -370,7 +370,9 @@ def add(
     existing one. ``given``: the fields the operator gave; with ``replace``, every other
     field takes its default (the part count, fixed at creation, stays), which is applied
     only with ``yes``. ``indexing`` is told before the part indexes of a new split
-    subscriber are built (it waits for the transactions open on the outbox)."""
+    subscriber are built (it waits for the transactions open on the outbox). The
+    definition is checked against the setup of ``settings``, loaded as the relay's."""
+    setup = Setup.load(settings)
     # Without replace, an existing subscriber is refused as the definition is written.
     state = _stored(store, options["name"]) if replace else None
     if state is not None and "parts" not in given:
@@ -385,7 +387,7 @@ def add(
 
 
 def set_options(
-    setup: Setup,
+    settings: Settings,
     store: OutboxStore,
     name: str,
     options: Mapping[str, Any],
@@ -397,7 +399,9 @@ def set_options(
 ) -> Outcome:
     """``subscribers set``: change only the options given (None: not given) and set
     those in ``unset`` back to their defaults; the rest of the stored definition stays.
-    A narrowed filter is applied only with ``yes``; ``dry_run`` writes nothing."""
+    A narrowed filter is applied only with ``yes``; ``dry_run`` writes nothing. Checked
+    as :func:`add` checks."""
+    setup = Setup.load(settings)
     state = store.get(name)
     given = {k: v for k, v in options.items() if v is not None}
     clash = sorted(set(given) & set(unset))
