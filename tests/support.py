@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable
 from contextlib import closing, nullcontext
 from dataclasses import dataclass
@@ -28,6 +31,9 @@ from relay.adapters.postgres.topic_record import PostgresTopicRecord
 from relay.core.model import ConsumedRecord, PartId
 from relay.daemon import Relay
 from relay.engine.worker import PartWorker
+from relay.errors import RelayError
+from relay.localstack import LocalPostgres
+from relay.localstack.postgres import find_pg_binary
 from relay.localstack.process import LocalServer
 from relay.ops.roles import grant_roles
 
@@ -100,6 +106,69 @@ def by_key(seen: list[ConsumedRecord]) -> dict[str, list[ConsumedRecord]]:
     for record in sorted(seen, key=lambda s: (s.topic, s.partition, s.offset)):
         groups.setdefault((record.key or b"").decode(), []).append(record)
     return groups
+
+
+class LoopThreads:
+    """``count`` daemon threads, each running ``_run(its index)`` until :meth:`stop`
+    (writers of a chaos test, say): ``_stop`` says when, ``_lock`` guards shared counts."""
+
+    def __init__(self, count: int) -> None:
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(count)
+        ]
+
+    def _run(self, index: int) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            if thread.ident is not None:  # started: a test that failed early stops too
+                thread.join(30)
+
+
+class WriterLoops(LoopThreads):
+    """Threads that each run ``_transaction`` again and again on a connection of their
+    own to ``url``, a random pause of up to ``pause`` seconds apart, and reconnect after
+    an error (a Postgres restart, a failover), which ``_failed`` counts."""
+
+    def __init__(self, url: str, count: int, *, autocommit: bool, pause: float) -> None:
+        super().__init__(count)
+        self._url = url
+        self._autocommit = autocommit
+        self._pause = pause
+
+    def _transaction(self, conn: psycopg.Connection[Any], rng: random.Random) -> None:
+        raise NotImplementedError
+
+    def _failed(self) -> None:
+        raise NotImplementedError
+
+    def _run(self, index: int) -> None:
+        rng = random.Random(index)
+        conn: psycopg.Connection[Any] | None = None
+        while not self._stop.is_set():
+            try:
+                conn = conn or psycopg.connect(
+                    self._url, autocommit=self._autocommit, connect_timeout=3
+                )
+                self._transaction(conn, rng)
+            except (psycopg.Error, RelayError):
+                with self._lock:
+                    self._failed()
+                if conn is not None:
+                    conn.close()
+                conn = None
+                time.sleep(10 * self._pause)  # the server is away: no busy loop
+            time.sleep(rng.uniform(0, self._pause))
+        if conn is not None:
+            conn.close()
 
 
 # -- the roles production runs as (tests/README.md, "Roles") -------------------------
@@ -316,6 +385,25 @@ def restart(server: LocalServer) -> None:
     """Stop a local server, then start it again on the same port and data directory."""
     server.stop()
     server.start()
+
+
+def streaming_standby(primary: LocalPostgres, log_path: Path) -> LocalPostgres:
+    """A started hot standby of ``primary`` from pg_basebackup, streaming over loopback
+    (asynchronously unless the primary names it in synchronous_standby_names). Its data
+    directory is the caller's to delete once it is stopped."""
+    data_dir = Path(primary.data_dir).parent / f"standby-{uuid.uuid4().hex[:6]}"
+    subprocess.run(
+        [
+            find_pg_binary("pg_basebackup"),
+            # The URL names the primary's password file; -R hands it on to the standby.
+            *("-d", primary.url),
+            *("-D", str(data_dir), "-R", "-X", "stream", "--no-sync", "--checkpoint=fast"),
+        ],
+        check=True,
+    )
+    standby = LocalPostgres(data_dir, fsync=False, log_path=log_path)
+    standby.start()
+    return standby
 
 
 def outbox_rows_read(db: psycopg.Connection[Any], query: bytes, params: Any = None) -> int:

@@ -47,7 +47,7 @@ from tests.acceptance.cluster_faults import (
     rolling_restart,
     wait_fully_replicated,
 )
-from tests.support import consume, grant_test_roles, order, restart
+from tests.support import WriterLoops, consume, grant_test_roles, order, restart
 
 pytestmark = pytest.mark.chaos
 
@@ -123,27 +123,13 @@ class RelayProcesses:
             proc.wait()
 
 
-class Writers:
+class Writers(WriterLoops):
     """Concurrent app transactions: several events each, random rollbacks, some long."""
 
     def __init__(self, url: str, outbox: Outbox, figures: Figures, threads: int = 4) -> None:
-        self._url = url
+        super().__init__(url, threads, autocommit=True, pause=0.02)
         self._outbox = outbox
         self._figures = figures
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [
-            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)
-        ]
-
-    def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(30)
 
     def burst(self, n: int = 4000) -> None:
         """One transaction of ``n`` events, from the chaos driver."""
@@ -162,24 +148,8 @@ class Writers:
             with self._lock:
                 self._figures.writer_errors += 1
 
-    def _run(self, seed: int) -> None:
-        rng = random.Random(seed)
-        conn: psycopg.Connection[Any] | None = None
-        while not self._stop.is_set():
-            try:
-                if conn is None or conn.closed:
-                    conn = psycopg.connect(self._url, autocommit=True, connect_timeout=3)
-                self._transaction(conn, rng)
-            except (psycopg.Error, RelayError):  # Postgres restarts are expected
-                with self._lock:
-                    self._figures.writer_errors += 1
-                if conn is not None:
-                    conn.close()
-                conn = None
-                time.sleep(0.2)
-            time.sleep(rng.uniform(0, 0.02))
-        if conn is not None:
-            conn.close()
+    def _failed(self) -> None:  # Postgres restarts are expected
+        self._figures.writer_errors += 1
 
     def _transaction(self, conn: psycopg.Connection[Any], rng: random.Random) -> None:
         # Mostly small transactions, sometimes a burst that gives the relays a backlog,

@@ -8,9 +8,9 @@ seeing every committed event once, in its key's order."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from tests.support import (
     grant_test_roles,
     ids_of,
     run_cli,
+    streaming_standby,
     sub,
     wait_caught_up,
     write_orders,
@@ -350,7 +351,7 @@ def test_a_promoted_streaming_replica_is_no_move(
     # 10 unpublished when the primary dies
     publish_then_write(url, writer, lambda: relays(url, topic_prefix), 20, 10)
 
-    standby = _standby_of(primary, tmp_path)
+    standby = streaming_standby(primary, tmp_path / "standby.log")
     try:
         _wait_replayed(standby.url_for("outbox"), writer.written)
         primary.stop()
@@ -369,23 +370,7 @@ def test_a_promoted_streaming_replica_is_no_move(
         assert assert_verify_clean(promoted, kafka_bootstrap)["found"] == 40
     finally:
         standby.stop()
-
-
-def _standby_of(primary: LocalPostgres, tmp_path: Path) -> LocalPostgres:
-    """A hot standby from pg_basebackup, streaming from ``primary`` over loopback."""
-    data_dir = Path(primary.data_dir).parent / f"standby-{uuid.uuid4().hex[:6]}"
-    subprocess.run(
-        [
-            find_pg_binary("pg_basebackup"),
-            # The URL names the primary's password file; -R hands it on to the standby.
-            *("-d", primary.url),
-            *("-D", str(data_dir), "-R", "-X", "stream", "--no-sync", "--checkpoint=fast"),
-        ],
-        check=True,
-    )
-    standby = LocalPostgres(data_dir, fsync=False, log_path=tmp_path / "standby.log")
-    standby.start()
-    return standby
+        shutil.rmtree(standby.data_dir, ignore_errors=True)
 
 
 def _wait_replayed(url: str, rows: int, timeout: float = 30.0) -> None:
