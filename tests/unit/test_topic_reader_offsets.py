@@ -41,3 +41,12 @@ def test_an_error_that_does_not_pass_is_raised_at_once() -> None:
     with pytest.raises(RelayError):
         reader._watermarks(consumer, "t", 0)  # type: ignore[arg-type]
     assert consumer.answers == [(0, 7)]
+
+
+def test_a_leader_still_settling_is_asked_again_even_unflagged() -> None:
+    """librdkafka answered a watermark query on a new topic with NOT_LEADER_FOR_PARTITION
+    not flagged retriable (a flake of the replay test); its leader settles by itself."""
+    reader = KafkaTopicReader({"bootstrap.servers": "unused:9092"}, timeout=30)
+    unflagged = KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION, "not leader", retriable=False)
+    consumer = _Consumer(unflagged, (0, 7))
+    assert reader._watermarks(consumer, "t", 0) == (0, 7)  # type: ignore[arg-type]

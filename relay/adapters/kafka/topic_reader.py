@@ -15,6 +15,7 @@ from confluent_kafka import (
     OFFSET_BEGINNING,
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
+    KafkaError,
     KafkaException,
     TopicPartition,
 )
@@ -184,11 +185,29 @@ class KafkaTopicReader:
                 )
                 return low, high
             except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                passing = getattr(error, "retriable", lambda: False)()
-                if not passing or time.monotonic() >= deadline:
+                if not _passing(exc) or time.monotonic() >= deadline:
                     raise classify(exc, f"reading {topic}[{partition}]'s offsets") from exc
                 time.sleep(0.2)
+
+
+# Errors of a partition whose leadership is settling (a topic just created, a leader
+# moving): librdkafka flags some of them retriable, not all (NOT_LEADER_FOR_PARTITION
+# comes back from a watermark query unflagged).
+_SETTLING = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+    }
+)
+
+
+def _passing(exc: KafkaException) -> bool:
+    """Whether the watermark query's error passes by itself (asked again)."""
+    error = exc.args[0] if exc.args else None
+    if not isinstance(error, KafkaError):
+        return False
+    return bool(error.retriable()) or error.code() in _SETTLING
 
 
 def _readable(message: Any) -> bool:
