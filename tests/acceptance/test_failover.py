@@ -15,6 +15,7 @@ Run alone with ``pytest tests/acceptance/test_failover.py -s`` to see the figure
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -232,22 +233,28 @@ def warm_up(owner_url: str, writers: Writers) -> None:
         wait_until(at_work, timeout=300, what="both relays at work")
 
 
-def lagging(primary: LocalPostgres) -> None:
+def lagging(primary: LocalPostgres) -> int:
     """The primary's WAL sender frozen (SIGSTOP), for good: the standby falls behind, as
     over a slow link, and what it was not sent dies with the primary (WAL already sent
     but not yet read would still reach the standby from its socket). A synchronous
-    standby makes commits wait meanwhile; an asynchronous one lets them return."""
+    standby makes commits wait meanwhile; an asynchronous one lets them return. Returns
+    the sender's pid."""
     with psycopg.connect(primary.url, autocommit=True) as conn:
         row = conn.execute("SELECT pid FROM pg_stat_replication").fetchone()
     assert row is not None, "the standby streams"
     os.kill(row[0], signal.SIGSTOP)
+    return int(row[0])
 
 
-def kill_host(server: LocalPostgres) -> None:
+def kill_host(server: LocalPostgres, frozen: int) -> None:
     """``kill -9`` of the postmaster and every backend (its own process group): no
-    shutdown checkpoint, no goodbye to clients or to the standby."""
+    shutdown checkpoint, no goodbye to clients or to the standby. The frozen WAL sender
+    too: a backend runs in a session of its own, and a stopped one never notices that
+    its postmaster died (it would outlive the test)."""
     assert server.pid is not None
     os.killpg(server.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(frozen, signal.SIGKILL)
     wait_until(lambda: not server.running, timeout=10, what="the primary to die")
 
 
@@ -330,10 +337,10 @@ def test_relays_follow_a_failover_to_a_synchronous_standby_without_loss_or_dupli
             warm_up(owner_url, writers)
             writers.start()
             time.sleep(BEFORE_KILL_S)
-            lagging(primary)
+            sender = lagging(primary)
             time.sleep(LAG_S)
             killed_at = time.time()
-            kill_host(primary)
+            kill_host(primary, sender)
             time.sleep(DETECTION_S)
             promote(standby)
             promoted_at = time.time()
