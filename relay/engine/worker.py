@@ -707,7 +707,7 @@ class PartWorker:
         sending = Batch(batch.records, batch.end, str(state.generation), may_extend, letters)
         refused = None
         try:
-            self._publisher.publish(sending, reader)
+            self._publisher.publish(sending, reader, self.session.valid)
         except PoisonRecordError as exc:
             if exc.wait is not None and state.subscriber.on_poison is PoisonPolicy.HALT:
                 # It heals (a topic to be created, #48): waiting is never worse than
