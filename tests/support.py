@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -169,6 +170,12 @@ class WriterLoops(LoopThreads):
             time.sleep(rng.uniform(0, self._pause))
         if conn is not None:
             conn.close()
+
+
+def fenced_blocks(document: Path, language: str) -> list[str]:
+    """The bodies of ``document``'s fenced code blocks in ``language`` (```language)."""
+    text = document.read_text()
+    return re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.S | re.M)
 
 
 # -- the roles production runs as (tests/README.md, "Roles") -------------------------

@@ -44,6 +44,7 @@ from relay.core.ports import (
     Fetched,
     HorizonHolder,
     Meanwhile,
+    Owned,
     PartState,
     Progress,
     Selection,
@@ -529,7 +530,9 @@ class InMemoryPublisher:
         self._key_space = key_space
         return self.checkpoints.get(generation)
 
-    def publish(self, batch: Batch, meanwhile: Meanwhile | None = None) -> None:
+    def publish(
+        self, batch: Batch, meanwhile: Meanwhile | None = None, owned: Owned | None = None
+    ) -> None:
         if self.on_send is not None:
             self.on_send()
         records, end, generation = batch.records, batch.end, batch.generation

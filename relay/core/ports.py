@@ -391,6 +391,9 @@ class StatusStore(DaemonStore, LagStore, Protocol):
 Extension = tuple[Sequence[KafkaRecord], Position]
 # What the publisher runs while a batch travels (see Publisher.publish).
 Meanwhile = Callable[[], Extension | None]
+# Whether this relay still holds the part (its session's lease): asked before a publisher
+# fences the part's producers again on its own.
+Owned = Callable[[], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,7 +419,9 @@ class Publisher(Protocol):
         """Take over the part: fence earlier producers, return the Kafka-side checkpoint.
         Checkpoints written from now on are tagged with ``key_space``."""
 
-    def publish(self, batch: Batch, meanwhile: Meanwhile | None = None) -> None:
+    def publish(
+        self, batch: Batch, meanwhile: Meanwhile | None = None, owned: Owned | None = None
+    ) -> None:
         """Publish ``batch``; return once all its records are durable.
 
         ``meanwhile`` runs once the records are handed to the client, while they travel:
@@ -425,6 +430,11 @@ class Publisher(Protocol):
         ``batch.may_extend`` False the caller promises it returns None: the publisher may
         then run it while the batch commits, so the next batch's reading overlaps the
         commit's round trips too (docs/design.md §5).
+
+        ``owned`` is asked before the publisher fences the part's producers again on its
+        own (an aborted transaction retried at a new epoch): a relay whose session lapsed
+        meanwhile must not fence the peer that took the part over and publish the batch a
+        second time. None: the caller holds the part by other means (a lock).
 
         Raises :class:`BrokerUnavailable` (retry), :class:`PoisonRecordError` (one record's
         fault) or :class:`ProducerFenced` (another relay owns the part now).

@@ -377,7 +377,7 @@ class BatchPublisher:
         sending = Batch(records, end, str(state.generation), may_extend, letters)
         refused = None
         try:
-            producer.publish(sending, reader)
+            producer.publish(sending, reader, self.session.valid)
         except PoisonRecordError as exc:
             if exc.wait is not None and state.subscriber.on_poison is PoisonPolicy.HALT:
                 # It heals (a topic to be created, #48): waiting is never worse than

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from tests.support import (
     REPO,
     caught_up,
     consume,
+    fenced_blocks,
     http_get,
     order,
     run_cli,
@@ -227,8 +227,7 @@ def test_avro_registry_keys_are_read_by_the_stock_deserializer(
 def _readme_consumer() -> str:
     """The README's Python block that reads the registry format (on its configuration
     page)."""
-    text = (REPO / "docs" / "configuration.md").read_text()
-    blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+    blocks = fenced_blocks(REPO / "docs" / "configuration.md", "python")
     [block] = [b for b in blocks if "AvroDeserializer" in b]
     return block
 

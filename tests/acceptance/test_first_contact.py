@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import uuid
@@ -17,7 +16,7 @@ import pytest
 
 from relay.core.settings import load_settings
 from relay.errors import ConfigError
-from tests.support import REPO, consume, run_cli, wait_caught_up
+from tests.support import REPO, consume, fenced_blocks, run_cli, wait_caught_up
 
 
 def _relay_process(
@@ -144,9 +143,7 @@ def test_a_subscriber_declared_in_the_config_file_is_created_and_published(
 
 def _readme_block(language: str, containing: str) -> str:
     """README.md's one ``language`` block that contains ``containing``."""
-    text = (REPO / "README.md").read_text()
-    blocks = re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.S | re.M)
-    [block] = [b for b in blocks if containing in b]
+    [block] = [b for b in fenced_blocks(REPO / "README.md", language) if containing in b]
     return block
 
 

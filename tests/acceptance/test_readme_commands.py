@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.support import REPO, run_cli
+from tests.support import REPO, fenced_blocks, run_cli
 
 OPS = {"subscribers", "status", "verify", "dead-letters", "topics"}
 _PLACEHOLDER = re.compile(r"^[A-Z][A-Z_:]*$")
@@ -41,8 +41,7 @@ def readme_lines() -> list[str]:
     joined."""
     lines: list[str] = []
     for page in readme_pages():
-        text = page.read_text()
-        for block in re.findall(r"^```bash\n(.*?)^```", text, flags=re.S | re.M):
+        for block in fenced_blocks(page, "bash"):
             for line in block.replace("\\\n", " ").splitlines():
                 if line.startswith("outbox-relay "):
                     lines.append(line)

@@ -15,7 +15,7 @@ from relay.adapters.postgres.store import OutboxStore
 from relay.core.model import Position
 from relay.core.subscribers import StartFrom, Subscriber
 from relay.errors import SubscriberError
-from tests.support import STRANGER_ROLE
+from tests.support import STRANGER_ROLE, wait_until
 
 
 @pytest.fixture
@@ -91,7 +91,7 @@ def test_one_redrive_per_subscriber_at_a_time(store: DeadLetterStore, database_u
 
 
 def test_a_redrive_lock_held_by_another_role_names_its_holder(
-    store: DeadLetterStore, stranger_url: str
+    store: DeadLetterStore, stranger_url: str, db: psycopg.Connection[Any]
 ) -> None:
     """Any role may take any advisory lock key: the refusal says whose session to end."""
     with psycopg.connect(stranger_url, autocommit=True, application_name="squatter") as other:
@@ -100,5 +100,12 @@ def test_a_redrive_lock_held_by_another_role_names_its_holder(
         held = f"pid {pid[0] if pid else '?'} (role {STRANGER_ROLE}, application 'squatter')"
         with pytest.raises(SubscriberError, match=re.escape(held)), store.exclusive("s"):
             pass
+    # A closed connection's backend ends after the client returns: its lock lives until then.
+    wait_until(lambda: not backend_alive(db, pid[0] if pid else 0), what="the squatter's end")
     with store.exclusive("s"):  # the squatter is gone
         pass
+
+
+def backend_alive(db: psycopg.Connection[Any], pid: int) -> bool:
+    row = db.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+    return bool(row and row[0])

@@ -122,3 +122,33 @@ def test_the_record_the_broker_rejects_is_the_one_blamed(
             publisher.publish(Batch(records, Position(1, 3), "g"))
     assert refused.value.record is records[1]
     assert not refused.value.ambiguous
+
+
+def test_a_peer_that_took_the_part_over_is_not_fenced_by_the_old_owner_s_retry(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """An old owner's transaction aborts (here a record too large; in CI's chaos test a
+    broker's outage), and a peer takes its part over before the retry. The retry's new
+    epoch fenced the peer and published again a batch the peer had committed: 50 events
+    twice. Once the old owner's lease lapsed, it retries nothing."""
+    topic = f"{topic_prefix}taken"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    created = admin.create_topics(
+        [NewTopic(topic, num_partitions=1, config={"max.message.bytes": "2000"})]
+    )
+    created[topic].result(30)
+    too_large = record(topic, 9)._replace(value=b"x" * 5000)
+    with kafka_publishers(kafka_bootstrap, topic_prefix, uuid.uuid4().hex) as open_publisher:
+        old = open_publisher()
+        old.recover("g")
+        new = open_publisher()
+
+        def lapsed() -> bool:  # asked once the old transaction aborted
+            new.recover("g")  # meanwhile the old owner's session expired: a peer took over
+            new.publish(Batch([record(topic, 0)], Position(10, 1), "g"))
+            return False
+
+        with pytest.raises(ProducerFenced, match="session lapsed"):
+            old.publish(Batch([too_large], Position(10, 1), "g"), None, lapsed)
+        new.publish(Batch([record(topic, 1)], Position(11, 1), "g"))  # not fenced
+    assert keys(consume(kafka_bootstrap, [topic], 2, quiet=2.0)) == ["k0", "k1"]

@@ -40,7 +40,7 @@ from relay.adapters.kafka.kafka_errors import (
 from relay.core import dead_letter_tag
 from relay.core.log_fields import log_extra
 from relay.core.model import KafkaCheckpoint, KafkaRecord, Position
-from relay.core.ports import Batch, Meanwhile, TopicOrigin, TopicRecord
+from relay.core.ports import Batch, Meanwhile, Owned, TopicOrigin, TopicRecord
 from relay.errors import (
     AclRefused,
     BrokerUnavailable,
@@ -589,7 +589,9 @@ class IdempotentPublisher(_BatchProducer):
     def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
         return None  # no Kafka-side checkpoint in this mode
 
-    def publish(self, batch: Batch, meanwhile: Meanwhile | None = None) -> None:
+    def publish(
+        self, batch: Batch, meanwhile: Meanwhile | None = None, owned: Owned | None = None
+    ) -> None:
         self._send(batch.records, meanwhile)
 
 
@@ -671,11 +673,13 @@ class TransactionalPublisher(_BatchProducer):
                 raise
             raise refused from exc
 
-    def publish(self, batch: Batch, meanwhile: Meanwhile | None = None) -> None:
+    def publish(
+        self, batch: Batch, meanwhile: Meanwhile | None = None, owned: Owned | None = None
+    ) -> None:
         if not batch.records:  # nothing to publish; the Postgres checkpoint alone moves
             extension = meanwhile() if meanwhile is not None else None
             if extension is not None:
-                self.publish(Batch(*extension, batch.generation))
+                self.publish(Batch(*extension, batch.generation), owned=owned)
             return
         assert self._initialised, "recover() first: it fences earlier producers"
         # On the fast path records are not awaited one by one: the commit flushes them
@@ -696,6 +700,13 @@ class TransactionalPublisher(_BatchProducer):
                 exc,
                 extra=self._log_extra("kafka_txn_aborted_retrying", error=exc),
             )
+            if owned is not None and not owned():
+                raise ProducerFenced(
+                    f"{self.transactional_id}: transaction aborted ({exc}) after this "
+                    "relay's session lapsed: not fencing the part's producers again, "
+                    "lest a peer that took it over be fenced and the batch published twice",
+                    code=exc.code,
+                ) from exc
             self._next_epoch()
             self._commit_batch(self._send_in_transaction(sent, None, wait=True), None)
 

@@ -37,7 +37,7 @@ from uuid import UUID
 
 from relay.core.log_fields import log_extra
 from relay.core.model import KafkaCheckpoint, Position
-from relay.core.ports import Batch, Meanwhile, Publisher
+from relay.core.ports import Batch, Meanwhile, Owned, Publisher
 from relay.errors import TransactionalIdRefused
 
 logger = logging.getLogger(__name__)
@@ -112,12 +112,14 @@ class TurnTakingPublisher:
             self._close_second()  # fenced, and its checkpoint read: its work is done
         return checkpoint
 
-    def publish(self, batch: Batch, meanwhile: Meanwhile | None = None) -> None:
+    def publish(
+        self, batch: Batch, meanwhile: Meanwhile | None = None, owned: Owned | None = None
+    ) -> None:
         publisher = self._second if self._turn and self._second_open else self._first
         # Turned before publishing: after a failed transaction (aborted, its markers on
         # the way) the other producer takes the next one too.
         self._turn ^= 1
-        publisher.publish(batch, meanwhile)
+        publisher.publish(batch, meanwhile, owned)
 
     def close(self) -> None:
         try:

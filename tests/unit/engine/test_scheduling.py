@@ -15,7 +15,7 @@ import pytest
 
 from relay.adapters.memory import InMemoryPublisher, InMemoryStore
 from relay.core.model import OutboxEvent, PartId, Position
-from relay.core.ports import Batch, Fetched, Meanwhile, PartState, Selection
+from relay.core.ports import Batch, Fetched, Meanwhile, Owned, PartState, Selection
 from relay.core.subscribers import Subscriber, ValueFormat
 from relay.core.worker_stats import WorkerState
 from relay.engine import worker as worker_module
@@ -39,9 +39,11 @@ class Recording(InMemoryPublisher):
         self._log.append(("recover", self.name))
         return None
 
-    def publish(self, batch: Batch, meanwhile: Meanwhile | None = None) -> None:
+    def publish(
+        self, batch: Batch, meanwhile: Meanwhile | None = None, owned: Owned | None = None
+    ) -> None:
         self._log.append(("publish", self.name))
-        super().publish(batch, meanwhile)
+        super().publish(batch, meanwhile, owned)
 
     def close(self) -> None:
         self._log.append(("close", self.name))
@@ -350,9 +352,11 @@ class Watching(InMemoryPublisher):
         super().__init__()
         self._before = before
 
-    def publish(self, batch: Batch, meanwhile: Meanwhile | None = None) -> None:
+    def publish(
+        self, batch: Batch, meanwhile: Meanwhile | None = None, owned: Owned | None = None
+    ) -> None:
         self._before()
-        super().publish(batch, meanwhile)
+        super().publish(batch, meanwhile, owned)
 
 
 def test_a_part_that_yields_its_thread_to_waiting_parts_holds_no_batch_read_ahead(

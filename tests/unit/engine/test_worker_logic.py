@@ -12,7 +12,16 @@ from datetime import UTC, datetime
 
 from relay.adapters.memory import InMemoryPublisher, InMemoryStore
 from relay.core.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, PartId, Position, Unreadable
-from relay.core.ports import DeadLetter, Fetched, PartState, RelaySession, Selection
+from relay.core.ports import (
+    Batch,
+    DeadLetter,
+    Fetched,
+    Meanwhile,
+    Owned,
+    PartState,
+    RelaySession,
+    Selection,
+)
 from relay.core.subscribers import PoisonPolicy, Subscriber, ValueFormat
 from relay.core.worker_stats import WorkerState
 from relay.engine.encoding import RecordEncoder
@@ -109,6 +118,28 @@ def test_a_batch_is_recorded_once_even_if_the_version_moves_twice_meanwhile() ->
     # Recorded on the spot, not after a failure and a recovery from the Kafka side.
     assert (w.stats.errors, w.stats.recovered) == (0, 0)
     assert published_ids(kafka) == ids(written)
+
+
+def test_a_batch_is_published_under_the_session_s_lease() -> None:
+    """The publisher asks the lease before it fences the part's producers again (an
+    aborted transaction's retry): once the session is lost, the answer is no."""
+    store = claimed()
+    store.append(event(1))
+    leases: list[Owned | None] = []
+
+    class Leased(InMemoryPublisher):
+        def publish(
+            self, batch: Batch, meanwhile: Meanwhile | None = None, owned: Owned | None = None
+        ) -> None:
+            leases.append(owned)
+            super().publish(batch, meanwhile, owned)
+
+    w = worker(store, Leased())
+    run_until_published(w, store)
+    owned = leases[0]
+    assert owned is not None and owned()
+    w.session.lost.set()
+    assert not owned()
 
 
 def test_a_checkpoint_moved_back_in_the_same_generation_is_recovered_not_published_again() -> None:

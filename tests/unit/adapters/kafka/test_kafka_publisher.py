@@ -159,6 +159,23 @@ def test_the_retry_after_an_abort_runs_at_a_new_epoch() -> None:
     assert epochs == [0, 1] and producer.committed == [[b"a", b"b"]]
 
 
+def test_a_relay_whose_session_lapsed_does_not_fence_the_part_again_after_an_abort() -> None:
+    """The retry's new epoch fences every producer of the part, a peer's that took it
+    over included: a relay that lost the part meanwhile (a SIGSTOP, a cut) would publish
+    the batch the peer has published already (CI's chaos test: 50 events twice)."""
+    producer = FakeProducer(reject=b"b", times=1)
+    with pytest.raises(ProducerFenced, match="session lapsed"):
+        publisher(producer).publish(
+            Batch(records(b"a", b"b"), Position(1, 1), "gen"), owned=lambda: False
+        )
+    assert producer.epoch == 0 and producer.committed == []
+    producer = FakeProducer(reject=b"b", times=1)
+    publisher(producer).publish(
+        Batch(records(b"a", b"b"), Position(1, 1), "gen"), owned=lambda: True
+    )
+    assert producer.epoch == 1 and producer.committed == [[b"a", b"b"]]
+
+
 def test_the_fast_path_asks_for_no_delivery_reports() -> None:
     producer = FakeProducer(reject=b"never")
     publisher(producer).publish(Batch(records(b"a", b"b", b"c"), Position(1, 1), "gen"))

@@ -14,7 +14,7 @@ from relay.adapters.kafka.turns import (
     second_transactional_id,
 )
 from relay.core.model import KafkaCheckpoint, Position
-from relay.core.ports import Batch, Meanwhile
+from relay.core.ports import Batch, Meanwhile, Owned
 from relay.errors import BrokerUnavailable, TransactionalIdRefused
 
 CALLS: list[str] = []
@@ -31,7 +31,9 @@ class Recording:
         CALLS.append(f"{self.name} recover")
         return self.checkpoint
 
-    def publish(self, batch: Batch, meanwhile: Meanwhile | None = None) -> None:
+    def publish(
+        self, batch: Batch, meanwhile: Meanwhile | None = None, owned: Owned | None = None
+    ) -> None:
         CALLS.append(f"{self.name} publish {batch.end.transaction_id}")
         if self.fail_publish:
             raise BrokerUnavailable("transaction aborted")
