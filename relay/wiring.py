@@ -28,9 +28,12 @@ from relay.adapters.postgres.pool import RelayPool
 from relay.adapters.postgres.probe import CommitProbe, Waiters, Wake
 from relay.adapters.postgres.store import OutboxStore
 from relay.adapters.postgres.topic_record import PostgresTopicRecord
+from relay.adapters.registry.registry_format import client_for
+from relay.adapters.registry.writer_lookup import RegistryWriters
 from relay.core.ports import PartStore, StatusStore, TopicReader, TopicRecord
 from relay.core.settings import Settings
 from relay.core.subscribers import TopicGuard
+from relay.core.value_decoding import WriterById
 
 Connect = Callable[[], AbstractContextManager[psycopg.Connection[Any]]]
 
@@ -120,6 +123,13 @@ def topic_creator(settings: Settings, record: TopicRecord) -> TopicCreator:
 def topic_reader(config: Mapping[str, Any], group: str) -> TopicReader:
     """Reads topics back (``read_committed``), as consumers would."""
     return KafkaTopicReader(config, group=group)
+
+
+def writer_lookup(settings: Settings) -> WriterById | None:
+    """The writer schemas of the configured schema registry, by id (None: no registry),
+    as a reader of the Confluent wire format looks them up."""
+    client = client_for(settings)
+    return None if client is None else RegistryWriters(client)
 
 
 def key_partitioner(settings: Settings) -> KeyPartitioner:

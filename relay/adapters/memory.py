@@ -647,9 +647,9 @@ class InMemoryTopicReader:
             progress(len(records), len(records))
 
     def follow(
-        self, topics: Sequence[str], idle: float = 0.1
+        self, topics: Sequence[str], idle: float = 0.1, *, from_beginning: bool = True
     ) -> Generator[ConsumedRecord | None, None, None]:
-        done = 0
+        done = 0 if from_beginning else len(self._committed(topics))
         while True:
             records = self._committed(topics)
             if len(records) == done:

@@ -500,8 +500,10 @@ class TopicReader(Protocol):
         Raises :class:`BrokerUnavailable` when the topics cannot be read to their end."""
 
     def follow(
-        self, topics: Sequence[str], idle: float = 0.1
+        self, topics: Sequence[str], idle: float = 0.1, *, from_beginning: bool = True
     ) -> Generator[ConsumedRecord | None, None, None]:
         """Every record committed to ``topics``, then each one as it is committed, for
         as long as the caller iterates (close the iterator to stop); None each time
-        ``idle`` seconds pass without one. A topic is read once it exists."""
+        ``idle`` seconds pass without one. A topic is read once it exists.
+        ``from_beginning`` False: only records after the end the topics had when first
+        read (every record of a topic created later); the first None comes after that."""

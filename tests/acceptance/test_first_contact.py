@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import uuid
@@ -183,8 +184,25 @@ def test_the_readmes_first_event_is_seen_in_kafka_as_it_says(
         relay.terminate()
         _, stderr = relay.communicate(timeout=60)
     assert ran.returncode == 0, ran.stderr
+    _tail_as_the_readme_says(kafka_bootstrap, aggregate)
     printed = ran.stdout.splitlines()
     said = "b'42' b'OrderPlaced' {'order_id': '42', 'customer_id': 'c-7', 'amount_cents': 1250}"
     assert printed == [said], (printed, stderr)
     readme = " ".join((REPO / "README.md").read_text().split())
     assert f"It prints `{said}`" in readme
+
+
+def _tail_as_the_readme_says(kafka_bootstrap: str, aggregate: str) -> None:
+    """README.md's `topics tail` line, its topic this test's, prints the event."""
+    [line] = [
+        line
+        for line in _readme_block("bash", "topics tail").splitlines()
+        if line.startswith("outbox-relay topics tail")
+    ]
+    args = shlex.split(line.replace("outbox.event.order", f"outbox.event.{aggregate}"))[1:]
+    done = run_cli(*args, env={"RELAY_BOOTSTRAP_SERVERS": kafka_bootstrap})
+    assert done.returncode == 0, done.stderr
+    assert "  header event_type: OrderPlaced" in done.stdout.splitlines()
+    assert '  value: (json) {"order_id": "42", "customer_id": "c-7", "amount_cents": 1250}' in (
+        done.stdout.splitlines()
+    )

@@ -93,6 +93,25 @@ class TopicReaderContract:
         assert [r.message_id for r in seen] == [before.outbox_message_id, later.outbox_message_id]
         assert idle > 0
 
+    def test_follow_from_the_end_reads_only_what_comes_after(
+        self, publisher: Publisher, reader: TopicReader, topics: list[str]
+    ) -> None:
+        before = event(topics[0], "a", 1)
+        publisher.publish(Batch([before], Position(100, 1), "g"))
+        after = event(topics[0], "a", 2)
+        deadline = time.monotonic() + 60
+        published = False
+        with closing(reader.follow(topics[:1], idle=0.05, from_beginning=False)) as records:
+            for record in records:
+                assert time.monotonic() < deadline, "never read the record published after"
+                if record is None:
+                    if not published:  # the end is known by the first idle spell
+                        publisher.publish(Batch([after], Position(100, 2), "g"))
+                        published = True
+                    continue
+                assert record.message_id == after.outbox_message_id
+                break
+
 
 def event(topic: str, key: str, n: int) -> KafkaRecord:
     """A record as the encoder makes it for the event at key (100, n)."""

@@ -74,7 +74,7 @@ class KafkaTopicReader:
             consumer.close()
 
     def follow(
-        self, topics: Sequence[str], idle: float = 0.1
+        self, topics: Sequence[str], idle: float = 0.1, *, from_beginning: bool = True
     ) -> Generator[ConsumedRecord | None, None, None]:
         consumer = self._consumer()
         try:
@@ -82,8 +82,10 @@ class KafkaTopicReader:
             look_at = 0.0
             while True:
                 if waiting and time.monotonic() >= look_at:
-                    waiting = self._assign_existing(consumer, waiting)
+                    unassigned = self._assign_existing(consumer, waiting, from_beginning)
                     look_at = time.monotonic() + _LOOK_FOR_TOPICS_S
+                    if unassigned is not None:  # a topic that appears later: all of it is new
+                        waiting, from_beginning = unassigned, True
                 message = consumer.poll(idle)
                 if message is None:
                     yield None
@@ -98,9 +100,12 @@ class KafkaTopicReader:
         except KafkaException as exc:
             raise classify(exc, "kafka: invalid consumer configuration", Stage.CONFIGURE) from exc
 
-    def _assign_existing(self, consumer: Consumer, topics: list[str]) -> list[str]:
-        """Assign every partition of ``topics`` that exist, from the start; returns the
-        others."""
+    def _assign_existing(
+        self, consumer: Consumer, topics: list[str], from_beginning: bool = True
+    ) -> list[str] | None:
+        """Assign every partition of ``topics`` that exist, from the start (or from the
+        end they have now, as a number: a record published once this returns is read);
+        returns the others, or None when the topics could not be listed."""
         try:
             metadata = consumer.list_topics(timeout=2).topics
         except KafkaException as exc:
@@ -109,7 +114,7 @@ class KafkaTopicReader:
                 exc,
                 extra=log_extra("kafka_topics_unlisted", error=exc),
             )
-            return topics
+            return None
         waiting = []
         for topic in topics:
             info = metadata.get(topic)
@@ -117,9 +122,18 @@ class KafkaTopicReader:
                 waiting.append(topic)
                 continue
             consumer.incremental_assign(
-                [TopicPartition(topic, p, OFFSET_BEGINNING) for p in info.partitions]
+                [
+                    TopicPartition(topic, p, self._start(consumer, topic, p, from_beginning))
+                    for p in info.partitions
+                ]
             )
         return waiting
+
+    def _start(self, consumer: Consumer, topic: str, partition: int, from_beginning: bool) -> int:
+        """Where a follower starts reading a partition: its beginning, or its end now."""
+        if from_beginning:
+            return OFFSET_BEGINNING
+        return self._watermarks(consumer, topic, partition)[1]
 
     def _read(
         self, consumer: Consumer, topics: Sequence[str], progress: Progress

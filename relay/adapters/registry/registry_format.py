@@ -84,10 +84,16 @@ def encoder_for(settings: Settings, schemas: SchemaFolder | None) -> RegistryVal
     """The registry encoder the settings configure; None without a registry URL. Without
     writer schemas it serves the debezium format's AvroConverter values only (an
     avro-registry subscriber then halts, naming the keys)."""
+    client = client_for(settings)
+    return None if client is None else RegistryValueEncoder(schemas, client)
+
+
+def client_for(settings: Settings) -> SchemaRegistryClient | None:
+    """The client of the registry the settings configure (None: no registry URL)."""
     if settings.schema_registry_url is None:
         return None
     password = settings.schema_registry_password
-    client = registry_client(
+    return registry_client(
         settings.schema_registry_url,
         user=settings.schema_registry_user,
         password=None if password is None else password.get_secret_value(),
@@ -95,7 +101,6 @@ def encoder_for(settings: Settings, schemas: SchemaFolder | None) -> RegistryVal
         if settings.schema_registry_ca is None
         else str(settings.schema_registry_ca),
     )
-    return RegistryValueEncoder(schemas, client)
 
 
 class RegistryValueEncoder:
