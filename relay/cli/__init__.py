@@ -8,6 +8,7 @@ and ``python -m relay.cli``).
 from __future__ import annotations
 
 import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -50,6 +51,13 @@ app.add_typer(dead_letters_app, name="dead-letters")
 app.add_typer(topics_app, name="topics")
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        # The installed distribution's: pyproject.toml is its one source (CHANGELOG.md).
+        sys.stdout.write(f"outbox-relay {metadata.version('outbox-relay')}\n")
+        raise typer.Exit
+
+
 @app.callback()
 def _globals(
     ctx: typer.Context,
@@ -59,6 +67,15 @@ def _globals(
             "--config", "-c", envvar="RELAY_CONFIG", help="TOML settings file [RELAY_CONFIG]."
         ),
     ] = None,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the installed version and exit.",
+        ),
+    ] = False,
 ) -> None:
     ctx.obj = Globals(config)
 
