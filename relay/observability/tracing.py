@@ -64,6 +64,16 @@ logger = logging.getLogger(__name__)
 # not known (yet).
 PartitionOf = Callable[[str, bytes], "int | None"]
 
+# OpenTelemetry's messaging span conventions (semantic conventions v1.28 and later, where
+# the operation type `publish` became `send`): a Kafka producer's spans are named
+# `send <topic>`, and carry the operation's name and type, both `send` for Kafka.
+SEND = "send"
+_SEND_ATTRIBUTES = {
+    "messaging.system": "kafka",
+    "messaging.operation.name": SEND,
+    "messaging.operation.type": SEND,
+}
+
 _MILLISECOND = timedelta(milliseconds=1)
 # Spans started for records that were never committed (a batch read ahead then dropped,
 # a batch failed and read again after recovery) are forgotten, oldest first, beyond this
@@ -213,11 +223,11 @@ class RelayTracer:
         # Attributes cost per span, twice (set, then exported): only what the issue asks
         # for, and what finding the event needs (its id; its position is in its headers).
         span = self._tracer.start_span(
-            f"{record.topic} publish",
+            f"{SEND} {record.topic}",
             context=parent,
             kind=self._producer,
             attributes={
-                "messaging.system": "kafka",
+                **_SEND_ATTRIBUTES,
                 "messaging.destination.name": record.topic,
                 "messaging.message.id": str(event.message_id),
             },
@@ -413,9 +423,14 @@ class BatchTracer:
         topics = sorted(batch.keys)
         written = self._written(batch)
         attributes: dict[str, Any] = {
-            "messaging.system": "kafka",
-            "messaging.operation.type": "publish",
-            "messaging.destination.name": topics[0] if len(topics) == 1 else topics,
+            **_SEND_ATTRIBUTES,
+            # One destination is named; several are not (the conventions' name is a
+            # string): the span is then named for its operation alone, its topics listed.
+            **(
+                {"messaging.destination.name": topics[0]}
+                if len(topics) == 1
+                else {"outbox.destinations": topics}
+            ),
             "messaging.batch.message_count": batch.records,
             "outbox.traced_count": len(batch.links),
             "outbox.partitions": written,
@@ -425,7 +440,7 @@ class BatchTracer:
         if ages:
             attributes["outbox.commit_to_visible_ms.max"] = max(ages) / _MILLISECOND
             attributes["outbox.commit_to_visible_ms.min"] = min(ages) / _MILLISECOND
-        name = f"{topics[0] if len(topics) == 1 else 'outbox-relay'} publish"
+        name = f"{SEND} {topics[0]}" if len(topics) == 1 else SEND
         self._ids.choose(batch.trace_id, batch.span_id)
         try:
             span = self._tracer.start_span(

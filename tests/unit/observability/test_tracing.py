@@ -117,6 +117,13 @@ def test_a_records_span_is_a_child_of_the_rows_traceparent_and_its_context_is_th
     assert [k for k, _ in record.headers].count("traceparent") == 1
     assert record.size == KafkaRecord(*record[:4]).byte_size()  # the size follows the headers
     attributes = span.attributes or {}
+    # OpenTelemetry's messaging conventions (v1.28 on): a Kafka producer's "send".
+    assert span.name == "send t"
+    assert (attributes["messaging.operation.name"], attributes["messaging.operation.type"]) == (
+        "send",
+        "send",
+    )
+    assert attributes["messaging.system"] == "kafka"
     assert attributes["messaging.message.id"] == str(row.message_id)
     assert attributes["messaging.destination.name"] == "t"
     assert attributes["messaging.destination.partition.id"] == str(
@@ -370,6 +377,11 @@ def test_a_batch_has_one_span_linking_each_writer_and_its_records_carry_it(
         attributes = linked[(wtrace, wspan)].attributes or {}
         assert attributes["messaging.message.id"] == str(row.message_id)
     attributes = span.attributes or {}
+    assert span.name == "send t"
+    assert (attributes["messaging.operation.name"], attributes["messaging.operation.type"]) == (
+        "send",
+        "send",
+    )
     assert attributes["messaging.batch.message_count"] == 3
     assert attributes["messaging.destination.name"] == "t"
     assert list(attributes["outbox.partitions"]) == sorted(  # type: ignore[arg-type]
@@ -481,3 +493,21 @@ def test_the_span_mode_is_a_setting() -> None:
         load_settings(tracing_spans="row")
     with pytest.raises(ConfigError, match="tracing_batch_links"):
         load_settings(tracing_batch_links=0)
+
+
+def test_a_batch_to_several_topics_is_named_for_its_operation_alone(
+    batch_exported: tuple[TracerProvider, InMemorySpanExporter, ChosenIds],
+) -> None:
+    """The conventions' destination is one name: a batch of a routed subscriber that
+    wrote to two topics names none, and lists them in ``outbox.destinations``."""
+    _, exporter, _ = batch_exported
+    hook = batched(batch_exported).hook()
+    rows = [event({"traceparent": writer(n)}, n) for n in (1, 2)]
+    records = [RecordEncoder(None).encode(row, JSON) for row in rows]
+    records[1] = records[1]._replace(topic="u")
+    hook.published(rows, hook.sending(records), JSON)
+    [span] = exporter.get_finished_spans()
+    attributes = span.attributes or {}
+    assert span.name == "send"
+    assert "messaging.destination.name" not in attributes
+    assert list(attributes["outbox.destinations"]) == ["t", "u"]  # type: ignore[arg-type]
