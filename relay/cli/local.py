@@ -39,11 +39,22 @@ def local(
         int | None,
         typer.Option(help="Kafka port on first start (default: a free one).", min=1, max=65535),
     ] = None,
+    registry: Annotated[
+        bool,
+        typer.Option(
+            "--registry",
+            help="Also a schema registry (Apicurio; built once with Maven), for avro-registry.",
+        ),
+    ] = False,
 ) -> None:
     """Local Postgres and Apache Kafka for your own app: the demo's stack, no demo writer."""
     from relay.localstack.stack import run_local
 
     logs.configure("INFO")
     run_local(
-        workdir=workdir, database=database, postgres_port=postgres_port, kafka_port=kafka_port
+        workdir=workdir,
+        database=database,
+        postgres_port=postgres_port,
+        kafka_port=kafka_port,
+        registry=registry,
     )

@@ -1,8 +1,10 @@
 """``outbox-relay local``: the local Postgres and Apache Kafka for your own app.
 
 The same servers ``./dev.sh demo`` runs, without the demo writer: a database with the
-outbox migrated, and a broker, until Ctrl-C or SIGTERM. It prints the settings to
-export, so ``outbox-relay run`` and an app can use them from another terminal.
+outbox migrated, and a broker, until Ctrl-C or SIGTERM; with ``registry``, the schema
+registry the tests use too (Apicurio, relay/localstack/registry.py). It prints the
+settings to export, so ``outbox-relay run`` and an app can use them from another
+terminal.
 """
 
 from __future__ import annotations
@@ -29,9 +31,14 @@ logger = logging.getLogger(__name__)
 
 
 def run_local(
-    *, workdir: Path, database: str, postgres_port: int | None, kafka_port: int | None
+    *,
+    workdir: Path,
+    database: str,
+    postgres_port: int | None,
+    kafka_port: int | None,
+    registry: bool = False,
 ) -> None:
-    """Start both servers in ``workdir``, migrate ``database``, wait for a stop signal."""
+    """Start the servers in ``workdir``, migrate ``database``, wait for a stop signal."""
     stopping = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -43,13 +50,20 @@ def run_local(
             postgres = stack.enter_context(LocalPostgres(workdir / "pg", port=postgres_port))
             kafka = stack.enter_context(LocalKafka(workdir / "kafka", port=kafka_port))
             url = migrated_database(postgres, database, application_name="outbox-relay-local")
+            registry_url = _started_registry(stack, workdir) if registry else None
             sys.stdout.write(
                 f"Postgres {postgres.data_dir} and Apache Kafka {KAFKA_VERSION} "
-                f"(started in {kafka.startup_seconds or 0:.1f} s) are running. Use:\n"
+                f"(started in {kafka.startup_seconds or 0:.1f} s) are running"
+                f"{'' if registry_url is None else ', and a schema registry'}. Use:\n"
                 f"export RELAY_DATABASE_URL={shlex.quote(url)}\n"
                 f"export RELAY_BOOTSTRAP_SERVERS={shlex.quote(kafka.bootstrap_servers)}\n"
-                f"The URL's password is in {postgres.passfile} (yours alone to read).\n"
-                "Ctrl-C stops both; their data stays in "
+                + (
+                    ""
+                    if registry_url is None
+                    else f"export RELAY_SCHEMA_REGISTRY_URL={shlex.quote(registry_url)}\n"
+                )
+                + f"The URL's password is in {postgres.passfile} (yours alone to read).\n"
+                "Ctrl-C stops them; the data of Postgres and Kafka stays in "
                 f"{workdir}.\n"
             )
             sys.stdout.flush()
@@ -57,6 +71,17 @@ def run_local(
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _started_registry(stack: ExitStack, workdir: Path) -> str:
+    """The schema registry, started in ``workdir`` (built once, minutes, with Maven: its
+    progress goes to stderr); its Confluent-compatible URL. It keeps nothing across
+    restarts (storage in memory)."""
+    from relay.localstack.registry import LocalRegistry
+
+    sys.stderr.write("starting the schema registry (its first start builds it: minutes)\n")
+    sys.stderr.flush()
+    return stack.enter_context(LocalRegistry(workdir / "registry")).ccompat_url
 
 
 def migrated_database(postgres: LocalPostgres, name: str, *, application_name: str) -> str:
