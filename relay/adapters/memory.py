@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 import zlib
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from uuid import UUID
@@ -56,7 +57,93 @@ from relay.core.subscribers import StartFrom, Subscriber, collision
 from relay.errors import CheckpointConflict, ClaimLost, DatabaseError, SubscriberError
 
 
-class InMemoryStore:
+class InMemorySessions(ABC):
+    """The relays' sessions and their claims on parts, of :class:`InMemoryStore`: the
+    daemon's port's sessions, on the store's clock and lock."""
+
+    sessions: dict[UUID, _Session]
+    parts: dict[tuple[str, int], PartState]
+    _clock: Callable[[], float]
+    _lock: threading.RLock
+
+    @abstractmethod
+    def _set(self, updated: PartState) -> PartState:
+        """Store ``updated`` (the store's: every write of a part goes through it)."""
+
+    # -- the daemon's port: sessions and claims ----------------------------------------
+
+    def open_session(
+        self, hostname: str, pid: int, timeout: float, *, session_id: UUID | None = None
+    ) -> UUID:
+        """As the port's; ``session_id`` gives the session an id chosen by the test."""
+        with self._lock:
+            session = session_id if session_id is not None else uuid.uuid4()
+            self.sessions[session] = _Session(hostname, pid, self._clock() + timeout)
+            return session
+
+    def heartbeat(self, session: UUID, timeout: float) -> bool:
+        with self._lock:
+            held = self.sessions.get(session)
+            if held is None:
+                return False
+            held.expires_at = self._clock() + timeout
+            return True
+
+    def expire_sessions(self) -> builtins.list[ExpiredSession]:
+        with self._lock:
+            now = self._clock()
+            expired = [
+                ExpiredSession(sid, s.hostname, s.pid)
+                for sid, s in self.sessions.items()
+                if s.expires_at < now
+            ]
+            for gone in expired:
+                self.close_session(gone.id)
+            return expired
+
+    def next_expiry(self) -> float | None:
+        with self._lock:
+            now = self._clock()
+            left = [s.expires_at - now for s in self.sessions.values() if s.expires_at >= now]
+            return min(left, default=None)
+
+    def close_session(self, session: UUID) -> None:
+        with self._lock:
+            if self.sessions.pop(session, None) is None:
+                return
+            # As the foreign key's ON DELETE SET NULL: the owner goes, the version stays.
+            for state in list(self.parts.values()):
+                if state.owner == session:
+                    self._set(dataclasses.replace(state, owner=None))
+
+    def live_sessions(self) -> builtins.list[UUID]:
+        with self._lock:
+            now = self._clock()
+            return sorted(sid for sid, s in self.sessions.items() if s.expires_at >= now)
+
+    def claim(self, name: str, part: int, owner: UUID) -> bool:
+        with self._lock:
+            state = self.parts.get((name, part))
+            if state is None or state.owner is not None:
+                return False
+            if owner not in self.sessions:  # as the foreign key to the sessions refuses it
+                raise DatabaseError(
+                    f"postgres refused the operation [23503]: no session {owner}",
+                    sqlstate="23503",
+                )
+            self._set(dataclasses.replace(state, owner=owner, version=state.version + 1))
+            return True
+
+    def release(self, name: str, part: int, owner: UUID) -> bool:
+        with self._lock:
+            state = self.parts.get((name, part))
+            if state is None or state.owner != owner:
+                return False
+            self._set(dataclasses.replace(state, owner=None, version=state.version + 1))
+            return True
+
+
+class InMemoryStore(InMemorySessions):
     """A :class:`relay.core.ports.DaemonStore` (and so a ``PartStore``) over lists and dicts:
     one outbox whose every event is committed (decided), subscribers of any number of
     parts, and relays' sessions on a clock of the test's choosing.
@@ -221,78 +308,6 @@ class InMemoryStore:
                 if name is None or subscriber == name:
                     found.setdefault(subscriber, []).append(self._with_skips(state))
         return [SubscriberState(p[0].subscriber, p[0].subscriber_id, p) for p in found.values()]
-
-    # -- the daemon's port: sessions and claims ----------------------------------------
-
-    def open_session(
-        self, hostname: str, pid: int, timeout: float, *, session_id: UUID | None = None
-    ) -> UUID:
-        """As the port's; ``session_id`` gives the session an id chosen by the test."""
-        with self._lock:
-            session = session_id if session_id is not None else uuid.uuid4()
-            self.sessions[session] = _Session(hostname, pid, self._clock() + timeout)
-            return session
-
-    def heartbeat(self, session: UUID, timeout: float) -> bool:
-        with self._lock:
-            held = self.sessions.get(session)
-            if held is None:
-                return False
-            held.expires_at = self._clock() + timeout
-            return True
-
-    def expire_sessions(self) -> builtins.list[ExpiredSession]:
-        with self._lock:
-            now = self._clock()
-            expired = [
-                ExpiredSession(sid, s.hostname, s.pid)
-                for sid, s in self.sessions.items()
-                if s.expires_at < now
-            ]
-            for gone in expired:
-                self.close_session(gone.id)
-            return expired
-
-    def next_expiry(self) -> float | None:
-        with self._lock:
-            now = self._clock()
-            left = [s.expires_at - now for s in self.sessions.values() if s.expires_at >= now]
-            return min(left, default=None)
-
-    def close_session(self, session: UUID) -> None:
-        with self._lock:
-            if self.sessions.pop(session, None) is None:
-                return
-            # As the foreign key's ON DELETE SET NULL: the owner goes, the version stays.
-            for state in list(self.parts.values()):
-                if state.owner == session:
-                    self._set(dataclasses.replace(state, owner=None))
-
-    def live_sessions(self) -> builtins.list[UUID]:
-        with self._lock:
-            now = self._clock()
-            return sorted(sid for sid, s in self.sessions.items() if s.expires_at >= now)
-
-    def claim(self, name: str, part: int, owner: UUID) -> bool:
-        with self._lock:
-            state = self.parts.get((name, part))
-            if state is None or state.owner is not None:
-                return False
-            if owner not in self.sessions:  # as the foreign key to the sessions refuses it
-                raise DatabaseError(
-                    f"postgres refused the operation [23503]: no session {owner}",
-                    sqlstate="23503",
-                )
-            self._set(dataclasses.replace(state, owner=owner, version=state.version + 1))
-            return True
-
-    def release(self, name: str, part: int, owner: UUID) -> bool:
-        with self._lock:
-            state = self.parts.get((name, part))
-            if state is None or state.owner != owner:
-                return False
-            self._set(dataclasses.replace(state, owner=None, version=state.version + 1))
-            return True
 
     # -- the daemon's port: upkeep -----------------------------------------------------
 

@@ -275,7 +275,9 @@ def _borrowing(
     return borrowed
 
 
-# Every public method of the store, present and future, borrows (but those above).
-for _name, _method in list(vars(OutboxStore).items()):
+# Every public method of the store, present and future, borrows (but those above); its
+# pieces' too (session_queries, intervention_queries, ...): dir() sees what it inherits.
+for _name in dir(OutboxStore):
+    _method = getattr(OutboxStore, _name)
     if callable(_method) and not _name.startswith("_") and _name not in vars(PooledStore):
         setattr(PooledStore, _name, _borrowing(_method))
