@@ -6,15 +6,17 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
-from contextlib import closing, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -323,6 +325,19 @@ def ids_of(seen: list[ConsumedRecord]) -> list[str]:
 # -- the relay, from outside ----------------------------------------------------------
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@contextmanager
+def local_workdir(prefix: str, name: str) -> Iterator[Path]:
+    """A fresh folder ``name`` for the local stack's servers, removed after. Not pytest's
+    tmp_path: as root, Postgres runs as the ``postgres`` user, which cannot enter
+    pytest's 0700 temp tree."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    base.chmod(0o755)
+    try:
+        yield base / name
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def run_cli(

@@ -5,31 +5,25 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support import local_workdir
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def workdir() -> Iterator[Path]:
-    # Not pytest's tmp_path: as root, Postgres runs as the `postgres` user, which
-    # cannot enter pytest's 0700 temp tree.
-    base = Path(tempfile.mkdtemp(prefix="outbox-dev-test-"))
-    base.chmod(0o755)
-    try:
-        yield base / "dev"
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    with local_workdir("outbox-dev-test-", "dev") as folder:
+        yield folder
 
 
 def _cli() -> list[str]:

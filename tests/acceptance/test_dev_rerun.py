@@ -4,26 +4,20 @@ reported "consumed 9478" for 3,772 published: the first run's records as well)."
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.acceptance.test_dev import ROOT, _cli
+from tests.support import local_workdir
 
 
 @pytest.fixture
 def workdir() -> Iterator[Path]:
-    # Not tmp_path: as root, Postgres runs as `postgres`, which cannot enter it.
-    base = Path(tempfile.mkdtemp(prefix="outbox-dev-rerun-"))
-    base.chmod(0o755)
-    try:
-        yield base / "dev"
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    with local_workdir("outbox-dev-rerun-", "dev") as folder:
+        yield folder
 
 
 def _summary(workdir: Path, duration: int) -> dict[str, int | str]:

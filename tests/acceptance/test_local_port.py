@@ -4,8 +4,6 @@ the other server's URL to export. It now fails naming the port, and prints nothi
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,18 +11,13 @@ import psycopg
 import pytest
 
 from tests.plugins.postgres import PgServer
-from tests.support import run_cli
+from tests.support import local_workdir, run_cli
 
 
 @pytest.fixture
 def workdir() -> Iterator[Path]:
-    # Not tmp_path: as root, Postgres runs as `postgres`, which cannot enter it.
-    base = Path(tempfile.mkdtemp(prefix="outbox-local-port-"))
-    base.chmod(0o755)
-    try:
-        yield base / "local"
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    with local_workdir("outbox-local-port-", "local") as folder:
+        yield folder
 
 
 def test_a_postgres_port_in_use_is_named_and_nothing_is_exported(

@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,20 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, run_cli
+from tests.support import REPO, local_workdir, run_cli
 
 pytestmark = [pytest.mark.registry, pytest.mark.timeout(1800)]
 
 
 @pytest.fixture
 def workdir() -> Iterator[Path]:
-    # Not tmp_path: as root, Postgres runs as `postgres`, which cannot enter it.
-    base = Path(tempfile.mkdtemp(prefix="outbox-local-registry-"))
-    base.chmod(0o755)
-    try:
-        yield base / "local"
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    with local_workdir("outbox-local-registry-", "local") as folder:
+        yield folder
 
 
 def exports(local: subprocess.Popen[str], deadline: float) -> dict[str, str]:
