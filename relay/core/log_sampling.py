@@ -25,7 +25,8 @@ class SampledLog:
     """Warnings of one kind from one source (a part's poison events), sampled: the
     caller logs a warning only if :meth:`allows` says so (so a warning left out costs
     no formatting). ``summary`` is the line that says how many were left out: a
-    %-format taking that number and the seconds they came in."""
+    %-format taking that number and the seconds they came in, logged at ``level``
+    (WARNING, unless the lines sampled are of a lower level)."""
 
     def __init__(
         self,
@@ -36,8 +37,10 @@ class SampledLog:
         first: int = FIRST,
         interval: float = INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
+        level: int = logging.WARNING,
     ) -> None:
         self._logger, self._summary, self._extra = logger, summary, extra
+        self._level = level  # the summary's
         self._first, self._interval, self._clock = first, interval, clock
         self._started: float | None = None  # when the current interval began
         self._logged = 0  # in the current interval
@@ -68,4 +71,6 @@ class SampledLog:
         left_out, self._left_out = self._left_out, 0
         if left_out:
             since = self._clock() - (self._started if self._started is not None else 0.0)
-            self._logger.warning(self._summary, left_out, since, extra=self._extra(left_out))
+            self._logger.log(
+                self._level, self._summary, left_out, since, extra=self._extra(left_out)
+            )

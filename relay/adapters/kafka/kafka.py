@@ -39,6 +39,7 @@ from relay.adapters.kafka.kafka_errors import (
 )
 from relay.core import dead_letter_tag
 from relay.core.log_fields import log_extra
+from relay.core.log_sampling import SampledLog
 from relay.core.model import KafkaCheckpoint, KafkaRecord, Position
 from relay.core.ports import Batch, Meanwhile, Owned, TopicOrigin, TopicRecord
 from relay.errors import (
@@ -74,8 +75,18 @@ _TXN_CALL_TIMEOUT_S = 3.0
 # Calls that return, return within about a second of their timeout even on a loaded
 # host (measured: at most 2.5 s on a 2-core machine at load 35).
 _CALL_GRACE_S = 3.0
-# A transactional call slower than this is logged (with what it took).
+# A transactional call slower than this is logged (with what it took): at DEBUG, and at
+# INFO only the first of each minute in the process, then a count of the others. A
+# loaded relay's calls pass a second every few seconds; INFO says what changed.
 _SLOW_CALL_S = 1.0
+_SLOW_CALLS = SampledLog(
+    logger,
+    "%d more Kafka transaction calls took over 1s in %.0fs (each is logged at DEBUG)",
+    lambda count: log_extra("kafka_txn_calls_slow", calls=count),
+    first=1,
+    level=logging.INFO,
+)
+_SLOW_CALLS_LOCK = threading.Lock()
 # Producers whose call hung: kept referenced, because destroying one would block too.
 _abandoned: list[Producer] = []
 # The Kafka-side checkpoint: partition 0's committed offset is the transaction id,
@@ -901,7 +912,10 @@ class TransactionalPublisher(_BatchProducer):
     def _log_if_slow(self, operation: Callable[..., object], took: float, outcome: str) -> None:
         if took >= _SLOW_CALL_S:  # where a part's publishing gap goes (issue #29)
             name = _name(operation)
-            logger.info(
+            with _SLOW_CALLS_LOCK:
+                first = _SLOW_CALLS.allows()
+            logger.log(
+                logging.INFO if first else logging.DEBUG,
                 "%s: %s took %.1fs%s",
                 self.transactional_id,
                 name,

@@ -8,6 +8,7 @@ Apache Kafka refusing a record over a topic's ``max.message.bytes``.
 
 from __future__ import annotations
 
+import logging
 import threading
 from types import SimpleNamespace
 from typing import Any
@@ -18,6 +19,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 import relay.adapters.kafka.kafka
 from relay.adapters.kafka.kafka import TopicCreator, TransactionalPublisher
 from relay.adapters.kafka.publishers import PublisherFactory
+from relay.core.log_sampling import SampledLog
 from relay.core.model import KafkaRecord, Position
 from relay.core.ports import Batch
 from relay.core.settings import Settings
@@ -549,3 +551,35 @@ def test_records_purged_by_a_transaction_an_acl_failed_name_the_acl() -> None:
     assert caught.value.waits_on == "kafka_acl" and "Topic authorization failed" in str(
         caught.value
     )
+
+
+def test_slow_calls_say_so_at_info_once_a_minute_then_count_the_rest(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A loaded relay's transaction calls pass a second every few seconds (issue #52:
+    an INFO line every ~2 s): each is at DEBUG; INFO has the first of the minute and a
+    count of the others."""
+    now = [0.0]
+    sampled = SampledLog(
+        relay.adapters.kafka.kafka.logger,
+        "%d more took long in %.0fs",
+        lambda count: {"calls": count},
+        first=1,
+        level=logging.INFO,
+        clock=lambda: now[0],
+    )
+    monkeypatch.setattr(relay.adapters.kafka.kafka, "_SLOW_CALLS", sampled)
+    caplog.set_level(logging.DEBUG, logger="relay.adapters.kafka.kafka")
+    pub = publisher(FakeProducer(reject=b"none"))
+    for _ in range(5):
+        pub._log_if_slow(pub._producer.commit_transaction, 1.5, "")
+        now[0] += 2.0
+    now[0] = 61.0
+    pub._log_if_slow(pub._producer.commit_transaction, 1.2, "")
+    info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert info == [
+        "t: commit_transaction took 1.5s",
+        "4 more took long in 61s",
+        "t: commit_transaction took 1.2s",
+    ]
+    assert sum(r.levelno == logging.DEBUG for r in caplog.records) == 4
