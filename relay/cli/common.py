@@ -24,7 +24,7 @@ from rich.text import Span, Text
 from relay.adapters.postgres import db
 from relay.adapters.postgres.store import OutboxStore
 from relay.core.log_fields import log_extra
-from relay.core.settings import Settings, load_settings
+from relay.core.settings import Settings, load_settings, unknown_variables
 from relay.core.terminal import printable
 from relay.errors import DatabaseUnavailable
 from relay.observability import logs
@@ -121,7 +121,19 @@ class Globals:
 def _settings(ctx: typer.Context, **flags: Any) -> Settings:
     settings = load_settings(ctx.obj.config, **flags)
     logs.configure(settings.log_level, settings.log_format)
+    _warn_unknown_variables()
     return settings
+
+
+def _warn_unknown_variables() -> None:
+    """A mistyped ``RELAY_*`` variable is said, with the name meant, not ignored."""
+    for variable, nearest in unknown_variables(os.environ):
+        logger.warning(
+            "%s is set, but no setting reads it%s",
+            variable,
+            "" if nearest is None else f" (did you mean {nearest}?)",
+            extra=log_extra("settings_unknown_variable", variable=variable, nearest=nearest),
+        )
 
 
 @contextmanager

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextvars
+import difflib
 import importlib.util
 import json
 import os
 import re
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
@@ -489,6 +490,30 @@ def _secret_files(flags: dict[str, Any]) -> dict[str, Any]:
         else:
             found[key] = text
     return found
+
+
+# The relay's own variables that are no settings: the CLI's config file, the cache and
+# the Maven mirror of its fetched artifacts (relay/artifacts/maven.py).
+_OTHER_VARIABLES = frozenset({"RELAY_CONFIG", "RELAY_CACHE_DIR", "RELAY_MAVEN_REPOSITORY"})
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """The ``RELAY_*`` variables of ``environ`` that nothing reads, each with the known
+    name nearest to it (None: none is close): a mistyped one is otherwise ignored
+    without a word, and the relay runs on a default."""
+    known = (
+        {f"RELAY_{name.upper()}" for name in Settings.model_fields}
+        | {f"RELAY_{key.upper()}_FILE" for key in SECRET_FILE_KEYS}
+        | _OTHER_VARIABLES
+    )
+    unknown = []
+    for variable in sorted(environ):
+        # RELAY_KAFKA__SECURITY_PROTOCOL: a key of a nested setting.
+        if not variable.startswith("RELAY_") or variable.split("__")[0] in known:
+            continue
+        nearest = difflib.get_close_matches(variable, sorted(known), n=1, cutoff=0.75)
+        unknown.append((variable, nearest[0] if nearest else None))
+    return unknown
 
 
 def load_settings(config_file: Path | None = None, **flags: Any) -> Settings:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
 
-from relay.core.settings import load_settings
+from relay.core.settings import load_settings, unknown_variables
 from relay.errors import ConfigError
 
 
@@ -274,3 +275,34 @@ def test_the_probe_port_follows_the_metrics_port_unless_set() -> None:
     for clash in ({"metrics_port": 9300, "probe_port": 9300}, {"metrics_port": 65535}):
         with pytest.raises(ConfigError, match="probe_port"):
             load_settings(**clash)
+
+
+def test_a_mistyped_relay_variable_is_found_with_the_name_meant() -> None:
+    """Issue #52: a mistyped RELAY_* variable was ignored without a word."""
+    environ = {
+        "RELAY_BOOTSTRAP_SERVER": "kafka:9092",  # the S forgotten
+        "RELAY_DATABASE_URL": "postgresql://x",
+        "RELAY_DATABASE_URL_FILE": "/run/secrets/url",
+        "RELAY_KAFKA__SECURITY_PROTOCOL": "SSL",  # a key of a nested setting
+        "RELAY_CONFIG": "relay.toml",
+        "RELAY_CACHE_DIR": "/cache",
+        "RELAY_FROBNICATE": "1",
+        "PATH": "/bin",
+    }
+    assert unknown_variables(environ) == [
+        ("RELAY_BOOTSTRAP_SERVER", "RELAY_BOOTSTRAP_SERVERS"),
+        ("RELAY_FROBNICATE", None),
+    ]
+
+
+def test_the_cli_warns_of_an_unknown_relay_variable(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from relay.cli.common import _warn_unknown_variables
+
+    monkeypatch.setenv("RELAY_METRICS_PROT", "9187")
+    with caplog.at_level(logging.WARNING, logger="relay.cli.common"):
+        _warn_unknown_variables()
+    assert [r.getMessage() for r in caplog.records] == [
+        "RELAY_METRICS_PROT is set, but no setting reads it (did you mean RELAY_METRICS_PORT?)"
+    ]
