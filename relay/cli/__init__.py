@@ -14,9 +14,10 @@ from typing import Annotated, Optional
 
 import psycopg
 import typer
+import typer.rich_utils
 
 from relay.cli import local, operations, status, verify
-from relay.cli.common import Globals
+from relay.cli.common import Globals, help_width
 from relay.cli.dead_letters import dead_letters_app
 from relay.cli.debezium import debezium_app
 from relay.cli.subscribers import subscribers_app
@@ -82,6 +83,10 @@ def _globals(
 
 def main() -> None:
     """Console-script entry point: clear errors, meaningful exit codes."""
+    if typer.rich_utils.MAX_WIDTH is None:  # unless TERMINAL_WIDTH says
+        # Help read off a terminal (piped, in CI) is not cut at rich's 80 columns, where
+        # option names and their variables came out truncated (issue #52).
+        typer.rich_utils.MAX_WIDTH = help_width(sys.stdout)
     try:
         app(prog_name="outbox-relay")
     except ConfigError as exc:

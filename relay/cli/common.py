@@ -40,6 +40,12 @@ def _width(stream: Any) -> int | None:
     return int(columns) if columns.isdigit() else 250
 
 
+def help_width(stream: Any) -> int | None:
+    """The width of ``--help`` on ``stream``: the terminal's, or as wide as its lines
+    need off a terminal (rich's default there, 80 columns, cut option names)."""
+    return None if stream.isatty() else min(_width(stream) or 250, 160)
+
+
 class _Terminal(Console):
     """A console that never lets a control character of what it prints reach the
     terminal (relay/core/terminal.py): every string and rich Text it renders, table
