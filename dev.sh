@@ -9,25 +9,41 @@ cd "$(dirname "$0")"
 
 PYTHON="${PYTHON:-python3}"
 
-ensure_venv() {
-    if [[ ! -x .venv/bin/python || pyproject.toml -nt .venv/.installed ]]; then
-        "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
+# What a command needs installed: the demo the relay alone (no Spark, no benchmark
+# baselines: a fraction of the download); the tests and benchmarks every extra. Each set
+# is installed once (again when pyproject.toml changes), pip saying what it fetches.
+installed() {  # $1: a set's name; true when it (or everything) is installed and current
+    local set
+    for set in "$1" all; do
+        [[ -f ".venv/.installed-$set" && ! pyproject.toml -nt ".venv/.installed-$set" ]] && return 0
+    done
+    return 1
+}
+
+ensure_venv() {  # $1: demo | all
+    local set="$1" extras=""
+    [[ "$set" == all ]] && extras="[dev,spark,bench,tracing]"
+    [[ -x .venv/bin/python ]] && installed "$set" && return 0
+    "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
+    if [[ ! -x .venv/bin/python ]]; then
+        echo "dev.sh: creating .venv" >&2
         "$PYTHON" -m venv .venv
         .venv/bin/python -m pip install --quiet --upgrade pip
-        .venv/bin/python -m pip install --quiet -e '.[dev,spark,bench,tracing]'
-        touch .venv/.installed
     fi
+    echo "dev.sh: installing outbox-relay$extras into .venv (minutes the first time)" >&2
+    .venv/bin/python -m pip install --progress-bar off --disable-pip-version-check -e ".$extras"
+    touch ".venv/.installed-$set"
 }
 
 command="${1:-}"
 [[ $# -gt 0 ]] && shift
 case "$command" in
     demo)
-        ensure_venv
+        ensure_venv demo
         exec .venv/bin/outbox-relay dev "$@"
         ;;
     test)
-        ensure_venv
+        ensure_venv all
         if [[ $# -eq 0 ]]; then  # the whole suite: the rules' tests need promtool, built once
             .venv/bin/python -m tests.plugins.promtool >/dev/null 2>&1 &
         fi
@@ -37,7 +53,7 @@ case "$command" in
         exec .venv/bin/python -m pytest "$@"
         ;;
     bench)
-        ensure_venv
+        ensure_venv all
         exec .venv/bin/python -m bench "$@"
         ;;
     *)

@@ -55,6 +55,8 @@ RATE_WINDOW_S = 5.0  # published events/s is measured over this many seconds
 END_OFFSETS_TIMEOUT_S = 60.0  # a restarted broker's partitions answering again
 DRAIN_TIMEOUT_S = 5.0  # at shutdown, wait this long for committed events to arrive
 REFRESH_S = 0.5
+# Off a terminal, a plain line of figures this often.
+PLAIN_EVERY_S = 5.0
 RECENT = 5
 _CARRIERS = ("DHL", "UPS", "FedEx", "GLS", "PostNL")
 
@@ -331,6 +333,16 @@ class Dashboard:
         self._samples: deque[tuple[float, int]] = deque()
 
     def render(self) -> Group:
+        figures, recent = self._figures()
+        return Group(_figures_table(figures), _recent_table(recent))
+
+    def line(self) -> str:
+        """The figures on one plain line: what the demo prints off a terminal, where a
+        live table is drawn only once, at the end."""
+        figures, _ = self._figures()
+        return "; ".join(f"{name} {value}" for name, value in figures if name != "rolled back")
+
+    def _figures(self) -> tuple[list[tuple[str, str]], list[tuple[str, str, str, str]]]:
         s = self._demo
         published = s.published()
         rate = self._rate(time.monotonic(), published)
@@ -355,7 +367,7 @@ class Dashboard:
         p50, p99 = percentile(latencies, 0.50), percentile(latencies, 0.99)
         figures.append(("latency", f"p50 {_ms(p50)}, p99 {_ms(p99)}  (commit → consumer)"))
         figures.append(("relay", s.relay_state()))
-        return Group(_figures_table(figures), _recent_table(recent))
+        return figures, recent
 
     def _rate(self, now: float, published: int) -> float:
         self._samples.append((now, published))
@@ -648,6 +660,9 @@ def _banner(demo: DemoRun) -> None:
 def _watch(demo: DemoRun, duration: float | None) -> None:
     dashboard = Dashboard(demo)
     deadline = None if duration is None else time.monotonic() + duration
+    if not demo.console.is_terminal:
+        _print_lines(demo, dashboard, deadline)
+        return
     try:
         with Live(dashboard.render(), console=demo.console, auto_refresh=False) as live:
             while deadline is None or time.monotonic() < deadline:
@@ -657,6 +672,21 @@ def _watch(demo: DemoRun, duration: float | None) -> None:
     finally:
         if not demo.console.is_terminal:
             demo.console.line()  # Live ends its final render with a newline on terminals only
+
+
+def _print_lines(demo: DemoRun, dashboard: Dashboard, deadline: float | None) -> None:
+    """Off a terminal (a pipe, a log file, CI): a plain line every few seconds, as it
+    happens, rather than one table at the end."""
+    started = time.monotonic()
+    while deadline is None or time.monotonic() < deadline:
+        remaining = PLAIN_EVERY_S if deadline is None else deadline - time.monotonic()
+        time.sleep(max(0.0, min(PLAIN_EVERY_S, remaining)))
+        demo.console.print(
+            f"{time.monotonic() - started:5.0f} s  {dashboard.line()}",
+            soft_wrap=True,
+            highlight=False,
+        )
+        demo.console.file.flush()
 
 
 def _summary(demo: DemoRun) -> None:

@@ -72,6 +72,10 @@ def test_dev_runs_reports_and_cleans_up(workdir: Path) -> None:
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     _assert_reported_and_cleaned_up(output, workdir)
+    # Off a terminal, plain lines as it runs (issue #52: nothing until the end before).
+    progress = [line for line in result.stdout.splitlines() if re.match(r" +\d+ s  written ", line)]
+    assert len(progress) >= 2, result.stdout
+    assert "; published " in progress[-1] and "; lag " in progress[-1]
 
 
 def test_sigterm_stops_dev_as_ctrl_c_does(workdir: Path) -> None:
