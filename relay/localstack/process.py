@@ -74,6 +74,7 @@ class LocalServer:
     """A server process of ours: ``start()`` it (or use ``with``), ``stop()`` it."""
 
     _proc: subprocess.Popen[bytes] | None = None
+    log_path: Path  # where the server writes its log
 
     @property
     def pid(self) -> int | None:

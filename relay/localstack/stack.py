@@ -24,10 +24,14 @@ from relay.adapters.postgres import db, migrations
 from relay.core.log_fields import log_extra
 from relay.localstack.kafka import KAFKA_VERSION, LocalKafka
 from relay.localstack.postgres import LocalPostgres
+from relay.localstack.process import LocalServer, LocalServerError
 
 __all__ = ["migrated_database", "run_local"]
 
 logger = logging.getLogger(__name__)
+
+# How often the servers are looked at while the stack runs.
+_WATCH_S = 1.0
 
 
 def run_local(
@@ -50,7 +54,8 @@ def run_local(
             postgres = stack.enter_context(LocalPostgres(workdir / "pg", port=postgres_port))
             kafka = stack.enter_context(LocalKafka(workdir / "kafka", port=kafka_port))
             url = migrated_database(postgres, database, application_name="outbox-relay-local")
-            registry_url = _started_registry(stack, workdir) if registry else None
+            servers: dict[str, LocalServer] = {"Postgres": postgres, "Apache Kafka": kafka}
+            registry_url = _started_registry(stack, workdir, servers) if registry else None
             sys.stdout.write(
                 f"Postgres {postgres.data_dir} and Apache Kafka {KAFKA_VERSION} "
                 f"(started in {kafka.startup_seconds or 0:.1f} s) are running"
@@ -67,13 +72,25 @@ def run_local(
                 f"{workdir}.\n"
             )
             sys.stdout.flush()
-            stopping.wait()
+            while not stopping.wait(_WATCH_S):
+                _check_running(servers)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
 
-def _started_registry(stack: ExitStack, workdir: Path) -> str:
+def _check_running(servers: dict[str, LocalServer]) -> None:
+    """A server that stopped by itself (killed, out of memory, its disk full) ends the
+    stack with its name and log, rather than leave the app and the relay facing a
+    dead port."""
+    for name, server in servers.items():
+        if not server.running:
+            raise LocalServerError(
+                f"{name} stopped by itself (its log: {server.log_path}); stopping the others"
+            )
+
+
+def _started_registry(stack: ExitStack, workdir: Path, servers: dict[str, LocalServer]) -> str:
     """The schema registry, started in ``workdir`` (built once, minutes, with Maven: its
     progress goes to stderr); its Confluent-compatible URL. It keeps nothing across
     restarts (storage in memory)."""
@@ -81,7 +98,9 @@ def _started_registry(stack: ExitStack, workdir: Path) -> str:
 
     sys.stderr.write("starting the schema registry (its first start builds it: minutes)\n")
     sys.stderr.flush()
-    return stack.enter_context(LocalRegistry(workdir / "registry")).ccompat_url
+    registry = stack.enter_context(LocalRegistry(workdir / "registry"))
+    servers["the schema registry"] = registry
+    return registry.ccompat_url
 
 
 def migrated_database(postgres: LocalPostgres, name: str, *, application_name: str) -> str:

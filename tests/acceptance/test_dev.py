@@ -174,6 +174,40 @@ def test_local_runs_postgres_and_kafka_for_your_own_app(workdir: Path) -> None:
     assert code == 0
 
 
+def test_local_ends_naming_a_server_that_died_and_stops_the_other(workdir: Path) -> None:
+    """Issue #52: with its Postgres killed, ``outbox-relay local`` ran on, printing
+    nothing, the exported URL pointing at a dead port."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [*_cli(), "local", "--workdir", str(workdir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 120
+        bootstrap = ""
+        while not bootstrap and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, "outbox-relay local exited early"
+            if line.startswith("export RELAY_BOOTSTRAP_SERVERS="):
+                bootstrap = shlex.split(line)[1].partition("=")[2]
+        postmaster = int((workdir / "pg" / "postmaster.pid").read_text().split()[0])
+        os.kill(postmaster, signal.SIGKILL)
+        code = proc.wait(120)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert code == 1, stderr
+    assert "Postgres stopped by itself (its log: " in stderr
+    assert not _port_open(int(bootstrap.rpartition(":")[2])), "Kafka still listening"
+
+
 def test_the_live_view_prints_consumed_records_verbatim() -> None:
     from rich.console import Console
 
