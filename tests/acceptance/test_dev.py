@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -119,6 +120,16 @@ def _assert_reported_and_cleaned_up(output: str, workdir: Path) -> None:
     assert not leftovers, f"processes left behind: {leftovers}"
 
 
+def _local(workdir: Path, stderr: Any) -> subprocess.Popen[str]:
+    """``outbox-relay local`` started, its stdout read by the caller."""
+    return subprocess.Popen(
+        [*_cli(), "local", "--workdir", str(workdir)],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+    )
+
+
 def test_local_runs_postgres_and_kafka_for_your_own_app(workdir: Path) -> None:
     """``outbox-relay local``: the servers only, with the settings to export printed;
     an app writes, ``outbox-relay run`` publishes, and SIGTERM stops it all cleanly."""
@@ -127,12 +138,7 @@ def test_local_runs_postgres_and_kafka_for_your_own_app(workdir: Path) -> None:
 
     import psycopg
 
-    proc = subprocess.Popen(
-        [*_cli(), "local", "--workdir", str(workdir)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    proc = _local(workdir, subprocess.DEVNULL)
     try:
         settings: dict[str, str] = {}
         deadline = time.monotonic() + 120
@@ -180,12 +186,9 @@ def test_local_ends_naming_a_server_that_died_and_stops_the_other(workdir: Path)
     import signal
     import time
 
-    proc = subprocess.Popen(
-        [*_cli(), "local", "--workdir", str(workdir)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    log = workdir.parent / "local.err"
+    with log.open("w") as err:
+        proc = _local(workdir, err)
     try:
         assert proc.stdout is not None
         deadline = time.monotonic() + 120
@@ -198,11 +201,11 @@ def test_local_ends_naming_a_server_that_died_and_stops_the_other(workdir: Path)
         postmaster = int((workdir / "pg" / "postmaster.pid").read_text().split()[0])
         os.kill(postmaster, signal.SIGKILL)
         code = proc.wait(120)
-        _, stderr = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+    stderr = log.read_text()
     assert code == 1, stderr
     assert "Postgres stopped by itself (its log: " in stderr
     assert not _port_open(int(bootstrap.rpartition(":")[2])), "Kafka still listening"
