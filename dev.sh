@@ -44,8 +44,9 @@ case "$command" in
         ;;
     test)
         ensure_venv all
-        if [[ $# -eq 0 ]]; then  # the whole suite: the rules' tests need promtool, built once
-            .venv/bin/python -m tests.plugins.promtool >/dev/null 2>&1 &
+        if [[ $# -eq 0 ]]; then  # the whole suite: the rules' and the chart's tests need
+            # promtool and helm, built once (one after the other: two cores)
+            (.venv/bin/python -m tests.plugins.promtool; .venv/bin/python -m tests.plugins.helm) >/dev/null 2>&1 &
         fi
         .venv/bin/ruff check .
         .venv/bin/ruff format --check .

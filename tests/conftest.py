@@ -23,6 +23,7 @@ pytest_plugins = [
     "tests.plugins.spark",
     "tests.plugins.registry",
     "tests.plugins.promtool",
+    "tests.plugins.helm",
 ]
 
 LAYERS = ("unit", "integration", "acceptance")
