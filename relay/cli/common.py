@@ -43,7 +43,8 @@ def _width(stream: Any) -> int | None:
 def help_width(stream: Any) -> int | None:
     """The width of ``--help`` on ``stream``: the terminal's, or as wide as its lines
     need off a terminal (rich's default there, 80 columns, cut option names)."""
-    return None if stream.isatty() else min(_width(stream) or 250, 160)
+    width = _width(stream)
+    return None if width is None else min(width, 160)
 
 
 class _Terminal(Console):
@@ -89,10 +90,11 @@ out = _Terminal(markup=False, emoji=False, highlight=False, width=_width(sys.std
 err = _Terminal(stderr=True, markup=False, emoji=False, highlight=False, width=_width(sys.stderr))
 
 
-def print_json(value: Any) -> None:
-    """``--json`` output: JSON escapes every control character in its strings but DEL,
-    escaped here too (it can appear only inside a string)."""
-    text = json.dumps(value, indent=2, default=str).replace("\x7f", "\\u007f")
+def print_json(value: Any, *, indent: int | None = 2) -> None:
+    """``--json`` output (``indent`` None: on one line, as JSON Lines): JSON escapes every
+    control character in its strings but DEL, escaped here too (it can appear only
+    inside a string)."""
+    text = json.dumps(value, indent=indent, default=str).replace("\x7f", "\\u007f")
     sys.stdout.write(text + "\n")
 
 

@@ -171,9 +171,8 @@ def topics_tail(
 
 def _print_tailed(record: TailedRecord, as_json: bool) -> None:
     if as_json:
-        sys.stdout.write(json.dumps(record.as_dict(), default=str).replace("\x7f", "\\u007f"))
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        print_json(record.as_dict(), indent=None)
+        sys.stdout.flush()  # each record as it comes, through a pipe too
         return
     out.print(f"{record.topic}[{record.partition}]@{record.offset}", soft_wrap=True)
     out.print(f"  key: {_shown(record.key)}", soft_wrap=True)
