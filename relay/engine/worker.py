@@ -20,6 +20,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from relay.core.key_space import KeySpace, adoptable
 from relay.core.log_fields import log_extra
@@ -68,6 +69,35 @@ _TURN_S = 2.0
 # What a decision recovered from the Kafka-side checkpoint says (its reason is on the
 # dead-letter record, in the header outbox.error).
 _RECOVERED = "dead-lettered by a previous owner (recorded by recovery; the reason is on the record)"
+
+
+@dataclass(frozen=True, slots=True)
+class Unstarted:
+    """(Re)started: nothing read yet. The part's key space and recovery come first."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unloaded:
+    """Recovered, its state to be read again before the next batch (after a batch that
+    halted, a pause, or a recovery that moved the checkpoint)."""
+
+    space: KeySpace | None
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """The part's state as this worker left it. ``ahead``: the next batch, read while
+    the last travelled. ``idle``: the last step found nothing and waited, so an idle
+    tick reads the state again (a pause, a reset) before polling."""
+
+    space: KeySpace | None
+    state: PartState
+    ahead: PartBatch | None = None
+    idle: bool = False
+
+
+# Where a part's publication stands between two steps: one value, replaced as a whole.
+Progress = Unstarted | Unloaded | Loaded
 
 
 class PartWorker:
@@ -121,14 +151,8 @@ class PartWorker:
         )
         self._poll_interval = poll_interval
         self._store: PartStore | None = None
-        # The publisher lent by the pool for this turn.
-        self._publisher: Publisher | None = None
-        self._space: KeySpace | None = None
-        self._space_checked = False
-        self._state: PartState | None = None  # None: load it on the next step
-        self._ahead: PartBatch | None = None  # the next batch, prepared while the last travelled
+        self._progress: Progress = Unstarted()
         self._repolls: Iterator[float] = iter(())
-        self._waited = False  # the last step found nothing and waited
         self._caught_up = False  # the last fetch found nothing new (idle polls keep it)
         self._failures = 0
         self._outage = _Outage(part, self.stats)
@@ -274,12 +298,12 @@ class PartWorker:
         """Publish until the part is caught up, stopping, or its turn is up while
         other parts wait; returns the seconds until its next turn. Raises on errors."""
         store = self._held_store()
-        if not self._space_checked:  # (re)started: before anything else on this part
-            self._space = self._reader.key_space(store)
-            self._space_checked = True
+        if isinstance(self._progress, Unstarted):  # before anything else on this part
+            space = self._reader.key_space(store)
             # Recover at once, as a part is taken over: earlier owners are fenced now,
             # not when the first row comes, and a producer Kafka refuses shows at once.
-            self._state = self._lend_publisher(store, self._reader.load(store))
+            _, recovered = self._lend_publisher(store, self._reader.load(store), space)
+            self._progress = Unloaded(space) if recovered is None else Loaded(space, recovered)
         ends = time.monotonic() + _TURN_S
         try:
             while True:
@@ -294,63 +318,72 @@ class PartWorker:
                 if self._stopping.is_set() or last:
                     return 0.0  # stopping, or others wait: this part goes on next turn
         finally:
-            # Between turns the pool may close it; holding it would keep its client alive.
-            self._publisher = None
+            # Between turns the pool may close it.
             self._producers.release(self)
 
     def _step(self, store: PartStore, woken: bool, *, read_ahead: bool) -> float | None:
         """Publish one batch (None: go on), or say how long to wait for the next;
         ``read_ahead``: read the batch after it while it travels."""
-        if self._state is None or (self._waited and not woken):
-            self._state = self._reload(store, self._state)  # an idle tick's: pause or reset
-        self._waited = False
-        state = self._state
+        progress = self._progress
+        assert not isinstance(progress, Unstarted)  # _serve started it
+        space = progress.space
+        match progress:
+            case Loaded(state=known, ahead=ahead, idle=idle) if not (idle and not woken):
+                state = known
+            case Loaded(state=known):  # an idle tick's: a pause or a reset shows
+                state, ahead = self._reload(store, known), None
+            case Unloaded():
+                state, ahead = self._reload(store, None), None
         if state.subscriber.paused or state.halted_error is not None:
             self.stats.state = WorkerState.HALTED if state.halted_error else WorkerState.PAUSED
-            self._state, self._ahead = None, None
+            self._progress = Unloaded(space)
             return self._poll_interval
         if self.stats.waiting_on is None:  # a waiting part stays 'retrying' until it is not
             self.stats.state = WorkerState.RUNNING
-        ahead, self._ahead = self._ahead, None
         batch = ahead if ahead is not None and ahead.end else self._reader.fetch(store, state)
         if batch.end is None:
-            self._poison_log.flush()  # caught up: a flood is over, say what was left out
-            if woken:
-                self._repolls = iter(_HORIZON_REPOLL_S)
-            self._waited = True
-            was_caught_up, self._caught_up = self._caught_up, True
-            if not was_caught_up and self._on_wait is not None:
-                self._on_wait()  # after the flag: the probe checks it once told
-            return next(self._repolls, self._poll_interval)
+            self._progress = Loaded(space, state, idle=True)
+            return self._caught_up_wait(woken)
         self._caught_up = False
         if not batch.events:
             # Only rows the subscriber does not take: the Postgres checkpoint alone moves,
             # and no producer is needed (what Kafka holds of the part stays as it is).
-            self._state = self._batches.advance(store, state, batch.end, [])
+            self._progress = Loaded(space, self._batches.advance(store, state, batch.end, []))
             self._batches.count([], 0, batch.end)
             return None
-        recovered = self._lend_publisher(store, state)
+        publisher, recovered = self._lend_publisher(store, state, space)
         if recovered is not None:
             if not _same_batch_start(recovered, state):
-                self._state = None  # recovery moved the checkpoint (or a pause): read again
+                self._progress = Unloaded(space)  # recovery moved the checkpoint: read again
                 return None
             state = recovered
-        assert self._publisher is not None  # lent for this turn
-        match self._batches.publish(store, self._publisher, state, batch, read_ahead):
+        match self._batches.publish(store, publisher, state, batch, read_ahead):
             case Committed(state=published, ahead=following):
-                self._state, self._ahead = published, following
+                self._progress = Loaded(space, published, following)
                 self._failures = 0
             case Halted():  # on a poison event, or the relay's configuration
-                self._state, self._ahead = None, None
+                self._progress = Unloaded(space)
         return None
 
-    def _lend_publisher(self, store: PartStore, state: PartState) -> PartState | None:
+    def _caught_up_wait(self, woken: bool) -> float:
+        """The part found nothing new: the seconds until it polls again."""
+        self._poison_log.flush()  # caught up: a flood is over, say what was left out
+        if woken:
+            self._repolls = iter(_HORIZON_REPOLL_S)
+        was_caught_up, self._caught_up = self._caught_up, True
+        if not was_caught_up and self._on_wait is not None:
+            self._on_wait()  # after the flag: the probe checks it once told
+        return next(self._repolls, self._poll_interval)
+
+    def _lend_publisher(
+        self, store: PartStore, state: PartState, space: KeySpace | None
+    ) -> tuple[Publisher, PartState | None]:
         """Borrow this part's publisher from the pool for this turn. One opened for it
         just now is recovered with first (fencing the part's earlier producers): then
-        the part's state after recovery."""
-        self._publisher, fresh = self._producers.acquire(self, state)
+        the part's state after recovery comes with it."""
+        publisher, fresh = self._producers.acquire(self, state)
         if not fresh:
-            return None
+            return publisher, None
         with self.stats.lock:
             self.stats.producers_opened += 1
         # Ownership is read from Postgres right before init_transactions fences: a part
@@ -358,13 +391,14 @@ class PartWorker:
         current = self._reader.load(store)
         if not self.session.valid():
             raise ClaimLost("this relay's session may have expired; not recovering")
-        return self._recover(store, current, self._space)
+        return publisher, self._recover(store, publisher, current, space)
 
-    def _recover(self, store: PartStore, state: PartState, space: KeySpace | None) -> PartState:
+    def _recover(
+        self, store: PartStore, publisher: Publisher, state: PartState, space: KeySpace | None
+    ) -> PartState:
         """Fence earlier producers of this part and adopt a newer Kafka-side checkpoint,
         if it provably belongs to this database's history."""
-        assert self._publisher is not None
-        recovered = self._publisher.recover(
+        recovered = publisher.recover(
             str(state.generation), space.id if space is not None else None
         )
         logger.info(
@@ -438,8 +472,7 @@ class PartWorker:
     def _drop_connections(self) -> None:
         """Forget everything read: the next turn starts over from recovery."""
         store, self._store = self._store, None
-        self._publisher, self._state, self._ahead = None, None, None
-        self._space_checked, self._waited = False, False
+        self._progress = Unstarted()
         try:
             if store is not None:
                 store.close()
