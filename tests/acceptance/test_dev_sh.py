@@ -21,16 +21,22 @@ def _clone(into: Path) -> Path:
     return into
 
 
+def _demo(clone: Path, seconds: int, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``./dev.sh demo`` in ``clone``, as a new user's shell runs it (no venv active)."""
+    env = {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PYTHONPATH"}}
+    ran = subprocess.run(
+        ["./dev.sh", "demo", "--duration", str(seconds), "--rate", "100"],
+        cwd=clone, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )  # fmt: skip
+    assert ran.returncode == 0, (ran.stdout + ran.stderr)[-4000:]
+    return ran
+
+
 def test_dev_sh_demo_on_a_fresh_clone_installs_the_relay_alone_and_runs() -> None:
     with local_workdir("outbox-dev-sh-", "clone") as folder:
         clone = _clone(folder)
-        env = {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PYTHONPATH"}}
-        ran = subprocess.run(
-            ["./dev.sh", "demo", "--duration", "10", "--rate", "100"],
-            cwd=clone, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-            timeout=780, check=False,
-        )  # fmt: skip
-        assert ran.returncode == 0, (ran.stdout + ran.stderr)[-4000:]
+        ran = _demo(clone, 10, timeout=780)
         # The install talks (a first run is minutes of silence otherwise).
         assert "dev.sh: creating .venv" in ran.stderr
         assert "dev.sh: installing outbox-relay into .venv" in ran.stderr
@@ -46,10 +52,5 @@ def test_dev_sh_demo_on_a_fresh_clone_installs_the_relay_alone_and_runs() -> Non
         )  # fmt: skip
         assert missing.returncode != 0, "the demo installed Spark"
         # A second run finds it installed and says nothing of installing.
-        again = subprocess.run(
-            ["./dev.sh", "demo", "--duration", "3", "--rate", "50"],
-            cwd=clone, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-            timeout=300, check=False,
-        )  # fmt: skip
-        assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+        again = _demo(clone, 3, timeout=300)
         assert "dev.sh: installing" not in again.stderr
