@@ -28,9 +28,10 @@ from relay.adapters.postgres.pool import RelayPool
 from relay.adapters.postgres.probe import CommitProbe, Waiters, Wake
 from relay.adapters.postgres.store import OutboxStore
 from relay.adapters.postgres.topic_record import PostgresTopicRecord
+from relay.adapters.postgres.verify_queries import PostgresVerifyOutbox
 from relay.adapters.registry.registry_format import client_for
 from relay.adapters.registry.writer_lookup import RegistryWriters
-from relay.core.ports import PartStore, StatusStore, TopicReader, TopicRecord
+from relay.core.ports import PartStore, StatusStore, TopicReader, TopicRecord, VerifyOutbox
 from relay.core.settings import Settings
 from relay.core.subscribers import TopicGuard
 from relay.core.value_decoding import WriterById
@@ -46,6 +47,11 @@ def store_on(conn: psycopg.Connection[Any], schema: str = "public") -> OutboxSto
 def dead_letter_store(conn: psycopg.Connection[Any], schema: str = "public") -> DeadLetterStore:
     """The dead letters' queries and a redrive's bookkeeping on one connection."""
     return DeadLetterStore(conn, schema)
+
+
+def verify_outbox(conn: psycopg.Connection[Any], schema: str = "public") -> VerifyOutbox:
+    """What verify reads of the outbox and its replays, on one connection."""
+    return PostgresVerifyOutbox(conn, schema)
 
 
 def daemon_store(settings: Settings) -> StatusStore:

@@ -633,6 +633,7 @@ def subscribers_replay(
     encodes them, each record marked with the header outbox.replay (its ledger entry).
     Counts them first (--dry-run: only that). Interrupted, run it again with the same
     options: it goes on where it stopped, publishing nothing twice."""
+    from relay.core.replay import HEADER_REPLAY, ReplayRange
     from relay.ops import replay as replay_ops
 
     try:
@@ -642,8 +643,8 @@ def subscribers_replay(
     settings = _definition_settings(ctx, database_url, schema, schemas_dir, schema_registry_url,
                                     bootstrap_servers)  # fmt: skip
 
-    def asked(subscriber: subs.Subscriber) -> replay_ops.ReplayRange:
-        return replay_ops.ReplayRange.of(subscriber, first, last, into, aggregate_type, event_type)
+    def asked(subscriber: subs.Subscriber) -> ReplayRange:
+        return ReplayRange.of(subscriber, first, last, into, aggregate_type, event_type)
 
     confirm = gate(dry_run=dry_run, yes=yes, machine_output=as_json)
     with _store(settings) as store:
@@ -658,7 +659,7 @@ def subscribers_replay(
     resumed = f", going on after {done.resumed_after}" if done.resumed_after else ""
     out.print(
         f"subscriber {name!r}: replay #{done.entry} done: {done.published} event(s) published "
-        f"by this run{resumed} (header {replay_ops.HEADER_REPLAY}={done.entry})"
+        f"by this run{resumed} (header {HEADER_REPLAY}={done.entry})"
     )
     if done.pruned:
         err.print(

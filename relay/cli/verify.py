@@ -105,8 +105,7 @@ def _verify_all(
         schema = settings.database_schema
         reports: list[Any] = run_verify(
             wiring.store_on(conn, schema),
-            conn,
-            schema,
+            wiring.verify_outbox(conn, schema),
             reader,
             subscribers=subscriber,
             progress=advance,

@@ -23,10 +23,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 from uuid import UUID
 
 from relay.core.key_space import KeySpace, KeySpaceCheck
@@ -39,6 +40,9 @@ from relay.core.model import (
     Position,
 )
 from relay.core.subscribers import StartFrom, Subscriber
+
+if TYPE_CHECKING:  # relay.core.replay imports this module (Selection)
+    from relay.core.replay import OpenReplay, ReplayRange
 
 
 @dataclass(frozen=True)
@@ -385,6 +389,60 @@ class LagStore(Protocol):
 class StatusStore(DaemonStore, LagStore, Protocol):
     """What ``/metrics`` reads of the database (``relay.daemon.metrics``): the lag, the
     claims, the horizon and the sessions."""
+
+
+class PublishedEvent(NamedTuple):
+    """One event verify expects on a subscriber's topics (the ``published_events`` query)."""
+
+    message_id: UUID
+    key: Position
+    aggregate_type: str
+    event_type: str
+    dead_lettered: bool
+    redriven: bool  # dead-lettered, then redriven (dead-letters redrive)
+    part: int
+
+
+class ReplayedRanges(Protocol):
+    """What verify reads of the replays on the ledger (``subscribers replay``)."""
+
+    def replays(self, subscriber_id: UUID) -> list[OpenReplay]:
+        """The subscriber's replays, by ledger entry, finished or not."""
+
+    def events(self, wanted: ReplayRange) -> list[tuple[UUID, Position, str, str]]:
+        """The events of the range (message id, key, aggregate type, event type)."""
+
+
+class ReplayLedger(ReplayedRanges, Protocol):
+    """What ``subscribers replay`` reads of its range and its replays, and the lock
+    that keeps two runs of one subscriber's replay apart."""
+
+    def count(self, wanted: ReplayRange) -> int:
+        """How many events of the range its filters match."""
+
+    def open(self, subscriber_id: UUID, wanted: ReplayRange) -> OpenReplay | None:
+        """The replay with these arguments that has not finished, if any."""
+
+    def exclusive(self, name: str, subscriber_id: UUID) -> AbstractContextManager[None]:
+        """Hold the subscriber's replay lock; :class:`SubscriberError` when another
+        replay of it holds it."""
+
+
+class VerifyOutbox(ReplayedRanges, Protocol):
+    """What verify reads of the outbox to check the topics against it: the events each
+    subscriber part has published, and where the records it did not expect lie."""
+
+    def published_events(self, subscriber: Subscriber) -> Iterator[PublishedEvent]:
+        """Each part's events after its start and up to its checkpoint that match the
+        subscriber's filters, read in one transaction (iterate to the end)."""
+
+    def part_starts(self, name: str) -> list[tuple[int, Position]]:
+        """The parts whose generation starts after the beginning (created 'now', or
+        reset), with their start."""
+
+    def placed(self, name: str, ids: Sequence[UUID]) -> dict[UUID, str]:
+        """Where each id's row lies for the subscriber: 'before_start', 'ahead' or
+        'filtered'; an id left out has no row (pruned)."""
 
 
 # What ``meanwhile`` may hand back: more records for the batch in flight, and its new end.
