@@ -18,28 +18,53 @@ from typing import Any
 
 import psycopg
 
-from relay.adapters.kafka.kafka import TopicCreator
+from relay.adapters.kafka.kafka import (
+    TopicCreator,
+    TransactionalPublisher,
+    producer_config,
+    transaction_timeout,
+)
 from relay.adapters.kafka.partitioner import KeyPartitioner
-from relay.adapters.kafka.publishers import PublisherFactory
+from relay.adapters.kafka.publishers import PublisherFactory, routed_topic_creator
 from relay.adapters.kafka.topic_reader import KafkaTopicReader
 from relay.adapters.postgres import db
 from relay.adapters.postgres.dead_letters import DeadLetterStore
 from relay.adapters.postgres.pool import RelayPool
 from relay.adapters.postgres.probe import CommitProbe, Waiters, Wake
+from relay.adapters.postgres.replay_store import ReplayStore
 from relay.adapters.postgres.store import OutboxStore
 from relay.adapters.postgres.topic_record import PostgresTopicRecord
 from relay.adapters.postgres.verify_queries import PostgresVerifyOutbox
 from relay.adapters.registry.registry_format import client_for
 from relay.adapters.registry.writer_lookup import RegistryWriters
-from relay.core.ports import PartStore, StatusStore, TopicReader, TopicRecord, VerifyOutbox
+from relay.core.ports import (
+    PartStore,
+    Publisher,
+    ReplayLedger,
+    StatusStore,
+    TopicReader,
+    TopicRecord,
+    VerifyOutbox,
+)
 from relay.core.settings import Settings
 from relay.core.subscribers import TopicGuard
 from relay.core.value_decoding import WriterById
+from relay.errors import ConfigError
 
 Connect = Callable[[], AbstractContextManager[psycopg.Connection[Any]]]
+# The store the CLI hands the ops commands that use most of it, the ledger too
+# (relay.ops.interventions, relay.ops.subscribers): named here, so the CLI need not.
+Store = OutboxStore
 
 
-def store_on(conn: psycopg.Connection[Any], schema: str = "public") -> OutboxStore:
+def connect(
+    settings: Settings, application_name: str = "outbox-relay-cli"
+) -> psycopg.Connection[Any]:
+    """A command's own (autocommit) connection to the configured database."""
+    return db.connect(settings.require_database_url(), application_name=application_name)
+
+
+def store_on(conn: psycopg.Connection[Any], schema: str = "public") -> Store:
     """The outbox's store on one connection the caller holds (a command's, a test's)."""
     return OutboxStore(conn, schema)
 
@@ -52,6 +77,11 @@ def dead_letter_store(conn: psycopg.Connection[Any], schema: str = "public") -> 
 def verify_outbox(conn: psycopg.Connection[Any], schema: str = "public") -> VerifyOutbox:
     """What verify reads of the outbox and its replays, on one connection."""
     return PostgresVerifyOutbox(conn, schema)
+
+
+def replay_ledger(conn: psycopg.Connection[Any], schema: str = "public") -> ReplayLedger:
+    """A replay's range and the replays on the ledger, on one autocommit connection."""
+    return ReplayStore(conn, schema)
 
 
 def daemon_store(settings: Settings) -> StatusStore:
@@ -115,6 +145,34 @@ def publishers(settings: Settings, guard: TopicGuard, record: TopicRecord) -> Pu
     return PublisherFactory(settings, guard, record)
 
 
+def exactly_once_publisher(
+    settings: Settings, prefix: str, guard: TopicGuard, record: TopicRecord | None, command: str
+) -> Publisher:
+    """A transactional publisher of an operator's ``command`` (redrive, replay): its
+    ``transactional.id`` and checkpoint group are ``prefix`` (plus the generation).
+    ``guard`` (with the subscribers loaded) and ``record`` (the outbox's record of its
+    topics) confine the topics rows chose, and count the new ones towards
+    ``max_created_topics``, as in the relay (the same constructor)."""
+    if settings.delivery != "transactional":
+        raise ConfigError(
+            f"delivery: {command} publishes exactly once through Kafka transactions, which "
+            f"delivery = {settings.delivery!r} says this broker does not offer"
+        )
+    bootstrap = settings.require_bootstrap_servers()
+    client = {**settings.kafka, "bootstrap.servers": bootstrap}
+    topics = routed_topic_creator(settings, guard, record)
+    return TransactionalPublisher(
+        producer_config(bootstrap, settings.kafka, int(settings.delivery_timeout * 1000)),
+        topics,
+        settings.delivery_timeout,
+        transactional_id=prefix,
+        transaction_timeout_s=transaction_timeout(settings.session_timeout),
+        group_prefix=prefix,
+        checkpoint_topic=settings.checkpoint_topic,
+        consumer_config=client,
+    )
+
+
 def topic_creator(settings: Settings, record: TopicRecord) -> TopicCreator:
     """Creates topics as the relay does (its partitions and replication), recording
     them in ``record``."""
@@ -126,9 +184,12 @@ def topic_creator(settings: Settings, record: TopicRecord) -> TopicCreator:
     )
 
 
-def topic_reader(config: Mapping[str, Any], group: str) -> TopicReader:
-    """Reads topics back (``read_committed``), as consumers would."""
-    return KafkaTopicReader(config, group=group)
+def topic_reader(
+    config: Mapping[str, Any], group: str = "outbox-relay-verify", timeout: float = 120.0
+) -> TopicReader:
+    """Reads topics back (``read_committed``), as consumers would; ``timeout``: seconds
+    a topic may take to be read to its end."""
+    return KafkaTopicReader(config, group=group, timeout=timeout)
 
 
 def writer_lookup(settings: Settings) -> WriterById | None:

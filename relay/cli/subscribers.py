@@ -633,6 +633,10 @@ def subscribers_replay(
     encodes them, each record marked with the header outbox.replay (its ledger entry).
     Counts them first (--dry-run: only that). Interrupted, run it again with the same
     options: it goes on where it stopped, publishing nothing twice."""
+    from contextlib import nullcontext
+
+    from relay import wiring
+    from relay.core.ports import Publisher
     from relay.core.replay import HEADER_REPLAY, ReplayRange
     from relay.ops import replay as replay_ops
 
@@ -648,8 +652,15 @@ def subscribers_replay(
 
     confirm = gate(dry_run=dry_run, yes=yes, machine_output=as_json)
     with _store(settings) as store:
+        conn, schema = store.conn, settings.database_schema
+        record = wiring.topic_record(lambda: nullcontext(conn), schema)
+
+        def publisher(prefix: str, guard: subs.TopicGuard) -> Publisher:
+            return wiring.exactly_once_publisher(settings, prefix, guard, record, "replay")
+
+        ledger = wiring.replay_ledger(conn, schema)
         done = replay_ops.replay(
-            settings, store.conn, name, asked, actor(), confirm, batch_size=batch_size
+            settings, store, ledger, publisher, name, asked, actor(), confirm, batch_size=batch_size
         )
     if done is None:
         return

@@ -21,27 +21,22 @@ window between the two commits to mend.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from contextlib import closing, nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any, Protocol
 from uuid import UUID
 
-import psycopg
-
-from relay.adapters.postgres.replay_store import ReplayStore
-from relay.adapters.postgres.store import OutboxStore
-from relay.adapters.postgres.topic_record import PostgresTopicRecord
 from relay.core.interventions import Action, Actor, Intervention
 from relay.core.log_fields import log_extra
 from relay.core.model import KafkaRecord, OutboxEvent, Position
-from relay.core.ports import Batch, Fetched, Selection, SubscriberState
+from relay.core.ports import Batch, Fetched, ReplayLedger, Selection, SubscriberState
 from relay.core.replay import HEADER_REPLAY, OpenReplay, ReplayRange
 from relay.core.settings import Settings
 from relay.core.subscribers import Subscriber, TopicGuard
 from relay.errors import EncodingError, SubscriberError
 from relay.ops.interventions import Confirm, Preview
-from relay.ops.redrive import RedrivePublisher, exactly_once_publisher, relay_encoder
+from relay.ops.redrive import RedrivePublisher, relay_encoder
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +49,24 @@ class Fetcher(Protocol):
     """What a replay reads of the outbox (``OutboxStore.fetch``)."""
 
     def fetch(self, after: Position, selection: Selection) -> Fetched: ...
+
+
+class ReplayOutbox(Fetcher, Protocol):
+    """What ``subscribers replay`` reads and records of the outbox (the store port):
+    the subscribers, the horizon, the ledger and the range's events."""
+
+    def get(self, name: str) -> SubscriberState: ...
+
+    def list(self, name: str | None = None) -> Sequence[SubscriberState]: ...
+
+    def horizon(self) -> int: ...
+
+    def record(self, intervention: Intervention) -> int: ...
+
+
+# The exactly-once publisher of a replay (the composition root builds it): its
+# ``transactional.id`` prefix, and the guard that confines the topics rows chose.
+ReplayPublishers = Callable[[str, TopicGuard], RedrivePublisher]
 
 
 class Replay:
@@ -147,7 +160,9 @@ def replay_prefix(kafka_id_prefix: str, subscriber_id: UUID, entry: int) -> str:
 
 def replay(
     settings: Settings,
-    conn: psycopg.Connection[Any],
+    outbox: ReplayOutbox,
+    replays: ReplayLedger,
+    publishers: ReplayPublishers,
     name: str,
     asked: Callable[[Subscriber], ReplayRange],
     actor: Actor,
@@ -158,9 +173,8 @@ def replay(
     """``subscribers replay``: check the range (decided, a topic the subscriber may
     publish to), count it, preview, confirm; then start the replay on the ledger, or go
     on with the open one of the same arguments, publish the rest of it exactly once, and
-    record that it is done. None when not confirmed."""
-    outbox = OutboxStore(conn, settings.database_schema)
-    replays = ReplayStore(conn, settings.database_schema)
+    record that it is done. None when not confirmed. ``outbox``, ``replays`` and
+    ``publishers`` are the composition root's (``relay.wiring``), on one connection."""
     state = outbox.get(name)
     wanted = asked(state.subscriber)
     guard, encoder = relay_encoder(settings, (s.subscriber for s in outbox.list()))
@@ -171,12 +185,8 @@ def replay(
         if not confirm(_preview(name, wanted, events, found)):
             return None
         entry = _record(outbox, state, wanted, actor, events, found)
-        publisher = exactly_once_publisher(
-            settings,
-            replay_prefix(settings.kafka_id_prefix, state.subscriber_id, entry),
-            guard,
-            PostgresTopicRecord(lambda: nullcontext(conn), settings.database_schema),
-            "replay",
+        publisher = publishers(
+            replay_prefix(settings.kafka_id_prefix, state.subscriber_id, entry), guard
         )
         run = Replay(
             outbox,
@@ -208,7 +218,7 @@ def replay(
 
 
 def _check(
-    outbox: OutboxStore, state: SubscriberState, wanted: ReplayRange, guard: TopicGuard
+    outbox: ReplayOutbox, state: SubscriberState, wanted: ReplayRange, guard: TopicGuard
 ) -> None:
     """Refuse a range that is not decided yet (events could still be written into it,
     and the replay would not be the range's), and a topic the subscriber may not
@@ -243,7 +253,7 @@ def _preview(name: str, wanted: ReplayRange, events: int, found: OpenReplay | No
 
 
 def _record(
-    outbox: OutboxStore,
+    outbox: ReplayOutbox,
     state: SubscriberState,
     wanted: ReplayRange,
     actor: Actor,

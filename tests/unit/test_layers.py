@@ -262,9 +262,6 @@ STORE_NAMED = {
     # Typed with the store they are handed (they use most of it, the ledger too).
     "relay.ops.interventions",
     "relay.ops.subscribers",
-    # Builds its own store and topic record on the command's connection (not yet moved
-    # to the root: its command's options are being reworked).
-    "relay.ops.replay",
 }
 
 
