@@ -81,6 +81,15 @@ class SubscriberState:
         return min(p.checkpoint for p in self.parts)
 
 
+class PartWait(NamedTuple):
+    """What a part owned by a live relay waits for, as its worker recorded it (issue #48;
+    relay/engine/waiting.py)."""
+
+    waits_on: str  # what RelayError.waits_on names: topic, postgres_privilege, ...
+    error: str  # why, with what ends the wait
+    since: datetime
+
+
 class ExpiredSession(NamedTuple):
     """A relay's session that a peer deleted because its heartbeats stopped."""
 
