@@ -23,11 +23,10 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from relay.adapters.postgres.store import OutboxStore
 from relay.core.formats import default_format, format_of
 from relay.core.interventions import Action, Actor, Intervention
 from relay.core.log_fields import log_extra
-from relay.core.ports import SubscriberState
+from relay.core.ports import DefinitionStore, SubscriberState
 from relay.core.redact import redact
 from relay.core.schemas import SchemaFolder
 from relay.core.settings import Settings
@@ -356,7 +355,7 @@ class Outcome:
 
 def add(
     settings: Settings,
-    store: OutboxStore,
+    store: DefinitionStore,
     options: Mapping[str, Any],
     *,
     start: StartFrom = StartFrom.BEGINNING,
@@ -388,7 +387,7 @@ def add(
 
 def set_options(
     settings: Settings,
-    store: OutboxStore,
+    store: DefinitionStore,
     name: str,
     options: Mapping[str, Any],
     *,
@@ -414,14 +413,14 @@ def set_options(
     return outcome
 
 
-def _stored(store: OutboxStore, name: str) -> SubscriberState | None:
+def _stored(store: DefinitionStore, name: str) -> SubscriberState | None:
     found = store.list(name)
     return found[0] if found else None
 
 
 def _propose(
     setup: Setup,
-    store: OutboxStore,
+    store: DefinitionStore,
     state: SubscriberState | None,
     after: Subscriber,
     start: StartFrom,
@@ -444,7 +443,7 @@ def _propose(
     return Outcome(change, report, resets, dropped)
 
 
-def _dropped(store: OutboxStore, state: SubscriberState, after: Subscriber) -> Lag:
+def _dropped(store: DefinitionStore, state: SubscriberState, after: Subscriber) -> Lag:
     """The events waiting after the checkpoint that ``after``'s filters no longer take."""
     before = state.subscriber
     kept = dataclasses.replace(
@@ -462,10 +461,10 @@ def _as(state: SubscriberState, subscriber: Subscriber) -> SubscriberState:
     return SubscriberState(subscriber, state.subscriber_id, parts)
 
 
-def _write(store: OutboxStore, outcome: Outcome, action: Action, actor: Actor) -> None:
+def _write(store: DefinitionStore, outcome: Outcome, action: Action, actor: Actor) -> None:
     """The change and its ledger entry, in one transaction: on the record, or not made."""
     change = outcome.change
-    with store.conn.transaction():
+    with store.transaction():
         if change.before is None:
             store.add(change.after, change.start)
         else:
@@ -475,7 +474,7 @@ def _write(store: OutboxStore, outcome: Outcome, action: Action, actor: Actor) -
     outcome.applied = True
 
 
-def _entry(store: OutboxStore, change: Change, action: Action, actor: Actor) -> Intervention:
+def _entry(store: DefinitionStore, change: Change, action: Action, actor: Actor) -> Intervention:
     """The ledger entry of a definition written: before and after, field by field."""
     params: dict[str, Any] = {"after": change.after.as_dict()}
     if change.before is None:
@@ -490,7 +489,7 @@ def _entry(store: OutboxStore, change: Change, action: Action, actor: Actor) -> 
 # -- the relay's start-up --------------------------------------------------------------
 
 
-def sync(setup: Setup, store: OutboxStore) -> list[Change]:
+def sync(setup: Setup, store: DefinitionStore) -> list[Change]:
     """Write the subscribers the config declares (the config wins: each is defined anew
     from it, its pause kept), and the default subscriber when there is none anywhere,
     once every subscriber that would then be active has passed :func:`check`. A refusal
@@ -515,21 +514,21 @@ def sync(setup: Setup, store: OutboxStore) -> list[Change]:
     for line in report.warnings:
         logger.warning("%s", line, extra=log_extra("subscriber_check_skipped", problem=line))
     report.refuse(lambda name: _fix_at_start(name, stored, changes))
-    with store.conn.transaction():
+    with store.transaction():
         store.add_all([(c.after, c.start) for c in changes])
         _record_from_config(store, changes)
     _log_sync(changes, report, {declared.name for declared in setup.settings.subscribers})
     return changes
 
 
-def _record_from_config(store: OutboxStore, changes: Sequence[Change]) -> None:
+def _record_from_config(store: DefinitionStore, changes: Sequence[Change]) -> None:
     """Put the definitions a relay wrote from its config on the ledger (by the relay's
     role and host): a changed config changes what a subscriber publishes as much as a
     `set` does. On a schema before migration 0019 (relays roll before `migrate`) there
     is no ledger yet, and the relay starts all the same."""
     actor = Actor(None, socket.gethostname() or None)
     try:
-        with store.conn.transaction():  # a savepoint: the writes stand without it
+        with store.transaction():  # a savepoint: the writes stand without it
             for change in changes:
                 action = Action.ADD if change.before is None else Action.SET
                 entry = _entry(store, change, action, actor)
@@ -600,7 +599,7 @@ class Resumed:
 
 
 def resume(
-    store: OutboxStore, names: Sequence[str] | None, actor: Actor = _NO_ONE
+    store: DefinitionStore, names: Sequence[str] | None, actor: Actor = _NO_ONE
 ) -> list[Resumed]:
     """Resume the subscribers named, or (None) every paused or halted one, from their
     checkpoints; a poison halt is cleared (the part retries the event)."""

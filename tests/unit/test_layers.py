@@ -256,13 +256,9 @@ def test_the_rules_catch_an_import_against_them(monkeypatch: pytest.MonkeyPatch)
 
 
 # Where the concrete store (relay.adapters.postgres.store) may be named: the adapters,
-# the composition root that builds it, and the CLI, which hands it to ``ops``. The
-# modules below still name it, each for a reason.
-STORE_NAMED = {
-    # Typed with the store they are handed (they use most of it, the ledger too).
-    "relay.ops.interventions",
-    "relay.ops.subscribers",
-}
+# the composition root that builds it, and the CLI, which hands it to ``ops``; no other
+# module names it (each list here is for a module that must, with its reason).
+STORE_NAMED: set[str] = set()
 
 
 def _where_the_store_is_named() -> set[str]:
@@ -284,10 +280,8 @@ def test_only_the_composition_root_wires_the_store() -> None:
 # for a reason; every other one gets its adapters from ``relay.wiring`` or its caller,
 # as ports (issue #50).
 ADAPTERS_NAMED = {
-    # Typed with the concrete stores they are handed (they use most of the store, the
-    # ledger too): a port of their own for each is still to be cut out.
-    "relay.ops.interventions",
-    "relay.ops.subscribers",  # also asks the registry and Kafka adapters (checks of a definition)
+    # A definition's checks ask the registry and Kafka adapters (its store is a port).
+    "relay.ops.subscribers",
     # Run DDL and role grants of their own on the command's connection (the Postgres
     # adapter's SQL and its search path): schema tools, not yet behind a port.
     "relay.ops.debezium",
