@@ -12,7 +12,8 @@ this is the module to change.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -27,6 +28,7 @@ from relay.adapters.kafka.kafka import (
 from relay.adapters.kafka.partitioner import KeyPartitioner
 from relay.adapters.kafka.publishers import PublisherFactory, routed_topic_creator
 from relay.adapters.kafka.topic_reader import KafkaTopicReader
+from relay.adapters.kafka.topics import partition_room_refusal
 from relay.adapters.postgres import db
 from relay.adapters.postgres.dead_letters import DeadLetterStore
 from relay.adapters.postgres.pool import RelayPool
@@ -35,7 +37,8 @@ from relay.adapters.postgres.replay_store import ReplayStore
 from relay.adapters.postgres.store import OutboxStore
 from relay.adapters.postgres.topic_record import PostgresTopicRecord
 from relay.adapters.postgres.verify_queries import PostgresVerifyOutbox
-from relay.adapters.registry.registry_format import client_for
+from relay.adapters.registry.registry_compat import CompatibilityReport, check_subscriber
+from relay.adapters.registry.registry_format import RegistryValueEncoder, client_for, encoder_for
 from relay.adapters.registry.writer_lookup import RegistryWriters
 from relay.core.ports import (
     PartStore,
@@ -46,14 +49,16 @@ from relay.core.ports import (
     TopicRecord,
     VerifyOutbox,
 )
+from relay.core.schemas import SchemaFolder
 from relay.core.settings import Settings
-from relay.core.subscribers import TopicGuard
+from relay.core.subscribers import Subscriber, TopicGuard
 from relay.core.value_decoding import WriterById
 from relay.errors import ConfigError
 
 Connect = Callable[[], AbstractContextManager[psycopg.Connection[Any]]]
-# The store the CLI hands the ops commands that use most of it, the ledger too
-# (relay.ops.interventions, relay.ops.subscribers): named here, so the CLI need not.
+# The store the CLI hands the ops commands that use most of it, the ledger too, as
+# their ports (relay.ops.interventions, relay.ops.subscribers: InterventionStore,
+# DefinitionStore): named here, so the CLI need not.
 Store = OutboxStore
 
 
@@ -197,6 +202,29 @@ def writer_lookup(settings: Settings) -> WriterById | None:
     as a reader of the Confluent wire format looks them up."""
     client = client_for(settings)
     return None if client is None else RegistryWriters(client)
+
+
+def registry_encoder(
+    settings: Settings, schemas: SchemaFolder | None
+) -> RegistryValueEncoder | None:
+    """The avro-registry encoder of the configured schema registry (None: no
+    schema_registry_url), over the writer schemas loaded."""
+    return encoder_for(settings, schemas)
+
+
+def registry_check(
+    encoder: RegistryValueEncoder | None,
+) -> Callable[[SchemaFolder, Subscriber], CompatibilityReport] | None:
+    """A subscriber's writer schemas checked against the compatibility rules of
+    ``encoder``'s registry (None: no registry), for the checks of a definition
+    (relay.ops.subscribers.Setup)."""
+    return None if encoder is None else functools.partial(check_subscriber, encoder.client)
+
+
+def partition_room(settings: Settings, subscribers: Sequence[Subscriber]) -> tuple[str, str] | None:
+    """The first of ``subscribers`` whose topics lack partitions its partition field
+    ranges over, and why, as the broker says (relay.ops.subscribers.Setup)."""
+    return partition_room_refusal(settings, subscribers)
 
 
 def key_partitioner(settings: Settings) -> KeyPartitioner:

@@ -102,7 +102,8 @@ def dead_letters_redrive(
         state = store.subscriber(subscriber)
         pending = [d.message_id for d in store.dead_letters(subscriber)]
         # Its schemas are checked before the preview: a refusal comes before any question.
-        guard, encoder = relay_encoder(settings, (s.subscriber for s in store.outbox.list()))
+        subscribers = (s.subscriber for s in store.outbox.list())
+        guard, encoder = relay_encoder(settings, subscribers, wiring.registry_encoder)
         confirm = gate(dry_run=dry_run, yes=yes, machine_output=as_json)
         if not confirm(interventions.redrive_preview(subscriber, pending)):
             return

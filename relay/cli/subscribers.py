@@ -271,7 +271,7 @@ def subscribers_add(
                                     bootstrap_servers)  # fmt: skip
     with _store(settings) as store:
         outcome = subscriber_ops.add(
-            settings, store, options, start=start, replace=replace, given=_given(ctx),
+            _definition_setup(settings), store, options, start=start, replace=replace, given=_given(ctx),
             yes=yes, indexing=_indexing, actor=actor(),
         )  # fmt: skip
     _print_outcome(outcome)
@@ -307,12 +307,23 @@ def subscribers_set(
                                     bootstrap_servers)  # fmt: skip
     with _store(settings) as store:
         outcome = subscriber_ops.set_options(
-            settings, store, name, {**what, **how}, unset=[u.field for u in unset or ()],
+            _definition_setup(settings), store, name, {**what, **how}, unset=[u.field for u in unset or ()],
             yes=yes, dry_run=dry_run, actor=actor(),
         )  # fmt: skip
     _print_outcome(outcome, dry_run=dry_run)
     if outcome.change.changed and not outcome.applied and not dry_run:
         raise typer.Exit(2)
+
+
+def _definition_setup(settings: Settings) -> subscriber_ops.Setup:
+    """What a definition is checked against, loaded as the relay loads it
+    (relay.daemon.lifecycle): the writer schemas, the schema registry's check and the
+    broker's partitions."""
+    from relay import wiring
+
+    schemas = subscriber_ops.load_schemas(settings)
+    check = wiring.registry_check(wiring.registry_encoder(settings, schemas))
+    return subscriber_ops.Setup(settings, schemas, check, wiring.partition_room)
 
 
 def _definition_settings(
@@ -660,8 +671,9 @@ def subscribers_replay(
 
         ledger = wiring.replay_ledger(conn, schema)
         done = replay_ops.replay(
-            settings, store, ledger, publisher, name, asked, actor(), confirm, batch_size=batch_size
-        )
+            settings, store, ledger, publisher, name, asked, actor(), confirm,
+            wiring.registry_encoder, batch_size=batch_size,
+        )  # fmt: skip
     if done is None:
         return
     if as_json:

@@ -33,9 +33,11 @@ from typing import Any, Protocol
 from uuid import UUID
 
 from relay.core.dead_letters import Candidate
+from relay.core.formats.base import SchemaRegistry
 from relay.core.log_fields import log_extra
 from relay.core.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
 from relay.core.ports import Batch, SubscriberState
+from relay.core.schemas import SchemaFolder
 from relay.core.settings import Settings
 from relay.core.subscribers import Subscriber, TopicGuard
 from relay.engine.encoding import RecordEncoder
@@ -254,14 +256,19 @@ class Redrive:
         return log_extra(event, subscriber=self._subscriber.name, **fields)
 
 
+# The schema registry's encoder the settings configure, over the writer schemas loaded
+# (None: no registry): the composition root's (relay.wiring.registry_encoder).
+RegistryEncoder = Callable[[Settings, SchemaFolder | None], SchemaRegistry | None]
+
+
 def relay_encoder(
-    settings: Settings, subscribers: Iterable[Subscriber]
+    settings: Settings, subscribers: Iterable[Subscriber], registry_encoder: RegistryEncoder
 ) -> tuple[TopicGuard, RecordEncoder]:
     """The relay's encoding of ``subscribers``' events as the settings say (schemas,
     schema registry), and the guard that confines their topics (``topic_allow``, the
     other subscribers' topics), for an operator's command that publishes as the relay
     does (redrive, replay)."""
-    from relay.ops.subscribers import load_schemas, registry_encoder
+    from relay.ops.subscribers import load_schemas
 
     schemas = load_schemas(settings)
     allow = None if settings.topic_allow is None else re.compile(settings.topic_allow)

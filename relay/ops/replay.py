@@ -36,7 +36,7 @@ from relay.core.settings import Settings
 from relay.core.subscribers import Subscriber, TopicGuard
 from relay.errors import EncodingError, SubscriberError
 from relay.ops.interventions import Confirm, Preview
-from relay.ops.redrive import RedrivePublisher, relay_encoder
+from relay.ops.redrive import RedrivePublisher, RegistryEncoder, relay_encoder
 
 logger = logging.getLogger(__name__)
 
@@ -167,17 +167,20 @@ def replay(
     asked: Callable[[Subscriber], ReplayRange],
     actor: Actor,
     confirm: Confirm,
+    registry_encoder: RegistryEncoder,
     *,
     batch_size: int = DEFAULT_BATCH,
 ) -> ReplayDone | None:
     """``subscribers replay``: check the range (decided, a topic the subscriber may
     publish to), count it, preview, confirm; then start the replay on the ledger, or go
     on with the open one of the same arguments, publish the rest of it exactly once, and
-    record that it is done. None when not confirmed. ``outbox``, ``replays`` and
-    ``publishers`` are the composition root's (``relay.wiring``), on one connection."""
+    record that it is done. None when not confirmed. ``outbox``, ``replays``,
+    ``publishers`` and ``registry_encoder`` are the composition root's
+    (``relay.wiring``), on one connection."""
     state = outbox.get(name)
     wanted = asked(state.subscriber)
-    guard, encoder = relay_encoder(settings, (s.subscriber for s in outbox.list()))
+    subscribers = (s.subscriber for s in outbox.list())
+    guard, encoder = relay_encoder(settings, subscribers, registry_encoder)
     _check(outbox, state, wanted, guard)
     with replays.exclusive(name, state.subscriber_id):
         found = replays.open(state.subscriber_id, wanted)

@@ -21,7 +21,7 @@ import logging
 import socket
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from relay.core.formats import default_format, format_of
 from relay.core.interventions import Action, Actor, Intervention
@@ -48,9 +48,6 @@ from relay.errors import (
 from relay.ops import interventions
 from relay.ops.lag import Lag, subscriber_lag
 
-if TYPE_CHECKING:
-    from relay.adapters.registry.registry_format import RegistryValueEncoder
-
 logger = logging.getLogger(__name__)
 
 # Who acts when a caller does not say (a test, a script): the ledger still has the
@@ -76,31 +73,36 @@ def load_schemas(settings: Settings) -> SchemaFolder | None:
     return SchemaFolder.from_dir(folder)
 
 
-def registry_encoder(
-    settings: Settings, schemas: SchemaFolder | None
-) -> RegistryValueEncoder | None:
-    """The avro-registry encoder, when configured (only then is its client imported)."""
-    if settings.schema_registry_url is None:
-        return None
-    from relay.adapters.registry.registry_format import encoder_for
+class Compatibility(Protocol):
+    """What the schema registry's check of a subscriber's schemas found: a line per
+    (subject, schema) checked, and what only the first publish can check."""
 
-    return encoder_for(settings, schemas)
+    @property
+    def checked(self) -> list[str]: ...
+
+    @property
+    def unchecked(self) -> list[str]: ...
+
+
+# The registry's check of a subscriber's writer schemas against its compatibility
+# rules: raises SchemaIncompatible (every refusal), or SchemaRegistryUnavailable.
+RegistryCheck = Callable[[SchemaFolder, Subscriber], Compatibility]
+# The first subscriber whose topics lack partitions its partition field ranges over,
+# and why; raises BrokerUnavailable, or ConfigError without bootstrap_servers.
+PartitionRoom = Callable[[Settings, Sequence[Subscriber]], tuple[str, str] | None]
 
 
 @dataclass(frozen=True)
 class Setup:
-    """What a definition is checked against: the settings, the writer schemas loaded
-    and the schema registry's encoder (None when not configured)."""
+    """What a definition is checked against: the settings, the writer schemas loaded,
+    and what the world is asked, both from the composition root (relay.wiring's
+    ``registry_check`` and ``partition_room``): the schema registry's check (None when
+    no registry is configured) and the broker's partitions (None: not checked)."""
 
     settings: Settings
     schemas: SchemaFolder | None = None
-    registry: RegistryValueEncoder | None = None
-
-    @classmethod
-    def load(cls, settings: Settings) -> Setup:
-        """As the relay loads them (the command line's own, from the same settings)."""
-        schemas = load_schemas(settings)
-        return cls(settings, schemas, registry_encoder(settings, schemas))
+    registry: RegistryCheck | None = None
+    partition_room: PartitionRoom | None = None
 
     @property
     def default_format(self) -> ValueFormat:
@@ -199,11 +201,9 @@ def _check_registry(setup: Setup, subscribers: Sequence[Subscriber], report: Rep
     wanting = [s for s in subscribers if format_of(s.value_format).registry]
     if not wanting or setup.registry is None or setup.schemas is None:
         return  # without them, _format_refusal has refused it
-    from relay.adapters.registry.registry_compat import check_subscriber
-
     for subscriber in wanting:
         try:
-            found = check_subscriber(setup.registry.client, setup.schemas, subscriber)
+            found = setup.registry(setup.schemas, subscriber)
         except SchemaRegistryUnavailable as exc:
             # Not once per subscriber: each would wait for the client's timeouts.
             report.warnings.append(
@@ -228,11 +228,12 @@ def _check_partitions(
     naming a partition beyond would be poison."""
     if all(s.partition_count is None for s in subscribers):
         return
-    from relay.adapters.kafka.topics import partition_room_refusal
-
     why = "--partition-by: the partitions of the subscriber's topics must be checked"
+    if setup.partition_room is None:  # a setup without the broker's side (a test's)
+        _unchecked(report, subscribers, f"{why}, which needs the broker", broker_required)
+        return
     try:
-        refusal = partition_room_refusal(setup.settings, subscribers)
+        refusal = setup.partition_room(setup.settings, subscribers)
     except ConfigError as exc:  # no bootstrap_servers
         _unchecked(report, subscribers, f"{why}, which needs the broker: {exc}", broker_required)
         return
@@ -354,7 +355,7 @@ class Outcome:
 
 
 def add(
-    settings: Settings,
+    setup: Setup,
     store: DefinitionStore,
     options: Mapping[str, Any],
     *,
@@ -370,8 +371,7 @@ def add(
     field takes its default (the part count, fixed at creation, stays), which is applied
     only with ``yes``. ``indexing`` is told before the part indexes of a new split
     subscriber are built (it waits for the transactions open on the outbox). The
-    definition is checked against the setup of ``settings``, loaded as the relay's."""
-    setup = Setup.load(settings)
+    definition is checked against ``setup`` (the command line loads it as the relay does)."""
     # Without replace, an existing subscriber is refused as the definition is written.
     state = _stored(store, options["name"]) if replace else None
     if state is not None and "parts" not in given:
@@ -386,7 +386,7 @@ def add(
 
 
 def set_options(
-    settings: Settings,
+    setup: Setup,
     store: DefinitionStore,
     name: str,
     options: Mapping[str, Any],
@@ -400,7 +400,6 @@ def set_options(
     those in ``unset`` back to their defaults; the rest of the stored definition stays.
     A narrowed filter is applied only with ``yes``; ``dry_run`` writes nothing. Checked
     as :func:`add` checks."""
-    setup = Setup.load(settings)
     state = store.get(name)
     given = {k: v for k, v in options.items() if v is not None}
     clash = sorted(set(given) & set(unset))

@@ -280,8 +280,6 @@ def test_only_the_composition_root_wires_the_store() -> None:
 # for a reason; every other one gets its adapters from ``relay.wiring`` or its caller,
 # as ports (issue #50).
 ADAPTERS_NAMED = {
-    # A definition's checks ask the registry and Kafka adapters (its store is a port).
-    "relay.ops.subscribers",
     # Run DDL and role grants of their own on the command's connection (the Postgres
     # adapter's SQL and its search path): schema tools, not yet behind a port.
     "relay.ops.debezium",
