@@ -12,33 +12,64 @@ this is the module to change.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
 import psycopg
 
-from relay.adapters.kafka.kafka import TopicCreator
+from relay.adapters.kafka.kafka import (
+    TopicCreator,
+    TransactionalPublisher,
+    producer_config,
+    transaction_timeout,
+)
 from relay.adapters.kafka.partitioner import KeyPartitioner
-from relay.adapters.kafka.publishers import PublisherFactory
+from relay.adapters.kafka.publishers import PublisherFactory, routed_topic_creator
 from relay.adapters.kafka.topic_reader import KafkaTopicReader
+from relay.adapters.kafka.topics import partition_room_refusal
 from relay.adapters.postgres import db
 from relay.adapters.postgres.dead_letters import DeadLetterStore
 from relay.adapters.postgres.pool import RelayPool
 from relay.adapters.postgres.probe import CommitProbe, Waiters, Wake
+from relay.adapters.postgres.replay_store import ReplayStore
 from relay.adapters.postgres.store import OutboxStore
 from relay.adapters.postgres.topic_record import PostgresTopicRecord
-from relay.adapters.registry.registry_format import client_for
+from relay.adapters.postgres.verify_queries import PostgresVerifyOutbox
+from relay.adapters.registry.registry_compat import CompatibilityReport, check_subscriber
+from relay.adapters.registry.registry_format import RegistryValueEncoder, client_for, encoder_for
 from relay.adapters.registry.writer_lookup import RegistryWriters
-from relay.core.ports import PartStore, StatusStore, TopicReader, TopicRecord
+from relay.core.ports import (
+    PartStore,
+    Publisher,
+    ReplayLedger,
+    StatusStore,
+    TopicReader,
+    TopicRecord,
+    VerifyOutbox,
+)
+from relay.core.schemas import SchemaFolder
 from relay.core.settings import Settings
-from relay.core.subscribers import TopicGuard
+from relay.core.subscribers import Subscriber, TopicGuard
 from relay.core.value_decoding import WriterById
+from relay.errors import ConfigError
 
 Connect = Callable[[], AbstractContextManager[psycopg.Connection[Any]]]
+# The store the CLI hands the ops commands that use most of it, the ledger too, as
+# their ports (relay.ops.interventions, relay.ops.subscribers: InterventionStore,
+# DefinitionStore): named here, so the CLI need not.
+Store = OutboxStore
 
 
-def store_on(conn: psycopg.Connection[Any], schema: str = "public") -> OutboxStore:
+def connect(
+    settings: Settings, application_name: str = "outbox-relay-cli"
+) -> psycopg.Connection[Any]:
+    """A command's own (autocommit) connection to the configured database."""
+    return db.connect(settings.require_database_url(), application_name=application_name)
+
+
+def store_on(conn: psycopg.Connection[Any], schema: str = "public") -> Store:
     """The outbox's store on one connection the caller holds (a command's, a test's)."""
     return OutboxStore(conn, schema)
 
@@ -46,6 +77,16 @@ def store_on(conn: psycopg.Connection[Any], schema: str = "public") -> OutboxSto
 def dead_letter_store(conn: psycopg.Connection[Any], schema: str = "public") -> DeadLetterStore:
     """The dead letters' queries and a redrive's bookkeeping on one connection."""
     return DeadLetterStore(conn, schema)
+
+
+def verify_outbox(conn: psycopg.Connection[Any], schema: str = "public") -> VerifyOutbox:
+    """What verify reads of the outbox and its replays, on one connection."""
+    return PostgresVerifyOutbox(conn, schema)
+
+
+def replay_ledger(conn: psycopg.Connection[Any], schema: str = "public") -> ReplayLedger:
+    """A replay's range and the replays on the ledger, on one autocommit connection."""
+    return ReplayStore(conn, schema)
 
 
 def daemon_store(settings: Settings) -> StatusStore:
@@ -109,6 +150,34 @@ def publishers(settings: Settings, guard: TopicGuard, record: TopicRecord) -> Pu
     return PublisherFactory(settings, guard, record)
 
 
+def exactly_once_publisher(
+    settings: Settings, prefix: str, guard: TopicGuard, record: TopicRecord | None, command: str
+) -> Publisher:
+    """A transactional publisher of an operator's ``command`` (redrive, replay): its
+    ``transactional.id`` and checkpoint group are ``prefix`` (plus the generation).
+    ``guard`` (with the subscribers loaded) and ``record`` (the outbox's record of its
+    topics) confine the topics rows chose, and count the new ones towards
+    ``max_created_topics``, as in the relay (the same constructor)."""
+    if settings.delivery != "transactional":
+        raise ConfigError(
+            f"delivery: {command} publishes exactly once through Kafka transactions, which "
+            f"delivery = {settings.delivery!r} says this broker does not offer"
+        )
+    bootstrap = settings.require_bootstrap_servers()
+    client = {**settings.kafka, "bootstrap.servers": bootstrap}
+    topics = routed_topic_creator(settings, guard, record)
+    return TransactionalPublisher(
+        producer_config(bootstrap, settings.kafka, int(settings.delivery_timeout * 1000)),
+        topics,
+        settings.delivery_timeout,
+        transactional_id=prefix,
+        transaction_timeout_s=transaction_timeout(settings.session_timeout),
+        group_prefix=prefix,
+        checkpoint_topic=settings.checkpoint_topic,
+        consumer_config=client,
+    )
+
+
 def topic_creator(settings: Settings, record: TopicRecord) -> TopicCreator:
     """Creates topics as the relay does (its partitions and replication), recording
     them in ``record``."""
@@ -120,9 +189,12 @@ def topic_creator(settings: Settings, record: TopicRecord) -> TopicCreator:
     )
 
 
-def topic_reader(config: Mapping[str, Any], group: str) -> TopicReader:
-    """Reads topics back (``read_committed``), as consumers would."""
-    return KafkaTopicReader(config, group=group)
+def topic_reader(
+    config: Mapping[str, Any], group: str = "outbox-relay-verify", timeout: float = 120.0
+) -> TopicReader:
+    """Reads topics back (``read_committed``), as consumers would; ``timeout``: seconds
+    a topic may take to be read to its end."""
+    return KafkaTopicReader(config, group=group, timeout=timeout)
 
 
 def writer_lookup(settings: Settings) -> WriterById | None:
@@ -130,6 +202,29 @@ def writer_lookup(settings: Settings) -> WriterById | None:
     as a reader of the Confluent wire format looks them up."""
     client = client_for(settings)
     return None if client is None else RegistryWriters(client)
+
+
+def registry_encoder(
+    settings: Settings, schemas: SchemaFolder | None
+) -> RegistryValueEncoder | None:
+    """The avro-registry encoder of the configured schema registry (None: no
+    schema_registry_url), over the writer schemas loaded."""
+    return encoder_for(settings, schemas)
+
+
+def registry_check(
+    encoder: RegistryValueEncoder | None,
+) -> Callable[[SchemaFolder, Subscriber], CompatibilityReport] | None:
+    """A subscriber's writer schemas checked against the compatibility rules of
+    ``encoder``'s registry (None: no registry), for the checks of a definition
+    (relay.ops.subscribers.Setup)."""
+    return None if encoder is None else functools.partial(check_subscriber, encoder.client)
+
+
+def partition_room(settings: Settings, subscribers: Sequence[Subscriber]) -> tuple[str, str] | None:
+    """The first of ``subscribers`` whose topics lack partitions its partition field
+    ranges over, and why, as the broker says (relay.ops.subscribers.Setup)."""
+    return partition_room_refusal(settings, subscribers)
 
 
 def key_partitioner(settings: Settings) -> KeyPartitioner:

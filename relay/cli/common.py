@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import psycopg
 import typer
@@ -21,13 +21,14 @@ from rich.console import Console, ConsoleOptions, RenderableType
 from rich.segment import Segment
 from rich.text import Span, Text
 
-from relay.adapters.postgres import db
-from relay.adapters.postgres.store import OutboxStore
 from relay.core.log_fields import log_extra
 from relay.core.settings import Settings, load_settings, unknown_variables
 from relay.core.terminal import printable
 from relay.errors import DatabaseUnavailable
 from relay.observability import logs
+
+if TYPE_CHECKING:  # relay.wiring is imported when a command runs: it loads the Kafka client
+    from relay.wiring import Store
 
 logger = logging.getLogger(__name__)
 
@@ -145,19 +146,23 @@ def _warn_unknown_variables() -> None:
 
 
 @contextmanager
-def _store(settings: Settings) -> Iterator[OutboxStore]:
-    with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
-        yield OutboxStore(conn, settings.database_schema)
+def _store(settings: Settings) -> Iterator[Store]:
+    from relay import wiring
+
+    with wiring.connect(settings) as conn:
+        yield wiring.store_on(conn, settings.database_schema)
 
 
 def _connect_waiting(settings: Settings, application_name: str) -> psycopg.Connection[Any]:
     """A connection, waiting for a Postgres that is down or starting as `run` waits for
     it (backoff up to 30 s, until Ctrl-C or SIGTERM); a permanent refusal (unknown
     database, bad credentials, missing grants) fails at once."""
+    from relay import wiring
+
     delay = 0.5
     while True:
         try:
-            return db.connect(settings.require_database_url(), application_name=application_name)
+            return wiring.connect(settings, application_name)
         except DatabaseUnavailable as exc:
             logger.warning(
                 "waiting for Postgres: %s; retrying in %.0fs",

@@ -9,7 +9,6 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from relay.adapters.postgres import db
 from relay.cli.common import (
     Bootstrap,
     DatabaseUrl,
@@ -45,7 +44,7 @@ def dead_letters_list(
     from relay import wiring
 
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
-    with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
+    with wiring.connect(settings) as conn:
         letters = wiring.dead_letter_store(conn, settings.database_schema).dead_letters(
             subscriber, include_redriven=include_redriven
         )
@@ -89,7 +88,7 @@ def dead_letters_redrive(
     from contextlib import closing, nullcontext
 
     from relay import wiring
-    from relay.ops.redrive import Redrive, redrive_publisher, relay_encoder
+    from relay.ops.redrive import Redrive, group_prefix, relay_encoder
 
     settings = _settings(
         ctx,
@@ -98,19 +97,19 @@ def dead_letters_redrive(
         database_schema=schema,
         schemas_dir=schemas_dir,
     )
-    with db.connect(
-        settings.require_database_url(), application_name="outbox-relay-redrive"
-    ) as conn:
+    with wiring.connect(settings, "outbox-relay-redrive") as conn:
         store = wiring.dead_letter_store(conn, settings.database_schema)
         state = store.subscriber(subscriber)
         pending = [d.message_id for d in store.dead_letters(subscriber)]
         # Its schemas are checked before the preview: a refusal comes before any question.
-        guard, encoder = relay_encoder(settings, (s.subscriber for s in store.outbox.list()))
+        subscribers = (s.subscriber for s in store.outbox.list())
+        guard, encoder = relay_encoder(settings, subscribers, wiring.registry_encoder)
         confirm = gate(dry_run=dry_run, yes=yes, machine_output=as_json)
         if not confirm(interventions.redrive_preview(subscriber, pending)):
             return
         record = wiring.topic_record(lambda: nullcontext(conn), settings.database_schema)
-        publisher = redrive_publisher(settings, state.subscriber_id, guard, record)
+        prefix = group_prefix(settings.kafka_id_prefix, state.subscriber_id)
+        publisher = wiring.exactly_once_publisher(settings, prefix, guard, record, "redrive")
         with closing(publisher):
             redrive = Redrive(
                 store,
@@ -160,7 +159,7 @@ def dead_letters_prune(
     from relay import wiring
 
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
-    with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
+    with wiring.connect(settings) as conn:
         store = wiring.dead_letter_store(conn, settings.database_schema)
         pending: int | None = None
         if pending_older_than is not None:

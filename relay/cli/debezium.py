@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from relay.adapters.postgres import db
 from relay.cli.common import (
     DatabaseUrl,
     Schema,
@@ -49,11 +48,12 @@ def debezium_attach(
     """Publish rows apps insert into a Debezium-style table (id, aggregatetype,
     aggregateid, type, payload), unchanged apps included; subscribe with
     `--format debezium` for the Event Router's records."""
+    from relay import wiring
     from relay.ops.debezium import attach, parse_options
 
     options = parse_options(option or [])
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
-    with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
+    with wiring.connect(settings) as conn:
         switched_at = attach(
             conn, settings.database_schema, table, options, cut_over_publication=cut_over
         )
@@ -75,9 +75,10 @@ def debezium_detach(
     schema: Schema = None,
 ) -> None:
     """Stop copying inserts into TABLE to the relay's outbox (rows copied stay)."""
+    from relay import wiring
     from relay.ops.debezium import detach
 
     settings = _settings(ctx, database_url=database_url, database_schema=schema)
-    with db.connect(settings.require_database_url(), application_name="outbox-relay-cli") as conn:
+    with wiring.connect(settings) as conn:
         detach(conn, settings.database_schema, table)
     out.print(f"inserts into {table} no longer reach the relay's outbox")

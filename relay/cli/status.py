@@ -10,15 +10,13 @@ from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
-from relay.adapters.postgres.store import OutboxStore, PartWait
-from relay.adapters.postgres.topic_record import PostgresTopicRecord
 from relay.cli.backlog import SkipLine, events, print_estimate_note, print_skips, skipped
 from relay.cli.common import (
     DatabaseUrl,
@@ -33,9 +31,12 @@ from relay.cli.common import (
 from relay.cli.interventions import print_operator_skips
 from relay.core.interventions import OperatorSkip
 from relay.core.model import PartId
-from relay.core.ports import HorizonHolder
+from relay.core.ports import HorizonHolder, PartWait
 from relay.ops.interventions import operator_skips
 from relay.ops.lag import Lag, Skipped, subscriber_statuses
+
+if TYPE_CHECKING:  # relay.wiring is imported when the command runs: it loads the Kafka client
+    from relay.wiring import Store
 
 
 @dataclass(frozen=True)
@@ -264,7 +265,7 @@ def _print_waits(parts: list[PartLine]) -> None:
         out.print(line, soft_wrap=True)  # unwrapped, as a halt: it names the command to copy
 
 
-def _status(store: OutboxStore, max_created_topics: int) -> StatusReport:
+def _status(store: Store, max_created_topics: int) -> StatusReport:
     sessions = [Session.from_row(row) for row in store.list_sessions()]
     names = {s.id: f"{s.hostname}:{s.pid}" for s in sessions}
     waits = store.part_waits()
@@ -294,7 +295,9 @@ def _status(store: OutboxStore, max_created_topics: int) -> StatusReport:
     )
 
 
-def _topic_budget(store: OutboxStore, cap: int) -> TopicBudget | None:
-    record = PostgresTopicRecord(lambda: nullcontext(store.conn), store.schema)
+def _topic_budget(store: Store, cap: int) -> TopicBudget | None:
+    from relay import wiring
+
+    record = wiring.topic_record(lambda: nullcontext(store.conn), store.schema)
     used = record.row_topics()
     return None if used is None else TopicBudget(used, cap)

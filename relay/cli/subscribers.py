@@ -271,7 +271,7 @@ def subscribers_add(
                                     bootstrap_servers)  # fmt: skip
     with _store(settings) as store:
         outcome = subscriber_ops.add(
-            settings, store, options, start=start, replace=replace, given=_given(ctx),
+            _definition_setup(settings), store, options, start=start, replace=replace, given=_given(ctx),
             yes=yes, indexing=_indexing, actor=actor(),
         )  # fmt: skip
     _print_outcome(outcome)
@@ -307,12 +307,23 @@ def subscribers_set(
                                     bootstrap_servers)  # fmt: skip
     with _store(settings) as store:
         outcome = subscriber_ops.set_options(
-            settings, store, name, {**what, **how}, unset=[u.field for u in unset or ()],
+            _definition_setup(settings), store, name, {**what, **how}, unset=[u.field for u in unset or ()],
             yes=yes, dry_run=dry_run, actor=actor(),
         )  # fmt: skip
     _print_outcome(outcome, dry_run=dry_run)
     if outcome.change.changed and not outcome.applied and not dry_run:
         raise typer.Exit(2)
+
+
+def _definition_setup(settings: Settings) -> subscriber_ops.Setup:
+    """What a definition is checked against, loaded as the relay loads it
+    (relay.daemon.lifecycle): the writer schemas, the schema registry's check and the
+    broker's partitions."""
+    from relay import wiring
+
+    schemas = subscriber_ops.load_schemas(settings)
+    check = wiring.registry_check(wiring.registry_encoder(settings, schemas))
+    return subscriber_ops.Setup(settings, schemas, check, wiring.partition_room)
 
 
 def _definition_settings(
@@ -633,6 +644,11 @@ def subscribers_replay(
     encodes them, each record marked with the header outbox.replay (its ledger entry).
     Counts them first (--dry-run: only that). Interrupted, run it again with the same
     options: it goes on where it stopped, publishing nothing twice."""
+    from contextlib import nullcontext
+
+    from relay import wiring
+    from relay.core.ports import Publisher
+    from relay.core.replay import HEADER_REPLAY, ReplayRange
     from relay.ops import replay as replay_ops
 
     try:
@@ -642,14 +658,22 @@ def subscribers_replay(
     settings = _definition_settings(ctx, database_url, schema, schemas_dir, schema_registry_url,
                                     bootstrap_servers)  # fmt: skip
 
-    def asked(subscriber: subs.Subscriber) -> replay_ops.ReplayRange:
-        return replay_ops.ReplayRange.of(subscriber, first, last, into, aggregate_type, event_type)
+    def asked(subscriber: subs.Subscriber) -> ReplayRange:
+        return ReplayRange.of(subscriber, first, last, into, aggregate_type, event_type)
 
     confirm = gate(dry_run=dry_run, yes=yes, machine_output=as_json)
     with _store(settings) as store:
+        conn, schema = store.conn, settings.database_schema
+        record = wiring.topic_record(lambda: nullcontext(conn), schema)
+
+        def publisher(prefix: str, guard: subs.TopicGuard) -> Publisher:
+            return wiring.exactly_once_publisher(settings, prefix, guard, record, "replay")
+
+        ledger = wiring.replay_ledger(conn, schema)
         done = replay_ops.replay(
-            settings, store.conn, name, asked, actor(), confirm, batch_size=batch_size
-        )
+            settings, store, ledger, publisher, name, asked, actor(), confirm,
+            wiring.registry_encoder, batch_size=batch_size,
+        )  # fmt: skip
     if done is None:
         return
     if as_json:
@@ -658,7 +682,7 @@ def subscribers_replay(
     resumed = f", going on after {done.resumed_after}" if done.resumed_after else ""
     out.print(
         f"subscriber {name!r}: replay #{done.entry} done: {done.published} event(s) published "
-        f"by this run{resumed} (header {replay_ops.HEADER_REPLAY}={done.entry})"
+        f"by this run{resumed} (header {HEADER_REPLAY}={done.entry})"
     )
     if done.pruned:
         err.print(

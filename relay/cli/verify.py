@@ -8,7 +8,6 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from relay.adapters.postgres import db
 from relay.cli.common import (
     Bootstrap,
     DatabaseUrl,
@@ -47,7 +46,7 @@ def verify(
     could not check (Postgres or Kafka unreachable, a topic unreadable in time), and 4
     when it finds none but events the operator skipped (listed with their actions).
     """
-    from relay.adapters.kafka.topic_reader import KafkaTopicReader
+    from relay import wiring
     from relay.ops.verify import verify as run_verify
 
     settings = _settings(
@@ -56,7 +55,7 @@ def verify(
         bootstrap_servers=bootstrap_servers,
         database_schema=schema,
     )
-    reader = KafkaTopicReader(
+    reader = wiring.topic_reader(
         {**settings.kafka, "bootstrap.servers": settings.require_bootstrap_servers()},
         timeout=timeout,
     )
@@ -90,7 +89,7 @@ def _verify_all(
     from relay import wiring
 
     with (
-        db.connect(settings.require_database_url(), application_name="outbox-relay-verify") as conn,
+        wiring.connect(settings, "outbox-relay-verify") as conn,
         Progress(console=err, transient=True, disable=as_json) as progress,
     ):
         tasks: dict[str, Any] = {}
@@ -105,8 +104,7 @@ def _verify_all(
         schema = settings.database_schema
         reports: list[Any] = run_verify(
             wiring.store_on(conn, schema),
-            conn,
-            schema,
+            wiring.verify_outbox(conn, schema),
             reader,
             subscribers=subscriber,
             progress=advance,

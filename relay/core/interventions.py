@@ -4,7 +4,8 @@ and §7, "Skipping one event").
 
 An :class:`Intervention` is what a command records (``OutboxStore.record``, or with its
 change in one transaction); a :class:`Recorded` is a ledger entry as read back, and an
-:class:`OperatorSkip` what one entry skipped of one part.
+:class:`OperatorSkip` what one entry skipped of one part; a :class:`SkipTarget` what
+``subscribers skip`` checks of an event before it skips it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from relay.core.model import Position
@@ -168,3 +169,41 @@ class PartMove:
             "to": str(self.after),
             "skipped" if self.skips else "republished": self.events,
         }
+
+
+class SkipTarget(NamedTuple):
+    """What ``subscribers skip`` checks of one event asked for (``skip_targets``)."""
+
+    message_id: UUID
+    key: Position | None  # None: no such event in the outbox
+    aggregate_type: str | None
+    event_type: str | None
+    part: int | None
+    checkpoint: Position | None  # its part's
+    matches: bool | None  # whether the subscriber's filters take it
+    skipped_by: int | None  # the ledger entry that skipped it already
+    halted_on_it: bool | None  # its part is halted on it
+
+    @property
+    def pending(self) -> bool:
+        """Not published yet by its part: after the checkpoint."""
+        return self.key is not None and self.checkpoint is not None and self.key > self.checkpoint
+
+    def refusal(self, name: str) -> str | None:
+        """Why subscriber ``name`` cannot skip this event; None when it can."""
+        event = f"event {self.message_id}"
+        if self.key is None:
+            return f"{event} is not in the outbox (never written, or pruned)"
+        if not self.matches:
+            return (
+                f"{event} ({self.aggregate_type}/{self.event_type}) is not one subscriber "
+                f"{name!r} publishes: its filters leave it out"
+            )
+        if self.skipped_by is not None:
+            return f"{event} is skipped already (ledger #{self.skipped_by})"
+        if not self.pending:
+            return (
+                f"{event} at {self.key} is published already: part {self.part}'s checkpoint "
+                f"is {self.checkpoint} (skip stops only events not yet published)"
+            )
+        return None

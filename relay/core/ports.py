@@ -20,15 +20,24 @@ depend on these ports only (tests/unit/test_layers.py checks the worker).
 
 from __future__ import annotations
 
+import builtins
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from uuid import UUID
 
+from relay.core.interventions import (
+    Intervention,
+    OperatorSkip,
+    PartMove,
+    Recorded,
+    SkipTarget,
+)
 from relay.core.key_space import KeySpace, KeySpaceCheck
 from relay.core.model import (
     ConsumedRecord,
@@ -39,6 +48,9 @@ from relay.core.model import (
     Position,
 )
 from relay.core.subscribers import StartFrom, Subscriber
+
+if TYPE_CHECKING:  # relay.core.replay imports this module (Selection)
+    from relay.core.replay import OpenReplay, ReplayRange
 
 
 @dataclass(frozen=True)
@@ -75,6 +87,15 @@ class SubscriberState:
     def checkpoint(self) -> Position:
         """The oldest part checkpoint: every event at or before it is published."""
         return min(p.checkpoint for p in self.parts)
+
+
+class PartWait(NamedTuple):
+    """What a part owned by a live relay waits for, as its worker recorded it (issue #48;
+    relay/engine/waiting.py)."""
+
+    waits_on: str  # what RelayError.waits_on names: topic, postgres_privilege, ...
+    error: str  # why, with what ends the wait
+    since: datetime
 
 
 class ExpiredSession(NamedTuple):
@@ -385,6 +406,155 @@ class LagStore(Protocol):
 class StatusStore(DaemonStore, LagStore, Protocol):
     """What ``/metrics`` reads of the database (``relay.daemon.metrics``): the lag, the
     claims, the horizon and the sessions."""
+
+
+class InterventionStore(Protocol):
+    """What the operators' interventions change and read of the subscribers
+    (``relay.ops.interventions``: reset, skip, pause, remove, add, and their ledger);
+    each change with its ledger entry, in one transaction (Postgres:
+    ``relay.adapters.postgres.store.OutboxStore``)."""
+
+    def get(self, name: str) -> SubscriberState:
+        """The subscriber with its parts; ``SubscriberError`` when there is none."""
+
+    def list(self, name: str | None = None) -> Sequence[SubscriberState]:
+        """As :meth:`DaemonStore.list`."""
+
+    def add(
+        self,
+        subscriber: Subscriber,
+        start: StartFrom = StartFrom.BEGINNING,
+        *,
+        replace: bool = False,
+    ) -> bool:
+        """As :meth:`DaemonStore.add`."""
+
+    def transaction(self) -> AbstractContextManager[Any]:
+        """A transaction (a savepoint within one) around the calls made inside it: they
+        are all written, or none."""
+
+    def reset_target(self, name: str, to: StartFrom | Position) -> Position:
+        """Where a reset of ``name`` to ``to`` puts the checkpoints ('now': the horizon);
+        ``SubscriberError`` for a position beyond the horizon."""
+
+    def moves(self, state: SubscriberState, target: Position) -> builtins.list[PartMove]:
+        """What a reset of ``state``'s parts to ``target`` would do to each."""
+
+    def reset(
+        self, name: str, to: StartFrom | Position, record: Intervention | None = None
+    ) -> builtins.list[PartMove]:
+        """Move every part's checkpoint to ``to``, with ``record`` on the ledger; returns
+        what it did to each part (counted under a lock on the parts)."""
+
+    def skip_targets(self, name: str, message_ids: Sequence[UUID]) -> builtins.list[SkipTarget]:
+        """What ``subscribers skip`` checks of each event (in the order asked)."""
+
+    def skip(
+        self, name: str, message_ids: Sequence[UUID], record: Intervention
+    ) -> builtins.list[int]:
+        """Skip these events of ``name``, with ``record`` on the ledger (refused, nothing
+        changed, unless each may be skipped); returns the parts resumed."""
+
+    def set_paused(self, name: str, paused: bool, record: Intervention | None = None) -> None:
+        """Pause or resume (which clears a halt) every part, with ``record`` on the ledger."""
+
+    def remove(self, name: str, record: Intervention | None = None) -> None:
+        """Delete the subscriber and its checkpoints, with ``record`` on the ledger."""
+
+    def record(self, intervention: Intervention) -> int:
+        """Put ``intervention`` on the ledger; returns its entry's id."""
+
+    def ledger(self, name: str) -> builtins.list[Recorded]:
+        """The interventions recorded for subscribers named ``name``, oldest first."""
+
+    def operator_skips(self, subscriber_id: UUID) -> builtins.list[OperatorSkip]:
+        """What the operator skipped of the subscriber, per ledger entry and part."""
+
+
+class DefinitionStore(InterventionStore, LagStore, Protocol):
+    """What a subscriber's definition is written through (``relay.ops.subscribers``:
+    ``subscribers add`` and ``set``, the relay's start-up): the interventions' store,
+    the lag of the events a narrowed filter drops, and the writes of definitions."""
+
+    def add_all(self, subscribers: Sequence[tuple[Subscriber, StartFrom]]) -> None:
+        """:meth:`add` each (``replace``), all or none."""
+
+    def replace(self, before: Subscriber, after: Subscriber) -> None:
+        """Replace the definition ``before`` by ``after``, only if the stored one is
+        still ``before`` (its pause aside): ``SubscriberError`` otherwise."""
+
+    def index_parts(self) -> None:
+        """Build the part indexes of every part count in use."""
+
+
+class PendingDeadLetters(Protocol):
+    """What ``dead-letters prune --pending-older-than`` reads and deletes (Postgres:
+    ``relay.adapters.postgres.dead_letters.DeadLetterStore``)."""
+
+    def subscriber(self, name: str) -> SubscriberState:
+        """As :meth:`InterventionStore.get`."""
+
+    def pending_before(self, name: str, older_than_s: float) -> builtins.list[UUID]:
+        """The dead letters not redriven (nor in flight) decided more than
+        ``older_than_s`` seconds ago."""
+
+    def prune_pending(self, name: str, ids: Sequence[UUID], entry: Intervention) -> int:
+        """Delete exactly ``ids`` of the dead letters still pending, with ``entry`` on
+        the ledger, in one transaction; returns how many."""
+
+
+class PublishedEvent(NamedTuple):
+    """One event verify expects on a subscriber's topics (the ``published_events`` query)."""
+
+    message_id: UUID
+    key: Position
+    aggregate_type: str
+    event_type: str
+    dead_lettered: bool
+    redriven: bool  # dead-lettered, then redriven (dead-letters redrive)
+    part: int
+
+
+class ReplayedRanges(Protocol):
+    """What verify reads of the replays on the ledger (``subscribers replay``)."""
+
+    def replays(self, subscriber_id: UUID) -> list[OpenReplay]:
+        """The subscriber's replays, by ledger entry, finished or not."""
+
+    def events(self, wanted: ReplayRange) -> list[tuple[UUID, Position, str, str]]:
+        """The events of the range (message id, key, aggregate type, event type)."""
+
+
+class ReplayLedger(ReplayedRanges, Protocol):
+    """What ``subscribers replay`` reads of its range and its replays, and the lock
+    that keeps two runs of one subscriber's replay apart."""
+
+    def count(self, wanted: ReplayRange) -> int:
+        """How many events of the range its filters match."""
+
+    def open(self, subscriber_id: UUID, wanted: ReplayRange) -> OpenReplay | None:
+        """The replay with these arguments that has not finished, if any."""
+
+    def exclusive(self, name: str, subscriber_id: UUID) -> AbstractContextManager[None]:
+        """Hold the subscriber's replay lock; :class:`SubscriberError` when another
+        replay of it holds it."""
+
+
+class VerifyOutbox(ReplayedRanges, Protocol):
+    """What verify reads of the outbox to check the topics against it: the events each
+    subscriber part has published, and where the records it did not expect lie."""
+
+    def published_events(self, subscriber: Subscriber) -> Iterator[PublishedEvent]:
+        """Each part's events after its start and up to its checkpoint that match the
+        subscriber's filters, read in one transaction (iterate to the end)."""
+
+    def part_starts(self, name: str) -> list[tuple[int, Position]]:
+        """The parts whose generation starts after the beginning (created 'now', or
+        reset), with their start."""
+
+    def placed(self, name: str, ids: Sequence[UUID]) -> dict[UUID, str]:
+        """Where each id's row lies for the subscriber: 'before_start', 'ahead' or
+        'filtered'; an id left out has no row (pruned)."""
 
 
 # What ``meanwhile`` may hand back: more records for the batch in flight, and its new end.

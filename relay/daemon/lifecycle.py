@@ -31,7 +31,7 @@ from relay.engine.encoding import RecordEncoder
 from relay.engine.worker import PartWorker
 from relay.errors import DatabaseUnavailable, RelayError, RetryableError
 from relay.observability.tracing import Tracing
-from relay.ops.subscribers import Setup, load_schemas, registry_encoder
+from relay.ops.subscribers import Setup, load_schemas
 from relay.ops.subscribers import sync as sync_subscribers
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class Relay:
         self.registry = registry if registry is not None else load_schemas(settings)
         allow = None if settings.topic_allow is None else re.compile(settings.topic_allow)
         self.topic_guard = TopicGuard(settings.checkpoint_topic, allow)
-        schema_registry = registry_encoder(settings, self.registry)
+        schema_registry = wiring.registry_encoder(settings, self.registry)
         self.schema_registry = schema_registry
         self.encoder = RecordEncoder(self.registry, self.topic_guard, schema_registry)
         self._stopping = threading.Event()
@@ -102,7 +102,9 @@ class Relay:
         )
         self.key_space = KeySpaceChecks()
         # Its subscribers are defined and checked as `subscribers add` does.
-        self.setup = Setup(settings, self.registry, schema_registry)
+        self.setup = Setup(
+            settings, self.registry, wiring.registry_check(schema_registry), wiring.partition_room
+        )
         self.retention = Retention(settings, self.membership, self.key_space)
         self.horizon = HorizonWatch(settings)
 

@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-from relay.adapters.postgres.dead_letters import DeadLetterStore
-from relay.adapters.postgres.store import OutboxStore
 from relay.core.interventions import Action, Actor, Intervention, OperatorSkip, PartMove, Recorded
 from relay.core.model import Position
+from relay.core.ports import InterventionStore, PendingDeadLetters
 from relay.core.subscribers import StartFrom, Subscriber
 from relay.errors import SubscriberError
 
@@ -46,7 +45,7 @@ Confirm = Callable[[Preview], bool]
 
 
 def reset(
-    store: OutboxStore,
+    store: InterventionStore,
     name: str,
     to: StartFrom | Position,
     actor: Actor,
@@ -92,7 +91,7 @@ class SkipDone:
 
 
 def skip(
-    store: OutboxStore,
+    store: InterventionStore,
     name: str,
     message_ids: Sequence[UUID],
     actor: Actor,
@@ -138,7 +137,7 @@ def skip(
     return SkipDone(len(targets), resumed, halted)
 
 
-def set_paused(store: OutboxStore, name: str, paused: bool, actor: Actor) -> dict[int, str]:
+def set_paused(store: InterventionStore, name: str, paused: bool, actor: Actor) -> dict[int, str]:
     """``subscribers pause`` / ``resume``, on the ledger; returns the halts a resume
     cleared (part → error), which the entry names too."""
     state = store.get(name)
@@ -153,7 +152,7 @@ def set_paused(store: OutboxStore, name: str, paused: bool, actor: Actor) -> dic
     return cleared
 
 
-def remove(store: OutboxStore, name: str, actor: Actor) -> None:
+def remove(store: InterventionStore, name: str, actor: Actor) -> None:
     """``subscribers remove``, on the ledger with the definition and checkpoints it had
     (the ledger outlives the subscriber)."""
     state = store.get(name)
@@ -165,13 +164,18 @@ def remove(store: OutboxStore, name: str, actor: Actor) -> None:
 
 
 def add(
-    store: OutboxStore, subscriber: Subscriber, start: StartFrom, actor: Actor, *, replace: bool
+    store: InterventionStore,
+    subscriber: Subscriber,
+    start: StartFrom,
+    actor: Actor,
+    *,
+    replace: bool,
 ) -> bool:
     """``subscribers add [--replace]``, on the ledger with the definition before and
     after; True when it created the subscriber."""
     name = subscriber.name
     before = next((s.subscriber for s in store.list(name)), None)
-    with store.conn.transaction():  # the definition and its entry, together
+    with store.transaction():  # the definition and its entry, together
         created = store.add(subscriber, start, replace=replace)
         state = store.get(name)
         params: dict[str, Any] = {"after": state.subscriber.as_dict()}
@@ -197,7 +201,7 @@ def redrive_preview(name: str, message_ids: Sequence[UUID]) -> Preview:
 
 
 def record_redrive(
-    store: OutboxStore, name: str, subscriber_id: UUID, actor: Actor, report: dict[str, Any]
+    store: InterventionStore, name: str, subscriber_id: UUID, actor: Actor, report: dict[str, Any]
 ) -> int:
     """Put a redrive that ran on the ledger, with its report (``RedriveReport.as_dict``)."""
     params = {k: v for k, v in report.items() if k != "subscriber"}
@@ -206,7 +210,7 @@ def record_redrive(
 
 
 def prune_pending(
-    store: DeadLetterStore, name: str, older_than_s: float, actor: Actor, confirm: Confirm
+    store: PendingDeadLetters, name: str, older_than_s: float, actor: Actor, confirm: Confirm
 ) -> int | None:
     """``dead-letters prune --pending-older-than``: preview the dead letters not yet
     redriven that it would delete (they can never be redriven afterwards), confirm, then
@@ -238,7 +242,7 @@ def _named(message_ids: Sequence[UUID]) -> tuple[str, ...]:
     return (*shown, *([f"... and {more} more"] if more else []))
 
 
-def history(store: OutboxStore, name: str) -> list[Recorded]:
+def history(store: InterventionStore, name: str) -> list[Recorded]:
     """``subscribers history``: the ledger of every subscriber named ``name`` (removed
     ones too), oldest first."""
     entries = store.ledger(name)
@@ -248,7 +252,7 @@ def history(store: OutboxStore, name: str) -> list[Recorded]:
 
 
 def operator_skips(
-    store: OutboxStore, subscriber_ids: Sequence[UUID]
+    store: InterventionStore, subscriber_ids: Sequence[UUID]
 ) -> dict[UUID, list[OperatorSkip]]:
     """What the operator skipped of each subscriber, per ledger entry and part."""
     return {s: store.operator_skips(s) for s in subscriber_ids}

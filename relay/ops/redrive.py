@@ -32,21 +32,17 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from uuid import UUID
 
-from relay.adapters.kafka.kafka import (
-    TransactionalPublisher,
-    producer_config,
-    transaction_timeout,
-)
-from relay.adapters.kafka.publishers import routed_topic_creator
 from relay.core.dead_letters import Candidate
+from relay.core.formats.base import SchemaRegistry
 from relay.core.log_fields import log_extra
 from relay.core.model import KafkaCheckpoint, KafkaRecord, OutboxEvent, Position
-from relay.core.ports import Batch, SubscriberState, TopicRecord
+from relay.core.ports import Batch, SubscriberState
+from relay.core.schemas import SchemaFolder
 from relay.core.settings import Settings
 from relay.core.subscribers import Subscriber, TopicGuard
 from relay.engine.encoding import RecordEncoder
 from relay.engine.poison import MAX_STORED_ERROR_BYTES, cap
-from relay.errors import ConfigError, EncodingError, PoisonRecordError
+from relay.errors import EncodingError, PoisonRecordError
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +102,8 @@ class RedriveStore(Protocol):
 
 
 class RedrivePublisher(Protocol):
-    """What a redrive needs of a transactional publisher (relay.adapters.kafka.kafka)."""
+    """What a redrive needs of a transactional publisher (the composition root's
+    ``relay.wiring.exactly_once_publisher``)."""
 
     def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None: ...
 
@@ -259,53 +256,22 @@ class Redrive:
         return log_extra(event, subscriber=self._subscriber.name, **fields)
 
 
+# The schema registry's encoder the settings configure, over the writer schemas loaded
+# (None: no registry): the composition root's (relay.wiring.registry_encoder).
+RegistryEncoder = Callable[[Settings, SchemaFolder | None], SchemaRegistry | None]
+
+
 def relay_encoder(
-    settings: Settings, subscribers: Iterable[Subscriber]
+    settings: Settings, subscribers: Iterable[Subscriber], registry_encoder: RegistryEncoder
 ) -> tuple[TopicGuard, RecordEncoder]:
     """The relay's encoding of ``subscribers``' events as the settings say (schemas,
     schema registry), and the guard that confines their topics (``topic_allow``, the
     other subscribers' topics), for an operator's command that publishes as the relay
     does (redrive, replay)."""
-    from relay.ops.subscribers import load_schemas, registry_encoder
+    from relay.ops.subscribers import load_schemas
 
     schemas = load_schemas(settings)
     allow = None if settings.topic_allow is None else re.compile(settings.topic_allow)
     guard = TopicGuard(settings.checkpoint_topic, allow)
     guard.update(subscribers)
     return guard, RecordEncoder(schemas, guard, registry_encoder(settings, schemas))
-
-
-def redrive_publisher(
-    settings: Settings, subscriber_id: UUID, guard: TopicGuard, record: TopicRecord | None
-) -> TransactionalPublisher:
-    """The redrive's transactional publisher, from the relay's settings. ``guard`` (with
-    the subscribers loaded) and ``record`` (the outbox's record of its topics) confine
-    the topics rows chose, and count the new ones towards ``max_created_topics``, as in
-    the relay (the same constructor)."""
-    prefix = group_prefix(settings.kafka_id_prefix, subscriber_id)
-    return exactly_once_publisher(settings, prefix, guard, record, "redrive")
-
-
-def exactly_once_publisher(
-    settings: Settings, prefix: str, guard: TopicGuard, record: TopicRecord | None, command: str
-) -> TransactionalPublisher:
-    """A transactional publisher of an operator's ``command`` (redrive, replay): its
-    ``transactional.id`` and checkpoint group are ``prefix`` (plus the generation)."""
-    if settings.delivery != "transactional":
-        raise ConfigError(
-            f"delivery: {command} publishes exactly once through Kafka transactions, which "
-            f"delivery = {settings.delivery!r} says this broker does not offer"
-        )
-    bootstrap = settings.require_bootstrap_servers()
-    client = {**settings.kafka, "bootstrap.servers": bootstrap}
-    topics = routed_topic_creator(settings, guard, record)
-    return TransactionalPublisher(
-        producer_config(bootstrap, settings.kafka, int(settings.delivery_timeout * 1000)),
-        topics,
-        settings.delivery_timeout,
-        transactional_id=prefix,
-        transaction_timeout_s=transaction_timeout(settings.session_timeout),
-        group_prefix=prefix,
-        checkpoint_topic=settings.checkpoint_topic,
-        consumer_config=client,
-    )

@@ -20,163 +20,53 @@ window between the two commits to mend.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import closing, contextmanager, nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any, Protocol
 from uuid import UUID
 
-import psycopg
-
-from relay.adapters.postgres.advisory import session_lock
-from relay.adapters.postgres.db import wrap_errors
-from relay.adapters.postgres.queries import parse_named, read_sql, with_schema
-from relay.adapters.postgres.store import OutboxStore
-from relay.adapters.postgres.topic_record import PostgresTopicRecord
 from relay.core.interventions import Action, Actor, Intervention
 from relay.core.log_fields import log_extra
-from relay.core.model import RESERVED_HEADER_PREFIX, KafkaRecord, OutboxEvent, Position
-from relay.core.ports import Batch, Fetched, Selection, SubscriberState
+from relay.core.model import KafkaRecord, OutboxEvent, Position
+from relay.core.ports import Batch, Fetched, ReplayLedger, Selection, SubscriberState
+from relay.core.replay import HEADER_REPLAY, OpenReplay, ReplayRange
 from relay.core.settings import Settings
-from relay.core.subscribers import Subscriber, TopicGuard, legal_topic
+from relay.core.subscribers import Subscriber, TopicGuard
 from relay.errors import EncodingError, SubscriberError
 from relay.ops.interventions import Confirm, Preview
-from relay.ops.redrive import RedrivePublisher, exactly_once_publisher, relay_encoder
+from relay.ops.redrive import RedrivePublisher, RegistryEncoder, relay_encoder
 
 logger = logging.getLogger(__name__)
 
-# The header that marks a replayed record, with the replay's ledger entry id (under the
-# relay's reserved prefix: a row's own header of that name is dropped, so no row can
-# pass for a replay).
-HEADER_REPLAY = RESERVED_HEADER_PREFIX + "replay"
 # The checkpoint group's only generation: its committed offsets are the replay's cursor.
 GENERATION = "cursor"
 DEFAULT_BATCH = 500
-
-
-def _narrowed(
-    subscribers: frozenset[str] | None, asked: Sequence[str] | None
-) -> frozenset[str] | None:
-    """What both a subscriber's filter and the replay's take (None: any)."""
-    if not asked:
-        return subscribers
-    given = frozenset(asked)
-    return given if subscribers is None else subscribers & given
-
-
-@dataclass(frozen=True)
-class ReplayRange:
-    """What a replay republishes: the events of ``[start, end]`` (both included) that the
-    subscriber's filters, narrowed by ``aggregate_types`` and ``event_types``, match;
-    into the topic ``into`` (None: the subscriber's own topics)."""
-
-    start: Position
-    end: Position
-    into: str | None = None
-    aggregate_types: frozenset[str] | None = None
-    event_types: frozenset[str] | None = None
-
-    def __post_init__(self) -> None:
-        if self.start > self.end:
-            raise SubscriberError(
-                f"--from {self.start} is after --to {self.end}: nothing to replay"
-            )
-        if self.into is not None and not legal_topic(self.into):
-            raise SubscriberError(
-                f"--into {self.into!r} is not a legal Kafka topic name "
-                "(1-249 of [a-zA-Z0-9._-], not '.' or '..')"
-            )
-
-    @classmethod
-    def of(
-        cls,
-        subscriber: Subscriber,
-        start: Position,
-        end: Position,
-        into: str | None,
-        aggregate_types: Sequence[str] | None = None,
-        event_types: Sequence[str] | None = None,
-    ) -> ReplayRange:
-        """The range of ``subscriber``'s events the operator asked for."""
-        return cls(
-            start,
-            end,
-            into,
-            _narrowed(subscriber.aggregate_types, aggregate_types),
-            _narrowed(subscriber.event_types, event_types),
-        )
-
-    @classmethod
-    def from_args(cls, args: dict[str, Any]) -> ReplayRange:
-        """The range a ledger entry's ``args`` record (:meth:`args`)."""
-        types = args.get("aggregate_types")
-        events = args.get("event_types")
-        return cls(
-            Position.parse(args["from"]),
-            Position.parse(args["to"]),
-            args.get("into"),
-            None if types is None else frozenset(types),
-            None if events is None else frozenset(events),
-        )
-
-    def args(self) -> dict[str, Any]:
-        """The replay's identity on the ledger: a run with the same args goes on with it."""
-        return {
-            "from": str(self.start),
-            "to": str(self.end),
-            "into": self.into,
-            "aggregate_types": None
-            if self.aggregate_types is None
-            else sorted(self.aggregate_types),
-            "event_types": None if self.event_types is None else sorted(self.event_types),
-        }
-
-    def query_params(self) -> dict[str, Any]:
-        return {
-            "start_transaction_id": self.start.transaction_id,
-            "start_position": self.start.position,
-            "end_transaction_id": self.end.transaction_id,
-            "end_position": self.end.position,
-            "aggregate_types": self.args()["aggregate_types"],
-            "event_types": self.args()["event_types"],
-        }
-
-    def selection(self, limit: int, max_bytes: int) -> Selection:
-        return Selection(
-            limit, max_bytes, aggregate_types=self.aggregate_types, event_types=self.event_types
-        )
-
-    def before_start(self) -> Position:
-        """The key just before the range: fetches read after it."""
-        return Position(self.start.transaction_id, self.start.position - 1)
-
-    def publisher_of(self, subscriber: Subscriber) -> Subscriber:
-        """The subscriber whose encoding the records take: its own, with the topic
-        ``into`` (so a registry's subject follows the topic, as for the relay)."""
-        if self.into is None:
-            return subscriber
-        return dataclasses.replace(subscriber, topic=self.into)
-
-    def describe(self) -> str:
-        filters = [
-            f"{what} {', '.join(sorted(values))}"
-            for what, values in (
-                ("aggregate types", self.aggregate_types),
-                ("event types", self.event_types),
-            )
-            if values is not None
-        ]
-        where = f"into topic {self.into!r}" if self.into else "into the subscriber's own topics"
-        narrowed = f" of {'; '.join(filters)}" if filters else ""
-        return f"events [{self.start}, {self.end}]{narrowed}, {where}"
 
 
 class Fetcher(Protocol):
     """What a replay reads of the outbox (``OutboxStore.fetch``)."""
 
     def fetch(self, after: Position, selection: Selection) -> Fetched: ...
+
+
+class ReplayOutbox(Fetcher, Protocol):
+    """What ``subscribers replay`` reads and records of the outbox (the store port):
+    the subscribers, the horizon, the ledger and the range's events."""
+
+    def get(self, name: str) -> SubscriberState: ...
+
+    def list(self, name: str | None = None) -> Sequence[SubscriberState]: ...
+
+    def horizon(self) -> int: ...
+
+    def record(self, intervention: Intervention) -> int: ...
+
+
+# The exactly-once publisher of a replay (the composition root builds it): its
+# ``transactional.id`` prefix, and the guard that confines the topics rows chose.
+ReplayPublishers = Callable[[str, TopicGuard], RedrivePublisher]
 
 
 class Replay:
@@ -237,70 +127,6 @@ class Replay:
 
 
 @dataclass(frozen=True)
-class OpenReplay:
-    """A replay on the ledger: its 'start' entry, its range, and whether it is done."""
-
-    entry: int
-    wanted: ReplayRange
-    events: int
-    done: bool
-
-
-class ReplayStore:
-    """The replay's queries (relay/adapters/postgres/sql/replay.sql) on one autocommit
-    connection."""
-
-    def __init__(self, conn: psycopg.Connection[Any], schema: str = "public") -> None:
-        self.conn = conn
-        self._q = {
-            name: with_schema(text, schema).as_bytes(None)
-            for name, text in parse_named(read_sql("replay.sql")).items()
-        }
-
-    def count(self, wanted: ReplayRange) -> int:
-        with wrap_errors():
-            row = self.conn.execute(self._q["replay_range"], wanted.query_params()).fetchone()
-        assert row is not None
-        return int(row[0])
-
-    def events(self, wanted: ReplayRange) -> list[tuple[UUID, Position, str, str]]:
-        """The events of the range (message id, key, aggregate type, event type)."""
-        with wrap_errors():
-            rows = self.conn.execute(self._q["replay_events"], wanted.query_params()).fetchall()
-        return [(mid, Position(tx, pos), atype, etype) for mid, tx, pos, atype, etype in rows]
-
-    def replays(self, subscriber_id: UUID) -> list[OpenReplay]:
-        with wrap_errors():
-            rows = self.conn.execute(
-                self._q["replays"], {"subscriber_id": subscriber_id}
-            ).fetchall()
-        return [
-            OpenReplay(entry, ReplayRange.from_args(args), events or 0, done)
-            for entry, args, events, done in rows
-        ]
-
-    def open(self, subscriber_id: UUID, wanted: ReplayRange) -> OpenReplay | None:
-        """The replay with these arguments that has not finished, if any."""
-        return next(
-            (r for r in reversed(self.replays(subscriber_id)) if not r.done and r.wanted == wanted),
-            None,
-        )
-
-    @contextmanager
-    def exclusive(self, name: str, subscriber_id: UUID) -> Iterator[None]:
-        """Hold the subscriber's replay lock; :class:`SubscriberError` when another
-        replay of it holds it."""
-        with session_lock(
-            self.conn,
-            self._q["replay_lock"],
-            self._q["replay_unlock"],
-            {"subscriber_id": subscriber_id},
-            f"replay of subscriber {name!r}",
-        ):
-            yield
-
-
-@dataclass(frozen=True)
 class ReplayDone:
     """What ``subscribers replay`` did."""
 
@@ -334,23 +160,27 @@ def replay_prefix(kafka_id_prefix: str, subscriber_id: UUID, entry: int) -> str:
 
 def replay(
     settings: Settings,
-    conn: psycopg.Connection[Any],
+    outbox: ReplayOutbox,
+    replays: ReplayLedger,
+    publishers: ReplayPublishers,
     name: str,
     asked: Callable[[Subscriber], ReplayRange],
     actor: Actor,
     confirm: Confirm,
+    registry_encoder: RegistryEncoder,
     *,
     batch_size: int = DEFAULT_BATCH,
 ) -> ReplayDone | None:
     """``subscribers replay``: check the range (decided, a topic the subscriber may
     publish to), count it, preview, confirm; then start the replay on the ledger, or go
     on with the open one of the same arguments, publish the rest of it exactly once, and
-    record that it is done. None when not confirmed."""
-    outbox = OutboxStore(conn, settings.database_schema)
-    replays = ReplayStore(conn, settings.database_schema)
+    record that it is done. None when not confirmed. ``outbox``, ``replays``,
+    ``publishers`` and ``registry_encoder`` are the composition root's
+    (``relay.wiring``), on one connection."""
     state = outbox.get(name)
     wanted = asked(state.subscriber)
-    guard, encoder = relay_encoder(settings, (s.subscriber for s in outbox.list()))
+    subscribers = (s.subscriber for s in outbox.list())
+    guard, encoder = relay_encoder(settings, subscribers, registry_encoder)
     _check(outbox, state, wanted, guard)
     with replays.exclusive(name, state.subscriber_id):
         found = replays.open(state.subscriber_id, wanted)
@@ -358,12 +188,8 @@ def replay(
         if not confirm(_preview(name, wanted, events, found)):
             return None
         entry = _record(outbox, state, wanted, actor, events, found)
-        publisher = exactly_once_publisher(
-            settings,
-            replay_prefix(settings.kafka_id_prefix, state.subscriber_id, entry),
-            guard,
-            PostgresTopicRecord(lambda: nullcontext(conn), settings.database_schema),
-            "replay",
+        publisher = publishers(
+            replay_prefix(settings.kafka_id_prefix, state.subscriber_id, entry), guard
         )
         run = Replay(
             outbox,
@@ -395,7 +221,7 @@ def replay(
 
 
 def _check(
-    outbox: OutboxStore, state: SubscriberState, wanted: ReplayRange, guard: TopicGuard
+    outbox: ReplayOutbox, state: SubscriberState, wanted: ReplayRange, guard: TopicGuard
 ) -> None:
     """Refuse a range that is not decided yet (events could still be written into it,
     and the replay would not be the range's), and a topic the subscriber may not
@@ -430,7 +256,7 @@ def _preview(name: str, wanted: ReplayRange, events: int, found: OpenReplay | No
 
 
 def _record(
-    outbox: OutboxStore,
+    outbox: ReplayOutbox,
     state: SubscriberState,
     wanted: ReplayRange,
     actor: Actor,

@@ -21,13 +21,12 @@ import logging
 import socket
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from relay.adapters.postgres.store import OutboxStore
 from relay.core.formats import default_format, format_of
 from relay.core.interventions import Action, Actor, Intervention
 from relay.core.log_fields import log_extra
-from relay.core.ports import SubscriberState
+from relay.core.ports import DefinitionStore, SubscriberState
 from relay.core.redact import redact
 from relay.core.schemas import SchemaFolder
 from relay.core.settings import Settings
@@ -48,9 +47,6 @@ from relay.errors import (
 )
 from relay.ops import interventions
 from relay.ops.lag import Lag, subscriber_lag
-
-if TYPE_CHECKING:
-    from relay.adapters.registry.registry_format import RegistryValueEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -77,31 +73,36 @@ def load_schemas(settings: Settings) -> SchemaFolder | None:
     return SchemaFolder.from_dir(folder)
 
 
-def registry_encoder(
-    settings: Settings, schemas: SchemaFolder | None
-) -> RegistryValueEncoder | None:
-    """The avro-registry encoder, when configured (only then is its client imported)."""
-    if settings.schema_registry_url is None:
-        return None
-    from relay.adapters.registry.registry_format import encoder_for
+class Compatibility(Protocol):
+    """What the schema registry's check of a subscriber's schemas found: a line per
+    (subject, schema) checked, and what only the first publish can check."""
 
-    return encoder_for(settings, schemas)
+    @property
+    def checked(self) -> list[str]: ...
+
+    @property
+    def unchecked(self) -> list[str]: ...
+
+
+# The registry's check of a subscriber's writer schemas against its compatibility
+# rules: raises SchemaIncompatible (every refusal), or SchemaRegistryUnavailable.
+RegistryCheck = Callable[[SchemaFolder, Subscriber], Compatibility]
+# The first subscriber whose topics lack partitions its partition field ranges over,
+# and why; raises BrokerUnavailable, or ConfigError without bootstrap_servers.
+PartitionRoom = Callable[[Settings, Sequence[Subscriber]], tuple[str, str] | None]
 
 
 @dataclass(frozen=True)
 class Setup:
-    """What a definition is checked against: the settings, the writer schemas loaded
-    and the schema registry's encoder (None when not configured)."""
+    """What a definition is checked against: the settings, the writer schemas loaded,
+    and what the world is asked, both from the composition root (relay.wiring's
+    ``registry_check`` and ``partition_room``): the schema registry's check (None when
+    no registry is configured) and the broker's partitions (None: not checked)."""
 
     settings: Settings
     schemas: SchemaFolder | None = None
-    registry: RegistryValueEncoder | None = None
-
-    @classmethod
-    def load(cls, settings: Settings) -> Setup:
-        """As the relay loads them (the command line's own, from the same settings)."""
-        schemas = load_schemas(settings)
-        return cls(settings, schemas, registry_encoder(settings, schemas))
+    registry: RegistryCheck | None = None
+    partition_room: PartitionRoom | None = None
 
     @property
     def default_format(self) -> ValueFormat:
@@ -200,11 +201,9 @@ def _check_registry(setup: Setup, subscribers: Sequence[Subscriber], report: Rep
     wanting = [s for s in subscribers if format_of(s.value_format).registry]
     if not wanting or setup.registry is None or setup.schemas is None:
         return  # without them, _format_refusal has refused it
-    from relay.adapters.registry.registry_compat import check_subscriber
-
     for subscriber in wanting:
         try:
-            found = check_subscriber(setup.registry.client, setup.schemas, subscriber)
+            found = setup.registry(setup.schemas, subscriber)
         except SchemaRegistryUnavailable as exc:
             # Not once per subscriber: each would wait for the client's timeouts.
             report.warnings.append(
@@ -229,11 +228,12 @@ def _check_partitions(
     naming a partition beyond would be poison."""
     if all(s.partition_count is None for s in subscribers):
         return
-    from relay.adapters.kafka.topics import partition_room_refusal
-
     why = "--partition-by: the partitions of the subscriber's topics must be checked"
+    if setup.partition_room is None:  # a setup without the broker's side (a test's)
+        _unchecked(report, subscribers, f"{why}, which needs the broker", broker_required)
+        return
     try:
-        refusal = partition_room_refusal(setup.settings, subscribers)
+        refusal = setup.partition_room(setup.settings, subscribers)
     except ConfigError as exc:  # no bootstrap_servers
         _unchecked(report, subscribers, f"{why}, which needs the broker: {exc}", broker_required)
         return
@@ -355,8 +355,8 @@ class Outcome:
 
 
 def add(
-    settings: Settings,
-    store: OutboxStore,
+    setup: Setup,
+    store: DefinitionStore,
     options: Mapping[str, Any],
     *,
     start: StartFrom = StartFrom.BEGINNING,
@@ -371,8 +371,7 @@ def add(
     field takes its default (the part count, fixed at creation, stays), which is applied
     only with ``yes``. ``indexing`` is told before the part indexes of a new split
     subscriber are built (it waits for the transactions open on the outbox). The
-    definition is checked against the setup of ``settings``, loaded as the relay's."""
-    setup = Setup.load(settings)
+    definition is checked against ``setup`` (the command line loads it as the relay does)."""
     # Without replace, an existing subscriber is refused as the definition is written.
     state = _stored(store, options["name"]) if replace else None
     if state is not None and "parts" not in given:
@@ -387,8 +386,8 @@ def add(
 
 
 def set_options(
-    settings: Settings,
-    store: OutboxStore,
+    setup: Setup,
+    store: DefinitionStore,
     name: str,
     options: Mapping[str, Any],
     *,
@@ -401,7 +400,6 @@ def set_options(
     those in ``unset`` back to their defaults; the rest of the stored definition stays.
     A narrowed filter is applied only with ``yes``; ``dry_run`` writes nothing. Checked
     as :func:`add` checks."""
-    setup = Setup.load(settings)
     state = store.get(name)
     given = {k: v for k, v in options.items() if v is not None}
     clash = sorted(set(given) & set(unset))
@@ -414,14 +412,14 @@ def set_options(
     return outcome
 
 
-def _stored(store: OutboxStore, name: str) -> SubscriberState | None:
+def _stored(store: DefinitionStore, name: str) -> SubscriberState | None:
     found = store.list(name)
     return found[0] if found else None
 
 
 def _propose(
     setup: Setup,
-    store: OutboxStore,
+    store: DefinitionStore,
     state: SubscriberState | None,
     after: Subscriber,
     start: StartFrom,
@@ -444,7 +442,7 @@ def _propose(
     return Outcome(change, report, resets, dropped)
 
 
-def _dropped(store: OutboxStore, state: SubscriberState, after: Subscriber) -> Lag:
+def _dropped(store: DefinitionStore, state: SubscriberState, after: Subscriber) -> Lag:
     """The events waiting after the checkpoint that ``after``'s filters no longer take."""
     before = state.subscriber
     kept = dataclasses.replace(
@@ -462,10 +460,10 @@ def _as(state: SubscriberState, subscriber: Subscriber) -> SubscriberState:
     return SubscriberState(subscriber, state.subscriber_id, parts)
 
 
-def _write(store: OutboxStore, outcome: Outcome, action: Action, actor: Actor) -> None:
+def _write(store: DefinitionStore, outcome: Outcome, action: Action, actor: Actor) -> None:
     """The change and its ledger entry, in one transaction: on the record, or not made."""
     change = outcome.change
-    with store.conn.transaction():
+    with store.transaction():
         if change.before is None:
             store.add(change.after, change.start)
         else:
@@ -475,7 +473,7 @@ def _write(store: OutboxStore, outcome: Outcome, action: Action, actor: Actor) -
     outcome.applied = True
 
 
-def _entry(store: OutboxStore, change: Change, action: Action, actor: Actor) -> Intervention:
+def _entry(store: DefinitionStore, change: Change, action: Action, actor: Actor) -> Intervention:
     """The ledger entry of a definition written: before and after, field by field."""
     params: dict[str, Any] = {"after": change.after.as_dict()}
     if change.before is None:
@@ -490,7 +488,7 @@ def _entry(store: OutboxStore, change: Change, action: Action, actor: Actor) -> 
 # -- the relay's start-up --------------------------------------------------------------
 
 
-def sync(setup: Setup, store: OutboxStore) -> list[Change]:
+def sync(setup: Setup, store: DefinitionStore) -> list[Change]:
     """Write the subscribers the config declares (the config wins: each is defined anew
     from it, its pause kept), and the default subscriber when there is none anywhere,
     once every subscriber that would then be active has passed :func:`check`. A refusal
@@ -515,21 +513,21 @@ def sync(setup: Setup, store: OutboxStore) -> list[Change]:
     for line in report.warnings:
         logger.warning("%s", line, extra=log_extra("subscriber_check_skipped", problem=line))
     report.refuse(lambda name: _fix_at_start(name, stored, changes))
-    with store.conn.transaction():
+    with store.transaction():
         store.add_all([(c.after, c.start) for c in changes])
         _record_from_config(store, changes)
     _log_sync(changes, report, {declared.name for declared in setup.settings.subscribers})
     return changes
 
 
-def _record_from_config(store: OutboxStore, changes: Sequence[Change]) -> None:
+def _record_from_config(store: DefinitionStore, changes: Sequence[Change]) -> None:
     """Put the definitions a relay wrote from its config on the ledger (by the relay's
     role and host): a changed config changes what a subscriber publishes as much as a
     `set` does. On a schema before migration 0019 (relays roll before `migrate`) there
     is no ledger yet, and the relay starts all the same."""
     actor = Actor(None, socket.gethostname() or None)
     try:
-        with store.conn.transaction():  # a savepoint: the writes stand without it
+        with store.transaction():  # a savepoint: the writes stand without it
             for change in changes:
                 action = Action.ADD if change.before is None else Action.SET
                 entry = _entry(store, change, action, actor)
@@ -600,7 +598,7 @@ class Resumed:
 
 
 def resume(
-    store: OutboxStore, names: Sequence[str] | None, actor: Actor = _NO_ONE
+    store: DefinitionStore, names: Sequence[str] | None, actor: Actor = _NO_ONE
 ) -> list[Resumed]:
     """Resume the subscribers named, or (None) every paused or halted one, from their
     checkpoints; a poison halt is cleared (the part retries the event)."""

@@ -34,18 +34,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from uuid import UUID
 
-import psycopg
-
-from relay.adapters.postgres.db import wrap_errors
-from relay.adapters.postgres.queries import queries_for
 from relay.core.formats import format_of
 from relay.core.interventions import OperatorSkip
 from relay.core.log_fields import log_extra
 from relay.core.model import ConsumedRecord, Position
-from relay.core.ports import LagStore, SubscriberState, TopicReader
+from relay.core.ports import LagStore, ReplayedRanges, SubscriberState, TopicReader, VerifyOutbox
+from relay.core.replay import HEADER_REPLAY
 from relay.errors import SubscriberError
 from relay.ops.lag import subscriber_lag
-from relay.ops.replay import HEADER_REPLAY, ReplayStore
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +188,7 @@ class _Expected:
 
 class VerifyStore(LagStore, Protocol):
     """What verify reads of the outbox's subscribers through the store port (the rest,
-    the events expected on the topics, it reads on ``conn`` itself)."""
+    the events expected on the topics, it reads through :class:`VerifyOutbox`)."""
 
     def operator_skips(self, subscriber_id: UUID) -> list[OperatorSkip]:
         """What the operator skipped of the subscriber, per ledger entry and part."""
@@ -200,15 +196,15 @@ class VerifyStore(LagStore, Protocol):
 
 def verify(
     store: VerifyStore,
-    conn: psycopg.Connection[Any],
-    schema: str,
+    outbox: VerifyOutbox,
     reader: TopicReader,
     *,
     subscribers: Sequence[str] | None = None,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> list[SubscriberReport]:
     """One report per subscriber (all of them unless ``subscribers`` names some);
-    ``store`` is the outbox's store on ``conn`` (the composition root's, ``relay.wiring``)."""
+    ``store`` and ``outbox`` are the composition root's (``relay.wiring``), on one
+    connection."""
     states = [s for s in store.list() if subscribers is None or s.subscriber.name in subscribers]
     unknown = set(subscribers or ()) - {s.subscriber.name for s in states}
     if unknown:
@@ -218,7 +214,7 @@ def verify(
     for state in states:
         name = state.subscriber.name
         skips = store.operator_skips(state.subscriber_id)
-        report, expected = _expectations(conn, schema, state, skips)
+        report, expected = _expectations(outbox, state, skips)
         lag = subscriber_lag(store, state)
         report.pending, report.pending_estimated = lag.events, lag.estimated
 
@@ -227,15 +223,15 @@ def verify(
                 progress(name, done, total)
 
         outside = _compare(report, expected, reader.read(sorted(expected.topics), tick))
-        _place(conn, schema, report, outside)
+        _place(outbox, report, outside)
         _skips(store, report, skips)
-        report.replays = _replays(ReplayStore(conn, schema), state, reader)
+        report.replays = _replays(outbox, state, reader)
         reports.append(report)
     return reports
 
 
 def _replays(
-    replays: ReplayStore, state: SubscriberState, reader: TopicReader
+    replays: ReplayedRanges, state: SubscriberState, reader: TopicReader
 ) -> list[ReplayCheck]:
     """Each replay of the subscriber: a finished one's events, each once on its topic
     with its header (records of other replays and the relay's own are not its)."""
@@ -292,8 +288,7 @@ def _checkable(states: list[SubscriberState], *, named: bool) -> list[Subscriber
 
 
 def _expectations(
-    conn: psycopg.Connection[Any],
-    schema: str,
+    outbox: VerifyOutbox,
     state: SubscriberState,
     skips: list[OperatorSkip],
 ) -> tuple[SubscriberReport, _Expected]:
@@ -303,41 +298,26 @@ def _expectations(
     if subscriber.fixed_topic is not None:  # read even when nothing is expected on it
         expected.topics.add(subscriber.fixed_topic)
     report = SubscriberReport(subscriber.name, [])
-    params = subscriber.as_dict()  # its name and filters
-    query = queries_for(schema)["published_events"]
-    with wrap_errors(), conn.transaction(), conn.cursor(name="verify") as cursor:
-        cursor.itersize = 10_000
-        cursor.execute(query, params)
-        for row in cursor:
-            (
-                message_id,
-                transaction_id,
-                position,
-                aggregate_type,
-                event_type,
-                dead,
-                redriven,
-                part,
-            ) = row
-            if expected.parts is not None:
-                expected.parts[message_id.bytes] = part
-            if message_id.bytes in skipped:
-                expected.skipped[message_id.bytes] = skipped[message_id.bytes]
-                continue
-            if dead and not redriven:
-                report.dead_lettered += 1
-                continue
-            if redriven:
-                report.redriven += 1
-                expected.redriven.add(message_id.bytes)
-            # None: no legal topic, so nothing was published (and the event is missing).
-            topic = subscriber.route(aggregate_type, event_type)
-            if topic is not None:
-                expected.topics.add(topic)
-            expected.positions[message_id.bytes] = Position(transaction_id, position)
-    with wrap_errors():
-        starts = conn.execute(queries_for(schema)["part_starts"], {"name": subscriber.name})
-        report.checked_after = [f"part {part} at {tx}:{pos}" for part, tx, pos in starts]
+    for event in outbox.published_events(subscriber):
+        mid = event.message_id.bytes
+        if expected.parts is not None:
+            expected.parts[mid] = event.part
+        if mid in skipped:
+            expected.skipped[mid] = skipped[mid]
+            continue
+        if event.dead_lettered and not event.redriven:
+            report.dead_lettered += 1
+            continue
+        if event.redriven:
+            report.redriven += 1
+            expected.redriven.add(mid)
+        # None: no legal topic, so nothing was published (and the event is missing).
+        topic = subscriber.route(event.aggregate_type, event.event_type)
+        if topic is not None:
+            expected.topics.add(topic)
+        expected.positions[mid] = event.key
+    starts = outbox.part_starts(subscriber.name)
+    report.checked_after = [f"part {part} at {start}" for part, start in starts]
     report.expected = len(expected.positions)
     report.topics = sorted(expected.topics)
     return report, expected
@@ -360,16 +340,11 @@ def _skips(store: VerifyStore, report: SubscriberReport, skips: list[OperatorSki
     report.skipped_by_skip -= report.published_despite_skip
 
 
-def _place(
-    conn: psycopg.Connection[Any], schema: str, report: SubscriberReport, outside: list[UUID]
-) -> None:
+def _place(outbox: VerifyOutbox, report: SubscriberReport, outside: list[UUID]) -> None:
     """Count the records found outside the expected range by where their rows lie."""
-    query = queries_for(schema)["placed_messages"]
     for start in range(0, len(outside), _PLACE_CHUNK):
         chunk = outside[start : start + _PLACE_CHUNK]
-        with wrap_errors():
-            rows = conn.execute(query, {"name": report.subscriber, "ids": chunk}).fetchall()
-        placed = dict(rows)
+        placed = outbox.placed(report.subscriber, chunk)
         for mid in chunk:
             where = placed.get(mid)
             if where == "ahead":

@@ -27,6 +27,7 @@ from relay import Outbox
 from relay.adapters.kafka.topic_reader import KafkaTopicReader
 from relay.adapters.kafka.turns import second_transactional_id
 from relay.adapters.postgres.store import OutboxStore
+from relay.adapters.postgres.verify_queries import PostgresVerifyOutbox
 from relay.core.schemas import SchemaFolder
 from relay.core.settings import load_settings
 from relay.daemon import Relay
@@ -424,7 +425,7 @@ def delivery_problems(db: psycopg.Connection[Any], bootstrap: str, topic: str) -
     in per-key database order."""
     problems: list[str] = []
     reader = KafkaTopicReader({"bootstrap.servers": bootstrap})
-    [report] = verify(OutboxStore(db), db, "public", reader)
+    [report] = verify(OutboxStore(db), PostgresVerifyOutbox(db), reader)
     if (report.missing, report.duplicated, report.out_of_order) != (0, 0, 0) or (
         report.found != report.expected
     ):

@@ -37,6 +37,7 @@ from relay import Outbox
 from relay.adapters.kafka.topic_reader import KafkaTopicReader
 from relay.adapters.postgres import migrations
 from relay.adapters.postgres.store import OutboxStore
+from relay.adapters.postgres.verify_queries import PostgresVerifyOutbox
 from relay.core.subscribers import Subscriber, ValueFormat
 from relay.errors import RelayError
 from relay.localstack import LocalKafka, LocalKafkaCluster, LocalPostgres
@@ -473,7 +474,7 @@ def _run_chaos(
 
     with psycopg.connect(url, autocommit=True) as conn:
         reader = KafkaTopicReader({"bootstrap.servers": bootstrap})
-        reports = verify(OutboxStore(conn), conn, "public", reader)
+        reports = verify(OutboxStore(conn), PostgresVerifyOutbox(conn), reader)
         rows = conn.execute("SELECT count(*) FROM outbox").fetchone()
         outbox_rows = rows[0] if rows else 0
     # An independent consumer per subscriber: plain read_committed, trusting the broker.

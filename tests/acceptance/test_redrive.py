@@ -28,7 +28,8 @@ from relay.core.subscribers import TopicGuard
 from relay.daemon import Relay
 from relay.engine.encoding import RecordEncoder
 from relay.errors import BrokerUnavailable
-from relay.ops.redrive import Redrive, redrive_publisher
+from relay.ops.redrive import Redrive, group_prefix
+from relay.wiring import exactly_once_publisher
 from tests.support import (
     REPO,
     by_key,
@@ -297,7 +298,9 @@ def test_a_crash_mid_redrive_publishes_nothing_twice(
     def redrive(store: DeadLetterStore, wrap: Any = None) -> Any:
         state = store.subscriber("s")
         record = PostgresTopicRecord(lambda: nullcontext(db))
-        with closing(redrive_publisher(settings, state.subscriber_id, guard, record)) as publisher:
+        prefix = group_prefix(settings.kafka_id_prefix, state.subscriber_id)
+        publisher = exactly_once_publisher(settings, prefix, guard, record, "redrive")
+        with closing(publisher):
             chosen = wrap(publisher) if wrap is not None else publisher
             return Redrive(store, chosen, encoder, state, batch_size=3).run()
 

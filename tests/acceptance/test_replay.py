@@ -20,7 +20,7 @@ import psycopg
 
 from relay.adapters.kafka.topic_reader import KafkaTopicReader
 from relay.core.model import ConsumedRecord
-from relay.ops.replay import HEADER_REPLAY
+from relay.core.replay import HEADER_REPLAY
 from tests.support import REPO, consume, run_cli, wait_caught_up, wait_until
 
 

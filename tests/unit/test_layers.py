@@ -256,16 +256,9 @@ def test_the_rules_catch_an_import_against_them(monkeypatch: pytest.MonkeyPatch)
 
 
 # Where the concrete store (relay.adapters.postgres.store) may be named: the adapters,
-# the composition root that builds it, and the CLI, which hands it to ``ops``. The
-# modules below still name it, each for a reason.
-STORE_NAMED = {
-    # Typed with the store they are handed (they use most of it, the ledger too).
-    "relay.ops.interventions",
-    "relay.ops.subscribers",
-    # Builds its own store and topic record on the command's connection (not yet moved
-    # to the root: its command's options are being reworked).
-    "relay.ops.replay",
-}
+# the composition root that builds it, and the CLI, which hands it to ``ops``; no other
+# module names it (each list here is for a module that must, with its reason).
+STORE_NAMED: set[str] = set()
 
 
 def _where_the_store_is_named() -> set[str]:
@@ -281,6 +274,48 @@ def test_only_the_composition_root_wires_the_store() -> None:
     """The daemon, metrics, ``ops`` and the local stack get their store from
     ``relay.wiring`` or their caller, as a port (relay/core/ports.py)."""
     assert _where_the_store_is_named() == STORE_NAMED
+
+
+# Modules of ``ops`` and the CLI that still import an adapter (relay.adapters.*), each
+# for a reason; every other one gets its adapters from ``relay.wiring`` or its caller,
+# as ports (issue #50).
+ADAPTERS_NAMED = {
+    # Run DDL and role grants of their own on the command's connection (the Postgres
+    # adapter's SQL and its search path): schema tools, not yet behind a port.
+    "relay.ops.debezium",
+    "relay.ops.roles",
+    # `migrate` applies the adapter's migrations (its lock wait is an option's default).
+    "relay.cli.operations",
+    # `topics list|create|describe` are the Kafka adapter's admin calls, shown as they are.
+    "relay.cli.topics",
+}
+
+
+def _where_an_adapter_is_named() -> set[str]:
+    return {
+        m
+        for m in _modules()
+        if group_of(m) in ("ops", "cli")
+        and any(i.startswith("relay.adapters.") for i in imports(m))
+    }
+
+
+def test_ops_and_the_cli_take_ports_not_adapters() -> None:
+    """``ops`` and the CLI import no adapter but the few listed with their reasons: the
+    composition root (relay.wiring) builds the store, publishers and readers."""
+    assert _where_an_adapter_is_named() == ADAPTERS_NAMED
+
+
+def test_the_adapter_check_finds_an_import_of_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check itself: were verify to import the Postgres store, it would fail."""
+    real = imports
+    store = "relay.adapters.postgres.store"
+
+    def with_store(module: str) -> set[str]:
+        return real(module) | ({store} if module == "relay.ops.verify" else set())
+
+    monkeypatch.setattr(sys.modules[__name__], "imports", with_store)
+    assert _where_an_adapter_is_named() == ADAPTERS_NAMED | {"relay.ops.verify"}
 
 
 def test_tracing_speaks_no_kafka() -> None:

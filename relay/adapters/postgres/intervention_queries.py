@@ -8,7 +8,7 @@ import builtins
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 from uuid import UUID
 
 import psycopg
@@ -17,49 +17,18 @@ from psycopg.types.json import Jsonb
 from relay.adapters.postgres import part_index
 from relay.adapters.postgres.db import wrap_errors
 from relay.adapters.postgres.store_base import StoreBase, sorted_or_none
-from relay.core.interventions import Action, Intervention, OperatorSkip, PartMove, Recorded
+from relay.core.interventions import (
+    Action,
+    Intervention,
+    OperatorSkip,
+    PartMove,
+    Recorded,
+    SkipTarget,
+)
 from relay.core.model import Position
 from relay.core.ports import SubscriberState
 from relay.core.subscribers import StartFrom
 from relay.errors import NotMigratedError, SubscriberError, UndefinedTableError
-
-
-class SkipTarget(NamedTuple):
-    """What ``subscribers skip`` checks of one event asked for (``skip_targets``)."""
-
-    message_id: UUID
-    key: Position | None  # None: no such event in the outbox
-    aggregate_type: str | None
-    event_type: str | None
-    part: int | None
-    checkpoint: Position | None  # its part's
-    matches: bool | None  # whether the subscriber's filters take it
-    skipped_by: int | None  # the ledger entry that skipped it already
-    halted_on_it: bool | None  # its part is halted on it
-
-    @property
-    def pending(self) -> bool:
-        """Not published yet by its part: after the checkpoint."""
-        return self.key is not None and self.checkpoint is not None and self.key > self.checkpoint
-
-    def refusal(self, name: str) -> str | None:
-        """Why subscriber ``name`` cannot skip this event; None when it can."""
-        event = f"event {self.message_id}"
-        if self.key is None:
-            return f"{event} is not in the outbox (never written, or pruned)"
-        if not self.matches:
-            return (
-                f"{event} ({self.aggregate_type}/{self.event_type}) is not one subscriber "
-                f"{name!r} publishes: its filters leave it out"
-            )
-        if self.skipped_by is not None:
-            return f"{event} is skipped already (ledger #{self.skipped_by})"
-        if not self.pending:
-            return (
-                f"{event} at {self.key} is published already: part {self.part}'s checkpoint "
-                f"is {self.checkpoint} (skip stops only events not yet published)"
-            )
-        return None
 
 
 class InterventionQueries(StoreBase, ABC):

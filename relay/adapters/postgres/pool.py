@@ -258,6 +258,14 @@ class PooledStore(OutboxStore):
     def closed(self) -> bool:
         return self._pool.closed
 
+    def transaction(self) -> AbstractContextManager[Any]:
+        """Refused: each call borrows a connection of its own, so no transaction spans
+        calls (a command writes through a store on one connection, ``relay.wiring``'s
+        ``store_on``)."""
+        raise TypeError(
+            "a pooled store's calls each borrow a connection: no transaction spans them"
+        )
+
     def prune(self, older_than_s: float, batch: int = 10_000) -> Iterator[int]:
         # A generator: one borrow for the whole pass, given back when it ends or is closed.
         with self._pool.connection() as conn:

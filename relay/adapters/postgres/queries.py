@@ -1,6 +1,6 @@
 """Named SQL queries, loaded from ``relay/adapters/postgres/sql/queries.sql``,
-``interventions.sql`` (the operators' interventions) and ``fetch.sql`` (the relay's
-fetches).
+``interventions.sql`` (the operators' interventions), ``verify.sql`` (what verify
+reads) and ``fetch.sql`` (the relay's fetches).
 
 Queries are written with a ``{schema}`` placeholder; :func:`queries_for` fills it
 with a quoted :class:`psycopg.sql.Identifier`, so a configured schema name can never
@@ -58,7 +58,7 @@ def queries_for(schema: str) -> dict[str, bytes]:
     costs more than some of them take to run (the write API's insert)."""
     # Each file parsed alone: a file's leading comment is no part of another's last query.
     named: dict[str, str] = {}
-    for resource in ("queries.sql", "interventions.sql", "fetch.sql"):
+    for resource in ("queries.sql", "interventions.sql", "verify.sql", "fetch.sql"):
         for name, body in parse_named(read_sql(resource)).items():
             if named.setdefault(name, body) is not body:
                 raise ValueError(f"query {name!r} is defined twice")

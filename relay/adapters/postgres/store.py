@@ -13,8 +13,7 @@ import builtins
 import dataclasses
 import time
 from collections.abc import Sequence
-from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any
 from uuid import UUID
 
 from psycopg.pq import TransactionStatus
@@ -39,6 +38,7 @@ from relay.core.ports import (
     LagSample,
     PartSkips,
     PartState,
+    PartWait,
     Selection,
 )
 from relay.core.subscribers import StartFrom, SubjectStrategy, Subscriber, collision
@@ -60,15 +60,6 @@ _UNDEFINED_COLUMN = "42703"
 # query is tried again (`migrate` may have run).
 _WITHOUT_SKIPS: dict[tuple[str, int, str, str], float] = {}
 _RECHECK_SKIPS_S = 60.0
-
-
-class PartWait(NamedTuple):
-    """What a part owned by a live relay waits for, as its worker recorded it (issue #48;
-    relay/engine/waiting.py)."""
-
-    waits_on: str  # what RelayError.waits_on names: topic, postgres_privilege, ...
-    error: str  # why, with what ends the wait
-    since: datetime
 
 
 class OutboxStore(SessionQueries, InterventionQueries, KeySpaceQueries, RetentionQueries):

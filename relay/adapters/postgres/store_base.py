@@ -5,6 +5,7 @@ callers and the ports see one class."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Any
 
 import psycopg
@@ -20,6 +21,11 @@ class StoreBase:
         self.conn = conn
         self.schema = schema
         self._q = queries_for(schema)
+
+    def transaction(self) -> AbstractContextManager[Any]:
+        """A transaction on the store's connection (a savepoint within one): the calls
+        made inside it commit together, or not at all."""
+        return self.conn.transaction()
 
 
 def sorted_or_none(values: frozenset[str] | None) -> list[str] | None:

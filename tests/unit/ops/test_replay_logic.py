@@ -12,10 +12,11 @@ import pytest
 from relay.adapters.memory import InMemoryPublisher, InMemoryStore
 from relay.core.model import OutboxEvent, Position, Unreadable
 from relay.core.ports import Batch
+from relay.core.replay import HEADER_REPLAY, ReplayRange
 from relay.core.subscribers import Subscriber
 from relay.engine.encoding import RecordEncoder
 from relay.errors import SubscriberError
-from relay.ops.replay import GENERATION, HEADER_REPLAY, Replay, ReplayRange
+from relay.ops.replay import GENERATION, Replay
 
 SUBSCRIBER = Subscriber.from_dict(
     {"name": "s", "topic": "t.{aggregate_type}", "value_format": "json",
