@@ -41,7 +41,12 @@ from spark_jobs.preflight import SCHEMAS_HELP, schemas_folder
 from spark_jobs.registry_schemas import RegistryAccess, planned_schemas
 from spark_jobs.run_summary import RunSummary
 from spark_jobs.sink_job_args import sink_job_options, sink_job_parser
-from spark_jobs.spark_session import kafka_options, streaming_query_id
+from spark_jobs.spark_session import (
+    MAX_OFFSETS_PER_TRIGGER,
+    kafka_options,
+    kafka_stream,
+    streaming_query_id,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -236,7 +241,7 @@ def start(
     available_now: bool = False,
     on_corrupt: str = "fail",
     sink: str = "order-projection",
-    max_offsets_per_trigger: int | None = None,
+    max_offsets_per_trigger: int | None = MAX_OFFSETS_PER_TRIGGER,
     reset_sink: bool = False,
     registry: RegistryAccess | None = None,
     summary: RunSummary | None = None,
@@ -248,13 +253,8 @@ def start(
     writer = PostgresBatchSink(database_url, sink, take_over=reset_sink)
     writer.ensure_tables()
     options = kafka_options(bootstrap_servers, kafka_settings)
-    if max_offsets_per_trigger:
-        options["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)
-    source = (
-        spark.readStream.format("kafka")
-        .options(subscribe=topic, startingOffsets="earliest", includeHeaders="true", **options)
-        .load()
-    )
+    options.update(subscribe=topic, includeHeaders="true")
+    source = kafka_stream(spark, options, max_offsets_per_trigger)
     decoded = decode_events(
         source, writer_schemas=schemas, value_format=value_format, registry=registry,
         registry_schemas=planned_schemas(registry, value_format, topic),
