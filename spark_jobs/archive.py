@@ -28,10 +28,12 @@ from relay.core.settings import KafkaValue
 from relay.errors import RelayError
 from spark_jobs.decoding import VALUE_FORMATS, decode_events, observe_decoding
 from spark_jobs.job import (
+    add_batch_limit_option,
     add_common_options,
     await_query,
     job_session,
     kafka_clients,
+    max_offsets_per_trigger,
     registry_access,
     report_decoding,
     run,
@@ -45,7 +47,7 @@ from spark_jobs.preflight import (
 )
 from spark_jobs.registry_schemas import RegistryAccess, planned_schemas
 from spark_jobs.run_summary import ArchiveSummary, RunSummary
-from spark_jobs.spark_session import kafka_options
+from spark_jobs.spark_session import MAX_OFFSETS_PER_TRIGGER, kafka_options, kafka_stream
 
 
 def read_range(
@@ -85,17 +87,13 @@ def start(
     value_format: str = "auto",
     kafka_settings: Mapping[str, KafkaValue] | None = None,
     available_now: bool = False,
+    max_offsets_per_trigger: int | None = MAX_OFFSETS_PER_TRIGGER,
     registry: RegistryAccess | None = None,
 ) -> Any:
     refuse_reused_path(spark, path, checkpoint)
-    source = (
-        spark.readStream.format("kafka")
-        .options(**kafka_options(bootstrap_servers, kafka_settings))
-        .option("subscribePattern", topics)
-        .option("startingOffsets", "earliest")
-        .option("includeHeaders", "true")
-        .load()
-    )
+    options = kafka_options(bootstrap_servers, kafka_settings)
+    options.update(subscribePattern=topics, includeHeaders="true")
+    source = kafka_stream(spark, options, max_offsets_per_trigger)
     decoded = decode_events(
         source, writer_schemas=schemas, value_format=value_format, keep_value=True,
         registry=registry,
@@ -195,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "apart per record.",
     )
     parser.add_argument("--available-now", action="store_true")
+    add_batch_limit_option(parser)
     parser.add_argument(
         "--backfill", action="store_true", help="One batch read of an offset range, then stop."
     )
@@ -221,7 +220,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                 **common,
             )
             return
-        query = start(spark, checkpoint=args.checkpoint, available_now=args.available_now, **common)
+        query = start(
+            spark,
+            checkpoint=args.checkpoint,
+            available_now=args.available_now,
+            max_offsets_per_trigger=max_offsets_per_trigger(args),
+            **common,
+        )
         await_query(query, summary)
 
     run("archive", args.debug, job, summary)
@@ -229,8 +234,14 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def check_locations(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The folders and offsets, before Spark starts: a backfill's folder must be new and
-    its offsets Spark's; a streaming archive needs a checkpoint it can write."""
+    its offsets Spark's, and it reads its range in one batch, so no batch limit; a
+    streaming archive needs a checkpoint it can write."""
     if args.backfill:
+        if args.max_offsets_per_trigger is not None:
+            parser.error(
+                "--max-offsets-per-trigger: a backfill reads its offset range in one batch "
+                "(narrow the range with --starting-offsets and --ending-offsets instead)"
+            )
         new_folder(parser, args.path, "--path")
         offsets(parser, args.starting_offsets, "--starting-offsets")
         offsets(parser, args.ending_offsets, "--ending-offsets")

@@ -20,9 +20,10 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 from relay.core.log_fields import log_extra
 from relay.errors import ConfigError
 from spark_jobs.kafka_clients import KafkaClients
+from spark_jobs.preflight import offsets_limit
 from spark_jobs.registry_schemas import RegistryAccess
 from spark_jobs.run_summary import RunSummary
-from spark_jobs.spark_session import local_spark_session, submitted
+from spark_jobs.spark_session import MAX_OFFSETS_PER_TRIGGER, local_spark_session, submitted
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,27 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--debug", action="store_true", help="Spark's log, and a failure's whole trace."
     )
+
+
+def add_batch_limit_option(parser: argparse.ArgumentParser) -> None:
+    """``--max-offsets-per-trigger``; not given, it is None, and
+    :func:`max_offsets_per_trigger` makes that the default limit."""
+    parser.add_argument(
+        "--max-offsets-per-trigger",
+        type=offsets_limit,
+        default=None,
+        metavar="N",
+        help=f"The records a micro-batch reads at most (default {MAX_OFFSETS_PER_TRIGGER:,}; "
+        "0 or none: no limit), so a backlog is read in batches of that size.",
+    )
+
+
+def max_offsets_per_trigger(args: argparse.Namespace) -> int | None:
+    """The batch limit of the command line: the default when not given, None for none."""
+    given: int | None = args.max_offsets_per_trigger
+    if given is None:
+        return MAX_OFFSETS_PER_TRIGGER
+    return given or None
 
 
 def kafka_clients(parser: argparse.ArgumentParser, args: argparse.Namespace) -> KafkaClients:

@@ -24,7 +24,7 @@ Run locally (embedded default) or with ``spark-submit``::
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -35,13 +35,19 @@ from relay.core.log_fields import log_extra
 from relay.core.settings import KafkaValue
 from relay.errors import RelayError
 from spark_jobs.decoding import VALUE_FORMATS, decode_events, split_corrupt
+from spark_jobs.driver_rows import chunks, local_rows
 from spark_jobs.job import await_query, job_session, registry_access, report_decoding, run
 from spark_jobs.postgres_sink import PostgresBatchSink, connect, create_table
 from spark_jobs.preflight import SCHEMAS_HELP, schemas_folder
 from spark_jobs.registry_schemas import RegistryAccess, planned_schemas
 from spark_jobs.run_summary import RunSummary
 from spark_jobs.sink_job_args import sink_job_options, sink_job_parser
-from spark_jobs.spark_session import kafka_options, streaming_query_id
+from spark_jobs.spark_session import (
+    MAX_OFFSETS_PER_TRIGGER,
+    kafka_options,
+    kafka_stream,
+    streaming_query_id,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +84,9 @@ _SOURCE = ("topic", "partition", "offset", "key")
 # A row's own fault, which Postgres finds: a constraint the DataFrame code does not know
 # (a CHECK or a foreign key added to the table), a value it cannot store.
 _ROW_FAULTS = (psycopg.DataError, psycopg.IntegrityError)
+# The changes of one statement (executemany), in one savepoint: a refused row costs its
+# chunk's row-by-row redo, not the batch's.
+ROWS_PER_CHUNK = 1_000
 
 
 def order_changes(events: DataFrame) -> tuple[DataFrame, DataFrame]:
@@ -134,24 +143,36 @@ def _judged(events: DataFrame) -> DataFrame:
     )
 
 
-def write_changes(conn: psycopg.Connection[Any], rows: Sequence[Row]) -> list[Row]:
-    """Upsert ``rows`` in publication order; returns those Postgres refused, as
-    quarantine rows with its reason. Only when the batch fails for a row's fault does
-    it go again row by row, each in a savepoint, leaving out the ones refused."""
-    ordered = sorted(rows, key=lambda r: (r.transaction_id, r.position))
+def write_changes(
+    conn: psycopg.Connection[Any], rows: Iterable[Row], quarantine: Callable[[list[Row]], object]
+) -> tuple[int, int]:
+    """Upsert ``rows`` (in publication order) a chunk at a time, handing ``quarantine``
+    those Postgres refused, as quarantine rows with its reason; returns how many rows
+    there were and how many were refused. Each chunk goes in one statement, in a
+    savepoint; only a chunk that fails for a row's fault goes again row by row, each in
+    a savepoint, leaving out the ones refused."""
+    changes = refused = 0
+    for chunk in chunks(rows, ROWS_PER_CHUNK):
+        rejected = _write_chunk(conn, chunk)
+        quarantine(rejected)
+        changes, refused = changes + len(chunk), refused + len(rejected)
+    return changes, refused
+
+
+def _write_chunk(conn: psycopg.Connection[Any], chunk: Sequence[Row]) -> list[Row]:
     try:
         with conn.transaction(), conn.cursor() as cursor:
-            cursor.executemany(UPSERT, [r.asDict() for r in ordered])
+            cursor.executemany(UPSERT, [r.asDict() for r in chunk])
         return []
     except _ROW_FAULTS as exc:
         logger.warning(
-            "order_projection: Postgres refused a change (%s): applying the batch row by "
+            "order_projection: Postgres refused a change (%s): applying its chunk row by "
             "row to quarantine the refused ones",
             _first_line(exc),
             extra=log_extra("spark_projection_row_refused"),
         )
     refused = []
-    for row in ordered:
+    for row in chunk:
         try:
             with conn.transaction():
                 conn.execute(UPSERT, row.asDict())
@@ -194,25 +215,35 @@ def batch_writer(
 
     def _write(batch: DataFrame, batch_id: int) -> None:
         events, corrupt = split_corrupt(batch)
-        bad = corrupt.collect()
+        undecodable = corrupt.agg(F.count("*").alias("n"), F.min("error").alias("first")).first()
+        bad, first_error = (undecodable.n, undecodable.first) if undecodable else (0, None)
         if not reported and (records := batch.count()):
             reported.append(True)
-            first_error = min((r.error for r in bad), default=None)
-            report_decoding("order_projection", records, len(bad), first_error)
+            report_decoding("order_projection", records, bad, first_error)
         if bad and on_corrupt == "fail":
-            first = bad[0]
+            first = corrupt.first()
+            assert first is not None  # bad > 0
             raise CorruptRecordsError(
-                f"{len(bad)} undecodable records, first {first.topic}[{first.partition}]"
+                f"{bad} undecodable records, first {first.topic}[{first.partition}]"
                 f"@{first.offset}: {first.error} (use on_corrupt='route' to divert them)"
             )
-        changes, quarantined = (frame.collect() for frame in order_changes(events))
+        changes, quarantined = order_changes(events)
+        unapplicable = quarantined.unionByName(corrupt.select(*_SOURCE, "error"))
         outcome: list[int] = []
 
         def write(conn: psycopg.Connection[Any]) -> int:
-            kept = [*bad, *quarantined, *write_changes(conn, changes)]
-            sink.write_corrupt(conn, batch_id, kept)
-            outcome[:] = [len(changes) + len(bad) + len(quarantined) - len(kept), len(kept)]
-            return len(changes) + len(bad) + len(quarantined)
+            def quarantine(rows: list[Row]) -> None:
+                sink.write_corrupt(conn, batch_id, rows)
+
+            # On the driver a partition at a time (publication order), never the batch.
+            ordered = local_rows(changes, "transaction_id", "position")
+            changed, refused = write_changes(conn, ordered, quarantine)
+            unapplied = 0
+            for chunk in chunks(local_rows(unapplicable), ROWS_PER_CHUNK):
+                quarantine(chunk)
+                unapplied += len(chunk)
+            outcome[:] = [changed - refused, unapplied + refused]
+            return changed + unapplied
 
         written = sink.commit(batch_id, write, streaming_query_id(batch))
         if summary is not None and written:
@@ -236,7 +267,7 @@ def start(
     available_now: bool = False,
     on_corrupt: str = "fail",
     sink: str = "order-projection",
-    max_offsets_per_trigger: int | None = None,
+    max_offsets_per_trigger: int | None = MAX_OFFSETS_PER_TRIGGER,
     reset_sink: bool = False,
     registry: RegistryAccess | None = None,
     summary: RunSummary | None = None,
@@ -248,13 +279,8 @@ def start(
     writer = PostgresBatchSink(database_url, sink, take_over=reset_sink)
     writer.ensure_tables()
     options = kafka_options(bootstrap_servers, kafka_settings)
-    if max_offsets_per_trigger:
-        options["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)
-    source = (
-        spark.readStream.format("kafka")
-        .options(subscribe=topic, startingOffsets="earliest", includeHeaders="true", **options)
-        .load()
-    )
+    options.update(subscribe=topic, includeHeaders="true")
+    source = kafka_stream(spark, options, max_offsets_per_trigger)
     decoded = decode_events(
         source, writer_schemas=schemas, value_format=value_format, registry=registry,
         registry_schemas=planned_schemas(registry, value_format, topic),

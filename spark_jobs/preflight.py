@@ -111,9 +111,9 @@ def _local_path(location: str) -> Path | None:
     return Path(location)
 
 
-def positive(text: str) -> int:
-    """An argparse type: a whole number above 0."""
-    number = int(text)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+def offsets_limit(text: str) -> int:
+    """An argparse type: a whole number of records, 0 (or ``none``) for no limit."""
+    number = 0 if text.strip().lower() == "none" else int(text)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (no limit) or more, got {number}")
     return number

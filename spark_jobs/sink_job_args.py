@@ -9,9 +9,14 @@ from typing import TypedDict
 
 from relay.core.settings import KafkaValue
 from spark_jobs.database_url import DATABASE_URL_HELP, resolve_database_url
-from spark_jobs.job import add_common_options, kafka_clients
+from spark_jobs.job import (
+    add_batch_limit_option,
+    add_common_options,
+    kafka_clients,
+    max_offsets_per_trigger,
+)
 from spark_jobs.postgres_sink import RESET_SINK_HELP
-from spark_jobs.preflight import checkpoint_folder, positive
+from spark_jobs.preflight import checkpoint_folder
 
 
 class SinkJobOptions(TypedDict):
@@ -33,7 +38,7 @@ def sink_job_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--database-url", help=DATABASE_URL_HELP)
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--available-now", action="store_true", help="Process what is there, stop.")
-    parser.add_argument("--max-offsets-per-trigger", type=positive, default=None)
+    add_batch_limit_option(parser)
     parser.add_argument("--reset-sink", action="store_true", help=RESET_SINK_HELP)
     return parser
 
@@ -49,6 +54,6 @@ def sink_job_options(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         database_url=resolve_database_url(parser, args.database_url),
         checkpoint=checkpoint_folder(parser, args.checkpoint, "--checkpoint"),
         available_now=args.available_now,
-        max_offsets_per_trigger=args.max_offsets_per_trigger,
+        max_offsets_per_trigger=max_offsets_per_trigger(args),
         reset_sink=args.reset_sink,
     )

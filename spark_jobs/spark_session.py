@@ -35,6 +35,11 @@ CONNECTOR = ("org.apache.spark", "spark-sql-kafka-0-10_2.13")
 AVRO_LOCK = "spark-avro"
 AVRO = ("org.apache.spark", "spark-avro_2.13")
 
+# The records a micro-batch reads at most, by default (``maxOffsetsPerTrigger``): every
+# job starts from ``earliest``, so without a limit batch 0 of a backlog is the whole
+# topic, at once, in the executors' and the sinks' memory.
+MAX_OFFSETS_PER_TRIGGER = 100_000
+
 # Java versions Spark 4 runs on, newest first.
 _JVM_DIRS = ("/usr/lib/jvm/java-21-openjdk-amd64", "/usr/lib/jvm/java-17-openjdk-amd64")
 
@@ -125,6 +130,19 @@ def kafka_options(
     return KafkaClients(
         bootstrap_servers, connection_settings(kafka_settings or {})
     ).spark_options()
+
+
+def kafka_stream(
+    spark: Any, options: Mapping[str, str], max_offsets_per_trigger: int | None
+) -> DataFrame:
+    """A streaming Kafka source from ``earliest``, with the job's ``options`` (the
+    cluster's, what to subscribe to) and at most ``max_offsets_per_trigger`` records a
+    micro-batch (None: no limit)."""
+    limit = (
+        {"maxOffsetsPerTrigger": str(max_offsets_per_trigger)} if max_offsets_per_trigger else {}
+    )
+    source = spark.readStream.format("kafka").options(**options, **limit)
+    return source.option("startingOffsets", "earliest").load()  # type: ignore[no-any-return]
 
 
 def streaming_query_id(batch: DataFrame) -> str:

@@ -47,7 +47,7 @@ from spark_jobs.kafka_sink import KafkaBatchSink, Record, ensure_topic
 from spark_jobs.postgres_sink import PostgresBatchSink, connect, create_table
 from spark_jobs.run_summary import RunSummary
 from spark_jobs.sink_job_args import sink_job_options, sink_job_parser
-from spark_jobs.spark_session import streaming_query_id
+from spark_jobs.spark_session import MAX_OFFSETS_PER_TRIGGER, kafka_stream, streaming_query_id
 
 COUNTERS_DDL = """CREATE TABLE IF NOT EXISTS {table} (
     name  text PRIMARY KEY,
@@ -179,7 +179,7 @@ def start(
     threshold: int = 10,
     counter: str = "crowded_windows",
     available_now: bool = False,
-    max_offsets_per_trigger: int | None = None,
+    max_offsets_per_trigger: int | None = MAX_OFFSETS_PER_TRIGGER,
     reset_sink: bool = False,
     summary: RunSummary | None = None,
 ) -> Any:
@@ -192,17 +192,8 @@ def start(
     averages = KafkaBatchSink(
         bootstrap_servers, output_topic, f"window-average.{output_topic}", clients.settings
     )
-    limit = (
-        {"maxOffsetsPerTrigger": str(max_offsets_per_trigger)} if max_offsets_per_trigger else {}
-    )
-    numbers = (
-        spark.readStream.format("kafka")
-        .options(**clients.spark_options())
-        .option("subscribe", ",".join(topics))
-        .option("startingOffsets", "earliest")
-        .options(**limit)
-        .load()
-    )
+    options = {**clients.spark_options(), "subscribe": ",".join(topics)}
+    numbers = kafka_stream(spark, options, max_offsets_per_trigger)
     stream = (
         window_averages(numbers, window)
         .writeStream.outputMode("append")
