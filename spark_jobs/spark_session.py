@@ -6,7 +6,8 @@ must be the same version as pyspark. A local session loads them, and the jars th
 that pyspark does not ship, from the pinned-jar cache (:mod:`relay.artifacts.maven`,
 locks ``spark-kafka`` and ``spark-avro``): downloaded and checksum-verified on first
 use, offline after that. Under ``spark-submit`` the cluster provides them instead
-(``--packages``, see the README).
+(``--packages``, see the README). A session asked for Delta Lake (the archive's
+``--output-format delta``) gets delta-spark the same way, lock ``delta``.
 """
 
 from __future__ import annotations
