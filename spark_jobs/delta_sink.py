@@ -85,9 +85,10 @@ class DeltaBatchSink:
 
 
 def short_failure(exc: Py4JJavaError, what: str) -> str:
-    """``exc`` in a few lines: what failed, and its Java causes' first lines."""
+    """``exc`` in a few lines: what failed and its innermost cause (the line a job's
+    failure shows), then each Java cause's first line, outermost first."""
     causes = _java_causes(exc.java_exception)
-    head = f"Delta write of {what} failed"
+    head = f"Delta write of {what} failed: {causes[-1] if causes else exc.errmsg}"
     if any(cause.startswith(_INTERRUPTIONS) for cause in causes):
         head = f"{_PY4J_PREFIX}{str(exc.errmsg).strip()} ({head}, interrupted)"
     return "\n".join([head, *causes])

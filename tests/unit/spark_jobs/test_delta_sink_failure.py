@@ -13,6 +13,7 @@ pytest.importorskip("pyspark")
 from py4j.protocol import Py4JJavaError
 
 from spark_jobs.delta_sink import short_failure
+from spark_jobs.job import failure_reason
 
 # Spark's StreamExecution.PROXY_ERROR, as pyspark 4.2.0's spark-sql jar builds it.
 PROXY_ERROR = re.compile(
@@ -49,7 +50,7 @@ def test_a_failure_keeps_its_causes_first_lines_and_no_py4j_prefix() -> None:
     )
     text = short_failure(failure(root), "batch 7 to /data/t")
     assert text.splitlines() == [
-        "Delta write of batch 7 to /data/t failed",
+        "Delta write of batch 7 to /data/t failed: java.io.IOException: No space left on device",
         "org.apache.spark.SparkException: Job aborted.",
         "java.io.IOException: No space left on device",
     ]
@@ -64,3 +65,16 @@ def test_an_interrupted_write_stays_a_stop_for_spark_and_short() -> None:
     text = short_failure(failure(root), "batch 2 to /data/t")
     assert PROXY_ERROR.search(text)
     assert len(text) < 1000
+
+
+def test_the_job_shows_its_innermost_cause_in_its_one_line() -> None:
+    root = Throwable(
+        "org.apache.spark.SparkException: Job aborted.", Throwable("java.io.IOException: disk full")
+    )
+    raised = "spark_jobs.delta_sink.DeltaWriteError: " + short_failure(
+        failure(root), "batch 7 to /t"
+    )
+    text = f'Traceback (most recent call last):\n  File "x.py", line 1, in f\n    g()\n{raised}'
+    assert failure_reason(RuntimeError(text)) == (
+        "DeltaWriteError: Delta write of batch 7 to /t failed: java.io.IOException: disk full"
+    )
