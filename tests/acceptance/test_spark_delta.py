@@ -123,15 +123,15 @@ def test_every_event_once_through_driver_kills(
     driver = ArchiveDriver(kafka_bootstrap, topic_prefix, tmp_path)
     stop = threading.Event()
 
-    def writer() -> None:  # events keep arriving while drivers die
+    def writer() -> None:  # events keep arriving until the last driver has died
         with psycopg.connect(writer_url, autocommit=True) as conn:
-            for i in range(300):
+            for i in range(3000):
                 if stop.is_set():
                     return
                 payload = {"order_id": f"o-{i}", "customer_id": "c", "amount_cents": i}
                 outbox.append(conn, aggregate_type="order", aggregate_id=f"o-{i}",
                               event_type="OrderPlaced", payload=payload)  # fmt: skip
-                time.sleep(0.1)
+                time.sleep(0.2)
 
     feeder = threading.Thread(target=writer, daemon=True)
     feeder.start()
