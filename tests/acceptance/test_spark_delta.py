@@ -14,7 +14,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +25,7 @@ import pytest
 from relay import Outbox
 from relay.daemon import Relay
 from tests.acceptance.test_spark_jobs import published_story  # noqa: F401 (a fixture)
-from tests.support import sub, wait_caught_up, wait_until
+from tests.support import WriterLoops, sub, wait_caught_up, wait_until
 
 pytest.importorskip("pyspark")
 deltalake = pytest.importorskip("deltalake")
@@ -69,6 +68,22 @@ class ArchiveDriver:
 
     def query_id(self) -> str:
         return str(json.loads((self.checkpoint / "metadata").read_text())["id"])
+
+
+class EventsArriving(WriterLoops):
+    """An application writing an event about every 0.2 s until stopped."""
+
+    def __init__(self, url: str, outbox: Outbox) -> None:
+        super().__init__(url, 1, autocommit=True, pause=0.4)
+        self._outbox, self._next = outbox, 0
+
+    def _transaction(self, conn: psycopg.Connection[Any], rng: random.Random) -> None:
+        i, self._next = self._next, self._next + 1
+        self._outbox.append(conn, aggregate_type="order", aggregate_id=f"o-{i}",
+                            event_type="OrderPlaced", payload={"order_id": f"o-{i}"})  # fmt: skip
+
+    def _failed(self) -> None:
+        """A failed append is retried; the final count is the outbox's own."""
 
 
 def archived_ids(table: Path) -> list[str]:
@@ -121,20 +136,8 @@ def test_every_event_once_through_driver_kills(
 ) -> None:
     start_relay(subscribers=[sub("s", topic_prefix)])
     driver = ArchiveDriver(kafka_bootstrap, topic_prefix, tmp_path)
-    stop = threading.Event()
-
-    def writer() -> None:  # events keep arriving until the last driver has died
-        with psycopg.connect(writer_url, autocommit=True) as conn:
-            for i in range(3000):
-                if stop.is_set():
-                    return
-                payload = {"order_id": f"o-{i}", "customer_id": "c", "amount_cents": i}
-                outbox.append(conn, aggregate_type="order", aggregate_id=f"o-{i}",
-                              event_type="OrderPlaced", payload=payload)  # fmt: skip
-                time.sleep(0.2)
-
-    feeder = threading.Thread(target=writer, daemon=True)
-    feeder.start()
+    arriving = EventsArriving(writer_url, outbox)
+    arriving.start()
     rng = random.Random(51)
     try:
         for _ in range(2):
@@ -146,8 +149,7 @@ def test_every_event_once_through_driver_kills(
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     finally:
-        stop.set()
-        feeder.join(60)
+        arriving.stop()
     wait_caught_up(db, "s", timeout=60)
     code, log = driver.run_to_end()
     assert code == 0, log[-3000:]
