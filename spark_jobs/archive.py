@@ -1,8 +1,11 @@
-"""Job (c): archive every event to Parquet, partitioned by date.
+"""Job (c): archive every event to Parquet or Delta Lake, partitioned by date.
 
-Spark's file sink is exactly once by itself: each micro-batch's files are listed in the
-sink's ``_spark_metadata`` log only when the batch commits, and readers of the folder
-through Spark use that log, so files of a batch that died half-way are never seen.
+Spark's file sink is exactly once by itself, for readers through Spark only: each
+micro-batch's files are listed in the sink's ``_spark_metadata`` log only when the batch
+commits, and readers of the folder through Spark use that log, so files of a batch that
+died half-way are never seen by them; other readers (pyarrow, Trino...) list the folder
+and see those files too. ``--output-format delta`` writes a Delta table instead
+(:mod:`spark_jobs.delta_sink`): each batch one idempotent commit, once for every reader.
 
 ``--backfill`` is a one-off batch job instead: ``spark.read.format("kafka")`` over a
 fixed offset range (``--starting-offsets`` to ``--ending-offsets``, each ``earliest``,
@@ -27,6 +30,7 @@ from pyspark.sql import functions as F
 from relay.core.settings import KafkaValue
 from relay.errors import RelayError
 from spark_jobs.decoding import VALUE_FORMATS, decode_events, observe_decoding
+from spark_jobs.delta_sink import DeltaBatchSink
 from spark_jobs.job import (
     add_batch_limit_option,
     add_common_options,
@@ -48,6 +52,10 @@ from spark_jobs.preflight import (
 from spark_jobs.registry_schemas import RegistryAccess, planned_schemas
 from spark_jobs.run_summary import ArchiveSummary, RunSummary
 from spark_jobs.spark_session import MAX_OFFSETS_PER_TRIGGER, kafka_options, kafka_stream
+
+OUTPUT_FORMATS = ("parquet", "delta")
+# Where each output format keeps the log of what its streaming query committed.
+_SINK_LOGS = {"parquet": "_spark_metadata", "delta": "_delta_log"}
 
 
 def read_range(
@@ -89,8 +97,9 @@ def start(
     available_now: bool = False,
     max_offsets_per_trigger: int | None = MAX_OFFSETS_PER_TRIGGER,
     registry: RegistryAccess | None = None,
+    output_format: str = "parquet",
 ) -> Any:
-    refuse_reused_path(spark, path, checkpoint)
+    refuse_reused_path(spark, path, checkpoint, output_format)
     options = kafka_options(bootstrap_servers, kafka_settings)
     options.update(subscribePattern=topics, includeHeaders="true")
     source = kafka_stream(spark, options, max_offsets_per_trigger)
@@ -99,27 +108,32 @@ def start(
         registry=registry,
         registry_schemas=planned_schemas(registry, value_format, topics, pattern=True),
     )  # fmt: skip
-    stream = (
-        archive_rows(observe_decoding(decoded))
-        .writeStream.format("parquet")
-        .partitionBy("date")
-        .option("path", path)
-        .option("checkpointLocation", checkpoint)
-    )
+    rows = archive_rows(observe_decoding(decoded))
+    stream = _sink(rows.writeStream, output_format, path).option("checkpointLocation", checkpoint)
     stream = stream.trigger(availableNow=True) if available_now else stream
     return stream.start()
+
+
+def _sink(stream: Any, output_format: str, path: str) -> Any:
+    if output_format == "delta":
+        return stream.foreachBatch(DeltaBatchSink(path, partition_by=["date"]))
+    return stream.format("parquet").partitionBy("date").option("path", path)
 
 
 class ReusedArchivePathError(RelayError):
     """The archive folder holds another streaming query's files, and the checkpoint is new."""
 
 
-def refuse_reused_path(spark: Any, path: str, checkpoint: str) -> None:
+def refuse_reused_path(
+    spark: Any, path: str, checkpoint: str, output_format: str = "parquet"
+) -> None:
     """A new checkpoint starts its batch ids over at 0, and Spark's file sink skips every
     batch id its ``_spark_metadata`` log already has: the new query's first batches
-    would be dropped without a word. So a folder with a sink log takes only the
-    checkpoint that wrote it."""
-    if _has_entries(spark, f"{path}/_spark_metadata") and not _has_entries(
+    would be dropped without a word. A Delta table's log keys batches by query id
+    instead, so a new query would archive every event again. So a folder with a sink
+    log takes only the checkpoint that wrote it."""
+    sink_log = _SINK_LOGS[output_format]
+    if _has_entries(spark, f"{path}/{sink_log}") and not _has_entries(
         spark, f"{checkpoint}/offsets"
     ):
         raise ReusedArchivePathError(
@@ -151,6 +165,7 @@ def backfill(
     kafka_settings: Mapping[str, KafkaValue] | None = None,
     registry: RegistryAccess | None = None,
     summary: RunSummary | None = None,
+    output_format: str = "parquet",
 ) -> None:
     """Archive one offset range to ``path`` (which must not exist) and return; logs an
     error when most records could not be decoded (they are archived all the same, with
@@ -167,7 +182,7 @@ def backfill(
     )  # fmt: skip
     seen = Observation("decoding")
     rows = archive_rows(observe_decoding(decoded, into=seen))
-    rows.write.mode("errorifexists").partitionBy("date").parquet(path)
+    rows.write.format(output_format).mode("errorifexists").partitionBy("date").save(path)
     counts = seen.get
     read, undecodable = counts.get("records") or 0, counts.get("undecodable") or 0
     if read:
@@ -192,6 +207,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="The values' format; auto (the default) tells Avro, registry Avro and JSON "
         "apart per record.",
     )
+    parser.add_argument(
+        "--output-format",
+        choices=OUTPUT_FORMATS,
+        default="parquet",
+        help="parquet (the default: exactly once for readers through Spark) or delta (a "
+        "Delta Lake table: exactly once for every reader; needs delta-spark, see "
+        "docs/spark.md).",
+    )
     parser.add_argument("--available-now", action="store_true")
     add_batch_limit_option(parser)
     parser.add_argument(
@@ -206,11 +229,12 @@ def main(argv: Sequence[str] | None = None) -> None:
               "path": args.path, "value_format": args.value_format,
               "schemas": schemas_folder(parser, args.schemas, args.value_format, args.config),
               "kafka_settings": kafka_settings,
-              "registry": registry_access(parser, args)}  # fmt: skip
+              "registry": registry_access(parser, args),
+              "output_format": args.output_format}  # fmt: skip
     summary = ArchiveSummary("archive")
 
     def job() -> None:
-        spark = job_session("archive", args.debug)
+        spark = job_session("archive", args.debug, delta=args.output_format == "delta")
         if args.backfill:
             backfill(
                 spark,

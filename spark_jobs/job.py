@@ -173,11 +173,12 @@ def _say_summary(summary: RunSummary | None) -> None:
         sys.stdout.flush()
 
 
-def job_session(name: str, debug: bool) -> Any:
-    """The job's Spark session, and the :class:`DecodingAlarm` listening to its queries.
+def job_session(name: str, debug: bool, *, delta: bool = False) -> Any:
+    """The job's Spark session (with Delta Lake if ``delta``), and the
+    :class:`DecodingAlarm` listening to its queries.
     Embedded, Spark's own log is quiet unless ``--debug``; under ``spark-submit`` it is
     the cluster's, at the level its log4j2 configuration sets."""
-    spark = local_spark_session(name)
+    spark = local_spark_session(name, delta=delta)
     # pyspark's SparkContext installs a SIGINT handler of its own (cancel the jobs, raise
     # KeyboardInterrupt inside whatever py4j call runs): ours again, see _CtrlC.
     signal.signal(signal.SIGINT, _ctrl_c)

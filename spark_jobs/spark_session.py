@@ -6,7 +6,8 @@ must be the same version as pyspark. A local session loads them, and the jars th
 that pyspark does not ship, from the pinned-jar cache (:mod:`relay.artifacts.maven`,
 locks ``spark-kafka`` and ``spark-avro``): downloaded and checksum-verified on first
 use, offline after that. Under ``spark-submit`` the cluster provides them instead
-(``--packages``, see the README).
+(``--packages``, see the README). A session asked for Delta Lake (the archive's
+``--output-format delta``) gets delta-spark the same way, lock ``delta``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,14 @@ CONNECTOR_LOCK = "spark-kafka"
 CONNECTOR = ("org.apache.spark", "spark-sql-kafka-0-10_2.13")
 AVRO_LOCK = "spark-avro"
 AVRO = ("org.apache.spark", "spark-avro_2.13")
+DELTA_LOCK = "delta"
+# Delta builds one delta-spark per Spark minor version: the artifact names it.
+DELTA_ARTIFACT_PREFIX = "delta-spark_"
+# A session that writes Delta: its SQL extension and catalog (spark-submit's --conf wins).
+DELTA_DEFAULTS = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
 
 # The records a micro-batch reads at most, by default (``maxOffsetsPerTrigger``): every
 # job starts from ``earliest``, so without a limit batch 0 of a backlog is the whole
@@ -69,6 +78,20 @@ def connector_jars() -> list[Path]:
     return jars
 
 
+def delta_jars() -> list[Path]:
+    """The jars of delta-spark (lock ``delta``) for the installed pyspark, fetched into
+    the cache if missing; a lock made for another Spark minor version is refused."""
+    lock = Lock.load(DELTA_LOCK)
+    spark_minor = ".".join(pyspark.__version__.split(".")[:2])
+    built_for = [a.name for a in lock.artifacts if a.name.startswith(DELTA_ARTIFACT_PREFIX)]
+    if built_for != [f"{DELTA_ARTIFACT_PREFIX}{spark_minor}_2.13"]:
+        raise ConnectorVersionError(
+            f"pyspark is {pyspark.__version__} but the pinned Delta Lake is {built_for}: "
+            f"re-lock relay/artifacts/{DELTA_LOCK}.lock for Spark {spark_minor}"
+        )
+    return fetch_lock(lock)
+
+
 # What a job's session takes for each key its user did not set: spark-submit's --conf
 # and spark-defaults.conf win.
 SESSION_DEFAULTS = {
@@ -85,38 +108,42 @@ def submitted() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def local_spark_session(app_name: str, *, master: str | None = None, **conf: Any) -> SparkSession:
+def local_spark_session(
+    app_name: str, *, master: str | None = None, delta: bool = False, **conf: Any
+) -> SparkSession:
     """The job's session. Under ``spark-submit`` it keeps the master and every setting it
     was given, adding :data:`SESSION_DEFAULTS` only for the keys not set; run with
     ``python`` it is embedded, ``local[2]`` with the UI off, the connector's jars from
-    the pinned cache. ``master`` and ``conf`` are the caller's own: they always win."""
+    the pinned cache. ``delta`` adds Delta Lake (:data:`DELTA_DEFAULTS`; embedded, its
+    jars too). ``master`` and ``conf`` are the caller's own: they always win."""
     # Workers must run this interpreter: it has pyarrow and confluent-kafka.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if "JAVA_HOME" not in os.environ:
         found = next((d for d in _JVM_DIRS if Path(d, "bin", "java").exists()), None)
         if found:
             os.environ["JAVA_HOME"] = found
-    settings = {**_defaults(), **({"spark.master": master} if master else {}), **conf}
+    settings = {**_defaults(delta), **({"spark.master": master} if master else {}), **conf}
     builder = SparkSession.builder.appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 
 
-def _defaults() -> dict[str, str]:
+def _defaults(delta: bool = False) -> dict[str, str]:
+    wanted = {**SESSION_DEFAULTS, **(DELTA_DEFAULTS if delta else {})}
     if not submitted():
-        jars = connector_jars()
+        jars = connector_jars() + (delta_jars() if delta else [])
         logger.debug(
             "Kafka connector and spark-avro jars: %s",
             jars,
             extra=log_extra("spark_connector_jars", jars=[str(p) for p in jars]),
         )
-        return {**SESSION_DEFAULTS, **EMBEDDED_DEFAULTS, "spark.jars": ",".join(map(str, jars))}
+        return {**wanted, **EMBEDDED_DEFAULTS, "spark.jars": ",".join(map(str, jars))}
     # spark-submit's JVM is up, its settings in its system properties, which a SparkConf
-    # loads; --packages (or --jars) brought the connectors.
+    # loads; --packages (or --jars) brought the connectors (and delta-spark).
     SparkContext._ensure_initialized()
     given = {key for key, _ in SparkConf().getAll()}
-    return {key: value for key, value in SESSION_DEFAULTS.items() if key not in given}
+    return {key: value for key, value in wanted.items() if key not in given}
 
 
 def kafka_options(

@@ -585,7 +585,7 @@ def test_the_registry_comes_from_the_relays_settings_and_its_secrets_stay_masked
         seen.append(kwargs["registry"])
         return Query()
 
-    monkeypatch.setattr(archive, "job_session", lambda name, debug: None)
+    monkeypatch.setattr(archive, "job_session", lambda name, debug, **session: None)
     monkeypatch.setattr(archive, "run", lambda name, debug, body, summary=None: body())
     monkeypatch.setattr(archive, "start", start)
     for name in ("URL", "USER", "PASSWORD", "CA"):

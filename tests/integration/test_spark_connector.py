@@ -37,6 +37,22 @@ def test_spark_avro_is_pinned_at_the_installed_pyspark_version() -> None:
     assert not shipped & {a.name for a in lock.artifacts}  # avro itself comes with pyspark
 
 
+def test_delta_is_pinned_for_the_installed_spark_minor_without_what_pyspark_ships(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lock = Lock.load(spark_session.DELTA_LOCK)
+    minor = ".".join(pyspark.__version__.split(".")[:2])
+    assert lock.version_of("io.delta", f"delta-spark_{minor}_2.13")
+    shipped = {
+        jar.name.rsplit("-", 1)[0] for jar in Path(pyspark.__file__).parent.glob("jars/*.jar")
+    }
+    assert not shipped & {a.name for a in lock.artifacts}
+    assert "delta-storage" in {a.name for a in lock.artifacts}
+    monkeypatch.setattr(spark_session.pyspark, "__version__", "9.9.9")
+    with pytest.raises(spark_session.ConnectorVersionError, match=r"for Spark 9\.9"):
+        spark_session.delta_jars()
+
+
 def test_a_pyspark_of_another_version_is_refused_with_the_fix(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
