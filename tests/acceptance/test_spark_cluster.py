@@ -68,6 +68,22 @@ def write_orders(db: psycopg.Connection[Any], outbox: Outbox) -> None:
         raise psycopg.Rollback
 
 
+def publish_orders(
+    db: psycopg.Connection[Any], writer_db: psycopg.Connection[Any], outbox: Outbox,
+    relay_url: str, bootstrap: str,
+) -> list[str]:  # fmt: skip
+    """``write_orders``, published by a relay with its defaults: the committed events' ids."""
+    publish_with_defaults(db, relay_url, bootstrap, lambda: write_orders(writer_db, outbox))
+    return [str(r[0]) for r in db.execute("SELECT message_id FROM outbox").fetchall()]
+
+
+def archived_rows(archive: Path) -> list[dict[str, Any]]:
+    """The rows of the Parquet files Spark's file sink committed to ``archive``."""
+    import pyarrow.parquet as pq
+
+    return [row for f in committed_files(archive) for row in pq.read_table(f).to_pylist()]
+
+
 def committed_files(archive: Path) -> list[Path]:
     """The Parquet files Spark's file sink committed: those its ``_spark_metadata`` log
     lists (a killed task's files may lie in the folder too, for no Spark reader)."""
@@ -113,8 +129,7 @@ def test_each_job_runs_on_a_standalone_cluster_as_the_readme_submits_it(
     tmp_path: Path,
 ) -> None:
     bootstrap = broker.bootstrap_servers
-    publish_with_defaults(db, relay_url, bootstrap, lambda: write_orders(writer_db, outbox))
-    committed = [str(r[0]) for r in db.execute("SELECT message_id FROM outbox").fetchall()]
+    committed = publish_orders(db, writer_db, outbox, relay_url, bootstrap)
     assert len(committed) == ORDERS + ORDERS // 2
 
     exported, commands = readme_cluster_commands()
@@ -138,10 +153,7 @@ def test_each_job_runs_on_a_standalone_cluster_as_the_readme_submits_it(
     out = job.output()
     lost = r"\[batchId = \d+\] Lost task .*ExecutorLostFailure"  # mid-batch, as Spark says
     assert re.search(lost, out), f"no task lost in {kills} kills: {out[-5000:]}"
-    archive = tmp_path / "outbox-archive"
-    import pyarrow.parquet as pq
-
-    rows = [r for f in committed_files(archive) for r in pq.read_table(f).to_pylist()]
+    rows = archived_rows(tmp_path / "outbox-archive")
     assert sorted(r["message_id"] for r in rows) == sorted(committed)  # each once
     assert [r for r in rows if r["error"] is not None] == []
     total = len(committed)

@@ -44,20 +44,23 @@ WAIT_S = 600.0  # a Spark driver's start and first batches, on a busy 2-core mac
 def readme_commands(
     after: str = "# Spark Structured Streaming",
     command: tuple[str, ...] = (".venv/bin/python", "-m"),
+    page: Path = SPARK_PAGE,
 ) -> tuple[dict[str, str], list[list[str]]]:
-    """The environment the Spark page's first bash block ``after`` a heading (or a
-    sentence) exports, and its command lines that start with ``command``."""
-    text = SPARK_PAGE.read_text()
+    """The environment the ``page``'s first bash block ``after`` a heading (or a
+    sentence) exports, and its command lines that start with ``command`` (every one,
+    in order, with ``()``)."""
+    text = page.read_text()
     section = text[text.index(after) :]
     block = section[section.index("```bash\n") + len("```bash\n") :]
     block = block[: block.index("```")].replace("\\\n", " ")
     env, commands = {}, []
     for line in block.splitlines():
-        words = shlex.split(line, comments=True)
+        # A comment starts where a word does, as in bash: `x.tar.gz#environment` is a word.
+        words = shlex.split(re.sub(r"(^|\s)#.*", "", line))
         if words[:1] == ["export"]:
             name, _, value = words[1].partition("=")
             env[name] = value
-        elif tuple(words[: len(command)]) == command:
+        elif words and tuple(words[: len(command)]) == command:
             commands.append(words)
     return env, commands
 
