@@ -1,6 +1,10 @@
 """In-memory adapters of the relay's ports (``relay.core.ports``): a store
 (:class:`InMemoryStore`, both the part and the daemon store), a publisher, a record of
-the topics and a topic reader, over dicts and lists in this process.
+the topics, a topic reader, and what replay and verify read of the outbox and its
+ledger (:class:`InMemoryReplayLedger`, :class:`InMemoryVerifyOutbox`), over dicts and
+lists in this process. The operators' interventions' store (``InterventionStore``,
+``DefinitionStore``) has none: the Postgres store's resets, skips and ledger are held
+by the integration and acceptance tests.
 
 They are for tests and benchmarks of the logic above the ports -- the part worker, the
 daemon's claims and upkeep, the ops commands -- with no Postgres and no Kafka; the relay
@@ -21,11 +25,12 @@ import uuid
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from uuid import UUID
 
 from relay.core import dead_letter_tag
-from relay.core.interventions import Intervention
+from relay.core.interventions import Action, Intervention
 from relay.core.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.core.model import (
     ConsumedRecord,
@@ -48,11 +53,15 @@ from relay.core.ports import (
     Owned,
     PartState,
     Progress,
+    PublishedEvent,
+    ReplayLedger,
     Selection,
     SubscriberState,
     TopicOrigin,
     TopicRecord,
+    VerifyOutbox,
 )
+from relay.core.replay import OpenReplay, ReplayRange, unfinished
 from relay.core.subscribers import StartFrom, Subscriber, collision
 from relay.errors import CheckpointConflict, ClaimLost, DatabaseError, SubscriberError
 
@@ -172,7 +181,12 @@ class InMemoryStore(InMemorySessions):
         # (subscriber, part) → the events the operator skipped; the event a halt is on.
         self.skip_lists: dict[tuple[str, int], set[UUID]] = {}
         self.halted_on: dict[tuple[str, int], UUID | None] = {}
+        # The ledger of interventions: an entry's id is its place, from 1.
         self.ledger: list[Intervention] = []
+        # Where each part's generation starts (the beginning, or 'now' at its creation).
+        self.starts: dict[tuple[str, int], Position] = {}
+        # The subscribers a replay holds the lock of (InMemoryReplayLedger.exclusive).
+        self.replaying: set[UUID] = set()
         self.key_space_id = uuid.uuid4()
         self.closed = False
         self._clock = clock
@@ -241,6 +255,12 @@ class InMemoryStore(InMemorySessions):
             self.ledger.append(record)
             return sorted(resumed)
 
+    def record(self, intervention: Intervention) -> int:
+        """Put ``intervention`` on the ledger; returns its entry's id."""
+        with self._lock:
+            self.ledger.append(intervention)
+            return len(self.ledger)
+
     def remove(self, name: str) -> None:
         """Delete the subscriber and its parts (their owners' workers find them gone)."""
         with self._lock:
@@ -286,6 +306,7 @@ class InMemoryStore(InMemorySessions):
                 begin = Position(self.events[-1].transaction_id + 1, 0)
             subscriber_id = uuid.uuid4()
             for part in range(subscriber.parts):
+                self.starts[subscriber.name, part] = begin
                 self._set(
                     PartState(
                         subscriber=subscriber,
@@ -510,6 +531,98 @@ class InMemoryStore(InMemorySessions):
         ]
 
 
+class InMemoryReplayLedger:
+    """A :class:`relay.core.ports.ReplayLedger` over an in-memory store's events and
+    ledger: each one over a store stands for a connection of its own."""
+
+    def __init__(self, store: InMemoryStore) -> None:
+        self.store = store
+
+    def count(self, wanted: ReplayRange) -> int:
+        return len(self.events(wanted))
+
+    def events(self, wanted: ReplayRange) -> builtins.list[tuple[UUID, Position, str, str]]:
+        with self.store._lock:
+            found = [e for e in self.store.events if wanted.covers(e)]
+        return [(e.message_id, e.key, e.aggregate_type, e.event_type) for e in found]
+
+    def replays(self, subscriber_id: UUID) -> builtins.list[OpenReplay]:
+        with self.store._lock:
+            entries = [
+                (n, i.params, i.events)
+                for n, i in enumerate(self.store.ledger, 1)
+                if i.subscriber_id == subscriber_id and i.action is Action.REPLAY
+            ]
+        done = {p.get("of") for _, p, _ in entries if p.get("replay") == "done"}
+        return [
+            OpenReplay(n, ReplayRange.from_args(p["args"]), events or 0, n in done)
+            for n, p, events in entries
+            if p.get("replay") == "start"
+        ]
+
+    def open(self, subscriber_id: UUID, wanted: ReplayRange) -> OpenReplay | None:
+        return unfinished(self.replays(subscriber_id), wanted)
+
+    @contextmanager
+    def exclusive(self, name: str, subscriber_id: UUID) -> Iterator[None]:
+        with self.store._lock:
+            if subscriber_id in self.store.replaying:
+                raise SubscriberError(f"another replay of subscriber {name!r} is running")
+            self.store.replaying.add(subscriber_id)
+        try:
+            yield
+        finally:
+            with self.store._lock:
+                self.store.replaying.discard(subscriber_id)
+
+
+class InMemoryVerifyOutbox(InMemoryReplayLedger):
+    """A :class:`relay.core.ports.VerifyOutbox` over an in-memory store: each part's
+    events after its start up to its checkpoint (none is ever redriven here)."""
+
+    def published_events(self, subscriber: Subscriber) -> Iterator[PublishedEvent]:
+        with self.store._lock:
+            parts = {s.part: s for s in self.store._parts_of(subscriber.name)}
+            dead = set(self.store.dead.get(subscriber.name, {}))
+            events = builtins.list(self.store.events)
+        for e in events:
+            part = self._part(e, subscriber.parts)
+            state = parts.get(part)
+            start = self.store.starts.get((subscriber.name, part), Position(0, 0))
+            if state and start < e.key <= state.checkpoint and subscriber.matches(e):
+                yield PublishedEvent(
+                    e.message_id, e.key, e.aggregate_type, e.event_type,
+                    e.message_id in dead, False, part,
+                )  # fmt: skip
+
+    def part_starts(self, name: str) -> builtins.list[tuple[int, Position]]:
+        with self.store._lock:
+            starts = sorted((p, at) for (n, p), at in self.store.starts.items() if n == name)
+        return [(part, at) for part, at in starts if at > Position(0, 0)]
+
+    def placed(self, name: str, ids: Sequence[UUID]) -> dict[UUID, str]:
+        with self.store._lock:
+            parts = {s.part: s for s in self.store._parts_of(name)}
+            events = [e for e in self.store.events if e.message_id in set(ids)]
+        if not parts:
+            return {}
+        found = {}
+        for e in events:
+            part = self._part(e, len(parts))
+            start = self.store.starts.get((name, part), Position(0, 0))
+            if e.key <= start:
+                found[e.message_id] = "before_start"
+            elif e.key > parts[part].checkpoint:
+                found[e.message_id] = "ahead"
+            else:
+                found[e.message_id] = "filtered"
+        return found
+
+    @staticmethod
+    def _part(event: OutboxEvent, parts: int) -> int:
+        return part_of(event.aggregate_id, parts) if parts > 1 else 0
+
+
 @dataclasses.dataclass
 class _Session:
     hostname: str
@@ -722,3 +835,13 @@ def _is_a_daemon_store(store: InMemoryStore) -> DaemonStore:
 def _is_a_topic_record(record: InMemoryTopicRecord) -> TopicRecord:
     """mypy holds the in-memory record to the port here (Postgres's: relay.daemon)."""
     return record
+
+
+def _is_a_replay_ledger(ledger: InMemoryReplayLedger) -> ReplayLedger:
+    """mypy holds the in-memory ledger to the port here (Postgres's: relay.wiring)."""
+    return ledger
+
+
+def _is_a_verify_outbox(outbox: InMemoryVerifyOutbox) -> VerifyOutbox:
+    """mypy holds the in-memory verify outbox to the port here (Postgres's: relay.wiring)."""
+    return outbox

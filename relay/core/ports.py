@@ -275,7 +275,23 @@ class PartStore(Protocol):
         """Release the connection; the store is not used again."""
 
 
-class DaemonStore(PartStore, Protocol):
+class SubscriberWriter(Protocol):
+    """What creates a subscriber or changes its definition: the relay's start-up (the
+    subscribers its config declares) and ``subscribers add``."""
+
+    def add(
+        self,
+        subscriber: Subscriber,
+        start: StartFrom = StartFrom.BEGINNING,
+        *,
+        replace: bool = False,
+    ) -> bool:
+        """Create ``subscriber`` with its parts, free (True), or update its definition
+        when ``replace`` (False; its checkpoints and part count stay). Raises
+        ``SubscriberError`` when it exists and not ``replace``, or collides with another."""
+
+
+class DaemonStore(PartStore, SubscriberWriter, Protocol):
     """What the relay daemon needs of the database besides a part's events: its session
     (lease) and its peers', claims on parts, the subscribers, and the outbox's upkeep
     (docs/design.md §4).
@@ -319,19 +335,6 @@ class DaemonStore(PartStore, Protocol):
 
     def release(self, name: str, part: int, owner: UUID) -> bool:
         """Free the part; False when ``owner`` does not hold it."""
-
-    # -- the subscribers ---------------------------------------------------------------
-
-    def add(
-        self,
-        subscriber: Subscriber,
-        start: StartFrom = StartFrom.BEGINNING,
-        *,
-        replace: bool = False,
-    ) -> bool:
-        """Create ``subscriber`` with its parts, free (True), or update its definition
-        when ``replace`` (False; its checkpoints and part count stay). Raises
-        ``SubscriberError`` when it exists and not ``replace``, or collides with another."""
 
     # -- upkeep ------------------------------------------------------------------------
 
@@ -408,7 +411,7 @@ class StatusStore(DaemonStore, LagStore, Protocol):
     claims, the horizon and the sessions."""
 
 
-class InterventionStore(Protocol):
+class InterventionStore(SubscriberWriter, Protocol):
     """What the operators' interventions change and read of the subscribers
     (``relay.ops.interventions``: reset, skip, pause, remove, add, and their ledger);
     each change with its ledger entry, in one transaction (Postgres:
@@ -419,15 +422,6 @@ class InterventionStore(Protocol):
 
     def list(self, name: str | None = None) -> Sequence[SubscriberState]:
         """As :meth:`DaemonStore.list`."""
-
-    def add(
-        self,
-        subscriber: Subscriber,
-        start: StartFrom = StartFrom.BEGINNING,
-        *,
-        replace: bool = False,
-    ) -> bool:
-        """As :meth:`DaemonStore.add`."""
 
     def transaction(self) -> AbstractContextManager[Any]:
         """A transaction (a savepoint within one) around the calls made inside it: they

@@ -5,11 +5,11 @@ reads of the replays (relay/adapters/postgres/replay_store.py), and what verify 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from relay.core.model import RESERVED_HEADER_PREFIX, Position
+from relay.core.model import RESERVED_HEADER_PREFIX, OutboxEvent, Position
 from relay.core.ports import Selection
 from relay.core.subscribers import Subscriber, legal_topic
 from relay.errors import SubscriberError
@@ -107,6 +107,14 @@ class ReplayRange:
             "event_types": self.args()["event_types"],
         }
 
+    def covers(self, event: OutboxEvent) -> bool:
+        """Whether ``event`` is one of the range's: within it, and taken by its filters."""
+        return (
+            self.start <= event.key <= self.end
+            and (self.aggregate_types is None or event.aggregate_type in self.aggregate_types)
+            and (self.event_types is None or event.event_type in self.event_types)
+        )
+
     def selection(self, limit: int, max_bytes: int) -> Selection:
         return Selection(
             limit, max_bytes, aggregate_types=self.aggregate_types, event_types=self.event_types
@@ -145,3 +153,8 @@ class OpenReplay:
     wanted: ReplayRange
     events: int
     done: bool
+
+
+def unfinished(replays: Iterable[OpenReplay], wanted: ReplayRange) -> OpenReplay | None:
+    """The latest of ``replays`` with the arguments ``wanted`` that has not finished."""
+    return next((r for r in reversed(list(replays)) if not r.done and r.wanted == wanted), None)

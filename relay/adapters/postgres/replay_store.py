@@ -14,7 +14,7 @@ from relay.adapters.postgres.advisory import session_lock
 from relay.adapters.postgres.db import wrap_errors
 from relay.adapters.postgres.queries import parse_named, read_sql, with_schema
 from relay.core.model import Position
-from relay.core.replay import OpenReplay, ReplayRange
+from relay.core.replay import OpenReplay, ReplayRange, unfinished
 
 
 class ReplayStore:
@@ -52,10 +52,7 @@ class ReplayStore:
 
     def open(self, subscriber_id: UUID, wanted: ReplayRange) -> OpenReplay | None:
         """The replay with these arguments that has not finished, if any."""
-        return next(
-            (r for r in reversed(self.replays(subscriber_id)) if not r.done and r.wanted == wanted),
-            None,
-        )
+        return unfinished(self.replays(subscriber_id), wanted)
 
     @contextmanager
     def exclusive(self, name: str, subscriber_id: UUID) -> Iterator[None]:
