@@ -10,8 +10,11 @@ and more (Postgres: ``relay.adapters.postgres.store.OutboxStore`` too); the leas
 :class:`TopicReader` (Kafka: ``relay.adapters.kafka.topic_reader.KafkaTopicReader``): by ``verify``,
 the ``dev`` live view, the tests and the benchmarks. The topics the outbox created are
 kept in a :class:`TopicRecord` (Postgres: ``relay.adapters.postgres.topic_record``),
-which confines the topics rows choose. In-memory adapters of all of them
-live in ``relay.adapters.memory``; ``tests/contracts/`` holds each port to the same contract,
+which confines the topics rows choose. The operators' commands (``relay.ops``) take
+theirs: the interventions' :class:`InterventionStore`, a definition's
+:class:`DefinitionStore`, replay's :class:`ReplayLedger` and verify's
+:class:`VerifyOutbox`. In-memory adapters of them all but the interventions' and a
+definition's store live in ``relay.adapters.memory``; ``tests/contracts/`` holds each port to the same contract,
 whichever adapter is behind it.
 
 Nothing here imports a database or Kafka client: the worker and the daemon's logic
