@@ -79,11 +79,17 @@ class EventsArriving(WriterLoops):
 
     def _transaction(self, conn: psycopg.Connection[Any], rng: random.Random) -> None:
         i, self._next = self._next, self._next + 1
+        payload = {"order_id": f"o-{i}", "customer_id": "c", "amount_cents": i}  # its schema's
         self._outbox.append(conn, aggregate_type="order", aggregate_id=f"o-{i}",
-                            event_type="OrderPlaced", payload={"order_id": f"o-{i}"})  # fmt: skip
+                            event_type="OrderPlaced", payload=payload)  # fmt: skip
 
     def _failed(self) -> None:
         """A failed append is retried; the final count is the outbox's own."""
+
+
+def outbox_rows(db: psycopg.Connection[Any]) -> int:
+    row = db.execute("SELECT count(*) FROM outbox").fetchone()
+    return int(row[0]) if row else 0
 
 
 def archived_ids(table: Path) -> list[str]:
@@ -138,6 +144,10 @@ def test_every_event_once_through_driver_kills(
     driver = ArchiveDriver(kafka_bootstrap, topic_prefix, tmp_path)
     arriving = EventsArriving(writer_url, outbox)
     arriving.start()
+    # The topic exists before a driver subscribes: Kafka's consumer sees a new topic of
+    # its pattern only at its next metadata refresh, minutes away.
+    wait_until(lambda: outbox_rows(db) > 0, 30, "a first event")
+    wait_caught_up(db, "s", timeout=60)
     rng = random.Random(51)
     try:
         for _ in range(2):
