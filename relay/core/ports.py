@@ -655,6 +655,16 @@ class TopicRecord(Protocol):
 Progress = Callable[[int, int], None]
 
 
+class SinkReader(Protocol):
+    """Reads back what a consumer's sink holds (``verify --through``), as its readers
+    see it: the archive's Parquet files through Spark's ``_spark_metadata`` log
+    (``relay.adapters.sinks.archive``). Registered by name in ``relay.wiring``."""
+
+    def message_ids(self) -> Iterator[tuple[UUID, str]]:
+        """Each row's message id and topic, a row held twice given twice (rows with
+        no message id, not the relay's, left out). Raises :class:`SinkUnreadable`."""
+
+
 class TopicReader(Protocol):
     """Reads back what is committed on topics (read_committed), partition by partition
     from the start of the log: every record of a partition in its order."""
