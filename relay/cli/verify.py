@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -80,21 +81,32 @@ def verify(
         {**settings.kafka, "bootstrap.servers": settings.require_bootstrap_servers()},
         timeout=timeout,
     )
+    reports = _checked(lambda: _verify_all(settings, reader, subscriber, as_json, run_verify))
+    _show(reports, as_json, _print_reports)
+    if not all(r.clean for r in reports):
+        raise typer.Exit(_SKIPPED_BY_OPERATOR)
+
+
+def _checked(check: Callable[[], list[Any]]) -> list[Any]:
+    """The reports of ``check``; exit 3 when it could not check (a configuration error
+    left to the entry point: exit 2)."""
     try:
-        reports = _verify_all(settings, reader, subscriber, as_json, run_verify)
+        return check()
     except ConfigError:
         raise
     except RelayError as exc:
         err.print(f"outbox-relay: could not check: {exc}")
         raise typer.Exit(_COULD_NOT_CHECK) from exc
+
+
+def _show(reports: list[Any], as_json: bool, show: Callable[[list[Any]], None]) -> None:
+    """The reports, as JSON or by ``show``; exit 1 when any has problems."""
     if as_json:
         print_json([r.as_dict() for r in reports])
     else:
-        _print_reports(reports)
+        show(reports)
     if any(r.problems for r in reports):
         raise typer.Exit(1)
-    if not all(r.clean for r in reports):
-        raise typer.Exit(_SKIPPED_BY_OPERATOR)
 
 
 def _verify_all(
@@ -140,27 +152,14 @@ def _verify_sink(
     from relay.ops.verify_sink import verify_sink
 
     sink = wiring.sink_reader(name, path)
-    try:
+
+    def check() -> list[Any]:
         with wiring.connect(settings, "outbox-relay-verify") as conn:
             schema = settings.database_schema
-            reports = verify_sink(
-                wiring.store_on(conn, schema),
-                wiring.verify_outbox(conn, schema),
-                sink,
-                name,
-                subscribers=subscriber,
-            )
-    except ConfigError:
-        raise
-    except RelayError as exc:
-        err.print(f"outbox-relay: could not check: {exc}")
-        raise typer.Exit(_COULD_NOT_CHECK) from exc
-    if as_json:
-        print_json([r.as_dict() for r in reports])
-    else:
-        _print_sink_reports(reports)
-    if any(r.problems for r in reports):
-        raise typer.Exit(1)
+            store, outbox = wiring.store_on(conn, schema), wiring.verify_outbox(conn, schema)
+            return list(verify_sink(store, outbox, sink, name, subscribers=subscriber))
+
+    _show(_checked(check), as_json, _print_sink_reports)
 
 
 def _print_sink_reports(reports: list[Any]) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from itertools import chain
 from typing import Any
 from uuid import UUID
@@ -76,18 +76,9 @@ class SinkReport:
             self.examples[kind].append(text)
 
     def as_dict(self) -> dict[str, Any]:
+        counts = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "examples"}
         return {
-            "subscriber": self.subscriber,
-            "sink": self.sink,
-            "topics": self.topics,
-            "topics_not_in_sink": self.topics_not_in_sink,
-            "expected": self.expected,
-            "found": self.found,
-            "missing": self.missing,
-            "twice": self.twice,
-            "not_in_outbox": self.not_in_outbox,
-            "ahead": self.ahead,
-            "outside_range": self.outside_range,
+            **counts,
             "problems": self.problems,
             "verdict": self.verdict,
             "examples": dict(self.examples),
