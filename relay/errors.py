@@ -353,3 +353,8 @@ class TransactionalIdRefused(ProducerFenced):
             "the relay's principal Write and Describe on it (deploy/README.md, ACLs)",
             code=code,
         )
+
+
+class SinkUnreadable(RelayError):
+    """A consumer's sink (``verify --through``) cannot be read: its folder is missing, a
+    file its commit log lists is gone or not Parquet, or the log itself is damaged."""

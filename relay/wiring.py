@@ -1,7 +1,7 @@
 """The composition root: the one module that names the concrete adapters the relay's
 ports are built of (Postgres for the store, the topic record and the pool; Kafka for
-the publishers, the topic readers and the partitioner tracing asks), for the daemon,
-the CLI and the local stack.
+the publishers, the topic readers and the partitioner tracing asks; the readers of
+the consumers' sinks), for the daemon, the CLI and the local stack.
 
 Everything below it -- the engine, ``ops``, the daemon's logic, ``/metrics`` -- takes
 ports (``relay.core.ports``) or factories of ports, and so can be run over the
@@ -40,10 +40,12 @@ from relay.adapters.postgres.verify_queries import PostgresVerifyOutbox
 from relay.adapters.registry.registry_compat import CompatibilityReport, check_subscriber
 from relay.adapters.registry.registry_format import RegistryValueEncoder, client_for, encoder_for
 from relay.adapters.registry.writer_lookup import RegistryWriters
+from relay.adapters.sinks.archive import ArchiveReader
 from relay.core.ports import (
     PartStore,
     Publisher,
     ReplayLedger,
+    SinkReader,
     StatusStore,
     TopicReader,
     TopicRecord,
@@ -195,6 +197,20 @@ def topic_reader(
     """Reads topics back (``read_committed``), as consumers would; ``timeout``: seconds
     a topic may take to be read to its end."""
     return KafkaTopicReader(config, group=group, timeout=timeout)
+
+
+# The sinks ``verify --through NAME PATH`` reads, by name: another sink is one module of
+# relay/adapters/sinks/ and one line here.
+SINK_READERS: dict[str, Callable[[str], SinkReader]] = {
+    "archive": ArchiveReader,
+}
+
+
+def sink_reader(name: str, path: str) -> SinkReader:
+    """The reader of the sink ``name`` at ``path``."""
+    if name not in SINK_READERS:
+        raise ConfigError(f"no sink named {name!r}: one of {', '.join(sorted(SINK_READERS))}")
+    return SINK_READERS[name](path)
 
 
 def writer_lookup(settings: Settings) -> WriterById | None:

@@ -1,10 +1,11 @@
 """In-memory adapters of the relay's ports (``relay.core.ports``): a store
 (:class:`InMemoryStore`, both the part and the daemon store), a publisher, a record of
-the topics, a topic reader, and what replay and verify read of the outbox and its
-ledger (:class:`InMemoryReplayLedger`, :class:`InMemoryVerifyOutbox`), over dicts and
-lists in this process. The operators' interventions' store (``InterventionStore``,
-``DefinitionStore``) has none: the Postgres store's resets, skips and ledger are held
-by the integration and acceptance tests.
+the topics, a topic reader, a consumer's sink (:class:`InMemorySink`), and what replay
+and verify read of the outbox and its ledger (:class:`InMemoryReplayLedger`,
+:class:`InMemoryVerifyOutbox`), over dicts and lists in this process. The operators'
+interventions' store (``InterventionStore``, ``DefinitionStore``) has none: the
+Postgres store's resets, skips and ledger are held by the integration and acceptance
+tests.
 
 They are for tests and benchmarks of the logic above the ports -- the part worker, the
 daemon's claims and upkeep, the ops commands -- with no Postgres and no Kafka; the relay
@@ -794,6 +795,20 @@ class InMemoryTopicReader:
             if record.topic in topics:
                 records.append(_consumed(record, offset))
         return records
+
+
+class InMemorySink:
+    """A :class:`relay.core.ports.SinkReader` of the rows a consumer wrote: (message id,
+    topic), a row written twice held twice; a row without a message id is not the relay's."""
+
+    def __init__(self) -> None:
+        self._rows: list[tuple[UUID | None, str]] = []
+
+    def write(self, rows: Iterable[tuple[UUID | None, str]]) -> None:
+        self._rows.extend(rows)
+
+    def message_ids(self) -> Iterator[tuple[UUID, str]]:
+        return ((mid, topic) for mid, topic in self._rows if mid is not None)
 
 
 def _unless_too_large(event: OutboxEvent, limit: int) -> OutboxEvent:

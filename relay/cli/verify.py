@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -39,41 +40,73 @@ def verify(
     database_url: DatabaseUrl = None,
     bootstrap_servers: Bootstrap = None,
     schema: Schema = None,
+    through: Annotated[
+        str | None,
+        typer.Option(
+            metavar="SINK",
+            help="Check a consumer's sink at PATH instead of the topics: archive (the "
+            "Spark archive's Parquet folder).",
+        ),
+    ] = None,
+    path: Annotated[
+        str | None, typer.Argument(metavar="PATH", help="The sink's location (with --through).")
+    ] = None,
 ) -> None:
     """Check the topics against the outbox: missing, duplicated, out-of-order events.
 
+    With --through SINK PATH, check a consumer's sink instead: every event the
+    subscriber published to the topics the sink holds is there exactly once (missing,
+    twice, not the outbox's).
+
     Exits 0 when clean, 1 when it finds any, 2 on a configuration error, 3 when it
-    could not check (Postgres or Kafka unreachable, a topic unreadable in time), and 4
-    when it finds none but events the operator skipped (listed with their actions).
+    could not check (Postgres or Kafka unreachable, a topic unreadable in time, the sink
+    unreadable), and 4 when it finds none but events the operator skipped (listed with
+    their actions).
     """
     from relay import wiring
     from relay.ops.verify import verify as run_verify
 
+    if (through is None) != (path is None):
+        raise typer.BadParameter("give both or neither", param_hint="--through SINK PATH")
     settings = _settings(
         ctx,
         database_url=database_url,
         bootstrap_servers=bootstrap_servers,
         database_schema=schema,
     )
+    if through is not None and path is not None:
+        _verify_sink(settings, through, path, subscriber, as_json)
+        return
     reader = wiring.topic_reader(
         {**settings.kafka, "bootstrap.servers": settings.require_bootstrap_servers()},
         timeout=timeout,
     )
+    reports = _checked(lambda: _verify_all(settings, reader, subscriber, as_json, run_verify))
+    _show(reports, as_json, _print_reports)
+    if not all(r.clean for r in reports):
+        raise typer.Exit(_SKIPPED_BY_OPERATOR)
+
+
+def _checked(check: Callable[[], list[Any]]) -> list[Any]:
+    """The reports of ``check``; exit 3 when it could not check (a configuration error
+    left to the entry point: exit 2)."""
     try:
-        reports = _verify_all(settings, reader, subscriber, as_json, run_verify)
+        return check()
     except ConfigError:
         raise
     except RelayError as exc:
         err.print(f"outbox-relay: could not check: {exc}")
         raise typer.Exit(_COULD_NOT_CHECK) from exc
+
+
+def _show(reports: list[Any], as_json: bool, show: Callable[[list[Any]], None]) -> None:
+    """The reports, as JSON or by ``show``; exit 1 when any has problems."""
     if as_json:
         print_json([r.as_dict() for r in reports])
     else:
-        _print_reports(reports)
+        show(reports)
     if any(r.problems for r in reports):
         raise typer.Exit(1)
-    if not all(r.clean for r in reports):
-        raise typer.Exit(_SKIPPED_BY_OPERATOR)
 
 
 def _verify_all(
@@ -110,6 +143,48 @@ def _verify_all(
             progress=advance,
         )
     return reports
+
+
+def _verify_sink(
+    settings: Settings, name: str, path: str, subscriber: list[str] | None, as_json: bool
+) -> None:
+    from relay import wiring
+    from relay.ops.verify_sink import verify_sink
+
+    sink = wiring.sink_reader(name, path)
+
+    def check() -> list[Any]:
+        with wiring.connect(settings, "outbox-relay-verify") as conn:
+            schema = settings.database_schema
+            store, outbox = wiring.store_on(conn, schema), wiring.verify_outbox(conn, schema)
+            return list(verify_sink(store, outbox, sink, name, subscribers=subscriber))
+
+    _show(_checked(check), as_json, _print_sink_reports)
+
+
+def _print_sink_reports(reports: list[Any]) -> None:
+    table = Table(
+        "subscriber", "sink", "expected", "found", "missing", "twice", "not in outbox",
+        "ahead", "outside range", "verdict",
+    )  # fmt: skip
+    for r in reports:
+        counts = (r.expected, r.found, r.missing, r.twice, r.not_in_outbox, r.ahead)
+        table.add_row(
+            r.subscriber, r.sink, *(str(v) for v in (*counts, r.outside_range)), _verdict(r.verdict)
+        )
+    out.print(table)
+    err.print(
+        "twice: held more than once; not in outbox: no committed event has the id (rolled "
+        "back, foreign, or pruned since); ahead: published past the checkpoint; outside "
+        "range: before the subscriber's start or outside its filters"
+    )
+    for r in reports:
+        err.print(f"{r.subscriber}: checked the topics {', '.join(r.topics) or '(none)'}")
+        if r.topics_not_in_sink:
+            err.print(f"{r.subscriber}: the sink holds none of {', '.join(r.topics_not_in_sink)}")
+        for kind, examples in r.examples.items():
+            for text in examples:
+                err.print(f"{r.subscriber}: {kind}: {text}")
 
 
 def _print_reports(reports: list[Any]) -> None:

@@ -13,8 +13,10 @@ kept in a :class:`TopicRecord` (Postgres: ``relay.adapters.postgres.topic_record
 which confines the topics rows choose. The operators' commands (``relay.ops``) take
 theirs: the interventions' :class:`InterventionStore`, a definition's
 :class:`DefinitionStore`, replay's :class:`ReplayLedger` and verify's
-:class:`VerifyOutbox`. In-memory adapters of them all but the interventions' and a
-definition's store live in ``relay.adapters.memory``; ``tests/contracts/`` holds each port to the same contract,
+:class:`VerifyOutbox`; ``verify --through`` reads a consumer's sink through a
+:class:`SinkReader` (the Spark archive: ``relay.adapters.sinks.archive``). In-memory
+adapters of them all but the interventions' and a definition's store live in
+``relay.adapters.memory``; ``tests/contracts/`` holds each port to the same contract,
 whichever adapter is behind it.
 
 Nothing here imports a database or Kafka client: the worker and the daemon's logic
@@ -653,6 +655,16 @@ class TopicRecord(Protocol):
 
 # What a reader reports while it reads: (records read, records to read).
 Progress = Callable[[int, int], None]
+
+
+class SinkReader(Protocol):
+    """Reads back what a consumer's sink holds (``verify --through``), as its readers
+    see it: the archive's Parquet files through Spark's ``_spark_metadata`` log
+    (``relay.adapters.sinks.archive``). Registered by name in ``relay.wiring``."""
+
+    def message_ids(self) -> Iterator[tuple[UUID, str]]:
+        """Each row's message id and topic, a row held twice given twice (rows with
+        no message id, not the relay's, left out). Raises :class:`SinkUnreadable`."""
 
 
 class TopicReader(Protocol):

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from uuid import UUID
@@ -172,11 +172,12 @@ class ReplayCheck:
 
 
 @dataclass
-class _Expected:
+class Expected:
     """Compact expectations: message id bytes → its key in the outbox."""
 
     positions: dict[bytes, Position] = field(default_factory=dict)
     topics: set[str] = field(default_factory=set)
+    topic_of: dict[bytes, str] = field(default_factory=dict)  # the expected events routed
     redriven: set[bytes] = field(default_factory=set)  # published after their key's later events
     # Skipped by `subscribers skip` (not expected): message id → its ledger entry.
     skipped: dict[bytes, OperatorSkip] = field(default_factory=dict)
@@ -205,16 +206,11 @@ def verify(
     """One report per subscriber (all of them unless ``subscribers`` names some);
     ``store`` and ``outbox`` are the composition root's (``relay.wiring``), on one
     connection."""
-    states = [s for s in store.list() if subscribers is None or s.subscriber.name in subscribers]
-    unknown = set(subscribers or ()) - {s.subscriber.name for s in states}
-    if unknown:
-        raise SubscriberError(f"no subscriber named {sorted(unknown)}")
-    states = _checkable(states, named=subscribers is not None)
     reports = []
-    for state in states:
+    for state in selected(store, subscribers):
         name = state.subscriber.name
         skips = store.operator_skips(state.subscriber_id)
-        report, expected = _expectations(outbox, state, skips)
+        report, expected = expectations(outbox, state, skips)
         lag = subscriber_lag(store, state)
         report.pending, report.pending_estimated = lag.events, lag.estimated
 
@@ -228,6 +224,16 @@ def verify(
         report.replays = _replays(outbox, state, reader)
         reports.append(report)
     return reports
+
+
+def selected(store: VerifyStore, subscribers: Sequence[str] | None) -> list[SubscriberState]:
+    """The subscribers to check: all of them unless ``subscribers`` names some (each
+    must exist), but those verify cannot check (:func:`_checkable`)."""
+    states = [s for s in store.list() if subscribers is None or s.subscriber.name in subscribers]
+    unknown = set(subscribers or ()) - {s.subscriber.name for s in states}
+    if unknown:
+        raise SubscriberError(f"no subscriber named {sorted(unknown)}")
+    return _checkable(states, named=subscribers is not None)
 
 
 def _replays(
@@ -287,13 +293,13 @@ def _checkable(states: list[SubscriberState], *, named: bool) -> list[Subscriber
     return [s for s in states if s.subscriber.name not in debezium]
 
 
-def _expectations(
+def expectations(
     outbox: VerifyOutbox,
     state: SubscriberState,
     skips: list[OperatorSkip],
-) -> tuple[SubscriberReport, _Expected]:
+) -> tuple[SubscriberReport, Expected]:
     subscriber = state.subscriber
-    expected = _Expected(parts=None if subscriber.routing.default else {})
+    expected = Expected(parts=None if subscriber.routing.default else {})
     skipped = {k.message_id.bytes: k for k in skips if k.message_id is not None}
     if subscriber.fixed_topic is not None:  # read even when nothing is expected on it
         expected.topics.add(subscriber.fixed_topic)
@@ -315,6 +321,7 @@ def _expectations(
         topic = subscriber.route(event.aggregate_type, event.event_type)
         if topic is not None:
             expected.topics.add(topic)
+            expected.topic_of[mid] = topic
         expected.positions[mid] = event.key
     starts = outbox.part_starts(subscriber.name)
     report.checked_after = [f"part {part} at {start}" for part, start in starts]
@@ -340,23 +347,30 @@ def _skips(store: VerifyStore, report: SubscriberReport, skips: list[OperatorSki
     report.skipped_by_skip -= report.published_despite_skip
 
 
+def placements(
+    outbox: VerifyOutbox, subscriber: str, ids: list[UUID]
+) -> Iterator[tuple[UUID, str | None]]:
+    """Where each id's row lies for the subscriber (:meth:`VerifyOutbox.placed`; None:
+    it has no row), looked up a chunk at a time."""
+    for start in range(0, len(ids), _PLACE_CHUNK):
+        chunk = ids[start : start + _PLACE_CHUNK]
+        placed = outbox.placed(subscriber, chunk)
+        yield from ((mid, placed.get(mid)) for mid in chunk)
+
+
 def _place(outbox: VerifyOutbox, report: SubscriberReport, outside: list[UUID]) -> None:
     """Count the records found outside the expected range by where their rows lie."""
-    for start in range(0, len(outside), _PLACE_CHUNK):
-        chunk = outside[start : start + _PLACE_CHUNK]
-        placed = outbox.placed(report.subscriber, chunk)
-        for mid in chunk:
-            where = placed.get(mid)
-            if where == "ahead":
-                report.ahead += 1
-            elif where == "before_start":
-                report.before_start += 1
-            else:
-                report.not_in_outbox += 1
+    for _, where in placements(outbox, report.subscriber, outside):
+        if where == "ahead":
+            report.ahead += 1
+        elif where == "before_start":
+            report.before_start += 1
+        else:
+            report.not_in_outbox += 1
 
 
 def _compare(
-    report: SubscriberReport, expected: _Expected, records: Iterable[ConsumedRecord]
+    report: SubscriberReport, expected: Expected, records: Iterable[ConsumedRecord]
 ) -> list[UUID]:
     """Compare, and return the ids of records outside the expected range (once each)."""
     outside: dict[bytes, None] = {}

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -23,7 +26,7 @@ from relay import Outbox
 from relay.daemon import Relay
 from spark_jobs import order_projection
 from spark_jobs.job import failure_reason
-from tests.support import sub, wait_caught_up
+from tests.support import run_cli, sub, wait_caught_up
 
 pytestmark = pytest.mark.spark
 REPO = Path(__file__).resolve().parents[2]
@@ -167,8 +170,6 @@ def test_projection_from_a_new_checkpoint_fails_unless_told_to_take_the_sink_ove
     topic_prefix: str,
     tmp_path: Path,
 ) -> None:
-    import shutil
-
     topic, ckpt = topic_prefix + "outbox.event.order", tmp_path / "ckpt"
     assert run_projection(spark, database_url, kafka_bootstrap, topic, ckpt) == 15
     shutil.rmtree(ckpt)  # its batch ids start over at 0: the old markers would skip them
@@ -400,8 +401,6 @@ def test_archive_refuses_its_folder_with_a_new_checkpoint(
     topic_prefix: str,
     tmp_path: Path,
 ) -> None:
-    import shutil
-
     from spark_jobs import archive
 
     path, ckpt = tmp_path / "archive", tmp_path / "ckpt"
@@ -414,6 +413,65 @@ def test_archive_refuses_its_folder_with_a_new_checkpoint(
     with pytest.raises(archive.ReusedArchivePathError, match="Use a new --path"):
         archive.start(**run)  # type: ignore[arg-type]
     assert spark.read.parquet(str(path)).count() == len(published_story)
+
+
+def verify_through_command() -> list[str]:
+    """docs/spark.md's ``verify --through archive`` line, as written there."""
+    text = (REPO / "docs" / "spark.md").read_text()
+    section = text[text.index("## Checking the archive against the outbox") :]
+    block = section[section.index("```bash\n") : section.index("```\n\n")]
+    [line] = [line for line in block.splitlines() if line.startswith("outbox-relay verify")]
+    return shlex.split(line)
+
+
+def test_verify_through_the_archive_counts_only_the_files_its_log_lists(
+    spark: SparkSession,
+    published_story: set[str],
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    relay_url: str,
+    tmp_path: Path,
+) -> None:
+    """Clean after a run; still clean with a crashed batch's leftover file (rows again,
+    not in ``_spark_metadata``); the same file listed in the log: those rows twice."""
+    from spark_jobs import archive
+
+    path = tmp_path / "archive"
+    archive.start(
+        spark, bootstrap_servers=kafka_bootstrap, topics=re.escape(topic_prefix) + ".*",
+        path=str(path), checkpoint=str(tmp_path / "ckpt"), schemas=str(REPO / "schemas"),
+        available_now=True,
+    ).awaitTermination(300)  # fmt: skip
+    secret = tmp_path / "database-url"
+    secret.write_text(relay_url)
+    argv = [
+        {"/data/outbox-archive": str(path), "default": "s"}.get(w, w)
+        for w in verify_through_command()[1:]
+    ]
+
+    def check() -> tuple[int, dict[str, Any]]:
+        done = run_cli(*argv, env={"RELAY_DATABASE_URL_FILE": str(secret)})
+        assert done.returncode in (0, 1), done.stderr
+        [report] = json.loads(done.stdout)
+        return done.returncode, report
+
+    code, report = check()
+    assert code == 0, report
+    assert (report["expected"], report["found"]) == (len(published_story), len(published_story))
+    first = sorted(path.glob("date=*/*.parquet"))[0]
+    leftover = first.with_name("part-99999-crashed.c000.snappy.parquet")
+    shutil.copy(first, leftover)
+    assert check() == (0, report)  # not in the log: not the archive's
+    rows = len(spark.read.parquet(str(leftover)).collect())
+    log = path / "_spark_metadata"
+    batch = max(int(p.name.removesuffix(".compact")) for p in log.iterdir() if p.name[0].isdigit())
+    entry = {"path": leftover.as_uri(), "size": 1, "isDir": False, "modificationTime": 0,
+             "blockReplication": 1, "blockSize": 1, "action": "add"}  # fmt: skip
+    (log / str(batch + 1)).write_text("v1\n" + json.dumps(entry))
+    code, report = check()
+    assert code == 1
+    assert (report["twice"], report["missing"], report["not_in_outbox"]) == (rows, 0, 0)
+    assert report["examples"]["twice"][0].endswith("(2 times)")
 
 
 def test_archive_backfill_reads_exactly_the_offset_range_once(

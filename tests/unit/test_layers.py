@@ -36,6 +36,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "postgres": ("relay.adapters.postgres", "relay.adapters.postgres.*"),
     "kafka": ("relay.adapters.kafka", "relay.adapters.kafka.*"),
     "registry": ("relay.adapters.registry", "relay.adapters.registry.*"),
+    "sinks": ("relay.adapters.sinks", "relay.adapters.sinks.*"),
     "memory": ("relay.adapters.memory",),
     "ops": ("relay.ops", "relay.ops.*"),
     "observability": ("relay.observability", "relay.observability.*"),
