@@ -897,7 +897,7 @@ def _archive_arguments(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> dict
     assert "mkdir -p /data /app/schemas" in (REPO / "Dockerfile").read_text()
     empty = Path(tempfile.mkdtemp())
     argv = [str(empty) if a == "/app/schemas" else a for a in argv]
-    monkeypatch.setattr(archive, "job_session", lambda name, debug: None)
+    monkeypatch.setattr(archive, "job_session", lambda name, debug, **session: None)
     # The job's body alone: run() would install its Ctrl-C handler and logging.
     monkeypatch.setattr(archive, "run", lambda name, debug, body, summary=None: body())
     monkeypatch.setattr(archive, "start", start)
