@@ -1167,6 +1167,25 @@ def test_compose_secrets_are_files_one_per_role() -> None:
     assert urlsplit(owner).password == password.strip(), "the owner's URL and password agree"
 
 
+def _extras_needs(requirement: Any) -> list[str]:
+    """The packages ``requirement``'s extras add (for the Python the images run, 3.11 on
+    Linux), as the installed distribution's metadata lists them; names normalized."""
+    from importlib.metadata import requires
+
+    from packaging.markers import default_environment
+    from packaging.requirements import Requirement
+
+    base = {**default_environment(), "extra": ""}
+    needs = []
+    for extra in requirement.extras:
+        for line in requires(requirement.name) or []:
+            marker = Requirement(line).marker
+            # The extra's own: true with it, false without (not a base dependency).
+            if marker is not None and marker.evaluate({**base, "extra": extra}):
+                needs += [] if marker.evaluate(base) else [Requirement(line).name]
+    return [re.sub(r"[-_.]+", "-", name).lower() for name in needs]
+
+
 def _locked(path: Path) -> dict[str, str]:
     """name -> pinned version of a hashed lock file, names normalized."""
     pins = re.findall(r"^([A-Za-z0-9._-]+)==([^\s;\\]+)", path.read_text(), re.MULTILINE)
@@ -1193,6 +1212,8 @@ def test_lock_files_pin_every_dependency_with_hashes(
         name = re.sub(r"[-_.]+", "-", requirement.name).lower()
         assert name in pins, f"{lock} lacks {requirement.name}"
         assert requirement.specifier.contains(pins[name]), f"{lock}: {name}=={pins[name]}"
+        for needed in _extras_needs(requirement):  # confluent-kafka[schemaregistry]'s authlib
+            assert needed in pins, f"{lock} lacks {needed}, which {requirement} needs"
     text = (REPO / lock).read_text()
     blocks = re.split(r"\n(?=[A-Za-z])", text)[1:]  # one per pinned package
     assert len(blocks) == len(pins) and all("--hash=sha256:" in block for block in blocks)
