@@ -25,13 +25,12 @@ import pytest
 from relay import Outbox
 from relay.daemon import Relay
 from tests.acceptance.test_spark_jobs import published_story  # noqa: F401 (a fixture)
-from tests.support import WriterLoops, sub, wait_caught_up, wait_until
+from tests.support import REPO, WriterLoops, fenced_blocks, sub, wait_caught_up, wait_until
 
 pytest.importorskip("pyspark")
-deltalake = pytest.importorskip("deltalake")
+pytest.importorskip("deltalake")  # docs/spark.md's reader, which archived_ids runs
 
 pytestmark = pytest.mark.spark
-REPO = Path(__file__).resolve().parents[2]
 
 
 class ArchiveDriver:
@@ -93,9 +92,13 @@ def outbox_rows(db: psycopg.Connection[Any]) -> int:
 
 
 def archived_ids(table: Path) -> list[str]:
-    """The table's message ids as delta-rs reads it: from the log, no Spark."""
-    read = deltalake.DeltaTable(str(table)).to_pyarrow_table(columns=["message_id"])
-    return sorted(read.column("message_id").to_pylist())
+    """The table's message ids as delta-rs reads it, from the log, no Spark: docs/spark.md's
+    block, as written there but for the table's path."""
+    [code] = [b for b in fenced_blocks(REPO / "docs" / "spark.md", "python") if "DeltaTable" in b]
+    assert '"/data/outbox-delta"' in code
+    scope: dict[str, Any] = {}
+    exec(code.replace('"/data/outbox-delta"', repr(str(table))), scope)
+    return sorted(scope["events"].column("message_id").to_pylist())
 
 
 @pytest.mark.timeout(1500)  # three drivers, on 2 busy cores
