@@ -41,6 +41,7 @@ from relay.adapters.registry.registry_compat import CompatibilityReport, check_s
 from relay.adapters.registry.registry_format import RegistryValueEncoder, client_for, encoder_for
 from relay.adapters.registry.writer_lookup import RegistryWriters
 from relay.adapters.sinks.archive import ArchiveReader
+from relay.adapters.sinks.delta import DeltaReader
 from relay.core.ports import (
     PartStore,
     Publisher,
@@ -203,6 +204,7 @@ def topic_reader(
 # relay/adapters/sinks/ and one line here.
 SINK_READERS: dict[str, Callable[[str], SinkReader]] = {
     "archive": ArchiveReader,
+    "delta": DeltaReader,
 }
 
 

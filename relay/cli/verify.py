@@ -45,7 +45,7 @@ def verify(
         typer.Option(
             metavar="SINK",
             help="Check a consumer's sink at PATH instead of the topics: archive (the "
-            "Spark archive's Parquet folder).",
+            "Spark archive's Parquet folder) or delta (its Delta Lake table).",
         ),
     ] = None,
     path: Annotated[

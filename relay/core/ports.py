@@ -660,7 +660,8 @@ Progress = Callable[[int, int], None]
 class SinkReader(Protocol):
     """Reads back what a consumer's sink holds (``verify --through``), as its readers
     see it: the archive's Parquet files through Spark's ``_spark_metadata`` log
-    (``relay.adapters.sinks.archive``). Registered by name in ``relay.wiring``."""
+    (``relay.adapters.sinks.archive``), its Delta table through the table's log
+    (``relay.adapters.sinks.delta``). Registered by name in ``relay.wiring``."""
 
     def message_ids(self) -> Iterator[tuple[UUID, str]]:
         """Each row's message id and topic, a row held twice given twice (rows with

@@ -16,10 +16,10 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 from uuid import UUID
 
+from relay.adapters.sinks.rows import COLUMNS, message_rows
 from relay.errors import ConfigError, SinkUnreadable
 
 _LOG = "_spark_metadata"
-_COLUMNS = ["message_id", "topic"]
 
 
 class ArchiveReader:
@@ -34,12 +34,10 @@ class ArchiveReader:
     def message_ids(self) -> Iterator[tuple[UUID, str]]:
         for file in self.files():
             try:
-                table = self._parquet.ParquetFile(file).read(columns=_COLUMNS)
+                table = self._parquet.ParquetFile(file).read(columns=COLUMNS)
             except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
                 raise SinkUnreadable(f"{file}: cannot read its rows: {exc}") from exc
-            for mid, topic in zip(*(table.column(c).to_pylist() for c in _COLUMNS), strict=True):
-                if mid is not None:
-                    yield _uuid(mid, file), topic
+            yield from message_rows(table, file)
 
     def files(self) -> list[Path]:
         """The archive's committed files: those its log lists, or (a backfill, no log)
@@ -92,13 +90,6 @@ def _local(uri: str) -> Path:
     if not path.is_file():
         raise SinkUnreadable(f"{path}: listed in the archive's {_LOG} but missing")
     return path
-
-
-def _uuid(text: str, file: Path) -> UUID:
-    try:
-        return UUID(text)
-    except ValueError as exc:
-        raise SinkUnreadable(f"{file}: message_id {text!r} is not a UUID") from exc
 
 
 def _pyarrow_parquet() -> Any:
