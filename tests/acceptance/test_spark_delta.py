@@ -24,8 +24,19 @@ import pytest
 
 from relay import Outbox
 from relay.daemon import Relay
-from tests.acceptance.test_spark_jobs import published_story  # noqa: F401 (a fixture)
-from tests.support import REPO, WriterLoops, fenced_blocks, sub, wait_caught_up, wait_until
+from tests.acceptance.test_spark_jobs import (
+    published_story,  # noqa: F401 (a fixture)
+    verify_through_command,
+)
+from tests.support import (
+    REPO,
+    WriterLoops,
+    fenced_blocks,
+    run_cli,
+    sub,
+    wait_caught_up,
+    wait_until,
+)
 
 pytest.importorskip("pyspark")
 pytest.importorskip("deltalake")  # docs/spark.md's reader, which archived_ids runs
@@ -141,6 +152,7 @@ def test_every_event_once_through_driver_kills(
     kafka_bootstrap: str,
     topic_prefix: str,
     start_relay: Callable[..., Relay],
+    relay_url: str,
     tmp_path: Path,
 ) -> None:
     start_relay(subscribers=[sub("s", topic_prefix)])
@@ -170,3 +182,15 @@ def test_every_event_once_through_driver_kills(
     ids = [str(r[0]) for r in db.execute("SELECT message_id FROM outbox").fetchall()]
     assert len(ids) > 30
     assert archived_ids(driver.table) == sorted(ids)  # none missing, none twice
+
+    # verify --through delta, as docs/spark.md runs it: clean, every event found once.
+    secret = tmp_path / "database-url"
+    secret.write_text(relay_url)
+    argv = [
+        {"/data/outbox-delta": str(driver.table), "default": "s"}.get(w, w)
+        for w in verify_through_command("delta")[1:]
+    ]
+    done = run_cli(*argv, env={"RELAY_DATABASE_URL_FILE": str(secret)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    [report] = json.loads(done.stdout)
+    assert (report["expected"], report["found"], report["verdict"]) == (len(ids), len(ids), "clean")

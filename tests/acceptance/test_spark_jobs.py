@@ -415,12 +415,16 @@ def test_archive_refuses_its_folder_with_a_new_checkpoint(
     assert spark.read.parquet(str(path)).count() == len(published_story)
 
 
-def verify_through_command() -> list[str]:
-    """docs/spark.md's ``verify --through archive`` line, as written there."""
+def verify_through_command(sink: str = "archive") -> list[str]:
+    """docs/spark.md's ``verify --through SINK`` line, as written there."""
     text = (REPO / "docs" / "spark.md").read_text()
     section = text[text.index("## Checking the archive against the outbox") :]
     block = section[section.index("```bash\n") : section.index("```\n\n")]
-    [line] = [line for line in block.splitlines() if line.startswith("outbox-relay verify")]
+    [line] = [
+        line
+        for line in block.splitlines()
+        if line.startswith(f"outbox-relay verify --through {sink} ")
+    ]
     return shlex.split(line)
 
 
