@@ -33,6 +33,7 @@ from relay.adapters.postgres import db
 from relay.adapters.postgres.dead_letters import DeadLetterStore
 from relay.adapters.postgres.pool import RelayPool
 from relay.adapters.postgres.probe import CommitProbe, Waiters, Wake
+from relay.adapters.postgres.projection import OrderProjection
 from relay.adapters.postgres.replay_store import ReplayStore
 from relay.adapters.postgres.store import OutboxStore
 from relay.adapters.postgres.topic_record import PostgresTopicRecord
@@ -44,6 +45,7 @@ from relay.adapters.sinks.archive import ArchiveReader
 from relay.adapters.sinks.delta import DeltaReader
 from relay.core.ports import (
     PartStore,
+    ProjectionReader,
     Publisher,
     ReplayLedger,
     SinkReader,
@@ -201,14 +203,16 @@ def topic_reader(
 
 
 # The sinks ``verify --through NAME PATH`` reads, by name: another sink is one module of
-# relay/adapters/sinks/ and one line here.
-SINK_READERS: dict[str, Callable[[str], SinkReader]] = {
+# relay/adapters/sinks/ (a projection's: of its database's adapters) and one line here.
+# A sink of events gives their ids (SinkReader); a projection, its rows per key.
+SINK_READERS: dict[str, Callable[[str], SinkReader | ProjectionReader]] = {
     "archive": ArchiveReader,
     "delta": DeltaReader,
+    "projection": OrderProjection,
 }
 
 
-def sink_reader(name: str, path: str) -> SinkReader:
+def sink_reader(name: str, path: str) -> SinkReader | ProjectionReader:
     """The reader of the sink ``name`` at ``path``."""
     if name not in SINK_READERS:
         raise ConfigError(f"no sink named {name!r}: one of {', '.join(sorted(SINK_READERS))}")

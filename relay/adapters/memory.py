@@ -47,6 +47,7 @@ from relay.core.ports import (
     DaemonStore,
     DeadLetter,
     DeadLetterDecision,
+    EventKeys,
     ExpiredSession,
     Fetched,
     HorizonHolder,
@@ -54,6 +55,7 @@ from relay.core.ports import (
     Owned,
     PartState,
     Progress,
+    ProjectedRow,
     PublishedEvent,
     ReplayLedger,
     Selection,
@@ -619,6 +621,21 @@ class InMemoryVerifyOutbox(InMemoryReplayLedger):
                 found[e.message_id] = "filtered"
         return found
 
+    def event_keys(self, ids: Sequence[UUID], field: str) -> dict[UUID, EventKeys]:
+        with self.store._lock:
+            events = [e for e in self.store.events if e.message_id in set(ids)]
+        return {
+            e.message_id: EventKeys(
+                e.aggregate_type, e.event_type, e.aggregate_id, _payload_field(e, field)
+            )
+            for e in events
+        }
+
+    def message_ids_at(self, positions: Sequence[Position]) -> dict[Position, UUID]:
+        wanted = set(positions)
+        with self.store._lock:
+            return {e.key: e.message_id for e in self.store.events if e.key in wanted}
+
     @staticmethod
     def _part(event: OutboxEvent, parts: int) -> int:
         return part_of(event.aggregate_id, parts) if parts > 1 else 0
@@ -809,6 +826,35 @@ class InMemorySink:
 
     def message_ids(self) -> Iterator[tuple[UUID, str]]:
         return ((mid, topic) for mid, topic in self._rows if mid is not None)
+
+
+class InMemoryProjection:
+    """A :class:`relay.core.ports.ProjectionReader` of rows set by key, projecting every
+    event of ``aggregate_type``, keyed by its payload's ``key_field``."""
+
+    def __init__(self, aggregate_type: str = "order", key_field: str = "order_id") -> None:
+        self.aggregate_type, self.key_field = aggregate_type, key_field
+        self.held: dict[str, Position] = {}
+        self.quarantined: set[str] = set()
+
+    def projects(self, aggregate_type: str, event_type: str) -> bool:
+        return aggregate_type == self.aggregate_type
+
+    def rows(self) -> Iterator[ProjectedRow]:
+        return (ProjectedRow(key, at) for key, at in self.held.items())
+
+    def quarantined_keys(self) -> set[str]:
+        return set(self.quarantined)
+
+
+def _payload_field(event: OutboxEvent, field: str) -> str | None:
+    """The payload's ``field`` as text, as Postgres's ``->>`` gives it (JSON text for a
+    nested value)."""
+    payload = event.payload
+    if not isinstance(payload, dict) or payload.get(field) is None:
+        return None
+    value = payload[field]
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _unless_too_large(event: OutboxEvent, limit: int) -> OutboxEvent:

@@ -45,11 +45,17 @@ def verify(
         typer.Option(
             metavar="SINK",
             help="Check a consumer's sink at PATH instead of the topics: archive (the "
-            "Spark archive's Parquet folder) or delta (its Delta Lake table).",
+            "Spark archive's Parquet folder), delta (its Delta Lake table) or projection "
+            "(the order projection's database URL).",
         ),
     ] = None,
     path: Annotated[
-        str | None, typer.Argument(metavar="PATH", help="The sink's location (with --through).")
+        str | None,
+        typer.Argument(
+            metavar="PATH",
+            help="The sink's location (with --through); default: $RELAY_SINK_URL, or the "
+            "contents of the file $RELAY_SINK_URL_FILE names (keeps a password out of argv).",
+        ),
     ] = None,
 ) -> None:
     """Check the topics against the outbox: missing, duplicated, out-of-order events.
@@ -66,8 +72,10 @@ def verify(
     from relay import wiring
     from relay.ops.verify import verify as run_verify
 
-    if (through is None) != (path is None):
-        raise typer.BadParameter("give both or neither", param_hint="--through SINK PATH")
+    if through is None and path is not None:
+        raise typer.BadParameter("PATH needs --through", param_hint="--through SINK PATH")
+    if through is not None and path is None:
+        path = _sink_location()
     settings = _settings(
         ctx,
         database_url=database_url,
@@ -145,10 +153,24 @@ def _verify_all(
     return reports
 
 
+def _sink_location() -> str:
+    """The sink's location from the environment, the relay's way with secrets."""
+    from relay.core.settings import secret_from_environment
+
+    location = secret_from_environment("sink_url")
+    if not location:
+        raise typer.BadParameter(
+            "give PATH, RELAY_SINK_URL or RELAY_SINK_URL_FILE", param_hint="--through SINK PATH"
+        )
+    return location
+
+
 def _verify_sink(
     settings: Settings, name: str, path: str, subscriber: list[str] | None, as_json: bool
 ) -> None:
     from relay import wiring
+    from relay.core.ports import ProjectionReader
+    from relay.ops.verify_projection import verify_projection
     from relay.ops.verify_sink import verify_sink
 
     sink = wiring.sink_reader(name, path)
@@ -157,9 +179,34 @@ def _verify_sink(
         with wiring.connect(settings, "outbox-relay-verify") as conn:
             schema = settings.database_schema
             store, outbox = wiring.store_on(conn, schema), wiring.verify_outbox(conn, schema)
+            if isinstance(sink, ProjectionReader):
+                return list(verify_projection(store, outbox, sink, name, subscribers=subscriber))
             return list(verify_sink(store, outbox, sink, name, subscribers=subscriber))
 
-    _show(_checked(check), as_json, _print_sink_reports)
+    printer = (
+        _print_projection_reports if isinstance(sink, ProjectionReader) else _print_sink_reports
+    )
+    _show(_checked(check), as_json, printer)
+
+
+def _print_projection_reports(reports: list[Any]) -> None:
+    table = Table(
+        "subscriber", "sink", "expected", "found", "missing", "quarantined", "not in outbox",
+        "ahead", "outside range", "verdict",
+    )  # fmt: skip
+    for r in reports:
+        counts = (r.expected, r.found, r.missing, r.quarantined, r.not_in_outbox, r.ahead)
+        table.add_row(
+            r.subscriber, r.sink, *(str(v) for v in (*counts, r.outside_range)), _verdict(r.verdict)
+        )
+    out.print(table)
+    err.print(
+        "expected and found count keys (orders): found, its row at its last event; missing: "
+        "no row, or an older event's; quarantined: in the projection's error table; not in "
+        "outbox: a row at no committed event; ahead: past the checkpoint; outside range: "
+        "before the subscriber's start or outside its filters"
+    )
+    _print_examples(reports)
 
 
 def _print_sink_reports(reports: list[Any]) -> None:
@@ -182,6 +229,11 @@ def _print_sink_reports(reports: list[Any]) -> None:
         err.print(f"{r.subscriber}: checked the topics {', '.join(r.topics) or '(none)'}")
         if r.topics_not_in_sink:
             err.print(f"{r.subscriber}: the sink holds none of {', '.join(r.topics_not_in_sink)}")
+    _print_examples(reports)
+
+
+def _print_examples(reports: list[Any]) -> None:
+    for r in reports:
         for kind, examples in r.examples.items():
             for text in examples:
                 err.print(f"{r.subscriber}: {kind}: {text}")

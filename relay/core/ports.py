@@ -33,7 +33,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 from uuid import UUID
 
 from relay.core.interventions import (
@@ -555,6 +555,12 @@ class VerifyOutbox(ReplayedRanges, Protocol):
         """Where each id's row lies for the subscriber: 'before_start', 'ahead' or
         'filtered'; an id left out has no row (pruned)."""
 
+    def event_keys(self, ids: Sequence[UUID], field: str) -> dict[UUID, EventKeys]:
+        """Each id's type, aggregate id and payload ``field`` (an id left out has no row)."""
+
+    def message_ids_at(self, positions: Sequence[Position]) -> dict[Position, UUID]:
+        """The message id of the event at each position (a position left out has none)."""
+
 
 # What ``meanwhile`` may hand back: more records for the batch in flight, and its new end.
 Extension = tuple[Sequence[KafkaRecord], Position]
@@ -666,6 +672,43 @@ class SinkReader(Protocol):
     def message_ids(self) -> Iterator[tuple[UUID, str]]:
         """Each row's message id and topic, a row held twice given twice (rows with
         no message id, not the relay's, left out). Raises :class:`SinkUnreadable`."""
+
+
+class ProjectedRow(NamedTuple):
+    """One row of a projection: its key (an order's id) and the ``(transaction_id,
+    position)`` of the last event applied to it."""
+
+    key: str
+    at: Position
+
+
+@runtime_checkable
+class ProjectionReader(Protocol):
+    """Reads back a projection (``verify --through projection``): one row per key, kept
+    at its newest event, so it holds no event ids (the order projection:
+    ``relay.adapters.postgres.projection``). Registered by name in ``relay.wiring``,
+    beside the :class:`SinkReader` s."""
+
+    key_field: str  # the payload field an event's key is in
+
+    def projects(self, aggregate_type: str, event_type: str) -> bool:
+        """Whether the projection applies events of this type (others are not its)."""
+
+    def rows(self) -> Iterator[ProjectedRow]:
+        """Every row. Raises :class:`SinkUnreadable`."""
+
+    def quarantined_keys(self) -> set[str]:
+        """The record keys of the events the projection quarantined (could not apply).
+        Raises :class:`SinkUnreadable`."""
+
+
+class EventKeys(NamedTuple):
+    """What a projection keys an event by (``VerifyOutbox.event_keys``)."""
+
+    aggregate_type: str
+    event_type: str
+    aggregate_id: str  # the record's key
+    field: str | None  # the payload field asked for (None: not there)
 
 
 class TopicReader(Protocol):

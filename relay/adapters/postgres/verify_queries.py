@@ -13,7 +13,7 @@ from relay.adapters.postgres.db import wrap_errors
 from relay.adapters.postgres.queries import queries_for
 from relay.adapters.postgres.replay_store import ReplayStore
 from relay.core.model import Position
-from relay.core.ports import PublishedEvent
+from relay.core.ports import EventKeys, PublishedEvent
 from relay.core.subscribers import Subscriber
 
 _ITERSIZE = 10_000  # rows the named cursor fetches per round trip
@@ -49,3 +49,19 @@ class PostgresVerifyOutbox(ReplayStore):
         with wrap_errors():
             rows = self.conn.execute(query, {"name": name, "ids": list(ids)}).fetchall()
         return dict(rows)
+
+    def event_keys(self, ids: Sequence[UUID], field: str) -> dict[UUID, EventKeys]:
+        query = queries_for(self._schema)["event_keys"]
+        with wrap_errors():
+            rows = self.conn.execute(query, {"ids": list(ids), "field": field}).fetchall()
+        return {mid: EventKeys(*keys) for mid, *keys in rows}
+
+    def message_ids_at(self, positions: Sequence[Position]) -> dict[Position, UUID]:
+        query = queries_for(self._schema)["message_ids_at"]
+        params = {
+            "transaction_ids": [p.transaction_id for p in positions],
+            "positions": [p.position for p in positions],
+        }
+        with wrap_errors():
+            rows = self.conn.execute(query, params).fetchall()
+        return {Position(tx, pos): mid for tx, pos, mid in rows}

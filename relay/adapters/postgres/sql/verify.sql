@@ -45,3 +45,18 @@ SELECT o.message_id,
 SELECT part, start_transaction_id::text::bigint, start_position FROM {schema}.outbox_checkpoints
  WHERE subscriber = %(name)s AND (start_transaction_id, start_position) > ('0'::xid8, 0)
  ORDER BY part;
+
+-- name: event_keys
+-- What a projection keys the expected events by (verify --through projection): each
+-- id's type, aggregate id (the record's key) and one field of its payload.
+SELECT o.message_id, o.aggregate_type, o.event_type, o.aggregate_id,
+       o.payload ->> %(field)s::text
+  FROM {schema}.outbox o
+ WHERE o.message_id = ANY(%(ids)s::uuid[]);
+
+-- name: message_ids_at
+-- The events a projection's rows name by their (transaction_id, position).
+SELECT o.transaction_id::text::bigint, o.position, o.message_id
+  FROM {schema}.outbox o
+  JOIN pg_catalog.unnest(%(transaction_ids)s::bigint[], %(positions)s::bigint[]) AS k(tx, pos)
+    ON o.transaction_id = k.tx::text::xid8 AND o.position = k.pos;

@@ -1,0 +1,181 @@
+"""``outbox-relay verify --through projection``: a projection against the outbox.
+
+A projection keeps one row per key (the order projection: an order), upserted only by
+a newer ``(transaction_id, position)``; it holds no event ids. So "exactly the committed
+events" means: for each key among the events verify expects of the subscriber (up to
+each part's checkpoint, :func:`relay.ops.verify.expectations`) that the projection
+applies, its row is there at the key's *last* expected event. Reported: *missing* (no
+row, or a row of an older event), *quarantined* (the projection's error table holds a
+record of the key's events: not applied, on purpose; an event without the key, the
+same), *not in outbox* (a row at no committed event: a rolled-back transaction's, or a
+row pruned since), and apart, rows past a checkpoint (*ahead*) or outside the
+subscriber's range (*outside range*). The error table keeps Kafka coordinates and record
+keys, not event ids: a key's events are taken as quarantined by their record key.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+from uuid import UUID
+
+from relay.core.model import Position
+from relay.core.ports import EventKeys, ProjectionReader, VerifyOutbox
+from relay.ops.verify import Expected, VerifyStore, expectations, placements, selected
+
+_MAX_EXAMPLES = 10  # per kind; the counts are always complete
+_CHUNK = 10_000  # ids or positions looked up per query
+
+
+@dataclass
+class ProjectionReport:
+    subscriber: str
+    sink: str
+    expected: int = 0  # keys the subscriber's expected events name
+    found: int = 0  # rows at their key's last expected event
+    missing: int = 0
+    quarantined: int = 0
+    not_in_outbox: int = 0
+    ahead: int = 0
+    outside_range: int = 0
+    examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+
+    @property
+    def problems(self) -> bool:
+        return bool(self.missing or self.not_in_outbox)
+
+    @property
+    def verdict(self) -> str:
+        return "problems" if self.problems else "clean"
+
+    def example(self, kind: str, text: str) -> None:
+        if len(self.examples[kind]) < _MAX_EXAMPLES:
+            self.examples[kind].append(text)
+
+    def as_dict(self) -> dict[str, Any]:
+        counts = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "examples"}
+        return {**counts, "problems": self.problems, "verdict": self.verdict,
+                "examples": dict(self.examples)}  # fmt: skip
+
+
+@dataclass
+class _Last:
+    """A key's last expected event, and the record keys of all its events."""
+
+    at: Position
+    message_id: UUID
+    record_keys: set[str] = field(default_factory=set)
+
+
+def verify_projection(
+    store: VerifyStore,
+    outbox: VerifyOutbox,
+    projection: ProjectionReader,
+    sink_name: str,
+    *,
+    subscribers: Sequence[str] | None = None,
+) -> list[ProjectionReport]:
+    """One report per subscriber (all unless ``subscribers`` names some); the
+    projection is read once."""
+    rows = {row.key: row.at for row in projection.rows()}
+    quarantined = projection.quarantined_keys()
+    reports = []
+    for state in selected(store, subscribers):
+        _, expected = expectations(outbox, state, store.operator_skips(state.subscriber_id))
+        report = ProjectionReport(state.subscriber.name, sink_name)
+        last = _last_events(outbox, projection, expected, report, quarantined)
+        strays = _compare(report, last, rows, quarantined)
+        _place(outbox, report, strays)
+        reports.append(report)
+    return reports
+
+
+def _last_events(
+    outbox: VerifyOutbox,
+    projection: ProjectionReader,
+    expected: Expected,
+    report: ProjectionReport,
+    quarantined: set[str],
+) -> dict[str, _Last]:
+    """Each key's last expected event; an applicable event without a key is counted
+    here (quarantined, or missing: the projection neither applied nor quarantined it)."""
+    last: dict[str, _Last] = {}
+    for mid, keys in _event_keys(outbox, list(expected.positions), projection.key_field):
+        if not projection.projects(keys.aggregate_type, keys.event_type):
+            continue
+        if keys.field is None:
+            _count_unkeyed(report, mid, keys, quarantined, projection.key_field)
+            continue
+        at = expected.positions[mid.bytes]
+        seen = last.get(keys.field)
+        if seen is None or at > seen.at:
+            last[keys.field] = _Last(at, mid, seen.record_keys if seen else set())
+        last[keys.field].record_keys.add(keys.aggregate_id)
+    report.expected = len(last)
+    return last
+
+
+def _count_unkeyed(
+    report: ProjectionReport, mid: UUID, keys: EventKeys, quarantined: set[str], key_field: str
+) -> None:
+    if keys.aggregate_id in quarantined:
+        report.quarantined += 1
+        report.example("quarantined", f"{mid} (no {key_field})")
+    else:
+        report.missing += 1
+        report.example("missing", f"{mid}: no {key_field}, and not quarantined")
+
+
+def _compare(
+    report: ProjectionReport,
+    last: dict[str, _Last],
+    rows: dict[str, Position],
+    quarantined: set[str],
+) -> list[tuple[str, Position]]:
+    """Count each key's row against its last event; return the rows to place: those
+    of keys with no expected event, or past their key's last one."""
+    for key, event in last.items():
+        at = rows.get(key)
+        row = "no row" if at is None else f"its row at {at}"
+        if at == event.at:
+            report.found += 1
+        elif at is not None and at > event.at:
+            continue  # placed with the strays
+        elif event.record_keys & quarantined:
+            report.quarantined += 1
+            report.example("quarantined", f"{key}: {row}, its events quarantined")
+        else:
+            report.missing += 1
+            report.example(
+                "missing", f"{key}: {row}, its last event {event.message_id} at {event.at}"
+            )
+    return [(key, at) for key, at in rows.items() if key not in last or at > last[key].at]
+
+
+def _place(
+    outbox: VerifyOutbox, report: ProjectionReport, strays: list[tuple[str, Position]]
+) -> None:
+    """Count the rows at no expected last event by where their event lies."""
+    ids: dict[Position, UUID] = {}
+    for start in range(0, len(strays), _CHUNK):
+        ids.update(outbox.message_ids_at([at for _, at in strays[start : start + _CHUNK]]))
+    where = dict(placements(outbox, report.subscriber, list(dict.fromkeys(ids.values()))))
+    for key, at in strays:
+        placed = where.get(ids[at]) if at in ids else None
+        if placed == "ahead":
+            report.ahead += 1
+        elif placed is not None:
+            report.outside_range += 1
+        else:
+            report.not_in_outbox += 1
+            report.example("not_in_outbox", f"{key}: its row at {at}, no committed event there")
+
+
+def _event_keys(
+    outbox: VerifyOutbox, ids: list[bytes], key_field: str
+) -> Iterator[tuple[UUID, EventKeys]]:
+    for start in range(0, len(ids), _CHUNK):
+        chunk = [UUID(bytes=mid) for mid in ids[start : start + _CHUNK]]
+        yield from outbox.event_keys(chunk, key_field).items()
