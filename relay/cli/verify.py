@@ -189,41 +189,40 @@ def _verify_sink(
     _show(_checked(check), as_json, printer)
 
 
-def _print_projection_reports(reports: list[Any]) -> None:
+def _print_counts(reports: list[Any], third: str, legend: str) -> None:
+    """The sink reports' table, whose fourth count (``third``) is the sink kind's own."""
     table = Table(
-        "subscriber", "sink", "expected", "found", "missing", "quarantined", "not in outbox",
-        "ahead", "outside range", "verdict",
+        "subscriber", "sink", "expected", "found", "missing", third.replace("_", " "),
+        "not in outbox", "ahead", "outside range", "verdict",
     )  # fmt: skip
     for r in reports:
-        counts = (r.expected, r.found, r.missing, r.quarantined, r.not_in_outbox, r.ahead)
+        counts = (r.expected, r.found, r.missing, getattr(r, third), r.not_in_outbox, r.ahead)
         table.add_row(
             r.subscriber, r.sink, *(str(v) for v in (*counts, r.outside_range)), _verdict(r.verdict)
         )
     out.print(table)
-    err.print(
+    err.print(legend)
+
+
+def _print_projection_reports(reports: list[Any]) -> None:
+    _print_counts(
+        reports,
+        "quarantined",
         "expected and found count keys (orders): found, its row at its last event; missing: "
         "no row, or an older event's; quarantined: in the projection's error table; not in "
         "outbox: a row at no committed event; ahead: past the checkpoint; outside range: "
-        "before the subscriber's start or outside its filters"
+        "before the subscriber's start or outside its filters",
     )
     _print_examples(reports)
 
 
 def _print_sink_reports(reports: list[Any]) -> None:
-    table = Table(
-        "subscriber", "sink", "expected", "found", "missing", "twice", "not in outbox",
-        "ahead", "outside range", "verdict",
-    )  # fmt: skip
-    for r in reports:
-        counts = (r.expected, r.found, r.missing, r.twice, r.not_in_outbox, r.ahead)
-        table.add_row(
-            r.subscriber, r.sink, *(str(v) for v in (*counts, r.outside_range)), _verdict(r.verdict)
-        )
-    out.print(table)
-    err.print(
+    _print_counts(
+        reports,
+        "twice",
         "twice: held more than once; not in outbox: no committed event has the id (rolled "
         "back, foreign, or pruned since); ahead: published past the checkpoint; outside "
-        "range: before the subscriber's start or outside its filters"
+        "range: before the subscriber's start or outside its filters",
     )
     for r in reports:
         err.print(f"{r.subscriber}: checked the topics {', '.join(r.topics) or '(none)'}")

@@ -15,24 +15,22 @@ keys, not event ids: a key's events are taken as quarantined by their record key
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field
+from typing import ClassVar
 from uuid import UUID
 
 from relay.core.model import Position
 from relay.core.ports import EventKeys, ProjectionReader, VerifyOutbox
 from relay.ops.verify import Expected, VerifyStore, expectations, placements, selected
+from relay.ops.verify_sink import SinkFindings
 
-_MAX_EXAMPLES = 10  # per kind; the counts are always complete
 _CHUNK = 10_000  # ids or positions looked up per query
 
 
 @dataclass
-class ProjectionReport:
-    subscriber: str
-    sink: str
+class ProjectionReport(SinkFindings):
+    PROBLEMS: ClassVar[tuple[str, ...]] = ("missing", "not_in_outbox")
     expected: int = 0  # keys the subscriber's expected events name
     found: int = 0  # rows at their key's last expected event
     missing: int = 0
@@ -40,24 +38,6 @@ class ProjectionReport:
     not_in_outbox: int = 0
     ahead: int = 0
     outside_range: int = 0
-    examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
-
-    @property
-    def problems(self) -> bool:
-        return bool(self.missing or self.not_in_outbox)
-
-    @property
-    def verdict(self) -> str:
-        return "problems" if self.problems else "clean"
-
-    def example(self, kind: str, text: str) -> None:
-        if len(self.examples[kind]) < _MAX_EXAMPLES:
-            self.examples[kind].append(text)
-
-    def as_dict(self) -> dict[str, Any]:
-        counts = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "examples"}
-        return {**counts, "problems": self.problems, "verdict": self.verdict,
-                "examples": dict(self.examples)}  # fmt: skip
 
 
 @dataclass

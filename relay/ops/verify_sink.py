@@ -18,7 +18,7 @@ from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from itertools import chain
-from typing import Any
+from typing import Any, ClassVar
 from uuid import UUID
 
 from relay.core.ports import SinkReader, VerifyOutbox
@@ -49,23 +49,18 @@ def compare_ids(expected: Collection[UUID], held: Iterable[UUID]) -> IdCompariso
 
 
 @dataclass
-class SinkReport:
+class SinkFindings:
+    """What a ``verify --through`` check found of one subscriber in one sink: counts
+    (the subclass's fields), those in ``PROBLEMS`` problems, examples of each kind."""
+
+    PROBLEMS: ClassVar[tuple[str, ...]] = ()
     subscriber: str
     sink: str
-    topics: list[str]  # the subscriber's topics the sink holds: those checked
-    topics_not_in_sink: list[str]  # the subscriber's topics the sink holds none of
-    expected: int = 0
-    found: int = 0
-    missing: int = 0
-    twice: int = 0
-    not_in_outbox: int = 0  # no committed event of the outbox has the id
-    ahead: int = 0  # published past the checkpoint: not yet expected
-    outside_range: int = 0  # before the part's start or outside the subscriber's filters
-    examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list), kw_only=True)
 
     @property
     def problems(self) -> bool:
-        return bool(self.missing or self.twice or self.not_in_outbox)
+        return any(getattr(self, name) for name in self.PROBLEMS)
 
     @property
     def verdict(self) -> str:
@@ -83,6 +78,20 @@ class SinkReport:
             "verdict": self.verdict,
             "examples": dict(self.examples),
         }
+
+
+@dataclass
+class SinkReport(SinkFindings):
+    PROBLEMS: ClassVar[tuple[str, ...]] = ("missing", "twice", "not_in_outbox")
+    topics: list[str]  # the subscriber's topics the sink holds: those checked
+    topics_not_in_sink: list[str]  # the subscriber's topics the sink holds none of
+    expected: int = 0
+    found: int = 0
+    missing: int = 0
+    twice: int = 0
+    not_in_outbox: int = 0  # no committed event of the outbox has the id
+    ahead: int = 0  # published past the checkpoint: not yet expected
+    outside_range: int = 0  # before the part's start or outside the subscriber's filters
 
 
 def verify_sink(
