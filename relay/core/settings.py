@@ -493,8 +493,12 @@ def _secret_files(flags: dict[str, Any]) -> dict[str, Any]:
 
 
 # The relay's own variables that are no settings: the CLI's config file, the cache and
-# the Maven mirror of its fetched artifacts (relay/artifacts/maven.py).
-_OTHER_VARIABLES = frozenset({"RELAY_CONFIG", "RELAY_CACHE_DIR", "RELAY_MAVEN_REPOSITORY"})
+# the Maven mirror of its fetched artifacts (relay/artifacts/maven.py), and the sink
+# `verify --through` checks (relay/cli/verify.py).
+_OTHER_VARIABLES = frozenset(
+    {"RELAY_CONFIG", "RELAY_CACHE_DIR", "RELAY_MAVEN_REPOSITORY", "RELAY_SINK_URL",
+     "RELAY_SINK_URL_FILE"}
+)  # fmt: skip
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:

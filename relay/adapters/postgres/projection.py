@@ -50,8 +50,9 @@ class OrderProjection:
 
     def _read(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         with db.connect(self._url, application_name="outbox-relay-verify") as conn:
-            conn.execute(self._queries["pin_sink_search_path"])
             try:
+                conn.execute(self._queries["role_search_path"])
+                conn.execute(self._queries["pin_sink_search_path"])
                 return conn.execute(self._queries[name], params).fetchall()
             except psycopg.Error as exc:  # no such table, not allowed to read it...
                 raise SinkUnreadable(f"the projection's database: {exc}") from exc

@@ -3,10 +3,16 @@
 -- Named queries; the tables are named unqualified, in the schema pin_sink_search_path
 -- puts after pg_catalog.
 
+-- name: role_search_path
+-- The connecting role's own search_path back (its, its database's or the server's
+-- setting), in place of the relay's pin (relay/adapters/postgres/db.py): the job's
+-- connections start from it.
+SELECT pg_catalog.set_config('search_path', s.reset_val, false)
+  FROM pg_catalog.pg_settings s WHERE s.name = 'search_path';
+
 -- name: pin_sink_search_path
--- The Spark sinks' own path (spark_jobs/postgres_sink.py, PIN_SEARCH_PATH): pg_catalog,
--- the connecting role's schema (where the job created its tables), pg_temp. Qualified
--- itself: it runs before the path is pinned.
+-- Then the Spark sinks' own path (spark_jobs/postgres_sink.py, PIN_SEARCH_PATH):
+-- pg_catalog, the role's schema (where the job created its tables), pg_temp.
 SELECT pg_catalog.set_config(
     'search_path',
     pg_catalog.concat_ws(', ', 'pg_catalog',

@@ -58,5 +58,6 @@ SELECT o.message_id, o.aggregate_type, o.event_type, o.aggregate_id,
 -- The events a projection's rows name by their (transaction_id, position).
 SELECT o.transaction_id::text::bigint, o.position, o.message_id
   FROM {schema}.outbox o
-  JOIN pg_catalog.unnest(%(transaction_ids)s::bigint[], %(positions)s::bigint[]) AS k(tx, pos)
+  JOIN ROWS FROM (pg_catalog.unnest(%(transaction_ids)s::bigint[]),
+                  pg_catalog.unnest(%(positions)s::bigint[])) AS k(tx, pos)
     ON o.transaction_id = k.tx::text::xid8 AND o.position = k.pos;
