@@ -77,6 +77,8 @@ ON CONFLICT (order_id) DO UPDATE SET
     position = EXCLUDED.position
 WHERE (o.transaction_id, o.position) < (EXCLUDED.transaction_id, EXCLUDED.position)
 """
+# The events applied; verify --through projection expects them (its reader,
+# relay/adapters/postgres/projection.py, names the same types).
 _STATUS = {"OrderPlaced": "placed", "OrderShipped": "shipped"}
 _PAYLOAD = "order_id string, customer_id string, amount_cents long, carrier string"
 # Where an event is in Kafka: how a quarantined one is found again.

@@ -8,6 +8,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 from uuid import UUID, uuid4
 
+import pytest
+
 from relay.adapters.memory import InMemoryProjection
 from relay.core.model import Position
 from relay.core.ports import EventKeys, PublishedEvent
@@ -111,3 +113,15 @@ def test_a_row_at_no_committed_event_is_not_in_outbox_and_one_ahead_is_apart() -
         "c: its row at 8:0, no committed event there",
     ]
     assert report.problems
+
+
+def test_the_reader_expects_the_events_the_job_applies() -> None:
+    """The reader names the job's event types itself (the job may not import the relay's
+    Postgres adapters): the two must agree."""
+    job = pytest.importorskip("spark_jobs.order_projection")
+    from relay.adapters.postgres.projection import OrderProjection
+
+    reader = OrderProjection("postgresql://verify@db/app")
+    assert all(reader.projects("order", f"app.{kind}") for kind in job._STATUS)
+    assert not reader.projects("order", "OrderCancelled")
+    assert not reader.projects("payment", "OrderPlaced")
