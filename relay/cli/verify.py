@@ -62,7 +62,8 @@ def verify(
 
     With --through SINK PATH, check a consumer's sink instead: every event the
     subscriber published to the topics the sink holds is there exactly once (missing,
-    twice, not the outbox's).
+    twice, not the outbox's); for a projection, each order's row is at its last
+    published event (missing, quarantined, not the outbox's).
 
     Exits 0 when clean, 1 when it finds any, 2 on a configuration error, 3 when it
     could not check (Postgres or Kafka unreachable, a topic unreadable in time, the sink

@@ -14,7 +14,9 @@ which confines the topics rows choose. The operators' commands (``relay.ops``) t
 theirs: the interventions' :class:`InterventionStore`, a definition's
 :class:`DefinitionStore`, replay's :class:`ReplayLedger` and verify's
 :class:`VerifyOutbox`; ``verify --through`` reads a consumer's sink through a
-:class:`SinkReader` (the Spark archive: ``relay.adapters.sinks.archive``). In-memory
+:class:`SinkReader` (the Spark archive: ``relay.adapters.sinks.archive`` and ``delta``)
+or, for a projection (one row per key, no event ids), a :class:`ProjectionReader`
+(``relay.adapters.postgres.projection``). In-memory
 adapters of them all but the interventions' and a definition's store live in
 ``relay.adapters.memory``; ``tests/contracts/`` holds each port to the same contract,
 whichever adapter is behind it.
