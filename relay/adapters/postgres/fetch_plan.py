@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from relay.adapters.postgres.db import has_long_number
+from relay.adapters.postgres.db import has_digit_run, has_long_number
 from relay.adapters.postgres.queries import queries_for
 from relay.core.model import OutboxEvent, Position, Unreadable
 from relay.core.ports import Fetched, Selection
@@ -197,22 +197,29 @@ def payloads(texts: list[bytes | None]) -> list[Any]:
 
 def raw_payloads(texts: list[bytes | None]) -> list[Any]:
     """The payloads of a batch as their JSON text (None: a row not read), for a format
-    that passes them through, but the rows today's load would change or refuse: a run
-    of 19 digits or more (a number loaded exactly, or beyond a double: poison), or
-    nesting perhaps deeper than Python loads or writes. Those are loaded, so a row that
-    was poison stays poison (docs/design.md, "Value formats"). Two checks over the
-    batch, in C, are all the usual batch costs (issue #53)."""
+    that passes them through, but the rows Python may not load or write: a number of
+    :data:`_HUGE` digits or more (beyond a double, or an integer over Python's 4,300
+    digits: poison), nesting perhaps deeper than Python goes. Those are loaded as
+    before, so a row that was poison stays poison (docs/design.md, "Value formats").
+    The usual batch costs two looks over it in C (issue #53)."""
     try:
         joined = b" ".join(texts)  # type: ignore[arg-type]
     except TypeError:  # a row not read: row by row
         return [None if text is None else _raw_or_loaded(text) for text in texts]
-    if has_long_number(joined):
+    # Every 16th byte: a run of _HUGE digits shows there as 19 in a row (has_long_number),
+    # at a sixteenth of the cost of looking at every byte; a hit is checked row by row.
+    if has_long_number(joined[::_STRIDE]):
         return [_raw_or_loaded(text) for text in texts]  # type: ignore[arg-type]
     if max(map(len, texts), default=0) > _MAY_BE_DEEP:  # type: ignore[arg-type]
         return [load_row_json(t) if _deep(t) else t for t in texts]  # type: ignore[arg-type]
     return texts
 
 
+# jsonb's text writes every digit of a number (never an exponent): a number beyond a
+# double has 309 digits or more. A run of _HUGE digits spans 19 multiples of _STRIDE.
+_STRIDE = 16
+_HUGE = 19 * _STRIDE
+_HUGE_RUN = b"0" * _HUGE
 # Nesting deeper than this is beyond orjson (the standard library's recursion limit lies
 # not far beyond): such a row is loaded, as before. Its text holds at least two bytes a
 # level, so a shorter one is never that deep.
@@ -221,7 +228,8 @@ _MAY_BE_DEEP = 2 * _DEEP
 
 
 def _raw_or_loaded(text: bytes) -> Any:
-    return load_row_json(text) if has_long_number(text) or _deep(text) else text
+    huge = has_digit_run(text, _HUGE_RUN)
+    return load_row_json(text) if huge or _deep(text) else text
 
 
 def _deep(text: bytes) -> bool:

@@ -75,10 +75,33 @@ def test_a_batch_of_plain_rows_is_left_as_it_came() -> None:
     assert raw_payloads(texts) is texts
 
 
-def test_rows_todays_load_would_change_or_refuse_are_loaded_as_before() -> None:
-    """A run of 19 digits or more, nesting beyond orjson's 255 levels, a row not read: the
-    row goes today's way (exact integers written compact, poison for what Python cannot
-    load), its neighbours stay bytes."""
+def test_long_numbers_pass_through_exactly_where_they_went_through_a_double() -> None:
+    """Up to 303 digits a number is passed through as Postgres wrote it: an integer beyond
+    64 bits as exact as before, a fraction now exact where a double cut it short."""
+    texts: list[bytes | None] = [
+        b'{"i": 12345678901234567890123}',
+        b'{"f": 0.1000000000000000000001}',
+        b'{"i": 1' + b"0" * 302 + b"}",
+    ]
+    got = raw_payloads(texts)
+    assert all(a is b for a, b in zip(got, texts, strict=True))
+    before = RecordEncoder(None).encode(event(json.loads(texts[1] or b"")), PASSED).value
+    assert before == b'{"f":0.1}'
+
+
+@pytest.mark.parametrize("at", range(16))
+def test_a_number_of_304_digits_is_found_wherever_it_lies_in_the_batch(at: int) -> None:
+    """The batch is looked at every 16th byte: a run of 304 digits shows whatever its
+    offset."""
+    huge = b'{"n": 1' + b"0" * 303 + b"}"
+    got = raw_payloads([b"x" * at, huge])
+    assert got[0] == b"x" * at and got[1] == {"n": 10**303}
+
+
+def test_rows_python_may_not_load_or_write_are_loaded_as_before() -> None:
+    """A number of 304 digits or more, nesting beyond orjson's 255 levels, a row not read:
+    the row goes today's way (exact integers written compact, poison for what Python
+    cannot load), its neighbours stay bytes."""
     long_int = b'{"n": 1' + b"0" * 400 + b"}"
     beyond_double = b'{"n": 1' + b"0" * 400 + b".5}"
     too_many_digits = b'{"n": 1' + b"0" * 5000 + b"}"
