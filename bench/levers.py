@@ -12,7 +12,8 @@ per event.
    and the encoder writes it again (``_json_value``: orjson.dumps). Passed through, the
    encoder's value would be the fetched text itself. Sides: *today* (load the batch, then
    one ``_json_value`` call per event; the two steps are timed apart and added) against
-   *pass-through* (one call per event that returns the fetched bytes). The value's
+   *pass-through* (one call per event of the relay's pass-through writer, issue #53,
+   which returns the fetched bytes). The value's
    size both ways is a figure too (jsonb's text is not compact), and the details hold
    what a few JSON texts become both ways (numbers, nesting, escapes).
 2. **Rows loaded as bytes.** One sweep of the outbox in batches, each batch a
@@ -69,6 +70,7 @@ from relay.adapters.postgres.fetch_plan import _new_event, _not_read, plan
 from relay.adapters.postgres.fetch_plan import load_row_json as _load_row_json
 from relay.adapters.postgres.fetch_plan import payloads as _payloads
 from relay.adapters.postgres.store import OutboxStore
+from relay.core.formats.json_text import passed_through as _passthrough_value
 from relay.core.formats.json_values import json_value as _json_value
 from relay.core.model import KafkaRecord, OutboxEvent, Position, Unreadable
 from relay.core.ports import Selection
@@ -188,12 +190,6 @@ def _json_lever(texts: list[bytes], scale: Scale, examples: list[dict[str, Any]]
         Figure("levers", "JSON value bytes/event, jsonb text vs compact", size, "B",
                today_size, "orjson compact", None, {"events": len(texts)}),
     ]  # fmt: skip
-
-
-def _passthrough_value(event: OutboxEvent, topic: str) -> bytes:
-    """The value a pass-through would publish: the fetched text as it is."""
-    payload: bytes = event.payload
-    return payload
 
 
 def _event(payload: Any) -> OutboxEvent:

@@ -215,6 +215,10 @@ class Selection:
     aggregate_types: frozenset[str] | None = None
     event_types: frozenset[str] | None = None
     max_row_bytes: int = 2**62
+    # The payloads as the JSON text Postgres returns (bytes), not loaded: for a format
+    # that passes them through (``Format.raw_payloads``). A row whose text today's load
+    # would change or refuse is loaded still (the store says which).
+    raw_payloads: bool = False
 
 
 class PartStore(Protocol):

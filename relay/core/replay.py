@@ -115,9 +115,15 @@ class ReplayRange:
             and (self.event_types is None or event.event_type in self.event_types)
         )
 
-    def selection(self, limit: int, max_bytes: int) -> Selection:
+    def selection(self, limit: int, max_bytes: int, *, raw_payloads: bool = False) -> Selection:
+        """What each fetch reads; ``raw_payloads`` as the subscriber's format takes them,
+        so a replay publishes the bytes the relay published (issue #53)."""
         return Selection(
-            limit, max_bytes, aggregate_types=self.aggregate_types, event_types=self.event_types
+            limit,
+            max_bytes,
+            aggregate_types=self.aggregate_types,
+            event_types=self.event_types,
+            raw_payloads=raw_payloads,
         )
 
     def before_start(self) -> Position:

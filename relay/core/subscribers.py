@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from relay.core.formats import WITH_SCHEMAS, format_of
+from relay.core.formats import WITH_SCHEMAS, format_of, publishing_format
 from relay.core.formats import ValueFormat as ValueFormat  # noqa: PLC0414 (re-exported)
+from relay.core.formats.base import Format
 from relay.core.formats.base import SubjectStrategy as SubjectStrategy  # noqa: PLC0414 (re-exported)
 from relay.core.model import OutboxEvent
 from relay.core.routing import DEFAULT_KEY, Routing
@@ -109,6 +110,13 @@ class Subscriber:
     @functools.cached_property
     def routing(self) -> Routing:
         return Routing.parse(self.key, self.partition_by, self.placements, self.partition_count)
+
+    @functools.cached_property
+    def publishing(self) -> Format:
+        """The format its values are written in: its value format's, or that format's
+        pass-through when its routing reads nothing of the payload (a topic template
+        reads only the types; issue #53)."""
+        return publishing_format(self.value_format, reads_payload=not self.routing.default)
 
     @classmethod
     def from_dict(cls, fields: Mapping[str, Any]) -> Subscriber:

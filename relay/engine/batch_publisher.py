@@ -187,6 +187,7 @@ class PartReader:
             parts=subscriber.parts,
             aggregate_types=subscriber.aggregate_types,
             event_types=subscriber.event_types,
+            raw_payloads=subscriber.publishing.raw_payloads,
         )
         events, read_to, full = store.fetch(state.checkpoint, selection)
         if state.skips:  # rare: a set lookup per event only while the operator skips some

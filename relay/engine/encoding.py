@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable
 from typing import Any, NamedTuple, NoReturn
 
-from relay.core.formats import format_of, local_formats
+from relay.core.formats import local_formats
 from relay.core.formats.base import SchemaRegistry
 from relay.core.model import (
     HEADER_AGGREGATE_TYPE,
@@ -97,7 +97,7 @@ class SubscriberEncoder:
         # choice, confined by the publisher (issue #47); else the operator declared it.
         self._free = bool(subscriber.free_fields)
         self._routing = subscriber.routing
-        value_format = format_of(subscriber.value_format)
+        value_format = subscriber.publishing
         self._value = (
             _no_values if value_format.values is None else (value_format.values(owner, subscriber))
         )

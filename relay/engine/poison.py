@@ -123,6 +123,8 @@ def _json_or_reason(value: Any) -> bytes | str:
     """``value`` as compact JSON, or why it cannot be written."""
     if isinstance(value, Unreadable):
         return str(value)
+    if type(value) is bytes:  # a payload passed through: Postgres's JSON text already
+        return value
     try:
         return _dumps(value)
     except (ValueError, TypeError, RecursionError) as exc:

@@ -83,13 +83,14 @@ class Replay:
         *,
         batch_size: int = DEFAULT_BATCH,
         max_bytes: int = 2**62,
+        raw_payloads: bool = False,
     ) -> None:
         self._outbox = outbox
         self._publisher = publisher
         self._encode = encode
         self._wanted = wanted
         self._header = (HEADER_REPLAY, str(entry).encode())
-        self._selection = wanted.selection(batch_size, max_bytes)
+        self._selection = wanted.selection(batch_size, max_bytes, raw_payloads=raw_payloads)
         self.published = 0
         self.resumed_after: Position | None = None
 
@@ -191,14 +192,16 @@ def replay(
         publisher = publishers(
             replay_prefix(settings.kafka_id_prefix, state.subscriber_id, entry), guard
         )
+        publishing = wanted.publisher_of(state.subscriber)
         run = Replay(
             outbox,
             publisher,
-            encoder.for_subscriber(wanted.publisher_of(state.subscriber)),
+            encoder.for_subscriber(publishing),
             wanted,
             entry,
             batch_size=batch_size,
             max_bytes=settings.batch_max_bytes,
+            raw_payloads=publishing.publishing.raw_payloads,
         )
         with closing(publisher):
             run.run()

@@ -4,13 +4,15 @@ here, once, rather than per row (relay/adapters/postgres/fetch_plan.py)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import psycopg
 import pytest
 
 from relay.adapters.postgres import fetch_plan
-from relay.core.model import Position
+from relay.adapters.postgres.store import OutboxStore
+from relay.core.model import Position, Unreadable
 from relay.core.ports import Selection
 
 
@@ -32,3 +34,34 @@ def test_a_fetch_returns_the_columns_its_plan_reads(
         names = tuple(column.name for column in cur.description or ())
     assert names == plan.read + fetch_plan.EVENT_COLUMNS
     assert len(plan.read) == (0 if plan.name == "fetch_batch" else 3)
+
+
+def test_payloads_passed_through_are_jsonb_text_as_postgres_writes_it(
+    db: psycopg.Connection[Any], writer_db: psycopg.Connection[Any]
+) -> None:
+    """Issue #53's trade-offs, as Postgres makes them: jsonb's text is spaced and its keys
+    in jsonb's order, its numbers exact (numeric's text, never a double's), its UTF-8 raw;
+    a row Python may not load is loaded (so poison stays poison)."""
+    written = [
+        '{"b": [1,2], "a": 1}',
+        '{"n": 1.50, "m": 1E2, "f": 1e-7, "s": "caf\\u00e9 \\/"}',
+        '{"n": 12345678901234567890123}',
+        '{"n": 1e5000}',
+    ]
+    for n, text in enumerate(written):
+        writer_db.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
+            " VALUES ('order', %s, 'Note', %s::jsonb)",
+            (str(n), text),
+        )
+    store = OutboxStore(db)
+    raw = store.fetch(Position(0, 0), Selection(10, raw_payloads=True)).events
+    loaded = store.fetch(Position(0, 0), Selection(10)).events
+    assert [e.payload for e in raw[:2]] == [
+        b'{"a": 1, "b": [1, 2]}',
+        '{"f": 0.0000001, "m": 100, "n": 1.50, "s": "café /"}'.encode(),
+    ]
+    assert [e.payload for e in loaded[:2]] == [json.loads(p) for p in written[:2]]
+    assert raw[2].payload == b'{"n": 12345678901234567890123}'
+    assert loaded[2].payload == {"n": 12345678901234567890123}
+    assert isinstance(raw[3].payload, Unreadable) and "digits" in str(raw[3].payload)

@@ -338,6 +338,11 @@ def has_long_number(data: bytes | bytearray | str) -> bool:
     return _LONG in raw.translate(_DIGITS)
 
 
+def has_digit_run(data: bytes, run: bytes) -> bool:
+    """Whether ``data`` holds ``len(run)`` digits in a row (``run``: that many "0")."""
+    return run in data.translate(_DIGITS)
+
+
 class SessionTimeouts(NamedTuple):
     """Postgres session limits, in seconds (0: none): ``statement_timeout``,
     ``lock_timeout`` and ``idle_in_transaction_session_timeout``."""

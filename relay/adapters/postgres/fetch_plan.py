@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from relay.adapters.postgres.db import has_long_number
+from relay.adapters.postgres.db import has_digit_run, has_long_number
 from relay.adapters.postgres.queries import queries_for
 from relay.core.model import OutboxEvent, Position, Unreadable
 from relay.core.ports import Fetched, Selection
@@ -102,7 +102,7 @@ def plan(schema: str, selection: Selection) -> FetchPlan:
 
 def _unfiltered(rows: _Rows, selection: Selection) -> Fetched:
     """fetch_batch's rows: events only."""
-    events = _events(rows, selection.max_row_bytes)
+    events = _events(rows, selection)
     if not events:
         return Fetched([], None)
     return Fetched(events, events[-1].key, _full(events, selection))
@@ -114,7 +114,7 @@ def _filtered(rows: _Rows, selection: Selection) -> Fetched:
     if not rows:
         return Fetched([], None)
     read_tx, read_pos, full = rows[0][:3]
-    events = _events([row[3:] for row in rows if row[3] is not None], selection.max_row_bytes)
+    events = _events([row[3:] for row in rows if row[3] is not None], selection)
     return Fetched(events, Position(read_tx, read_pos), full)
 
 
@@ -124,14 +124,16 @@ def _of_type(rows: _Rows, selection: Selection) -> Fetched:
     if not rows:
         return Fetched([], None)
     read_tx, read_pos = rows[0][:2]
-    events = _events([row[3:] for row in rows if row[3] is not None], selection.max_row_bytes)
+    events = _events([row[3:] for row in rows if row[3] is not None], selection)
     full = _full(events, selection)
     return Fetched(events, events[-1].key if full else Position(read_tx, read_pos), full)
 
 
-def _events(rows: _Rows, limit: int) -> list[OutboxEvent]:
+def _events(rows: _Rows, selection: Selection) -> list[OutboxEvent]:
     """The events of rows in EVENT_COLUMNS order, the hot path: no Python call per row
-    but the comprehension's; ``limit`` is the selection's ``max_row_bytes``."""
+    but the comprehension's; their payloads loaded, or left as text (``raw_payloads``)."""
+    limit = selection.max_row_bytes
+    load = raw_payloads if selection.raw_payloads else payloads
     return [
         _new_event(
             (
@@ -153,7 +155,7 @@ def _events(rows: _Rows, limit: int) -> list[OutboxEvent]:
         for (
             (tx, pos, mid, atype, aid, version, etype, _, headers, at, size, dbz, big, id_text),
             payload,
-        ) in zip(rows, payloads([row[7] for row in rows]), strict=True)
+        ) in zip(rows, load([row[7] for row in rows]), strict=True)
     ]
 
 
@@ -191,6 +193,48 @@ def payloads(texts: list[bytes | None]) -> list[Any]:
     except (orjson.JSONDecodeError, TypeError):
         pass
     return [None if text is None else load_row_json(text) for text in texts]
+
+
+def raw_payloads(texts: list[bytes | None]) -> list[Any]:
+    """The payloads of a batch as their JSON text (None: a row not read), for a format
+    that passes them through, but the rows Python may not load or write: a number of
+    :data:`_HUGE` digits or more (beyond a double, or an integer over Python's 4,300
+    digits: poison), nesting perhaps deeper than Python goes. Those are loaded as
+    before, so a row that was poison stays poison (docs/design.md, "Value formats").
+    The usual batch costs two looks over it in C (issue #53)."""
+    try:
+        joined = b" ".join(texts)  # type: ignore[arg-type]
+    except TypeError:  # a row not read: row by row
+        return [None if text is None else _raw_or_loaded(text) for text in texts]
+    # Every 16th byte: a run of _HUGE digits shows there as 19 in a row (has_long_number),
+    # at a sixteenth of the cost of looking at every byte; a hit is checked row by row.
+    if has_long_number(joined[::_STRIDE]):
+        return [_raw_or_loaded(text) for text in texts]  # type: ignore[arg-type]
+    if max(map(len, texts), default=0) > _MAY_BE_DEEP:  # type: ignore[arg-type]
+        return [load_row_json(t) if _deep(t) else t for t in texts]  # type: ignore[arg-type]
+    return texts
+
+
+# jsonb's text writes every digit of a number (never an exponent): a number beyond a
+# double has 309 digits or more. A run of _HUGE digits spans 19 multiples of _STRIDE.
+_STRIDE = 16
+_HUGE = 19 * _STRIDE
+_HUGE_RUN = b"0" * _HUGE
+# Nesting deeper than this is beyond orjson (the standard library's recursion limit lies
+# not far beyond): such a row is loaded, as before. Its text holds at least two bytes a
+# level, so a shorter one is never that deep.
+_DEEP = 255
+_MAY_BE_DEEP = 2 * _DEEP
+
+
+def _raw_or_loaded(text: bytes) -> Any:
+    huge = has_digit_run(text, _HUGE_RUN)
+    return load_row_json(text) if huge or _deep(text) else text
+
+
+def _deep(text: bytes) -> bool:
+    """Whether ``text`` may nest deeper than :data:`_DEEP` (it opens that many)."""
+    return len(text) > _MAY_BE_DEEP and text.count(b"[") + text.count(b"{") > _DEEP
 
 
 def load_row_json(data: bytes | bytearray | memoryview | str) -> Any:

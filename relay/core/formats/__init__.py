@@ -8,9 +8,10 @@ Adding a format: write its module (``FORMAT = Format(...)``), then add its membe
 
 from __future__ import annotations
 
+import dataclasses
 from enum import StrEnum
 
-from relay.core.formats import avro, avro_registry, debezium, json_values
+from relay.core.formats import avro, avro_registry, debezium, json_text, json_values
 from relay.core.formats.base import Format
 
 
@@ -25,7 +26,8 @@ class ValueFormat(StrEnum):
 
 _REGISTERED: dict[ValueFormat, Format] = {
     ValueFormat.AVRO: avro.FORMAT,
-    ValueFormat.JSON: json_values.FORMAT,
+    # Passed through (json_text) when the subscriber's routing reads no payload field.
+    ValueFormat.JSON: dataclasses.replace(json_values.FORMAT, passed_through=json_text.FORMAT),
     ValueFormat.DEBEZIUM: debezium.FORMAT,
     ValueFormat.AVRO_REGISTRY: avro_registry.FORMAT,
 }
@@ -38,6 +40,15 @@ WITHOUT_SCHEMAS = ValueFormat.JSON
 
 def format_of(value_format: ValueFormat) -> Format:
     return _REGISTERED[value_format]
+
+
+def publishing_format(value_format: ValueFormat, *, reads_payload: bool) -> Format:
+    """The format a subscriber of ``value_format`` publishes: its pass-through twin when
+    it has one and the subscriber's routing reads nothing of the payload (issue #53)."""
+    spec = _REGISTERED[value_format]
+    if spec.passed_through is not None and not reads_payload:
+        return spec.passed_through
+    return spec
 
 
 def default_format(*, has_schemas: bool) -> ValueFormat:

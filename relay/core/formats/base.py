@@ -107,7 +107,12 @@ class Format:
       avro-registry keys, the registry's compatibility check);
     - ``envelope``: the value's shape is free, so a placement may put fields in it;
     - ``fixed_routing``: why it takes no key, partition or placements (None: it does);
-    - ``relay_headers``: its records carry the relay's headers (verify needs them).
+    - ``relay_headers``: its records carry the relay's headers (verify needs them);
+    - ``raw_payloads``: its values take the payload as the JSON text Postgres returns
+      (bytes), unloaded: the fetch leaves it so (``Selection.raw_payloads``);
+    - ``passed_through``: the format a subscriber of this one publishes instead when its
+      routing reads nothing of the payload (default key, no partition field, no
+      placements): one with ``raw_payloads`` (docs/design.md, "Value formats").
     """
 
     values: Callable[[Encoders, Subscribed], ValueWriter] | None = None
@@ -118,3 +123,5 @@ class Format:
     envelope: bool = False
     fixed_routing: str | None = None
     relay_headers: bool = True
+    raw_payloads: bool = False
+    passed_through: Format | None = None

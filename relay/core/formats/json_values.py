@@ -1,5 +1,6 @@
 """The ``json`` value format: the payload as compact UTF-8 JSON, with no schema, so the
-only format whose value an envelope placement may reshape."""
+only format whose value an envelope placement may reshape. A subscriber whose routing
+reads nothing of the payload publishes it passed through instead (json_text.py)."""
 
 from __future__ import annotations
 

@@ -47,5 +47,7 @@ def test_the_traits_say_what_the_formats_did_by_name() -> None:
     assert [f for f in ValueFormat if format_of(f).envelope] == [ValueFormat.JSON]
     assert [f for f in ValueFormat if format_of(f).fixed_routing] == [ValueFormat.DEBEZIUM]
     assert [f for f in ValueFormat if not format_of(f).relay_headers] == [ValueFormat.DEBEZIUM]
+    assert [f for f in ValueFormat if format_of(f).passed_through] == [ValueFormat.JSON]
+    assert not any(format_of(f).raw_payloads for f in ValueFormat)  # only a twin takes them
     assert default_format(has_schemas=True) is ValueFormat.AVRO
     assert default_format(has_schemas=False) is ValueFormat.JSON
