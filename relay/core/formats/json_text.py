@@ -2,7 +2,7 @@
 reads nothing of the payload publishes the payload's JSON text as Postgres returns it
 (jsonb's text output), never loaded into Python nor written again. The fetch leaves the
 payload as those bytes (``Selection.raw_payloads``), but for the few rows today's path
-would change or refuse (numbers of 19 digits or more, deep nesting): those it loads, and
+would change or refuse (numbers of 304 digits or more, deep nesting): those it loads, and
 their values are written as ``json`` writes them, so what was poison stays poison
 (docs/design.md, "Value formats": the trade-offs)."""
 
