@@ -11,9 +11,10 @@ clock, nor a pom-only ``~/.m2`` entry in the way.
 
 The backlog is the relay's records (bench/spark.py's ``fill``: ~300-byte single-object
 Avro ``OrderPlaced`` values, the relay's headers, 3 partitions, transactional), read in
-``BATCHES`` micro-batches (``--max-offsets-per-trigger``). The figure is rows over the
-summed durations of every batch but the first, as the driver logs each batch
-(``archive: batch 3, 1200 rows in, ... 2.1 s``): the first pays the executors' JVM
+``BATCHES`` micro-batches or so (``--max-offsets-per-trigger``; the transactions' markers
+take offsets too). The figure is rows over the summed durations of every batch but the
+first, as the driver logs each batch (``archive: batch 3, 1200 rows in, ... 2.1 s``):
+the first pays the executors' JVM
 warm-up and Python workers' start, which a long-running job pays once, and the
 submit's own start (the driver's JVM, the application's registration) is outside both
 sides' clocks. Batches read the same topic and decode the same way on both sides, so
@@ -34,7 +35,7 @@ from bench.method import Samples, interleave
 from tests.plugins.spark import StandaloneCluster
 
 REPO = Path(__file__).resolve().parents[1]
-BATCHES = 4  # the first one warms up, the other three are measured
+BATCHES = 4  # the first one warms up, the others are measured
 _BATCH_LINE = re.compile(
     r"archive: batch (\d+), (\d+) rows in, \d+ rows out, \d+ quarantined, ([\d.]+) s"
 )
