@@ -4,6 +4,7 @@
     ./dev.sh bench --only soak [--scale quick]     # the retention soak, on request
     ./dev.sh bench --only cluster [--scale quick]  # broker faults on 3 nodes, on request
     ./dev.sh bench --only cut [--scale quick]      # one relay cut off, on request
+    ./dev.sh bench --only spark_sinks [--scale quick]  # Delta vs Parquet on a Spark cluster
 
 Prints a table and writes bench/results/bench-<time>.json and bench/results/latest.json.
 """
@@ -45,11 +46,13 @@ BENCHMARKS = (
     "eos_phases",
     "levers",
     "fetch_cost",
+    "spark_sinks",
 )
 # Run only when named (--only soak): the soak takes 8 minutes at the default scale, the
-# cluster's faults about 20, the cuts about 15; eos_phases, levers and fetch_cost are
-# diagnoses (bench/RESULTS.md), not figures with targets.
-ON_REQUEST = ("soak", "cluster", "cut", "eos_phases", "levers", "fetch_cost")
+# cluster's faults about 20, the cuts about 15, spark_sinks 10 spark-submits to a Spark
+# cluster of its own; eos_phases, levers and fetch_cost are diagnoses (bench/RESULTS.md),
+# not figures with targets.
+ON_REQUEST = ("soak", "cluster", "cut", "eos_phases", "levers", "fetch_cost", "spark_sinks")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,9 @@
 """Issue #51: each job submitted with ``spark-submit`` to a Spark standalone cluster (a
 master and two workers from pyspark's own distribution), exactly as README.md's cluster
 block submits it (read from the README), with an executor killed (``kill -9``) while it
-runs a task of the archive's batch. Each sink ends with each committed event once."""
+runs a task of the archive's batch. Each sink ends with each committed event once; the
+Delta archive, submitted as docs/spark.md's Delta block submits it, too, read back with
+``deltalake`` (no Spark)."""
 
 from __future__ import annotations
 
@@ -47,6 +49,28 @@ def readme_cluster_commands() -> tuple[dict[str, str], dict[str, list[str]]]:
     """The README cluster block's environment, and its command line for each job."""
     env, commands = readme_commands("On a cluster, `spark-submit` runs", ("spark-submit",))
     return env, {Path(next(w for w in c if w.endswith(".py"))).stem: c for c in commands}
+
+
+def delta_submit_command() -> list[str]:
+    """The Spark page's ``spark-submit`` line of the Delta archive (its Delta section)."""
+    [command] = readme_commands("## The archive in Delta Lake", ("spark-submit",))[1]
+    return command
+
+
+def submitting(
+    cluster: StandaloneCluster, bootstrap: str, database_url: str, folder: Path
+) -> tuple[dict[str, str], dict[str, str]]:
+    """What a docs' ``spark-submit`` line runs with here: the cluster block's exports (this
+    interpreter on every node, the database URL in a file), and each placeholder of the
+    line (the tool, the master, the broker, the job's file, the shared folder) made ours."""
+    secret = folder / "database-url"
+    secret.write_text(database_url)
+    env = {**cluster.env, "PYSPARK_PYTHON": sys.executable,
+           "RELAY_DATABASE_URL_FILE": str(secret)}  # fmt: skip
+    paths = {"spark-submit": str(cluster.home / "bin" / "spark-submit"),
+             "spark://spark-master:7077": cluster.url, "kafka:9092": bootstrap,
+             "spark_jobs/": f"{REPO}/spark_jobs/", "/shared/": f"{folder}/"}  # fmt: skip
+    return env, paths
 
 
 def write_orders(db: psycopg.Connection[Any], outbox: Outbox) -> None:
@@ -115,6 +139,19 @@ def kill_an_executor_mid_task(cluster: StandaloneCluster, job: Job) -> int:
     return kills
 
 
+def archive_through_an_executor_kill(cluster: StandaloneCluster, job: Job, total: int) -> str:
+    """The archive ``job`` to its end, an executor killed while it ran a task of a batch,
+    and each of the ``total`` events in and out: the driver's output."""
+    kills = kill_an_executor_mid_task(cluster, job)
+    assert job.proc.wait(timeout=WAIT_S) == 0, job.output()[-5000:]
+    out = job.output()
+    lost = r"\[batchId = \d+\] Lost task .*ExecutorLostFailure"  # mid-batch, as Spark says
+    assert re.search(lost, out), f"no task lost in {kills} kills: {out[-5000:]}"
+    assert re.search(rf"^archive: \d+ batch(es)?, {total} rows in, {total} rows out, 0 quarantined$",
+                     out, re.M), out[-3000:]  # fmt: skip
+    return out
+
+
 @pytest.mark.spark
 @pytest.mark.chaos
 @pytest.mark.timeout(3 * WAIT_S)
@@ -135,30 +172,16 @@ def test_each_job_runs_on_a_standalone_cluster_as_the_readme_submits_it(
     exported, commands = readme_cluster_commands()
     assert exported.keys() == {"PYSPARK_PYTHON", "RELAY_DATABASE_URL_FILE"}
     assert commands.keys() == {"order_projection", "window_average", "archive"}
-    secret = tmp_path / "database-url"
-    secret.write_text(database_url)
-    env = {**spark_standalone.env, "PYSPARK_PYTHON": sys.executable,
-           "RELAY_DATABASE_URL_FILE": str(secret)}  # fmt: skip
-    paths = {"spark-submit": str(spark_standalone.home / "bin" / "spark-submit"),
-             "spark://spark-master:7077": spark_standalone.url, "kafka:9092": bootstrap,
-             "spark_jobs/": f"{REPO}/spark_jobs/", "/shared/": f"{tmp_path}/"}  # fmt: skip
+    env, paths = submitting(spark_standalone, bootstrap, database_url, tmp_path)
 
     def submit(name: str) -> Job:
         return Job(substituted(commands[name], paths), env, tmp_path / f"{name}.log")
 
     # (c) The archive, an executor killed while it runs a task of the batch.
-    job = submit("archive")
-    kills = kill_an_executor_mid_task(spark_standalone, job)
-    assert job.proc.wait(timeout=WAIT_S) == 0, job.output()[-5000:]
-    out = job.output()
-    lost = r"\[batchId = \d+\] Lost task .*ExecutorLostFailure"  # mid-batch, as Spark says
-    assert re.search(lost, out), f"no task lost in {kills} kills: {out[-5000:]}"
+    out = archive_through_an_executor_kill(spark_standalone, submit("archive"), len(committed))
     rows = archived_rows(tmp_path / "outbox-archive")
     assert sorted(r["message_id"] for r in rows) == sorted(committed)  # each once
     assert [r for r in rows if r["error"] is not None] == []
-    total = len(committed)
-    assert re.search(rf"^archive: \d+ batch(es)?, {total} rows in, {total} rows out, 0 quarantined$",
-                     out, re.M), out[-3000:]  # fmt: skip
     # The driver's progress lines and Spark's UI, on by default on a cluster.
     assert re.search(r"INFO spark_jobs.run_summary: archive: batch 0, \d+ rows in", out), out[
         -3000:
@@ -190,6 +213,36 @@ def test_each_job_runs_on_a_standalone_cluster_as_the_readme_submits_it(
     # Each ran on the cluster: the master it was given, not local[2].
     apps = [app["name"] for app in (spark_standalone.state() or {})["completedapps"]]
     assert sorted(apps) == ["archive", "order_projection", "window_average"]
+
+
+@pytest.mark.spark
+@pytest.mark.chaos
+@pytest.mark.timeout(3 * WAIT_S)
+def test_the_delta_archive_keeps_each_event_once_through_an_executor_kill(
+    spark_standalone: StandaloneCluster,
+    db: psycopg.Connection[Any],
+    writer_db: psycopg.Connection[Any],
+    outbox: Outbox,
+    database_url: str,
+    relay_url: str,
+    tmp_path: Path,
+) -> None:
+    """The Delta archive submitted as docs/spark.md submits it (``--packages`` with
+    delta-spark), an executor killed mid-batch: every committed event once, none rolled
+    back, as delta-rs reads the table from its log."""
+    # The page's reader; its module skips without deltalake: then this test alone.
+    from tests.acceptance.test_spark_delta import archived_ids
+
+    # A broker of its own: the module's holds the other test's events on the same topic.
+    with LocalKafka(tmp_path / "kafka") as kafka:
+        committed = publish_orders(db, writer_db, outbox, relay_url, kafka.bootstrap_servers)
+        env, paths = submitting(spark_standalone, kafka.bootstrap_servers, database_url, tmp_path)
+        # Ivy resolves --packages from ~/.m2 first, where a Maven build may have left a
+        # pom without its jar: a home of its own, as test_spark_clusters_doc.py gives it.
+        env["SPARK_SUBMIT_OPTS"] = f"-Duser.home={tmp_path / 'home'}"
+        job = Job(substituted(delta_submit_command(), paths), env, tmp_path / "delta.log")
+        archive_through_an_executor_kill(spark_standalone, job, len(committed))
+    assert archived_ids(tmp_path / "outbox-delta") == sorted(committed)  # each once, no other
 
 
 def test_the_k8s_example_submits_the_archive_as_the_readme_does() -> None:
