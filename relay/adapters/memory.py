@@ -404,6 +404,8 @@ class InMemoryStore(InMemorySessions):
             if (aggregate_types is None or e.aggregate_type in aggregate_types)
             and (event_types is None or e.event_type in event_types)
         ]
+        if selection.raw_payloads:
+            kept = [_as_text(e) for e in kept]
         return Fetched(kept, read[-1].key, len(read) == limit or size >= max_bytes)
 
     def get_part(self, name: str, part: int) -> PartState:
@@ -855,6 +857,14 @@ def _payload_field(event: OutboxEvent, field: str) -> str | None:
         return None
     value = payload[field]
     return value if isinstance(value, str) else json.dumps(value)
+
+
+def _as_text(event: OutboxEvent) -> OutboxEvent:
+    """``event`` with its payload as JSON text (bytes), as a pass-through fetch gives it:
+    jsonb's spacing, which the standard library's default separators share."""
+    if isinstance(event.payload, Unreadable):
+        return event
+    return event._replace(payload=json.dumps(event.payload, ensure_ascii=False).encode())
 
 
 def _unless_too_large(event: OutboxEvent, limit: int) -> OutboxEvent:

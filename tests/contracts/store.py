@@ -6,6 +6,7 @@ subclass it once per adapter."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -70,6 +71,15 @@ class StoreContract:
         after_second = store.fetch(everything[1].key, Selection(10)).events
         assert [e.message_id for e in after_second] == ids[2:]
         assert store.fetch(everything[-1].key, Selection(10)) == Fetched([], None)
+
+    def test_a_fetch_for_a_pass_through_gives_each_payload_as_its_json_text(
+        self, store: AdminStore, committed: OutboxEvent
+    ) -> None:
+        """What a json subscriber that passes payloads through publishes (issue #53)."""
+        [raw] = store.fetch(Position(0, 0), Selection(10, raw_payloads=True)).events
+        assert type(raw.payload) is bytes
+        assert json.loads(raw.payload) == committed.payload
+        assert raw._replace(payload=committed.payload) == committed
 
     def test_fetch_stops_at_the_limit_and_returns_one_event_past_the_byte_cap(
         self, store: AdminStore, write: Write
