@@ -2,10 +2,10 @@
 (:class:`InMemoryStore`, both the part and the daemon store), a publisher, a record of
 the topics, a topic reader, a consumer's sink (:class:`InMemorySink`), and what replay
 and verify read of the outbox and its ledger (:class:`InMemoryReplayLedger`,
-:class:`InMemoryVerifyOutbox`), over dicts and lists in this process. The operators'
-interventions' store (``InterventionStore``, ``DefinitionStore``) has none: the
-Postgres store's resets, skips and ledger are held by the integration and acceptance
-tests.
+:class:`InMemoryVerifyOutbox`), and the operators' interventions' store
+(:class:`InMemoryInterventions`: resets, skips, pause and the ledger), over dicts and lists
+in this process. A definition's store (``DefinitionStore``) has none: the Postgres
+store's writes of definitions are held by the integration and acceptance tests.
 
 They are for tests and benchmarks of the logic above the ports -- the part worker, the
 daemon's claims and upkeep, the ops commands -- with no Postgres and no Kafka; the relay
@@ -28,10 +28,22 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from typing import NamedTuple
 from uuid import UUID
 
 from relay.core import dead_letter_tag
-from relay.core.interventions import Action, Intervention
+from relay.core.interventions import (
+    Action,
+    Intervention,
+    OperatorSkip,
+    PartMove,
+    Recorded,
+    SkipTarget,
+    check_skippable,
+    reset_entry,
+    reset_target,
+    resumed_parts,
+)
 from relay.core.key_space import KeySpace, KeySpaceAction, KeySpaceCheck
 from relay.core.model import (
     ConsumedRecord,
@@ -51,6 +63,7 @@ from relay.core.ports import (
     ExpiredSession,
     Fetched,
     HorizonHolder,
+    InterventionStore,
     Meanwhile,
     Owned,
     PartState,
@@ -591,7 +604,7 @@ class InMemoryVerifyOutbox(InMemoryReplayLedger):
             dead = set(self.store.dead.get(subscriber.name, {}))
             events = builtins.list(self.store.events)
         for e in events:
-            part = self._part(e, subscriber.parts)
+            part = _part(e, subscriber.parts)
             state = parts.get(part)
             start = self.store.starts.get((subscriber.name, part), Position(0, 0))
             if state and start < e.key <= state.checkpoint and subscriber.matches(e):
@@ -613,7 +626,7 @@ class InMemoryVerifyOutbox(InMemoryReplayLedger):
             return {}
         found = {}
         for e in events:
-            part = self._part(e, len(parts))
+            part = _part(e, len(parts))
             start = self.store.starts.get((name, part), Position(0, 0))
             if e.key <= start:
                 found[e.message_id] = "before_start"
@@ -638,9 +651,255 @@ class InMemoryVerifyOutbox(InMemoryReplayLedger):
         with self.store._lock:
             return {e.key: e.message_id for e in self.store.events if e.key in wanted}
 
-    @staticmethod
-    def _part(event: OutboxEvent, parts: int) -> int:
-        return part_of(event.aggregate_id, parts) if parts > 1 else 0
+
+class InMemoryInterventions:
+    """A :class:`relay.core.ports.InterventionStore` over an in-memory store's parts,
+    skip lists and ledger, as the Postgres one's queries change and read them
+    (``relay.adapters.postgres.intervention_queries``); ``db_role`` stands for the
+    database's ``session_user`` on the ledger."""
+
+    def __init__(self, store: InMemoryStore, db_role: str = "memory") -> None:
+        self.store = store
+        self.db_role = db_role
+        # When each ledger entry was recorded (by id; the database's clock in Postgres).
+        self.recorded_at: dict[int, datetime] = {}
+        # What each entry skipped, as outbox_skipped holds it: one event or a reset's range.
+        self.skipped: builtins.list[_Skipped] = []
+
+    # -- the subscribers, and a transaction around changes ----------------------------
+
+    def get(self, name: str) -> SubscriberState:
+        found = self.list(name)
+        if not found:
+            raise SubscriberError(f"no subscriber named {name!r}")
+        return found[0]
+
+    def list(self, name: str | None = None) -> builtins.list[SubscriberState]:
+        return self.store.list(name)
+
+    def add(
+        self,
+        subscriber: Subscriber,
+        start: StartFrom = StartFrom.BEGINNING,
+        *,
+        replace: bool = False,
+    ) -> bool:
+        return self.store.add(subscriber, start, replace=replace)
+
+    @contextmanager
+    def transaction(self) -> Generator[None]:
+        """Under the store's lock; what the calls inside changed is undone when one raises
+        (a savepoint, when nested)."""
+        store = self.store
+        with store._lock:
+            saved = (
+                dict(store.parts), {k: set(v) for k, v in store.skip_lists.items()},
+                dict(store.halted_on), builtins.list(store.ledger), dict(store.starts),
+                dict(self.recorded_at), builtins.list(self.skipped),
+            )  # fmt: skip
+            try:
+                yield
+            except BaseException:
+                (store.parts, store.skip_lists, store.halted_on, store.ledger, store.starts,
+                 self.recorded_at, self.skipped) = saved  # fmt: skip
+                raise
+
+    # -- pause, reset and remove -------------------------------------------------------
+
+    def set_paused(self, name: str, paused: bool, record: Intervention | None = None) -> None:
+        with self.transaction():
+            self.store.set_paused(name, paused)
+            if record is not None:
+                self.record(record)
+
+    def remove(self, name: str, record: Intervention | None = None) -> None:
+        with self.transaction():
+            parts = [s.part for s in self.store._parts_of(name)]
+            self.store.remove(name)
+            for part in parts:  # the checkpoints' rows held them
+                self.store.skip_lists.pop((name, part), None)
+                self.store.halted_on.pop((name, part), None)
+            if record is not None:
+                self.record(record)
+
+    def horizon(self) -> int:
+        """Every event here is committed: the next transaction id (101 is the first one
+        ``InMemoryStore.append`` gives)."""
+        with self.store._lock:
+            events = self.store.events
+            return events[-1].transaction_id + 1 if events else 101
+
+    def reset_target(self, name: str, to: StartFrom | Position) -> Position:
+        return reset_target(name, to, self.horizon)
+
+    def moves(self, state: SubscriberState, target: Position) -> builtins.list[PartMove]:
+        """The part's events between its checkpoint and ``target`` that the filters take,
+        but those the operator skipped already (count_moved_events)."""
+        subscriber = state.subscriber
+        with self.store._lock:
+            skipped = {k.message_id for k in self.skipped if k.subscriber_id == state.subscriber_id}
+            events = [
+                e
+                for e in self.store.events
+                if subscriber.matches(e) and e.message_id not in skipped
+            ]
+        moves = []
+        for part in sorted(state.parts, key=lambda p: p.part):
+            low, high = sorted((part.checkpoint, target))
+            count = sum(
+                1 for e in events if low < e.key <= high and _part(e, subscriber.parts) == part.part
+            )
+            moves.append(PartMove(part.part, part.checkpoint, target, count))
+        return moves
+
+    def reset(
+        self, name: str, to: StartFrom | Position, record: Intervention | None = None
+    ) -> builtins.list[PartMove]:
+        with self.transaction():
+            self.store._parts_of(name)  # none: SubscriberError, before the target's
+            target = self.reset_target(name, to)
+            state = self.get(name)
+            moves = self.moves(state, target)
+            for part in state.parts:  # a new generation, from the target (reset_checkpoint)
+                self.store.starts[name, part.part] = target
+                self.store._set(
+                    dataclasses.replace(
+                        part, checkpoint=target, version=part.version + 1,
+                        generation=uuid.uuid4(), halted_error=None,
+                    )
+                )  # fmt: skip
+            if record is not None:
+                self._record_reset(record, state.subscriber_id, moves)
+        return moves
+
+    def _record_reset(
+        self, record: Intervention, subscriber_id: UUID, moves: builtins.list[PartMove]
+    ) -> None:
+        entry = self.record(reset_entry(record, moves))
+        for m in moves:
+            if m.skips and m.events:
+                self.skipped.append(
+                    _Skipped(entry, subscriber_id, m.part, m.events, None, m.before, m.after)
+                )
+
+    # -- skips and the ledger ----------------------------------------------------------
+
+    def skip_targets(self, name: str, message_ids: Sequence[UUID]) -> builtins.list[SkipTarget]:
+        with self.store._lock:
+            state = self.get(name)
+            return [self._skip_target(state, m) for m in message_ids]
+
+    def _skip_target(self, state: SubscriberState, message_id: UUID) -> SkipTarget:
+        """As the skip_targets query's row, its NULLs (an event not in the outbox) too."""
+        subscriber = state.subscriber
+        event = next((e for e in self.store.events if e.message_id == message_id), None)
+        part = (
+            0
+            if subscriber.parts == 1
+            else None
+            if event is None
+            else _part(event, subscriber.parts)
+        )
+        checkpoint = None if part is None else state.parts[part]
+        unfiltered = subscriber.aggregate_types is None and subscriber.event_types is None
+        matches = unfiltered or None if event is None else subscriber.matches(event)
+        skipped_by = next(
+            (k.entry for k in self.skipped
+             if k.subscriber_id == state.subscriber_id and k.message_id == message_id),
+            None,
+        )  # fmt: skip
+        halted_on_it: bool | None = False
+        if checkpoint is not None and checkpoint.halted_error is not None:
+            on = self.store.halted_on.get((state.subscriber.name, checkpoint.part))
+            halted_on_it = None if on is None else on == message_id
+        return SkipTarget(
+            message_id, None if event is None else event.key,
+            None if event is None else event.aggregate_type,
+            None if event is None else event.event_type, part,
+            None if checkpoint is None else checkpoint.checkpoint, matches, skipped_by, halted_on_it,
+        )  # fmt: skip
+
+    def skip(
+        self, name: str, message_ids: Sequence[UUID], record: Intervention
+    ) -> builtins.list[int]:
+        with self.transaction():
+            targets = self.skip_targets(name, message_ids)
+            check_skippable(name, targets)
+            entry = self.record(record)
+            subscriber_id = self.get(name).subscriber_id
+            for t in targets:
+                assert t.part is not None
+                self.skipped.append(_Skipped(entry, subscriber_id, t.part, 1, t.message_id))
+                self.store.skip_lists.setdefault((name, t.part), set()).add(t.message_id)
+            for part in sorted({t.part for t in targets if t.part is not None}):
+                self._skip_on_part(name, part, {t.message_id for t in targets})
+        return resumed_parts(targets)
+
+    def _skip_on_part(self, name: str, part: int, ids: set[UUID]) -> None:
+        """A halt on one of ``ids`` is cleared; the version moves on (skip_on_part)."""
+        state = self.store.get_part(name, part)
+        halted = state.halted_error
+        if self.store.halted_on.get((name, part)) in ids:
+            self.store.halted_on[name, part] = None
+            halted = None
+        self.store._set(dataclasses.replace(state, halted_error=halted, version=state.version + 1))
+
+    def record(self, intervention: Intervention) -> int:
+        with self.store._lock:
+            # Read back as from JSONB: plain JSON values.
+            params = json.loads(json.dumps(intervention.params))
+            self.store.ledger.append(dataclasses.replace(intervention, params=params))
+            entry = len(self.store.ledger)
+            self.recorded_at[entry] = datetime.now(UTC)
+            return entry
+
+    def ledger(self, name: str) -> builtins.list[Recorded]:
+        with self.store._lock:
+            numbered = builtins.list(enumerate(self.store.ledger, 1))
+        return [self._recorded(n, i) for n, i in numbered if i.subscriber == name]
+
+    def operator_skips(self, subscriber_id: UUID) -> builtins.list[OperatorSkip]:
+        with self.store._lock:
+            ledger, skipped = builtins.list(self.store.ledger), builtins.list(self.skipped)
+        # As the query orders them: by entry, part, then message id (a range's none: last).
+        mine = sorted(
+            (k for k in skipped if k.subscriber_id == subscriber_id),
+            key=lambda k: (k.entry, k.part, k.message_id is None, str(k.message_id)),
+        )
+        return [
+            OperatorSkip(
+                self._recorded(k.entry, ledger[k.entry - 1]),
+                k.part,
+                k.events,
+                k.message_id,
+                k.after,
+                k.upto,
+            )
+            for k in mine
+        ]
+
+    def _recorded(self, entry: int, i: Intervention) -> Recorded:
+        at = self.recorded_at.get(entry, datetime.fromtimestamp(0, UTC))
+        return Recorded(
+            entry, i.subscriber, i.subscriber_id, i.action, at, self.db_role,
+            i.actor.os_user, i.actor.host, i.params, i.events,
+        )  # fmt: skip
+
+
+class _Skipped(NamedTuple):
+    """One row of what an operator skipped (Postgres: outbox_skipped)."""
+
+    entry: int
+    subscriber_id: UUID
+    part: int
+    events: int
+    message_id: UUID | None = None
+    after: Position | None = None
+    upto: Position | None = None
+
+
+def _part(event: OutboxEvent, parts: int) -> int:
+    return part_of(event.aggregate_id, parts) if parts > 1 else 0
 
 
 @dataclasses.dataclass
@@ -916,3 +1175,9 @@ def _is_a_replay_ledger(ledger: InMemoryReplayLedger) -> ReplayLedger:
 def _is_a_verify_outbox(outbox: InMemoryVerifyOutbox) -> VerifyOutbox:
     """mypy holds the in-memory verify outbox to the port here (Postgres's: relay.wiring)."""
     return outbox
+
+
+def _is_an_intervention_store(store: InMemoryInterventions) -> InterventionStore:
+    """mypy holds the in-memory interventions' store to the port here (Postgres's:
+    relay.wiring)."""
+    return store

@@ -10,6 +10,8 @@ change in one transaction); a :class:`Recorded` is a ledger entry as read back, 
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -17,6 +19,8 @@ from typing import Any, NamedTuple
 from uuid import UUID
 
 from relay.core.model import Position
+from relay.core.subscribers import StartFrom
+from relay.errors import SubscriberError
 
 
 class Action(StrEnum):
@@ -207,3 +211,44 @@ class SkipTarget(NamedTuple):
                 f"is {self.checkpoint} (skip stops only events not yet published)"
             )
         return None
+
+
+def reset_target(name: str, to: StartFrom | Position, horizon: Callable[[], int]) -> Position:
+    """Where a reset of ``name`` to ``to`` puts the checkpoints: 'beginning' before
+    every row, 'now' after every transaction decided (``horizon``, asked only then); a
+    position beyond the horizon is refused (every store's ``reset_target``)."""
+    if to is StartFrom.BEGINNING:
+        return Position(0, 0)
+    at = horizon()
+    if to is StartFrom.NOW:
+        return Position(at, 0)
+    assert isinstance(to, Position)
+    if to > Position(at, 0):
+        raise SubscriberError(
+            f"cannot reset {name!r} to {to}: it is beyond what the database has "
+            f"decided (the horizon is {at}:0; transactions from {at} on are "
+            "still running or yet to begin), so events written from now on would sort "
+            f"before it and never be published. Reset to a point at or below "
+            f"{at}:0, or to 'now'"
+        )
+    return to
+
+
+def reset_entry(record: Intervention, moves: Sequence[PartMove]) -> Intervention:
+    """``record`` of a reset as the ledger keeps it: with each part's move and the events
+    skipped or published again, all parts together."""
+    params = {**record.params, "parts": [m.as_dict() for m in moves]}
+    return dataclasses.replace(record, params=params, events=sum(m.events for m in moves))
+
+
+def check_skippable(name: str, targets: Sequence[SkipTarget]) -> None:
+    """Refuse a skip (``SubscriberError``, with every reason) unless each event may be
+    skipped."""
+    refusals = [r for t in targets if (r := t.refusal(name)) is not None]
+    if refusals:
+        raise SubscriberError("; ".join(refusals))
+
+
+def resumed_parts(targets: Sequence[SkipTarget]) -> list[int]:
+    """The parts a skip of ``targets`` resumes: those halted on one of them."""
+    return sorted({t.part for t in targets if t.halted_on_it and t.part is not None})

@@ -5,7 +5,6 @@ ledger of interventions in the same transaction (migration 0019), and that ledge
 from __future__ import annotations
 
 import builtins
-import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
@@ -24,6 +23,10 @@ from relay.core.interventions import (
     PartMove,
     Recorded,
     SkipTarget,
+    check_skippable,
+    reset_entry,
+    reset_target,
+    resumed_parts,
 )
 from relay.core.model import Position
 from relay.core.ports import SubscriberState
@@ -91,21 +94,7 @@ class InterventionQueries(StoreBase, ABC):
         """Where a reset of ``name`` to ``to`` puts the checkpoints: 'beginning' before
         every row, 'now' after every transaction decided (the horizon); a position
         beyond the horizon is refused."""
-        if to is StartFrom.BEGINNING:
-            return Position(0, 0)
-        horizon = self.horizon()
-        if to is StartFrom.NOW:
-            return Position(horizon, 0)
-        assert isinstance(to, Position)
-        if to > Position(horizon, 0):
-            raise SubscriberError(
-                f"cannot reset {name!r} to {to}: it is beyond what the database has "
-                f"decided (the horizon is {horizon}:0; transactions from {horizon} on are "
-                "still running or yet to begin), so events written from now on would sort "
-                f"before it and never be published. Reset to a point at or below "
-                f"{horizon}:0, or to 'now'"
-            )
-        return to
+        return reset_target(name, to, self.horizon)
 
     def moves(self, state: SubscriberState, target: Position) -> builtins.list[PartMove]:
         """What a reset of ``state``'s parts to ``target`` would do to each: the events
@@ -140,10 +129,7 @@ class InterventionQueries(StoreBase, ABC):
     def _record_reset(
         self, record: Intervention, state: SubscriberState, moves: builtins.list[PartMove]
     ) -> None:
-        params = {**record.params, "parts": [m.as_dict() for m in moves]}
-        entry = self._record(
-            dataclasses.replace(record, params=params, events=sum(m.events for m in moves))
-        )
+        entry = self._record(reset_entry(record, moves))
         for move in moves:
             if move.skips and move.events:
                 range_params = {
@@ -234,9 +220,7 @@ class InterventionQueries(StoreBase, ABC):
             # Locked first: no relay advances past them between the check and the skip.
             self.conn.execute(self._q["lock_parts"], {"name": name})
             targets = self._skip_targets(name, message_ids)
-            refusals = [r for t in targets if (r := t.refusal(name)) is not None]
-            if refusals:
-                raise SubscriberError("; ".join(refusals))
+            check_skippable(name, targets)
             entry = self._record(record)
             subscriber_id = self.get(name).subscriber_id
             by_part: dict[int, list[UUID]] = {}
@@ -252,7 +236,7 @@ class InterventionQueries(StoreBase, ABC):
                 self.conn.execute(self._q["record_skipped_event"], skipped)
             for part, ids in by_part.items():
                 self.conn.execute(self._q["skip_on_part"], {"name": name, "part": part, "ids": ids})
-        return sorted({t.part for t in targets if t.halted_on_it and t.part is not None})
+        return resumed_parts(targets)
 
     def ledger(self, name: str) -> builtins.list[Recorded]:
         """The interventions recorded for subscribers named ``name``, oldest first."""
