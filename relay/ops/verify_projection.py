@@ -22,8 +22,8 @@ from uuid import UUID
 
 from relay.core.model import Position
 from relay.core.ports import EventKeys, ProjectionReader, VerifyOutbox
-from relay.ops.verify import Expected, VerifyStore, expectations, placements, selected
-from relay.ops.verify_sink import SinkFindings
+from relay.ops.verify import Expected, VerifyStore, expectations, selected
+from relay.ops.verify_sink import SinkFindings, place_held
 
 _CHUNK = 10_000  # ids or positions looked up per query
 
@@ -141,16 +141,9 @@ def _place(
     ids: dict[Position, UUID] = {}
     for start in range(0, len(strays), _CHUNK):
         ids.update(outbox.message_ids_at([at for _, at in strays[start : start + _CHUNK]]))
-    where = dict(placements(outbox, report.subscriber, list(dict.fromkeys(ids.values()))))
-    for key, at in strays:
-        placed = where.get(ids[at]) if at in ids else None
-        if placed == "ahead":
-            report.ahead += 1
-        elif placed is not None:
-            report.outside_range += 1
-        else:
-            report.not_in_outbox += 1
-            report.example("not_in_outbox", f"{key}: its row at {at}, no committed event there")
+    held = [((key, at), ids.get(at)) for key, at in strays]
+    for key, at in place_held(outbox, report, held):
+        report.example("not_in_outbox", f"{key}: its row at {at}, no committed event there")
 
 
 def _event_keys(
