@@ -69,6 +69,7 @@ from relay.core.ports import (
     PartState,
     Progress,
     ProjectedRow,
+    ProjectionRead,
     PublishedEvent,
     ReplayLedger,
     Selection,
@@ -1101,11 +1102,10 @@ class InMemoryProjection:
     def projects(self, aggregate_type: str, event_type: str) -> bool:
         return aggregate_type == self.aggregate_type
 
-    def rows(self) -> Iterator[ProjectedRow]:
-        return (ProjectedRow(key, at) for key, at in self.held.items())
-
-    def quarantined_keys(self) -> set[str]:
-        return set(self.quarantined)
+    @contextmanager
+    def read(self) -> Iterator[ProjectionRead]:
+        rows = (ProjectedRow(key, at) for key, at in self.held.items())
+        yield ProjectionRead(set(self.quarantined), rows)
 
 
 def _payload_field(event: OutboxEvent, field: str) -> str | None:

@@ -24,7 +24,7 @@ from uuid import UUID
 from relay.core.ports import SinkReader, VerifyOutbox
 from relay.ops.verify import VerifyStore, expectations, placements, selected
 
-_MAX_EXAMPLES = 10  # ids listed per kind; the counts are always complete
+MAX_EXAMPLES = 10  # ids listed per kind; the counts are always complete
 
 _Held = TypeVar("_Held")
 
@@ -69,7 +69,7 @@ class SinkFindings:
         return "problems" if self.problems else "clean"
 
     def example(self, kind: str, text: str) -> None:
-        if len(self.examples[kind]) < _MAX_EXAMPLES:
+        if len(self.examples[kind]) < MAX_EXAMPLES:
             self.examples[kind].append(text)
 
     def as_dict(self) -> dict[str, Any]:
