@@ -17,9 +17,9 @@ theirs: the interventions' :class:`InterventionStore`, a definition's
 :class:`SinkReader` (the Spark archive: ``relay.adapters.sinks.archive`` and ``delta``)
 or, for a projection (one row per key, no event ids), a :class:`ProjectionReader`
 (``relay.adapters.postgres.projection``). In-memory
-adapters of them all but a definition's store live in ``relay.adapters.memory`` (the
-interventions': ``InMemoryInterventions``); ``tests/contracts/`` holds each port to the
-same contract, whichever adapter is behind it.
+adapters of them all live in ``relay.adapters.memory`` (the interventions':
+``InMemoryInterventions``; a definition's: ``InMemoryDefinitions``); ``tests/contracts/``
+holds each port to the same contract, whichever adapter is behind it.
 
 Nothing here imports a database or Kafka client: the worker and the daemon's logic
 depend on these ports only (tests/unit/test_layers.py checks the worker).
