@@ -3,9 +3,9 @@
 the topics, a topic reader, a consumer's sink (:class:`InMemorySink`), and what replay
 and verify read of the outbox and its ledger (:class:`InMemoryReplayLedger`,
 :class:`InMemoryVerifyOutbox`), and the operators' interventions' store
-(:class:`InMemoryInterventions`: resets, skips, pause and the ledger), over dicts and lists
-in this process. A definition's store (``DefinitionStore``) has none: the Postgres
-store's writes of definitions are held by the integration and acceptance tests.
+(:class:`InMemoryInterventions`: resets, skips, pause and the ledger) and a definition's
+(:class:`InMemoryDefinitions`: its writes, and the lag and skips of its parts), over
+dicts and lists in this process.
 
 They are for tests and benchmarks of the logic above the ports -- the part worker, the
 daemon's claims and upkeep, the ops commands -- with no Postgres and no Kafka; the relay
@@ -59,16 +59,21 @@ from relay.core.ports import (
     DaemonStore,
     DeadLetter,
     DeadLetterDecision,
+    DefinitionStore,
     EventKeys,
     ExpiredSession,
     Fetched,
     HorizonHolder,
     InterventionStore,
+    LagSample,
     Meanwhile,
     Owned,
+    PartSkips,
     PartState,
     Progress,
     ProjectedRow,
+    ProjectionRead,
+    ProjectionReader,
     PublishedEvent,
     ReplayLedger,
     Selection,
@@ -78,7 +83,7 @@ from relay.core.ports import (
     VerifyOutbox,
 )
 from relay.core.replay import OpenReplay, ReplayRange, unfinished
-from relay.core.subscribers import StartFrom, Subscriber, collision
+from relay.core.subscribers import StartFrom, Subscriber, check_unchanged, collision
 from relay.errors import CheckpointConflict, ClaimLost, DatabaseError, SubscriberError
 
 
@@ -886,6 +891,79 @@ class InMemoryInterventions:
         )  # fmt: skip
 
 
+class InMemoryDefinitions(InMemoryInterventions):
+    """A :class:`relay.core.ports.DefinitionStore`: the interventions' store, the writes
+    of definitions as the Postgres store makes them (``add_all``, ``replace``), and the
+    lag and skips of a subscriber's parts as its ``part_lag`` and ``part_skips`` queries
+    read them. Positions here are all 1 (one per transaction): the lag's positions are
+    each event's place in the outbox instead, as Postgres's identity sequence numbers
+    its rows, so the lag estimated past a scan is the same."""
+
+    def add_all(self, subscribers: Sequence[tuple[Subscriber, StartFrom]]) -> None:
+        with self.transaction():
+            for subscriber, start in subscribers:
+                self.add(subscriber, start, replace=True)
+
+    def replace(self, before: Subscriber, after: Subscriber) -> None:
+        with self.transaction():
+            check_unchanged(self.get(before.name).subscriber, before)
+            self.add(after, replace=True)
+
+    def index_parts(self) -> None:
+        """Nothing to build: the in-memory store finds a part's events by scanning."""
+
+    def lag_sample(self, state: PartState, scan: int) -> LagSample:
+        subscriber = state.subscriber
+        with self.store._lock:
+            numbered = builtins.list(enumerate(self.store.events, 1))
+            recorded = dict(self.store.recorded_at)
+        after = [(n, e) for n, e in numbered if e.key > state.checkpoint][:scan]
+        mine = [
+            e
+            for _, e in after
+            if _part(e, subscriber.parts) == state.part and subscriber.matches(e)
+        ]
+        oldest = min((recorded[e.key] for e in mine), default=None)
+        return LagSample(
+            scanned=len(after),
+            counted=len(mine),
+            first_position=after[0][0] if after else None,
+            last_position=numbered[-1][0] if numbered else None,
+            age_s=None if oldest is None else time.time() - oldest,
+        )
+
+    def part_skips(self, name: str, scan: int | None) -> builtins.list[PartSkips]:
+        state = self.get(name)
+        horizon = Position(self.horizon(), 0)
+        with self.store._lock:
+            skipped = [k for k in self.skipped if k.subscriber_id == state.subscriber_id]
+        found = []
+        for part in state.parts:
+            mine = [k for k in skipped if k.part == part.part]
+            by_reset = sum(k.events for k in mine if k.message_id is None)
+            by_skip = sum(k.events for k in mine if k.message_id is not None)
+            beyond = part.checkpoint > horizon
+            scanned, counted = self._jumped(state, part, scan) if beyond else (None, None)
+            found.append(PartSkips(part.part, beyond, scanned, counted, by_reset, by_skip))
+        return found
+
+    def _jumped(self, state: SubscriberState, part: PartState, scan: int | None) -> tuple[int, int]:
+        """The rows a checkpoint beyond the horizon jumped over: those at or before it,
+        newest first, ``scan`` at most; and of them, the part's written since it was set."""
+        subscriber = state.subscriber
+        with self.store._lock:
+            before = [e for e in reversed(self.store.events) if e.key <= part.checkpoint]
+        rows = before if scan is None else before[:scan]
+        counted = sum(
+            1
+            for e in rows
+            if e.occurred_at >= part.updated_at
+            and _part(e, subscriber.parts) == part.part
+            and subscriber.matches(e)
+        )
+        return len(rows), counted
+
+
 class _Skipped(NamedTuple):
     """One row of what an operator skipped (Postgres: outbox_skipped)."""
 
@@ -1101,11 +1179,10 @@ class InMemoryProjection:
     def projects(self, aggregate_type: str, event_type: str) -> bool:
         return aggregate_type == self.aggregate_type
 
-    def rows(self) -> Iterator[ProjectedRow]:
-        return (ProjectedRow(key, at) for key, at in self.held.items())
-
-    def quarantined_keys(self) -> set[str]:
-        return set(self.quarantined)
+    @contextmanager
+    def read(self) -> Iterator[ProjectionRead]:
+        rows = (ProjectedRow(key, at) for key, at in self.held.items())
+        yield ProjectionRead(set(self.quarantined), rows)
 
 
 def _payload_field(event: OutboxEvent, field: str) -> str | None:
@@ -1181,3 +1258,14 @@ def _is_an_intervention_store(store: InMemoryInterventions) -> InterventionStore
     """mypy holds the in-memory interventions' store to the port here (Postgres's:
     relay.wiring)."""
     return store
+
+
+def _is_a_definition_store(store: InMemoryDefinitions) -> DefinitionStore:
+    """mypy holds the in-memory definitions' store to the port here (Postgres's:
+    relay.wiring)."""
+    return store
+
+
+def _is_a_projection_reader(projection: InMemoryProjection) -> ProjectionReader:
+    """mypy holds the in-memory projection to the port here (Postgres's: relay.wiring)."""
+    return projection

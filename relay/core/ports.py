@@ -17,9 +17,9 @@ theirs: the interventions' :class:`InterventionStore`, a definition's
 :class:`SinkReader` (the Spark archive: ``relay.adapters.sinks.archive`` and ``delta``)
 or, for a projection (one row per key, no event ids), a :class:`ProjectionReader`
 (``relay.adapters.postgres.projection``). In-memory
-adapters of them all but a definition's store live in ``relay.adapters.memory`` (the
-interventions': ``InMemoryInterventions``); ``tests/contracts/`` holds each port to the
-same contract, whichever adapter is behind it.
+adapters of them all live in ``relay.adapters.memory`` (the interventions':
+``InMemoryInterventions``; a definition's: ``InMemoryDefinitions``); ``tests/contracts/``
+holds each port to the same contract, whichever adapter is behind it.
 
 Nothing here imports a database or Kafka client: the worker and the daemon's logic
 depend on these ports only (tests/unit/test_layers.py checks the worker).
@@ -688,6 +688,13 @@ class ProjectedRow(NamedTuple):
     at: Position
 
 
+class ProjectionRead(NamedTuple):
+    """What :meth:`ProjectionReader.read` gives."""
+
+    quarantined: set[str]  # the record keys of the events it could not apply
+    rows: Iterator[ProjectedRow]  # every row, once: streamed, so read it once
+
+
 @runtime_checkable
 class ProjectionReader(Protocol):
     """Reads back a projection (``verify --through projection``): one row per key, kept
@@ -700,12 +707,10 @@ class ProjectionReader(Protocol):
     def projects(self, aggregate_type: str, event_type: str) -> bool:
         """Whether the projection applies events of this type (others are not its)."""
 
-    def rows(self) -> Iterator[ProjectedRow]:
-        """Every row. Raises :class:`SinkUnreadable`."""
-
-    def quarantined_keys(self) -> set[str]:
-        """The record keys of the events the projection quarantined (could not apply).
-        Raises :class:`SinkUnreadable`."""
+    def read(self) -> AbstractContextManager[ProjectionRead]:
+        """One read of the projection, on one connection: the keys it quarantined, then
+        its rows streamed (memory does not grow with the table), to be read within the
+        ``with``. Raises :class:`SinkUnreadable` (on entering, or while rows are read)."""
 
 
 class EventKeys(NamedTuple):

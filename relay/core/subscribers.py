@@ -254,6 +254,17 @@ def collision(a: Subscriber, b: Subscriber) -> str | None:
     return None
 
 
+def check_unchanged(stored: Subscriber, before: Subscriber) -> None:
+    """A definition replaced must still be ``before``, the one the change was computed
+    from (its pause aside: pausing is no change of definition); ``SubscriberError``
+    otherwise (a definition's stores' ``replace``)."""
+    if dataclasses.replace(stored, paused=before.paused) != before:
+        raise SubscriberError(
+            f"subscriber {before.name!r} was changed by someone else meanwhile; "
+            "nothing was written: run the command again"
+        )
+
+
 def _both(x: frozenset[str] | None, y: frozenset[str] | None) -> frozenset[str] | None:
     """The values both filters let through (None: any)."""
     if x is None:

@@ -21,9 +21,16 @@ from typing import ClassVar
 from uuid import UUID
 
 from relay.core.model import Position
-from relay.core.ports import EventKeys, ProjectionReader, VerifyOutbox
-from relay.ops.verify import Expected, VerifyStore, expectations, placements, selected
-from relay.ops.verify_sink import SinkFindings
+from relay.core.ports import (
+    EventKeys,
+    ProjectedRow,
+    ProjectionRead,
+    ProjectionReader,
+    SubscriberState,
+    VerifyOutbox,
+)
+from relay.ops.verify import Expected, VerifyStore, expectations, selected
+from relay.ops.verify_sink import MAX_EXAMPLES, SinkFindings, place_held
 
 _CHUNK = 10_000  # ids or positions looked up per query
 
@@ -40,13 +47,57 @@ class ProjectionReport(SinkFindings):
     outside_range: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class _Last:
-    """A key's last expected event, and the record keys of all its events."""
+    """A key's last expected event, the record keys of all its events, and where the
+    key's row is (None: no row, or not read yet)."""
 
     at: Position
     message_id: UUID
     record_keys: set[str] = field(default_factory=set)
+    row: Position | None = None
+
+
+@dataclass
+class _Check:
+    """One subscriber's check, fed the projection's rows as they are read: what it holds
+    is its keys' last events and a chunk of rows to place, not the table."""
+
+    outbox: VerifyOutbox
+    report: ProjectionReport
+    last: dict[str, _Last]
+    strays: list[ProjectedRow] = field(default_factory=list)
+    # The examples of rows not in the outbox, given after those of the keys' own rows.
+    not_in_outbox: list[str] = field(default_factory=list)
+
+    def see(self, row: ProjectedRow) -> None:
+        """Note the row at its key's last event, or keep it to place: a key with no
+        expected event, or a row past its key's last one."""
+        event = self.last.get(row.key)
+        if event is not None:
+            event.row = row.at
+        if event is None or row.at > event.at:
+            self.strays.append(row)
+            if len(self.strays) >= _CHUNK:
+                self.place()
+
+    def place(self) -> None:
+        """Count the rows kept by where their event lies."""
+        if not self.strays:
+            return
+        ids = self.outbox.message_ids_at([at for _, at in self.strays])
+        held = [(row, ids.get(row.at)) for row in self.strays]
+        for key, at in place_held(self.outbox, self.report, held):
+            if len(self.not_in_outbox) < MAX_EXAMPLES:
+                self.not_in_outbox.append(f"{key}: its row at {at}, no committed event there")
+        self.strays = []
+
+    def finish(self, quarantined: set[str]) -> ProjectionReport:
+        self.place()
+        _compare(self.report, self.last, quarantined)
+        for text in self.not_in_outbox:
+            self.report.example("not_in_outbox", text)
+        return self.report
 
 
 def verify_projection(
@@ -58,18 +109,29 @@ def verify_projection(
     subscribers: Sequence[str] | None = None,
 ) -> list[ProjectionReport]:
     """One report per subscriber (all unless ``subscribers`` names some); the
-    projection is read once."""
-    rows = {row.key: row.at for row in projection.rows()}
-    quarantined = projection.quarantined_keys()
-    reports = []
-    for state in selected(store, subscribers):
-        _, expected = expectations(outbox, state, store.operator_skips(state.subscriber_id))
-        report = ProjectionReport(state.subscriber.name, sink_name)
-        last = _last_events(outbox, projection, expected, report, quarantined)
-        strays = _compare(report, last, rows, quarantined)
-        _place(outbox, report, strays)
-        reports.append(report)
-    return reports
+    projection is read once, on one connection, its rows streamed past every
+    subscriber's check."""
+    states = selected(store, subscribers)
+    with projection.read() as read:
+        checks = [_expect(outbox, projection, store, state, sink_name, read) for state in states]
+        for row in read.rows:
+            for check in checks:
+                check.see(row)
+    return [check.finish(read.quarantined) for check in checks]
+
+
+def _expect(
+    outbox: VerifyOutbox,
+    projection: ProjectionReader,
+    store: VerifyStore,
+    state: SubscriberState,
+    sink_name: str,
+    read: ProjectionRead,
+) -> _Check:
+    _, expected = expectations(outbox, state, store.operator_skips(state.subscriber_id))
+    report = ProjectionReport(state.subscriber.name, sink_name)
+    last = _last_events(outbox, projection, expected, report, read.quarantined)
+    return _Check(outbox, report, last)
 
 
 def _last_events(
@@ -108,16 +170,10 @@ def _count_unkeyed(
         report.example("missing", f"{mid}: no {key_field}, and not quarantined")
 
 
-def _compare(
-    report: ProjectionReport,
-    last: dict[str, _Last],
-    rows: dict[str, Position],
-    quarantined: set[str],
-) -> list[tuple[str, Position]]:
-    """Count each key's row against its last event; return the rows to place: those
-    of keys with no expected event, or past their key's last one."""
+def _compare(report: ProjectionReport, last: dict[str, _Last], quarantined: set[str]) -> None:
+    """Count each key's row against its last event (a row past it: placed)."""
     for key, event in last.items():
-        at = rows.get(key)
+        at = event.row
         row = "no row" if at is None else f"its row at {at}"
         if at == event.at:
             report.found += 1
@@ -131,26 +187,6 @@ def _compare(
             report.example(
                 "missing", f"{key}: {row}, its last event {event.message_id} at {event.at}"
             )
-    return [(key, at) for key, at in rows.items() if key not in last or at > last[key].at]
-
-
-def _place(
-    outbox: VerifyOutbox, report: ProjectionReport, strays: list[tuple[str, Position]]
-) -> None:
-    """Count the rows at no expected last event by where their event lies."""
-    ids: dict[Position, UUID] = {}
-    for start in range(0, len(strays), _CHUNK):
-        ids.update(outbox.message_ids_at([at for _, at in strays[start : start + _CHUNK]]))
-    where = dict(placements(outbox, report.subscriber, list(dict.fromkeys(ids.values()))))
-    for key, at in strays:
-        placed = where.get(ids[at]) if at in ids else None
-        if placed == "ahead":
-            report.ahead += 1
-        elif placed is not None:
-            report.outside_range += 1
-        else:
-            report.not_in_outbox += 1
-            report.example("not_in_outbox", f"{key}: its row at {at}, no committed event there")
 
 
 def _event_keys(

@@ -18,13 +18,15 @@ from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from itertools import chain
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, TypeVar
 from uuid import UUID
 
 from relay.core.ports import SinkReader, VerifyOutbox
 from relay.ops.verify import VerifyStore, expectations, placements, selected
 
-_MAX_EXAMPLES = 10  # ids listed per kind; the counts are always complete
+MAX_EXAMPLES = 10  # ids listed per kind; the counts are always complete
+
+_Held = TypeVar("_Held")
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ class SinkFindings:
         return "problems" if self.problems else "clean"
 
     def example(self, kind: str, text: str) -> None:
-        if len(self.examples[kind]) < _MAX_EXAMPLES:
+        if len(self.examples[kind]) < MAX_EXAMPLES:
             self.examples[kind].append(text)
 
     def as_dict(self) -> dict[str, Any]:
@@ -134,13 +136,38 @@ def _count(report: SinkReport, expected: int, compared: IdComparison) -> None:
 
 
 def _place(outbox: VerifyOutbox, report: SinkReport, outside: list[UUID]) -> None:
-    """Count the ids held but not expected by where their rows lie (no row: not the
-    outbox's committed event)."""
-    for mid, where in placements(outbox, report.subscriber, outside):
-        if where == "ahead":
+    """Count the ids held but not expected by where their rows lie."""
+    for mid in place_held(outbox, report, [(mid, mid) for mid in outside]):
+        report.example("not_in_outbox", str(mid))
+
+
+class Placing(Protocol):
+    """A report of a sink that counts what the sink holds but verify did not expect,
+    by where its event lies for the subscriber."""
+
+    subscriber: str
+    ahead: int
+    outside_range: int
+    not_in_outbox: int
+
+
+def place_held(
+    outbox: VerifyOutbox, report: Placing, held: Sequence[tuple[_Held, UUID | None]]
+) -> list[_Held]:
+    """Count each thing held but not expected (with its event's id; None: no event of
+    the outbox's) by where the event's row lies: past a checkpoint (*ahead*), outside the
+    subscriber's range, or no row (*not in outbox*, not the outbox's committed event).
+    Returns those not in the outbox, in order, for the examples."""
+    ids = list(dict.fromkeys(mid for _, mid in held if mid is not None))
+    where = dict(placements(outbox, report.subscriber, ids))
+    not_in_outbox = []
+    for thing, mid in held:
+        placed = None if mid is None else where.get(mid)
+        if placed == "ahead":
             report.ahead += 1
-        elif where is not None:
+        elif placed is not None:
             report.outside_range += 1
         else:
             report.not_in_outbox += 1
-            report.example("not_in_outbox", str(mid))
+            not_in_outbox.append(thing)
+    return not_in_outbox

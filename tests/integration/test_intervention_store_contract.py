@@ -15,7 +15,10 @@ from relay.adapters.postgres.store import OutboxStore
 from tests.contracts.intervention_store import InterventionStoreContract, Write
 
 
-class TestPostgresInterventions(InterventionStoreContract):
+class PostgresOutbox:
+    """The store as the relay role, and events as the writer role writes them (a
+    definition's contract too: tests/integration/test_definition_store_contract.py)."""
+
     @pytest.fixture
     def store(self, relay_db: psycopg.Connection[Any]) -> OutboxStore:
         return OutboxStore(relay_db)
@@ -35,3 +38,7 @@ class TestPostgresInterventions(InterventionStoreContract):
             )  # fmt: skip
 
         return write
+
+
+class TestPostgresInterventions(PostgresOutbox, InterventionStoreContract):
+    pass

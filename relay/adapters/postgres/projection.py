@@ -1,7 +1,7 @@
 """The order projection (``spark_jobs/order_projection.py``) read back for ``verify
 --through projection``: its ``orders`` rows (one per order, at the last event applied)
 and the keys of the events it quarantined (``spark_corrupt_records``), queries of
-``sql/projection.sql``.
+``sql/projection.sql``, on one connection per read, the rows streamed.
 
 The database is the projection's own (its URL: ``verify --through projection URL``, or
 ``RELAY_SINK_URL`` / ``RELAY_SINK_URL_FILE``), read as the job's role finds its tables.
@@ -9,7 +9,8 @@ The database is the projection's own (its URL: ``verify --through projection URL
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -17,7 +18,7 @@ import psycopg
 from relay.adapters.postgres import db
 from relay.adapters.postgres.queries import parse_named, read_sql
 from relay.core.model import Position
-from relay.core.ports import ProjectedRow
+from relay.core.ports import ProjectedRow, ProjectionRead
 from relay.errors import ConfigError, SinkUnreadable
 
 # The events the job applies (spark_jobs/order_projection.py, _judged and _STATUS): an
@@ -25,6 +26,7 @@ from relay.errors import ConfigError, SinkUnreadable
 _AGGREGATE_TYPE = "order"
 _EVENT_TYPES = ("OrderPlaced", "OrderShipped")
 _SINK = "order-projection"  # the job's default --sink: its rows in the error table
+_FETCH = 10_000  # rows fetched at a time: memory does not grow with the table
 
 
 class OrderProjection:
@@ -41,18 +43,38 @@ class OrderProjection:
     def projects(self, aggregate_type: str, event_type: str) -> bool:
         return aggregate_type == _AGGREGATE_TYPE and event_type.endswith(_EVENT_TYPES)
 
-    def rows(self) -> Iterator[ProjectedRow]:
-        rows = self._read("projected_rows", {})
-        return (ProjectedRow(key, Position(tx, pos)) for key, tx, pos in rows)
-
-    def quarantined_keys(self) -> set[str]:
-        return {key for (key,) in self._read("quarantined_keys", {"sink": _SINK})}
-
-    def _read(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    @contextmanager
+    def read(self) -> Iterator[ProjectionRead]:
         with db.connect(self._url, application_name="outbox-relay-verify") as conn:
+            quarantined = self._quarantined(conn)
+            rows = self._rows(conn)
             try:
-                conn.execute(self._queries["role_search_path"])
-                conn.execute(self._queries["pin_sink_search_path"])
-                return conn.execute(self._queries[name], params).fetchall()
-            except psycopg.Error as exc:  # no such table, not allowed to read it...
-                raise SinkUnreadable(f"the projection's database: {exc}") from exc
+                yield ProjectionRead(quarantined, rows)
+            finally:
+                rows.close()  # its cursor, before the connection closes under it
+
+    def _quarantined(self, conn: psycopg.Connection[Any]) -> set[str]:
+        """Pins the path the job's tables are found on (for the rows too), then reads
+        the quarantined keys."""
+        with _unreadable():
+            conn.execute(self._queries["role_search_path"])
+            conn.execute(self._queries["pin_sink_search_path"])
+            found = conn.execute(self._queries["quarantined_keys"], {"sink": _SINK})
+            return {key for (key,) in found}
+
+    def _rows(self, conn: psycopg.Connection[Any]) -> Generator[ProjectedRow]:
+        """The rows through a server-side cursor, ``_FETCH`` at a time: a named cursor
+        lives in a transaction (the connection is in autocommit)."""
+        with _unreadable(), conn.transaction(), conn.cursor(name="projected_rows") as cursor:
+            cursor.itersize = _FETCH
+            cursor.execute(self._queries["projected_rows"])
+            for key, tx, pos in cursor:
+                yield ProjectedRow(key, Position(tx, pos))
+
+
+@contextmanager
+def _unreadable() -> Iterator[None]:
+    try:
+        yield
+    except psycopg.Error as exc:  # no such table, not allowed to read it...
+        raise SinkUnreadable(f"the projection's database: {exc}") from exc

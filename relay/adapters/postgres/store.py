@@ -10,7 +10,6 @@ interventions, its key space and its retention are pieces of their own modules
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -41,7 +40,13 @@ from relay.core.ports import (
     PartWait,
     Selection,
 )
-from relay.core.subscribers import StartFrom, SubjectStrategy, Subscriber, collision
+from relay.core.subscribers import (
+    StartFrom,
+    SubjectStrategy,
+    Subscriber,
+    check_unchanged,
+    collision,
+)
 from relay.errors import (
     CheckpointConflict,
     ClaimLost,
@@ -383,12 +388,7 @@ class OutboxStore(SessionQueries, InterventionQueries, KeySpaceQueries, Retentio
             locked = self.conn.execute(self._q["lock_subscriber"], {"name": before.name})
             if locked.fetchone() is None:
                 raise SubscriberError(f"no subscriber named {before.name!r}")
-            current = self.get(before.name).subscriber
-            if dataclasses.replace(current, paused=before.paused) != before:
-                raise SubscriberError(
-                    f"subscriber {before.name!r} was changed by someone else meanwhile; "
-                    "nothing was written: run the command again"
-                )
+            check_unchanged(self.get(before.name).subscriber, before)
             self.add(after, replace=True)
 
     def index_parts(self) -> None:

@@ -5,6 +5,7 @@ of older events missing, quarantined ones apart, rows at no committed event foun
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -12,7 +13,7 @@ import pytest
 
 from relay.adapters.memory import InMemoryProjection
 from relay.core.model import Position
-from relay.core.ports import EventKeys, PublishedEvent
+from relay.core.ports import EventKeys, ProjectedRow, ProjectionRead, PublishedEvent
 from relay.core.subscribers import Subscriber
 from relay.ops.verify_projection import verify_projection
 from tests.unit.ops.test_verify_sink import Store
@@ -125,3 +126,46 @@ def test_the_reader_expects_the_events_the_job_applies() -> None:
     assert all(reader.projects("order", f"app.{kind}") for kind in job._STATUS)
     assert not reader.projects("order", "OrderCancelled")
     assert not reader.projects("payment", "OrderPlaced")
+
+
+def test_rows_are_placed_a_chunk_at_a_time_and_listed_after_the_keys_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rows are streamed: those to place are kept a chunk at a time, not the table;
+    the report reads as when they were all held (missing keys' examples first)."""
+    monkeypatch.setattr("relay.ops.verify_projection._CHUNK", 2)
+    projection = InMemoryProjection()
+    projection.held = {f"ghost-{n}": Position(100 + n, 0) for n in range(5)}
+    projection.held["b"] = Position(7, 0)  # past b's checkpoint
+    outbox = Outbox([order(1, "a"), order(2, "b")], ahead=[order(7, "b")])
+    report = check(outbox, projection)
+    assert (report.expected, report.missing, report.not_in_outbox, report.ahead) == (2, 1, 5, 1)
+    assert list(report.as_dict()["examples"]) == ["missing", "not_in_outbox"]
+    assert report.examples["not_in_outbox"] == [
+        f"ghost-{n}: its row at {100 + n}:0, no committed event there" for n in range(5)
+    ]
+
+
+def test_the_rows_are_read_within_one_read() -> None:
+    """One read of the projection (one connection, for the Postgres reader) gives both
+    the quarantined keys and the rows, read before it ends."""
+    reads: list[str] = []
+
+    class Once(InMemoryProjection):
+        @contextmanager
+        def read(self) -> Iterator[ProjectionRead]:
+            reads.append("open")
+
+            def rows(read: ProjectionRead) -> Iterator[ProjectedRow]:
+                for row in read.rows:
+                    reads.append("row")
+                    yield row
+
+            with super().read() as read:
+                yield read._replace(rows=rows(read))
+            reads.append("closed")
+
+    projection = Once()
+    projection.held = {"a": Position(1, 0)}
+    assert check(Outbox([order(1, "a")]), projection).found == 1
+    assert reads == ["open", "row", "closed"]

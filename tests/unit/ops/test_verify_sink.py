@@ -11,7 +11,7 @@ from relay.core.interventions import OperatorSkip
 from relay.core.model import Position
 from relay.core.ports import PublishedEvent, SubscriberState
 from relay.core.subscribers import Subscriber
-from relay.ops.verify_sink import compare_ids, verify_sink
+from relay.ops.verify_sink import SinkReport, compare_ids, place_held, verify_sink
 
 A, B, C, D = (uuid4() for _ in range(4))
 
@@ -83,3 +83,15 @@ def test_a_sink_holding_exactly_the_expected_events_is_clean() -> None:
     (report,) = verify_sink(Store(), Outbox([A, B], {}), sink, "archive")  # type: ignore[arg-type]
     assert not report.problems and report.verdict == "clean"
     assert (report.expected, report.found) == (2, 2)
+
+
+def test_what_is_held_but_not_expected_is_placed_by_where_its_event_lies() -> None:
+    """The one ladder both sink checks (ids, and a projection's rows) place by: each
+    thing held counted, one event held twice counted twice; no id or no row: not in the
+    outbox, returned in order for the examples."""
+    ahead, before, filtered, gone = uuid4(), uuid4(), uuid4(), uuid4()
+    rows = {ahead: "ahead", before: "before_start", filtered: "filtered"}
+    report = SinkReport("s", "archive", ["orders"], [])
+    held = [("a", ahead), ("b", before), ("c", gone), ("d", None), ("e", filtered), ("f", ahead)]
+    assert place_held(Outbox([], rows), report, held) == ["c", "d"]  # type: ignore[arg-type]
+    assert (report.ahead, report.outside_range, report.not_in_outbox) == (2, 2, 2)

@@ -14,14 +14,13 @@ from relay.core.model import OutboxEvent
 from tests.contracts.intervention_store import InterventionStoreContract, Write
 
 
-class TestInMemoryInterventions(InterventionStoreContract):
+class InMemoryOutbox:
+    """The in-memory store the relay's side runs on, and events committed to it (a
+    definition's contract too: test_definition_store_contract.py)."""
+
     @pytest.fixture
     def relay(self) -> InMemoryStore:
         return InMemoryStore()
-
-    @pytest.fixture
-    def store(self, relay: InMemoryStore) -> InMemoryInterventions:
-        return InMemoryInterventions(relay)
 
     @pytest.fixture
     def write(self, relay: InMemoryStore) -> Write:
@@ -35,3 +34,9 @@ class TestInMemoryInterventions(InterventionStoreContract):
             return relay.append(event).message_id
 
         return write
+
+
+class TestInMemoryInterventions(InMemoryOutbox, InterventionStoreContract):
+    @pytest.fixture
+    def store(self, relay: InMemoryStore) -> InMemoryInterventions:
+        return InMemoryInterventions(relay)
