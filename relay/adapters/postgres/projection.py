@@ -25,7 +25,7 @@ from relay.errors import ConfigError, SinkUnreadable
 # order aggregate's events whose type ends with one of these.
 _AGGREGATE_TYPE = "order"
 _EVENT_TYPES = ("OrderPlaced", "OrderShipped")
-_SINK = "order-projection"  # the job's default --sink: its rows in the error table
+_SINK = "order-projection"  # the sink name main gives the job (start(sink=...)): its error rows
 _FETCH = 10_000  # rows fetched at a time: memory does not grow with the table
 
 
