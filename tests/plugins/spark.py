@@ -21,6 +21,23 @@ import pytest
 from relay.localstack.process import free_port, log_tail, signal_and_wait, spawn
 from tests.support import wait_until
 
+# The JIT's first tier only, and the serial collector: a test's driver JVM lives seconds
+# to a minute on small data, where C2 compiling and G1's threads cost more CPU than they
+# save (measured: half the JVM's CPU time for a small job). Test-only, through the
+# variable spark-submit adds to the driver's java command; the jobs' results are the same.
+TEST_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _quick_spark_drivers() -> Iterator[None]:
+    """Every Spark driver a test starts (the ``spark`` session, ``python -m`` jobs,
+    ``spark-submit``) with :data:`TEST_DRIVER_JAVA_OPTIONS`, unless whoever runs the
+    tests set SPARK_SUBMIT_OPTS: theirs alone then (a JVM refuses two collectors)."""
+    with pytest.MonkeyPatch.context() as patch:
+        if "SPARK_SUBMIT_OPTS" not in os.environ:
+            patch.setenv("SPARK_SUBMIT_OPTS", TEST_DRIVER_JAVA_OPTIONS)
+        yield
+
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
