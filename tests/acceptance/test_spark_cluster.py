@@ -239,7 +239,9 @@ def test_the_delta_archive_keeps_each_event_once_through_an_executor_kill(
         env, paths = submitting(spark_standalone, kafka.bootstrap_servers, database_url, tmp_path)
         # Ivy resolves --packages from ~/.m2 first, where a Maven build may have left a
         # pom without its jar: a home of its own, as test_spark_clusters_doc.py gives it.
-        env["SPARK_SUBMIT_OPTS"] = f"-Duser.home={tmp_path / 'home'}"
+        env["SPARK_SUBMIT_OPTS"] = (
+            f"{env.get('SPARK_SUBMIT_OPTS', '')} -Duser.home={tmp_path / 'home'}"
+        )
         job = Job(substituted(delta_submit_command(), paths), env, tmp_path / "delta.log")
         archive_through_an_executor_kill(spark_standalone, job, len(committed))
     assert archived_ids(tmp_path / "outbox-delta") == sorted(committed)  # each once, no other

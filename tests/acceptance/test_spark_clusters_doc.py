@@ -71,7 +71,8 @@ def test_the_archive_runs_from_a_packed_venv_as_the_cluster_page_ships_it(
     # Ivy resolves --packages from ~/.m2 first, where a Maven build may have left a pom
     # without its jar ("download failed: org.slf4j#slf4j-api"): a home of its own.
     home = f"-Duser.home={tmp_path / 'home'}"
-    env = {**spark_standalone.env, **exported, "SPARK_SUBMIT_OPTS": home}
+    env = {**spark_standalone.env, **exported}
+    env["SPARK_SUBMIT_OPTS"] = f"{env.get('SPARK_SUBMIT_OPTS', '')} {home}"  # after the tests' own
     *build, submit = [
         [str(REPO) if word == "." else word for word in substituted(argv, paths)]
         for argv in commands
