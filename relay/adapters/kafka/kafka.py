@@ -216,6 +216,7 @@ class TopicCreator:
         self._allow_listed = allow_listed
         self._known: set[str] = set()
         self._lock = threading.Lock()  # shared by every worker of the relay
+        self._client: AdminClient | None = None
 
     def known(self) -> frozenset[str]:
         """The topics this relay's publishers have made sure of: those they write to."""
@@ -329,8 +330,15 @@ class TopicCreator:
         )
 
     def _admin(self) -> AdminClient:
-        client: dict[str, Any] = {**self._admin_config, "logger": _client_log}
-        return AdminClient(client)
+        """The creator's one admin client, opened on first use (callers hold the lock).
+        A client per call outlived it when the topic existed already: the future's
+        exception holds the frame that holds the client, a cycle only the garbage
+        collector frees. A relay whose 1,000 parts made sure of their topics then ran
+        hundreds of clients of 4-5 threads each, up to 1,978 threads (issue #53)."""
+        if self._client is None:
+            client: dict[str, Any] = {**self._admin_config, "logger": _client_log}
+            self._client = AdminClient(client)
+        return self._client
 
     def _existing(self, admin: AdminClient) -> set[str]:
         try:
@@ -897,7 +905,15 @@ class TransactionalPublisher(_BatchProducer):
         if hung:
             raise self._abandon(operation, limit)
         if failure is not None:
-            raise failure
+            try:
+                raise failure
+            finally:
+                # Its traceback holds this frame and the call's: without these the
+                # cycles kept the publisher and its client's threads until the cyclic
+                # collector, rare in a relay (tune_gc): 1,000 parts ran hundreds of
+                # closed clients (#53).
+                call.failure = None
+                del call, failure
         return call.result[0]
 
     def _abandon(self, hung: Callable[..., object], limit: float) -> ProducerFenced:
@@ -958,24 +974,29 @@ class TransactionalPublisher(_BatchProducer):
     def _call(self, operation: Callable[..., T], *args: Any) -> T:
         """Run a transaction API call, mapping librdkafka's error flags onto ours."""
         deadline = time.monotonic() + self._delivery_timeout_s
-        while True:
-            try:
-                return self._watched(operation, *args)
-            except KafkaException as exc:
-                failure = classify(
-                    exc, self.transactional_id, Stage.TRANSACTION, config=self._config
-                )
-                if isinstance(failure, TransactionAborted):
-                    self._abort()
-                if not retry_now(failure) or time.monotonic() > deadline:
-                    raise failure from exc
-                if self._initialised and coordinator_moved(failure):
-                    # Mid-transaction, its coordinator gone: made again here, the call
-                    # hung for the watchdog's whole bound in a node kill (#29). The part
-                    # starts over with a new producer instead, whose init_transactions
-                    # finds the new coordinator and aborts this transaction.
-                    raise failure from exc
-                time.sleep(0.1)
+        failure: RelayError | None = None
+        try:
+            while True:
+                try:
+                    return self._watched(operation, *args)
+                except KafkaException as exc:
+                    failure = classify(
+                        exc, self.transactional_id, Stage.TRANSACTION, config=self._config
+                    )
+                    if isinstance(failure, TransactionAborted):
+                        self._abort()
+                    if not retry_now(failure) or time.monotonic() > deadline:
+                        raise failure from exc
+                    if self._initialised and coordinator_moved(failure):
+                        # Mid-transaction, its coordinator gone: made again here, the
+                        # call hung for the watchdog's whole bound in a node kill (#29).
+                        # The part starts over with a new producer instead, whose
+                        # init_transactions finds the new coordinator and aborts this
+                        # transaction.
+                        raise failure from exc
+                    time.sleep(0.1)
+        finally:
+            failure = None  # a cycle through the traceback, as in _watched (#53)
 
 
 def _name(operation: Callable[..., object]) -> str:

@@ -148,3 +148,21 @@ def test_a_schema_without_the_record_keeps_existing_topics_and_waits_for_new_one
     with pytest.raises(TopicBudgetFull) as waiting:
         topics.ensure_for_records({"outbox.event.new"}, {"outbox.event.new"})
     assert "migration 0017" in str(waiting.value)
+
+
+def test_one_admin_client_serves_every_topic_made_sure_of(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A client per call outlived it (a cycle through the future's exception when the
+    # topic existed): 1,000 parts ran hundreds of clients at once (issue #53).
+    opened: list[FakeAdmin] = []
+
+    def open_admin(config: dict[str, Any]) -> FakeAdmin:
+        opened.append(FakeAdmin())
+        return opened[-1]
+
+    monkeypatch.setattr("relay.adapters.kafka.kafka.AdminClient", open_admin)
+    topics = TopicCreator({})
+    for i in range(5):
+        topics.ensure({f"t{i}"})
+    topics.ensure_for_records({"t9"}, set())
+    assert len(opened) == 1
+    assert opened[0].created == ["t0", "t1", "t2", "t3", "t4", "t9"]
