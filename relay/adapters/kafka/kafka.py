@@ -628,7 +628,11 @@ class TransactionalPublisher(_BatchProducer):
         group_prefix: str,
         checkpoint_topic: str,
         consumer_config: Mapping[str, Any],
+        committer: ThreadPoolExecutor | None = None,
     ) -> None:
+        """``committer``: the threads that commit while a backlog's next batch is read
+        (shared by a relay's publishers, see :class:`~relay.adapters.kafka.publishers.
+        PublisherFactory`); None: a thread of this publisher's own, started when needed."""
         super().__init__(
             transactional_config(config, transactional_id, transaction_timeout_s),
             topics,
@@ -648,7 +652,8 @@ class TransactionalPublisher(_BatchProducer):
         # Why this producer takes no more transactions (an abort that failed), if so.
         self._unusable: str | None = None
         self._key_space: UUID | None = None
-        self._commit_pool: ThreadPoolExecutor | None = None
+        self._commit_pool = committer
+        self._owns_commit_pool = committer is None
         # One per producer: a call that hangs keeps it, and both are abandoned together.
         self._calls = CallThread("kafka-txn-call")
 
@@ -847,7 +852,7 @@ class TransactionalPublisher(_BatchProducer):
 
     def close(self) -> None:
         self._calls.close()  # a hung call's thread ends if the call ever returns
-        if self._commit_pool is not None:
+        if self._commit_pool is not None and self._owns_commit_pool:
             # A wedged commit (see _watched) is given up on there, never waited for here.
             self._commit_pool.shutdown(wait=False)
             self._commit_pool = None

@@ -3,6 +3,8 @@ relay keeps at most max_producers open: relay/engine/scheduling.py)."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 from relay.adapters.kafka.kafka import (
     IdempotentPublisher,
     TopicCreator,
@@ -36,7 +38,13 @@ def routed_topic_creator(
 
 
 class PublisherFactory:
-    """Opens a part's publisher; every publisher shares one topic creator."""
+    """Opens a part's publisher; every publisher shares one topic creator, and the
+    transactional ones the threads that commit while the next batch is read.
+
+    A part commits one transaction at a time, and only the parts holding one of the
+    relay's ``max_producers`` publishers commit, so that many threads never keep a
+    commit waiting. A thread per producer (two per part) made the relay's threads grow
+    with its pool for nothing (#53)."""
 
     def __init__(
         self, settings: Settings, topic_guard: TopicGuard, record: TopicRecord | None
@@ -44,6 +52,11 @@ class PublisherFactory:
         self._settings = settings
         self._bootstrap_servers = settings.require_bootstrap_servers()
         self._topics = routed_topic_creator(settings, topic_guard, record)
+        # Its threads start on demand and wait idle for the relay's life (daemon-like:
+        # an interpreter at exit joins them, and none blocks past its call's watchdog).
+        self._committer = ThreadPoolExecutor(
+            settings.max_producers, thread_name_prefix="kafka-commit"
+        )
 
     def written_topics(self) -> frozenset[str]:
         """The topics this relay's parts have published to (their checkpoint topic too)."""
@@ -68,6 +81,7 @@ class PublisherFactory:
                 group_prefix=name,
                 checkpoint_topic=s.checkpoint_topic,
                 consumer_config={**s.kafka, "bootstrap.servers": self._bootstrap_servers},
+                committer=self._committer,
             )
 
         return part_publisher(

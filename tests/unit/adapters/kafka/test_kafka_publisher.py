@@ -625,3 +625,22 @@ def test_a_failed_call_leaves_no_cycle_holding_the_closed_publisher(
         assert gone() is None  # freed by reference counting alone
     finally:
         gc.enable()
+
+
+def test_a_relay_s_transactional_producers_share_the_threads_that_commit() -> None:
+    """A commit runs on a helper thread while the next batch is read. Only the parts
+    holding one of the relay's max_producers publishers commit, one transaction each at
+    a time: that many threads serve them all. A thread per producer (two per part) grew
+    the relay's threads with its pool for nothing (#53). Closing a producer leaves the
+    shared threads to the others."""
+    settings = Settings(bootstrap_servers="b:1", max_producers=3)
+    factory = PublisherFactory(settings, TopicGuard(settings.checkpoint_topic), None)
+    parts = [factory(SimpleNamespace(name="s", part=n, subscriber_id=1)) for n in range(2)]  # type: ignore[arg-type]
+    producers = [p for part in parts for p in (part._first, part._second)]  # type: ignore[attr-defined]
+    committers = {id(p._committer()) for p in producers}
+    assert len(committers) == 1
+    assert producers[0]._committer()._max_workers == 3
+    producers[0].close()
+    assert producers[1]._committer().submit(lambda: "committed").result(5) == "committed"
+    for p in producers[1:]:
+        p.close()
