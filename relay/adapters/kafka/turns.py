@@ -85,8 +85,14 @@ class TurnTakingPublisher:
         # later checkpoint of the two covers both.
         with ThreadPoolExecutor(1, thread_name_prefix="kafka-recover") as helper:
             second = helper.submit(self._second.recover, generation, key_space)
-            first = self._first.recover(generation, key_space)
-            found = [c for c in (first, self._second_recovered(second)) if c is not None]
+            try:
+                first = self._first.recover(generation, key_space)
+                found = [c for c in (first, self._second_recovered(second)) if c is not None]
+            finally:
+                # The second's failure, raised, holds this frame, which held its future,
+                # which holds the failure: a cycle keeping both producers and their
+                # threads until the garbage collector, rare in a relay (#53).
+                del second
         return max(found, key=_position, default=None)
 
     def _second_recovered(
@@ -108,6 +114,8 @@ class TurnTakingPublisher:
             )
             self._close_second()
             return None
+        finally:
+            del recovering  # its exception, raised, holds this frame: see recover
         if not self._take_turns:
             self._close_second()  # fenced, and its checkpoint read: its work is done
         return checkpoint

@@ -3,6 +3,9 @@ over publishers that record what they were asked."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import weakref
 from uuid import UUID, uuid4
 
 import pytest
@@ -178,3 +181,30 @@ def test_a_first_id_the_broker_refuses_fails_the_recovery() -> None:
     turns = TurnTakingPublisher([Refused("a"), Recording("a.2")])
     with pytest.raises(TransactionalIdRefused):
         turns.recover("g")
+
+
+class Unreachable(Recording):
+    def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
+        raise BrokerUnavailable("the coordinator is away")
+
+
+@pytest.mark.parametrize("second", [Refused, Unreachable], ids=["refused", "failed"])
+def test_a_failed_second_recovery_leaves_no_cycle_holding_the_part_s_producers(
+    second: type[Recording], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The second's failure, raised from its future in recover, held recover's frame,
+    # which held the future: the part's producers and their threads lived until the
+    # cyclic collector, rare in a relay (tune_gc; issue #53).
+    monkeypatch.setattr(turns_module.logger, "disabled", True)  # pytest keeps the records
+    gc.collect()
+    gc.disable()
+    try:
+        turns = TurnTakingPublisher([Recording("a"), second("a.2")])
+        with contextlib.suppress(BrokerUnavailable):
+            turns.recover("g")
+        turns.close()
+        gone = weakref.ref(turns)
+        del turns
+        assert gone() is None  # freed by reference counting alone
+    finally:
+        gc.enable()
