@@ -39,12 +39,13 @@ def routed_topic_creator(
 
 class PublisherFactory:
     """Opens a part's publisher; every publisher shares one topic creator, and the
-    transactional ones the threads that commit while the next batch is read.
+    transactional ones the helper threads that commit while the next batch is read and
+    recover a part's second producer while its first recovers.
 
-    A part commits one transaction at a time, and only the parts holding one of the
-    relay's ``max_producers`` publishers commit, so that many threads never keep a
-    commit waiting. A thread per producer (two per part) made the relay's threads grow
-    with its pool for nothing (#53)."""
+    Only the parts holding one of the relay's ``max_producers`` publishers commit or
+    recover, each doing one of the two at a time, so that many threads never keep one
+    waiting. A thread per producer, and one more per recovery, made the relay's threads
+    grow with its pool for nothing (#53)."""
 
     def __init__(
         self, settings: Settings, topic_guard: TopicGuard, record: TopicRecord | None
@@ -54,8 +55,8 @@ class PublisherFactory:
         self._topics = routed_topic_creator(settings, topic_guard, record)
         # Its threads start on demand and wait idle for the relay's life (daemon-like:
         # an interpreter at exit joins them, and none blocks past its call's watchdog).
-        self._committer = ThreadPoolExecutor(
-            settings.max_producers, thread_name_prefix="kafka-commit"
+        self._helpers = ThreadPoolExecutor(
+            settings.max_producers, thread_name_prefix="kafka-helper"
         )
 
     def written_topics(self) -> frozenset[str]:
@@ -81,9 +82,12 @@ class PublisherFactory:
                 group_prefix=name,
                 checkpoint_topic=s.checkpoint_topic,
                 consumer_config={**s.kafka, "bootstrap.servers": self._bootstrap_servers},
-                committer=self._committer,
+                committer=self._helpers,
             )
 
         return part_publisher(
-            open_producer, f"{name}.{state.subscriber_id}", s.transaction_producers
+            open_producer,
+            f"{name}.{state.subscriber_id}",
+            s.transaction_producers,
+            helpers=self._helpers,
         )

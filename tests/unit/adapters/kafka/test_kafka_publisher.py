@@ -629,9 +629,10 @@ def test_a_failed_call_leaves_no_cycle_holding_the_closed_publisher(
 
 
 def test_a_relay_s_transactional_producers_share_the_threads_that_commit() -> None:
-    """A commit runs on a helper thread while the next batch is read. Only the parts
-    holding one of the relay's max_producers publishers commit, one transaction each at
-    a time: that many threads serve them all. A thread per producer (two per part) grew
+    """A commit runs on a helper thread while the next batch is read, and a part's
+    second producer recovers on one while its first does. Only the parts holding one of
+    the relay's max_producers publishers do either, one at a time: that many threads
+    serve them all. A thread per producer (two per part) grew
     the relay's threads with its pool for nothing (#53). Closing a producer leaves the
     shared threads to the others."""
     settings = Settings(bootstrap_servers="b:1", max_producers=3)
@@ -641,6 +642,7 @@ def test_a_relay_s_transactional_producers_share_the_threads_that_commit() -> No
     committers = {id(p._committer()) for p in producers}
     assert len(committers) == 1
     assert producers[0]._committer()._max_workers == 3
+    assert {id(part._helpers) for part in parts} == committers  # type: ignore[attr-defined]
     producers[0].close()
     assert producers[1]._committer().submit(lambda: "committed").result(5) == "committed"
     for p in producers[1:]:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
+import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from uuid import UUID, uuid4
 
 import pytest
@@ -208,3 +211,23 @@ def test_a_failed_second_recovery_leaves_no_cycle_holding_the_part_s_producers(
         assert gone() is None  # freed by reference counting alone
     finally:
         gc.enable()
+
+
+def test_the_second_recovers_on_the_relay_s_helpers_and_is_waited_for_if_the_first_fails() -> None:
+    """The relay's helper threads (shared by its parts' producers) run the second's
+    recovery. When the first's fails, the part lets both go only once the second's
+    calls ended, as when a thread of its own was joined."""
+    ran_on: list[str] = []
+
+    class Slow(Recording):
+        def recover(self, generation: str, key_space: UUID | None = None) -> None:
+            time.sleep(0.2)  # still running when the first fails
+            ran_on.append(threading.current_thread().name)
+            CALLS.append(f"{self.name} recovered")
+
+    with ThreadPoolExecutor(1, thread_name_prefix="relay-helper") as helpers:
+        turns = TurnTakingPublisher([Unreachable("a"), Slow("a.2")], helpers=helpers)
+        with pytest.raises(BrokerUnavailable):
+            turns.recover("g")
+        assert CALLS[-1] == "a.2 recovered"
+        assert ran_on[0].startswith("relay-helper")
