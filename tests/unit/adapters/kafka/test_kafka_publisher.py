@@ -9,7 +9,6 @@ Apache Kafka refusing a record over a topic's ``max.message.bytes``.
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import threading
 import weakref
@@ -35,6 +34,7 @@ from relay.errors import (
     ProducerFenced,
     RelayError,
 )
+from tests.support import without_cyclic_collector
 
 
 class FakeMessage:
@@ -613,9 +613,7 @@ def test_a_failed_call_leaves_no_cycle_holding_the_closed_publisher(
     # Held in a cycle through the failure's traceback, a closed publisher and its
     # client's threads lived until the cyclic collector ran, rarely in a relay
     # (tune_gc): 1,000 parts reopening producers ran hundreds of clients (issue #53).
-    gc.collect()
-    gc.disable()
-    try:
+    with without_cyclic_collector():
         pub = publisher(RefusingInit(code, refusals))
         # The raised case: the part drops its publisher and retries later.
         with contextlib.suppress(RelayError):
@@ -624,8 +622,6 @@ def test_a_failed_call_leaves_no_cycle_holding_the_closed_publisher(
         gone = weakref.ref(pub)
         del pub
         assert gone() is None  # freed by reference counting alone
-    finally:
-        gc.enable()
 
 
 def test_a_relay_s_transactional_producers_share_the_threads_that_commit() -> None:
@@ -671,17 +667,13 @@ def test_a_topic_that_exists_leaves_no_cycle_holding_its_caller() -> None:
     def publishing(part: object) -> None:
         creator.ensure({"orders"})
 
-    gc.collect()
-    gc.disable()
-    try:
+    with without_cyclic_collector():
         part = Sentinel()
         gone = weakref.ref(part)
         publishing(part)
         assert creator.known() == {"orders"}
         del part
         assert gone() is None  # freed by reference counting alone
-    finally:
-        gc.enable()
 
 
 class Sentinel:
@@ -690,9 +682,7 @@ class Sentinel:
 
 def test_a_failed_overlapping_commit_leaves_no_cycle_holding_the_publisher() -> None:
     # Raised from its future, the commit's failure held the frame that held the future.
-    gc.collect()
-    gc.disable()
-    try:
+    with without_cyclic_collector():
         pub = publisher(FakeProducer(reject=b"none"))
 
         def failing(offsets: list[Any], metadata: Any) -> None:
@@ -705,5 +695,3 @@ def test_a_failed_overlapping_commit_leaves_no_cycle_holding_the_publisher() -> 
         gone = weakref.ref(pub)
         del pub
         assert gone() is None  # freed by reference counting alone
-    finally:
-        gc.enable()

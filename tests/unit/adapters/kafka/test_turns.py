@@ -4,7 +4,6 @@ over publishers that record what they were asked."""
 from __future__ import annotations
 
 import contextlib
-import gc
 import threading
 import time
 import weakref
@@ -22,6 +21,7 @@ from relay.adapters.kafka.turns import (
 from relay.core.model import KafkaCheckpoint, Position
 from relay.core.ports import Batch, Meanwhile, Owned
 from relay.errors import BrokerUnavailable, TransactionalIdRefused
+from tests.support import without_cyclic_collector
 
 CALLS: list[str] = []
 
@@ -199,9 +199,7 @@ def test_a_failed_second_recovery_leaves_no_cycle_holding_the_part_s_producers(
     # which held the future: the part's producers and their threads lived until the
     # cyclic collector, rare in a relay (tune_gc; issue #53).
     monkeypatch.setattr(turns_module.logger, "disabled", True)  # pytest keeps the records
-    gc.collect()
-    gc.disable()
-    try:
+    with without_cyclic_collector():
         turns = TurnTakingPublisher([Recording("a"), second("a.2")])
         with contextlib.suppress(BrokerUnavailable):
             turns.recover("g")
@@ -209,8 +207,6 @@ def test_a_failed_second_recovery_leaves_no_cycle_holding_the_part_s_producers(
         gone = weakref.ref(turns)
         del turns
         assert gone() is None  # freed by reference counting alone
-    finally:
-        gc.enable()
 
 
 def test_the_second_recovers_on_the_relay_s_helpers_and_is_waited_for_if_the_first_fails() -> None:
