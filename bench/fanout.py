@@ -1,4 +1,4 @@
-"""Cost growth with subscribers: 1 subscriber against 100 (or N) filtered ones, one relay process.
+"""Cost growth with subscribers: 1 subscriber against 100 (or N) filtered ones, one relay.
 
 The outbox holds 100 aggregate types in turn; each of the 100 subscribers takes one of
 them (``aggregate_types``) to its own topic, so together they publish every event once,
@@ -6,9 +6,10 @@ as the single unfiltered subscriber does. ``OUTBOX_BENCH_FANOUT_SUBSCRIBERS=1000
 issue #53's 1,000 instead (as many types and subscribers, the same backlog). 100 stays
 the default: the figures recorded so far mean 100, and at ``quick`` a thousand would
 each publish 100 events in batches of 10, a transaction's fixed cost rather than
-publishing (below), while every round created 3,000 partitions and started 1,000 parts. The figure is the aggregate rate (events
-published per second, summed over subscribers) against the single subscriber's: at
-1.0x, splitting a stream over filtered subscribers costs nothing.
+publishing (below), while every round created 3,000 partitions and started 1,000 parts.
+The figure is the aggregate rate (events published per second, summed over
+subscribers) against the single subscriber's: at 1.0x, splitting a stream over
+filtered subscribers costs nothing.
 
 Both runs publish the same rows and are clocked the same way: their subscribers start
 paused, and the clock runs from the resume of all of them (every part started and
@@ -16,9 +17,10 @@ paused) to the last part's last checkpoint. Issue #53 clocks from the first even
 subscriber to the last of all; that clock is reported too, from the records' own
 timestamps (the producer's at ``produce()``, the broker's on a commit marker): the
 resume's clock also holds the parts' wake-up, fencing and first fetch before any event
-is sent, and the poll of the last checkpoint after the last is. A part borrows a producer from the relay's
-pool only when it has rows to publish, so fencing and recovery fall inside the window
-(the code before issue #30 did them before the resume, a producer per part).
+is sent, and the poll of the last checkpoint after the last is. A part borrows a
+producer from the relay's pool only when it has rows to publish, so fencing and
+recovery fall inside the window (the code before issue #30 did them before the resume,
+a producer per part).
 Each subscriber of the hundred publishes at least 10 batches: the batch size of both runs
 is a tenth of one subscriber's share (at most the relay's default), so the figure is
 publishing, not one transaction's fixed cost per subscriber. The runs alternate, each on
@@ -143,7 +145,11 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
 
 def subscriber_count(environ: Mapping[str, str]) -> int:
     """The filtered subscribers a run has: ``OUTBOX_BENCH_FANOUT_SUBSCRIBERS``, else 100."""
-    count = int(environ.get(SUBSCRIBERS) or DEFAULT_MANY)
+    text = environ.get(SUBSCRIBERS) or str(DEFAULT_MANY)
+    try:
+        count = int(text)
+    except ValueError:
+        raise ValueError(f"{SUBSCRIBERS}={text!r}: not a whole number") from None
     if count < 2:  # one subscriber is the baseline's, unfiltered
         raise ValueError(f"{SUBSCRIBERS}={count}: the fan-out needs at least 2 subscribers")
     return count

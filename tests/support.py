@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import random
@@ -458,3 +459,15 @@ def unstarted_publishers(relay: Relay, conn: psycopg.Connection[Any]) -> Publish
     play a relay's part: their record of topics borrows ``conn`` (autocommit)."""
     record = PostgresTopicRecord(lambda: nullcontext(conn), relay.settings.database_schema)
     return PublisherFactory(relay.settings, relay.topic_guard, record)
+
+
+@contextmanager
+def without_cyclic_collector() -> Iterator[None]:
+    """Within, only reference counting frees objects, as in a relay between its rare
+    cyclic collections (``tune_gc``): what a reference cycle keeps stays alive."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()

@@ -330,11 +330,9 @@ class TopicCreator:
         )
 
     def _admin(self) -> AdminClient:
-        """The creator's one admin client, opened on first use (callers hold the lock).
-        A client per call outlived it when the topic existed already: the future's
-        exception holds the frame that holds the client, a cycle only the garbage
-        collector frees. A relay whose 1,000 parts made sure of their topics then ran
-        hundreds of clients of 4-5 threads each, up to 1,978 threads (issue #53)."""
+        """The creator's one admin client, opened on first use (callers hold the lock):
+        one per call was a client of 4-5 threads for each part making sure of its topics
+        (issue #53)."""
         if self._client is None:
             client: dict[str, Any] = {**self._admin_config, "logger": _client_log}
             self._client = AdminClient(client)
@@ -369,19 +367,26 @@ class TopicCreator:
             request_timeout=15,
         )
         for topic, future in futures.items():
-            try:
-                future.result()
+            # Its exception, not raised: raised, the future's exception took this frame
+            # into its traceback, and this frame holds the future, a cycle only the
+            # garbage collector frees. Every caller's frame was held with it, the part's
+            # publisher and its clients' threads too: each of 1,000 parts did so once,
+            # its topic existing already (issue #53).
+            error = future.exception()
+            if error is None:
                 created.add(topic)
                 logger.info(
                     "created topic %s", topic, extra=log_extra("kafka_topic_created", topic=topic)
                 )
-            except KafkaException as exc:
-                failure = classify(exc, topic, Stage.CREATE_TOPIC)
+            elif not isinstance(error, KafkaException):
+                raise error
+            else:
+                failure = classify(error, topic, Stage.CREATE_TOPIC)
                 if isinstance(failure, TopicRefused):
                     refused.append(failure)
                     continue
                 if failure is not None:
-                    raise failure from exc
+                    raise failure from error
             self._known.add(topic)
         return created, refused
 
@@ -628,7 +633,11 @@ class TransactionalPublisher(_BatchProducer):
         group_prefix: str,
         checkpoint_topic: str,
         consumer_config: Mapping[str, Any],
+        committer: ThreadPoolExecutor | None = None,
     ) -> None:
+        """``committer``: the threads that commit while a backlog's next batch is read
+        (shared by a relay's publishers, see :class:`~relay.adapters.kafka.publishers.
+        PublisherFactory`); None: a thread of this publisher's own, started when needed."""
         super().__init__(
             transactional_config(config, transactional_id, transaction_timeout_s),
             topics,
@@ -648,7 +657,8 @@ class TransactionalPublisher(_BatchProducer):
         # Why this producer takes no more transactions (an abort that failed), if so.
         self._unusable: str | None = None
         self._key_space: UUID | None = None
-        self._commit_pool: ThreadPoolExecutor | None = None
+        self._commit_pool = committer
+        self._owns_commit_pool = committer is None
         # One per producer: a call that hangs keeps it, and both are abandoned together.
         self._calls = CallThread("kafka-txn-call")
 
@@ -816,7 +826,12 @@ class TransactionalPublisher(_BatchProducer):
         try:
             during()
         finally:
-            committing.result()
+            try:
+                committing.result()
+            finally:
+                # Raised, the future's exception holds this frame, which held the
+                # future: a cycle keeping the producer until the garbage collector (#53).
+                del committing
 
     def _committer(self) -> ThreadPoolExecutor:
         if self._commit_pool is None:
@@ -847,7 +862,7 @@ class TransactionalPublisher(_BatchProducer):
 
     def close(self) -> None:
         self._calls.close()  # a hung call's thread ends if the call ever returns
-        if self._commit_pool is not None:
+        if self._commit_pool is not None and self._owns_commit_pool:
             # A wedged commit (see _watched) is given up on there, never waited for here.
             self._commit_pool.shutdown(wait=False)
             self._commit_pool = None

@@ -3,6 +3,8 @@ relay keeps at most max_producers open: relay/engine/scheduling.py)."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 from relay.adapters.kafka.kafka import (
     IdempotentPublisher,
     TopicCreator,
@@ -36,7 +38,14 @@ def routed_topic_creator(
 
 
 class PublisherFactory:
-    """Opens a part's publisher; every publisher shares one topic creator."""
+    """Opens a part's publisher; every publisher shares one topic creator, and the
+    transactional ones the helper threads that commit while the next batch is read and
+    recover a part's second producer while its first recovers.
+
+    Only the parts holding one of the relay's ``max_producers`` publishers commit or
+    recover, each doing one of the two at a time, so that many threads never keep one
+    waiting. A thread per producer, and one more per recovery, made the relay's threads
+    grow with its pool for nothing (#53)."""
 
     def __init__(
         self, settings: Settings, topic_guard: TopicGuard, record: TopicRecord | None
@@ -44,6 +53,11 @@ class PublisherFactory:
         self._settings = settings
         self._bootstrap_servers = settings.require_bootstrap_servers()
         self._topics = routed_topic_creator(settings, topic_guard, record)
+        # Its threads start on demand and wait idle for the relay's life (daemon-like:
+        # an interpreter at exit joins them, and none blocks past its call's watchdog).
+        self._helpers = ThreadPoolExecutor(
+            settings.max_producers, thread_name_prefix="kafka-helper"
+        )
 
     def written_topics(self) -> frozenset[str]:
         """The topics this relay's parts have published to (their checkpoint topic too)."""
@@ -68,8 +82,12 @@ class PublisherFactory:
                 group_prefix=name,
                 checkpoint_topic=s.checkpoint_topic,
                 consumer_config={**s.kafka, "bootstrap.servers": self._bootstrap_servers},
+                committer=self._helpers,
             )
 
         return part_publisher(
-            open_producer, f"{name}.{state.subscriber_id}", s.transaction_producers
+            open_producer,
+            f"{name}.{state.subscriber_id}",
+            s.transaction_producers,
+            helpers=self._helpers,
         )

@@ -29,10 +29,11 @@ Why order and exactly-once still hold:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from uuid import UUID
 
 from relay.core.log_fields import log_extra
@@ -57,13 +58,19 @@ def second_transactional_id(transactional_id: str) -> str:
 
 
 def part_publisher(
-    open_producer: Callable[[str], Publisher], transactional_id: str, producers: int
+    open_producer: Callable[[str], Publisher],
+    transactional_id: str,
+    producers: int,
+    helpers: Executor | None = None,
 ) -> Publisher:
     """A part's transactional publisher over ``open_producer(id)`` for the part's id and
     the second id: the two taking turns with ``producers=2``; with ``producers=1`` the
-    second is opened only to be fenced at recovery."""
+    second is opened only to be fenced at recovery. ``helpers``: see
+    :class:`TurnTakingPublisher`."""
     ids = (transactional_id, second_transactional_id(transactional_id))
-    return TurnTakingPublisher([open_producer(one) for one in ids], take_turns=producers == 2)
+    return TurnTakingPublisher(
+        [open_producer(one) for one in ids], take_turns=producers == 2, helpers=helpers
+    )
 
 
 class TurnTakingPublisher:
@@ -71,8 +78,17 @@ class TurnTakingPublisher:
     part, each transaction on the one that did not take the last (``take_turns``), or
     all on the first, the second fenced at recovery and closed."""
 
-    def __init__(self, publishers: Sequence[Publisher], *, take_turns: bool = True) -> None:
+    def __init__(
+        self,
+        publishers: Sequence[Publisher],
+        *,
+        take_turns: bool = True,
+        helpers: Executor | None = None,
+    ) -> None:
+        """``helpers``: where the second recovers while the first does (the relay's
+        threads its parts' producers share; None: a thread of its own per recovery)."""
         assert len(publishers) == 2, "a part's two transactional ids"
+        self._helpers = helpers
         self._first, self._second = publishers
         self._take_turns = take_turns
         self._second_open = True
@@ -83,10 +99,23 @@ class TurnTakingPublisher:
         # a helper thread. Each producer's read of the checkpoint follows its own fence,
         # so an earlier owner's commit on either is in that producer's read, and the
         # later checkpoint of the two covers both.
-        with ThreadPoolExecutor(1, thread_name_prefix="kafka-recover") as helper:
-            second = helper.submit(self._second.recover, generation, key_space)
-            first = self._first.recover(generation, key_space)
-            found = [c for c in (first, self._second_recovered(second)) if c is not None]
+        with contextlib.ExitStack() as own:
+            helpers = self._helpers or own.enter_context(
+                ThreadPoolExecutor(1, thread_name_prefix="kafka-recover")
+            )
+            second = helpers.submit(self._second.recover, generation, key_space)
+            try:
+                first = self._first.recover(generation, key_space)
+            except BaseException:
+                wait([second])  # the second's calls end before the part lets both go
+                raise
+            try:
+                found = [c for c in (first, self._second_recovered(second)) if c is not None]
+            finally:
+                # The second's failure, raised, holds this frame, which held its future,
+                # which holds the failure: a cycle keeping both producers and their
+                # threads until the garbage collector, rare in a relay (#53).
+                del second
         return max(found, key=_position, default=None)
 
     def _second_recovered(
@@ -108,6 +137,8 @@ class TurnTakingPublisher:
             )
             self._close_second()
             return None
+        finally:
+            del recovering  # its exception, raised, holds this frame: see recover
         if not self._take_turns:
             self._close_second()  # fenced, and its checkpoint read: its work is done
         return checkpoint

@@ -19,6 +19,11 @@ def test_a_fanout_of_one_subscriber_is_refused() -> None:
         subscriber_count({SUBSCRIBERS: "1"})
 
 
+def test_a_subscriber_count_that_is_no_number_names_the_variable() -> None:
+    with pytest.raises(ValueError, match=f"{SUBSCRIBERS}='1k': not a whole number"):
+        subscriber_count({SUBSCRIBERS: "1k"})
+
+
 def test_the_span_runs_from_the_first_record_of_any_partition_to_the_last_of_all() -> None:
     assert span_seconds([2_000, 1_500, 3_000], [9_000, 11_500, 4_000]) == 10.0
 

@@ -20,9 +20,8 @@ class _Future:
     def __init__(self, error: KafkaError | None) -> None:
         self._error = error
 
-    def result(self) -> None:
-        if self._error is not None:
-            raise KafkaException(self._error)
+    def exception(self) -> KafkaException | None:
+        return None if self._error is None else KafkaException(self._error)
 
 
 class FakeAdmin:

@@ -9,10 +9,10 @@ Apache Kafka refusing a record over a topic's ``max.message.bytes``.
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import threading
 import weakref
+from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any
 
@@ -34,6 +34,7 @@ from relay.errors import (
     ProducerFenced,
     RelayError,
 )
+from tests.support import without_cyclic_collector
 
 
 class FakeMessage:
@@ -612,9 +613,7 @@ def test_a_failed_call_leaves_no_cycle_holding_the_closed_publisher(
     # Held in a cycle through the failure's traceback, a closed publisher and its
     # client's threads lived until the cyclic collector ran, rarely in a relay
     # (tune_gc): 1,000 parts reopening producers ran hundreds of clients (issue #53).
-    gc.collect()
-    gc.disable()
-    try:
+    with without_cyclic_collector():
         pub = publisher(RefusingInit(code, refusals))
         # The raised case: the part drops its publisher and retries later.
         with contextlib.suppress(RelayError):
@@ -623,5 +622,76 @@ def test_a_failed_call_leaves_no_cycle_holding_the_closed_publisher(
         gone = weakref.ref(pub)
         del pub
         assert gone() is None  # freed by reference counting alone
-    finally:
-        gc.enable()
+
+
+def test_a_relay_s_transactional_producers_share_the_threads_that_commit() -> None:
+    """A commit runs on a helper thread while the next batch is read, and a part's
+    second producer recovers on one while its first does. Only the parts holding one of
+    the relay's max_producers publishers do either, one at a time: that many threads
+    serve them all. A thread per producer (two per part) grew
+    the relay's threads with its pool for nothing (#53). Closing a producer leaves the
+    shared threads to the others."""
+    settings = Settings(bootstrap_servers="b:1", max_producers=3)
+    factory = PublisherFactory(settings, TopicGuard(settings.checkpoint_topic), None)
+    parts = [factory(SimpleNamespace(name="s", part=n, subscriber_id=1)) for n in range(2)]  # type: ignore[arg-type]
+    producers = [p for part in parts for p in (part._first, part._second)]  # type: ignore[attr-defined]
+    committers = {id(p._committer()) for p in producers}
+    assert len(committers) == 1
+    assert producers[0]._committer()._max_workers == 3
+    assert {id(part._helpers) for part in parts} == committers  # type: ignore[attr-defined]
+    producers[0].close()
+    assert producers[1]._committer().submit(lambda: "committed").result(5) == "committed"
+    for p in producers[1:]:
+        p.close()
+
+
+class ExistingTopics:
+    """An admin client whose every topic to create exists already."""
+
+    def create_topics(self, topics: list[Any], **timeouts: float) -> dict[str, Future[None]]:
+        futures: dict[str, Future[None]] = {}
+        for topic in topics:
+            future = futures[topic.topic] = Future()
+            error = KafkaError(KafkaError.TOPIC_ALREADY_EXISTS, f"{topic.topic} exists")
+            future.set_exception(KafkaException(error))
+        return futures
+
+
+def test_a_topic_that_exists_leaves_no_cycle_holding_its_caller() -> None:
+    # The "exists already" future's exception, raised, held the creator's frame and
+    # every caller's with it: each of 1,000 parts' publishers and their clients' threads
+    # lived until the cyclic collector, rare in a relay (tune_gc; issue #53).
+    creator = TopicCreator({})
+    creator._admin = ExistingTopics  # type: ignore[method-assign,assignment]
+
+    def publishing(part: object) -> None:
+        creator.ensure({"orders"})
+
+    with without_cyclic_collector():
+        part = Sentinel()
+        gone = weakref.ref(part)
+        publishing(part)
+        assert creator.known() == {"orders"}
+        del part
+        assert gone() is None  # freed by reference counting alone
+
+
+class Sentinel:
+    """What a caller's frame holds (a part's publisher)."""
+
+
+def test_a_failed_overlapping_commit_leaves_no_cycle_holding_the_publisher() -> None:
+    # Raised from its future, the commit's failure held the frame that held the future.
+    with without_cyclic_collector():
+        pub = publisher(FakeProducer(reject=b"none"))
+
+        def failing(offsets: list[Any], metadata: Any) -> None:
+            raise BrokerUnavailable("the coordinator is away")
+
+        pub._commit = failing  # type: ignore[method-assign]
+        with contextlib.suppress(BrokerUnavailable):
+            pub._commit_overlapping([], None, lambda: None)
+        pub.close()
+        gone = weakref.ref(pub)
+        del pub
+        assert gone() is None  # freed by reference counting alone

@@ -3,6 +3,11 @@ over publishers that record what they were asked."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from uuid import UUID, uuid4
 
 import pytest
@@ -16,6 +21,7 @@ from relay.adapters.kafka.turns import (
 from relay.core.model import KafkaCheckpoint, Position
 from relay.core.ports import Batch, Meanwhile, Owned
 from relay.errors import BrokerUnavailable, TransactionalIdRefused
+from tests.support import without_cyclic_collector
 
 CALLS: list[str] = []
 
@@ -178,3 +184,46 @@ def test_a_first_id_the_broker_refuses_fails_the_recovery() -> None:
     turns = TurnTakingPublisher([Refused("a"), Recording("a.2")])
     with pytest.raises(TransactionalIdRefused):
         turns.recover("g")
+
+
+class Unreachable(Recording):
+    def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
+        raise BrokerUnavailable("the coordinator is away")
+
+
+@pytest.mark.parametrize("second", [Refused, Unreachable], ids=["refused", "failed"])
+def test_a_failed_second_recovery_leaves_no_cycle_holding_the_part_s_producers(
+    second: type[Recording], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The second's failure, raised from its future in recover, held recover's frame,
+    # which held the future: the part's producers and their threads lived until the
+    # cyclic collector, rare in a relay (tune_gc; issue #53).
+    monkeypatch.setattr(turns_module.logger, "disabled", True)  # pytest keeps the records
+    with without_cyclic_collector():
+        turns = TurnTakingPublisher([Recording("a"), second("a.2")])
+        with contextlib.suppress(BrokerUnavailable):
+            turns.recover("g")
+        turns.close()
+        gone = weakref.ref(turns)
+        del turns
+        assert gone() is None  # freed by reference counting alone
+
+
+def test_the_second_recovers_on_the_relay_s_helpers_and_is_waited_for_if_the_first_fails() -> None:
+    """The relay's helper threads (shared by its parts' producers) run the second's
+    recovery. When the first's fails, the part lets both go only once the second's
+    calls ended, as when a thread of its own was joined."""
+    ran_on: list[str] = []
+
+    class Slow(Recording):
+        def recover(self, generation: str, key_space: UUID | None = None) -> None:
+            time.sleep(0.2)  # still running when the first fails
+            ran_on.append(threading.current_thread().name)
+            CALLS.append(f"{self.name} recovered")
+
+    with ThreadPoolExecutor(1, thread_name_prefix="relay-helper") as helpers:
+        turns = TurnTakingPublisher([Unreachable("a"), Slow("a.2")], helpers=helpers)
+        with pytest.raises(BrokerUnavailable):
+            turns.recover("g")
+        assert CALLS[-1] == "a.2 recovered"
+        assert ran_on[0].startswith("relay-helper")
