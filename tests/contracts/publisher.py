@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import NamedTuple
 from uuid import UUID
@@ -199,7 +200,7 @@ def kafka_publishers(
 ) -> Iterator[OpenPublisher]:
     """Opens transactional publishers of one part on Apache Kafka, each a new owner of
     it (with ``producers=2``, two taking turns, as the relay opens them); closes them
-    all on exit."""
+    all, then their helper threads, on exit."""
     config = {"bootstrap.servers": bootstrap}
     opened: list[Publisher] = []
 
@@ -216,12 +217,13 @@ def kafka_publishers(
         )
 
     def open_publisher() -> Publisher:
-        publisher = part_publisher(open_producer, f"{prefix}{part}", producers)
+        publisher = part_publisher(open_producer, f"{prefix}{part}", producers, helpers=helpers)
         opened.append(publisher)
         return publisher
 
-    try:
-        yield open_publisher
-    finally:
-        for publisher in opened:
-            publisher.close()
+    with ThreadPoolExecutor(1, thread_name_prefix="kafka-helper") as helpers:
+        try:
+            yield open_publisher
+        finally:
+            for publisher in opened:
+                publisher.close()

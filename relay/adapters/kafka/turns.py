@@ -29,11 +29,10 @@ Why order and exactly-once still hold:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Executor, Future, wait
 from uuid import UUID
 
 from relay.core.log_fields import log_extra
@@ -61,7 +60,8 @@ def part_publisher(
     open_producer: Callable[[str], Publisher],
     transactional_id: str,
     producers: int,
-    helpers: Executor | None = None,
+    *,
+    helpers: Executor,
 ) -> Publisher:
     """A part's transactional publisher over ``open_producer(id)`` for the part's id and
     the second id: the two taking turns with ``producers=2``; with ``producers=1`` the
@@ -83,10 +83,10 @@ class TurnTakingPublisher:
         publishers: Sequence[Publisher],
         *,
         take_turns: bool = True,
-        helpers: Executor | None = None,
+        helpers: Executor,
     ) -> None:
         """``helpers``: where the second recovers while the first does (the relay's
-        threads its parts' producers share; None: a thread of its own per recovery)."""
+        threads its parts' producers share)."""
         assert len(publishers) == 2, "a part's two transactional ids"
         self._helpers = helpers
         self._first, self._second = publishers
@@ -99,23 +99,19 @@ class TurnTakingPublisher:
         # a helper thread. Each producer's read of the checkpoint follows its own fence,
         # so an earlier owner's commit on either is in that producer's read, and the
         # later checkpoint of the two covers both.
-        with contextlib.ExitStack() as own:
-            helpers = self._helpers or own.enter_context(
-                ThreadPoolExecutor(1, thread_name_prefix="kafka-recover")
-            )
-            second = helpers.submit(self._second.recover, generation, key_space)
-            try:
-                first = self._first.recover(generation, key_space)
-            except BaseException:
-                wait([second])  # the second's calls end before the part lets both go
-                raise
-            try:
-                found = [c for c in (first, self._second_recovered(second)) if c is not None]
-            finally:
-                # The second's failure, raised, holds this frame, which held its future,
-                # which holds the failure: a cycle keeping both producers and their
-                # threads until the garbage collector, rare in a relay (#53).
-                del second
+        second = self._helpers.submit(self._second.recover, generation, key_space)
+        try:
+            first = self._first.recover(generation, key_space)
+        except BaseException:
+            wait([second])  # the second's calls end before the part lets both go
+            raise
+        try:
+            found = [c for c in (first, self._second_recovered(second)) if c is not None]
+        finally:
+            # The second's failure, raised, holds this frame, which held its future,
+            # which holds the failure: a cycle keeping both producers and their
+            # threads until the garbage collector, rare in a relay (#53).
+            del second
         return max(found, key=_position, default=None)
 
     def _second_recovered(
