@@ -378,17 +378,25 @@ class TopicCreator:
                 logger.info(
                     "created topic %s", topic, extra=log_extra("kafka_topic_created", topic=topic)
                 )
-            elif not isinstance(error, KafkaException):
-                raise error
-            else:
-                failure = classify(error, topic, Stage.CREATE_TOPIC)
+            elif (failure := _creation_failure(error, topic)) is not None:
                 if isinstance(failure, TopicRefused):
                     refused.append(failure)
                     continue
-                if failure is not None:
+                try:
                     raise failure from error
+                finally:
+                    del failure  # raised, it holds this frame: the same cycle
             self._known.add(topic)
         return created, refused
+
+
+def _creation_failure(error: BaseException, topic: str) -> RelayError | None:
+    """What a topic's creation future's ``error`` means; None: the topic exists."""
+    if isinstance(error, KafkaException):
+        return classify(error, topic, Stage.CREATE_TOPIC)
+    # Not the client's own kind: nothing to read but its text, retried as classify
+    # retries any creation failure without a code.
+    return BrokerUnavailable(f"cannot create topic {topic!r}: {error}")
 
 
 def _create_it(topic: str) -> str:

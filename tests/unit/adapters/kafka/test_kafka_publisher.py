@@ -680,6 +680,57 @@ class Sentinel:
     """What a caller's frame holds (a part's publisher)."""
 
 
+class FailingCreation:
+    """An admin client whose every topic's creation fails with ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def create_topics(self, topics: list[Any], **timeouts: float) -> dict[str, Future[None]]:
+        futures: dict[str, Future[None]] = {}
+        for topic in topics:
+            futures[topic.topic] = Future()
+            futures[topic.topic].set_exception(self.error)
+        return futures
+
+
+UNREACHABLE = KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
+
+
+@pytest.mark.parametrize(
+    "error", [UNREACHABLE, RuntimeError("not the client's")], ids=["kafka", "other"]
+)
+def test_a_failed_creation_leaves_no_cycle_holding_its_caller(error: Exception) -> None:
+    # Raised, the failure took the creator's frame into its traceback while the frame
+    # held it (the other kind raised as it was: its future's own exception), and every
+    # caller's frame with it: the part's publisher and its clients' threads lived until
+    # the cyclic collector, rare in a relay (tune_gc; issue #53).
+    creator = TopicCreator({})
+    creator._admin = lambda: FailingCreation(error)  # type: ignore[method-assign,assignment,return-value]
+
+    def publishing(part: object) -> None:
+        creator.ensure({"orders"})
+
+    with without_cyclic_collector():
+        part = Sentinel()
+        gone = weakref.ref(part)
+        with contextlib.suppress(BrokerUnavailable):
+            publishing(part)
+        del part
+        assert gone() is None  # freed by reference counting alone
+
+
+def test_a_creation_failure_not_the_client_s_is_retried_as_kafka_s() -> None:
+    """Only the client's errors have a code to classify; any other is retried, as
+    classify retries a creation failure without one, and it is the cause."""
+    cause = RuntimeError("not the client's")
+    creator = TopicCreator({})
+    creator._admin = lambda: FailingCreation(cause)  # type: ignore[method-assign,assignment,return-value]
+    with pytest.raises(BrokerUnavailable, match="cannot create topic 'orders'") as raised:
+        creator.ensure({"orders"})
+    assert raised.value.__cause__ is cause
+
+
 def test_a_failed_overlapping_commit_leaves_no_cycle_holding_the_publisher() -> None:
     # Raised from its future, the commit's failure held the frame that held the future.
     with without_cyclic_collector():
