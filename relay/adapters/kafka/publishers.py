@@ -63,6 +63,12 @@ class PublisherFactory:
         """The topics this relay's parts have published to (their checkpoint topic too)."""
         return self._topics.known()
 
+    def close(self) -> None:
+        """Let the helper threads end (at the relay's stop, its parts' producers closed).
+        Not waited for: a call still running ends within its watchdog, and the stop
+        within its deadline."""
+        self._helpers.shutdown(wait=False)
+
     def __call__(self, state: PartState) -> Publisher:
         s = self._settings
         config = producer_config(
