@@ -16,6 +16,7 @@ from uuid import UUID
 
 import pytest
 
+from relay.adapters.kafka.checkpoint_groups import CheckpointGroups
 from relay.adapters.kafka.kafka import TopicCreator, TransactionalPublisher
 from relay.adapters.kafka.turns import part_publisher
 from relay.core.model import KafkaCheckpoint, KafkaRecord, Position
@@ -203,8 +204,9 @@ def kafka_publishers(
     all, then their helper threads, on exit."""
     config = {"bootstrap.servers": bootstrap}
     opened: list[Publisher] = []
+    groups = CheckpointGroups(config)  # one, as a relay's publishers share
 
-    def open_producer(transactional_id: str) -> Publisher:
+    def open_producer(transactional_id: str) -> TransactionalPublisher:
         return TransactionalPublisher(
             config,
             TopicCreator(config),
@@ -213,7 +215,7 @@ def kafka_publishers(
             transaction_timeout_s=10.0,
             group_prefix=f"{prefix}{part}",
             checkpoint_topic=f"{prefix}checkpoints",
-            consumer_config=config,
+            groups=groups,
         )
 
     def open_publisher() -> Publisher:

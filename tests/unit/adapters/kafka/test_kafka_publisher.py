@@ -17,9 +17,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 import relay.adapters.kafka.kafka
+from relay.adapters.kafka.checkpoint_groups import CheckpointGroups, read_committed
 from relay.adapters.kafka.kafka import TopicCreator, TransactionalPublisher
 from relay.adapters.kafka.publishers import PublisherFactory
 from relay.core.log_sampling import SampledLog
@@ -121,7 +122,7 @@ def publisher(producer: FakeProducer, delivery_timeout_s: float = 5.0) -> Transa
         transaction_timeout_s=10.0,
         group_prefix="g",
         checkpoint_topic="c",
-        consumer_config={"bootstrap.servers": "127.0.0.1:1"},
+        groups=CheckpointGroups({"bootstrap.servers": "127.0.0.1:1"}),
     )
     pub._producer = producer  # type: ignore[assignment]
     # A new client of the id (after an abort) is this stand-in again, at its next epoch.
@@ -373,12 +374,47 @@ def test_a_coordinator_warming_up_is_asked_again_for_the_checkpoint() -> None:
 
     wanted = [TopicPartition("checkpoints", p) for p in range(2)]
     group = WarmingGroup([KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS])
-    committed = relay.adapters.kafka.kafka.read_committed(group, wanted, 30.0)  # type: ignore[arg-type]
+    committed = read_committed(group, wanted, 30.0)  # type: ignore[arg-type]
     assert [tp.offset for tp in committed] == [7, 7] and group.asked == 3
     refused = WarmingGroup([KafkaError.GROUP_AUTHORIZATION_FAILED])
     with pytest.raises(RelayError, match="cannot read the Kafka-side checkpoint"):
-        relay.adapters.kafka.kafka.read_committed(refused, wanted, 30.0)  # type: ignore[arg-type]
+        read_committed(refused, wanted, 30.0)  # type: ignore[arg-type]
     assert refused.asked == 1
+
+
+def test_a_checkpoint_read_that_fails_leaves_no_cycle_holding_its_caller() -> None:
+    """Raised, a failure's traceback holds the reading frame and, through it, the
+    caller's (a part's publisher and its clients' threads): a cycle there kept closed
+    producers until the cyclic collector, rare in a relay (#53)."""
+    from confluent_kafka import TopicPartition
+
+    class Caller:
+        def read(self) -> None:
+            refused = WarmingGroup([KafkaError.GROUP_AUTHORIZATION_FAILED])
+            read_committed(refused, [TopicPartition("c", 0)], 30.0)  # type: ignore[arg-type]
+
+    with without_cyclic_collector():
+        caller = Caller()
+        gone = weakref.ref(caller)
+        with pytest.raises(RelayError):
+            caller.read()
+        del caller
+        assert gone() is None
+
+
+def test_a_checkpoint_group_s_metadata_is_made_once_per_group_without_a_broker() -> None:
+    """The metadata a transaction commits a group's offsets with, as a consumer of the
+    group gives it, made without a broker (so no client thread reaches the network),
+    once per group, and shared by a part's two producers."""
+    groups = CheckpointGroups({"bootstrap.servers": "127.0.0.1:1"})
+    made = groups.metadata("outbox-relay.s.0.1")
+    assert groups.metadata("outbox-relay.s.0.1") is made
+    consumer = Consumer({"group.id": "outbox-relay.s.0.1", "bootstrap.servers": "127.0.0.1:1"})
+    try:
+        assert made == consumer.consumer_group_metadata()
+    finally:
+        consumer.close()
+    assert groups.metadata("outbox-relay.s.0.2") != made
 
 
 class CoordinatorLostProducer(FakeProducer):

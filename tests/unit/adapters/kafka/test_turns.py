@@ -28,15 +28,22 @@ CALLS: list[str] = []
 
 
 class Recording:
-    def __init__(self, name: str, checkpoint: KafkaCheckpoint | None = None) -> None:
+    def __init__(self, name: str, found: KafkaCheckpoint | None = None) -> None:
         self.name = name
-        self.checkpoint = checkpoint
+        self.found = found
         self.fail_publish = False
         self.fail_close = False
 
     def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
-        CALLS.append(f"{self.name} recover")
-        return self.checkpoint
+        self.fence(key_space)
+        return self.checkpoint(generation)
+
+    def fence(self, key_space: UUID | None = None) -> None:
+        CALLS.append(f"{self.name} fence")
+
+    def checkpoint(self, generation: str) -> KafkaCheckpoint | None:
+        CALLS.append(f"{self.name} read")
+        return self.found
 
     def publish(
         self, batch: Batch, meanwhile: Meanwhile | None = None, owned: Owned | None = None
@@ -68,29 +75,29 @@ def batch(n: int) -> Batch:
     return Batch([], Position(n, 1), "g")
 
 
-@pytest.mark.parametrize("later", [0, 1])
-def test_both_are_fenced_and_the_later_checkpoint_is_trusted(
-    later: int, helpers: ThreadPoolExecutor
-) -> None:
-    # Each read follows its own producer's fence: the later one covers both.
-    found = [KafkaCheckpoint(Position(5, 1)), KafkaCheckpoint(Position(9, 1))]
-    if later == 0:
-        found.reverse()
-    turns = TurnTakingPublisher(
-        [Recording("a", found[0]), Recording("b", found[1])], helpers=helpers
-    )
-    assert turns.recover("g", uuid4()) == KafkaCheckpoint(Position(9, 1))
-    assert sorted(CALLS) == ["a recover", "b recover"]
-
-
-def test_a_checkpoint_one_read_found_is_trusted_and_none_is_none(
-    helpers: ThreadPoolExecutor,
-) -> None:
-    found = Recording("b", KafkaCheckpoint(Position(3, 1)))
-    turns = TurnTakingPublisher([Recording("a"), found], helpers=helpers)
-    assert turns.recover("g") == KafkaCheckpoint(Position(3, 1))
+def test_both_are_fenced_then_the_checkpoint_is_read_once(helpers: ThreadPoolExecutor) -> None:
+    """Both ids commit to one group: read after both fences, one read is the last
+    checkpoint there will be. A read per producer cost a consumer client each (#53)."""
+    found = KafkaCheckpoint(Position(9, 1))
+    turns = TurnTakingPublisher([Recording("a", found), Recording("b")], helpers=helpers)
+    assert turns.recover("g", uuid4()) == found
+    assert sorted(CALLS[:2]) == ["a fence", "b fence"] and CALLS[2:] == ["a read"]
     none = TurnTakingPublisher([Recording("a"), Recording("b")], helpers=helpers)
     assert none.recover("g") is None
+
+
+def test_the_checkpoint_is_read_only_once_the_second_is_fenced(
+    helpers: ThreadPoolExecutor,
+) -> None:
+    # Read before the second's fence returned, an earlier owner's transaction on the
+    # second id could still commit a later checkpoint after the read.
+    class Slow(Recording):
+        def fence(self, key_space: UUID | None = None) -> None:
+            time.sleep(0.2)
+            CALLS.append(f"{self.name} fenced")
+
+    TurnTakingPublisher([Recording("a"), Slow("b")], helpers=helpers).recover("g")
+    assert CALLS.index("a read") > CALLS.index("b fenced")
 
 
 def test_transactions_take_turns(helpers: ThreadPoolExecutor) -> None:
@@ -142,31 +149,33 @@ def test_a_part_publisher_opens_both_ids_and_takes_turns_only_with_two(
         for n in range(3):
             publisher.publish(batch(n))
     assert opened == ["p", "p.2", "p", "p.2"]
-    one, two = CALLS[:6], CALLS[6:]
-    assert sorted(one[:3]) == ["p recover", "p.2 close", "p.2 recover"]
-    assert one[3:] == ["p publish 0", "p publish 1", "p publish 2"]
-    assert two[2:] == ["p publish 0", "p.2 publish 1", "p publish 2"]
+    one, two = CALLS[:7], CALLS[7:]
+    assert sorted(one[:2]) == sorted(two[:2]) == ["p fence", "p.2 fence"]
+    assert one[2:] == ["p.2 close", "p read", "p publish 0", "p publish 1", "p publish 2"]
+    assert two[2:] == ["p read", "p publish 0", "p.2 publish 1", "p publish 2"]
 
 
-def test_with_one_producer_the_second_is_fenced_and_its_checkpoint_counts(
+def test_with_one_producer_the_second_is_fenced_before_the_checkpoint_is_read(
     helpers: ThreadPoolExecutor,
 ) -> None:
     """Going from two producers to one: the new owner's recovery fences the second id
-    too, and trusts its later checkpoint, so a relay still taking turns cannot commit
-    behind it. Then the second's client is closed, and never publishes."""
-    second = Recording("b", KafkaCheckpoint(Position(9, 1)))
-    one = TurnTakingPublisher([Recording("a", KafkaCheckpoint(Position(5, 1))), second],
+    too before it reads the checkpoint (both ids commit to one group), so a relay still
+    taking turns cannot commit behind it. Then the second's client is closed, and never
+    publishes."""
+    found = KafkaCheckpoint(Position(9, 1))
+    one = TurnTakingPublisher([Recording("a", found), Recording("b")],
                               take_turns=False, helpers=helpers)  # fmt: skip
-    assert one.recover("g") == KafkaCheckpoint(Position(9, 1))
+    assert one.recover("g") == found
     one.publish(batch(1))
     one.publish(batch(2))
     one.close()
-    assert CALLS[2:] == ["b close", "a publish 1", "a publish 2", "a close"]
+    assert sorted(CALLS[:2]) == ["a fence", "b fence"]
+    assert CALLS[2:] == ["b close", "a read", "a publish 1", "a publish 2", "a close"]
 
 
 class Refused(Recording):
-    def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
-        CALLS.append(f"{self.name} recover")
+    def fence(self, key_space: UUID | None = None) -> None:
+        CALLS.append(f"{self.name} fence")
         raise TransactionalIdRefused(self.name, "Transactional Id authorization failed")
 
 
@@ -181,7 +190,7 @@ def test_a_second_id_the_broker_refuses_leaves_the_first_alone(
     turns.publish(batch(1))
     turns.publish(batch(2))
     turns.close()
-    assert CALLS[2:] == ["a.2 close", "a publish 1", "a publish 2", "a close"]
+    assert CALLS[2:] == ["a.2 close", "a read", "a publish 1", "a publish 2", "a close"]
     (warning,) = [r for r in caplog.records if r.event == "kafka_second_producer_refused"]
     assert warning.transactional_id == "a.2" and "first transactional id alone" in warning.message
 
@@ -210,7 +219,7 @@ def test_a_first_id_the_broker_refuses_fails_the_recovery(helpers: ThreadPoolExe
 
 
 class Unreachable(Recording):
-    def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
+    def fence(self, key_space: UUID | None = None) -> None:
         raise BrokerUnavailable("the coordinator is away")
 
 
@@ -232,14 +241,14 @@ def test_a_failed_second_recovery_leaves_no_cycle_holding_the_part_s_producers(
         assert gone() is None  # freed by reference counting alone
 
 
-def test_the_second_recovers_on_the_relay_s_helpers_and_is_waited_for_if_the_first_fails() -> None:
-    """The relay's helper threads (shared by its parts' producers) run the second's
-    recovery. When the first's fails, the part lets both go only once the second's
-    calls ended, as when a thread of its own was joined."""
+def test_the_second_is_fenced_on_the_relay_s_helpers_and_waited_for_if_the_first_fails() -> None:
+    """The relay's helper threads (shared by its parts' producers) fence the second.
+    When the first's fence fails, the part lets both go only once the second's calls
+    ended, as when a thread of its own was joined."""
     ran_on: list[str] = []
 
     class Slow(Recording):
-        def recover(self, generation: str, key_space: UUID | None = None) -> None:
+        def fence(self, key_space: UUID | None = None) -> None:
             time.sleep(0.2)  # still running when the first fails
             ran_on.append(threading.current_thread().name)
             CALLS.append(f"{self.name} recovered")
