@@ -36,6 +36,16 @@ CHECKPOINT_PARTITIONS = 2
 # How long the relay asks the broker why a group's offsets could not be read.
 _DIAGNOSIS_TIMEOUT_S = 2.0
 
+# At most this many reads hold a consumer at once: when many parts start together (a
+# relay's first minute, or 1,000 parts taking turns on its producers), a consumer per
+# part recovering was up to 8 clients of 4 threads at once beside the producers' (#53).
+# A read takes tens of milliseconds, so the others wait little.
+_READERS = 2
+# How long a read waits for one of them before it reads anyway. A read can take up to
+# its timeout (a group the broker refuses is only known then), and no part's recovery
+# may wait on another's for that long: the bound gives way rather than stall a part.
+_READER_WAIT_S = 1.0
+
 # Group metadata kept; past this many groups the cache starts over (each made again in
 # about a millisecond, without the network), so memory stays flat in subscribers.
 _MAX_METADATA = 10_000
@@ -49,12 +59,23 @@ class CheckpointGroups:
         self._config = dict(consumer_config)
         self._metadata: dict[str, Any] = {}
         self._making = threading.Lock()
+        self._readers = threading.BoundedSemaphore(_READERS)
 
     def committed(self, group: str, topic: str, timeout_s: float) -> list[TopicPartition]:
         """``group``'s committed offsets of the checkpoint ``topic``'s partitions, stable
         ones only (a commit pending in an open transaction is waited for). When they
         cannot be read because the broker refuses the group, an error that says so."""
         wanted = [TopicPartition(topic, p) for p in range(CHECKPOINT_PARTITIONS)]
+        reading = self._readers.acquire(timeout=_READER_WAIT_S)
+        try:
+            return self._read(group, wanted, timeout_s)
+        finally:
+            if reading:
+                self._readers.release()
+
+    def _read(
+        self, group: str, wanted: list[TopicPartition], timeout_s: float
+    ) -> list[TopicPartition]:
         consumer = self._consumer(group)
         try:
             return read_committed(consumer, wanted, timeout_s)
