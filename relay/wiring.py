@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 
+from relay.adapters.kafka.checkpoint_groups import CheckpointGroups
 from relay.adapters.kafka.kafka import (
     TopicCreator,
     TransactionalPublisher,
@@ -179,7 +180,7 @@ def exactly_once_publisher(
         transaction_timeout_s=transaction_timeout(settings.session_timeout),
         group_prefix=prefix,
         checkpoint_topic=settings.checkpoint_topic,
-        consumer_config=client,
+        groups=CheckpointGroups(client),
     )
 
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import NamedTuple
 from uuid import UUID
 
 import pytest
 
+from relay.adapters.kafka.checkpoint_groups import CheckpointGroups
 from relay.adapters.kafka.kafka import TopicCreator, TransactionalPublisher
 from relay.adapters.kafka.turns import part_publisher
 from relay.core.model import KafkaCheckpoint, KafkaRecord, Position
@@ -199,11 +201,12 @@ def kafka_publishers(
 ) -> Iterator[OpenPublisher]:
     """Opens transactional publishers of one part on Apache Kafka, each a new owner of
     it (with ``producers=2``, two taking turns, as the relay opens them); closes them
-    all on exit."""
+    all, then their helper threads, on exit."""
     config = {"bootstrap.servers": bootstrap}
     opened: list[Publisher] = []
+    groups = CheckpointGroups(config)  # one, as a relay's publishers share
 
-    def open_producer(transactional_id: str) -> Publisher:
+    def open_producer(transactional_id: str) -> TransactionalPublisher:
         return TransactionalPublisher(
             config,
             TopicCreator(config),
@@ -212,16 +215,17 @@ def kafka_publishers(
             transaction_timeout_s=10.0,
             group_prefix=f"{prefix}{part}",
             checkpoint_topic=f"{prefix}checkpoints",
-            consumer_config=config,
+            groups=groups,
         )
 
     def open_publisher() -> Publisher:
-        publisher = part_publisher(open_producer, f"{prefix}{part}", producers)
+        publisher = part_publisher(open_producer, f"{prefix}{part}", producers, helpers=helpers)
         opened.append(publisher)
         return publisher
 
-    try:
-        yield open_publisher
-    finally:
-        for publisher in opened:
-            publisher.close()
+    with ThreadPoolExecutor(1, thread_name_prefix="kafka-helper") as helpers:
+        try:
+            yield open_publisher
+        finally:
+            for publisher in opened:
+                publisher.close()

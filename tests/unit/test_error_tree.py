@@ -19,6 +19,7 @@ from psycopg import errors as pg_errors
 import relay
 import relay.adapters.kafka.topics
 import relay.errors
+from relay.adapters.kafka.checkpoint_groups import CheckpointGroups
 from relay.adapters.kafka.kafka import IdempotentPublisher, TopicCreator, TransactionalPublisher
 from relay.adapters.kafka.kafka_errors import Stage, classify, rejects_record, retry_now
 from relay.adapters.postgres.db import StreamRef, wrap_errors
@@ -375,20 +376,20 @@ def test_listing_topics_that_fails_is_retried_later_with_the_brokers_code() -> N
 BAD_CONFIG = {"bootstrap.servers": "127.0.0.1:1", "no.such.setting": "1"}
 
 
-def _transactional(producer: dict[str, Any], consumer: dict[str, Any]) -> Any:
-    publisher = TransactionalPublisher(
+def _transactional(producer: dict[str, Any]) -> Any:
+    return TransactionalPublisher(
         producer, TopicCreator({}, enabled=False), 5.0, transactional_id="t",
-        transaction_timeout_s=10.0, group_prefix="g", checkpoint_topic="c", consumer_config=consumer,
+        transaction_timeout_s=10.0, group_prefix="g", checkpoint_topic="c",
+        groups=CheckpointGroups({}),
     )  # fmt: skip
-    return publisher._consumer("gen")
 
 
 @pytest.mark.parametrize(
     ("construct", "message"),
     [
         (lambda: IdempotentPublisher(BAD_CONFIG, TopicCreator({}), 5.0), "producer"),
-        (lambda: _transactional(BAD_CONFIG, {}), "producer"),
-        (lambda: _transactional({}, BAD_CONFIG), "consumer"),
+        (lambda: _transactional(BAD_CONFIG), "producer"),
+        (lambda: CheckpointGroups(BAD_CONFIG)._consumer("g.gen"), "consumer"),
         (lambda: relay.adapters.kafka.topics.admin_client(BAD_CONFIG), "client"),
     ],
     ids=["idempotent producer", "transactional producer", "checkpoint consumer", "admin"],

@@ -24,11 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 from uuid import UUID
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from relay.adapters.kafka.broker_watch import connection_config
 from relay.adapters.kafka.call_thread import CallThread
+from relay.adapters.kafka.checkpoint_groups import CHECKPOINT_PARTITIONS, CheckpointGroups
 from relay.adapters.kafka.client_logs import client_logger
 from relay.adapters.kafka.kafka_errors import (
     Stage,
@@ -45,7 +45,6 @@ from relay.core.ports import Batch, Meanwhile, Owned, TopicOrigin, TopicRecord
 from relay.errors import (
     AclRefused,
     BrokerUnavailable,
-    GroupRefused,
     PoisonRecordError,
     ProducerFenced,
     RelayError,
@@ -56,8 +55,6 @@ from relay.errors import (
 )
 
 logger = logging.getLogger(__name__)
-# How long the relay asks the broker why a group's offsets could not be read.
-_DIAGNOSIS_TIMEOUT_S = 2.0
 _PARTITION = operator.attrgetter("partition")
 # librdkafka's own lines: deduplicated, at most one of a kind a minute.
 _client_log = client_logger()
@@ -90,8 +87,8 @@ _SLOW_CALLS_LOCK = threading.Lock()
 # Producers whose call hung: kept referenced, because destroying one would block too.
 _abandoned: list[Producer] = []
 # The Kafka-side checkpoint: partition 0's committed offset is the transaction id,
-# partition 1's the position (offsets are the only group state every broker keeps).
-_CHECKPOINT_PARTITIONS = 2
+# partition 1's the position (offsets are the only group state every broker keeps; see
+# checkpoint_groups.py).
 # The checkpoint's tag is offset-commit metadata: brokers refuse more than
 # offset.metadata.max.bytes (4096 by default).
 _MAX_TAG_BYTES = 4000
@@ -378,17 +375,25 @@ class TopicCreator:
                 logger.info(
                     "created topic %s", topic, extra=log_extra("kafka_topic_created", topic=topic)
                 )
-            elif not isinstance(error, KafkaException):
-                raise error
-            else:
-                failure = classify(error, topic, Stage.CREATE_TOPIC)
+            elif (failure := _creation_failure(error, topic)) is not None:
                 if isinstance(failure, TopicRefused):
                     refused.append(failure)
                     continue
-                if failure is not None:
+                try:
                     raise failure from error
+                finally:
+                    del failure  # raised, it holds this frame: the same cycle
             self._known.add(topic)
         return created, refused
+
+
+def _creation_failure(error: BaseException, topic: str) -> RelayError | None:
+    """What a topic's creation future's ``error`` means; None: the topic exists."""
+    if isinstance(error, KafkaException):
+        return classify(error, topic, Stage.CREATE_TOPIC)
+    # Not the client's own kind: nothing to read but its text, retried as classify
+    # retries any creation failure without a code.
+    return BrokerUnavailable(f"cannot create topic {topic!r}: {error}")
 
 
 def _create_it(topic: str) -> str:
@@ -632,12 +637,13 @@ class TransactionalPublisher(_BatchProducer):
         transaction_timeout_s: float,
         group_prefix: str,
         checkpoint_topic: str,
-        consumer_config: Mapping[str, Any],
+        groups: CheckpointGroups,
         committer: ThreadPoolExecutor | None = None,
     ) -> None:
-        """``committer``: the threads that commit while a backlog's next batch is read
-        (shared by a relay's publishers, see :class:`~relay.adapters.kafka.publishers.
-        PublisherFactory`); None: a thread of this publisher's own, started when needed."""
+        """``groups``: where the checkpoint is read and its group's metadata made.
+        ``committer``: the threads that commit while a backlog's next batch is read. A
+        relay's publishers share both (:class:`~relay.adapters.kafka.publishers.
+        PublisherFactory`); ``committer`` None: a thread of this publisher's own."""
         super().__init__(
             transactional_config(config, transactional_id, transaction_timeout_s),
             topics,
@@ -647,11 +653,7 @@ class TransactionalPublisher(_BatchProducer):
         self._call_timeout_s = min(delivery_timeout_s, _TXN_CALL_TIMEOUT_S)
         self._group_prefix = group_prefix
         self._checkpoint_topic = checkpoint_topic
-        self._consumer_config = dict(consumer_config)
-        # The checkpoint group's metadata (the group's name, as bytes) per generation:
-        # the consumer that reads the checkpoint is closed once it is read, so an idle
-        # producer holds no consumer's threads and sockets.
-        self._group_metadata: dict[str, Any] = {}
+        self._groups = groups
         self._initialised = False
         self._wedged = False
         # Why this producer takes no more transactions (an abort that failed), if so.
@@ -665,42 +667,33 @@ class TransactionalPublisher(_BatchProducer):
     def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
         """Fence every earlier producer of this part (aborting its open transaction),
         then read the checkpoint the last committed transaction recorded."""
+        self.fence(key_space)
+        return self.checkpoint(generation)
+
+    def fence(self, key_space: UUID | None = None) -> None:
+        """Fence every earlier producer of this transactional id: its open transaction
+        is aborted, and none of its transactions can commit after this returns.
+        ``key_space``: the database this producer's checkpoints are tagged with."""
         self._topics.ensure(
             {self._checkpoint_topic},
-            partitions=_CHECKPOINT_PARTITIONS,
+            partitions=CHECKPOINT_PARTITIONS,
             **{"cleanup.policy": "compact"},
         )
         self._call(self._producer.init_transactions, self._call_timeout_s)
         self._initialised = True
-        consumer = self._consumer(generation)
-        try:
-            committed = self._read_checkpoint(consumer, f"{self._group_prefix}.{generation}")
-            self._group_metadata[generation] = consumer.consumer_group_metadata()
-        finally:
-            consumer.close()
         self._key_space = key_space
+
+    def checkpoint(self, generation: str) -> KafkaCheckpoint | None:
+        """The checkpoint the last committed transaction recorded in this producer's
+        group (a part's two producers share one). Read once every producer that commits
+        to the group is fenced, it is the last there will be."""
+        committed = self._groups.committed(
+            self._group(generation), self._checkpoint_topic, self._delivery_timeout_s
+        )
         first, second = sorted(committed, key=lambda tp: tp.partition)
         if first.offset < 0 or second.offset < 0:
             return None
         return _checkpoint(Position(first.offset, second.offset), first.metadata)
-
-    def _read_checkpoint(self, consumer: Consumer, group: str) -> list[TopicPartition]:
-        """The checkpoint group's committed offsets; when they cannot be read because the
-        broker refuses the group, an error that says so."""
-        wanted = [TopicPartition(self._checkpoint_topic, p) for p in range(2)]
-        try:
-            return read_committed(consumer, wanted, self._delivery_timeout_s)
-        except BrokerUnavailable as exc:
-            # Only a timeout can hide a refused group; a broker that is away answers no
-            # describe either, and the diagnosis is bounded so as not to delay the retry.
-            refused = (
-                group_refusal(self._consumer_config, group, _DIAGNOSIS_TIMEOUT_S)
-                if exc.code == KafkaError._TIMED_OUT
-                else None
-            )
-            if refused is None:
-                raise
-            raise refused from exc
 
     def publish(
         self, batch: Batch, meanwhile: Meanwhile | None = None, owned: Owned | None = None
@@ -873,28 +866,12 @@ class TransactionalPublisher(_BatchProducer):
 
     def _metadata(self, generation: str) -> Any:
         """The checkpoint group's metadata for ``generation`` (a reset starts a new one)."""
-        metadata = self._group_metadata.get(generation)
-        if metadata is None:
-            consumer = self._consumer(generation)
-            try:
-                metadata = self._group_metadata[generation] = consumer.consumer_group_metadata()
-            finally:
-                consumer.close()
-        return metadata
+        return self._groups.metadata(self._group(generation))
 
-    def _consumer(self, generation: str) -> Consumer:
-        # The group is named after the checkpoint generation: a reset starts a new one,
-        # so offsets from before it can never be mistaken for progress after it.
-        config = {
-            **self._consumer_config,
-            "group.id": f"{self._group_prefix}.{generation}",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-        }
-        try:
-            return Consumer(config, logger=_client_log)
-        except KafkaException as exc:
-            raise classify(exc, "kafka: invalid consumer configuration", Stage.CONFIGURE) from exc
+    def _group(self, generation: str) -> str:
+        # Named after the checkpoint generation: a reset starts a new group, so offsets
+        # from before it can never be mistaken for progress after it.
+        return f"{self._group_prefix}.{generation}"
 
     def _watched(self, operation: Callable[..., T], *args: Any) -> T:
         """``operation(*args)``, given up on when it outlives its own timeout.
@@ -1016,49 +993,6 @@ class TransactionalPublisher(_BatchProducer):
 
 def _name(operation: Callable[..., object]) -> str:
     return getattr(operation, "__name__", "a call")
-
-
-def read_committed(
-    consumer: Consumer, wanted: list[TopicPartition], timeout_s: float
-) -> list[TopicPartition]:
-    """The group's committed offsets of ``wanted``. A coordinator being found or loaded
-    (a fresh cluster's first group, a broker restarted) is asked again until
-    ``timeout_s``: it answers within seconds, and failing on it made a command's first
-    run on a new cluster fail (redrive: "Not coordinator")."""
-    # The topic named: a checkpoint topic that is missing, or refused by an ACL, says so.
-    context = f"cannot read the Kafka-side checkpoint (topic {wanted[0].topic!r})"
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            committed = consumer.committed(wanted, timeout=timeout_s)
-            failed = next((tp.error for tp in committed if tp.error is not None), None)
-            if failed is None:
-                return list(committed)
-            failure = classify(failed, context, Stage.GROUP_OFFSETS)
-            if not retry_now(failure) or time.monotonic() > deadline:
-                raise failure
-        except KafkaException as exc:
-            failure = classify(exc, context, Stage.GROUP_OFFSETS)
-            if not retry_now(failure) or time.monotonic() > deadline:
-                raise failure from exc
-        time.sleep(0.2)
-
-
-def group_refusal(config: Mapping[str, Any], group: str, timeout_s: float) -> GroupRefused | None:
-    """The broker's refusal of ``group`` to this principal, when that is why its offsets
-    could not be read. The consumer meets GROUP_AUTHORIZATION_FAILED only while looking for
-    the group's coordinator, which librdkafka asks again, reporting nothing, until
-    ``committed()`` times out; an admin client's describe of the group is refused at once."""
-    admin = AdminClient(connection_config(dict(config)))
-    context = f"cannot read the Kafka-side checkpoint of group {group!r}"
-    try:
-        admin.describe_consumer_groups([group], request_timeout=timeout_s)[group].result(timeout_s)
-    except KafkaException as exc:
-        failure = classify(exc, context, Stage.GROUP_OFFSETS)
-        return failure if isinstance(failure, GroupRefused) else None
-    except TimeoutError:  # a diagnosis only: the read's own error stands
-        return None
-    return None
 
 
 def _flush_unwrapped(producer: Producer, timeout: float) -> int:

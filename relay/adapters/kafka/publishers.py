@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+from relay.adapters.kafka.checkpoint_groups import CheckpointGroups
 from relay.adapters.kafka.kafka import (
     IdempotentPublisher,
     TopicCreator,
@@ -53,6 +54,9 @@ class PublisherFactory:
         self._settings = settings
         self._bootstrap_servers = settings.require_bootstrap_servers()
         self._topics = routed_topic_creator(settings, topic_guard, record)
+        self._groups = CheckpointGroups(
+            {**settings.kafka, "bootstrap.servers": self._bootstrap_servers}
+        )
         # Its threads start on demand and wait idle for the relay's life (daemon-like:
         # an interpreter at exit joins them, and none blocks past its call's watchdog).
         self._helpers = ThreadPoolExecutor(
@@ -63,6 +67,12 @@ class PublisherFactory:
         """The topics this relay's parts have published to (their checkpoint topic too)."""
         return self._topics.known()
 
+    def close(self) -> None:
+        """Let the helper threads end (at the relay's stop, its parts' producers closed).
+        Not waited for: a call still running ends within its watchdog, and the stop
+        within its deadline."""
+        self._helpers.shutdown(wait=False)
+
     def __call__(self, state: PartState) -> Publisher:
         s = self._settings
         config = producer_config(
@@ -72,7 +82,7 @@ class PublisherFactory:
             return IdempotentPublisher(config, self._topics, s.delivery_timeout)
         name = f"{s.kafka_id_prefix}.{state.name}.{state.part}"
 
-        def open_producer(transactional_id: str) -> Publisher:
+        def open_producer(transactional_id: str) -> TransactionalPublisher:
             return TransactionalPublisher(
                 config,
                 self._topics,
@@ -81,7 +91,7 @@ class PublisherFactory:
                 transaction_timeout_s=transaction_timeout(s.session_timeout),
                 group_prefix=name,
                 checkpoint_topic=s.checkpoint_topic,
-                consumer_config={**s.kafka, "bootstrap.servers": self._bootstrap_servers},
+                groups=self._groups,
                 committer=self._helpers,
             )
 

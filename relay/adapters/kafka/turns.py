@@ -16,9 +16,11 @@ Why order and exactly-once still hold:
 * The checkpoint. Both producers commit it to the same group; the group coordinator
   keeps the offset commit written last (the higher record offset in
   ``__consumer_offsets``), whichever transaction's markers land first.
-* Fencing. :meth:`recover` fences both transactional ids, and trusts the later
-  checkpoint of the two reads, each made after its producer's fence: no earlier owner's
-  transaction on either can commit after it. With one producer per part
+* Fencing. :meth:`recover` fences both transactional ids, then reads the checkpoint
+  once: no earlier owner's transaction on either can commit after its fence, and both
+  commit to the same group, so that one read (of stable offsets) is the last checkpoint
+  there will be. A read per producer was a consumer client per producer at every
+  opening (#53). With one producer per part
   (``transaction_producers = 1``) the second id is fenced all the same, then its client
   closed: a relay that still takes turns cannot commit behind the new owner's back, so
   going from two to one is a rolling change.
@@ -29,15 +31,15 @@ Why order and exactly-once still hold:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Executor, Future, wait
+from typing import Protocol
 from uuid import UUID
 
 from relay.core.log_fields import log_extra
-from relay.core.model import KafkaCheckpoint, Position
+from relay.core.model import KafkaCheckpoint
 from relay.core.ports import Batch, Meanwhile, Owned, Publisher
 from relay.errors import TransactionalIdRefused
 
@@ -51,6 +53,17 @@ _REFUSALS_LOCK = threading.Lock()
 _MAX_REFUSALS_SAID = 10_000
 
 
+class PartProducer(Publisher, Protocol):
+    """One of a part's transactional producers, as two taking turns need it: fenced
+    each, the checkpoint read once for both."""
+
+    def fence(self, key_space: UUID | None = None) -> None:
+        """Fence every earlier producer of this one's transactional id."""
+
+    def checkpoint(self, generation: str) -> KafkaCheckpoint | None:
+        """The part's checkpoint, as the last transaction of either id committed it."""
+
+
 def second_transactional_id(transactional_id: str) -> str:
     """The second producer's transactional id: the first's with ``.2``. The first keeps
     the id one producer per part always had, so an upgrade fences an older relay's."""
@@ -58,10 +71,11 @@ def second_transactional_id(transactional_id: str) -> str:
 
 
 def part_publisher(
-    open_producer: Callable[[str], Publisher],
+    open_producer: Callable[[str], PartProducer],
     transactional_id: str,
     producers: int,
-    helpers: Executor | None = None,
+    *,
+    helpers: Executor,
 ) -> Publisher:
     """A part's transactional publisher over ``open_producer(id)`` for the part's id and
     the second id: the two taking turns with ``producers=2``; with ``producers=1`` the
@@ -80,13 +94,13 @@ class TurnTakingPublisher:
 
     def __init__(
         self,
-        publishers: Sequence[Publisher],
+        publishers: Sequence[PartProducer],
         *,
         take_turns: bool = True,
-        helpers: Executor | None = None,
+        helpers: Executor,
     ) -> None:
-        """``helpers``: where the second recovers while the first does (the relay's
-        threads its parts' producers share; None: a thread of its own per recovery)."""
+        """``helpers``: where the second is fenced while the first is (the relay's
+        threads its parts' producers share)."""
         assert len(publishers) == 2, "a part's two transactional ids"
         self._helpers = helpers
         self._first, self._second = publishers
@@ -95,36 +109,28 @@ class TurnTakingPublisher:
         self._turn = 0
 
     def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
-        # Both at once (a part's start pays one fence, not two in a row), the second on
-        # a helper thread. Each producer's read of the checkpoint follows its own fence,
-        # so an earlier owner's commit on either is in that producer's read, and the
-        # later checkpoint of the two covers both.
-        with contextlib.ExitStack() as own:
-            helpers = self._helpers or own.enter_context(
-                ThreadPoolExecutor(1, thread_name_prefix="kafka-recover")
-            )
-            second = helpers.submit(self._second.recover, generation, key_space)
-            try:
-                first = self._first.recover(generation, key_space)
-            except BaseException:
-                wait([second])  # the second's calls end before the part lets both go
-                raise
-            try:
-                found = [c for c in (first, self._second_recovered(second)) if c is not None]
-            finally:
-                # The second's failure, raised, holds this frame, which held its future,
-                # which holds the failure: a cycle keeping both producers and their
-                # threads until the garbage collector, rare in a relay (#53).
-                del second
-        return max(found, key=_position, default=None)
+        # Both fenced at once (a part's start pays one fence, not two in a row), the
+        # second on a helper thread; then one read of the checkpoint (see the module).
+        second = self._helpers.submit(self._second.fence, key_space)
+        try:
+            self._first.fence(key_space)
+        except BaseException:
+            wait([second])  # the second's calls end before the part lets both go
+            raise
+        try:
+            self._second_fenced(second)
+        finally:
+            # The second's failure, raised, holds this frame, which held its future,
+            # which holds the failure: a cycle keeping both producers and their
+            # threads until the garbage collector, rare in a relay (#53).
+            del second
+        return self._first.checkpoint(generation)
 
-    def _second_recovered(
-        self, recovering: Future[KafkaCheckpoint | None]
-    ) -> KafkaCheckpoint | None:
-        """The second's checkpoint once fenced; None, and the second closed, when the
+    def _second_fenced(self, fencing: Future[None]) -> None:
+        """Once the second is fenced: closed if it does not take turns, or when the
         broker refuses its id (it cannot hold a transaction then)."""
         try:
-            checkpoint = recovering.result()
+            fencing.result()
         except TransactionalIdRefused as exc:
             logger.log(
                 _refusal_level(exc.transactional_id),
@@ -136,12 +142,11 @@ class TurnTakingPublisher:
                 ),
             )
             self._close_second()
-            return None
+            return
         finally:
-            del recovering  # its exception, raised, holds this frame: see recover
+            del fencing  # its exception, raised, holds this frame: see recover
         if not self._take_turns:
-            self._close_second()  # fenced, and its checkpoint read: its work is done
-        return checkpoint
+            self._close_second()  # fenced: its work is done
 
     def publish(
         self, batch: Batch, meanwhile: Meanwhile | None = None, owned: Owned | None = None
@@ -173,7 +178,3 @@ def _refusal_level(transactional_id: str) -> int:
             _REFUSALS_SAID.clear()
         _REFUSALS_SAID.add(transactional_id)
         return logging.WARNING
-
-
-def _position(checkpoint: KafkaCheckpoint) -> Position:
-    return checkpoint.position

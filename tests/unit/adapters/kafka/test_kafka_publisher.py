@@ -17,9 +17,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 import relay.adapters.kafka.kafka
+from relay.adapters.kafka.checkpoint_groups import CheckpointGroups, read_committed
 from relay.adapters.kafka.kafka import TopicCreator, TransactionalPublisher
 from relay.adapters.kafka.publishers import PublisherFactory
 from relay.core.log_sampling import SampledLog
@@ -121,7 +122,7 @@ def publisher(producer: FakeProducer, delivery_timeout_s: float = 5.0) -> Transa
         transaction_timeout_s=10.0,
         group_prefix="g",
         checkpoint_topic="c",
-        consumer_config={"bootstrap.servers": "127.0.0.1:1"},
+        groups=CheckpointGroups({"bootstrap.servers": "127.0.0.1:1"}),
     )
     pub._producer = producer  # type: ignore[assignment]
     # A new client of the id (after an abort) is this stand-in again, at its next epoch.
@@ -373,12 +374,47 @@ def test_a_coordinator_warming_up_is_asked_again_for_the_checkpoint() -> None:
 
     wanted = [TopicPartition("checkpoints", p) for p in range(2)]
     group = WarmingGroup([KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS])
-    committed = relay.adapters.kafka.kafka.read_committed(group, wanted, 30.0)  # type: ignore[arg-type]
+    committed = read_committed(group, wanted, 30.0)  # type: ignore[arg-type]
     assert [tp.offset for tp in committed] == [7, 7] and group.asked == 3
     refused = WarmingGroup([KafkaError.GROUP_AUTHORIZATION_FAILED])
     with pytest.raises(RelayError, match="cannot read the Kafka-side checkpoint"):
-        relay.adapters.kafka.kafka.read_committed(refused, wanted, 30.0)  # type: ignore[arg-type]
+        read_committed(refused, wanted, 30.0)  # type: ignore[arg-type]
     assert refused.asked == 1
+
+
+def test_a_checkpoint_read_that_fails_leaves_no_cycle_holding_its_caller() -> None:
+    """Raised, a failure's traceback holds the reading frame and, through it, the
+    caller's (a part's publisher and its clients' threads): a cycle there kept closed
+    producers until the cyclic collector, rare in a relay (#53)."""
+    from confluent_kafka import TopicPartition
+
+    class Caller:
+        def read(self) -> None:
+            refused = WarmingGroup([KafkaError.GROUP_AUTHORIZATION_FAILED])
+            read_committed(refused, [TopicPartition("c", 0)], 30.0)  # type: ignore[arg-type]
+
+    with without_cyclic_collector():
+        caller = Caller()
+        gone = weakref.ref(caller)
+        with pytest.raises(RelayError):
+            caller.read()
+        del caller
+        assert gone() is None
+
+
+def test_a_checkpoint_group_s_metadata_is_made_once_per_group_without_a_broker() -> None:
+    """The metadata a transaction commits a group's offsets with, as a consumer of the
+    group gives it, made without a broker (so no client thread reaches the network),
+    once per group, and shared by a part's two producers."""
+    groups = CheckpointGroups({"bootstrap.servers": "127.0.0.1:1"})
+    made = groups.metadata("outbox-relay.s.0.1")
+    assert groups.metadata("outbox-relay.s.0.1") is made
+    consumer = Consumer({"group.id": "outbox-relay.s.0.1", "bootstrap.servers": "127.0.0.1:1"})
+    try:
+        assert made == consumer.consumer_group_metadata()
+    finally:
+        consumer.close()
+    assert groups.metadata("outbox-relay.s.0.2") != made
 
 
 class CoordinatorLostProducer(FakeProducer):
@@ -678,6 +714,57 @@ def test_a_topic_that_exists_leaves_no_cycle_holding_its_caller() -> None:
 
 class Sentinel:
     """What a caller's frame holds (a part's publisher)."""
+
+
+class FailingCreation:
+    """An admin client whose every topic's creation fails with ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def create_topics(self, topics: list[Any], **timeouts: float) -> dict[str, Future[None]]:
+        futures: dict[str, Future[None]] = {}
+        for topic in topics:
+            futures[topic.topic] = Future()
+            futures[topic.topic].set_exception(self.error)
+        return futures
+
+
+UNREACHABLE = KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
+
+
+@pytest.mark.parametrize(
+    "error", [UNREACHABLE, RuntimeError("not the client's")], ids=["kafka", "other"]
+)
+def test_a_failed_creation_leaves_no_cycle_holding_its_caller(error: Exception) -> None:
+    # Raised, the failure took the creator's frame into its traceback while the frame
+    # held it (the other kind raised as it was: its future's own exception), and every
+    # caller's frame with it: the part's publisher and its clients' threads lived until
+    # the cyclic collector, rare in a relay (tune_gc; issue #53).
+    creator = TopicCreator({})
+    creator._admin = lambda: FailingCreation(error)  # type: ignore[method-assign,assignment,return-value]
+
+    def publishing(part: object) -> None:
+        creator.ensure({"orders"})
+
+    with without_cyclic_collector():
+        part = Sentinel()
+        gone = weakref.ref(part)
+        with contextlib.suppress(BrokerUnavailable):
+            publishing(part)
+        del part
+        assert gone() is None  # freed by reference counting alone
+
+
+def test_a_creation_failure_not_the_client_s_is_retried_as_kafka_s() -> None:
+    """Only the client's errors have a code to classify; any other is retried, as
+    classify retries a creation failure without one, and it is the cause."""
+    cause = RuntimeError("not the client's")
+    creator = TopicCreator({})
+    creator._admin = lambda: FailingCreation(cause)  # type: ignore[method-assign,assignment,return-value]
+    with pytest.raises(BrokerUnavailable, match="cannot create topic 'orders'") as raised:
+        creator.ensure({"orders"})
+    assert raised.value.__cause__ is cause
 
 
 def test_a_failed_overlapping_commit_leaves_no_cycle_holding_the_publisher() -> None:

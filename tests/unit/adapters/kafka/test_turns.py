@@ -7,6 +7,7 @@ import contextlib
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from uuid import UUID, uuid4
 
@@ -27,15 +28,22 @@ CALLS: list[str] = []
 
 
 class Recording:
-    def __init__(self, name: str, checkpoint: KafkaCheckpoint | None = None) -> None:
+    def __init__(self, name: str, found: KafkaCheckpoint | None = None) -> None:
         self.name = name
-        self.checkpoint = checkpoint
+        self.found = found
         self.fail_publish = False
         self.fail_close = False
 
     def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
-        CALLS.append(f"{self.name} recover")
-        return self.checkpoint
+        self.fence(key_space)
+        return self.checkpoint(generation)
+
+    def fence(self, key_space: UUID | None = None) -> None:
+        CALLS.append(f"{self.name} fence")
+
+    def checkpoint(self, generation: str) -> KafkaCheckpoint | None:
+        CALLS.append(f"{self.name} read")
+        return self.found
 
     def publish(
         self, batch: Batch, meanwhile: Meanwhile | None = None, owned: Owned | None = None
@@ -56,48 +64,65 @@ def _calls() -> None:
     turns_module._REFUSALS_SAID.clear()  # once per id and process: each test is a new process
 
 
+@pytest.fixture
+def helpers() -> Iterator[ThreadPoolExecutor]:
+    """The relay's helper threads, as its publisher factory shares them."""
+    with ThreadPoolExecutor(1, thread_name_prefix="kafka-helper") as pool:
+        yield pool
+
+
 def batch(n: int) -> Batch:
     return Batch([], Position(n, 1), "g")
 
 
-@pytest.mark.parametrize("later", [0, 1])
-def test_both_are_fenced_and_the_later_checkpoint_is_trusted(later: int) -> None:
-    # Each read follows its own producer's fence: the later one covers both.
-    found = [KafkaCheckpoint(Position(5, 1)), KafkaCheckpoint(Position(9, 1))]
-    if later == 0:
-        found.reverse()
-    turns = TurnTakingPublisher([Recording("a", found[0]), Recording("b", found[1])])
-    assert turns.recover("g", uuid4()) == KafkaCheckpoint(Position(9, 1))
-    assert sorted(CALLS) == ["a recover", "b recover"]
+def test_both_are_fenced_then_the_checkpoint_is_read_once(helpers: ThreadPoolExecutor) -> None:
+    """Both ids commit to one group: read after both fences, one read is the last
+    checkpoint there will be. A read per producer cost a consumer client each (#53)."""
+    found = KafkaCheckpoint(Position(9, 1))
+    turns = TurnTakingPublisher([Recording("a", found), Recording("b")], helpers=helpers)
+    assert turns.recover("g", uuid4()) == found
+    assert sorted(CALLS[:2]) == ["a fence", "b fence"] and CALLS[2:] == ["a read"]
+    none = TurnTakingPublisher([Recording("a"), Recording("b")], helpers=helpers)
+    assert none.recover("g") is None
 
 
-def test_a_checkpoint_one_read_found_is_trusted_and_none_is_none() -> None:
-    turns = TurnTakingPublisher([Recording("a"), Recording("b", KafkaCheckpoint(Position(3, 1)))])
-    assert turns.recover("g") == KafkaCheckpoint(Position(3, 1))
-    assert TurnTakingPublisher([Recording("a"), Recording("b")]).recover("g") is None
+def test_the_checkpoint_is_read_only_once_the_second_is_fenced(
+    helpers: ThreadPoolExecutor,
+) -> None:
+    # Read before the second's fence returned, an earlier owner's transaction on the
+    # second id could still commit a later checkpoint after the read.
+    class Slow(Recording):
+        def fence(self, key_space: UUID | None = None) -> None:
+            time.sleep(0.2)
+            CALLS.append(f"{self.name} fenced")
+
+    TurnTakingPublisher([Recording("a"), Slow("b")], helpers=helpers).recover("g")
+    assert CALLS.index("a read") > CALLS.index("b fenced")
 
 
-def test_transactions_take_turns() -> None:
-    turns = TurnTakingPublisher([Recording("a"), Recording("b")])
+def test_transactions_take_turns(helpers: ThreadPoolExecutor) -> None:
+    turns = TurnTakingPublisher([Recording("a"), Recording("b")], helpers=helpers)
     for n in range(4):
         turns.publish(batch(n))
     assert CALLS == ["a publish 0", "b publish 1", "a publish 2", "b publish 3"]
 
 
-def test_after_a_failed_transaction_the_other_producer_takes_the_next() -> None:
+def test_after_a_failed_transaction_the_other_producer_takes_the_next(
+    helpers: ThreadPoolExecutor,
+) -> None:
     first = Recording("a")
     first.fail_publish = True
-    turns = TurnTakingPublisher([first, Recording("b")])
+    turns = TurnTakingPublisher([first, Recording("b")], helpers=helpers)
     with pytest.raises(BrokerUnavailable):
         turns.publish(batch(1))
     turns.publish(batch(1))
     assert CALLS == ["a publish 1", "b publish 1"]
 
 
-def test_closing_closes_both_even_if_the_first_fails() -> None:
+def test_closing_closes_both_even_if_the_first_fails(helpers: ThreadPoolExecutor) -> None:
     first = Recording("a")
     first.fail_close = True
-    turns = TurnTakingPublisher([first, Recording("b")])
+    turns = TurnTakingPublisher([first, Recording("b")], helpers=helpers)
     with pytest.raises(RuntimeError):
         turns.close()
     assert CALLS == ["a close", "b close"]
@@ -109,7 +134,9 @@ def test_the_second_id_is_the_first_with_a_suffix_no_other_part_ends_with() -> N
     assert second_transactional_id(first) == f"{first}.2"
 
 
-def test_a_part_publisher_opens_both_ids_and_takes_turns_only_with_two() -> None:
+def test_a_part_publisher_opens_both_ids_and_takes_turns_only_with_two(
+    helpers: ThreadPoolExecutor,
+) -> None:
     opened: list[str] = []
 
     def open_producer(transactional_id: str) -> Recording:
@@ -117,60 +144,65 @@ def test_a_part_publisher_opens_both_ids_and_takes_turns_only_with_two() -> None
         return Recording(transactional_id)
 
     for producers in (1, 2):
-        publisher = part_publisher(open_producer, "p", producers)
+        publisher = part_publisher(open_producer, "p", producers, helpers=helpers)
         publisher.recover("g")
         for n in range(3):
             publisher.publish(batch(n))
     assert opened == ["p", "p.2", "p", "p.2"]
-    one, two = CALLS[:6], CALLS[6:]
-    assert sorted(one[:3]) == ["p recover", "p.2 close", "p.2 recover"]
-    assert one[3:] == ["p publish 0", "p publish 1", "p publish 2"]
-    assert two[2:] == ["p publish 0", "p.2 publish 1", "p publish 2"]
+    one, two = CALLS[:7], CALLS[7:]
+    assert sorted(one[:2]) == sorted(two[:2]) == ["p fence", "p.2 fence"]
+    assert one[2:] == ["p.2 close", "p read", "p publish 0", "p publish 1", "p publish 2"]
+    assert two[2:] == ["p read", "p publish 0", "p.2 publish 1", "p publish 2"]
 
 
-def test_with_one_producer_the_second_is_fenced_and_its_checkpoint_counts() -> None:
+def test_with_one_producer_the_second_is_fenced_before_the_checkpoint_is_read(
+    helpers: ThreadPoolExecutor,
+) -> None:
     """Going from two producers to one: the new owner's recovery fences the second id
-    too, and trusts its later checkpoint, so a relay still taking turns cannot commit
-    behind it. Then the second's client is closed, and never publishes."""
-    second = Recording("b", KafkaCheckpoint(Position(9, 1)))
-    one = TurnTakingPublisher([Recording("a", KafkaCheckpoint(Position(5, 1))), second],
-                              take_turns=False)  # fmt: skip
-    assert one.recover("g") == KafkaCheckpoint(Position(9, 1))
+    too before it reads the checkpoint (both ids commit to one group), so a relay still
+    taking turns cannot commit behind it. Then the second's client is closed, and never
+    publishes."""
+    found = KafkaCheckpoint(Position(9, 1))
+    one = TurnTakingPublisher([Recording("a", found), Recording("b")],
+                              take_turns=False, helpers=helpers)  # fmt: skip
+    assert one.recover("g") == found
     one.publish(batch(1))
     one.publish(batch(2))
     one.close()
-    assert CALLS[2:] == ["b close", "a publish 1", "a publish 2", "a close"]
+    assert sorted(CALLS[:2]) == ["a fence", "b fence"]
+    assert CALLS[2:] == ["b close", "a read", "a publish 1", "a publish 2", "a close"]
 
 
 class Refused(Recording):
-    def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
-        CALLS.append(f"{self.name} recover")
+    def fence(self, key_space: UUID | None = None) -> None:
+        CALLS.append(f"{self.name} fence")
         raise TransactionalIdRefused(self.name, "Transactional Id authorization failed")
 
 
 def test_a_second_id_the_broker_refuses_leaves_the_first_alone(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, helpers: ThreadPoolExecutor
 ) -> None:
     """An ACL naming each part's id literally has none for the second: the part goes on
     with one producer (nobody can have committed under a refused id), and says why."""
-    turns = TurnTakingPublisher([Recording("a", KafkaCheckpoint(Position(5, 1))), Refused("a.2")])
+    first = Recording("a", KafkaCheckpoint(Position(5, 1)))
+    turns = TurnTakingPublisher([first, Refused("a.2")], helpers=helpers)
     assert turns.recover("g") == KafkaCheckpoint(Position(5, 1))
     turns.publish(batch(1))
     turns.publish(batch(2))
     turns.close()
-    assert CALLS[2:] == ["a.2 close", "a publish 1", "a publish 2", "a close"]
+    assert CALLS[2:] == ["a.2 close", "a read", "a publish 1", "a publish 2", "a close"]
     (warning,) = [r for r in caplog.records if r.event == "kafka_second_producer_refused"]
     assert warning.transactional_id == "a.2" and "first transactional id alone" in warning.message
 
 
 def test_a_refused_second_id_is_warned_of_once_then_said_at_info(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, helpers: ThreadPoolExecutor
 ) -> None:
     """A part recovers at every reopen of its publisher: an unchanged ACL is a warning
     the first time only (per id: another part's refusal is news)."""
     caplog.set_level("INFO")
     for name in ("b", "b", "b", "c"):
-        TurnTakingPublisher([Recording(name), Refused(f"{name}.2")]).recover("g")
+        TurnTakingPublisher([Recording(name), Refused(f"{name}.2")], helpers=helpers).recover("g")
     said = [
         (r.transactional_id, r.levelname)
         for r in caplog.records
@@ -179,28 +211,28 @@ def test_a_refused_second_id_is_warned_of_once_then_said_at_info(
     assert said == [("b.2", "WARNING"), ("b.2", "INFO"), ("b.2", "INFO"), ("c.2", "WARNING")]
 
 
-def test_a_first_id_the_broker_refuses_fails_the_recovery() -> None:
+def test_a_first_id_the_broker_refuses_fails_the_recovery(helpers: ThreadPoolExecutor) -> None:
     # The part's own id is the one that fences older relays: without it, no publishing.
-    turns = TurnTakingPublisher([Refused("a"), Recording("a.2")])
+    turns = TurnTakingPublisher([Refused("a"), Recording("a.2")], helpers=helpers)
     with pytest.raises(TransactionalIdRefused):
         turns.recover("g")
 
 
 class Unreachable(Recording):
-    def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
+    def fence(self, key_space: UUID | None = None) -> None:
         raise BrokerUnavailable("the coordinator is away")
 
 
 @pytest.mark.parametrize("second", [Refused, Unreachable], ids=["refused", "failed"])
 def test_a_failed_second_recovery_leaves_no_cycle_holding_the_part_s_producers(
-    second: type[Recording], monkeypatch: pytest.MonkeyPatch
+    second: type[Recording], monkeypatch: pytest.MonkeyPatch, helpers: ThreadPoolExecutor
 ) -> None:
     # The second's failure, raised from its future in recover, held recover's frame,
     # which held the future: the part's producers and their threads lived until the
     # cyclic collector, rare in a relay (tune_gc; issue #53).
     monkeypatch.setattr(turns_module.logger, "disabled", True)  # pytest keeps the records
     with without_cyclic_collector():
-        turns = TurnTakingPublisher([Recording("a"), second("a.2")])
+        turns = TurnTakingPublisher([Recording("a"), second("a.2")], helpers=helpers)
         with contextlib.suppress(BrokerUnavailable):
             turns.recover("g")
         turns.close()
@@ -209,14 +241,14 @@ def test_a_failed_second_recovery_leaves_no_cycle_holding_the_part_s_producers(
         assert gone() is None  # freed by reference counting alone
 
 
-def test_the_second_recovers_on_the_relay_s_helpers_and_is_waited_for_if_the_first_fails() -> None:
-    """The relay's helper threads (shared by its parts' producers) run the second's
-    recovery. When the first's fails, the part lets both go only once the second's
-    calls ended, as when a thread of its own was joined."""
+def test_the_second_is_fenced_on_the_relay_s_helpers_and_waited_for_if_the_first_fails() -> None:
+    """The relay's helper threads (shared by its parts' producers) fence the second.
+    When the first's fence fails, the part lets both go only once the second's calls
+    ended, as when a thread of its own was joined."""
     ran_on: list[str] = []
 
     class Slow(Recording):
-        def recover(self, generation: str, key_space: UUID | None = None) -> None:
+        def fence(self, key_space: UUID | None = None) -> None:
             time.sleep(0.2)  # still running when the first fails
             ran_on.append(threading.current_thread().name)
             CALLS.append(f"{self.name} recovered")
