@@ -259,8 +259,11 @@ class TopicCreator:
         if self._record is not None:
             ours = {t for t in created if not self._relay_owned(t)}
             self._record.record(ours, TopicOrigin.DECLARED)
-        if refused:
-            raise refused[0]
+        try:
+            if refused:
+                raise refused[0]
+        finally:
+            del refused  # no cycle through the raised failure: see _confine
 
     def _confine(self, chosen: set[str]) -> None:
         """Make sure of topics rows chose; raises for the first refused (the row's
@@ -284,15 +287,26 @@ class TopicCreator:
             waiting = TopicMissing(topic, _create_it(topic) + (_NAME_IT if unnamed else ""))
         elif new:
             wanted, waiting = self._reserve(new, recorded)
-            failed = self._create_topics(admin, set(wanted), None, {})[1]
-            for failure in failed:
-                assert self._record is not None  # only a record reserves
-                self._record.release(failure.topic)  # no room taken by a refused name
-            refused += failed
-        if refused:
-            raise refused[0]
-        if waiting is not None:
-            raise waiting
+            refused += self._create_reserved(admin, wanted)
+        try:
+            if refused:
+                raise refused[0]
+            if waiting is not None:
+                raise waiting
+        finally:
+            # Raised, a failure's traceback holds this frame, whose locals held it: a
+            # cycle keeping the caller's publisher and its client's threads until the
+            # cyclic collector, which a relay runs rarely (#53).
+            del refused, waiting
+
+    def _create_reserved(self, admin: AdminClient, wanted: list[str]) -> list[TopicRefused]:
+        """Create the topics ``_reserve`` made room for; a refused one's room is given
+        back. Returns the refusals."""
+        failed = self._create_topics(admin, set(wanted), None, {})[1]
+        for failure in failed:
+            assert self._record is not None  # only a record reserves
+            self._record.release(failure.topic)  # no room taken by a refused name
+        return failed
 
     def _reserve(
         self, new: list[str], recorded: frozenset[str] | None
@@ -758,7 +772,10 @@ class TransactionalPublisher(_BatchProducer):
             self._abort()
             if cause is None:
                 raise
-            raise cause from exc
+            try:
+                raise cause from exc
+            finally:
+                del cause  # raised, it holds this frame: no cycle through it (#53)
         end = extended_to or batch.end
         return Batch(records, end, batch.generation, dead_letters=batch.dead_letters)
 
