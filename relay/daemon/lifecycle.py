@@ -181,7 +181,6 @@ class Relay:
         self._close_pool()
         self.tracing.flush()
         self.partitioner.close()
-        self.publishers.close()
         logger.info("relay stopped", extra=log_extra("relay_stopped"))
 
     def request_stop(self) -> None:

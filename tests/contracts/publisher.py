@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import NamedTuple
 from uuid import UUID
@@ -201,7 +200,7 @@ def kafka_publishers(
 ) -> Iterator[OpenPublisher]:
     """Opens transactional publishers of one part on Apache Kafka, each a new owner of
     it (with ``producers=2``, two taking turns, as the relay opens them); closes them
-    all, then their helper threads, on exit."""
+    all on exit."""
     config = {"bootstrap.servers": bootstrap}
     opened: list[Publisher] = []
     groups = CheckpointGroups(config)  # one, as a relay's publishers share
@@ -219,13 +218,12 @@ def kafka_publishers(
         )
 
     def open_publisher() -> Publisher:
-        publisher = part_publisher(open_producer, f"{prefix}{part}", producers, helpers=helpers)
+        publisher = part_publisher(open_producer, f"{prefix}{part}", producers)
         opened.append(publisher)
         return publisher
 
-    with ThreadPoolExecutor(1, thread_name_prefix="kafka-helper") as helpers:
-        try:
-            yield open_publisher
-        finally:
-            for publisher in opened:
-                publisher.close()
+    try:
+        yield open_publisher
+    finally:
+        for publisher in opened:
+            publisher.close()

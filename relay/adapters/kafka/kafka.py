@@ -20,14 +20,13 @@ import operator
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 from uuid import UUID
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from relay.adapters.kafka.call_thread import CallThread
+from relay.adapters.kafka.call_thread import CallThread, Step, Steps
 from relay.adapters.kafka.checkpoint_groups import CHECKPOINT_PARTITIONS, CheckpointGroups
 from relay.adapters.kafka.client_logs import client_logger
 from relay.adapters.kafka.kafka_errors import (
@@ -58,8 +57,6 @@ logger = logging.getLogger(__name__)
 _PARTITION = operator.attrgetter("partition")
 # librdkafka's own lines: deduplicated, at most one of a kind a minute.
 _client_log = client_logger()
-
-T = TypeVar("T")
 
 # How long one transactional call (init, send offsets, commit, abort) may wait. A call
 # that times out with a retriable error is made again (librdkafka resumes it), up to the
@@ -652,12 +649,10 @@ class TransactionalPublisher(_BatchProducer):
         group_prefix: str,
         checkpoint_topic: str,
         groups: CheckpointGroups,
-        committer: ThreadPoolExecutor | None = None,
     ) -> None:
-        """``groups``: where the checkpoint is read and its group's metadata made.
-        ``committer``: the threads that commit while a backlog's next batch is read. A
-        relay's publishers share both (:class:`~relay.adapters.kafka.publishers.
-        PublisherFactory`); ``committer`` None: a thread of this publisher's own."""
+        """``groups``: where the checkpoint is read and its group's metadata made (a
+        relay's publishers share them: :class:`~relay.adapters.kafka.publishers.
+        PublisherFactory`)."""
         super().__init__(
             transactional_config(config, transactional_id, transaction_timeout_s),
             topics,
@@ -673,9 +668,9 @@ class TransactionalPublisher(_BatchProducer):
         # Why this producer takes no more transactions (an abort that failed), if so.
         self._unusable: str | None = None
         self._key_space: UUID | None = None
-        self._commit_pool = committer
-        self._owns_commit_pool = committer is None
         # One per producer: a call that hangs keeps it, and both are abandoned together.
+        # It also carries the calls that run while this thread does something else (a
+        # commit, a fence beside the part's other producer's): call_thread.py.
         self._calls = CallThread("kafka-txn-call")
 
     def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
@@ -688,14 +683,24 @@ class TransactionalPublisher(_BatchProducer):
         """Fence every earlier producer of this transactional id: its open transaction
         is aborted, and none of its transactions can commit after this returns.
         ``key_space``: the database this producer's checkpoints are tagged with."""
+        self.start_fence(key_space)()
+
+    def start_fence(self, key_space: UUID | None = None) -> Callable[[], None]:
+        """Start :meth:`fence` on this producer's call thread; the function returned
+        waits for it (and raises as ``fence`` would)."""
         self._topics.ensure(
             {self._checkpoint_topic},
             partitions=CHECKPOINT_PARTITIONS,
             **{"cleanup.policy": "compact"},
         )
-        self._call(self._producer.init_transactions, self._call_timeout_s)
-        self._initialised = True
-        self._key_space = key_space
+        fencing = self._started((self._producer.init_transactions, (self._call_timeout_s,)))
+
+        def fenced() -> None:
+            self._finish(fencing)
+            self._initialised = True
+            self._key_space = key_space
+
+        return fenced
 
     def checkpoint(self, generation: str) -> KafkaCheckpoint | None:
         """The checkpoint the last committed transaction recorded in this producer's
@@ -797,7 +802,7 @@ class TransactionalPublisher(_BatchProducer):
 
     def _commit_batch(self, sent: Batch, during_commit: Callable[[], object] | None) -> None:
         """Commit the open transaction with ``sent``'s checkpoint; ``during_commit`` runs
-        here while the commit travels on a helper thread."""
+        here while the commit travels on the call thread."""
         metadata = self._metadata(sent.generation)
         end = sent.end
         # librdkafka silently drops a negative offset from the commit: never send one.
@@ -817,36 +822,27 @@ class TransactionalPublisher(_BatchProducer):
             self._commit_overlapping(offsets, metadata, during_commit)
 
     def _commit(self, offsets: list[TopicPartition], metadata: Any) -> None:
-        self._call(
-            self._producer.send_offsets_to_transaction,
-            offsets,
-            metadata,
-            self._call_timeout_s,
+        self._finish(self._start_commit(offsets, metadata))
+
+    def _start_commit(self, offsets: list[TopicPartition], metadata: Any) -> Steps:
+        timeout = self._call_timeout_s
+        return self._started(
+            (self._producer.send_offsets_to_transaction, (offsets, metadata, timeout)),
+            (self._producer.commit_transaction, (timeout,)),
         )
-        self._call(self._producer.commit_transaction, self._call_timeout_s)
 
     def _commit_overlapping(
         self, offsets: list[TopicPartition], metadata: Any, during: Callable[[], object]
     ) -> None:
-        """Commit on a helper thread while ``during`` runs on this one. A backlog's
+        """Commit on the call thread while ``during`` runs on this one. A backlog's
         batches then cost the larger of the two, not their sum: the commit's round trips
         (offsets to the group coordinator, then EndTxn) mostly wait on the broker. The
         commit's outcome wins: a failed commit is raised even if ``during`` failed too."""
-        committing = self._committer().submit(self._commit, offsets, metadata)
+        committing = self._start_commit(offsets, metadata)
         try:
             during()
         finally:
-            try:
-                committing.result()
-            finally:
-                # Raised, the future's exception holds this frame, which held the
-                # future: a cycle keeping the producer until the garbage collector (#53).
-                del committing
-
-    def _committer(self) -> ThreadPoolExecutor:
-        if self._commit_pool is None:
-            self._commit_pool = ThreadPoolExecutor(1, thread_name_prefix="kafka-commit")
-        return self._commit_pool
+            self._finish(committing)
 
     def _tag(
         self, sent: Sequence[KafkaRecord], dead_letters: Sequence[tuple[Position, str]]
@@ -872,10 +868,6 @@ class TransactionalPublisher(_BatchProducer):
 
     def close(self) -> None:
         self._calls.close()  # a hung call's thread ends if the call ever returns
-        if self._commit_pool is not None and self._owns_commit_pool:
-            # A wedged commit (see _watched) is given up on there, never waited for here.
-            self._commit_pool.shutdown(wait=False)
-            self._commit_pool = None
         # No flush: a record still queued belongs to a transaction that failed (or never
         # committed), which the next producer's init_transactions aborts. Waiting up to
         # 5 s for its delivery only lengthened the part's gap when a leader died; and a
@@ -890,7 +882,7 @@ class TransactionalPublisher(_BatchProducer):
         # from before it can never be mistaken for progress after it.
         return f"{self._group_prefix}.{generation}"
 
-    def _watched(self, operation: Callable[..., T], *args: Any) -> T:
+    def _watched(self, operation: Callable[..., object], *args: Any) -> None:
         """``operation(*args)``, given up on when it outlives its own timeout.
 
         librdkafka's transactional calls take a timeout but do not always honour it:
@@ -900,30 +892,56 @@ class TransactionalPublisher(_BatchProducer):
         timeout plus a grace period the producer is abandoned, and the part starts over
         with a new one (whose init_transactions fences the stuck one).
         """
+        self._await(self._started((operation, args)))
+
+    def _started(self, *steps: Step) -> Steps:
+        """``steps`` handed to the call thread, to run in order while this thread goes
+        on; :meth:`_finish` waits for them, each watched as :meth:`_watched` says."""
         if self._wedged:
             raise ProducerFenced(f"{self.transactional_id}: producer abandoned (a call hung)")
         if self._unusable is not None:
             raise BrokerUnavailable(self._unusable)
-        began = time.monotonic()
+        return self._calls.start(steps)
+
+    def _await(self, steps: Steps) -> None:
+        """Wait for ``steps``: the failure of the step that failed is raised as it was."""
         limit = self._call_timeout_s + _CALL_GRACE_S
-        call = self._calls.call(operation, args, limit)
-        hung = not call.finished.is_set()
-        failure = call.failure
-        outcome = " (given up)" if hung else f" ({failure})" if failure else ""
-        self._log_if_slow(operation, time.monotonic() - began, outcome)
-        if hung:
-            raise self._abandon(operation, limit)
+        hung = steps.wait(limit)
+        if hung is not None:
+            self._log_if_slow(hung, limit, " (given up)")
+            raise self._abandon(hung, limit)
+        failure = steps.failure
+        for index, (operation, took) in enumerate(steps.took):
+            failed = failure is not None and index == len(steps.took) - 1
+            self._log_if_slow(operation, took, f" ({failure})" if failed else "")
         if failure is not None:
             try:
                 raise failure
             finally:
-                # Its traceback holds this frame and the call's: without these the
+                # Its traceback holds this frame and the steps': without these the
                 # cycles kept the publisher and its client's threads until the cyclic
                 # collector, rare in a relay (tune_gc): 1,000 parts ran hundreds of
                 # closed clients (#53).
-                call.failure = None
-                del call, failure
-        return call.result[0]
+                steps.failure = None
+                del steps, failure
+
+    def _finish(self, steps: Steps) -> None:
+        """Wait for ``steps`` started ahead (:meth:`_started`). A step that failed goes
+        on as :meth:`_call` makes a call that failed (classified, made again while its
+        error may pass), then the steps after it, each through ``_call``."""
+        failed: KafkaException | None = None
+        try:
+            try:
+                self._await(steps)
+                return
+            except KafkaException as exc:
+                failed = exc
+            operation, args = steps.steps[steps.failed_step]
+            self._call(operation, *args, failed=failed)
+            for operation, args in steps.steps[steps.failed_step + 1 :]:
+                self._call(operation, *args)
+        finally:
+            failed = None  # raised or made again, it holds this frame: no cycle (#53)
 
     def _abandon(self, hung: Callable[..., object], limit: float) -> ProducerFenced:
         """Give up this producer (and its call thread, blocked in ``hung``)."""
@@ -980,14 +998,22 @@ class TransactionalPublisher(_BatchProducer):
             "starting the part over with a new producer"
         )
 
-    def _call(self, operation: Callable[..., T], *args: Any) -> T:
-        """Run a transaction API call, mapping librdkafka's error flags onto ours."""
+    def _call(
+        self, operation: Callable[..., object], *args: Any, failed: KafkaException | None = None
+    ) -> None:
+        """Run a transaction API call, mapping librdkafka's error flags onto ours.
+        ``failed``: the call was made already (:meth:`_finish`), and failed so."""
         deadline = time.monotonic() + self._delivery_timeout_s
         failure: RelayError | None = None
+        first: KafkaException | None = None
         try:
             while True:
                 try:
-                    return self._watched(operation, *args)
+                    if failed is None:
+                        self._watched(operation, *args)
+                        return
+                    first, failed = failed, None
+                    raise first
                 except KafkaException as exc:
                     failure = classify(
                         exc, self.transactional_id, Stage.TRANSACTION, config=self._config
@@ -1005,7 +1031,8 @@ class TransactionalPublisher(_BatchProducer):
                         raise failure from exc
                     time.sleep(0.1)
         finally:
-            failure = None  # a cycle through the traceback, as in _watched (#53)
+            # Cycles through the traceback, as in _await (#53).
+            failure = first = failed = None
 
 
 def _name(operation: Callable[..., object]) -> str:

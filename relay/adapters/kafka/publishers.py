@@ -3,8 +3,6 @@ relay keeps at most max_producers open: relay/engine/scheduling.py)."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 from relay.adapters.kafka.checkpoint_groups import CheckpointGroups
 from relay.adapters.kafka.kafka import (
     IdempotentPublisher,
@@ -40,13 +38,7 @@ def routed_topic_creator(
 
 class PublisherFactory:
     """Opens a part's publisher; every publisher shares one topic creator, and the
-    transactional ones the helper threads that commit while the next batch is read and
-    recover a part's second producer while its first recovers.
-
-    Only the parts holding one of the relay's ``max_producers`` publishers commit or
-    recover, each doing one of the two at a time, so that many threads never keep one
-    waiting. A thread per producer, and one more per recovery, made the relay's threads
-    grow with its pool for nothing (#53)."""
+    transactional ones where their checkpoints are read."""
 
     def __init__(
         self, settings: Settings, topic_guard: TopicGuard, record: TopicRecord | None
@@ -57,21 +49,10 @@ class PublisherFactory:
         self._groups = CheckpointGroups(
             {**settings.kafka, "bootstrap.servers": self._bootstrap_servers}
         )
-        # Its threads start on demand and wait idle for the relay's life (daemon-like:
-        # an interpreter at exit joins them, and none blocks past its call's watchdog).
-        self._helpers = ThreadPoolExecutor(
-            settings.max_producers, thread_name_prefix="kafka-helper"
-        )
 
     def written_topics(self) -> frozenset[str]:
         """The topics this relay's parts have published to (their checkpoint topic too)."""
         return self._topics.known()
-
-    def close(self) -> None:
-        """Let the helper threads end (at the relay's stop, its parts' producers closed).
-        Not waited for: a call still running ends within its watchdog, and the stop
-        within its deadline."""
-        self._helpers.shutdown(wait=False)
 
     def __call__(self, state: PartState) -> Publisher:
         s = self._settings
@@ -92,12 +73,8 @@ class PublisherFactory:
                 group_prefix=name,
                 checkpoint_topic=s.checkpoint_topic,
                 groups=self._groups,
-                committer=self._helpers,
             )
 
         return part_publisher(
-            open_producer,
-            f"{name}.{state.subscriber_id}",
-            s.transaction_producers,
-            helpers=self._helpers,
+            open_producer, f"{name}.{state.subscriber_id}", s.transaction_producers
         )

@@ -660,25 +660,39 @@ def test_a_failed_call_leaves_no_cycle_holding_the_closed_publisher(
         assert gone() is None  # freed by reference counting alone
 
 
-def test_a_relay_s_transactional_producers_share_the_threads_that_commit() -> None:
-    """A commit runs on a helper thread while the next batch is read, and a part's
-    second producer recovers on one while its first does. Only the parts holding one of
-    the relay's max_producers publishers do either, one at a time: that many threads
-    serve them all. A thread per producer (two per part) grew
-    the relay's threads with its pool for nothing (#53). Closing a producer leaves the
-    shared threads to the others."""
-    settings = Settings(bootstrap_servers="b:1", max_producers=3)
-    factory = PublisherFactory(settings, TopicGuard(settings.checkpoint_topic), None)
-    parts = [factory(SimpleNamespace(name="s", part=n, subscriber_id=1)) for n in range(2)]  # type: ignore[arg-type]
-    producers = [p for part in parts for p in (part._first, part._second)]  # type: ignore[attr-defined]
-    committers = {id(p._committer()) for p in producers}
-    assert len(committers) == 1
-    assert producers[0]._committer()._max_workers == 3
-    assert {id(part._helpers) for part in parts} == committers  # type: ignore[attr-defined]
-    producers[0].close()
-    assert producers[1]._committer().submit(lambda: "committed").result(5) == "committed"
-    for p in producers[1:]:
-        p.close()
+class CommitAwaitingTheRead(ThreadRecordingProducer):
+    """A commit that returns only once the next batch was read beside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read = threading.Event()
+
+    def commit_transaction(self, timeout: float) -> None:
+        assert self.read.wait(5), "the next batch was not read while this committed"
+        super().commit_transaction(timeout)
+
+
+def test_a_backlog_s_commit_travels_on_the_call_thread_while_the_next_batch_is_read() -> None:
+    """The commit's calls run on the producer's call thread while the caller reads the
+    next batch: no helper thread waits on it. A pool of those, as many as the relay's
+    producers, waited the whole time on call threads: 8 threads of 1,000 subscribers'
+    relay for nothing (#53)."""
+    producer = CommitAwaitingTheRead()
+    pub = publisher(producer)
+    during: list[threading.Thread] = []
+    before = set(threading.enumerate())
+
+    def read_next() -> None:
+        during.append(threading.current_thread())
+        producer.read.set()
+
+    batch = Batch(records(b"a"), Position(1, 1), "gen", may_extend=False)
+    pub.publish(batch, meanwhile=read_next)
+    assert producer.committed == [[b"a"]]
+    assert during == [threading.current_thread()]
+    (call_thread,) = set(producer.threads["bounded"])
+    assert set(threading.enumerate()) - before == {call_thread}
+    pub.close()
 
 
 class ExistingTopics:
@@ -767,15 +781,45 @@ def test_a_creation_failure_not_the_client_s_is_retried_as_kafka_s() -> None:
     assert raised.value.__cause__ is cause
 
 
+class CommitTimingOutOnce(FakeProducer):
+    """commit_transaction times out once (retriable: librdkafka resumes it when asked
+    again), then commits."""
+
+    def __init__(self) -> None:
+        super().__init__(reject=b"never")
+        self.offsets_sent = 0
+        self.timeouts = 1
+
+    def send_offsets_to_transaction(self, *args: Any) -> None:
+        self.offsets_sent += 1
+
+    def commit_transaction(self, timeout: float) -> None:
+        if self.timeouts:
+            self.timeouts -= 1
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "timed out", retriable=True))
+        super().commit_transaction(timeout)
+
+
+@pytest.mark.parametrize("overlapping", [True, False], ids=["overlapping", "alone"])
+def test_a_commit_step_that_failed_is_made_again_from_that_step(overlapping: bool) -> None:
+    """Started ahead on the call thread, a commit whose second call failed goes on as a
+    call made on this thread would: that call asked again, the offsets not sent twice."""
+    producer = CommitTimingOutOnce()
+    batch = Batch(records(b"a"), Position(1, 1), "gen", may_extend=not overlapping)
+    publisher(producer).publish(batch, meanwhile=lambda: None)
+    assert producer.committed == [[b"a"]]
+    assert producer.offsets_sent == 1 and producer.timeouts == 0
+
+
+class UnreachableCoordinator(FakeProducer):
+    def send_offsets_to_transaction(self, *args: Any) -> None:
+        raise BrokerUnavailable("the coordinator is away")
+
+
 def test_a_failed_overlapping_commit_leaves_no_cycle_holding_the_publisher() -> None:
     # Raised from its future, the commit's failure held the frame that held the future.
     with without_cyclic_collector():
-        pub = publisher(FakeProducer(reject=b"none"))
-
-        def failing(offsets: list[Any], metadata: Any) -> None:
-            raise BrokerUnavailable("the coordinator is away")
-
-        pub._commit = failing  # type: ignore[method-assign]
+        pub = publisher(UnreachableCoordinator(reject=b"none"))
         with contextlib.suppress(BrokerUnavailable):
             pub._commit_overlapping([], None, lambda: None)
         pub.close()
