@@ -25,7 +25,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from relay.adapters.kafka.broker_watch import connection_config
+from relay.adapters.kafka.admin import connection_config
 from relay.adapters.kafka.client_logs import client_logger
 from relay.adapters.kafka.kafka_errors import Stage, classify, retry_now
 from relay.errors import BrokerUnavailable, GroupRefused, RelayError

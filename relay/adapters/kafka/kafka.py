@@ -199,8 +199,12 @@ class TopicCreator:
         relay_owned: Callable[[str], bool] = lambda topic: False,
         record: TopicRecord | None = None,
         allow_listed: Callable[[str], bool] = lambda topic: False,
+        admin: Callable[[], AdminClient] | None = None,
     ) -> None:
+        """``admin``: the relay's admin client (relay/adapters/kafka/admin.py); None:
+        one of the creator's own, for ``admin_config``."""
         self._admin_config = dict(admin_config)
+        self._shared_admin = admin
         self._enabled = enabled
         self._partitions = partitions
         self._replication = replication_factor
@@ -341,6 +345,8 @@ class TopicCreator:
         """The creator's one admin client, opened on first use (callers hold the lock):
         one per call was a client of 4-5 threads for each part making sure of its topics
         (issue #53)."""
+        if self._shared_admin is not None:
+            return self._shared_admin()
         if self._client is None:
             client: dict[str, Any] = {**self._admin_config, "logger": _client_log}
             self._client = AdminClient(client)

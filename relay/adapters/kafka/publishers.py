@@ -3,6 +3,10 @@ relay keeps at most max_producers open: relay/engine/scheduling.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from confluent_kafka.admin import AdminClient
+
 from relay.adapters.kafka.checkpoint_groups import CheckpointGroups
 from relay.adapters.kafka.kafka import (
     IdempotentPublisher,
@@ -18,12 +22,16 @@ from relay.core.subscribers import TopicGuard
 
 
 def routed_topic_creator(
-    settings: Settings, guard: TopicGuard, record: TopicRecord | None
+    settings: Settings,
+    guard: TopicGuard,
+    record: TopicRecord | None,
+    admin: Callable[[], AdminClient] | None = None,
 ) -> TopicCreator:
     """The topic creator for the topics records go to, as the settings, ``guard`` (the
     subscribers loaded) and ``record`` (the outbox's record of its topics) say: the
     operator's and the relay's own topics are created whatever the count, the rows'
-    are confined and counted (issue #47). The relay and redrive both use this one."""
+    are confined and counted (issue #47). The relay and redrive both use this one;
+    ``admin``: the relay's admin client, if it shares one (relay/adapters/kafka/admin.py)."""
     return TopicCreator(
         {**settings.kafka, "bootstrap.servers": settings.require_bootstrap_servers()},
         enabled=settings.create_topics,
@@ -33,6 +41,7 @@ def routed_topic_creator(
         relay_owned=guard.relay_owned,
         record=record,
         allow_listed=guard.allow_listed,
+        admin=admin,
     )
 
 
@@ -41,11 +50,17 @@ class PublisherFactory:
     transactional ones where their checkpoints are read."""
 
     def __init__(
-        self, settings: Settings, topic_guard: TopicGuard, record: TopicRecord | None
+        self,
+        settings: Settings,
+        topic_guard: TopicGuard,
+        record: TopicRecord | None,
+        admin: Callable[[], AdminClient] | None = None,
     ) -> None:
+        """``admin``: the relay's admin client, for creating topics (None: the topic
+        creator's own)."""
         self._settings = settings
         self._bootstrap_servers = settings.require_bootstrap_servers()
-        self._topics = routed_topic_creator(settings, topic_guard, record)
+        self._topics = routed_topic_creator(settings, topic_guard, record, admin)
         self._groups = CheckpointGroups(
             {**settings.kafka, "bootstrap.servers": self._bootstrap_servers}
         )
