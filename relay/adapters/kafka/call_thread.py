@@ -73,7 +73,8 @@ class CallThread:
 
     A call that outlives its caller's wait keeps the thread: the caller then gives up on
     the producer and this thread with it (a new producer gets a new one). :meth:`close`
-    lets the thread end once the call in progress, if any, returns."""
+    lets the thread end once the call in progress, if any, returns; a call after it
+    starts another (a part's two producers share one, and either may close it)."""
 
     def __init__(self, name: str) -> None:
         self._name = name

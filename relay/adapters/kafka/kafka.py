@@ -655,10 +655,13 @@ class TransactionalPublisher(_BatchProducer):
         group_prefix: str,
         checkpoint_topic: str,
         groups: CheckpointGroups,
+        calls: CallThread | None = None,
     ) -> None:
         """``groups``: where the checkpoint is read and its group's metadata made (a
         relay's publishers share them: :class:`~relay.adapters.kafka.publishers.
-        PublisherFactory`)."""
+        PublisherFactory`). ``calls``: the thread this producer's transactional calls
+        run on, which a part's two producers share (their calls never overlap but at
+        recovery: :meth:`start_fence`); None: a thread of its own."""
         super().__init__(
             transactional_config(config, transactional_id, transaction_timeout_s),
             topics,
@@ -674,10 +677,10 @@ class TransactionalPublisher(_BatchProducer):
         # Why this producer takes no more transactions (an abort that failed), if so.
         self._unusable: str | None = None
         self._key_space: UUID | None = None
-        # One per producer: a call that hangs keeps it, and both are abandoned together.
-        # It also carries the calls that run while this thread does something else (a
-        # commit, a fence beside the part's other producer's): call_thread.py.
-        self._calls = CallThread("kafka-txn-call")
+        # A call that hangs keeps it, and the producer is abandoned with it. It also
+        # carries the calls that run while the caller does something else (a commit
+        # while the next batch is read): call_thread.py.
+        self._calls = calls if calls is not None else CallThread("kafka-txn-call")
 
     def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
         """Fence every earlier producer of this part (aborting its open transaction),
@@ -691,18 +694,28 @@ class TransactionalPublisher(_BatchProducer):
         ``key_space``: the database this producer's checkpoints are tagged with."""
         self.start_fence(key_space)()
 
-    def start_fence(self, key_space: UUID | None = None) -> Callable[[], None]:
-        """Start :meth:`fence` on this producer's call thread; the function returned
-        waits for it (and raises as ``fence`` would)."""
+    def start_fence(
+        self, key_space: UUID | None = None, *, own_thread: bool = False
+    ) -> Callable[[], None]:
+        """Start :meth:`fence` on this producer's call thread, or with ``own_thread`` on
+        one for this fence alone (beside the other producer's, which runs on the thread
+        they share); the function returned waits for it (and raises as ``fence``)."""
         self._topics.ensure(
             {self._checkpoint_topic},
             partitions=CHECKPOINT_PARTITIONS,
             **{"cleanup.policy": "compact"},
         )
-        fencing = self._started((self._producer.init_transactions, (self._call_timeout_s,)))
+        calls = CallThread("kafka-txn-fence") if own_thread else self._calls
+        fencing = self._started(
+            (self._producer.init_transactions, (self._call_timeout_s,)), on=calls
+        )
 
         def fenced() -> None:
-            self._finish(fencing)
+            try:
+                self._finish(fencing)
+            finally:
+                if own_thread:
+                    calls.close()  # ends once its call returns, if it hung
             self._initialised = True
             self._key_space = key_space
 
@@ -818,7 +831,9 @@ class TransactionalPublisher(_BatchProducer):
                 self._checkpoint_topic,
                 0,
                 end.transaction_id,
-                metadata=self._tag(sent.records, sent.dead_letters),
+                metadata=checkpoint_tag(
+                    sent.records, sent.dead_letters, self._key_space, self.transactional_id
+                ),
             ),
             TopicPartition(self._checkpoint_topic, 1, end.position),
         ]
@@ -850,28 +865,6 @@ class TransactionalPublisher(_BatchProducer):
         finally:
             self._finish(committing)
 
-    def _tag(
-        self, sent: Sequence[KafkaRecord], dead_letters: Sequence[tuple[Position, str]]
-    ) -> str:
-        """The checkpoint's provenance: its key space and the last message published,
-        so a later owner can tell whether the checkpoint belongs to the database it
-        serves; and the transaction's dead letters, so that an owner that adopts it
-        records their decisions as this one would have (docs/design.md §7)."""
-        message = sent[-1].outbox_message_id if sent else None
-        space = str(self._key_space) if self._key_space is not None else None
-        tag: dict[str, Any] = {"key_space": space, "message_id": message}
-        text = json.dumps({**tag, **dead_letter_tag.fields(dead_letters)}, separators=(",", ":"))
-        if len(text) > _MAX_TAG_BYTES:  # the worker keeps it well under: never refused
-            logger.warning(
-                "checkpoint tag too long: its %d dead letters left out",
-                len(dead_letters),
-                extra=self._log_extra(
-                    "kafka_checkpoint_tag_too_long", dead_letters=len(dead_letters)
-                ),
-            )
-            text = json.dumps(tag, separators=(",", ":"))
-        return text
-
     def close(self) -> None:
         self._calls.close()  # a hung call's thread ends if the call ever returns
         # No flush: a record still queued belongs to a transaction that failed (or never
@@ -900,14 +893,15 @@ class TransactionalPublisher(_BatchProducer):
         """
         self._await(self._started((operation, args)))
 
-    def _started(self, *steps: Step) -> Steps:
-        """``steps`` handed to the call thread, to run in order while this thread goes
-        on; :meth:`_finish` waits for them, each watched as :meth:`_watched` says."""
+    def _started(self, *steps: Step, on: CallThread | None = None) -> Steps:
+        """``steps`` handed to the call thread (or ``on``), to run in order while this
+        thread goes on; :meth:`_finish` waits for them, each watched as
+        :meth:`_watched` says."""
         if self._wedged:
             raise ProducerFenced(f"{self.transactional_id}: producer abandoned (a call hung)")
         if self._unusable is not None:
             raise BrokerUnavailable(self._unusable)
-        return self._calls.start(steps)
+        return (on or self._calls).start(steps)
 
     def _await(self, steps: Steps) -> None:
         """Wait for ``steps``: the failure of the step that failed is raised as it was."""
@@ -1039,6 +1033,34 @@ class TransactionalPublisher(_BatchProducer):
         finally:
             # Cycles through the traceback, as in _await (#53).
             failure = first = failed = None
+
+
+def checkpoint_tag(
+    sent: Sequence[KafkaRecord],
+    dead_letters: Sequence[tuple[Position, str]],
+    key_space: UUID | None,
+    transactional_id: str,
+) -> str:
+    """A checkpoint's provenance: its key space and the last message published, so a
+    later owner can tell whether the checkpoint belongs to the database it serves; and
+    the transaction's dead letters, so that an owner that adopts it records their
+    decisions as this one would have (docs/design.md §7)."""
+    message = sent[-1].outbox_message_id if sent else None
+    space = str(key_space) if key_space is not None else None
+    tag: dict[str, Any] = {"key_space": space, "message_id": message}
+    text = json.dumps({**tag, **dead_letter_tag.fields(dead_letters)}, separators=(",", ":"))
+    if len(text) > _MAX_TAG_BYTES:  # the worker keeps it well under: never refused
+        logger.warning(
+            "checkpoint tag too long: its %d dead letters left out",
+            len(dead_letters),
+            extra=log_extra(
+                "kafka_checkpoint_tag_too_long",
+                transactional_id=transactional_id,
+                dead_letters=len(dead_letters),
+            ),
+        )
+        text = json.dumps(tag, separators=(",", ":"))
+    return text
 
 
 def _name(operation: Callable[..., object]) -> str:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from confluent_kafka.admin import AdminClient
 
+from relay.adapters.kafka.call_thread import CallThread
 from relay.adapters.kafka.checkpoint_groups import CheckpointGroups
 from relay.adapters.kafka.kafka import (
     IdempotentPublisher,
@@ -77,6 +78,11 @@ class PublisherFactory:
         if s.delivery == "idempotent":
             return IdempotentPublisher(config, self._topics, s.delivery_timeout)
         name = f"{s.kafka_id_prefix}.{state.name}.{state.part}"
+        # One thread for both producers' transactional calls: a turn's commit returns
+        # before the other's transaction begins, so they never overlap but at recovery,
+        # which fences the second on a thread of its own. A thread each was 8 of 1,000
+        # subscribers' relay (#53).
+        calls = CallThread("kafka-txn-call")
 
         def open_producer(transactional_id: str) -> TransactionalPublisher:
             return TransactionalPublisher(
@@ -88,6 +94,7 @@ class PublisherFactory:
                 group_prefix=name,
                 checkpoint_topic=s.checkpoint_topic,
                 groups=self._groups,
+                calls=calls,
             )
 
         return part_publisher(

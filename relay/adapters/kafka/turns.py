@@ -60,8 +60,11 @@ class PartProducer(Publisher, Protocol):
     def fence(self, key_space: UUID | None = None) -> None:
         """Fence every earlier producer of this one's transactional id."""
 
-    def start_fence(self, key_space: UUID | None = None) -> Callable[[], None]:
-        """Start :meth:`fence` without waiting; the function returned waits for it."""
+    def start_fence(
+        self, key_space: UUID | None = None, *, own_thread: bool = False
+    ) -> Callable[[], None]:
+        """Start :meth:`fence` without waiting (with ``own_thread``, on a thread of its
+        own, not the one the part's producers share); the function returned waits."""
 
     def checkpoint(self, generation: str) -> KafkaCheckpoint | None:
         """The part's checkpoint, as the last transaction of either id committed it."""
@@ -104,8 +107,9 @@ class TurnTakingPublisher:
 
     def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
         # Both fenced at once (a part's start pays one fence, not two in a row), the
-        # second on its own call thread; then one read of the checkpoint (see the module).
-        second = self._second.start_fence(key_space)
+        # second on a thread for that alone; then one read of the checkpoint (see the
+        # module).
+        second = self._second.start_fence(key_space, own_thread=True)
         try:
             self._first.fence(key_space)
         except BaseException:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 import weakref
 from concurrent.futures import Future
 from types import SimpleNamespace
@@ -826,3 +827,46 @@ def test_a_failed_overlapping_commit_leaves_no_cycle_holding_the_publisher() -> 
         gone = weakref.ref(pub)
         del pub
         assert gone() is None  # freed by reference counting alone
+
+
+class InitRecordingProducer(ThreadRecordingProducer):
+    """Records the thread of its fence and when it ran (each takes 0.2 s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fenced: list[tuple[threading.Thread, float, float]] = []
+
+    def init_transactions(self, timeout: float) -> None:
+        began = time.monotonic()
+        time.sleep(0.2)
+        self.fenced.append((threading.current_thread(), began, time.monotonic()))
+
+
+def test_a_part_s_two_producers_share_one_call_thread_and_fence_side_by_side() -> None:
+    """Their calls never overlap but at recovery: one thread serves both, and the
+    second's fence runs beside the first's on a thread for it alone, which ends. A
+    thread each was 8 threads of 1,000 subscribers' relay (#53)."""
+    settings = Settings(bootstrap_servers="127.0.0.1:1")
+    factory = PublisherFactory(settings, TopicGuard(settings.checkpoint_topic), None)
+    part = factory(SimpleNamespace(name="s", part=0, subscriber_id=1))  # type: ignore[arg-type]
+    first, second = part._first, part._second  # type: ignore[attr-defined]
+    producers = [InitRecordingProducer(), InitRecordingProducer()]
+    for publisher_, producer in zip((first, second), producers, strict=True):
+        publisher_._producer = producer
+        publisher_._topics = topic_t_exists()
+        publisher_._checkpoint_topic = "t"
+    first.checkpoint = lambda generation: None  # no broker to read it from
+    part.recover("gen")
+    (on_first, began_first, ended_first), (on_second, began_second, ended_second) = (
+        producers[0].fenced[0],
+        producers[1].fenced[0],
+    )
+    assert on_first.name == "kafka-txn-call" and on_second.name == "kafka-txn-fence"
+    assert began_first < ended_second and began_second < ended_first  # side by side
+    on_second.join(5.0)  # a wait for its end, not a measure of it
+    assert not on_second.is_alive()
+    part.publish(Batch(records(b"a"), Position(1, 1), "gen"))
+    part.publish(Batch(records(b"b"), Position(1, 2), "gen"))
+    assert [p.committed for p in producers] == [[[b"a"]], [[b"b"]]]
+    assert set(producers[0].threads["bounded"] + producers[1].threads["bounded"]) == {on_first}
+    part.close()

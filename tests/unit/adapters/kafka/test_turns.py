@@ -32,6 +32,7 @@ class Recording:
         self.found = found
         self.fail_publish = False
         self.fail_close = False
+        self.fenced_alone: bool | None = None  # how its fence was started, if it was
 
     def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
         self.fence(key_space)
@@ -40,8 +41,11 @@ class Recording:
     def fence(self, key_space: UUID | None = None) -> None:
         CALLS.append(f"{self.name} fence")
 
-    def start_fence(self, key_space: UUID | None = None) -> Callable[[], None]:
-        """The fence on a thread of this producer's, as its call thread runs it."""
+    def start_fence(
+        self, key_space: UUID | None = None, *, own_thread: bool = False
+    ) -> Callable[[], None]:
+        """The fence on a thread of its own, as a producer runs it with ``own_thread``."""
+        self.fenced_alone = own_thread
         failed: list[BaseException] = []
 
         def run() -> None:
@@ -91,9 +95,13 @@ def test_both_are_fenced_then_the_checkpoint_is_read_once() -> None:
     """Both ids commit to one group: read after both fences, one read is the last
     checkpoint there will be. A read per producer cost a consumer client each (#53)."""
     found = KafkaCheckpoint(Position(9, 1))
-    turns = TurnTakingPublisher([Recording("a", found), Recording("b")])
+    first, second = Recording("a", found), Recording("b")
+    turns = TurnTakingPublisher([first, second])
     assert turns.recover("g", uuid4()) == found
     assert sorted(CALLS[:2]) == ["a fence", "b fence"] and CALLS[2:] == ["a read"]
+    # The second beside the first: on a thread for that fence alone, as the two share
+    # the thread their calls run on (publishers.py).
+    assert second.fenced_alone is True and first.fenced_alone is None
     none = TurnTakingPublisher([Recording("a"), Recording("b")])
     assert none.recover("g") is None
 
