@@ -15,6 +15,7 @@ from uuid import UUID
 
 import pytest
 
+from relay.adapters.kafka.call_thread import CallThread
 from relay.adapters.kafka.checkpoint_groups import CheckpointGroups
 from relay.adapters.kafka.kafka import TopicCreator, TransactionalPublisher
 from relay.adapters.kafka.turns import part_publisher
@@ -205,7 +206,7 @@ def kafka_publishers(
     opened: list[Publisher] = []
     groups = CheckpointGroups(config)  # one, as a relay's publishers share
 
-    def open_producer(transactional_id: str) -> TransactionalPublisher:
+    def open_producer(transactional_id: str, calls: CallThread) -> TransactionalPublisher:
         return TransactionalPublisher(
             config,
             TopicCreator(config),
@@ -215,10 +216,16 @@ def kafka_publishers(
             group_prefix=f"{prefix}{part}",
             checkpoint_topic=f"{prefix}checkpoints",
             groups=groups,
+            calls=calls,
         )
 
     def open_publisher() -> Publisher:
-        publisher = part_publisher(open_producer, f"{prefix}{part}", producers)
+        calls = CallThread("kafka-txn-call")  # one for a part's producers, as the relay's
+
+        def opened_on_calls(transactional_id: str) -> TransactionalPublisher:
+            return open_producer(transactional_id, calls)
+
+        publisher = part_publisher(opened_on_calls, f"{prefix}{part}", producers)
         opened.append(publisher)
         return publisher
 

@@ -1,4 +1,4 @@
-"""One thread that runs a producer's transactional calls, each waited for a bounded time.
+"""One thread for the transactional calls of a part's producers, each waited for a bounded time.
 
 librdkafka's calls that wait on the broker can block past their own timeout for good
 (see ``TransactionalPublisher._watched``), so the caller waits for them on another
