@@ -842,20 +842,27 @@ class InitRecordingProducer(ThreadRecordingProducer):
         self.fenced.append((threading.current_thread(), began, time.monotonic()))
 
 
-def test_a_part_s_two_producers_share_one_call_thread_and_fence_side_by_side() -> None:
-    """Their calls never overlap but at recovery: one thread serves both, and the
-    second's fence runs beside the first's on a thread for it alone, which ends. A
-    thread each was 8 threads of 1,000 subscribers' relay (#53)."""
+def part_on(producers: list[InitRecordingProducer]) -> Any:
+    """A part's publisher as the relay's factory opens it, on these stand-in clients
+    (its checkpoint topic there already, its checkpoint read as none)."""
     settings = Settings(bootstrap_servers="127.0.0.1:1")
     factory = PublisherFactory(settings, TopicGuard(settings.checkpoint_topic), None)
     part = factory(SimpleNamespace(name="s", part=0, subscriber_id=1))  # type: ignore[arg-type]
     first, second = part._first, part._second  # type: ignore[attr-defined]
-    producers = [InitRecordingProducer(), InitRecordingProducer()]
     for publisher_, producer in zip((first, second), producers, strict=True):
         publisher_._producer = producer
         publisher_._topics = topic_t_exists()
         publisher_._checkpoint_topic = "t"
     first.checkpoint = lambda generation: None  # no broker to read it from
+    return part
+
+
+def test_a_part_s_two_producers_share_one_call_thread_and_fence_side_by_side() -> None:
+    """Their calls never overlap but at recovery: one thread serves both, and the
+    second's fence runs beside the first's on a thread for it alone, which ends. A
+    thread each was 8 threads of 1,000 subscribers' relay (#53)."""
+    producers = [InitRecordingProducer(), InitRecordingProducer()]
+    part = part_on(producers)
     part.recover("gen")
     (on_first, began_first, ended_first), (on_second, began_second, ended_second) = (
         producers[0].fenced[0],
@@ -869,4 +876,30 @@ def test_a_part_s_two_producers_share_one_call_thread_and_fence_side_by_side() -
     part.publish(Batch(records(b"b"), Position(1, 2), "gen"))
     assert [p.committed for p in producers] == [[[b"a"]], [[b"b"]]]
     assert set(producers[0].threads["bounded"] + producers[1].threads["bounded"]) == {on_first}
+    part.close()
+
+
+class CoordinatorLoadingOnce(InitRecordingProducer):
+    """A fresh broker: the first init_transactions is answered "coordinator load in
+    progress" (retriable), the next one fences."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refusals = 1
+
+    def init_transactions(self, timeout: float) -> None:
+        if self.refusals:
+            self.refusals -= 1
+            error = KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, "loading", retriable=True)
+            raise KafkaException(error)
+        super().init_transactions(timeout)
+
+
+def test_a_fence_the_broker_is_not_ready_for_is_asked_again_on_either_thread() -> None:
+    producers = [CoordinatorLoadingOnce(), CoordinatorLoadingOnce()]
+    part = part_on(producers)
+    part.recover("gen")
+    assert [len(p.fenced) for p in producers] == [1, 1]
+    part.publish(Batch(records(b"a"), Position(1, 1), "gen"))
+    assert producers[0].committed == [[b"a"]]
     part.close()
