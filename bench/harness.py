@@ -408,6 +408,11 @@ class RelayProcesses:
     ) -> None:
         # ``code``: the checkout whose relay runs (another worktree: a before/after figure).
         self._code = code
+        if "metrics_port" in env and "probe_port" not in env:
+            # Else the relay takes metrics_port + 1, which nothing made sure was free;
+            # taken, the relay exits at start-up (as one did in a fanout run, #53, its
+            # log lost with the run's directory).
+            env = {**env, "probe_port": free_port()}
         prefix = stack.topic_prefix(label)
         self.env = {
             **os.environ,

@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 
+from relay.adapters.kafka.admin import SharedAdmin
 from relay.adapters.kafka.checkpoint_groups import CheckpointGroups
 from relay.adapters.kafka.kafka import (
     TopicCreator,
@@ -150,10 +151,20 @@ def topic_record(connect: Connect, schema: str) -> TopicRecord:
     return PostgresTopicRecord(connect, schema)
 
 
-def publishers(settings: Settings, guard: TopicGuard, record: TopicRecord) -> PublisherFactory:
+def publishers(
+    settings: Settings, guard: TopicGuard, record: TopicRecord, admin: SharedAdmin
+) -> PublisherFactory:
     """A part's publisher as the delivery setting asks, creating topics as ``record``
-    allows."""
-    return PublisherFactory(settings, guard, record)
+    allows, with the relay's ``admin`` client."""
+    return PublisherFactory(settings, guard, record, admin)
+
+
+def shared_admin(settings: Settings) -> SharedAdmin:
+    """The relay's one admin client: its broker watch, topic creation and replication
+    check share it (relay/adapters/kafka/admin.py)."""
+    return SharedAdmin(
+        {**settings.kafka, "bootstrap.servers": settings.require_bootstrap_servers()}
+    )
 
 
 def exactly_once_publisher(

@@ -227,9 +227,8 @@ class Settings(BaseSettings):
     # replicas x workers x this many backends, however many subscribers it serves.
     max_db_connections: int = Field(default=4, ge=1, le=1000)
     # Kafka producers a relay process holds at most, lent to the parts that publish
-    # (relay/engine/scheduling.py), as many threads running the parts' turns, and as many
-    # helping them (a commit while the next batch is read, a second producer's
-    # recovery): an idle part holds none. A part that gets a producer another part held
+    # (relay/engine/scheduling.py), and as many threads running the parts' turns: an
+    # idle part holds none. A part that gets a producer another part held
     # pays for init_transactions and recovery (hundreds of ms), so more busy parts than
     # this take turns (docs/design.md, "Bounded producers").
     max_producers: int = Field(default=8, ge=1, le=256)

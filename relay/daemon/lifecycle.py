@@ -83,10 +83,12 @@ class Relay:
         self.http: HealthServer | None = None
         # The outbox's record of its topics, on this process's pool (issue #47).
         self.topic_record = wiring.topic_record(self._connection, settings.database_schema)
-        self.publishers = wiring.publishers(settings, self.topic_guard, self.topic_record)
+        admin = wiring.shared_admin(settings)
+        self.publishers = wiring.publishers(settings, self.topic_guard, self.topic_record, admin)
         context = DaemonContext(settings, self._open_store, self._stopping)
         self.membership = Membership(
             context,
+            admin,
             on_lost=self._abandon_workers,
             stop_workers=self._stop_all_workers,
             written_topics=self.publishers.written_topics,
@@ -181,7 +183,6 @@ class Relay:
         self._close_pool()
         self.tracing.flush()
         self.partitioner.close()
-        self.publishers.close()
         logger.info("relay stopped", extra=log_extra("relay_stopped"))
 
     def request_stop(self) -> None:

@@ -159,6 +159,12 @@ class Listener:
         self._thread.start()
 
     def stop(self) -> None:
+        if self._thread.ident is None:
+            # Never started (the probe port refused once the metrics port was open): no
+            # loop to close the sockets from, nor a thread to wait for.
+            self._close_all()
+            self._server.task_dispatcher.shutdown(timeout=5)
+            return
         # Close every socket from the I/O thread itself (a trigger runs it there), so
         # its poll never sees a descriptor closed underneath it; then its loop ends.
         if not self._run_in_loop(self._close_all):

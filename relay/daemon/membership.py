@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from relay.adapters.kafka.broker_watch import BrokerWatch, connection_config
+from relay.adapters.kafka.broker_watch import BrokerWatch
 from relay.adapters.kafka.replication_check import check_replication, relay_topics
 from relay.core.log_fields import log_extra
 from relay.core.ports import RelaySession
@@ -31,6 +31,7 @@ class Membership:
     def __init__(
         self,
         context: DaemonContext,
+        admin: Callable[[], AdminClient],
         *,
         on_lost: Callable[[], None],
         stop_workers: Callable[[float], None],
@@ -38,6 +39,7 @@ class Membership:
         on_peer_expired: Callable[[], None] = lambda: None,
     ) -> None:
         self._ctx = context
+        self._admin = admin  # the relay's admin client, shared (kafka/admin.py)
         self._on_peer_expired = on_peer_expired
         self._written_topics = written_topics
         self._on_lost = on_lost
@@ -59,6 +61,7 @@ class Membership:
             interval=max(1.0, min(s.heartbeat_interval, 5.0)),
             timeout=_BROKER_TIMEOUT_S,
             written_topics=self._written_topics,
+            admin=self._admin,
         )
         self.broker.start()
         if self.broker.wait_first(_BROKER_TIMEOUT_S + 2.0):
@@ -148,11 +151,8 @@ class Membership:
                 templates = [state.subscriber.topic for state in store.list()]
             finally:
                 store.close()
-            admin = AdminClient(
-                connection_config({**s.kafka, "bootstrap.servers": s.require_bootstrap_servers()})
-            )
             relevant = relay_topics(templates, s.checkpoint_topic)
-            check_replication(admin, relevant, s.topic_replication_factor)
+            check_replication(self._admin(), relevant, s.topic_replication_factor)
         except (KafkaException, RelayError) as exc:
             logger.info(
                 "could not check the topics' replication: %s",

@@ -9,13 +9,13 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import NamedTuple
 from uuid import UUID
 
 import pytest
 
+from relay.adapters.kafka.call_thread import CallThread
 from relay.adapters.kafka.checkpoint_groups import CheckpointGroups
 from relay.adapters.kafka.kafka import TopicCreator, TransactionalPublisher
 from relay.adapters.kafka.turns import part_publisher
@@ -201,12 +201,12 @@ def kafka_publishers(
 ) -> Iterator[OpenPublisher]:
     """Opens transactional publishers of one part on Apache Kafka, each a new owner of
     it (with ``producers=2``, two taking turns, as the relay opens them); closes them
-    all, then their helper threads, on exit."""
+    all on exit."""
     config = {"bootstrap.servers": bootstrap}
     opened: list[Publisher] = []
     groups = CheckpointGroups(config)  # one, as a relay's publishers share
 
-    def open_producer(transactional_id: str) -> TransactionalPublisher:
+    def open_producer(transactional_id: str, calls: CallThread) -> TransactionalPublisher:
         return TransactionalPublisher(
             config,
             TopicCreator(config),
@@ -216,16 +216,21 @@ def kafka_publishers(
             group_prefix=f"{prefix}{part}",
             checkpoint_topic=f"{prefix}checkpoints",
             groups=groups,
+            calls=calls,
         )
 
     def open_publisher() -> Publisher:
-        publisher = part_publisher(open_producer, f"{prefix}{part}", producers, helpers=helpers)
+        calls = CallThread("kafka-txn-call")  # one for a part's producers, as the relay's
+
+        def opened_on_calls(transactional_id: str) -> TransactionalPublisher:
+            return open_producer(transactional_id, calls)
+
+        publisher = part_publisher(opened_on_calls, f"{prefix}{part}", producers)
         opened.append(publisher)
         return publisher
 
-    with ThreadPoolExecutor(1, thread_name_prefix="kafka-helper") as helpers:
-        try:
-            yield open_publisher
-        finally:
-            for publisher in opened:
-                publisher.close()
+    try:
+        yield open_publisher
+    finally:
+        for publisher in opened:
+            publisher.close()

@@ -26,26 +26,13 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from relay.adapters.kafka.client_logs import client_logger
+from relay.adapters.kafka.admin import connection_config
 from relay.adapters.kafka.kafka_errors import classify
 from relay.core.log_fields import log_extra
 
 logger = logging.getLogger(__name__)
 
 _REMIND_EVERY_S = 60.0
-# What that request needs from the relay's Kafka settings: where the brokers are
-# and how to connect. Producer settings stay out (a bad one is the producer's to report).
-_CONNECTION_KEYS = (
-    "bootstrap.", "security.", "sasl.", "ssl.", "socket.", "broker.", "client.",
-    "reconnect.", "api.version", "enable.ssl", "enable.sasl", "metadata.", "topic.metadata",
-)  # fmt: skip
-
-
-def connection_config(config: dict[str, Any]) -> dict[str, Any]:
-    """An admin client's configuration from the relay's Kafka settings."""
-    client: dict[str, Any] = {k: v for k, v in config.items() if k.startswith(_CONNECTION_KEYS)}
-    client["logger"] = client_logger()
-    return client
 
 
 class BrokerWatch(threading.Thread):
@@ -59,9 +46,12 @@ class BrokerWatch(threading.Thread):
         timeout: float,
         written_topics: Callable[[], Collection[str]] = frozenset,
         clock: Callable[[], float] = time.monotonic,
+        admin: Callable[[], AdminClient] | None = None,
     ) -> None:
+        """``admin``: the relay's admin client (relay/adapters/kafka/admin.py); None:
+        one of the watch's own, for ``config``."""
         super().__init__(name="relay-broker-watch", daemon=True)
-        self._admin = AdminClient(connection_config(config))
+        self._admin = admin() if admin is not None else AdminClient(connection_config(config))
         self._servers = config.get("bootstrap.servers", "?")
         self._interval = interval
         self._timeout = timeout

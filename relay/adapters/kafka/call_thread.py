@@ -1,39 +1,71 @@
-"""One thread that runs a producer's transactional calls, each waited for a bounded time.
+"""One thread for the transactional calls of a part's producers, each waited for a bounded time.
 
 librdkafka's calls that wait on the broker can block past their own timeout for good
 (see ``TransactionalPublisher._watched``), so the caller waits for them on another
 thread and gives up past a bound. A thread started per call cost about 0.25 ms a call on
 a 2-core host (#31: three calls a transaction, at 1k ev/s a cycle of 8-10 ms); a
 hand-off to a thread kept for the producer's life costs about a third of that.
+
+The caller may also start calls and wait for them later (:class:`Steps`): a commit then
+travels while the caller reads the next batch, and a part's second producer is fenced
+while its first is, with no other thread waiting on this one. A helper thread per part
+holding a producer did that before, waiting the whole time on a call thread (#53).
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
-T = TypeVar("T")
+Step = tuple[Callable[..., object], tuple[Any, ...]]
 
 
-class Call(Generic[T]):
-    """One call handed to the thread: its outcome once ``finished`` is set."""
+class Steps:
+    """Calls run one after another on a :class:`CallThread`, up to the first that raises:
+    which one runs and since when, so that the caller can watch each for its own bound.
+    """
 
-    def __init__(self, operation: Callable[..., T], args: tuple[Any, ...]) -> None:
-        self.operation = operation
-        self.args = args
+    def __init__(self, steps: Sequence[Step]) -> None:
+        self.steps = tuple(steps)
+        # The step running (or that raised, or len(steps) once all returned), and when
+        # it started: one tuple, so the caller reads both at once.
+        self.at: tuple[int, float] = (0, time.monotonic())
+        self.took: list[tuple[Callable[..., object], float]] = []
         self.finished = threading.Event()
-        self.result: list[T] = []
         self.failure: BaseException | None = None
 
     def run(self) -> None:
         try:
-            self.result.append(self.operation(*self.args))
+            for index, (operation, args) in enumerate(self.steps):
+                began = time.monotonic()
+                self.at = (index, began)
+                try:
+                    operation(*args)
+                finally:
+                    self.took.append((operation, time.monotonic() - began))
+            self.at = (len(self.steps), time.monotonic())
         except BaseException as exc:  # handed to the caller, raised on its thread
             self.failure = exc
         finally:
             self.finished.set()
+
+    def wait(self, bound_s: float) -> Callable[..., object] | None:
+        """Wait until every step returned or one raised; the operation of a step that ran
+        past ``bound_s`` instead (it hung: the thread is lost to it)."""
+        while True:
+            index, began = self.at
+            if self.finished.wait(max(0.0, began + bound_s - time.monotonic())):
+                return None
+            if self.at == (index, began):  # the same step the whole bound
+                return self.steps[index][0]
+
+    @property
+    def failed_step(self) -> int:
+        """The index of the step that raised (``failure``)."""
+        return self.at[0]
 
 
 class CallThread:
@@ -41,20 +73,19 @@ class CallThread:
 
     A call that outlives its caller's wait keeps the thread: the caller then gives up on
     the producer and this thread with it (a new producer gets a new one). :meth:`close`
-    lets the thread end once the call in progress, if any, returns."""
+    lets the thread end once the call in progress, if any, returns; a call after it
+    starts another (a part's two producers share one, and either may close it)."""
 
     def __init__(self, name: str) -> None:
         self._name = name
         self._lock = threading.Lock()
-        self._calls: queue.SimpleQueue[Call[Any] | None] | None = None
+        self._calls: queue.SimpleQueue[Steps | None] | None = None
 
-    def call(self, operation: Callable[..., T], args: tuple[Any, ...], wait_s: float) -> Call[T]:
-        """Hand ``operation(*args)`` to the thread and wait up to ``wait_s`` for it; the
-        call's ``finished`` is unset if it did not return in time."""
-        call = Call(operation, args)
-        self._queue().put(call)
-        call.finished.wait(wait_s)
-        return call
+    def start(self, steps: Sequence[Step]) -> Steps:
+        """Hand ``steps`` to the thread, to run in order while the caller goes on."""
+        started = Steps(steps)
+        self._queue().put(started)
+        return started
 
     def close(self) -> None:
         with self._lock:
@@ -62,7 +93,7 @@ class CallThread:
         if calls is not None:
             calls.put(None)  # the thread ends when it reaches this
 
-    def _queue(self) -> queue.SimpleQueue[Call[Any] | None]:
+    def _queue(self) -> queue.SimpleQueue[Steps | None]:
         with self._lock:
             if self._calls is None:
                 self._calls = queue.SimpleQueue()
@@ -73,6 +104,6 @@ class CallThread:
             return self._calls
 
 
-def _serve(calls: queue.SimpleQueue[Call[Any] | None]) -> None:
-    while (call := calls.get()) is not None:
-        call.run()
+def _serve(calls: queue.SimpleQueue[Steps | None]) -> None:
+    while (steps := calls.get()) is not None:
+        steps.run()

@@ -25,10 +25,12 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from relay.adapters.kafka.broker_watch import connection_config
+from relay.adapters.kafka.admin import connection_config
 from relay.adapters.kafka.client_logs import client_logger
 from relay.adapters.kafka.kafka_errors import Stage, classify, retry_now
 from relay.errors import BrokerUnavailable, GroupRefused, RelayError
+
+_client_log = client_logger()
 
 # The checkpoint topic's two partitions: the transaction id's offset and the position's.
 CHECKPOINT_PARTITIONS = 2
@@ -106,7 +108,7 @@ class CheckpointGroups:
         with self._making:
             if len(self._metadata) >= _MAX_METADATA:
                 self._metadata.clear()
-            consumer = Consumer({"group.id": group}, logger=client_logger())
+            consumer = Consumer({"group.id": group}, logger=_client_log)
             try:
                 found = self._metadata[group] = consumer.consumer_group_metadata()
             finally:
@@ -121,7 +123,7 @@ class CheckpointGroups:
             "isolation.level": "read_committed",
         }
         try:
-            return Consumer(config, logger=client_logger())
+            return Consumer(config, logger=_client_log)
         except KafkaException as exc:
             raise classify(exc, "kafka: invalid consumer configuration", Stage.CONFIGURE) from exc
 

@@ -20,14 +20,13 @@ import operator
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 from uuid import UUID
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from relay.adapters.kafka.call_thread import CallThread
+from relay.adapters.kafka.call_thread import CallThread, Step, Steps
 from relay.adapters.kafka.checkpoint_groups import CHECKPOINT_PARTITIONS, CheckpointGroups
 from relay.adapters.kafka.client_logs import client_logger
 from relay.adapters.kafka.kafka_errors import (
@@ -58,8 +57,6 @@ logger = logging.getLogger(__name__)
 _PARTITION = operator.attrgetter("partition")
 # librdkafka's own lines: deduplicated, at most one of a kind a minute.
 _client_log = client_logger()
-
-T = TypeVar("T")
 
 # How long one transactional call (init, send offsets, commit, abort) may wait. A call
 # that times out with a retriable error is made again (librdkafka resumes it), up to the
@@ -202,8 +199,12 @@ class TopicCreator:
         relay_owned: Callable[[str], bool] = lambda topic: False,
         record: TopicRecord | None = None,
         allow_listed: Callable[[str], bool] = lambda topic: False,
+        admin: Callable[[], AdminClient] | None = None,
     ) -> None:
+        """``admin``: the relay's admin client (relay/adapters/kafka/admin.py); None:
+        one of the creator's own, for ``admin_config``."""
         self._admin_config = dict(admin_config)
+        self._shared_admin = admin
         self._enabled = enabled
         self._partitions = partitions
         self._replication = replication_factor
@@ -259,8 +260,11 @@ class TopicCreator:
         if self._record is not None:
             ours = {t for t in created if not self._relay_owned(t)}
             self._record.record(ours, TopicOrigin.DECLARED)
-        if refused:
-            raise refused[0]
+        try:
+            if refused:
+                raise refused[0]
+        finally:
+            del refused  # no cycle through the raised failure: see _confine
 
     def _confine(self, chosen: set[str]) -> None:
         """Make sure of topics rows chose; raises for the first refused (the row's
@@ -284,15 +288,26 @@ class TopicCreator:
             waiting = TopicMissing(topic, _create_it(topic) + (_NAME_IT if unnamed else ""))
         elif new:
             wanted, waiting = self._reserve(new, recorded)
-            failed = self._create_topics(admin, set(wanted), None, {})[1]
-            for failure in failed:
-                assert self._record is not None  # only a record reserves
-                self._record.release(failure.topic)  # no room taken by a refused name
-            refused += failed
-        if refused:
-            raise refused[0]
-        if waiting is not None:
-            raise waiting
+            refused += self._create_reserved(admin, wanted)
+        try:
+            if refused:
+                raise refused[0]
+            if waiting is not None:
+                raise waiting
+        finally:
+            # Raised, a failure's traceback holds this frame, whose locals held it: a
+            # cycle keeping the caller's publisher and its client's threads until the
+            # cyclic collector, which a relay runs rarely (#53).
+            del refused, waiting
+
+    def _create_reserved(self, admin: AdminClient, wanted: list[str]) -> list[TopicRefused]:
+        """Create the topics ``_reserve`` made room for; a refused one's room is given
+        back. Returns the refusals."""
+        failed = self._create_topics(admin, set(wanted), None, {})[1]
+        for failure in failed:
+            assert self._record is not None  # only a record reserves
+            self._record.release(failure.topic)  # no room taken by a refused name
+        return failed
 
     def _reserve(
         self, new: list[str], recorded: frozenset[str] | None
@@ -330,6 +345,8 @@ class TopicCreator:
         """The creator's one admin client, opened on first use (callers hold the lock):
         one per call was a client of 4-5 threads for each part making sure of its topics
         (issue #53)."""
+        if self._shared_admin is not None:
+            return self._shared_admin()
         if self._client is None:
             client: dict[str, Any] = {**self._admin_config, "logger": _client_log}
             self._client = AdminClient(client)
@@ -638,12 +655,13 @@ class TransactionalPublisher(_BatchProducer):
         group_prefix: str,
         checkpoint_topic: str,
         groups: CheckpointGroups,
-        committer: ThreadPoolExecutor | None = None,
+        calls: CallThread | None = None,
     ) -> None:
-        """``groups``: where the checkpoint is read and its group's metadata made.
-        ``committer``: the threads that commit while a backlog's next batch is read. A
-        relay's publishers share both (:class:`~relay.adapters.kafka.publishers.
-        PublisherFactory`); ``committer`` None: a thread of this publisher's own."""
+        """``groups``: where the checkpoint is read and its group's metadata made (a
+        relay's publishers share them: :class:`~relay.adapters.kafka.publishers.
+        PublisherFactory`). ``calls``: the thread this producer's transactional calls
+        run on, which a part's two producers share (their calls never overlap but at
+        recovery: :meth:`start_fence`); None: a thread of its own."""
         super().__init__(
             transactional_config(config, transactional_id, transaction_timeout_s),
             topics,
@@ -659,10 +677,10 @@ class TransactionalPublisher(_BatchProducer):
         # Why this producer takes no more transactions (an abort that failed), if so.
         self._unusable: str | None = None
         self._key_space: UUID | None = None
-        self._commit_pool = committer
-        self._owns_commit_pool = committer is None
-        # One per producer: a call that hangs keeps it, and both are abandoned together.
-        self._calls = CallThread("kafka-txn-call")
+        # A call that hangs keeps it, and the producer is abandoned with it. It also
+        # carries the calls that run while the caller does something else (a commit
+        # while the next batch is read): call_thread.py.
+        self._calls = calls if calls is not None else CallThread("kafka-txn-call")
 
     def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
         """Fence every earlier producer of this part (aborting its open transaction),
@@ -674,14 +692,34 @@ class TransactionalPublisher(_BatchProducer):
         """Fence every earlier producer of this transactional id: its open transaction
         is aborted, and none of its transactions can commit after this returns.
         ``key_space``: the database this producer's checkpoints are tagged with."""
+        self.start_fence(key_space)()
+
+    def start_fence(
+        self, key_space: UUID | None = None, *, own_thread: bool = False
+    ) -> Callable[[], None]:
+        """Start :meth:`fence` on this producer's call thread, or with ``own_thread`` on
+        one for this fence alone (beside the other producer's, which runs on the thread
+        they share); the function returned waits for it (and raises as ``fence``)."""
         self._topics.ensure(
             {self._checkpoint_topic},
             partitions=CHECKPOINT_PARTITIONS,
             **{"cleanup.policy": "compact"},
         )
-        self._call(self._producer.init_transactions, self._call_timeout_s)
-        self._initialised = True
-        self._key_space = key_space
+        calls = CallThread("kafka-txn-fence") if own_thread else self._calls
+        fencing = self._started(
+            (self._producer.init_transactions, (self._call_timeout_s,)), on=calls
+        )
+
+        def fenced() -> None:
+            try:
+                self._finish(fencing)
+            finally:
+                if own_thread:
+                    calls.close()  # ends once its call returns, if it hung
+            self._initialised = True
+            self._key_space = key_space
+
+        return fenced
 
     def checkpoint(self, generation: str) -> KafkaCheckpoint | None:
         """The checkpoint the last committed transaction recorded in this producer's
@@ -758,7 +796,10 @@ class TransactionalPublisher(_BatchProducer):
             self._abort()
             if cause is None:
                 raise
-            raise cause from exc
+            try:
+                raise cause from exc
+            finally:
+                del cause  # raised, it holds this frame: no cycle through it (#53)
         end = extended_to or batch.end
         return Batch(records, end, batch.generation, dead_letters=batch.dead_letters)
 
@@ -780,7 +821,7 @@ class TransactionalPublisher(_BatchProducer):
 
     def _commit_batch(self, sent: Batch, during_commit: Callable[[], object] | None) -> None:
         """Commit the open transaction with ``sent``'s checkpoint; ``during_commit`` runs
-        here while the commit travels on a helper thread."""
+        here while the commit travels on the call thread."""
         metadata = self._metadata(sent.generation)
         end = sent.end
         # librdkafka silently drops a negative offset from the commit: never send one.
@@ -790,7 +831,9 @@ class TransactionalPublisher(_BatchProducer):
                 self._checkpoint_topic,
                 0,
                 end.transaction_id,
-                metadata=self._tag(sent.records, sent.dead_letters),
+                metadata=checkpoint_tag(
+                    sent.records, sent.dead_letters, self._key_space, self.transactional_id
+                ),
             ),
             TopicPartition(self._checkpoint_topic, 1, end.position),
         ]
@@ -800,65 +843,30 @@ class TransactionalPublisher(_BatchProducer):
             self._commit_overlapping(offsets, metadata, during_commit)
 
     def _commit(self, offsets: list[TopicPartition], metadata: Any) -> None:
-        self._call(
-            self._producer.send_offsets_to_transaction,
-            offsets,
-            metadata,
-            self._call_timeout_s,
+        self._finish(self._start_commit(offsets, metadata))
+
+    def _start_commit(self, offsets: list[TopicPartition], metadata: Any) -> Steps:
+        timeout = self._call_timeout_s
+        return self._started(
+            (self._producer.send_offsets_to_transaction, (offsets, metadata, timeout)),
+            (self._producer.commit_transaction, (timeout,)),
         )
-        self._call(self._producer.commit_transaction, self._call_timeout_s)
 
     def _commit_overlapping(
         self, offsets: list[TopicPartition], metadata: Any, during: Callable[[], object]
     ) -> None:
-        """Commit on a helper thread while ``during`` runs on this one. A backlog's
+        """Commit on the call thread while ``during`` runs on this one. A backlog's
         batches then cost the larger of the two, not their sum: the commit's round trips
         (offsets to the group coordinator, then EndTxn) mostly wait on the broker. The
         commit's outcome wins: a failed commit is raised even if ``during`` failed too."""
-        committing = self._committer().submit(self._commit, offsets, metadata)
+        committing = self._start_commit(offsets, metadata)
         try:
             during()
         finally:
-            try:
-                committing.result()
-            finally:
-                # Raised, the future's exception holds this frame, which held the
-                # future: a cycle keeping the producer until the garbage collector (#53).
-                del committing
-
-    def _committer(self) -> ThreadPoolExecutor:
-        if self._commit_pool is None:
-            self._commit_pool = ThreadPoolExecutor(1, thread_name_prefix="kafka-commit")
-        return self._commit_pool
-
-    def _tag(
-        self, sent: Sequence[KafkaRecord], dead_letters: Sequence[tuple[Position, str]]
-    ) -> str:
-        """The checkpoint's provenance: its key space and the last message published,
-        so a later owner can tell whether the checkpoint belongs to the database it
-        serves; and the transaction's dead letters, so that an owner that adopts it
-        records their decisions as this one would have (docs/design.md §7)."""
-        message = sent[-1].outbox_message_id if sent else None
-        space = str(self._key_space) if self._key_space is not None else None
-        tag: dict[str, Any] = {"key_space": space, "message_id": message}
-        text = json.dumps({**tag, **dead_letter_tag.fields(dead_letters)}, separators=(",", ":"))
-        if len(text) > _MAX_TAG_BYTES:  # the worker keeps it well under: never refused
-            logger.warning(
-                "checkpoint tag too long: its %d dead letters left out",
-                len(dead_letters),
-                extra=self._log_extra(
-                    "kafka_checkpoint_tag_too_long", dead_letters=len(dead_letters)
-                ),
-            )
-            text = json.dumps(tag, separators=(",", ":"))
-        return text
+            self._finish(committing)
 
     def close(self) -> None:
         self._calls.close()  # a hung call's thread ends if the call ever returns
-        if self._commit_pool is not None and self._owns_commit_pool:
-            # A wedged commit (see _watched) is given up on there, never waited for here.
-            self._commit_pool.shutdown(wait=False)
-            self._commit_pool = None
         # No flush: a record still queued belongs to a transaction that failed (or never
         # committed), which the next producer's init_transactions aborts. Waiting up to
         # 5 s for its delivery only lengthened the part's gap when a leader died; and a
@@ -873,7 +881,7 @@ class TransactionalPublisher(_BatchProducer):
         # from before it can never be mistaken for progress after it.
         return f"{self._group_prefix}.{generation}"
 
-    def _watched(self, operation: Callable[..., T], *args: Any) -> T:
+    def _watched(self, operation: Callable[..., object], *args: Any) -> None:
         """``operation(*args)``, given up on when it outlives its own timeout.
 
         librdkafka's transactional calls take a timeout but do not always honour it:
@@ -883,30 +891,57 @@ class TransactionalPublisher(_BatchProducer):
         timeout plus a grace period the producer is abandoned, and the part starts over
         with a new one (whose init_transactions fences the stuck one).
         """
+        self._await(self._started((operation, args)))
+
+    def _started(self, *steps: Step, on: CallThread | None = None) -> Steps:
+        """``steps`` handed to the call thread (or ``on``), to run in order while this
+        thread goes on; :meth:`_finish` waits for them, each watched as
+        :meth:`_watched` says."""
         if self._wedged:
             raise ProducerFenced(f"{self.transactional_id}: producer abandoned (a call hung)")
         if self._unusable is not None:
             raise BrokerUnavailable(self._unusable)
-        began = time.monotonic()
+        return (on or self._calls).start(steps)
+
+    def _await(self, steps: Steps) -> None:
+        """Wait for ``steps``: the failure of the step that failed is raised as it was."""
         limit = self._call_timeout_s + _CALL_GRACE_S
-        call = self._calls.call(operation, args, limit)
-        hung = not call.finished.is_set()
-        failure = call.failure
-        outcome = " (given up)" if hung else f" ({failure})" if failure else ""
-        self._log_if_slow(operation, time.monotonic() - began, outcome)
-        if hung:
-            raise self._abandon(operation, limit)
+        hung = steps.wait(limit)
+        if hung is not None:
+            self._log_if_slow(hung, limit, " (given up)")
+            raise self._abandon(hung, limit)
+        failure = steps.failure
+        for index, (operation, took) in enumerate(steps.took):
+            failed = failure is not None and index == len(steps.took) - 1
+            self._log_if_slow(operation, took, f" ({failure})" if failed else "")
         if failure is not None:
             try:
                 raise failure
             finally:
-                # Its traceback holds this frame and the call's: without these the
+                # Its traceback holds this frame and the steps': without these the
                 # cycles kept the publisher and its client's threads until the cyclic
                 # collector, rare in a relay (tune_gc): 1,000 parts ran hundreds of
                 # closed clients (#53).
-                call.failure = None
-                del call, failure
-        return call.result[0]
+                steps.failure = None
+                del steps, failure
+
+    def _finish(self, steps: Steps) -> None:
+        """Wait for ``steps`` started ahead (:meth:`_started`). A step that failed goes
+        on as :meth:`_call` makes a call that failed (classified, made again while its
+        error may pass), then the steps after it, each through ``_call``."""
+        failed: KafkaException | None = None
+        try:
+            try:
+                self._await(steps)
+                return
+            except KafkaException as exc:
+                failed = exc
+            operation, args = steps.steps[steps.failed_step]
+            self._call(operation, *args, failed=failed)
+            for operation, args in steps.steps[steps.failed_step + 1 :]:
+                self._call(operation, *args)
+        finally:
+            failed = None  # raised or made again, it holds this frame: no cycle (#53)
 
     def _abandon(self, hung: Callable[..., object], limit: float) -> ProducerFenced:
         """Give up this producer (and its call thread, blocked in ``hung``)."""
@@ -963,14 +998,22 @@ class TransactionalPublisher(_BatchProducer):
             "starting the part over with a new producer"
         )
 
-    def _call(self, operation: Callable[..., T], *args: Any) -> T:
-        """Run a transaction API call, mapping librdkafka's error flags onto ours."""
+    def _call(
+        self, operation: Callable[..., object], *args: Any, failed: KafkaException | None = None
+    ) -> None:
+        """Run a transaction API call, mapping librdkafka's error flags onto ours.
+        ``failed``: the call was made already (:meth:`_finish`), and failed so."""
         deadline = time.monotonic() + self._delivery_timeout_s
         failure: RelayError | None = None
+        first: KafkaException | None = None
         try:
             while True:
                 try:
-                    return self._watched(operation, *args)
+                    if failed is None:
+                        self._watched(operation, *args)
+                        return
+                    first, failed = failed, None
+                    raise first
                 except KafkaException as exc:
                     failure = classify(
                         exc, self.transactional_id, Stage.TRANSACTION, config=self._config
@@ -988,7 +1031,36 @@ class TransactionalPublisher(_BatchProducer):
                         raise failure from exc
                     time.sleep(0.1)
         finally:
-            failure = None  # a cycle through the traceback, as in _watched (#53)
+            # Cycles through the traceback, as in _await (#53).
+            failure = first = failed = None
+
+
+def checkpoint_tag(
+    sent: Sequence[KafkaRecord],
+    dead_letters: Sequence[tuple[Position, str]],
+    key_space: UUID | None,
+    transactional_id: str,
+) -> str:
+    """A checkpoint's provenance: its key space and the last message published, so a
+    later owner can tell whether the checkpoint belongs to the database it serves; and
+    the transaction's dead letters, so that an owner that adopts it records their
+    decisions as this one would have (docs/design.md §7)."""
+    message = sent[-1].outbox_message_id if sent else None
+    space = str(key_space) if key_space is not None else None
+    tag: dict[str, Any] = {"key_space": space, "message_id": message}
+    text = json.dumps({**tag, **dead_letter_tag.fields(dead_letters)}, separators=(",", ":"))
+    if len(text) > _MAX_TAG_BYTES:  # the worker keeps it well under: never refused
+        logger.warning(
+            "checkpoint tag too long: its %d dead letters left out",
+            len(dead_letters),
+            extra=log_extra(
+                "kafka_checkpoint_tag_too_long",
+                transactional_id=transactional_id,
+                dead_letters=len(dead_letters),
+            ),
+        )
+        text = json.dumps(tag, separators=(",", ":"))
+    return text
 
 
 def _name(operation: Callable[..., object]) -> str:

@@ -3,8 +3,11 @@ relay keeps at most max_producers open: relay/engine/scheduling.py)."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 
+from confluent_kafka.admin import AdminClient
+
+from relay.adapters.kafka.call_thread import CallThread
 from relay.adapters.kafka.checkpoint_groups import CheckpointGroups
 from relay.adapters.kafka.kafka import (
     IdempotentPublisher,
@@ -20,12 +23,16 @@ from relay.core.subscribers import TopicGuard
 
 
 def routed_topic_creator(
-    settings: Settings, guard: TopicGuard, record: TopicRecord | None
+    settings: Settings,
+    guard: TopicGuard,
+    record: TopicRecord | None,
+    admin: Callable[[], AdminClient] | None = None,
 ) -> TopicCreator:
     """The topic creator for the topics records go to, as the settings, ``guard`` (the
     subscribers loaded) and ``record`` (the outbox's record of its topics) say: the
     operator's and the relay's own topics are created whatever the count, the rows'
-    are confined and counted (issue #47). The relay and redrive both use this one."""
+    are confined and counted (issue #47). The relay and redrive both use this one;
+    ``admin``: the relay's admin client, if it shares one (relay/adapters/kafka/admin.py)."""
     return TopicCreator(
         {**settings.kafka, "bootstrap.servers": settings.require_bootstrap_servers()},
         enabled=settings.create_topics,
@@ -35,43 +42,33 @@ def routed_topic_creator(
         relay_owned=guard.relay_owned,
         record=record,
         allow_listed=guard.allow_listed,
+        admin=admin,
     )
 
 
 class PublisherFactory:
     """Opens a part's publisher; every publisher shares one topic creator, and the
-    transactional ones the helper threads that commit while the next batch is read and
-    recover a part's second producer while its first recovers.
-
-    Only the parts holding one of the relay's ``max_producers`` publishers commit or
-    recover, each doing one of the two at a time, so that many threads never keep one
-    waiting. A thread per producer, and one more per recovery, made the relay's threads
-    grow with its pool for nothing (#53)."""
+    transactional ones where their checkpoints are read."""
 
     def __init__(
-        self, settings: Settings, topic_guard: TopicGuard, record: TopicRecord | None
+        self,
+        settings: Settings,
+        topic_guard: TopicGuard,
+        record: TopicRecord | None,
+        admin: Callable[[], AdminClient] | None = None,
     ) -> None:
+        """``admin``: the relay's admin client, for creating topics (None: the topic
+        creator's own)."""
         self._settings = settings
         self._bootstrap_servers = settings.require_bootstrap_servers()
-        self._topics = routed_topic_creator(settings, topic_guard, record)
+        self._topics = routed_topic_creator(settings, topic_guard, record, admin)
         self._groups = CheckpointGroups(
             {**settings.kafka, "bootstrap.servers": self._bootstrap_servers}
-        )
-        # Its threads start on demand and wait idle for the relay's life (daemon-like:
-        # an interpreter at exit joins them, and none blocks past its call's watchdog).
-        self._helpers = ThreadPoolExecutor(
-            settings.max_producers, thread_name_prefix="kafka-helper"
         )
 
     def written_topics(self) -> frozenset[str]:
         """The topics this relay's parts have published to (their checkpoint topic too)."""
         return self._topics.known()
-
-    def close(self) -> None:
-        """Let the helper threads end (at the relay's stop, its parts' producers closed).
-        Not waited for: a call still running ends within its watchdog, and the stop
-        within its deadline."""
-        self._helpers.shutdown(wait=False)
 
     def __call__(self, state: PartState) -> Publisher:
         s = self._settings
@@ -81,6 +78,11 @@ class PublisherFactory:
         if s.delivery == "idempotent":
             return IdempotentPublisher(config, self._topics, s.delivery_timeout)
         name = f"{s.kafka_id_prefix}.{state.name}.{state.part}"
+        # One thread for both producers' transactional calls: a turn's commit returns
+        # before the other's transaction begins, so they never overlap but at recovery,
+        # which fences the second on a thread of its own. A thread each was 8 of 1,000
+        # subscribers' relay (#53).
+        calls = CallThread("kafka-txn-call")
 
         def open_producer(transactional_id: str) -> TransactionalPublisher:
             return TransactionalPublisher(
@@ -92,12 +94,9 @@ class PublisherFactory:
                 group_prefix=name,
                 checkpoint_topic=s.checkpoint_topic,
                 groups=self._groups,
-                committer=self._helpers,
+                calls=calls,
             )
 
         return part_publisher(
-            open_producer,
-            f"{name}.{state.subscriber_id}",
-            s.transaction_producers,
-            helpers=self._helpers,
+            open_producer, f"{name}.{state.subscriber_id}", s.transaction_producers
         )

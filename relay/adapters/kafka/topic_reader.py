@@ -235,7 +235,10 @@ def _readable(message: Any) -> bool:
             "%s", failure, extra=log_extra("kafka_consumer_hiccup", topic=message.topic())
         )
     elif failure is not None:
-        raise failure
+        try:
+            raise failure
+        finally:
+            del failure  # raised, it holds this frame: no cycle through it (#53)
     return False
 
 

@@ -110,7 +110,10 @@ def create_topics(
                 failures.append((failure, exc))
     if failures:
         failure, cause = failures[0]
-        raise failure from cause
+        try:
+            raise failure from cause
+        finally:
+            del failure, failures, cause  # raised, they hold this frame: no cycle
     return {name: created[name] for name in names}
 
 

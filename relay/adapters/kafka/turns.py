@@ -31,10 +31,10 @@ Why order and exactly-once still hold:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future, wait
 from typing import Protocol
 from uuid import UUID
 
@@ -60,6 +60,12 @@ class PartProducer(Publisher, Protocol):
     def fence(self, key_space: UUID | None = None) -> None:
         """Fence every earlier producer of this one's transactional id."""
 
+    def start_fence(
+        self, key_space: UUID | None = None, *, own_thread: bool = False
+    ) -> Callable[[], None]:
+        """Start :meth:`fence` without waiting (with ``own_thread``, on a thread of its
+        own, not the one the part's producers share); the function returned waits."""
+
     def checkpoint(self, generation: str) -> KafkaCheckpoint | None:
         """The part's checkpoint, as the last transaction of either id committed it."""
 
@@ -74,17 +80,12 @@ def part_publisher(
     open_producer: Callable[[str], PartProducer],
     transactional_id: str,
     producers: int,
-    *,
-    helpers: Executor,
 ) -> Publisher:
     """A part's transactional publisher over ``open_producer(id)`` for the part's id and
     the second id: the two taking turns with ``producers=2``; with ``producers=1`` the
-    second is opened only to be fenced at recovery. ``helpers``: see
-    :class:`TurnTakingPublisher`."""
+    second is opened only to be fenced at recovery."""
     ids = (transactional_id, second_transactional_id(transactional_id))
-    return TurnTakingPublisher(
-        [open_producer(one) for one in ids], take_turns=producers == 2, helpers=helpers
-    )
+    return TurnTakingPublisher([open_producer(one) for one in ids], take_turns=producers == 2)
 
 
 class TurnTakingPublisher:
@@ -97,12 +98,8 @@ class TurnTakingPublisher:
         publishers: Sequence[PartProducer],
         *,
         take_turns: bool = True,
-        helpers: Executor,
     ) -> None:
-        """``helpers``: where the second is fenced while the first is (the relay's
-        threads its parts' producers share)."""
         assert len(publishers) == 2, "a part's two transactional ids"
-        self._helpers = helpers
         self._first, self._second = publishers
         self._take_turns = take_turns
         self._second_open = True
@@ -110,27 +107,23 @@ class TurnTakingPublisher:
 
     def recover(self, generation: str, key_space: UUID | None = None) -> KafkaCheckpoint | None:
         # Both fenced at once (a part's start pays one fence, not two in a row), the
-        # second on a helper thread; then one read of the checkpoint (see the module).
-        second = self._helpers.submit(self._second.fence, key_space)
+        # second on a thread for that alone; then one read of the checkpoint (see the
+        # module).
+        second = self._second.start_fence(key_space, own_thread=True)
         try:
             self._first.fence(key_space)
         except BaseException:
-            wait([second])  # the second's calls end before the part lets both go
+            with contextlib.suppress(Exception):  # the first's failure is the part's
+                second()  # the second's calls end before the part lets both go
             raise
-        try:
-            self._second_fenced(second)
-        finally:
-            # The second's failure, raised, holds this frame, which held its future,
-            # which holds the failure: a cycle keeping both producers and their
-            # threads until the garbage collector, rare in a relay (#53).
-            del second
+        self._second_fenced(second)
         return self._first.checkpoint(generation)
 
-    def _second_fenced(self, fencing: Future[None]) -> None:
+    def _second_fenced(self, fenced: Callable[[], None]) -> None:
         """Once the second is fenced: closed if it does not take turns, or when the
         broker refuses its id (it cannot hold a transaction then)."""
         try:
-            fencing.result()
+            fenced()
         except TransactionalIdRefused as exc:
             logger.log(
                 _refusal_level(exc.transactional_id),
@@ -143,8 +136,6 @@ class TurnTakingPublisher:
             )
             self._close_second()
             return
-        finally:
-            del fencing  # its exception, raised, holds this frame: see recover
         if not self._take_turns:
             self._close_second()  # fenced: its work is done
 

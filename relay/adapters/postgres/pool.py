@@ -137,6 +137,11 @@ class RelayPool:
             connection_class=_RelayConnection,
             min_size=1,
             max_size=max_size,
+            # The pool's workers only open connections (it resets none on return): a
+            # few, each in milliseconds, or an attempt that waits out connect_timeout
+            # while Postgres is away, when more workers would wait as well. Each is a
+            # thread for the relay's life; the default 3 were 2 for nothing (#53).
+            num_workers=1,
             open=False,
             configure=self._configure,
             name=name,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 import weakref
 from concurrent.futures import Future
 from types import SimpleNamespace
@@ -660,25 +661,39 @@ def test_a_failed_call_leaves_no_cycle_holding_the_closed_publisher(
         assert gone() is None  # freed by reference counting alone
 
 
-def test_a_relay_s_transactional_producers_share_the_threads_that_commit() -> None:
-    """A commit runs on a helper thread while the next batch is read, and a part's
-    second producer recovers on one while its first does. Only the parts holding one of
-    the relay's max_producers publishers do either, one at a time: that many threads
-    serve them all. A thread per producer (two per part) grew
-    the relay's threads with its pool for nothing (#53). Closing a producer leaves the
-    shared threads to the others."""
-    settings = Settings(bootstrap_servers="b:1", max_producers=3)
-    factory = PublisherFactory(settings, TopicGuard(settings.checkpoint_topic), None)
-    parts = [factory(SimpleNamespace(name="s", part=n, subscriber_id=1)) for n in range(2)]  # type: ignore[arg-type]
-    producers = [p for part in parts for p in (part._first, part._second)]  # type: ignore[attr-defined]
-    committers = {id(p._committer()) for p in producers}
-    assert len(committers) == 1
-    assert producers[0]._committer()._max_workers == 3
-    assert {id(part._helpers) for part in parts} == committers  # type: ignore[attr-defined]
-    producers[0].close()
-    assert producers[1]._committer().submit(lambda: "committed").result(5) == "committed"
-    for p in producers[1:]:
-        p.close()
+class CommitAwaitingTheRead(ThreadRecordingProducer):
+    """A commit that returns only once the next batch was read beside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read = threading.Event()
+
+    def commit_transaction(self, timeout: float) -> None:
+        assert self.read.wait(5), "the next batch was not read while this committed"
+        super().commit_transaction(timeout)
+
+
+def test_a_backlog_s_commit_travels_on_the_call_thread_while_the_next_batch_is_read() -> None:
+    """The commit's calls run on the producer's call thread while the caller reads the
+    next batch: no helper thread waits on it. A pool of those, as many as the relay's
+    producers, waited the whole time on call threads: 8 threads of 1,000 subscribers'
+    relay for nothing (#53)."""
+    producer = CommitAwaitingTheRead()
+    pub = publisher(producer)
+    during: list[threading.Thread] = []
+    before = set(threading.enumerate())
+
+    def read_next() -> None:
+        during.append(threading.current_thread())
+        producer.read.set()
+
+    batch = Batch(records(b"a"), Position(1, 1), "gen", may_extend=False)
+    pub.publish(batch, meanwhile=read_next)
+    assert producer.committed == [[b"a"]]
+    assert during == [threading.current_thread()]
+    (call_thread,) = set(producer.threads["bounded"])
+    assert set(threading.enumerate()) - before == {call_thread}
+    pub.close()
 
 
 class ExistingTopics:
@@ -767,18 +782,124 @@ def test_a_creation_failure_not_the_client_s_is_retried_as_kafka_s() -> None:
     assert raised.value.__cause__ is cause
 
 
+class CommitTimingOutOnce(FakeProducer):
+    """commit_transaction times out once (retriable: librdkafka resumes it when asked
+    again), then commits."""
+
+    def __init__(self) -> None:
+        super().__init__(reject=b"never")
+        self.offsets_sent = 0
+        self.timeouts = 1
+
+    def send_offsets_to_transaction(self, *args: Any) -> None:
+        self.offsets_sent += 1
+
+    def commit_transaction(self, timeout: float) -> None:
+        if self.timeouts:
+            self.timeouts -= 1
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "timed out", retriable=True))
+        super().commit_transaction(timeout)
+
+
+@pytest.mark.parametrize("overlapping", [True, False], ids=["overlapping", "alone"])
+def test_a_commit_step_that_failed_is_made_again_from_that_step(overlapping: bool) -> None:
+    """Started ahead on the call thread, a commit whose second call failed goes on as a
+    call made on this thread would: that call asked again, the offsets not sent twice."""
+    producer = CommitTimingOutOnce()
+    batch = Batch(records(b"a"), Position(1, 1), "gen", may_extend=not overlapping)
+    publisher(producer).publish(batch, meanwhile=lambda: None)
+    assert producer.committed == [[b"a"]]
+    assert producer.offsets_sent == 1 and producer.timeouts == 0
+
+
+class UnreachableCoordinator(FakeProducer):
+    def send_offsets_to_transaction(self, *args: Any) -> None:
+        raise BrokerUnavailable("the coordinator is away")
+
+
 def test_a_failed_overlapping_commit_leaves_no_cycle_holding_the_publisher() -> None:
     # Raised from its future, the commit's failure held the frame that held the future.
     with without_cyclic_collector():
-        pub = publisher(FakeProducer(reject=b"none"))
-
-        def failing(offsets: list[Any], metadata: Any) -> None:
-            raise BrokerUnavailable("the coordinator is away")
-
-        pub._commit = failing  # type: ignore[method-assign]
+        pub = publisher(UnreachableCoordinator(reject=b"none"))
         with contextlib.suppress(BrokerUnavailable):
             pub._commit_overlapping([], None, lambda: None)
         pub.close()
         gone = weakref.ref(pub)
         del pub
         assert gone() is None  # freed by reference counting alone
+
+
+class InitRecordingProducer(ThreadRecordingProducer):
+    """Records the thread of its fence and when it ran (each takes 0.2 s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fenced: list[tuple[threading.Thread, float, float]] = []
+
+    def init_transactions(self, timeout: float) -> None:
+        began = time.monotonic()
+        time.sleep(0.2)
+        self.fenced.append((threading.current_thread(), began, time.monotonic()))
+
+
+def part_on(producers: list[InitRecordingProducer]) -> Any:
+    """A part's publisher as the relay's factory opens it, on these stand-in clients
+    (its checkpoint topic there already, its checkpoint read as none)."""
+    settings = Settings(bootstrap_servers="127.0.0.1:1")
+    factory = PublisherFactory(settings, TopicGuard(settings.checkpoint_topic), None)
+    part = factory(SimpleNamespace(name="s", part=0, subscriber_id=1))  # type: ignore[arg-type]
+    first, second = part._first, part._second  # type: ignore[attr-defined]
+    for publisher_, producer in zip((first, second), producers, strict=True):
+        publisher_._producer = producer
+        publisher_._topics = topic_t_exists()
+        publisher_._checkpoint_topic = "t"
+    first.checkpoint = lambda generation: None  # no broker to read it from
+    return part
+
+
+def test_a_part_s_two_producers_share_one_call_thread_and_fence_side_by_side() -> None:
+    """Their calls never overlap but at recovery: one thread serves both, and the
+    second's fence runs beside the first's on a thread for it alone, which ends. A
+    thread each was 8 threads of 1,000 subscribers' relay (#53)."""
+    producers = [InitRecordingProducer(), InitRecordingProducer()]
+    part = part_on(producers)
+    part.recover("gen")
+    (on_first, began_first, ended_first), (on_second, began_second, ended_second) = (
+        producers[0].fenced[0],
+        producers[1].fenced[0],
+    )
+    assert on_first.name == "kafka-txn-call" and on_second.name == "kafka-txn-fence"
+    assert began_first < ended_second and began_second < ended_first  # side by side
+    on_second.join(5.0)  # a wait for its end, not a measure of it
+    assert not on_second.is_alive()
+    part.publish(Batch(records(b"a"), Position(1, 1), "gen"))
+    part.publish(Batch(records(b"b"), Position(1, 2), "gen"))
+    assert [p.committed for p in producers] == [[[b"a"]], [[b"b"]]]
+    assert set(producers[0].threads["bounded"] + producers[1].threads["bounded"]) == {on_first}
+    part.close()
+
+
+class CoordinatorLoadingOnce(InitRecordingProducer):
+    """A fresh broker: the first init_transactions is answered "coordinator load in
+    progress" (retriable), the next one fences."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refusals = 1
+
+    def init_transactions(self, timeout: float) -> None:
+        if self.refusals:
+            self.refusals -= 1
+            error = KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, "loading", retriable=True)
+            raise KafkaException(error)
+        super().init_transactions(timeout)
+
+
+def test_a_fence_the_broker_is_not_ready_for_is_asked_again_on_either_thread() -> None:
+    producers = [CoordinatorLoadingOnce(), CoordinatorLoadingOnce()]
+    part = part_on(producers)
+    part.recover("gen")
+    assert [len(p.fenced) for p in producers] == [1, 1]
+    part.publish(Batch(records(b"a"), Position(1, 1), "gen"))
+    assert producers[0].committed == [[b"a"]]
+    part.close()

@@ -4,11 +4,12 @@ how often a refusal is told."""
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 
 from relay.adapters.postgres.db import Refusal
-from relay.adapters.postgres.pool import PooledStore, _Refusals
+from relay.adapters.postgres.pool import PooledStore, RelayPool, _Refusals
 from relay.adapters.postgres.store import OutboxStore
 
 
@@ -38,3 +39,17 @@ def test_a_refusal_is_told_once_until_a_connection_is_accepted(
     told = [r.levelname for r in caplog.records if r.name == "relay.adapters.postgres.pool"]
     assert told == ["WARNING", "INFO", "WARNING"]
     assert "too many clients" in caplog.records[0].getMessage()
+
+
+def test_the_pool_opens_connections_on_one_worker_thread() -> None:
+    """Its workers only open connections, and each is a thread for the relay's life:
+    the library's default three were two threads of 1,000 subscribers' relay for
+    nothing (#53). Nothing listens at the address: the pool retries in the background."""
+    pool = RelayPool(
+        "postgresql://u@127.0.0.1:1/d", max_size=4, keep_free=0, name="pool-under-test"
+    )
+    try:
+        workers = [t for t in threading.enumerate() if t.name.startswith("pool-under-test-worker")]
+        assert len(workers) == 1
+    finally:
+        pool.close(timeout=1)
