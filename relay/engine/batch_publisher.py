@@ -252,11 +252,11 @@ class BatchPublisher:
             else PartBatch(read.events, read.end, read.full)
         )
         subscriber = state.subscriber
-        encode = self._encoder.for_subscriber(subscriber)
         try:
-            if not subscriber.filtered:  # the usual subscriber: one C-level loop
-                records = list(map(encode, batch.events))
+            if not subscriber.filtered:  # the usual subscriber: the batch in one call
+                records = self._encoder.for_batches(subscriber)(batch.events)
             else:
+                encode = self._encoder.for_subscriber(subscriber)
                 records = [
                     encode(event)
                     for event in batch.events
@@ -505,11 +505,11 @@ class BatchPublisher:
         ``ahead``: while another batch travels, where the relay's configuration raises
         rather than halt the part."""
         subscriber = state.subscriber
-        encode = self._encoder.for_subscriber(subscriber)
         if not dead and _in_one_loop(subscriber):
-            every = _encode_every(encode, events)
+            every = _encode_every(self._encoder.for_batches(subscriber), events)
             if every is not None:
                 return _Encoded(every, len(events), dead)
+        encode = self._encoder.for_subscriber(subscriber)
         decided = dict(dead)  # with the decisions made below: a dict of this batch's own
         records: list[KafkaRecord] = []
         cut = _Cut(self._reader.limits.max_bytes)
@@ -807,15 +807,15 @@ def _in_one_loop(subscriber: Subscriber) -> bool:
 
 
 def _encode_every(
-    encode: Callable[[OutboxEvent], KafkaRecord], events: list[OutboxEvent]
+    encode_all: Callable[[list[OutboxEvent]], list[KafkaRecord]], events: list[OutboxEvent]
 ) -> list[KafkaRecord] | None:
-    """Every event's record, in one C loop: the usual batch (no filter, no dead letter
-    decided yet) needs no filter call and no dead-letter lookup per event (hashing a UUID
-    is a Python call). None when an event raised: a local format's encoding is a
-    function of the event (:func:`_in_one_loop`), so the slow path meets the same
-    error on it and applies the poison policy."""
+    """Every event's record, in one call for the batch: the usual batch (no filter, no
+    dead letter decided yet) needs no filter call and no dead-letter lookup per event
+    (hashing a UUID is a Python call). None when an event raised: a local format's
+    encoding is a function of the event (:func:`_in_one_loop`), so the slow path meets
+    the same error on it and applies the poison policy."""
     try:
-        return list(map(encode, events))
+        return encode_all(events)
     except Exception:
         return None  # the loop meets it again: poison, the relay's config, or a retry
 

@@ -1,7 +1,8 @@
 """Turns outbox rows into Kafka records for a subscriber: the one way in for every value
 format. :meth:`RecordEncoder.for_subscriber` picks a subscriber's path once (its value
 format's writer, its key format, its topic, its routing); the worker then calls that
-path once per event (docs/design.md §5, "A batch's way through")."""
+path once per event, or :meth:`RecordEncoder.for_batches`' once per batch (docs/design.md
+§5, "A batch's way through")."""
 
 from __future__ import annotations
 
@@ -62,14 +63,25 @@ class RecordEncoder:
     def for_subscriber(self, subscriber: Subscriber) -> Callable[[OutboxEvent], KafkaRecord]:
         """How ``subscriber``'s events are encoded: one call per event, which raises
         :class:`EncodingError` for a poison event."""
+        return self._chosen_for(subscriber).encode
+
+    def for_batches(
+        self, subscriber: Subscriber
+    ) -> Callable[[list[OutboxEvent]], list[KafkaRecord]]:
+        """How a batch of ``subscriber``'s events is encoded whole, every event of it
+        (no filter applied): one call per batch, which raises at the first event that
+        does not encode; the caller then encodes event by event to name it."""
+        return self._chosen_for(subscriber).encode_all
+
+    def _chosen_for(self, subscriber: Subscriber) -> SubscriberEncoder:
         entry = self._chosen.get(id(subscriber))
         if entry is not None and entry[0] is subscriber:
-            return entry[1].encode
+            return entry[1]
         chosen = SubscriberEncoder(self, subscriber)
         if len(self._chosen) >= _MAX_CACHED:  # subscribers reloaded over days: stay bounded
             self._chosen.clear()
         self._chosen[id(subscriber)] = (subscriber, chosen)
-        return chosen.encode
+        return chosen
 
     def type_headers(self, event_type: str, aggregate_type: str) -> _TypeHeaders:
         """The event and aggregate type headers, which repeat from event to event: made
@@ -109,13 +121,59 @@ class SubscriberEncoder:
         # Likewise the last event's type headers: runs of one type are the usual batch.
         self._types = _type_headers("", "")
         self.encode: Callable[[OutboxEvent], KafkaRecord]
+        self.encode_all: Callable[[list[OutboxEvent]], list[KafkaRecord]] = self._each
         if value_format.records is not None:  # the format makes the whole record
             self._whole = value_format.records(owner, subscriber)
             self.encode = self._own_record
         elif self._routing.default:
-            self.encode = self._plain
+            self.encode, self.encode_all = self._plain, self._plain_all
         else:
             self.encode = self._routed
+
+    def _each(self, events: list[OutboxEvent]) -> list[KafkaRecord]:
+        return list(map(self.encode, events))
+
+    def _plain_all(self, events: list[OutboxEvent]) -> list[KafkaRecord]:
+        """:meth:`_plain` over a whole batch: the guard asked once per topic rather than
+        once per event, the headers made in the loop, and the encoder's attributes read
+        once (at 1-2 µs of relay CPU per event, each lookup and call is a few percent)."""
+        fixed, topic_for, value_of = self._topic, self._subscriber.topic_for, self._value
+        string_key, free, owner = self._string_key, self._free, self._owner
+        types, tx = self._types, self._tx
+        routed: set[str] = set()  # the topics the guard admitted in this batch
+        records: list[KafkaRecord] = []
+        append = records.append
+        for event in events:
+            if type(event.payload) is Unreadable or not isinstance(event.headers, dict):
+                _refuse_unreadable(event)
+            topic = fixed if fixed is not None else topic_for(event)
+            if topic not in routed:
+                self._check_route(topic, event)
+                routed.add(topic)
+            value = value_of(event, topic)
+            text = event.aggregate_id
+            key = text.encode() if string_key else self._registry_key(topic, text)
+            names = types.names
+            if names[0] != event.event_type or names[1] != event.aggregate_type:
+                types = owner.type_headers(event.event_type, event.aggregate_type)
+            if tx[0] != event.transaction_id:
+                tx = _tx_header(event.transaction_id)
+            message_id = event.id_text or str(event.message_id).encode()
+            position = b"%d" % event.position
+            headers: list[tuple[str, str | bytes | None]] = [
+                (HEADER_ID, message_id),
+                types.event_type,
+                types.aggregate_type,
+                tx[1],
+                (HEADER_POSITION, position),
+            ]
+            size = types.size + tx[2] + len(message_id) + len(position)
+            if event.aggregate_version is not None or event.headers:
+                size += _more_headers(event, headers)
+            size += len(key) + len(value)
+            append(_record((topic, key, value, headers, size, free, None, None, None)))
+        self._types, self._tx = types, tx
+        return records
 
     def _plain(self, event: OutboxEvent) -> KafkaRecord:
         """The default routing's record: the shortest way, as most subscribers take it."""

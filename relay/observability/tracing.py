@@ -585,3 +585,10 @@ class TracingEncoder(RecordEncoder):
     def for_subscriber(self, subscriber: Subscriber) -> Callable[[OutboxEvent], KafkaRecord]:
         encode, start = self._inner.for_subscriber(subscriber), self._tracer.start
         return lambda event: start(event, encode(event))
+
+    def for_batches(
+        self, subscriber: Subscriber
+    ) -> Callable[[list[OutboxEvent]], list[KafkaRecord]]:
+        # Defined here, not left to __getattr__: the inner encoder's records carry no span.
+        encode_all, start = self._inner.for_batches(subscriber), self._tracer.start
+        return lambda events: list(map(start, events, encode_all(events)))

@@ -14,7 +14,7 @@ from relay.adapters.postgres.fetch_plan import load_row_json as _load_row_json
 from relay.adapters.postgres.fetch_plan import payloads as _payloads
 from relay.core.model import OutboxEvent, Unreadable
 from relay.core.ports import DeadLetterDecision
-from relay.core.subscribers import Subscriber, ValueFormat
+from relay.core.subscribers import Subscriber, TopicGuard, ValueFormat
 from relay.engine.encoding import RecordEncoder, headers_for
 from relay.engine.poison import dead_letter_record
 from relay.errors import EncodingError
@@ -131,3 +131,48 @@ def test_a_subscriber_encoder_heads_each_record_with_its_own_event_s_identity() 
     for e, record in zip(events, map(encode, events), strict=True):
         assert record.headers == headers_for(e)
         assert record.size == record._replace(size=-1).byte_size()
+
+
+def mixed_batch() -> list[OutboxEvent]:
+    """Transactions, types and aggregates that change mid-batch, a version, the row's own
+    headers (one of them a name the relay reserves): what the batch loop must get right
+    event by event."""
+    kinds = [(7, "OrderPlaced", "order", None, {}), (7, "OrderPaid", "order", 3, {"a": "b"}),
+             (8, "OrderPaid", "order", None, {"n": 1, "outbox.x": "y"}),
+             (8, "Refund", "payment", 2, {}), (9, "OrderPlaced", "order", None, {})]  # fmt: skip
+    now = datetime.now(UTC)
+    return [
+        OutboxEvent(tx, at, uuid.uuid4(), kind_of, f"k{at}", version, kind, {"at": at}, more, now)
+        for at, (tx, kind, kind_of, version, more) in enumerate(kinds)
+    ]
+
+
+@pytest.mark.parametrize("topic", ["t", "events.{aggregate_type}.{event_type}"])
+def test_a_batch_encoded_whole_gives_each_event_the_record_it_gets_alone(topic: str) -> None:
+    subscriber = Subscriber("s", topic=topic, value_format=ValueFormat.JSON)
+    events = mixed_batch()
+    alone = [RecordEncoder(None).encode(e, subscriber) for e in events]
+    encoder = RecordEncoder(None)
+    for _ in range(2):  # and again, from the headers the first batch left cached
+        assert encoder.for_batches(subscriber)(events) == alone
+    assert [r.topic for r in alone][3] == ("t" if topic == "t" else "events.payment.Refund")
+
+
+def test_a_batch_encoded_whole_asks_the_guard_of_every_topic_it_routes_to() -> None:
+    # Asked once per topic per batch, not once for the batch: the fourth event's topic
+    # (another subscriber's) is refused although the first three's was admitted.
+    guard = TopicGuard("relay-checkpoints")
+    routed = Subscriber("s", topic="events.{aggregate_type}", value_format=ValueFormat.JSON)
+    guard.update([routed, Subscriber("other", topic="events.payment")])
+    encoder = RecordEncoder(None, guard)
+    events = mixed_batch()
+    assert len(encoder.for_batches(routed)(events[:3])) == 3
+    with pytest.raises(EncodingError, match=r"events\.payment"):
+        encoder.for_batches(routed)(events)
+
+
+def test_a_batch_with_an_unreadable_row_raises_for_the_slow_path_to_name_it() -> None:
+    events = mixed_batch()
+    events[2] = events[2]._replace(payload=Unreadable("not JSON", read=True))
+    with pytest.raises(EncodingError, match=str(events[2].message_id)):
+        RecordEncoder(None).for_batches(JSON)(events)

@@ -511,3 +511,18 @@ def test_a_batch_to_several_topics_is_named_for_its_operation_alone(
     assert span.name == "send"
     assert "messaging.destination.name" not in attributes
     assert list(attributes["outbox.destinations"]) == ["t", "u"]  # type: ignore[arg-type]
+
+
+def test_a_batch_encoded_whole_carries_a_span_per_record(
+    exported: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    # The worker encodes an unfiltered subscriber's batch in one call: the traced
+    # encoder must start each record's span there too, not hand over the inner one's.
+    provider, exporter = exported
+    tracing = traced(provider)
+    rows = [event({"traceparent": WRITER}), event({})]
+    records = tracing.wrap(RecordEncoder(None)).for_batches(JSON)(rows)
+    tracing.hook().published(rows, records, JSON)
+    spans = exporter.get_finished_spans()
+    assert sorted(propagated(r)[1] for r in records) == sorted(context(s)[1] for s in spans)
+    assert len(spans) == 2
