@@ -158,18 +158,7 @@ class SubscriberEncoder:
                 types = owner.type_headers(event.event_type, event.aggregate_type)
             if tx[0] != event.transaction_id:
                 tx = _tx_header(event.transaction_id)
-            message_id = event.id_text or str(event.message_id).encode()
-            position = b"%d" % event.position
-            headers: list[tuple[str, str | bytes | None]] = [
-                (HEADER_ID, message_id),
-                types.event_type,
-                types.aggregate_type,
-                tx[1],
-                (HEADER_POSITION, position),
-            ]
-            size = types.size + tx[2] + len(message_id) + len(position)
-            if event.aggregate_version is not None or event.headers:
-                size += _more_headers(event, headers)
+            headers, size = _event_headers(event, types, tx)
             size += len(key) + len(value)
             append(_record((topic, key, value, headers, size, free, None, None, None)))
         self._types, self._tx = types, tx
@@ -231,19 +220,7 @@ class SubscriberEncoder:
         if tx[0] != event.transaction_id:
             tx = _tx_header(event.transaction_id)
             self._tx = tx
-        message_id = event.id_text or str(event.message_id).encode()
-        position = b"%d" % event.position
-        headers: list[tuple[str, str | bytes | None]] = [
-            (HEADER_ID, message_id),
-            types.event_type,
-            types.aggregate_type,
-            tx[1],
-            (HEADER_POSITION, position),
-        ]
-        size = types.size + tx[2] + len(message_id) + len(position)
-        if event.aggregate_version is not None or event.headers:
-            size += _more_headers(event, headers)
-        return headers, size
+        return _event_headers(event, types, tx)
 
     def _check_route(self, topic: str, event: OutboxEvent) -> None:
         guard = self._guard
@@ -265,6 +242,26 @@ def _tx_header(transaction_id: int) -> tuple[int, tuple[str, bytes], int]:
     """A transaction's header, and its size with its name."""
     value = b"%d" % transaction_id
     return transaction_id, (HEADER_TRANSACTION_ID, value), len(value)
+
+
+def _event_headers(
+    event: OutboxEvent, types: _TypeHeaders, tx: tuple[int, tuple[str, bytes], int]
+) -> tuple[list[tuple[str, str | bytes | None]], int]:
+    """``event``'s record headers, its type and transaction headers already made, and
+    their size in bytes."""
+    message_id = event.id_text or str(event.message_id).encode()
+    position = b"%d" % event.position
+    headers: list[tuple[str, str | bytes | None]] = [
+        (HEADER_ID, message_id),
+        types.event_type,
+        types.aggregate_type,
+        tx[1],
+        (HEADER_POSITION, position),
+    ]
+    size = types.size + tx[2] + len(message_id) + len(position)
+    if event.aggregate_version is not None or event.headers:
+        size += _more_headers(event, headers)
+    return headers, size
 
 
 def _refuse_unreadable(event: OutboxEvent) -> NoReturn:
