@@ -29,6 +29,11 @@ the peak memory of the process (target: under 300 MiB with 100 busy parts, issue
 and the most threads it ran while publishing are figures of their own, 100 parts
 beside 1.
 
+The same transactions made by plain clients, with no relay around them
+(bench/fanout_floor.py), are two more sides of each round: their N-against-1 ratio is the
+broker's own, and the relay's ratio over theirs says what of the relay's shortfall is the
+relay's (#53).
+
 With ``OUTBOX_BENCH_BASELINE_CODE`` naming a checkout of the code before (bench/bounded.py),
 the hundred subscribers also run on that checkout's relay, as a third side of each
 round: its rate, peak RSS and threads are the "before" of the same run.
@@ -43,6 +48,7 @@ from pathlib import Path
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
+from bench.fanout_floor import plain_publish
 from bench.harness import (
     BASELINE_CODE,
     BATCH,
@@ -98,8 +104,19 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
         stack.fresh_broker()  # a hundred topics a run would weigh on the next runs
         settle(url)
 
-    rates = interleave({name: side(name) for name in sides}, scale.repetitions,
-                       before_each=before_each)  # fmt: skip
+    floors = {"plain 1": 1, "plain many": many}
+
+    def plain(name: str) -> Callable[[], float]:
+        def measure() -> float:
+            span = plain_publish(stack, floors[name], events, batch, first_to_last_seconds)
+            spans[name].append(span)
+            return events / span
+
+        return measure
+
+    spans.update({name: [] for name in floors})
+    plan = {**{name: side(name) for name in sides}, **{name: plain(name) for name in floors}}
+    rates = interleave(plan, scale.repetitions, before_each=before_each)
 
     def of(name: str, what: Callable[[Drain], float]) -> Samples:
         return Samples(tuple(what(d) for d in drains[name]))
@@ -114,7 +131,7 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
         "batch_size": batch,
         "batches_per_subscriber": events // many / batch,
         **{f"seconds_{name}": [d.seconds for d in drains[name]] for name in sides},
-        **{f"first_to_last_seconds_{name}": spans[name] for name in sides},
+        **{f"first_to_last_seconds_{name}": spans[name] for name in spans},
         **{f"cpu_{name}": [d.cpu for d in drains[name]] for name in sides},
         **{f"threads_{name}": [d.threads for d in drains[name]] for name in sides},
         **{
@@ -138,9 +155,32 @@ def run(stack: Stack, scale: Scale) -> list[Figure]:
                   "threads", of("1", lambda d: d.threads), "1 part",
                   f"value<={THREADS_TARGET}", details),
     ]  # fmt: skip
+    figures += floor_figures(many, rates, first_to_last, details)
     if baseline:
         figures += before_and_after(many, rates, of, baseline, details)
     return figures
+
+
+def floor_figures(
+    many: int,
+    rates: dict[str, Samples],
+    first_to_last: Callable[[str], Samples],
+    details: dict[str, object],
+) -> list[Figure]:
+    """The plain clients' N-against-1 ratio, and the relay's over theirs, round by round."""
+    relay, floor = first_to_last("many").values, first_to_last("1").values
+    relay_ratios = Samples(tuple(m / o for m, o in zip(relay, floor, strict=True)))
+    plain_ratios = Samples(
+        tuple(m / o for m, o in zip(rates["plain many"].values, rates["plain 1"].values,
+                                    strict=True))
+    )  # fmt: skip
+    return [
+        Figure.of("fanout", f"plain clients ev/s, {many} vs 1, first event to last (the "
+                  "relay's transactions, no relay)", rates["plain many"], "ev/s",
+                  rates["plain 1"], "1 plain client", None, details),
+        Figure.of("fanout", f"the relay's {many}-vs-1 ratio over the plain clients'",
+                  relay_ratios, "x", plain_ratios, "the plain clients' ratio", None, details),
+    ]  # fmt: skip
 
 
 def subscriber_count(environ: Mapping[str, str]) -> int:
