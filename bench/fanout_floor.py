@@ -30,7 +30,7 @@ from typing import Any
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from bench.harness import SCHEMAS, Stack, create_topics, order_payload
-from relay.adapters.kafka.kafka import producer_config
+from relay.adapters.kafka.kafka import producer_config, transaction_timeout, transactional_config
 from relay.core.model import KafkaRecord, OutboxEvent
 from relay.core.schemas import SchemaFolder
 from relay.core.settings import Settings
@@ -39,7 +39,6 @@ from relay.engine.encoding import RecordEncoder
 
 PARTITIONS = 3  # of each subscriber's topic, as fanout's
 KEYS = 1000  # aggregate ids, as the fill's
-DELIVERY_TIMEOUT_MS = 120_000
 
 
 def producers() -> int:
@@ -93,13 +92,15 @@ class _Client:
     """One part's worth of transactions, per call, on a producer of its own."""
 
     def __init__(self, bootstrap: str, prefix: str, checkpoints: str, batch: int) -> None:
-        self._config = producer_config(bootstrap, {}, DELIVERY_TIMEOUT_MS)
+        settings = Settings()  # the relay's defaults
+        self._config = producer_config(bootstrap, {}, int(settings.delivery_timeout * 1000))
+        self._timeout_s = transaction_timeout(settings.session_timeout)
         self._bootstrap, self._prefix = bootstrap, prefix
         self._checkpoints, self._batch = checkpoints, batch
 
     def publish(self, part: int, records: list[KafkaRecord]) -> None:
         name = f"{self._prefix}.s{part}"
-        producer = Producer({**self._config, "transactional.id": name})
+        producer = Producer(transactional_config(self._config, name, self._timeout_s))
         group = _group_metadata(self._bootstrap, f"{name}.checkpoint")
         producer.init_transactions(60)
         for at in range(0, len(records), self._batch):
