@@ -21,13 +21,14 @@ timestamp to the last's (or its commit marker's), over every topic of the side.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from bench.harness import SCHEMAS, Stack, create_topics, order_payload
 from relay.adapters.kafka.kafka import producer_config, transaction_timeout, transactional_config
@@ -85,6 +86,13 @@ def plain_publish(
         thread.join()
     if failures:
         raise RuntimeError(f"a plain client failed: {failures[0]!r}") from failures[0]
+    if client.retries:  # in the run's log: a side that retried is slower for it
+        print(
+            f"   plain clients sent {len(client.retries)} transactions again, first: "
+            f"{client.retries[0]}",
+            file=sys.stderr,
+            flush=True,
+        )
     return clock(stack.bootstrap, topics)
 
 
@@ -97,20 +105,45 @@ class _Client:
         self._timeout_s = transaction_timeout(settings.session_timeout)
         self._bootstrap, self._prefix = bootstrap, prefix
         self._checkpoints, self._batch = checkpoints, batch
+        self.retries: list[str] = []  # every transaction sent again, and why
 
     def publish(self, part: int, records: list[KafkaRecord]) -> None:
         name = f"{self._prefix}.s{part}"
-        producer = Producer(transactional_config(self._config, name, self._timeout_s))
         group = _group_metadata(self._bootstrap, f"{name}.checkpoint")
+        producer = self._opened(name)
+        at = 0
+        while at < len(records):
+            try:
+                self._transaction(producer, group, records[at : at + self._batch], at)
+            except KafkaException as exc:
+                # As the relay's part does: an abortable failure is aborted and the batch
+                # sent again; a fatal one (the broker fenced the producer, a transaction
+                # past its timeout on a broker at a full core) opens a new producer.
+                error = exc.args[0]
+                if error.txn_requires_abort():
+                    producer.abort_transaction(60)
+                elif error.fatal():
+                    producer = self._opened(name)
+                elif not error.retriable():
+                    raise
+                self.retries.append(f"{name}: {error.str()}")
+                continue
+            at += self._batch
+
+    def _opened(self, name: str) -> Producer:
+        producer = Producer(transactional_config(self._config, name, self._timeout_s))
         producer.init_transactions(60)
-        for at in range(0, len(records), self._batch):
-            producer.begin_transaction()
-            for record in records[at : at + self._batch]:
-                producer.produce(record.topic, record.value, record.key, headers=record.headers)
-            offsets = [TopicPartition(self._checkpoints, p, at + 1) for p in (0, 1)]
-            producer.send_offsets_to_transaction(offsets, group, 60)
-            producer.commit_transaction(60)
-        producer.flush(10)
+        return producer
+
+    def _transaction(
+        self, producer: Producer, group: Any, records: list[KafkaRecord], at: int
+    ) -> None:
+        producer.begin_transaction()
+        for record in records:
+            producer.produce(record.topic, record.value, record.key, headers=record.headers)
+        offsets = [TopicPartition(self._checkpoints, p, at + 1) for p in (0, 1)]
+        producer.send_offsets_to_transaction(offsets, group, 60)
+        producer.commit_transaction(60)
 
 
 def _group_metadata(bootstrap: str, group: str) -> Any:
