@@ -40,11 +40,7 @@ from relay.engine.encoding import RecordEncoder
 
 PARTITIONS = 3  # of each subscriber's topic, as fanout's
 KEYS = 1000  # aggregate ids, as the fill's
-
-
-def producers() -> int:
-    """How many producers the relay keeps open at once by default (its pool)."""
-    return Settings().max_producers
+MAX_RETRIES = 10  # transactions a part sends again before its run fails
 
 
 def plain_publish(
@@ -66,10 +62,11 @@ def plain_publish(
     jobs: queue.SimpleQueue[tuple[int, list[KafkaRecord]] | None] = queue.SimpleQueue()
     for i, topic in enumerate(topics):
         jobs.put((i, records_for(topic, f"order{i}" if subscribers > 1 else "order", shares[i])))
-    workers = min(producers(), subscribers)
+    settings = Settings()  # the relay's defaults: producer settings, pool size
+    workers = min(settings.max_producers, subscribers)
     for _ in range(workers):
         jobs.put(None)
-    client = _Client(stack.bootstrap, prefix, checkpoints, batch)
+    client = _Client(settings, stack.bootstrap, prefix, checkpoints, batch)
     failures: list[BaseException] = []
 
     def serve() -> None:
@@ -99,8 +96,9 @@ def plain_publish(
 class _Client:
     """One part's worth of transactions, per call, on a producer of its own."""
 
-    def __init__(self, bootstrap: str, prefix: str, checkpoints: str, batch: int) -> None:
-        settings = Settings()  # the relay's defaults
+    def __init__(
+        self, settings: Settings, bootstrap: str, prefix: str, checkpoints: str, batch: int
+    ) -> None:
         self._config = producer_config(bootstrap, {}, int(settings.delivery_timeout * 1000))
         self._timeout_s = transaction_timeout(settings.session_timeout)
         self._bootstrap, self._prefix = bootstrap, prefix
@@ -111,21 +109,26 @@ class _Client:
         name = f"{self._prefix}.s{part}"
         group = _group_metadata(self._bootstrap, f"{name}.checkpoint")
         producer = self._opened(name)
-        at = 0
+        at, retried = 0, 0
         while at < len(records):
             try:
                 self._transaction(producer, group, records[at : at + self._batch], at)
             except KafkaException as exc:
                 # As the relay's part does: an abortable failure is aborted and the batch
                 # sent again; a fatal one (the broker fenced the producer, a transaction
-                # past its timeout on a broker at a full core) opens a new producer.
+                # past its timeout on a broker at a full core) or a retriable one (the
+                # transaction's state then unknown) opens a new producer, which fences
+                # the old one and aborts what it left open.
                 error = exc.args[0]
+                retried += 1
+                if retried > MAX_RETRIES or not (
+                    error.txn_requires_abort() or error.fatal() or error.retriable()
+                ):
+                    raise
                 if error.txn_requires_abort():
                     producer.abort_transaction(60)
-                elif error.fatal():
+                else:
                     producer = self._opened(name)
-                elif not error.retriable():
-                    raise
                 self.retries.append(f"{name}: {error.str()}")
                 continue
             at += self._batch
