@@ -64,7 +64,7 @@ from bench.method import Samples, interleave, settle
 from relay.core.model import KafkaRecord, OutboxEvent
 from relay.core.schemas import SchemaFolder
 from relay.core.subscribers import Subscriber, ValueFormat
-from relay.daemon import Relay, tune_gc
+from relay.daemon import Relay, tune_process
 from relay.engine.encoding import RecordEncoder
 
 # Events held in memory for the encode-only and raw-produce loops, used round and round:
@@ -361,7 +361,7 @@ def relay_rate(
         subscribers=[subscriber("bench", topic, **fields)],
     )
     relay = Relay(settings)
-    tune_gc()  # as `outbox-relay run` does
+    tune_process()  # as `outbox-relay run` does
     relay.start()
     try:
         first, done = wait_published(url, final_positions(url))

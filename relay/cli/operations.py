@@ -94,7 +94,7 @@ def run(
     ] = None,
 ) -> None:
     """Run the relay until SIGTERM or Ctrl-C."""
-    from relay.daemon import Relay, RelayProcesses, start_with_retries, tune_gc
+    from relay.daemon import Relay, RelayProcesses, start_with_retries, tune_process
 
     settings = _settings(
         ctx,
@@ -110,7 +110,7 @@ def run(
         with _connect_waiting(settings, "outbox-relay-migrate") as conn:
             migrations.migrate(conn, settings.database_schema)
     relay = Relay(settings) if settings.workers == 1 else RelayProcesses(settings)
-    tune_gc()
+    tune_process()
     _allow_open_files()
     # `kill -USR1 <pid>` prints every thread's stack to stderr: what a stuck part waits on.
     faulthandler.register(signal.SIGUSR1, all_threads=True)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 from uuid import UUID
 
@@ -103,6 +104,38 @@ class OutboxEvent(NamedTuple):
     @property
     def key(self) -> Position:
         return Position(self.transaction_id, self.position)
+
+
+# Where timestamptz's binary form counts from: it is microseconds since this moment.
+PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+class FetchedEvent(OutboxEvent):
+    """An event as the fetch reads it (relay/adapters/postgres/fetch_plan.py): its
+    ``message_id`` and ``occurred_at`` are kept as Postgres sends them in binary, the
+    uuid's 16 bytes and the microseconds since :data:`PG_EPOCH`, and made into a UUID
+    and a datetime (in UTC) only when read. The default routing's records need neither
+    (the "id" header is ``id_text``), and loading them cost about a microsecond per row,
+    a sixth of the relay's CPU per event (issue #53). Read through their names, the
+    fields are what :class:`OutboxEvent`'s are; ``tuple(event)`` and equality see the
+    raw values (:func:`occurred_micros` reads a batch's in C)."""
+
+    __slots__ = ()
+
+    @property
+    def message_id(self) -> UUID:
+        return UUID(bytes=tuple.__getitem__(self, _MESSAGE_ID))
+
+    @property
+    def occurred_at(self) -> datetime:
+        return PG_EPOCH + timedelta(microseconds=tuple.__getitem__(self, _OCCURRED_AT))
+
+
+_MESSAGE_ID = OutboxEvent._fields.index("message_id")
+_OCCURRED_AT = OutboxEvent._fields.index("occurred_at")
+# A FetchedEvent's occurred_at as read: microseconds since PG_EPOCH, with no Python
+# call per event.
+occurred_micros = operator.itemgetter(_OCCURRED_AT)
 
 
 class KafkaRecord(NamedTuple):

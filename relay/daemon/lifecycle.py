@@ -4,6 +4,7 @@ them."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import logging
 import re
@@ -416,8 +417,15 @@ def start_with_retries(relay: Startable) -> None:
             delay = min(delay * 2, 30.0)
 
 
-def tune_gc() -> None:
-    """Make the cyclic garbage collector run less often (process-wide: the CLI's call).
+def tune_process() -> None:
+    """Tune the process for publishing (process-wide: the CLI's call, and each worker
+    process's): the garbage collector, then the C allocator."""
+    _tune_gc()
+    _tune_malloc()
+
+
+def _tune_gc() -> None:
+    """Make the cyclic garbage collector run less often.
 
     Publishing allocates tens of thousands of short-lived, acyclic objects per batch,
     which reference counting frees; at the default thresholds the collector still walks
@@ -426,3 +434,22 @@ def tune_gc() -> None:
     """
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
+
+
+# mallopt's parameter for the largest request its fastbins serve (glibc's malloc.h).
+_M_MXFAST = 1
+
+
+def _tune_malloc() -> None:
+    """Turn glibc's fastbins off (mallopt(M_MXFAST, 0)).
+
+    Each batch frees buffers over 64 KiB (the fetch's result, librdkafka's produce
+    requests), and every such free makes glibc first merge all its fastbins, the
+    thousands of small blocks a batch's messages freed: 4% of the relay's CPU in
+    `perf` (issue #53), gone with them off; the per-thread caches still serve small
+    blocks. Where the C library has no mallopt (not glibc), nothing changes."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MXFAST, 0)

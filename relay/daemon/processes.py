@@ -31,7 +31,7 @@ from relay.core.log_fields import log_extra
 from relay.core.model import PartId
 from relay.core.ports import StatusStore
 from relay.core.settings import Settings
-from relay.daemon.lifecycle import Relay, start_with_retries, tune_gc
+from relay.daemon.lifecycle import Relay, start_with_retries, tune_process
 from relay.daemon.metrics import HealthServer
 from relay.errors import ConfigError, RelayError
 from relay.observability import logs
@@ -71,7 +71,7 @@ def member_main(settings: Settings, conn: Connection) -> None:
     signal.signal(signal.SIGTERM, lambda _signum, _frame: relay.request_stop())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _stop_when_orphaned(relay)
-    tune_gc()
+    tune_process()
     try:
         start_with_retries(relay)
     except RelayError as exc:

@@ -36,7 +36,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from relay.core.model import (
@@ -74,7 +74,6 @@ _SEND_ATTRIBUTES = {
     "messaging.operation.type": SEND,
 }
 
-_MILLISECOND = timedelta(milliseconds=1)
 # Spans started for records that were never committed (a batch read ahead then dropped,
 # a batch failed and read again after recovery) are forgotten, oldest first, beyond this
 # many: they are simply not exported. Bounds the memory they hold (a span is about 1 KB)
@@ -415,9 +414,9 @@ class BatchTracer:
                 break
         return stamped
 
-    def finish(self, batch: _SentBatch, now: float, ages: Sequence[timedelta]) -> None:
-        """Make ``batch``'s span, committed at ``now``; ``ages``: commit→visible of its
-        events."""
+    def finish(self, batch: _SentBatch, now: float, ages_us: Sequence[int]) -> None:
+        """Make ``batch``'s span, committed at ``now``; ``ages_us``: commit→visible of its
+        events, in microseconds."""
         if not batch.links:
             return  # nothing traced: no span
         topics = sorted(batch.keys)
@@ -437,9 +436,9 @@ class BatchTracer:
         }
         if len(written) == 1:
             attributes["messaging.destination.partition.id"] = str(written[0])
-        if ages:
-            attributes["outbox.commit_to_visible_ms.max"] = max(ages) / _MILLISECOND
-            attributes["outbox.commit_to_visible_ms.min"] = min(ages) / _MILLISECOND
+        if ages_us:
+            attributes["outbox.commit_to_visible_ms.max"] = max(ages_us) / 1e3
+            attributes["outbox.commit_to_visible_ms.min"] = min(ages_us) / 1e3
         name = f"{SEND} {topics[0]}" if len(topics) == 1 else SEND
         self._ids.choose(batch.trace_id, batch.span_id)
         try:

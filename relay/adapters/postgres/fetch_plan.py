@@ -23,10 +23,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from psycopg import Cursor
+from psycopg.types.json import set_json_loads
+from psycopg.types.numeric import Int8BinaryLoader
+from psycopg.types.string import ByteaBinaryLoader
 
 from relay.adapters.postgres.db import has_digit_run, has_long_number
 from relay.adapters.postgres.queries import queries_for
-from relay.core.model import OutboxEvent, Position, Unreadable
+from relay.core.model import FetchedEvent, OutboxEvent, Position, Unreadable
 from relay.core.ports import Fetched, Selection
 
 # What every fetch returns of an event, in this order (fetch_rules.sql).
@@ -100,6 +104,17 @@ def plan(schema: str, selection: Selection) -> FetchPlan:
     return FetchPlan(name, query, params, selection.parts == 1, read, decode)
 
 
+def set_loaders(cur: Cursor[Any]) -> None:
+    """How a (binary) fetch cursor loads its rows: JSON as :func:`load_row_json`; the
+    message id and the commit time as Postgres sends them (the uuid's 16 bytes,
+    timestamptz's microseconds since 2000-01-01, both loaded in C), which
+    :class:`~relay.core.model.FetchedEvent` makes into a UUID and a datetime when read:
+    the hot path reads neither (issue #53). No other column of a fetch is either type."""
+    set_json_loads(load_row_json, cur)
+    cur.adapters.register_loader("uuid", ByteaBinaryLoader)
+    cur.adapters.register_loader("timestamptz", Int8BinaryLoader)
+
+
 def _unfiltered(rows: _Rows, selection: Selection) -> Fetched:
     """fetch_batch's rows: events only."""
     events = _events(rows, selection)
@@ -161,7 +176,7 @@ def _events(rows: _Rows, selection: Selection) -> list[OutboxEvent]:
 
 # A plain call of tuple.__new__: OutboxEvent's own __new__ is a Python function, and
 # the fetch builds thousands of events per batch.
-_new_event = functools.partial(tuple.__new__, OutboxEvent)
+_new_event = functools.partial(tuple.__new__, FetchedEvent)
 
 
 def _not_read(size: int, limit: int) -> Unreadable:

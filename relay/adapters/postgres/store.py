@@ -17,7 +17,7 @@ from uuid import UUID
 
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb, set_json_loads
+from psycopg.types.json import Jsonb
 
 from relay.adapters.postgres import fetch_plan, part_index
 from relay.adapters.postgres.db import wrap_errors
@@ -84,7 +84,7 @@ class OutboxStore(SessionQueries, InterventionQueries, KeySpaceQueries, Retentio
         plan = fetch_plan.plan(self.schema, selection)
         # Binary transfer: integers, uuids and timestamps load without text parsing.
         with wrap_errors(), self.conn.cursor(binary=True) as cur:
-            set_json_loads(fetch_plan.load_row_json, cur)
+            fetch_plan.set_loaders(cur)
             rows = cur.execute(
                 plan.query, plan.params_after(after), prepare=plan.prepare
             ).fetchall()
