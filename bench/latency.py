@@ -101,7 +101,7 @@ from relay.core.schemas import SchemaFolder
 from relay.core.settings import SubscriberSettings
 from relay.core.subscribers import Subscriber
 from relay.core.worker_stats import WorkerState
-from relay.daemon import Relay, tune_process
+from relay.daemon import Relay, tune_gc
 from relay.localstack.process import free_port
 from relay.write.outbox import Outbox
 
@@ -380,7 +380,7 @@ def code_ab(stack: Stack, scale: Scale, baseline: Path) -> list[Figure]:
 def _production_gc() -> Iterator[None]:
     """The collector settings ``outbox-relay run`` uses, for this process while it lasts."""
     threshold = gc.get_threshold()
-    tune_process()
+    tune_gc()
     try:
         yield
     finally:

@@ -43,7 +43,7 @@ per event.
    is 6 µs. Beside it, ``produce()``'s call alone with the relay's headers and without
    (a producer whose broker never answers: nothing sent, queue purged outside the clock).
 
-The garbage collector is set as ``outbox-relay run`` sets it (``tune_process``) throughout.
+The garbage collector is set as ``outbox-relay run`` sets it (``tune_gc``) throughout.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ from relay.core.model import KafkaRecord, OutboxEvent, Position, Unreadable
 from relay.core.ports import Selection
 from relay.core.schemas import SchemaFolder, encode_with
 from relay.core.subscribers import ValueFormat
-from relay.daemon import tune_process
+from relay.daemon import tune_gc
 from relay.observability.latency import ages_of
 
 MAX_BYTES = 4 * 1024 * 1024  # the relay's default batch_max_bytes
@@ -112,7 +112,7 @@ def _relay_gc() -> Iterator[None]:
     walks): at Python's defaults the sides that allocate most pay for walks the relay
     does not make. Put back after, for the benchmarks run next in this process."""
     thresholds = gc.get_threshold()
-    tune_process()
+    tune_gc()
     try:
         yield
     finally:

@@ -464,7 +464,7 @@ def unstarted_publishers(relay: Relay, conn: psycopg.Connection[Any]) -> Publish
 @contextmanager
 def without_cyclic_collector() -> Iterator[None]:
     """Within, only reference counting frees objects, as in a relay between its rare
-    cyclic collections (``tune_process``): what a reference cycle keeps stays alive."""
+    cyclic collections (``tune_gc``): what a reference cycle keeps stays alive."""
     gc.collect()
     gc.disable()
     try:

@@ -26,14 +26,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from relay.daemon.lifecycle import Relay, start_with_retries, tune_process
+    from relay.daemon.lifecycle import Relay, start_with_retries, tune_gc, tune_process
     from relay.daemon.processes import RelayProcesses
 
-__all__ = ["Relay", "RelayProcesses", "start_with_retries", "tune_process"]
+__all__ = ["Relay", "RelayProcesses", "start_with_retries", "tune_gc", "tune_process"]
 
 _HOME = {
     "Relay": "lifecycle",
     "start_with_retries": "lifecycle",
+    "tune_gc": "lifecycle",
     "tune_process": "lifecycle",
     "RelayProcesses": "processes",
 }

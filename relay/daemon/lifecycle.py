@@ -419,12 +419,13 @@ def start_with_retries(relay: Startable) -> None:
 
 def tune_process() -> None:
     """Tune the process for publishing (process-wide: the CLI's call, and each worker
-    process's): the garbage collector, then the C allocator."""
-    _tune_gc()
+    process's): the garbage collector, then the C allocator, which cannot be put back
+    (a benchmark that restores what it tuned takes :func:`tune_gc` alone)."""
+    tune_gc()
     _tune_malloc()
 
 
-def _tune_gc() -> None:
+def tune_gc() -> None:
     """Make the cyclic garbage collector run less often.
 
     Publishing allocates tens of thousands of short-lived, acyclic objects per batch,

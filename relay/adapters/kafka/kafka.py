@@ -920,7 +920,7 @@ class TransactionalPublisher(_BatchProducer):
             finally:
                 # Its traceback holds this frame and the steps': without these the
                 # cycles kept the publisher and its client's threads until the cyclic
-                # collector, rare in a relay (tune_process): 1,000 parts ran hundreds of
+                # collector, rare in a relay (tune_gc): 1,000 parts ran hundreds of
                 # closed clients (#53).
                 steps.failure = None
                 del steps, failure

@@ -649,7 +649,7 @@ def test_a_failed_call_leaves_no_cycle_holding_the_closed_publisher(
 ) -> None:
     # Held in a cycle through the failure's traceback, a closed publisher and its
     # client's threads lived until the cyclic collector ran, rarely in a relay
-    # (tune_process): 1,000 parts reopening producers ran hundreds of clients (issue #53).
+    # (tune_gc): 1,000 parts reopening producers ran hundreds of clients (issue #53).
     with without_cyclic_collector():
         pub = publisher(RefusingInit(code, refusals))
         # The raised case: the part drops its publisher and retries later.
@@ -711,7 +711,7 @@ class ExistingTopics:
 def test_a_topic_that_exists_leaves_no_cycle_holding_its_caller() -> None:
     # The "exists already" future's exception, raised, held the creator's frame and
     # every caller's with it: each of 1,000 parts' publishers and their clients' threads
-    # lived until the cyclic collector, rare in a relay (tune_process; issue #53).
+    # lived until the cyclic collector, rare in a relay (tune_gc; issue #53).
     creator = TopicCreator({})
     creator._admin = ExistingTopics  # type: ignore[method-assign,assignment]
 
@@ -755,7 +755,7 @@ def test_a_failed_creation_leaves_no_cycle_holding_its_caller(error: Exception) 
     # Raised, the failure took the creator's frame into its traceback while the frame
     # held it (the other kind raised as it was: its future's own exception), and every
     # caller's frame with it: the part's publisher and its clients' threads lived until
-    # the cyclic collector, rare in a relay (tune_process; issue #53).
+    # the cyclic collector, rare in a relay (tune_gc; issue #53).
     creator = TopicCreator({})
     creator._admin = lambda: FailingCreation(error)  # type: ignore[method-assign,assignment,return-value]
 

@@ -2,7 +2,7 @@
 
 A raised exception's traceback holds the raising frame; if a local of that frame holds
 the exception (``raise refused[0]``, ``raise failure``), the two form a cycle that only
-the cyclic garbage collector frees, and a relay runs it rarely (``tune_process``). Every
+the cyclic garbage collector frees, and a relay runs it rarely (``tune_gc``). Every
 object of the frame waits with them: a publisher and its librdkafka client's threads.
 1,000 parts ran hundreds of closed clients that way. So each such raise sits in a
 ``try`` whose ``finally`` lets go of the local (``del`` it, or set it to None). Names

@@ -241,7 +241,7 @@ def test_a_failed_second_recovery_leaves_no_cycle_holding_the_part_s_producers(
 ) -> None:
     # The second's failure, raised from its future in recover, held recover's frame,
     # which held the future: the part's producers and their threads lived until the
-    # cyclic collector, rare in a relay (tune_process; issue #53).
+    # cyclic collector, rare in a relay (tune_gc; issue #53).
     monkeypatch.setattr(turns_module.logger, "disabled", True)  # pytest keeps the records
     with without_cyclic_collector():
         turns = TurnTakingPublisher([Recording("a"), second("a.2")])
